@@ -1,0 +1,291 @@
+//! I/O buffers whose memory stays valid until every device that uses them is done.
+//!
+//! Devices driven by io_uring or a thread pool write into (or read from) a buffer after the call
+//! that submitted the request has returned, so a request owns its buffer: [`IoBuf`] is a unique,
+//! writable view, [`IoBytes`] a shared, read-only one. Both are views into one reference-counted
+//! allocation aligned to [`BUF_ALIGN_BYTES`], which is what `O_DIRECT` needs. A buffer can be split
+//! into disjoint views (one per drive a request touches) and joined again without copying.
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::fmt;
+use std::ops::{Deref, DerefMut, Range};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// Alignment of every allocation: enough for `O_DIRECT` on 4 KiB-sector drives.
+pub const BUF_ALIGN_BYTES: usize = 4096;
+
+/// One heap allocation, freed when the last view of it is dropped.
+struct Alloc {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: `Alloc` owns plain bytes; access to them is coordinated by the views (`IoBuf` views are
+// disjoint and unique, `IoBytes` views are read-only), so moving or sharing the owner across
+// threads is sound.
+unsafe impl Send for Alloc {}
+// SAFETY: see `Send`: the owner itself exposes no access to the bytes.
+unsafe impl Sync for Alloc {}
+
+impl Alloc {
+    fn zeroed(len_bytes: usize) -> Arc<Alloc> {
+        // A zero-length allocation is not allowed by the global allocator; round up to one block.
+        let size = len_bytes.max(1).next_multiple_of(BUF_ALIGN_BYTES);
+        let layout = Layout::from_size_align(size, BUF_ALIGN_BYTES).expect("buffer size overflows");
+        // SAFETY: `layout` has a non-zero size (rounded up above) and a power-of-two alignment.
+        let raw = unsafe { alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(raw) else { std::alloc::handle_alloc_error(layout) };
+        Arc::new(Alloc { ptr, layout })
+    }
+}
+
+impl Drop for Alloc {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `alloc_zeroed` with exactly this layout and is freed only here,
+        // when the last view holding the `Arc` is gone.
+        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// A unique, writable view of an aligned allocation.
+///
+/// No other `IoBuf` or `IoBytes` overlaps its bytes, which is what makes `DerefMut` sound.
+pub struct IoBuf {
+    owner: Arc<Alloc>,
+    start: usize,
+    len: usize,
+}
+
+impl IoBuf {
+    /// A zero-filled buffer of `len_bytes`, aligned to [`BUF_ALIGN_BYTES`].
+    pub fn zeroed(len_bytes: usize) -> IoBuf {
+        IoBuf { owner: Alloc::zeroed(len_bytes), start: 0, len: len_bytes }
+    }
+
+    /// A buffer holding a copy of `bytes`.
+    pub fn copy_from(bytes: &[u8]) -> IoBuf {
+        let mut buf = IoBuf::zeroed(bytes.len());
+        buf.copy_from_slice(bytes);
+        buf
+    }
+
+    /// Length of this view in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when the view is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// True when the view starts on a [`BUF_ALIGN_BYTES`] boundary (what `O_DIRECT` needs).
+    pub fn is_aligned(&self) -> bool {
+        self.start % BUF_ALIGN_BYTES == 0
+    }
+
+    /// Splits off the bytes `[at, len)` into a new view; `self` keeps `[0, at)`.
+    ///
+    /// Panics if `at > len` (a caller bug, like `Vec::split_off`).
+    pub fn split_off(&mut self, at: usize) -> IoBuf {
+        assert!(at <= self.len, "split_off at {at} beyond length {}", self.len);
+        let tail = IoBuf { owner: Arc::clone(&self.owner), start: self.start + at, len: self.len - at };
+        self.len = at;
+        tail
+    }
+
+    /// Splits off the bytes `[0, at)` into a new view; `self` keeps `[at, len)`.
+    pub fn split_to(&mut self, at: usize) -> IoBuf {
+        assert!(at <= self.len, "split_to at {at} beyond length {}", self.len);
+        let head = IoBuf { owner: Arc::clone(&self.owner), start: self.start, len: at };
+        self.start += at;
+        self.len -= at;
+        head
+    }
+
+    /// Appends `next`, which must be the view that directly follows `self` in the same
+    /// allocation (as produced by [`IoBuf::split_off`]). Gives `next` back otherwise.
+    pub fn unsplit(&mut self, next: IoBuf) -> Result<(), IoBuf> {
+        if Arc::ptr_eq(&self.owner, &next.owner) && self.start + self.len == next.start {
+            self.len += next.len;
+            Ok(())
+        } else {
+            Err(next)
+        }
+    }
+
+    /// Joins views that are consecutive pieces of one allocation, in order.
+    ///
+    /// Panics if they are not: joining is only done by code that made the pieces.
+    pub fn join(pieces: Vec<IoBuf>) -> IoBuf {
+        let mut iter = pieces.into_iter();
+        let mut whole = iter.next().unwrap_or_else(|| IoBuf::zeroed(0));
+        for piece in iter {
+            if whole.unsplit(piece).is_err() {
+                panic!("IoBuf::join: pieces are not consecutive views of one allocation");
+            }
+        }
+        whole
+    }
+
+    /// Turns the view read-only so it can be shared (for example, one write sent to two mirrors).
+    pub fn freeze(self) -> IoBytes {
+        IoBytes { owner: self.owner, start: self.start, len: self.len }
+    }
+
+    /// Raw pointer to the first byte, for submitting the buffer to the kernel.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        // SAFETY: `start <= allocation size` is an invariant of every view, so the offset stays
+        // inside (or one past the end of) the allocation.
+        unsafe { self.owner.ptr.as_ptr().add(self.start) }
+    }
+}
+
+impl Deref for IoBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `[start, start + len)` lies inside the allocation, which lives as long as
+        // `owner`; no other view overlaps it, and the memory was zero-initialised.
+        unsafe { std::slice::from_raw_parts(self.owner.ptr.as_ptr().add(self.start), self.len) }
+    }
+}
+
+impl DerefMut for IoBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as for `deref`; `&mut self` and view disjointness make this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.owner.ptr.as_ptr().add(self.start), self.len) }
+    }
+}
+
+impl fmt::Debug for IoBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IoBuf").field("start", &self.start).field("len", &self.len).finish()
+    }
+}
+
+/// A shared, read-only view of an aligned allocation. Cloning and slicing never copy.
+#[derive(Clone)]
+pub struct IoBytes {
+    owner: Arc<Alloc>,
+    start: usize,
+    len: usize,
+}
+
+impl IoBytes {
+    /// A shared buffer holding a copy of `bytes`.
+    pub fn copy_from(bytes: &[u8]) -> IoBytes {
+        IoBuf::copy_from(bytes).freeze()
+    }
+
+    /// A shared buffer of `len_bytes` zeros.
+    pub fn zeroed(len_bytes: usize) -> IoBytes {
+        IoBuf::zeroed(len_bytes).freeze()
+    }
+
+    /// Length of this view in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when the view is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// True when the view starts on a [`BUF_ALIGN_BYTES`] boundary.
+    pub fn is_aligned(&self) -> bool {
+        self.start % BUF_ALIGN_BYTES == 0
+    }
+
+    /// A view of `range` (relative to this view). Panics if out of bounds.
+    pub fn slice(&self, range: Range<usize>) -> IoBytes {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "slice {range:?} out of bounds of {}",
+            self.len
+        );
+        IoBytes { owner: Arc::clone(&self.owner), start: self.start + range.start, len: range.len() }
+    }
+
+    /// Raw pointer to the first byte, for submitting the buffer to the kernel.
+    pub fn as_ptr(&self) -> *const u8 {
+        // SAFETY: `start` lies inside (or one past the end of) the allocation.
+        unsafe { self.owner.ptr.as_ptr().add(self.start) }
+    }
+}
+
+impl Deref for IoBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `[start, start + len)` lies inside the live allocation; `IoBytes` views are only
+        // made from a frozen `IoBuf`, after which nothing writes to those bytes.
+        unsafe { std::slice::from_raw_parts(self.owner.ptr.as_ptr().add(self.start), self.len) }
+    }
+}
+
+impl fmt::Debug for IoBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IoBytes").field("start", &self.start).field("len", &self.len).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_buffers_are_zeroed_and_aligned() {
+        for len in [0, 1, 511, 4096, 4097, 1 << 20] {
+            let buf = IoBuf::zeroed(len);
+            assert_eq!(buf.len(), len);
+            assert!(buf.iter().all(|&b| b == 0));
+            assert_eq!(buf.as_ptr() as usize % BUF_ALIGN_BYTES, 0);
+        }
+    }
+
+    #[test]
+    fn split_write_join_round_trips() {
+        let mut whole = IoBuf::zeroed(3 * 4096);
+        let mut mid = whole.split_off(4096);
+        let mut tail = mid.split_off(4096);
+        assert!(mid.is_aligned() && tail.is_aligned());
+        whole.fill(1);
+        mid.fill(2);
+        tail.fill(3);
+        let joined = IoBuf::join(vec![whole, mid, tail]);
+        assert_eq!(joined.len(), 3 * 4096);
+        assert!(joined[..4096].iter().all(|&b| b == 1));
+        assert!(joined[4096..8192].iter().all(|&b| b == 2));
+        assert!(joined[8192..].iter().all(|&b| b == 3));
+    }
+
+    #[test]
+    fn split_to_keeps_the_tail() {
+        let mut buf = IoBuf::copy_from(&[1, 2, 3, 4]);
+        let head = buf.split_to(1);
+        assert_eq!(&head[..], &[1]);
+        assert_eq!(&buf[..], &[2, 3, 4]);
+    }
+
+    #[test]
+    fn unsplit_refuses_non_neighbours() {
+        let mut a = IoBuf::zeroed(8192);
+        let b = a.split_off(4096);
+        let other = IoBuf::zeroed(4096);
+        let other = a.unsplit(other).unwrap_err();
+        assert_eq!(other.len(), 4096);
+        a.unsplit(b).unwrap();
+        assert_eq!(a.len(), 8192);
+    }
+
+    #[test]
+    fn frozen_slices_share_bytes() {
+        let bytes = IoBytes::copy_from(b"hello world");
+        let world = bytes.slice(6..11);
+        assert_eq!(&world[..], b"world");
+        let clone = world.clone();
+        drop(bytes);
+        assert_eq!(&clone[..], b"world");
+    }
+}

@@ -1,0 +1,113 @@
+//! The block-device trait everything above the drives is generic over.
+
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+
+use crate::buf::{IoBuf, IoBytes};
+use crate::counters::DevCounters;
+
+/// Every device offset and length is a multiple of this (one "block").
+pub const BLOCK_BYTES: u64 = 4096;
+
+/// A drive: a file, a block device, memory, a fault-injecting wrapper, or later a remote drive.
+///
+/// The interface is asynchronous and owns its buffers, so an implementation may keep many
+/// requests in flight and complete them in any order (io_uring, a thread pool, a network peer).
+/// Offsets and lengths must be multiples of [`BLOCK_BYTES`] and lie inside the device; buffers
+/// passed to `read` and `write` should be aligned views (see [`crate::buf`]).
+///
+/// Durability: a completed `write` may still sit in a volatile cache. It is durable once a
+/// `flush` that started after the write completed has itself completed, or at once when the
+/// write was submitted with `fua` (force unit access).
+pub trait BlockDevice: Send + Sync + 'static {
+    /// A short human name for logs and errors (usually the path).
+    fn name(&self) -> &str;
+
+    /// Usable size in bytes (a multiple of [`BLOCK_BYTES`]).
+    fn size_bytes(&self) -> u64;
+
+    /// Fills `buf` with the bytes at `offset_bytes` and gives it back.
+    fn read(&self, offset_bytes: u64, buf: IoBuf) -> impl Future<Output = Result<IoBuf, DevError>> + Send;
+
+    /// Writes `data` at `offset_bytes`; with `fua` the data is durable when this completes.
+    fn write(
+        &self,
+        offset_bytes: u64,
+        data: IoBytes,
+        fua: bool,
+    ) -> impl Future<Output = Result<(), DevError>> + Send;
+
+    /// Makes every write completed before this call durable.
+    fn flush(&self) -> impl Future<Output = Result<(), DevError>> + Send;
+
+    /// Tells the device the range is no longer needed. Contents afterwards are unspecified.
+    fn discard(&self, offset_bytes: u64, len_bytes: u64)
+    -> impl Future<Output = Result<(), DevError>> + Send;
+
+    /// Operation and byte counters of this device.
+    fn counters(&self) -> &DevCounters;
+}
+
+/// Why a device request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DevError {
+    /// The device reported an error (or the fault injector simulated one).
+    #[error("I/O error on {device} at offset {offset_bytes} (+{len_bytes} bytes): {source}")]
+    Io {
+        device: Arc<str>,
+        offset_bytes: u64,
+        len_bytes: u64,
+        #[source]
+        source: io::Error,
+    },
+    /// The request reaches past the end of the device.
+    #[error(
+        "{device}: request at offset {offset_bytes} (+{len_bytes} bytes) is outside the device ({size_bytes} bytes)"
+    )]
+    OutOfRange { device: Arc<str>, offset_bytes: u64, len_bytes: u64, size_bytes: u64 },
+    /// The offset or length is not a multiple of the block size.
+    #[error(
+        "{device}: request at offset {offset_bytes} (+{len_bytes} bytes) is not aligned to {BLOCK_BYTES} bytes"
+    )]
+    Misaligned { device: Arc<str>, offset_bytes: u64, len_bytes: u64 },
+}
+
+impl DevError {
+    /// True for errors the drive itself reported (a reason to fail the drive), false for caller bugs.
+    pub fn is_media_error(&self) -> bool {
+        matches!(self, DevError::Io { .. })
+    }
+}
+
+/// Checks that a request is block-aligned and inside a device of `size_bytes`.
+///
+/// Every backend calls this first, so a bad request never reaches the medium.
+pub fn check_range(
+    device: &Arc<str>,
+    size_bytes: u64,
+    offset_bytes: u64,
+    len_bytes: u64,
+) -> Result<(), DevError> {
+    if offset_bytes % BLOCK_BYTES != 0 || len_bytes % BLOCK_BYTES != 0 {
+        return Err(DevError::Misaligned { device: Arc::clone(device), offset_bytes, len_bytes });
+    }
+    match offset_bytes.checked_add(len_bytes) {
+        Some(end) if end <= size_bytes => Ok(()),
+        _ => Err(DevError::OutOfRange { device: Arc::clone(device), offset_bytes, len_bytes, size_bytes }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_range_rejects_misaligned_and_overflowing_requests() {
+        let dev: Arc<str> = Arc::from("d0");
+        assert!(check_range(&dev, 8192, 0, 8192).is_ok());
+        assert!(matches!(check_range(&dev, 8192, 1, 4096), Err(DevError::Misaligned { .. })));
+        assert!(matches!(check_range(&dev, 8192, 4096, 8192), Err(DevError::OutOfRange { .. })));
+        assert!(matches!(check_range(&dev, 8192, u64::MAX - 4095, 4096), Err(DevError::OutOfRange { .. })));
+    }
+}

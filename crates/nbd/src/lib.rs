@@ -1,0 +1,1 @@
+//! NBD (Network Block Device) protocol server for stria volumes.

@@ -1,0 +1,1 @@
+//! Tiered volumes: a mirrored write cache and metadata on fast drives in front of an erasure-coded capacity tier.
