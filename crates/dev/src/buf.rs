@@ -82,7 +82,7 @@ impl IoBuf {
 
     /// True when the view starts on a [`BUF_ALIGN_BYTES`] boundary (what `O_DIRECT` needs).
     pub fn is_aligned(&self) -> bool {
-        self.start % BUF_ALIGN_BYTES == 0
+        self.start.is_multiple_of(BUF_ALIGN_BYTES)
     }
 
     /// Splits off the bytes `[at, len)` into a new view; `self` keeps `[0, at)`.
@@ -134,6 +134,11 @@ impl IoBuf {
         IoBytes { owner: self.owner, start: self.start, len: self.len }
     }
 
+    fn view_ptr(&self) -> *const u8 {
+        // SAFETY: `start <= allocation size` is an invariant of every view.
+        unsafe { self.owner.ptr.as_ptr().add(self.start) }
+    }
+
     /// Raw pointer to the first byte, for submitting the buffer to the kernel.
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
         // SAFETY: `start <= allocation size` is an invariant of every view, so the offset stays
@@ -145,16 +150,18 @@ impl IoBuf {
 impl Deref for IoBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
+        let ptr = self.view_ptr();
         // SAFETY: `[start, start + len)` lies inside the allocation, which lives as long as
         // `owner`; no other view overlaps it, and the memory was zero-initialised.
-        unsafe { std::slice::from_raw_parts(self.owner.ptr.as_ptr().add(self.start), self.len) }
+        unsafe { std::slice::from_raw_parts(ptr, self.len) }
     }
 }
 
 impl DerefMut for IoBuf {
     fn deref_mut(&mut self) -> &mut [u8] {
+        let ptr = self.as_mut_ptr();
         // SAFETY: as for `deref`; `&mut self` and view disjointness make this the only reference.
-        unsafe { std::slice::from_raw_parts_mut(self.owner.ptr.as_ptr().add(self.start), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(ptr, self.len) }
     }
 }
 
@@ -195,7 +202,7 @@ impl IoBytes {
 
     /// True when the view starts on a [`BUF_ALIGN_BYTES`] boundary.
     pub fn is_aligned(&self) -> bool {
-        self.start % BUF_ALIGN_BYTES == 0
+        self.start.is_multiple_of(BUF_ALIGN_BYTES)
     }
 
     /// A view of `range` (relative to this view). Panics if out of bounds.
@@ -218,9 +225,10 @@ impl IoBytes {
 impl Deref for IoBytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
+        let ptr = self.as_ptr();
         // SAFETY: `[start, start + len)` lies inside the live allocation; `IoBytes` views are only
         // made from a frozen `IoBuf`, after which nothing writes to those bytes.
-        unsafe { std::slice::from_raw_parts(self.owner.ptr.as_ptr().add(self.start), self.len) }
+        unsafe { std::slice::from_raw_parts(ptr, self.len) }
     }
 }
 

@@ -89,7 +89,7 @@ pub fn check_range(
     offset_bytes: u64,
     len_bytes: u64,
 ) -> Result<(), DevError> {
-    if offset_bytes % BLOCK_BYTES != 0 || len_bytes % BLOCK_BYTES != 0 {
+    if !offset_bytes.is_multiple_of(BLOCK_BYTES) || !len_bytes.is_multiple_of(BLOCK_BYTES) {
         return Err(DevError::Misaligned { device: Arc::clone(device), offset_bytes, len_bytes });
     }
     match offset_bytes.checked_add(len_bytes) {

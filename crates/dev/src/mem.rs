@@ -15,11 +15,14 @@ use crate::device::{BlockDevice, DevError, check_range};
 /// Bytes per lockable, separately allocated page of a memory drive.
 const PAGE_BYTES: usize = 64 * 1024;
 
+/// One page: `None` until first written (reads as zeros).
+type Page = RwLock<Option<Box<[u8]>>>;
+
 /// A sparse in-memory drive.
 pub struct MemDevice {
     name: Arc<str>,
     size_bytes: u64,
-    pages: Box<[RwLock<Option<Box<[u8]>>>]>,
+    pages: Box<[Page]>,
     counters: DevCounters,
 }
 
