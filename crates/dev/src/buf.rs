@@ -129,6 +129,25 @@ impl IoBuf {
         whole
     }
 
+    /// Joins pieces into one buffer: without copying when they are consecutive views of one
+    /// allocation (the usual case), by copying into a new buffer otherwise (a piece that was
+    /// rebuilt into a buffer of its own).
+    pub fn join_or_copy(pieces: Vec<IoBuf>) -> IoBuf {
+        let consecutive = pieces
+            .windows(2)
+            .all(|w| Arc::ptr_eq(&w[0].owner, &w[1].owner) && w[0].start + w[0].len == w[1].start);
+        if consecutive {
+            return IoBuf::join(pieces);
+        }
+        let mut whole = IoBuf::zeroed(pieces.iter().map(IoBuf::len).sum());
+        let mut at = 0;
+        for p in &pieces {
+            whole[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
+        whole
+    }
+
     /// Turns the view read-only so it can be shared (for example, one write sent to two mirrors).
     pub fn freeze(self) -> IoBytes {
         IoBytes { owner: self.owner, start: self.start, len: self.len }
@@ -266,6 +285,18 @@ mod tests {
         assert!(joined[..4096].iter().all(|&b| b == 1));
         assert!(joined[4096..8192].iter().all(|&b| b == 2));
         assert!(joined[8192..].iter().all(|&b| b == 3));
+    }
+
+    #[test]
+    fn join_or_copy_handles_foreign_pieces() {
+        let mut a = IoBuf::copy_from(&[1, 2, 3, 4]);
+        let b = a.split_off(2);
+        let joined = IoBuf::join_or_copy(vec![a, b]);
+        assert_eq!(&joined[..], &[1, 2, 3, 4]);
+        let mut a = IoBuf::copy_from(&[1, 2, 3, 4]);
+        let _b = a.split_off(2);
+        let joined = IoBuf::join_or_copy(vec![a, IoBuf::copy_from(&[9, 9])]);
+        assert_eq!(&joined[..], &[1, 2, 9, 9]);
     }
 
     #[test]

@@ -49,6 +49,40 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn counters(&self) -> &DevCounters;
 }
 
+/// A shared device is a device: lets a test keep a handle to a drive a pool owns.
+impl<T: BlockDevice> BlockDevice for Arc<T> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn size_bytes(&self) -> u64 {
+        (**self).size_bytes()
+    }
+    fn read(&self, offset_bytes: u64, buf: IoBuf) -> impl Future<Output = Result<IoBuf, DevError>> + Send {
+        (**self).read(offset_bytes, buf)
+    }
+    fn write(
+        &self,
+        offset_bytes: u64,
+        data: IoBytes,
+        fua: bool,
+    ) -> impl Future<Output = Result<(), DevError>> + Send {
+        (**self).write(offset_bytes, data, fua)
+    }
+    fn flush(&self) -> impl Future<Output = Result<(), DevError>> + Send {
+        (**self).flush()
+    }
+    fn discard(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+    ) -> impl Future<Output = Result<(), DevError>> + Send {
+        (**self).discard(offset_bytes, len_bytes)
+    }
+    fn counters(&self) -> &DevCounters {
+        (**self).counters()
+    }
+}
+
 /// Why a device request failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DevError {

@@ -1,13 +1,19 @@
 //! Device I/O for stria.
 //!
 //! Everything above the drives (layouts, write cache, export) is generic over [`BlockDevice`],
-//! so tests swap real drives for [`mem::MemDevice`] or a seeded fault injector.
+//! so tests swap real drives ([`FileDevice`]) for [`mem::MemDevice`] or the seeded fault
+//! injector [`FaultDevice`].
 
 pub mod buf;
 pub mod counters;
 pub mod device;
+pub mod exec;
+pub mod fault;
+pub mod file;
 pub mod mem;
 
 pub use buf::{BUF_ALIGN_BYTES, IoBuf, IoBytes};
 pub use counters::{DevCounters, DevCountersSnapshot};
 pub use device::{BLOCK_BYTES, BlockDevice, DevError, check_range};
+pub use fault::{FaultConfig, FaultCounts, FaultDevice, FaultEvent, FaultKind, PowerSwitch};
+pub use file::{FileDevice, FileOptions, IoEngine, OpenError};

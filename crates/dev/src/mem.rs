@@ -82,6 +82,18 @@ impl MemDevice {
         });
     }
 
+    /// A new drive named `name` with a copy of this drive's contents (pages never written stay
+    /// unallocated). Counters start at zero.
+    pub fn clone_contents(&self, name: &str) -> MemDevice {
+        let copy = MemDevice::new(name, self.size_bytes);
+        for (mine, theirs) in self.pages.iter().zip(copy.pages.iter()) {
+            if let Some(bytes) = &*mine.read() {
+                *theirs.write() = Some(bytes.clone());
+            }
+        }
+        copy
+    }
+
     /// Bytes of memory actually allocated for data.
     pub fn resident_bytes(&self) -> u64 {
         self.pages.iter().filter(|p| p.read().is_some()).count() as u64 * PAGE_BYTES as u64
@@ -202,6 +214,21 @@ mod tests {
         assert!(buf[..PAGE_BYTES + 4096].iter().all(|&b| b == 0));
         assert!(buf[PAGE_BYTES + 4096..].iter().all(|&b| b == 9));
         assert_eq!(dev.resident_bytes(), PAGE_BYTES as u64);
+    }
+
+    #[test]
+    fn cloned_contents_are_independent_copies() {
+        let dev = MemDevice::new("m0", 1 << 20);
+        dev.write_at(PAGE_BYTES as u64, &[7u8; 4096]);
+        let copy = dev.clone_contents("m1");
+        dev.write_at(PAGE_BYTES as u64, &[8u8; 4096]);
+        let mut out = [0u8; 4096];
+        copy.read_at(PAGE_BYTES as u64, &mut out);
+        assert_eq!(out, [7u8; 4096]);
+        assert_eq!(
+            (copy.name(), copy.size_bytes(), copy.resident_bytes()),
+            ("m1", 1 << 20, PAGE_BYTES as u64)
+        );
     }
 
     #[test]
