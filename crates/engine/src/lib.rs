@@ -1,1 +1,31 @@
-//! stria's block engine: pools, superblocks, metadata, volume layouts, checksums, journal, rebuild and scrub.
+//! stria's block engine: pools of drives and the volumes carved from them.
+//!
+//! * [`Pool`]: create, assemble (from drives found in any order), volumes, drive failure and
+//!   replacement, rebuild, scrub, status.
+//! * [`Volume`]: the byte-addressed block interface (read, write with FUA, write-zeroes, trim,
+//!   flush, block status) over raid0/1/10 and erasure-coded layouts, with per-block checksums.
+//!
+//! Design: docs/engine.md. On-disk format: docs/on-disk-format.md. Crash consistency:
+//! docs/crash-consistency.md.
+#![forbid(unsafe_code)]
+// Block and region numbers are u64 and index in-memory tables; stria runs on 64-bit Linux only
+// (asserted below), where `u64 as usize` is lossless. Narrowing to u32/u16 still uses try_from.
+#![allow(clippy::cast_possible_truncation)]
+
+const _: () = assert!(usize::BITS == 64, "stria needs a 64-bit target");
+
+pub mod drive;
+mod error;
+pub mod format;
+pub mod pool;
+pub mod units;
+pub mod volume;
+
+pub use drive::Drive;
+pub use error::{EngineError, VolumeError};
+pub use format::meta::{DriveClass, DriveState, Layout, PoolMeta, TieredRecord, VolumeRole};
+pub use pool::{
+    DEFAULT_CHUNK_BYTES, DriveStatus, FoundDrive, NewDrive, Pool, PoolStatus, RebuildProgress,
+    RecoveryReport, ScrubReport, VolumeSpec, VolumeStatus,
+};
+pub use volume::{BlockLocation, BlockRole, Extent, Volume, VolumeState};

@@ -1,0 +1,14 @@
+//! Runs the erasure-code benchmark on its own: `stria-bench-ec --help`.
+
+use clap::Parser;
+
+#[derive(Debug, Parser)]
+#[command(about = "Erasure-code throughput of stria-ec against Intel ISA-L, XOR and memcpy")]
+struct Cli {
+    #[command(flatten)]
+    args: stria_bench::ec::EcBenchArgs,
+}
+
+fn main() -> anyhow::Result<()> {
+    stria_bench::ec::run(&Cli::parse().args)
+}

@@ -1,0 +1,193 @@
+//! The per-block checksum table of one drive (format §6), held in memory and written back at
+//! flush.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+
+use crate::format::layout::CSUM_ENTRIES_PER_PAGE;
+use crate::format::page_crc;
+
+const MAGIC: u32 = 0x5354_4353;
+const BLOCK: usize = 4096;
+
+/// Entry value of a block that was never written (or was zeroed or trimmed): it reads as zeros.
+pub(crate) const UNWRITTEN: u32 = 0;
+
+/// The stored checksum of one 4 KiB block: its CRC32C, with 0 remapped to 1 so that 0 can mean
+/// "unwritten".
+pub(crate) fn block_crc(block: &[u8]) -> u32 {
+    debug_assert_eq!(block.len(), BLOCK);
+    match crc32c::crc32c(block) {
+        0 => 1,
+        crc => crc,
+    }
+}
+
+/// Checksum entries for every data block of a drive, with dirty tracking per page.
+#[derive(Debug)]
+pub(crate) struct ChecksumTable {
+    entries: Box<[AtomicU32]>,
+    dirty_pages: Box<[AtomicU64]>,
+}
+
+impl ChecksumTable {
+    /// A table of `blocks` unwritten entries.
+    pub(crate) fn new(blocks: u64) -> ChecksumTable {
+        let n = usize::try_from(blocks).expect("block count fits in memory");
+        let pages = n.div_ceil(CSUM_ENTRIES_PER_PAGE as usize);
+        ChecksumTable {
+            entries: (0..n).map(|_| AtomicU32::new(UNWRITTEN)).collect(),
+            dirty_pages: (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Number of entries (data blocks).
+    pub(crate) fn blocks(&self) -> u64 {
+        self.entries.len() as u64
+    }
+
+    /// Number of pages.
+    pub(crate) fn pages(&self) -> u64 {
+        self.blocks().div_ceil(CSUM_ENTRIES_PER_PAGE)
+    }
+
+    /// The entry of `block`.
+    pub(crate) fn get(&self, block: u64) -> u32 {
+        self.entries[block as usize].load(Relaxed)
+    }
+
+    /// Sets the entry of `block` and marks its page dirty.
+    pub(crate) fn set(&self, block: u64, value: u32) {
+        let old = self.entries[block as usize].swap(value, Relaxed);
+        if old != value {
+            self.mark_dirty(block / CSUM_ENTRIES_PER_PAGE);
+        }
+    }
+
+    /// Sets the entries of the blocks starting at `first` from their contents.
+    pub(crate) fn set_from_data(&self, first: u64, data: &[u8]) {
+        for (i, block) in data.chunks_exact(BLOCK).enumerate() {
+            self.set(first + i as u64, block_crc(block));
+        }
+    }
+
+    /// Sets entries from precomputed values.
+    pub(crate) fn set_values(&self, first: u64, values: &[u32]) {
+        for (i, &v) in values.iter().enumerate() {
+            self.set(first + i as u64, v);
+        }
+    }
+
+    /// Marks `count` blocks from `first` unwritten.
+    pub(crate) fn clear(&self, first: u64, count: u64) {
+        for b in first..first + count {
+            self.set(b, UNWRITTEN);
+        }
+    }
+
+    /// True when every block of the range is unwritten.
+    pub(crate) fn all_unwritten(&self, first: u64, count: u64) -> bool {
+        (first..first + count).all(|b| self.get(b) == UNWRITTEN)
+    }
+
+    fn mark_dirty(&self, page: u64) {
+        self.dirty_pages[(page / 64) as usize].fetch_or(1 << (page % 64), Relaxed);
+    }
+
+    /// Takes the set of dirty pages (clearing it). Entries changed after this call dirty their
+    /// page again and are written by the next flush.
+    pub(crate) fn take_dirty_pages(&self) -> Vec<u64> {
+        let mut pages = Vec::new();
+        for (word_index, word) in self.dirty_pages.iter().enumerate() {
+            let mut bits = word.swap(0, Relaxed);
+            while bits != 0 {
+                let bit = u64::from(bits.trailing_zeros());
+                pages.push(word_index as u64 * 64 + bit);
+                bits &= bits - 1;
+            }
+        }
+        pages
+    }
+
+    /// Puts pages back in the dirty set (after a failed write-back).
+    pub(crate) fn redirty(&self, pages: &[u64]) {
+        for &p in pages {
+            self.mark_dirty(p);
+        }
+    }
+
+    /// Encodes page `page` as it is now.
+    pub(crate) fn encode_page(&self, page: u64, out: &mut [u8]) {
+        assert_eq!(out.len(), BLOCK);
+        out.fill(0);
+        out[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        out[4..8].copy_from_slice(&u32::try_from(page).expect("page index fits").to_le_bytes());
+        let first = page * CSUM_ENTRIES_PER_PAGE;
+        let last = (first + CSUM_ENTRIES_PER_PAGE).min(self.blocks());
+        for (i, b) in (first..last).enumerate() {
+            out[16 + 4 * i..20 + 4 * i].copy_from_slice(&self.get(b).to_le_bytes());
+        }
+        let crc = page_crc(out);
+        out[12..16].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// Loads page `page` from its on-disk bytes. An all-zero page is a valid empty page (a
+    /// freshly created drive). Returns false if the page is damaged (entries left unwritten).
+    pub(crate) fn load_page(&self, page: u64, bytes: &[u8]) -> bool {
+        if bytes.iter().all(|&b| b == 0) {
+            return true;
+        }
+        let magic = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
+        let index = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
+        let crc = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes"));
+        if magic != MAGIC || u64::from(index) != page || crc != page_crc(bytes) {
+            return false;
+        }
+        let first = page * CSUM_ENTRIES_PER_PAGE;
+        let last = (first + CSUM_ENTRIES_PER_PAGE).min(self.blocks());
+        for (i, b) in (first..last).enumerate() {
+            let v = u32::from_le_bytes(bytes[16 + 4 * i..20 + 4 * i].try_into().expect("4 bytes"));
+            self.entries[b as usize].store(v, Relaxed);
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc_never_collides_with_unwritten() {
+        assert_ne!(block_crc(&[0u8; BLOCK]), UNWRITTEN);
+        assert_ne!(block_crc(&[0xffu8; BLOCK]), UNWRITTEN);
+    }
+
+    #[test]
+    fn dirty_pages_round_trip_through_encoding() {
+        let t = ChecksumTable::new(5000);
+        t.set(3, 77);
+        t.set(2500, 99);
+        let pages = t.take_dirty_pages();
+        assert_eq!(pages, vec![0, 2]);
+        assert!(t.take_dirty_pages().is_empty());
+        let fresh = ChecksumTable::new(5000);
+        let mut page = vec![0u8; BLOCK];
+        for p in pages {
+            t.encode_page(p, &mut page);
+            assert!(fresh.load_page(p, &page));
+        }
+        assert_eq!((fresh.get(3), fresh.get(2500), fresh.get(4)), (77, 99, 0));
+    }
+
+    #[test]
+    fn damaged_pages_are_refused() {
+        let t = ChecksumTable::new(2000);
+        t.set(1, 5);
+        let mut page = vec![0u8; BLOCK];
+        t.encode_page(0, &mut page);
+        page[100] ^= 4;
+        assert!(!ChecksumTable::new(2000).load_page(0, &page));
+        t.encode_page(0, &mut page);
+        assert!(!ChecksumTable::new(2000).load_page(1, &page), "page index is checked");
+    }
+}

@@ -1,0 +1,503 @@
+//! One pool member: a device plus its checksum table, intent bitmap and journal.
+//!
+//! Every read of the data area is verified against the checksum table before it is handed up;
+//! every write is covered by the intent bitmap and updates the table when it completes.
+
+pub(crate) mod csum;
+pub(crate) mod intent;
+pub(crate) mod journal;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use stria_dev::{BlockDevice, DevCountersSnapshot, DevError, IoBuf, IoBytes};
+use uuid::Uuid;
+
+use crate::format::FormatError;
+use crate::format::layout::DriveLayout;
+use crate::format::meta::{DriveClass, PoolMeta};
+use crate::format::superblock::Superblock;
+use csum::{ChecksumTable, UNWRITTEN, block_crc};
+use intent::IntentMap;
+use journal::{Journal, RecoveredPiece};
+
+const BLOCK: u64 = 4096;
+const BLOCK_USIZE: usize = 4096;
+
+/// Why a verified read did not return data.
+#[derive(Debug)]
+pub(crate) enum ReadFault {
+    /// The drive is failed (or was failed while the request ran).
+    Failed,
+    /// The device reported an error.
+    Io(DevError),
+    /// The data came back but these blocks (indices within the request) fail their checksum.
+    Corrupt { buf: IoBuf, bad: Vec<usize> },
+}
+
+/// What opening a drive found that recovery must deal with.
+#[derive(Debug, Default)]
+pub(crate) struct OpenFindings {
+    /// Intent regions marked dirty (data blocks `r * INTENT_REGION_BLOCKS ..`).
+    pub(crate) dirty_regions: Vec<u64>,
+    /// Checksum pages that failed their CRC (their blocks need resynchronisation).
+    pub(crate) bad_csum_pages: Vec<u64>,
+    /// Journal records after the checkpoint.
+    pub(crate) journal: Vec<RecoveredPiece>,
+    /// The journal header's transaction watermark.
+    pub(crate) txn_watermark: u64,
+}
+
+/// One drive of a pool.
+pub struct Drive<D> {
+    /// `None` for a drive the pool knows but that was not found: it is failed for good.
+    dev: Option<D>,
+    sb: Superblock,
+    pub(crate) csum: ChecksumTable,
+    pub(crate) intent: IntentMap,
+    pub(crate) journal: Journal,
+    failed: AtomicBool,
+    flush_arrivals: AtomicU64,
+    flush_covered: tokio::sync::Mutex<u64>,
+}
+
+impl<D> std::fmt::Debug for Drive<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Drive").field("slot", &self.sb.slot).field("uuid", &self.sb.drive_uuid).finish()
+    }
+}
+
+/// Reads both superblock copies of a device and returns the valid one with the highest
+/// generation.
+pub(crate) async fn read_superblock<D: BlockDevice>(dev: &D) -> Result<Superblock, FormatError> {
+    let size = dev.size_bytes();
+    let mut best: Option<Superblock> = None;
+    let mut first_error = FormatError::NotStria;
+    let offsets = [0, size.saturating_sub(BLOCK)];
+    for offset in offsets {
+        let block = match dev.read(offset, IoBuf::zeroed(BLOCK_USIZE)).await {
+            Ok(b) => b,
+            Err(_) => continue,
+        };
+        match Superblock::decode(&block) {
+            Ok(sb) if sb.layout.drive_bytes <= size => {
+                if best.as_ref().is_none_or(|b| sb.generation > b.generation) {
+                    best = Some(sb);
+                }
+            }
+            Ok(_) => first_error = FormatError::BadLayout("superblock describes a larger drive"),
+            Err(e) => {
+                if !matches!(e, FormatError::NotStria) {
+                    first_error = e;
+                }
+            }
+        }
+    }
+    best.ok_or(first_error)
+}
+
+/// Reads both metadata slots of a drive; returns the valid documents.
+pub(crate) async fn read_metadata<D: BlockDevice>(dev: &D, layout: &DriveLayout) -> Vec<PoolMeta> {
+    let mut found = Vec::new();
+    for slot in 0..2 {
+        let offset = layout.metadata_slot_offset_bytes(slot);
+        let Ok(head) = dev.read(offset, IoBuf::zeroed(BLOCK_USIZE)).await else { continue };
+        let Ok((_, _, payload_bytes, _)) = PoolMeta::decode_header(&head) else { continue };
+        let total = (64 + payload_bytes as u64).next_multiple_of(BLOCK);
+        if total > layout.metadata_slot_bytes {
+            continue;
+        }
+        let Ok(all) = dev.read(offset, IoBuf::zeroed(total as usize)).await else { continue };
+        if let Ok(meta) = PoolMeta::decode(&all) {
+            found.push(meta);
+        }
+    }
+    found
+}
+
+impl<D: BlockDevice> Drive<D> {
+    /// Formats `dev` as a new pool member and returns it open. `fresh` says the device is known
+    /// to read as zeros (a new sparse file), so the tables need not be written out.
+    pub(crate) async fn format(dev: D, sb: Superblock, fresh: bool) -> Result<Drive<D>, DevError> {
+        let l = sb.layout;
+        if !fresh {
+            // Old bytes in the tables would be read back as structures: zero them.
+            let zeros = IoBytes::zeroed(1 << 20);
+            for (offset, len) in [
+                (l.metadata_offset_bytes, 2 * l.metadata_slot_bytes),
+                (l.intent_offset_bytes, l.intent_bytes),
+                (l.csum_offset_bytes, l.csum_bytes),
+            ] {
+                let mut at = 0;
+                while at < len {
+                    let n = (len - at).min(1 << 20);
+                    dev.write(offset + at, zeros.slice(0..n as usize), false).await?;
+                    at += n;
+                }
+            }
+        }
+        Journal::format(&dev, l.journal_offset_bytes).await?;
+        let drive = Drive::new(Some(dev), sb, Journal::new(l.journal_offset_bytes, l.journal_bytes));
+        drive.write_superblock(drive.sb.generation).await?;
+        drive.dev().flush().await?;
+        Ok(drive)
+    }
+
+    fn new(dev: Option<D>, sb: Superblock, journal: Journal) -> Drive<D> {
+        let l = sb.layout;
+        let blocks = if dev.is_some() { l.data_blocks() } else { 0 };
+        Drive {
+            csum: ChecksumTable::new(blocks),
+            intent: IntentMap::new(if dev.is_some() { l.intent_regions() } else { 0 }, l.intent_offset_bytes),
+            journal,
+            failed: AtomicBool::new(dev.is_none()),
+            dev,
+            sb,
+            flush_arrivals: AtomicU64::new(0),
+            flush_covered: tokio::sync::Mutex::new(0),
+        }
+    }
+
+    /// Opens a member whose superblock was already read: loads the checksum table, the intent
+    /// bitmap and the journal, and reports what recovery must look at.
+    pub(crate) async fn open(dev: D, sb: Superblock) -> Result<(Drive<D>, OpenFindings), DevError> {
+        let l = sb.layout;
+        let (journal, pieces, txn_watermark) =
+            Journal::open(&dev, l.journal_offset_bytes, l.journal_bytes).await?;
+        let mut drive = Drive::new(Some(dev), sb, journal);
+        let mut findings = OpenFindings { journal: pieces, txn_watermark, ..OpenFindings::default() };
+
+        let pages = drive.csum.pages();
+        let chunk_pages = 256u64;
+        let mut page = 0;
+        while page < pages {
+            let n = chunk_pages.min(pages - page);
+            let buf = drive
+                .dev()
+                .read(l.csum_offset_bytes + page * BLOCK, IoBuf::zeroed((n * BLOCK) as usize))
+                .await?;
+            for (i, bytes) in buf.chunks_exact(BLOCK_USIZE).enumerate() {
+                if !drive.csum.load_page(page + i as u64, bytes) {
+                    findings.bad_csum_pages.push(page + i as u64);
+                }
+            }
+            page += n;
+        }
+        let ipages = drive.intent.pages();
+        let buf = drive.dev().read(l.intent_offset_bytes, IoBuf::zeroed((ipages * BLOCK) as usize)).await?;
+        for (i, bytes) in buf.chunks_exact(BLOCK_USIZE).enumerate() {
+            findings.dirty_regions.extend(drive.intent.load_page(i as u64, bytes));
+        }
+        Ok((drive, findings))
+    }
+
+    /// A stand-in for a pool member that was not found: permanently failed, no device.
+    pub(crate) fn missing(sb: Superblock) -> Drive<D> {
+        let l = sb.layout;
+        Drive::new(None, sb, Journal::new(l.journal_offset_bytes, l.journal_bytes))
+    }
+
+    /// True when the drive was not found at assembly.
+    pub fn is_missing(&self) -> bool {
+        self.dev.is_none()
+    }
+
+    /// Rewrites both superblock copies with `generation`.
+    pub(crate) async fn write_superblock(&self, generation: u64) -> Result<(), DevError> {
+        let mut sb = self.sb.clone();
+        sb.generation = generation;
+        let block = IoBytes::copy_from(&sb.encode());
+        self.dev().write(0, block.clone(), true).await?;
+        self.dev().write(sb.layout.tail_superblock_offset_bytes(), block, true).await
+    }
+
+    /// Writes `meta` into its slot (by generation parity) and makes it durable.
+    pub(crate) async fn write_metadata(&self, meta: &PoolMeta) -> Result<(), crate::EngineError> {
+        let l = &self.sb.layout;
+        let bytes = meta.encode(l.metadata_slot_bytes)?;
+        let offset = l.metadata_slot_offset_bytes(meta.generation);
+        self.dev().write(offset, IoBytes::copy_from(&bytes), true).await?;
+        Ok(())
+    }
+
+    /// The device. Panics for a missing drive: callers check [`Drive::is_failed`] first.
+    pub fn device(&self) -> &D {
+        self.dev.as_ref().expect("I/O to a missing drive")
+    }
+
+    fn dev(&self) -> &D {
+        self.device()
+    }
+
+    /// The superblock this drive was opened with.
+    pub fn superblock(&self) -> &Superblock {
+        &self.sb
+    }
+
+    /// Slot number in the pool.
+    pub fn slot(&self) -> u32 {
+        self.sb.slot
+    }
+
+    /// Identity.
+    pub fn uuid(&self) -> Uuid {
+        self.sb.drive_uuid
+    }
+
+    /// Speed class.
+    pub fn class(&self) -> DriveClass {
+        self.sb.class
+    }
+
+    /// Number of blocks in the data area.
+    pub fn data_blocks(&self) -> u64 {
+        self.sb.layout.data_blocks()
+    }
+
+    /// True once the drive has been failed; requests to it are refused.
+    pub fn is_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    /// Marks the drive failed in memory (the pool persists it).
+    pub(crate) fn set_failed(&self) {
+        self.failed.store(true, Ordering::Release);
+    }
+
+    /// Counters of the underlying device.
+    pub fn counters(&self) -> DevCountersSnapshot {
+        self.dev.as_ref().map(|d| d.counters().snapshot()).unwrap_or_default()
+    }
+
+    fn data_offset(&self, block: u64) -> u64 {
+        self.sb.layout.data_offset_bytes + block * BLOCK
+    }
+
+    fn check_data_range(&self, block: u64, blocks: u64) {
+        assert!(
+            block.checked_add(blocks).is_some_and(|end| end <= self.data_blocks()),
+            "data-area access {block}+{blocks} beyond {} blocks of drive {}",
+            self.data_blocks(),
+            self.sb.slot
+        );
+    }
+
+    /// Reads `buf.len()` bytes of the data area at `block` and verifies each block.
+    /// Unwritten blocks come back as zeros (without touching the device when all are).
+    pub(crate) async fn read_verified(&self, block: u64, mut buf: IoBuf) -> Result<IoBuf, ReadFault> {
+        let blocks = buf.len() as u64 / BLOCK;
+        self.check_data_range(block, blocks);
+        if self.is_failed() {
+            return Err(ReadFault::Failed);
+        }
+        if self.csum.all_unwritten(block, blocks) {
+            buf.fill(0);
+            return Ok(buf);
+        }
+        let mut buf = self.dev().read(self.data_offset(block), buf).await.map_err(ReadFault::Io)?;
+        let mut bad = Vec::new();
+        for (i, data) in buf.chunks_exact_mut(BLOCK_USIZE).enumerate() {
+            match self.csum.get(block + i as u64) {
+                UNWRITTEN => data.fill(0),
+                expected if block_crc(data) != expected => bad.push(i),
+                _ => {}
+            }
+        }
+        if bad.is_empty() { Ok(buf) } else { Err(ReadFault::Corrupt { buf, bad }) }
+    }
+
+    /// Reads `blocks` blocks at `block` for the repair paths: on an I/O error, reads again block
+    /// by block to find exactly which blocks fail. Returns the data (bad blocks zeroed), which
+    /// blocks are good, and whether any block failed with an I/O error; `None` if the drive is
+    /// failed.
+    pub(crate) async fn read_isolating(&self, block: u64, blocks: u64) -> Option<(IoBuf, Vec<bool>, bool)> {
+        let n = blocks as usize;
+        match self.read_verified(block, IoBuf::zeroed(n * BLOCK_USIZE)).await {
+            Ok(buf) => Some((buf, vec![true; n], false)),
+            Err(ReadFault::Failed) => None,
+            Err(ReadFault::Corrupt { buf, bad }) => {
+                let mut good = vec![true; n];
+                for i in bad {
+                    good[i] = false;
+                }
+                Some((buf, good, false))
+            }
+            Err(ReadFault::Io(_)) => {
+                let mut buf = IoBuf::zeroed(n * BLOCK_USIZE);
+                let mut good = vec![false; n];
+                for (i, g) in good.iter_mut().enumerate() {
+                    if let Ok(one) = self.read_verified(block + i as u64, IoBuf::zeroed(BLOCK_USIZE)).await {
+                        buf[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE].copy_from_slice(&one);
+                        *g = true;
+                    }
+                }
+                Some((buf, good, true))
+            }
+        }
+    }
+
+    /// Reads the data area without verification (recovery and scrub look at raw contents).
+    pub(crate) async fn read_raw(&self, block: u64, buf: IoBuf) -> Result<IoBuf, DevError> {
+        self.check_data_range(block, buf.len() as u64 / BLOCK);
+        self.dev().read(self.data_offset(block), buf).await
+    }
+
+    /// Writes `data` at data-area `block` and sets the blocks' checksums.
+    pub(crate) async fn write(&self, block: u64, data: IoBytes, fua: bool) -> Result<(), DevError> {
+        self.write_inner(block, data, fua, None).await
+    }
+
+    /// Writes `data` whose block checksums are already known (journal replay).
+    pub(crate) async fn write_with_crcs(
+        &self,
+        block: u64,
+        data: IoBytes,
+        crcs: &[u32],
+    ) -> Result<(), DevError> {
+        self.write_inner(block, data, false, Some(crcs)).await
+    }
+
+    async fn write_inner(
+        &self,
+        block: u64,
+        data: IoBytes,
+        fua: bool,
+        crcs: Option<&[u32]>,
+    ) -> Result<(), DevError> {
+        let blocks = data.len() as u64 / BLOCK;
+        assert!((data.len() as u64).is_multiple_of(BLOCK) && blocks > 0, "unaligned data-area write");
+        self.check_data_range(block, blocks);
+        self.intent.begin(self.dev(), block, blocks).await?;
+        let mut result = self.dev().write(self.data_offset(block), data.clone(), fua).await;
+        if result.is_ok() {
+            match crcs {
+                Some(values) => self.csum.set_values(block, values),
+                None => self.csum.set_from_data(block, &data),
+            }
+            if fua {
+                // The data is durable; its checksums must be too, or recovery would take the
+                // block for unwritten (or stale) and the FUA write would be lost. A full drive
+                // flush does it in the safe order (data durable before any checksum page).
+                result = self.flush().await;
+            }
+        }
+        self.intent.end(block, blocks);
+        result
+    }
+
+    /// Marks blocks unwritten: they read as zeros from now on (no data is written). Covered by
+    /// the intent bitmap like a write, since the on-disk checksums lag until the next flush.
+    pub(crate) async fn zero(&self, block: u64, blocks: u64) -> Result<(), DevError> {
+        self.check_data_range(block, blocks);
+        self.intent.begin(self.dev(), block, blocks).await?;
+        self.csum.clear(block, blocks);
+        self.intent.end(block, blocks);
+        Ok(())
+    }
+
+    /// True when every block of the range is unwritten.
+    pub(crate) fn is_unwritten(&self, block: u64, blocks: u64) -> bool {
+        self.csum.all_unwritten(block, blocks)
+    }
+
+    /// Makes every write completed before this call durable, with its checksums. Concurrent
+    /// callers share flushes. Journal checkpoints are separate (see `PoolCore::flush_all`):
+    /// a record may only be checkpointed once every drive of its transaction is flushed.
+    pub(crate) async fn flush(&self) -> Result<(), DevError> {
+        if self.is_missing() {
+            return Ok(());
+        }
+        let arrival = self.flush_arrivals.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut covered = self.flush_covered.lock().await;
+        if *covered >= arrival {
+            return Ok(());
+        }
+        let covers = self.flush_arrivals.load(Ordering::SeqCst);
+        let epoch = self.intent.flush_started();
+        // A checksum entry may reach the disk only once the data it describes is durable (a page
+        // persisted ahead of its data would make recovery trust stale bytes, for example bytes a
+        // zeroing had hidden). So: snapshot the dirty pages, make the data durable, then write
+        // the snapshot and make it durable.
+        let pages = self.csum.take_dirty_pages();
+        let snapshot = self.encode_csum_pages(&pages);
+        let result = async {
+            self.dev().flush().await?;
+            if !pages.is_empty() {
+                self.write_csum_pages(&snapshot).await?;
+                self.dev().flush().await?;
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(e) = result {
+            self.csum.redirty(&pages);
+            return Err(e);
+        }
+        self.intent.flush_completed(epoch);
+        *covered = covers;
+        Ok(())
+    }
+
+    /// Encodes checksum pages (sorted) as they are now, grouped in runs of consecutive pages:
+    /// (first page, encoded bytes).
+    fn encode_csum_pages(&self, pages: &[u64]) -> Vec<(u64, IoBytes)> {
+        let mut runs = Vec::new();
+        let mut i = 0;
+        while i < pages.len() {
+            let mut j = i + 1;
+            while j < pages.len() && pages[j] == pages[j - 1] + 1 && j - i < 256 {
+                j += 1;
+            }
+            let mut buf = IoBuf::zeroed((j - i) * BLOCK_USIZE);
+            for (k, out) in buf.chunks_exact_mut(BLOCK_USIZE).enumerate() {
+                self.csum.encode_page(pages[i + k], out);
+            }
+            runs.push((pages[i], buf.freeze()));
+            i = j;
+        }
+        runs
+    }
+
+    /// Writes encoded checksum page runs.
+    async fn write_csum_pages(&self, runs: &[(u64, IoBytes)]) -> Result<(), DevError> {
+        for (first, bytes) in runs {
+            let offset = self.sb.layout.csum_offset_bytes + first * BLOCK;
+            self.dev().write(offset, bytes.clone(), false).await?;
+        }
+        Ok(())
+    }
+
+    /// Writes the journal checkpoint `seq` (taken with `journal.checkpoint_candidate()` before
+    /// the flush that made those records' in-place writes durable).
+    pub(crate) async fn checkpoint_journal(&self, seq: u64, txn_watermark: u64) -> Result<(), DevError> {
+        if self.is_missing() {
+            return Ok(());
+        }
+        self.journal.checkpoint(self.dev(), seq, txn_watermark).await
+    }
+
+    /// Clears intent bits of idle regions whose writes are all durable.
+    pub(crate) async fn clear_idle_intents(&self, force_all: bool) -> Result<u64, DevError> {
+        self.intent.clear_idle(self.dev(), force_all).await
+    }
+
+    /// Intent regions currently marked dirty.
+    pub fn dirty_regions(&self) -> u64 {
+        self.intent.dirty_regions()
+    }
+
+    /// Journal ring blocks holding records not yet checkpointed.
+    pub fn journal_used_blocks(&self) -> u64 {
+        self.journal.used_blocks()
+    }
+
+    /// Counts `blocks` repaired on this drive.
+    pub(crate) fn record_repairs(&self, blocks: u64) {
+        if let Some(dev) = &self.dev {
+            dev.counters().record_repairs(blocks);
+        }
+    }
+}
+
+/// A shared drive handle.
+pub type DriveRef<D> = Arc<Drive<D>>;

@@ -1,0 +1,86 @@
+//! Errors of the engine: one type for the I/O path, one for pool administration.
+
+use stria_dev::DevError;
+
+use crate::format::FormatError;
+
+/// Why a volume request failed. Every variant names the range involved.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    /// The request reaches past the end of the volume.
+    #[error(
+        "request at offset {offset_bytes} (+{len_bytes} bytes) is beyond the end of the volume ({size_bytes} bytes)"
+    )]
+    OutOfRange { offset_bytes: u64, len_bytes: u64, size_bytes: u64 },
+    /// More members are unavailable or corrupt than the layout tolerates for this range.
+    #[error(
+        "data at offset {offset_bytes} (+{len_bytes} bytes) of volume {volume} is unrecoverable: {reason}"
+    )]
+    Unrecoverable { volume: String, offset_bytes: u64, len_bytes: u64, reason: String },
+    /// A fast-zero request could not be served without writing data.
+    #[error("zeroing {len_bytes} bytes at offset {offset_bytes} is not cheap on this layout")]
+    NotCheap { offset_bytes: u64, len_bytes: u64 },
+    /// The pool could not persist a change the request depends on (a drive failure).
+    #[error("volume {volume}: {source}")]
+    Pool {
+        volume: String,
+        #[source]
+        source: Box<EngineError>,
+    },
+    /// The volume was deleted or the pool closed while the request was in flight.
+    #[error("volume {0} is closed")]
+    Closed(String),
+}
+
+/// Why a pool operation failed. Messages say what is wrong and, where possible, what would fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Dev(#[from] DevError),
+    #[error("on-disk format: {0}")]
+    Format(#[from] FormatError),
+    /// A drive that belongs to no pool or to another pool.
+    #[error("{path}: {reason}")]
+    ForeignDrive { path: String, reason: String },
+    /// A drive the pool has moved on without.
+    #[error(
+        "{path}: stale drive (slot {slot}, generation {drive_generation}; the pool is at generation {pool_generation}): {reason}"
+    )]
+    StaleDrive { path: String, slot: u32, drive_generation: u64, pool_generation: u64, reason: String },
+    /// Too few drives to trust the metadata.
+    #[error(
+        "only {present} of the pool's {total} active drives were found (need {needed}); missing: {missing}. \
+         If those drives are gone for good, open with --force (a drive failure or change recorded only on them is lost)"
+    )]
+    NoQuorum { present: usize, total: usize, needed: usize, missing: String },
+    /// The same drive was given twice.
+    #[error("drive {uuid} appears twice: {first} and {second}")]
+    DuplicateDrive { uuid: String, first: String, second: String },
+    #[error("no drives given")]
+    NoDrives,
+    #[error("volume `{0}` already exists")]
+    VolumeExists(String),
+    #[error("no volume named `{0}`")]
+    NoSuchVolume(String),
+    #[error("no drive `{0}` in the pool")]
+    NoSuchDrive(String),
+    /// The layout cannot be placed on the pool's drives.
+    #[error("{0}")]
+    Placement(String),
+    /// Not enough free space.
+    #[error("{0}")]
+    NoSpace(String),
+    /// A malformed request (bad size, name, layout parameters...).
+    #[error("{0}")]
+    Invalid(String),
+    /// The operation conflicts with the volume's state (e.g. a rebuild in progress).
+    #[error("{0}")]
+    Busy(String),
+    /// Metadata could not be written to a majority of drives.
+    #[error(
+        "metadata generation {generation} reached only {written} of {total} drives (need {needed}); the change was not made"
+    )]
+    CommitFailed { generation: u64, written: usize, total: usize, needed: usize },
+    #[error(transparent)]
+    Volume(#[from] VolumeError),
+}

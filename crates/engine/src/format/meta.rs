@@ -1,0 +1,356 @@
+//! Pool metadata (format §3): the JSON document and its checksummed container.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::{FormatError, Reader, Writer};
+
+const MAGIC: &[u8; 8] = b"STRIA-MD";
+const HEADER_BYTES: usize = 64;
+
+/// Speed class of a drive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum DriveClass {
+    /// Small, fast, durable drives (Optane-like): write cache and metadata.
+    Fast,
+    /// Large, cheap drives (QLC-like): the capacity tier.
+    Capacity,
+}
+
+impl fmt::Display for DriveClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DriveClass::Fast => "fast",
+            DriveClass::Capacity => "capacity",
+        })
+    }
+}
+
+impl FromStr for DriveClass {
+    type Err = String;
+    fn from_str(s: &str) -> Result<DriveClass, String> {
+        match s {
+            "fast" => Ok(DriveClass::Fast),
+            "capacity" => Ok(DriveClass::Capacity),
+            other => Err(format!("unknown drive class `{other}`: expected `fast` or `capacity`")),
+        }
+    }
+}
+
+/// Lifecycle state of a drive in the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DriveState {
+    /// In service.
+    Active,
+    /// Out of service after an error or `drive fail`; its extents are rebuilt elsewhere.
+    Failed,
+    /// Formatted and waiting to replace a failed drive.
+    Spare,
+}
+
+/// One drive as the pool remembers it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriveRecord {
+    pub slot: u32,
+    pub uuid: Uuid,
+    pub class: DriveClass,
+    #[serde(default)]
+    pub domain: String,
+    pub state: DriveState,
+    #[serde(default)]
+    pub failed_reason: Option<String>,
+    /// The path the drive was last opened at (a hint; drives are found by identity).
+    #[serde(default)]
+    pub path_hint: String,
+    pub data_blocks: u64,
+}
+
+/// How a volume spreads its data over its members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Layout {
+    /// Striping without redundancy over `width` drives.
+    Raid0 { width: u32 },
+    /// `copies` full copies.
+    Raid1 { copies: u32 },
+    /// Striping over `width` columns of `copies` copies each.
+    Raid10 { width: u32, copies: u32 },
+    /// Reed-Solomon: `data_shards` + `parity_shards` chunks per stripe.
+    Ec { data_shards: u32, parity_shards: u32 },
+}
+
+impl Layout {
+    /// Number of member extents one segment of this layout has.
+    pub fn members(&self) -> u32 {
+        match *self {
+            Layout::Raid0 { width } => width,
+            Layout::Raid1 { copies } => copies,
+            Layout::Raid10 { width, copies } => width * copies,
+            Layout::Ec { data_shards, parity_shards } => data_shards + parity_shards,
+        }
+    }
+
+    /// Chunks of data per row (stripe width in data chunks).
+    pub fn data_columns(&self) -> u32 {
+        match *self {
+            Layout::Raid0 { width } | Layout::Raid10 { width, .. } => width,
+            Layout::Raid1 { .. } => 1,
+            Layout::Ec { data_shards, .. } => data_shards,
+        }
+    }
+
+    /// How many member failures (in the worst placement) the layout survives.
+    pub fn tolerance(&self) -> u32 {
+        match *self {
+            Layout::Raid0 { .. } => 0,
+            Layout::Raid1 { copies } | Layout::Raid10 { copies, .. } => copies - 1,
+            Layout::Ec { parity_shards, .. } => parity_shards,
+        }
+    }
+
+    /// Checks the parameters are in range.
+    pub fn validate(&self) -> Result<(), String> {
+        let ok = match *self {
+            Layout::Raid0 { width } => (1..=64).contains(&width),
+            Layout::Raid1 { copies } => (2..=8).contains(&copies),
+            Layout::Raid10 { width, copies } => (1..=64).contains(&width) && (2..=8).contains(&copies),
+            Layout::Ec { data_shards, parity_shards } => {
+                data_shards >= 1 && parity_shards >= 1 && data_shards + parity_shards <= 64
+            }
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "layout `{self}` is out of range (raid0 width 1-64, raid1 copies 2-8, ec K>=1, M>=1, K+M<=64)"
+            ))
+        }
+    }
+}
+
+impl fmt::Display for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Layout::Raid0 { width } => write!(f, "raid0:{width}"),
+            Layout::Raid1 { copies } => write!(f, "raid1:{copies}"),
+            Layout::Raid10 { width, copies } => write!(f, "raid10:{width}x{copies}"),
+            Layout::Ec { data_shards, parity_shards } => write!(f, "ec:{data_shards}+{parity_shards}"),
+        }
+    }
+}
+
+/// One member extent of a segment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberRecord {
+    pub slot: u32,
+    pub start_block: u64,
+    /// While being rebuilt: rows below this are valid on the member.
+    #[serde(default)]
+    pub rebuild_cursor_rows: Option<u64>,
+}
+
+/// One instance of the layout over `rows` rows of its members.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentRecord {
+    pub rows: u64,
+    pub members: Vec<MemberRecord>,
+}
+
+/// What a volume is for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum VolumeRole {
+    /// A volume clients see.
+    Plain,
+    /// A part of a tiered volume (`cache`, `meta` or `capacity`), not exported on its own.
+    TierPart { tiered: String, part: String },
+}
+
+/// A volume as the pool remembers it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    pub id: u64,
+    pub name: String,
+    pub size_bytes: u64,
+    pub layout: Layout,
+    pub chunk_blocks: u32,
+    pub class: DriveClass,
+    pub role: VolumeRole,
+    pub segments: Vec<SegmentRecord>,
+}
+
+/// A tiered volume: three engine volumes and the tiering parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TieredRecord {
+    pub name: String,
+    pub size_bytes: u64,
+    pub cache_volume: u64,
+    pub meta_volume: u64,
+    pub capacity_volume: u64,
+    /// Parameters owned by the tiering code (kept opaque here so it can evolve on its own).
+    #[serde(default)]
+    pub params: serde_json::Value,
+}
+
+/// The whole pool metadata document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolMeta {
+    pub pool_uuid: Uuid,
+    pub name: String,
+    pub generation: u64,
+    pub created_unix_secs: u64,
+    pub next_volume_id: u64,
+    pub next_slot: u32,
+    pub drives: Vec<DriveRecord>,
+    pub volumes: Vec<VolumeRecord>,
+    #[serde(default)]
+    pub tiered: Vec<TieredRecord>,
+}
+
+impl PoolMeta {
+    /// The record of the drive in `slot`.
+    pub fn drive(&self, slot: u32) -> Option<&DriveRecord> {
+        self.drives.iter().find(|d| d.slot == slot)
+    }
+
+    /// The record of the volume called `name`.
+    pub fn volume(&self, name: &str) -> Option<&VolumeRecord> {
+        self.volumes.iter().find(|v| v.name == name)
+    }
+
+    /// Encodes the container (header + JSON), padded to whole blocks.
+    pub fn encode(&self, slot_bytes: u64) -> Result<Vec<u8>, FormatError> {
+        let payload = serde_json::to_vec(self).map_err(|e| FormatError::BadPayload(e.to_string()))?;
+        let len_bytes = (HEADER_BYTES + payload.len()) as u64;
+        if len_bytes > slot_bytes {
+            return Err(FormatError::MetadataTooLarge { len_bytes, slot_bytes });
+        }
+        let mut w = Writer::new(HEADER_BYTES);
+        w.bytes(MAGIC);
+        w.u64(self.generation);
+        w.bytes(self.pool_uuid.as_bytes());
+        w.u32(u32::try_from(payload.len()).expect("payload fits its slot"));
+        w.u32(crc32c::crc32c(&payload));
+        w.zeros(20);
+        debug_assert_eq!(w.position(), 60);
+        let mut out = w.finish();
+        let header_crc = crc32c::crc32c(&out[..60]);
+        out[60..64].copy_from_slice(&header_crc.to_le_bytes());
+        out.extend_from_slice(&payload);
+        out.resize(out.len().next_multiple_of(4096), 0);
+        Ok(out)
+    }
+
+    /// Reads the header of a slot: `(generation, pool_uuid, payload_bytes)`.
+    pub fn decode_header(header: &[u8]) -> Result<(u64, Uuid, usize, u32), FormatError> {
+        if header.len() < HEADER_BYTES || &header[..8] != MAGIC {
+            return Err(FormatError::NotStria);
+        }
+        let stored = u32::from_le_bytes(header[60..64].try_into().expect("4 bytes"));
+        if crc32c::crc32c(&header[..60]) != stored {
+            return Err(FormatError::BadChecksum("metadata header"));
+        }
+        let mut r = Reader::new(&header[8..]);
+        let generation = r.u64();
+        let pool_uuid = r.uuid();
+        let payload_bytes = r.u32() as usize;
+        let payload_crc = r.u32();
+        Ok((generation, pool_uuid, payload_bytes, payload_crc))
+    }
+
+    /// Decodes a whole slot (header and payload).
+    pub fn decode(slot: &[u8]) -> Result<PoolMeta, FormatError> {
+        let (generation, pool_uuid, payload_bytes, payload_crc) = PoolMeta::decode_header(slot)?;
+        let payload = slot
+            .get(HEADER_BYTES..HEADER_BYTES + payload_bytes)
+            .ok_or(FormatError::BadField("metadata length beyond its slot"))?;
+        if crc32c::crc32c(payload) != payload_crc {
+            return Err(FormatError::BadChecksum("metadata payload"));
+        }
+        let meta: PoolMeta =
+            serde_json::from_slice(payload).map_err(|e| FormatError::BadPayload(e.to_string()))?;
+        if meta.generation != generation || meta.pool_uuid != pool_uuid {
+            return Err(FormatError::BadField("metadata header and payload disagree"));
+        }
+        Ok(meta)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> PoolMeta {
+        PoolMeta {
+            pool_uuid: Uuid::from_u128(9),
+            name: "tank".into(),
+            generation: 3,
+            created_unix_secs: 1,
+            next_volume_id: 2,
+            next_slot: 1,
+            drives: vec![DriveRecord {
+                slot: 0,
+                uuid: Uuid::from_u128(5),
+                class: DriveClass::Fast,
+                domain: String::new(),
+                state: DriveState::Active,
+                failed_reason: None,
+                path_hint: "/tmp/d0".into(),
+                data_blocks: 1000,
+            }],
+            volumes: vec![VolumeRecord {
+                id: 1,
+                name: "v".into(),
+                size_bytes: 1 << 20,
+                layout: Layout::Ec { data_shards: 4, parity_shards: 2 },
+                chunk_blocks: 16,
+                class: DriveClass::Capacity,
+                role: VolumeRole::Plain,
+                segments: vec![SegmentRecord {
+                    rows: 4,
+                    members: vec![MemberRecord { slot: 0, start_block: 0, rebuild_cursor_rows: Some(2) }],
+                }],
+            }],
+            tiered: vec![],
+        }
+    }
+
+    #[test]
+    fn round_trips_through_the_container() {
+        let m = sample();
+        let bytes = m.encode(1 << 20).unwrap();
+        assert_eq!(bytes.len() % 4096, 0);
+        assert_eq!(PoolMeta::decode(&bytes).unwrap(), m);
+    }
+
+    #[test]
+    fn corruption_anywhere_is_detected() {
+        let bytes = sample().encode(1 << 20).unwrap();
+        let json_len = bytes.iter().rposition(|&b| b != 0).unwrap();
+        for at in [0usize, 10, 40, 61, 64, 100, json_len] {
+            let mut bad = bytes.clone();
+            bad[at] ^= 1;
+            assert!(PoolMeta::decode(&bad).is_err(), "flip at {at} not detected");
+        }
+    }
+
+    #[test]
+    fn too_large_metadata_is_an_error() {
+        assert!(matches!(sample().encode(128), Err(FormatError::MetadataTooLarge { .. })));
+    }
+
+    #[test]
+    fn layouts_know_their_shape() {
+        let ec = Layout::Ec { data_shards: 4, parity_shards: 2 };
+        assert_eq!((ec.members(), ec.data_columns(), ec.tolerance()), (6, 4, 2));
+        let r10 = Layout::Raid10 { width: 3, copies: 2 };
+        assert_eq!((r10.members(), r10.data_columns(), r10.tolerance()), (6, 3, 1));
+        assert_eq!(ec.to_string(), "ec:4+2");
+        assert!(Layout::Raid1 { copies: 1 }.validate().is_err());
+    }
+}

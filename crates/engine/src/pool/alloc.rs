@@ -1,0 +1,278 @@
+//! Extent allocation and member placement.
+//!
+//! Free space is derived from the volume records (never stored), so it cannot disagree with
+//! them. Members go on distinct drives of the requested class; members that protect each other
+//! go on distinct failure domains (an unlabelled drive is its own domain).
+
+use std::collections::BTreeMap;
+
+use crate::error::EngineError;
+use crate::format::meta::{DriveClass, DriveState, Layout, MemberRecord, PoolMeta};
+use crate::units::format_size;
+
+const BLOCK: u64 = 4096;
+
+/// Used extents of drive `slot`, sorted: (start_block, len_blocks).
+pub(crate) fn used_extents(meta: &PoolMeta, slot: u32) -> Vec<(u64, u64)> {
+    let mut used: Vec<(u64, u64)> = Vec::new();
+    for v in &meta.volumes {
+        let per_row = u64::from(v.chunk_blocks);
+        for seg in &v.segments {
+            for m in seg.members.iter().filter(|m| m.slot == slot) {
+                used.push((m.start_block, seg.rows * per_row));
+            }
+        }
+    }
+    used.sort_unstable();
+    used
+}
+
+/// Free gaps of drive `slot` (of `data_blocks`), sorted by position.
+pub(crate) fn free_extents(meta: &PoolMeta, slot: u32, data_blocks: u64) -> Vec<(u64, u64)> {
+    let mut free = Vec::new();
+    let mut at = 0;
+    for (start, len) in used_extents(meta, slot) {
+        if start > at {
+            free.push((at, start - at));
+        }
+        at = at.max(start + len);
+    }
+    if data_blocks > at {
+        free.push((at, data_blocks - at));
+    }
+    free
+}
+
+/// First free gap of at least `blocks` on `slot`.
+pub(crate) fn first_fit(meta: &PoolMeta, slot: u32, data_blocks: u64, blocks: u64) -> Option<u64> {
+    free_extents(meta, slot, data_blocks).into_iter().find(|&(_, len)| len >= blocks).map(|(s, _)| s)
+}
+
+/// True when `blocks` more blocks directly after the extent at `start`/`len` are free.
+pub(crate) fn can_extend(
+    meta: &PoolMeta,
+    slot: u32,
+    data_blocks: u64,
+    start: u64,
+    len: u64,
+    blocks: u64,
+) -> bool {
+    let end = start + len;
+    free_extents(meta, slot, data_blocks).iter().any(|&(s, l)| s == end && l >= blocks)
+}
+
+/// Failure domain of a drive: its label, or the drive itself when unlabelled.
+pub(crate) fn domain_of(meta: &PoolMeta, slot: u32) -> String {
+    match meta.drive(slot) {
+        Some(d) if !d.domain.is_empty() => d.domain.clone(),
+        _ => format!("#drive-{slot}"),
+    }
+}
+
+struct Candidate {
+    slot: u32,
+    domain: String,
+    start: u64,
+    free_blocks: u64,
+}
+
+/// Chooses member extents of `member_blocks` each for a new segment of `layout` on `class`
+/// drives, skipping `exclude` slots. Members are returned in layout order.
+pub(crate) fn place(
+    meta: &PoolMeta,
+    layout: Layout,
+    class: DriveClass,
+    member_blocks: u64,
+    exclude: &[u32],
+) -> Result<Vec<MemberRecord>, EngineError> {
+    let n = layout.members() as usize;
+    let active: Vec<_> = meta
+        .drives
+        .iter()
+        .filter(|d| d.class == class && d.state == DriveState::Active && !exclude.contains(&d.slot))
+        .collect();
+    let domains_total = {
+        let mut ds: Vec<String> = active.iter().map(|d| domain_of(meta, d.slot)).collect();
+        ds.sort();
+        ds.dedup();
+        ds.len()
+    };
+    // How many distinct domains the layout needs among members that protect each other.
+    let group = match layout {
+        Layout::Raid0 { .. } => 1,
+        Layout::Raid1 { copies } | Layout::Raid10 { copies, .. } => copies as usize,
+        Layout::Ec { .. } => n,
+    };
+    let labelled = active.iter().any(|d| !d.domain.is_empty());
+    if active.len() < n {
+        return Err(EngineError::Placement(format!(
+            "{layout} needs {n} active {class} drives; the pool has {}",
+            active.len()
+        )));
+    }
+    if domains_total < group {
+        let what = if labelled { "drives in distinct failure domains" } else { "drives" };
+        return Err(EngineError::Placement(format!(
+            "{layout} needs {group} {class} {what}; the pool has {domains_total}"
+        )));
+    }
+    let mut candidates: Vec<Candidate> = active
+        .iter()
+        .filter_map(|d| {
+            let start = first_fit(meta, d.slot, d.data_blocks, member_blocks)?;
+            let free_blocks = free_extents(meta, d.slot, d.data_blocks).iter().map(|e| e.1).sum();
+            Some(Candidate { slot: d.slot, domain: domain_of(meta, d.slot), start, free_blocks })
+        })
+        .collect();
+    // Most free space first, so volumes spread over the drives.
+    candidates.sort_by(|a, b| b.free_blocks.cmp(&a.free_blocks).then(a.slot.cmp(&b.slot)));
+
+    let columns = n / group;
+    let mut chosen: Vec<Candidate> = Vec::with_capacity(n);
+    for _ in 0..columns {
+        let mut column: Vec<usize> = Vec::with_capacity(group);
+        for (i, c) in candidates.iter().enumerate() {
+            if column.len() == group {
+                break;
+            }
+            if column.iter().all(|&j| candidates[j].domain != c.domain) {
+                column.push(i);
+            }
+        }
+        if column.len() < group {
+            return Err(no_space(meta, layout, class, member_blocks, &candidates, group));
+        }
+        // Remove the chosen ones (highest index first keeps the others' positions valid).
+        column.sort_unstable_by(|a, b| b.cmp(a));
+        let mut picked: Vec<Candidate> = column.into_iter().map(|i| candidates.remove(i)).collect();
+        picked.reverse();
+        chosen.extend(picked);
+    }
+    // Members come out column by column: column c, copy k at c * group + k (what the mirror
+    // layouts expect); for ec the single "column" is the whole stripe.
+    let members = chosen
+        .into_iter()
+        .map(|c| MemberRecord { slot: c.slot, start_block: c.start, rebuild_cursor_rows: None })
+        .collect();
+    Ok(members)
+}
+
+fn no_space(
+    meta: &PoolMeta,
+    layout: Layout,
+    class: DriveClass,
+    member_blocks: u64,
+    candidates: &[Candidate],
+    group: usize,
+) -> EngineError {
+    let mut largest: BTreeMap<u32, u64> = BTreeMap::new();
+    for d in meta.drives.iter().filter(|d| d.class == class && d.state == DriveState::Active) {
+        let big = free_extents(meta, d.slot, d.data_blocks).iter().map(|e| e.1).max().unwrap_or(0);
+        largest.insert(d.slot, big);
+    }
+    let list: Vec<String> =
+        largest.iter().map(|(slot, b)| format!("drive {slot}: {}", format_size(b * BLOCK))).collect();
+    let spread = if group > 1 { " in distinct failure domains" } else { "" };
+    EngineError::NoSpace(format!(
+        "not enough free space for {layout}: it needs {} members of {} on distinct {class} drives{spread}, \
+         but only {} such drives have room (largest free extents: {})",
+        layout.members(),
+        format_size(member_blocks * BLOCK),
+        candidates.len(),
+        list.join(", ")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::meta::{DriveRecord, SegmentRecord, VolumeRecord, VolumeRole};
+    use uuid::Uuid;
+
+    fn meta(domains: &[&str]) -> PoolMeta {
+        PoolMeta {
+            pool_uuid: Uuid::nil(),
+            name: "p".into(),
+            generation: 1,
+            created_unix_secs: 0,
+            next_volume_id: 1,
+            next_slot: domains.len() as u32,
+            drives: domains
+                .iter()
+                .enumerate()
+                .map(|(i, d)| DriveRecord {
+                    slot: i as u32,
+                    uuid: Uuid::from_u128(i as u128 + 1),
+                    class: DriveClass::Capacity,
+                    domain: (*d).into(),
+                    state: DriveState::Active,
+                    failed_reason: None,
+                    path_hint: String::new(),
+                    data_blocks: 1000,
+                })
+                .collect(),
+            volumes: vec![],
+            tiered: vec![],
+        }
+    }
+
+    #[test]
+    fn ec_members_land_in_distinct_domains() {
+        let m = meta(&["a", "a", "b", "c", "d", "e", "f"]);
+        let members =
+            place(&m, Layout::Ec { data_shards: 4, parity_shards: 2 }, DriveClass::Capacity, 100, &[])
+                .unwrap();
+        let mut ds: Vec<String> = members.iter().map(|x| domain_of(&m, x.slot)).collect();
+        ds.sort();
+        ds.dedup();
+        assert_eq!(ds.len(), 6);
+    }
+
+    #[test]
+    fn too_few_domains_is_refused_with_numbers() {
+        let m = meta(&["a", "a", "b", "c", "d", "e"]);
+        let err = place(&m, Layout::Ec { data_shards: 4, parity_shards: 2 }, DriveClass::Capacity, 100, &[])
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "ec:4+2 needs 6 capacity drives in distinct failure domains; the pool has 5"
+        );
+    }
+
+    #[test]
+    fn raid10_columns_may_share_domains_but_copies_may_not() {
+        let m = meta(&["a", "a", "b", "b"]);
+        let members =
+            place(&m, Layout::Raid10 { width: 2, copies: 2 }, DriveClass::Capacity, 100, &[]).unwrap();
+        for col in members.chunks(2) {
+            assert_ne!(domain_of(&m, col[0].slot), domain_of(&m, col[1].slot));
+        }
+    }
+
+    #[test]
+    fn free_space_is_derived_from_extents() {
+        let mut m = meta(&["", ""]);
+        m.volumes.push(VolumeRecord {
+            id: 1,
+            name: "v".into(),
+            size_bytes: 0,
+            layout: Layout::Raid1 { copies: 2 },
+            chunk_blocks: 10,
+            class: DriveClass::Capacity,
+            role: VolumeRole::Plain,
+            segments: vec![SegmentRecord {
+                rows: 30,
+                members: vec![
+                    MemberRecord { slot: 0, start_block: 100, rebuild_cursor_rows: None },
+                    MemberRecord { slot: 1, start_block: 0, rebuild_cursor_rows: None },
+                ],
+            }],
+        });
+        assert_eq!(free_extents(&m, 0, 1000), vec![(0, 100), (400, 600)]);
+        assert_eq!(first_fit(&m, 0, 1000, 200), Some(400));
+        assert!(can_extend(&m, 1, 1000, 0, 300, 700));
+        assert!(!can_extend(&m, 1, 1000, 0, 300, 701));
+        let err = place(&m, Layout::Raid1 { copies: 2 }, DriveClass::Capacity, 800, &[]).unwrap_err();
+        assert!(err.to_string().contains("not enough free space"), "{err}");
+    }
+}

@@ -1,0 +1,222 @@
+//! Assembling a pool from the drives found, in any order: identity, freshness and quorum checks.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use stria_dev::BlockDevice;
+use uuid::Uuid;
+
+use super::core::PoolCore;
+use super::{FoundDrive, Pool};
+use crate::drive::{Drive, OpenFindings, read_metadata, read_superblock};
+use crate::error::EngineError;
+use crate::format::FormatError;
+use crate::format::meta::{DriveState, PoolMeta};
+use crate::format::superblock::Superblock;
+
+impl<D: BlockDevice> Pool<D> {
+    /// Opens the pool the given drives belong to, recovering from an unclean stop.
+    ///
+    /// Refuses, with a message naming the drive: a device with no stria superblock, a drive of
+    /// another pool, a drive the pool does not list (removed or replaced), a drive the pool
+    /// failed (stale), the same drive twice, and a set of drives smaller than a majority of the
+    /// pool. Drives the pool lists as active but that are not found are marked failed.
+    pub async fn open(found: Vec<FoundDrive<D>>) -> Result<Pool<D>, EngineError> {
+        Pool::open_with(found, false).await
+    }
+
+    /// Like [`Pool::open`]; with `force`, a pool missing more drives than a majority of its
+    /// active ones is opened anyway (the missing drives are failed). Use it only when the
+    /// missing drives are known to be gone: if one of them holds newer metadata, what it
+    /// recorded (a later drive failure, a new volume) is lost.
+    pub async fn open_with(found: Vec<FoundDrive<D>>, force: bool) -> Result<Pool<D>, EngineError> {
+        if found.is_empty() {
+            return Err(EngineError::NoDrives);
+        }
+        let mut candidates: Vec<(Superblock, FoundDrive<D>)> = Vec::new();
+        for fd in found {
+            match read_superblock(&fd.dev).await {
+                Ok(sb) => candidates.push((sb, fd)),
+                Err(FormatError::NotStria) => {
+                    return Err(EngineError::ForeignDrive {
+                        path: fd.path,
+                        reason: "no stria superblock: it is not part of any pool".into(),
+                    });
+                }
+                Err(e) => {
+                    return Err(EngineError::ForeignDrive {
+                        path: fd.path,
+                        reason: format!("unreadable superblock: {e}"),
+                    });
+                }
+            }
+        }
+        // The pool is the one most of the drives belong to; any other drive is foreign.
+        let mut by_pool: HashMap<Uuid, usize> = HashMap::new();
+        for (sb, _) in &candidates {
+            *by_pool.entry(sb.pool_uuid).or_default() += 1;
+        }
+        let pool_uuid = *by_pool.iter().max_by_key(|(u, n)| (**n, **u)).expect("non-empty").0;
+        if let Some((sb, fd)) = candidates.iter().find(|(sb, _)| sb.pool_uuid != pool_uuid) {
+            return Err(EngineError::ForeignDrive {
+                path: fd.path.clone(),
+                reason: format!(
+                    "belongs to pool `{}` ({}), not to pool `{}` ({pool_uuid})",
+                    sb.pool_name,
+                    sb.pool_uuid,
+                    candidates.iter().find(|c| c.0.pool_uuid == pool_uuid).expect("exists").0.pool_name
+                ),
+            });
+        }
+        let mut seen: HashMap<Uuid, String> = HashMap::new();
+        for (sb, fd) in &candidates {
+            if let Some(first) = seen.insert(sb.drive_uuid, fd.path.clone()) {
+                return Err(EngineError::DuplicateDrive {
+                    uuid: sb.drive_uuid.to_string(),
+                    first,
+                    second: fd.path.clone(),
+                });
+            }
+        }
+        // The newest metadata any drive holds.
+        let mut meta: Option<PoolMeta> = None;
+        for (sb, fd) in &candidates {
+            for m in read_metadata(&fd.dev, &sb.layout).await {
+                if m.pool_uuid == pool_uuid && meta.as_ref().is_none_or(|b| m.generation > b.generation) {
+                    meta = Some(m);
+                }
+            }
+        }
+        let meta = meta.ok_or_else(|| {
+            EngineError::Format(FormatError::BadPayload("no drive holds valid pool metadata".into()))
+        })?;
+        check_membership(&meta, &candidates)?;
+        if let Err(e) = check_quorum(&meta, &candidates) {
+            if !force {
+                return Err(e);
+            }
+            tracing::warn!(error = %e, "opening without a quorum because of --force");
+        }
+
+        // Open the drives and stand in for the missing ones.
+        let template = candidates[0].0.clone();
+        let mut drives: Vec<Arc<Drive<D>>> = Vec::new();
+        let mut findings: Vec<(u32, OpenFindings)> = Vec::new();
+        let mut present: Vec<u32> = Vec::new();
+        for (sb, fd) in candidates {
+            let slot = sb.slot;
+            let (drive, f) = Drive::open(fd.dev, sb).await?;
+            if meta.drive(slot).is_some_and(|r| r.state == DriveState::Failed) {
+                unreachable!("stale drives are refused above");
+            }
+            present.push(slot);
+            findings.push((slot, f));
+            drives.push(Arc::new(drive));
+        }
+        let mut missing = Vec::new();
+        for rec in &meta.drives {
+            if !present.contains(&rec.slot) {
+                let mut sb = template.clone();
+                sb.slot = rec.slot;
+                sb.drive_uuid = rec.uuid;
+                sb.class = rec.class;
+                sb.domain = rec.domain.clone();
+                drives.push(Arc::new(Drive::missing(sb)));
+                if rec.state == DriveState::Active {
+                    missing.push(rec.slot);
+                }
+            }
+        }
+        drives.sort_by_key(|d| d.slot());
+        let txn_next = findings
+            .iter()
+            .flat_map(|(_, f)| f.journal.iter().map(|p| p.piece.txn_id).chain([f.txn_watermark]))
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let core = Arc::new(PoolCore::new(meta.clone(), drives, txn_next));
+        // Bring lagging drives (a crash during a commit) up to date, and record the missing ones
+        // as failed before anything is written.
+        for slot in missing {
+            let path = meta.drive(slot).map(|r| r.path_hint.clone()).unwrap_or_default();
+            tracing::warn!(slot, path = %path, "drive not found; marking it failed");
+            core.fail_drive(slot, format!("not found when the pool was opened (last seen at {path})"))
+                .await?;
+        }
+        core.update(|_| Ok(((), true))).await?;
+
+        let mut pool = Pool::from_core(Arc::clone(&core), Default::default());
+        for rec in &meta.volumes {
+            pool.install_volume(rec)?;
+        }
+        pool.recovery = pool.recover(findings).await?;
+        Ok(pool)
+    }
+}
+
+/// Every drive found must be an active (or spare) member the metadata lists with its identity.
+fn check_membership<D>(
+    meta: &PoolMeta,
+    candidates: &[(Superblock, FoundDrive<D>)],
+) -> Result<(), EngineError> {
+    for (sb, fd) in candidates {
+        let Some(rec) = meta.drives.iter().find(|r| r.uuid == sb.drive_uuid) else {
+            return Err(EngineError::ForeignDrive {
+                path: fd.path.clone(),
+                reason: format!(
+                    "drive {} (slot {}) is not a member of pool `{}` any more (it was replaced or removed); \
+                     reformat it to reuse it",
+                    sb.drive_uuid, sb.slot, meta.name
+                ),
+            });
+        };
+        if rec.slot != sb.slot {
+            return Err(EngineError::ForeignDrive {
+                path: fd.path.clone(),
+                reason: format!(
+                    "superblock says slot {} but the pool has this drive in slot {}",
+                    sb.slot, rec.slot
+                ),
+            });
+        }
+        if rec.state == DriveState::Failed {
+            return Err(EngineError::StaleDrive {
+                path: fd.path.clone(),
+                slot: sb.slot,
+                drive_generation: sb.generation,
+                pool_generation: meta.generation,
+                reason: format!(
+                    "the pool failed it ({}) and went on without it; replace it with `stria drive replace {}`",
+                    rec.failed_reason.as_deref().unwrap_or("no reason recorded"),
+                    sb.slot
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A majority of the drives active in the newest metadata found must be present. Every commit
+/// reaches a majority of the drives active in it, so a later commit than the newest one found
+/// would have to be on a present drive: the metadata read is the newest there is.
+fn check_quorum<D>(meta: &PoolMeta, candidates: &[(Superblock, FoundDrive<D>)]) -> Result<(), EngineError> {
+    let active: Vec<_> = meta.drives.iter().filter(|r| r.state != DriveState::Failed).collect();
+    let total = active.len();
+    let needed = total / 2 + 1;
+    let present = active.iter().filter(|r| candidates.iter().any(|(sb, _)| sb.drive_uuid == r.uuid)).count();
+    if present < needed {
+        let missing: Vec<String> = active
+            .iter()
+            .filter(|r| !candidates.iter().any(|(sb, _)| sb.drive_uuid == r.uuid))
+            .map(|r| {
+                format!(
+                    "slot {} ({})",
+                    r.slot,
+                    if r.path_hint.is_empty() { "unknown path" } else { &r.path_hint }
+                )
+            })
+            .collect();
+        return Err(EngineError::NoQuorum { present, total, needed, missing: missing.join(", ") });
+    }
+    Ok(())
+}

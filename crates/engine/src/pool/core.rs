@@ -1,0 +1,296 @@
+//! State shared by a pool and its volumes: metadata and its commits, the open drives, flushes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use arc_swap::ArcSwap;
+use futures::future::join_all;
+use stria_dev::BlockDevice;
+
+use crate::drive::Drive;
+use crate::error::EngineError;
+use crate::format::meta::{DriveState, PoolMeta};
+
+/// The part of a pool that volumes hold on to.
+pub(crate) struct PoolCore<D: BlockDevice> {
+    /// Authoritative metadata; the lock serialises commits.
+    meta: tokio::sync::Mutex<PoolMeta>,
+    /// The last committed metadata, for readers that need no lock.
+    snapshot: ArcSwap<PoolMeta>,
+    /// Every drive the pool knows, open or missing, in slot order.
+    drives: ArcSwap<Vec<Arc<Drive<D>>>>,
+    txn_next: AtomicU64,
+    /// Erasure-coded stripe transactions started and not yet applied in place.
+    unapplied_txns: parking_lot::Mutex<std::collections::BTreeSet<u64>>,
+    /// Set when a drive failure could not be committed: from then on no write or flush may be
+    /// acknowledged (a drive the metadata still calls active would miss it).
+    poisoned: AtomicBool,
+    flush_arrivals: AtomicU64,
+    flush_covered: tokio::sync::Mutex<u64>,
+}
+
+impl<D: BlockDevice> std::fmt::Debug for PoolCore<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolCore").field("generation", &self.snapshot.load().generation).finish()
+    }
+}
+
+impl<D: BlockDevice> PoolCore<D> {
+    pub(crate) fn new(meta: PoolMeta, drives: Vec<Arc<Drive<D>>>, txn_next: u64) -> PoolCore<D> {
+        PoolCore {
+            snapshot: ArcSwap::from_pointee(meta.clone()),
+            meta: tokio::sync::Mutex::new(meta),
+            drives: ArcSwap::from_pointee(drives),
+            txn_next: AtomicU64::new(txn_next),
+            unapplied_txns: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
+            poisoned: AtomicBool::new(false),
+            flush_arrivals: AtomicU64::new(0),
+            flush_covered: tokio::sync::Mutex::new(0),
+        }
+    }
+
+    /// The last committed metadata.
+    pub(crate) fn meta(&self) -> Arc<PoolMeta> {
+        self.snapshot.load_full()
+    }
+
+    /// Every drive the pool knows (open or missing).
+    pub(crate) fn drives(&self) -> Arc<Vec<Arc<Drive<D>>>> {
+        self.drives.load_full()
+    }
+
+    /// The drive in `slot`.
+    pub(crate) fn drive(&self, slot: u32) -> Option<Arc<Drive<D>>> {
+        self.drives.load().iter().find(|d| d.slot() == slot).cloned()
+    }
+
+    /// Adds a newly formatted drive.
+    pub(crate) fn add_drive(&self, drive: Arc<Drive<D>>) {
+        let mut all: Vec<Arc<Drive<D>>> = (**self.drives.load()).clone();
+        all.push(drive);
+        all.sort_by_key(|d| d.slot());
+        self.drives.store(Arc::new(all));
+    }
+
+    /// Forgets a drive that left the pool (replaced).
+    pub(crate) fn remove_drive(&self, slot: u32) {
+        let all: Vec<Arc<Drive<D>>> =
+            self.drives.load().iter().filter(|d| d.slot() != slot).cloned().collect();
+        self.drives.store(Arc::new(all));
+    }
+
+    /// Starts an erasure-coded stripe transaction: a fresh id (monotonic across restarts),
+    /// unapplied until [`PoolCore::txn_done`].
+    pub(crate) fn next_txn_id(&self) -> u64 {
+        let mut unapplied = self.unapplied_txns.lock();
+        let id = self.txn_next.fetch_add(1, Ordering::Relaxed);
+        unapplied.insert(id);
+        id
+    }
+
+    /// The transaction is applied in place on every drive (or abandoned before any in-place
+    /// write).
+    pub(crate) fn txn_done(&self, id: u64) {
+        self.unapplied_txns.lock().remove(&id);
+    }
+
+    /// Every transaction with an id up to this is applied.
+    pub(crate) fn txn_watermark(&self) -> u64 {
+        let unapplied = self.unapplied_txns.lock();
+        match unapplied.first() {
+            Some(&first) => first - 1,
+            None => self.txn_next.load(Ordering::Relaxed) - 1,
+        }
+    }
+
+    /// Applies `change` to a copy of the metadata and commits it. The change returns `false`
+    /// when there is nothing to commit. On any error nothing changes in memory either.
+    pub(crate) async fn update<T>(
+        &self,
+        change: impl FnOnce(&mut PoolMeta) -> Result<(T, bool), EngineError>,
+    ) -> Result<T, EngineError> {
+        let mut current = self.meta.lock().await;
+        let mut next = current.clone();
+        let (out, changed) = change(&mut next)?;
+        if !changed {
+            return Ok(out);
+        }
+        next.generation = current.generation + 1;
+        // A drive that cannot take the metadata is dead too: fail it in this same generation and
+        // try again with the drives that are left.
+        loop {
+            match self.commit(&current, &next).await {
+                Ok(()) => break,
+                Err((e, dead)) if dead.is_empty() => return Err(e),
+                Err((_, dead)) => {
+                    for slot in dead {
+                        if let Some(d) = self.drive(slot) {
+                            d.set_failed();
+                        }
+                        if let Some(rec) = next.drives.iter_mut().find(|r| r.slot == slot) {
+                            tracing::error!(slot, "drive failed: metadata write failed");
+                            rec.state = DriveState::Failed;
+                            rec.failed_reason = Some("metadata write failed".into());
+                        }
+                    }
+                }
+            }
+        }
+        self.snapshot.store(Arc::new(next.clone()));
+        *current = next;
+        Ok(out)
+    }
+
+    /// Writes `meta` to every active drive, then their superblocks. Succeeds when it reached a
+    /// majority of the drives active in `meta` *and* a majority of those active both in `prev`
+    /// and in `meta` (a drive this change fails does not count, so a two-way mirror can record
+    /// the loss of one side; a drive this change adds does not either, so a replacement cannot
+    /// help a stale majority). See docs/on-disk-format.md §3 for why assembly then always finds
+    /// the newest acknowledged generation.
+    /// On failure, also returns the drives whose write failed.
+    async fn commit(&self, prev: &PoolMeta, meta: &PoolMeta) -> Result<(), (EngineError, Vec<u32>)> {
+        let drives = self.drives();
+        let targets: Vec<&Arc<Drive<D>>> = drives
+            .iter()
+            .filter(|d| !d.is_failed())
+            .filter(|d| meta.drive(d.slot()).is_some_and(|r| r.state != DriveState::Failed))
+            .collect();
+        let writes = targets.iter().map(|d| async move {
+            d.write_metadata(meta).await?;
+            d.write_superblock(meta.generation).await?;
+            Ok::<(), EngineError>(())
+        });
+        let results = join_all(writes).await;
+        let mut written = Vec::new();
+        let mut dead = Vec::new();
+        for (d, r) in targets.iter().zip(results) {
+            match r {
+                Ok(()) => written.push(d.slot()),
+                Err(e) => {
+                    tracing::error!(slot = d.slot(), error = %e, "metadata write failed");
+                    dead.push(d.slot());
+                }
+            }
+        }
+        let active = |m: &PoolMeta, slot: u32| m.drive(slot).is_some_and(|r| r.state != DriveState::Failed);
+        let new_set: Vec<u32> = meta.drives.iter().map(|d| d.slot).filter(|&s| active(meta, s)).collect();
+        let kept: Vec<u32> = new_set.iter().copied().filter(|&s| active(prev, s)).collect();
+        for set in [&new_set, &kept] {
+            if set.is_empty() && set.len() != new_set.len() {
+                continue; // a brand-new pool: nothing was active before
+            }
+            let got = set.iter().filter(|s| written.contains(s)).count();
+            let needed = set.len() / 2 + 1;
+            if got < needed {
+                let e = EngineError::CommitFailed {
+                    generation: meta.generation,
+                    written: got,
+                    total: set.len(),
+                    needed,
+                };
+                return Err((e, dead));
+            }
+        }
+        Ok(())
+    }
+
+    /// Errors once a drive failure could not be committed (see `poisoned`).
+    pub(crate) fn check_writable(&self) -> Result<(), EngineError> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(EngineError::Busy(
+                "the pool could not record a drive failure in its metadata; it refuses writes until restarted".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// True when the committed metadata already says the drive in `slot` is failed (or the drive
+    /// has left the pool).
+    pub(crate) fn failure_committed(&self, slot: u32) -> bool {
+        self.snapshot.load().drive(slot).is_none_or(|r| r.state == DriveState::Failed)
+    }
+
+    /// Fails the drive in `slot`: no new I/O goes to it from now on, and its state is committed
+    /// before this returns (so no write that skipped it is acknowledged before the pool knows).
+    /// If the commit fails the pool is poisoned: it refuses writes from then on.
+    pub(crate) async fn fail_drive(&self, slot: u32, reason: String) -> Result<(), EngineError> {
+        if let Some(d) = self.drive(slot) {
+            d.set_failed();
+        }
+        let result = self.fail_drive_commit(slot, reason).await;
+        if result.is_err() {
+            self.poisoned.store(true, Ordering::Release);
+        }
+        result
+    }
+
+    async fn fail_drive_commit(&self, slot: u32, reason: String) -> Result<(), EngineError> {
+        let logged = reason.clone();
+        let changed = self
+            .update(|m| {
+                let rec = m
+                    .drives
+                    .iter_mut()
+                    .find(|d| d.slot == slot)
+                    .ok_or_else(|| EngineError::NoSuchDrive(format!("slot {slot}")))?;
+                if rec.state == DriveState::Failed {
+                    return Ok((false, false));
+                }
+                rec.state = DriveState::Failed;
+                rec.failed_reason = Some(reason);
+                Ok((true, true))
+            })
+            .await?;
+        if changed {
+            tracing::error!(slot, reason = %logged, "drive failed");
+        }
+        Ok(())
+    }
+
+    /// Flushes every drive, then checkpoints every journal with the pool's transaction watermark
+    /// (two phases: a record is released, and a watermark written, only once the in-place writes
+    /// of the transactions it covers are durable on every drive). A drive whose flush fails is
+    /// failed. Concurrent callers share one flush.
+    pub(crate) async fn flush_all(&self) -> Result<(), EngineError> {
+        let arrival = self.flush_arrivals.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut covered = self.flush_covered.lock().await;
+        if *covered >= arrival {
+            return Ok(());
+        }
+        let covers = self.flush_arrivals.load(Ordering::SeqCst);
+        self.check_writable()?;
+        let drives = self.drives();
+        // A drive left out of the flush because it failed must be failed in the committed
+        // metadata too, or the flush would vouch for data it did not flush.
+        for d in drives.iter().filter(|d| d.is_failed() && !self.failure_committed(d.slot())) {
+            self.fail_drive(d.slot(), "failed before a flush".into()).await?;
+        }
+        let live: Vec<&Arc<Drive<D>>> = drives.iter().filter(|d| !d.is_failed()).collect();
+        // Taken before the drives are flushed: every transaction up to the watermark was applied
+        // in place before this point, so after phase 1 it is durable everywhere.
+        let watermark = self.txn_watermark();
+        let candidates: Vec<u64> = live.iter().map(|d| d.journal.checkpoint_candidate(watermark)).collect();
+        let flushed = join_all(live.iter().map(|d| d.flush())).await;
+        let mut failed = Vec::new();
+        for (d, r) in live.iter().zip(&flushed) {
+            if let Err(e) = r {
+                failed.push((d.slot(), format!("flush failed: {e}")));
+            }
+        }
+        for (slot, why) in failed {
+            self.fail_drive(slot, why).await?;
+        }
+        let checkpoints = live
+            .iter()
+            .zip(&candidates)
+            .filter(|(d, _)| !d.is_failed())
+            .map(|(d, &c)| async move { (d.slot(), d.checkpoint_journal(c, watermark).await) });
+        for (slot, r) in join_all(checkpoints).await {
+            if let Err(e) = r {
+                self.fail_drive(slot, format!("journal checkpoint failed: {e}")).await?;
+            }
+        }
+        *covered = covers;
+        Ok(())
+    }
+}

@@ -1,0 +1,567 @@
+//! Pools: a set of drives with one metadata document, and the volumes carved from them.
+
+pub(crate) mod alloc;
+mod assemble;
+pub(crate) mod core;
+mod rebuild;
+mod recovery;
+mod scrub;
+mod status;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+use parking_lot::RwLock;
+use stria_dev::BlockDevice;
+use stria_ec::ReedSolomon;
+use uuid::Uuid;
+
+use self::core::PoolCore;
+use crate::drive::Drive;
+use crate::error::EngineError;
+use crate::format::layout::DriveLayout;
+use crate::format::meta::{
+    DriveClass, DriveRecord, DriveState, Layout, PoolMeta, SegmentRecord, TieredRecord, VolumeRecord,
+    VolumeRole,
+};
+use crate::format::superblock::Superblock;
+use crate::units::format_size;
+use crate::volume::locks::StripeLocks;
+use crate::volume::map::{Geometry, Member, NOT_REBUILDING, Segment, VolumeMap};
+use crate::volume::{Volume, VolumeCounters};
+
+pub use rebuild::RebuildProgress;
+pub use recovery::RecoveryReport;
+pub use scrub::ScrubReport;
+pub use status::{DriveStatus, PoolStatus, VolumeStatus};
+
+const BLOCK: u64 = 4096;
+/// Default chunk (stripe height): 64 KiB.
+pub const DEFAULT_CHUNK_BYTES: u64 = 64 << 10;
+/// Largest chunk: a partial-stripe journal record must fit one record.
+pub const MAX_CHUNK_BYTES: u64 = 2 << 20;
+
+/// A device to format as a new pool member.
+#[derive(Debug)]
+pub struct NewDrive<D> {
+    pub dev: D,
+    /// Where it was found (for messages and as a hint to find it again).
+    pub path: String,
+    pub class: DriveClass,
+    /// Failure-domain label; empty makes the drive its own domain.
+    pub domain: String,
+    /// The device is known to read as zeros (a new sparse file): skip zeroing tables.
+    pub fresh: bool,
+}
+
+/// A device found when assembling a pool.
+#[derive(Debug)]
+pub struct FoundDrive<D> {
+    pub dev: D,
+    pub path: String,
+}
+
+/// What to create.
+#[derive(Debug, Clone)]
+pub struct VolumeSpec {
+    pub name: String,
+    pub size_bytes: u64,
+    pub layout: Layout,
+    pub chunk_bytes: u64,
+    pub class: DriveClass,
+    pub role: VolumeRole,
+}
+
+/// An open pool.
+pub struct Pool<D: BlockDevice> {
+    pub(crate) core: Arc<PoolCore<D>>,
+    volumes: RwLock<BTreeMap<String, Arc<Volume<D>>>>,
+    codecs: parking_lot::Mutex<HashMap<(usize, usize), Arc<ReedSolomon>>>,
+    recovery: RecoveryReport,
+    /// Rebuild bandwidth limit in bytes per second (0 = unlimited).
+    pub(crate) rebuild_rate_bytes: AtomicU64,
+    pub(crate) closed: AtomicBool,
+}
+
+impl<D: BlockDevice> std::fmt::Debug for Pool<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("core", &self.core).finish()
+    }
+}
+
+pub(crate) fn now_unix_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn check_name(name: &str) -> Result<(), EngineError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && !name.starts_with('.');
+    if ok {
+        Ok(())
+    } else {
+        Err(EngineError::Invalid(format!(
+            "volume name `{name}` is invalid: use 1-64 letters, digits, `-`, `_` or `.` (not starting with `.`)"
+        )))
+    }
+}
+
+impl<D: BlockDevice> Pool<D> {
+    /// Formats `drives` as a new pool called `name`.
+    pub async fn create(name: &str, drives: Vec<NewDrive<D>>) -> Result<Pool<D>, EngineError> {
+        if drives.is_empty() {
+            return Err(EngineError::NoDrives);
+        }
+        if name.is_empty() || name.len() > 64 {
+            return Err(EngineError::Invalid("pool name must be 1-64 bytes".into()));
+        }
+        let pool_uuid = Uuid::new_v4();
+        let created = now_unix_secs();
+        let mut opened = Vec::new();
+        let mut records = Vec::new();
+        for (slot, nd) in drives.into_iter().enumerate() {
+            let slot = u32::try_from(slot).expect("slot fits");
+            let layout = DriveLayout::for_new_drive(nd.dev.size_bytes())
+                .map_err(|e| EngineError::Invalid(format!("{}: {e}", nd.path)))?;
+            let sb = Superblock {
+                pool_uuid,
+                drive_uuid: Uuid::new_v4(),
+                slot,
+                class: nd.class,
+                generation: 1,
+                layout,
+                created_unix_secs: created,
+                domain: nd.domain.clone(),
+                pool_name: name.to_string(),
+            };
+            records.push(DriveRecord {
+                slot,
+                uuid: sb.drive_uuid,
+                class: nd.class,
+                domain: nd.domain,
+                state: DriveState::Active,
+                failed_reason: None,
+                path_hint: nd.path,
+                data_blocks: layout.data_blocks(),
+            });
+            opened.push(Arc::new(Drive::format(nd.dev, sb, nd.fresh).await?));
+        }
+        let meta = PoolMeta {
+            pool_uuid,
+            name: name.to_string(),
+            generation: 0,
+            created_unix_secs: created,
+            next_volume_id: 1,
+            next_slot: u32::try_from(records.len()).expect("fits"),
+            drives: records,
+            volumes: vec![],
+            tiered: vec![],
+        };
+        let core = Arc::new(PoolCore::new(meta, opened, 1));
+        core.update(|_| Ok(((), true))).await?;
+        Ok(Pool::from_core(core, RecoveryReport::default()))
+    }
+
+    pub(crate) fn from_core(core: Arc<PoolCore<D>>, recovery: RecoveryReport) -> Pool<D> {
+        Pool {
+            core,
+            volumes: RwLock::new(BTreeMap::new()),
+            codecs: parking_lot::Mutex::new(HashMap::new()),
+            recovery,
+            rebuild_rate_bytes: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// The committed metadata.
+    pub fn meta(&self) -> Arc<PoolMeta> {
+        self.core.meta()
+    }
+
+    /// What recovery found and did when the pool was opened.
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+
+    /// Every drive of the pool (failed and missing ones included).
+    pub fn drives(&self) -> Arc<Vec<Arc<Drive<D>>>> {
+        self.core.drives()
+    }
+
+    /// The volume called `name`.
+    pub fn volume(&self, name: &str) -> Option<Arc<Volume<D>>> {
+        self.volumes.read().get(name).cloned()
+    }
+
+    /// The volume with id `id`.
+    pub fn volume_by_id(&self, id: u64) -> Option<Arc<Volume<D>>> {
+        self.volumes.read().values().find(|v| v.id == id).cloned()
+    }
+
+    /// All volumes, by name.
+    pub fn volumes(&self) -> Vec<Arc<Volume<D>>> {
+        self.volumes.read().values().cloned().collect()
+    }
+
+    fn codec(&self, layout: Layout) -> Option<Arc<ReedSolomon>> {
+        let Layout::Ec { data_shards, parity_shards } = layout else { return None };
+        let key = (data_shards as usize, parity_shards as usize);
+        let mut codecs = self.codecs.lock();
+        Some(
+            codecs
+                .entry(key)
+                .or_insert_with(|| Arc::new(ReedSolomon::new(key.0, key.1).expect("layout validated")))
+                .clone(),
+        )
+    }
+
+    /// Builds the in-memory map of a volume record.
+    pub(crate) fn build_map(&self, rec: &VolumeRecord) -> Result<VolumeMap<D>, EngineError> {
+        let geo = Geometry { layout: rec.layout, chunk_blocks: u64::from(rec.chunk_blocks) };
+        let mut first_block = 0;
+        let mut segments = Vec::new();
+        for seg in &rec.segments {
+            let members = seg
+                .members
+                .iter()
+                .map(|m| {
+                    let drive = self.core.drive(m.slot).ok_or_else(|| {
+                        EngineError::Invalid(format!(
+                            "volume {} refers to unknown drive slot {}",
+                            rec.name, m.slot
+                        ))
+                    })?;
+                    Ok(Member {
+                        drive,
+                        start_block: m.start_block,
+                        rebuild_cursor: AtomicU64::new(m.rebuild_cursor_rows.unwrap_or(NOT_REBUILDING)),
+                    })
+                })
+                .collect::<Result<Vec<_>, EngineError>>()?;
+            segments.push(Segment { first_block, rows: seg.rows, members });
+            first_block += seg.rows * geo.row_blocks();
+        }
+        Ok(VolumeMap { segments, total_blocks: rec.size_bytes / BLOCK })
+    }
+
+    pub(crate) fn install_volume(&self, rec: &VolumeRecord) -> Result<Arc<Volume<D>>, EngineError> {
+        let map = self.build_map(rec)?;
+        let vol = Arc::new(Volume {
+            id: rec.id,
+            name: rec.name.clone(),
+            class: rec.class,
+            geo: Geometry { layout: rec.layout, chunk_blocks: u64::from(rec.chunk_blocks) },
+            map: ArcSwap::from_pointee(map),
+            locks: StripeLocks::new(),
+            core: Arc::clone(&self.core),
+            codec: self.codec(rec.layout),
+            counters: VolumeCounters::default(),
+            closed: AtomicBool::new(false),
+        });
+        self.volumes.write().insert(rec.name.clone(), Arc::clone(&vol));
+        Ok(vol)
+    }
+
+    /// Re-reads a volume's members from the committed metadata (after a replace or resize).
+    pub(crate) fn refresh_volume(&self, name: &str) -> Result<(), EngineError> {
+        let meta = self.core.meta();
+        let rec = meta.volume(name).ok_or_else(|| EngineError::NoSuchVolume(name.into()))?;
+        let vol = self.volume(name).ok_or_else(|| EngineError::NoSuchVolume(name.into()))?;
+        vol.map.store(Arc::new(self.build_map(rec)?));
+        Ok(())
+    }
+
+    /// Creates a volume.
+    pub async fn create_volume(&self, spec: VolumeSpec) -> Result<Arc<Volume<D>>, EngineError> {
+        check_name(&spec.name)?;
+        spec.layout.validate().map_err(EngineError::Invalid)?;
+        let chunk = spec.chunk_bytes;
+        if !(BLOCK..=MAX_CHUNK_BYTES).contains(&chunk) || !chunk.is_power_of_two() {
+            return Err(EngineError::Invalid(format!(
+                "chunk size {} is invalid: use a power of two from 4 KiB to {}",
+                format_size(chunk),
+                format_size(MAX_CHUNK_BYTES)
+            )));
+        }
+        if spec.size_bytes == 0 || !spec.size_bytes.is_multiple_of(BLOCK) {
+            return Err(EngineError::Invalid(format!(
+                "volume size {} must be a non-zero multiple of 4 KiB",
+                spec.size_bytes
+            )));
+        }
+        let chunk_blocks = u32::try_from(chunk / BLOCK).expect("bounded");
+        let row_blocks = u64::from(spec.layout.data_columns()) * u64::from(chunk_blocks);
+        let rows = (spec.size_bytes / BLOCK).div_ceil(row_blocks);
+        let spec2 = spec.clone();
+        let rec = self
+            .core
+            .update(move |m| {
+                if m.volume(&spec2.name).is_some() || m.tiered.iter().any(|t| t.name == spec2.name) {
+                    return Err(EngineError::VolumeExists(spec2.name.clone()));
+                }
+                let members =
+                    alloc::place(m, spec2.layout, spec2.class, rows * u64::from(chunk_blocks), &[])?;
+                let rec = VolumeRecord {
+                    id: m.next_volume_id,
+                    name: spec2.name.clone(),
+                    size_bytes: spec2.size_bytes,
+                    layout: spec2.layout,
+                    chunk_blocks,
+                    class: spec2.class,
+                    role: spec2.role.clone(),
+                    segments: vec![SegmentRecord { rows, members }],
+                };
+                m.next_volume_id += 1;
+                m.volumes.push(rec.clone());
+                Ok((rec, true))
+            })
+            .await?;
+        // The extents may hold an old volume's checksums: make sure they read as zeros, durably,
+        // before anyone can write (the extents were freed with their entries cleared, but a
+        // crash could have left them set).
+        self.clear_extents(&rec).await?;
+        self.core.flush_all().await?;
+        self.install_volume(&rec)
+    }
+
+    async fn clear_extents(&self, rec: &VolumeRecord) -> Result<(), EngineError> {
+        for seg in &rec.segments {
+            self.clear_segment(rec, seg).await?;
+        }
+        Ok(())
+    }
+
+    async fn clear_segment(&self, rec: &VolumeRecord, seg: &SegmentRecord) -> Result<(), EngineError> {
+        for m in &seg.members {
+            if let Some(d) = self.core.drive(m.slot).filter(|d| !d.is_failed()) {
+                d.zero(m.start_block, seg.rows * u64::from(rec.chunk_blocks)).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes a volume; its extents return to free space.
+    pub async fn delete_volume(&self, name: &str) -> Result<(), EngineError> {
+        let vol = self.volume(name).ok_or_else(|| EngineError::NoSuchVolume(name.into()))?;
+        let meta = self.core.meta();
+        let rec = meta.volume(name).ok_or_else(|| EngineError::NoSuchVolume(name.into()))?.clone();
+        if let VolumeRole::TierPart { tiered, .. } = &rec.role
+            && meta.tiered.iter().any(|t| &t.name == tiered)
+        {
+            return Err(EngineError::Busy(format!(
+                "volume {name} is part of tiered volume {tiered}; delete {tiered} instead"
+            )));
+        }
+        vol.closed.store(true, Ordering::Relaxed);
+        // Journal records of this volume must not be replayed onto a future owner of its extents.
+        self.core.flush_all().await?;
+        self.clear_extents(&rec).await?;
+        self.core.flush_all().await?;
+        let name2 = name.to_string();
+        self.core
+            .update(move |m| {
+                m.volumes.retain(|v| v.name != name2);
+                Ok(((), true))
+            })
+            .await?;
+        self.volumes.write().remove(name);
+        Ok(())
+    }
+
+    /// Grows or shrinks a volume to `new_size_bytes`. Shrinking discards the tail.
+    pub async fn resize_volume(&self, name: &str, new_size_bytes: u64) -> Result<(), EngineError> {
+        if new_size_bytes == 0 || !new_size_bytes.is_multiple_of(BLOCK) {
+            return Err(EngineError::Invalid("volume size must be a non-zero multiple of 4 KiB".into()));
+        }
+        let vol = self.volume(name).ok_or_else(|| EngineError::NoSuchVolume(name.into()))?;
+        let meta = self.core.meta();
+        let rec = meta.volume(name).ok_or_else(|| EngineError::NoSuchVolume(name.into()))?.clone();
+        if rec.segments.iter().any(|s| s.members.iter().any(|m| m.rebuild_cursor_rows.is_some())) {
+            return Err(EngineError::Busy(format!(
+                "volume {name} is rebuilding; resize it when the rebuild is done"
+            )));
+        }
+        let row_blocks = u64::from(rec.layout.data_columns()) * u64::from(rec.chunk_blocks);
+        let have_rows: u64 = rec.segments.iter().map(|s| s.rows).sum();
+        let need_rows = (new_size_bytes / BLOCK).div_ceil(row_blocks);
+        let mut next = rec.clone();
+        next.size_bytes = new_size_bytes;
+        let mut freed: Vec<SegmentRecord> = Vec::new();
+        if need_rows > have_rows {
+            let extra = need_rows - have_rows;
+            let chunk = u64::from(rec.chunk_blocks);
+            let last = next.segments.last_mut().expect("a volume has a segment");
+            let extend_in_place = last.members.iter().all(|m| {
+                meta.drive(m.slot).is_some_and(|d| {
+                    d.state == DriveState::Active
+                        && alloc::can_extend(
+                            &meta,
+                            m.slot,
+                            d.data_blocks,
+                            m.start_block,
+                            last.rows * chunk,
+                            extra * chunk,
+                        )
+                })
+            });
+            if extend_in_place {
+                last.rows += extra;
+            } else {
+                let members = alloc::place(&meta, rec.layout, rec.class, extra * chunk, &[])?;
+                next.segments.push(SegmentRecord { rows: extra, members });
+            }
+        } else if need_rows < have_rows {
+            // Drop or shorten segments from the end.
+            let mut excess = have_rows - need_rows;
+            while excess > 0 {
+                let segments = next.segments.len();
+                let last = next.segments.last_mut().expect("segments remain");
+                if last.rows <= excess && segments > 1 {
+                    excess -= last.rows;
+                    freed.push(next.segments.pop().expect("checked"));
+                } else {
+                    let keep = last.rows - excess;
+                    freed.push(SegmentRecord {
+                        rows: excess,
+                        members: last
+                            .members
+                            .iter()
+                            .map(|m| {
+                                let mut t = m.clone();
+                                t.start_block += keep * u64::from(rec.chunk_blocks);
+                                t
+                            })
+                            .collect(),
+                    });
+                    last.rows = keep;
+                    excess = 0;
+                }
+            }
+        }
+        if !freed.is_empty() {
+            // Everything past the new end must read back as zeros if it is ever reused.
+            for seg in &freed {
+                self.clear_segment(&rec, seg).await?;
+            }
+            self.core.flush_all().await?;
+        }
+        let grown: Vec<SegmentRecord> = next.segments.iter().skip(rec.segments.len()).cloned().collect();
+        let name2 = name.to_string();
+        let next2 = next.clone();
+        self.core
+            .update(move |m| {
+                let slot =
+                    m.volumes.iter_mut().find(|v| v.name == name2).ok_or(EngineError::NoSuchVolume(name2))?;
+                *slot = next2;
+                Ok(((), true))
+            })
+            .await?;
+        for seg in &grown {
+            self.clear_segment(&next, seg).await?;
+        }
+        // A segment extended in place: clear its new rows.
+        if let (Some(old), Some(new)) = (rec.segments.last(), next.segments.get(rec.segments.len() - 1))
+            && new.rows > old.rows
+        {
+            let tail = SegmentRecord {
+                rows: new.rows - old.rows,
+                members: new
+                    .members
+                    .iter()
+                    .map(|m| {
+                        let mut t = m.clone();
+                        t.start_block += old.rows * u64::from(rec.chunk_blocks);
+                        t
+                    })
+                    .collect(),
+            };
+            self.clear_segment(&next, &tail).await?;
+        }
+        self.core.flush_all().await?;
+        vol.map.store(Arc::new(self.build_map(&next)?));
+        Ok(())
+    }
+
+    /// Records a tiered volume (its three parts must exist).
+    pub async fn add_tiered(&self, rec: TieredRecord) -> Result<(), EngineError> {
+        self.core
+            .update(move |m| {
+                if m.tiered.iter().any(|t| t.name == rec.name) || m.volume(&rec.name).is_some() {
+                    return Err(EngineError::VolumeExists(rec.name.clone()));
+                }
+                m.tiered.push(rec);
+                Ok(((), true))
+            })
+            .await
+    }
+
+    /// Updates the parameters of a tiered volume.
+    pub async fn update_tiered(&self, name: &str, params: serde_json::Value) -> Result<(), EngineError> {
+        let name = name.to_string();
+        self.core
+            .update(move |m| {
+                let t =
+                    m.tiered.iter_mut().find(|t| t.name == name).ok_or(EngineError::NoSuchVolume(name))?;
+                let changed = t.params != params;
+                t.params = params;
+                Ok(((), changed))
+            })
+            .await
+    }
+
+    /// Removes a tiered volume's record (its parts are deleted separately, after).
+    pub async fn remove_tiered(&self, name: &str) -> Result<(), EngineError> {
+        let name = name.to_string();
+        self.core
+            .update(move |m| {
+                let before = m.tiered.len();
+                m.tiered.retain(|t| t.name != name);
+                if m.tiered.len() == before {
+                    return Err(EngineError::NoSuchVolume(name));
+                }
+                Ok(((), true))
+            })
+            .await
+    }
+
+    /// Fails a drive by hand (`stria drive fail`).
+    pub async fn fail_drive(&self, slot: u32, reason: &str) -> Result<(), EngineError> {
+        if self.core.drive(slot).is_none() {
+            return Err(EngineError::NoSuchDrive(format!("slot {slot}")));
+        }
+        self.core.fail_drive(slot, reason.to_string()).await
+    }
+
+    /// Makes every completed write of every volume durable.
+    pub async fn flush(&self) -> Result<(), EngineError> {
+        self.core.flush_all().await
+    }
+
+    /// Housekeeping to call every few seconds: clears intent bits of idle, flushed regions.
+    pub async fn tick(&self) -> Result<(), EngineError> {
+        for d in self.core.drives().iter().filter(|d| !d.is_failed()) {
+            if let Err(e) = d.clear_idle_intents(false).await {
+                self.core.fail_drive(d.slot(), format!("intent bitmap write failed: {e}")).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Clean shutdown: flush everything and clear every intent bit, so the next open needs no
+    /// resynchronisation. Requests still in flight are failed.
+    pub async fn close(&self) -> Result<(), EngineError> {
+        self.closed.store(true, Ordering::Relaxed);
+        for v in self.volumes() {
+            v.closed.store(true, Ordering::Relaxed);
+        }
+        self.core.flush_all().await?;
+        for d in self.core.drives().iter().filter(|d| !d.is_failed()) {
+            d.clear_idle_intents(true).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,258 @@
+//! Drive replacement and rebuild: reconstruct every extent of a failed drive onto a new one,
+//! row by row, while I/O continues. Progress is persisted, so a restart resumes.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use stria_dev::BlockDevice;
+use uuid::Uuid;
+
+use super::{NewDrive, Pool, alloc, now_unix_secs};
+use crate::drive::Drive;
+use crate::error::EngineError;
+use crate::format::layout::DriveLayout;
+use crate::format::meta::{DriveRecord, DriveState};
+use crate::format::superblock::Superblock;
+use crate::volume::Volume;
+use crate::volume::map::NOT_REBUILDING;
+
+/// How often rebuild progress is made durable.
+const PERSIST_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Progress of the rebuild of one volume.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RebuildProgress {
+    pub volume: String,
+    pub rows_done: u64,
+    pub rows_total: u64,
+}
+
+impl<D: BlockDevice> Pool<D> {
+    /// Replaces the drive in `old_slot` by `new` (formatted now). Every extent on the old drive
+    /// gets an extent on the new one, rebuilt by [`Pool::rebuild`]. An active old drive is failed
+    /// first. Returns the new drive's slot.
+    pub async fn replace_drive(&self, old_slot: u32, new: NewDrive<D>) -> Result<u32, EngineError> {
+        let meta = self.core.meta();
+        let old =
+            meta.drive(old_slot).ok_or_else(|| EngineError::NoSuchDrive(format!("slot {old_slot}")))?.clone();
+        if new.class != old.class {
+            return Err(EngineError::Invalid(format!(
+                "drive {old_slot} is a {} drive; its replacement must be {} too (got {})",
+                old.class, old.class, new.class
+            )));
+        }
+        if self.volumes().iter().any(|v| {
+            v.map
+                .load()
+                .segments
+                .iter()
+                .any(|s| s.members.iter().any(|m| m.rebuilding() && m.drive.slot() == old_slot))
+        }) {
+            return Err(EngineError::Busy(format!(
+                "drive {old_slot} is itself being rebuilt; wait for that to finish"
+            )));
+        }
+        let layout = DriveLayout::for_new_drive(new.dev.size_bytes())
+            .map_err(|e| EngineError::Invalid(format!("{}: {e}", new.path)))?;
+        let domain = if new.domain.is_empty() { old.domain.clone() } else { new.domain.clone() };
+        let slot = meta.next_slot;
+        let sb = Superblock {
+            pool_uuid: meta.pool_uuid,
+            drive_uuid: Uuid::new_v4(),
+            slot,
+            class: new.class,
+            generation: meta.generation,
+            layout,
+            created_unix_secs: now_unix_secs(),
+            domain: domain.clone(),
+            pool_name: meta.name.clone(),
+        };
+        let record = DriveRecord {
+            slot,
+            uuid: sb.drive_uuid,
+            class: new.class,
+            domain,
+            state: DriveState::Active,
+            failed_reason: None,
+            path_hint: new.path.clone(),
+            data_blocks: layout.data_blocks(),
+        };
+        // Check the extents fit before touching anything.
+        let mut probe = (*meta).clone();
+        probe.drives.push(record.clone());
+        move_extents(&mut probe, old_slot, slot)?;
+
+        if old.state == DriveState::Active {
+            self.core.fail_drive(old_slot, "replaced".into()).await?;
+        }
+        let drive = Arc::new(Drive::format(new.dev, sb, new.fresh).await?);
+        self.core.add_drive(drive);
+        self.core
+            .update(move |m| {
+                m.drives.push(record);
+                m.next_slot = m.next_slot.max(slot + 1);
+                move_extents(m, old_slot, slot)?;
+                m.drives.retain(|d| d.slot != old_slot);
+                Ok(((), true))
+            })
+            .await?;
+        self.core.remove_drive(old_slot);
+        for v in self.volumes() {
+            self.refresh_volume(v.name())?;
+        }
+        tracing::info!(old_slot, new_slot = slot, "drive replaced; rebuild pending");
+        Ok(slot)
+    }
+
+    /// Sets the rebuild bandwidth limit (bytes per second of rebuilt data; 0 = unlimited).
+    pub fn set_rebuild_rate(&self, bytes_per_sec: u64) {
+        self.rebuild_rate_bytes.store(bytes_per_sec, Ordering::Relaxed);
+    }
+
+    /// Progress of every volume with members being rebuilt.
+    pub fn rebuild_progress(&self) -> Vec<RebuildProgress> {
+        self.volumes().iter().filter_map(|v| volume_progress(v)).collect()
+    }
+
+    /// Runs every pending rebuild to completion, calling `report` as rows complete. Client I/O
+    /// continues meanwhile; stopping early (dropping the future) loses at most the progress since
+    /// the last persisted cursor.
+    pub async fn rebuild(&self, mut report: impl FnMut(&RebuildProgress)) -> Result<(), EngineError> {
+        for vol in self.volumes() {
+            if volume_progress(&vol).is_some() {
+                self.rebuild_volume(&vol, &mut report).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn rebuild_volume(
+        &self,
+        vol: &Arc<Volume<D>>,
+        report: &mut impl FnMut(&RebuildProgress),
+    ) -> Result<(), EngineError> {
+        let map = vol.map.load_full();
+        let started = Instant::now();
+        let mut rebuilt_bytes = 0u64;
+        let mut last_persist = Instant::now();
+        for (si, seg) in map.segments.iter().enumerate() {
+            for (mi, member) in seg.members.iter().enumerate() {
+                if !member.rebuilding() || member.drive.is_failed() {
+                    continue;
+                }
+                let mut row = member.rebuild_cursor.load(Ordering::Acquire);
+                while row < seg.rows {
+                    if self.closed.load(Ordering::Relaxed) || vol.closed.load(Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                    vol.rebuild_row(&map, si, mi, row).await?;
+                    row += 1;
+                    rebuilt_bytes += vol.chunk_bytes();
+                    if last_persist.elapsed() >= PERSIST_INTERVAL {
+                        self.persist_cursors(vol).await?;
+                        last_persist = Instant::now();
+                    }
+                    if let Some(p) = volume_progress(vol) {
+                        report(&p);
+                    }
+                    let rate = self.rebuild_rate_bytes.load(Ordering::Relaxed);
+                    if rate > 0 {
+                        let due = Duration::from_secs_f64(rebuilt_bytes as f64 / rate as f64);
+                        if let Some(wait) = due.checked_sub(started.elapsed()) {
+                            tokio::time::sleep(wait).await;
+                        }
+                    }
+                }
+                // Done with this member: it is an ordinary member from now on.
+                member.rebuild_cursor.store(NOT_REBUILDING, Ordering::Release);
+            }
+        }
+        self.persist_cursors(vol).await?;
+        tracing::info!(volume = vol.name(), "rebuild complete");
+        Ok(())
+    }
+
+    /// Makes the rebuilt rows durable, then records the cursors in the metadata.
+    async fn persist_cursors(&self, vol: &Arc<Volume<D>>) -> Result<(), EngineError> {
+        self.core.flush_all().await?;
+        let map = vol.map.load_full();
+        let cursors: Vec<Vec<Option<u64>>> = map
+            .segments
+            .iter()
+            .map(|s| {
+                s.members
+                    .iter()
+                    .map(|m| match m.rebuild_cursor.load(Ordering::Acquire) {
+                        NOT_REBUILDING => None,
+                        c => Some(c),
+                    })
+                    .collect()
+            })
+            .collect();
+        let name = vol.name().to_string();
+        self.core
+            .update(move |m| {
+                let rec =
+                    m.volumes.iter_mut().find(|v| v.name == name).ok_or(EngineError::NoSuchVolume(name))?;
+                let mut changed = false;
+                for (seg, cs) in rec.segments.iter_mut().zip(&cursors) {
+                    for (mem, c) in seg.members.iter_mut().zip(cs) {
+                        if mem.rebuild_cursor_rows != *c {
+                            mem.rebuild_cursor_rows = *c;
+                            changed = true;
+                        }
+                    }
+                }
+                Ok(((), changed))
+            })
+            .await
+    }
+}
+
+/// Points every extent on `old_slot` at a new extent on `new_slot`, to be rebuilt.
+fn move_extents(
+    m: &mut crate::format::meta::PoolMeta,
+    old_slot: u32,
+    new_slot: u32,
+) -> Result<(), EngineError> {
+    let data_blocks = m.drive(new_slot).map(|d| d.data_blocks).unwrap_or(0);
+    for vi in 0..m.volumes.len() {
+        for si in 0..m.volumes[vi].segments.len() {
+            for mi in 0..m.volumes[vi].segments[si].members.len() {
+                if m.volumes[vi].segments[si].members[mi].slot != old_slot {
+                    continue;
+                }
+                let blocks = m.volumes[vi].segments[si].rows * u64::from(m.volumes[vi].chunk_blocks);
+                let start = alloc::first_fit(m, new_slot, data_blocks, blocks).ok_or_else(|| {
+                    EngineError::NoSpace(format!(
+                        "the replacement drive is too small: volume {} needs {} blocks on it",
+                        m.volumes[vi].name, blocks
+                    ))
+                })?;
+                let member = &mut m.volumes[vi].segments[si].members[mi];
+                member.slot = new_slot;
+                member.start_block = start;
+                member.rebuild_cursor_rows = Some(0);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn volume_progress<D: BlockDevice>(vol: &Volume<D>) -> Option<RebuildProgress> {
+    let map = vol.map.load();
+    let mut done = 0;
+    let mut total = 0;
+    for seg in &map.segments {
+        for m in seg.members.iter().filter(|m| m.rebuilding()) {
+            total += seg.rows;
+            done += m.rebuild_cursor.load(Ordering::Acquire).min(seg.rows);
+        }
+    }
+    (total > 0).then(|| RebuildProgress {
+        volume: vol.name().to_string(),
+        rows_done: done,
+        rows_total: total,
+    })
+}

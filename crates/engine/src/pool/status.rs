@@ -1,0 +1,160 @@
+//! A snapshot of the pool for `stria status` (human and JSON).
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use stria_dev::BlockDevice;
+use stria_dev::counters::WRITE_SIZE_BUCKETS;
+
+use super::{Pool, RebuildProgress, RecoveryReport, alloc};
+use crate::format::meta::DriveState;
+use crate::volume::VolumeState;
+
+const BLOCK: u64 = 4096;
+
+/// One drive.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DriveStatus {
+    /// Slot number: the drive's id within the pool.
+    pub id: u32,
+    pub uuid: String,
+    pub path: String,
+    pub class: String,
+    pub domain: String,
+    /// `active`, `failed`, `missing` or `spare`.
+    pub state: String,
+    pub failed_reason: Option<String>,
+    pub size_bytes: u64,
+    pub used_bytes: u64,
+    pub read_ops: u64,
+    pub bytes_read: u64,
+    pub write_ops: u64,
+    pub bytes_written: u64,
+    pub errors: u64,
+    pub checksum_repairs: u64,
+    /// Intent regions (4 MiB) marked dirty right now.
+    pub dirty_regions: u64,
+    /// Journal bytes holding records not yet checkpointed.
+    pub journal_used_bytes: u64,
+    /// Writes by size: bucket `i` counts writes of [2^(12+i), 2^(13+i)) bytes (bucket 0: below 8 KiB).
+    pub write_size_hist: [u64; WRITE_SIZE_BUCKETS],
+}
+
+/// One volume.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct VolumeStatus {
+    pub name: String,
+    pub id: u64,
+    pub layout: String,
+    pub size_bytes: u64,
+    pub chunk_bytes: u64,
+    pub class: String,
+    /// `plain`, or `tier-part` for the parts of a tiered volume.
+    pub role: String,
+    pub state: VolumeState,
+    pub rebuild: Option<RebuildProgress>,
+    pub read_ops: u64,
+    pub read_bytes: u64,
+    pub write_ops: u64,
+    pub write_bytes: u64,
+    pub repaired_blocks: u64,
+    pub degraded_reads: u64,
+    pub full_stripe_writes: u64,
+    pub partial_stripe_writes: u64,
+}
+
+/// The whole pool.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PoolStatus {
+    pub name: String,
+    pub uuid: String,
+    pub generation: u64,
+    pub drives: Vec<DriveStatus>,
+    pub volumes: Vec<VolumeStatus>,
+    pub recovery: RecoveryReport,
+}
+
+impl<D: BlockDevice> Pool<D> {
+    /// A snapshot of drives, volumes and counters.
+    pub fn status(&self) -> PoolStatus {
+        let meta = self.core.meta();
+        let drives = self
+            .core
+            .drives()
+            .iter()
+            .map(|d| {
+                let rec = meta.drive(d.slot());
+                let c = d.counters();
+                let state = if d.is_missing() {
+                    "missing"
+                } else {
+                    match rec.map(|r| r.state) {
+                        Some(DriveState::Failed) => "failed",
+                        Some(DriveState::Spare) => "spare",
+                        _ if d.is_failed() => "failed",
+                        _ => "active",
+                    }
+                };
+                let used: u64 = alloc::used_extents(&meta, d.slot()).iter().map(|e| e.1).sum();
+                DriveStatus {
+                    id: d.slot(),
+                    uuid: d.uuid().to_string(),
+                    path: rec.map(|r| r.path_hint.clone()).unwrap_or_default(),
+                    class: d.class().to_string(),
+                    domain: d.superblock().domain.clone(),
+                    state: state.into(),
+                    failed_reason: rec.and_then(|r| r.failed_reason.clone()),
+                    size_bytes: rec.map_or(0, |r| r.data_blocks * BLOCK),
+                    used_bytes: used * BLOCK,
+                    read_ops: c.read_ops,
+                    bytes_read: c.read_bytes,
+                    write_ops: c.write_ops,
+                    bytes_written: c.write_bytes,
+                    errors: c.errors,
+                    checksum_repairs: c.repairs,
+                    dirty_regions: d.dirty_regions(),
+                    journal_used_bytes: d.journal_used_blocks() * BLOCK,
+                    write_size_hist: c.write_size_hist,
+                }
+            })
+            .collect();
+        let progress = self.rebuild_progress();
+        let volumes = self
+            .volumes()
+            .iter()
+            .map(|v| {
+                let rec = meta.volume(v.name());
+                let c = &v.counters;
+                VolumeStatus {
+                    name: v.name().to_string(),
+                    id: v.id(),
+                    layout: v.layout().to_string(),
+                    size_bytes: v.size_bytes(),
+                    chunk_bytes: v.chunk_bytes(),
+                    class: v.class().to_string(),
+                    role: match rec.map(|r| &r.role) {
+                        Some(crate::format::meta::VolumeRole::TierPart { .. }) => "tier-part".into(),
+                        _ => "plain".into(),
+                    },
+                    state: v.state(),
+                    rebuild: progress.iter().find(|p| p.volume == v.name()).cloned(),
+                    read_ops: c.read_ops.load(Relaxed),
+                    read_bytes: c.read_bytes.load(Relaxed),
+                    write_ops: c.write_ops.load(Relaxed),
+                    write_bytes: c.write_bytes.load(Relaxed),
+                    repaired_blocks: c.repaired_blocks.load(Relaxed),
+                    degraded_reads: c.degraded_reads.load(Relaxed),
+                    full_stripe_writes: c.full_stripe_writes.load(Relaxed),
+                    partial_stripe_writes: c.partial_stripe_writes.load(Relaxed),
+                }
+            })
+            .collect();
+        PoolStatus {
+            name: meta.name.clone(),
+            uuid: meta.pool_uuid.to_string(),
+            generation: meta.generation,
+            drives,
+            volumes,
+            recovery: self.recovery.clone(),
+        }
+    }
+}

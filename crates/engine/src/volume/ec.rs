@@ -1,0 +1,673 @@
+//! Erasure-coded layout: K data + M parity chunks per stripe, parity rotated per stripe.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use futures::future::{join_all, try_join_all};
+use stria_dev::{BlockDevice, IoBuf, IoBytes};
+use stria_ec::ReedSolomon;
+
+use super::map::{ChunkRun, Member, Segment, VolumeMap};
+use super::{BLOCK, BLOCK_USIZE, Volume};
+use crate::drive::ReadFault;
+use crate::drive::journal::{AppendError, JournalPiece};
+use crate::error::VolumeError;
+
+/// How many times a partial-stripe write retries after finding a journal full.
+const JOURNAL_FULL_RETRIES: u32 = 64;
+
+/// The new data of one stripe: per data shard, the range written (offset in chunk, bytes).
+struct StripeWrite {
+    segment: usize,
+    row: u64,
+    shards: Vec<Option<(u64, IoBytes)>>,
+}
+
+/// One shard's blocks over a row range, as read (None: unavailable), with per-block validity.
+pub(super) struct ShardRead {
+    pub(super) buf: Option<IoBuf>,
+    pub(super) good: Vec<bool>,
+    /// The drive answered with an I/O error (not a checksum mismatch).
+    pub(super) io_error: bool,
+}
+
+/// A block range to write on one member as part of a stripe update.
+struct Piece {
+    member: usize,
+    block: u64,
+    data: IoBytes,
+    /// True when the write replaces bad blocks (counted as a repair).
+    repair: bool,
+}
+
+impl<D: BlockDevice> Volume<D> {
+    pub(super) fn codec(&self) -> &Arc<ReedSolomon> {
+        self.codec.as_ref().expect("an ec volume has a codec")
+    }
+
+    pub(super) fn ec_shape(&self) -> (usize, usize) {
+        let codec = self.codec();
+        (codec.data_shards(), codec.parity_shards())
+    }
+
+    pub(super) fn shard_member<'a>(
+        &self,
+        seg: &'a Segment<D>,
+        row: u64,
+        shard: usize,
+    ) -> (usize, &'a Member<D>) {
+        let m = self.geo.ec_member(row, shard as u32);
+        (m, &seg.members[m])
+    }
+
+    /// Reads one run of a data shard. The fast path is one verified drive read; a missing
+    /// member or a bad block goes to the locked path, which reconstructs and repairs.
+    pub(super) async fn ec_read_run(
+        &self,
+        map: &VolumeMap<D>,
+        run: ChunkRun,
+        buf: IoBuf,
+        locked: bool,
+    ) -> Result<IoBuf, VolumeError> {
+        let seg = &map.segments[run.segment];
+        let (_, member) = self.shard_member(seg, run.row, run.column as usize);
+        if member.usable(run.row) {
+            let block = member.start_block + self.geo.member_block(run.row, run.offset_in_chunk);
+            match member.drive.read_verified(block, buf).await {
+                Ok(buf) => return Ok(buf),
+                Err(ReadFault::Io(e)) => {
+                    tracing::warn!(volume = %self.name, error = %e, "read error; repairing")
+                }
+                Err(ReadFault::Failed | ReadFault::Corrupt { .. }) => {}
+            }
+        }
+        if locked {
+            return self.ec_read_locked(map, run).await;
+        }
+        let _guard = self.locks.lock([(run.segment, run.row)]).await;
+        self.ec_read_locked(map, run).await
+    }
+
+    /// Reads `rows` blocks from `first` of every shard's chunk in a stripe (verified).
+    pub(super) async fn read_shards(
+        &self,
+        seg: &Segment<D>,
+        row: u64,
+        first: u64,
+        rows: u64,
+        skip: &[bool],
+    ) -> Vec<ShardRead> {
+        let n = rows as usize;
+        let total = seg.members.len();
+        let reads = (0..total).map(|shard| {
+            let (_, member) = self.shard_member(seg, row, shard);
+            let wanted = !skip[shard] && member.usable(row);
+            async move {
+                if !wanted {
+                    return ShardRead { buf: None, good: vec![false; n], io_error: false };
+                }
+                let block = member.start_block + self.geo.member_block(row, first);
+                match member.drive.read_isolating(block, rows).await {
+                    Some((buf, good, io_error)) => ShardRead { buf: Some(buf), good, io_error },
+                    None => ShardRead { buf: None, good: vec![false; n], io_error: false },
+                }
+            }
+        });
+        join_all(reads).await
+    }
+
+    /// Fills in every shard block that is not good (for shards in `want`) by decoding from the
+    /// good ones, row by row (grouping rows with the same set of good shards). Returns the rows
+    /// that could not be decoded.
+    pub(super) fn decode_rows(&self, reads: &mut [ShardRead], want: &[bool]) -> Vec<usize> {
+        let (k, _) = self.ec_shape();
+        let total = reads.len();
+        let n = reads.iter().map(|r| r.good.len()).max().unwrap_or(0);
+        for r in reads.iter_mut() {
+            if r.buf.is_none() {
+                r.buf = Some(IoBuf::zeroed(n * BLOCK_USIZE));
+            }
+        }
+        let mut failed_rows = Vec::new();
+        let mut i = 0;
+        while i < n {
+            let mask: Vec<bool> = reads.iter().map(|r| r.good[i]).collect();
+            let mut j = i + 1;
+            while j < n && reads.iter().zip(&mask).all(|(r, &g)| r.good[j] == g) {
+                j += 1;
+            }
+            let targets: Vec<usize> = (0..total).filter(|&s| want[s] && !mask[s]).collect();
+            if !targets.is_empty() {
+                if mask.iter().filter(|&&g| g).count() < k {
+                    failed_rows.extend(i..j);
+                } else {
+                    let range = i * BLOCK_USIZE..j * BLOCK_USIZE;
+                    // Split the shard buffers into sources (good) and outputs (targets).
+                    let mut sources: Vec<Option<&[u8]>> = vec![None; total];
+                    let mut outputs: Vec<(usize, &mut [u8])> = Vec::new();
+                    for (s, r) in reads.iter_mut().enumerate() {
+                        let buf = r.buf.as_mut().expect("filled above");
+                        if mask[s] {
+                            sources[s] = Some(&buf[range.clone()]);
+                        } else if targets.contains(&s) {
+                            outputs.push((s, &mut buf[range.clone()]));
+                        }
+                    }
+                    self.codec().reconstruct(&sources, &mut outputs).expect("shapes are consistent");
+                    for &s in &targets {
+                        reads[s].good[i..j].fill(true);
+                    }
+                }
+            }
+            i = j;
+        }
+        failed_rows
+    }
+
+    /// Reads a run with the stripe lock held, reconstructing what is missing or bad and
+    /// rewriting bad blocks on members that are still usable.
+    async fn ec_read_locked(&self, map: &VolumeMap<D>, run: ChunkRun) -> Result<IoBuf, VolumeError> {
+        let seg = &map.segments[run.segment];
+        let target = run.column as usize;
+        let (_, target_member) = self.shard_member(seg, run.row, target);
+        // Someone may have fixed things while we waited for the lock (or the fault was a race).
+        if target_member.usable(run.row) {
+            let block = target_member.start_block + self.geo.member_block(run.row, run.offset_in_chunk);
+            if let Ok(buf) =
+                target_member.drive.read_verified(block, IoBuf::zeroed((run.blocks * BLOCK) as usize)).await
+            {
+                return Ok(buf);
+            }
+        }
+        self.counters.degraded_reads.fetch_add(1, Relaxed);
+        let total = seg.members.len();
+        let mut reads =
+            self.read_shards(seg, run.row, run.offset_in_chunk, run.blocks, &vec![false; total]).await;
+        let before: Vec<Vec<bool>> = reads.iter().map(|r| r.good.clone()).collect();
+        // Rebuild the target and any bad block on a usable member (a repair).
+        let want: Vec<bool> =
+            (0..total).map(|s| s == target || self.shard_member(seg, run.row, s).1.usable(run.row)).collect();
+        let failed_rows = self.decode_rows(&mut reads, &want);
+        drop(failed_rows); // rows that could not be decoded for other shards just stay unrepaired
+        if !reads[target].good.iter().all(|&g| g) {
+            self.fail_unrepairable(seg, run.row, &reads).await?;
+            return Err(self.unrecoverable(
+                &run,
+                "more chunks of the stripe are missing or corrupt than its parity covers",
+            ));
+        }
+        self.write_repairs(seg, run.row, run.offset_in_chunk, &reads, &before).await?;
+        Ok(reads.swap_remove(target).buf.expect("target decoded"))
+    }
+
+    /// Fails the drives that answered with I/O errors when nothing could be rebuilt to rewrite
+    /// (and so cure) the blocks they could not read.
+    pub(super) async fn fail_unrepairable(
+        &self,
+        seg: &Segment<D>,
+        row: u64,
+        reads: &[ShardRead],
+    ) -> Result<(), VolumeError> {
+        for (shard, r) in reads.iter().enumerate() {
+            if r.io_error && !r.good.iter().all(|&g| g) {
+                let (_, member) = self.shard_member(seg, row, shard);
+                self.fail_drive(&member.drive, "read error that redundancy could not repair".into()).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes back blocks that were bad (per `before`) and are good now, on usable members.
+    pub(super) async fn write_repairs(
+        &self,
+        seg: &Segment<D>,
+        row: u64,
+        first: u64,
+        reads: &[ShardRead],
+        before: &[Vec<bool>],
+    ) -> Result<(), VolumeError> {
+        for (shard, (r, was)) in reads.iter().zip(before).enumerate() {
+            let (_, member) = self.shard_member(seg, row, shard);
+            if !member.usable(row) || was.iter().all(|&g| g) {
+                continue;
+            }
+            let buf = r.buf.as_ref().expect("decoded shards have buffers");
+            let mut i = 0;
+            while i < was.len() {
+                if was[i] || !r.good[i] {
+                    i += 1;
+                    continue;
+                }
+                let mut j = i;
+                while j < was.len() && !was[j] && r.good[j] {
+                    j += 1;
+                }
+                let block = member.start_block + self.geo.member_block(row, first + i as u64);
+                let data = IoBytes::copy_from(&buf[i * BLOCK_USIZE..j * BLOCK_USIZE]);
+                match member.drive.write(block, data, false).await {
+                    Ok(()) => self.note_repair(&member.drive, (j - i) as u64),
+                    Err(e) => {
+                        self.fail_drive(&member.drive, format!("repair write failed: {e}")).await?;
+                        break;
+                    }
+                }
+                i = j;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes block-aligned `data` covering `runs` (the caller holds the stripe locks).
+    pub(super) async fn ec_write_runs_locked(
+        &self,
+        map: &VolumeMap<D>,
+        runs: &[ChunkRun],
+        data: IoBytes,
+        fua: bool,
+    ) -> Result<(), VolumeError> {
+        let (k, _) = self.ec_shape();
+        let mut stripes: Vec<StripeWrite> = Vec::new();
+        let mut at = 0usize;
+        for run in runs {
+            let len = (run.blocks * BLOCK) as usize;
+            let slice = data.slice(at..at + len);
+            at += len;
+            match stripes.last_mut() {
+                Some(s) if s.segment == run.segment && s.row == run.row => {
+                    s.shards[run.column as usize] = Some((run.offset_in_chunk, slice));
+                }
+                _ => {
+                    let mut shards = vec![None; k];
+                    shards[run.column as usize] = Some((run.offset_in_chunk, slice));
+                    stripes.push(StripeWrite { segment: run.segment, row: run.row, shards });
+                }
+            }
+        }
+        try_join_all(stripes.into_iter().map(|s| self.ec_write_stripe_locked(map, s, fua))).await.map(drop)
+    }
+
+    async fn ec_write_stripe_locked(
+        &self,
+        map: &VolumeMap<D>,
+        sw: StripeWrite,
+        fua: bool,
+    ) -> Result<(), VolumeError> {
+        let seg = &map.segments[sw.segment];
+        let chunk = self.geo.chunk_blocks;
+        let full = sw.shards.iter().all(|s| matches!(s, Some((0, d)) if d.len() as u64 == chunk * BLOCK));
+        let all_usable = seg.members.iter().all(|m| m.usable(sw.row));
+        if full && all_usable {
+            self.counters.full_stripe_writes.fetch_add(1, Relaxed);
+            self.ec_full_stripe(seg, &sw, fua).await
+        } else {
+            self.counters.partial_stripe_writes.fetch_add(1, Relaxed);
+            self.ec_partial_stripe(seg, &sw).await
+        }
+    }
+
+    /// A full stripe on a healthy stripe: encode, write everything, no journal.
+    async fn ec_full_stripe(&self, seg: &Segment<D>, sw: &StripeWrite, fua: bool) -> Result<(), VolumeError> {
+        let (k, m) = self.ec_shape();
+        let len = (self.geo.chunk_blocks * BLOCK) as usize;
+        let data: Vec<&IoBytes> = sw.shards.iter().map(|s| &s.as_ref().expect("full stripe").1).collect();
+        let mut parity: Vec<IoBuf> = (0..m).map(|_| IoBuf::zeroed(len)).collect();
+        {
+            let refs: Vec<&[u8]> = data.iter().map(|d| &d[..]).collect();
+            let mut outs: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[..]).collect();
+            self.codec().encode(&refs, &mut outs).expect("shapes are consistent");
+        }
+        let mut pieces: Vec<Piece> = Vec::with_capacity(k + m);
+        for (shard, d) in data.into_iter().enumerate() {
+            let (member, mb) = self.shard_member(seg, sw.row, shard);
+            pieces.push(Piece {
+                member,
+                block: mb.start_block + sw.row * self.geo.chunk_blocks,
+                data: d.clone(),
+                repair: false,
+            });
+        }
+        for (p, buf) in parity.into_iter().enumerate() {
+            let (member, mb) = self.shard_member(seg, sw.row, k + p);
+            pieces.push(Piece {
+                member,
+                block: mb.start_block + sw.row * self.geo.chunk_blocks,
+                data: buf.freeze(),
+                repair: false,
+            });
+        }
+        self.write_pieces(seg, sw, &pieces, fua).await
+    }
+
+    /// Writes pieces in place; failed drives are failed (persisted). Errors if the stripe ends
+    /// up with more members lost than its parity covers.
+    async fn write_pieces(
+        &self,
+        seg: &Segment<D>,
+        sw: &StripeWrite,
+        pieces: &[Piece],
+        fua: bool,
+    ) -> Result<(), VolumeError> {
+        let writes = pieces.iter().map(|p| seg.members[p.member].drive.write(p.block, p.data.clone(), fua));
+        let results = join_all(writes).await;
+        for (p, result) in pieces.iter().zip(results) {
+            let drive = &seg.members[p.member].drive;
+            match result {
+                Ok(()) if p.repair => self.note_repair(drive, p.data.len() as u64 / BLOCK),
+                Ok(()) => {}
+                Err(e) => self.fail_drive(drive, format!("write failed: {e}")).await?,
+            }
+        }
+        self.check_stripe_alive(seg, sw)
+    }
+
+    fn check_stripe_alive(&self, seg: &Segment<D>, sw: &StripeWrite) -> Result<(), VolumeError> {
+        let (_, m) = self.ec_shape();
+        let lost = seg.members.iter().filter(|mb| !mb.usable(sw.row)).count();
+        if lost > m {
+            let run = ChunkRun {
+                segment: sw.segment,
+                row: sw.row,
+                column: 0,
+                offset_in_chunk: 0,
+                blocks: self.geo.chunk_blocks,
+            };
+            return Err(
+                self.unrecoverable(&run, format!("{lost} members of the stripe are lost; parity covers {m}"))
+            );
+        }
+        Ok(())
+    }
+
+    /// A partial-stripe write (or any write to a degraded stripe): compute new data and parity
+    /// blocks, journal them on their drives, then apply them in place.
+    async fn ec_partial_stripe(&self, seg: &Segment<D>, sw: &StripeWrite) -> Result<(), VolumeError> {
+        let (k, m) = self.ec_shape();
+        let total = k + m;
+        let touched: Vec<(usize, u64, &IoBytes)> =
+            sw.shards.iter().enumerate().filter_map(|(j, s)| s.as_ref().map(|(o, d)| (j, *o, d))).collect();
+        let rmin = touched.iter().map(|t| t.1).min().expect("a stripe write touches a shard");
+        let rmax = touched.iter().map(|t| t.1 + t.2.len() as u64 / BLOCK).max().expect("non-empty");
+        let rows = rmax - rmin;
+        let usable: Vec<bool> =
+            (0..total).map(|s| self.shard_member(seg, sw.row, s).1.usable(sw.row)).collect();
+        let covers_all =
+            |j: usize| matches!(&sw.shards[j], Some((o, d)) if *o == rmin && d.len() as u64 == rows * BLOCK);
+
+        let inc_possible = touched.iter().all(|t| usable[t.0]) && (k..total).all(|p| usable[p]);
+        let inc_reads: u64 = touched.iter().map(|t| t.2.len() as u64 / BLOCK).sum::<u64>() + m as u64 * rows;
+        let rw_possible = (0..k).all(|j| covers_all(j) || usable[j]);
+        let rw_reads = (0..k).filter(|&j| !covers_all(j)).count() as u64 * rows;
+
+        let mut pieces = None;
+        if inc_possible && (!rw_possible || inc_reads <= rw_reads) {
+            pieces = self.incremental_pieces(seg, sw, &touched, rmin, rows).await;
+        } else if rw_possible {
+            pieces = self.reconstruct_write_pieces(seg, sw, rmin, rows, &usable).await;
+        }
+        let pieces = match pieces {
+            Some(p) => p,
+            None => self.degraded_pieces(seg, sw, rmin, rows).await?,
+        };
+        self.journal_and_apply(seg, sw, pieces).await
+    }
+
+    /// Incremental update: read the old blocks being replaced and the old parity rows.
+    /// Returns None if any read is not clean (the degraded path handles it).
+    async fn incremental_pieces(
+        &self,
+        seg: &Segment<D>,
+        sw: &StripeWrite,
+        touched: &[(usize, u64, &IoBytes)],
+        rmin: u64,
+        rows: u64,
+    ) -> Option<Vec<Piece>> {
+        let (k, m) = self.ec_shape();
+        let chunk = self.geo.chunk_blocks;
+        let old_reads = touched.iter().map(|&(j, off, d)| {
+            let (_, mb) = self.shard_member(seg, sw.row, j);
+            mb.drive.read_verified(mb.start_block + sw.row * chunk + off, IoBuf::zeroed(d.len()))
+        });
+        let parity_reads = (k..k + m).map(|p| {
+            let (_, mb) = self.shard_member(seg, sw.row, p);
+            mb.drive
+                .read_verified(mb.start_block + sw.row * chunk + rmin, IoBuf::zeroed((rows * BLOCK) as usize))
+        });
+        let (olds, parities) = futures::join!(join_all(old_reads), join_all(parity_reads));
+        let olds: Vec<IoBuf> = olds.into_iter().collect::<Result<_, _>>().ok()?;
+        let mut parities: Vec<IoBuf> = parities.into_iter().collect::<Result<_, _>>().ok()?;
+        for (&(j, off, new), old) in touched.iter().zip(&olds) {
+            let at = ((off - rmin) * BLOCK) as usize;
+            let mut outs: Vec<&mut [u8]> = parities.iter_mut().map(|p| &mut p[at..at + new.len()]).collect();
+            self.codec().update(j, old, new, &mut outs).expect("shapes are consistent");
+        }
+        let mut pieces = self.data_pieces(seg, sw);
+        for (p, buf) in parities.into_iter().enumerate() {
+            let (member, mb) = self.shard_member(seg, sw.row, k + p);
+            pieces.push(Piece {
+                member,
+                block: mb.start_block + sw.row * chunk + rmin,
+                data: buf.freeze(),
+                repair: false,
+            });
+        }
+        Some(pieces)
+    }
+
+    /// Reconstruct-write: read the untouched data of the affected rows and encode.
+    /// Returns None if any read is not clean.
+    async fn reconstruct_write_pieces(
+        &self,
+        seg: &Segment<D>,
+        sw: &StripeWrite,
+        rmin: u64,
+        rows: u64,
+        usable: &[bool],
+    ) -> Option<Vec<Piece>> {
+        let (k, m) = self.ec_shape();
+        let chunk = self.geo.chunk_blocks;
+        let len = (rows * BLOCK) as usize;
+        let reads = (0..k).map(|j| {
+            let (_, mb) = self.shard_member(seg, sw.row, j);
+            let needs_read = !matches!(&sw.shards[j], Some((o, d)) if *o == rmin && d.len() == len);
+            async move {
+                if !needs_read {
+                    return Ok(IoBuf::zeroed(len));
+                }
+                debug_assert!(usable[j]);
+                mb.drive.read_verified(mb.start_block + sw.row * chunk + rmin, IoBuf::zeroed(len)).await
+            }
+        });
+        let mut data: Vec<IoBuf> = join_all(reads).await.into_iter().collect::<Result<_, _>>().ok()?;
+        self.overlay_new_data(sw, rmin, &mut data);
+        let parity = self.encode_rows(&data, rows);
+        let mut pieces = self.data_pieces(seg, sw);
+        for (p, buf) in parity.into_iter().enumerate().take(m) {
+            let (member, mb) = self.shard_member(seg, sw.row, k + p);
+            pieces.push(Piece {
+                member,
+                block: mb.start_block + sw.row * chunk + rmin,
+                data: buf.freeze(),
+                repair: false,
+            });
+        }
+        Some(pieces)
+    }
+
+    /// The general path: read every available member over the affected rows, decode whatever
+    /// is missing or bad, apply the new data and encode. Also repairs bad blocks it finds.
+    async fn degraded_pieces(
+        &self,
+        seg: &Segment<D>,
+        sw: &StripeWrite,
+        rmin: u64,
+        rows: u64,
+    ) -> Result<Vec<Piece>, VolumeError> {
+        let (k, m) = self.ec_shape();
+        let total = k + m;
+        let chunk = self.geo.chunk_blocks;
+        // Read every available shard, even those the write replaces entirely: their old
+        // contents may be needed to decode a missing one.
+        let mut reads = self.read_shards(seg, sw.row, rmin, rows, &vec![false; total]).await;
+        let before: Vec<Vec<bool>> = reads.iter().map(|r| r.good.clone()).collect();
+        // Decode the old contents of every data shard that is not fully overwritten.
+        let want: Vec<bool> = (0..total).map(|s| s < k).collect();
+        let failed = self.decode_rows(&mut reads, &want);
+        if !failed.is_empty() {
+            self.fail_unrepairable(seg, sw.row, &reads).await?;
+            let run =
+                ChunkRun { segment: sw.segment, row: sw.row, column: 0, offset_in_chunk: rmin, blocks: rows };
+            return Err(self.unrecoverable(
+                &run,
+                "more chunks of the stripe are missing or corrupt than its parity covers",
+            ));
+        }
+        let mut data: Vec<IoBuf> = reads.drain(..k).map(|r| r.buf.expect("decoded")).collect();
+        self.overlay_new_data(sw, rmin, &mut data);
+        let parity = self.encode_rows(&data, rows);
+        let mut pieces = self.data_pieces(seg, sw);
+        // Untouched data shards whose blocks were bad on a usable member: write them back.
+        for (j, buf) in data.iter().enumerate() {
+            let (member, mb) = self.shard_member(seg, sw.row, j);
+            if sw.shards[j].is_none() && mb.usable(sw.row) && before[j].iter().any(|&g| !g) {
+                pieces.push(Piece {
+                    member,
+                    block: mb.start_block + sw.row * chunk + rmin,
+                    data: IoBytes::copy_from(buf),
+                    repair: true,
+                });
+            }
+        }
+        for (p, buf) in parity.into_iter().enumerate() {
+            let (member, mb) = self.shard_member(seg, sw.row, k + p);
+            pieces.push(Piece {
+                member,
+                block: mb.start_block + sw.row * chunk + rmin,
+                data: buf.freeze(),
+                repair: false,
+            });
+        }
+        Ok(pieces)
+    }
+
+    /// Lays the new data of each touched shard over its buffer of the affected rows.
+    fn overlay_new_data(&self, sw: &StripeWrite, rmin: u64, data: &mut [IoBuf]) {
+        for (j, s) in sw.shards.iter().enumerate() {
+            if let Some((off, d)) = s {
+                let at = ((off - rmin) * BLOCK) as usize;
+                data[j][at..at + d.len()].copy_from_slice(d);
+            }
+        }
+    }
+
+    pub(super) fn encode_rows(&self, data: &[IoBuf], rows: u64) -> Vec<IoBuf> {
+        let (_, m) = self.ec_shape();
+        let mut parity: Vec<IoBuf> = (0..m).map(|_| IoBuf::zeroed((rows * BLOCK) as usize)).collect();
+        let refs: Vec<&[u8]> = data.iter().map(|d| &d[..]).collect();
+        let mut outs: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[..]).collect();
+        self.codec().encode(&refs, &mut outs).expect("shapes are consistent");
+        parity
+    }
+
+    /// Pieces for the new data of every touched shard.
+    fn data_pieces(&self, seg: &Segment<D>, sw: &StripeWrite) -> Vec<Piece> {
+        sw.shards
+            .iter()
+            .enumerate()
+            .filter_map(|(j, s)| {
+                let (off, d) = s.as_ref()?;
+                let (member, mb) = self.shard_member(seg, sw.row, j);
+                Some(Piece {
+                    member,
+                    block: mb.start_block + sw.row * self.geo.chunk_blocks + off,
+                    data: d.clone(),
+                    repair: false,
+                })
+            })
+            .collect()
+    }
+
+    /// Makes the pieces (on usable members) durable in their drives' journals, then writes
+    /// them in place and marks the journal records applied.
+    async fn journal_and_apply(
+        &self,
+        seg: &Segment<D>,
+        sw: &StripeWrite,
+        pieces: Vec<Piece>,
+    ) -> Result<(), VolumeError> {
+        let pieces: Vec<Piece> =
+            pieces.into_iter().filter(|p| seg.members[p.member].usable(sw.row)).collect();
+        let mut attempt = 0;
+        let outcome = loop {
+            let txn_id = self.core.next_txn_id();
+            let slots: Vec<u16> = pieces
+                .iter()
+                .map(|p| u16::try_from(seg.members[p.member].drive.slot()).expect("slot fits"))
+                .collect();
+            let appends = pieces.iter().map(|p| {
+                let drive = &seg.members[p.member].drive;
+                let piece = JournalPiece {
+                    txn_id,
+                    volume_id: self.id,
+                    target_block: p.block,
+                    piece_slots: slots.clone(),
+                    data: p.data.clone(),
+                };
+                drive.journal.append(drive.device(), piece)
+            });
+            let results = join_all(appends).await;
+            let full = results.iter().any(|r| matches!(r, Err(AppendError::Full)));
+            if full {
+                // Abandon this attempt: its records are harmless (an incomplete transaction is
+                // never replayed) and become checkpointable at once.
+                self.core.txn_done(txn_id);
+                attempt += 1;
+                if attempt > JOURNAL_FULL_RETRIES {
+                    let run = ChunkRun {
+                        segment: sw.segment,
+                        row: sw.row,
+                        column: 0,
+                        offset_in_chunk: 0,
+                        blocks: 1,
+                    };
+                    return Err(self.unrecoverable(&run, "journal stayed full"));
+                }
+                self.core
+                    .flush_all()
+                    .await
+                    .map_err(|e| VolumeError::Pool { volume: self.name.clone(), source: Box::new(e) })?;
+                tokio::task::yield_now().await;
+                continue;
+            }
+            let mut journaled = Vec::with_capacity(pieces.len());
+            for (p, r) in pieces.iter().zip(results) {
+                match r {
+                    Ok(_) => journaled.push(true),
+                    Err(AppendError::Dev(e)) => {
+                        journaled.push(false);
+                        if let Err(e) = self
+                            .fail_drive(&seg.members[p.member].drive, format!("journal write failed: {e}"))
+                            .await
+                        {
+                            // Nothing was written in place: the transaction is over.
+                            self.core.txn_done(txn_id);
+                            return Err(e);
+                        }
+                    }
+                    Err(AppendError::Full) => unreachable!("handled above"),
+                }
+            }
+            break (txn_id, journaled);
+        };
+        let (txn_id, journaled) = outcome;
+        if let Err(e) = self.check_stripe_alive(seg, sw) {
+            self.core.txn_done(txn_id);
+            return Err(e);
+        }
+        let live: Vec<Piece> =
+            pieces.into_iter().zip(&journaled).filter(|(_, j)| **j).map(|(p, _)| p).collect();
+        let result = self.write_pieces(seg, sw, &live, false).await;
+        // Every piece is in place (or its drive is failed): the transaction is applied.
+        self.core.txn_done(txn_id);
+        result
+    }
+}

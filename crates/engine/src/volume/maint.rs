@@ -1,0 +1,383 @@
+//! Row maintenance: resynchronisation after an unclean stop, and scrub.
+//!
+//! *Resync* trusts the data it finds (the checksums of a dirty region may lag it): it takes the
+//! logical contents (zeros for unwritten blocks, raw bytes otherwise), makes checksums match
+//! them, makes mirror copies agree and recomputes parity. *Scrub* trusts the checksums: it
+//! verifies every block, repairs the bad ones from redundancy, then checks that parity (or the
+//! copies) agree with the verified data.
+
+use stria_dev::{BlockDevice, DevError, IoBuf, IoBytes};
+
+use super::map::{ChunkRun, Member, VolumeMap};
+use super::{BLOCK, BLOCK_USIZE, Volume};
+use crate::drive::Drive;
+use crate::drive::csum::{UNWRITTEN, block_crc};
+use crate::error::{EngineError, VolumeError};
+use crate::format::meta::Layout;
+
+/// What maintenance of one row did.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct RowStats {
+    pub(crate) checked_blocks: u64,
+    pub(crate) parity_blocks: u64,
+    pub(crate) copy_blocks: u64,
+    pub(crate) unrecoverable_blocks: u64,
+}
+
+/// Reads blocks without verification, zeroing the unwritten ones; says which are written.
+async fn read_logical<D: BlockDevice>(
+    drive: &Drive<D>,
+    block: u64,
+    blocks: u64,
+) -> Result<(IoBuf, Vec<bool>), DevError> {
+    let mut buf = drive.read_raw(block, IoBuf::zeroed((blocks * BLOCK) as usize)).await?;
+    let written: Vec<bool> = (0..blocks).map(|i| drive.csum.get(block + i) != UNWRITTEN).collect();
+    for (i, w) in written.iter().enumerate() {
+        if !w {
+            buf[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE].fill(0);
+        }
+    }
+    Ok((buf, written))
+}
+
+/// Makes the checksum of every written block match its contents.
+fn bless<D: BlockDevice>(drive: &Drive<D>, block: u64, data: &[u8], written: &[bool]) {
+    for (i, w) in written.iter().enumerate() {
+        if *w {
+            drive.csum.set(block + i as u64, block_crc(&data[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE]));
+        }
+    }
+}
+
+/// Calls `f(first, end)` for each run of consecutive indices where `bad[i]` is true.
+fn for_each_run(bad: &[bool], mut f: impl FnMut(usize, usize)) {
+    let mut i = 0;
+    while i < bad.len() {
+        if !bad[i] {
+            i += 1;
+            continue;
+        }
+        let mut j = i;
+        while j < bad.len() && bad[j] {
+            j += 1;
+        }
+        f(i, j);
+        i = j;
+    }
+}
+
+impl<D: BlockDevice> Volume<D> {
+    fn pool_err(&self, e: VolumeError) -> EngineError {
+        EngineError::Volume(e)
+    }
+
+    /// Resynchronises row `row` of segment `si` (recovery; no I/O runs concurrently).
+    pub(crate) async fn resync_row(
+        &self,
+        map: &VolumeMap<D>,
+        si: usize,
+        row: u64,
+    ) -> Result<RowStats, EngineError> {
+        match self.geo.layout {
+            Layout::Ec { .. } => self.resync_ec_row(map, si, row).await,
+            _ => self.resync_mirror_row(map, si, row).await,
+        }
+    }
+
+    async fn read_member_logical(
+        &self,
+        member: &Member<D>,
+        row: u64,
+    ) -> Result<Option<(IoBuf, Vec<bool>)>, EngineError> {
+        if !member.usable(row) {
+            return Ok(None);
+        }
+        let block = member.start_block + row * self.geo.chunk_blocks;
+        match read_logical(&member.drive, block, self.geo.chunk_blocks).await {
+            Ok(r) => Ok(Some(r)),
+            Err(e) => {
+                self.fail_drive(&member.drive, format!("read failed during resync: {e}"))
+                    .await
+                    .map_err(|e| self.pool_err(e))?;
+                Ok(None)
+            }
+        }
+    }
+
+    async fn resync_mirror_row(
+        &self,
+        map: &VolumeMap<D>,
+        si: usize,
+        row: u64,
+    ) -> Result<RowStats, EngineError> {
+        let seg = &map.segments[si];
+        let chunk = self.geo.chunk_blocks;
+        let mut stats = RowStats::default();
+        for column in 0..self.geo.layout.data_columns() {
+            let mut canonical: Option<(IoBuf, Vec<bool>)> = None;
+            for copy in 0..self.geo.copies() {
+                let member = &seg.members[self.geo.mirror_member(column, copy)];
+                let Some((data, written)) = self.read_member_logical(member, row).await? else { continue };
+                let block = member.start_block + row * chunk;
+                stats.checked_blocks += chunk;
+                match &canonical {
+                    None => {
+                        bless(&member.drive, block, &data, &written);
+                        canonical = Some((data, written));
+                    }
+                    Some((want, want_written)) => {
+                        let differs: Vec<bool> = (0..chunk as usize)
+                            .map(|i| {
+                                let r = i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE;
+                                want_written[i] != written[i] || want[r.clone()] != data[r]
+                            })
+                            .collect();
+                        bless(&member.drive, block, &data, &written);
+                        let mut runs = Vec::new();
+                        for_each_run(&differs, |a, b| runs.push((a, b)));
+                        for (a, b) in runs {
+                            stats.copy_blocks += (b - a) as u64;
+                            let at = block + a as u64;
+                            let result = if want_written[a..b].iter().all(|w| !w) {
+                                member.drive.zero(at, (b - a) as u64).await
+                            } else {
+                                let bytes = IoBytes::copy_from(&want[a * BLOCK_USIZE..b * BLOCK_USIZE]);
+                                member.drive.write(at, bytes, false).await
+                            };
+                            if let Err(e) = result {
+                                self.fail_drive(&member.drive, format!("resync write failed: {e}"))
+                                    .await
+                                    .map_err(|e| self.pool_err(e))?;
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(stats)
+    }
+
+    async fn resync_ec_row(&self, map: &VolumeMap<D>, si: usize, row: u64) -> Result<RowStats, EngineError> {
+        let seg = &map.segments[si];
+        let (k, m) = self.ec_shape();
+        let chunk = self.geo.chunk_blocks;
+        let mut stats = RowStats::default();
+        let mut shards: Vec<Option<IoBuf>> = Vec::with_capacity(k + m);
+        for s in 0..k + m {
+            let (_, member) = self.shard_member(seg, row, s);
+            let read = self.read_member_logical(member, row).await?;
+            if let Some((data, written)) = &read {
+                bless(&member.drive, member.start_block + row * chunk, data, written);
+                stats.checked_blocks += chunk;
+            }
+            shards.push(read.map(|r| r.0));
+        }
+        if shards.iter().any(Option::is_none) {
+            // Degraded: parity cannot be checked against missing data; writes to degraded
+            // stripes are journaled, so the replay already made them consistent.
+            return Ok(stats);
+        }
+        let data: Vec<IoBuf> = shards.drain(..k).map(|s| s.expect("present")).collect();
+        let parity = self.encode_rows(&data, chunk);
+        for (p, (want, have)) in
+            parity.iter().zip(shards.iter().map(|s| s.as_ref().expect("present"))).enumerate()
+        {
+            let differs: Vec<bool> = (0..chunk as usize)
+                .map(|i| {
+                    want[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE]
+                        != have[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE]
+                })
+                .collect();
+            let (_, member) = self.shard_member(seg, row, k + p);
+            let mut runs = Vec::new();
+            for_each_run(&differs, |a, b| runs.push((a, b)));
+            for (a, b) in runs {
+                stats.parity_blocks += (b - a) as u64;
+                let bytes = IoBytes::copy_from(&want[a * BLOCK_USIZE..b * BLOCK_USIZE]);
+                if let Err(e) =
+                    member.drive.write(member.start_block + row * chunk + a as u64, bytes, false).await
+                {
+                    self.fail_drive(&member.drive, format!("resync write failed: {e}"))
+                        .await
+                        .map_err(|e| self.pool_err(e))?;
+                    break;
+                }
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Scrubs row `row` of segment `si` under its stripe lock.
+    pub(crate) async fn scrub_row(
+        &self,
+        map: &VolumeMap<D>,
+        si: usize,
+        row: u64,
+    ) -> Result<RowStats, EngineError> {
+        let _guard = self.locks.lock([(si, row)]).await;
+        match self.geo.layout {
+            Layout::Ec { .. } => self.scrub_ec_row(map, si, row).await,
+            _ => self.scrub_mirror_row(map, si, row).await,
+        }
+    }
+
+    async fn scrub_mirror_row(
+        &self,
+        map: &VolumeMap<D>,
+        si: usize,
+        row: u64,
+    ) -> Result<RowStats, EngineError> {
+        let seg = &map.segments[si];
+        let chunk = self.geo.chunk_blocks;
+        let mut stats = RowStats::default();
+        for column in 0..self.geo.layout.data_columns() {
+            let run = ChunkRun { segment: si, row, column, offset_in_chunk: 0, blocks: chunk };
+            // Verifies every copy and rewrites bad blocks from good ones.
+            let good = match self.mirror_read_locked(map, run).await {
+                Ok(buf) => buf,
+                Err(VolumeError::Unrecoverable { .. }) => {
+                    stats.unrecoverable_blocks += chunk;
+                    continue;
+                }
+                Err(e) => return Err(self.pool_err(e)),
+            };
+            stats.checked_blocks += chunk * u64::from(self.geo.copies());
+            // Copies that verify but disagree (cannot happen without a bug or a lost write):
+            // make them agree with the first.
+            for m in self.copy_members(&run) {
+                let member = &seg.members[m];
+                if !member.usable(row) {
+                    continue;
+                }
+                let block = self.member_block(member, &run);
+                let Ok(buf) =
+                    member.drive.read_verified(block, IoBuf::zeroed((chunk * BLOCK) as usize)).await
+                else {
+                    continue;
+                };
+                if buf[..] != good[..] {
+                    stats.copy_blocks += chunk;
+                    if let Err(e) = member.drive.write(block, IoBytes::copy_from(&good), false).await {
+                        self.fail_drive(&member.drive, format!("scrub write failed: {e}"))
+                            .await
+                            .map_err(|e| self.pool_err(e))?;
+                    }
+                }
+            }
+        }
+        Ok(stats)
+    }
+
+    async fn scrub_ec_row(&self, map: &VolumeMap<D>, si: usize, row: u64) -> Result<RowStats, EngineError> {
+        let seg = &map.segments[si];
+        let (k, m) = self.ec_shape();
+        let total = k + m;
+        let chunk = self.geo.chunk_blocks;
+        let mut stats = RowStats { checked_blocks: chunk * total as u64, ..RowStats::default() };
+        let mut reads = self.read_shards(seg, row, 0, chunk, &vec![false; total]).await;
+        let before: Vec<Vec<bool>> = reads.iter().map(|r| r.good.clone()).collect();
+        let want: Vec<bool> = (0..total).map(|s| self.shard_member(seg, row, s).1.usable(row)).collect();
+        let failed_rows = self.decode_rows(&mut reads, &want);
+        stats.unrecoverable_blocks += failed_rows.len() as u64;
+        self.write_repairs(seg, row, 0, &reads, &before).await.map_err(|e| self.pool_err(e))?;
+        if !failed_rows.is_empty() || !want.iter().all(|&w| w) {
+            return Ok(stats);
+        }
+        // Every shard is present and verified: parity must agree with the data.
+        let data: Vec<IoBuf> = reads.drain(..k).map(|r| r.buf.expect("present")).collect();
+        let parity = self.encode_rows(&data, chunk);
+        for (p, (computed, stored)) in parity.iter().zip(&reads).enumerate() {
+            let stored = stored.buf.as_ref().expect("present");
+            if computed[..] != stored[..] {
+                let differs: Vec<bool> = (0..chunk as usize)
+                    .map(|i| {
+                        computed[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE]
+                            != stored[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE]
+                    })
+                    .collect();
+                let (_, member) = self.shard_member(seg, row, k + p);
+                let mut runs = Vec::new();
+                for_each_run(&differs, |a, b| runs.push((a, b)));
+                for (a, b) in runs {
+                    stats.parity_blocks += (b - a) as u64;
+                    let bytes = IoBytes::copy_from(&computed[a * BLOCK_USIZE..b * BLOCK_USIZE]);
+                    if let Err(e) =
+                        member.drive.write(member.start_block + row * chunk + a as u64, bytes, false).await
+                    {
+                        self.fail_drive(&member.drive, format!("scrub write failed: {e}"))
+                            .await
+                            .map_err(|e| self.pool_err(e))?;
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(stats)
+    }
+}
+
+impl<D: BlockDevice> Volume<D> {
+    /// Rebuilds row `row` of member `mi` of segment `si` from the other members, writes it to the
+    /// member and advances its cursor, all under the stripe lock.
+    pub(crate) async fn rebuild_row(
+        &self,
+        map: &VolumeMap<D>,
+        si: usize,
+        mi: usize,
+        row: u64,
+    ) -> Result<(), EngineError> {
+        let _guard = self.locks.lock([(si, row)]).await;
+        let seg = &map.segments[si];
+        let member = &seg.members[mi];
+        let chunk = self.geo.chunk_blocks;
+        let data = match self.geo.layout {
+            Layout::Ec { .. } => {
+                let (k, m) = self.ec_shape();
+                let shard = self.geo.ec_shard(row, mi) as usize;
+                let mut skip = vec![false; k + m];
+                skip[shard] = true;
+                let mut reads = self.read_shards(seg, row, 0, chunk, &skip).await;
+                let mut want = vec![false; k + m];
+                want[shard] = true;
+                if !self.decode_rows(&mut reads, &want).is_empty() {
+                    let run = ChunkRun { segment: si, row, column: 0, offset_in_chunk: 0, blocks: chunk };
+                    return Err(
+                        self.pool_err(self.unrecoverable(&run, "too few members left to rebuild the stripe"))
+                    );
+                }
+                reads.swap_remove(shard).buf.expect("decoded")
+            }
+            _ => {
+                let column = mi as u32 / self.geo.copies();
+                let run = ChunkRun { segment: si, row, column, offset_in_chunk: 0, blocks: chunk };
+                self.mirror_read_locked(map, run).await.map_err(|e| self.pool_err(e))?
+            }
+        };
+        // All-zero blocks stay unwritten on the new member (sparse volumes stay sparse).
+        let zero: Vec<bool> = data.chunks_exact(BLOCK_USIZE).map(|b| b.iter().all(|&x| x == 0)).collect();
+        let nonzero: Vec<bool> = zero.iter().map(|z| !z).collect();
+        let base = member.start_block + row * chunk;
+        let data = data.freeze();
+        let mut ops = Vec::new();
+        for_each_run(&nonzero, |a, b| ops.push((a, b, true)));
+        for_each_run(&zero, |a, b| ops.push((a, b, false)));
+        for (a, b, write) in ops {
+            let result = if write {
+                member.drive.write(base + a as u64, data.slice(a * BLOCK_USIZE..b * BLOCK_USIZE), false).await
+            } else {
+                member.drive.zero(base + a as u64, (b - a) as u64).await
+            };
+            if let Err(e) = result {
+                self.fail_drive(&member.drive, format!("rebuild write failed: {e}"))
+                    .await
+                    .map_err(|e| self.pool_err(e))?;
+                return Err(EngineError::Busy(format!(
+                    "the replacement drive failed during the rebuild: {e}"
+                )));
+            }
+        }
+        member.rebuild_cursor.store(row + 1, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+}

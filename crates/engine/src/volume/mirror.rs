@@ -1,0 +1,179 @@
+//! raid0 / raid1 / raid10: W columns of N copies.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use futures::future::join_all;
+use stria_dev::{BlockDevice, IoBuf, IoBytes};
+
+use super::map::{ChunkRun, Member, VolumeMap};
+use super::{BLOCK, BLOCK_USIZE, Volume};
+use crate::drive::ReadFault;
+use crate::error::VolumeError;
+
+/// What one copy gave back for a run, block by block.
+struct CopyRead {
+    member: usize,
+    buf: Option<IoBuf>,
+    /// Per block: true when the copy's block is verified good.
+    good: Vec<bool>,
+    /// Some block failed with an I/O error (not a checksum mismatch).
+    io_error: bool,
+}
+
+impl<D: BlockDevice> Volume<D> {
+    pub(super) fn copy_members(&self, run: &ChunkRun) -> impl Iterator<Item = usize> + '_ {
+        let copies = self.geo.copies();
+        // Start at a copy chosen by row so reads of different rows spread over the copies.
+        let first = (run.row % u64::from(copies)) as u32;
+        let column = run.column;
+        (0..copies).map(move |i| self.geo.mirror_member(column, (first + i) % copies))
+    }
+
+    pub(super) fn member_block(&self, member: &Member<D>, run: &ChunkRun) -> u64 {
+        member.start_block + self.geo.member_block(run.row, run.offset_in_chunk)
+    }
+
+    /// Reads one run from the first copy that answers with verified data; anything else goes
+    /// to the locked slow path, which repairs.
+    pub(super) async fn mirror_read_run(
+        &self,
+        map: &VolumeMap<D>,
+        run: ChunkRun,
+        buf: IoBuf,
+        locked: bool,
+    ) -> Result<IoBuf, VolumeError> {
+        let seg = &map.segments[run.segment];
+        if let Some(m) = self.copy_members(&run).find(|&m| seg.members[m].usable(run.row)) {
+            let member = &seg.members[m];
+            match member.drive.read_verified(self.member_block(member, &run), buf).await {
+                Ok(buf) => return Ok(buf),
+                Err(ReadFault::Io(e)) => {
+                    tracing::warn!(volume = %self.name, error = %e, "read error; repairing")
+                }
+                Err(ReadFault::Failed | ReadFault::Corrupt { .. }) => {}
+            }
+        }
+        if locked {
+            return self.mirror_read_locked(map, run).await;
+        }
+        let _guard = self.locks.lock([(run.segment, run.row)]).await;
+        self.mirror_read_locked(map, run).await
+    }
+
+    /// Reads a run with the stripe lock held: reads every usable copy, assembles good data
+    /// block by block, and rewrites the bad blocks of each copy from a good one.
+    pub(super) async fn mirror_read_locked(
+        &self,
+        map: &VolumeMap<D>,
+        run: ChunkRun,
+    ) -> Result<IoBuf, VolumeError> {
+        let seg = &map.segments[run.segment];
+        let len = (run.blocks * BLOCK) as usize;
+        let n = run.blocks as usize;
+        let mut reads: Vec<CopyRead> = Vec::new();
+        for m in self.copy_members(&run) {
+            let member = &seg.members[m];
+            if !member.usable(run.row) {
+                continue;
+            }
+            let read = match member.drive.read_isolating(self.member_block(member, &run), run.blocks).await {
+                Some((buf, good, io_error)) => CopyRead { member: m, buf: Some(buf), good, io_error },
+                None => CopyRead { member: m, buf: None, good: vec![false; n], io_error: false },
+            };
+            reads.push(read);
+        }
+        let mut out = IoBuf::zeroed(len);
+        let mut unrecoverable = Vec::new();
+        for i in 0..n {
+            let source = reads.iter().find(|r| r.good[i]);
+            match source.and_then(|r| r.buf.as_ref()) {
+                Some(buf) => out[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE]
+                    .copy_from_slice(&buf[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE]),
+                None => unrecoverable.push(i),
+            }
+        }
+        if !unrecoverable.is_empty() {
+            for r in reads.iter().filter(|r| r.io_error) {
+                self.fail_drive(
+                    &seg.members[r.member].drive,
+                    "read error that redundancy could not repair".into(),
+                )
+                .await?;
+            }
+            let why =
+                if reads.is_empty() { "no copy is available" } else { "every copy of the block is bad" };
+            self.counters.degraded_reads.fetch_add(1, Relaxed);
+            return Err(self.unrecoverable(&run, why));
+        }
+        if reads.len() < self.geo.copies() as usize || reads.iter().any(|r| r.good.contains(&false)) {
+            self.counters.degraded_reads.fetch_add(1, Relaxed);
+        }
+        let out = out.freeze();
+        for r in reads.iter().filter(|r| r.good.contains(&false)) {
+            self.rewrite_bad_blocks(&seg.members[r.member], &run, &r.good, &out).await?;
+        }
+        Ok(IoBuf::copy_from(&out))
+    }
+
+    /// Rewrites the blocks of `member` marked bad in `good` with the good contents `data`.
+    async fn rewrite_bad_blocks(
+        &self,
+        member: &Member<D>,
+        run: &ChunkRun,
+        good: &[bool],
+        data: &IoBytes,
+    ) -> Result<(), VolumeError> {
+        let base = self.member_block(member, run);
+        let mut i = 0;
+        while i < good.len() {
+            if good[i] {
+                i += 1;
+                continue;
+            }
+            let mut j = i;
+            while j < good.len() && !good[j] {
+                j += 1;
+            }
+            let slice = data.slice(i * BLOCK_USIZE..j * BLOCK_USIZE);
+            match member.drive.write(base + i as u64, slice, false).await {
+                Ok(()) => self.note_repair(&member.drive, (j - i) as u64),
+                Err(e) => {
+                    self.fail_drive(&member.drive, format!("repair write failed: {e}")).await?;
+                    return Ok(());
+                }
+            }
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// Writes one run to every usable copy (the caller holds the stripe lock). A copy whose
+    /// write fails is failed (persisted) before this returns; the write succeeds if any copy
+    /// took it.
+    pub(super) async fn mirror_write_run_locked(
+        &self,
+        map: &VolumeMap<D>,
+        run: ChunkRun,
+        data: IoBytes,
+        fua: bool,
+    ) -> Result<(), VolumeError> {
+        let seg = &map.segments[run.segment];
+        let targets: Vec<&Member<D>> = (0..self.geo.copies())
+            .map(|c| &seg.members[self.geo.mirror_member(run.column, c)])
+            .filter(|m| m.usable(run.row))
+            .collect();
+        let writes = targets.iter().map(|m| m.drive.write(self.member_block(m, &run), data.clone(), fua));
+        let results = join_all(writes).await;
+        let mut written = 0;
+        for (m, result) in targets.iter().zip(results) {
+            match result {
+                Ok(()) => written += 1,
+                Err(e) => self.fail_drive(&m.drive, format!("write failed: {e}")).await?,
+            }
+        }
+        if written == 0 {
+            return Err(self.unrecoverable(&run, "no copy of the chunk could be written"));
+        }
+        Ok(())
+    }
+}

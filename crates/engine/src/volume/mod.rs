@@ -1,0 +1,566 @@
+//! Volumes: the byte-addressed block interface clients see, on top of a layout.
+//!
+//! This module splits requests into chunk runs, handles unaligned requests by read-modify-write
+//! under the stripe lock, and dispatches to the two layout families: mirror/stripe (`mirror.rs`)
+//! and erasure-coded (`ec.rs`).
+
+mod ec;
+pub(crate) mod locks;
+pub(crate) mod maint;
+pub(crate) mod map;
+mod mirror;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+use arc_swap::ArcSwap;
+use futures::future::try_join_all;
+use stria_dev::{BlockDevice, IoBuf, IoBytes};
+use stria_ec::ReedSolomon;
+
+use crate::drive::Drive;
+use crate::error::VolumeError;
+use crate::format::meta::{DriveClass, Layout};
+use crate::pool::core::PoolCore;
+use locks::StripeLocks;
+use map::{ChunkRun, Geometry, VolumeMap};
+
+const BLOCK: u64 = 4096;
+const BLOCK_USIZE: usize = 4096;
+
+/// Health of a volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VolumeState {
+    /// Every member is present.
+    Healthy,
+    /// Some members are missing; data is served from redundancy.
+    Degraded,
+    /// Members are being rebuilt.
+    Rebuilding,
+    /// More members are missing than the layout tolerates somewhere.
+    Failed,
+}
+
+/// A run of the volume with one allocation state (for NBD `BLOCK_STATUS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub len_bytes: u64,
+    /// True when the range was never written (or was trimmed/zeroed): it reads as zeros and
+    /// uses no space.
+    pub unallocated: bool,
+}
+
+/// What a drive block holds for a logical block (see [`Volume::locate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockRole {
+    /// The block's data (ec), or one of its copies (mirror layouts).
+    Data,
+    /// A parity block of the same stripe row (ec).
+    Parity,
+}
+
+/// Where a logical block lives on the drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockLocation {
+    pub slot: u32,
+    pub device_offset_bytes: u64,
+    pub role: BlockRole,
+}
+
+/// Host-side counters of a volume.
+#[derive(Debug, Default)]
+pub struct VolumeCounters {
+    pub read_ops: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub write_ops: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub flush_ops: AtomicU64,
+    /// Blocks found bad on a drive and rewritten from redundancy.
+    pub repaired_blocks: AtomicU64,
+    /// Reads that needed reconstruction (missing or bad member).
+    pub degraded_reads: AtomicU64,
+    /// Erasure-coded writes by path.
+    pub full_stripe_writes: AtomicU64,
+    pub partial_stripe_writes: AtomicU64,
+}
+
+/// A volume of a pool.
+pub struct Volume<D: BlockDevice> {
+    pub(crate) id: u64,
+    pub(crate) name: String,
+    pub(crate) class: DriveClass,
+    pub(crate) geo: Geometry,
+    pub(crate) map: ArcSwap<VolumeMap<D>>,
+    pub(crate) locks: StripeLocks,
+    pub(crate) core: Arc<PoolCore<D>>,
+    pub(crate) codec: Option<Arc<ReedSolomon>>,
+    pub(crate) counters: VolumeCounters,
+    pub(crate) closed: AtomicBool,
+}
+
+impl<D: BlockDevice> std::fmt::Debug for Volume<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Volume").field("name", &self.name).field("layout", &self.geo.layout).finish()
+    }
+}
+
+impl<D: BlockDevice> Volume<D> {
+    /// The volume's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Pool-unique id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Size in bytes.
+    pub fn size_bytes(&self) -> u64 {
+        self.map.load().total_blocks * BLOCK
+    }
+
+    /// Layout.
+    pub fn layout(&self) -> Layout {
+        self.geo.layout
+    }
+
+    /// Drive class the volume lives on.
+    pub fn class(&self) -> DriveClass {
+        self.class
+    }
+
+    /// Chunk (stripe height) in bytes.
+    pub fn chunk_bytes(&self) -> u64 {
+        self.geo.chunk_blocks * BLOCK
+    }
+
+    /// Bytes of data in one full row (stripe): the natural unit of a full-stripe write.
+    pub fn row_bytes(&self) -> u64 {
+        self.geo.row_blocks() * BLOCK
+    }
+
+    /// Host-side counters.
+    pub fn counters(&self) -> &VolumeCounters {
+        &self.counters
+    }
+
+    fn check_range(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
+        if self.closed.load(Relaxed) {
+            return Err(VolumeError::Closed(self.name.clone()));
+        }
+        let size_bytes = self.size_bytes();
+        match offset_bytes.checked_add(len_bytes) {
+            Some(end) if end <= size_bytes => Ok(()),
+            _ => Err(VolumeError::OutOfRange { offset_bytes, len_bytes, size_bytes }),
+        }
+    }
+
+    pub(crate) fn unrecoverable(&self, run: &ChunkRun, reason: impl Into<String>) -> VolumeError {
+        let map = self.map.load();
+        let lb = map.segments[run.segment].first_block
+            + run.row * self.geo.row_blocks()
+            + u64::from(run.column) * self.geo.chunk_blocks
+            + run.offset_in_chunk;
+        VolumeError::Unrecoverable {
+            volume: self.name.clone(),
+            offset_bytes: lb * BLOCK,
+            len_bytes: run.blocks * BLOCK,
+            reason: reason.into(),
+        }
+    }
+
+    /// Reads `len_bytes` at `offset_bytes` (any alignment).
+    pub async fn read(&self, offset_bytes: u64, len_bytes: usize) -> Result<IoBuf, VolumeError> {
+        self.check_range(offset_bytes, len_bytes as u64)?;
+        self.counters.read_ops.fetch_add(1, Relaxed);
+        self.counters.read_bytes.fetch_add(len_bytes as u64, Relaxed);
+        if len_bytes == 0 {
+            return Ok(IoBuf::zeroed(0));
+        }
+        let first = offset_bytes / BLOCK;
+        let end = (offset_bytes + len_bytes as u64).div_ceil(BLOCK);
+        let mut buf = self.read_blocks(first, IoBuf::zeroed(((end - first) * BLOCK) as usize), false).await?;
+        let head = (offset_bytes % BLOCK) as usize;
+        if head > 0 {
+            drop(buf.split_to(head));
+        }
+        drop(buf.split_off(len_bytes));
+        Ok(buf)
+    }
+
+    /// Reads whole blocks from logical block `lb` into `buf`. With `locked`, the caller already
+    /// holds the stripe locks of the range (the slow path must not take them again).
+    pub(crate) async fn read_blocks(&self, lb: u64, buf: IoBuf, locked: bool) -> Result<IoBuf, VolumeError> {
+        let map = self.map.load_full();
+        let runs = map.runs(&self.geo, lb, buf.len() as u64 / BLOCK);
+        if let [run] = runs[..] {
+            return self.read_run(&map, run, buf, locked).await;
+        }
+        let mut rest = buf;
+        let mut reads = Vec::with_capacity(runs.len());
+        for run in runs {
+            let tail = rest.split_off((run.blocks * BLOCK) as usize);
+            let piece = std::mem::replace(&mut rest, tail);
+            reads.push(self.read_run(&map, run, piece, locked));
+        }
+        Ok(IoBuf::join_or_copy(try_join_all(reads).await?))
+    }
+
+    async fn read_run(
+        &self,
+        map: &VolumeMap<D>,
+        run: ChunkRun,
+        buf: IoBuf,
+        locked: bool,
+    ) -> Result<IoBuf, VolumeError> {
+        match self.geo.layout {
+            Layout::Ec { .. } => self.ec_read_run(map, run, buf, locked).await,
+            _ => self.mirror_read_run(map, run, buf, locked).await,
+        }
+    }
+
+    /// Writes `data` at `offset_bytes` (any alignment). With `fua` the data is durable when
+    /// this returns.
+    pub async fn write(&self, offset_bytes: u64, data: IoBytes, fua: bool) -> Result<(), VolumeError> {
+        let len_bytes = data.len() as u64;
+        self.check_range(offset_bytes, len_bytes)?;
+        self.core.check_writable().map_err(|e| self.pool_error(e))?;
+        self.counters.write_ops.fetch_add(1, Relaxed);
+        self.counters.write_bytes.fetch_add(len_bytes, Relaxed);
+        if len_bytes == 0 {
+            return Ok(());
+        }
+        let first = offset_bytes / BLOCK;
+        let end = (offset_bytes + len_bytes).div_ceil(BLOCK);
+        let map = self.map.load_full();
+        let runs = map.runs(&self.geo, first, end - first);
+        let _guards = self.locks.lock(runs.iter().map(|r| (r.segment, r.row))).await;
+        let aligned =
+            offset_bytes.is_multiple_of(BLOCK) && len_bytes.is_multiple_of(BLOCK) && data.is_aligned();
+        let data = if aligned { data } else { self.merge_unaligned(first, end, offset_bytes, &data).await? };
+        self.write_runs_locked(&map, &runs, data, fua).await?;
+        self.confirm_skipped(&map, &runs).await
+    }
+
+    /// Before a write that skipped failed members is acknowledged, their failure must be in the
+    /// committed metadata (otherwise, after a restart, a drive still called active would serve
+    /// data that misses this write). Cheap unless a failure is being committed right now.
+    pub(crate) async fn confirm_skipped(
+        &self,
+        map: &VolumeMap<D>,
+        runs: &[ChunkRun],
+    ) -> Result<(), VolumeError> {
+        let mut last_segment = usize::MAX;
+        for run in runs {
+            if run.segment == last_segment {
+                continue;
+            }
+            last_segment = run.segment;
+            for m in &map.segments[run.segment].members {
+                if m.drive.is_failed() && !self.core.failure_committed(m.drive.slot()) {
+                    self.fail_drive(&m.drive, "failed while a write was skipping it".into()).await?;
+                }
+            }
+        }
+        self.core.check_writable().map_err(|e| self.pool_error(e))
+    }
+
+    fn pool_error(&self, e: crate::error::EngineError) -> VolumeError {
+        VolumeError::Pool { volume: self.name.clone(), source: Box::new(e) }
+    }
+
+    /// Builds the whole-block image of an unaligned write: the old head and tail blocks with the
+    /// new bytes laid over them. The caller holds the stripe locks.
+    async fn merge_unaligned(
+        &self,
+        first: u64,
+        end: u64,
+        offset_bytes: u64,
+        data: &[u8],
+    ) -> Result<IoBytes, VolumeError> {
+        let mut whole = IoBuf::zeroed(((end - first) * BLOCK) as usize);
+        let head = (offset_bytes % BLOCK) as usize;
+        let tail_block_start = ((end - first - 1) * BLOCK) as usize;
+        let needs_head = head != 0;
+        let needs_tail = !(offset_bytes + data.len() as u64).is_multiple_of(BLOCK);
+        if needs_head {
+            let old = self.read_blocks(first, IoBuf::zeroed(BLOCK_USIZE), true).await?;
+            whole[..BLOCK_USIZE].copy_from_slice(&old);
+        }
+        if needs_tail && (end - 1 != first || !needs_head) {
+            let old = self.read_blocks(end - 1, IoBuf::zeroed(BLOCK_USIZE), true).await?;
+            whole[tail_block_start..].copy_from_slice(&old);
+        }
+        whole[head..head + data.len()].copy_from_slice(data);
+        Ok(whole.freeze())
+    }
+
+    /// Writes block-aligned `data` covering `runs` (the caller holds their stripe locks).
+    pub(crate) async fn write_runs_locked(
+        &self,
+        map: &VolumeMap<D>,
+        runs: &[ChunkRun],
+        data: IoBytes,
+        fua: bool,
+    ) -> Result<(), VolumeError> {
+        match self.geo.layout {
+            Layout::Ec { .. } => self.ec_write_runs_locked(map, runs, data, fua).await,
+            _ => {
+                let mut at = 0usize;
+                let mut writes = Vec::with_capacity(runs.len());
+                for run in runs {
+                    let len = (run.blocks * BLOCK) as usize;
+                    writes.push(self.mirror_write_run_locked(map, *run, data.slice(at..at + len), fua));
+                    at += len;
+                }
+                try_join_all(writes).await.map(drop)
+            }
+        }
+    }
+
+    /// Writes zeros. Whole blocks (mirror layouts) or whole stripes (ec) are zeroed by marking
+    /// them unwritten, without writing data; anything else is written as zeros unless
+    /// `fast_only`, which fails with [`VolumeError::NotCheap`] instead.
+    pub async fn write_zeroes(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        fua: bool,
+        fast_only: bool,
+    ) -> Result<(), VolumeError> {
+        self.check_range(offset_bytes, len_bytes)?;
+        if len_bytes == 0 {
+            return Ok(());
+        }
+        let unit = match self.geo.layout {
+            Layout::Ec { .. } => self.geo.row_blocks() * BLOCK,
+            _ => BLOCK,
+        };
+        let end = offset_bytes + len_bytes;
+        let cheap_start = offset_bytes.next_multiple_of(unit).min(end);
+        let cheap_end = (end / unit * unit).max(cheap_start);
+        let has_slow_part = cheap_start != offset_bytes || cheap_end != end;
+        let degraded_ec =
+            matches!(self.geo.layout, Layout::Ec { .. }) && self.state() != VolumeState::Healthy;
+        if fast_only && (has_slow_part || degraded_ec) {
+            return Err(VolumeError::NotCheap { offset_bytes, len_bytes });
+        }
+        // Cheap middle: mark unwritten under the stripe locks.
+        if cheap_end > cheap_start {
+            self.unmap_blocks(cheap_start / BLOCK, (cheap_end - cheap_start) / BLOCK).await?;
+        }
+        for (start, stop) in [(offset_bytes, cheap_start), (cheap_end, end)] {
+            let mut at = start;
+            while at < stop {
+                let n = (stop - at).min(4 << 20);
+                self.write(at, IoBytes::zeroed(n as usize), fua).await?;
+                at += n;
+            }
+        }
+        if fua && cheap_end > cheap_start {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// Discards a range: whole blocks (mirror) or whole stripes (ec) are unmapped and read back
+    /// as zeros; partial edges are left as they are (NBD allows a trim to do nothing).
+    pub async fn trim(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
+        self.check_range(offset_bytes, len_bytes)?;
+        let unit = match self.geo.layout {
+            Layout::Ec { .. } => self.geo.row_blocks() * BLOCK,
+            _ => BLOCK,
+        };
+        let start = offset_bytes.next_multiple_of(unit);
+        let end = (offset_bytes + len_bytes) / unit * unit;
+        if end > start {
+            self.unmap_blocks(start / BLOCK, (end - start) / BLOCK).await?;
+        }
+        Ok(())
+    }
+
+    /// Marks whole blocks (mirror) or whole stripes (ec) unwritten on every member.
+    async fn unmap_blocks(&self, lb: u64, blocks: u64) -> Result<(), VolumeError> {
+        let map = self.map.load_full();
+        // Bound the number of locks held at once.
+        let step = (self.geo.row_blocks() * 256).max(1);
+        let mut at = lb;
+        while at < lb + blocks {
+            let n = (lb + blocks - at).min(step);
+            let runs = map.runs(&self.geo, at, n);
+            let _guards = self.locks.lock(runs.iter().map(|r| (r.segment, r.row))).await;
+            self.core.check_writable().map_err(|e| self.pool_error(e))?;
+            for run in &runs {
+                let seg = &map.segments[run.segment];
+                if matches!(self.geo.layout, Layout::Ec { .. })
+                    && !seg.members.iter().all(|m| m.usable(run.row))
+                {
+                    // Entry-only zeroing is safe on a healthy stripe (recovery recomputes parity
+                    // from the data) but not on a degraded one, where a crash could leave members
+                    // disagreeing with nothing to resolve it: write zeros through the journal.
+                    let zeros = IoBytes::zeroed((run.blocks * BLOCK) as usize);
+                    self.write_runs_locked(&map, std::slice::from_ref(run), zeros, false).await?;
+                    continue;
+                }
+                let block_in_member = self.geo.member_block(run.row, run.offset_in_chunk);
+                let members: Vec<usize> = match self.geo.layout {
+                    // A whole stripe: every member's chunk (data and parity) becomes zeros.
+                    Layout::Ec { .. } => (0..seg.members.len()).collect(),
+                    _ => (0..self.geo.copies()).map(|c| self.geo.mirror_member(run.column, c)).collect(),
+                };
+                for m in members {
+                    let member = &seg.members[m];
+                    if member.drive.is_failed() {
+                        continue;
+                    }
+                    if let Err(e) = member.drive.zero(member.start_block + block_in_member, run.blocks).await
+                    {
+                        self.fail_drive(&member.drive, format!("intent bitmap write failed: {e}")).await?;
+                    }
+                }
+            }
+            self.confirm_skipped(&map, &runs).await?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Allocation map of a range, in extents of equal state.
+    pub fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<Extent>, VolumeError> {
+        self.check_range(offset_bytes, len_bytes)?;
+        let mut out: Vec<Extent> = Vec::new();
+        if len_bytes == 0 {
+            return Ok(out);
+        }
+        let first = offset_bytes / BLOCK;
+        let end = (offset_bytes + len_bytes).div_ceil(BLOCK);
+        let map = self.map.load();
+        for run in map.runs(&self.geo, first, end - first) {
+            let seg = &map.segments[run.segment];
+            let members: Vec<&map::Member<D>> = match self.geo.layout {
+                Layout::Ec { .. } => vec![&seg.members[self.geo.ec_member(run.row, run.column)]],
+                _ => (0..self.geo.copies())
+                    .map(|c| &seg.members[self.geo.mirror_member(run.column, c)])
+                    .collect(),
+            };
+            let block = self.geo.member_block(run.row, run.offset_in_chunk);
+            for i in 0..run.blocks {
+                // A block is allocated if any live copy holds data for it.
+                let unallocated = members.iter().all(|m| m.drive.is_unwritten(m.start_block + block + i, 1));
+                match out.last_mut() {
+                    Some(e) if e.unallocated == unallocated => e.len_bytes += BLOCK,
+                    _ => out.push(Extent { len_bytes: BLOCK, unallocated }),
+                }
+            }
+        }
+        // Trim the first and last extents to the requested byte range.
+        let head = offset_bytes - first * BLOCK;
+        out[0].len_bytes -= head;
+        let over = end * BLOCK - (offset_bytes + len_bytes);
+        let last = out.len() - 1;
+        out[last].len_bytes -= over;
+        out.retain(|e| e.len_bytes > 0);
+        Ok(out)
+    }
+
+    /// Makes every write completed before this call durable.
+    pub async fn flush(&self) -> Result<(), VolumeError> {
+        if self.closed.load(Relaxed) {
+            return Err(VolumeError::Closed(self.name.clone()));
+        }
+        self.counters.flush_ops.fetch_add(1, Relaxed);
+        self.core.check_writable().map_err(|e| self.pool_error(e))?;
+        self.core.flush_all().await.map_err(|e| self.pool_error(e))?;
+        // Failed members were left out of the flush (and their failure is committed, see
+        // `flush_all`): the volume must still hold its data.
+        if self.state() == VolumeState::Failed {
+            return Err(VolumeError::Unrecoverable {
+                volume: self.name.clone(),
+                offset_bytes: 0,
+                len_bytes: self.size_bytes(),
+                reason: "more members failed than the layout tolerates; the flush cannot make data durable"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Where the block holding byte `offset_bytes` lives: every copy (mirror layouts), or the
+    /// data block and the parity blocks of its row (ec). For diagnostics and fault tests.
+    pub fn locate(&self, offset_bytes: u64) -> Result<Vec<BlockLocation>, VolumeError> {
+        self.check_range(offset_bytes, 1)?;
+        let map = self.map.load();
+        let run = map.runs(&self.geo, offset_bytes / BLOCK, 1)[0];
+        let seg = &map.segments[run.segment];
+        let block = self.geo.member_block(run.row, run.offset_in_chunk);
+        let at = |m: usize, role| {
+            let member = &seg.members[m];
+            BlockLocation {
+                slot: member.drive.slot(),
+                device_offset_bytes: member.drive.superblock().layout.data_offset_bytes
+                    + (member.start_block + block) * BLOCK,
+                role,
+            }
+        };
+        Ok(match self.geo.layout {
+            Layout::Ec { data_shards, parity_shards } => {
+                let mut out = vec![at(self.geo.ec_member(run.row, run.column), BlockRole::Data)];
+                for p in 0..parity_shards {
+                    out.push(at(self.geo.ec_member(run.row, data_shards + p), BlockRole::Parity));
+                }
+                out
+            }
+            _ => (0..self.geo.copies())
+                .map(|c| at(self.geo.mirror_member(run.column, c), BlockRole::Data))
+                .collect(),
+        })
+    }
+
+    /// Current health, from the state of the members.
+    pub fn state(&self) -> VolumeState {
+        let map = self.map.load();
+        let mut state = VolumeState::Healthy;
+        for seg in &map.segments {
+            let groups: Vec<Vec<usize>> = match self.geo.layout {
+                Layout::Ec { .. } => vec![(0..seg.members.len()).collect()],
+                _ => (0..self.geo.layout.data_columns())
+                    .map(|c| (0..self.geo.copies()).map(|k| self.geo.mirror_member(c, k)).collect())
+                    .collect(),
+            };
+            for group in groups {
+                let failed = group.iter().filter(|&&m| seg.members[m].drive.is_failed()).count() as u32;
+                let rebuilding = group
+                    .iter()
+                    .filter(|&&m| !seg.members[m].drive.is_failed() && seg.members[m].rebuilding())
+                    .count() as u32;
+                let tolerance = match self.geo.layout {
+                    Layout::Ec { parity_shards, .. } => parity_shards,
+                    _ => self.geo.copies() - 1,
+                };
+                if failed + rebuilding > tolerance {
+                    // A rebuild onto a new member can still finish only if enough members survive.
+                    return VolumeState::Failed;
+                }
+                if rebuilding > 0 {
+                    state = VolumeState::Rebuilding;
+                } else if failed > 0 && state == VolumeState::Healthy {
+                    state = VolumeState::Degraded;
+                }
+            }
+        }
+        state
+    }
+
+    /// Fails `drive` after an error (persisting it) before the request that saw it completes.
+    pub(crate) async fn fail_drive(&self, drive: &Arc<Drive<D>>, reason: String) -> Result<(), VolumeError> {
+        self.core.fail_drive(drive.slot(), reason).await.map_err(|e| self.pool_error(e))
+    }
+
+    /// Counts a block repaired on `drive`.
+    pub(crate) fn note_repair(&self, drive: &Drive<D>, blocks: u64) {
+        drive.record_repairs(blocks);
+        self.counters.repaired_blocks.fetch_add(blocks, Relaxed);
+    }
+}

@@ -1,0 +1,163 @@
+//! Volumes are created, resized and deleted within the pool's free space; bad requests get clear
+//! errors and change nothing; zeroing, trimming and block status behave as NBD clients expect.
+
+#![allow(clippy::cast_possible_truncation)] // 64-bit only, like the engine
+
+mod common;
+
+use common::*;
+use stria_dev::{IoBytes, PowerSwitch};
+use stria_engine::{DriveClass, EngineError, Layout, VolumeError};
+
+const EC42: Layout = Layout::Ec { data_shards: 4, parity_shards: 2 };
+
+#[tokio::test]
+async fn placement_errors_name_the_problem() {
+    let switch = PowerSwitch::new();
+    let devs = drives(5, &switch, 1);
+    let pool = create_pool(&devs).await;
+    let err = pool.create_volume(spec("v", 1 << 20, EC42, 64 << 10)).await.unwrap_err();
+    assert_eq!(err.to_string(), "ec:4+2 needs 6 active capacity drives; the pool has 5");
+    let err =
+        pool.create_volume(spec("v", 1 << 40, Layout::Raid1 { copies: 2 }, 64 << 10)).await.unwrap_err();
+    assert!(
+        matches!(err, EngineError::NoSpace(_)) && err.to_string().contains("not enough free space"),
+        "{err}"
+    );
+    let mut fast = spec("f", 1 << 20, Layout::Raid1 { copies: 2 }, 64 << 10);
+    fast.class = DriveClass::Fast;
+    assert!(pool.create_volume(fast).await.unwrap_err().to_string().contains("0"));
+    for bad in ["", "a/b", ".hidden", &"x".repeat(65)] {
+        assert!(matches!(
+            pool.create_volume(spec(bad, 1 << 20, Layout::Raid0 { width: 2 }, 64 << 10)).await,
+            Err(EngineError::Invalid(_))
+        ));
+    }
+    assert!(pool.create_volume(spec("odd", 1000, Layout::Raid0 { width: 2 }, 64 << 10)).await.is_err());
+    assert!(pool.create_volume(spec("chunk", 1 << 20, Layout::Raid0 { width: 2 }, 3 << 10)).await.is_err());
+    pool.create_volume(spec("ok", 1 << 20, Layout::Raid0 { width: 2 }, 64 << 10)).await.unwrap();
+    assert!(matches!(
+        pool.create_volume(spec("ok", 1 << 20, Layout::Raid0 { width: 2 }, 64 << 10)).await,
+        Err(EngineError::VolumeExists(_))
+    ));
+    assert_eq!(pool.meta().volumes.len(), 1, "failed creates left nothing behind");
+}
+
+#[tokio::test]
+async fn out_of_range_requests_are_errors_and_change_nothing() {
+    let switch = PowerSwitch::new();
+    let devs = drives(6, &switch, 2);
+    let pool = create_pool(&devs).await;
+    let vol = pool.create_volume(spec("v", 1 << 20, EC42, 16 << 10)).await.unwrap();
+    let mut model = Model::new(1 << 20);
+    write(&vol, &mut model, 0, vec![7u8; 1 << 20]).await;
+    for (off, len) in [(1u64 << 20, 1usize), ((1 << 20) - 10, 11), (u64::MAX - 2, 5)] {
+        assert!(matches!(vol.read(off, len).await, Err(VolumeError::OutOfRange { .. })));
+        assert!(matches!(
+            vol.write(off, IoBytes::zeroed(len), false).await,
+            Err(VolumeError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            vol.write_zeroes(off, len as u64, false, false).await,
+            Err(VolumeError::OutOfRange { .. })
+        ));
+    }
+    check(&vol, &model).await;
+}
+
+#[tokio::test]
+async fn resize_grows_in_place_or_with_a_new_segment_and_shrinks() {
+    for layout in [EC42, Layout::Raid10 { width: 3, copies: 2 }] {
+        let switch = PowerSwitch::new();
+        let devs = drives(6, &switch, 3);
+        let pool = create_pool(&devs).await;
+        let vol = pool.create_volume(spec("v", 1 << 20, layout, 16 << 10)).await.unwrap();
+        // A neighbour right after it forces the second growth into a new segment.
+        let mut model = Model::new(1 << 20);
+        let mut rng = rng(3);
+        write(&vol, &mut model, 0, random_bytes(&mut rng, 1 << 20)).await;
+        pool.resize_volume("v", 2 << 20).await.unwrap();
+        pool.create_volume(spec("neighbour", 1 << 20, layout, 16 << 10)).await.unwrap();
+        pool.resize_volume("v", 5 << 20).await.unwrap();
+        assert_eq!(vol.size_bytes(), 5 << 20);
+        assert!(pool.meta().volume("v").unwrap().segments.len() >= 2, "{layout}: grew past a neighbour");
+        model.bytes.resize(5 << 20, 0);
+        check(&vol, &model).await; // the new space reads as zeros
+        let tail = random_bytes(&mut rng, 3 << 20);
+        write(&vol, &mut model, 2 << 20, tail).await;
+        check(&vol, &model).await;
+        pool.resize_volume("v", 3 << 20).await.unwrap();
+        model.bytes.truncate(3 << 20);
+        check(&vol, &model).await;
+        assert!(matches!(vol.read(3 << 20, 1).await, Err(VolumeError::OutOfRange { .. })));
+        // Shrunk-off space comes back as zeros when it grows again.
+        pool.resize_volume("v", 4 << 20).await.unwrap();
+        model.bytes.resize(4 << 20, 0);
+        check(&vol, &model).await;
+        // Everything survives a restart.
+        pool.close().await.unwrap();
+        let pool = open_pool(&reboot(&devs, 0)).await.unwrap();
+        check(&pool.volume("v").unwrap(), &model).await;
+    }
+}
+
+#[tokio::test]
+async fn deleted_space_is_reused_and_reads_as_zeros() {
+    let switch = PowerSwitch::new();
+    let devs = drives(3, &switch, 4);
+    let pool = create_pool(&devs).await;
+    let vol = pool.create_volume(spec("a", 8 << 20, Layout::Raid0 { width: 3 }, 64 << 10)).await.unwrap();
+    vol.write(0, IoBytes::copy_from(&vec![0xaa; 8 << 20]), false).await.unwrap();
+    pool.delete_volume("a").await.unwrap();
+    assert!(matches!(vol.read(0, 1).await, Err(VolumeError::Closed(_))));
+    let b = pool.create_volume(spec("b", 8 << 20, Layout::Raid0 { width: 3 }, 64 << 10)).await.unwrap();
+    let got = b.read(0, 8 << 20).await.unwrap();
+    assert!(got.iter().all(|&x| x == 0), "a new volume must never show an old volume's data");
+    pool.close().await.unwrap();
+    let pool = open_pool(&reboot(&devs, 0)).await.unwrap();
+    assert!(pool.volume("a").is_none());
+    assert!(pool.volume("b").unwrap().read(0, 8 << 20).await.unwrap().iter().all(|&x| x == 0));
+}
+
+#[tokio::test]
+async fn zeroes_trim_and_block_status() {
+    for layout in [EC42, Layout::Raid1 { copies: 2 }] {
+        let switch = PowerSwitch::new();
+        let devs = drives(6, &switch, 5);
+        let pool = create_pool(&devs).await;
+        let vol = pool.create_volume(spec("v", 2 << 20, layout, 16 << 10)).await.unwrap();
+        let status = vol.block_status(0, 2 << 20).unwrap();
+        assert_eq!(status.len(), 1);
+        assert!(status[0].unallocated, "a new volume is all holes");
+        let mut model = Model::new(2 << 20);
+        write(&vol, &mut model, 0, vec![1u8; 2 << 20]).await;
+        assert!(!vol.block_status(0, 2 << 20).unwrap()[0].unallocated);
+        let row = vol.row_bytes();
+        // Fast zeroing works on whole stripes, and is refused (changing nothing) elsewhere.
+        vol.write_zeroes(row, row, false, true).await.unwrap();
+        model.write(row as usize, &vec![0; row as usize]);
+        assert!(matches!(
+            vol.write_zeroes(row * 3 + 1, 100, false, true).await,
+            Err(VolumeError::NotCheap { .. })
+        ));
+        // Slow zeroing of an unaligned range writes zeros.
+        vol.write_zeroes(row * 3 + 1, 100, false, false).await.unwrap();
+        model.write((row * 3 + 1) as usize, &[0; 100]);
+        check(&vol, &model).await;
+        let st = vol.block_status(0, 4 * row).unwrap();
+        let holes: u64 = st.iter().filter(|e| e.unallocated).map(|e| e.len_bytes).sum();
+        assert_eq!(holes, row, "{layout}: exactly the fast-zeroed stripe is a hole: {st:?}");
+        assert_eq!(st.iter().map(|e| e.len_bytes).sum::<u64>(), 4 * row);
+        // Trim of whole units reads back as zeros; edges are left alone.
+        vol.trim(6 * row - 10, row + 20).await.unwrap();
+        model.write((6 * row) as usize, &vec![0; row as usize]);
+        check(&vol, &model).await;
+        // Unaligned status ranges are trimmed to the request.
+        let st = vol.block_status(row + 5, 7).unwrap();
+        assert_eq!(st.iter().map(|e| e.len_bytes).sum::<u64>(), 7);
+        pool.flush().await.unwrap();
+        pool.close().await.unwrap();
+        let pool = open_pool(&reboot(&devs, 0)).await.unwrap();
+        check(&pool.volume("v").unwrap(), &model).await;
+    }
+}
