@@ -25,7 +25,7 @@ pub use drive::Drive;
 pub use error::{EngineError, VolumeError};
 pub use format::meta::{DriveClass, DriveState, Layout, PoolMeta, TieredRecord, VolumeRole};
 pub use pool::{
-    DEFAULT_CHUNK_BYTES, DriveStatus, FoundDrive, NewDrive, Pool, PoolStatus, RebuildProgress,
+    DEFAULT_CHUNK_BYTES, DriveStatus, FoundDrive, IgnoredDrive, NewDrive, Pool, PoolStatus, RebuildProgress,
     RecoveryReport, ScrubReport, VolumeSpec, VolumeStatus,
 };
 pub use volume::{BlockLocation, BlockRole, Extent, Volume, VolumeState};

@@ -61,6 +61,7 @@ async fn every_layout_survives_every_tolerated_failure_set() {
                 devs[i].kill();
             }
             check(&vol, &model).await;
+            check_block_status(&vol, &model);
             assert_eq!(vol.state(), VolumeState::Degraded, "{layout} with {set:?} failed");
             // Writes while degraded.
             let mut m2 = model.clone();
@@ -113,6 +114,12 @@ async fn replacing_failed_drives_rebuilds_full_redundancy() {
             dev.kill();
             pool.fail_drive(slot as u32, "test").await.unwrap();
         }
+        // Degraded writes before the replacement arrives.
+        for _ in 0..30 {
+            let (o, d) = random_write(&mut rng, VOLUME_BYTES, vol.row_bytes());
+            write(&vol, &mut model, o, d).await;
+        }
+        check(&vol, &model).await;
         for slot in 0..tolerance {
             let spare = drive(&format!("spare{slot}"), &switch, 50 + slot as u64);
             let new_slot = pool
@@ -122,6 +129,9 @@ async fn replacing_failed_drives_rebuilds_full_redundancy() {
             replacements.push((new_slot, spare));
         }
         assert_eq!(vol.state(), VolumeState::Rebuilding);
+        // Before any row is rebuilt, status and data come from the surviving members.
+        check(&vol, &model).await;
+        check_block_status(&vol, &model);
         let mut progress = 0;
         let rebuild = pool.rebuild(|_| progress += 1);
         let writes = async {

@@ -1,6 +1,450 @@
 //! The `stria` command: CLI and daemon in one binary.
 #![forbid(unsafe_code)]
 
+/// `println!` that ends the process quietly when stdout is closed (`stria status | head`).
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if writeln!(std::io::stdout(), $($arg)*).is_err() {
+            std::process::exit(0);
+        }
+    }};
+}
+
+mod control;
+mod daemon;
+mod export;
+mod ops;
+mod output;
+mod pooldir;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Result, bail};
+use clap::{Args, Parser, Subcommand};
+use serde_json::Value;
+use stria_engine::DriveClass;
+use stria_engine::units::parse_size;
+
+use daemon::{NbdAddr, ServeOptions};
+use ops::{Ctx, Progress, Request};
+use pooldir::{DriveSpec, PoolDir};
+
+/// stria: software-defined block storage for NVMe flash.
+#[derive(Debug, Parser)]
+#[command(name = "stria", version, about, propagate_version = true)]
+struct Cli {
+    /// The pool directory (drive files, config, lock, control socket).
+    #[arg(long, global = true, default_value = "./stria-data", env = "STRIA_POOL")]
+    pool: PathBuf,
+    /// Log level: error, warn, info, debug or trace (or a tracing filter).
+    #[arg(long, global = true, default_value = "info", env = "STRIA_LOG")]
+    log_level: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create or inspect the pool.
+    #[command(subcommand)]
+    Pool(PoolCmd),
+    /// Create, list, show, resize, delete, import and export volumes.
+    #[command(subcommand)]
+    Volume(VolumeCmd),
+    /// List, fail and replace drives.
+    #[command(subcommand)]
+    Drive(DriveCmd),
+    /// Verify every block of a volume, repair what fails, check parity and copies agree.
+    Scrub {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drives, volumes, states and counters.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the daemon: export every volume over NBD until SIGTERM/SIGINT.
+    Serve(ServeArgs),
+    /// Create the default demo pool if there is none (2 fast + 6 capacity file drives and an
+    /// ec:4+2 volume), then serve it.
+    Up(UpArgs),
+    /// Benchmarks (they print ratios against references measured in the same run).
+    #[command(subcommand)]
+    Bench(BenchCmd),
+}
+
+#[derive(Debug, Subcommand)]
+enum PoolCmd {
+    /// Create a pool from sparse files in the pool directory and/or given devices.
+    Create {
+        /// Pool name.
+        #[arg(long, default_value = "stria")]
+        name: String,
+        /// Number of fast drives to create as sparse files.
+        #[arg(long, default_value_t = 0)]
+        fast: usize,
+        /// Number of capacity drives to create as sparse files.
+        #[arg(long, default_value_t = 0)]
+        capacity: usize,
+        /// Size of each sparse-file drive (e.g. 4G, 512M, 1TiB).
+        #[arg(long, value_parser = parse_size, default_value = "4G")]
+        drive_size: u64,
+        /// An existing device or file: CLASS:PATH[:DOMAIN] (repeat).
+        #[arg(long = "drive")]
+        drives: Vec<DriveSpec>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum VolumeCmd {
+    /// Create a volume.
+    Create {
+        name: String,
+        /// Size, e.g. 64G.
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+        /// raid0[:W], raid1[:N], raid10[:WxN] or ec:K+M (K+1 is RAID-5, K+2 RAID-6).
+        #[arg(long)]
+        layout: String,
+        /// Chunk (stripe height): how much goes to one drive before the next.
+        #[arg(long, value_parser = parse_size)]
+        chunk: Option<u64>,
+        /// Drive class to place it on (default: capacity if the pool has capacity drives).
+        #[arg(long)]
+        class: Option<DriveClass>,
+    },
+    /// List volumes.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one volume.
+    Show {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Grow or shrink a volume (shrinking discards the tail).
+    Resize {
+        name: String,
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+    },
+    /// Delete a volume and free its space.
+    Delete { name: String },
+    /// Copy a raw image file into a volume (byte-exact).
+    Import { name: String, file: PathBuf },
+    /// Copy a volume out into a raw image file (byte-exact, sparse where the volume is).
+    Export { name: String, file: PathBuf },
+}
+
+#[derive(Debug, Subcommand)]
+enum DriveCmd {
+    /// List drives with their counters.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Take a drive out of service (its volumes run degraded).
+    Fail {
+        /// Drive id (slot) or path.
+        drive: String,
+    },
+    /// Replace a drive and rebuild its data onto the replacement.
+    Replace {
+        /// Drive id (slot) or path of the drive to replace.
+        drive: String,
+        /// The replacement (a device or file; a new sparse file of the old size is created when
+        /// omitted or missing).
+        new: Option<PathBuf>,
+        /// Failure-domain label of the replacement (default: the old drive's).
+        #[arg(long)]
+        domain: Option<String>,
+    },
+    /// Limit rebuild bandwidth (e.g. 200M per second; 0 = unlimited). Needs the daemon.
+    RebuildRate {
+        #[arg(value_parser = parse_size)]
+        rate: u64,
+    },
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// NBD listen address: unix:PATH or tcp:HOST:PORT (repeat; default tcp:127.0.0.1:10809).
+    #[arg(long)]
+    nbd: Vec<NbdAddr>,
+    /// TLS: off, on (STARTTLS offered) or require (nothing else is allowed before it).
+    #[arg(long, default_value = "off")]
+    tls: String,
+    /// PEM certificate chain for TLS.
+    #[arg(long)]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for TLS.
+    #[arg(long)]
+    tls_key: Option<PathBuf>,
+    /// Open even without a majority of the pool's drives (see `stria status` docs).
+    #[arg(long)]
+    force: bool,
+    /// Rebuild bandwidth limit (e.g. 200M per second; 0 = unlimited).
+    #[arg(long, value_parser = parse_size, default_value = "0")]
+    rebuild_rate: u64,
+}
+
+#[derive(Debug, Args)]
+struct UpArgs {
+    #[command(flatten)]
+    serve: ServeArgs,
+    /// Size of each drive file of the default pool.
+    #[arg(long, value_parser = parse_size, default_value = "2G")]
+    drive_size: u64,
+    /// Size of the default volume.
+    #[arg(long, value_parser = parse_size, default_value = "4G")]
+    volume_size: u64,
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCmd {
+    /// Erasure-code throughput against ISA-L, memcpy and XOR.
+    Ec(stria_bench::ec::EcBenchArgs),
+}
+
 fn main() {
-    println!("stria");
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level).unwrap_or_else(|_| {
+        eprintln!("invalid --log-level `{}`; using info", cli.log_level);
+        tracing_subscriber::EnvFilter::new("info")
+    });
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
+    let result = match runtime {
+        Ok(rt) => rt.block_on(run(cli)),
+        Err(e) => Err(e.into()),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    let dir = PoolDir::new(&cli.pool);
+    match cli.command {
+        Command::Pool(PoolCmd::Create { name, fast, capacity, drive_size, drives }) => {
+            let _lock = dir.lock()?;
+            let pool = dir.create_pool(&name, fast, capacity, drive_size, &drives).await?;
+            let status = pool.status();
+            pool.close().await?;
+            outln!("created pool {} with {} drives in {}", name, status.drives.len(), dir.path.display());
+            output::drives(&serde_json::to_value(status)?);
+            Ok(())
+        }
+        Command::Volume(VolumeCmd::Create { name, size, layout, chunk, class }) => {
+            let v = request(
+                &dir,
+                Request::VolumeCreate { name, size_bytes: size, layout, chunk_bytes: chunk, class },
+            )
+            .await?;
+            output::volume(&v);
+            Ok(())
+        }
+        Command::Volume(VolumeCmd::List { json }) => {
+            let v = request(&dir, Request::Status).await?;
+            if json {
+                print_json(&v["volumes"]);
+            } else {
+                output::volumes(&v);
+            }
+            Ok(())
+        }
+        Command::Volume(VolumeCmd::Show { name, json }) => {
+            let v = request(&dir, Request::VolumeShow { name }).await?;
+            if json {
+                print_json(&v)
+            } else {
+                output::volume(&v)
+            }
+            Ok(())
+        }
+        Command::Volume(VolumeCmd::Resize { name, size }) => {
+            let v = request(&dir, Request::VolumeResize { name, size_bytes: size }).await?;
+            output::volume(&v);
+            Ok(())
+        }
+        Command::Volume(VolumeCmd::Delete { name }) => {
+            request(&dir, Request::VolumeDelete { name: name.clone() }).await?;
+            outln!("deleted volume {name}");
+            Ok(())
+        }
+        Command::Volume(VolumeCmd::Import { name, file }) => {
+            let path = absolute(&file)?;
+            let v = request(&dir, Request::VolumeImport { name, path }).await?;
+            outln!("imported {} bytes into {}", v["bytes"], v["volume"].as_str().unwrap_or(""));
+            Ok(())
+        }
+        Command::Volume(VolumeCmd::Export { name, file }) => {
+            let path = absolute(&file)?;
+            let v = request(&dir, Request::VolumeExport { name, path }).await?;
+            outln!(
+                "exported {} bytes of {} to {}",
+                v["bytes"],
+                v["volume"].as_str().unwrap_or(""),
+                file.display()
+            );
+            Ok(())
+        }
+        Command::Drive(DriveCmd::List { json }) => {
+            let v = request(&dir, Request::Status).await?;
+            if json {
+                print_json(&v["drives"])
+            } else {
+                output::drives(&v)
+            }
+            Ok(())
+        }
+        Command::Drive(DriveCmd::Fail { drive }) => {
+            let v = request(&dir, Request::DriveFail { drive }).await?;
+            outln!("drive {} failed; its volumes run degraded until it is replaced", v["failed"]);
+            Ok(())
+        }
+        Command::Drive(DriveCmd::Replace { drive, new, domain }) => {
+            let new_path = new.map(|p| absolute(&p)).transpose()?;
+            let v = request(&dir, Request::DriveReplace { drive, new_path, domain }).await?;
+            outln!(
+                "drive {} replaced by drive {}; rebuild {}",
+                v["replaced"],
+                v["new_drive"],
+                v["rebuild"].as_str().unwrap_or("")
+            );
+            Ok(())
+        }
+        Command::Drive(DriveCmd::RebuildRate { rate }) => {
+            if !control::daemon_running(&dir.control_socket()).await {
+                bail!(
+                    "no daemon is running on this pool; use `stria serve --rebuild-rate` or give the rate then"
+                );
+            }
+            request(&dir, Request::RebuildRate { bytes_per_sec: rate }).await?;
+            outln!("rebuild rate set to {}/s", stria_engine::units::format_size(rate));
+            Ok(())
+        }
+        Command::Scrub { name, json } => {
+            let v = request(&dir, Request::Scrub { name }).await?;
+            if json {
+                print_json(&v)
+            } else {
+                output::scrub(&v)
+            }
+            if v["unrecoverable_blocks"].as_u64().unwrap_or(0) > 0 {
+                bail!("scrub found unrecoverable blocks");
+            }
+            Ok(())
+        }
+        Command::Status { json } => {
+            let v = request(&dir, Request::Status).await?;
+            if json {
+                print_json(&v)
+            } else {
+                output::status(&v)
+            }
+            Ok(())
+        }
+        Command::Serve(args) => {
+            let opts = serve_options(&dir, args)?;
+            daemon::serve(dir, opts, |uris| print_ready(uris, false)).await
+        }
+        Command::Up(args) => {
+            if !dir.exists() {
+                let _lock = dir.lock()?;
+                let pool = dir.create_pool("stria", 2, 6, args.drive_size, &[]).await?;
+                let spec = stria_engine::VolumeSpec {
+                    name: "vol0".into(),
+                    size_bytes: args.volume_size,
+                    layout: stria_engine::Layout::Ec { data_shards: 4, parity_shards: 2 },
+                    chunk_bytes: stria_engine::DEFAULT_CHUNK_BYTES,
+                    class: DriveClass::Capacity,
+                    role: stria_engine::VolumeRole::Plain,
+                };
+                pool.create_volume(spec).await?;
+                pool.close().await?;
+                eprintln!(
+                    "created the default pool in {} (2 fast + 6 capacity drives) with volume vol0 (ec:4+2)",
+                    dir.path.display()
+                );
+            }
+            let mut serve = args.serve;
+            if serve.nbd.is_empty() {
+                serve.nbd =
+                    vec![NbdAddr::Unix(dir.default_nbd_socket()), NbdAddr::Tcp("127.0.0.1:10809".into())];
+            }
+            let opts = serve_options(&dir, serve)?;
+            daemon::serve(dir, opts, |uris| print_ready(uris, true)).await
+        }
+        Command::Bench(BenchCmd::Ec(args)) => stria_bench::ec::run(&args),
+    }
+}
+
+fn serve_options(dir: &PoolDir, args: ServeArgs) -> Result<ServeOptions> {
+    if !dir.exists() {
+        bail!(
+            "no pool at {}; create one with `stria pool create --pool {} --fast 2 --capacity 6 --drive-size 4G` \
+             (or run `stria up` for a default one)",
+            dir.path.display(),
+            dir.path.display()
+        );
+    }
+    let tls_mode = args.tls.parse().map_err(|e| anyhow::anyhow!("--tls: {e}"))?;
+    Ok(ServeOptions {
+        nbd: args.nbd,
+        tls_mode,
+        tls_cert: args.tls_cert,
+        tls_key: args.tls_key,
+        force: args.force,
+        rebuild_rate_bytes: args.rebuild_rate,
+    })
+}
+
+fn print_ready(uris: &[String], examples: bool) {
+    outln!("stria is serving; NBD URIs (replace VOLUME by a volume name):");
+    for u in uris {
+        outln!("  {u}");
+    }
+    if examples {
+        let u = uris.first().map(|u| u.replace("VOLUME", "vol0")).unwrap_or_default();
+        outln!("try:");
+        outln!("  nbdinfo '{u}'");
+        outln!("  qemu-io -f raw '{u}' -c 'write -P 0xab 0 1M' -c 'read -P 0xab 0 1M'");
+        outln!("  nbdcopy /path/to/image.raw '{u}'");
+        outln!("  stria status --pool <this pool dir>      # from another terminal");
+        outln!("stop with Ctrl-C (or SIGTERM): requests in flight finish, everything is flushed");
+    }
+}
+
+fn absolute(p: &std::path::Path) -> Result<PathBuf> {
+    Ok(if p.is_absolute() { p.to_path_buf() } else { std::env::current_dir()?.join(p) })
+}
+
+fn print_json(v: &Value) {
+    outln!("{}", serde_json::to_string_pretty(v).expect("JSON values serialize"));
+}
+
+/// Runs a request through the daemon if one serves the pool, otherwise here.
+async fn request(dir: &PoolDir, req: Request) -> Result<Value> {
+    let mut bar = output::Bar::new();
+    let socket = dir.control_socket();
+    if control::daemon_running(&socket).await {
+        let v = control::call(&socket, req, |p| bar.update(&p)).await;
+        bar.finish();
+        return v;
+    }
+    let _lock = dir.lock()?;
+    let pool = Arc::new(dir.open_pool(false).await?);
+    let ctx = Ctx { pool: &pool, dir, daemon: false };
+    let result = ops::execute(&ctx, req, &mut |p: Progress| bar.update(&p)).await;
+    bar.finish();
+    pool.close().await?;
+    result
 }

@@ -1,6 +1,7 @@
 //! Assembling a pool from the drives found, in any order: identity, freshness and quorum checks.
 
 use std::collections::HashMap;
+
 use std::sync::Arc;
 
 use stria_dev::BlockDevice;
@@ -23,6 +24,66 @@ impl<D: BlockDevice> Pool<D> {
     /// pool. Drives the pool lists as active but that are not found are marked failed.
     pub async fn open(found: Vec<FoundDrive<D>>) -> Result<Pool<D>, EngineError> {
         Pool::open_with(found, false).await
+    }
+
+    /// Like [`Pool::open_with`], but a stale drive or a drive the pool does not list (foreign,
+    /// removed, replaced, blank) is left out with a warning instead of refusing the pool; what
+    /// was left out and why is in [`Pool::ignored_drives`]. Used when drives are discovered by
+    /// scanning a directory, where a failed drive's file is still lying around.
+    pub async fn open_skipping(found: Vec<FoundDrive<D>>, force: bool) -> Result<Pool<D>, EngineError> {
+        let mut keep = Vec::new();
+        let mut ignored = Vec::new();
+        let mut superblocks = Vec::new();
+        for fd in found {
+            match read_superblock(&fd.dev).await {
+                Ok(sb) => {
+                    superblocks.push(sb);
+                    keep.push(fd);
+                }
+                Err(e) => ignored.push((fd.path, format!("no usable stria superblock ({e})"))),
+            }
+        }
+        // Keep the pool most drives belong to; check each drive against its newest metadata.
+        let mut counts: HashMap<Uuid, usize> = HashMap::new();
+        for sb in &superblocks {
+            *counts.entry(sb.pool_uuid).or_default() += 1;
+        }
+        let Some((&pool_uuid, _)) = counts.iter().max_by_key(|(u, n)| (**n, **u)) else {
+            return Err(EngineError::NoDrives);
+        };
+        let mut meta: Option<PoolMeta> = None;
+        for (sb, fd) in superblocks.iter().zip(&keep) {
+            for m in read_metadata(&fd.dev, &sb.layout).await {
+                if m.pool_uuid == pool_uuid && meta.as_ref().is_none_or(|b| m.generation > b.generation) {
+                    meta = Some(m);
+                }
+            }
+        }
+        let mut accepted = Vec::new();
+        for (sb, fd) in superblocks.into_iter().zip(keep) {
+            let reason = if sb.pool_uuid != pool_uuid {
+                Some(format!("belongs to another pool ({})", sb.pool_uuid))
+            } else {
+                match meta.as_ref().and_then(|m| m.drives.iter().find(|r| r.uuid == sb.drive_uuid)) {
+                    None => Some("not a member any more (replaced or removed)".to_string()),
+                    Some(r) if r.state == DriveState::Failed => Some(format!(
+                        "stale: the pool failed it ({})",
+                        r.failed_reason.as_deref().unwrap_or("no reason recorded")
+                    )),
+                    Some(_) => None,
+                }
+            };
+            match reason {
+                Some(r) => {
+                    tracing::warn!(path = %fd.path, reason = %r, "leaving a drive out of the pool");
+                    ignored.push((fd.path, r));
+                }
+                None => accepted.push(fd),
+            }
+        }
+        let mut pool = Pool::open_with(accepted, force).await?;
+        pool.ignored = ignored;
+        Ok(pool)
     }
 
     /// Like [`Pool::open`]; with `force`, a pool missing more drives than a majority of its

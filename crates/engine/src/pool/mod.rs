@@ -36,7 +36,7 @@ use crate::volume::{Volume, VolumeCounters};
 pub use rebuild::RebuildProgress;
 pub use recovery::RecoveryReport;
 pub use scrub::ScrubReport;
-pub use status::{DriveStatus, PoolStatus, VolumeStatus};
+pub use status::{DriveStatus, IgnoredDrive, PoolStatus, VolumeStatus};
 
 const BLOCK: u64 = 4096;
 /// Default chunk (stripe height): 64 KiB.
@@ -81,6 +81,8 @@ pub struct Pool<D: BlockDevice> {
     volumes: RwLock<BTreeMap<String, Arc<Volume<D>>>>,
     codecs: parking_lot::Mutex<HashMap<(usize, usize), Arc<ReedSolomon>>>,
     recovery: RecoveryReport,
+    /// Drives found but left out at assembly, with the reason.
+    ignored: Vec<(String, String)>,
     /// Rebuild bandwidth limit in bytes per second (0 = unlimited).
     pub(crate) rebuild_rate_bytes: AtomicU64,
     pub(crate) closed: AtomicBool,
@@ -172,6 +174,7 @@ impl<D: BlockDevice> Pool<D> {
             volumes: RwLock::new(BTreeMap::new()),
             codecs: parking_lot::Mutex::new(HashMap::new()),
             recovery,
+            ignored: Vec::new(),
             rebuild_rate_bytes: AtomicU64::new(0),
             closed: AtomicBool::new(false),
         }
@@ -185,6 +188,12 @@ impl<D: BlockDevice> Pool<D> {
     /// What recovery found and did when the pool was opened.
     pub fn recovery_report(&self) -> &RecoveryReport {
         &self.recovery
+    }
+
+    /// Drives found but left out when the pool was opened ([`Pool::open_skipping`]): (path,
+    /// reason).
+    pub fn ignored_drives(&self) -> &[(String, String)] {
+        &self.ignored
     }
 
     /// Every drive of the pool (failed and missing ones included).

@@ -120,11 +120,26 @@ impl<D: BlockDevice> Pool<D> {
     /// the last persisted cursor.
     pub async fn rebuild(&self, mut report: impl FnMut(&RebuildProgress)) -> Result<(), EngineError> {
         for vol in self.volumes() {
-            if volume_progress(&vol).is_some() {
-                self.rebuild_volume(&vol, &mut report).await?;
+            if volume_progress(&vol).is_none() {
+                continue;
             }
+            if vol.state() == crate::VolumeState::Failed {
+                // More members are gone than the layout tolerates: there is nothing to rebuild
+                // from. The volume stays failed (its lost data is not replaced by zeros).
+                tracing::warn!(
+                    volume = vol.name(),
+                    "volume is failed; its replacement members cannot be rebuilt"
+                );
+                continue;
+            }
+            self.rebuild_volume(&vol, &mut report).await?;
         }
         Ok(())
+    }
+
+    /// True when some volume has members waiting to be rebuilt and enough members to do it.
+    pub fn rebuild_pending(&self) -> bool {
+        self.volumes().iter().any(|v| volume_progress(v).is_some() && v.state() != crate::VolumeState::Failed)
     }
 
     async fn rebuild_volume(

@@ -71,6 +71,15 @@ pub struct PoolStatus {
     pub drives: Vec<DriveStatus>,
     pub volumes: Vec<VolumeStatus>,
     pub recovery: RecoveryReport,
+    /// Devices found but left out at assembly (stale, foreign, replaced): path and reason.
+    pub ignored_drives: Vec<IgnoredDrive>,
+}
+
+/// A device left out of the pool at assembly.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct IgnoredDrive {
+    pub path: String,
+    pub reason: String,
 }
 
 impl<D: BlockDevice> Pool<D> {
@@ -155,6 +164,11 @@ impl<D: BlockDevice> Pool<D> {
             drives,
             volumes,
             recovery: self.recovery.clone(),
+            ignored_drives: self
+                .ignored
+                .iter()
+                .map(|(p, r)| IgnoredDrive { path: p.clone(), reason: r.clone() })
+                .collect(),
         }
     }
 }

@@ -236,12 +236,23 @@ impl<D: BlockDevice> Volume<D> {
         let end = (offset_bytes + len_bytes).div_ceil(BLOCK);
         let map = self.map.load_full();
         let runs = map.runs(&self.geo, first, end - first);
-        let _guards = self.locks.lock(runs.iter().map(|r| (r.segment, r.row))).await;
-        let aligned =
-            offset_bytes.is_multiple_of(BLOCK) && len_bytes.is_multiple_of(BLOCK) && data.is_aligned();
-        let data = if aligned { data } else { self.merge_unaligned(first, end, offset_bytes, &data).await? };
-        self.write_runs_locked(&map, &runs, data, fua).await?;
-        self.confirm_skipped(&map, &runs).await
+        // On ec, a FUA write completes with a pool flush instead of per-drive FUA: the flush
+        // raises the transaction watermark past every older journaled write to these stripes,
+        // so recovery can never replay one over this (durable) write.
+        let ec = matches!(self.geo.layout, Layout::Ec { .. });
+        {
+            let _guards = self.locks.lock(runs.iter().map(|r| (r.segment, r.row))).await;
+            let aligned =
+                offset_bytes.is_multiple_of(BLOCK) && len_bytes.is_multiple_of(BLOCK) && data.is_aligned();
+            let data =
+                if aligned { data } else { self.merge_unaligned(first, end, offset_bytes, &data).await? };
+            self.write_runs_locked(&map, &runs, data, fua && !ec).await?;
+        }
+        self.confirm_skipped(&map, &runs).await?;
+        if fua && ec {
+            self.core.flush_all().await.map_err(|e| self.pool_error(e))?;
+        }
+        Ok(())
     }
 
     /// Before a write that skipped failed members is acknowledged, their failure must be in the
@@ -439,16 +450,28 @@ impl<D: BlockDevice> Volume<D> {
         let map = self.map.load();
         for run in map.runs(&self.geo, first, end - first) {
             let seg = &map.segments[run.segment];
-            let members: Vec<&map::Member<D>> = match self.geo.layout {
+            // Only usable members know the truth (a failed drive's table is stale, a member
+            // being rebuilt is not written yet). On ec, when the data block's own member is not
+            // usable, the block is a hole only if every usable member of its row is unwritten
+            // there: parity is non-zero whenever any data block was. Saying "allocated" when
+            // unsure is always safe; saying "hole" wrongly makes clients skip real data.
+            let own: Vec<&map::Member<D>> = match self.geo.layout {
                 Layout::Ec { .. } => vec![&seg.members[self.geo.ec_member(run.row, run.column)]],
                 _ => (0..self.geo.copies())
                     .map(|c| &seg.members[self.geo.mirror_member(run.column, c)])
                     .collect(),
             };
+            let members: Vec<&map::Member<D>> = if own.iter().any(|m| m.usable(run.row)) {
+                own.into_iter().filter(|m| m.usable(run.row)).collect()
+            } else if matches!(self.geo.layout, Layout::Ec { .. }) {
+                seg.members.iter().filter(|m| m.usable(run.row)).collect()
+            } else {
+                Vec::new()
+            };
             let block = self.geo.member_block(run.row, run.offset_in_chunk);
             for i in 0..run.blocks {
-                // A block is allocated if any live copy holds data for it.
-                let unallocated = members.iter().all(|m| m.drive.is_unwritten(m.start_block + block + i, 1));
+                let unallocated = !members.is_empty()
+                    && members.iter().all(|m| m.drive.is_unwritten(m.start_block + block + i, 1));
                 match out.last_mut() {
                     Some(e) if e.unallocated == unallocated => e.len_bytes += BLOCK,
                     _ => out.push(Extent { len_bytes: BLOCK, unallocated }),

@@ -182,3 +182,20 @@ pub async fn check_or_error(vol: &Volume<Dev>, model: &Model) -> usize {
     }
     errors
 }
+
+/// Block status never calls a block a hole when it holds data.
+pub fn check_block_status(vol: &Volume<Dev>, model: &Model) {
+    let mut at = 0u64;
+    for e in vol.block_status(0, model.bytes.len() as u64).expect("block status") {
+        if e.unallocated {
+            let range = at as usize..(at + e.len_bytes) as usize;
+            assert!(
+                model.bytes[range].iter().all(|&b| b == 0),
+                "block status calls [{at}, +{}) a hole but it holds data",
+                e.len_bytes
+            );
+        }
+        at += e.len_bytes;
+    }
+    assert_eq!(at, model.bytes.len() as u64);
+}

@@ -1,0 +1,216 @@
+//! Server configuration: limits with their defaults, and TLS.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::TlsAcceptor;
+
+/// Bounds on what clients may make the server hold. Every field has a default (see
+/// [`Limits::default`]) and is documented in `docs/nbd.md`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Open connections (handshaking or transmitting); more are accepted and closed at once.
+    pub max_connections: usize,
+    /// Requests one connection may have in flight (executing or with replies not yet sent).
+    /// Further requests are not read until one finishes.
+    pub max_requests_in_flight: usize,
+    /// Payload bytes one connection may hold in flight (write data received, read data produced
+    /// and not yet sent). A single request is always admitted when nothing else is in flight.
+    pub max_in_flight_bytes: usize,
+    /// Largest read or write payload (advertised as the maximum block size).
+    pub max_payload_bytes: u32,
+    /// Largest option payload during the handshake; a larger one closes the connection.
+    pub max_option_bytes: u32,
+    /// Options one handshake may send before the connection is closed.
+    pub max_options_per_handshake: u32,
+    /// Time from accept to the end of the handshake (including TLS).
+    pub handshake_timeout: Duration,
+    /// How long a graceful shutdown waits for connections to finish their in-flight requests.
+    pub shutdown_grace: Duration,
+    /// Most extents in one block status reply.
+    pub max_extents_per_reply: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_connections: 128,
+            max_requests_in_flight: 128,
+            max_in_flight_bytes: 64 << 20,
+            max_payload_bytes: 32 << 20,
+            max_option_bytes: 64 << 10,
+            max_options_per_handshake: 1024,
+            handshake_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(10),
+            max_extents_per_reply: 4096,
+        }
+    }
+}
+
+/// Whether and how TLS is offered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsMode {
+    /// No TLS: `NBD_OPT_STARTTLS` is answered `NBD_REP_ERR_POLICY`.
+    Off,
+    /// TLS available at the client's choice; plaintext also allowed.
+    On,
+    /// TLS required (the spec's FORCEDTLS): every option other than `STARTTLS` and `ABORT` before
+    /// TLS is answered `NBD_REP_ERR_TLS_REQD`, and `NBD_OPT_EXPORT_NAME` closes the connection.
+    Require,
+}
+
+impl std::str::FromStr for TlsMode {
+    type Err = ConfigError;
+    fn from_str(text: &str) -> Result<TlsMode, ConfigError> {
+        match text {
+            "off" => Ok(TlsMode::Off),
+            "on" => Ok(TlsMode::On),
+            "require" => Ok(TlsMode::Require),
+            other => Err(ConfigError::BadTlsMode(other.to_owned())),
+        }
+    }
+}
+
+/// TLS settings: the mode and, unless it is `Off`, the server's certificate and key.
+#[derive(Clone)]
+pub struct TlsConfig {
+    /// The mode.
+    pub mode: TlsMode,
+    /// Acceptor built from the certificate and key; required unless `mode` is `Off`.
+    pub acceptor: Option<TlsAcceptor>,
+}
+
+impl std::fmt::Debug for TlsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsConfig")
+            .field("mode", &self.mode)
+            .field("has_cert", &self.acceptor.is_some())
+            .finish()
+    }
+}
+
+impl TlsConfig {
+    /// No TLS.
+    pub fn off() -> TlsConfig {
+        TlsConfig { mode: TlsMode::Off, acceptor: None }
+    }
+
+    /// TLS in `mode` with an X.509 certificate chain and private key from PEM files.
+    pub fn from_pem_files(
+        mode: TlsMode,
+        cert_path: &Path,
+        key_path: &Path,
+    ) -> Result<TlsConfig, ConfigError> {
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_path)
+            .map_err(|err| ConfigError::Pem {
+                path: cert_path.display().to_string(),
+                reason: err.to_string(),
+            })?
+            .collect::<Result<_, _>>()
+            .map_err(|err| ConfigError::Pem {
+                path: cert_path.display().to_string(),
+                reason: err.to_string(),
+            })?;
+        if certs.is_empty() {
+            return Err(ConfigError::Pem {
+                path: cert_path.display().to_string(),
+                reason: "no certificate found".to_owned(),
+            });
+        }
+        let key = PrivateKeyDer::from_pem_file(key_path).map_err(|err| ConfigError::Pem {
+            path: key_path.display().to_string(),
+            reason: err.to_string(),
+        })?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|err| ConfigError::Tls(err.to_string()))?
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .map_err(|err| ConfigError::Tls(err.to_string()))?;
+        Ok(TlsConfig { mode, acceptor: Some(TlsAcceptor::from(Arc::new(config))) })
+    }
+}
+
+/// Everything a [`crate::Server`] needs besides its exports.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Limits.
+    pub limits: Limits,
+    /// TLS.
+    pub tls: TlsConfig,
+}
+
+impl Default for ServerConfig {
+    fn default() -> ServerConfig {
+        ServerConfig { limits: Limits::default(), tls: TlsConfig::off() }
+    }
+}
+
+/// A configuration the server cannot run with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// TLS mode is not off, on or require
+    #[error("TLS mode {0:?} is not off, on or require")]
+    BadTlsMode(String),
+    /// TLS is on but no certificate was given
+    #[error("TLS mode is on or require but no certificate and key were given")]
+    MissingCertificate,
+    /// A PEM file could not be read
+    #[error("cannot read PEM file {path}: {reason}")]
+    Pem {
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// rustls refused the certificate or key
+    #[error("TLS setup failed: {0}")]
+    Tls(String),
+    /// A limit is out of range
+    #[error("limit {name} is out of range: {reason}")]
+    BadLimit {
+        /// Which limit.
+        name: &'static str,
+        /// Why.
+        reason: &'static str,
+    },
+}
+
+impl ServerConfig {
+    /// Checks that the configuration can be served.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.tls.mode != TlsMode::Off && self.tls.acceptor.is_none() {
+            return Err(ConfigError::MissingCertificate);
+        }
+        let limits = &self.limits;
+        if limits.max_connections == 0 {
+            return Err(ConfigError::BadLimit { name: "max_connections", reason: "must be at least 1" });
+        }
+        if limits.max_requests_in_flight == 0 {
+            return Err(ConfigError::BadLimit {
+                name: "max_requests_in_flight",
+                reason: "must be at least 1",
+            });
+        }
+        if limits.max_payload_bytes < 4096 {
+            return Err(ConfigError::BadLimit { name: "max_payload_bytes", reason: "must be at least 4096" });
+        }
+        if limits.max_option_bytes < 8192 {
+            return Err(ConfigError::BadLimit {
+                name: "max_option_bytes",
+                reason: "must be at least 8192 (two 4096-byte strings)",
+            });
+        }
+        if limits.max_extents_per_reply == 0 {
+            return Err(ConfigError::BadLimit {
+                name: "max_extents_per_reply",
+                reason: "must be at least 1",
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,325 @@
+//! The server: listeners, the connection limit, TLS upgrade, graceful shutdown.
+
+use std::future::Future;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, ToSocketAddrs, UnixListener};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use crate::config::{ConfigError, ServerConfig};
+use crate::export::ExportRegistry;
+use crate::handshake::{self, HandshakeContext, HandshakeEnd, HandshakeError, Negotiated, NegotiationState};
+use crate::transmission::{self, TransmissionEnd};
+use crate::wire::SessionParams;
+
+/// A byte stream a connection can run on.
+pub trait NbdStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> NbdStream for T {}
+
+struct Inner {
+    config: ServerConfig,
+    registry: Arc<dyn ExportRegistry>,
+    connections: Arc<Semaphore>,
+    shutdown: watch::Sender<bool>,
+    listeners: Mutex<Vec<JoinHandle<()>>>,
+    unix_paths: Mutex<Vec<PathBuf>>,
+    next_connection_id: AtomicU64,
+}
+
+/// An NBD server. Cheap to clone; all clones serve the same exports under the same limits.
+#[derive(Clone)]
+pub struct Server {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server").field("config", &self.inner.config).finish()
+    }
+}
+
+/// Where a listener listens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListenAddr {
+    /// A Unix socket path.
+    Unix(PathBuf),
+    /// A TCP address.
+    Tcp(std::net::SocketAddr),
+}
+
+/// A running listener. Dropping it leaves the server running; [`ServerHandle::shutdown`] stops it.
+#[derive(Debug)]
+pub struct ServerHandle {
+    server: Server,
+    addr: ListenAddr,
+}
+
+impl ServerHandle {
+    /// The address the listener is bound to (with the real port for `:0`).
+    pub fn local_addr(&self) -> &ListenAddr {
+        &self.addr
+    }
+
+    /// The server this listener belongs to.
+    pub fn server(&self) -> &Server {
+        &self.server
+    }
+
+    /// Shuts the whole server down gracefully (see [`Server::shutdown`]).
+    pub async fn shutdown(self) {
+        self.server.shutdown().await;
+    }
+}
+
+impl Server {
+    /// A server for the exports in `registry`.
+    pub fn new(config: ServerConfig, registry: Arc<dyn ExportRegistry>) -> Result<Server, ConfigError> {
+        config.validate()?;
+        let (shutdown, _) = watch::channel(false);
+        let connections = Arc::new(Semaphore::new(config.limits.max_connections));
+        Ok(Server {
+            inner: Arc::new(Inner {
+                config,
+                registry,
+                connections,
+                shutdown,
+                listeners: Mutex::new(Vec::new()),
+                unix_paths: Mutex::new(Vec::new()),
+                next_connection_id: AtomicU64::new(1),
+            }),
+        })
+    }
+
+    /// Listens on a Unix socket at `path` (which must not exist). Call within a Tokio runtime.
+    pub fn serve_unix(&self, path: impl AsRef<Path>) -> io::Result<ServerHandle> {
+        let path = path.as_ref().to_path_buf();
+        let listener = UnixListener::bind(&path)?;
+        info!(path = %path.display(), "NBD server listening on a Unix socket");
+        lock(&self.inner.unix_paths).push(path.clone());
+        let server = self.clone();
+        let label = path.display().to_string();
+        let task = tokio::spawn(async move {
+            server
+                .accept_loop(
+                    || listener.accept(),
+                    |(stream, _addr), id| (stream, format!("unix:{label}#{id}")),
+                )
+                .await;
+        });
+        lock(&self.inner.listeners).push(task);
+        Ok(ServerHandle { server: self.clone(), addr: ListenAddr::Unix(path) })
+    }
+
+    /// Listens on TCP. Call within a Tokio runtime.
+    pub async fn serve_tcp(&self, addr: impl ToSocketAddrs) -> io::Result<ServerHandle> {
+        let listener = TcpListener::bind(addr).await?;
+        let local = listener.local_addr()?;
+        info!(%local, "NBD server listening on TCP");
+        let server = self.clone();
+        let task = tokio::spawn(async move {
+            server
+                .accept_loop(
+                    || listener.accept(),
+                    |(stream, addr), _id| {
+                        if let Err(error) = stream.set_nodelay(true) {
+                            debug!(%error, "cannot set TCP_NODELAY");
+                        }
+                        (stream, addr.to_string())
+                    },
+                )
+                .await;
+        });
+        lock(&self.inner.listeners).push(task);
+        Ok(ServerHandle { server: self.clone(), addr: ListenAddr::Tcp(local) })
+    }
+
+    async fn accept_loop<A, Fut, T, S>(&self, mut accept: A, prepare: impl Fn(T, u64) -> (S, String))
+    where
+        A: FnMut() -> Fut,
+        Fut: Future<Output = io::Result<T>>,
+        S: NbdStream,
+    {
+        let mut shutdown = self.inner.shutdown.subscribe();
+        loop {
+            let accepted = tokio::select! {
+                _ = wait_for_shutdown(&mut shutdown) => return,
+                accepted = accept() => accepted,
+            };
+            match accepted {
+                Ok(accepted) => {
+                    let id = self.inner.next_connection_id.fetch_add(1, Ordering::Relaxed);
+                    let (stream, peer) = prepare(accepted, id);
+                    match Arc::clone(&self.inner.connections).try_acquire_owned() {
+                        Ok(permit) => {
+                            let server = self.clone();
+                            tokio::spawn(async move { server.run_connection(stream, peer, permit).await });
+                        }
+                        Err(_) => {
+                            let limit = self.inner.config.limits.max_connections;
+                            warn!(peer, limit, "connection limit reached; closing the new connection");
+                        }
+                    }
+                }
+                Err(error) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    warn!(%error, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    /// Serves one already-connected stream to completion (for tests, fuzzing and socket
+    /// activation). Counts against the connection limit; returns at once if it is reached.
+    pub async fn serve_stream<S: NbdStream>(&self, stream: S, peer: impl Into<String>) {
+        let peer = peer.into();
+        match Arc::clone(&self.inner.connections).try_acquire_owned() {
+            Ok(permit) => self.run_connection(stream, peer, permit).await,
+            Err(_) => warn!(peer, "connection limit reached; closing the new connection"),
+        }
+    }
+
+    async fn run_connection<S: NbdStream>(&self, stream: S, peer: String, permit: OwnedSemaphorePermit) {
+        debug!(peer, "client connected");
+        let mut shutdown = self.inner.shutdown.subscribe();
+        let limits = &self.inner.config.limits;
+        let handshake = tokio::time::timeout(limits.handshake_timeout, self.handshake(stream));
+        let outcome = tokio::select! {
+            _ = wait_for_shutdown(&mut shutdown) => {
+                debug!(peer, "closing a handshaking connection for shutdown");
+                return;
+            }
+            outcome = handshake => outcome,
+        };
+        let upgraded = match outcome {
+            Err(_) => {
+                warn!(peer, timeout_ms = limits.handshake_timeout.as_millis(), "handshake timed out");
+                return;
+            }
+            Ok(Err(error)) => {
+                handshake::log_handshake_error(&peer, &error);
+                return;
+            }
+            Ok(Ok(None)) => {
+                debug!(peer, "client aborted the handshake");
+                return;
+            }
+            Ok(Ok(Some(upgraded))) => upgraded,
+        };
+        match upgraded {
+            Upgraded::Plain(stream, negotiated) => self.transmit(stream, negotiated, &peer, false).await,
+            Upgraded::Tls(stream, negotiated) => self.transmit(*stream, negotiated, &peer, true).await,
+        }
+        drop(permit);
+    }
+
+    async fn handshake<S: NbdStream>(&self, mut stream: S) -> Result<Option<Upgraded<S>>, HandshakeError> {
+        let tls = &self.inner.config.tls;
+        let ctx = HandshakeContext {
+            limits: &self.inner.config.limits,
+            tls_mode: tls.mode,
+            registry: self.inner.registry.as_ref(),
+        };
+        let mut state =
+            NegotiationState { no_zeroes: handshake::greet(&mut stream).await?, ..Default::default() };
+        match handshake::negotiate(&mut stream, &mut state, &ctx).await? {
+            HandshakeEnd::Transmission(negotiated) => Ok(Some(Upgraded::Plain(stream, negotiated))),
+            HandshakeEnd::Aborted => Ok(None),
+            HandshakeEnd::StartTls => {
+                let acceptor =
+                    tls.acceptor.as_ref().expect("STARTTLS is acknowledged only with a certificate");
+                let mut stream = acceptor.accept(stream).await?;
+                state.start_tls();
+                match handshake::negotiate(&mut stream, &mut state, &ctx).await? {
+                    HandshakeEnd::Transmission(negotiated) => {
+                        Ok(Some(Upgraded::Tls(Box::new(stream), negotiated)))
+                    }
+                    HandshakeEnd::Aborted => Ok(None),
+                    HandshakeEnd::StartTls => unreachable!("a second STARTTLS is refused inside negotiate"),
+                }
+            }
+        }
+    }
+
+    async fn transmit<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        stream: S,
+        negotiated: Negotiated,
+        peer: &str,
+        tls: bool,
+    ) {
+        let export = Arc::clone(&negotiated.named.export);
+        let session = SessionParams {
+            size_bytes: export.size_bytes(),
+            read_only: export.read_only(),
+            structured: negotiated.structured,
+            block_status: negotiated.block_status,
+            max_payload_bytes: self.inner.config.limits.max_payload_bytes,
+        };
+        let name = negotiated.named.name.as_str();
+        info!(
+            peer,
+            export = name,
+            tls,
+            structured = session.structured,
+            block_status = session.block_status,
+            "client entered transmission"
+        );
+        let mut shutdown = self.inner.shutdown.subscribe();
+        let limits = &self.inner.config.limits;
+        let (end, requests) =
+            transmission::run(stream, export.as_ref(), session, limits, wait_for_shutdown(&mut shutdown))
+                .await;
+        match end {
+            TransmissionEnd::Protocol(error) => {
+                warn!(peer, export = name, requests, %error, "client disconnected: protocol error")
+            }
+            TransmissionEnd::Io(error) => {
+                info!(peer, export = name, requests, %error, "client disconnected: connection broke")
+            }
+            other => info!(peer, export = name, requests, reason = ?other, "client disconnected"),
+        }
+    }
+
+    /// Stops accepting, closes handshaking connections, lets transmitting connections finish
+    /// their in-flight requests (within `limits.shutdown_grace`), flushes their exports, and
+    /// returns when every connection is closed. Removes the Unix socket files it created.
+    pub async fn shutdown(&self) {
+        self.inner.shutdown.send_replace(true);
+        let listeners: Vec<JoinHandle<()>> = std::mem::take(&mut *lock(&self.inner.listeners));
+        for listener in listeners {
+            let _ = listener.await;
+        }
+        for path in std::mem::take(&mut *lock(&self.inner.unix_paths)) {
+            let _ = std::fs::remove_file(&path);
+        }
+        let all = u32::try_from(self.inner.config.limits.max_connections).unwrap_or(u32::MAX);
+        let grace = self.inner.config.limits.shutdown_grace + std::time::Duration::from_secs(2);
+        match tokio::time::timeout(grace, self.inner.connections.acquire_many(all)).await {
+            Ok(Ok(permits)) => drop(permits),
+            Ok(Err(_)) => {}
+            Err(_) => warn!("connections still open after the shutdown grace period"),
+        }
+        info!("NBD server stopped");
+    }
+}
+
+enum Upgraded<S> {
+    Plain(S, Negotiated),
+    Tls(Box<tokio_rustls::server::TlsStream<S>>, Negotiated),
+}
+
+async fn wait_for_shutdown(shutdown: &mut watch::Receiver<bool>) {
+    // An error means the server is gone, which is a shutdown too.
+    let _ = shutdown.wait_for(|stopping| *stopping).await;
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}

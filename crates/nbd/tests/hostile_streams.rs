@@ -1,0 +1,278 @@
+//! Malformed streams, limits, disconnects with replies in flight, graceful shutdown, over real
+//! Unix sockets where it matters.
+#![allow(clippy::cast_possible_truncation)] // test inputs are small, known sizes
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Client, Reply, connect, fixture, fixture_with};
+use stria_nbd::proto::cmd;
+use stria_nbd::{Limits, ListenAddr};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+fn socket_path(tag: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("stria-nbd-test-{}-{tag}.sock", std::process::id()))
+}
+
+async fn unix_client(path: &std::path::Path) -> Client<UnixStream> {
+    Client { stream: UnixStream::connect(path).await.unwrap() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_stream_closes_only_that_connection() {
+    let fx = fixture();
+    let path = socket_path("malformed");
+    let handle = fx.server.serve_unix(&path).unwrap();
+    assert_eq!(handle.local_addr(), &ListenAddr::Unix(path.clone()));
+
+    let mut good = unix_client(&path).await;
+    good.handshake("disk", true, false).await;
+    let mut evil = unix_client(&path).await;
+    evil.handshake("disk", false, false).await;
+    // Garbage instead of a request header.
+    evil.stream.write_all(&[0xde; 64]).await.unwrap();
+    assert!(evil.is_closed().await);
+    // A write announcing more than the payload limit.
+    let mut evil = unix_client(&path).await;
+    evil.handshake("disk", false, false).await;
+    evil.send_request(cmd::WRITE, 0, 1, 0, u32::MAX, &[]).await;
+    assert!(evil.is_closed().await);
+    // A client that stops in the middle of a write payload.
+    let mut evil = unix_client(&path).await;
+    evil.handshake("disk", false, false).await;
+    evil.send_request(cmd::WRITE, 0, 1, 0, 4096, &[1; 100]).await;
+    drop(evil);
+
+    for cookie in 0..100u64 {
+        good.send_request(cmd::WRITE, 0, cookie, cookie * 512, 512, &[cookie as u8; 512]).await;
+        assert_eq!(good.read_reply().await, Reply::Simple { cookie, error: 0 });
+    }
+    handle.shutdown().await;
+    assert!(!path.exists(), "socket file removed at shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_vanishing_with_replies_in_flight_does_not_hurt_the_server() {
+    let fx = fixture();
+    let path = socket_path("vanish");
+    let handle = fx.server.serve_unix(&path).unwrap();
+    for round in 0..20 {
+        let mut c = unix_client(&path).await;
+        c.handshake("disk", round % 2 == 0, false).await;
+        let mut batch = Vec::new();
+        for cookie in 0..64u64 {
+            batch.extend_from_slice(&stria_nbd::proto::REQUEST_MAGIC.to_be_bytes());
+            batch.extend_from_slice(&0u16.to_be_bytes());
+            batch.extend_from_slice(&cmd::READ.to_be_bytes());
+            batch.extend_from_slice(&cookie.to_be_bytes());
+            batch.extend_from_slice(&(cookie * 65536 % common::DISK_BYTES).to_be_bytes());
+            batch.extend_from_slice(&65536u32.to_be_bytes());
+        }
+        c.stream.write_all(&batch).await.unwrap();
+        if round % 3 == 0 {
+            let mut some = [0u8; 100];
+            let _ = c.stream.read(&mut some).await;
+        }
+        drop(c);
+    }
+    // The server still serves.
+    let mut c = unix_client(&path).await;
+    c.handshake("disk", false, false).await;
+    c.send_request(cmd::FLUSH, 0, 9, 0, 0, &[]).await;
+    assert_eq!(c.read_reply().await, Reply::Simple { cookie: 9, error: 0 });
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn in_flight_limits_bound_what_a_client_can_queue() {
+    let limits = Limits { max_requests_in_flight: 4, max_in_flight_bytes: 64 << 10, ..Limits::default() };
+    let fx = fixture_with(limits);
+    // A small pipe: the server can only make progress as fast as the client reads.
+    let (client, server_side) = tokio::io::duplex(8 << 10);
+    let server = fx.server.clone();
+    tokio::spawn(async move { server.serve_stream(server_side, "limits").await });
+    let mut c = Client { stream: client };
+    c.handshake("disk", false, false).await;
+    let (mut reader, mut writer) = tokio::io::split(c.stream);
+    let sender = tokio::spawn(async move {
+        for cookie in 0..500u64 {
+            let mut request = stria_nbd::proto::REQUEST_MAGIC.to_be_bytes().to_vec();
+            request.extend_from_slice(&0u16.to_be_bytes());
+            request.extend_from_slice(&cmd::READ.to_be_bytes());
+            request.extend_from_slice(&cookie.to_be_bytes());
+            request.extend_from_slice(&0u64.to_be_bytes());
+            request.extend_from_slice(&32768u32.to_be_bytes());
+            writer.write_all(&request).await.unwrap();
+        }
+        writer
+    });
+    // Do not read for a while: the server must stall rather than buffer 500 x 32 KiB.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut seen = 0;
+    let mut header = [0u8; 16];
+    while seen < 500 {
+        reader.read_exact(&mut header).await.unwrap();
+        assert_eq!(&header[4..8], &[0, 0, 0, 0]);
+        let mut data = vec![0u8; 32768];
+        reader.read_exact(&mut data).await.unwrap();
+        seen += 1;
+    }
+    sender.await.unwrap();
+}
+
+#[tokio::test]
+async fn connection_limit_refuses_extra_connections() {
+    let fx = fixture_with(Limits { max_connections: 1, ..Limits::default() });
+    let mut first = connect(&fx.server);
+    first.handshake("disk", false, false).await;
+    let mut second = connect(&fx.server);
+    let mut byte = [0u8; 1];
+    assert_eq!(second.stream.read(&mut byte).await.unwrap(), 0, "second connection must be closed");
+    first.send_request(cmd::FLUSH, 0, 1, 0, 0, &[]).await;
+    assert_eq!(first.read_reply().await.error(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_finishes_in_flight_work_and_flushes() {
+    let fx = fixture();
+    let path = socket_path("shutdown");
+    let handle = fx.server.serve_unix(&path).unwrap();
+    let mut c = unix_client(&path).await;
+    c.handshake("disk", false, false).await;
+    c.send_request(cmd::WRITE, 0, 1, 0, 4, b"data").await;
+    assert_eq!(c.read_reply().await.error(), 0);
+    let mut idle = unix_client(&path).await;
+    idle.greet(1).await; // stays in the handshake
+    let flushes = fx.disk.flush_count();
+    tokio::time::timeout(Duration::from_secs(10), handle.shutdown()).await.expect("shutdown finishes");
+    assert!(fx.disk.flush_count() > flushes, "export flushed at shutdown");
+    assert!(c.is_closed().await);
+    assert!(idle.is_closed().await);
+    assert!(UnixStream::connect(&path).await.is_err(), "no longer accepting");
+}
+
+#[tokio::test]
+async fn tcp_listener_serves() {
+    let fx = fixture();
+    let handle = fx.server.serve_tcp("127.0.0.1:0").await.unwrap();
+    let ListenAddr::Tcp(addr) = handle.local_addr().clone() else { panic!("tcp address expected") };
+    let mut c = Client { stream: tokio::net::TcpStream::connect(addr).await.unwrap() };
+    c.handshake("disk", true, true).await;
+    c.send_request(cmd::READ, 0, 1, 0, 4096, &[]).await;
+    let Reply::Chunk { payload, .. } = c.read_reply().await else { panic!() };
+    assert_eq!(payload.len(), 8 + 4096);
+    handle.shutdown().await;
+}
+
+/// An export whose reads wait for a gate to open, counting how many were started.
+struct GatedExport {
+    inner: stria_nbd::MemExport,
+    started: std::sync::atomic::AtomicUsize,
+    open: tokio::sync::watch::Receiver<bool>,
+}
+
+impl stria_nbd::Export for GatedExport {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn description(&self) -> Option<String> {
+        None
+    }
+    fn preferred_block_bytes(&self) -> u32 {
+        4096
+    }
+    fn can_fast_zero(&self) -> bool {
+        true
+    }
+    fn read(
+        &self,
+        offset: u64,
+        len: u32,
+    ) -> stria_nbd::BoxFuture<'_, Result<stria_dev::IoBuf, stria_nbd::ExportError>> {
+        self.started.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut open = self.open.clone();
+        Box::pin(async move {
+            let _ = open.wait_for(|open| *open).await;
+            self.inner.read(offset, len).await
+        })
+    }
+    fn write(
+        &self,
+        o: u64,
+        d: stria_dev::IoBytes,
+        f: bool,
+    ) -> stria_nbd::BoxFuture<'_, Result<(), stria_nbd::ExportError>> {
+        self.inner.write(o, d, f)
+    }
+    fn write_zeroes(
+        &self,
+        o: u64,
+        l: u32,
+        t: bool,
+        f: bool,
+    ) -> stria_nbd::BoxFuture<'_, Result<(), stria_nbd::ExportError>> {
+        self.inner.write_zeroes(o, l, t, f)
+    }
+    fn trim(&self, o: u64, l: u32, f: bool) -> stria_nbd::BoxFuture<'_, Result<(), stria_nbd::ExportError>> {
+        self.inner.trim(o, l, f)
+    }
+    fn flush(&self) -> stria_nbd::BoxFuture<'_, Result<(), stria_nbd::ExportError>> {
+        self.inner.flush()
+    }
+    fn cache(&self, o: u64, l: u32) -> stria_nbd::BoxFuture<'_, Result<(), stria_nbd::ExportError>> {
+        self.inner.cache(o, l)
+    }
+    fn block_status(
+        &self,
+        o: u64,
+        l: u32,
+    ) -> stria_nbd::BoxFuture<'_, Result<Vec<stria_nbd::Extent>, stria_nbd::ExportError>> {
+        self.inner.block_status(o, l)
+    }
+}
+
+#[tokio::test]
+async fn requests_beyond_the_in_flight_limit_are_not_started_and_vanished_clients_finish() {
+    let (gate, open) = tokio::sync::watch::channel(false);
+    let export = std::sync::Arc::new(GatedExport {
+        inner: stria_nbd::MemExport::new(1 << 20),
+        started: std::sync::atomic::AtomicUsize::new(0),
+        open,
+    });
+    let exports = std::sync::Arc::new(stria_nbd::ExportMap::new());
+    exports.insert("gated", export.clone()).unwrap();
+    let limits = Limits { max_requests_in_flight: 8, ..Limits::default() };
+    let server =
+        stria_nbd::Server::new(stria_nbd::ServerConfig { limits, ..Default::default() }, exports).unwrap();
+    let mut c = connect(&server);
+    c.handshake("gated", false, false).await;
+    for cookie in 0..100u64 {
+        c.send_request(cmd::READ, 0, cookie, cookie * 4096, 4096, &[]).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(export.started.load(std::sync::atomic::Ordering::SeqCst), 8, "only the limit is started");
+    gate.send_replace(true);
+    for _ in 0..100 {
+        assert_eq!(c.read_reply().await.error(), 0);
+        c.read_exact_data(4096).await;
+    }
+    // A client that leaves while its reads wait: the server finishes them and moves on.
+    gate.send_replace(false);
+    let mut c = connect(&server);
+    c.handshake("gated", false, false).await;
+    for cookie in 0..8u64 {
+        c.send_request(cmd::READ, 0, cookie, 0, 4096, &[]).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(c);
+    gate.send_replace(true);
+    let mut c = connect(&server);
+    c.handshake("gated", false, false).await;
+    c.send_request(cmd::FLUSH, 0, 1, 0, 0, &[]).await;
+    assert_eq!(c.read_reply().await.error(), 0);
+}

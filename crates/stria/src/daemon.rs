@@ -1,0 +1,215 @@
+//! `stria serve`: owns a pool, exports its volumes over NBD, answers the control socket, runs
+//! rebuilds and housekeeping, and shuts down cleanly on SIGTERM/SIGINT.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use stria_dev::FileDevice;
+use stria_engine::{Pool, VolumeRole};
+use stria_nbd::{ExportMap, Server, ServerConfig, TlsConfig, TlsMode};
+use tokio::net::UnixListener;
+
+use crate::control;
+use crate::export::VolumeExport;
+use crate::ops::{self, Ctx};
+use crate::pooldir::PoolDir;
+
+/// Where the NBD server listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum NbdAddr {
+    Unix(PathBuf),
+    Tcp(String),
+}
+
+impl std::str::FromStr for NbdAddr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<NbdAddr, String> {
+        if let Some(p) = s.strip_prefix("unix:") {
+            return Ok(NbdAddr::Unix(PathBuf::from(p)));
+        }
+        if let Some(a) = s.strip_prefix("tcp:") {
+            if a.parse::<std::net::SocketAddr>().is_err() && !a.contains(':') {
+                return Err(format!("`{s}`: expected tcp:HOST:PORT, e.g. tcp:127.0.0.1:10809"));
+            }
+            return Ok(NbdAddr::Tcp(a.to_string()));
+        }
+        Err(format!("`{s}`: expected unix:PATH or tcp:HOST:PORT"))
+    }
+}
+
+/// Options of `stria serve`.
+#[derive(Debug, Clone)]
+pub(crate) struct ServeOptions {
+    pub(crate) nbd: Vec<NbdAddr>,
+    pub(crate) tls_mode: TlsMode,
+    pub(crate) tls_cert: Option<PathBuf>,
+    pub(crate) tls_key: Option<PathBuf>,
+    pub(crate) force: bool,
+    pub(crate) rebuild_rate_bytes: u64,
+}
+
+/// Makes the export map match the pool's volumes (plain volumes are exported by name).
+fn sync_exports(pool: &Pool<FileDevice>, exports: &ExportMap) {
+    let meta = pool.meta();
+    let wanted: Vec<String> =
+        meta.volumes.iter().filter(|v| v.role == VolumeRole::Plain).map(|v| v.name.clone()).collect();
+    for name in stria_nbd::ExportRegistry::names(exports) {
+        if !wanted.contains(&name) {
+            exports.remove(&name);
+            tracing::info!(volume = %name, "export removed");
+        }
+    }
+    for name in wanted {
+        if stria_nbd::ExportRegistry::lookup(exports, &name).is_some_and(|e| e.name == name) {
+            continue;
+        }
+        if let Some(volume) = pool.volume(&name) {
+            let _ = exports.insert(&name, Arc::new(VolumeExport { volume }));
+            tracing::info!(volume = %name, "export added");
+        }
+    }
+}
+
+fn remove_stale_socket(path: &Path) -> Result<()> {
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            bail!("{} is in use by another server", path.display());
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Runs the daemon until SIGTERM or SIGINT.
+pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnce(&[String])) -> Result<()> {
+    let _lock = dir.lock()?;
+    let pool = Arc::new(dir.open_pool(opts.force).await?);
+    pool.set_rebuild_rate(opts.rebuild_rate_bytes);
+    let report = pool.recovery_report();
+    if report.journal_txns_replayed + report.rows_resynced > 0 {
+        tracing::warn!(?report, "recovered from an unclean stop");
+    }
+    let exports = Arc::new(ExportMap::new());
+    sync_exports(&pool, &exports);
+
+    let tls = match (opts.tls_mode, &opts.tls_cert, &opts.tls_key) {
+        (TlsMode::Off, _, _) => TlsConfig::off(),
+        (mode, Some(cert), Some(key)) => TlsConfig::from_pem_files(mode, cert, key)?,
+        _ => bail!("--tls on/require needs --tls-cert and --tls-key"),
+    };
+    let server = Server::new(ServerConfig { tls, ..ServerConfig::default() }, exports.clone())?;
+    let mut handles = Vec::new();
+    let mut uris = Vec::new();
+    let addrs =
+        if opts.nbd.is_empty() { vec![NbdAddr::Tcp("127.0.0.1:10809".into())] } else { opts.nbd.clone() };
+    for addr in &addrs {
+        match addr {
+            NbdAddr::Unix(path) => {
+                remove_stale_socket(path)?;
+                handles.push(
+                    server
+                        .serve_unix(path)
+                        .with_context(|| format!("cannot listen on {}", path.display()))?,
+                );
+                let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+                uris.push(format!("nbd+unix:///VOLUME?socket={}", abs.display()));
+            }
+            NbdAddr::Tcp(a) => {
+                let h =
+                    server.serve_tcp(a.as_str()).await.with_context(|| format!("cannot listen on {a}"))?;
+                if let stria_nbd::ListenAddr::Tcp(sa) = h.local_addr() {
+                    uris.push(format!("nbd://{sa}/VOLUME"));
+                }
+                handles.push(h);
+            }
+        }
+    }
+
+    let control_path = dir.control_socket();
+    remove_stale_socket(&control_path)?;
+    let listener = UnixListener::bind(&control_path)
+        .with_context(|| format!("cannot bind {}", control_path.display()))?;
+    let handler: control::Handler = {
+        let pool = Arc::clone(&pool);
+        let dir = dir.clone();
+        let exports = Arc::clone(&exports);
+        Arc::new(move |request, tx| {
+            let pool = Arc::clone(&pool);
+            let dir = dir.clone();
+            let exports = Arc::clone(&exports);
+            Box::pin(async move {
+                let resync = request.changes_volumes();
+                let ctx = Ctx { pool: &pool, dir: &dir, daemon: true };
+                let result = ops::execute(&ctx, request, &mut |p| {
+                    let _ = tx.send(p);
+                })
+                .await;
+                if resync {
+                    sync_exports(&pool, &exports);
+                }
+                result
+            })
+        })
+    };
+    let control_task = tokio::spawn(control::serve(listener, handler));
+
+    let housekeeping = {
+        let pool = Arc::clone(&pool);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(2));
+            let mut retry_at = tokio::time::Instant::now();
+            loop {
+                tick.tick().await;
+                if let Err(e) = pool.tick().await {
+                    tracing::error!(error = %e, "housekeeping failed");
+                }
+                if pool.rebuild_pending() && tokio::time::Instant::now() >= retry_at {
+                    tracing::info!("rebuild starting");
+                    let mut last = std::time::Instant::now();
+                    let result = pool
+                        .rebuild(|p| {
+                            if last.elapsed() > Duration::from_secs(5) {
+                                tracing::info!(volume = %p.volume, done = p.rows_done, total = p.rows_total, "rebuilding");
+                                last = std::time::Instant::now();
+                            }
+                        })
+                        .await;
+                    match result {
+                        Ok(()) => tracing::info!("rebuild finished"),
+                        Err(e) => {
+                            tracing::error!(error = %e, "rebuild stopped; retrying in a minute");
+                            retry_at = tokio::time::Instant::now() + Duration::from_secs(60);
+                        }
+                    }
+                }
+            }
+        })
+    };
+
+    on_ready(&uris);
+    wait_for_signal().await?;
+    tracing::info!("shutting down: no new connections, finishing requests in flight");
+    housekeeping.abort();
+    control_task.abort();
+    for h in handles {
+        h.shutdown().await;
+    }
+    pool.close().await.context("flushing the pool on shutdown")?;
+    let _ = std::fs::remove_file(&control_path);
+    tracing::info!("pool closed cleanly");
+    Ok(())
+}
+
+async fn wait_for_signal() -> Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM"),
+        _ = int.recv() => tracing::info!("SIGINT"),
+    }
+    Ok(())
+}

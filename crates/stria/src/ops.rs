@@ -1,0 +1,368 @@
+//! Pool operations: one implementation, run either in this process (pool opened locally) or in
+//! the daemon (sent over the control socket). Requests and results are JSON.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use stria_dev::{FileDevice, IoBytes};
+use stria_engine::units::format_size;
+use stria_engine::{
+    DEFAULT_CHUNK_BYTES, DriveClass, DriveState, Layout, NewDrive, Pool, VolumeRole, VolumeSpec,
+};
+
+use crate::pooldir::PoolDir;
+
+/// Bytes moved per request by import/export.
+const COPY_STEP_BYTES: usize = 4 << 20;
+
+/// What a client asks of the pool.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub(crate) enum Request {
+    Status,
+    VolumeCreate {
+        name: String,
+        size_bytes: u64,
+        layout: String,
+        chunk_bytes: Option<u64>,
+        class: Option<DriveClass>,
+    },
+    VolumeShow {
+        name: String,
+    },
+    VolumeResize {
+        name: String,
+        size_bytes: u64,
+    },
+    VolumeDelete {
+        name: String,
+    },
+    VolumeImport {
+        name: String,
+        path: PathBuf,
+    },
+    VolumeExport {
+        name: String,
+        path: PathBuf,
+    },
+    DriveFail {
+        drive: String,
+    },
+    DriveReplace {
+        drive: String,
+        new_path: Option<PathBuf>,
+        domain: Option<String>,
+    },
+    RebuildRate {
+        bytes_per_sec: u64,
+    },
+    Scrub {
+        name: String,
+    },
+}
+
+impl Request {
+    /// True when the request changes which volumes exist (the daemon re-syncs its exports).
+    pub(crate) fn changes_volumes(&self) -> bool {
+        matches!(
+            self,
+            Request::VolumeCreate { .. } | Request::VolumeDelete { .. } | Request::VolumeResize { .. }
+        )
+    }
+}
+
+/// Progress of a long operation.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Progress {
+    pub(crate) what: String,
+    pub(crate) done: u64,
+    pub(crate) total: u64,
+}
+
+/// Where the request runs.
+pub(crate) struct Ctx<'a> {
+    pub(crate) pool: &'a Arc<Pool<FileDevice>>,
+    pub(crate) dir: &'a PoolDir,
+    /// In the daemon, rebuilds run in the background instead of in the request.
+    pub(crate) daemon: bool,
+}
+
+/// Parses a layout name against the pool (`raid0[:W]`, `raid1[:N]`, `raid10[:WxN]`, `ec:K+M`).
+pub(crate) fn parse_layout(text: &str, drives_in_class: u32) -> Result<Layout> {
+    let t = text.trim().to_ascii_lowercase();
+    let num = |s: &str, what: &str| {
+        s.parse::<u32>().map_err(|_| anyhow!("layout `{text}`: {what} `{s}` is not a number"))
+    };
+    let layout = if t == "raid0" {
+        Layout::Raid0 { width: drives_in_class.max(1) }
+    } else if let Some(w) = t.strip_prefix("raid0:") {
+        Layout::Raid0 { width: num(w, "width")? }
+    } else if t == "raid1" {
+        Layout::Raid1 { copies: 2 }
+    } else if let Some(n) = t.strip_prefix("raid1:") {
+        Layout::Raid1 { copies: num(n, "copies")? }
+    } else if t == "raid10" {
+        Layout::Raid10 { width: (drives_in_class / 2).max(1), copies: 2 }
+    } else if let Some(wn) = t.strip_prefix("raid10:") {
+        let (w, n) = wn
+            .split_once('x')
+            .ok_or_else(|| anyhow!("layout `{text}`: expected raid10:WxN, e.g. raid10:3x2"))?;
+        Layout::Raid10 { width: num(w, "width")?, copies: num(n, "copies")? }
+    } else if let Some(km) = t.strip_prefix("ec:") {
+        let (k, m) =
+            km.split_once('+').ok_or_else(|| anyhow!("layout `{text}`: expected ec:K+M, e.g. ec:4+2"))?;
+        Layout::Ec { data_shards: num(k, "K")?, parity_shards: num(m, "M")? }
+    } else {
+        bail!(
+            "unknown layout `{text}`: use raid0, raid1, raid10, ec:K+M (e.g. ec:4+2), or raid0:W, raid1:N, raid10:WxN"
+        );
+    };
+    layout.validate().map_err(|e| anyhow!(e))?;
+    Ok(layout)
+}
+
+fn active_in_class(pool: &Pool<FileDevice>, class: DriveClass) -> u32 {
+    let n = pool.meta().drives.iter().filter(|d| d.class == class && d.state == DriveState::Active).count();
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The class a volume goes on when none is given: capacity drives if the pool has any.
+fn default_class(pool: &Pool<FileDevice>) -> DriveClass {
+    if active_in_class(pool, DriveClass::Capacity) > 0 { DriveClass::Capacity } else { DriveClass::Fast }
+}
+
+/// Finds a drive by slot number or by path.
+fn find_drive(pool: &Pool<FileDevice>, id: &str) -> Result<u32> {
+    let meta = pool.meta();
+    if let Ok(slot) = id.parse::<u32>()
+        && meta.drive(slot).is_some()
+    {
+        return Ok(slot);
+    }
+    let wanted = std::fs::canonicalize(id).unwrap_or_else(|_| PathBuf::from(id));
+    for d in &meta.drives {
+        let hint = std::fs::canonicalize(&d.path_hint).unwrap_or_else(|_| PathBuf::from(&d.path_hint));
+        if hint == wanted {
+            return Ok(d.slot);
+        }
+    }
+    let known: Vec<String> = meta.drives.iter().map(|d| format!("{} ({})", d.slot, d.path_hint)).collect();
+    bail!("no drive `{id}` in the pool; drives are: {}", known.join(", "))
+}
+
+/// Runs a request.
+pub(crate) async fn execute(
+    ctx: &Ctx<'_>,
+    req: Request,
+    progress: &mut (dyn FnMut(Progress) + Send),
+) -> Result<Value> {
+    let pool = ctx.pool;
+    match req {
+        Request::Status => Ok(serde_json::to_value(pool.status())?),
+        Request::VolumeCreate { name, size_bytes, layout, chunk_bytes, class } => {
+            let class = class.unwrap_or_else(|| default_class(pool));
+            let layout = parse_layout(&layout, active_in_class(pool, class))?;
+            let spec = VolumeSpec {
+                name: name.clone(),
+                size_bytes: size_bytes.next_multiple_of(4096),
+                layout,
+                chunk_bytes: chunk_bytes.unwrap_or(DEFAULT_CHUNK_BYTES),
+                class,
+                role: VolumeRole::Plain,
+            };
+            pool.create_volume(spec).await?;
+            volume_show(pool, &name)
+        }
+        Request::VolumeShow { name } => volume_show(pool, &name),
+        Request::VolumeResize { name, size_bytes } => {
+            pool.resize_volume(&name, size_bytes.next_multiple_of(4096)).await?;
+            volume_show(pool, &name)
+        }
+        Request::VolumeDelete { name } => {
+            pool.delete_volume(&name).await?;
+            Ok(json!({ "deleted": name }))
+        }
+        Request::VolumeImport { name, path } => import(pool, &name, &path, progress).await,
+        Request::VolumeExport { name, path } => export(pool, &name, &path, progress).await,
+        Request::DriveFail { drive } => {
+            let slot = find_drive(pool, &drive)?;
+            pool.fail_drive(slot, "failed by the operator (drive fail)").await?;
+            Ok(json!({ "failed": slot }))
+        }
+        Request::DriveReplace { drive, new_path, domain } => {
+            let slot = find_drive(pool, &drive)?;
+            let new_slot = replace(ctx, slot, new_path, domain).await?;
+            if !ctx.daemon {
+                pool.rebuild(|p| {
+                    progress(Progress {
+                        what: format!("rebuild {}", p.volume),
+                        done: p.rows_done,
+                        total: p.rows_total,
+                    })
+                })
+                .await?;
+            }
+            Ok(
+                json!({ "replaced": slot, "new_drive": new_slot, "rebuild": if ctx.daemon { "running in the daemon" } else { "done" } }),
+            )
+        }
+        Request::RebuildRate { bytes_per_sec } => {
+            pool.set_rebuild_rate(bytes_per_sec);
+            Ok(json!({ "rebuild_rate_bytes_per_sec": bytes_per_sec }))
+        }
+        Request::Scrub { name } => {
+            let report = pool
+                .scrub(&name, |done, total| progress(Progress { what: format!("scrub {name}"), done, total }))
+                .await?;
+            Ok(serde_json::to_value(report)?)
+        }
+    }
+}
+
+fn volume_show(pool: &Pool<FileDevice>, name: &str) -> Result<Value> {
+    let status = pool.status();
+    let vol =
+        status.volumes.iter().find(|v| v.name == name).ok_or_else(|| anyhow!("no volume named `{name}`"))?;
+    let meta = pool.meta();
+    let rec = meta.volume(name).ok_or_else(|| anyhow!("no volume named `{name}`"))?;
+    let segments: Vec<Value> = rec
+        .segments
+        .iter()
+        .map(|s| {
+            json!({
+                "rows": s.rows,
+                "members": s.members.iter().map(|m| json!({
+                    "drive": m.slot,
+                    "start_block": m.start_block,
+                    "blocks": s.rows * u64::from(rec.chunk_blocks),
+                    "rebuild_cursor_rows": m.rebuild_cursor_rows,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let mut v = serde_json::to_value(vol)?;
+    v["segments"] = Value::Array(segments);
+    Ok(v)
+}
+
+async fn replace(ctx: &Ctx<'_>, slot: u32, new_path: Option<PathBuf>, domain: Option<String>) -> Result<u32> {
+    let pool = ctx.pool;
+    let meta = pool.meta();
+    let old = meta.drive(slot).ok_or_else(|| anyhow!("no drive {slot}"))?.clone();
+    let old_bytes = pool
+        .drives()
+        .iter()
+        .find(|d| d.slot() == slot)
+        .map(|d| d.superblock().layout.drive_bytes)
+        .unwrap_or(old.data_blocks * 4096);
+    let path = match new_path {
+        Some(p) => p,
+        None => {
+            let mut i = meta.next_slot;
+            loop {
+                let p = ctx.dir.drives_dir().join(format!("{}-{i}.img", old.class));
+                if !p.exists() {
+                    break p;
+                }
+                i += 1;
+            }
+        }
+    };
+    let (dev, fresh) = if path.exists() {
+        (
+            FileDevice::open(&path, &stria_dev::FileOptions::default())
+                .with_context(|| format!("cannot open {}", path.display()))?,
+            false,
+        )
+    } else {
+        let dev = FileDevice::create(&path, old_bytes)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        (dev, true)
+    };
+    let nd = NewDrive {
+        dev,
+        path: path.display().to_string(),
+        class: old.class,
+        domain: domain.unwrap_or_default(),
+        fresh,
+    };
+    let new_slot = pool.replace_drive(slot, nd).await?;
+    ctx.dir.add_device(&path)?;
+    // A replaced drive file of ours is renamed out of the way (kept, not deleted).
+    let old_path = PathBuf::from(&old.path_hint);
+    if old_path.starts_with(ctx.dir.drives_dir()) && old_path.exists() {
+        let _ = std::fs::rename(&old_path, old_path.with_extension("img.replaced"));
+    }
+    Ok(new_slot)
+}
+
+async fn import(
+    pool: &Pool<FileDevice>,
+    name: &str,
+    path: &PathBuf,
+    progress: &mut (dyn FnMut(Progress) + Send),
+) -> Result<Value> {
+    let vol = pool.volume(name).ok_or_else(|| anyhow!("no volume named `{name}`"))?;
+    let mut file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let len = file.metadata()?.len();
+    if len > vol.size_bytes() {
+        bail!(
+            "{} is {} but volume {name} is {}; resize the volume first (stria volume resize {name} --size {})",
+            path.display(),
+            format_size(len),
+            format_size(vol.size_bytes()),
+            len
+        );
+    }
+    let mut buf = vec![0u8; COPY_STEP_BYTES];
+    let mut at = 0u64;
+    let mut zeroed = 0u64;
+    while at < len {
+        let n = usize::try_from(len - at).unwrap_or(usize::MAX).min(COPY_STEP_BYTES);
+        file.read_exact(&mut buf[..n])?;
+        if buf[..n].iter().all(|&b| b == 0) {
+            vol.write_zeroes(at, n as u64, false, false).await?;
+            zeroed += n as u64;
+        } else {
+            vol.write(at, IoBytes::copy_from(&buf[..n]), false).await?;
+        }
+        at += n as u64;
+        progress(Progress { what: format!("import {name}"), done: at, total: len });
+    }
+    vol.flush().await?;
+    Ok(json!({ "volume": name, "bytes": len, "zero_bytes": zeroed, "volume_bytes": vol.size_bytes() }))
+}
+
+async fn export(
+    pool: &Pool<FileDevice>,
+    name: &str,
+    path: &PathBuf,
+    progress: &mut (dyn FnMut(Progress) + Send),
+) -> Result<Value> {
+    let vol = pool.volume(name).ok_or_else(|| anyhow!("no volume named `{name}`"))?;
+    let tmp = path.with_extension("stria-partial");
+    let mut file = std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    let size = vol.size_bytes();
+    let mut at = 0u64;
+    while at < size {
+        let n = usize::try_from(size - at).unwrap_or(usize::MAX).min(COPY_STEP_BYTES);
+        // Holes stay holes in the file (it is sparse where the volume is).
+        let status = vol.block_status(at, n as u64)?;
+        if status.iter().all(|e| e.unallocated) {
+            file.seek(SeekFrom::Current(n as i64))?;
+        } else {
+            let data = vol.read(at, n).await?;
+            file.write_all(&data)?;
+        }
+        at += n as u64;
+        progress(Progress { what: format!("export {name}"), done: at, total: size });
+    }
+    file.set_len(size)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    Ok(json!({ "volume": name, "bytes": size, "path": path }))
+}

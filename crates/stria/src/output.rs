@@ -1,0 +1,217 @@
+//! Human output: tables and progress bars (JSON output is the results as they are).
+
+use std::io::IsTerminal;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::Value;
+use stria_engine::units::format_size;
+
+use crate::ops::Progress;
+
+/// Prints rows as an aligned table with a header.
+pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let parts: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        outln!("{}", parts.join("  ").trim_end());
+    };
+    line(header.iter().map(|s| s.to_string()).collect());
+    for row in rows {
+        line(row.clone());
+    }
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+fn size(v: &Value) -> String {
+    v.as_u64().map(format_size).unwrap_or_else(|| "-".into())
+}
+
+/// `stria status`.
+pub(crate) fn status(v: &Value) {
+    outln!("pool {} ({}), metadata generation {}", s(&v["name"]), s(&v["uuid"]), s(&v["generation"]));
+    outln!();
+    drives(v);
+    outln!();
+    volumes(v);
+    if let Some(ignored) = v["ignored_drives"].as_array().filter(|a| !a.is_empty()) {
+        outln!();
+        outln!("devices left out of the pool:");
+        for d in ignored {
+            outln!("  {}: {}", s(&d["path"]), s(&d["reason"]));
+        }
+    }
+}
+
+/// The drive table.
+pub(crate) fn drives(v: &Value) {
+    let rows: Vec<Vec<String>> = v["drives"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|d| {
+                    vec![
+                        s(&d["id"]),
+                        s(&d["class"]),
+                        if s(&d["domain"]).is_empty() { "-".into() } else { s(&d["domain"]) },
+                        s(&d["state"]),
+                        size(&d["size_bytes"]),
+                        size(&d["used_bytes"]),
+                        size(&d["bytes_read"]),
+                        size(&d["bytes_written"]),
+                        s(&d["errors"]),
+                        s(&d["checksum_repairs"]),
+                        s(&d["path"]),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    table(
+        &["ID", "CLASS", "DOMAIN", "STATE", "SIZE", "USED", "READ", "WRITTEN", "ERRORS", "REPAIRS", "PATH"],
+        &rows,
+    );
+}
+
+/// The volume table.
+pub(crate) fn volumes(v: &Value) {
+    let rows: Vec<Vec<String>> = v["volumes"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|vol| s(&vol["role"]) == "plain")
+                .map(|vol| {
+                    let rebuild = match &vol["rebuild"] {
+                        Value::Object(r) => {
+                            let done = r["rows_done"].as_u64().unwrap_or(0);
+                            let total = r["rows_total"].as_u64().unwrap_or(1).max(1);
+                            format!("{}%", done * 100 / total)
+                        }
+                        _ => "-".into(),
+                    };
+                    vec![
+                        s(&vol["name"]),
+                        s(&vol["layout"]),
+                        size(&vol["size_bytes"]),
+                        size(&vol["chunk_bytes"]),
+                        s(&vol["class"]),
+                        s(&vol["state"]),
+                        rebuild,
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if rows.is_empty() {
+        outln!("no volumes (create one with `stria volume create NAME --size SIZE --layout ec:4+2`)");
+        return;
+    }
+    table(&["NAME", "LAYOUT", "SIZE", "CHUNK", "CLASS", "STATE", "REBUILD"], &rows);
+}
+
+/// `stria volume show`.
+pub(crate) fn volume(v: &Value) {
+    outln!("volume {}", s(&v["name"]));
+    for (k, label) in [("layout", "layout"), ("class", "class"), ("state", "state")] {
+        outln!("  {label:<14} {}", s(&v[k]));
+    }
+    outln!("  {:<14} {}", "size", size(&v["size_bytes"]));
+    outln!("  {:<14} {}", "chunk", size(&v["chunk_bytes"]));
+    outln!("  {:<14} {} ops, {}", "reads", s(&v["read_ops"]), size(&v["read_bytes"]));
+    outln!("  {:<14} {} ops, {}", "writes", s(&v["write_ops"]), size(&v["write_bytes"]));
+    outln!(
+        "  {:<14} {} full-stripe, {} partial-stripe",
+        "ec writes",
+        s(&v["full_stripe_writes"]),
+        s(&v["partial_stripe_writes"])
+    );
+    outln!("  {:<14} {} blocks", "repaired", s(&v["repaired_blocks"]));
+    if let Some(segs) = v["segments"].as_array() {
+        for (i, seg) in segs.iter().enumerate() {
+            let members: Vec<String> = seg["members"]
+                .as_array()
+                .map(|m| {
+                    m.iter()
+                        .map(|m| match &m["rebuild_cursor_rows"] {
+                            Value::Number(c) => format!(
+                                "{}@{} (rebuilding {c}/{})",
+                                s(&m["drive"]),
+                                s(&m["start_block"]),
+                                s(&seg["rows"])
+                            ),
+                            _ => format!("{}@{}", s(&m["drive"]), s(&m["start_block"])),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            outln!("  segment {i}: {} rows on drive@block {}", s(&seg["rows"]), members.join(", "));
+        }
+    }
+}
+
+/// A scrub report.
+pub(crate) fn scrub(v: &Value) {
+    outln!(
+        "scrub of {}: {} rows, {} blocks checked, {} repaired, {} parity and {} copy blocks fixed, {} unrecoverable",
+        s(&v["volume"]),
+        s(&v["rows"]),
+        s(&v["blocks_checked"]),
+        s(&v["blocks_repaired"]),
+        s(&v["parity_blocks_fixed"]),
+        s(&v["copy_blocks_fixed"]),
+        s(&v["unrecoverable_blocks"])
+    );
+}
+
+/// A progress bar on a terminal; nothing otherwise.
+pub(crate) struct Bar {
+    bar: Option<ProgressBar>,
+    what: String,
+}
+
+impl Bar {
+    pub(crate) fn new() -> Bar {
+        Bar { bar: None, what: String::new() }
+    }
+
+    pub(crate) fn update(&mut self, p: &Progress) {
+        if !std::io::stderr().is_terminal() {
+            return;
+        }
+        if self.bar.is_none() || self.what != p.what {
+            if let Some(b) = self.bar.take() {
+                b.finish();
+            }
+            let bar = ProgressBar::new(p.total);
+            bar.set_style(
+                ProgressStyle::with_template("{msg:20} [{bar:40}] {percent:>3}% {elapsed_precise} eta {eta}")
+                    .expect("valid template")
+                    .progress_chars("=> "),
+            );
+            bar.set_message(p.what.clone());
+            self.what = p.what.clone();
+            self.bar = Some(bar);
+        }
+        if let Some(b) = &self.bar {
+            b.set_length(p.total);
+            b.set_position(p.done);
+        }
+    }
+
+    pub(crate) fn finish(self) {
+        if let Some(b) = self.bar {
+            b.finish();
+        }
+    }
+}

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Runs every test of stria on a fresh machine: installs what is missing (Debian packages, the
+# pinned Rust toolchain), checks formatting and lints, runs the unit, scenario and seeded crash
+# tests, then the real-client tests (qemu, libnbd, fio, ext4 over nbdfuse) against `stria serve`.
+# Exits non-zero on the first failure. Usage: scripts/test.sh [--quick]  (--quick: no real clients)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+QUICK=${1:-}
+
+step() { printf '\n==== %s ====\n' "$*"; }
+
+step "system packages"
+PKGS=(libnbd-bin qemu-utils fio nbdkit python3-libnbd python3-pytest e2fsprogs fuse3 util-linux openssl
+      procps psmisc curl ca-certificates build-essential pkg-config)
+missing=()
+for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if ((${#missing[@]})); then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+step "rust toolchain (pinned in rust-toolchain.toml)"
+if ! command -v cargo >/dev/null; then
+  curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --default-toolchain none
+  # shellcheck disable=SC1091
+  . "$HOME/.cargo/env"
+fi
+rustup show active-toolchain >/dev/null   # installs the pinned toolchain and components if missing
+cargo --version
+
+step "format and lints"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "unit, scenario and seeded crash tests"
+cargo test --workspace --locked
+
+if [ "$QUICK" = "--quick" ]; then
+  echo "quick run: real-client tests skipped"; exit 0
+fi
+
+step "real clients against the NBD server alone (memory exports: errors, read-only, TLS)"
+CARGO_TARGET_DIR=$PWD/target tests/nbd/run.sh
+
+step "real clients against stria serve"
+cargo build --release --locked -p stria
+tests/clients/run.sh target/release/stria
+
+step "all tests passed"
