@@ -66,7 +66,7 @@ fn parse_shape(s: &str) -> Result<Shape, String> {
 }
 
 /// Parses `4096`, `4k`, `64KiB`, `1m`, `1MiB`.
-fn parse_bytes(s: &str) -> Result<usize, String> {
+pub(crate) fn parse_bytes(s: &str) -> Result<usize, String> {
     let lower = s.trim().to_ascii_lowercase();
     let (digits, scale) = match lower.trim_end_matches("ib").trim_end_matches('b') {
         x if x.ends_with('k') => (&x[..x.len() - 1], 1 << 10),

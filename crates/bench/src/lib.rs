@@ -6,4 +6,5 @@
 //! nothing.
 
 pub mod ec;
+pub mod engine;
 pub mod isal;

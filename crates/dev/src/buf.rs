@@ -7,6 +7,7 @@
 //! into disjoint views (one per drive a request touches) and joined again without copying.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::cell::RefCell;
 use std::fmt;
 use std::ops::{Deref, DerefMut, Range};
 use std::ptr::NonNull;
@@ -15,7 +16,88 @@ use std::sync::Arc;
 /// Alignment of every allocation: enough for `O_DIRECT` on 4 KiB-sector drives.
 pub const BUF_ALIGN_BYTES: usize = 4096;
 
-/// One heap allocation, freed when the last view of it is dropped.
+/// Allocation sizes recycled: `BUF_ALIGN_BYTES << class` for `class < RECYCLE_CLASSES`
+/// (4 KiB to 1 MiB). Requests up to 1 MiB are rounded up to their class.
+const RECYCLE_CLASSES: usize = 9;
+/// Freed allocations one thread keeps per size class.
+const RECYCLE_PER_CLASS: usize = 32;
+/// Bytes of freed allocations one thread keeps in all.
+const RECYCLE_BYTES_PER_THREAD: usize = 4 << 20;
+
+/// Freed allocations of the current thread, by size class, for the next buffers it makes.
+///
+/// Every request allocates its buffers and frees them on completion. Going to the system
+/// allocator each time costs a `posix_memalign` and a `free` per buffer, and with glibc the
+/// freed 4 KiB-aligned chunks make the heap shrink and grow again, so new buffers often arrive
+/// as fresh pages that fault on first touch. A small per-thread stack of recent allocations
+/// avoids both; it holds at most [`RECYCLE_BYTES_PER_THREAD`].
+struct Recycler {
+    free: [Vec<NonNull<u8>>; RECYCLE_CLASSES],
+    bytes: usize,
+}
+
+impl Drop for Recycler {
+    fn drop(&mut self) {
+        for (class, list) in self.free.iter_mut().enumerate() {
+            for ptr in list.drain(..) {
+                // SAFETY: every pointer in the list came from `alloc_zeroed` with `class_layout(class)`
+                // and is owned by the list alone.
+                unsafe { dealloc(ptr.as_ptr(), class_layout(class)) }
+            }
+        }
+    }
+}
+
+thread_local! {
+    static RECYCLER: RefCell<Recycler> =
+        RefCell::new(Recycler { free: Default::default(), bytes: 0 });
+}
+
+fn class_layout(class: usize) -> Layout {
+    Layout::from_size_align(BUF_ALIGN_BYTES << class, BUF_ALIGN_BYTES).expect("class sizes are valid")
+}
+
+/// The size class of an allocation of `size` bytes (a multiple of [`BUF_ALIGN_BYTES`]).
+fn class_of(size: usize) -> Option<usize> {
+    let blocks = (size / BUF_ALIGN_BYTES).next_power_of_two();
+    let class = blocks.trailing_zeros() as usize;
+    (class < RECYCLE_CLASSES).then_some(class)
+}
+
+/// A freed allocation of `class` from this thread's recycler, if it has one.
+fn take_recycled(class: usize) -> Option<NonNull<u8>> {
+    RECYCLER
+        .try_with(|r| {
+            let mut r = r.borrow_mut();
+            let ptr = r.free[class].pop()?;
+            r.bytes -= BUF_ALIGN_BYTES << class;
+            Some(ptr)
+        })
+        .ok()
+        .flatten()
+}
+
+/// Keeps `ptr` (an allocation of `class`) for reuse; false when the recycler is full (or gone,
+/// as the thread exits) and the caller must free it.
+fn recycle(class: usize, ptr: NonNull<u8>) -> bool {
+    RECYCLER
+        .try_with(|r| {
+            let mut r = r.borrow_mut();
+            let size = BUF_ALIGN_BYTES << class;
+            if r.free[class].len() >= RECYCLE_PER_CLASS || r.bytes + size > RECYCLE_BYTES_PER_THREAD {
+                return false;
+            }
+            r.free[class].push(ptr);
+            r.bytes += size;
+            true
+        })
+        .unwrap_or(false)
+}
+
+/// One heap allocation, freed (or recycled) when the last view of it is dropped.
+///
+/// Its bytes are always initialised: zeroed when first allocated, and afterwards only ever
+/// written with initialised bytes.
 struct Alloc {
     ptr: NonNull<u8>,
     layout: Layout,
@@ -29,10 +111,26 @@ unsafe impl Send for Alloc {}
 unsafe impl Sync for Alloc {}
 
 impl Alloc {
-    fn zeroed(len_bytes: usize) -> Arc<Alloc> {
+    /// An allocation of at least `len_bytes`; with `zero`, its first `len_bytes` are zeros
+    /// (the only bytes a view of it can reach), otherwise they are unspecified.
+    fn new(len_bytes: usize, zero: bool) -> Arc<Alloc> {
         // A zero-length allocation is not allowed by the global allocator; round up to one block.
         let size = len_bytes.max(1).next_multiple_of(BUF_ALIGN_BYTES);
-        let layout = Layout::from_size_align(size, BUF_ALIGN_BYTES).expect("buffer size overflows");
+        let class = class_of(size);
+        if let Some(class) = class
+            && let Some(ptr) = take_recycled(class)
+        {
+            if zero {
+                // SAFETY: `ptr` is a live allocation of `BUF_ALIGN_BYTES << class >= len_bytes`
+                // bytes that the recycler handed over to us alone.
+                unsafe { ptr.as_ptr().write_bytes(0, len_bytes) }
+            }
+            return Arc::new(Alloc { ptr, layout: class_layout(class) });
+        }
+        let layout = match class {
+            Some(class) => class_layout(class),
+            None => Layout::from_size_align(size, BUF_ALIGN_BYTES).expect("buffer size overflows"),
+        };
         // SAFETY: `layout` has a non-zero size (rounded up above) and a power-of-two alignment.
         let raw = unsafe { alloc_zeroed(layout) };
         let Some(ptr) = NonNull::new(raw) else { std::alloc::handle_alloc_error(layout) };
@@ -42,8 +140,15 @@ impl Alloc {
 
 impl Drop for Alloc {
     fn drop(&mut self) {
+        let size = self.layout.size();
+        if let Some(class) = class_of(size)
+            && class_layout(class) == self.layout
+            && recycle(class, self.ptr)
+        {
+            return;
+        }
         // SAFETY: `ptr` came from `alloc_zeroed` with exactly this layout and is freed only here,
-        // when the last view holding the `Arc` is gone.
+        // when the last view holding the `Arc` is gone (and the recycler did not take it).
         unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
     }
 }
@@ -60,7 +165,15 @@ pub struct IoBuf {
 impl IoBuf {
     /// A zero-filled buffer of `len_bytes`, aligned to [`BUF_ALIGN_BYTES`].
     pub fn zeroed(len_bytes: usize) -> IoBuf {
-        IoBuf { owner: Alloc::zeroed(len_bytes), start: 0, len: len_bytes }
+        IoBuf { owner: Alloc::new(len_bytes, true), start: 0, len: len_bytes }
+    }
+
+    /// A buffer of `len_bytes`, aligned to [`BUF_ALIGN_BYTES`], whose contents are unspecified
+    /// (initialised, but possibly bytes of an earlier buffer of this thread): for outputs the
+    /// caller overwrites entirely before anything reads them, such as erasure-code parity. Use
+    /// [`IoBuf::zeroed`] for anything a device or a partial computation fills.
+    pub fn for_overwrite(len_bytes: usize) -> IoBuf {
+        IoBuf { owner: Alloc::new(len_bytes, false), start: 0, len: len_bytes }
     }
 
     /// A buffer holding a copy of `bytes`.
@@ -171,7 +284,7 @@ impl Deref for IoBuf {
     fn deref(&self) -> &[u8] {
         let ptr = self.view_ptr();
         // SAFETY: `[start, start + len)` lies inside the allocation, which lives as long as
-        // `owner`; no other view overlaps it, and the memory was zero-initialised.
+        // `owner`; no other view overlaps it, and the memory is initialised (see `Alloc`).
         unsafe { std::slice::from_raw_parts(ptr, self.len) }
     }
 }
@@ -269,6 +382,42 @@ mod tests {
             assert!(buf.iter().all(|&b| b == 0));
             assert_eq!(buf.as_ptr() as usize % BUF_ALIGN_BYTES, 0);
         }
+    }
+
+    #[test]
+    fn recycled_buffers_are_zeroed_again() {
+        for len in [1, 4096, 12288, 65536, 1 << 20, (1 << 20) + 4096] {
+            let mut buf = IoBuf::zeroed(len);
+            buf.fill(0xa5);
+            let first = buf.as_ptr();
+            drop(buf);
+            let again = IoBuf::zeroed(len);
+            assert!(again.iter().all(|&b| b == 0), "len {len}");
+            assert_eq!(again.as_ptr() as usize % BUF_ALIGN_BYTES, 0);
+            if len <= 1 << 20 {
+                assert_eq!(again.as_ptr(), first, "len {len}: the freed allocation is reused");
+            }
+        }
+    }
+
+    #[test]
+    fn for_overwrite_buffers_have_the_asked_length() {
+        for len in [0, 4096, 3 * 4096, 1 << 21] {
+            let mut buf = IoBuf::for_overwrite(len);
+            assert_eq!(buf.len(), len);
+            assert_eq!(buf.as_ptr() as usize % BUF_ALIGN_BYTES, 0);
+            buf.fill(7);
+            assert!(buf.iter().all(|&b| b == 7));
+        }
+    }
+
+    #[test]
+    fn class_sizes_round_up_to_powers_of_two() {
+        assert_eq!(class_of(4096), Some(0));
+        assert_eq!(class_of(8192), Some(1));
+        assert_eq!(class_of(12288), Some(2));
+        assert_eq!(class_of(1 << 20), Some(8));
+        assert_eq!(class_of((1 << 20) + 4096), None);
     }
 
     #[test]

@@ -15,6 +15,8 @@ use crate::error::VolumeError;
 
 /// How many times a partial-stripe write retries after finding a journal full.
 const JOURNAL_FULL_RETRIES: u32 = 64;
+/// Most members an ec stripe has (`Layout::validate` bounds K + M), for stack arrays.
+const MAX_SHARDS: usize = 64;
 
 /// The new data of one stripe: per data shard, the range written (offset in chunk, bytes).
 struct StripeWrite {
@@ -71,8 +73,12 @@ impl<D: BlockDevice> Volume<D> {
     ) -> Result<IoBuf, VolumeError> {
         let seg = &map.segments[run.segment];
         let (_, member) = self.shard_member(seg, run.row, run.column as usize);
+        // The caller's buffer, when the fast path did not use it up: the degraded path decodes
+        // into it.
+        let mut spare = Some(buf);
         if member.usable(run.row) {
             let block = member.start_block + self.geo.member_block(run.row, run.offset_in_chunk);
+            let buf = spare.take().expect("not taken yet");
             match member.drive.read_verified(block, buf).await {
                 Ok(buf) => return Ok(buf),
                 Err(ReadFault::Io(e)) => {
@@ -82,10 +88,63 @@ impl<D: BlockDevice> Volume<D> {
             }
         }
         if locked {
-            return self.ec_read_locked(map, run).await;
+            return self.ec_read_locked(map, run, spare).await;
         }
         let _guard = self.locks.lock([(run.segment, run.row)]).await;
-        self.ec_read_locked(map, run).await
+        self.ec_read_locked(map, run, spare).await
+    }
+
+    /// The degraded read of a run whose member is missing (failed, or not rebuilt that far):
+    /// reads exactly K verified survivors, data shards first (the ones the codec prefers, so
+    /// its cached decode plan applies), and decodes the run from them into `out` (or a new
+    /// buffer). `None` when fewer than K members are usable or a survivor does not read back
+    /// verified: the caller then takes the general path, which reads every member, repairs
+    /// what is bad and reports what cannot be rebuilt. The caller holds the stripe lock.
+    async fn ec_read_from_survivors(
+        &self,
+        seg: &Segment<D>,
+        run: &ChunkRun,
+        out: Option<IoBuf>,
+    ) -> Option<IoBuf> {
+        let (k, m) = self.ec_shape();
+        let total = k + m;
+        let target = run.column as usize;
+        let len = (run.blocks * BLOCK) as usize;
+        let mut chosen = [0usize; MAX_SHARDS];
+        let mut n = 0;
+        for shard in (0..total).filter(|&s| s != target) {
+            if n == k {
+                break;
+            }
+            if self.shard_member(seg, run.row, shard).1.usable(run.row) {
+                chosen[n] = shard;
+                n += 1;
+            }
+        }
+        if n < k {
+            return None;
+        }
+        // One allocation for all survivors, split into a view per drive read.
+        let mut rest = Some(IoBuf::zeroed(k * len));
+        let first = self.geo.member_block(run.row, run.offset_in_chunk);
+        let reads = chosen[..k].iter().map(|&shard| {
+            let mut view = rest.take().expect("one view per survivor");
+            if view.len() > len {
+                rest = Some(view.split_off(len));
+            }
+            let (_, member) = self.shard_member(seg, run.row, shard);
+            member.drive.read_verified(member.start_block + first, view)
+        });
+        let survivors = join_all(reads).await;
+        let mut sources: [Option<&[u8]>; MAX_SHARDS] = [None; MAX_SHARDS];
+        for (&shard, read) in chosen[..k].iter().zip(&survivors) {
+            sources[shard] = Some(&read.as_ref().ok()?[..]);
+        }
+        let mut out = out.filter(|b| b.len() == len).unwrap_or_else(|| IoBuf::for_overwrite(len));
+        self.codec()
+            .reconstruct(&sources[..total], &mut [(target, &mut out[..])])
+            .expect("shapes are consistent");
+        Some(out)
     }
 
     /// Reads `rows` blocks from `first` of every shard's chunk in a stripe (verified).
@@ -166,12 +225,18 @@ impl<D: BlockDevice> Volume<D> {
 
     /// Reads a run with the stripe lock held, reconstructing what is missing or bad and
     /// rewriting bad blocks on members that are still usable.
-    async fn ec_read_locked(&self, map: &VolumeMap<D>, run: ChunkRun) -> Result<IoBuf, VolumeError> {
+    async fn ec_read_locked(
+        &self,
+        map: &VolumeMap<D>,
+        run: ChunkRun,
+        spare: Option<IoBuf>,
+    ) -> Result<IoBuf, VolumeError> {
         let seg = &map.segments[run.segment];
         let target = run.column as usize;
         let (_, target_member) = self.shard_member(seg, run.row, target);
         // Someone may have fixed things while we waited for the lock (or the fault was a race).
-        if target_member.usable(run.row) {
+        let target_usable = target_member.usable(run.row);
+        if target_usable {
             let block = target_member.start_block + self.geo.member_block(run.row, run.offset_in_chunk);
             if let Ok(buf) =
                 target_member.drive.read_verified(block, IoBuf::zeroed((run.blocks * BLOCK) as usize)).await
@@ -180,6 +245,10 @@ impl<D: BlockDevice> Volume<D> {
             }
         }
         self.counters.degraded_reads.fetch_add(1, Relaxed);
+        // The member is gone: K survivors are enough when they all read back good.
+        if !target_usable && let Some(buf) = self.ec_read_from_survivors(seg, &run, spare).await {
+            return Ok(buf);
+        }
         let total = seg.members.len();
         let mut reads =
             self.read_shards(seg, run.row, run.offset_in_chunk, run.blocks, &vec![false; total]).await;
@@ -310,7 +379,8 @@ impl<D: BlockDevice> Volume<D> {
         let (k, m) = self.ec_shape();
         let len = (self.geo.chunk_blocks * BLOCK) as usize;
         let data: Vec<&IoBytes> = sw.shards.iter().map(|s| &s.as_ref().expect("full stripe").1).collect();
-        let mut parity: Vec<IoBuf> = (0..m).map(|_| IoBuf::zeroed(len)).collect();
+        // The encoder writes every byte of the parity: no need to zero it first.
+        let mut parity: Vec<IoBuf> = (0..m).map(|_| IoBuf::for_overwrite(len)).collect();
         {
             let refs: Vec<&[u8]> = data.iter().map(|d| &d[..]).collect();
             let mut outs: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[..]).collect();
@@ -561,7 +631,7 @@ impl<D: BlockDevice> Volume<D> {
 
     pub(super) fn encode_rows(&self, data: &[IoBuf], rows: u64) -> Vec<IoBuf> {
         let (_, m) = self.ec_shape();
-        let mut parity: Vec<IoBuf> = (0..m).map(|_| IoBuf::zeroed((rows * BLOCK) as usize)).collect();
+        let mut parity: Vec<IoBuf> = (0..m).map(|_| IoBuf::for_overwrite((rows * BLOCK) as usize)).collect();
         let refs: Vec<&[u8]> = data.iter().map(|d| &d[..]).collect();
         let mut outs: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[..]).collect();
         self.codec().encode(&refs, &mut outs).expect("shapes are consistent");

@@ -18,7 +18,9 @@ pub(crate) struct StripeLocks {
 /// Locks held for one request.
 #[derive(Debug)]
 pub(crate) struct StripeGuards<'a> {
-    _guards: Vec<MutexGuard<'a, ()>>,
+    /// The lock of a request within one stripe (the common case: no list to allocate).
+    _one: Option<MutexGuard<'a, ()>>,
+    _more: Vec<MutexGuard<'a, ()>>,
 }
 
 impl StripeLocks {
@@ -32,16 +34,44 @@ impl StripeLocks {
         (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) as usize % LOCK_SLOTS
     }
 
-    /// Locks the stripes `keys` (segment, row) for the caller's exclusive use.
-    pub(crate) async fn lock(&self, keys: impl IntoIterator<Item = (usize, u64)>) -> StripeGuards<'_> {
-        let mut slots: Vec<usize> = keys.into_iter().map(|(s, r)| Self::slot(s, r)).collect();
+    /// The slots of `keys`: `Ok(slot)` when they all share one (the common case: no list to
+    /// allocate), otherwise every slot, sorted and without repeats. `Ok(None)` for no keys.
+    fn slots(keys: impl IntoIterator<Item = (usize, u64)>) -> Result<Option<usize>, Vec<usize>> {
+        let mut keys = keys.into_iter();
+        let Some((s, r)) = keys.next() else { return Ok(None) };
+        let first = Self::slot(s, r);
+        let mut slots: Vec<usize> = Vec::new();
+        for (s, r) in keys {
+            let slot = Self::slot(s, r);
+            if slot != first {
+                if slots.is_empty() {
+                    slots.push(first);
+                }
+                slots.push(slot);
+            }
+        }
+        if slots.is_empty() {
+            return Ok(Some(first));
+        }
         slots.sort_unstable();
         slots.dedup();
+        Err(slots)
+    }
+
+    /// Locks the stripes `keys` (segment, row) for the caller's exclusive use.
+    pub(crate) async fn lock(&self, keys: impl IntoIterator<Item = (usize, u64)>) -> StripeGuards<'_> {
+        let slots = match Self::slots(keys) {
+            Ok(None) => return StripeGuards { _one: None, _more: Vec::new() },
+            Ok(Some(slot)) => {
+                return StripeGuards { _one: Some(self.slots[slot].lock().await), _more: Vec::new() };
+            }
+            Err(slots) => slots,
+        };
         let mut guards = Vec::with_capacity(slots.len());
         for s in slots {
             guards.push(self.slots[s].lock().await);
         }
-        StripeGuards { _guards: guards }
+        StripeGuards { _one: None, _more: guards }
     }
 }
 

@@ -123,6 +123,23 @@ pub(crate) struct VolumeMap<D> {
 }
 
 impl<D> VolumeMap<D> {
+    /// The run of `blocks` logical blocks from `lb` when they lie in one chunk (the common case
+    /// of small requests): what [`VolumeMap::runs`] would return as its only element, without
+    /// allocating. `None` when the range spans chunks.
+    pub(crate) fn single_run(&self, geo: &Geometry, lb: u64, blocks: u64) -> Option<ChunkRun> {
+        let segment = self.segments.partition_point(|s| s.first_block <= lb).checked_sub(1)?;
+        let s = &self.segments[segment];
+        let rel = lb - s.first_block;
+        let row_blocks = geo.row_blocks();
+        let in_row = rel % row_blocks;
+        let offset_in_chunk = in_row % geo.chunk_blocks;
+        if blocks == 0 || offset_in_chunk + blocks > geo.chunk_blocks || rel + blocks > s.rows * row_blocks {
+            return None;
+        }
+        let column = (in_row / geo.chunk_blocks) as u32;
+        Some(ChunkRun { segment, row: rel / row_blocks, column, offset_in_chunk, blocks })
+    }
+
     /// Splits a logical block range into chunk runs across segments.
     pub(crate) fn runs(&self, geo: &Geometry, mut lb: u64, mut blocks: u64) -> Vec<ChunkRun> {
         let mut out = Vec::new();
@@ -153,6 +170,20 @@ mod tests {
         geo.runs(0, 2, 12, &mut out);
         let cols: Vec<_> = out.iter().map(|r| (r.row, r.column, r.offset_in_chunk, r.blocks)).collect();
         assert_eq!(cols, vec![(0, 0, 2, 2), (0, 1, 0, 4), (0, 2, 0, 4), (1, 0, 0, 2)]);
+    }
+
+    #[test]
+    fn single_run_agrees_with_runs() {
+        let geo = Geometry { layout: Layout::Ec { data_shards: 4, parity_shards: 2 }, chunk_blocks: 16 };
+        let segment = |first_block, rows| Segment::<()> { first_block, rows, members: Vec::new() };
+        let map = VolumeMap { segments: vec![segment(0, 3), segment(192, 2)], total_blocks: 320 };
+        for lb in 0..320 {
+            for blocks in 1..=40u64.min(320 - lb) {
+                let runs = map.runs(&geo, lb, blocks);
+                let expected = if runs.len() == 1 { Some(runs[0]) } else { None };
+                assert_eq!(map.single_run(&geo, lb, blocks), expected, "lb {lb} blocks {blocks}");
+            }
+        }
     }
 
     #[test]
