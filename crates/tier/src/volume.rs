@@ -1,0 +1,645 @@
+//! A tiered volume: the write path, the read path, zeroing, status.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
+
+use futures::future::try_join_all;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use stria_dev::{BlockDevice, IoBuf, IoBytes};
+use stria_engine::{Extent, Pool, Volume, VolumeError, VolumeState};
+
+use crate::log::CacheLog;
+use crate::record::{CLEAN, Entry, PAGE_BYTES, Record, ZERO_CRC, ZEROED, block_crc};
+
+const BLOCK: u64 = 4096;
+const BLOCK_USIZE: usize = 4096;
+/// Slots of the per-blockset I/O lock table (record page writes, unaligned writes).
+const IO_LOCKS: usize = 1024;
+/// A read that keeps racing with destage gives up after this many tries (it never returns wrong
+/// data: giving up is an error).
+const READ_ATTEMPTS: usize = 8;
+
+/// Destage policy and sizes, kept in the pool metadata with the tiered volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TierParams {
+    /// One full stripe of the capacity volume.
+    pub blockset_bytes: u64,
+    /// Blocks in the cache log.
+    pub cache_blocks: u64,
+    /// Destage starts above this fill of the log (percent).
+    pub start_percent: u8,
+    /// Destage stops below this fill (percent).
+    pub stop_percent: u8,
+    /// Everything is destaged after this long without writes (milliseconds).
+    pub idle_ms: u64,
+    /// Destage whenever anything is dirty (the seed's "destage running all the time").
+    pub always: bool,
+    /// Blocksets destaged per batch (one capacity flush per batch).
+    pub batch_blocksets: u32,
+}
+
+/// Host-side and tier counters.
+#[derive(Debug, Default)]
+pub struct TierCounters {
+    pub host_read_ops: AtomicU64,
+    pub host_read_bytes: AtomicU64,
+    pub host_write_ops: AtomicU64,
+    pub host_write_bytes: AtomicU64,
+    pub blocks_read_from_cache: AtomicU64,
+    pub blocks_read_from_capacity: AtomicU64,
+    pub blocks_read_as_zero: AtomicU64,
+    pub cache_write_bytes: AtomicU64,
+    pub metadata_page_writes: AtomicU64,
+    pub destaged_blocksets: AtomicU64,
+    pub destaged_dirty_blocks: AtomicU64,
+    /// Clean blocks read from the capacity tier to complete partly dirty blocksets.
+    pub destage_fill_blocks: AtomicU64,
+    pub read_retries: AtomicU64,
+    pub write_waits: AtomicU64,
+}
+
+/// A tiered volume.
+pub struct TieredVolume<D: BlockDevice> {
+    pub(crate) name: String,
+    pub(crate) size_bytes: u64,
+    pub(crate) blockset_blocks: usize,
+    pub(crate) pool: Arc<Pool<D>>,
+    pub(crate) cache: Arc<Volume<D>>,
+    pub(crate) meta: Arc<Volume<D>>,
+    pub(crate) cap: Arc<Volume<D>>,
+    pub(crate) records: Box<[Mutex<Record>]>,
+    pub(crate) io_locks: Box<[tokio::sync::Mutex<()>]>,
+    pub(crate) log: CacheLog,
+    pub(crate) params: Mutex<TierParams>,
+    pub(crate) counters: TierCounters,
+    pub(crate) started: Instant,
+    pub(crate) last_write_ms: AtomicU64,
+    pub(crate) closed: AtomicBool,
+}
+
+impl<D: BlockDevice> std::fmt::Debug for TieredVolume<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TieredVolume")
+            .field("name", &self.name)
+            .field("size_bytes", &self.size_bytes)
+            .finish()
+    }
+}
+
+/// Status of one part (cache, meta, capacity).
+#[derive(Debug, Clone, Serialize)]
+pub struct PartStatus {
+    pub role: String,
+    pub volume: String,
+    pub layout: String,
+    pub size_bytes: u64,
+    pub state: VolumeState,
+    pub write_ops: u64,
+    pub write_bytes: u64,
+    pub read_ops: u64,
+    pub read_bytes: u64,
+    pub full_stripe_writes: u64,
+    pub partial_stripe_writes: u64,
+    /// Bytes written to and read from the part's drives (drive counters: exact when the drives
+    /// hold only this part, as in a pool whose fast drives carry cache and metadata and whose
+    /// capacity drives carry the capacity tier).
+    pub drive_bytes_written: u64,
+    pub drive_bytes_read: u64,
+    /// Capacity-drive writes by size: bucket i counts writes of [2^(12+i), 2^(13+i)) bytes.
+    pub drive_write_size_hist: Vec<u64>,
+}
+
+/// Status of a tiered volume for `stria status --json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct TierStatus {
+    pub name: String,
+    pub layout: String,
+    pub size_bytes: u64,
+    pub state: VolumeState,
+    pub blockset_bytes: u64,
+    pub cache_blocks: u64,
+    pub log_used_blocks: u64,
+    pub dirty_blocks: u64,
+    pub dirty_blocksets: u64,
+    pub host_read_bytes: u64,
+    pub host_write_bytes: u64,
+    pub blocks_read_from_cache: u64,
+    pub blocks_read_from_capacity: u64,
+    pub cache_write_bytes: u64,
+    pub metadata_page_writes: u64,
+    pub destaged_blocksets: u64,
+    pub destage_fill_blocks: u64,
+    pub writes_waited_for_space: u64,
+    /// Drive bytes written per host byte written, per tier: the fast drives (write cache and
+    /// metadata, every drive counted once) and the capacity drives. `None` before any host write.
+    /// Drive counters start at zero when the pool is opened.
+    pub write_amplification_fast: Option<f64>,
+    pub write_amplification_capacity: Option<f64>,
+    pub parts: Vec<PartStatus>,
+}
+
+impl<D: BlockDevice> TieredVolume<D> {
+    /// The volume's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Size in bytes.
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    /// Bytes per blockset (one capacity stripe).
+    pub fn blockset_bytes(&self) -> u64 {
+        self.blockset_blocks as u64 * BLOCK
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> &TierCounters {
+        &self.counters
+    }
+
+    /// The capacity part.
+    pub fn capacity_volume(&self) -> &Arc<Volume<D>> {
+        &self.cap
+    }
+
+    /// The cache part.
+    pub fn cache_volume(&self) -> &Arc<Volume<D>> {
+        &self.cache
+    }
+
+    /// The metadata part.
+    pub fn meta_volume(&self) -> &Arc<Volume<D>> {
+        &self.meta
+    }
+
+    /// Current destage policy.
+    pub fn params(&self) -> TierParams {
+        *self.params.lock()
+    }
+
+    /// Changes the destage policy (not persisted; see `stria`'s tiered options).
+    pub fn set_params(&self, params: TierParams) {
+        *self.params.lock() = params;
+        self.log.hungry.notify_one();
+    }
+
+    fn check_range(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
+        if self.closed.load(Relaxed) {
+            return Err(VolumeError::Closed(self.name.clone()));
+        }
+        match offset_bytes.checked_add(len_bytes) {
+            Some(end) if end <= self.size_bytes => Ok(()),
+            _ => Err(VolumeError::OutOfRange { offset_bytes, len_bytes, size_bytes: self.size_bytes }),
+        }
+    }
+
+    fn unrecoverable(&self, block: u64, reason: impl Into<String>) -> VolumeError {
+        VolumeError::Unrecoverable {
+            volume: self.name.clone(),
+            offset_bytes: block * BLOCK,
+            len_bytes: BLOCK,
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn io_lock(&self, blockset: usize) -> &tokio::sync::Mutex<()> {
+        &self.io_locks[blockset % IO_LOCKS]
+    }
+
+    pub(crate) fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    // ---------------------------------------------------------------- reads
+
+    /// Reads `len_bytes` at `offset_bytes` (any alignment).
+    pub async fn read(&self, offset_bytes: u64, len_bytes: usize) -> Result<IoBuf, VolumeError> {
+        self.check_range(offset_bytes, len_bytes as u64)?;
+        self.counters.host_read_ops.fetch_add(1, Relaxed);
+        self.counters.host_read_bytes.fetch_add(len_bytes as u64, Relaxed);
+        if len_bytes == 0 {
+            return Ok(IoBuf::zeroed(0));
+        }
+        let first = offset_bytes / BLOCK;
+        let end = (offset_bytes + len_bytes as u64).div_ceil(BLOCK);
+        let mut buf = self.read_blocks(first, end - first).await?;
+        let head = (offset_bytes % BLOCK) as usize;
+        if head > 0 {
+            drop(buf.split_to(head));
+        }
+        drop(buf.split_off(len_bytes));
+        Ok(buf)
+    }
+
+    /// The entries of blocks `[first, first + n)` as they are now.
+    fn snapshot(&self, first: u64, n: u64) -> Vec<Entry> {
+        let bsb = self.blockset_blocks as u64;
+        let mut out = Vec::with_capacity(n as usize);
+        let mut b = first;
+        while b < first + n {
+            let bs = (b / bsb) as usize;
+            let upto = ((bs as u64 + 1) * bsb).min(first + n);
+            let rec = self.records[bs].lock();
+            for blk in b..upto {
+                out.push(rec.entries[(blk % bsb) as usize]);
+            }
+            b = upto;
+        }
+        out
+    }
+
+    /// Reads whole blocks, verifying each against its record.
+    pub(crate) async fn read_blocks(&self, first: u64, n: u64) -> Result<IoBuf, VolumeError> {
+        let mut out = IoBuf::zeroed((n * BLOCK) as usize);
+        let mut pending: Vec<u64> = (0..n).collect();
+        for attempt in 0..READ_ATTEMPTS {
+            if attempt > 0 {
+                self.counters.read_retries.fetch_add(1, Relaxed);
+                tokio::task::yield_now().await;
+            }
+            let entries: Vec<Entry> = pending.iter().map(|&i| self.snapshot(first + i, 1)[0]).collect();
+            let (bad, clean_bad) = self.read_some(first, &pending, &entries, &mut out).await?;
+            if let Some(i) = clean_bad {
+                return Err(self.unrecoverable(
+                    first + i,
+                    "capacity tier data does not match its checksum in the tier metadata",
+                ));
+            }
+            if bad.is_empty() {
+                return Ok(out);
+            }
+            pending = bad;
+        }
+        Err(self.unrecoverable(first + pending[0], "cache block kept changing under the read"))
+    }
+
+    /// Reads the `pending` blocks (indices from `first`) per `entries`; returns the indices that
+    /// failed verification in the cache (retry) and the first that failed in the capacity tier.
+    async fn read_some(
+        &self,
+        first: u64,
+        pending: &[u64],
+        entries: &[Entry],
+        out: &mut IoBuf,
+    ) -> Result<(Vec<u64>, Option<u64>), VolumeError> {
+        // Group into runs: consecutive blocks from the capacity tier, or consecutive cache positions.
+        let mut runs: Vec<(u64, u64, bool)> = Vec::new(); // (first index, count, from_cache)
+        for (k, (&i, e)) in pending.iter().zip(entries).enumerate() {
+            if !e.dirty() && e.crc == ZERO_CRC || e.position == ZEROED {
+                out[(i * BLOCK) as usize..((i + 1) * BLOCK) as usize].fill(0);
+                self.counters.blocks_read_as_zero.fetch_add(1, Relaxed);
+                continue;
+            }
+            let from_cache = e.in_cache();
+            if let Some(last) = runs.last_mut() {
+                let prev = entries[k - 1];
+                let contiguous = last.0 + last.1 == i
+                    && last.2 == from_cache
+                    && (!from_cache
+                        || (prev.in_cache()
+                            && prev.position + 1 == e.position
+                            && self.log.block_of(e.position) != 0));
+                if contiguous {
+                    last.1 += 1;
+                    continue;
+                }
+            }
+            runs.push((i, 1, from_cache));
+        }
+        let reads = runs.iter().map(|&(i, count, from_cache)| {
+            let k = pending.iter().position(|&p| p == i).expect("run starts at a pending block");
+            let e = entries[k];
+            async move {
+                let buf = if from_cache {
+                    let off = self.log.block_of(e.position) * BLOCK;
+                    self.cache.read(off, (count * BLOCK) as usize).await?
+                } else {
+                    self.cap.read((first + i) * BLOCK, (count * BLOCK) as usize).await?
+                };
+                Ok::<_, VolumeError>((i, count, from_cache, buf))
+            }
+        });
+        let results = try_join_all(reads).await?;
+        let mut bad = Vec::new();
+        let mut clean_bad = None;
+        for (i, count, from_cache, buf) in results {
+            for j in 0..count {
+                let idx = i + j;
+                let k = pending.iter().position(|&p| p == idx).expect("pending");
+                let data = &buf[(j * BLOCK) as usize..((j + 1) * BLOCK) as usize];
+                if block_crc(data) != entries[k].crc {
+                    if from_cache {
+                        bad.push(idx);
+                    } else if clean_bad.is_none() {
+                        // A clean block may have been written (and its record changed) while we
+                        // read: only a mismatch that persists is corruption.
+                        if self.snapshot(first + idx, 1)[0] == entries[k] {
+                            clean_bad = Some(idx);
+                        } else {
+                            bad.push(idx);
+                        }
+                    }
+                    continue;
+                }
+                out[(idx * BLOCK) as usize..((idx + 1) * BLOCK) as usize].copy_from_slice(data);
+                let c = if from_cache {
+                    &self.counters.blocks_read_from_cache
+                } else {
+                    &self.counters.blocks_read_from_capacity
+                };
+                c.fetch_add(1, Relaxed);
+            }
+        }
+        Ok((bad, clean_bad))
+    }
+
+    // ---------------------------------------------------------------- writes
+
+    /// Writes `data` at `offset_bytes` (any alignment). The write is durable (in the mirrored
+    /// cache and its metadata) when this returns, FUA or not.
+    pub async fn write(&self, offset_bytes: u64, data: IoBytes, _fua: bool) -> Result<(), VolumeError> {
+        let len = data.len() as u64;
+        self.check_range(offset_bytes, len)?;
+        self.counters.host_write_ops.fetch_add(1, Relaxed);
+        self.counters.host_write_bytes.fetch_add(len, Relaxed);
+        self.last_write_ms.store(self.now_ms(), Relaxed);
+        if len == 0 {
+            return Ok(());
+        }
+        let first = offset_bytes / BLOCK;
+        let end = (offset_bytes + len).div_ceil(BLOCK);
+        if offset_bytes.is_multiple_of(BLOCK) && len.is_multiple_of(BLOCK) {
+            return self.write_blocks(first, data).await;
+        }
+        // Unaligned: read-modify-write of the edge blocks, serialised per blockset.
+        let bsb = self.blockset_blocks as u64;
+        let mut slots: Vec<usize> = (first / bsb..=(end - 1) / bsb).map(|b| b as usize % IO_LOCKS).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        let mut guards = Vec::new();
+        for s in slots {
+            guards.push(self.io_locks[s].lock().await);
+        }
+        let mut whole = IoBuf::zeroed(((end - first) * BLOCK) as usize);
+        let head = (offset_bytes % BLOCK) as usize;
+        if head != 0 {
+            let old = self.read_blocks(first, 1).await?;
+            whole[..BLOCK_USIZE].copy_from_slice(&old);
+        }
+        if !(offset_bytes + len).is_multiple_of(BLOCK) && (end - 1 != first || head == 0) {
+            let old = self.read_blocks(end - 1, 1).await?;
+            let at = whole.len() - BLOCK_USIZE;
+            whole[at..].copy_from_slice(&old);
+        }
+        whole[head..head + data.len()].copy_from_slice(&data);
+        drop(guards);
+        self.write_blocks(first, whole.freeze()).await
+    }
+
+    /// The aligned write path: log, then records.
+    async fn write_blocks(&self, first: u64, data: IoBytes) -> Result<(), VolumeError> {
+        let n = data.len() as u64 / BLOCK;
+        let ring = self.log.ring_blocks();
+        // Large writes go through the log in pieces of at most half the ring.
+        let step = (ring / 2).max(1);
+        let mut done = 0;
+        while done < n {
+            let m = (n - done).min(step);
+            let piece = data.slice((done * BLOCK) as usize..((done + m) * BLOCK) as usize);
+            self.write_piece(first + done, piece).await?;
+            done += m;
+        }
+        Ok(())
+    }
+
+    async fn write_piece(&self, first: u64, data: IoBytes) -> Result<(), VolumeError> {
+        let n = data.len() as u64 / BLOCK;
+        if self.log.waiting() > 0 || self.log.used() + n > self.log.ring_blocks() {
+            self.counters.write_waits.fetch_add(1, Relaxed);
+        }
+        let start = self.log.reserve(n).await.map_err(|why| VolumeError::Unrecoverable {
+            volume: self.name.clone(),
+            offset_bytes: first * BLOCK,
+            len_bytes: n * BLOCK,
+            reason: format!("the write cache is full and cannot be emptied: {why}"),
+        })?;
+        let result = self.write_reserved(first, start, &data).await;
+        if result.is_err() {
+            // Nothing points to the reserved positions: free them.
+            self.log.release(start..start + n);
+        }
+        result
+    }
+
+    async fn write_reserved(&self, first: u64, start: u64, data: &IoBytes) -> Result<(), VolumeError> {
+        let n = data.len() as u64 / BLOCK;
+        // 1. Data into the cache log, durably (split where the ring wraps).
+        let phys = self.log.block_of(start);
+        let ring = self.log.ring_blocks();
+        let before_wrap = (ring - phys).min(n);
+        let mut writes =
+            vec![self.cache.write(phys * BLOCK, data.slice(0..(before_wrap * BLOCK) as usize), true)];
+        if before_wrap < n {
+            writes.push(self.cache.write(0, data.slice((before_wrap * BLOCK) as usize..data.len()), true));
+        }
+        try_join_all(writes).await?;
+        self.counters.cache_write_bytes.fetch_add(data.len() as u64, Relaxed);
+        // 2. Records, durably, one blockset at a time.
+        let crcs: Vec<u32> = data.chunks_exact(BLOCK_USIZE).map(block_crc).collect();
+        let bsb = self.blockset_blocks as u64;
+        let mut b = first;
+        while b < first + n {
+            let bs = (b / bsb) as usize;
+            let upto = ((bs as u64 + 1) * bsb).min(first + n);
+            let updates: Vec<(usize, Entry)> = (b..upto)
+                .map(|blk| {
+                    let k = blk - first;
+                    ((blk % bsb) as usize, Entry { position: start + k, crc: crcs[k as usize] })
+                })
+                .collect();
+            self.update_record(bs, &updates).await?;
+            b = upto;
+        }
+        Ok(())
+    }
+
+    /// Applies `updates` (entry index, new entry) to blockset `bs`'s record, writes the record
+    /// durably, then frees the cache positions the record no longer points to.
+    pub(crate) async fn update_record(
+        &self,
+        bs: usize,
+        updates: &[(usize, Entry)],
+    ) -> Result<(), VolumeError> {
+        let _io = self.io_lock(bs).lock().await;
+        self.update_record_locked(bs, |rec| {
+            let mut freed = Vec::new();
+            for &(i, e) in updates {
+                let old = rec.entries[i];
+                if old.in_cache() {
+                    freed.push(old.position);
+                }
+                rec.entries[i] = e;
+            }
+            freed
+        })
+        .await
+    }
+
+    /// Changes a record with `change` (which returns the positions it stops pointing to) under
+    /// the blockset's I/O lock (held by the caller), writes it, claims its new cache positions
+    /// and frees the old ones.
+    pub(crate) async fn update_record_locked(
+        &self,
+        bs: usize,
+        change: impl FnOnce(&mut Record) -> Vec<u64>,
+    ) -> Result<(), VolumeError> {
+        let mut page = vec![0u8; PAGE_BYTES];
+        let (freed, claimed) = {
+            let mut rec = self.records[bs].lock();
+            let before: Vec<u64> = rec.entries.iter().filter(|e| e.in_cache()).map(|e| e.position).collect();
+            let freed = change(&mut rec);
+            rec.generation += 1;
+            rec.owner = 0;
+            let claimed: Vec<(u64, u16)> = rec
+                .entries
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.in_cache() && !before.contains(&e.position))
+                .map(|(i, e)| (e.position, u16::try_from(i).expect("bounded")))
+                .collect();
+            rec.encode(&mut page);
+            (freed, claimed)
+        };
+        for &(pos, i) in &claimed {
+            self.log.claim(pos, u32::try_from(bs).expect("blockset index fits"), i);
+        }
+        self.meta.write((1 + bs as u64) * BLOCK, IoBytes::copy_from(&page), true).await?;
+        self.counters.metadata_page_writes.fetch_add(1, Relaxed);
+        self.log.release(freed);
+        Ok(())
+    }
+
+    /// Zeroes a range. Whole blocks only change the records (no data is written); partial edge
+    /// blocks are written as zeros unless `fast_only` (then [`VolumeError::NotCheap`]).
+    pub async fn write_zeroes(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        fast_only: bool,
+    ) -> Result<(), VolumeError> {
+        self.check_range(offset_bytes, len_bytes)?;
+        if len_bytes == 0 {
+            return Ok(());
+        }
+        let end = offset_bytes + len_bytes;
+        let a = offset_bytes.next_multiple_of(BLOCK).min(end);
+        let b = (end / BLOCK * BLOCK).max(a);
+        if fast_only && (a != offset_bytes || b != end) {
+            return Err(VolumeError::NotCheap { offset_bytes, len_bytes });
+        }
+        if b > a {
+            self.zero_blocks(a / BLOCK, (b - a) / BLOCK).await?;
+        }
+        for (s, e) in [(offset_bytes, a), (b, end)] {
+            if e > s {
+                self.write(s, IoBytes::zeroed((e - s) as usize), false).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Discards whole blocks (edges are left as they are): they read as zeros.
+    pub async fn trim(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
+        self.check_range(offset_bytes, len_bytes)?;
+        let a = offset_bytes.next_multiple_of(BLOCK);
+        let b = (offset_bytes + len_bytes) / BLOCK * BLOCK;
+        if b > a {
+            self.zero_blocks(a / BLOCK, (b - a) / BLOCK).await?;
+        }
+        Ok(())
+    }
+
+    async fn zero_blocks(&self, first: u64, n: u64) -> Result<(), VolumeError> {
+        self.last_write_ms.store(self.now_ms(), Relaxed);
+        let bsb = self.blockset_blocks as u64;
+        let mut b = first;
+        while b < first + n {
+            let bs = (b / bsb) as usize;
+            let upto = ((bs as u64 + 1) * bsb).min(first + n);
+            let updates: Vec<(usize, Entry)> = (b..upto)
+                .map(|blk| ((blk % bsb) as usize, Entry { position: ZEROED, crc: ZERO_CRC }))
+                .collect();
+            self.update_record(bs, &updates).await?;
+            b = upto;
+        }
+        Ok(())
+    }
+
+    /// Every acknowledged write is already durable; a flush only has to wait for nothing.
+    pub async fn flush(&self) -> Result<(), VolumeError> {
+        if self.closed.load(Relaxed) {
+            return Err(VolumeError::Closed(self.name.clone()));
+        }
+        Ok(())
+    }
+
+    /// Allocation map: a block is a hole when it reads as zeros without being stored.
+    pub fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<Extent>, VolumeError> {
+        self.check_range(offset_bytes, len_bytes)?;
+        let mut out: Vec<Extent> = Vec::new();
+        if len_bytes == 0 {
+            return Ok(out);
+        }
+        let first = offset_bytes / BLOCK;
+        let end = (offset_bytes + len_bytes).div_ceil(BLOCK);
+        for e in self.snapshot(first, end - first) {
+            let hole = e.position == ZEROED || (e.position == CLEAN && e.crc == ZERO_CRC);
+            match out.last_mut() {
+                Some(x) if x.unallocated == hole => x.len_bytes += BLOCK,
+                _ => out.push(Extent { len_bytes: BLOCK, unallocated: hole }),
+            }
+        }
+        out[0].len_bytes -= offset_bytes - first * BLOCK;
+        let last = out.len() - 1;
+        out[last].len_bytes -= end * BLOCK - (offset_bytes + len_bytes);
+        out.retain(|e| e.len_bytes > 0);
+        Ok(out)
+    }
+
+    /// Blocks not yet in the capacity tier, and blocksets holding them.
+    pub fn dirty(&self) -> (u64, u64) {
+        let mut blocks = 0;
+        let mut sets = 0;
+        for r in self.records.iter() {
+            let d = r.lock().entries.iter().filter(|e| e.dirty()).count() as u64;
+            blocks += d;
+            sets += u64::from(d > 0);
+        }
+        (blocks, sets)
+    }
+
+    /// Worst state of the three parts.
+    pub fn state(&self) -> VolumeState {
+        let rank = |s: VolumeState| match s {
+            VolumeState::Healthy => 0,
+            VolumeState::Rebuilding => 1,
+            VolumeState::Degraded => 2,
+            VolumeState::Failed => 3,
+        };
+        [self.cache.state(), self.meta.state(), self.cap.state()]
+            .into_iter()
+            .max_by_key(|s| rank(*s))
+            .expect("three")
+    }
+
+    /// Stops the destager; requests after this fail with `Closed`.
+    pub fn close(&self) {
+        self.closed.store(true, Relaxed);
+        self.log.fail_waiters(format!("volume {} is closed", self.name));
+        self.log.hungry.notify_one();
+    }
+}

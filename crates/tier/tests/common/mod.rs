@@ -1,0 +1,125 @@
+//! Rig for tiered-volume tests: a pool of 2 fast + 6 capacity fault-injecting drives.
+#![allow(dead_code, unreachable_pub, clippy::cast_possible_truncation)]
+
+use std::sync::Arc;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use stria_dev::{BlockDevice, FaultConfig, FaultDevice, PowerSwitch};
+use stria_engine::{DriveClass, FoundDrive, NewDrive, Pool};
+use stria_tier::{TierParams, TieredSpec, TieredVolume};
+
+pub type Dev = Arc<FaultDevice>;
+pub const DRIVE_BYTES: u64 = 48 << 20;
+
+pub fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+/// 2 fast + 6 capacity drives on `switch`: slots 0-1 fast, 2-7 capacity.
+pub fn drives(switch: &Arc<PowerSwitch>, seed: u64) -> Vec<Dev> {
+    (0..8)
+        .map(|i| {
+            Arc::new(
+                FaultDevice::new(&format!("d{i}"), DRIVE_BYTES, seed * 100 + i)
+                    .with_power_switch(switch.clone()),
+            )
+        })
+        .collect()
+}
+
+pub async fn create_pool(devs: &[Dev]) -> Arc<Pool<Dev>> {
+    let nd = devs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| NewDrive {
+            dev: d.clone(),
+            path: d.name().into(),
+            class: if i < 2 { DriveClass::Fast } else { DriveClass::Capacity },
+            domain: String::new(),
+            fresh: true,
+        })
+        .collect();
+    Arc::new(Pool::create("t", nd).await.expect("pool"))
+}
+
+pub async fn open_pool(devs: &[Dev]) -> Arc<Pool<Dev>> {
+    let found = devs.iter().map(|d| FoundDrive { dev: d.clone(), path: d.name().into() }).collect();
+    Arc::new(Pool::open(found).await.expect("reopen pool"))
+}
+
+pub fn reboot(devs: &[Dev], seed: u64) -> Vec<Dev> {
+    let switch = PowerSwitch::new();
+    devs.iter()
+        .enumerate()
+        .map(|(i, d)| {
+            Arc::new(
+                FaultDevice::with_config(d.crash_image(seed + i as u64), FaultConfig::default(), seed)
+                    .with_power_switch(switch.clone()),
+            )
+        })
+        .collect()
+}
+
+/// A 4 MiB tiered ec:4+2 volume (16 KiB chunks: 64 KiB blocksets) with a 512 KiB cache.
+pub fn spec() -> TieredSpec {
+    TieredSpec {
+        name: "tv".into(),
+        size_bytes: 4 << 20,
+        data_shards: 4,
+        parity_shards: 2,
+        chunk_bytes: 16 << 10,
+        cache_bytes: Some(512 << 10),
+        cache_copies: 2,
+    }
+}
+
+pub async fn open_tiered(pool: &Arc<Pool<Dev>>) -> Arc<TieredVolume<Dev>> {
+    let rec = pool.meta().tiered.iter().find(|t| t.name == "tv").cloned().expect("tiered record");
+    stria_tier::open(pool, &rec).await.expect("open tiered")
+}
+
+pub fn always(vol: &TieredVolume<Dev>) {
+    let p = vol.params();
+    vol.set_params(TierParams { always: true, ..p });
+}
+
+pub fn random_bytes(rng: &mut ChaCha8Rng, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    rng.fill(&mut v[..]);
+    v
+}
+
+/// A random write inside `[lo, hi)`: blocks, blocksets or unaligned bytes.
+pub fn random_write(rng: &mut ChaCha8Rng, lo: u64, hi: u64) -> (u64, Vec<u8>) {
+    let span = hi - lo;
+    let (o, len) = match rng.random_range(0..3) {
+        0 => {
+            let b = rng.random_range(0..span / 4096);
+            (lo + b * 4096, 4096 * rng.random_range(1..=8.min(span / 4096 - b)))
+        }
+        1 => {
+            let o = rng.random_range(0..span / 65536) * 65536;
+            (lo + o, 65536.min(span - o))
+        }
+        _ => {
+            let o = rng.random_range(0..span - 1);
+            (lo + o, rng.random_range(1..=(span - o).min(20_000)))
+        }
+    };
+    (o, random_bytes(rng, len as usize))
+}
+
+pub async fn check(vol: &TieredVolume<Dev>, model: &[u8]) {
+    let step = 256 << 10;
+    let mut at = 0;
+    while at < model.len() {
+        let n = step.min(model.len() - at);
+        let got = vol.read(at as u64, n).await.unwrap_or_else(|e| panic!("read at {at}: {e}"));
+        if got[..] != model[at..at + n] {
+            let i = (0..n).find(|&i| got[i] != model[at + i]).unwrap();
+            panic!("tiered volume differs from the model at byte {}", at + i);
+        }
+        at += n;
+    }
+}
