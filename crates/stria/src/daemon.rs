@@ -6,15 +6,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use stria_dev::FileDevice;
-use stria_engine::{Pool, VolumeRole};
-use stria_nbd::{ExportMap, Server, ServerConfig, TlsConfig, TlsMode};
+use stria_dev::BlockDevice;
+use stria_dev::mem::MemDevice;
+use stria_engine::units::parse_size;
+use stria_engine::{DEFAULT_CHUNK_BYTES, DriveClass, NewDrive, Pool, VolumeRole, VolumeSpec};
+use stria_nbd::{ExportMap, Server, ServerConfig, ServerHandle, TlsConfig, TlsMode};
 use tokio::net::UnixListener;
 
 use crate::control;
 use crate::export::VolumeExport;
 use crate::ops::{self, Ctx};
 use crate::pooldir::PoolDir;
+use crate::stack::Stack;
 
 /// Where the NBD server listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,11 +53,54 @@ pub(crate) struct ServeOptions {
     pub(crate) rebuild_rate_bytes: u64,
 }
 
+/// A pool of memory drives made at start-up and gone at exit (`stria serve
+/// --bench-memory-drives`): for benchmarks of the serving path without drive I/O underneath.
+#[derive(Debug, Clone)]
+pub(crate) struct MemoryPoolSpec {
+    /// Capacity drives to create.
+    pub(crate) drives: usize,
+    /// Size of each drive.
+    pub(crate) drive_bytes: u64,
+    /// Volumes to create on them.
+    pub(crate) volumes: Vec<MemoryVolumeSpec>,
+}
+
+/// `COUNTxSIZE`, e.g. `6x1G`.
+pub(crate) fn parse_memory_drives(s: &str) -> Result<(usize, u64), String> {
+    let (count, size) = s.split_once('x').ok_or_else(|| format!("`{s}`: expected COUNTxSIZE, e.g. 6x1G"))?;
+    let count =
+        count.parse::<usize>().map_err(|_| format!("`{s}`: drive count `{count}` is not a number"))?;
+    if count == 0 {
+        return Err(format!("`{s}`: at least one drive is needed"));
+    }
+    Ok((count, parse_size(size).map_err(|e| format!("`{s}`: {e}"))?))
+}
+
+/// A volume of a memory pool: `NAME:LAYOUT:SIZE`, e.g. `r0:raid0:1G` or `ec:ec:4+2:1G`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MemoryVolumeSpec {
+    pub(crate) name: String,
+    pub(crate) layout: String,
+    pub(crate) size_bytes: u64,
+}
+
+impl std::str::FromStr for MemoryVolumeSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<MemoryVolumeSpec, String> {
+        let usage = || format!("`{s}`: expected NAME:LAYOUT:SIZE, e.g. r0:raid0:1G or e:ec:4+2:1G");
+        let (name, rest) = s.split_once(':').ok_or_else(usage)?;
+        let (layout, size) = rest.rsplit_once(':').ok_or_else(usage)?;
+        if name.is_empty() || layout.is_empty() {
+            return Err(usage());
+        }
+        let size_bytes = parse_size(size).map_err(|e| format!("`{s}`: {e}"))?;
+        Ok(MemoryVolumeSpec { name: name.to_string(), layout: layout.to_string(), size_bytes })
+    }
+}
+
 /// Makes the export map match the pool's volumes (plain volumes are exported by name).
-fn sync_exports(pool: &Pool<FileDevice>, exports: &ExportMap) {
-    let meta = pool.meta();
-    let wanted: Vec<String> =
-        meta.volumes.iter().filter(|v| v.role == VolumeRole::Plain).map(|v| v.name.clone()).collect();
+fn sync_exports<D: BlockDevice>(stack: &Stack<D>, exports: &ExportMap) {
+    let wanted = stack.names();
     for name in stria_nbd::ExportRegistry::names(exports) {
         if !wanted.contains(&name) {
             exports.remove(&name);
@@ -65,7 +111,7 @@ fn sync_exports(pool: &Pool<FileDevice>, exports: &ExportMap) {
         if stria_nbd::ExportRegistry::lookup(exports, &name).is_some_and(|e| e.name == name) {
             continue;
         }
-        if let Some(volume) = pool.volume(&name) {
+        if let Some(volume) = stack.volume(&name) {
             let _ = exports.insert(&name, Arc::new(VolumeExport { volume }));
             tracing::info!(volume = %name, "export added");
         }
@@ -86,69 +132,39 @@ fn remove_stale_socket(path: &Path) -> Result<()> {
 /// Runs the daemon until SIGTERM or SIGINT.
 pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnce(&[String])) -> Result<()> {
     let _lock = dir.lock()?;
-    let pool = Arc::new(dir.open_pool(opts.force).await?);
+    let stack = Arc::new(Stack::open(dir.open_pool(opts.force).await?).await?);
+    let pool = Arc::clone(&stack.pool);
     pool.set_rebuild_rate(opts.rebuild_rate_bytes);
     let report = pool.recovery_report();
     if report.journal_txns_replayed + report.rows_resynced > 0 {
         tracing::warn!(?report, "recovered from an unclean stop");
     }
     let exports = Arc::new(ExportMap::new());
-    sync_exports(&pool, &exports);
+    sync_exports(&stack, &exports);
 
-    let tls = match (opts.tls_mode, &opts.tls_cert, &opts.tls_key) {
-        (TlsMode::Off, _, _) => TlsConfig::off(),
-        (mode, Some(cert), Some(key)) => TlsConfig::from_pem_files(mode, cert, key)?,
-        _ => bail!("--tls on/require needs --tls-cert and --tls-key"),
-    };
-    let server = Server::new(ServerConfig { tls, ..ServerConfig::default() }, exports.clone())?;
-    let mut handles = Vec::new();
-    let mut uris = Vec::new();
-    let addrs =
-        if opts.nbd.is_empty() { vec![NbdAddr::Tcp("127.0.0.1:10809".into())] } else { opts.nbd.clone() };
-    for addr in &addrs {
-        match addr {
-            NbdAddr::Unix(path) => {
-                remove_stale_socket(path)?;
-                handles.push(
-                    server
-                        .serve_unix(path)
-                        .with_context(|| format!("cannot listen on {}", path.display()))?,
-                );
-                let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
-                uris.push(format!("nbd+unix:///VOLUME?socket={}", abs.display()));
-            }
-            NbdAddr::Tcp(a) => {
-                let h =
-                    server.serve_tcp(a.as_str()).await.with_context(|| format!("cannot listen on {a}"))?;
-                if let stria_nbd::ListenAddr::Tcp(sa) = h.local_addr() {
-                    uris.push(format!("nbd://{sa}/VOLUME"));
-                }
-                handles.push(h);
-            }
-        }
-    }
+    let (handles, uris) = start_nbd(&opts, &exports).await?;
 
     let control_path = dir.control_socket();
     remove_stale_socket(&control_path)?;
     let listener = UnixListener::bind(&control_path)
         .with_context(|| format!("cannot bind {}", control_path.display()))?;
     let handler: control::Handler = {
-        let pool = Arc::clone(&pool);
+        let stack = Arc::clone(&stack);
         let dir = dir.clone();
         let exports = Arc::clone(&exports);
         Arc::new(move |request, tx| {
-            let pool = Arc::clone(&pool);
+            let stack = Arc::clone(&stack);
             let dir = dir.clone();
             let exports = Arc::clone(&exports);
             Box::pin(async move {
                 let resync = request.changes_volumes();
-                let ctx = Ctx { pool: &pool, dir: &dir, daemon: true };
+                let ctx = Ctx { stack: &stack, dir: &dir, daemon: true };
                 let result = ops::execute(&ctx, request, &mut |p| {
                     let _ = tx.send(p);
                 })
                 .await;
                 if resync {
-                    sync_exports(&pool, &exports);
+                    sync_exports(&stack, &exports);
                 }
                 result
             })
@@ -197,9 +213,99 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
     for h in handles {
         h.shutdown().await;
     }
-    pool.close().await.context("flushing the pool on shutdown")?;
+    stack.close().await.context("flushing the pool on shutdown")?;
     let _ = std::fs::remove_file(&control_path);
     tracing::info!("pool closed cleanly");
+    Ok(())
+}
+
+/// Builds the NBD server for `exports` and starts its listeners; returns them with their URIs.
+async fn start_nbd(
+    opts: &ServeOptions,
+    exports: &Arc<ExportMap>,
+) -> Result<(Vec<ServerHandle>, Vec<String>)> {
+    let tls = match (opts.tls_mode, &opts.tls_cert, &opts.tls_key) {
+        (TlsMode::Off, _, _) => TlsConfig::off(),
+        (mode, Some(cert), Some(key)) => TlsConfig::from_pem_files(mode, cert, key)?,
+        _ => bail!("--tls on/require needs --tls-cert and --tls-key"),
+    };
+    let registry: Arc<ExportMap> = Arc::clone(exports);
+    let server = Server::new(ServerConfig { tls, ..ServerConfig::default() }, registry)?;
+    let mut handles = Vec::new();
+    let mut uris = Vec::new();
+    let addrs =
+        if opts.nbd.is_empty() { vec![NbdAddr::Tcp("127.0.0.1:10809".into())] } else { opts.nbd.clone() };
+    for addr in &addrs {
+        match addr {
+            NbdAddr::Unix(path) => {
+                remove_stale_socket(path)?;
+                handles.push(
+                    server
+                        .serve_unix(path)
+                        .with_context(|| format!("cannot listen on {}", path.display()))?,
+                );
+                let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+                uris.push(format!("nbd+unix:///VOLUME?socket={}", abs.display()));
+            }
+            NbdAddr::Tcp(a) => {
+                let h =
+                    server.serve_tcp(a.as_str()).await.with_context(|| format!("cannot listen on {a}"))?;
+                if let stria_nbd::ListenAddr::Tcp(sa) = h.local_addr() {
+                    uris.push(format!("nbd://{sa}/VOLUME"));
+                }
+                handles.push(h);
+            }
+        }
+    }
+    Ok((handles, uris))
+}
+
+/// Serves a pool of memory drives (see [`MemoryPoolSpec`]) until SIGTERM or SIGINT. There is no
+/// pool directory, control socket or rebuild: only the NBD exports of the volumes asked for.
+pub(crate) async fn serve_memory(
+    spec: MemoryPoolSpec,
+    opts: ServeOptions,
+    on_ready: impl FnOnce(&[String]),
+) -> Result<()> {
+    tracing::warn!(
+        drives = spec.drives,
+        drive_bytes = spec.drive_bytes,
+        "serving a benchmark pool of memory drives: nothing written survives this process"
+    );
+    let drives = (0..spec.drives)
+        .map(|i| NewDrive {
+            dev: MemDevice::new(&format!("memory-{i}"), spec.drive_bytes),
+            path: format!("memory:{i}"),
+            class: DriveClass::Capacity,
+            domain: String::new(),
+            fresh: true,
+        })
+        .collect();
+    let pool = Arc::new(Pool::create("bench-memory", drives).await.context("cannot create the memory pool")?);
+    let drive_count = u32::try_from(spec.drives).unwrap_or(u32::MAX);
+    for v in &spec.volumes {
+        let layout = ops::parse_layout(&v.layout, drive_count)?;
+        let volume = VolumeSpec {
+            name: v.name.clone(),
+            size_bytes: v.size_bytes,
+            layout,
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+            class: DriveClass::Capacity,
+            role: VolumeRole::Plain,
+        };
+        pool.create_volume(volume).await.with_context(|| format!("cannot create volume {}", v.name))?;
+    }
+    let stack = Stack::open_shared(Arc::clone(&pool)).await?;
+    let exports = Arc::new(ExportMap::new());
+    sync_exports(&stack, &exports);
+    let (handles, uris) = start_nbd(&opts, &exports).await?;
+    on_ready(&uris);
+    wait_for_signal().await?;
+    tracing::info!("shutting down: no new connections, finishing requests in flight");
+    for h in handles {
+        h.shutdown().await;
+    }
+    pool.close().await.context("closing the memory pool")?;
     Ok(())
 }
 

@@ -1,17 +1,17 @@
 //! Engine volumes as NBD exports.
 
-use std::sync::Arc;
-
 use stria_dev::{BlockDevice, IoBuf, IoBytes};
-use stria_engine::{Volume, VolumeError};
+use stria_engine::VolumeError;
 use stria_nbd::{BoxFuture, Export, ExportError, Extent};
+
+use crate::stack::AnyVolume;
 
 /// Largest extent one NBD block-status entry can describe.
 const EXTENT_MAX_BYTES: u64 = u32::MAX as u64 / 4096 * 4096;
 
-/// A volume served over NBD.
+/// A volume (plain or tiered) served over NBD.
 pub(crate) struct VolumeExport<D: BlockDevice> {
-    pub(crate) volume: Arc<Volume<D>>,
+    pub(crate) volume: AnyVolume<D>,
 }
 
 fn map_err(e: VolumeError) -> ExportError {
@@ -45,7 +45,7 @@ impl<D: BlockDevice> Export for VolumeExport<D> {
 
     fn preferred_block_bytes(&self) -> u32 {
         // A whole chunk: what one drive gets before the next (the stripe height).
-        u32::try_from(self.volume.chunk_bytes()).unwrap_or(4096).max(4096)
+        u32::try_from(self.volume.preferred_block_bytes()).unwrap_or(4096).max(4096)
     }
 
     fn can_fast_zero(&self) -> bool {

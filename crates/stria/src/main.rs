@@ -17,9 +17,9 @@ mod export;
 mod ops;
 mod output;
 mod pooldir;
+mod stack;
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::{Result, bail};
 use clap::{Args, Parser, Subcommand};
@@ -107,7 +107,8 @@ enum VolumeCmd {
         /// Size, e.g. 64G.
         #[arg(long, value_parser = parse_size)]
         size: u64,
-        /// raid0[:W], raid1[:N], raid10[:WxN] or ec:K+M (K+1 is RAID-5, K+2 RAID-6).
+        /// raid0[:W], raid1[:N], raid10[:WxN], ec:K+M (K+1 is RAID-5, K+2 RAID-6) or
+        /// tiered:ec:K+M (write cache and metadata on fast drives, ec:K+M on capacity drives).
         #[arg(long)]
         layout: String,
         /// Chunk (stripe height): how much goes to one drive before the next.
@@ -116,6 +117,12 @@ enum VolumeCmd {
         /// Drive class to place it on (default: capacity if the pool has capacity drives).
         #[arg(long)]
         class: Option<DriveClass>,
+        /// Tiered layouts: size of the write cache on fast drives (default: 1/8 of the volume).
+        #[arg(long, value_parser = parse_size)]
+        cache_size: Option<u64>,
+        /// Tiered layouts: copies of the write cache and its metadata (default 2).
+        #[arg(long)]
+        cache_copies: Option<u32>,
     },
     /// List volumes.
     List {
@@ -192,6 +199,13 @@ struct ServeArgs {
     /// Rebuild bandwidth limit (e.g. 200M per second; 0 = unlimited).
     #[arg(long, value_parser = parse_size, default_value = "0")]
     rebuild_rate: u64,
+    /// Benchmarks only: ignore --pool and serve a new pool of COUNTxSIZE memory drives (e.g.
+    /// 6x1G) that vanishes at exit, with the volumes of --bench-volume.
+    #[arg(long, hide = true, value_parser = daemon::parse_memory_drives)]
+    bench_memory_drives: Option<(usize, u64)>,
+    /// Benchmarks only: a volume of the memory pool, NAME:LAYOUT:SIZE (repeat).
+    #[arg(long, hide = true, requires = "bench_memory_drives")]
+    bench_volume: Vec<daemon::MemoryVolumeSpec>,
 }
 
 #[derive(Debug, Args)]
@@ -210,6 +224,8 @@ struct UpArgs {
 enum BenchCmd {
     /// Erasure-code throughput against ISA-L, memcpy and XOR.
     Ec(stria_bench::ec::EcBenchArgs),
+    /// Engine IOPS, bandwidth and latency over memory drives, against the raw drives.
+    Engine(stria_bench::engine::EngineBenchArgs),
 }
 
 fn main() {
@@ -219,7 +235,14 @@ fn main() {
         tracing_subscriber::EnvFilter::new("info")
     });
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
+    // STRIA_WORKER_THREADS: runtime threads (default 2; 0 runs everything on the main thread,
+    // as a benchmark pinned to one core wants).
+    let threads =
+        std::env::var("STRIA_WORKER_THREADS").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(2);
+    let runtime = match threads {
+        0 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
+    };
     let result = match runtime {
         Ok(rt) => rt.block_on(run(cli)),
         Err(e) => Err(e.into()),
@@ -242,12 +265,17 @@ async fn run(cli: Cli) -> Result<()> {
             output::drives(&serde_json::to_value(status)?);
             Ok(())
         }
-        Command::Volume(VolumeCmd::Create { name, size, layout, chunk, class }) => {
-            let v = request(
-                &dir,
-                Request::VolumeCreate { name, size_bytes: size, layout, chunk_bytes: chunk, class },
-            )
-            .await?;
+        Command::Volume(VolumeCmd::Create { name, size, layout, chunk, class, cache_size, cache_copies }) => {
+            let req = Request::VolumeCreate {
+                name,
+                size_bytes: size,
+                layout,
+                chunk_bytes: chunk,
+                class,
+                cache_bytes: cache_size,
+                cache_copies,
+            };
+            let v = request(&dir, req).await?;
             output::volume(&v);
             Ok(())
         }
@@ -352,26 +380,34 @@ async fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Serve(args) => {
+        Command::Serve(mut args) => {
+            if let Some((drives, drive_bytes)) = args.bench_memory_drives {
+                let volumes = std::mem::take(&mut args.bench_volume);
+                let spec = daemon::MemoryPoolSpec { drives, drive_bytes, volumes };
+                let opts = serve_tls_options(args)?;
+                return daemon::serve_memory(spec, opts, |uris| print_ready(uris, false)).await;
+            }
             let opts = serve_options(&dir, args)?;
             daemon::serve(dir, opts, |uris| print_ready(uris, false)).await
         }
         Command::Up(args) => {
             if !dir.exists() {
                 let _lock = dir.lock()?;
-                let pool = dir.create_pool("stria", 2, 6, args.drive_size, &[]).await?;
-                let spec = stria_engine::VolumeSpec {
+                let pool = std::sync::Arc::new(dir.create_pool("stria", 2, 6, args.drive_size, &[]).await?);
+                let spec = stria_tier::TieredSpec {
                     name: "vol0".into(),
                     size_bytes: args.volume_size,
-                    layout: stria_engine::Layout::Ec { data_shards: 4, parity_shards: 2 },
-                    chunk_bytes: stria_engine::DEFAULT_CHUNK_BYTES,
-                    class: DriveClass::Capacity,
-                    role: stria_engine::VolumeRole::Plain,
+                    data_shards: 4,
+                    parity_shards: 2,
+                    chunk_bytes: stria_tier::DEFAULT_TIER_CHUNK_BYTES,
+                    cache_bytes: None,
+                    cache_copies: 2,
                 };
-                pool.create_volume(spec).await?;
+                let tv = stria_tier::create(&pool, spec).await?;
+                tv.close();
                 pool.close().await?;
                 eprintln!(
-                    "created the default pool in {} (2 fast + 6 capacity drives) with volume vol0 (ec:4+2)",
+                    "created the default pool in {} (2 fast + 6 capacity drives) with volume vol0 (tiered:ec:4+2)",
                     dir.path.display()
                 );
             }
@@ -384,6 +420,7 @@ async fn run(cli: Cli) -> Result<()> {
             daemon::serve(dir, opts, |uris| print_ready(uris, true)).await
         }
         Command::Bench(BenchCmd::Ec(args)) => stria_bench::ec::run(&args),
+        Command::Bench(BenchCmd::Engine(args)) => stria_bench::engine::run(&args),
     }
 }
 
@@ -396,6 +433,11 @@ fn serve_options(dir: &PoolDir, args: ServeArgs) -> Result<ServeOptions> {
             dir.path.display()
         );
     }
+    serve_tls_options(args)
+}
+
+/// The options of `stria serve` that do not depend on the pool directory.
+fn serve_tls_options(args: ServeArgs) -> Result<ServeOptions> {
     let tls_mode = args.tls.parse().map_err(|e| anyhow::anyhow!("--tls: {e}"))?;
     Ok(ServeOptions {
         nbd: args.nbd,
@@ -441,10 +483,10 @@ async fn request(dir: &PoolDir, req: Request) -> Result<Value> {
         return v;
     }
     let _lock = dir.lock()?;
-    let pool = Arc::new(dir.open_pool(false).await?);
-    let ctx = Ctx { pool: &pool, dir, daemon: false };
+    let stack = stack::Stack::open(dir.open_pool(false).await?).await?;
+    let ctx = Ctx { stack: &stack, dir, daemon: false };
     let result = ops::execute(&ctx, req, &mut |p: Progress| bar.update(&p)).await;
     bar.finish();
-    pool.close().await?;
+    stack.close().await?;
     result
 }

@@ -3,7 +3,6 @@
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
@@ -15,6 +14,7 @@ use stria_engine::{
 };
 
 use crate::pooldir::PoolDir;
+use crate::stack::{AnyVolume, Stack};
 
 /// Bytes moved per request by import/export.
 const COPY_STEP_BYTES: usize = 4 << 20;
@@ -30,6 +30,10 @@ pub(crate) enum Request {
         layout: String,
         chunk_bytes: Option<u64>,
         class: Option<DriveClass>,
+        #[serde(default)]
+        cache_bytes: Option<u64>,
+        #[serde(default)]
+        cache_copies: Option<u32>,
     },
     VolumeShow {
         name: String,
@@ -85,7 +89,7 @@ pub(crate) struct Progress {
 
 /// Where the request runs.
 pub(crate) struct Ctx<'a> {
-    pub(crate) pool: &'a Arc<Pool<FileDevice>>,
+    pub(crate) stack: &'a Stack,
     pub(crate) dir: &'a PoolDir,
     /// In the daemon, rebuilds run in the background instead of in the request.
     pub(crate) daemon: bool,
@@ -160,10 +164,28 @@ pub(crate) async fn execute(
     req: Request,
     progress: &mut (dyn FnMut(Progress) + Send),
 ) -> Result<Value> {
-    let pool = ctx.pool;
+    let pool = &ctx.stack.pool;
     match req {
-        Request::Status => Ok(serde_json::to_value(pool.status())?),
-        Request::VolumeCreate { name, size_bytes, layout, chunk_bytes, class } => {
+        Request::Status => status(ctx.stack),
+        Request::VolumeCreate { name, size_bytes, layout, chunk_bytes, class, cache_bytes, cache_copies } => {
+            if let Some(parsed) = stria_tier::parse_tiered_layout(&layout) {
+                let (k, m) = parsed.map_err(|e| anyhow!(e))?;
+                let spec = stria_tier::TieredSpec {
+                    name: name.clone(),
+                    size_bytes,
+                    data_shards: k,
+                    parity_shards: m,
+                    chunk_bytes: chunk_bytes.unwrap_or(stria_tier::DEFAULT_TIER_CHUNK_BYTES),
+                    cache_bytes,
+                    cache_copies: cache_copies.unwrap_or(2),
+                };
+                let tv = stria_tier::create(pool, spec).await?;
+                ctx.stack.add_tiered(tv);
+                return volume_show(ctx.stack, &name);
+            }
+            if cache_bytes.is_some() || cache_copies.is_some() {
+                bail!("--cache-size and --cache-copies apply to tiered layouts only (tiered:ec:K+M)");
+            }
             let class = class.unwrap_or_else(|| default_class(pool));
             let layout = parse_layout(&layout, active_in_class(pool, class))?;
             let spec = VolumeSpec {
@@ -175,19 +197,30 @@ pub(crate) async fn execute(
                 role: VolumeRole::Plain,
             };
             pool.create_volume(spec).await?;
-            volume_show(pool, &name)
+            volume_show(ctx.stack, &name)
         }
-        Request::VolumeShow { name } => volume_show(pool, &name),
+        Request::VolumeShow { name } => volume_show(ctx.stack, &name),
         Request::VolumeResize { name, size_bytes } => {
+            if ctx.stack.tiered(&name).is_some() {
+                bail!("resizing a tiered volume is not supported yet");
+            }
+            require_plain(ctx.stack, &name)?;
             pool.resize_volume(&name, size_bytes.next_multiple_of(4096)).await?;
-            volume_show(pool, &name)
+            volume_show(ctx.stack, &name)
         }
         Request::VolumeDelete { name } => {
-            pool.delete_volume(&name).await?;
+            if let Some(tv) = ctx.stack.tiered(&name) {
+                tv.close();
+                stria_tier::delete(pool, &name).await?;
+                ctx.stack.remove_tiered(&name);
+            } else {
+                require_plain(ctx.stack, &name)?;
+                pool.delete_volume(&name).await?;
+            }
             Ok(json!({ "deleted": name }))
         }
-        Request::VolumeImport { name, path } => import(pool, &name, &path, progress).await,
-        Request::VolumeExport { name, path } => export(pool, &name, &path, progress).await,
+        Request::VolumeImport { name, path } => import(ctx.stack, &name, &path, progress).await,
+        Request::VolumeExport { name, path } => export(ctx.stack, &name, &path, progress).await,
         Request::DriveFail { drive } => {
             let slot = find_drive(pool, &drive)?;
             pool.fail_drive(slot, "failed by the operator (drive fail)").await?;
@@ -215,15 +248,69 @@ pub(crate) async fn execute(
             Ok(json!({ "rebuild_rate_bytes_per_sec": bytes_per_sec }))
         }
         Request::Scrub { name } => {
-            let report = pool
-                .scrub(&name, |done, total| progress(Progress { what: format!("scrub {name}"), done, total }))
-                .await?;
-            Ok(serde_json::to_value(report)?)
+            let parts: Vec<String> = match ctx.stack.tiered(&name) {
+                Some(tv) => [tv.cache_volume(), tv.meta_volume(), tv.capacity_volume()]
+                    .iter()
+                    .map(|v| v.name().to_string())
+                    .collect(),
+                None => {
+                    require_plain(ctx.stack, &name)?;
+                    vec![name.clone()]
+                }
+            };
+            let mut total = json!({ "volume": name, "rows": 0, "blocks_checked": 0, "blocks_repaired": 0,
+                "parity_blocks_fixed": 0, "copy_blocks_fixed": 0, "unrecoverable_blocks": 0 });
+            for part in parts {
+                let report = pool
+                    .scrub(&part, |done, total| {
+                        progress(Progress { what: format!("scrub {part}"), done, total })
+                    })
+                    .await?;
+                let r = serde_json::to_value(report)?;
+                for k in [
+                    "rows",
+                    "blocks_checked",
+                    "blocks_repaired",
+                    "parity_blocks_fixed",
+                    "copy_blocks_fixed",
+                    "unrecoverable_blocks",
+                ] {
+                    total[k] = json!(total[k].as_u64().unwrap_or(0) + r[k].as_u64().unwrap_or(0));
+                }
+            }
+            Ok(total)
         }
     }
 }
 
-fn volume_show(pool: &Pool<FileDevice>, name: &str) -> Result<Value> {
+/// Errors unless `name` is a plain (client-visible) volume.
+fn require_plain(stack: &Stack, name: &str) -> Result<()> {
+    match stack.volume(name) {
+        Some(AnyVolume::Plain(_)) => Ok(()),
+        Some(AnyVolume::Tiered(_)) => bail!("`{name}` is a tiered volume"),
+        None if stack.pool.volume(name).is_some() => {
+            bail!("`{name}` is a part of a tiered volume; operate on the tiered volume instead")
+        }
+        None => bail!("no volume named `{name}`"),
+    }
+}
+
+/// Pool status plus the tiered volumes.
+fn status(stack: &Stack) -> Result<Value> {
+    let mut v = serde_json::to_value(stack.pool.status())?;
+    let tiered: Vec<Value> =
+        stack.tiered_all().iter().map(|t| serde_json::to_value(t.status())).collect::<Result<_, _>>()?;
+    v["tiered"] = Value::Array(tiered);
+    Ok(v)
+}
+
+fn volume_show(stack: &Stack, name: &str) -> Result<Value> {
+    if let Some(tv) = stack.tiered(name) {
+        let mut v = serde_json::to_value(tv.status())?;
+        v["kind"] = json!("tiered");
+        return Ok(v);
+    }
+    let pool = &stack.pool;
     let status = pool.status();
     let vol =
         status.volumes.iter().find(|v| v.name == name).ok_or_else(|| anyhow!("no volume named `{name}`"))?;
@@ -250,7 +337,7 @@ fn volume_show(pool: &Pool<FileDevice>, name: &str) -> Result<Value> {
 }
 
 async fn replace(ctx: &Ctx<'_>, slot: u32, new_path: Option<PathBuf>, domain: Option<String>) -> Result<u32> {
-    let pool = ctx.pool;
+    let pool = &ctx.stack.pool;
     let meta = pool.meta();
     let old = meta.drive(slot).ok_or_else(|| anyhow!("no drive {slot}"))?.clone();
     let old_bytes = pool
@@ -301,12 +388,12 @@ async fn replace(ctx: &Ctx<'_>, slot: u32, new_path: Option<PathBuf>, domain: Op
 }
 
 async fn import(
-    pool: &Pool<FileDevice>,
+    stack: &Stack,
     name: &str,
     path: &PathBuf,
     progress: &mut (dyn FnMut(Progress) + Send),
 ) -> Result<Value> {
-    let vol = pool.volume(name).ok_or_else(|| anyhow!("no volume named `{name}`"))?;
+    let vol = stack.volume(name).ok_or_else(|| anyhow!("no volume named `{name}`"))?;
     let mut file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let len = file.metadata()?.len();
     if len > vol.size_bytes() {
@@ -338,12 +425,12 @@ async fn import(
 }
 
 async fn export(
-    pool: &Pool<FileDevice>,
+    stack: &Stack,
     name: &str,
     path: &PathBuf,
     progress: &mut (dyn FnMut(Progress) + Send),
 ) -> Result<Value> {
-    let vol = pool.volume(name).ok_or_else(|| anyhow!("no volume named `{name}`"))?;
+    let vol = stack.volume(name).ok_or_else(|| anyhow!("no volume named `{name}`"))?;
     let tmp = path.with_extension("stria-partial");
     let mut file = std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     let size = vol.size_bytes();

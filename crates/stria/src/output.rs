@@ -113,6 +113,20 @@ pub(crate) fn volumes(v: &Value) {
                 .collect()
         })
         .unwrap_or_default();
+    let mut rows = rows;
+    if let Some(tiered) = v["tiered"].as_array() {
+        for t in tiered {
+            rows.push(vec![
+                s(&t["name"]),
+                s(&t["layout"]),
+                size(&t["size_bytes"]),
+                size(&t["blockset_bytes"]),
+                "fast+capacity".into(),
+                s(&t["state"]),
+                "-".into(),
+            ]);
+        }
+    }
     if rows.is_empty() {
         outln!("no volumes (create one with `stria volume create NAME --size SIZE --layout ec:4+2`)");
         return;
@@ -120,8 +134,85 @@ pub(crate) fn volumes(v: &Value) {
     table(&["NAME", "LAYOUT", "SIZE", "CHUNK", "CLASS", "STATE", "REBUILD"], &rows);
 }
 
+/// `stria volume show` of a tiered volume.
+fn tiered(t: &Value) {
+    outln!("tiered volume {} ({}), {}", s(&t["name"]), s(&t["layout"]), s(&t["state"]));
+    outln!("  {:<22} {}", "size", size(&t["size_bytes"]));
+    outln!("  {:<22} {}", "blockset (full stripe)", size(&t["blockset_bytes"]));
+    let cache_bytes = t["cache_blocks"].as_u64().map(|b| b * 4096);
+    let used = t["log_used_blocks"].as_u64().unwrap_or(0) * 4096;
+    outln!(
+        "  {:<22} {} used of {}, {} dirty blocks in {} blocksets",
+        "write cache",
+        format_size(used),
+        cache_bytes.map(format_size).unwrap_or_default(),
+        s(&t["dirty_blocks"]),
+        s(&t["dirty_blocksets"])
+    );
+    outln!("  {:<22} {} written, {} read", "host", size(&t["host_write_bytes"]), size(&t["host_read_bytes"]));
+    outln!(
+        "  {:<22} {} from cache, {} from capacity",
+        "blocks read",
+        s(&t["blocks_read_from_cache"]),
+        s(&t["blocks_read_from_capacity"])
+    );
+    outln!(
+        "  {:<22} {} blocksets ({} clean blocks read back to fill partial ones)",
+        "destaged",
+        s(&t["destaged_blocksets"]),
+        s(&t["destage_fill_blocks"])
+    );
+    outln!("  {:<22} {}", "metadata page writes", s(&t["metadata_page_writes"]));
+    let wa = |v: &Value| v.as_f64().map_or_else(|| "-".to_string(), |x| format!("{x:.2}"));
+    outln!(
+        "  {:<22} fast drives {}, capacity drives {} (drive bytes written per host byte)",
+        "write amplification",
+        wa(&t["write_amplification_fast"]),
+        wa(&t["write_amplification_capacity"])
+    );
+    let rows: Vec<Vec<String>> = t["parts"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|p| {
+                    vec![
+                        s(&p["role"]),
+                        s(&p["volume"]),
+                        s(&p["layout"]),
+                        size(&p["size_bytes"]),
+                        s(&p["state"]),
+                        size(&p["write_bytes"]),
+                        size(&p["drive_bytes_written"]),
+                        size(&p["drive_bytes_read"]),
+                        format!("{}/{}", s(&p["full_stripe_writes"]), s(&p["partial_stripe_writes"])),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    outln!();
+    table(
+        &[
+            "PART",
+            "VOLUME",
+            "LAYOUT",
+            "SIZE",
+            "STATE",
+            "WRITTEN",
+            "DRIVE WRITES",
+            "DRIVE READS",
+            "FULL/PARTIAL",
+        ],
+        &rows,
+    );
+}
+
 /// `stria volume show`.
 pub(crate) fn volume(v: &Value) {
+    if v["kind"] == "tiered" {
+        tiered(v);
+        return;
+    }
     outln!("volume {}", s(&v["name"]));
     for (k, label) in [("layout", "layout"), ("class", "class"), ("state", "state")] {
         outln!("  {label:<14} {}", s(&v[k]));
