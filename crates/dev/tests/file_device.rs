@@ -37,6 +37,11 @@ fn new_drive(
     if engine == IoEngine::Threads {
         assert_eq!(dev.engine(), IoEngine::Threads);
     }
+    if engine == IoEngine::Inline {
+        // Inline only where calls never wait for a device (tmpfs); threads elsewhere.
+        let expected = if root == "/dev/shm" { IoEngine::Inline } else { IoEngine::Threads };
+        assert_eq!(dev.engine(), expected, "{root}");
+    }
     (dir, dev)
 }
 
@@ -98,9 +103,25 @@ fn many_concurrent(engine: IoEngine, root: &str) {
     assert_eq!(dev.counters().snapshot().read_ops, BLOCKS);
 }
 
+#[test]
+fn inline_round_trip_on_tmpfs_and_threads_elsewhere() {
+    round_trip(IoEngine::Inline, "/dev/shm");
+    round_trip(IoEngine::Inline, "/tmp");
+}
+
+#[test]
+fn inline_many_concurrent_requests_and_threads() {
+    many_concurrent(IoEngine::Inline, "/dev/shm");
+    many_threads_in(IoEngine::Inline, "/dev/shm");
+}
+
 /// Four threads submit to one drive at once, each to its own blocks.
 fn many_threads(engine: IoEngine) {
-    let (_dir, dev) = new_drive("/tmp", engine, 16, MIB);
+    many_threads_in(engine, "/tmp");
+}
+
+fn many_threads_in(engine: IoEngine, root: &str) {
+    let (_dir, dev) = new_drive(root, engine, 16, MIB);
     std::thread::scope(|scope| {
         for t in 0..4u64 {
             let dev = &dev;
@@ -222,8 +243,8 @@ fn open_reports_size_direct_io_and_refuses_bad_paths() {
         assert!(!dev.is_block_device());
         assert_eq!(dev.name(), path.to_string_lossy());
         if std::env::var_os("STRIA_IO_ENGINE").is_none() && uring_available() {
-            // Auto: io_uring on ext4, threads on tmpfs (where io_uring punts every request).
-            let expected = if root == "/dev/shm" { IoEngine::Threads } else { IoEngine::Uring };
+            // Auto: io_uring on ext4, inline calls on tmpfs (where io_uring punts every request).
+            let expected = if root == "/dev/shm" { IoEngine::Inline } else { IoEngine::Uring };
             assert_eq!(dev.engine(), expected, "{root}");
         }
         drop(dev);

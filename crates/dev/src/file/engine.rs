@@ -36,6 +36,8 @@ pub(super) struct Shared {
     pub(super) file: File,
     pub(super) is_block_device: bool,
     ring: Option<IoUring>,
+    /// Calls run on the submitting thread ([`super::IoEngine::Inline`]).
+    inline: bool,
     pub(super) table: Mutex<Table>,
     /// Signals pool threads that `table.jobs` has work (or that the drive is closing).
     jobs_ready: Condvar,
@@ -64,6 +66,7 @@ impl Shared {
         file: File,
         is_block_device: bool,
         ring: Option<IoUring>,
+        inline: bool,
         queue_depth: u32,
     ) -> Shared {
         Shared {
@@ -71,6 +74,7 @@ impl Shared {
             file,
             is_block_device,
             ring,
+            inline,
             table: Mutex::new(Table::new(queue_depth)),
             jobs_ready: Condvar::new(),
         }
@@ -114,6 +118,7 @@ impl Shared {
 
     pub(super) fn kick(&self, kick: Kick) {
         match kick {
+            Kick::NotifyPool if self.inline => self.run_queued_inline(),
             Kick::NotifyPool => {
                 self.jobs_ready.notify_one();
             }
@@ -157,6 +162,22 @@ impl Shared {
                 .mode(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
                 .build(),
         }
+    }
+
+    /// Runs the queued calls on this thread (the inline engine), as a pool thread would, and
+    /// wakes their futures (the submitter's own future is polled again right away).
+    fn run_queued_inline(&self) {
+        let mut wake: Vec<Waker> = Vec::new();
+        loop {
+            let (ticket, call) = {
+                let mut table = self.table.lock();
+                let Some(ticket) = table.jobs.pop_front() else { break };
+                (ticket, table.syscall(ticket))
+            };
+            let result = self.run_blocking(call);
+            self.table.lock().complete(ticket, result, &mut wake);
+        }
+        wake.into_iter().for_each(Waker::wake);
     }
 
     /// Runs one call with blocking system calls (pool threads).

@@ -41,13 +41,17 @@ pub const IO_THREADS_MAX: usize = 64;
 pub enum IoEngine {
     /// `STRIA_IO_ENGINE` if set; else io_uring, except for files on tmpfs, where io_uring hands
     /// every request to a kernel worker (about 65 us per 4 KiB read here, against 1 us for
-    /// `pread`) and the thread pool is faster. Falls back to threads if io_uring is refused.
+    /// `pread`): there the calls run inline. Falls back to threads if io_uring is refused.
     #[default]
     Auto,
     /// io_uring; falls back to threads (with a warning) if the kernel or sandbox refuses it.
     Uring,
     /// A bounded pool of threads doing `pread`/`pwrite`.
     Threads,
+    /// Blocking calls on the submitting thread, for memory-backed files (tmpfs) only: there a
+    /// call is a memory copy that never waits for a device, and handing it to another thread
+    /// costs more (two context switches) than the copy itself.
+    Inline,
 }
 
 /// How to open a file drive.
@@ -129,11 +133,17 @@ impl FileDevice {
         }
         let name: Arc<str> = Arc::from(path.to_string_lossy().as_ref());
         let on_tmpfs = !is_block_device && sys::is_on_tmpfs(&file);
-        let ring = choose_ring(&name, opts, on_tmpfs);
-        let engine = if ring.is_some() { IoEngine::Uring } else { IoEngine::Threads };
-        // With a ring, pool threads only do block-device discards: one is enough.
-        let pool_threads = if ring.is_some() { 1 } else { opts.io_threads };
-        let shared = Arc::new(Shared::new(name, file, is_block_device, ring, opts.queue_depth));
+        let inline = wants_inline(&name, opts, on_tmpfs);
+        let ring = if inline { None } else { choose_ring(&name, opts, on_tmpfs) };
+        let engine = match (&ring, inline) {
+            (Some(_), _) => IoEngine::Uring,
+            (None, true) => IoEngine::Inline,
+            (None, false) => IoEngine::Threads,
+        };
+        // With a ring, pool threads only do block-device discards: one is enough. Inline, the
+        // pool is idle; one thread is kept so that shutdown works the same way.
+        let pool_threads = if ring.is_some() || inline { 1 } else { opts.io_threads };
+        let shared = Arc::new(Shared::new(name, file, is_block_device, ring, inline, opts.queue_depth));
         let threads =
             engine::spawn_threads(&shared, pool_threads).map_err(|e| io_err("spawn I/O thread", e))?;
         Ok(FileDevice { shared, threads, size_bytes, engine, direct_io, counters: DevCounters::default() })
@@ -169,7 +179,8 @@ impl FileDevice {
         FileDevice::open(path, opts)
     }
 
-    /// The engine actually in use ([`IoEngine::Uring`] or [`IoEngine::Threads`]).
+    /// The engine actually in use ([`IoEngine::Uring`], [`IoEngine::Threads`] or
+    /// [`IoEngine::Inline`]).
     pub fn engine(&self) -> IoEngine {
         self.engine
     }
@@ -260,25 +271,37 @@ fn engine_from_env(value: Option<&str>) -> IoEngine {
     match value {
         Some("threads") => IoEngine::Threads,
         Some("uring") => IoEngine::Uring,
+        Some("inline") => IoEngine::Inline,
         None | Some("auto" | "") => IoEngine::Auto,
         Some(other) => {
-            tracing::warn!("{IO_ENGINE_ENV}={other:?} is not one of uring, threads, auto; ignoring it");
+            tracing::warn!(
+                "{IO_ENGINE_ENV}={other:?} is not one of uring, threads, inline, auto; ignoring it"
+            );
             IoEngine::Auto
         }
+    }
+}
+
+/// True when calls run on the submitting thread: asked for (or chosen by `Auto`) on tmpfs.
+/// Anywhere else a call may wait for a device and would stall the caller's thread, so `Inline`
+/// is refused there (with a warning) and the thread engine is used instead.
+fn wants_inline(name: &str, opts: &FileOptions, on_tmpfs: bool) -> bool {
+    match requested_engine(opts) {
+        IoEngine::Auto => on_tmpfs,
+        IoEngine::Inline if on_tmpfs => true,
+        IoEngine::Inline => {
+            tracing::warn!(device = name, "the inline engine is only for files on tmpfs; using threads");
+            false
+        }
+        IoEngine::Uring | IoEngine::Threads => false,
     }
 }
 
 /// A ring for the drive, or `None` for the thread engine (asked for, or io_uring refused).
 fn choose_ring(name: &str, opts: &FileOptions, on_tmpfs: bool) -> Option<io_uring::IoUring> {
     match requested_engine(opts) {
-        IoEngine::Threads => return None,
-        IoEngine::Auto if on_tmpfs => {
-            tracing::info!(
-                device = name,
-                "file on tmpfs: using the thread engine (faster there than io_uring)"
-            );
-            return None;
-        }
+        IoEngine::Threads | IoEngine::Inline => return None,
+        IoEngine::Auto if on_tmpfs => return None,
         IoEngine::Auto | IoEngine::Uring => {}
     }
     match engine::new_ring(opts.queue_depth) {
