@@ -260,6 +260,7 @@ pub async fn open<D: BlockDevice>(
         cap,
         records: records.into_boxed_slice(),
         io_locks: (0..1024).map(|_| tokio::sync::Mutex::new(())).collect(),
+        rmw_locks: (0..volume::RMW_LOCKS).map(|_| tokio::sync::Mutex::new(())).collect(),
         log: log::CacheLog::with_live(header.cache_blocks, &live),
         params: Mutex::new(params),
         counters: TierCounters::default(),
@@ -338,7 +339,8 @@ impl<D: BlockDevice> TieredVolume<D> {
             pool_status.drives.iter().filter(|d| fast_slots.contains(&d.id)).map(|d| d.bytes_written).sum();
         let c = &self.counters;
         let host_written = c.host_write_bytes.load(Relaxed);
-        let per_host_byte = |drive_bytes: u64| (host_written > 0).then(|| drive_bytes as f64 / host_written as f64);
+        let per_host_byte =
+            |drive_bytes: u64| (host_written > 0).then(|| drive_bytes as f64 / host_written as f64);
         let (dirty_blocks, dirty_blocksets) = self.dirty();
         let p = self.params();
         TierStatus {

@@ -17,6 +17,8 @@ const BLOCK: u64 = 4096;
 const BLOCK_USIZE: usize = 4096;
 /// Slots of the per-blockset I/O lock table (record page writes, unaligned writes).
 const IO_LOCKS: usize = 1024;
+/// Locks serialising read-modify-writes of partly written blocks, by block number.
+pub(crate) const RMW_LOCKS: usize = 1024;
 /// A read that keeps racing with destage gives up after this many tries (it never returns wrong
 /// data: giving up is an error).
 const READ_ATTEMPTS: usize = 8;
@@ -71,6 +73,8 @@ pub struct TieredVolume<D: BlockDevice> {
     pub(crate) cap: Arc<Volume<D>>,
     pub(crate) records: Box<[Mutex<Record>]>,
     pub(crate) io_locks: Box<[tokio::sync::Mutex<()>]>,
+    /// Held by unaligned writes across the read and the write of their edge blocks.
+    pub(crate) rmw_locks: Box<[tokio::sync::Mutex<()>]>,
     pub(crate) log: CacheLog,
     pub(crate) params: Mutex<TierParams>,
     pub(crate) counters: TierCounters,
@@ -375,14 +379,17 @@ impl<D: BlockDevice> TieredVolume<D> {
         if offset_bytes.is_multiple_of(BLOCK) && len.is_multiple_of(BLOCK) {
             return self.write_blocks(first, data).await;
         }
-        // Unaligned: read-modify-write of the edge blocks, serialised per blockset.
-        let bsb = self.blockset_blocks as u64;
-        let mut slots: Vec<usize> = (first / bsb..=(end - 1) / bsb).map(|b| b as usize % IO_LOCKS).collect();
+        // Unaligned: read-modify-write of the edge blocks. Two writes to different bytes of one
+        // block (512-byte sectors, say) must not both read the old block and the second undo
+        // the first: the edge blocks stay locked from the read until the merged write is
+        // durable. (Whole-block writes need no such lock: they replace the block entirely.)
+        let mut slots: Vec<usize> =
+            [first, end - 1].iter().map(|&b| (b % RMW_LOCKS as u64) as usize).collect();
         slots.sort_unstable();
         slots.dedup();
         let mut guards = Vec::new();
         for s in slots {
-            guards.push(self.io_locks[s].lock().await);
+            guards.push(self.rmw_locks[s].lock().await);
         }
         let mut whole = IoBuf::zeroed(((end - first) * BLOCK) as usize);
         let head = (offset_bytes % BLOCK) as usize;
@@ -396,8 +403,9 @@ impl<D: BlockDevice> TieredVolume<D> {
             whole[at..].copy_from_slice(&old);
         }
         whole[head..head + data.len()].copy_from_slice(&data);
+        let result = self.write_blocks(first, whole.freeze()).await;
         drop(guards);
-        self.write_blocks(first, whole.freeze()).await
+        result
     }
 
     /// The aligned write path: log, then records.
