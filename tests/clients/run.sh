@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Real clients against `stria serve`: qemu-io/qemu-img, nbdinfo/nbdcopy/nbdfuse, fio's nbd engine
-# with crc32c verification, ext4 on a loop device over nbdfuse with fsck, on raid0, raid1 and
-# ec:4+2 volumes, ec:4+2 again with a drive failed mid-run, the python3-libnbd protocol tests,
-# then a clean SIGTERM (exit 0) and a kill -9 in the middle of writes (every flushed or FUA
-# write is back after restart). Usage: tests/clients/run.sh PATH/TO/stria
+# with crc32c verification, ext4 on a loop device over nbdfuse with fsck, on raid0, raid1,
+# ec:4+2 and tiered:ec:4+2 volumes (the tiered one with a small cache, so destage runs during the
+# recipe), ec:4+2 again with a drive failed mid-run, the python3-libnbd protocol tests, then a
+# clean SIGTERM (exit 0), a kill -9 in the middle of writes (every flushed or FUA write is back
+# after restart), and a kill -9 of a tiered volume with writes in flight and destage running
+# (fio's verify_state_save/verify_state_load: every acknowledged write reads back).
+# Usage: tests/clients/run.sh PATH/TO/stria
 # Needs root (losetup, mount). Cleans up after itself, also on failure.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -49,7 +52,16 @@ log "pool: 2 fast + 6 capacity sparse drives on tmpfs"
 "$STRIA" volume create r1 --pool "$POOL" --size 1G --layout raid1 >/dev/null
 "$STRIA" volume create ec --pool "$POOL" --size 1G --layout ec:4+2 >/dev/null
 "$STRIA" volume create ecd --pool "$POOL" --size 1G --layout ec:4+2 >/dev/null
+"$STRIA" volume create tv --pool "$POOL" --size 1G --layout tiered:ec:4+2 --cache-size 48M >/dev/null
 start
+
+tier() {  # tier FIELD [PART]: a counter of the tiered volume tv from `stria status --json`
+  "$STRIA" status --pool "$POOL" --json | /usr/bin/python3 -c '
+import json, sys
+t = [t for t in json.load(sys.stdin)["tiered"] if t["name"] == "tv"][0]
+part = sys.argv[2] if len(sys.argv) > 2 else ""
+print((([p for p in t["parts"] if p["role"] == part][0]) if part else t)[sys.argv[1]])' "$@"
+}
 
 for v in r0 r1 ec; do
   log "client recipe on $v"
@@ -57,6 +69,15 @@ for v in r0 r1 ec; do
   grep -q NBD_CLIENTS_OK "$W/recipe-$v.log"
   "$STRIA" scrub "$v" --pool "$POOL"
 done
+
+log "client recipe on tiered:ec:4+2 (48 MiB write cache: destage runs during the recipe)"
+"$ROOT/tests/nbd/clients.sh" "$SOCK" tv >"$W/recipe-tv.log" 2>&1 || { tail -50 "$W/recipe-tv.log" >&2; exit 1; }
+grep -q NBD_CLIENTS_OK "$W/recipe-tv.log"
+destaged=$(tier destaged_blocksets); partial=$(tier partial_stripe_writes capacity)
+echo "tv: $destaged blocksets destaged, $partial partial-stripe capacity writes"
+[ "$destaged" -gt 0 ] || { echo "tv: nothing was destaged during the recipe" >&2; exit 1; }
+[ "$partial" = 0 ] || { echo "tv: the capacity tier saw $partial partial-stripe writes" >&2; exit 1; }
+"$STRIA" scrub tv --pool "$POOL"
 
 log "client recipe on ec:4+2 with a drive failed mid-run"
 "$ROOT/tests/nbd/clients.sh" "$SOCK" ecd >"$W/recipe-ecd.log" 2>&1 & RECIPE=$!
@@ -103,6 +124,32 @@ echo "$out"
 if echo "$out" | grep -qi "verification failed\|error"; then echo "data lost after kill -9" >&2; exit 1; fi
 [ "$(echo "$out" | grep -c '^read ')" = 2 ] || { echo "reads after kill -9 did not complete" >&2; exit 1; }
 "$STRIA" scrub ec --pool "$POOL"
+
+log "tiered: kill -9 with writes in flight and destage running; every acknowledged write is back"
+# fio writes with crc32c headers and saves its verify state when interrupted (SIGINT: it reaps
+# what is in flight, so the state names exactly the acknowledged writes); a second fio keeps
+# writing to the other half of the volume, so the server dies with requests in flight.
+mkdir -p "$W/fio"
+( cd "$W/fio" && exec fio --name=tv --ioengine=nbd --uri="$(uri tv)" --rw=randwrite --bs=4k --iodepth=16 \
+    --size=512M --rate_iops=6000 --verify=crc32c --do_verify=0 --verify_state_save=1 >fio-write.log 2>&1 ) &
+FIOW=$!
+( fio --name=bg --ioengine=nbd --uri="$(uri tv)" --rw=randwrite --bs=64k --iodepth=8 --offset=512M \
+      --size=512M --time_based --runtime=60 >/dev/null 2>&1 || true ) &
+FIO=$!
+sleep 4
+kill -INT $FIOW; wait $FIOW || true
+grep -q "err= 0" "$W/fio/fio-write.log" || { cat "$W/fio/fio-write.log" >&2; exit 1; }
+ls "$W"/fio/*verify.state >/dev/null || { echo "fio saved no verify state" >&2; exit 1; }
+echo "tv before the kill: $(tier dirty_blocks) dirty blocks, $(tier destaged_blocksets) blocksets destaged"
+kill -9 "$PID"; wait "$PID" 2>/dev/null || true; PID=
+wait $FIO || true
+rm -f "$SOCK" "$POOL/stria.sock"
+start
+( cd "$W/fio" && fio --name=tv --ioengine=nbd --uri="$(uri tv)" --rw=randwrite --bs=4k --iodepth=16 --size=512M \
+    --verify=crc32c --verify_only --verify_state_load=1 --verify_fatal=1 >fio-verify.log 2>&1 ) \
+  || { cat "$W/fio/fio-verify.log" >&2; echo "tiered: acknowledged writes lost after kill -9" >&2; exit 1; }
+grep -E "read:" "$W/fio/fio-verify.log"
+"$STRIA" scrub tv --pool "$POOL"
 stop
 
 log "all client tests passed"
