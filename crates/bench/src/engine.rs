@@ -14,7 +14,7 @@
 #![allow(clippy::cast_possible_truncation)]
 
 mod amp;
-mod hist;
+pub(crate) mod hist;
 mod load;
 mod report;
 mod rig;

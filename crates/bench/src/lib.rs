@@ -8,3 +8,4 @@
 pub mod ec;
 pub mod engine;
 pub mod isal;
+pub mod tier;

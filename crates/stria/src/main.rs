@@ -226,6 +226,8 @@ enum BenchCmd {
     Ec(stria_bench::ec::EcBenchArgs),
     /// Engine IOPS, bandwidth and latency over memory drives, against the raw drives.
     Engine(stria_bench::engine::EngineBenchArgs),
+    /// Seed 000's proof-of-concept tests on a tiered:ec:4+2 volume over memory-backed drives.
+    Tier(stria_bench::tier::TierBenchArgs),
 }
 
 fn main() {
@@ -421,6 +423,7 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Command::Bench(BenchCmd::Ec(args)) => stria_bench::ec::run(&args),
         Command::Bench(BenchCmd::Engine(args)) => stria_bench::engine::run(&args),
+        Command::Bench(BenchCmd::Tier(args)) => stria_bench::tier::run(&args),
     }
 }
 

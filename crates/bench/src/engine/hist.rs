@@ -10,7 +10,7 @@ const BUCKETS: usize = SUB * (OCTAVES + 1);
 
 /// Counts of request latencies in nanoseconds.
 #[derive(Clone)]
-pub(super) struct Histogram {
+pub(crate) struct Histogram {
     counts: Box<[u64; BUCKETS]>,
     total: u64,
 }
@@ -22,7 +22,7 @@ impl std::fmt::Debug for Histogram {
 }
 
 impl Histogram {
-    pub(super) fn new() -> Histogram {
+    pub(crate) fn new() -> Histogram {
         Histogram { counts: Box::new([0; BUCKETS]), total: 0 }
     }
 
@@ -48,12 +48,12 @@ impl Histogram {
         low as f64 + ((1u64 << shift) as f64 - 1.0) / 2.0
     }
 
-    pub(super) fn record(&mut self, ns: u64) {
+    pub(crate) fn record(&mut self, ns: u64) {
         self.counts[Self::index(ns)] += 1;
         self.total += 1;
     }
 
-    pub(super) fn merge(&mut self, other: &Histogram) {
+    pub(crate) fn merge(&mut self, other: &Histogram) {
         for (a, b) in self.counts.iter_mut().zip(other.counts.iter()) {
             *a += b;
         }
@@ -61,7 +61,7 @@ impl Histogram {
     }
 
     /// The `q` quantile (0..=1) in microseconds; NaN when empty.
-    pub(super) fn quantile_us(&self, q: f64) -> f64 {
+    pub(crate) fn quantile_us(&self, q: f64) -> f64 {
         if self.total == 0 {
             return f64::NAN;
         }

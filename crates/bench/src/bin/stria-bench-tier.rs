@@ -1,0 +1,16 @@
+//! Runs the tiered-volume benchmark on its own: `stria-bench-tier --help`.
+
+use clap::Parser;
+
+#[derive(Debug, Parser)]
+#[command(
+    about = "Seed 000's proof-of-concept tests on a tiered:ec:4+2 volume (2 fast + 6 capacity memory-backed drives, destage always on)"
+)]
+struct Cli {
+    #[command(flatten)]
+    args: stria_bench::tier::TierBenchArgs,
+}
+
+fn main() -> anyhow::Result<()> {
+    stria_bench::tier::run(&Cli::parse().args)
+}

@@ -1,0 +1,297 @@
+//! The tiered volume under test: a pool of 2 fast + 6 capacity drives (memory-backed files or
+//! memory drives), each drive wrapped in a [`Tap`] that splits its writes by region of the stria
+//! drive layout, so the capacity tier's data writes can be told from the engine's own
+//! (checksum pages, intent bitmap, journal, pool metadata).
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use stria_dev::counters::WRITE_SIZE_BUCKETS;
+use stria_dev::{BlockDevice, DevCounters, DevCountersSnapshot, DevError, IoBuf, IoBytes};
+use stria_engine::format::layout::DriveLayout;
+use stria_engine::{DriveClass, NewDrive, Pool};
+use stria_tier::{TierParams, TierStatus, TieredSpec, TieredVolume};
+
+/// Fast drives (write cache and metadata) and capacity drives (the `ec:K+M` tier).
+pub(super) const FAST_DRIVES: usize = 2;
+/// Drive space beyond what the parts need: superblocks, pool metadata, intent bitmap, journal,
+/// checksum table, allocator slack.
+const DRIVE_SLACK_BYTES: u64 = 160 << 20;
+
+/// Drive regions writes are counted in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Region {
+    /// Superblocks and pool metadata.
+    Meta = 0,
+    Intent = 1,
+    Journal = 2,
+    Checksums = 3,
+    /// What the volumes store: cache log, tier records, capacity stripes.
+    Data = 4,
+}
+
+pub(super) const REGIONS: usize = 5;
+
+/// Write counters of one drive by region (each with its own size histogram).
+#[derive(Debug, Default)]
+pub(super) struct RegionCounters {
+    by_region: [DevCounters; REGIONS],
+}
+
+impl RegionCounters {
+    pub(super) fn snapshot(&self) -> [DevCountersSnapshot; REGIONS] {
+        std::array::from_fn(|r| self.by_region[r].snapshot())
+    }
+}
+
+/// A drive that counts its writes per region of the stria drive layout, and passes everything
+/// through (its [`BlockDevice::counters`] are the inner drive's, so the pool's and the tiered
+/// volume's status see the inner drive exactly).
+#[derive(Debug)]
+pub(super) struct Tap<D> {
+    inner: D,
+    layout: DriveLayout,
+    regions: Arc<RegionCounters>,
+}
+
+impl<D: BlockDevice> Tap<D> {
+    fn new(inner: D) -> Result<Tap<D>> {
+        let layout = DriveLayout::for_new_drive(inner.size_bytes())
+            .with_context(|| format!("drive {} is too small", inner.name()))?;
+        Ok(Tap { inner, layout, regions: Arc::default() })
+    }
+
+    fn region(&self, offset: u64) -> Region {
+        let l = &self.layout;
+        let inside = |start: u64, len: u64| offset >= start && offset < start + len;
+        if inside(l.data_offset_bytes, l.data_bytes) {
+            Region::Data
+        } else if inside(l.csum_offset_bytes, l.csum_bytes) {
+            Region::Checksums
+        } else if inside(l.journal_offset_bytes, l.journal_bytes) {
+            Region::Journal
+        } else if inside(l.intent_offset_bytes, l.intent_bytes) {
+            Region::Intent
+        } else {
+            Region::Meta
+        }
+    }
+}
+
+impl<D: BlockDevice> BlockDevice for Tap<D> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read(&self, offset_bytes: u64, buf: IoBuf) -> impl Future<Output = Result<IoBuf, DevError>> + Send {
+        self.inner.read(offset_bytes, buf)
+    }
+    fn write(
+        &self,
+        offset_bytes: u64,
+        data: IoBytes,
+        fua: bool,
+    ) -> impl Future<Output = Result<(), DevError>> + Send {
+        // Counted at submission: the benchmark compares settled totals, after every write completed.
+        self.regions.by_region[self.region(offset_bytes) as usize].record_write(data.len() as u64);
+        self.inner.write(offset_bytes, data, fua)
+    }
+    fn flush(&self) -> impl Future<Output = Result<(), DevError>> + Send {
+        self.inner.flush()
+    }
+    fn discard(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+    ) -> impl Future<Output = Result<(), DevError>> + Send {
+        self.inner.discard(offset_bytes, len_bytes)
+    }
+    fn counters(&self) -> &DevCounters {
+        self.inner.counters()
+    }
+}
+
+/// A fresh directory for drive files, removed with everything in it when dropped (also when the
+/// benchmark fails; a panic aborts the release build, and then the directory stays).
+#[derive(Debug)]
+pub(super) struct TempDir(PathBuf);
+
+impl TempDir {
+    pub(super) fn new(parent: &Path) -> Result<TempDir> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let path = parent.join(format!("stria-bench-tier.{}.{nanos:09}", std::process::id()));
+        std::fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(TempDir(path))
+    }
+
+    pub(super) fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.0) {
+            eprintln!("warning: could not remove {}: {e}", self.0.display());
+        }
+    }
+}
+
+/// What the volume is made of.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Shape {
+    pub(super) volume_bytes: u64,
+    pub(super) cache_bytes: u64,
+    pub(super) chunk_bytes: u64,
+    pub(super) data_shards: u32,
+    pub(super) parity_shards: u32,
+}
+
+/// Counters at one moment: the volume's status and the taps of the capacity drives.
+#[derive(Debug, Clone)]
+pub(super) struct Snapshot {
+    pub(super) status: TierStatus,
+    pub(super) host_write_ops: u64,
+    pub(super) host_read_ops: u64,
+    /// Capacity drives, summed, by region.
+    pub(super) cap_regions: [DevCountersSnapshot; REGIONS],
+    /// Fast drives, summed, by region.
+    pub(super) fast_regions: [DevCountersSnapshot; REGIONS],
+}
+
+/// The pool and the tiered volume, with the taps of their drives.
+pub(super) struct Rig<D: BlockDevice> {
+    pub(super) pool: Arc<Pool<Tap<D>>>,
+    pub(super) vol: Arc<TieredVolume<Tap<D>>>,
+    /// Per drive: whether it is a capacity drive, and its tap.
+    taps: Vec<(bool, Arc<RegionCounters>)>,
+    /// The daemon's housekeeping (`Pool::tick` every 2 s: clears idle intent bits), so intent
+    /// bitmap writes are counted as a served volume would do them.
+    housekeeping: tokio::task::JoinHandle<()>,
+}
+
+/// Sizes of the fast and the capacity drives for `shape`.
+fn drive_sizes(shape: &Shape) -> (u64, u64) {
+    let blockset = u64::from(shape.data_shards) * shape.chunk_bytes;
+    let blocksets = shape.volume_bytes.div_ceil(blockset);
+    let meta = (1 + blocksets) * 4096;
+    let fast = shape.cache_bytes + meta + DRIVE_SLACK_BYTES;
+    let member = blocksets * shape.chunk_bytes;
+    let cap = member + DRIVE_SLACK_BYTES;
+    let mib = 1 << 20;
+    (fast.next_multiple_of(mib), cap.next_multiple_of(mib))
+}
+
+impl<D: BlockDevice> Rig<D> {
+    /// Makes the drives with `make(name, size)` (slots 0-1 fast, the rest capacity), the pool, and
+    /// the `tiered:ec:K+M` volume, with destage set to run all the time.
+    pub(super) async fn build(shape: &Shape, make: impl Fn(&str, u64) -> Result<D>) -> Result<Rig<D>> {
+        let (fast_bytes, cap_bytes) = drive_sizes(shape);
+        let capacity = (shape.data_shards + shape.parity_shards) as usize;
+        let mut drives = Vec::new();
+        let mut taps = Vec::new();
+        for i in 0..FAST_DRIVES + capacity {
+            let is_cap = i >= FAST_DRIVES;
+            let name = if is_cap { format!("capacity-{}", i - FAST_DRIVES) } else { format!("fast-{i}") };
+            let tap = Tap::new(make(&name, if is_cap { cap_bytes } else { fast_bytes })?)?;
+            taps.push((is_cap, Arc::clone(&tap.regions)));
+            drives.push(NewDrive {
+                dev: tap,
+                path: name,
+                class: if is_cap { DriveClass::Capacity } else { DriveClass::Fast },
+                domain: String::new(),
+                fresh: true,
+            });
+        }
+        let pool = Arc::new(Pool::create("bench-tier", drives).await.context("creating the pool")?);
+        let spec = TieredSpec {
+            name: "bench".into(),
+            size_bytes: shape.volume_bytes,
+            data_shards: shape.data_shards,
+            parity_shards: shape.parity_shards,
+            chunk_bytes: shape.chunk_bytes,
+            cache_bytes: Some(shape.cache_bytes),
+            cache_copies: 2,
+        };
+        let vol = stria_tier::create(&pool, spec).await.context("creating the tiered volume")?;
+        // The seed's proof of concept: "the destage code is tweaked to run all the time".
+        vol.set_params(TierParams { always: true, ..vol.params() });
+        let housekeeping = {
+            let pool = Arc::clone(&pool);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(2));
+                loop {
+                    tick.tick().await;
+                    if let Err(e) = pool.tick().await {
+                        eprintln!("warning: pool housekeeping failed: {e}");
+                    }
+                }
+            })
+        };
+        Ok(Rig { pool, vol, taps, housekeeping })
+    }
+
+    pub(super) fn snapshot(&self) -> Snapshot {
+        let sum = |cap: bool| {
+            let mut out: [DevCountersSnapshot; REGIONS] = Default::default();
+            for (_, t) in self.taps.iter().filter(|(c, _)| *c == cap) {
+                for (o, s) in out.iter_mut().zip(t.snapshot()) {
+                    o.add(&s);
+                }
+            }
+            out
+        };
+        let c = self.vol.counters();
+        Snapshot {
+            status: self.vol.status(),
+            host_write_ops: c.host_write_ops.load(std::sync::atomic::Ordering::Relaxed),
+            host_read_ops: c.host_read_ops.load(std::sync::atomic::Ordering::Relaxed),
+            cap_regions: sum(true),
+            fast_regions: sum(false),
+        }
+    }
+
+    /// Waits until destage has moved every cached block to the capacity tier; returns how long
+    /// that took.
+    pub(super) async fn drain(&self, limit: Duration) -> Result<Duration> {
+        let start = Instant::now();
+        loop {
+            let (blocks, _) = self.vol.dirty();
+            if blocks == 0 {
+                return Ok(start.elapsed());
+            }
+            if start.elapsed() > limit {
+                bail!("destage did not drain {blocks} dirty blocks within {limit:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Stops the destager and closes the pool.
+    pub(super) async fn close(&self) -> Result<()> {
+        self.housekeeping.abort();
+        self.vol.close();
+        self.pool.close().await.context("closing the pool")?;
+        Ok(())
+    }
+}
+
+impl<D: BlockDevice> Drop for Rig<D> {
+    fn drop(&mut self) {
+        self.housekeeping.abort();
+        self.vol.close();
+    }
+}
+
+/// Buckets of a write-size histogram at or above `bytes` (a power of two >= 8 KiB).
+pub(super) fn writes_at_least(hist: &[u64], bytes: u64) -> u64 {
+    let first = (63 - bytes.leading_zeros()) as usize - 12;
+    hist.iter().skip(first.min(WRITE_SIZE_BUCKETS)).sum()
+}
