@@ -8,4 +8,5 @@
 pub mod ec;
 pub mod engine;
 pub mod isal;
+mod regions;
 pub mod tier;

@@ -2,93 +2,18 @@
 //! into the layout's own writes (data, copies, parity), the journal, the checksum pages, the
 //! intent bitmap and the metadata, for a given write pattern and flush interval.
 
-use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-
 use anyhow::{Context, Result};
 use stria_dev::mem::MemDevice;
-use stria_dev::{BlockDevice, DevCounters, DevError, IoBuf, IoBytes};
 use stria_engine::Layout;
-use stria_engine::format::layout::DriveLayout;
+
+use crate::regions::{REGIONS, Region, Tap};
 
 use super::load::{Payloads, Rng};
 use super::rig::{VolumeUnderTest, build_volume};
 
-/// Drive regions writes are counted in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Region {
-    /// Superblocks and pool metadata.
-    Meta = 0,
-    Intent = 1,
-    Journal = 2,
-    Checksums = 3,
-    Data = 4,
-}
-
-const REGIONS: usize = 5;
-
-/// A memory drive that counts written bytes per region of the stria drive layout.
-struct Tally {
-    dev: MemDevice,
-    layout: DriveLayout,
-    bytes: [AtomicU64; REGIONS],
-}
-
-impl Tally {
-    fn new(name: &str, size_bytes: u64) -> Tally {
-        let dev = MemDevice::new(name, size_bytes);
-        let layout = DriveLayout::for_new_drive(dev.size_bytes()).expect("benchmark drives are large enough");
-        Tally { dev, layout, bytes: Default::default() }
-    }
-
-    fn region(&self, offset: u64) -> Region {
-        let l = &self.layout;
-        if offset >= l.data_offset_bytes && offset < l.data_offset_bytes + l.data_bytes {
-            Region::Data
-        } else if offset >= l.csum_offset_bytes && offset < l.csum_offset_bytes + l.csum_bytes {
-            Region::Checksums
-        } else if offset >= l.journal_offset_bytes && offset < l.journal_offset_bytes + l.journal_bytes {
-            Region::Journal
-        } else if offset >= l.intent_offset_bytes && offset < l.intent_offset_bytes + l.intent_bytes {
-            Region::Intent
-        } else {
-            Region::Meta
-        }
-    }
-}
-
-impl BlockDevice for Tally {
-    fn name(&self) -> &str {
-        self.dev.name()
-    }
-    fn size_bytes(&self) -> u64 {
-        self.dev.size_bytes()
-    }
-    fn read(&self, offset_bytes: u64, buf: IoBuf) -> impl Future<Output = Result<IoBuf, DevError>> + Send {
-        self.dev.read(offset_bytes, buf)
-    }
-    fn write(
-        &self,
-        offset_bytes: u64,
-        data: IoBytes,
-        fua: bool,
-    ) -> impl Future<Output = Result<(), DevError>> + Send {
-        self.bytes[self.region(offset_bytes) as usize].fetch_add(data.len() as u64, Relaxed);
-        self.dev.write(offset_bytes, data, fua)
-    }
-    fn flush(&self) -> impl Future<Output = Result<(), DevError>> + Send {
-        self.dev.flush()
-    }
-    fn discard(
-        &self,
-        offset_bytes: u64,
-        len_bytes: u64,
-    ) -> impl Future<Output = Result<(), DevError>> + Send {
-        self.dev.discard(offset_bytes, len_bytes)
-    }
-    fn counters(&self) -> &DevCounters {
-        self.dev.counters()
-    }
+/// A memory drive whose writes are counted by region.
+fn tapped_memory(name: &str, size_bytes: u64) -> Tap<MemDevice> {
+    Tap::new(MemDevice::new(name, size_bytes)).expect("benchmark drives are large enough")
 }
 
 /// One measured write pattern.
@@ -144,7 +69,7 @@ pub(super) async fn measure(plan: &AmpPlan) -> Result<Vec<AmpRow>> {
         for &volume_bytes in &plan.volume_bytes {
             // A fresh pool per volume size; patterns and intervals run one after the other on it
             // (each starts from a flushed state, so nothing carries over).
-            let vut = build_volume(layout, volume_bytes, plan.chunk_bytes, Tally::new).await?;
+            let vut = build_volume(layout, volume_bytes, plan.chunk_bytes, tapped_memory).await?;
             let patterns =
                 [("rand", 4096usize, plan.random_writes), ("seq", plan.seq_bytes, plan.seq_writes)];
             for (pattern, req_bytes, writes) in patterns {
@@ -169,11 +94,11 @@ pub(super) async fn measure(plan: &AmpPlan) -> Result<Vec<AmpRow>> {
     Ok(rows)
 }
 
-fn tallies(vut: &VolumeUnderTest<Tally>) -> [u64; REGIONS] {
+fn tallies(vut: &VolumeUnderTest<Tap<MemDevice>>) -> [u64; REGIONS] {
     let mut out = [0; REGIONS];
     for d in vut.pool.drives().iter() {
-        for (o, b) in out.iter_mut().zip(&d.device().bytes) {
-            *o += b.load(Relaxed);
+        for (o, r) in out.iter_mut().zip(d.device().regions().snapshot()) {
+            *o += r.write_bytes;
         }
     }
     out
@@ -182,7 +107,7 @@ fn tallies(vut: &VolumeUnderTest<Tally>) -> [u64; REGIONS] {
 /// Issues `writes` writes (one at a time) with a volume flush after every `flush_every`, and a
 /// final one; returns drive bytes per host byte by region.
 async fn run_pattern(
-    vut: &VolumeUnderTest<Tally>,
+    vut: &VolumeUnderTest<Tap<MemDevice>>,
     pattern: &str,
     req_bytes: usize,
     writes: u64,

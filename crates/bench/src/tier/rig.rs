@@ -3,118 +3,23 @@
 //! drive layout, so the capacity tier's data writes can be told from the engine's own
 //! (checksum pages, intent bitmap, journal, pool metadata).
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use stria_dev::counters::WRITE_SIZE_BUCKETS;
-use stria_dev::{BlockDevice, DevCounters, DevCountersSnapshot, DevError, IoBuf, IoBytes};
-use stria_engine::format::layout::DriveLayout;
+use stria_dev::{BlockDevice, DevCountersSnapshot};
 use stria_engine::{DriveClass, NewDrive, Pool};
 use stria_tier::{TierParams, TierStatus, TieredSpec, TieredVolume};
+
+pub(super) use crate::regions::{REGIONS, Region, RegionCounters, Tap};
 
 /// Fast drives (write cache and metadata) and capacity drives (the `ec:K+M` tier).
 pub(super) const FAST_DRIVES: usize = 2;
 /// Drive space beyond what the parts need: superblocks, pool metadata, intent bitmap, journal,
 /// checksum table, allocator slack.
 const DRIVE_SLACK_BYTES: u64 = 160 << 20;
-
-/// Drive regions writes are counted in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Region {
-    /// Superblocks and pool metadata.
-    Meta = 0,
-    Intent = 1,
-    Journal = 2,
-    Checksums = 3,
-    /// What the volumes store: cache log, tier records, capacity stripes.
-    Data = 4,
-}
-
-pub(super) const REGIONS: usize = 5;
-
-/// Write counters of one drive by region (each with its own size histogram).
-#[derive(Debug, Default)]
-pub(super) struct RegionCounters {
-    by_region: [DevCounters; REGIONS],
-}
-
-impl RegionCounters {
-    pub(super) fn snapshot(&self) -> [DevCountersSnapshot; REGIONS] {
-        std::array::from_fn(|r| self.by_region[r].snapshot())
-    }
-}
-
-/// A drive that counts its writes per region of the stria drive layout, and passes everything
-/// through (its [`BlockDevice::counters`] are the inner drive's, so the pool's and the tiered
-/// volume's status see the inner drive exactly).
-#[derive(Debug)]
-pub(super) struct Tap<D> {
-    inner: D,
-    layout: DriveLayout,
-    regions: Arc<RegionCounters>,
-}
-
-impl<D: BlockDevice> Tap<D> {
-    fn new(inner: D) -> Result<Tap<D>> {
-        let layout = DriveLayout::for_new_drive(inner.size_bytes())
-            .with_context(|| format!("drive {} is too small", inner.name()))?;
-        Ok(Tap { inner, layout, regions: Arc::default() })
-    }
-
-    fn region(&self, offset: u64) -> Region {
-        let l = &self.layout;
-        let inside = |start: u64, len: u64| offset >= start && offset < start + len;
-        if inside(l.data_offset_bytes, l.data_bytes) {
-            Region::Data
-        } else if inside(l.csum_offset_bytes, l.csum_bytes) {
-            Region::Checksums
-        } else if inside(l.journal_offset_bytes, l.journal_bytes) {
-            Region::Journal
-        } else if inside(l.intent_offset_bytes, l.intent_bytes) {
-            Region::Intent
-        } else {
-            Region::Meta
-        }
-    }
-}
-
-impl<D: BlockDevice> BlockDevice for Tap<D> {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn read(&self, offset_bytes: u64, buf: IoBuf) -> impl Future<Output = Result<IoBuf, DevError>> + Send {
-        self.inner.read(offset_bytes, buf)
-    }
-    fn write(
-        &self,
-        offset_bytes: u64,
-        data: IoBytes,
-        fua: bool,
-    ) -> impl Future<Output = Result<(), DevError>> + Send {
-        // Counted at submission: the benchmark compares settled totals, after every write completed.
-        self.regions.by_region[self.region(offset_bytes) as usize].record_write(data.len() as u64);
-        self.inner.write(offset_bytes, data, fua)
-    }
-    fn flush(&self) -> impl Future<Output = Result<(), DevError>> + Send {
-        self.inner.flush()
-    }
-    fn discard(
-        &self,
-        offset_bytes: u64,
-        len_bytes: u64,
-    ) -> impl Future<Output = Result<(), DevError>> + Send {
-        self.inner.discard(offset_bytes, len_bytes)
-    }
-    fn counters(&self) -> &DevCounters {
-        self.inner.counters()
-    }
-}
 
 /// A fresh directory for drive files, removed with everything in it when dropped (also when the
 /// benchmark fails; a panic aborts the release build, and then the directory stays).
@@ -201,7 +106,7 @@ impl<D: BlockDevice> Rig<D> {
             let is_cap = i >= FAST_DRIVES;
             let name = if is_cap { format!("capacity-{}", i - FAST_DRIVES) } else { format!("fast-{i}") };
             let tap = Tap::new(make(&name, if is_cap { cap_bytes } else { fast_bytes })?)?;
-            taps.push((is_cap, Arc::clone(&tap.regions)));
+            taps.push((is_cap, Arc::clone(tap.regions())));
             drives.push(NewDrive {
                 dev: tap,
                 path: name,
