@@ -458,21 +458,7 @@ impl<D: BlockDevice> TieredVolume<D> {
         self.counters.cache_write_bytes.fetch_add(data.len() as u64, Relaxed);
         // 2. Records, durably, one blockset at a time.
         let crcs: Vec<u32> = data.chunks_exact(BLOCK_USIZE).map(block_crc).collect();
-        let bsb = self.blockset_blocks as u64;
-        let mut b = first;
-        while b < first + n {
-            let bs = (b / bsb) as usize;
-            let upto = ((bs as u64 + 1) * bsb).min(first + n);
-            let updates: Vec<(usize, Entry)> = (b..upto)
-                .map(|blk| {
-                    let k = blk - first;
-                    ((blk % bsb) as usize, Entry { position: start + k, crc: crcs[k as usize] })
-                })
-                .collect();
-            self.update_record(bs, &updates).await?;
-            b = upto;
-        }
-        Ok(())
+        self.set_entries(first, n, |k| Entry { position: start + k, crc: crcs[k as usize] }).await
     }
 
     /// Applies `updates` (entry index, new entry) to blockset `bs`'s record, writes the record
@@ -573,14 +559,19 @@ impl<D: BlockDevice> TieredVolume<D> {
 
     async fn zero_blocks(&self, first: u64, n: u64) -> Result<(), VolumeError> {
         self.last_write_ms.store(self.now_ms(), Relaxed);
+        self.set_entries(first, n, |_| Entry { position: ZEROED, crc: ZERO_CRC }).await
+    }
+
+    /// Points the entries of blocks `first..first + n` at `entry(k)` (k = block - first),
+    /// writing each blockset's record durably in turn.
+    async fn set_entries(&self, first: u64, n: u64, entry: impl Fn(u64) -> Entry) -> Result<(), VolumeError> {
         let bsb = self.blockset_blocks as u64;
         let mut b = first;
         while b < first + n {
             let bs = (b / bsb) as usize;
             let upto = ((bs as u64 + 1) * bsb).min(first + n);
-            let updates: Vec<(usize, Entry)> = (b..upto)
-                .map(|blk| ((blk % bsb) as usize, Entry { position: ZEROED, crc: ZERO_CRC }))
-                .collect();
+            let updates: Vec<(usize, Entry)> =
+                (b..upto).map(|blk| ((blk % bsb) as usize, entry(blk - first))).collect();
             self.update_record(bs, &updates).await?;
             b = upto;
         }
