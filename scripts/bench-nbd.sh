@@ -10,8 +10,9 @@
 #    as always) from 6 memory-backed drives: `--drives memory` (default) uses the daemon's hidden
 #    benchmark option `--bench-memory-drives` (in-process memory drives: the NBD path, the engine
 #    and its checksums, no drive I/O underneath); `--drives tmpfs` makes a normal pool of files
-#    in /dev/shm (the file drive then uses its thread-pool engine);
-#  * the peer is `nbdkit memory 1G`; both are on Unix sockets;
+#    in /dev/shm (the file drive then runs its calls inline);
+#  * the peer is `nbdkit memory 1G`; both are on Unix sockets; stria is restarted (and refilled)
+#    for the unpinned phase, because it sizes its runtime by the CPUs it may use at start;
 #  * every export is filled with random data first (unwritten blocks would read as zeros
 #    without touching any drive);
 #  * the fio matrix: 4 KiB random read and write at iodepth 1, 16 and 64, 128 KiB sequential read
@@ -60,22 +61,32 @@ trap cleanup EXIT
 
 wait_socket() { for _ in $(seq 200); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no socket $1" >&2; exit 1; }
 
-# --- servers (started on CPU 1; the unpinned phase widens their affinity) -----------------------
-if [ "$DRIVES" = memory ]; then
-  nice -n "$NICE" taskset -c 1 "$STRIA" serve --log-level warn --nbd "unix:$W/stria.sock" \
-    --bench-memory-drives 6x1G --bench-volume r0:raid0:1G --bench-volume ec:ec:4+2:1G \
-    >"$W/stria.log" 2>&1 &
-else
+# --- servers (nbdkit starts on CPU 1 and the unpinned phase widens its affinity; stria is started
+# per phase, because it sizes its runtime by the CPUs it may use when it starts: one thread on one
+# CPU, one per CPU otherwise) ---------------------------------------------------------------------
+if [ "$DRIVES" = tmpfs ]; then
   "$STRIA" pool create --pool "$W/pool" --capacity 6 --drive-size 1G --log-level warn >/dev/null
   "$STRIA" volume create r0 --pool "$W/pool" --size 1G --layout raid0 --log-level warn >/dev/null
   "$STRIA" volume create ec --pool "$W/pool" --size 1G --layout ec:4+2 --log-level warn >/dev/null
-  nice -n "$NICE" taskset -c 1 "$STRIA" serve --pool "$W/pool" --log-level warn --nbd "unix:$W/stria.sock" \
-    >"$W/stria.log" 2>&1 &
 fi
-STRIA_PID=$!; PIDS+=("$STRIA_PID")
+STRIA_PID=
+start_stria() { # CPU list
+  if [ -n "$STRIA_PID" ]; then kill "$STRIA_PID"; wait "$STRIA_PID" 2>/dev/null || true; rm -f "$W/stria.sock"; fi
+  if [ "$DRIVES" = memory ]; then
+    nice -n "$NICE" taskset -c "$1" "$STRIA" serve --log-level warn --nbd "unix:$W/stria.sock" \
+      --bench-memory-drives 6x1G --bench-volume r0:raid0:1G --bench-volume ec:ec:4+2:1G \
+      >>"$W/stria.log" 2>&1 &
+  else
+    nice -n "$NICE" taskset -c "$1" "$STRIA" serve --pool "$W/pool" --log-level warn \
+      --nbd "unix:$W/stria.sock" >>"$W/stria.log" 2>&1 &
+  fi
+  STRIA_PID=$!; PIDS+=("$STRIA_PID")
+  wait_socket "$W/stria.sock"
+}
+start_stria 1
 nice -n "$NICE" taskset -c 1 nbdkit -f -U "$W/nbdkit.sock" memory 1G >"$W/nbdkit.log" 2>&1 &
 NBDKIT_PID=$!; PIDS+=("$NBDKIT_PID")
-wait_socket "$W/stria.sock"; wait_socket "$W/nbdkit.sock"
+wait_socket "$W/nbdkit.sock"
 
 declare -A URI=(
   [nbdkit]="nbd+unix:///?socket=$W/nbdkit.sock"
@@ -86,9 +97,8 @@ TARGETS=(nbdkit stria-raid0 stria-ec)
 
 echo "filling the exports with random data ..."
 head -c 1G /dev/urandom >"$W/fill.img"
-for t in "${TARGETS[@]}"; do nbdcopy "$W/fill.img" "${URI[$t]}"; done
-rm -f "$W/fill.img"
-sync; sleep 1
+fill() { for t in "$@"; do nbdcopy "$W/fill.img" "${URI[$t]}"; done; sync; sleep 1; }
+fill "${TARGETS[@]}"
 
 # --- the matrix ---------------------------------------------------------------------------------
 # name rw bs iodepth
@@ -103,7 +113,12 @@ START=$(date +%s)
 
 set_affinity() { # pinned | unpinned
   local cpus=1; [ "$1" = unpinned ] && cpus=0-$((CPUS - 1))
-  for p in "$STRIA_PID" "$NBDKIT_PID"; do taskset -a -p -c "$cpus" "$p" >/dev/null; done
+  taskset -a -p -c "$cpus" "$NBDKIT_PID" >/dev/null
+  if [ "$(taskset -p "$STRIA_PID" | awk '{print $NF}')" != "$(taskset -c "$cpus" sh -c 'taskset -p $$' | awk '{print $NF}')" ]; then
+    start_stria "$cpus"
+    [ "$DRIVES" = memory ] && fill stria-raid0 stria-ec
+  fi
+  return 0
 }
 
 run_fio() { # mode target rw bs qd json

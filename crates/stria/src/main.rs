@@ -237,10 +237,17 @@ fn main() {
         tracing_subscriber::EnvFilter::new("info")
     });
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
-    // STRIA_WORKER_THREADS: runtime threads (default 2; 0 runs everything on the main thread,
-    // as a benchmark pinned to one core wants).
-    let threads =
-        std::env::var("STRIA_WORKER_THREADS").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(2);
+    // Runtime threads: one per CPU this process may run on (taskset/cpusets are honoured); on a
+    // single CPU everything runs on the main thread (a current-thread runtime), which there
+    // avoids handing requests between threads that share the core: measured through NBD on one
+    // pinned core, 4 KiB QD1 reads 9.7k -> 14.7k IOPS and QD16 writes 88k -> 111k.
+    // STRIA_WORKER_THREADS overrides it (0 = current-thread).
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let default_threads = if cpus == 1 { 0 } else { cpus.min(64) };
+    let threads = std::env::var("STRIA_WORKER_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(default_threads);
     let runtime = match threads {
         0 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
         n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
