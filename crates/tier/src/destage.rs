@@ -73,8 +73,31 @@ impl<D: BlockDevice> TieredVolume<D> {
         (idle && (used > 0 || self.has_zeroed_dirty()), false)
     }
 
+    /// Whether some blockset may hold zeroed entries (cheap: the hint; the batch prunes it).
     fn has_zeroed_dirty(&self) -> bool {
-        self.records.iter().any(|r| r.lock().entries.iter().any(|e| e.position == ZEROED))
+        !self.zeroed_hint.lock().is_empty()
+    }
+
+    /// Up to `want` blocksets that hold zeroed entries and are not in `sets`, from the hint;
+    /// hinted blocksets found without any are dropped from it (under their record's lock, so a
+    /// zeroing that adds them back after its record update cannot be lost).
+    fn zeroed_blocksets(&self, sets: &[u32], want: usize) -> Vec<u32> {
+        let hinted: Vec<u32> = self.zeroed_hint.lock().iter().copied().collect();
+        let mut out = Vec::new();
+        for bs in hinted {
+            if out.len() >= want {
+                break;
+            }
+            let rec = self.records[bs as usize].lock();
+            if rec.entries.iter().any(|e| e.position == ZEROED) {
+                if !sets.contains(&bs) {
+                    out.push(bs);
+                }
+            } else {
+                self.zeroed_hint.lock().remove(&bs);
+            }
+        }
+        out
     }
 
     /// Destages one batch; returns how many blocksets were written to the capacity tier.
@@ -82,15 +105,8 @@ impl<D: BlockDevice> TieredVolume<D> {
         let batch = self.params().batch_blocksets.max(1) as usize;
         let mut sets: Vec<u32> = self.log.oldest_blocksets(batch);
         if sets.len() < batch {
-            for (bs, r) in self.records.iter().enumerate() {
-                if sets.len() >= batch {
-                    break;
-                }
-                let bs = u32::try_from(bs).expect("fits");
-                if !sets.contains(&bs) && r.lock().entries.iter().any(|e| e.position == ZEROED) {
-                    sets.push(bs);
-                }
-            }
+            let more = self.zeroed_blocksets(&sets, batch - sets.len());
+            sets.extend(more);
         }
         // In blockset order: the capacity tier sees sequential stripe writes.
         sets.sort_unstable();

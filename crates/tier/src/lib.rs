@@ -233,6 +233,7 @@ pub async fn open<D: BlockDevice>(
     let blocks = (header.blockset_bytes / BLOCK) as usize;
     let mut records = Vec::with_capacity(header.blocksets as usize);
     let mut live = Vec::new();
+    let mut zeroed = std::collections::BTreeSet::new();
     let chunk_pages = 256u64;
     let mut page = 0;
     while page < header.blocksets {
@@ -244,6 +245,9 @@ pub async fn open<D: BlockDevice>(
             for (i, e) in r.entries.iter().enumerate() {
                 if e.in_cache() {
                     live.push((e.position, bs as u32, i as u16));
+                }
+                if e.position == record::ZEROED {
+                    zeroed.insert(bs as u32);
                 }
             }
             records.push(Mutex::new(r));
@@ -259,6 +263,7 @@ pub async fn open<D: BlockDevice>(
         meta,
         cap,
         records: records.into_boxed_slice(),
+        zeroed_hint: Mutex::new(zeroed),
         io_locks: (0..1024).map(|_| tokio::sync::Mutex::new(())).collect(),
         rmw_locks: (0..volume::RMW_LOCKS).map(|_| tokio::sync::Mutex::new(())).collect(),
         log: log::CacheLog::with_live(header.cache_blocks, &live),

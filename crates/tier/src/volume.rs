@@ -72,6 +72,9 @@ pub struct TieredVolume<D: BlockDevice> {
     pub(crate) meta: Arc<Volume<D>>,
     pub(crate) cap: Arc<Volume<D>>,
     pub(crate) records: Box<[Mutex<Record>]>,
+    /// Blocksets that may hold zeroed entries (`ZEROED`), for the destager: a superset, pruned
+    /// by the destager under the record's lock, added to by zeroing after its record update.
+    pub(crate) zeroed_hint: Mutex<std::collections::BTreeSet<u32>>,
     pub(crate) io_locks: Box<[tokio::sync::Mutex<()>]>,
     /// Held by unaligned writes across the read and the write of their edge blocks.
     pub(crate) rmw_locks: Box<[tokio::sync::Mutex<()>]>,
@@ -559,7 +562,13 @@ impl<D: BlockDevice> TieredVolume<D> {
 
     async fn zero_blocks(&self, first: u64, n: u64) -> Result<(), VolumeError> {
         self.last_write_ms.store(self.now_ms(), Relaxed);
-        self.set_entries(first, n, |_| Entry { position: ZEROED, crc: ZERO_CRC }).await
+        let result = self.set_entries(first, n, |_| Entry { position: ZEROED, crc: ZERO_CRC }).await;
+        // After the records changed (see `zeroed_hint`): also after a failure, for the
+        // blocksets it may have reached.
+        let bsb = self.blockset_blocks as u64;
+        let sets = (first / bsb..(first + n).div_ceil(bsb)).map(|b| u32::try_from(b).expect("fits"));
+        self.zeroed_hint.lock().extend(sets);
+        result
     }
 
     /// Points the entries of blocks `first..first + n` at `entry(k)` (k = block - first),
