@@ -254,7 +254,7 @@ pub fn run(args: &EngineBenchArgs) -> Result<()> {
     if args.amp_flush_every.contains(&0) {
         bail!("--amp-flush-every intervals must be at least 1");
     }
-    let load_before = report::loadavg();
+    let load_before = crate::host::loadavg();
     let args2 = args.clone();
     let (cells, amp_rows) = std::thread::spawn(move || -> Result<_> {
         let rt = if args2.threads == 1 {
@@ -267,7 +267,7 @@ pub fn run(args: &EngineBenchArgs) -> Result<()> {
     })
     .join()
     .map_err(|_| anyhow::anyhow!("the benchmark thread panicked"))??;
-    let load_after = report::loadavg();
+    let load_after = crate::host::loadavg();
     if args.json {
         println!("{}", report::to_json(&cells, &amp_rows, args));
     } else {

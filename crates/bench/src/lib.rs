@@ -7,6 +7,7 @@
 
 pub mod ec;
 pub mod engine;
+mod host;
 pub mod isal;
 mod regions;
 pub mod tier;

@@ -33,6 +33,8 @@ use anyhow::{Context, Result, bail};
 use stria_dev::mem::MemDevice;
 use stria_dev::{BlockDevice, FileDevice, FileOptions};
 
+use crate::host::loadavg;
+
 use crate::ec::parse_bytes;
 use load::{BLOCK, Group, GroupResult, Job, SeqRegion, Tags};
 use rig::{Region, Rig, Shape, Snapshot, TempDir, writes_at_least};
@@ -345,13 +347,6 @@ fn check_memory(args: &TierBenchArgs, shape: &Shape) -> Result<()> {
 /// Whether request streams yield after each request (see [`TierBenchArgs::interleave`]).
 fn interleave(args: &TierBenchArgs) -> bool {
     args.interleave || args.drives == Drives::Memory
-}
-
-/// `/proc/loadavg`'s first three fields.
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
 }
 
 /// The regions of the write streams (cursors carry over from repetition to repetition).

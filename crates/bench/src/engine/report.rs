@@ -6,24 +6,7 @@ use stria_engine::Layout;
 
 use super::amp::AmpRow;
 use super::{Cell, EngineBenchArgs, Op};
-
-/// `/proc/loadavg`'s first three fields.
-pub(super) fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
-}
-
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".into())
-}
+use crate::host::{cpu_model, num_cpus};
 
 fn size_label(bytes: usize) -> String {
     if bytes.is_multiple_of(1 << 20) { format!("{}M", bytes >> 20) } else { format!("{}K", bytes >> 10) }
@@ -135,10 +118,6 @@ pub(super) fn print(
     if !amp.is_empty() {
         print!("{}", amp_table(amp));
     }
-}
-
-fn num_cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, usize::from)
 }
 
 fn verdict(ok: bool) -> &'static str {

@@ -2,22 +2,9 @@
 
 use std::fmt::Write as _;
 
+use crate::host::{cpu_model, num_cpus};
+
 use super::{DATA_SHARDS, Outcome, PARITY_SHARDS, Phase, PhaseResult, TierBenchArgs};
-
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".into())
-}
-
-fn num_cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, usize::from)
-}
 
 fn phase(o: &Outcome, p: Phase) -> Option<&PhaseResult> {
     o.phases.iter().find(|r| r.phase == p)
