@@ -394,10 +394,10 @@ async fn run(cli: Cli) -> Result<()> {
                 let volumes = std::mem::take(&mut args.bench_volume);
                 let spec = daemon::MemoryPoolSpec { drives, drive_bytes, volumes };
                 let opts = serve_tls_options(args)?;
-                return daemon::serve_memory(spec, opts, |uris| print_ready(uris, false)).await;
+                return daemon::serve_memory(spec, opts, |uris| print_ready(uris, None)).await;
             }
             let opts = serve_options(&dir, args)?;
-            daemon::serve(dir, opts, |uris| print_ready(uris, false)).await
+            daemon::serve(dir, opts, |uris| print_ready(uris, None)).await
         }
         Command::Up(args) => {
             if !dir.exists() {
@@ -426,7 +426,8 @@ async fn run(cli: Cli) -> Result<()> {
                     vec![NbdAddr::Unix(dir.default_nbd_socket()), NbdAddr::Tcp("127.0.0.1:10809".into())];
             }
             let opts = serve_options(&dir, serve)?;
-            daemon::serve(dir, opts, |uris| print_ready(uris, true)).await
+            let pool_dir = dir.path.display().to_string();
+            daemon::serve(dir, opts, move |uris| print_ready(uris, Some(&pool_dir))).await
         }
         Command::Bench(BenchCmd::Ec(args)) => stria_bench::ec::run(&args),
         Command::Bench(BenchCmd::Engine(args)) => stria_bench::engine::run(&args),
@@ -459,18 +460,19 @@ fn serve_tls_options(args: ServeArgs) -> Result<ServeOptions> {
     })
 }
 
-fn print_ready(uris: &[String], examples: bool) {
+/// Where to connect; with `examples` (the pool directory), client commands to try.
+fn print_ready(uris: &[String], examples: Option<&str>) {
     outln!("stria is serving; NBD URIs (replace VOLUME by a volume name):");
     for u in uris {
         outln!("  {u}");
     }
-    if examples {
+    if let Some(pool_dir) = examples {
         let u = uris.first().map(|u| u.replace("VOLUME", "vol0")).unwrap_or_default();
         outln!("try:");
         outln!("  nbdinfo '{u}'");
         outln!("  qemu-io -f raw '{u}' -c 'write -P 0xab 0 1M' -c 'read -P 0xab 0 1M'");
         outln!("  nbdcopy /path/to/image.raw '{u}'");
-        outln!("  stria status --pool <this pool dir>      # from another terminal");
+        outln!("  stria status --pool {pool_dir}      # from another terminal");
         outln!("stop with Ctrl-C (or SIGTERM): requests in flight finish, everything is flushed");
     }
 }
