@@ -2,7 +2,8 @@
 # Real clients against `stria serve`: qemu-io/qemu-img, nbdinfo/nbdcopy/nbdfuse, fio's nbd engine
 # with crc32c verification, ext4 on a loop device over nbdfuse with fsck, on raid0, raid1,
 # ec:4+2 and tiered:ec:4+2 volumes (the tiered one with a small cache, so destage runs during the
-# recipe), ec:4+2 again with a drive failed mid-run, the python3-libnbd protocol tests, then a
+# recipe; then a fast drive fails under fio and is replaced), ec:4+2 again with a drive failed
+# mid-run, the python3-libnbd protocol tests, then a
 # clean SIGTERM (exit 0), a kill -9 in the middle of writes (every flushed or FUA write is back
 # after restart), and a kill -9 of a tiered volume with writes in flight and destage running
 # (fio's verify_state_save/verify_state_load: every acknowledged write reads back).
@@ -77,6 +78,20 @@ destaged=$(tier destaged_blocksets); partial=$(tier partial_stripe_writes capaci
 echo "tv: $destaged blocksets destaged, $partial partial-stripe capacity writes"
 [ "$destaged" -gt 0 ] || { echo "tv: nothing was destaged during the recipe" >&2; exit 1; }
 [ "$partial" = 0 ] || { echo "tv: the capacity tier saw $partial partial-stripe writes" >&2; exit 1; }
+"$STRIA" scrub tv --pool "$POOL"
+
+log "tiered: a fast drive fails while fio writes and verifies; cache and metadata go on mirrored-degraded, then rebuild"
+fio --name=tvf --ioengine=nbd --uri="$(uri tv)" --rw=randwrite --bs=4k --iodepth=16 --size=128M --offset=256M \
+    --verify=crc32c --verify_fatal=1 >"$W/fio-tvf.log" 2>&1 &
+FIOF=$!
+sleep 1
+"$STRIA" drive fail 1 --pool "$POOL"
+wait $FIOF || { cat "$W/fio-tvf.log" >&2; echo "tiered: I/O failed after a fast drive failure" >&2; exit 1; }
+state=$(tier state)
+[ "$state" = degraded ] || { echo "tv should be degraded with a fast drive failed, is $state" >&2; exit 1; }
+"$STRIA" drive replace 1 --pool "$POOL"
+for _ in $(seq 600); do state=$(tier state); [ "$state" = healthy ] && break; sleep 0.1; done
+[ "$state" = healthy ] || { echo "tv: rebuild of the fast drive did not finish: $state" >&2; exit 1; }
 "$STRIA" scrub tv --pool "$POOL"
 
 log "client recipe on ec:4+2 with a drive failed mid-run"
