@@ -81,8 +81,9 @@ echo "tv: $destaged blocksets destaged, $partial partial-stripe capacity writes"
 "$STRIA" scrub tv --pool "$POOL"
 
 log "tiered: a fast drive fails while fio writes and verifies; cache and metadata go on mirrored-degraded, then rebuild"
-fio --name=tvf --ioengine=nbd --uri="$(uri tv)" --rw=randwrite --bs=4k --iodepth=16 --size=128M --offset=256M \
-    --verify=crc32c --verify_fatal=1 >"$W/fio-tvf.log" 2>&1 &
+# (In $W: fio leaves its verify state file in the working directory.)
+( cd "$W" && exec fio --name=tvf --ioengine=nbd --uri="$(uri tv)" --rw=randwrite --bs=4k --iodepth=16 --size=128M \
+    --offset=256M --verify=crc32c --verify_fatal=1 >"$W/fio-tvf.log" 2>&1 ) &
 FIOF=$!
 sleep 1
 "$STRIA" drive fail 1 --pool "$POOL"
