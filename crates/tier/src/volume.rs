@@ -261,14 +261,18 @@ impl<D: BlockDevice> TieredVolume<D> {
 
     /// Reads whole blocks, verifying each against its record.
     pub(crate) async fn read_blocks(&self, first: u64, n: u64) -> Result<IoBuf, VolumeError> {
+        let mut entries = self.snapshot(first, n);
+        if let Some(buf) = self.read_one_run(first, &entries).await? {
+            return Ok(buf);
+        }
         let mut out = IoBuf::zeroed((n * BLOCK) as usize);
         let mut pending: Vec<u64> = (0..n).collect();
         for attempt in 0..READ_ATTEMPTS {
             if attempt > 0 {
                 self.counters.read_retries.fetch_add(1, Relaxed);
                 tokio::task::yield_now().await;
+                entries = pending.iter().map(|&i| self.snapshot(first + i, 1)[0]).collect();
             }
-            let entries: Vec<Entry> = pending.iter().map(|&i| self.snapshot(first + i, 1)[0]).collect();
             let (bad, clean_bad) = self.read_some(first, &pending, &entries, &mut out).await?;
             if let Some(i) = clean_bad {
                 return Err(self.unrecoverable(
@@ -282,6 +286,38 @@ impl<D: BlockDevice> TieredVolume<D> {
             pending = bad;
         }
         Err(self.unrecoverable(first + pending[0], "cache block kept changing under the read"))
+    }
+
+    /// The common case: every block of the read lives in one place (all clean in the capacity
+    /// tier, or at consecutive cache positions that do not wrap), so one part read returns the
+    /// whole buffer, handed back as it is when every block matches its record. `None` (nothing
+    /// counted) when the blocks are spread out or one does not match: the caller's general
+    /// path then reads again, retries races and reports corruption.
+    async fn read_one_run(&self, first: u64, entries: &[Entry]) -> Result<Option<IoBuf>, VolumeError> {
+        let n = entries.len() as u64;
+        let e0 = entries[0];
+        let all_capacity = entries.iter().all(|e| e.position == CLEAN && e.crc != ZERO_CRC);
+        let all_cache = e0.in_cache()
+            && self.log.block_of(e0.position) + n <= self.log.ring_blocks()
+            && entries.iter().zip(0..).all(|(e, k)| e.in_cache() && e.position == e0.position + k);
+        let len = (n * BLOCK) as usize;
+        let buf = if all_cache {
+            self.cache.read(self.log.block_of(e0.position) * BLOCK, len).await?
+        } else if all_capacity {
+            self.cap.read(first * BLOCK, len).await?
+        } else {
+            return Ok(None);
+        };
+        if !buf.chunks_exact(BLOCK_USIZE).zip(entries).all(|(data, e)| block_crc(data) == e.crc) {
+            return Ok(None);
+        }
+        let counter = if all_cache {
+            &self.counters.blocks_read_from_cache
+        } else {
+            &self.counters.blocks_read_from_capacity
+        };
+        counter.fetch_add(n, Relaxed);
+        Ok(Some(buf))
     }
 
     /// Reads the `pending` blocks (indices from `first`) per `entries`; returns the indices that
@@ -318,7 +354,8 @@ impl<D: BlockDevice> TieredVolume<D> {
             runs.push((i, 1, from_cache));
         }
         let reads = runs.iter().map(|&(i, count, from_cache)| {
-            let k = pending.iter().position(|&p| p == i).expect("run starts at a pending block");
+            // `pending` is sorted: it starts as 0..n and retries keep the order.
+            let k = pending.binary_search(&i).expect("run starts at a pending block");
             let e = entries[k];
             async move {
                 let buf = if from_cache {
@@ -336,7 +373,7 @@ impl<D: BlockDevice> TieredVolume<D> {
         for (i, count, from_cache, buf) in results {
             for j in 0..count {
                 let idx = i + j;
-                let k = pending.iter().position(|&p| p == idx).expect("pending");
+                let k = pending.binary_search(&idx).expect("pending");
                 let data = &buf[(j * BLOCK) as usize..((j + 1) * BLOCK) as usize];
                 if block_crc(data) != entries[k].crc {
                     if from_cache {
