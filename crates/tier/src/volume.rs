@@ -534,16 +534,19 @@ impl<D: BlockDevice> TieredVolume<D> {
         let mut page = vec![0u8; PAGE_BYTES];
         let (freed, claimed) = {
             let mut rec = self.records[bs].lock();
-            let before: Vec<u64> = rec.entries.iter().filter(|e| e.in_cache()).map(|e| e.position).collect();
+            // A cache position belongs to one block (entry) for its whole life, so "new in this
+            // record" is "different from what the same entry held before".
+            let before: Vec<u64> = rec.entries.iter().map(|e| e.position).collect();
             let freed = change(&mut rec);
             rec.generation += 1;
             rec.owner = 0;
             let claimed: Vec<(u64, u16)> = rec
                 .entries
                 .iter()
+                .zip(&before)
                 .enumerate()
-                .filter(|(_, e)| e.in_cache() && !before.contains(&e.position))
-                .map(|(i, e)| (e.position, u16::try_from(i).expect("bounded")))
+                .filter(|(_, (e, old))| e.in_cache() && e.position != **old)
+                .map(|(i, (e, _))| (e.position, u16::try_from(i).expect("bounded")))
                 .collect();
             rec.encode(&mut page);
             (freed, claimed)
