@@ -183,27 +183,8 @@ impl<D: BlockDevice> Volume<D> {
         for (p, (want, have)) in
             parity.iter().zip(shards.iter().map(|s| s.as_ref().expect("present"))).enumerate()
         {
-            let differs: Vec<bool> = (0..chunk as usize)
-                .map(|i| {
-                    want[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE]
-                        != have[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE]
-                })
-                .collect();
             let (_, member) = self.shard_member(seg, row, k + p);
-            let mut runs = Vec::new();
-            for_each_run(&differs, |a, b| runs.push((a, b)));
-            for (a, b) in runs {
-                stats.parity_blocks += (b - a) as u64;
-                let bytes = IoBytes::copy_from(&want[a * BLOCK_USIZE..b * BLOCK_USIZE]);
-                if let Err(e) =
-                    member.drive.write(member.start_block + row * chunk + a as u64, bytes, false).await
-                {
-                    self.fail_drive(&member.drive, format!("resync write failed: {e}"))
-                        .await
-                        .map_err(|e| self.pool_err(e))?;
-                    break;
-                }
-            }
+            stats.parity_blocks += self.rewrite_differing(member, row, want, have, "resync").await?;
         }
         Ok(stats)
     }
@@ -290,30 +271,44 @@ impl<D: BlockDevice> Volume<D> {
         for (p, (computed, stored)) in parity.iter().zip(&reads).enumerate() {
             let stored = stored.buf.as_ref().expect("present");
             if computed[..] != stored[..] {
-                let differs: Vec<bool> = (0..chunk as usize)
-                    .map(|i| {
-                        computed[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE]
-                            != stored[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE]
-                    })
-                    .collect();
                 let (_, member) = self.shard_member(seg, row, k + p);
-                let mut runs = Vec::new();
-                for_each_run(&differs, |a, b| runs.push((a, b)));
-                for (a, b) in runs {
-                    stats.parity_blocks += (b - a) as u64;
-                    let bytes = IoBytes::copy_from(&computed[a * BLOCK_USIZE..b * BLOCK_USIZE]);
-                    if let Err(e) =
-                        member.drive.write(member.start_block + row * chunk + a as u64, bytes, false).await
-                    {
-                        self.fail_drive(&member.drive, format!("scrub write failed: {e}"))
-                            .await
-                            .map_err(|e| self.pool_err(e))?;
-                        break;
-                    }
-                }
+                stats.parity_blocks += self.rewrite_differing(member, row, computed, stored, "scrub").await?;
             }
         }
         Ok(stats)
+    }
+
+    /// Rewrites, on parity member `member` of row `row`, the blocks of its chunk where `have`
+    /// (what it holds) differs from `want` (what it should hold), in runs. Returns how many
+    /// blocks it counted as fixed; a write that fails fails the drive (`what` names the
+    /// caller in the reason) and stops there.
+    async fn rewrite_differing(
+        &self,
+        member: &Member<D>,
+        row: u64,
+        want: &[u8],
+        have: &[u8],
+        what: &str,
+    ) -> Result<u64, EngineError> {
+        let chunk = self.geo.chunk_blocks;
+        let differs: Vec<bool> =
+            want.chunks_exact(BLOCK_USIZE).zip(have.chunks_exact(BLOCK_USIZE)).map(|(w, h)| w != h).collect();
+        let mut runs = Vec::new();
+        for_each_run(&differs, |a, b| runs.push((a, b)));
+        let mut fixed = 0;
+        for (a, b) in runs {
+            fixed += (b - a) as u64;
+            let bytes = IoBytes::copy_from(&want[a * BLOCK_USIZE..b * BLOCK_USIZE]);
+            if let Err(e) =
+                member.drive.write(member.start_block + row * chunk + a as u64, bytes, false).await
+            {
+                self.fail_drive(&member.drive, format!("{what} write failed: {e}"))
+                    .await
+                    .map_err(|e| self.pool_err(e))?;
+                break;
+            }
+        }
+        Ok(fixed)
     }
 }
 
