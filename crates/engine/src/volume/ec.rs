@@ -396,15 +396,7 @@ impl<D: BlockDevice> Volume<D> {
                 repair: false,
             });
         }
-        for (p, buf) in parity.into_iter().enumerate() {
-            let (member, mb) = self.shard_member(seg, sw.row, k + p);
-            pieces.push(Piece {
-                member,
-                block: mb.start_block + sw.row * self.geo.chunk_blocks,
-                data: buf.freeze(),
-                repair: false,
-            });
-        }
+        self.push_parity_pieces(seg, sw.row, 0, parity, &mut pieces);
         self.write_pieces(seg, sw, &pieces, fua).await
     }
 
@@ -511,15 +503,7 @@ impl<D: BlockDevice> Volume<D> {
             self.codec().update(j, old, new, &mut outs).expect("shapes are consistent");
         }
         let mut pieces = self.data_pieces(seg, sw);
-        for (p, buf) in parities.into_iter().enumerate() {
-            let (member, mb) = self.shard_member(seg, sw.row, k + p);
-            pieces.push(Piece {
-                member,
-                block: mb.start_block + sw.row * chunk + rmin,
-                data: buf.freeze(),
-                repair: false,
-            });
-        }
+        self.push_parity_pieces(seg, sw.row, rmin, parities, &mut pieces);
         Some(pieces)
     }
 
@@ -533,7 +517,7 @@ impl<D: BlockDevice> Volume<D> {
         rows: u64,
         usable: &[bool],
     ) -> Option<Vec<Piece>> {
-        let (k, m) = self.ec_shape();
+        let (k, _) = self.ec_shape();
         let chunk = self.geo.chunk_blocks;
         let len = (rows * BLOCK) as usize;
         let reads = (0..k).map(|j| {
@@ -551,15 +535,7 @@ impl<D: BlockDevice> Volume<D> {
         self.overlay_new_data(sw, rmin, &mut data);
         let parity = self.encode_rows(&data, rows);
         let mut pieces = self.data_pieces(seg, sw);
-        for (p, buf) in parity.into_iter().enumerate().take(m) {
-            let (member, mb) = self.shard_member(seg, sw.row, k + p);
-            pieces.push(Piece {
-                member,
-                block: mb.start_block + sw.row * chunk + rmin,
-                data: buf.freeze(),
-                repair: false,
-            });
-        }
+        self.push_parity_pieces(seg, sw.row, rmin, parity, &mut pieces);
         Some(pieces)
     }
 
@@ -607,15 +583,7 @@ impl<D: BlockDevice> Volume<D> {
                 });
             }
         }
-        for (p, buf) in parity.into_iter().enumerate() {
-            let (member, mb) = self.shard_member(seg, sw.row, k + p);
-            pieces.push(Piece {
-                member,
-                block: mb.start_block + sw.row * chunk + rmin,
-                data: buf.freeze(),
-                repair: false,
-            });
-        }
+        self.push_parity_pieces(seg, sw.row, rmin, parity, &mut pieces);
         Ok(pieces)
     }
 
@@ -636,6 +604,24 @@ impl<D: BlockDevice> Volume<D> {
         let mut outs: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[..]).collect();
         self.codec().encode(&refs, &mut outs).expect("shapes are consistent");
         parity
+    }
+
+    /// Appends the writes of `parity` (one buffer per parity shard, `M` of them) at block
+    /// offset `offset` of row `row`'s parity chunks.
+    fn push_parity_pieces(
+        &self,
+        seg: &Segment<D>,
+        row: u64,
+        offset: u64,
+        parity: Vec<IoBuf>,
+        pieces: &mut Vec<Piece>,
+    ) {
+        let (k, _) = self.ec_shape();
+        for (p, buf) in parity.into_iter().enumerate() {
+            let (member, mb) = self.shard_member(seg, row, k + p);
+            let block = mb.start_block + row * self.geo.chunk_blocks + offset;
+            pieces.push(Piece { member, block, data: buf.freeze(), repair: false });
+        }
     }
 
     /// Pieces for the new data of every touched shard.
