@@ -17,6 +17,7 @@ const _: () = assert!(usize::BITS == 64, "stria needs a 64-bit target");
 pub mod drive;
 mod error;
 pub mod format;
+mod join;
 pub mod pool;
 pub mod units;
 pub mod volume;
@@ -24,6 +25,7 @@ pub mod volume;
 pub use drive::Drive;
 pub use error::{EngineError, VolumeError};
 pub use format::meta::{DriveClass, DriveState, Layout, PoolMeta, TieredRecord, VolumeRole};
+pub use join::join_all_ok;
 pub use pool::{
     DEFAULT_CHUNK_BYTES, DriveStatus, FoundDrive, IgnoredDrive, NewDrive, Pool, PoolStatus, RebuildProgress,
     RecoveryReport, ScrubReport, VolumeSpec, VolumeStatus,

@@ -172,51 +172,67 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
     };
     let control_task = tokio::spawn(control::serve(listener, handler));
 
-    let housekeeping = {
-        let pool = Arc::clone(&pool);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(2));
-            let mut retry_at = tokio::time::Instant::now();
-            loop {
-                tick.tick().await;
-                if let Err(e) = pool.tick().await {
-                    tracing::error!(error = %e, "housekeeping failed");
-                }
-                if pool.rebuild_pending() && tokio::time::Instant::now() >= retry_at {
-                    tracing::info!("rebuild starting");
-                    let mut last = std::time::Instant::now();
-                    let result = pool
-                        .rebuild(|p| {
-                            if last.elapsed() > Duration::from_secs(5) {
-                                tracing::info!(volume = %p.volume, done = p.rows_done, total = p.rows_total, "rebuilding");
-                                last = std::time::Instant::now();
-                            }
-                        })
-                        .await;
-                    match result {
-                        Ok(()) => tracing::info!("rebuild finished"),
-                        Err(e) => {
-                            tracing::error!(error = %e, "rebuild stopped; retrying in a minute");
-                            retry_at = tokio::time::Instant::now() + Duration::from_secs(60);
-                        }
-                    }
-                }
-            }
-        })
-    };
+    let (stop_housekeeping, stopped) = tokio::sync::watch::channel(false);
+    let housekeeping = tokio::spawn(housekeeping(Arc::clone(&pool), stopped));
 
     on_ready(&uris);
     wait_for_signal().await?;
     tracing::info!("shutting down: no new connections, finishing requests in flight");
-    housekeeping.abort();
     control_task.abort();
     for h in handles {
         h.shutdown().await;
     }
+    // Housekeeping is stopped, not aborted: a task dropped in the middle of a metadata commit
+    // or a rebuild row would leave its work half done. The pool's close refuses new rows, so a
+    // rebuild in progress ends at its next row.
+    let _ = stop_housekeeping.send(true);
     stack.close().await.context("flushing the pool on shutdown")?;
+    if let Err(e) = housekeeping.await {
+        tracing::warn!(error = %e, "housekeeping task ended abnormally");
+    }
     let _ = std::fs::remove_file(&control_path);
     tracing::info!("pool closed cleanly");
     Ok(())
+}
+
+/// Every 2 s: clears idle intent bits, and runs pending rebuilds (retrying a failed one after a
+/// minute). Returns when `stop` turns true (between ticks, or when a rebuild ends because the
+/// pool is closing).
+async fn housekeeping<D: BlockDevice>(pool: Arc<Pool<D>>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    let mut retry_at = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        if *stop.borrow() {
+            return;
+        }
+        if let Err(e) = pool.tick().await {
+            tracing::error!(error = %e, "housekeeping failed");
+        }
+        if pool.rebuild_pending() && tokio::time::Instant::now() >= retry_at {
+            tracing::info!("rebuild starting");
+            let mut last = std::time::Instant::now();
+            let result = pool
+                .rebuild(|p| {
+                    if last.elapsed() > Duration::from_secs(5) {
+                        tracing::info!(volume = %p.volume, done = p.rows_done, total = p.rows_total, "rebuilding");
+                        last = std::time::Instant::now();
+                    }
+                })
+                .await;
+            match result {
+                Ok(()) if *stop.borrow() => return,
+                Ok(()) => tracing::info!("rebuild finished"),
+                Err(e) => {
+                    tracing::error!(error = %e, "rebuild stopped; retrying in a minute");
+                    retry_at = tokio::time::Instant::now() + Duration::from_secs(60);
+                }
+            }
+        }
+    }
 }
 
 /// Builds the NBD server for `exports` and starts its listeners; returns them with their URIs.

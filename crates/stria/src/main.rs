@@ -413,7 +413,7 @@ async fn run(cli: Cli) -> Result<()> {
                     cache_copies: 2,
                 };
                 let tv = stria_tier::create(&pool, spec).await?;
-                tv.close();
+                tv.close().await;
                 pool.close().await?;
                 eprintln!(
                     "created the default pool in {} (2 fast + 6 capacity drives) with volume vol0 (tiered:ec:4+2)",

@@ -210,7 +210,7 @@ pub(crate) async fn execute(
         }
         Request::VolumeDelete { name } => {
             if let Some(tv) = ctx.stack.tiered(&name) {
-                tv.close();
+                tv.close().await;
                 stria_tier::delete(pool, &name).await?;
                 ctx.stack.remove_tiered(&name);
             } else {

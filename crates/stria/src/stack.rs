@@ -170,7 +170,7 @@ impl<D: BlockDevice> Stack<D> {
     /// Stops the destagers and closes the pool cleanly.
     pub(crate) async fn close(&self) -> Result<()> {
         for t in self.tiered_all() {
-            t.close();
+            t.close().await;
         }
         self.pool.close().await?;
         Ok(())

@@ -33,7 +33,13 @@ pub(crate) async fn destage_loop<D: BlockDevice>(vol: Weak<TieredVolume<D>>) {
             }
             continue;
         }
-        let result = v.destage_batch().await;
+        let result = {
+            let _running = v.destaging.lock().await;
+            if v.closed.load(Relaxed) {
+                return;
+            }
+            v.destage_batch().await
+        };
         if result.is_ok() {
             v.log.clear_failure();
         }

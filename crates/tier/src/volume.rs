@@ -4,10 +4,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
-use futures::future::try_join_all;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use stria_dev::{BlockDevice, IoBuf, IoBytes};
+use stria_engine::join_all_ok;
 use stria_engine::{Extent, Pool, Volume, VolumeError, VolumeState};
 
 use crate::log::CacheLog;
@@ -84,6 +84,9 @@ pub struct TieredVolume<D: BlockDevice> {
     pub(crate) started: Instant,
     pub(crate) last_write_ms: AtomicU64,
     pub(crate) closed: AtomicBool,
+    /// Held by the destager while it runs a batch, so that [`TieredVolume::close`] can wait for
+    /// the batch in progress (its capacity writes must finish before the pool's final flush).
+    pub(crate) destaging: tokio::sync::Mutex<()>,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for TieredVolume<D> {
@@ -367,7 +370,7 @@ impl<D: BlockDevice> TieredVolume<D> {
                 Ok::<_, VolumeError>((i, count, from_cache, buf))
             }
         });
-        let results = try_join_all(reads).await?;
+        let results = join_all_ok(reads).await?;
         let mut bad = Vec::new();
         let mut clean_bad = None;
         for (i, count, from_cache, buf) in results {
@@ -494,7 +497,7 @@ impl<D: BlockDevice> TieredVolume<D> {
         if before_wrap < n {
             writes.push(self.cache.write(0, data.slice((before_wrap * BLOCK) as usize..data.len()), true));
         }
-        try_join_all(writes).await?;
+        join_all_ok(writes).await?;
         self.counters.cache_write_bytes.fetch_add(data.len() as u64, Relaxed);
         // 2. Records, durably, one blockset at a time.
         let crcs: Vec<u32> = data.chunks_exact(BLOCK_USIZE).map(block_crc).collect();
@@ -684,8 +687,16 @@ impl<D: BlockDevice> TieredVolume<D> {
             .expect("three")
     }
 
-    /// Stops the destager; requests after this fail with `Closed`.
-    pub fn close(&self) {
+    /// Stops the destager and waits for the batch it is running, if any; requests after this
+    /// fail with `Closed`. Call it before closing the pool.
+    pub async fn close(&self) {
+        self.stop();
+        drop(self.destaging.lock().await);
+    }
+
+    /// Like [`TieredVolume::close`] without waiting (for `Drop` implementations): the destager
+    /// stops after its current batch.
+    pub fn stop(&self) {
         self.closed.store(true, Relaxed);
         self.log.fail_waiters(format!("volume {} is closed", self.name));
         self.log.hungry.notify_one();

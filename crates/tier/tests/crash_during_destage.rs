@@ -90,7 +90,7 @@ async fn run_seed(seed: u64) {
     switch.trip_after_ops(cut);
     tokio::join!(worker(&vol, &tracker, seed, 0), worker(&vol, &tracker, seed, 1));
     switch.trip();
-    vol.close();
+    vol.close().await;
     drop(vol);
     drop(pool);
     let t = tracker.into_inner();

@@ -50,7 +50,7 @@ async fn reads_match_writes_while_destage_runs_and_after_reopen() {
         assert!(cap.full_stripe_writes > 0);
         // Every capacity drive write is a whole chunk (16 KiB here) or larger: nothing in the
         // 4-8 KiB bucket except metadata-sized writes (checksum pages, bitmaps) of the engine.
-        vol.close();
+        vol.close().await;
         drop(vol);
         pool.close().await.unwrap();
 
@@ -69,7 +69,7 @@ async fn reads_match_writes_while_destage_runs_and_after_reopen() {
         let (o, d) = random_write(&mut rng, 0, size as u64);
         vol.write(o, IoBytes::copy_from(&d), false).await.unwrap();
         model[o as usize..o as usize + d.len()].copy_from_slice(&d);
-        vol.close();
+        vol.close().await;
         drop(vol);
         drop(pool);
         let pool = open_pool(&reboot(&devs, 4)).await;

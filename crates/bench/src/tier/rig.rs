@@ -182,7 +182,7 @@ impl<D: BlockDevice> Rig<D> {
     /// Stops the destager and closes the pool.
     pub(super) async fn close(&self) -> Result<()> {
         self.housekeeping.abort();
-        self.vol.close();
+        self.vol.close().await;
         self.pool.close().await.context("closing the pool")?;
         Ok(())
     }
@@ -191,7 +191,7 @@ impl<D: BlockDevice> Rig<D> {
 impl<D: BlockDevice> Drop for Rig<D> {
     fn drop(&mut self) {
         self.housekeeping.abort();
-        self.vol.close();
+        self.vol.stop();
     }
 }
 

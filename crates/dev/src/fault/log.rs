@@ -25,6 +25,11 @@ pub struct FaultConfig {
     /// Unflushed versions kept per block for power cuts (older middle versions are forgotten,
     /// which only narrows the choice of post-crash contents). At least 1.
     pub unflushed_versions_per_block_max: usize,
+    /// Each request completes after 0 to this many polls (drawn by the seed; its effect on the
+    /// medium happens when it is submitted). With 0 every request completes at once; above 0 the
+    /// caller's other tasks run between a request's submission and its completion, so a seeded
+    /// simulation explores interleavings (a flush racing a write, a close racing a destage).
+    pub completion_polls_max: u32,
 }
 
 impl Default for FaultConfig {
@@ -39,6 +44,7 @@ impl Default for FaultConfig {
             die_after_ops: None,
             latent_error_blocks: Vec::new(),
             unflushed_versions_per_block_max: 8,
+            completion_polls_max: 0,
         }
     }
 }

@@ -261,6 +261,14 @@ impl FaultDevice {
         self.state.lock().versions.crash_image(&self.mem, &self.name, seed)
     }
 
+    /// The drive's contents after the *process* died now (`kill -9`), as a fresh memory drive:
+    /// every write the drive accepted is there, flushed or not (the operating system still
+    /// writes back what the process handed it). The cut request itself landed or not, as
+    /// [`FaultDevice::admit`] decided.
+    pub fn kill_image(&self) -> MemDevice {
+        self.mem.clone_contents(&self.name)
+    }
+
     /// Logs `kind` and fails the request with it.
     fn refuse(&self, state: &mut State, kind: FaultKind, offset_bytes: u64, len_bytes: u64) -> DevError {
         self.counters.record_error();
@@ -437,6 +445,35 @@ impl FaultDevice {
     }
 }
 
+/// A request's result, delivered after `polls_left` more polls (see
+/// [`FaultConfig::completion_polls_max`]).
+struct Delayed<T> {
+    result: Option<T>,
+    polls_left: u32,
+}
+
+impl<T: Unpin> Future for Delayed<T> {
+    type Output = T;
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<T> {
+        if self.polls_left > 0 {
+            self.polls_left -= 1;
+            cx.waker().wake_by_ref();
+            return std::task::Poll::Pending;
+        }
+        std::task::Poll::Ready(self.result.take().expect("polled after completion"))
+    }
+}
+
+impl FaultDevice {
+    /// Wraps a request's result so that it completes after a seeded number of polls.
+    fn delayed<T: Unpin>(&self, result: T) -> Delayed<T> {
+        let mut state = self.state.lock();
+        let max = state.config.completion_polls_max;
+        let polls_left = if max == 0 { 0 } else { state.rng.random_range(0..=max) };
+        Delayed { result: Some(result), polls_left }
+    }
+}
+
 impl BlockDevice for FaultDevice {
     fn name(&self) -> &str {
         &self.name
@@ -455,7 +492,7 @@ impl BlockDevice for FaultDevice {
         let result = check_range(&self.name, self.mem.size_bytes(), offset_bytes, len_bytes)
             .and_then(|()| self.do_read(offset_bytes, &mut buf))
             .map(|()| buf);
-        ready(result)
+        self.delayed(result)
     }
 
     fn write(
@@ -466,11 +503,11 @@ impl BlockDevice for FaultDevice {
     ) -> impl Future<Output = Result<(), DevError>> + Send {
         let result = check_range(&self.name, self.mem.size_bytes(), offset_bytes, data.len() as u64)
             .and_then(|()| self.do_write(offset_bytes, &data, fua));
-        ready(result)
+        self.delayed(result)
     }
 
     fn flush(&self) -> impl Future<Output = Result<(), DevError>> + Send {
-        ready(self.do_flush())
+        self.delayed(self.do_flush())
     }
 
     fn discard(

@@ -56,24 +56,32 @@ pub(crate) enum AppendError {
 }
 
 /// Outcome of a batch for one waiter (a `DevError` is shared by every record of the batch).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 enum BatchError {
     Full,
     Dev(Arc<DevError>),
-}
-
-impl From<BatchError> for AppendError {
-    fn from(e: BatchError) -> AppendError {
-        match e {
-            BatchError::Full => AppendError::Full,
-            BatchError::Dev(e) => AppendError::Dev(copy_dev_error(&e)),
-        }
-    }
+    /// The task writing the batch was cancelled before it could report: whether the record
+    /// reached the drive is unknown, so it is appended again (a duplicate record of a
+    /// transaction is harmless: replay writes the same blocks twice).
+    Abandoned(JournalPiece),
 }
 
 struct Pending {
     piece: JournalPiece,
     done: oneshot::Sender<Result<u64, BatchError>>,
+}
+
+/// The records of a batch placed in the ring and not yet reported to their waiters. If the
+/// batch's future is dropped (its caller was cancelled) the waiters learn it, instead of
+/// finding their channel closed.
+struct Unreported(Vec<(Pending, u64)>);
+
+impl Drop for Unreported {
+    fn drop(&mut self) {
+        for (p, _) in self.0.drain(..) {
+            let _ = p.done.send(Err(BatchError::Abandoned(p.piece)));
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -257,21 +265,36 @@ impl Journal {
             // A record this large could never be placed reliably in this ring.
             return Err(AppendError::Full);
         }
+        let mut piece = piece;
+        loop {
+            match self.append_once(dev, piece).await {
+                Ok(seq) => return Ok(seq),
+                Err(BatchError::Full) => return Err(AppendError::Full),
+                Err(BatchError::Dev(e)) => return Err(AppendError::Dev(copy_dev_error(&e))),
+                Err(BatchError::Abandoned(p)) => piece = p,
+            }
+        }
+    }
+
+    /// Queues `piece` and makes sure some writer writes it (this task, or one that took it in
+    /// its batch); returns that writer's report.
+    async fn append_once<D: BlockDevice>(&self, dev: &D, piece: JournalPiece) -> Result<u64, BatchError> {
         let (tx, mut rx) = oneshot::channel();
         self.pending.lock().push(Pending { piece, done: tx });
         loop {
-            let _writer = self.writer.lock().await;
-            if let Ok(result) = rx.try_recv() {
-                return result.map_err(AppendError::from);
+            let writer = self.writer.lock().await;
+            match rx.try_recv() {
+                Ok(report) => return report,
+                Err(oneshot::error::TryRecvError::Empty) => {}
+                Err(oneshot::error::TryRecvError::Closed) => {
+                    unreachable!("a journal waiter's sender is dropped only after reporting")
+                }
             }
             let batch: Vec<Pending> = std::mem::take(&mut *self.pending.lock());
             if batch.is_empty() {
                 // Our record was taken by a writer that has not reported yet; wait for it.
-                drop(_writer);
-                return match rx.await {
-                    Ok(r) => r.map_err(AppendError::from),
-                    Err(_) => Err(AppendError::Full),
-                };
+                drop(writer);
+                return rx.await.expect("a journal waiter's sender reports before it is dropped");
             }
             self.write_batch(dev, batch).await;
         }
@@ -280,7 +303,7 @@ impl Journal {
     /// Writes a batch of pending records and reports to each waiter.
     async fn write_batch<D: BlockDevice>(&self, dev: &D, batch: Vec<Pending>) {
         // Place records; those that do not fit fail with `Full` (their writers flush and retry).
-        let mut placed = Vec::new(); // (pending, seq, pos)
+        let mut placed = Unreported(Vec::new());
         let mut writes: Vec<(u64, Vec<u8>)> = Vec::new(); // (ring position, bytes)
         {
             let mut ring = self.ring.lock();
@@ -310,22 +333,26 @@ impl Journal {
                 ring.live.push_back((seq, pos, blocks, p.piece.txn_id));
                 ring.used += blocks;
                 ring.head = (pos + blocks) % self.ring_blocks;
-                placed.push((p, seq));
+                placed.0.push((p, seq));
             }
         }
-        if placed.is_empty() {
+        if placed.0.is_empty() {
             return;
         }
         let mut result = Ok(());
         for (pos, bytes) in writes {
             let offset = self.offset_bytes + (HEADER_COPIES + pos) * BLOCK;
             if let Err(e) = dev.write(offset, IoBytes::copy_from(&bytes), true).await {
-                result = Err(BatchError::Dev(Arc::new(e)));
+                result = Err(Arc::new(e));
                 break;
             }
         }
-        for (p, seq) in placed {
-            let _ = p.done.send(result.clone().map(|()| seq));
+        for (p, seq) in placed.0.drain(..) {
+            let report = match &result {
+                Ok(()) => Ok(seq),
+                Err(e) => Err(BatchError::Dev(Arc::clone(e))),
+            };
+            let _ = p.done.send(report);
         }
     }
 

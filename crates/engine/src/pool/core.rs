@@ -7,6 +7,7 @@ use arc_swap::ArcSwap;
 use futures::future::join_all;
 use stria_dev::BlockDevice;
 
+use super::gate::OpGate;
 use crate::drive::Drive;
 use crate::error::EngineError;
 use crate::format::meta::{DriveState, PoolMeta};
@@ -27,6 +28,12 @@ pub(crate) struct PoolCore<D: BlockDevice> {
     poisoned: AtomicBool,
     flush_arrivals: AtomicU64,
     flush_covered: tokio::sync::Mutex<u64>,
+    /// Operations in progress (see gate.rs); a clean close waits for them.
+    pub(crate) ops: OpGate,
+    /// The highest generation any commit has tried to write. A commit that fails (no
+    /// majority) or is abandoned half way may have left its document on some drives, so its
+    /// generation is never used again for different contents.
+    generation_high: AtomicU64,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for PoolCore<D> {
@@ -46,6 +53,8 @@ impl<D: BlockDevice> PoolCore<D> {
             poisoned: AtomicBool::new(false),
             flush_arrivals: AtomicU64::new(0),
             flush_covered: tokio::sync::Mutex::new(0),
+            ops: OpGate::default(),
+            generation_high: AtomicU64::new(0),
         }
     }
 
@@ -115,10 +124,11 @@ impl<D: BlockDevice> PoolCore<D> {
         if !changed {
             return Ok(out);
         }
-        next.generation = current.generation + 1;
-        // A drive that cannot take the metadata is dead too: fail it in this same generation and
-        // try again with the drives that are left.
+        // A drive that cannot take the metadata is dead too: fail it and try again with the
+        // drives that are left (under a new generation: the first attempt's document may be on
+        // some drives).
         loop {
+            next.generation = self.claim_generation(current.generation);
             match self.commit(&current, &next).await {
                 Ok(()) => break,
                 Err((e, dead)) if dead.is_empty() => return Err(e),
@@ -139,6 +149,16 @@ impl<D: BlockDevice> PoolCore<D> {
         self.snapshot.store(Arc::new(next.clone()));
         *current = next;
         Ok(out)
+    }
+
+    /// A generation above `committed` and above every generation attempted before, claimed
+    /// before anything is written (so a commit abandoned half way still uses it up).
+    fn claim_generation(&self, committed: u64) -> u64 {
+        let high = self.generation_high.fetch_max(committed, Ordering::SeqCst).max(committed);
+        let claimed = high + 1;
+        let prev = self.generation_high.fetch_max(claimed, Ordering::SeqCst);
+        assert!(prev < claimed, "metadata generation {claimed} claimed twice (commits are serialised)");
+        claimed
     }
 
     /// Writes `meta` to every active drive, then their superblocks. Succeeds when it reached a

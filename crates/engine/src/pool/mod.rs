@@ -3,6 +3,7 @@
 pub(crate) mod alloc;
 mod assemble;
 pub(crate) mod core;
+pub(crate) mod gate;
 mod rebuild;
 mod recovery;
 mod scrub;
@@ -244,10 +245,12 @@ impl<D: BlockDevice> Pool<D> {
                             rec.name, m.slot
                         ))
                     })?;
+                    let cursor = m.rebuild_cursor_rows.unwrap_or(NOT_REBUILDING);
                     Ok(Member {
                         drive,
                         start_block: m.start_block,
-                        rebuild_cursor: AtomicU64::new(m.rebuild_cursor_rows.unwrap_or(NOT_REBUILDING)),
+                        rebuild_cursor: AtomicU64::new(cursor),
+                        rebuild_cursor_durable: AtomicU64::new(cursor),
                     })
                 })
                 .collect::<Result<Vec<_>, EngineError>>()?;
@@ -560,10 +563,13 @@ impl<D: BlockDevice> Pool<D> {
         Ok(())
     }
 
-    /// Clean shutdown: flush everything and clear every intent bit, so the next open needs no
-    /// resynchronisation. Requests still in flight are failed.
+    /// Clean shutdown: refuse new requests, wait for those in progress, flush everything and
+    /// clear every intent bit, so the next open needs no resynchronisation. The bits may only be
+    /// cleared once nothing can write any more: a write finishing after the final flush would
+    /// leave its checksum entries unwritten in a region marked clean.
     pub async fn close(&self) -> Result<(), EngineError> {
         self.closed.store(true, Ordering::Relaxed);
+        self.core.ops.close().await;
         for v in self.volumes() {
             v.closed.store(true, Ordering::Relaxed);
         }

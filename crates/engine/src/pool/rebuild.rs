@@ -158,7 +158,8 @@ impl<D: BlockDevice> Pool<D> {
                 }
                 let mut row = member.rebuild_cursor.load(Ordering::Acquire);
                 while row < seg.rows {
-                    if self.closed.load(Ordering::Relaxed) || vol.closed.load(Ordering::Relaxed) {
+                    let Some(_op) = self.core.ops.enter() else { return Ok(()) };
+                    if vol.closed.load(Ordering::Relaxed) {
                         return Ok(());
                     }
                     vol.rebuild_row(&map, si, mi, row).await?;
@@ -183,6 +184,7 @@ impl<D: BlockDevice> Pool<D> {
                 member.rebuild_cursor.store(NOT_REBUILDING, Ordering::Release);
             }
         }
+        let Some(_op) = self.core.ops.enter() else { return Ok(()) };
         self.persist_cursors(vol).await?;
         tracing::info!(volume = vol.name(), "rebuild complete");
         Ok(())
@@ -206,6 +208,7 @@ impl<D: BlockDevice> Pool<D> {
             })
             .collect();
         let name = vol.name().to_string();
+        let committed = cursors.clone();
         self.core
             .update(move |m| {
                 let rec =
@@ -221,7 +224,14 @@ impl<D: BlockDevice> Pool<D> {
                 }
                 Ok(((), changed))
             })
-            .await
+            .await?;
+        // Committed: rows below these cursors are now trusted after a crash too.
+        for (seg, cs) in map.segments.iter().zip(&committed) {
+            for (member, c) in seg.members.iter().zip(cs) {
+                member.rebuild_cursor_durable.store(c.unwrap_or(NOT_REBUILDING), Ordering::Release);
+            }
+        }
+        Ok(())
     }
 }
 

@@ -39,6 +39,7 @@ impl<D: BlockDevice> Pool<D> {
         let mut done = 0;
         for (si, seg) in map.segments.iter().enumerate() {
             for row in 0..seg.rows {
+                let _op = vol.enter_op()?;
                 let stats = vol.scrub_row(&map, si, row).await?;
                 report.blocks_checked += stats.checked_blocks;
                 report.parity_blocks_fixed += stats.parity_blocks;

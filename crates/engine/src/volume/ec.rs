@@ -3,7 +3,9 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
-use futures::future::{join_all, try_join_all};
+use futures::future::join_all;
+
+use crate::join::join_all_ok;
 use stria_dev::{BlockDevice, IoBuf, IoBytes};
 use stria_ec::ReedSolomon;
 
@@ -352,7 +354,7 @@ impl<D: BlockDevice> Volume<D> {
                 }
             }
         }
-        try_join_all(stripes.into_iter().map(|s| self.ec_write_stripe_locked(map, s, fua))).await.map(drop)
+        join_all_ok(stripes.into_iter().map(|s| self.ec_write_stripe_locked(map, s, fua))).await.map(drop)
     }
 
     async fn ec_write_stripe_locked(
@@ -364,7 +366,8 @@ impl<D: BlockDevice> Volume<D> {
         let seg = &map.segments[sw.segment];
         let chunk = self.geo.chunk_blocks;
         let full = sw.shards.iter().all(|s| matches!(s, Some((0, d)) if d.len() as u64 == chunk * BLOCK));
-        let all_usable = seg.members.iter().all(|m| m.usable(sw.row));
+        // Unjournaled only where every member stays usable after a crash (see `durably_usable`).
+        let all_usable = seg.members.iter().all(|m| m.durably_usable(sw.row));
         if full && all_usable {
             self.counters.full_stripe_writes.fetch_add(1, Relaxed);
             self.ec_full_stripe(seg, &sw, fua).await

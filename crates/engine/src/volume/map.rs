@@ -17,12 +17,24 @@ pub(crate) struct Member<D> {
     pub(crate) start_block: u64,
     /// Rows below this are valid on the member ([`NOT_REBUILDING`] when it is not rebuilding).
     pub(crate) rebuild_cursor: AtomicU64,
+    /// The cursor as last committed to the metadata: after a crash the member is trusted only
+    /// below it. Never above `rebuild_cursor`.
+    pub(crate) rebuild_cursor_durable: AtomicU64,
 }
 
 impl<D: stria_dev::BlockDevice> Member<D> {
     /// True when `row` of this member can be read and must be written.
     pub(crate) fn usable(&self, row: u64) -> bool {
         !self.drive.is_failed() && row < self.rebuild_cursor.load(Ordering::Acquire)
+    }
+
+    /// True when `row` of this member would still be usable after a crash now: it is not failed
+    /// and the committed rebuild cursor is past the row. A stripe write that skips the journal
+    /// (full stripe, or zeroing by checksum entries) is only safe when every member of the row
+    /// is durably usable: if a crash rolled the cursor back below the row, the member's chunk
+    /// would be rebuilt from the others, which such a write may have left half old, half new.
+    pub(crate) fn durably_usable(&self, row: u64) -> bool {
+        self.usable(row) && row < self.rebuild_cursor_durable.load(Ordering::Acquire)
     }
 
     /// True while the member is being rebuilt (or waits to be).

@@ -13,8 +13,8 @@ mod mirror;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
+use crate::join::join_all_ok;
 use arc_swap::ArcSwap;
-use futures::future::try_join_all;
 use stria_dev::{BlockDevice, IoBuf, IoBytes};
 use stria_ec::ReedSolomon;
 
@@ -146,6 +146,15 @@ impl<D: BlockDevice> Volume<D> {
         &self.counters
     }
 
+    /// A pass of the pool's operation gate for one request (see pool/gate.rs): a clean close
+    /// waits for every request holding one.
+    pub(crate) fn enter_op(&self) -> Result<crate::pool::gate::OpPass<'_>, VolumeError> {
+        match self.core.ops.enter() {
+            Some(pass) if !self.closed.load(Relaxed) => Ok(pass),
+            _ => Err(VolumeError::Closed(self.name.clone())),
+        }
+    }
+
     fn check_range(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
         self.check_range_in(&self.map.load(), offset_bytes, len_bytes)
     }
@@ -184,6 +193,8 @@ impl<D: BlockDevice> Volume<D> {
 
     /// Reads `len_bytes` at `offset_bytes` (any alignment).
     pub async fn read(&self, offset_bytes: u64, len_bytes: usize) -> Result<IoBuf, VolumeError> {
+        // Reads hold a pass too: a read that finds a bad block rewrites it.
+        let _op = self.enter_op()?;
         let map = self.map.load_full();
         self.check_range_in(&map, offset_bytes, len_bytes as u64)?;
         self.counters.read_ops.fetch_add(1, Relaxed);
@@ -232,7 +243,7 @@ impl<D: BlockDevice> Volume<D> {
             let piece = std::mem::replace(&mut rest, tail);
             reads.push(self.read_run(map, run, piece, locked));
         }
-        Ok(IoBuf::join_or_copy(try_join_all(reads).await?))
+        Ok(IoBuf::join_or_copy(join_all_ok(reads).await?))
     }
 
     async fn read_run(
@@ -251,6 +262,7 @@ impl<D: BlockDevice> Volume<D> {
     /// Writes `data` at `offset_bytes` (any alignment). With `fua` the data is durable when
     /// this returns.
     pub async fn write(&self, offset_bytes: u64, data: IoBytes, fua: bool) -> Result<(), VolumeError> {
+        let _op = self.enter_op()?;
         let len_bytes = data.len() as u64;
         self.check_range(offset_bytes, len_bytes)?;
         self.core.check_writable().map_err(|e| self.pool_error(e))?;
@@ -353,7 +365,7 @@ impl<D: BlockDevice> Volume<D> {
                     writes.push(self.mirror_write_run_locked(map, *run, data.slice(at..at + len), fua));
                     at += len;
                 }
-                try_join_all(writes).await.map(drop)
+                join_all_ok(writes).await.map(drop)
             }
         }
     }
@@ -368,6 +380,7 @@ impl<D: BlockDevice> Volume<D> {
         fua: bool,
         fast_only: bool,
     ) -> Result<(), VolumeError> {
+        let _op = self.enter_op()?;
         self.check_range(offset_bytes, len_bytes)?;
         if len_bytes == 0 {
             return Ok(());
@@ -406,6 +419,7 @@ impl<D: BlockDevice> Volume<D> {
     /// Discards a range: whole blocks (mirror) or whole stripes (ec) are unmapped and read back
     /// as zeros; partial edges are left as they are (NBD allows a trim to do nothing).
     pub async fn trim(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
+        let _op = self.enter_op()?;
         self.check_range(offset_bytes, len_bytes)?;
         let unit = match self.geo.layout {
             Layout::Ec { .. } => self.geo.row_blocks() * BLOCK,
@@ -433,7 +447,7 @@ impl<D: BlockDevice> Volume<D> {
             for run in &runs {
                 let seg = &map.segments[run.segment];
                 if matches!(self.geo.layout, Layout::Ec { .. })
-                    && !seg.members.iter().all(|m| m.usable(run.row))
+                    && !seg.members.iter().all(|m| m.durably_usable(run.row))
                 {
                     // Entry-only zeroing is safe on a healthy stripe (recovery recomputes parity
                     // from the data) but not on a degraded one, where a crash could leave members
@@ -517,9 +531,7 @@ impl<D: BlockDevice> Volume<D> {
 
     /// Makes every write completed before this call durable.
     pub async fn flush(&self) -> Result<(), VolumeError> {
-        if self.closed.load(Relaxed) {
-            return Err(VolumeError::Closed(self.name.clone()));
-        }
+        let _op = self.enter_op()?;
         self.counters.flush_ops.fetch_add(1, Relaxed);
         self.core.check_writable().map_err(|e| self.pool_error(e))?;
         self.core.flush_all().await.map_err(|e| self.pool_error(e))?;

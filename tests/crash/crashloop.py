@@ -1,0 +1,416 @@
+#!/usr/bin/python3
+"""Real-process crash loop: `stria serve` on file drives, a verifying NBD client, SIGKILL at
+random moments, many rounds on the same pool.
+
+Every 4 KiB sector the client writes carries (magic, sector, sequence number, filler, CRC), so a
+read identifies exactly which write it came from. The client keeps, per sector, the versions a
+read may return after a crash: the last durable one (acknowledged FUA write, or a write that
+completed before an acknowledged flush was sent) and every version written after it (in flight,
+or acknowledged but not yet durable). After each restart every sector of the region is read
+back and must be one of those versions: never an older one, never garbage, never an error.
+
+A round: [start, maybe kill -9 during recovery and start again], verify, load for a random
+0.5-4 s with up to 16 requests in flight (FUA and plain writes of 4-64 KiB, flushes, FUA
+write-zeroes, never two in flight over the same sector), then SIGKILL while requests are in
+flight; every other round also runs a clean cycle (start, verify, load, drain + flush, SIGTERM
+with exit status 0).
+
+Scenarios (--scenario): healthy, degraded (a drive failed before the first round), rebuilding
+(each round fails a drive and replaces it, rebuild rate-limited so the kill lands mid-rebuild),
+destaging (tiered layouts with a small cache so destage runs during the load).
+
+Usage: crashloop.py --stria PATH --layout ec:4+2 [--scenario healthy] [--rounds 5] [--seed S]
+                    [--dir DIR] [--tmpfs] [--region-mib 128]
+Exit status 0 when every round verified, 1 on the first violation (details on stderr).
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+
+import nbd
+
+SECTOR = 4096
+MAGIC = b"STRIACRL"
+HEAD = struct.Struct("<8sQQ")  # magic, sector, seq
+FILL_WORDS = (SECTOR - HEAD.size - 8) // 8
+ZERO = bytes(SECTOR)
+MAX_INFLIGHT = 16
+SEQ_PER_ROUND = 10_000_000
+
+
+def sector_bytes(sector, seq):
+    body = HEAD.pack(MAGIC, sector, seq) + struct.pack("<Q", seq ^ 0x9E3779B97F4A7C15) * FILL_WORDS
+    body += b"\0\0\0\0"
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def identify(block, sector):
+    """Returns ('zero', None), ('data', seq), or ('garbage', description)."""
+    if block == ZERO:
+        return "zero", None
+    magic, s, seq = HEAD.unpack_from(block)
+    if magic != MAGIC or struct.unpack_from("<I", block, SECTOR - 4)[0] != zlib.crc32(block[:-4]):
+        return "garbage", "no valid sector header/crc"
+    if s != sector:
+        return "garbage", f"sector {s}'s data (seq {seq}) at sector {sector}"
+    return "data", seq
+
+
+class Violation(Exception):
+    pass
+
+
+class Model:
+    """Per sector: the list of versions a read may return, oldest first. A version is
+    (seq, is_zero); the first is the durable baseline."""
+
+    def __init__(self, sectors):
+        self.versions = [[(0, True)] for _ in range(sectors)]
+        self.unflushed = {}  # sector -> version completed (non-durable) since the last flush was sent
+
+    def issue(self, sectors, version):
+        for s in sectors:
+            self.versions[s].append(version)
+
+    def complete(self, sectors, version, durable):
+        for s in sectors:
+            if durable:
+                self.versions[s] = [version]
+                self.unflushed.pop(s, None)
+            else:
+                self.unflushed[s] = version
+
+    def flush_sent(self):
+        snap, self.unflushed = self.unflushed, {}
+        return snap
+
+    def flush_done(self, snap):
+        for s, v in snap.items():
+            lst = self.versions[s]
+            if v in lst:
+                self.versions[s] = lst[lst.index(v):]
+
+    def check(self, sector, block):
+        kind, seq = identify(block, sector)
+        allowed = self.versions[sector]
+        if kind == "zero" and any(z for _, z in allowed):
+            return (0, True)
+        if kind == "data":
+            for v in allowed:
+                if v == (seq, False):
+                    return v
+        got = "zeros" if kind == "zero" else (f"seq {seq} (round {seq // SEQ_PER_ROUND})" if kind == "data" else seq)
+        want = ", ".join("zeros" if z else f"seq {q}" for q, z in allowed)
+        raise Violation(f"sector {sector}: read {got}; allowed: {want}")
+
+    def settle(self, sector, version):
+        self.versions[sector] = [version]
+
+
+class Daemon:
+    def __init__(self, args, pool, sock):
+        self.args, self.pool, self.sock = args, pool, sock
+        self.proc = None
+        self.log_path = os.path.join(os.path.dirname(pool), "serve.log")
+
+    def cli(self, *cmd, check=True):
+        r = subprocess.run([self.args.stria, *cmd, "--pool", self.pool], capture_output=True, text=True)
+        if check and r.returncode != 0:
+            raise RuntimeError(f"stria {' '.join(cmd)} failed: {r.stderr.strip()}")
+        return r
+
+    def start(self, wait=True):
+        for p in (self.sock, os.path.join(self.pool, "stria.sock")):
+            if os.path.exists(p):
+                os.unlink(p)
+        log = open(self.log_path, "a")
+        extra = ["--rebuild-rate", self.args.rebuild_rate] if self.args.scenario == "rebuilding" else []
+        self.proc = subprocess.Popen(
+            [self.args.stria, "serve", "--pool", self.pool, "--nbd", f"unix:{self.sock}", "--log-level", "warn", *extra],
+            stdout=log, stderr=log)
+        log.close()
+        if not wait:
+            return
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"stria serve exited with {self.proc.returncode}; see {self.log_path}")
+            if os.path.exists(self.sock) and os.path.exists(os.path.join(self.pool, "stria.sock")):
+                return
+            time.sleep(0.01)
+        raise RuntimeError("stria serve did not start in 60 s")
+
+    def kill9(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        if self.proc:
+            self.proc.wait()
+        self.proc = None
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout=120)
+        self.proc = None
+        if rc != 0:
+            raise RuntimeError(f"stria serve exited with {rc} after SIGTERM; see {self.log_path}")
+
+    def uri(self, volume):
+        return f"nbd+unix:///{volume}?socket={self.sock}"
+
+
+def connect(daemon, volume):
+    h = nbd.NBD()
+    h.connect_uri(daemon.uri(volume))
+    return h
+
+
+def close(h):
+    """Ends a connection (quietly if the server is gone)."""
+    try:
+        h.shutdown()
+    except nbd.Error:
+        pass
+    del h
+
+
+def verify(h, model, sectors, label):
+    """Reads every sector and checks it; the observed versions become the new baselines."""
+    chunk = 256  # sectors per read (1 MiB)
+    for first in range(0, sectors, chunk):
+        n = min(chunk, sectors - first)
+        try:
+            buf = h.pread(n * SECTOR, first * SECTOR)
+        except nbd.Error as e:
+            raise Violation(f"{label}: read of sectors {first}..{first + n} failed: {e}")
+        for i in range(n):
+            s = first + i
+            v = model.check(s, buf[i * SECTOR:(i + 1) * SECTOR])
+            model.settle(s, v)
+
+
+class Load:
+    """Random FUA/plain writes, flushes and FUA write-zeroes, up to MAX_INFLIGHT in flight,
+    never two in flight over one sector."""
+
+    def __init__(self, h, model, sectors, rng, seq_base, fua_only):
+        self.h, self.model, self.sectors, self.rng = h, model, sectors, rng
+        self.fua_only = fua_only
+        self.seq = seq_base
+        self.busy = set()
+        self.ops = {}  # cookie -> (kind, sectors, version, snapshot)
+        self.acked = 0
+
+    def _free_range(self, blocks):
+        for _ in range(8):
+            first = self.rng.randrange(0, self.sectors - blocks + 1)
+            rng_ = range(first, first + blocks)
+            if not any(s in self.busy for s in rng_):
+                return rng_
+        return None
+
+    def submit_one(self):
+        r = self.rng.uniform(0.10, 0.70) if self.fua_only else self.rng.random()
+        if r < 0.04:
+            snap = self.model.flush_sent()
+            c = self.h.aio_flush()
+            self.ops[c] = ("flush", (), None, snap)
+            return
+        blocks = self.rng.randint(1, 16) if self.fua_only else self.rng.choice((1, 1, 2, 4, 8, 16))
+        secs = self._free_range(blocks)
+        if secs is None:
+            return
+        self.seq += 1
+        if r < 0.10:
+            version = (self.seq, True)
+            c = self.h.aio_zero(blocks * SECTOR, secs.start * SECTOR, flags=nbd.CMD_FLAG_FUA)
+            kind = "zero-fua"
+        else:
+            version = (self.seq, False)
+            data = b"".join(sector_bytes(s, self.seq) for s in secs)
+            fua = r < 0.70
+            c = self.h.aio_pwrite(data, secs.start * SECTOR, flags=nbd.CMD_FLAG_FUA if fua else 0)
+            kind = "write-fua" if fua else "write"
+        self.model.issue(secs, version)
+        self.busy.update(secs)
+        self.ops[c] = (kind, secs, version, None)
+
+    def fill(self):
+        for _ in range(4 * MAX_INFLIGHT):
+            if len(self.ops) >= MAX_INFLIGHT:
+                return
+            self.submit_one()
+
+    def reap(self):
+        while self.ops:
+            c = self.h.aio_peek_command_completed()
+            if c <= 0:
+                return
+            kind, secs, version, snap = self.ops.pop(c)
+            try:
+                self.h.aio_command_completed(c)
+            except nbd.Error as e:
+                raise Violation(f"{kind} failed while the server was up: {e}")
+            self.acked += 1
+            if kind == "flush":
+                self.model.flush_done(snap)
+            else:
+                self.model.complete(secs, version, durable=kind != "write")
+                self.busy.difference_update(secs)
+
+    def run(self, seconds, kill=None):
+        """Runs for `seconds`; then calls `kill` with requests in flight (crash) or drains and
+        flushes (clean end)."""
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            self.fill()
+            if self.ops:
+                self.h.poll(-1)
+                self.reap()
+        if kill is not None:
+            self.fill()
+            kill()
+            return len(self.ops)
+        while self.ops:
+            self.h.poll(-1)
+            self.reap()
+        snap = self.model.flush_sent()
+        self.h.flush()
+        self.model.flush_done(snap)
+        return 0
+
+
+def pick_drive(daemon, volume, rng):
+    """A drive that holds part of the volume (for tiered volumes: a capacity or fast one)."""
+    show = json.loads(daemon.cli("volume", "show", volume, "--json").stdout)
+    slots = set()
+    for part in show.get("parts", [show]):
+        for seg in part.get("segments", []):
+            for m in seg["members"]:
+                slots.add(m["drive"])
+    return rng.choice(sorted(slots))
+
+
+def wait_state(daemon, volume, want, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        show = json.loads(daemon.cli("volume", "show", volume, "--json").stdout)
+        if show["state"] == want:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{volume} did not become {want}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--stria", required=True)
+    ap.add_argument("--layout", required=True)
+    ap.add_argument("--scenario", default="healthy", choices=["healthy", "degraded", "rebuilding", "destaging"])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--dir", default=None, help="work directory (default: a new one under /var/tmp, or /dev/shm with --tmpfs)")
+    ap.add_argument("--tmpfs", action="store_true", help="drive files on tmpfs (the inline I/O engine)")
+    ap.add_argument("--region-mib", type=int, default=128)
+    ap.add_argument("--volume-mib", type=int, default=512)
+    ap.add_argument("--rebuild-rate", default="64M")
+    ap.add_argument("--mix", default="mixed", choices=["mixed", "fua"],
+                    help="mixed: FUA and plain writes, flushes, FUA write-zeroes; fua: FUA writes of 4-64 KiB only")
+    ap.add_argument("--drive-size", default="1G")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = ap.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(1 << 32)
+    rng = random.Random(seed)
+    base = args.dir or tempfile.mkdtemp(prefix="stria-crash.", dir="/dev/shm" if args.tmpfs else "/var/tmp")
+    os.makedirs(base, exist_ok=True)
+    pool = os.path.join(base, "pool")
+    sock = os.path.join(base, "nbd.sock")
+    tag = f"[{args.layout} {args.scenario}{' tmpfs' if args.tmpfs else ''} seed={seed}]"
+    print(f"{tag} work directory {base}", flush=True)
+    daemon = Daemon(args, pool, sock)
+    ok = False
+    try:
+        run(args, rng, daemon, tag)
+        ok = True
+    except Violation as e:
+        print(f"{tag} VIOLATION: {e}", file=sys.stderr, flush=True)
+    except Exception as e:  # noqa: BLE001 - report anything as a failure of the loop
+        print(f"{tag} ERROR: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    finally:
+        daemon.kill9()
+        if not ok:
+            try:
+                with open(daemon.log_path) as f:
+                    tail = f.readlines()[-30:]
+                print("".join(tail), file=sys.stderr)
+            except OSError:
+                pass
+        if (ok and not args.keep) and not args.dir:
+            shutil.rmtree(base, ignore_errors=True)
+        elif not ok:
+            print(f"{tag} kept {base} for inspection", file=sys.stderr)
+    sys.exit(0 if ok else 1)
+
+
+def run(args, rng, daemon, tag):
+    vol = "v"
+    sectors = args.region_mib * (1 << 20) // SECTOR
+    daemon.cli("pool", "create", "--fast", "2", "--capacity", "6", "--drive-size", args.drive_size)
+    create = ["volume", "create", vol, "--size", f"{args.volume_mib}M", "--layout", args.layout]
+    if args.layout.startswith("tiered"):
+        create += ["--cache-size", "32M" if args.scenario == "destaging" else "64M"]
+    daemon.cli(*create)
+    model = Model(sectors)
+    if args.scenario == "degraded":
+        daemon.start()
+        slot = pick_drive(daemon, vol, rng)
+        daemon.cli("drive", "fail", str(slot))
+        print(f"{tag} drive {slot} failed", flush=True)
+        daemon.stop()
+    started = time.time()
+    for rnd in range(1, args.rounds + 1):
+        seq_base = rnd * SEQ_PER_ROUND
+        # Crash round.
+        if rnd > 1 and rng.random() < 0.3:
+            daemon.start(wait=False)
+            time.sleep(rng.uniform(0, 0.3))
+            daemon.kill9()
+        daemon.start()
+        h = connect(daemon, vol)
+        verify(h, model, sectors, f"round {rnd} start")
+        if args.scenario == "rebuilding":
+            slot = pick_drive(daemon, vol, rng)
+            daemon.cli("drive", "fail", str(slot))
+            daemon.cli("drive", "replace", str(slot))
+        load = Load(h, model, sectors, rng, seq_base, args.mix == "fua")
+        inflight = load.run(rng.uniform(0.5, 4.0) if args.mix == "mixed" else rng.uniform(2, 5), kill=daemon.kill9)
+        close(h)
+        acked = load.acked
+        # Restart and verify the crash; then maybe a clean cycle on top.
+        daemon.start()
+        h = connect(daemon, vol)
+        verify(h, model, sectors, f"round {rnd} after kill -9")
+        if rnd % 2 == 0:
+            load = Load(h, model, sectors, rng, seq_base + SEQ_PER_ROUND // 2, args.mix == "fua")
+            load.run(rng.uniform(0.3, 1.0))
+            close(h)
+            daemon.stop()
+            daemon.start()
+            h = connect(daemon, vol)
+            verify(h, model, sectors, f"round {rnd} after clean stop")
+        close(h)
+        daemon.stop()
+        print(f"{tag} round {rnd}/{args.rounds} ok: {acked} acknowledged, {inflight} in flight at the kill "
+              f"({time.time() - started:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
