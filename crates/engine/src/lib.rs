@@ -23,7 +23,9 @@ pub mod volume;
 
 pub use drive::Drive;
 pub use error::{EngineError, VolumeError};
-pub use format::meta::{DriveClass, DriveState, Layout, PoolMeta, TieredRecord, VolumeRole};
+pub use format::meta::{
+    DriveClass, DriveErrors, DriveState, ErrorCount, Layout, PoolMeta, TieredRecord, VolumeRole,
+};
 pub use pool::{
     DEFAULT_CHUNK_BYTES, DriveStatus, FoundDrive, IgnoredDrive, NewDrive, Pool, PoolStatus, RebuildProgress,
     RecoveryReport, ScrubReport, VolumeSpec, VolumeStatus,

@@ -3,6 +3,7 @@
 pub(crate) mod alloc;
 mod assemble;
 pub(crate) mod core;
+mod errors;
 mod rebuild;
 mod recovery;
 mod scrub;
@@ -24,8 +25,8 @@ use crate::drive::Drive;
 use crate::error::EngineError;
 use crate::format::layout::DriveLayout;
 use crate::format::meta::{
-    DriveClass, DriveRecord, DriveState, Layout, PoolMeta, SegmentRecord, TieredRecord, VolumeRecord,
-    VolumeRole,
+    DriveClass, DriveErrors, DriveRecord, DriveState, Layout, PoolMeta, SegmentRecord, TieredRecord,
+    VolumeRecord, VolumeRole,
 };
 use crate::format::superblock::Superblock;
 use crate::units::format_size;
@@ -149,6 +150,7 @@ impl<D: BlockDevice> Pool<D> {
                 failed_reason: None,
                 path_hint: nd.path,
                 data_blocks: layout.data_blocks(),
+                errors: DriveErrors::default(),
             });
             opened.push(Arc::new(Drive::format(nd.dev, sb, nd.fresh).await?));
         }
@@ -550,13 +552,15 @@ impl<D: BlockDevice> Pool<D> {
         self.core.flush_all().await
     }
 
-    /// Housekeeping to call every few seconds: clears intent bits of idle, flushed regions.
+    /// Housekeeping to call every few seconds: clears intent bits of idle, flushed regions, and
+    /// commits the drives' error counters when they changed (one metadata commit at most).
     pub async fn tick(&self) -> Result<(), EngineError> {
         for d in self.core.drives().iter().filter(|d| !d.is_failed()) {
             if let Err(e) = d.clear_idle_intents(false).await {
                 self.core.fail_drive(d.slot(), format!("intent bitmap write failed: {e}")).await?;
             }
         }
+        self.core.commit_drive_errors().await?;
         Ok(())
     }
 
@@ -567,6 +571,7 @@ impl<D: BlockDevice> Pool<D> {
         for v in self.volumes() {
             v.closed.store(true, Ordering::Relaxed);
         }
+        self.core.commit_drive_errors().await?;
         self.core.flush_all().await?;
         for d in self.core.drives().iter().filter(|d| !d.is_failed()) {
             d.clear_idle_intents(true).await?;
