@@ -53,7 +53,7 @@ enum Command {
     /// Create, list, show, resize, delete, import and export volumes.
     #[command(subcommand)]
     Volume(VolumeCmd),
-    /// List, fail and replace drives.
+    /// List, fail and replace drives; clear their error counters.
     #[command(subcommand)]
     Drive(DriveCmd),
     /// Verify every block of a volume, repair what fails, check parity and copies agree.
@@ -176,6 +176,18 @@ enum DriveCmd {
     RebuildRate {
         #[arg(value_parser = parse_size)]
         rate: u64,
+    },
+    /// Reset a drive's error counters (read errors, write errors, checksum repairs) to zero.
+    ///
+    /// The counters shown by `stria status` and `stria drive list` are kept in the pool
+    /// metadata and survive restarts until cleared here (like `zpool clear`).
+    #[command(group(clap::ArgGroup::new("which").required(true).args(["drive", "all"])))]
+    ClearErrors {
+        /// Drive id (slot) or path.
+        drive: Option<String>,
+        /// Clear the counters of every drive.
+        #[arg(long)]
+        all: bool,
     },
 }
 
@@ -333,41 +345,7 @@ async fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-        Command::Drive(DriveCmd::List { json }) => {
-            let v = request(&dir, Request::Status).await?;
-            if json {
-                print_json(&v["drives"])
-            } else {
-                output::drives(&v)
-            }
-            Ok(())
-        }
-        Command::Drive(DriveCmd::Fail { drive }) => {
-            let v = request(&dir, Request::DriveFail { drive }).await?;
-            outln!("drive {} failed; its volumes run degraded until it is replaced", v["failed"]);
-            Ok(())
-        }
-        Command::Drive(DriveCmd::Replace { drive, new, domain }) => {
-            let new_path = new.map(|p| absolute(&p)).transpose()?;
-            let v = request(&dir, Request::DriveReplace { drive, new_path, domain }).await?;
-            outln!(
-                "drive {} replaced by drive {}; rebuild {}",
-                v["replaced"],
-                v["new_drive"],
-                v["rebuild"].as_str().unwrap_or("")
-            );
-            Ok(())
-        }
-        Command::Drive(DriveCmd::RebuildRate { rate }) => {
-            if !control::daemon_running(&dir.control_socket()).await {
-                bail!(
-                    "no daemon is running on this pool; use `stria serve --rebuild-rate` or give the rate then"
-                );
-            }
-            request(&dir, Request::RebuildRate { bytes_per_sec: rate }).await?;
-            outln!("rebuild rate set to {}/s", stria_engine::units::format_size(rate));
-            Ok(())
-        }
+        Command::Drive(cmd) => drive(&dir, cmd).await,
         Command::Scrub { name, json } => {
             let v = request(&dir, Request::Scrub { name }).await?;
             if json {
@@ -433,6 +411,44 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Bench(BenchCmd::Engine(args)) => stria_bench::engine::run(&args),
         Command::Bench(BenchCmd::Tier(args)) => stria_bench::tier::run(&args),
     }
+}
+
+/// `stria drive ...`.
+async fn drive(dir: &PoolDir, cmd: DriveCmd) -> Result<()> {
+    match cmd {
+        DriveCmd::List { json } => {
+            let v = request(dir, Request::Status).await?;
+            if json { print_json(&v["drives"]) } else { output::drives(&v) }
+        }
+        DriveCmd::Fail { drive } => {
+            let v = request(dir, Request::DriveFail { drive }).await?;
+            outln!("drive {} failed; its volumes run degraded until it is replaced", v["failed"]);
+        }
+        DriveCmd::Replace { drive, new, domain } => {
+            let new_path = new.map(|p| absolute(&p)).transpose()?;
+            let v = request(dir, Request::DriveReplace { drive, new_path, domain }).await?;
+            outln!(
+                "drive {} replaced by drive {}; rebuild {}",
+                v["replaced"],
+                v["new_drive"],
+                v["rebuild"].as_str().unwrap_or("")
+            );
+        }
+        DriveCmd::RebuildRate { rate } => {
+            if !control::daemon_running(&dir.control_socket()).await {
+                bail!(
+                    "no daemon is running on this pool; use `stria serve --rebuild-rate` or give the rate then"
+                );
+            }
+            request(dir, Request::RebuildRate { bytes_per_sec: rate }).await?;
+            outln!("rebuild rate set to {}/s", stria_engine::units::format_size(rate));
+        }
+        DriveCmd::ClearErrors { drive, all: _ } => {
+            let v = request(dir, Request::DriveClearErrors { drive }).await?;
+            output::cleared_errors(&v);
+        }
+    }
+    Ok(())
 }
 
 fn serve_options(dir: &PoolDir, args: ServeArgs) -> Result<ServeOptions> {
@@ -501,4 +517,25 @@ async fn request(dir: &PoolDir, req: Request) -> Result<Value> {
     bar.finish();
     stack.close().await?;
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clear_errors_takes_one_drive_or_all() {
+        let parsed =
+            |args: &[&str]| Cli::try_parse_from(["stria", "drive", "clear-errors"].iter().chain(args));
+        assert!(matches!(
+            parsed(&["3"]).map(|c| c.command),
+            Ok(Command::Drive(DriveCmd::ClearErrors { drive: Some(d), all: false })) if d == "3"
+        ));
+        assert!(matches!(
+            parsed(&["--all"]).map(|c| c.command),
+            Ok(Command::Drive(DriveCmd::ClearErrors { drive: None, all: true }))
+        ));
+        assert!(parsed(&[]).is_err(), "a drive or --all is required");
+        assert!(parsed(&["3", "--all"]).is_err(), "not both");
+    }
 }

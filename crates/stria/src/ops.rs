@@ -64,6 +64,10 @@ pub(crate) enum Request {
     RebuildRate {
         bytes_per_sec: u64,
     },
+    /// Resets the persistent error counters of one drive (id or path), or of all for `None`.
+    DriveClearErrors {
+        drive: Option<String>,
+    },
     Scrub {
         name: String,
     },
@@ -246,6 +250,11 @@ pub(crate) async fn execute(
         Request::RebuildRate { bytes_per_sec } => {
             pool.set_rebuild_rate(bytes_per_sec);
             Ok(json!({ "rebuild_rate_bytes_per_sec": bytes_per_sec }))
+        }
+        Request::DriveClearErrors { drive } => {
+            let slot = drive.map(|d| find_drive(pool, &d)).transpose()?;
+            let cleared = pool.clear_drive_errors(slot).await?;
+            Ok(json!({ "cleared": cleared, "all": slot.is_none() }))
         }
         Request::Scrub { name } => {
             let parts: Vec<String> = match ctx.stack.tiered(&name) {

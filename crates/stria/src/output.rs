@@ -70,7 +70,8 @@ pub(crate) fn drives(v: &Value) {
                         size(&d["used_bytes"]),
                         size(&d["bytes_read"]),
                         size(&d["bytes_written"]),
-                        s(&d["errors"]),
+                        s(&d["read_errors"]),
+                        s(&d["write_errors"]),
                         s(&d["checksum_repairs"]),
                         s(&d["path"]),
                     ]
@@ -79,9 +80,78 @@ pub(crate) fn drives(v: &Value) {
         })
         .unwrap_or_default();
     table(
-        &["ID", "CLASS", "DOMAIN", "STATE", "SIZE", "USED", "READ", "WRITTEN", "ERRORS", "REPAIRS", "PATH"],
+        &[
+            "ID",
+            "CLASS",
+            "DOMAIN",
+            "STATE",
+            "SIZE",
+            "USED",
+            "READ",
+            "WRITTEN",
+            "READ-ERR",
+            "WRITE-ERR",
+            "REPAIRS",
+            "PATH",
+        ],
         &rows,
     );
+    error_times(v);
+}
+
+/// Under the drive table: when each non-zero error counter last counted, and how to reset them.
+fn error_times(v: &Value) {
+    let mut any = false;
+    for d in v["drives"].as_array().into_iter().flatten() {
+        let mut parts = Vec::new();
+        for (count, last, what) in [
+            ("read_errors", "last_read_error_unix_secs", "read error"),
+            ("write_errors", "last_write_error_unix_secs", "write error"),
+            ("checksum_repairs", "last_checksum_repair_unix_secs", "repair"),
+        ] {
+            if d[count].as_u64().unwrap_or(0) > 0
+                && let Some(t) = d[last].as_u64()
+            {
+                parts.push(format!("last {what} {}", utc_time(t)));
+            }
+        }
+        if !parts.is_empty() {
+            outln!("drive {}: {}", s(&d["id"]), parts.join(", "));
+            any = true;
+        }
+    }
+    if any {
+        outln!(
+            "(error counters are kept across restarts; reset them with `stria drive clear-errors ID|--all`)"
+        );
+    }
+}
+
+/// `YYYY-MM-DD HH:MM:SS UTC` of a unix time (proleptic Gregorian calendar).
+fn utc_time(unix_secs: u64) -> String {
+    let days = unix_secs / 86_400;
+    let secs = unix_secs % 86_400;
+    // Howard Hinnant's civil_from_days, on days since 0000-03-01.
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", secs / 3600, secs % 3600 / 60, secs % 60)
+}
+
+/// `stria drive clear-errors`.
+pub(crate) fn cleared_errors(v: &Value) {
+    let slots: Vec<String> = v["cleared"].as_array().into_iter().flatten().map(s).collect();
+    if v["all"].as_bool().unwrap_or(false) {
+        outln!("error counters of every drive ({}) cleared", slots.join(", "));
+    } else {
+        outln!("error counters of drive {} cleared", slots.join(", "));
+    }
 }
 
 /// The volume table.
@@ -304,5 +374,18 @@ impl Bar {
         if let Some(b) = self.bar {
             b.finish();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unix_times_print_as_utc_dates() {
+        assert_eq!(utc_time(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc_time(1_700_000_000), "2023-11-14 22:13:20 UTC");
+        assert_eq!(utc_time(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc_time(4_102_444_799), "2099-12-31 23:59:59 UTC");
     }
 }
