@@ -29,7 +29,7 @@ use stria_engine::units::parse_size;
 
 use daemon::{NbdAddr, ServeOptions};
 use ops::{Ctx, Progress, Request};
-use pooldir::{DriveSpec, PoolDir};
+use pooldir::{DriveSpec, Opener, PoolDir};
 
 /// stria: software-defined block storage for NVMe flash.
 #[derive(Debug, Parser)]
@@ -205,7 +205,8 @@ struct ServeArgs {
     /// PEM private key for TLS.
     #[arg(long)]
     tls_key: Option<PathBuf>,
-    /// Open even without a majority of the pool's drives (see `stria status` docs).
+    /// Open even without a majority of the pool's drives, losing any change recorded only on
+    /// the missing ones (docs/on-disk-format.md, commit protocol).
     #[arg(long)]
     force: bool,
     /// Rebuild bandwidth limit (e.g. 200M per second; 0 = unlimited).
@@ -437,7 +438,9 @@ async fn drive(dir: &PoolDir, cmd: DriveCmd) -> Result<()> {
         DriveCmd::RebuildRate { rate } => {
             if !control::daemon_running(&dir.control_socket()).await {
                 bail!(
-                    "no daemon is running on this pool; use `stria serve --rebuild-rate` or give the rate then"
+                    "no daemon is running on this pool; give the rate when starting it: \
+                     `stria serve --pool {} --rebuild-rate {rate}`",
+                    dir.path.display()
                 );
             }
             request(dir, Request::RebuildRate { bytes_per_sec: rate }).await?;
@@ -511,7 +514,7 @@ async fn request(dir: &PoolDir, req: Request) -> Result<Value> {
         return v;
     }
     let _lock = dir.lock()?;
-    let stack = stack::Stack::open(dir.open_pool(false).await?).await?;
+    let stack = stack::Stack::open(dir.open_pool(Opener::Command).await?).await?;
     let ctx = Ctx { stack: &stack, dir, daemon: false };
     let result = ops::execute(&ctx, req, &mut |p: Progress| bar.update(&p)).await;
     bar.finish();
@@ -522,6 +525,73 @@ async fn request(dir: &PoolDir, req: Request) -> Result<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use stria_engine::EngineError;
+
+    /// The commands a message quotes between backticks, split into words.
+    fn quoted_commands(message: &str) -> Vec<Vec<String>> {
+        message
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(|c| c.split_whitespace().map(String::from).collect())
+            .collect()
+    }
+
+    /// Parses a quoted command as the shell would hand it to stria.
+    fn parse(words: &[String]) -> Cli {
+        Cli::try_parse_from(words)
+            .unwrap_or_else(|e| panic!("`{}` is not a valid command: {e}", words.join(" ")))
+    }
+
+    fn no_quorum() -> EngineError {
+        EngineError::NoQuorum { present: 1, total: 2, needed: 2, missing: "slot 1 (d1)".into() }
+    }
+
+    #[test]
+    fn the_no_quorum_hint_of_a_command_without_force_names_one_that_takes_it() {
+        // `volume export` opens the pool itself when no daemon runs, and takes no --force.
+        assert!(Cli::try_parse_from(["stria", "volume", "export", "v", "v.raw", "--force"]).is_err());
+        let message = PoolDir::new("/srv/tank").no_quorum_message(&no_quorum(), Opener::Command);
+        let commands = quoted_commands(&message);
+        assert_eq!(commands.len(), 1, "{message}");
+        let cli = parse(&commands[0]);
+        assert!(matches!(cli.command, Command::Serve(ServeArgs { force: true, .. })), "{message}");
+        assert_eq!(cli.pool, PathBuf::from("/srv/tank"), "the hint names the same pool");
+    }
+
+    #[test]
+    fn the_no_quorum_hint_of_the_daemon_names_its_own_flag() {
+        let message = PoolDir::new("p").no_quorum_message(&no_quorum(), Opener::Daemon { force: false });
+        assert!(message.contains("again with --force"), "{message}");
+        // Both commands that open as the daemon take it.
+        for args in [["stria", "serve", "--force"], ["stria", "up", "--force"]] {
+            Cli::try_parse_from(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        }
+    }
+
+    #[test]
+    fn the_missing_pool_hints_name_commands_that_work() {
+        let dir = PoolDir::new("/nonexistent/stria-pool");
+        let missing = format!("{:#}", dir.config().unwrap_err());
+        let Cli { command: Command::Serve(args), .. } = parse(&["stria".into(), "serve".into()]) else {
+            panic!("serve parses as serve");
+        };
+        let serve = format!("{:#}", serve_options(&dir, args).unwrap_err());
+        for message in [missing, serve] {
+            let commands = quoted_commands(&message);
+            assert!(!commands.is_empty(), "{message}");
+            for words in commands {
+                let cli = parse(&words);
+                if let Command::Pool(PoolCmd::Create { fast, capacity, drives, .. }) = cli.command {
+                    assert!(
+                        fast + capacity + drives.len() > 0,
+                        "`{}` would create no drive",
+                        words.join(" ")
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn clear_errors_takes_one_drive_or_all() {

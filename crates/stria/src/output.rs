@@ -122,7 +122,8 @@ fn error_times(v: &Value) {
     }
     if any {
         outln!(
-            "(error counters are kept across restarts; reset them with `stria drive clear-errors ID|--all`)"
+            "(error counters are kept across restarts until cleared: `stria drive clear-errors --all`, \
+             or a drive id instead of --all)"
         );
     }
 }
@@ -151,6 +152,29 @@ pub(crate) fn cleared_errors(v: &Value) {
         outln!("error counters of every drive ({}) cleared", slots.join(", "));
     } else {
         outln!("error counters of drive {} cleared", slots.join(", "));
+    }
+}
+
+/// A layout the pool's drives can hold, for the example in the hint of an empty volume list:
+/// volumes go to capacity drives when there are any, else to fast ones.
+fn example_layout(v: &Value) -> String {
+    let active = |class: &str| {
+        v["drives"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|d| d["class"] == class && d["state"] == "active")
+            .count()
+    };
+    let n = match active("capacity") {
+        0 => active("fast"),
+        n => n,
+    };
+    match n {
+        0 | 1 => "raid0".into(),
+        2 => "raid1".into(),
+        3..=5 => format!("ec:{}+1", n - 1),
+        _ => "ec:4+2".into(),
     }
 }
 
@@ -198,7 +222,10 @@ pub(crate) fn volumes(v: &Value) {
         }
     }
     if rows.is_empty() {
-        outln!("no volumes (create one with `stria volume create NAME --size SIZE --layout ec:4+2`)");
+        outln!(
+            "no volumes (create one with `stria volume create NAME --size SIZE --layout {}`)",
+            example_layout(v)
+        );
         return;
     }
     table(&["NAME", "LAYOUT", "SIZE", "CHUNK", "CLASS", "STATE", "REBUILD"], &rows);
@@ -387,5 +414,20 @@ mod tests {
         assert_eq!(utc_time(1_700_000_000), "2023-11-14 22:13:20 UTC");
         assert_eq!(utc_time(951_782_400), "2000-02-29 00:00:00 UTC");
         assert_eq!(utc_time(4_102_444_799), "2099-12-31 23:59:59 UTC");
+    }
+
+    #[test]
+    fn the_example_layout_fits_the_pool() {
+        let pool = |classes: &[&str]| {
+            let drives: Vec<Value> =
+                classes.iter().map(|c| serde_json::json!({"class": c, "state": "active"})).collect();
+            serde_json::json!({ "drives": drives })
+        };
+        assert_eq!(example_layout(&pool(&["fast", "fast"])), "raid1");
+        assert_eq!(example_layout(&pool(&["fast", "fast", "capacity", "capacity", "capacity"])), "ec:2+1");
+        assert_eq!(
+            example_layout(&pool(&["fast"; 2].iter().chain(&["capacity"; 6]).copied().collect::<Vec<_>>())),
+            "ec:4+2"
+        );
     }
 }
