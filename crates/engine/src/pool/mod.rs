@@ -564,18 +564,20 @@ impl<D: BlockDevice> Pool<D> {
         Ok(())
     }
 
-    /// Clean shutdown: flush everything and clear every intent bit, so the next open needs no
-    /// resynchronisation. Requests still in flight are failed.
+    /// Clean shutdown: commit the drives' error counters, flush everything and clear every intent
+    /// bit, so the next open needs no resynchronisation. Requests still in flight are failed.
     pub async fn close(&self) -> Result<(), EngineError> {
         self.closed.store(true, Ordering::Relaxed);
         for v in self.volumes() {
             v.closed.store(true, Ordering::Relaxed);
         }
-        self.core.commit_drive_errors().await?;
+        // Committed before the final flush; a failed commit (no metadata majority) must not keep
+        // the pool from closing cleanly, so it is reported after the flush.
+        let counters = self.core.commit_drive_errors().await;
         self.core.flush_all().await?;
         for d in self.core.drives().iter().filter(|d| !d.is_failed()) {
             d.clear_idle_intents(true).await?;
         }
-        Ok(())
+        counters.map(|_| ())
     }
 }
