@@ -117,6 +117,13 @@ cmp "$W/during-rebuild.img" "$W/after-rebuild.img"
 rm -f "$W"/*.img
 "$STRIA" scrub ecd --pool "$POOL"
 
+log "drive error counters: cleared through the daemon"
+"$STRIA" drive clear-errors --all --pool "$POOL"
+"$STRIA" status --pool "$POOL" --json | /usr/bin/python3 -c '
+import json, sys
+bad = [d["id"] for d in json.load(sys.stdin)["drives"] if d["read_errors"] or d["write_errors"] or d["checksum_repairs"]]
+assert not bad, f"error counters not cleared on drives {bad}"'
+
 log "python3-libnbd protocol tests against stria"
 NBD_SOCKET=$SOCK NBD_EXPORT=ec NBD_ZERO_EXACT=0 /usr/bin/python3 -m pytest -q -p no:cacheprovider "$ROOT/tests/nbd" -k "not tls"
 

@@ -47,10 +47,12 @@ pub enum EngineError {
         "{path}: stale drive (slot {slot}, generation {drive_generation}; the pool is at generation {pool_generation}): {reason}"
     )]
     StaleDrive { path: String, slot: u32, drive_generation: u64, pool_generation: u64, reason: String },
-    /// Too few drives to trust the metadata.
+    /// Too few drives to trust the metadata. The message names no flag: which command can force
+    /// the open is the caller's to say (the `stria` binary adds it).
     #[error(
         "only {present} of the pool's {total} active drives were found (need {needed}); missing: {missing}. \
-         If those drives are gone for good, open with --force (a drive failure or change recorded only on them is lost)"
+         If those drives are gone for good, the pool can still be opened without them (a forced open), \
+         losing any drive failure or change recorded only on them"
     )]
     NoQuorum { present: usize, total: usize, needed: usize, missing: String },
     /// The same drive was given twice.

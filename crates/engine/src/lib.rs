@@ -24,7 +24,9 @@ pub mod volume;
 
 pub use drive::Drive;
 pub use error::{EngineError, VolumeError};
-pub use format::meta::{DriveClass, DriveState, Layout, PoolMeta, TieredRecord, VolumeRole};
+pub use format::meta::{
+    DriveClass, DriveErrors, DriveState, ErrorCount, Layout, PoolMeta, TieredRecord, VolumeRole,
+};
 pub use join::join_all_ok;
 pub use pool::{
     DEFAULT_CHUNK_BYTES, DriveStatus, FoundDrive, IgnoredDrive, NewDrive, Pool, PoolStatus, RebuildProgress,

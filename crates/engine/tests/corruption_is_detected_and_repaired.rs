@@ -126,3 +126,82 @@ async fn misdirected_and_lost_writes_are_caught_by_checksums() {
         }
     }
 }
+
+/// Counters of one drive as `stria status` shows them.
+fn drive_errors(pool: &stria_engine::Pool<Dev>, slot: u32) -> stria_engine::DriveStatus {
+    pool.status().drives.into_iter().find(|d| d.id == slot).expect("the drive is listed")
+}
+
+#[tokio::test]
+async fn error_counters_survive_a_reopen_until_cleared() {
+    let layout = Layout::Ec { data_shards: 2, parity_shards: 1 };
+    let switch = PowerSwitch::new();
+    let devs = drives(3, &switch, 7);
+    let pool = create_pool(&devs).await;
+    let vol = pool.create_volume(spec("v", VOLUME_BYTES, layout, CHUNK)).await.unwrap();
+    let mut model = Model::new(VOLUME_BYTES as usize);
+    let mut rng = rng(7);
+    write(&vol, &mut model, 0, random_bytes(&mut rng, VOLUME_BYTES as usize)).await;
+    pool.flush().await.unwrap();
+
+    // Drive 1: four flipped bits and four unreadable blocks. The scrub repairs them all and
+    // commits the counters (one metadata commit for the whole error storm).
+    let mut damaged = BTreeSet::new();
+    for b in 0..VOLUME_BYTES / 4096 {
+        for loc in vol.locate(b * 4096).unwrap().iter().filter(|l| l.slot == 1) {
+            damaged.insert(loc.device_offset_bytes / 4096);
+        }
+    }
+    let damaged: Vec<u64> = damaged.into_iter().step_by(7).take(8).collect();
+    for (i, &block) in damaged.iter().enumerate() {
+        if i % 2 == 0 { devs[1].flip_bit(block, 77) } else { devs[1].add_latent_error(block) }
+    }
+    let generation = pool.meta().generation;
+    let report = pool.scrub("v", |_, _| {}).await.unwrap();
+    assert_eq!((report.blocks_repaired, report.unrecoverable_blocks), (8, 0), "{report:?}");
+    assert_eq!(pool.meta().generation, generation + 1, "one commit carries every counted error");
+    let before = drive_errors(&pool, 1);
+    assert_eq!(before.checksum_repairs, 8);
+    assert!(before.read_errors >= 4, "each unreadable block failed a read: {before:?}");
+    assert!(before.last_read_error_unix_secs.is_some_and(|t| t > 0));
+    assert!(before.last_checksum_repair_unix_secs.is_some_and(|t| t > 0));
+    assert_eq!((before.write_errors, before.last_write_error_unix_secs), (0, None));
+    pool.close().await.unwrap();
+
+    // A new process: the counters come back from the metadata, times included.
+    let pool = open_pool(&devs).await.unwrap();
+    let after = drive_errors(&pool, 1);
+    let counters = |d: &stria_engine::DriveStatus| {
+        (d.read_errors, d.last_read_error_unix_secs, d.checksum_repairs, d.last_checksum_repair_unix_secs)
+    };
+    assert_eq!(counters(&after), counters(&before));
+    assert!([0, 2].iter().all(|&s| drive_errors(&pool, s).read_errors == 0));
+
+    // A failed write counts too, on a drive the pool then fails; closing commits it.
+    devs[2].arm_write_error();
+    let vol = pool.volume("v").unwrap();
+    vol.write(0, IoBytes::copy_from(&model.bytes[..CHUNK as usize * 2]), false).await.unwrap();
+    assert_eq!(drive_errors(&pool, 2).write_errors, 1, "pending counts show before their commit");
+    pool.close().await.unwrap();
+    let present = vec![devs[0].clone(), devs[1].clone()]; // drive 2 is failed: stale now
+    let pool = open_pool(&present).await.unwrap();
+    let failed = drive_errors(&pool, 2);
+    assert_eq!(failed.write_errors, 1);
+    assert!(failed.last_write_error_unix_secs.is_some_and(|t| t > 0));
+    assert_eq!(counters(&drive_errors(&pool, 1)), counters(&before));
+
+    // Clearing one drive, then all, is committed: zeros after another reopen.
+    assert_eq!(pool.clear_drive_errors(Some(1)).await.unwrap(), vec![1]);
+    assert_eq!(drive_errors(&pool, 1).read_errors, 0);
+    assert_eq!(drive_errors(&pool, 2).write_errors, 1, "only drive 1 was cleared");
+    pool.clear_drive_errors(None).await.unwrap();
+    assert!(pool.clear_drive_errors(Some(9)).await.is_err(), "no drive 9");
+    pool.close().await.unwrap();
+    let pool = open_pool(&present).await.unwrap();
+    for d in pool.status().drives {
+        let zero = (d.read_errors, d.write_errors, d.checksum_repairs) == (0, 0, 0);
+        assert!(zero && d.last_read_error_unix_secs.is_none(), "drive {} after clear: {d:?}", d.id);
+    }
+    assert!(pool.meta().drives.iter().all(|r| r.errors.is_zero()));
+    check(&pool.volume("v").unwrap(), &model).await;
+}

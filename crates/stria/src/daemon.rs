@@ -16,7 +16,7 @@ use tokio::net::UnixListener;
 use crate::control;
 use crate::export::VolumeExport;
 use crate::ops::{self, Ctx};
-use crate::pooldir::PoolDir;
+use crate::pooldir::{Opener, PoolDir};
 use crate::stack::Stack;
 
 /// Where the NBD server listens.
@@ -132,7 +132,7 @@ fn remove_stale_socket(path: &Path) -> Result<()> {
 /// Runs the daemon until SIGTERM or SIGINT.
 pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnce(&[String])) -> Result<()> {
     let _lock = dir.lock()?;
-    let stack = Arc::new(Stack::open(dir.open_pool(opts.force).await?).await?);
+    let stack = Arc::new(Stack::open(dir.open_pool(Opener::Daemon { force: opts.force }).await?).await?);
     let pool = Arc::clone(&stack.pool);
     pool.set_rebuild_rate(opts.rebuild_rate_bytes);
     let report = pool.recovery_report();

@@ -29,7 +29,7 @@ use stria_engine::units::parse_size;
 
 use daemon::{NbdAddr, ServeOptions};
 use ops::{Ctx, Progress, Request};
-use pooldir::{DriveSpec, PoolDir};
+use pooldir::{DriveSpec, Opener, PoolDir};
 
 /// stria: software-defined block storage for NVMe flash.
 #[derive(Debug, Parser)]
@@ -53,7 +53,7 @@ enum Command {
     /// Create, list, show, resize, delete, import and export volumes.
     #[command(subcommand)]
     Volume(VolumeCmd),
-    /// List, fail and replace drives.
+    /// List, fail and replace drives; clear their error counters.
     #[command(subcommand)]
     Drive(DriveCmd),
     /// Verify every block of a volume, repair what fails, check parity and copies agree.
@@ -177,6 +177,18 @@ enum DriveCmd {
         #[arg(value_parser = parse_size)]
         rate: u64,
     },
+    /// Reset a drive's error counters (read errors, write errors, checksum repairs) to zero.
+    ///
+    /// The counters shown by `stria status` and `stria drive list` are kept in the pool
+    /// metadata and survive restarts until cleared here (like `zpool clear`).
+    #[command(group(clap::ArgGroup::new("which").required(true).args(["drive", "all"])))]
+    ClearErrors {
+        /// Drive id (slot) or path.
+        drive: Option<String>,
+        /// Clear the counters of every drive.
+        #[arg(long)]
+        all: bool,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -193,7 +205,8 @@ struct ServeArgs {
     /// PEM private key for TLS.
     #[arg(long)]
     tls_key: Option<PathBuf>,
-    /// Open even without a majority of the pool's drives (see `stria status` docs).
+    /// Open even without a majority of the pool's drives, losing any change recorded only on
+    /// the missing ones (docs/on-disk-format.md, commit protocol).
     #[arg(long)]
     force: bool,
     /// Rebuild bandwidth limit (e.g. 200M per second; 0 = unlimited).
@@ -333,41 +346,7 @@ async fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-        Command::Drive(DriveCmd::List { json }) => {
-            let v = request(&dir, Request::Status).await?;
-            if json {
-                print_json(&v["drives"])
-            } else {
-                output::drives(&v)
-            }
-            Ok(())
-        }
-        Command::Drive(DriveCmd::Fail { drive }) => {
-            let v = request(&dir, Request::DriveFail { drive }).await?;
-            outln!("drive {} failed; its volumes run degraded until it is replaced", v["failed"]);
-            Ok(())
-        }
-        Command::Drive(DriveCmd::Replace { drive, new, domain }) => {
-            let new_path = new.map(|p| absolute(&p)).transpose()?;
-            let v = request(&dir, Request::DriveReplace { drive, new_path, domain }).await?;
-            outln!(
-                "drive {} replaced by drive {}; rebuild {}",
-                v["replaced"],
-                v["new_drive"],
-                v["rebuild"].as_str().unwrap_or("")
-            );
-            Ok(())
-        }
-        Command::Drive(DriveCmd::RebuildRate { rate }) => {
-            if !control::daemon_running(&dir.control_socket()).await {
-                bail!(
-                    "no daemon is running on this pool; use `stria serve --rebuild-rate` or give the rate then"
-                );
-            }
-            request(&dir, Request::RebuildRate { bytes_per_sec: rate }).await?;
-            outln!("rebuild rate set to {}/s", stria_engine::units::format_size(rate));
-            Ok(())
-        }
+        Command::Drive(cmd) => drive(&dir, cmd).await,
         Command::Scrub { name, json } => {
             let v = request(&dir, Request::Scrub { name }).await?;
             if json {
@@ -435,6 +414,46 @@ async fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// `stria drive ...`.
+async fn drive(dir: &PoolDir, cmd: DriveCmd) -> Result<()> {
+    match cmd {
+        DriveCmd::List { json } => {
+            let v = request(dir, Request::Status).await?;
+            if json { print_json(&v["drives"]) } else { output::drives(&v) }
+        }
+        DriveCmd::Fail { drive } => {
+            let v = request(dir, Request::DriveFail { drive }).await?;
+            outln!("drive {} failed; its volumes run degraded until it is replaced", v["failed"]);
+        }
+        DriveCmd::Replace { drive, new, domain } => {
+            let new_path = new.map(|p| absolute(&p)).transpose()?;
+            let v = request(dir, Request::DriveReplace { drive, new_path, domain }).await?;
+            outln!(
+                "drive {} replaced by drive {}; rebuild {}",
+                v["replaced"],
+                v["new_drive"],
+                v["rebuild"].as_str().unwrap_or("")
+            );
+        }
+        DriveCmd::RebuildRate { rate } => {
+            if !control::daemon_running(&dir.control_socket()).await {
+                bail!(
+                    "no daemon is running on this pool; give the rate when starting it: \
+                     `stria serve --pool {} --rebuild-rate {rate}`",
+                    dir.path.display()
+                );
+            }
+            request(dir, Request::RebuildRate { bytes_per_sec: rate }).await?;
+            outln!("rebuild rate set to {}/s", stria_engine::units::format_size(rate));
+        }
+        DriveCmd::ClearErrors { drive, all: _ } => {
+            let v = request(dir, Request::DriveClearErrors { drive }).await?;
+            output::cleared_errors(&v);
+        }
+    }
+    Ok(())
+}
+
 fn serve_options(dir: &PoolDir, args: ServeArgs) -> Result<ServeOptions> {
     if !dir.exists() {
         bail!(
@@ -495,10 +514,98 @@ async fn request(dir: &PoolDir, req: Request) -> Result<Value> {
         return v;
     }
     let _lock = dir.lock()?;
-    let stack = stack::Stack::open(dir.open_pool(false).await?).await?;
+    let stack = stack::Stack::open(dir.open_pool(Opener::Command).await?).await?;
     let ctx = Ctx { stack: &stack, dir, daemon: false };
     let result = ops::execute(&ctx, req, &mut |p: Progress| bar.update(&p)).await;
     bar.finish();
     stack.close().await?;
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stria_engine::EngineError;
+
+    /// The commands a message quotes between backticks, split into words.
+    fn quoted_commands(message: &str) -> Vec<Vec<String>> {
+        message
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(|c| c.split_whitespace().map(String::from).collect())
+            .collect()
+    }
+
+    /// Parses a quoted command as the shell would hand it to stria.
+    fn parse(words: &[String]) -> Cli {
+        Cli::try_parse_from(words)
+            .unwrap_or_else(|e| panic!("`{}` is not a valid command: {e}", words.join(" ")))
+    }
+
+    fn no_quorum() -> EngineError {
+        EngineError::NoQuorum { present: 1, total: 2, needed: 2, missing: "slot 1 (d1)".into() }
+    }
+
+    #[test]
+    fn the_no_quorum_hint_of_a_command_without_force_names_one_that_takes_it() {
+        // `volume export` opens the pool itself when no daemon runs, and takes no --force.
+        assert!(Cli::try_parse_from(["stria", "volume", "export", "v", "v.raw", "--force"]).is_err());
+        let message = PoolDir::new("/srv/tank").no_quorum_message(&no_quorum(), Opener::Command);
+        let commands = quoted_commands(&message);
+        assert_eq!(commands.len(), 1, "{message}");
+        let cli = parse(&commands[0]);
+        assert!(matches!(cli.command, Command::Serve(ServeArgs { force: true, .. })), "{message}");
+        assert_eq!(cli.pool, PathBuf::from("/srv/tank"), "the hint names the same pool");
+    }
+
+    #[test]
+    fn the_no_quorum_hint_of_the_daemon_names_its_own_flag() {
+        let message = PoolDir::new("p").no_quorum_message(&no_quorum(), Opener::Daemon { force: false });
+        assert!(message.contains("again with --force"), "{message}");
+        // Both commands that open as the daemon take it.
+        for args in [["stria", "serve", "--force"], ["stria", "up", "--force"]] {
+            Cli::try_parse_from(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        }
+    }
+
+    #[test]
+    fn the_missing_pool_hints_name_commands_that_work() {
+        let dir = PoolDir::new("/nonexistent/stria-pool");
+        let missing = format!("{:#}", dir.config().unwrap_err());
+        let Cli { command: Command::Serve(args), .. } = parse(&["stria".into(), "serve".into()]) else {
+            panic!("serve parses as serve");
+        };
+        let serve = format!("{:#}", serve_options(&dir, args).unwrap_err());
+        for message in [missing, serve] {
+            let commands = quoted_commands(&message);
+            assert!(!commands.is_empty(), "{message}");
+            for words in commands {
+                let cli = parse(&words);
+                if let Command::Pool(PoolCmd::Create { fast, capacity, drives, .. }) = cli.command {
+                    assert!(
+                        fast + capacity + drives.len() > 0,
+                        "`{}` would create no drive",
+                        words.join(" ")
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn clear_errors_takes_one_drive_or_all() {
+        let parsed =
+            |args: &[&str]| Cli::try_parse_from(["stria", "drive", "clear-errors"].iter().chain(args));
+        assert!(matches!(
+            parsed(&["3"]).map(|c| c.command),
+            Ok(Command::Drive(DriveCmd::ClearErrors { drive: Some(d), all: false })) if d == "3"
+        ));
+        assert!(matches!(
+            parsed(&["--all"]).map(|c| c.command),
+            Ok(Command::Drive(DriveCmd::ClearErrors { drive: None, all: true }))
+        ));
+        assert!(parsed(&[]).is_err(), "a drive or --all is required");
+        assert!(parsed(&["3", "--all"]).is_err(), "not both");
+    }
 }

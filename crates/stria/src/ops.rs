@@ -64,6 +64,10 @@ pub(crate) enum Request {
     RebuildRate {
         bytes_per_sec: u64,
     },
+    /// Resets the persistent error counters of one drive (id or path), or of all for `None`.
+    DriveClearErrors {
+        drive: Option<String>,
+    },
     Scrub {
         name: String,
     },
@@ -247,6 +251,11 @@ pub(crate) async fn execute(
             pool.set_rebuild_rate(bytes_per_sec);
             Ok(json!({ "rebuild_rate_bytes_per_sec": bytes_per_sec }))
         }
+        Request::DriveClearErrors { drive } => {
+            let slot = drive.map(|d| find_drive(pool, &d)).transpose()?;
+            let cleared = pool.clear_drive_errors(slot).await?;
+            Ok(json!({ "cleared": cleared, "all": slot.is_none() }))
+        }
         Request::Scrub { name } => {
             let parts: Vec<String> = match ctx.stack.tiered(&name) {
                 Some(tv) => [tv.cache_volume(), tv.meta_volume(), tv.capacity_volume()]
@@ -387,6 +396,23 @@ async fn replace(ctx: &Ctx<'_>, slot: u32, new_path: Option<PathBuf>, domain: Op
     Ok(new_slot)
 }
 
+/// Why an image does not fit a volume, and what would make it fit.
+fn image_too_large(stack: &Stack, name: &str, path: &std::path::Path, len: u64, vol_bytes: u64) -> String {
+    let fix = match stack.volume(name) {
+        // `volume resize` refuses tiered volumes (not supported yet).
+        Some(AnyVolume::Tiered(_)) => {
+            "tiered volumes cannot be resized yet; import into a new, larger volume".to_string()
+        }
+        _ => format!("resize the volume first: `stria volume resize {name} --size {len}`"),
+    };
+    format!(
+        "{} is {} but volume {name} is {}; {fix}",
+        path.display(),
+        format_size(len),
+        format_size(vol_bytes)
+    )
+}
+
 async fn import(
     stack: &Stack,
     name: &str,
@@ -397,13 +423,7 @@ async fn import(
     let mut file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let len = file.metadata()?.len();
     if len > vol.size_bytes() {
-        bail!(
-            "{} is {} but volume {name} is {}; resize the volume first (stria volume resize {name} --size {})",
-            path.display(),
-            format_size(len),
-            format_size(vol.size_bytes()),
-            len
-        );
+        bail!(image_too_large(stack, name, path, len, vol.size_bytes()));
     }
     let mut buf = vec![0u8; COPY_STEP_BYTES];
     let mut at = 0u64;

@@ -70,7 +70,8 @@ pub(crate) fn drives(v: &Value) {
                         size(&d["used_bytes"]),
                         size(&d["bytes_read"]),
                         size(&d["bytes_written"]),
-                        s(&d["errors"]),
+                        s(&d["read_errors"]),
+                        s(&d["write_errors"]),
                         s(&d["checksum_repairs"]),
                         s(&d["path"]),
                     ]
@@ -79,9 +80,102 @@ pub(crate) fn drives(v: &Value) {
         })
         .unwrap_or_default();
     table(
-        &["ID", "CLASS", "DOMAIN", "STATE", "SIZE", "USED", "READ", "WRITTEN", "ERRORS", "REPAIRS", "PATH"],
+        &[
+            "ID",
+            "CLASS",
+            "DOMAIN",
+            "STATE",
+            "SIZE",
+            "USED",
+            "READ",
+            "WRITTEN",
+            "READ-ERR",
+            "WRITE-ERR",
+            "REPAIRS",
+            "PATH",
+        ],
         &rows,
     );
+    error_times(v);
+}
+
+/// Under the drive table: when each non-zero error counter last counted, and how to reset them.
+fn error_times(v: &Value) {
+    let mut any = false;
+    for d in v["drives"].as_array().into_iter().flatten() {
+        let mut parts = Vec::new();
+        for (count, last, what) in [
+            ("read_errors", "last_read_error_unix_secs", "read error"),
+            ("write_errors", "last_write_error_unix_secs", "write error"),
+            ("checksum_repairs", "last_checksum_repair_unix_secs", "repair"),
+        ] {
+            if d[count].as_u64().unwrap_or(0) > 0
+                && let Some(t) = d[last].as_u64()
+            {
+                parts.push(format!("last {what} {}", utc_time(t)));
+            }
+        }
+        if !parts.is_empty() {
+            outln!("drive {}: {}", s(&d["id"]), parts.join(", "));
+            any = true;
+        }
+    }
+    if any {
+        outln!(
+            "(error counters are kept across restarts until cleared: `stria drive clear-errors --all`, \
+             or a drive id instead of --all)"
+        );
+    }
+}
+
+/// `YYYY-MM-DD HH:MM:SS UTC` of a unix time (proleptic Gregorian calendar).
+fn utc_time(unix_secs: u64) -> String {
+    let days = unix_secs / 86_400;
+    let secs = unix_secs % 86_400;
+    // Howard Hinnant's civil_from_days, on days since 0000-03-01.
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", secs / 3600, secs % 3600 / 60, secs % 60)
+}
+
+/// `stria drive clear-errors`.
+pub(crate) fn cleared_errors(v: &Value) {
+    let slots: Vec<String> = v["cleared"].as_array().into_iter().flatten().map(s).collect();
+    if v["all"].as_bool().unwrap_or(false) {
+        outln!("error counters of every drive ({}) cleared", slots.join(", "));
+    } else {
+        outln!("error counters of drive {} cleared", slots.join(", "));
+    }
+}
+
+/// A layout the pool's drives can hold, for the example in the hint of an empty volume list:
+/// volumes go to capacity drives when there are any, else to fast ones.
+fn example_layout(v: &Value) -> String {
+    let active = |class: &str| {
+        v["drives"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|d| d["class"] == class && d["state"] == "active")
+            .count()
+    };
+    let n = match active("capacity") {
+        0 => active("fast"),
+        n => n,
+    };
+    match n {
+        0 | 1 => "raid0".into(),
+        2 => "raid1".into(),
+        3..=5 => format!("ec:{}+1", n - 1),
+        _ => "ec:4+2".into(),
+    }
 }
 
 /// The volume table.
@@ -128,7 +222,10 @@ pub(crate) fn volumes(v: &Value) {
         }
     }
     if rows.is_empty() {
-        outln!("no volumes (create one with `stria volume create NAME --size SIZE --layout ec:4+2`)");
+        outln!(
+            "no volumes (create one with `stria volume create NAME --size SIZE --layout {}`)",
+            example_layout(v)
+        );
         return;
     }
     table(&["NAME", "LAYOUT", "SIZE", "CHUNK", "CLASS", "STATE", "REBUILD"], &rows);
@@ -304,5 +401,33 @@ impl Bar {
         if let Some(b) = self.bar {
             b.finish();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unix_times_print_as_utc_dates() {
+        assert_eq!(utc_time(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc_time(1_700_000_000), "2023-11-14 22:13:20 UTC");
+        assert_eq!(utc_time(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc_time(4_102_444_799), "2099-12-31 23:59:59 UTC");
+    }
+
+    #[test]
+    fn the_example_layout_fits_the_pool() {
+        let pool = |classes: &[&str]| {
+            let drives: Vec<Value> =
+                classes.iter().map(|c| serde_json::json!({"class": c, "state": "active"})).collect();
+            serde_json::json!({ "drives": drives })
+        };
+        assert_eq!(example_layout(&pool(&["fast", "fast"])), "raid1");
+        assert_eq!(example_layout(&pool(&["fast", "fast", "capacity", "capacity", "capacity"])), "ec:2+1");
+        assert_eq!(
+            example_layout(&pool(&["fast"; 2].iter().chain(&["capacity"; 6]).copied().collect::<Vec<_>>())),
+            "ec:4+2"
+        );
     }
 }

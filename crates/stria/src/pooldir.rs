@@ -13,10 +13,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 use stria_dev::{FileDevice, FileOptions};
-use stria_engine::{DriveClass, FoundDrive, NewDrive, Pool};
+use stria_engine::{DriveClass, EngineError, FoundDrive, NewDrive, Pool};
 
 /// The pool's configuration file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -37,6 +37,15 @@ pub(crate) struct PoolDir {
 #[derive(Debug)]
 pub(crate) struct PoolLock {
     _file: fs::File,
+}
+
+/// Who opens a pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Opener {
+    /// `stria serve` or `stria up`, which take `--force`.
+    Daemon { force: bool },
+    /// Any other command, run without a daemon (none takes `--force`).
+    Command,
 }
 
 /// A drive to create: `CLASS:PATH[:DOMAIN]`.
@@ -95,7 +104,8 @@ impl PoolDir {
         let path = self.config_path();
         let text = fs::read_to_string(&path).with_context(|| {
             format!(
-                "no pool at {} (missing {}); create one with `stria pool create --pool {}`",
+                "no pool at {} (missing {}); create one with \
+                 `stria pool create --pool {} --fast 2 --capacity 6 --drive-size 4G`",
                 self.path.display(),
                 path.display(),
                 self.path.display()
@@ -124,9 +134,10 @@ impl PoolDir {
             .with_context(|| format!("cannot open {}", path.display()))?;
         if file.try_lock().is_err() {
             let holder = fs::read_to_string(&path).unwrap_or_default();
+            // No hint to use the daemon: a command that gets here found none answering, and the
+            // commands that take the lock themselves (pool create, serve, up) cannot use one.
             bail!(
-                "the pool at {} is in use by another stria process{}; stop it, or run this command while \
-                 `stria serve` is running so it goes through the daemon",
+                "the pool at {} is in use by another stria process{}; wait for it to finish or stop it",
                 self.path.display(),
                 if holder.trim().is_empty() { String::new() } else { format!(" (pid {})", holder.trim()) }
             );
@@ -151,8 +162,9 @@ impl PoolDir {
         Ok(paths)
     }
 
-    /// Opens the pool from the drives found (in any order).
-    pub(crate) async fn open_pool(&self, force: bool) -> Result<Pool<FileDevice>> {
+    /// Opens the pool from the drives found (in any order). `opener` says who asks, so that a
+    /// refusal names a command that can force the open.
+    pub(crate) async fn open_pool(&self, opener: Opener) -> Result<Pool<FileDevice>> {
         let mut found = Vec::new();
         for path in self.candidate_paths()? {
             match FileDevice::open(&path, &FileOptions::default()) {
@@ -165,10 +177,28 @@ impl PoolDir {
         if found.is_empty() {
             bail!("no drive of the pool at {} could be opened", self.path.display());
         }
-        let pool = Pool::open_skipping(found, force)
-            .await
-            .with_context(|| format!("cannot assemble the pool at {}", self.path.display()))?;
-        Ok(pool)
+        let force = matches!(opener, Opener::Daemon { force: true });
+        match Pool::open_skipping(found, force).await {
+            Ok(pool) => Ok(pool),
+            Err(e @ EngineError::NoQuorum { .. }) => Err(anyhow!(self.no_quorum_message(&e, opener))),
+            Err(e) => {
+                Err(anyhow::Error::new(e)
+                    .context(format!("cannot assemble the pool at {}", self.path.display())))
+            }
+        }
+    }
+
+    /// The refusal to open without a quorum, with a way to force it that `opener` has: the
+    /// engine's message names no flag, since only some commands take `--force`.
+    pub(crate) fn no_quorum_message(&self, e: &EngineError, opener: Opener) -> String {
+        let how = match opener {
+            Opener::Daemon { .. } => "run the same command again with --force".to_string(),
+            Opener::Command => format!(
+                "start the daemon with `stria serve --pool {} --force`; this command then runs through it",
+                self.path.display()
+            ),
+        };
+        format!("cannot assemble the pool at {}: {e}. To open it anyway, {how}", self.path.display())
     }
 
     /// Creates a pool: sparse files in `DIR/drives` and/or the given devices.

@@ -14,7 +14,9 @@ use stria_dev::{BlockDevice, DevError, IoBuf, IoBytes};
 use tokio::sync::oneshot;
 
 use super::csum::block_crc;
+use super::errors::{ErrorKind, PendingErrors};
 use crate::format::{crc_of, seal_crc};
+use crate::pool::now_unix_secs;
 
 const BLOCK: u64 = 4096;
 const HEADER_MAGIC: &[u8; 8] = b"STRIA-JH";
@@ -248,11 +250,13 @@ impl Journal {
         Ok((journal, pieces, txn_watermark))
     }
 
-    /// Appends a piece; returns its sequence number once it is durable.
+    /// Appends a piece; returns its sequence number once it is durable. A failed ring write is
+    /// counted in `errors` once (not once per record of its batch).
     pub(crate) async fn append<D: BlockDevice>(
         &self,
         dev: &D,
         piece: JournalPiece,
+        errors: &PendingErrors,
     ) -> Result<u64, AppendError> {
         let blocks = piece.data.len() as u64 / BLOCK;
         assert!(
@@ -267,7 +271,7 @@ impl Journal {
         }
         let mut piece = piece;
         loop {
-            match self.append_once(dev, piece).await {
+            match self.append_once(dev, piece, errors).await {
                 Ok(seq) => return Ok(seq),
                 Err(BatchError::Full) => return Err(AppendError::Full),
                 Err(BatchError::Dev(e)) => return Err(AppendError::Dev(copy_dev_error(&e))),
@@ -278,7 +282,12 @@ impl Journal {
 
     /// Queues `piece` and makes sure some writer writes it (this task, or one that took it in
     /// its batch); returns that writer's report.
-    async fn append_once<D: BlockDevice>(&self, dev: &D, piece: JournalPiece) -> Result<u64, BatchError> {
+    async fn append_once<D: BlockDevice>(
+        &self,
+        dev: &D,
+        piece: JournalPiece,
+        errors: &PendingErrors,
+    ) -> Result<u64, BatchError> {
         let (tx, mut rx) = oneshot::channel();
         self.pending.lock().push(Pending { piece, done: tx });
         loop {
@@ -296,12 +305,12 @@ impl Journal {
                 drop(writer);
                 return rx.await.expect("a journal waiter's sender reports before it is dropped");
             }
-            self.write_batch(dev, batch).await;
+            self.write_batch(dev, batch, errors).await;
         }
     }
 
     /// Writes a batch of pending records and reports to each waiter.
-    async fn write_batch<D: BlockDevice>(&self, dev: &D, batch: Vec<Pending>) {
+    async fn write_batch<D: BlockDevice>(&self, dev: &D, batch: Vec<Pending>, errors: &PendingErrors) {
         // Place records; those that do not fit fail with `Full` (their writers flush and retry).
         let mut placed = Unreported(Vec::new());
         let mut writes: Vec<(u64, Vec<u8>)> = Vec::new(); // (ring position, bytes)
@@ -343,6 +352,7 @@ impl Journal {
         for (pos, bytes) in writes {
             let offset = self.offset_bytes + (HEADER_COPIES + pos) * BLOCK;
             if let Err(e) = dev.write(offset, IoBytes::copy_from(&bytes), true).await {
+                errors.record(ErrorKind::Write, 1, now_unix_secs());
                 result = Err(Arc::new(e));
                 break;
             }
@@ -530,8 +540,8 @@ mod tests {
         Journal::format(&dev, 0).await.unwrap();
         let (j, found, _) = Journal::open(&dev, 0, 1 << 20).await.unwrap();
         assert!(found.is_empty());
-        let s1 = j.append(&dev, piece(1, 2, 0xa1)).await.unwrap();
-        let s2 = j.append(&dev, piece(2, 1, 0xa2)).await.unwrap();
+        let s1 = j.append(&dev, piece(1, 2, 0xa1), &PendingErrors::default()).await.unwrap();
+        let s2 = j.append(&dev, piece(2, 1, 0xa2), &PendingErrors::default()).await.unwrap();
         assert_eq!((s1, s2), (1, 2));
         let (_, found, _) = Journal::open(&dev, 0, 1 << 20).await.unwrap();
         assert_eq!(found.len(), 2);
@@ -546,7 +556,7 @@ mod tests {
         assert_eq!(watermark, 1);
         assert_eq!(found.iter().map(|p| p.seq).collect::<Vec<_>>(), vec![2]);
         // The reopened journal continues the sequence.
-        assert_eq!(j2.append(&dev, piece(3, 1, 1)).await.unwrap(), 3);
+        assert_eq!(j2.append(&dev, piece(3, 1, 1), &PendingErrors::default()).await.unwrap(), 3);
     }
 
     #[tokio::test]
@@ -557,15 +567,18 @@ mod tests {
         let (j, _, _) = Journal::open(&dev, 0, 64 << 10).await.unwrap();
         let mut seqs = Vec::new();
         for t in 0..3 {
-            seqs.push(j.append(&dev, piece(t, 3, t as u8)).await.unwrap());
+            seqs.push(j.append(&dev, piece(t, 3, t as u8), &PendingErrors::default()).await.unwrap());
         }
-        assert!(matches!(j.append(&dev, piece(9, 3, 9)).await, Err(AppendError::Full)));
+        assert!(matches!(
+            j.append(&dev, piece(9, 3, 9), &PendingErrors::default()).await,
+            Err(AppendError::Full)
+        ));
         assert_eq!(seqs.len(), 3);
         let c = j.checkpoint_candidate(u64::MAX);
         j.checkpoint(&dev, c, 3).await.unwrap();
         assert_eq!(j.used_blocks(), 0);
         // This one must wrap: 12 blocks used from 0, 2 left at the end of the ring.
-        let s = j.append(&dev, piece(10, 3, 10)).await.unwrap();
+        let s = j.append(&dev, piece(10, 3, 10), &PendingErrors::default()).await.unwrap();
         let (_, found, _) = Journal::open(&dev, 0, 64 << 10).await.unwrap();
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].seq, s);
@@ -577,8 +590,8 @@ mod tests {
         let dev = MemDevice::new("j", 1 << 20);
         Journal::format(&dev, 0).await.unwrap();
         let (j, _, _) = Journal::open(&dev, 0, 1 << 20).await.unwrap();
-        j.append(&dev, piece(1, 1, 1)).await.unwrap();
-        j.append(&dev, piece(2, 1, 2)).await.unwrap();
+        j.append(&dev, piece(1, 1, 1), &PendingErrors::default()).await.unwrap();
+        j.append(&dev, piece(2, 1, 2), &PendingErrors::default()).await.unwrap();
         // Corrupt the payload of record 1 (ring block 1 = area block 3).
         dev.write_at(3 * 4096 + 17, &[0xee]);
         let (_, found, _) = Journal::open(&dev, 0, 1 << 20).await.unwrap();

@@ -4,6 +4,7 @@
 //! every write is covered by the intent bitmap and updates the table when it completes.
 
 pub(crate) mod csum;
+pub(crate) mod errors;
 pub(crate) mod intent;
 pub(crate) mod journal;
 
@@ -15,11 +16,13 @@ use uuid::Uuid;
 
 use crate::format::FormatError;
 use crate::format::layout::DriveLayout;
-use crate::format::meta::{DriveClass, PoolMeta};
+use crate::format::meta::{DriveClass, DriveErrors, PoolMeta};
 use crate::format::superblock::Superblock;
+use crate::pool::now_unix_secs;
 use csum::{ChecksumTable, UNWRITTEN, block_crc};
+use errors::{ErrorKind, PendingErrors};
 use intent::IntentMap;
-use journal::{Journal, RecoveredPiece};
+use journal::{AppendError, Journal, JournalPiece, RecoveredPiece};
 
 const BLOCK: u64 = 4096;
 const BLOCK_USIZE: usize = 4096;
@@ -59,6 +62,8 @@ pub struct Drive<D> {
     failed: AtomicBool,
     flush_arrivals: AtomicU64,
     flush_covered: tokio::sync::Mutex<u64>,
+    /// Error events not yet committed to the pool metadata.
+    errors: PendingErrors,
 }
 
 impl<D> std::fmt::Debug for Drive<D> {
@@ -155,6 +160,7 @@ impl<D: BlockDevice> Drive<D> {
             sb,
             flush_arrivals: AtomicU64::new(0),
             flush_covered: tokio::sync::Mutex::new(0),
+            errors: PendingErrors::default(),
         }
     }
 
@@ -207,8 +213,12 @@ impl<D: BlockDevice> Drive<D> {
         let mut sb = self.sb.clone();
         sb.generation = generation;
         let block = IoBytes::copy_from(&sb.encode());
-        self.dev().write(0, block.clone(), true).await?;
-        self.dev().write(sb.layout.tail_superblock_offset_bytes(), block, true).await
+        let result = async {
+            self.dev().write(0, block.clone(), true).await?;
+            self.dev().write(sb.layout.tail_superblock_offset_bytes(), block, true).await
+        }
+        .await;
+        self.count_write(result)
     }
 
     /// Writes `meta` into its slot (by generation parity) and makes it durable.
@@ -216,7 +226,7 @@ impl<D: BlockDevice> Drive<D> {
         let l = &self.sb.layout;
         let bytes = meta.encode(l.metadata_slot_bytes)?;
         let offset = l.metadata_slot_offset_bytes(meta.generation);
-        self.dev().write(offset, IoBytes::copy_from(&bytes), true).await?;
+        self.count_write(self.dev().write(offset, IoBytes::copy_from(&bytes), true).await)?;
         Ok(())
     }
 
@@ -269,6 +279,36 @@ impl<D: BlockDevice> Drive<D> {
         self.dev.as_ref().map(|d| d.counters().snapshot()).unwrap_or_default()
     }
 
+    /// Error events counted since the last commit that took them (see the `errors` module).
+    pub(crate) fn pending_errors(&self) -> DriveErrors {
+        self.errors.take()
+    }
+
+    /// Forgets error events a successful metadata commit recorded (or a clear discarded).
+    pub(crate) fn settle_errors(&self, committed: &DriveErrors) {
+        self.errors.settle(committed);
+    }
+
+    fn count_error(&self, kind: ErrorKind) {
+        self.errors.record(kind, 1, now_unix_secs());
+    }
+
+    /// Counts a failed read request, passing the result on.
+    fn count_read<T>(&self, result: Result<T, DevError>) -> Result<T, DevError> {
+        if result.is_err() {
+            self.count_error(ErrorKind::Read);
+        }
+        result
+    }
+
+    /// Counts a failed write (or flush) request, passing the result on.
+    fn count_write<T>(&self, result: Result<T, DevError>) -> Result<T, DevError> {
+        if result.is_err() {
+            self.count_error(ErrorKind::Write);
+        }
+        result
+    }
+
     fn data_offset(&self, block: u64) -> u64 {
         self.sb.layout.data_offset_bytes + block * BLOCK
     }
@@ -294,7 +334,8 @@ impl<D: BlockDevice> Drive<D> {
             buf.fill(0);
             return Ok(buf);
         }
-        let mut buf = self.dev().read(self.data_offset(block), buf).await.map_err(ReadFault::Io)?;
+        let read = self.dev().read(self.data_offset(block), buf).await;
+        let mut buf = self.count_read(read).map_err(ReadFault::Io)?;
         let mut bad = Vec::new();
         for (i, data) in buf.chunks_exact_mut(BLOCK_USIZE).enumerate() {
             match self.csum.get(block + i as u64) {
@@ -339,7 +380,7 @@ impl<D: BlockDevice> Drive<D> {
     /// Reads the data area without verification (recovery and scrub look at raw contents).
     pub(crate) async fn read_raw(&self, block: u64, buf: IoBuf) -> Result<IoBuf, DevError> {
         self.check_data_range(block, buf.len() as u64 / BLOCK);
-        self.dev().read(self.data_offset(block), buf).await
+        self.count_read(self.dev().read(self.data_offset(block), buf).await)
     }
 
     /// Writes `data` at data-area `block` and sets the blocks' checksums.
@@ -367,8 +408,9 @@ impl<D: BlockDevice> Drive<D> {
         let blocks = data.len() as u64 / BLOCK;
         assert!((data.len() as u64).is_multiple_of(BLOCK) && blocks > 0, "unaligned data-area write");
         self.check_data_range(block, blocks);
-        self.intent.begin(self.dev(), block, blocks).await?;
-        let mut result = self.dev().write(self.data_offset(block), data.clone(), fua).await;
+        self.count_write(self.intent.begin(self.dev(), block, blocks).await)?;
+        let written = self.dev().write(self.data_offset(block), data.clone(), fua).await;
+        let mut result = self.count_write(written);
         if result.is_ok() {
             match crcs {
                 Some(values) => self.csum.set_values(block, values),
@@ -389,7 +431,7 @@ impl<D: BlockDevice> Drive<D> {
     /// the intent bitmap like a write, since the on-disk checksums lag until the next flush.
     pub(crate) async fn zero(&self, block: u64, blocks: u64) -> Result<(), DevError> {
         self.check_data_range(block, blocks);
-        self.intent.begin(self.dev(), block, blocks).await?;
+        self.count_write(self.intent.begin(self.dev(), block, blocks).await)?;
         self.csum.clear(block, blocks);
         self.intent.end(block, blocks);
         Ok(())
@@ -430,6 +472,7 @@ impl<D: BlockDevice> Drive<D> {
         }
         .await;
         if let Err(e) = result {
+            self.count_error(ErrorKind::Write);
             self.csum.redirty(&pages);
             return Err(e);
         }
@@ -473,12 +516,17 @@ impl<D: BlockDevice> Drive<D> {
         if self.is_missing() {
             return Ok(());
         }
-        self.journal.checkpoint(self.dev(), seq, txn_watermark).await
+        self.count_write(self.journal.checkpoint(self.dev(), seq, txn_watermark).await)
+    }
+
+    /// Appends a piece to the journal (see `Journal::append`), counting a failed write.
+    pub(crate) async fn journal_append(&self, piece: JournalPiece) -> Result<u64, AppendError> {
+        self.journal.append(self.dev(), piece, &self.errors).await
     }
 
     /// Clears intent bits of idle regions whose writes are all durable.
     pub(crate) async fn clear_idle_intents(&self, force_all: bool) -> Result<u64, DevError> {
-        self.intent.clear_idle(self.dev(), force_all).await
+        self.count_write(self.intent.clear_idle(self.dev(), force_all).await)
     }
 
     /// Intent regions currently marked dirty.
@@ -491,11 +539,13 @@ impl<D: BlockDevice> Drive<D> {
         self.journal.used_blocks()
     }
 
-    /// Counts `blocks` repaired on this drive.
+    /// Counts `blocks` repaired on this drive (in the device's counters of this run and in the
+    /// error counters the pool persists).
     pub(crate) fn record_repairs(&self, blocks: u64) {
         if let Some(dev) = &self.dev {
             dev.counters().record_repairs(blocks);
         }
+        self.errors.record(ErrorKind::ChecksumRepair, blocks, now_unix_secs());
     }
 }
 

@@ -68,6 +68,61 @@ pub struct DriveRecord {
     #[serde(default)]
     pub path_hint: String,
     pub data_blocks: u64,
+    /// Error counters kept across restarts until cleared (absent in pools made before them).
+    #[serde(default)]
+    pub errors: DriveErrors,
+}
+
+/// One persistent error counter: how many events, and when the last one happened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorCount {
+    #[serde(default)]
+    pub count: u64,
+    /// Unix time of the last event counted; 0 while `count` is 0.
+    #[serde(default)]
+    pub last_unix_secs: u64,
+}
+
+impl ErrorCount {
+    /// Adds `delta` (events counted elsewhere): the counts add up, the later time wins.
+    pub fn add(&mut self, delta: ErrorCount) {
+        if delta.count == 0 {
+            return;
+        }
+        self.count = self.count.saturating_add(delta.count);
+        self.last_unix_secs = self.last_unix_secs.max(delta.last_unix_secs);
+    }
+}
+
+/// The error counters of a drive, like the READ/WRITE/CKSUM columns of `zpool status`: they
+/// survive restarts and are reset only on request (`stria drive clear-errors`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriveErrors {
+    /// Read requests to the drive that failed with an I/O error (each attempt counts, also one
+    /// that a retry or the redundancy covered).
+    #[serde(default)]
+    pub read_errors: ErrorCount,
+    /// Write and flush requests to the drive that failed with an I/O error.
+    #[serde(default)]
+    pub write_errors: ErrorCount,
+    /// Blocks of the drive found bad (checksum mismatch or unreadable) and rewritten from
+    /// redundancy.
+    #[serde(default)]
+    pub checksum_repairs: ErrorCount,
+}
+
+impl DriveErrors {
+    /// Adds `delta` counter by counter.
+    pub fn add(&mut self, delta: &DriveErrors) {
+        self.read_errors.add(delta.read_errors);
+        self.write_errors.add(delta.write_errors);
+        self.checksum_repairs.add(delta.checksum_repairs);
+    }
+
+    /// True when nothing was counted.
+    pub fn is_zero(&self) -> bool {
+        self.read_errors.count == 0 && self.write_errors.count == 0 && self.checksum_repairs.count == 0
+    }
 }
 
 /// How a volume spreads its data over its members.
@@ -302,6 +357,10 @@ mod tests {
                 failed_reason: None,
                 path_hint: "/tmp/d0".into(),
                 data_blocks: 1000,
+                errors: DriveErrors {
+                    read_errors: ErrorCount { count: 2, last_unix_secs: 1_700_000_000 },
+                    ..DriveErrors::default()
+                },
             }],
             volumes: vec![VolumeRecord {
                 id: 1,
@@ -326,6 +385,25 @@ mod tests {
         let bytes = m.encode(1 << 20).unwrap();
         assert_eq!(bytes.len() % 4096, 0);
         assert_eq!(PoolMeta::decode(&bytes).unwrap(), m);
+    }
+
+    #[test]
+    fn drive_records_without_error_counters_still_decode() {
+        let old = r#"{"slot": 0, "uuid": "00000000-0000-0000-0000-000000000005", "class": "fast",
+            "state": "active", "data_blocks": 1000}"#;
+        let rec: DriveRecord = serde_json::from_str(old).unwrap();
+        assert!(rec.errors.is_zero());
+    }
+
+    #[test]
+    fn error_counts_add_up_and_keep_the_latest_time() {
+        let mut total = ErrorCount { count: 3, last_unix_secs: 50 };
+        total.add(ErrorCount { count: 0, last_unix_secs: 90 });
+        assert_eq!(total, ErrorCount { count: 3, last_unix_secs: 50 }, "an empty delta changes nothing");
+        total.add(ErrorCount { count: 2, last_unix_secs: 40 });
+        assert_eq!(total, ErrorCount { count: 5, last_unix_secs: 50 });
+        total.add(ErrorCount { count: 1, last_unix_secs: 70 });
+        assert_eq!(total, ErrorCount { count: 6, last_unix_secs: 70 });
     }
 
     #[test]

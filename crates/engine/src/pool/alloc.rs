@@ -186,7 +186,7 @@ fn no_space(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::meta::{DriveRecord, SegmentRecord, VolumeRecord, VolumeRole};
+    use crate::format::meta::{DriveErrors, DriveRecord, SegmentRecord, VolumeRecord, VolumeRole};
     use uuid::Uuid;
 
     fn meta(domains: &[&str]) -> PoolMeta {
@@ -209,6 +209,7 @@ mod tests {
                     failed_reason: None,
                     path_hint: String::new(),
                     data_blocks: 1000,
+                    errors: DriveErrors::default(),
                 })
                 .collect(),
             volumes: vec![],

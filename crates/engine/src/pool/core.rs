@@ -34,6 +34,12 @@ pub(crate) struct PoolCore<D: BlockDevice> {
     /// majority) or is abandoned half way may have left its document on some drives, so its
     /// generation is never used again for different contents.
     generation_high: AtomicU64,
+    /// Serialises take-commit-settle of the drives' pending error counters (pool/errors.rs), so
+    /// that no delta is committed twice.
+    pub(super) error_commit: tokio::sync::Mutex<()>,
+    /// Held while a commit publishes its metadata (and settles what it carried), so a reader
+    /// holding it sees the committed document and the drives' pending counts agree.
+    pub(super) publish: parking_lot::Mutex<()>,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for PoolCore<D> {
@@ -55,6 +61,8 @@ impl<D: BlockDevice> PoolCore<D> {
             flush_covered: tokio::sync::Mutex::new(0),
             ops: OpGate::default(),
             generation_high: AtomicU64::new(0),
+            error_commit: tokio::sync::Mutex::new(()),
+            publish: parking_lot::Mutex::new(()),
         }
     }
 
@@ -118,10 +126,23 @@ impl<D: BlockDevice> PoolCore<D> {
         &self,
         change: impl FnOnce(&mut PoolMeta) -> Result<(T, bool), EngineError>,
     ) -> Result<T, EngineError> {
+        self.update_then(change, || {}).await
+    }
+
+    /// [`PoolCore::update`], running `published` once the change is committed (or at once when
+    /// there is nothing to commit) under the same `publish` lock as the store of the new
+    /// document, so readers holding that lock see both or neither. Not run on an error.
+    pub(crate) async fn update_then<T>(
+        &self,
+        change: impl FnOnce(&mut PoolMeta) -> Result<(T, bool), EngineError>,
+        published: impl FnOnce(),
+    ) -> Result<T, EngineError> {
         let mut current = self.meta.lock().await;
         let mut next = current.clone();
         let (out, changed) = change(&mut next)?;
         if !changed {
+            let _publish = self.publish.lock();
+            published();
             return Ok(out);
         }
         // A drive that cannot take the metadata is dead too: fail it and try again with the
@@ -146,7 +167,11 @@ impl<D: BlockDevice> PoolCore<D> {
                 }
             }
         }
-        self.snapshot.store(Arc::new(next.clone()));
+        {
+            let _publish = self.publish.lock();
+            self.snapshot.store(Arc::new(next.clone()));
+            published();
+        }
         *current = next;
         Ok(out)
     }

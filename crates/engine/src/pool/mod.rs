@@ -4,6 +4,7 @@ pub(crate) mod alloc;
 mod assemble;
 pub(crate) mod core;
 pub(crate) mod gate;
+mod errors;
 mod rebuild;
 mod recovery;
 mod scrub;
@@ -25,8 +26,8 @@ use crate::drive::Drive;
 use crate::error::EngineError;
 use crate::format::layout::DriveLayout;
 use crate::format::meta::{
-    DriveClass, DriveRecord, DriveState, Layout, PoolMeta, SegmentRecord, TieredRecord, VolumeRecord,
-    VolumeRole,
+    DriveClass, DriveErrors, DriveRecord, DriveState, Layout, PoolMeta, SegmentRecord, TieredRecord,
+    VolumeRecord, VolumeRole,
 };
 use crate::format::superblock::Superblock;
 use crate::units::format_size;
@@ -150,6 +151,7 @@ impl<D: BlockDevice> Pool<D> {
                 failed_reason: None,
                 path_hint: nd.path,
                 data_blocks: layout.data_blocks(),
+                errors: DriveErrors::default(),
             });
             opened.push(Arc::new(Drive::format(nd.dev, sb, nd.fresh).await?));
         }
@@ -553,30 +555,36 @@ impl<D: BlockDevice> Pool<D> {
         self.core.flush_all().await
     }
 
-    /// Housekeeping to call every few seconds: clears intent bits of idle, flushed regions.
+    /// Housekeeping to call every few seconds: clears intent bits of idle, flushed regions, and
+    /// commits the drives' error counters when they changed (one metadata commit at most).
     pub async fn tick(&self) -> Result<(), EngineError> {
         for d in self.core.drives().iter().filter(|d| !d.is_failed()) {
             if let Err(e) = d.clear_idle_intents(false).await {
                 self.core.fail_drive(d.slot(), format!("intent bitmap write failed: {e}")).await?;
             }
         }
+        self.core.commit_drive_errors().await?;
         Ok(())
     }
 
-    /// Clean shutdown: refuse new requests, wait for those in progress, flush everything and
-    /// clear every intent bit, so the next open needs no resynchronisation. The bits may only be
-    /// cleared once nothing can write any more: a write finishing after the final flush would
-    /// leave its checksum entries unwritten in a region marked clean.
+    /// Clean shutdown: refuse new requests, wait for those in progress, commit the drives'
+    /// error counters, flush everything and clear every intent bit, so the next open needs no
+    /// resynchronisation. The bits may only be cleared once nothing can write any more: a write
+    /// finishing after the final flush would leave its checksum entries unwritten in a region
+    /// marked clean.
     pub async fn close(&self) -> Result<(), EngineError> {
         self.closed.store(true, Ordering::Relaxed);
         self.core.ops.close().await;
         for v in self.volumes() {
             v.closed.store(true, Ordering::Relaxed);
         }
+        // Committed before the final flush; a failed commit (no metadata majority) must not keep
+        // the pool from closing cleanly, so it is reported after the flush.
+        let counters = self.core.commit_drive_errors().await;
         self.core.flush_all().await?;
         for d in self.core.drives().iter().filter(|d| !d.is_failed()) {
             d.clear_idle_intents(true).await?;
         }
-        Ok(())
+        counters.map(|_| ())
     }
 }

@@ -12,7 +12,7 @@ use super::{NewDrive, Pool, alloc, now_unix_secs};
 use crate::drive::Drive;
 use crate::error::EngineError;
 use crate::format::layout::DriveLayout;
-use crate::format::meta::{DriveRecord, DriveState};
+use crate::format::meta::{DriveErrors, DriveRecord, DriveState};
 use crate::format::superblock::Superblock;
 use crate::volume::Volume;
 use crate::volume::map::NOT_REBUILDING;
@@ -77,6 +77,7 @@ impl<D: BlockDevice> Pool<D> {
             failed_reason: None,
             path_hint: new.path.clone(),
             data_blocks: layout.data_blocks(),
+            errors: DriveErrors::default(),
         };
         // Check the extents fit before touching anything.
         let mut probe = (*meta).clone();

@@ -50,6 +50,8 @@ impl<D: BlockDevice> Pool<D> {
             }
         }
         report.blocks_repaired = vol.counters.repaired_blocks.load(Relaxed) - repaired_before;
+        // What the scrub found must outlive this process (it may be a one-off `stria scrub`).
+        self.core.commit_drive_errors().await?;
         tracing::info!(?report, "scrub done");
         Ok(report)
     }

@@ -6,8 +6,9 @@ use stria_dev::BlockDevice;
 use stria_dev::counters::WRITE_SIZE_BUCKETS;
 
 use super::{Pool, RebuildProgress, RecoveryReport, alloc};
-use crate::format::meta::DriveState;
-use crate::volume::VolumeState;
+use crate::drive::Drive;
+use crate::format::meta::{DriveState, ErrorCount, PoolMeta, VolumeRole};
+use crate::volume::{Volume, VolumeState};
 
 const BLOCK: u64 = 4096;
 
@@ -29,8 +30,17 @@ pub struct DriveStatus {
     pub bytes_read: u64,
     pub write_ops: u64,
     pub bytes_written: u64,
-    pub errors: u64,
+    /// Failed read requests, kept across restarts until cleared (`stria drive clear-errors`).
+    pub read_errors: u64,
+    /// Unix time of the last read error (`None` while there is none).
+    pub last_read_error_unix_secs: Option<u64>,
+    /// Failed write and flush requests, kept like `read_errors`.
+    pub write_errors: u64,
+    pub last_write_error_unix_secs: Option<u64>,
+    /// Blocks found bad (checksum mismatch or unreadable) and rewritten from redundancy, kept
+    /// like `read_errors`.
     pub checksum_repairs: u64,
+    pub last_checksum_repair_unix_secs: Option<u64>,
     /// Intent regions (4 MiB) marked dirty right now.
     pub dirty_regions: u64,
     /// Journal bytes holding records not yet checkpointed.
@@ -86,75 +96,14 @@ impl<D: BlockDevice> Pool<D> {
     /// A snapshot of drives, volumes and counters.
     pub fn status(&self) -> PoolStatus {
         let meta = self.core.meta();
-        let drives = self
-            .core
-            .drives()
-            .iter()
-            .map(|d| {
-                let rec = meta.drive(d.slot());
-                let c = d.counters();
-                let state = if d.is_missing() {
-                    "missing"
-                } else {
-                    match rec.map(|r| r.state) {
-                        Some(DriveState::Failed) => "failed",
-                        Some(DriveState::Spare) => "spare",
-                        _ if d.is_failed() => "failed",
-                        _ => "active",
-                    }
-                };
-                let used: u64 = alloc::used_extents(&meta, d.slot()).iter().map(|e| e.1).sum();
-                DriveStatus {
-                    id: d.slot(),
-                    uuid: d.uuid().to_string(),
-                    path: rec.map(|r| r.path_hint.clone()).unwrap_or_default(),
-                    class: d.class().to_string(),
-                    domain: d.superblock().domain.clone(),
-                    state: state.into(),
-                    failed_reason: rec.and_then(|r| r.failed_reason.clone()),
-                    size_bytes: rec.map_or(0, |r| r.data_blocks * BLOCK),
-                    used_bytes: used * BLOCK,
-                    read_ops: c.read_ops,
-                    bytes_read: c.read_bytes,
-                    write_ops: c.write_ops,
-                    bytes_written: c.write_bytes,
-                    errors: c.errors,
-                    checksum_repairs: c.repairs,
-                    dirty_regions: d.dirty_regions(),
-                    journal_used_bytes: d.journal_used_blocks() * BLOCK,
-                    write_size_hist: c.write_size_hist,
-                }
-            })
-            .collect();
+        let drives = self.core.drives().iter().map(|d| self.drive_status(&meta, d)).collect();
         let progress = self.rebuild_progress();
         let volumes = self
             .volumes()
             .iter()
             .map(|v| {
-                let rec = meta.volume(v.name());
-                let c = &v.counters;
-                VolumeStatus {
-                    name: v.name().to_string(),
-                    id: v.id(),
-                    layout: v.layout().to_string(),
-                    size_bytes: v.size_bytes(),
-                    chunk_bytes: v.chunk_bytes(),
-                    class: v.class().to_string(),
-                    role: match rec.map(|r| &r.role) {
-                        Some(crate::format::meta::VolumeRole::TierPart { .. }) => "tier-part".into(),
-                        _ => "plain".into(),
-                    },
-                    state: v.state(),
-                    rebuild: progress.iter().find(|p| p.volume == v.name()).cloned(),
-                    read_ops: c.read_ops.load(Relaxed),
-                    read_bytes: c.read_bytes.load(Relaxed),
-                    write_ops: c.write_ops.load(Relaxed),
-                    write_bytes: c.write_bytes.load(Relaxed),
-                    repaired_blocks: c.repaired_blocks.load(Relaxed),
-                    degraded_reads: c.degraded_reads.load(Relaxed),
-                    full_stripe_writes: c.full_stripe_writes.load(Relaxed),
-                    partial_stripe_writes: c.partial_stripe_writes.load(Relaxed),
-                }
+                let rebuild = progress.iter().find(|p| p.volume == v.name()).cloned();
+                volume_status(&meta, v, rebuild)
             })
             .collect();
         PoolStatus {
@@ -170,5 +119,77 @@ impl<D: BlockDevice> Pool<D> {
                 .map(|(p, r)| IgnoredDrive { path: p.clone(), reason: r.clone() })
                 .collect(),
         }
+    }
+
+    fn drive_status(&self, meta: &PoolMeta, d: &Drive<D>) -> DriveStatus {
+        let rec = meta.drive(d.slot());
+        let c = d.counters();
+        let state = if d.is_missing() {
+            "missing"
+        } else {
+            match rec.map(|r| r.state) {
+                Some(DriveState::Failed) => "failed",
+                Some(DriveState::Spare) => "spare",
+                _ if d.is_failed() => "failed",
+                _ => "active",
+            }
+        };
+        let used: u64 = alloc::used_extents(meta, d.slot()).iter().map(|e| e.1).sum();
+        let errors = self.drive_errors(d.slot());
+        let last = |e: ErrorCount| (e.count > 0).then_some(e.last_unix_secs);
+        DriveStatus {
+            id: d.slot(),
+            uuid: d.uuid().to_string(),
+            path: rec.map(|r| r.path_hint.clone()).unwrap_or_default(),
+            class: d.class().to_string(),
+            domain: d.superblock().domain.clone(),
+            state: state.into(),
+            failed_reason: rec.and_then(|r| r.failed_reason.clone()),
+            size_bytes: rec.map_or(0, |r| r.data_blocks * BLOCK),
+            used_bytes: used * BLOCK,
+            read_ops: c.read_ops,
+            bytes_read: c.read_bytes,
+            write_ops: c.write_ops,
+            bytes_written: c.write_bytes,
+            read_errors: errors.read_errors.count,
+            last_read_error_unix_secs: last(errors.read_errors),
+            write_errors: errors.write_errors.count,
+            last_write_error_unix_secs: last(errors.write_errors),
+            checksum_repairs: errors.checksum_repairs.count,
+            last_checksum_repair_unix_secs: last(errors.checksum_repairs),
+            dirty_regions: d.dirty_regions(),
+            journal_used_bytes: d.journal_used_blocks() * BLOCK,
+            write_size_hist: c.write_size_hist,
+        }
+    }
+}
+
+fn volume_status<D: BlockDevice>(
+    meta: &PoolMeta,
+    v: &Volume<D>,
+    rebuild: Option<RebuildProgress>,
+) -> VolumeStatus {
+    let c = &v.counters;
+    VolumeStatus {
+        name: v.name().to_string(),
+        id: v.id(),
+        layout: v.layout().to_string(),
+        size_bytes: v.size_bytes(),
+        chunk_bytes: v.chunk_bytes(),
+        class: v.class().to_string(),
+        role: match meta.volume(v.name()).map(|r| &r.role) {
+            Some(VolumeRole::TierPart { .. }) => "tier-part".into(),
+            _ => "plain".into(),
+        },
+        state: v.state(),
+        rebuild,
+        read_ops: c.read_ops.load(Relaxed),
+        read_bytes: c.read_bytes.load(Relaxed),
+        write_ops: c.write_ops.load(Relaxed),
+        write_bytes: c.write_bytes.load(Relaxed),
+        repaired_blocks: c.repaired_blocks.load(Relaxed),
+        degraded_reads: c.degraded_reads.load(Relaxed),
+        full_stripe_writes: c.full_stripe_writes.load(Relaxed),
+        partial_stripe_writes: c.partial_stripe_writes.load(Relaxed),
     }
 }

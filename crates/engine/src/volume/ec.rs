@@ -671,7 +671,7 @@ impl<D: BlockDevice> Volume<D> {
                     piece_slots: slots.clone(),
                     data: p.data.clone(),
                 };
-                drive.journal.append(drive.device(), piece)
+                drive.journal_append(piece)
             });
             let results = join_all(appends).await;
             let full = results.iter().any(|r| matches!(r, Err(AppendError::Full)));
