@@ -205,3 +205,60 @@ async fn error_counters_survive_a_reopen_until_cleared() {
     assert!(pool.meta().drives.iter().all(|r| r.errors.is_zero()));
     check(&pool.volume("v").unwrap(), &model).await;
 }
+
+/// A drive whose data and checksums are an old, self-consistent copy while its superblock and
+/// metadata are current (what no generation can reveal: the old contents came back between two
+/// commits). Scrub must decide by evidence: where the other members outvote it (three copies,
+/// or ec with two parity shards) it rewrites that drive's blocks; where nothing says which
+/// version is current (two copies, one parity shard) it reports them and rewrites nothing, so
+/// it never spreads the old data.
+#[tokio::test]
+async fn scrub_decides_disagreements_by_evidence_never_by_which_drive_answered() {
+    let cases = [
+        (Layout::Ec { data_shards: 4, parity_shards: 2 }, 6, true),
+        (Layout::Ec { data_shards: 2, parity_shards: 3 }, 5, true),
+        (Layout::Raid1 { copies: 3 }, 3, true),
+        (Layout::Ec { data_shards: 3, parity_shards: 1 }, 4, false),
+        (Layout::Raid1 { copies: 2 }, 2, false),
+    ];
+    for (layout, n, decidable) in cases {
+        for victim in 0..n {
+            let switch = PowerSwitch::new();
+            let devs = drives(n, &switch, 70 + victim as u64);
+            let pool = create_pool(&devs).await;
+            let vol = pool.create_volume(spec("v", VOLUME_BYTES, layout, CHUNK)).await.unwrap();
+            vol.write(0, IoBytes::copy_from(&vec![0xaa; VOLUME_BYTES as usize]), false).await.unwrap();
+            vol.flush().await.unwrap();
+            let old = devs[victim].kill_image();
+            vol.write(0, IoBytes::copy_from(&vec![0xbb; VOLUME_BYTES as usize]), false).await.unwrap();
+            pool.close().await.unwrap();
+            // The victim's checksum table and data area go back to the old copy.
+            let l = pool.drives()[victim].superblock().layout;
+            drop((vol, pool));
+            for (start, len) in [(l.csum_offset_bytes, l.csum_bytes), (l.data_offset_bytes, l.data_bytes)] {
+                let mut buf = vec![0u8; len as usize];
+                old.read_at(start, &mut buf);
+                devs[victim].poke(start, &buf);
+            }
+            let pool = open_pool(&reboot(&devs, 1)).await.unwrap();
+            let report = pool.scrub("v", |_, _| {}).await.unwrap();
+            let vol = pool.volume("v").unwrap();
+            let got = vol.read(0, VOLUME_BYTES as usize).await.unwrap();
+            let old_blocks = got.chunks(4096).filter(|b| b.iter().all(|&x| x == 0xaa)).count();
+            if decidable {
+                assert_eq!(report.inconsistent_blocks, 0, "{layout} drive {victim}: {report:?}");
+                assert!(report.copy_blocks_fixed + report.parity_blocks_fixed > 0, "{layout}: {report:?}");
+                assert_eq!(old_blocks, 0, "{layout} drive {victim}: old data after scrub");
+                let again = pool.scrub("v", |_, _| {}).await.unwrap();
+                assert_eq!((again.copy_blocks_fixed, again.parity_blocks_fixed), (0, 0), "{again:?}");
+            } else {
+                assert!(report.inconsistent_blocks > 0, "{layout} drive {victim}: {report:?}");
+                assert_eq!(
+                    (report.copy_blocks_fixed, report.parity_blocks_fixed),
+                    (0, 0),
+                    "{layout} drive {victim}: scrub rewrote blocks it could not prove current"
+                );
+            }
+        }
+    }
+}

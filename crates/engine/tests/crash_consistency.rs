@@ -232,9 +232,10 @@ async fn run_seed(seed: u64) {
             report.unrecoverable_blocks,
             report.parity_blocks_fixed,
             report.copy_blocks_fixed,
-            report.blocks_repaired
+            report.blocks_repaired,
+            report.inconsistent_blocks
         ),
-        (0, 0, 0, 0),
+        (0, 0, 0, 0, 0),
         "seed {seed} ({layout}, {scenario:?}): stripes inconsistent after recovery: {report:?}"
     );
 }

@@ -135,7 +135,8 @@ enum Backup {
     None,
     /// To be taken at the next clean close (when the drive is consistent).
     Wanted,
-    Taken(Box<stria_dev::mem::MemDevice>),
+    /// Taken at the clean close ending this cycle.
+    Taken(Box<stria_dev::mem::MemDevice>, u64),
 }
 
 /// One drive the operator has: its current contents, and maybe an old copy of it.
@@ -152,10 +153,15 @@ struct World {
     spares: usize,
     tracker: Tracker,
     history: Vec<String>,
-    /// A drive was swapped for an old copy of itself at the last boot.
-    swapped_in: Option<usize>,
+    /// A drive was swapped for an old copy of itself at the last boot: its index and the
+    /// current drive it replaced.
+    swapped_in: Option<(usize, Dev)>,
     /// The power switch every current drive hangs on.
     switch: Arc<PowerSwitch>,
+    /// How the last cycle ended.
+    last_ending: Ending,
+    /// Drives active in the pool when the last cycle ended.
+    active_drives: usize,
 }
 
 /// Drives of the simulation: requests complete after a few polls, so other tasks run between a
@@ -244,7 +250,19 @@ impl World {
                     let images = self.images(Ending::PowerCut);
                     self.reboot(images);
                 }
+                // Left out as stale, the old copy may leave too few drives to trust the
+                // metadata: refusing is right, and the operator puts the current drive back.
+                Err(stria_engine::EngineError::NoQuorum { .. }) if self.swapped_in.is_some() => {
+                    let (i, current) = self.swapped_in.take().expect("checked");
+                    self.note(format!(
+                        "refused to open with the old copy of {} (no quorum); put back",
+                        dev_path(&current)
+                    ));
+                    count(&COVERAGE.swaps_refused);
+                    self.disks[i].dev = current;
+                }
                 Err(e) if switch.is_off() => {
+                    count(&COVERAGE.boot_cuts);
                     self.note(format!("boot cut during recovery: {e}"));
                     let images = self.images(Ending::PowerCut);
                     self.reboot(images);
@@ -285,6 +303,25 @@ impl World {
             }
         }
     }
+}
+
+/// What the seeds did, summed over a run (printed at the end, so a run shows what it covered).
+#[derive(Default)]
+struct Coverage {
+    cycles: std::sync::atomic::AtomicU64,
+    power_cuts: std::sync::atomic::AtomicU64,
+    kills: std::sync::atomic::AtomicU64,
+    clean_closes: std::sync::atomic::AtomicU64,
+    boot_cuts: std::sync::atomic::AtomicU64,
+    swaps_left_out: std::sync::atomic::AtomicU64,
+    swaps_refused: std::sync::atomic::AtomicU64,
+    failed_volumes: std::sync::atomic::AtomicU64,
+}
+
+static COVERAGE: std::sync::LazyLock<Coverage> = std::sync::LazyLock::new(Coverage::default);
+
+fn count(c: &std::sync::atomic::AtomicU64) {
+    c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
 
 fn dev_path(dev: &Dev) -> String {
@@ -477,6 +514,8 @@ async fn run_seed(seed: u64) {
         history: Vec::new(),
         swapped_in: None,
         switch: PowerSwitch::new(),
+        last_ending: Ending::CleanClose,
+        active_drives: n,
     };
     let switch = Arc::clone(&world.switch);
     world.disks = (0..n)
@@ -493,12 +532,13 @@ async fn run_seed(seed: u64) {
     let cycles = world.rng.random_range(1..=8);
     world.note(format!("{cycles} cycles"));
     for cycle in 0..=cycles {
-        maybe_swap_in_backup(&mut world);
+        maybe_swap_in_backup(&mut world, cycle);
         let pool = world.boot().await;
         let Some(vol) = pool.volume("v") else { world.fail("volume v is gone".into()) };
         check_swapped_drive_kept_out(&mut world, &pool);
         world.verify(&vol, &format!("cycle {cycle} after boot")).await;
         if vol.state() == VolumeState::Failed {
+            count(&COVERAGE.failed_volumes);
             world.note("volume failed: the seed ends".into());
             return;
         }
@@ -524,25 +564,42 @@ async fn run_seed(seed: u64) {
 }
 
 /// A drive marked for a backup at an earlier cycle is put back in place of itself.
-fn maybe_swap_in_backup(world: &mut World) {
+/// Only once the pool has gone on without it (a later session opened and committed): a copy
+/// put back at the very next boot is still current. On ec layouts only after a clean close: a
+/// crash and the loss of a member before the next boot is the documented write-hole limit
+/// (docs/crash-consistency.md, "Limits"), which swapping a drive out amounts to.
+fn maybe_swap_in_backup(world: &mut World, cycle: u64) {
     world.swapped_in = None;
-    let Some(i) = world.disks.iter().position(|d| matches!(d.backup, Backup::Taken(_))) else {
-        return;
-    };
-    if !world.rng.random_bool(0.5) || std::env::var("STRIA_SEQ_SWAPS").is_err() {
+    if matches!(world.layout, Layout::Ec { .. }) && world.last_ending != Ending::CleanClose {
         return;
     }
-    let Backup::Taken(image) = std::mem::replace(&mut world.disks[i].backup, Backup::None) else {
+    // Putting back an old copy of the only drive in use is a restore of the whole pool from a
+    // backup, which is allowed: no other drive can tell it is old.
+    if world.active_drives < 2 {
+        return;
+    }
+    let Some(i) =
+        world.disks.iter().position(|d| matches!(d.backup, Backup::Taken(_, at) if at + 2 <= cycle))
+    else {
+        return;
+    };
+    if !world.rng.random_bool(0.5) {
+        return;
+    }
+    let Backup::Taken(image, _) = std::mem::replace(&mut world.disks[i].backup, Backup::None) else {
         unreachable!()
     };
     world.note(format!("disk {} swapped for its old copy", dev_path(&world.disks[i].dev)));
-    world.disks[i].dev = Arc::new(FaultDevice::with_config(*image, sim_config(), 1));
-    world.swapped_in = Some(i);
+    let current = std::mem::replace(
+        &mut world.disks[i].dev,
+        Arc::new(FaultDevice::with_config(*image, sim_config(), 1)),
+    );
+    world.swapped_in = Some((i, current));
 }
 
 /// A drive put back from an old copy must not be trusted: the pool leaves it out.
 fn check_swapped_drive_kept_out(world: &mut World, pool: &Pool<Dev>) {
-    let Some(i) = world.swapped_in else { return };
+    let Some((i, _)) = world.swapped_in else { return };
     let name = dev_path(&world.disks[i].dev);
     let used = pool.drives().iter().any(|d| {
         use stria_dev::BlockDevice;
@@ -552,6 +609,7 @@ fn check_swapped_drive_kept_out(world: &mut World, pool: &Pool<Dev>) {
         world.fail(format!("disk {name} was put back from an old copy and the pool trusts it"));
     }
     world.note(format!("disk {name} (old copy) was left out"));
+    count(&COVERAGE.swaps_left_out);
 }
 
 async fn check_scrub(world: &mut World, pool: &Pool<Dev>, cycle: u64) {
@@ -561,7 +619,8 @@ async fn check_scrub(world: &mut World, pool: &Pool<Dev>, cycle: u64) {
         report.parity_blocks_fixed,
         report.copy_blocks_fixed,
         report.blocks_repaired,
-    ) != (0, 0, 0, 0)
+        report.inconsistent_blocks,
+    ) != (0, 0, 0, 0, 0)
     {
         world.fail(format!("cycle {cycle}: stripes inconsistent after recovery: {report:?}"));
     }
@@ -616,9 +675,18 @@ async fn work(world: &mut World, pool: &Pool<Dev>, vol: &Volume<Dev>, task: Main
     // Backups are taken of consistent drives only: after a clean close.
     if ending == Ending::CleanClose {
         for d in world.disks.iter_mut().filter(|d| matches!(d.backup, Backup::Wanted)) {
-            d.backup = Backup::Taken(Box::new(d.dev.kill_image()));
+            d.backup = Backup::Taken(Box::new(d.dev.kill_image()), cycle);
         }
     }
+    world.last_ending = ending;
+    count(&COVERAGE.cycles);
+    count(match ending {
+        Ending::PowerCut => &COVERAGE.power_cuts,
+        Ending::Kill => &COVERAGE.kills,
+        Ending::CleanClose => &COVERAGE.clean_closes,
+    });
+    world.active_drives =
+        pool.meta().drives.iter().filter(|d| d.state == stria_engine::DriveState::Active).count();
     let images = world.images(ending);
     world.reboot(images);
 }
@@ -640,4 +708,18 @@ async fn sequences_of_crashes_lose_no_durable_write() {
     for seed in 0..seeds {
         run_seed(seed).await;
     }
+    let c = &*COVERAGE;
+    let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!(
+        "{seeds} seeds: {} cycles ({} power cuts, {} kills, {} clean closes), {} boots cut during recovery, \
+         {} old copies left out, {} refused for lack of quorum, {} seeds ended with a failed volume",
+        n(&c.cycles),
+        n(&c.power_cuts),
+        n(&c.kills),
+        n(&c.clean_closes),
+        n(&c.boot_cuts),
+        n(&c.swaps_left_out),
+        n(&c.swaps_refused),
+        n(&c.failed_volumes)
+    );
 }

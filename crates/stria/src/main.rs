@@ -357,6 +357,12 @@ async fn run(cli: Cli) -> Result<()> {
             if v["unrecoverable_blocks"].as_u64().unwrap_or(0) > 0 {
                 bail!("scrub found unrecoverable blocks");
             }
+            if v["inconsistent_blocks"].as_u64().unwrap_or(0) > 0 {
+                bail!(
+                    "scrub found copies or parity that disagree with nothing to say which is current; \
+                     they were left as they are (see the log for where)"
+                );
+            }
             Ok(())
         }
         Command::Status { json } => {

@@ -268,7 +268,8 @@ pub(crate) async fn execute(
                 }
             };
             let mut total = json!({ "volume": name, "rows": 0, "blocks_checked": 0, "blocks_repaired": 0,
-                "parity_blocks_fixed": 0, "copy_blocks_fixed": 0, "unrecoverable_blocks": 0 });
+                "parity_blocks_fixed": 0, "copy_blocks_fixed": 0, "unrecoverable_blocks": 0,
+                "inconsistent_blocks": 0 });
             for part in parts {
                 let report = pool
                     .scrub(&part, |done, total| {
@@ -283,6 +284,7 @@ pub(crate) async fn execute(
                     "parity_blocks_fixed",
                     "copy_blocks_fixed",
                     "unrecoverable_blocks",
+                    "inconsistent_blocks",
                 ] {
                     total[k] = json!(total[k].as_u64().unwrap_or(0) + r[k].as_u64().unwrap_or(0));
                 }

@@ -351,14 +351,16 @@ pub(crate) fn volume(v: &Value) {
 /// A scrub report.
 pub(crate) fn scrub(v: &Value) {
     outln!(
-        "scrub of {}: {} rows, {} blocks checked, {} repaired, {} parity and {} copy blocks fixed, {} unrecoverable",
+        "scrub of {}: {} rows, {} blocks checked, {} repaired, {} parity and {} copy blocks fixed, {} unrecoverable, \
+         {} inconsistent (left as they are)",
         s(&v["volume"]),
         s(&v["rows"]),
         s(&v["blocks_checked"]),
         s(&v["blocks_repaired"]),
         s(&v["parity_blocks_fixed"]),
         s(&v["copy_blocks_fixed"]),
-        s(&v["unrecoverable_blocks"])
+        s(&v["unrecoverable_blocks"]),
+        s(&v["inconsistent_blocks"])
     );
 }
 

@@ -123,8 +123,8 @@ async fn run_seed(seed: u64) {
     for part in ["tv.cache", "tv.meta", "tv.cap"] {
         let r = pool.scrub(part, |_, _| {}).await.unwrap();
         assert_eq!(
-            (r.unrecoverable_blocks, r.parity_blocks_fixed, r.copy_blocks_fixed),
-            (0, 0, 0),
+            (r.unrecoverable_blocks, r.parity_blocks_fixed, r.copy_blocks_fixed, r.inconsistent_blocks),
+            (0, 0, 0, 0),
             "seed {seed}: {part} inconsistent: {r:?}"
         );
     }

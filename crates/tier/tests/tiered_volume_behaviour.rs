@@ -180,3 +180,56 @@ async fn a_misplaced_capacity_block_is_detected_by_the_tier_checksum_and_never_r
     assert_eq!(&vol.read(0, 8192).await.unwrap()[..], &data[..8192]);
     assert_eq!(&vol.read(12288, 4096).await.unwrap()[..], &data[12288..16384]);
 }
+
+/// An old copy of one drive put back (a fast drive carrying cache and metadata copies, or a
+/// capacity drive): the pool leaves it out, every block reads the current data (from the good
+/// mirror copy or from parity), and a scrub of the parts repairs nothing from the old copy.
+#[tokio::test]
+async fn an_old_copy_of_a_fast_or_capacity_drive_is_left_out() {
+    for victim in [0usize, 1, 2, 5] {
+        let switch = PowerSwitch::new();
+        let devs = drives(&switch, 20 + victim as u64);
+        let pool = create_pool(&devs).await;
+        let vol = stria_tier::create(&pool, spec()).await.unwrap();
+        let size = vol.size_bytes() as usize;
+        vol.write(0, IoBytes::copy_from(&vec![0xaa; size]), false).await.unwrap();
+        vol.destage_all().await.unwrap();
+        vol.write(0, IoBytes::copy_from(&vec![0xaa; size / 2]), false).await.unwrap();
+        vol.close().await;
+        drop(vol);
+        pool.close().await.unwrap();
+        let old = reboot(&devs, 0);
+
+        let devs = reboot(&devs, 0);
+        let pool = open_pool(&devs).await;
+        let vol = open_tiered(&pool).await;
+        vol.write(0, IoBytes::copy_from(&vec![0xbb; size]), false).await.unwrap();
+        vol.destage_all().await.unwrap();
+        vol.write(0, IoBytes::copy_from(&vec![0xbb; size / 2]), false).await.unwrap();
+        vol.flush().await.unwrap();
+        vol.close().await;
+        drop(vol);
+        pool.close().await.unwrap();
+
+        let mut restored = reboot(&devs, 0);
+        restored[victim] = old[victim].clone();
+        let found = restored
+            .iter()
+            .map(|d| stria_engine::FoundDrive { dev: d.clone(), path: format!("disk{}", restored.len()) })
+            .collect();
+        let pool = std::sync::Arc::new(stria_engine::Pool::open_skipping(found, false).await.unwrap());
+        assert_eq!(pool.ignored_drives().len(), 1, "drive {victim}: {:?}", pool.ignored_drives());
+        let vol = open_tiered(&pool).await;
+        check(&vol, &vec![0xbb; size]).await;
+        for part in ["tv.cache", "tv.meta", "tv.cap"] {
+            let r = pool.scrub(part, |_, _| {}).await.unwrap();
+            assert_eq!(
+                (r.unrecoverable_blocks, r.parity_blocks_fixed, r.copy_blocks_fixed, r.inconsistent_blocks),
+                (0, 0, 0, 0),
+                "drive {victim}: {part}: {r:?}"
+            );
+        }
+        check(&vol, &vec![0xbb; size]).await;
+        vol.close().await;
+    }
+}

@@ -253,6 +253,13 @@ impl FaultDevice {
         self.mem.read_at(offset_bytes, out);
     }
 
+    /// Overwrites the medium at `offset_bytes` (block aligned) with `data`, durably, bypassing
+    /// every fault and counter: for tests that build a state by hand (an old copy of part of a
+    /// drive put back, say).
+    pub fn poke(&self, offset_bytes: u64, data: &[u8]) {
+        self.state.lock().versions.write(&self.mem, offset_bytes, data, true);
+    }
+
     /// The drive's contents after a power cut now, as a fresh memory drive to "reboot" with:
     /// flushed data as is, and each block written since the last flush at its durable version or
     /// any later one, chosen per block by `seed`. Different seeds explore different outcomes of

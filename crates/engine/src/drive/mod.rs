@@ -143,7 +143,7 @@ impl<D: BlockDevice> Drive<D> {
         }
         Journal::format(&dev, l.journal_offset_bytes).await?;
         let drive = Drive::new(Some(dev), sb, Journal::new(l.journal_offset_bytes, l.journal_bytes));
-        drive.write_superblock(drive.sb.generation).await?;
+        drive.write_superblock(drive.sb.generation, drive.sb.committed_generation).await?;
         drive.dev().flush().await?;
         Ok(drive)
     }
@@ -208,10 +208,13 @@ impl<D: BlockDevice> Drive<D> {
         self.dev.is_none()
     }
 
-    /// Rewrites both superblock copies with `generation`.
-    pub(crate) async fn write_superblock(&self, generation: u64) -> Result<(), DevError> {
+    /// Rewrites both superblock copies with `generation` and `committed_generation` (see
+    /// [`Superblock::committed_generation`]).
+    pub(crate) async fn write_superblock(&self, generation: u64, committed: u64) -> Result<(), DevError> {
+        assert!(committed <= generation, "committed generation {committed} above generation {generation}");
         let mut sb = self.sb.clone();
         sb.generation = generation;
+        sb.committed_generation = committed;
         let block = IoBytes::copy_from(&sb.encode());
         let result = async {
             self.dev().write(0, block.clone(), true).await?;

@@ -23,6 +23,11 @@ pub struct Superblock {
     /// Failure-domain label; empty means the drive is its own domain.
     pub domain: String,
     pub pool_name: String,
+    /// The newest metadata generation known, when this copy was written, to have reached every
+    /// drive active in it (0: unknown, as on pools made before this field existed). A drive whose
+    /// `generation` is below the highest `committed_generation` of its pool missed a commit
+    /// every active drive took: it is an old copy (restored, swapped back) and is not trusted.
+    pub committed_generation: u64,
 }
 
 impl Superblock {
@@ -60,6 +65,7 @@ impl Superblock {
         w.u64(self.created_unix_secs);
         w.label(&self.domain, LABEL_BYTES);
         w.label(&self.pool_name, LABEL_BYTES);
+        w.u64(self.committed_generation);
         let mut block = w.finish();
         seal_crc(&mut block);
         block
@@ -110,6 +116,10 @@ impl Superblock {
         let created_unix_secs = r.u64();
         let domain = r.label(LABEL_BYTES)?;
         let pool_name = r.label(LABEL_BYTES)?;
+        let committed_generation = r.u64();
+        if committed_generation > generation {
+            return Err(FormatError::BadField("committed generation above the generation"));
+        }
         Ok(Superblock {
             pool_uuid,
             drive_uuid,
@@ -120,6 +130,7 @@ impl Superblock {
             created_unix_secs,
             domain,
             pool_name,
+            committed_generation,
         })
     }
 }
@@ -139,6 +150,7 @@ mod tests {
             created_unix_secs: 1_700_000_000,
             domain: "rack-3".into(),
             pool_name: "tank".into(),
+            committed_generation: 0,
         }
     }
 

@@ -59,7 +59,9 @@ impl<D: BlockDevice> Pool<D> {
                 }
             }
         }
+        let committed = newest_committed(superblocks.iter().filter(|sb| sb.pool_uuid == pool_uuid));
         let mut accepted = Vec::new();
+        let mut stale = Vec::new();
         for (sb, fd) in superblocks.into_iter().zip(keep) {
             let reason = if sb.pool_uuid != pool_uuid {
                 Some(format!("belongs to another pool ({})", sb.pool_uuid))
@@ -70,6 +72,11 @@ impl<D: BlockDevice> Pool<D> {
                         "stale: the pool failed it ({})",
                         r.failed_reason.as_deref().unwrap_or("no reason recorded")
                     )),
+                    Some(_) if sb.generation < committed => {
+                        let why = stale_reason(&sb, committed);
+                        stale.push((sb.drive_uuid, why.clone()));
+                        Some(why)
+                    }
                     Some(_) => None,
                 }
             };
@@ -81,7 +88,7 @@ impl<D: BlockDevice> Pool<D> {
                 None => accepted.push(fd),
             }
         }
-        let mut pool = Pool::open_with(accepted, force).await?;
+        let mut pool = Pool::assemble(accepted, force, &stale).await?;
         pool.ignored = ignored;
         Ok(pool)
     }
@@ -91,6 +98,16 @@ impl<D: BlockDevice> Pool<D> {
     /// missing drives are known to be gone: if one of them holds newer metadata, what it
     /// recorded (a later drive failure, a new volume) is lost.
     pub async fn open_with(found: Vec<FoundDrive<D>>, force: bool) -> Result<Pool<D>, EngineError> {
+        Pool::assemble(found, force, &[]).await
+    }
+
+    /// [`Pool::open_with`]; the drives in `stale` (identity, why) were found stale by the caller
+    /// and left out: they are failed with that reason instead of "not found".
+    async fn assemble(
+        found: Vec<FoundDrive<D>>,
+        force: bool,
+        stale: &[(Uuid, String)],
+    ) -> Result<Pool<D>, EngineError> {
         if found.is_empty() {
             return Err(EngineError::NoDrives);
         }
@@ -151,7 +168,8 @@ impl<D: BlockDevice> Pool<D> {
         let meta = meta.ok_or_else(|| {
             EngineError::Format(FormatError::BadPayload("no drive holds valid pool metadata".into()))
         })?;
-        check_membership(&meta, &candidates)?;
+        let committed = newest_committed(candidates.iter().map(|(sb, _)| sb));
+        check_membership(&meta, &candidates, committed)?;
         if let Err(e) = check_quorum(&meta, &candidates) {
             if !force {
                 return Err(e);
@@ -195,14 +213,20 @@ impl<D: BlockDevice> Pool<D> {
             .max()
             .unwrap_or(0)
             + 1;
-        let core = Arc::new(PoolCore::new(meta.clone(), drives, txn_next));
-        // Bring lagging drives (a crash during a commit) up to date, and record the missing ones
-        // as failed before anything is written.
+        let core = Arc::new(PoolCore::new(meta.clone(), drives, txn_next, committed));
+        // Bring lagging drives (a crash during a commit) up to date, and record the missing and
+        // stale ones as failed before anything is written (a stale drive is never written to,
+        // so its superblock keeps the evidence).
         for slot in missing {
-            let path = meta.drive(slot).map(|r| r.path_hint.clone()).unwrap_or_default();
-            tracing::warn!(slot, path = %path, "drive not found; marking it failed");
-            core.fail_drive(slot, format!("not found when the pool was opened (last seen at {path})"))
-                .await?;
+            let rec = meta.drive(slot).expect("listed");
+            let reason = match stale.iter().find(|(uuid, _)| *uuid == rec.uuid) {
+                Some((_, why)) => why.clone(),
+                None => {
+                    tracing::warn!(slot, path = %rec.path_hint, "drive not found; marking it failed");
+                    format!("not found when the pool was opened (last seen at {})", rec.path_hint)
+                }
+            };
+            core.fail_drive(slot, reason).await?;
         }
         core.update(|_| Ok(((), true))).await?;
 
@@ -215,10 +239,29 @@ impl<D: BlockDevice> Pool<D> {
     }
 }
 
-/// Every drive found must be an active (or spare) member the metadata lists with its identity.
+/// The newest generation known to have reached every drive in use (see
+/// [`Superblock::committed_generation`]), over the superblocks of one pool's drives.
+fn newest_committed<'a>(superblocks: impl Iterator<Item = &'a Superblock>) -> u64 {
+    superblocks.map(|sb| sb.committed_generation).max().unwrap_or(0)
+}
+
+/// Why a drive whose superblock is older than `committed` is not trusted.
+fn stale_reason(sb: &Superblock, committed: u64) -> String {
+    format!(
+        "stale: it holds metadata generation {} but generation {committed} reached every drive in use \
+         after it was written, so this is an old copy (restored from a backup, or put back after the pool \
+         went on without it) and its data is out of date; it is not used. Rebuild it from the other \
+         drives with `stria drive replace {} PATH` (PATH may be this same drive or file)",
+        sb.generation, sb.slot
+    )
+}
+
+/// Every drive found must be an active (or spare) member the metadata lists with its identity,
+/// and not an old copy of one (its generation behind `committed`).
 fn check_membership<D>(
     meta: &PoolMeta,
     candidates: &[(Superblock, FoundDrive<D>)],
+    committed: u64,
 ) -> Result<(), EngineError> {
     for (sb, fd) in candidates {
         let Some(rec) = meta.drives.iter().find(|r| r.uuid == sb.drive_uuid) else {
@@ -251,6 +294,15 @@ fn check_membership<D>(
                     rec.failed_reason.as_deref().unwrap_or("no reason recorded"),
                     sb.slot
                 ),
+            });
+        }
+        if sb.generation < committed {
+            return Err(EngineError::StaleDrive {
+                path: fd.path.clone(),
+                slot: sb.slot,
+                drive_generation: sb.generation,
+                pool_generation: meta.generation,
+                reason: stale_reason(sb, committed),
             });
         }
     }

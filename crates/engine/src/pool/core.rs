@@ -34,6 +34,9 @@ pub(crate) struct PoolCore<D: BlockDevice> {
     /// majority) or is abandoned half way may have left its document on some drives, so its
     /// generation is never used again for different contents.
     generation_high: AtomicU64,
+    /// The newest generation confirmed on every drive active in it (see
+    /// `Superblock::committed_generation`); written into superblocks by later commits.
+    committed_high: AtomicU64,
     /// Serialises take-commit-settle of the drives' pending error counters (pool/errors.rs), so
     /// that no delta is committed twice.
     pub(super) error_commit: tokio::sync::Mutex<()>,
@@ -49,7 +52,12 @@ impl<D: BlockDevice> std::fmt::Debug for PoolCore<D> {
 }
 
 impl<D: BlockDevice> PoolCore<D> {
-    pub(crate) fn new(meta: PoolMeta, drives: Vec<Arc<Drive<D>>>, txn_next: u64) -> PoolCore<D> {
+    pub(crate) fn new(
+        meta: PoolMeta,
+        drives: Vec<Arc<Drive<D>>>,
+        txn_next: u64,
+        committed_generation: u64,
+    ) -> PoolCore<D> {
         PoolCore {
             snapshot: ArcSwap::from_pointee(meta.clone()),
             meta: tokio::sync::Mutex::new(meta),
@@ -61,6 +69,7 @@ impl<D: BlockDevice> PoolCore<D> {
             flush_covered: tokio::sync::Mutex::new(0),
             ops: OpGate::default(),
             generation_high: AtomicU64::new(0),
+            committed_high: AtomicU64::new(committed_generation),
             error_commit: tokio::sync::Mutex::new(()),
             publish: parking_lot::Mutex::new(()),
         }
@@ -151,9 +160,22 @@ impl<D: BlockDevice> PoolCore<D> {
         loop {
             next.generation = self.claim_generation(current.generation);
             match self.commit(&current, &next).await {
-                Ok(()) => break,
-                Err((e, dead)) if dead.is_empty() => return Err(e),
-                Err((_, dead)) => {
+                (Ok(()), dead) if dead.is_empty() => {
+                    self.confirm(&next).await;
+                    break;
+                }
+                // Committed, but some drives missed it: they are failed in memory now, and their
+                // failure is committed before anything relies on it (invariant 5).
+                (Ok(()), dead) => {
+                    for slot in dead {
+                        if let Some(d) = self.drive(slot) {
+                            d.set_failed();
+                        }
+                    }
+                    break;
+                }
+                (Err(e), dead) if dead.is_empty() => return Err(e),
+                (Err(_), dead) => {
                     for slot in dead {
                         if let Some(d) = self.drive(slot) {
                             d.set_failed();
@@ -192,8 +214,9 @@ impl<D: BlockDevice> PoolCore<D> {
     /// the loss of one side; a drive this change adds does not either, so a replacement cannot
     /// help a stale majority). See docs/on-disk-format.md §3 for why assembly then always finds
     /// the newest acknowledged generation.
-    /// On failure, also returns the drives whose write failed.
-    async fn commit(&self, prev: &PoolMeta, meta: &PoolMeta) -> Result<(), (EngineError, Vec<u32>)> {
+    /// Also returns the drives whose write failed.
+    async fn commit(&self, prev: &PoolMeta, meta: &PoolMeta) -> (Result<(), EngineError>, Vec<u32>) {
+        let committed = self.committed_high.load(Ordering::SeqCst);
         let drives = self.drives();
         let targets: Vec<&Arc<Drive<D>>> = drives
             .iter()
@@ -202,7 +225,7 @@ impl<D: BlockDevice> PoolCore<D> {
             .collect();
         let writes = targets.iter().map(|d| async move {
             d.write_metadata(meta).await?;
-            d.write_superblock(meta.generation).await?;
+            d.write_superblock(meta.generation, committed).await?;
             Ok::<(), EngineError>(())
         });
         let results = join_all(writes).await;
@@ -233,10 +256,33 @@ impl<D: BlockDevice> PoolCore<D> {
                     total: set.len(),
                     needed,
                 };
-                return Err((e, dead));
+                return (Err(e), dead);
             }
         }
-        Ok(())
+        (Ok(()), dead)
+    }
+
+    /// After generation `meta.generation` reached every drive active in it: records that on
+    /// those drives (their superblocks' `committed_generation`). From then on a drive whose
+    /// superblock is older than this generation can only be an old copy, and assembly keeps it
+    /// out (docs/on-disk-format.md §2). A drive that cannot take the confirmation is failed in
+    /// memory, like one that cannot take a commit; the rest keep theirs.
+    async fn confirm(&self, meta: &PoolMeta) {
+        let g = meta.generation;
+        let drives = self.drives();
+        let targets: Vec<&Arc<Drive<D>>> = drives
+            .iter()
+            .filter(|d| !d.is_failed())
+            .filter(|d| meta.drive(d.slot()).is_some_and(|r| r.state != DriveState::Failed))
+            .collect();
+        let results = join_all(targets.iter().map(|d| d.write_superblock(g, g))).await;
+        for (d, r) in targets.iter().zip(results) {
+            if let Err(e) = r {
+                tracing::error!(slot = d.slot(), error = %e, "superblock confirmation failed; failing the drive");
+                d.set_failed();
+            }
+        }
+        self.committed_high.fetch_max(g, Ordering::SeqCst);
     }
 
     /// Errors once a drive failure could not be committed (see `poisoned`).

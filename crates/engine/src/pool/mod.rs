@@ -3,8 +3,8 @@
 pub(crate) mod alloc;
 mod assemble;
 pub(crate) mod core;
-pub(crate) mod gate;
 mod errors;
+pub(crate) mod gate;
 mod rebuild;
 mod recovery;
 mod scrub;
@@ -141,6 +141,7 @@ impl<D: BlockDevice> Pool<D> {
                 created_unix_secs: created,
                 domain: nd.domain.clone(),
                 pool_name: name.to_string(),
+                committed_generation: 0,
             };
             records.push(DriveRecord {
                 slot,
@@ -166,7 +167,7 @@ impl<D: BlockDevice> Pool<D> {
             volumes: vec![],
             tiered: vec![],
         };
-        let core = Arc::new(PoolCore::new(meta, opened, 1));
+        let core = Arc::new(PoolCore::new(meta, opened, 1, 0));
         core.update(|_| Ok(((), true))).await?;
         Ok(Pool::from_core(core, RecoveryReport::default()))
     }

@@ -67,6 +67,7 @@ impl<D: BlockDevice> Pool<D> {
             created_unix_secs: now_unix_secs(),
             domain: domain.clone(),
             pool_name: meta.name.clone(),
+            committed_generation: 0,
         };
         let record = DriveRecord {
             slot,

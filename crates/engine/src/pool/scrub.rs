@@ -22,6 +22,9 @@ pub struct ScrubReport {
     pub copy_blocks_fixed: u64,
     /// Blocks that could not be verified or repaired (more damage than the layout covers).
     pub unrecoverable_blocks: u64,
+    /// Blocks whose copies (or data and parity) each verify but disagree, with nothing to say
+    /// which is current (two mirror copies, or one parity shard): reported, left as they are.
+    pub inconsistent_blocks: u64,
 }
 
 impl<D: BlockDevice> Pool<D> {
@@ -45,6 +48,7 @@ impl<D: BlockDevice> Pool<D> {
                 report.parity_blocks_fixed += stats.parity_blocks;
                 report.copy_blocks_fixed += stats.copy_blocks;
                 report.unrecoverable_blocks += stats.unrecoverable_blocks;
+                report.inconsistent_blocks += stats.inconsistent_blocks;
                 done += 1;
                 progress(done, total);
             }

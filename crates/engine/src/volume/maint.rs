@@ -22,6 +22,9 @@ pub(crate) struct RowStats {
     pub(crate) parity_blocks: u64,
     pub(crate) copy_blocks: u64,
     pub(crate) unrecoverable_blocks: u64,
+    /// Blocks whose copies (or data and parity) all verify but disagree, with no evidence of
+    /// which one is current: reported, not rewritten.
+    pub(crate) inconsistent_blocks: u64,
 }
 
 /// Reads blocks without verification, zeroing the unwritten ones; says which are written.
@@ -215,8 +218,8 @@ impl<D: BlockDevice> Volume<D> {
         for column in 0..self.geo.layout.data_columns() {
             let run = ChunkRun { segment: si, row, column, offset_in_chunk: 0, blocks: chunk };
             // Verifies every copy and rewrites bad blocks from good ones.
-            let good = match self.mirror_read_locked(map, run).await {
-                Ok(buf) => buf,
+            match self.mirror_read_locked(map, run).await {
+                Ok(_) => {}
                 Err(VolumeError::Unrecoverable { .. }) => {
                     stats.unrecoverable_blocks += chunk;
                     continue;
@@ -224,30 +227,64 @@ impl<D: BlockDevice> Volume<D> {
                 Err(e) => return Err(self.pool_err(e)),
             };
             stats.checked_blocks += chunk * u64::from(self.geo.copies());
-            // Copies that verify but disagree (cannot happen without a bug or a lost write):
-            // make them agree with the first.
-            for m in self.copy_members(&run) {
-                let member = &seg.members[m];
-                if !member.usable(row) {
+            self.scrub_copies_agree(seg, &run, &mut stats).await?;
+        }
+        Ok(stats)
+    }
+
+    /// Copies that each verify but disagree cannot come from a crash (resync made them agree)
+    /// or from corruption (the checksums would catch it): one of them missed a write. Which one
+    /// is decided by evidence, never by which drive answered first: a block held by a strict
+    /// majority of the copies is written over the others; with no majority (two copies) the
+    /// block is reported as inconsistent and nothing is rewritten.
+    async fn scrub_copies_agree(
+        &self,
+        seg: &super::map::Segment<D>,
+        run: &ChunkRun,
+        stats: &mut RowStats,
+    ) -> Result<(), EngineError> {
+        let chunk = self.geo.chunk_blocks;
+        let mut copies: Vec<(&Member<D>, IoBuf)> = Vec::new();
+        for m in self.copy_members(run) {
+            let member = &seg.members[m];
+            if !member.usable(run.row) {
+                continue;
+            }
+            let block = self.member_block(member, run);
+            if let Ok(buf) = member.drive.read_verified(block, IoBuf::zeroed((chunk * BLOCK) as usize)).await
+            {
+                copies.push((member, buf));
+            }
+        }
+        for i in 0..chunk as usize {
+            let r = i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE;
+            if copies.iter().all(|(_, b)| b[r.clone()] == copies[0].1[r.clone()]) {
+                continue;
+            }
+            let majority = copies.iter().find(|(_, b)| {
+                2 * copies.iter().filter(|(_, o)| o[r.clone()] == b[r.clone()]).count() > copies.len()
+            });
+            let Some((_, winner)) = majority else {
+                tracing::error!(volume = %self.name, row = run.row, block = i, "mirror copies disagree and no majority says which is current; not rewritten");
+                stats.inconsistent_blocks += 1;
+                continue;
+            };
+            let good = IoBytes::copy_from(&winner[r.clone()]);
+            for (member, b) in &copies {
+                if b[r.clone()] == good[..] {
                     continue;
                 }
-                let block = self.member_block(member, &run);
-                let Ok(buf) =
-                    member.drive.read_verified(block, IoBuf::zeroed((chunk * BLOCK) as usize)).await
-                else {
-                    continue;
-                };
-                if buf[..] != good[..] {
-                    stats.copy_blocks += chunk;
-                    if let Err(e) = member.drive.write(block, IoBytes::copy_from(&good), false).await {
-                        self.fail_drive(&member.drive, format!("scrub write failed: {e}"))
-                            .await
-                            .map_err(|e| self.pool_err(e))?;
-                    }
+                stats.copy_blocks += 1;
+                let at = self.member_block(member, run) + i as u64;
+                tracing::warn!(volume = %self.name, slot = member.drive.slot(), row = run.row, block = i, "rewriting a mirror copy outvoted by the others");
+                if let Err(e) = member.drive.write(at, good.clone(), false).await {
+                    self.fail_drive(&member.drive, format!("scrub write failed: {e}"))
+                        .await
+                        .map_err(|e| self.pool_err(e))?;
                 }
             }
         }
-        Ok(stats)
+        Ok(())
     }
 
     async fn scrub_ec_row(&self, map: &VolumeMap<D>, si: usize, row: u64) -> Result<RowStats, EngineError> {
@@ -265,17 +302,74 @@ impl<D: BlockDevice> Volume<D> {
         if !failed_rows.is_empty() || !want.iter().all(|&w| w) {
             return Ok(stats);
         }
-        // Every shard is present and verified: parity must agree with the data.
-        let data: Vec<IoBuf> = reads.drain(..k).map(|r| r.buf.expect("present")).collect();
-        let parity = self.encode_rows(&data, chunk);
-        for (p, (computed, stored)) in parity.iter().zip(&reads).enumerate() {
-            let stored = stored.buf.as_ref().expect("present");
-            if computed[..] != stored[..] {
-                let (_, member) = self.shard_member(seg, row, k + p);
-                stats.parity_blocks += self.rewrite_differing(member, row, computed, stored, "scrub").await?;
+        // Every shard is present and verified: parity must agree with the data. Where it does
+        // not, one shard missed a write; which one is decided by the others, never assumed.
+        let shards: Vec<IoBuf> = reads.drain(..).map(|r| r.buf.expect("present")).collect();
+        let parity = self.encode_rows(&shards[..k], chunk);
+        for line in 0..chunk as usize {
+            let r = line * BLOCK_USIZE..(line + 1) * BLOCK_USIZE;
+            if parity.iter().zip(&shards[k..]).all(|(want, have)| want[r.clone()] == have[r.clone()]) {
+                continue;
+            }
+            match self.odd_shard_out(&shards, r.clone()) {
+                Some((bad, content)) => {
+                    let (_, member) = self.shard_member(seg, row, bad);
+                    tracing::warn!(volume = %self.name, slot = member.drive.slot(), row, block = line, shard = bad, "rewriting the one shard the others outvote");
+                    let at = member.start_block + row * chunk + line as u64;
+                    if bad < k {
+                        stats.copy_blocks += 1;
+                    } else {
+                        stats.parity_blocks += 1;
+                    }
+                    if let Err(e) = member.drive.write(at, IoBytes::copy_from(&content), false).await {
+                        self.fail_drive(&member.drive, format!("scrub write failed: {e}"))
+                            .await
+                            .map_err(|e| self.pool_err(e))?;
+                    }
+                }
+                None => {
+                    tracing::error!(volume = %self.name, row, block = line, "data and parity disagree and no single shard explains it; not rewritten");
+                    stats.inconsistent_blocks += 1;
+                }
             }
         }
         Ok(stats)
+    }
+
+    /// The one shard of a block line that disagrees with all the others: for each shard, decode
+    /// the line from K of the rest and check the remaining ones agree. Returns the shard and its
+    /// content as the others imply, when exactly one shard explains the disagreement (this needs
+    /// M >= 2: with one parity shard any shard explains it).
+    fn odd_shard_out(&self, shards: &[IoBuf], r: std::ops::Range<usize>) -> Option<(usize, Vec<u8>)> {
+        let (k, m) = self.ec_shape();
+        if m < 2 {
+            return None;
+        }
+        let total = k + m;
+        let mut found = None;
+        for suspect in 0..total {
+            let sources_idx: Vec<usize> = (0..total).filter(|&s| s != suspect).take(k).collect();
+            let mut sources: Vec<Option<&[u8]>> = vec![None; total];
+            for &s in &sources_idx {
+                sources[s] = Some(&shards[s][r.clone()]);
+            }
+            let rest: Vec<usize> = (0..total).filter(|s| !sources_idx.contains(s)).collect();
+            let mut outs: Vec<Vec<u8>> = rest.iter().map(|_| vec![0u8; r.len()]).collect();
+            {
+                let mut targets: Vec<(usize, &mut [u8])> =
+                    rest.iter().copied().zip(outs.iter_mut().map(|o| &mut o[..])).collect();
+                self.codec().reconstruct(&sources, &mut targets).expect("shapes are consistent");
+            }
+            let agree = rest.iter().zip(&outs).all(|(&s, o)| s == suspect || shards[s][r.clone()] == o[..]);
+            if agree {
+                if found.is_some() {
+                    return None;
+                }
+                let at = rest.iter().position(|&s| s == suspect).expect("suspect is decoded");
+                found = Some((suspect, outs.swap_remove(at)));
+            }
+        }
+        found
     }
 
     /// Rewrites, on parity member `member` of row `row`, the blocks of its chunk where `have`
