@@ -292,12 +292,31 @@ class Load:
 def pick_drive(daemon, volume, rng):
     """A drive that holds part of the volume (for tiered volumes: a capacity or fast one)."""
     show = json.loads(daemon.cli("volume", "show", volume, "--json").stdout)
+    parts = [json.loads(daemon.cli("volume", "show", p["volume"], "--json").stdout) for p in show["parts"]] \
+        if "parts" in show else [show]
     slots = set()
-    for part in show.get("parts", [show]):
-        for seg in part.get("segments", []):
+    for part in parts:
+        for seg in part["segments"]:
             for m in seg["members"]:
-                slots.add(m["drive"])
+                if m["rebuild_cursor_rows"] is None:
+                    slots.add(m["drive"])
     return rng.choice(sorted(slots))
+
+
+def scrub_clean(daemon, volume, label):
+    """After recovery every stripe must be consistent: a scrub finds nothing to fix."""
+    r = daemon.cli("scrub", volume, "--json", check=False)
+    if r.returncode != 0:
+        raise Violation(f"{label}: scrub failed: {r.stderr.strip()} {r.stdout.strip()}")
+    report = json.loads(r.stdout)
+    bad = {k: report[k] for k in ("blocks_repaired", "parity_blocks_fixed", "copy_blocks_fixed",
+                                  "unrecoverable_blocks", "inconsistent_blocks") if report.get(k)}
+    if bad:
+        raise Violation(f"{label}: scrub found inconsistent stripes after recovery: {bad}")
+
+
+def volume_state(daemon, volume):
+    return json.loads(daemon.cli("volume", "show", volume, "--json").stdout)["state"]
 
 
 def wait_state(daemon, volume, want, timeout=120):
@@ -321,9 +340,12 @@ def main():
     ap.add_argument("--tmpfs", action="store_true", help="drive files on tmpfs (the inline I/O engine)")
     ap.add_argument("--region-mib", type=int, default=128)
     ap.add_argument("--volume-mib", type=int, default=512)
-    ap.add_argument("--rebuild-rate", default="64M")
-    ap.add_argument("--mix", default="mixed", choices=["mixed", "fua"],
-                    help="mixed: FUA and plain writes, flushes, FUA write-zeroes; fua: FUA writes of 4-64 KiB only")
+    ap.add_argument("--rebuild-rate", default="16M")
+    ap.add_argument("--mix", default="both", choices=["both", "mixed", "fua"],
+                    help="mixed: FUA and plain writes, flushes, FUA write-zeroes; fua: FUA writes of 4-64 KiB "
+                         "only (the outside checker's load); both: drawn per round")
+    ap.add_argument("--scrub-every", type=int, default=10,
+                    help="scrub the volume after the post-kill verification every N rounds (and the last)")
     ap.add_argument("--drive-size", default="1G")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
@@ -386,20 +408,25 @@ def run(args, rng, daemon, tag):
         daemon.start()
         h = connect(daemon, vol)
         verify(h, model, sectors, f"round {rnd} start")
-        if args.scenario == "rebuilding":
+        if args.scenario == "rebuilding" and volume_state(daemon, vol) == "healthy":
+            # A new failure only once the last rebuild finished: the kill lands during the
+            # rebuild (rate-limited), and the next rounds land in its resumption.
             slot = pick_drive(daemon, vol, rng)
             daemon.cli("drive", "fail", str(slot))
             daemon.cli("drive", "replace", str(slot))
-        load = Load(h, model, sectors, rng, seq_base, args.mix == "fua")
-        inflight = load.run(rng.uniform(0.5, 4.0) if args.mix == "mixed" else rng.uniform(2, 5), kill=daemon.kill9)
+        fua = args.mix == "fua" or (args.mix == "both" and rng.random() < 0.5)
+        load = Load(h, model, sectors, rng, seq_base, fua)
+        inflight = load.run(rng.uniform(2, 5) if fua else rng.uniform(0.5, 4.0), kill=daemon.kill9)
         close(h)
         acked = load.acked
         # Restart and verify the crash; then maybe a clean cycle on top.
         daemon.start()
         h = connect(daemon, vol)
         verify(h, model, sectors, f"round {rnd} after kill -9")
+        if rnd % args.scrub_every == 0 or rnd == args.rounds:
+            scrub_clean(daemon, vol, f"round {rnd} after kill -9")
         if rnd % 2 == 0:
-            load = Load(h, model, sectors, rng, seq_base + SEQ_PER_ROUND // 2, args.mix == "fua")
+            load = Load(h, model, sectors, rng, seq_base + SEQ_PER_ROUND // 2, fua)
             load.run(rng.uniform(0.3, 1.0))
             close(h)
             daemon.stop()
@@ -408,7 +435,8 @@ def run(args, rng, daemon, tag):
             verify(h, model, sectors, f"round {rnd} after clean stop")
         close(h)
         daemon.stop()
-        print(f"{tag} round {rnd}/{args.rounds} ok: {acked} acknowledged, {inflight} in flight at the kill "
+        print(f"{tag} round {rnd}/{args.rounds} ok ({'fua' if fua else 'mixed'}): {acked} acknowledged, "
+              f"{inflight} in flight at the kill "
               f"({time.time() - started:.0f} s)", flush=True)
 
 

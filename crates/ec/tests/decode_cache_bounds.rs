@@ -1,11 +1,9 @@
 //! The decode-plan cache stays within its bound, gives the same answers as no cache, and is
 //! shared safely between threads.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::{Rng, Shards, encode, subsets_up_to};
+use crate::common::{Rng, Shards, encode, subsets_up_to};
 use stria_ec::{Config, DEFAULT_DECODE_CACHE_ENTRIES, ReedSolomon};
 
 fn rebuild(rs: &ReedSolomon, stripe: &[&[u8]], lost: &[usize]) -> Vec<Vec<u8>> {

@@ -1,9 +1,7 @@
 //! Reconstruction: every erasure pattern up to 8+4 on every engine, random patterns up to 16+4,
 //! only the wanted shards written, cached and uncached paths agreeing.
 
-mod common;
-
-use common::{Rng, Shards, encode, fast_backends, subsets_up_to};
+use crate::common::{Rng, Shards, encode, fast_backends, subsets_up_to};
 use stria_ec::{Backend, ReedSolomon};
 
 /// Erases `lost` from a stripe of `data` + `parity`, rebuilds them all and checks them.

@@ -1,9 +1,7 @@
 //! Every engine's parity equals the reference engine's, for every shape up to 16+4, at odd and
 //! unaligned lengths.
 
-mod common;
-
-use common::{Rng, Shards, encode, fast_backends};
+use crate::common::{Rng, Shards, encode, fast_backends};
 use stria_ec::{Backend, ReedSolomon};
 
 const LENGTHS: [usize; 14] = [1, 2, 15, 16, 31, 33, 63, 64, 65, 127, 129, 259, 1000, 4096 + 17];

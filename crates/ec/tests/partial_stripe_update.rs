@@ -1,9 +1,7 @@
 //! Incremental parity updates equal a full re-encode, on every engine, for whole shards and for
 //! byte ranges inside them.
 
-mod common;
-
-use common::{Rng, Shards, encode, fast_backends};
+use crate::common::{Rng, Shards, encode, fast_backends};
 use stria_ec::{Backend, ReedSolomon};
 
 #[test]

@@ -4,11 +4,9 @@
 
 #![allow(clippy::cast_possible_truncation)] // 64-bit only, like the engine
 
-mod common;
-
 use std::collections::BTreeSet;
 
-use common::*;
+use crate::common::*;
 use rand::Rng;
 use stria_dev::{IoBytes, PowerSwitch};
 use stria_engine::Layout;

@@ -9,12 +9,10 @@
 
 #![allow(clippy::cast_possible_truncation)] // 64-bit only, like the engine
 
-mod common;
-
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use stria_dev::{IoBytes, PowerSwitch};

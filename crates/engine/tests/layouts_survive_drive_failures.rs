@@ -4,9 +4,7 @@
 
 #![allow(clippy::cast_possible_truncation)] // 64-bit only, like the engine
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use stria_dev::PowerSwitch;
 use stria_engine::{Layout, VolumeState};
 
@@ -65,7 +63,7 @@ async fn every_layout_survives_every_tolerated_failure_set() {
             assert_eq!(vol.state(), VolumeState::Degraded, "{layout} with {set:?} failed");
             // Writes while degraded.
             let mut m2 = model.clone();
-            let mut rng = common::rng(100 + set.len() as u64);
+            let mut rng = crate::common::rng(100 + set.len() as u64);
             for _ in 0..15 {
                 let (o, d) = random_write(&mut rng, VOLUME_BYTES, vol.row_bytes());
                 write(&vol, &mut m2, o, d).await;

@@ -3,11 +3,9 @@
 
 #![allow(clippy::cast_possible_truncation)] // 64-bit only, like the engine
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use stria_dev::{BlockDevice, FaultConfig, FaultDevice, PowerSwitch};
 use stria_engine::{EngineError, FoundDrive, Layout, Pool, VolumeState};
 

@@ -3,9 +3,7 @@
 
 #![allow(clippy::cast_possible_truncation)] // 64-bit only, like the engine
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use stria_dev::{IoBytes, PowerSwitch};
 use stria_engine::{DriveClass, EngineError, Layout, VolumeError};
 

@@ -1,9 +1,7 @@
 //! Option haggling against `MemExport`s over an in-memory pipe.
 #![allow(clippy::cast_possible_truncation)] // test inputs are small, known sizes
 
-mod common;
-
-use common::{connect, fixture, info_data, meta_data};
+use crate::common::{connect, fixture, info_data, meta_data};
 use stria_nbd::proto::{self, info, opt, rep, tflag};
 
 #[tokio::test]
@@ -21,7 +19,7 @@ async fn go_reports_size_flags_name_description_and_block_sizes() {
     let by_type =
         |t: u16| replies.iter().find(|r| r.reply_type == rep::INFO && r.data[0..2] == t.to_be_bytes());
     let export = by_type(info::EXPORT).unwrap();
-    assert_eq!(u64::from_be_bytes(export.data[2..10].try_into().unwrap()), common::DISK_BYTES);
+    assert_eq!(u64::from_be_bytes(export.data[2..10].try_into().unwrap()), crate::common::DISK_BYTES);
     let flags = u16::from_be_bytes(export.data[10..12].try_into().unwrap());
     for flag in [
         tflag::HAS_FLAGS,
@@ -112,9 +110,9 @@ async fn export_name_option_enters_transmission_with_or_without_zeroes() {
         client.greet(client_flags).await;
         client.send_option(opt::EXPORT_NAME, b"disk").await;
         let reply = client.read_exact_data(10 + padding).await;
-        assert_eq!(u64::from_be_bytes(reply[0..8].try_into().unwrap()), common::DISK_BYTES);
+        assert_eq!(u64::from_be_bytes(reply[0..8].try_into().unwrap()), crate::common::DISK_BYTES);
         client.send_request(proto::cmd::FLUSH, 0, 1, 0, 0, &[]).await;
-        assert_eq!(client.read_reply().await, common::Reply::Simple { cookie: 1, error: 0 });
+        assert_eq!(client.read_reply().await, crate::common::Reply::Simple { cookie: 1, error: 0 });
     }
     // Unknown export: the option cannot fail, so the connection closes.
     let mut client = connect(&fx.server);

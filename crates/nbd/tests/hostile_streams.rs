@@ -2,11 +2,9 @@
 //! Unix sockets where it matters.
 #![allow(clippy::cast_possible_truncation)] // test inputs are small, known sizes
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Client, Reply, connect, fixture, fixture_with};
+use crate::common::{Client, Reply, connect, fixture, fixture_with};
 use stria_nbd::proto::cmd;
 use stria_nbd::{Limits, ListenAddr};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -67,7 +65,7 @@ async fn client_vanishing_with_replies_in_flight_does_not_hurt_the_server() {
             batch.extend_from_slice(&0u16.to_be_bytes());
             batch.extend_from_slice(&cmd::READ.to_be_bytes());
             batch.extend_from_slice(&cookie.to_be_bytes());
-            batch.extend_from_slice(&(cookie * 65536 % common::DISK_BYTES).to_be_bytes());
+            batch.extend_from_slice(&(cookie * 65536 % crate::common::DISK_BYTES).to_be_bytes());
             batch.extend_from_slice(&65536u32.to_be_bytes());
         }
         c.stream.write_all(&batch).await.unwrap();

@@ -1,9 +1,7 @@
 //! Every command and every error value, with simple and with structured replies.
 #![allow(clippy::cast_possible_truncation)] // test inputs are small, known sizes
 
-mod common;
-
-use common::{Reply, connect, fixture};
+use crate::common::{Reply, connect, fixture};
 use stria_nbd::Errno;
 use stria_nbd::proto::{cflag, cmd, reply};
 
@@ -135,10 +133,10 @@ async fn structured_reads_block_status_and_req_one() {
     // Zero-length and out-of-range block status are EINVAL.
     c.send_request(cmd::BLOCK_STATUS, 0, 7, 0, 0, &[]).await;
     assert_eq!(c.read_reply().await.error(), EINVAL);
-    c.send_request(cmd::BLOCK_STATUS, 0, 8, common::DISK_BYTES, 1, &[]).await;
+    c.send_request(cmd::BLOCK_STATUS, 0, 8, crate::common::DISK_BYTES, 1, &[]).await;
     assert_eq!(c.read_reply().await.error(), EINVAL);
     // Out-of-range read in structured mode: an error chunk, never a simple reply.
-    c.send_request(cmd::READ, 0, 9, common::DISK_BYTES, 1, &[]).await;
+    c.send_request(cmd::READ, 0, 9, crate::common::DISK_BYTES, 1, &[]).await;
     assert!(matches!(c.read_reply().await, Reply::Chunk { chunk_type: reply::TYPE_ERROR, .. }));
 }
 
@@ -149,10 +147,13 @@ async fn block_status_needs_the_context_for_the_same_export() {
     c.greet(3).await;
     c.send_option(stria_nbd::proto::opt::STRUCTURED_REPLY, &[]).await;
     c.read_option_reply().await;
-    c.send_option(stria_nbd::proto::opt::SET_META_CONTEXT, &common::meta_data("ro", &["base:allocation"]))
-        .await;
+    c.send_option(
+        stria_nbd::proto::opt::SET_META_CONTEXT,
+        &crate::common::meta_data("ro", &["base:allocation"]),
+    )
+    .await;
     c.read_option_replies().await;
-    c.send_option(stria_nbd::proto::opt::GO, &common::info_data("disk", &[])).await;
+    c.send_option(stria_nbd::proto::opt::GO, &crate::common::info_data("disk", &[])).await;
     c.read_option_replies().await;
     c.send_request(cmd::BLOCK_STATUS, 0, 1, 0, 4096, &[]).await;
     assert_eq!(c.read_reply().await.error(), EINVAL);

@@ -11,7 +11,7 @@ mod common;
 
 use std::cell::RefCell;
 
-use common::*;
+use crate::common::*;
 use rand::Rng;
 use stria_dev::{IoBytes, PowerSwitch};
 

@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use common::*;
+use crate::common::*;
 use stria_dev::{IoBytes, PowerSwitch};
 
 #[tokio::test]
