@@ -136,7 +136,7 @@ impl CacheLog {
     pub(crate) fn claim(&self, pos: u64, blockset: u32, index: u16) {
         let mut s = self.state.lock();
         let slot = &mut s.slots[(pos % self.ring) as usize];
-        debug_assert_eq!(*slot, Slot::Reserved, "claiming position {pos}");
+        assert_eq!(*slot, Slot::Reserved, "cache log: claiming position {pos} that is not reserved");
         *slot = Slot::Live(blockset, index);
     }
 
@@ -145,8 +145,16 @@ impl CacheLog {
         let mut s = self.state.lock();
         let mut any = false;
         for pos in positions {
-            debug_assert!(pos >= s.tail && pos < s.head, "releasing {pos} outside [{}, {})", s.tail, s.head);
-            s.slots[(pos % self.ring) as usize] = Slot::Free;
+            assert!(
+                pos >= s.tail && pos < s.head,
+                "cache log: releasing {pos} outside [{}, {})",
+                s.tail,
+                s.head
+            );
+            let slot = &mut s.slots[(pos % self.ring) as usize];
+            // A position released twice could be handed out while a record still points to it.
+            assert_ne!(*slot, Slot::Free, "cache log: position {pos} released twice");
+            *slot = Slot::Free;
             any = true;
         }
         if !any {

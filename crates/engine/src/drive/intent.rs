@@ -140,7 +140,9 @@ impl IntentMap {
         let epoch = self.epoch.load(SeqCst);
         for r in Self::regions(first_block, count) {
             self.last_write_epoch[r as usize].fetch_max(epoch, SeqCst);
-            self.inflight[r as usize].fetch_sub(1, SeqCst);
+            let before = self.inflight[r as usize].fetch_sub(1, SeqCst);
+            // An end without its begin would let the bit be cleared under a write in flight.
+            assert!(before > 0, "intent region {r}: write ended twice or never began");
         }
     }
 

@@ -394,9 +394,20 @@ impl Journal {
         let _writer = self.writer.lock().await;
         let next_offset = {
             let ring = self.ring.lock();
-            if seq < ring.checkpoint_seq
-                || (seq == ring.checkpoint_seq && txn_watermark <= ring.txn_watermark)
-            {
+            // Checkpoints are taken under the pool's flush lock, in order: going back would
+            // make recovery replay records over newer data.
+            assert!(
+                seq >= ring.checkpoint_seq && txn_watermark >= ring.txn_watermark,
+                "journal checkpoint going back: seq {} -> {seq}, watermark {} -> {txn_watermark}",
+                ring.checkpoint_seq,
+                ring.txn_watermark
+            );
+            assert!(
+                seq < ring.next_seq,
+                "journal checkpoint {seq} past the last record {}",
+                ring.next_seq - 1
+            );
+            if seq == ring.checkpoint_seq && txn_watermark == ring.txn_watermark {
                 return Ok(());
             }
             ring.live.iter().find(|l| l.0 > seq).map_or(ring.head, |l| l.1)

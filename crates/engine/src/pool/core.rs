@@ -37,6 +37,8 @@ pub(crate) struct PoolCore<D: BlockDevice> {
     /// The newest generation confirmed on every drive active in it (see
     /// `Superblock::committed_generation`); written into superblocks by later commits.
     committed_high: AtomicU64,
+    /// The highest transaction watermark a flush has used (it may only grow).
+    watermark_high: AtomicU64,
     /// Serialises take-commit-settle of the drives' pending error counters (pool/errors.rs), so
     /// that no delta is committed twice.
     pub(super) error_commit: tokio::sync::Mutex<()>,
@@ -70,6 +72,7 @@ impl<D: BlockDevice> PoolCore<D> {
             ops: OpGate::default(),
             generation_high: AtomicU64::new(0),
             committed_high: AtomicU64::new(committed_generation),
+            watermark_high: AtomicU64::new(0),
             error_commit: tokio::sync::Mutex::new(()),
             publish: parking_lot::Mutex::new(()),
         }
@@ -117,7 +120,10 @@ impl<D: BlockDevice> PoolCore<D> {
     /// The transaction is applied in place on every drive (or abandoned before any in-place
     /// write).
     pub(crate) fn txn_done(&self, id: u64) {
-        self.unapplied_txns.lock().remove(&id);
+        let removed = self.unapplied_txns.lock().remove(&id);
+        // A transaction completed twice (or never started) would let the watermark pass one
+        // still being applied, and recovery would skip its replay.
+        assert!(removed, "stripe transaction {id} completed twice or never started");
     }
 
     /// Every transaction with an id up to this is applied.
@@ -360,6 +366,12 @@ impl<D: BlockDevice> PoolCore<D> {
         // Taken before the drives are flushed: every transaction up to the watermark was applied
         // in place before this point, so after phase 1 it is durable everywhere.
         let watermark = self.txn_watermark();
+        let before = self.watermark_high.fetch_max(watermark, Ordering::SeqCst);
+        assert!(
+            watermark >= before,
+            "transaction watermark went back from {before} to {watermark}: a journal checkpoint would release \
+             records of transactions not yet applied"
+        );
         let candidates: Vec<u64> = live.iter().map(|d| d.journal.checkpoint_candidate(watermark)).collect();
         let flushed = join_all(live.iter().map(|d| d.flush())).await;
         let mut failed = Vec::new();
