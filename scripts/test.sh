@@ -47,6 +47,9 @@ step "real clients against stria serve"
 cargo build --release --locked -p stria
 tests/clients/run.sh target/release/stria
 
+step "an old copy of a drive put back is left out (ec:4+2, tiered), then rebuilt in place"
+tests/clients/stale_drive.sh target/release/stria
+
 step "crash loop: kill -9 of stria serve under a verifying client, every layout and scenario (2 rounds each)"
 # The long run (tests/crash/run.sh target/release/stria --rounds 200) is quoted in the notes.
 tests/crash/run.sh target/release/stria --rounds 2 --jobs 2
