@@ -154,3 +154,34 @@ async fn replacing_failed_drives_rebuilds_full_redundancy() {
         assert_eq!(report.parity_blocks_fixed, 0, "{layout}: {report:?}");
     }
 }
+
+/// `drive fail` takes effect at once: from the moment the call returns, no read or write of any
+/// layout touches the failed drive (nothing read from it earlier is served again), and the data
+/// still reads back from the others.
+#[tokio::test]
+async fn a_failed_drive_is_not_touched_after_the_fail_returns() {
+    use stria_dev::BlockDevice;
+    for (layout, n) in layouts().into_iter().filter(|(l, _)| l.tolerance() > 0) {
+        let switch = PowerSwitch::new();
+        let devs = drives(n, &switch, 90);
+        let pool = create_pool(&devs).await;
+        let vol = pool.create_volume(spec("v", VOLUME_BYTES, layout, CHUNK)).await.unwrap();
+        let mut model = Model::new(VOLUME_BYTES as usize);
+        let mut rng = rng(9);
+        write(&vol, &mut model, 0, random_bytes(&mut rng, VOLUME_BYTES as usize)).await;
+        check(&vol, &model).await;
+        pool.fail_drive(1, "test").await.unwrap();
+        let before = devs[1].counters().snapshot();
+        check(&vol, &model).await;
+        write(&vol, &mut model, 4096, random_bytes(&mut rng, 256 << 10)).await;
+        vol.flush().await.unwrap();
+        check(&vol, &model).await;
+        let after = devs[1].counters().snapshot().since(&before);
+        assert_eq!(
+            (after.read_ops, after.write_ops, after.flush_ops),
+            (0, 0, 0),
+            "{layout}: the failed drive was used after the fail returned"
+        );
+        assert_eq!(vol.state(), VolumeState::Degraded);
+    }
+}
