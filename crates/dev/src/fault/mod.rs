@@ -293,10 +293,17 @@ impl FaultDevice {
                 Power::Off => return Err(FaultKind::PoweredOffRequest),
                 Power::CutNow => {
                     state.op_index += 1;
-                    if let Some(data) = write
-                        && state.rng.random_bool(0.5)
-                    {
-                        state.versions.write(&self.mem, offset_bytes, data, false);
+                    // The write under the cut lands whole, not at all, or torn: each of its
+                    // blocks independently (a multi-block write is not atomic on a real drive).
+                    if let Some(data) = write {
+                        let torn = data.len() > BLOCK && state.rng.random_bool(0.3);
+                        let whole = state.rng.random_bool(0.5);
+                        for (i, block) in data.chunks_exact(BLOCK).enumerate() {
+                            if (torn && state.rng.random_bool(0.5)) || (!torn && whole) {
+                                let at = offset_bytes + (i * BLOCK) as u64;
+                                state.versions.write(&self.mem, at, block, false);
+                            }
+                        }
                     }
                     return Err(FaultKind::PowerCut);
                 }

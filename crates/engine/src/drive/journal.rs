@@ -99,6 +99,9 @@ struct RingState {
     checkpoint_seq: u64,
     /// Watermark written with the last checkpoint.
     txn_watermark: u64,
+    /// The session epoch (format §5): every record carries it, and a scan accepts only records
+    /// of the header's epoch.
+    epoch: u64,
 }
 
 /// The journal of one drive.
@@ -119,10 +122,10 @@ impl std::fmt::Debug for Journal {
 impl Journal {
     /// An empty journal over the area at `offset_bytes` of `len_bytes`.
     pub(crate) fn new(offset_bytes: u64, len_bytes: u64) -> Journal {
-        Journal::with_state(offset_bytes, len_bytes, 0, 0)
+        Journal::with_state(offset_bytes, len_bytes, 0, 0, 0)
     }
 
-    fn with_state(offset_bytes: u64, len_bytes: u64, checkpoint_seq: u64, head: u64) -> Journal {
+    fn with_state(offset_bytes: u64, len_bytes: u64, checkpoint_seq: u64, head: u64, epoch: u64) -> Journal {
         Journal {
             offset_bytes,
             ring_blocks: len_bytes / BLOCK - HEADER_COPIES,
@@ -135,24 +138,31 @@ impl Journal {
                 used: 0,
                 checkpoint_seq,
                 txn_watermark: 0,
+                epoch,
             }),
         }
     }
 
     /// Encoded header block.
-    fn encode_header(checkpoint_seq: u64, next_offset_blocks: u64, txn_watermark: u64) -> Vec<u8> {
+    fn encode_header(
+        checkpoint_seq: u64,
+        next_offset_blocks: u64,
+        txn_watermark: u64,
+        epoch: u64,
+    ) -> Vec<u8> {
         let mut block = vec![0u8; BLOCK as usize];
         block[..8].copy_from_slice(HEADER_MAGIC);
         block[8..16].copy_from_slice(&checkpoint_seq.to_le_bytes());
         block[16..24].copy_from_slice(&next_offset_blocks.to_le_bytes());
         block[24..32].copy_from_slice(&txn_watermark.to_le_bytes());
+        block[32..40].copy_from_slice(&epoch.to_le_bytes());
         seal_crc(&mut block);
         block
     }
 
     /// Writes a fresh, empty journal (at pool creation).
     pub(crate) async fn format<D: BlockDevice>(dev: &D, offset_bytes: u64) -> Result<(), DevError> {
-        let header = IoBytes::copy_from(&Self::encode_header(0, 0, 0));
+        let header = IoBytes::copy_from(&Self::encode_header(0, 0, 0, 0));
         for copy in 0..HEADER_COPIES {
             dev.write(offset_bytes + copy * BLOCK, header.clone(), true).await?;
         }
@@ -168,7 +178,7 @@ impl Journal {
         offset_bytes: u64,
         len_bytes: u64,
     ) -> Result<(Journal, Vec<RecoveredPiece>, u64), DevError> {
-        let mut best: Option<(u64, u64, u64)> = None;
+        let mut best: Option<(u64, u64, u64, u64)> = None;
         for copy in 0..HEADER_COPIES {
             let buf = dev.read(offset_bytes + copy * BLOCK, IoBuf::zeroed(BLOCK as usize)).await?;
             if &buf[..8] == HEADER_MAGIC
@@ -177,15 +187,18 @@ impl Journal {
                 let seq = u64::from_le_bytes(buf[8..16].try_into().expect("8"));
                 let pos = u64::from_le_bytes(buf[16..24].try_into().expect("8"));
                 let watermark = u64::from_le_bytes(buf[24..32].try_into().expect("8"));
-                if best.is_none_or(|(s, _, _)| seq > s) {
-                    best = Some((seq, pos, watermark));
+                let epoch = u64::from_le_bytes(buf[32..40].try_into().expect("8"));
+                // Equal checkpoints: the newer session's copy (a crash between the two copies of
+                // `begin_session`).
+                if best.is_none_or(|(s, _, _, e)| (seq, epoch) > (s, e)) {
+                    best = Some((seq, pos, watermark, epoch));
                 }
             }
         }
         let ring_blocks = len_bytes / BLOCK - HEADER_COPIES;
-        let (checkpoint_seq, start, txn_watermark) = best.unwrap_or_else(|| {
+        let (checkpoint_seq, start, txn_watermark, epoch) = best.unwrap_or_else(|| {
             tracing::warn!(device = dev.name(), "journal header unreadable; treating the journal as empty");
-            (0, 0, 0)
+            (0, 0, 0, 0)
         });
         let start = if start < ring_blocks { start } else { 0 };
 
@@ -197,7 +210,7 @@ impl Journal {
         while scanned < ring_blocks {
             let header =
                 dev.read(offset_bytes + (HEADER_COPIES + pos) * BLOCK, IoBuf::zeroed(BLOCK as usize)).await?;
-            let Some(rec) = decode_record_header(&header, expect) else { break };
+            let Some(rec) = decode_record_header(&header, expect, epoch) else { break };
             if rec.len_blocks == 0 {
                 // Pad: the rest of the ring is unused; continue at the start.
                 live.push_back((expect, pos, ring_blocks - pos, 0));
@@ -240,9 +253,10 @@ impl Journal {
         }
         // The records found stay live until recovery has replayed them and a flush checkpoints
         // them, which rewrites the header; until then a crash finds them again.
-        let journal = Journal::with_state(offset_bytes, len_bytes, checkpoint_seq, pos);
+        let journal = Journal::with_state(offset_bytes, len_bytes, checkpoint_seq, pos, epoch);
         {
             let mut ring = journal.ring.lock();
+            ring.txn_watermark = txn_watermark;
             ring.next_seq = expect;
             ring.used = live.iter().map(|l| l.2).sum();
             ring.live = live;
@@ -328,7 +342,7 @@ impl Journal {
                     let seq = ring.next_seq;
                     ring.next_seq += 1;
                     let head = ring.head;
-                    push_write(&mut writes, head, encode_pad(seq));
+                    push_write(&mut writes, head, encode_pad(seq, ring.epoch));
                     ring.live.push_back((seq, head, pad, 0));
                     ring.used += pad;
                     ring.head = 0;
@@ -336,7 +350,7 @@ impl Journal {
                 let seq = ring.next_seq;
                 ring.next_seq += 1;
                 let pos = ring.head;
-                let mut bytes = encode_record_header(seq, &p.piece);
+                let mut bytes = encode_record_header(seq, ring.epoch, &p.piece);
                 bytes.extend_from_slice(&p.piece.data);
                 push_write(&mut writes, pos, bytes);
                 ring.live.push_back((seq, pos, blocks, p.piece.txn_id));
@@ -392,7 +406,7 @@ impl Journal {
         txn_watermark: u64,
     ) -> Result<(), DevError> {
         let _writer = self.writer.lock().await;
-        let next_offset = {
+        let (next_offset, epoch) = {
             let ring = self.ring.lock();
             // Checkpoints are taken under the pool's flush lock, in order: going back would
             // make recovery replay records over newer data.
@@ -410,9 +424,9 @@ impl Journal {
             if seq == ring.checkpoint_seq && txn_watermark == ring.txn_watermark {
                 return Ok(());
             }
-            ring.live.iter().find(|l| l.0 > seq).map_or(ring.head, |l| l.1)
+            (ring.live.iter().find(|l| l.0 > seq).map_or(ring.head, |l| l.1), ring.epoch)
         };
-        let header = IoBytes::copy_from(&Self::encode_header(seq, next_offset, txn_watermark));
+        let header = IoBytes::copy_from(&Self::encode_header(seq, next_offset, txn_watermark, epoch));
         for copy in 0..HEADER_COPIES {
             dev.write(self.offset_bytes + copy * BLOCK, header.clone(), true).await?;
         }
@@ -423,6 +437,31 @@ impl Journal {
         }
         ring.checkpoint_seq = seq;
         ring.txn_watermark = txn_watermark;
+        Ok(())
+    }
+
+    /// Starts a new session once recovery has checkpointed every record found at open: rewrites
+    /// the header with the next epoch, so that records the previous session left in the ring
+    /// beyond its last valid one (a torn batch write) can never be taken for this session's
+    /// records, even where their sequence numbers and positions would fit. Until this header is
+    /// durable nothing is appended.
+    pub(crate) async fn begin_session<D: BlockDevice>(&self, dev: &D) -> Result<(), DevError> {
+        let _writer = self.writer.lock().await;
+        let (header, epoch) = {
+            let mut ring = self.ring.lock();
+            assert!(
+                ring.live.is_empty() && ring.checkpoint_seq + 1 == ring.next_seq,
+                "journal session started with {} records not checkpointed",
+                ring.live.len()
+            );
+            ring.epoch += 1;
+            (Self::encode_header(ring.checkpoint_seq, ring.head, ring.txn_watermark, ring.epoch), ring.epoch)
+        };
+        let header = IoBytes::copy_from(&header);
+        for copy in 0..HEADER_COPIES {
+            dev.write(self.offset_bytes + copy * BLOCK, header.clone(), true).await?;
+        }
+        tracing::debug!(epoch, "journal session started");
         Ok(())
     }
 
@@ -474,7 +513,7 @@ struct RecordHeader {
     crcs: Vec<u32>,
 }
 
-fn encode_record_header(seq: u64, piece: &JournalPiece) -> Vec<u8> {
+fn encode_record_header(seq: u64, epoch: u64, piece: &JournalPiece) -> Vec<u8> {
     let len_blocks = piece.data.len() as u64 / BLOCK;
     let mut block = vec![0u8; BLOCK as usize];
     block[..8].copy_from_slice(RECORD_MAGIC);
@@ -490,24 +529,31 @@ fn encode_record_header(seq: u64, piece: &JournalPiece) -> Vec<u8> {
     for (i, b) in piece.data.chunks_exact(BLOCK as usize).enumerate() {
         block[560 + 4 * i..564 + 4 * i].copy_from_slice(&block_crc(b).to_le_bytes());
     }
+    block[EPOCH_AT..EPOCH_AT + 8].copy_from_slice(&epoch.to_le_bytes());
     seal_crc(&mut block);
     block
 }
 
-fn encode_pad(seq: u64) -> Vec<u8> {
+/// Where a record header keeps its session epoch (after the largest CRC list).
+const EPOCH_AT: usize = 560 + 4 * MAX_RECORD_BLOCKS as usize;
+
+fn encode_pad(seq: u64, epoch: u64) -> Vec<u8> {
     let mut block = vec![0u8; BLOCK as usize];
     block[..8].copy_from_slice(RECORD_MAGIC);
     block[8..16].copy_from_slice(&seq.to_le_bytes());
+    block[EPOCH_AT..EPOCH_AT + 8].copy_from_slice(&epoch.to_le_bytes());
     seal_crc(&mut block);
     block
 }
 
-fn decode_record_header(block: &[u8], expect_seq: u64) -> Option<RecordHeader> {
+fn decode_record_header(block: &[u8], expect_seq: u64, epoch: u64) -> Option<RecordHeader> {
     if &block[..8] != RECORD_MAGIC || crc_of(block) != u32::from_le_bytes(block[4092..].try_into().ok()?) {
         return None;
     }
     let u64_at = |o: usize| u64::from_le_bytes(block[o..o + 8].try_into().expect("8 bytes"));
-    if u64_at(8) != expect_seq {
+    // A record of an earlier session (left beyond where that session's scan stopped, say by a
+    // torn batch write) never continues this one, even where its sequence number would fit.
+    if u64_at(8) != expect_seq || u64_at(EPOCH_AT) != epoch {
         return None;
     }
     let len_blocks = u64::from(u32::from_le_bytes(block[40..44].try_into().ok()?));
@@ -607,5 +653,36 @@ mod tests {
         dev.write_at(3 * 4096 + 17, &[0xee]);
         let (_, found, _) = Journal::open(&dev, 0, 1 << 20).await.unwrap();
         assert!(found.is_empty(), "a record after a damaged one is not trusted");
+    }
+
+    /// A torn batch write left record 3 in the ring without record 2 before it. The next session
+    /// writes a new record 2 of the same size at the same place; after a crash the old record 3
+    /// sits exactly where this session's record 3 would be, with the sequence number expected
+    /// there. It must not be taken for part of this session (its transaction may be an id the
+    /// new session reused, and replaying it would write old data).
+    #[tokio::test]
+    async fn a_record_left_by_an_earlier_session_never_continues_a_later_one() {
+        let dev = MemDevice::new("j", 1 << 20);
+        let errors = PendingErrors::default();
+        Journal::format(&dev, 0).await.unwrap();
+        let (j, _, _) = Journal::open(&dev, 0, 1 << 20).await.unwrap();
+        for t in 1..=3 {
+            j.append(&dev, piece(t, 1, t as u8), &errors).await.unwrap();
+        }
+        // Record 2 (ring blocks 2-3 = area blocks 4-5) never landed.
+        dev.write_at(4 * 4096, &[0u8; 8192]);
+        let (j, found, _) = Journal::open(&dev, 0, 1 << 20).await.unwrap();
+        assert_eq!(found.iter().map(|p| p.seq).collect::<Vec<_>>(), vec![1]);
+        // Recovery checkpoints what it found, then the new session starts.
+        j.checkpoint(&dev, 1, 1).await.unwrap();
+        j.begin_session(&dev).await.unwrap();
+        let s = j.append(&dev, piece(7, 1, 0x77), &errors).await.unwrap();
+        assert_eq!(s, 2, "the new session reuses sequence 2 at the same ring position");
+        let (_, found, _) = Journal::open(&dev, 0, 1 << 20).await.unwrap();
+        assert_eq!(
+            found.iter().map(|p| (p.seq, p.piece.txn_id)).collect::<Vec<_>>(),
+            vec![(2, 7)],
+            "the old record 3 was taken for this session's"
+        );
     }
 }

@@ -522,6 +522,15 @@ impl<D: BlockDevice> Drive<D> {
         self.count_write(self.journal.checkpoint(self.dev(), seq, txn_watermark).await)
     }
 
+    /// Starts this session's journal epoch (see `Journal::begin_session`), once every record
+    /// found at open is checkpointed.
+    pub(crate) async fn begin_journal_session(&self) -> Result<(), DevError> {
+        if self.is_missing() {
+            return Ok(());
+        }
+        self.count_write(self.journal.begin_session(self.dev()).await)
+    }
+
     /// Appends a piece to the journal (see `Journal::append`), counting a failed write.
     pub(crate) async fn journal_append(&self, piece: JournalPiece) -> Result<u64, AppendError> {
         self.journal.append(self.dev(), piece, &self.errors).await

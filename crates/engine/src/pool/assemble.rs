@@ -235,6 +235,14 @@ impl<D: BlockDevice> Pool<D> {
             pool.install_volume(rec)?;
         }
         pool.recovery = pool.recover(findings).await?;
+        // Every record found is applied and checkpointed now; a new journal epoch keeps this
+        // session's records apart from anything the last one left in the rings.
+        pool.core.flush_all().await?;
+        for d in pool.core.drives().iter().filter(|d| !d.is_failed()) {
+            if let Err(e) = d.begin_journal_session().await {
+                pool.core.fail_drive(d.slot(), format!("journal header write failed: {e}")).await?;
+            }
+        }
         Ok(pool)
     }
 }
