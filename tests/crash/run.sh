@@ -8,7 +8,7 @@
 #   --jobs J     scenarios run at once (default 2)
 #   --seed S     base seed (default: random; each scenario's seed is printed, so any failure can
 #                be replayed with crashloop.py --seed)
-#   --only P     only scenarios whose name contains P
+#   --only RE    only scenarios whose whole name matches the extended regex RE (e.g. 'raid0|ec42')
 # Exits non-zero if any scenario fails; prints one line per scenario and a summary table.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -52,7 +52,7 @@ trap 'rm -rf "$OUT"' EXIT
 i=0
 for s in "${SCENARIOS[@]}"; do
   name=${s%%|*}
-  [[ -z $ONLY || $name == *"$ONLY"* ]] || continue
+  [[ -z $ONLY || $name =~ ^($ONLY)$ ]] || continue
   i=$((i + 1))
   printf '%s\t%s\t%s\n' "$name" "$((SEED * 100 + i))" "${s#*|}"
 done >"$OUT/plan"
