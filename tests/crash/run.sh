@@ -74,9 +74,10 @@ run_one() {
 export -f run_one
 export ROOT STRIA ROUNDS OUT PY
 
+[ -s "$OUT/plan" ] || { echo "run.sh: no scenario matches --only '$ONLY'" >&2; exit 2; }
 echo "crash loop: $ROUNDS rounds per scenario, $JOBS at a time, base seed $SEED ($(wc -l <"$OUT/plan") scenarios)"
 status=0
-tr '\t' '\037' <"$OUT/plan" | xargs -P "$JOBS" -L 1 -d '\n' bash -c \
+tr '\t' '\037' <"$OUT/plan" | xargs -r -P "$JOBS" -L 1 -d '\n' bash -c \
   'IFS=$'"'"'\037'"'"' read -r n s a <<<"$0"; run_one "$n" "$s" "$a"' || status=1
 if [ $status = 0 ]; then echo "crash loop: every scenario passed"; else echo "crash loop: FAILED" >&2; fi
 exit $status
