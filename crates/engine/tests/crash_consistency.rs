@@ -12,80 +12,13 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
+use crate::common::workload::{BLOCKS, FuaMix, Tracker, VOLUME_BYTES, flusher, worker};
 use crate::common::*;
 use rand::Rng;
-use rand_chacha::ChaCha8Rng;
-use stria_dev::{IoBytes, PowerSwitch};
+use stria_dev::PowerSwitch;
 use stria_engine::{DriveClass, Layout, Pool, Volume};
 
-const VOLUME_BYTES: u64 = 1 << 20;
 const CHUNK: u64 = 16 << 10;
-const BLOCKS: usize = (VOLUME_BYTES / 4096) as usize;
-
-/// Every version each block has had, and which of them is known durable.
-struct Tracker {
-    versions: Vec<Vec<Vec<u8>>>,
-    /// Per block, per version: the completion sequence number of the write that made it.
-    completed: Vec<Vec<Option<u64>>>,
-    durable: Vec<usize>,
-    /// Per block, per version: how it was written (for failure messages).
-    how: Vec<Vec<String>>,
-    seq: u64,
-}
-
-impl Tracker {
-    fn new() -> Tracker {
-        Tracker {
-            versions: vec![vec![vec![0u8; 4096]]; BLOCKS],
-            completed: vec![vec![Some(0)]; BLOCKS],
-            durable: vec![0; BLOCKS],
-            how: vec![vec!["initial".into()]; BLOCKS],
-            seq: 1,
-        }
-    }
-
-    /// Records a write about to be issued; returns (block, version) pairs.
-    fn issue(&mut self, offset: u64, data: &[u8], how: &str) -> Vec<(usize, usize)> {
-        let first = (offset / 4096) as usize;
-        let last = ((offset + data.len() as u64 - 1) / 4096) as usize;
-        let mut out = Vec::new();
-        for b in first..=last {
-            let mut block = self.versions[b].last().expect("version 0").clone();
-            let start = (b * 4096).max(offset as usize);
-            let end = ((b + 1) * 4096).min(offset as usize + data.len());
-            block[start - b * 4096..end - b * 4096]
-                .copy_from_slice(&data[start - offset as usize..end - offset as usize]);
-            self.versions[b].push(block);
-            self.completed[b].push(None);
-            self.how[b].push(format!("{how} {offset}+{} issued at seq {}", data.len(), self.seq));
-            out.push((b, self.versions[b].len() - 1));
-        }
-        out
-    }
-
-    fn complete(&mut self, written: &[(usize, usize)], fua: bool) {
-        self.seq += 1;
-        for &(b, v) in written {
-            self.completed[b][v] = Some(self.seq);
-            self.how[b][v] += &format!(", completed at seq {}", self.seq);
-            if fua {
-                self.durable[b] = self.durable[b].max(v);
-            }
-        }
-    }
-
-    /// A flush that started at `start_seq` completed: writes completed before it are durable.
-    fn flushed(&mut self, start_seq: u64) {
-        for b in 0..BLOCKS {
-            for (v, c) in self.completed[b].iter().enumerate() {
-                if c.is_some_and(|c| c <= start_seq) && v > self.durable[b] {
-                    self.how[b][v] += &format!(", flushed by a flush started at seq {start_seq}");
-                    self.durable[b] = v;
-                }
-            }
-        }
-    }
-}
 
 #[derive(Clone, Copy, Debug)]
 enum Scenario {
@@ -101,64 +34,6 @@ fn layout_for(seed: u64) -> (Layout, usize) {
         2 => (Layout::Raid1 { copies: 2 }, 2),
         3 => (Layout::Raid10 { width: 2, copies: 2 }, 4),
         _ => (Layout::Raid0 { width: 3 }, 3),
-    }
-}
-
-/// Which blocks worker `w` (of 3) writes: worker 0 owns the first half (whole stripes); workers
-/// 1 and 2 share the second half in alternating 32 KiB pieces (so they share stripes).
-fn owned_range(rng: &mut ChaCha8Rng, w: usize) -> (u64, u64) {
-    let half = VOLUME_BYTES / 2;
-    if w == 0 {
-        let start = rng.random_range(0..half / 4096) * 4096;
-        let len = rng.random_range(1..=(half - start).min(160 << 10));
-        let start = if rng.random_bool(0.3) { start + rng.random_range(0..4096).min(len - 1) } else { start };
-        let len = len.min(half - start);
-        return (start, len.max(1));
-    }
-    let pieces = half / (32 << 10);
-    let p = (rng.random_range(0..pieces / 2) * 2 + (w as u64 - 1)) * (32 << 10) + half;
-    let o = rng.random_range(0..32 << 10);
-    let len = rng.random_range(1..=(32 << 10) - o);
-    (p + o, len)
-}
-
-async fn worker(vol: &Volume<Dev>, tracker: &RefCell<Tracker>, seed: u64, w: usize) {
-    let mut rng = rng(seed * 31 + w as u64);
-    for _ in 0..30 {
-        let (offset, len) = owned_range(&mut rng, w);
-        let roll = rng.random_range(0..10);
-        let data = if roll == 0 { vec![0u8; len as usize] } else { random_bytes(&mut rng, len as usize) };
-        let fua = roll == 1;
-        let how = match roll {
-            0 => "zero",
-            1 => "fua write",
-            _ => "write",
-        };
-        let written = tracker.borrow_mut().issue(offset, &data, &format!("worker {w} {how}"));
-        let result = if roll == 0 {
-            vol.write_zeroes(offset, len, false, false).await
-        } else {
-            vol.write(offset, IoBytes::copy_from(&data), fua).await
-        };
-        if result.is_err() {
-            return; // the power is off
-        }
-        tracker.borrow_mut().complete(&written, fua);
-        tokio::task::yield_now().await;
-    }
-}
-
-async fn flusher(vol: &Volume<Dev>, tracker: &RefCell<Tracker>, seed: u64) {
-    let mut rng = rng(seed * 7 + 3);
-    for _ in 0..12 {
-        for _ in 0..rng.random_range(1..8) {
-            tokio::task::yield_now().await;
-        }
-        let start = tracker.borrow().seq;
-        if vol.flush().await.is_err() {
-            return;
-        }
-        tracker.borrow_mut().flushed(start);
     }
 }
 
@@ -202,9 +77,9 @@ async fn run_seed(seed: u64) {
             }
         };
         tokio::join!(
-            worker(&vol, &tracker, seed, 0),
-            worker(&vol, &tracker, seed, 1),
-            worker(&vol, &tracker, seed, 2),
+            worker(&vol, &tracker, seed, 0, FuaMix::WritesOnly),
+            worker(&vol, &tracker, seed, 1, FuaMix::WritesOnly),
+            worker(&vol, &tracker, seed, 2, FuaMix::WritesOnly),
             flusher(&vol, &tracker, seed),
             rebuild
         );
@@ -244,19 +119,8 @@ async fn verify(vol: &Volume<Dev>, t: &Tracker, seed: u64, layout: Layout, scena
             .read(b as u64 * 4096, 4096)
             .await
             .unwrap_or_else(|e| panic!("seed {seed} ({layout}, {scenario:?}): block {b} unreadable: {e}"));
-        let allowed = &t.versions[b][t.durable[b]..];
-        if !allowed.iter().any(|v| v[..] == got[..]) {
-            let older = t.versions[b][..t.durable[b]].iter().position(|v| v[..] == got[..]);
-            panic!(
-                "seed {seed} ({layout}, {scenario:?}): block {b} holds {} (durable version {} of {}); history: {:#?}",
-                match older {
-                    Some(v) => format!("version {v}, older than the last durable one"),
-                    None => "data never written".into(),
-                },
-                t.durable[b],
-                t.versions[b].len() - 1,
-                t.how[b]
-            );
+        if !t.allowed(b).iter().any(|v| v[..] == got[..]) {
+            panic!("seed {seed} ({layout}, {scenario:?}): block {b} holds {}", t.describe(b, &got));
         }
     }
 }

@@ -27,88 +27,16 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
+use crate::common::workload::{BLOCKS, FuaMix, Tracker, VOLUME_BYTES, flusher, worker};
 use crate::common::*;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use stria_dev::{FaultConfig, FaultDevice, IoBytes, PowerSwitch};
+use stria_dev::{FaultConfig, FaultDevice, PowerSwitch};
 use stria_engine::{DriveClass, FoundDrive, Layout, Pool, Volume, VolumeState};
 
-const VOLUME_BYTES: u64 = 1 << 20;
 const CHUNK: u64 = 16 << 10;
-const BLOCKS: usize = (VOLUME_BYTES / 4096) as usize;
 /// Replacement drives a seed may add.
 const SPARES_MAX: usize = 2;
-
-/// Every version each block has had since the last boot, and which of them is durable.
-struct Tracker {
-    versions: Vec<Vec<Vec<u8>>>,
-    /// Per block, per version: the completion sequence number of the write that made it.
-    completed: Vec<Vec<Option<u64>>>,
-    durable: Vec<usize>,
-    seq: u64,
-}
-
-impl Tracker {
-    fn new() -> Tracker {
-        Tracker {
-            versions: vec![vec![vec![0u8; 4096]]; BLOCKS],
-            completed: vec![vec![Some(0)]; BLOCKS],
-            durable: vec![0; BLOCKS],
-            seq: 1,
-        }
-    }
-
-    /// Records a write about to be issued; returns its (block, version) pairs.
-    fn issue(&mut self, offset: u64, data: &[u8]) -> Vec<(usize, usize)> {
-        let first = (offset / 4096) as usize;
-        let last = ((offset + data.len() as u64 - 1) / 4096) as usize;
-        let mut out = Vec::new();
-        for b in first..=last {
-            let mut block = self.versions[b].last().expect("a version").clone();
-            let start = (b * 4096).max(offset as usize);
-            let end = ((b + 1) * 4096).min(offset as usize + data.len());
-            block[start - b * 4096..end - b * 4096]
-                .copy_from_slice(&data[start - offset as usize..end - offset as usize]);
-            self.versions[b].push(block);
-            self.completed[b].push(None);
-            out.push((b, self.versions[b].len() - 1));
-        }
-        out
-    }
-
-    fn complete(&mut self, written: &[(usize, usize)], durable: bool) {
-        self.seq += 1;
-        for &(b, v) in written {
-            self.completed[b][v] = Some(self.seq);
-            if durable {
-                self.durable[b] = self.durable[b].max(v);
-            }
-        }
-    }
-
-    /// A flush that started at `start_seq` completed: writes completed before it are durable.
-    fn flushed(&mut self, start_seq: u64) {
-        for b in 0..BLOCKS {
-            for (v, c) in self.completed[b].iter().enumerate() {
-                if c.is_some_and(|c| c <= start_seq) && v > self.durable[b] {
-                    self.durable[b] = v;
-                }
-            }
-        }
-    }
-
-    /// The versions block `b` may read back as.
-    fn allowed(&self, b: usize) -> &[Vec<u8>] {
-        &self.versions[b][self.durable[b]..]
-    }
-
-    /// After a verified boot, what was read is the only version: recovery made it durable.
-    fn settle(&mut self, b: usize, observed: Vec<u8>) {
-        self.versions[b] = vec![observed];
-        self.completed[b] = vec![Some(0)];
-        self.durable[b] = 0;
-    }
-}
 
 /// How a cycle ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -325,59 +253,6 @@ fn count(c: &std::sync::atomic::AtomicU64) {
 fn dev_path(dev: &Dev) -> String {
     use stria_dev::BlockDevice;
     dev.name().to_string()
-}
-
-async fn worker(vol: &Volume<Dev>, tracker: &RefCell<Tracker>, seed: u64, w: usize) {
-    let mut rng = rng(seed * 31 + w as u64);
-    for _ in 0..30 {
-        let (offset, len) = owned_range(&mut rng, w);
-        let roll = rng.random_range(0..10);
-        let data = if roll == 0 { vec![0u8; len as usize] } else { random_bytes(&mut rng, len as usize) };
-        let fua = roll <= 1;
-        let written = tracker.borrow_mut().issue(offset, &data);
-        let result = if roll == 0 {
-            vol.write_zeroes(offset, len, fua, false).await
-        } else {
-            vol.write(offset, IoBytes::copy_from(&data), fua).await
-        };
-        if result.is_err() {
-            return; // the power is off, the pool closed, or the volume failed
-        }
-        tracker.borrow_mut().complete(&written, fua);
-        tokio::task::yield_now().await;
-    }
-}
-
-/// Which blocks worker `w` (of 3) writes: worker 0 owns the first half; workers 1 and 2 share
-/// the second half in alternating 32 KiB pieces (so they share stripes).
-fn owned_range(rng: &mut ChaCha8Rng, w: usize) -> (u64, u64) {
-    let half = VOLUME_BYTES / 2;
-    if w == 0 {
-        let start = rng.random_range(0..half / 4096) * 4096;
-        let len = rng.random_range(1..=(half - start).min(160 << 10));
-        let start = if rng.random_bool(0.3) { start + rng.random_range(0..4096).min(len - 1) } else { start };
-        let len = len.min(half - start);
-        return (start, len.max(1));
-    }
-    let pieces = half / (32 << 10);
-    let p = (rng.random_range(0..pieces / 2) * 2 + (w as u64 - 1)) * (32 << 10) + half;
-    let o = rng.random_range(0..32 << 10);
-    let len = rng.random_range(1..=(32 << 10) - o);
-    (p + o, len)
-}
-
-async fn flusher(vol: &Volume<Dev>, tracker: &RefCell<Tracker>, seed: u64) {
-    let mut rng = rng(seed * 7 + 3);
-    for _ in 0..12 {
-        for _ in 0..rng.random_range(1..8) {
-            tokio::task::yield_now().await;
-        }
-        let start = tracker.borrow().seq;
-        if vol.flush().await.is_err() {
-            return;
-        }
-        tracker.borrow_mut().flushed(start);
-    }
 }
 
 async fn maintenance(pool: &Pool<Dev>, task: Maintenance, victim: Option<u32>) {
@@ -658,9 +533,9 @@ async fn work(world: &mut World, pool: &Pool<Dev>, vol: &Volume<Dev>, task: Main
         }
     };
     let (_, _, _, _, _, closed) = tokio::join!(
-        worker(vol, &tracker, seed, 0),
-        worker(vol, &tracker, seed, 1),
-        worker(vol, &tracker, seed, 2),
+        worker(vol, &tracker, seed, 0, FuaMix::WritesAndZeroing),
+        worker(vol, &tracker, seed, 1, FuaMix::WritesAndZeroing),
+        worker(vol, &tracker, seed, 2, FuaMix::WritesAndZeroing),
         flusher(vol, &tracker, seed),
         maintenance(pool, task, victim),
         closer

@@ -223,12 +223,7 @@ impl<D: BlockDevice> PoolCore<D> {
     /// Also returns the drives whose write failed.
     async fn commit(&self, prev: &PoolMeta, meta: &PoolMeta) -> (Result<(), EngineError>, Vec<u32>) {
         let committed = self.committed_high.load(Ordering::SeqCst);
-        let drives = self.drives();
-        let targets: Vec<&Arc<Drive<D>>> = drives
-            .iter()
-            .filter(|d| !d.is_failed())
-            .filter(|d| meta.drive(d.slot()).is_some_and(|r| r.state != DriveState::Failed))
-            .collect();
+        let targets = self.commit_targets(meta);
         let writes = targets.iter().map(|d| async move {
             d.write_metadata(meta).await?;
             d.write_superblock(meta.generation, committed).await?;
@@ -268,6 +263,16 @@ impl<D: BlockDevice> PoolCore<D> {
         (Ok(()), dead)
     }
 
+    /// The drives a commit of `meta` writes: open, not failed, and active in `meta`.
+    fn commit_targets(&self, meta: &PoolMeta) -> Vec<Arc<Drive<D>>> {
+        self.drives()
+            .iter()
+            .filter(|d| !d.is_failed())
+            .filter(|d| meta.drive(d.slot()).is_some_and(|r| r.state != DriveState::Failed))
+            .cloned()
+            .collect()
+    }
+
     /// After generation `meta.generation` reached every drive active in it: records that on
     /// those drives (their superblocks' `committed_generation`). From then on a drive whose
     /// superblock is older than this generation can only be an old copy, and assembly keeps it
@@ -275,12 +280,7 @@ impl<D: BlockDevice> PoolCore<D> {
     /// memory, like one that cannot take a commit; the rest keep theirs.
     async fn confirm(&self, meta: &PoolMeta) {
         let g = meta.generation;
-        let drives = self.drives();
-        let targets: Vec<&Arc<Drive<D>>> = drives
-            .iter()
-            .filter(|d| !d.is_failed())
-            .filter(|d| meta.drive(d.slot()).is_some_and(|r| r.state != DriveState::Failed))
-            .collect();
+        let targets = self.commit_targets(meta);
         let results = join_all(targets.iter().map(|d| d.write_superblock(g, g))).await;
         for (d, r) in targets.iter().zip(results) {
             if let Err(e) = r {

@@ -11,6 +11,8 @@ use stria_engine::{
     DriveClass, EngineError, FoundDrive, Layout, NewDrive, Pool, Volume, VolumeError, VolumeRole, VolumeSpec,
 };
 
+pub mod workload;
+
 pub type Dev = Arc<FaultDevice>;
 
 /// Size of each test drive: small, so that everything stays in memory and fast.
