@@ -136,7 +136,7 @@ impl CacheLog {
     pub(crate) fn claim(&self, pos: u64, blockset: u32, index: u16) {
         let mut s = self.state.lock();
         let slot = &mut s.slots[(pos % self.ring) as usize];
-        debug_assert_eq!(*slot, Slot::Reserved, "claiming position {pos}");
+        assert_eq!(*slot, Slot::Reserved, "claiming position {pos}");
         *slot = Slot::Live(blockset, index);
     }
 
@@ -145,8 +145,12 @@ impl CacheLog {
         let mut s = self.state.lock();
         let mut any = false;
         for pos in positions {
-            debug_assert!(pos >= s.tail && pos < s.head, "releasing {pos} outside [{}, {})", s.tail, s.head);
-            s.slots[(pos % self.ring) as usize] = Slot::Free;
+            // Always checked: releasing a position twice would let the tail pass a live block,
+            // whose data the next writer then overwrites.
+            assert!(pos >= s.tail && pos < s.head, "releasing {pos} outside [{}, {})", s.tail, s.head);
+            let slot = &mut s.slots[(pos % self.ring) as usize];
+            assert_ne!(*slot, Slot::Free, "releasing {pos} twice");
+            *slot = Slot::Free;
             any = true;
         }
         if !any {
@@ -222,6 +226,24 @@ mod tests {
         assert_eq!(log.used(), 4);
         log.fail_waiters("drives gone".into());
         assert_eq!(log.reserve(1).await, Err("drives gone".into()));
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "releasing 1 twice")]
+    async fn releasing_a_free_position_is_a_bug() {
+        let log = CacheLog::new(8);
+        log.reserve(2).await.unwrap();
+        log.release([1]);
+        log.release([1]);
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "releasing 0 outside [2, 2)")]
+    async fn releasing_a_position_the_tail_passed_is_a_bug() {
+        let log = CacheLog::new(8);
+        log.reserve(2).await.unwrap();
+        log.release([0, 1]);
+        log.release([0]);
     }
 
     #[test]
