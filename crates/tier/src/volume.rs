@@ -244,7 +244,7 @@ impl<D: BlockDevice> TieredVolume<D> {
         let why = format!("the metadata record of blockset {bs} could not be written ({e})");
         tracing::error!(volume = %self.name, "{why}; the tiered volume takes no more writes until it is reopened");
         self.write_failure.lock().get_or_insert(why.clone());
-        self.log.fail_waiters(why);
+        self.log.shut(why);
         self.log.hungry.notify_one();
     }
 
@@ -758,7 +758,7 @@ impl<D: BlockDevice> TieredVolume<D> {
     /// stops after its current batch.
     pub fn stop(&self) {
         self.closed.store(true, Relaxed);
-        self.log.fail_waiters(format!("volume {} is closed", self.name));
+        self.log.shut(format!("volume {} is closed", self.name));
         self.log.hungry.notify_one();
     }
 }
