@@ -18,7 +18,7 @@ pub(crate) async fn destage_loop<D: BlockDevice>(vol: Weak<TieredVolume<D>>) {
     let mut draining = false;
     loop {
         let Some(v) = vol.upgrade() else { return };
-        if v.closed.load(Relaxed) {
+        if v.closed.load(Relaxed) || v.write_failure.lock().is_some() {
             return;
         }
         let (wanted, still_draining) = v.destage_wanted(draining);
@@ -108,6 +108,7 @@ impl<D: BlockDevice> TieredVolume<D> {
 
     /// Destages one batch; returns how many blocksets were written to the capacity tier.
     pub(crate) async fn destage_batch(&self) -> Result<usize, VolumeError> {
+        self.check_writable(0, self.size_bytes)?;
         let batch = self.params().batch_blocksets.max(1) as usize;
         let mut sets: Vec<u32> = self.log.oldest_blocksets(batch);
         if sets.len() < batch {

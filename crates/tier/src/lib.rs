@@ -272,6 +272,7 @@ pub async fn open<D: BlockDevice>(
         started: Instant::now(),
         last_write_ms: AtomicU64::new(0),
         closed: AtomicBool::new(false),
+        write_failure: Mutex::new(None),
         destaging: tokio::sync::Mutex::new(()),
     });
     destage::spawn(&vol);

@@ -23,9 +23,13 @@ struct State {
     tail: u64,
     slots: Vec<Slot>,
     waiting: usize,
-    /// Set while destage cannot free space (its last attempt failed), or after close: waiting
-    /// writers get an error instead of waiting forever.
+    /// Set while destage cannot free space (its last attempt failed): waiting writers get an
+    /// error instead of waiting forever. Cleared when destage works again.
     failed: Option<String>,
+    /// Set for good when the volume closes or stops taking writes: every reservation fails.
+    /// Kept apart from `failed` so that a destage batch finishing after the close cannot clear
+    /// it (a writer then waited for space that no destager would ever free).
+    shut: Option<String>,
 }
 
 /// The cache log of one tiered volume.
@@ -50,6 +54,7 @@ impl CacheLog {
                 slots: vec![Slot::Free; usize::try_from(ring).expect("ring fits")],
                 waiting: 0,
                 failed: None,
+                shut: None,
             }),
             space: Notify::new(),
             hungry: Notify::new(),
@@ -102,6 +107,9 @@ impl CacheLog {
             let notified = self.space.notified();
             {
                 let mut s = self.state.lock();
+                if let Some(why) = &s.shut {
+                    return Err(why.clone());
+                }
                 if s.head + n - s.tail <= self.ring {
                     let start = s.head;
                     for p in start..start + n {
@@ -121,9 +129,16 @@ impl CacheLog {
         }
     }
 
-    /// Destage cannot free space (or the volume closed): fail the writers waiting for it.
+    /// Destage cannot free space: fail the writers waiting for it.
     pub(crate) fn fail_waiters(&self, why: String) {
         self.state.lock().failed = Some(why);
+        self.space.notify_waiters();
+    }
+
+    /// No space will ever come (the volume closed, or takes no more writes): fail the writers
+    /// waiting for it and every later reservation.
+    pub(crate) fn shut(&self, why: String) {
+        self.state.lock().shut.get_or_insert(why);
         self.space.notify_waiters();
     }
 
@@ -230,6 +245,42 @@ mod tests {
         assert_eq!(log.used(), 4);
         log.fail_waiters("drives gone".into());
         assert_eq!(log.reserve(1).await, Err("drives gone".into()));
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "position 1 released twice")]
+    async fn releasing_a_free_position_is_a_bug() {
+        let log = CacheLog::new(8);
+        log.reserve(2).await.unwrap();
+        log.release([1]);
+        log.release([1]);
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "releasing 0 outside [2, 2)")]
+    async fn releasing_a_position_the_tail_passed_is_a_bug() {
+        let log = CacheLog::new(8);
+        log.reserve(2).await.unwrap();
+        log.release([0, 1]);
+        log.release([0]);
+    }
+
+    #[tokio::test]
+    async fn a_shut_log_stays_shut_when_destage_works_again() {
+        let log = std::sync::Arc::new(CacheLog::new(4));
+        log.reserve(4).await.unwrap();
+        let waiter = {
+            let log = log.clone();
+            tokio::spawn(async move { log.reserve(2).await })
+        };
+        tokio::task::yield_now().await;
+        assert_eq!(log.waiting(), 1);
+        log.shut("volume closed".into());
+        // A destage batch that was running at the close finishes well: the close still holds.
+        log.clear_failure();
+        assert_eq!(waiter.await.unwrap(), Err("volume closed".into()));
+        log.release([0, 1]);
+        assert_eq!(log.reserve(1).await, Err("volume closed".into()), "even with space");
     }
 
     #[test]

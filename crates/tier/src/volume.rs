@@ -84,6 +84,10 @@ pub struct TieredVolume<D: BlockDevice> {
     pub(crate) started: Instant,
     pub(crate) last_write_ms: AtomicU64,
     pub(crate) closed: AtomicBool,
+    /// Why the volume takes no more writes: a record page write failed, so that record's durable
+    /// version is unknown (the old one or the new one) until the volume is reopened. See
+    /// [`TieredVolume::record_write_failed`].
+    pub(crate) write_failure: Mutex<Option<String>>,
     /// Held by the destager while it runs a batch, so that [`TieredVolume::close`] can wait for
     /// the batch in progress (its capacity writes must finish before the pool's final flush).
     pub(crate) destaging: tokio::sync::Mutex<()>,
@@ -214,6 +218,34 @@ impl<D: BlockDevice> TieredVolume<D> {
             len_bytes: BLOCK,
             reason: reason.into(),
         }
+    }
+
+    /// Refuses writes (and destage) once a record page write failed.
+    pub(crate) fn check_writable(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
+        match &*self.write_failure.lock() {
+            None => Ok(()),
+            Some(why) => Err(VolumeError::Unrecoverable {
+                volume: self.name.clone(),
+                offset_bytes,
+                len_bytes,
+                reason: format!("the volume takes no writes until it is reopened: {why}"),
+            }),
+        }
+    }
+
+    /// A record page write failed: the blockset's durable record is the old version or the new
+    /// one, and which is unknown. Until the volume is reopened (recovery reads the records back),
+    /// nothing may rely on either: a destage from the in-memory record could overwrite capacity
+    /// data that the durable record still calls clean, and a position freed because one version
+    /// stopped pointing at it could be reused under the other. So the volume stops taking writes
+    /// and destaging; reads go on. (The engine fails a volume write only when it cannot persist
+    /// it at all: a failed part, a pool that refuses writes, a closed pool.)
+    fn record_write_failed(&self, bs: usize, e: &VolumeError) {
+        let why = format!("the metadata record of blockset {bs} could not be written ({e})");
+        tracing::error!(volume = %self.name, "{why}; the tiered volume takes no more writes until it is reopened");
+        self.write_failure.lock().get_or_insert(why.clone());
+        self.log.shut(why);
+        self.log.hungry.notify_one();
     }
 
     pub(crate) fn io_lock(&self, blockset: usize) -> &tokio::sync::Mutex<()> {
@@ -411,6 +443,7 @@ impl<D: BlockDevice> TieredVolume<D> {
     pub async fn write(&self, offset_bytes: u64, data: IoBytes, _fua: bool) -> Result<(), VolumeError> {
         let len = data.len() as u64;
         self.check_range(offset_bytes, len)?;
+        self.check_writable(offset_bytes, len)?;
         self.counters.host_write_ops.fetch_add(1, Relaxed);
         self.counters.host_write_bytes.fetch_add(len, Relaxed);
         self.last_write_ms.store(self.now_ms(), Relaxed);
@@ -478,12 +511,7 @@ impl<D: BlockDevice> TieredVolume<D> {
             len_bytes: n * BLOCK,
             reason: format!("the write cache is full and cannot be emptied: {why}"),
         })?;
-        let result = self.write_reserved(first, start, &data).await;
-        if result.is_err() {
-            // Nothing points to the reserved positions: free them.
-            self.log.release(start..start + n);
-        }
-        result
+        self.write_reserved(first, start, &data).await
     }
 
     async fn write_reserved(&self, first: u64, start: u64, data: &IoBytes) -> Result<(), VolumeError> {
@@ -497,11 +525,25 @@ impl<D: BlockDevice> TieredVolume<D> {
         if before_wrap < n {
             writes.push(self.cache.write(0, data.slice((before_wrap * BLOCK) as usize..data.len()), true));
         }
-        join_all_ok(writes).await?;
+        if let Err(e) = join_all_ok(writes).await {
+            // Nothing points to the reserved positions: free them.
+            self.log.release(start..start + n);
+            return Err(e);
+        }
         self.counters.cache_write_bytes.fetch_add(data.len() as u64, Relaxed);
         // 2. Records, durably, one blockset at a time.
         let crcs: Vec<u32> = data.chunks_exact(BLOCK_USIZE).map(block_crc).collect();
-        self.set_entries(first, n, |k| Entry { position: start + k, crc: crcs[k as usize] }).await
+        let entry = |k: u64| Entry { position: start + k, crc: crcs[k as usize] };
+        self.set_entries(first, n, entry).await.map_err(|(reached, e)| {
+            // Only the positions of the blocks after the failed blockset are pointed to by no
+            // record. The blocksets before it point at theirs durably (and destage or a newer
+            // write may already have freed them); the failed blockset's record may be durable
+            // too. Freeing all the reserved positions here freed positions that records pointed
+            // to: a double free, or a live cache block reused (crates/tier/tests/
+            // crash_during_destage.rs, sequence seed 25).
+            self.log.release(start + reached..start + n);
+            e
+        })
     }
 
     /// Applies `updates` (entry index, new entry) to blockset `bs`'s record, writes the record
@@ -534,6 +576,7 @@ impl<D: BlockDevice> TieredVolume<D> {
         bs: usize,
         change: impl FnOnce(&mut Record) -> Vec<u64>,
     ) -> Result<(), VolumeError> {
+        self.check_writable((bs * self.blockset_blocks) as u64 * BLOCK, self.blockset_bytes())?;
         let mut page = vec![0u8; PAGE_BYTES];
         let (freed, claimed) = {
             let mut rec = self.records[bs].lock();
@@ -557,7 +600,13 @@ impl<D: BlockDevice> TieredVolume<D> {
         for &(pos, i) in &claimed {
             self.log.claim(pos, u32::try_from(bs).expect("blockset index fits"), i);
         }
-        self.meta.write((1 + bs as u64) * BLOCK, IoBytes::copy_from(&page), true).await?;
+        if let Err(e) = self.meta.write((1 + bs as u64) * BLOCK, IoBytes::copy_from(&page), true).await {
+            // The page on disk is now the old record or the new one: keep the new one in memory
+            // (readers may see the unacknowledged data, as with any failed write) and free neither
+            // the old positions nor the new ones, since the durable record may point at either.
+            self.record_write_failed(bs, &e);
+            return Err(e);
+        }
         self.counters.metadata_page_writes.fetch_add(1, Relaxed);
         self.log.release(freed);
         Ok(())
@@ -604,8 +653,12 @@ impl<D: BlockDevice> TieredVolume<D> {
     }
 
     async fn zero_blocks(&self, first: u64, n: u64) -> Result<(), VolumeError> {
+        self.check_writable(first * BLOCK, n * BLOCK)?;
         self.last_write_ms.store(self.now_ms(), Relaxed);
-        let result = self.set_entries(first, n, |_| Entry { position: ZEROED, crc: ZERO_CRC }).await;
+        let result = self
+            .set_entries(first, n, |_| Entry { position: ZEROED, crc: ZERO_CRC })
+            .await
+            .map_err(|(_, e)| e);
         // After the records changed (see `zeroed_hint`): also after a failure, for the
         // blocksets it may have reached.
         let bsb = self.blockset_blocks as u64;
@@ -615,8 +668,15 @@ impl<D: BlockDevice> TieredVolume<D> {
     }
 
     /// Points the entries of blocks `first..first + n` at `entry(k)` (k = block - first),
-    /// writing each blockset's record durably in turn.
-    async fn set_entries(&self, first: u64, n: u64, entry: impl Fn(u64) -> Entry) -> Result<(), VolumeError> {
+    /// writing each blockset's record durably in turn. On failure, also returns how many blocks
+    /// (from `first`) the records may point to: those up to the end of the failed blockset; no
+    /// record points to the entries of the blocks after it.
+    async fn set_entries(
+        &self,
+        first: u64,
+        n: u64,
+        entry: impl Fn(u64) -> Entry,
+    ) -> Result<(), (u64, VolumeError)> {
         let bsb = self.blockset_blocks as u64;
         let mut b = first;
         while b < first + n {
@@ -624,7 +684,7 @@ impl<D: BlockDevice> TieredVolume<D> {
             let upto = ((bs as u64 + 1) * bsb).min(first + n);
             let updates: Vec<(usize, Entry)> =
                 (b..upto).map(|blk| ((blk % bsb) as usize, entry(blk - first))).collect();
-            self.update_record(bs, &updates).await?;
+            self.update_record(bs, &updates).await.map_err(|e| (upto - first, e))?;
             b = upto;
         }
         Ok(())
@@ -698,7 +758,7 @@ impl<D: BlockDevice> TieredVolume<D> {
     /// stops after its current batch.
     pub fn stop(&self) {
         self.closed.store(true, Relaxed);
-        self.log.fail_waiters(format!("volume {} is closed", self.name));
+        self.log.shut(format!("volume {} is closed", self.name));
         self.log.hungry.notify_one();
     }
 }

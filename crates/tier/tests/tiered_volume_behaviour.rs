@@ -1,9 +1,6 @@
 //! A tiered volume reads back what was written while destage moves data to the capacity tier,
 //! across reopening; writers wait (never fail) when the cache is full; the capacity tier sees
 //! only full-stripe writes; the write path costs one metadata page write per blockset touched.
-#![allow(clippy::cast_possible_truncation)]
-
-mod common;
 
 use std::sync::atomic::Ordering::Relaxed;
 

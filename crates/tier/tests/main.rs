@@ -1,0 +1,7 @@
+//! Every integration test of the tiered volume, in one test binary: each scenario file is a
+//! module (one link of the dependency graph instead of one per file).
+#![allow(clippy::cast_possible_truncation)] // 64-bit only, like the engine; test inputs are small
+
+mod common;
+mod crash_during_destage;
+mod tiered_volume_behaviour;
