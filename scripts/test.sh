@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 QUICK=${1:-}
 
-step() { printf '\n==== %s ====\n' "$*"; }
+step() { printf '\n==== %s (at %d s) ====\n' "$*" "$SECONDS"; }
 
 step "system packages"
 PKGS=(libnbd-bin qemu-utils fio nbdkit python3-libnbd python3-pytest e2fsprogs fuse3 util-linux openssl

@@ -149,15 +149,7 @@ async fn run_seed(seed: u64) {
             .unwrap_or_else(|e| panic!("seed {seed} (failed {failed:?}): block {b} unreadable: {e}"));
         let allowed = &t.versions[b][t.acked[b]..];
         if !allowed.iter().any(|v| v[..] == got[..]) {
-            let older = t.versions[b][..t.acked[b]].iter().position(|v| v[..] == got[..]);
-            panic!(
-                "seed {seed} (failed {failed:?}): block {b} holds {} (acknowledged version {} of {})",
-                older.map_or("data never written".to_string(), |v| format!(
-                    "version {v}, older than an acknowledged write"
-                )),
-                t.acked[b],
-                t.versions[b].len() - 1
-            );
+            panic!("seed {seed} (failed {failed:?}): block {b} holds {}", t.describe(b, &got));
         }
     }
     // Destage everything left, read again, and check the parts' redundancy.
