@@ -10,6 +10,9 @@ use crate::counters::DevCounters;
 /// Every device offset and length is a multiple of this (one "block").
 pub const BLOCK_BYTES: u64 = 4096;
 
+/// [`BLOCK_BYTES`] as a `usize`, for buffer lengths and slice indices.
+pub const BLOCK_USIZE: usize = BLOCK_BYTES as usize;
+
 /// A drive: a file, a block device, memory, a fault-injecting wrapper, or later a remote drive.
 ///
 /// The interface is asynchronous and owns its buffers, so an implementation may keep many

@@ -14,6 +14,6 @@ pub mod mem;
 
 pub use buf::{BUF_ALIGN_BYTES, IoBuf, IoBytes};
 pub use counters::{DevCounters, DevCountersSnapshot};
-pub use device::{BLOCK_BYTES, BlockDevice, DevError, check_range};
+pub use device::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, DevError, check_range};
 pub use fault::{FaultConfig, FaultCounts, FaultDevice, FaultEvent, FaultKind, PowerSwitch};
 pub use file::{FileDevice, FileOptions, IoEngine, OpenError};
