@@ -11,7 +11,8 @@ use crate::counters::DevCounters;
 pub const BLOCK_BYTES: u64 = 4096;
 
 /// [`BLOCK_BYTES`] as a `usize`, for buffer lengths and slice indices.
-pub const BLOCK_USIZE: usize = BLOCK_BYTES as usize;
+pub const BLOCK_USIZE: usize = 4096;
+const _: () = assert!(BLOCK_USIZE as u64 == BLOCK_BYTES);
 
 /// A drive: a file, a block device, memory, a fault-injecting wrapper, or later a remote drive.
 ///

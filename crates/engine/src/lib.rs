@@ -32,4 +32,5 @@ pub use pool::{
     DEFAULT_CHUNK_BYTES, DriveStatus, FoundDrive, IgnoredDrive, NewDrive, Pool, PoolStatus, RebuildProgress,
     RecoveryReport, ScrubReport, VolumeSpec, VolumeStatus,
 };
+pub use volume::contract::{BlockVolume, Dealloc, Durability, VolumeFuture, VolumeInfo, ZeroCost, Zeroing};
 pub use volume::{BlockLocation, BlockRole, Extent, Volume, VolumeState};

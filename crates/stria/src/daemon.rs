@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use stria_catalog::{Catalog, CreateVolume};
 use stria_dev::BlockDevice;
 use stria_dev::mem::MemDevice;
 use stria_engine::units::parse_size;
-use stria_engine::{DEFAULT_CHUNK_BYTES, DriveClass, NewDrive, Pool, VolumeRole, VolumeSpec};
+use stria_engine::{DriveClass, NewDrive, Pool};
 use stria_nbd::{ExportMap, Server, ServerConfig, ServerHandle, TlsConfig, TlsMode};
 use tokio::net::UnixListener;
 
@@ -17,7 +18,6 @@ use crate::control;
 use crate::export::VolumeExport;
 use crate::ops::{self, Ctx};
 use crate::pooldir::{Opener, PoolDir};
-use crate::stack::Stack;
 
 /// Where the NBD server listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,8 +99,8 @@ impl std::str::FromStr for MemoryVolumeSpec {
 }
 
 /// Makes the export map match the pool's volumes (plain volumes are exported by name).
-fn sync_exports<D: BlockDevice>(stack: &Stack<D>, exports: &ExportMap) {
-    let wanted = stack.names();
+fn sync_exports<D: BlockDevice>(catalog: &Catalog<D>, exports: &ExportMap) {
+    let wanted = catalog.names();
     for name in stria_nbd::ExportRegistry::names(exports) {
         if !wanted.contains(&name) {
             exports.remove(&name);
@@ -111,8 +111,8 @@ fn sync_exports<D: BlockDevice>(stack: &Stack<D>, exports: &ExportMap) {
         if stria_nbd::ExportRegistry::lookup(exports, &name).is_some_and(|e| e.name == name) {
             continue;
         }
-        if let Some(volume) = stack.volume(&name) {
-            let _ = exports.insert(&name, Arc::new(VolumeExport { volume }));
+        if let Some(volume) = catalog.lookup(&name) {
+            let _ = exports.insert(&name, Arc::new(VolumeExport::new(volume)));
             tracing::info!(volume = %name, "export added");
         }
     }
@@ -132,15 +132,15 @@ fn remove_stale_socket(path: &Path) -> Result<()> {
 /// Runs the daemon until SIGTERM or SIGINT.
 pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnce(&[String])) -> Result<()> {
     let _lock = dir.lock()?;
-    let stack = Arc::new(Stack::open(dir.open_pool(Opener::Daemon { force: opts.force }).await?).await?);
-    let pool = Arc::clone(&stack.pool);
+    let pool = Arc::new(dir.open_pool(Opener::Daemon { force: opts.force }).await?);
+    let catalog = Arc::new(Catalog::open(Arc::clone(&pool)).await?);
     pool.set_rebuild_rate(opts.rebuild_rate_bytes);
     let report = pool.recovery_report();
     if report.journal_txns_replayed + report.rows_resynced > 0 {
         tracing::warn!(?report, "recovered from an unclean stop");
     }
     let exports = Arc::new(ExportMap::new());
-    sync_exports(&stack, &exports);
+    sync_exports(&catalog, &exports);
 
     let (handles, uris) = start_nbd(&opts, &exports).await?;
 
@@ -149,22 +149,22 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
     let listener = UnixListener::bind(&control_path)
         .with_context(|| format!("cannot bind {}", control_path.display()))?;
     let handler: control::Handler = {
-        let stack = Arc::clone(&stack);
+        let catalog = Arc::clone(&catalog);
         let dir = dir.clone();
         let exports = Arc::clone(&exports);
         Arc::new(move |request, tx| {
-            let stack = Arc::clone(&stack);
+            let catalog = Arc::clone(&catalog);
             let dir = dir.clone();
             let exports = Arc::clone(&exports);
             Box::pin(async move {
                 let resync = request.changes_volumes();
-                let ctx = Ctx { stack: &stack, dir: &dir, daemon: true };
+                let ctx = Ctx { catalog: &catalog, dir: &dir, daemon: true };
                 let result = ops::execute(&ctx, request, &mut |p| {
                     let _ = tx.send(p);
                 })
                 .await;
                 if resync {
-                    sync_exports(&stack, &exports);
+                    sync_exports(&catalog, &exports);
                 }
                 result
             })
@@ -186,7 +186,7 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
     // or a rebuild row would leave its work half done. The pool's close refuses new rows, so a
     // rebuild in progress ends at its next row.
     let _ = stop_housekeeping.send(true);
-    stack.close().await.context("flushing the pool on shutdown")?;
+    catalog.close().await.context("flushing the pool on shutdown")?;
     if let Err(e) = housekeeping.await {
         tracing::warn!(error = %e, "housekeeping task ended abnormally");
     }
@@ -298,22 +298,21 @@ pub(crate) async fn serve_memory(
         })
         .collect();
     let pool = Arc::new(Pool::create("bench-memory", drives).await.context("cannot create the memory pool")?);
-    let drive_count = u32::try_from(spec.drives).unwrap_or(u32::MAX);
+    let catalog = Catalog::open(Arc::clone(&pool)).await?;
     for v in &spec.volumes {
-        let layout = ops::parse_layout(&v.layout, drive_count)?;
-        let volume = VolumeSpec {
+        let volume = CreateVolume {
             name: v.name.clone(),
             size_bytes: v.size_bytes,
-            layout,
-            chunk_bytes: DEFAULT_CHUNK_BYTES,
-            class: DriveClass::Capacity,
-            role: VolumeRole::Plain,
+            layout: v.layout.clone(),
+            chunk_bytes: None,
+            class: Some(DriveClass::Capacity),
+            cache_bytes: None,
+            cache_copies: None,
         };
-        pool.create_volume(volume).await.with_context(|| format!("cannot create volume {}", v.name))?;
+        catalog.create(volume).await.with_context(|| format!("cannot create volume {}", v.name))?;
     }
-    let stack = Stack::open_shared(Arc::clone(&pool)).await?;
     let exports = Arc::new(ExportMap::new());
-    sync_exports(&stack, &exports);
+    sync_exports(&catalog, &exports);
     let (handles, uris) = start_nbd(&opts, &exports).await?;
     on_ready(&uris);
     wait_for_signal().await?;

@@ -1,17 +1,26 @@
 //! Engine volumes as NBD exports.
 
-use stria_dev::{BlockDevice, IoBuf, IoBytes};
-use stria_engine::VolumeError;
+use std::sync::Arc;
+
+use stria_dev::{BLOCK_BYTES, IoBuf, IoBytes};
+use stria_engine::{BlockVolume, Dealloc, Durability, VolumeError, VolumeInfo, ZeroCost, Zeroing};
 use stria_nbd::{BoxFuture, Export, ExportError, Extent};
 
-use crate::stack::AnyVolume;
-
 /// Largest extent one NBD block-status entry can describe.
-const EXTENT_MAX_BYTES: u64 = u32::MAX as u64 / 4096 * 4096;
+const EXTENT_MAX_BYTES: u64 = u32::MAX as u64 / BLOCK_BYTES * BLOCK_BYTES;
 
-/// A volume (plain or tiered) served over NBD.
-pub(crate) struct VolumeExport<D: BlockDevice> {
-    pub(crate) volume: AnyVolume<D>,
+/// A volume of any kind served over NBD: the export speaks the volume contract only.
+pub(crate) struct VolumeExport {
+    volume: Arc<dyn BlockVolume>,
+    /// Fixed for the volume's life (name, layout, preferred I/O size).
+    info: VolumeInfo,
+}
+
+impl VolumeExport {
+    pub(crate) fn new(volume: Arc<dyn BlockVolume>) -> VolumeExport {
+        let info = volume.info();
+        VolumeExport { volume, info }
+    }
 }
 
 fn map_err(e: VolumeError) -> ExportError {
@@ -30,7 +39,7 @@ fn map_err(e: VolumeError) -> ExportError {
     }
 }
 
-impl<D: BlockDevice> Export for VolumeExport<D> {
+impl Export for VolumeExport {
     fn size_bytes(&self) -> u64 {
         self.volume.size_bytes()
     }
@@ -40,12 +49,12 @@ impl<D: BlockDevice> Export for VolumeExport<D> {
     }
 
     fn description(&self) -> Option<String> {
-        Some(format!("stria volume {} ({})", self.volume.name(), self.volume.layout()))
+        Some(format!("stria volume {} ({})", self.info.name, self.info.layout))
     }
 
     fn preferred_block_bytes(&self) -> u32 {
         // A whole chunk: what one drive gets before the next (the stripe height).
-        u32::try_from(self.volume.preferred_block_bytes()).unwrap_or(4096).max(4096)
+        u32::try_from(self.info.preferred_block_bytes).unwrap_or(4096).max(4096)
     }
 
     fn can_fast_zero(&self) -> bool {
@@ -57,7 +66,9 @@ impl<D: BlockDevice> Export for VolumeExport<D> {
     }
 
     fn write(&self, offset_bytes: u64, data: IoBytes, fua: bool) -> BoxFuture<'_, Result<(), ExportError>> {
-        Box::pin(async move { self.volume.write(offset_bytes, data, fua).await.map_err(map_err) })
+        Box::pin(async move {
+            self.volume.write(offset_bytes, data, Durability::from_fua(fua)).await.map_err(map_err)
+        })
     }
 
     fn write_zeroes(
@@ -67,22 +78,28 @@ impl<D: BlockDevice> Export for VolumeExport<D> {
         may_trim: bool,
         fua: bool,
     ) -> BoxFuture<'_, Result<(), ExportError>> {
-        // Zeroing by unmapping reads back as zeros on every layout, so NO_HOLE (may_trim false)
-        // needs nothing different: data that must stay allocated is written as zeros anyway
-        // where unmapping is not possible.
-        let _ = may_trim;
+        // NBD_CMD_FLAG_FAST_ZERO never reaches an export (`can_fast_zero` is true and the
+        // server passes no such flag), so zeroing may always cost what it costs. NO_HOLE is
+        // passed on as `Dealloc::Forbidden`, which the volumes do not honour yet: unmapped
+        // blocks read back as zeros, which is what a client can observe.
+        let zeroing = Zeroing {
+            dealloc: if may_trim { Dealloc::Allowed } else { Dealloc::Forbidden },
+            cost: ZeroCost::Any,
+        };
         Box::pin(async move {
-            self.volume.write_zeroes(offset_bytes, u64::from(len_bytes), fua, false).await.map_err(map_err)
+            self.volume
+                .write_zeroes(offset_bytes, u64::from(len_bytes), zeroing, Durability::from_fua(fua))
+                .await
+                .map_err(map_err)
         })
     }
 
     fn trim(&self, offset_bytes: u64, len_bytes: u32, fua: bool) -> BoxFuture<'_, Result<(), ExportError>> {
         Box::pin(async move {
-            self.volume.trim(offset_bytes, u64::from(len_bytes)).await.map_err(map_err)?;
-            if fua {
-                self.volume.flush().await.map_err(map_err)?;
-            }
-            Ok(())
+            self.volume
+                .discard(offset_bytes, u64::from(len_bytes), Durability::from_fua(fua))
+                .await
+                .map_err(map_err)
         })
     }
 

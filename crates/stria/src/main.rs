@@ -17,13 +17,13 @@ mod export;
 mod ops;
 mod output;
 mod pooldir;
-mod stack;
 
 use std::path::PathBuf;
 
 use anyhow::{Result, bail};
 use clap::{Args, Parser, Subcommand};
 use serde_json::Value;
+use stria_catalog::{Catalog, CreateVolume};
 use stria_engine::DriveClass;
 use stria_engine::units::parse_size;
 
@@ -388,18 +388,18 @@ async fn run(cli: Cli) -> Result<()> {
             if !dir.exists() {
                 let _lock = dir.lock()?;
                 let pool = std::sync::Arc::new(dir.create_pool("stria", 2, 6, args.drive_size, &[]).await?);
-                let spec = stria_tier::TieredSpec {
+                let catalog = Catalog::open(pool).await?;
+                let vol0 = CreateVolume {
                     name: "vol0".into(),
                     size_bytes: args.volume_size,
-                    data_shards: 4,
-                    parity_shards: 2,
-                    chunk_bytes: stria_tier::DEFAULT_TIER_CHUNK_BYTES,
+                    layout: "tiered:ec:4+2".into(),
+                    chunk_bytes: None,
+                    class: None,
                     cache_bytes: None,
-                    cache_copies: 2,
+                    cache_copies: None,
                 };
-                let tv = stria_tier::create(&pool, spec).await?;
-                tv.close().await;
-                pool.close().await?;
+                catalog.create(vol0).await?;
+                catalog.close().await?;
                 eprintln!(
                     "created the default pool in {} (2 fast + 6 capacity drives) with volume vol0 (tiered:ec:4+2)",
                     dir.path.display()
@@ -520,11 +520,11 @@ async fn request(dir: &PoolDir, req: Request) -> Result<Value> {
         return v;
     }
     let _lock = dir.lock()?;
-    let stack = stack::Stack::open(dir.open_pool(Opener::Command).await?).await?;
-    let ctx = Ctx { stack: &stack, dir, daemon: false };
+    let catalog = Catalog::open(std::sync::Arc::new(dir.open_pool(Opener::Command).await?)).await?;
+    let ctx = Ctx { catalog: &catalog, dir, daemon: false };
     let result = ops::execute(&ctx, req, &mut |p: Progress| bar.update(&p)).await;
     bar.finish();
-    stack.close().await?;
+    catalog.close().await?;
     result
 }
 

@@ -18,6 +18,9 @@ use serde::{Deserialize, Serialize};
 use stria_dev::{FileDevice, FileOptions};
 use stria_engine::{DriveClass, EngineError, FoundDrive, NewDrive, Pool};
 
+/// The drives of a pool directory.
+pub(crate) type Dev = FileDevice;
+
 /// The pool's configuration file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct PoolConfig {

@@ -6,6 +6,7 @@
 // Block counts index in-memory tables; stria runs on 64-bit targets only (see stria-engine).
 #![allow(clippy::cast_possible_truncation)]
 
+mod contract;
 mod destage;
 mod log;
 pub mod record;
@@ -53,21 +54,6 @@ pub enum TierError {
     Invalid(String),
     #[error("tiered volume {name}: {reason}")]
     Corrupt { name: String, reason: String },
-}
-
-/// Parses `tiered:ec:K+M`.
-pub fn parse_tiered_layout(text: &str) -> Option<Result<(u32, u32), String>> {
-    let rest = text.trim().to_ascii_lowercase();
-    let rest = rest.strip_prefix("tiered:")?;
-    let km = match rest.strip_prefix("ec:") {
-        Some(km) => km.to_string(),
-        None => return Some(Err(format!("`{text}`: a tiered layout is tiered:ec:K+M, e.g. tiered:ec:4+2"))),
-    };
-    let parsed = km
-        .split_once('+')
-        .and_then(|(k, m)| Some((k.parse::<u32>().ok()?, m.parse::<u32>().ok()?)))
-        .ok_or_else(|| format!("`{text}`: expected tiered:ec:K+M, e.g. tiered:ec:4+2"));
-    Some(parsed)
 }
 
 fn part_spec(

@@ -103,7 +103,7 @@ impl<D: BlockDevice> std::fmt::Debug for TieredVolume<D> {
 }
 
 /// Status of one part (cache, meta, capacity).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PartStatus {
     pub role: String,
     pub volume: String,
@@ -126,7 +126,7 @@ pub struct PartStatus {
 }
 
 /// Status of a tiered volume for `stria status --json`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TierStatus {
     pub name: String,
     pub layout: String,

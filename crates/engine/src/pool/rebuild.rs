@@ -21,7 +21,7 @@ use crate::volume::map::NOT_REBUILDING;
 const PERSIST_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Progress of the rebuild of one volume.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RebuildProgress {
     pub volume: String,
     pub rows_done: u64,

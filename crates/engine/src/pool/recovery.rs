@@ -12,7 +12,7 @@ use crate::error::EngineError;
 use crate::format::layout::{CSUM_ENTRIES_PER_PAGE, INTENT_REGION_BLOCKS};
 
 /// What recovery did when the pool was opened.
-#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RecoveryReport {
     /// Journal transactions found complete and applied again.
     pub journal_txns_replayed: u64,

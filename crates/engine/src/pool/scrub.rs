@@ -8,7 +8,7 @@ use super::Pool;
 use crate::error::EngineError;
 
 /// What a scrub found and did.
-#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ScrubReport {
     pub volume: String,
     pub rows: u64,
@@ -25,6 +25,19 @@ pub struct ScrubReport {
     /// Blocks whose copies (or data and parity) each verify but disagree, with nothing to say
     /// which is current (two mirror copies, or one parity shard): reported, left as they are.
     pub inconsistent_blocks: u64,
+}
+
+impl ScrubReport {
+    /// Adds the counters of `other` (a part of the same volume) to these.
+    pub fn add(&mut self, other: &ScrubReport) {
+        self.rows += other.rows;
+        self.blocks_checked += other.blocks_checked;
+        self.blocks_repaired += other.blocks_repaired;
+        self.parity_blocks_fixed += other.parity_blocks_fixed;
+        self.copy_blocks_fixed += other.copy_blocks_fixed;
+        self.unrecoverable_blocks += other.unrecoverable_blocks;
+        self.inconsistent_blocks += other.inconsistent_blocks;
+    }
 }
 
 impl<D: BlockDevice> Pool<D> {

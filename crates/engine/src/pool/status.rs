@@ -13,7 +13,7 @@ use crate::volume::{Volume, VolumeState};
 const BLOCK: u64 = 4096;
 
 /// One drive.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct DriveStatus {
     /// Slot number: the drive's id within the pool.
     pub id: u32,
@@ -50,7 +50,7 @@ pub struct DriveStatus {
 }
 
 /// One volume.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct VolumeStatus {
     pub name: String,
     pub id: u64,
@@ -73,7 +73,7 @@ pub struct VolumeStatus {
 }
 
 /// The whole pool.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct PoolStatus {
     pub name: String,
     pub uuid: String,
@@ -86,7 +86,7 @@ pub struct PoolStatus {
 }
 
 /// A device left out of the pool at assembly.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct IgnoredDrive {
     pub path: String,
     pub reason: String,

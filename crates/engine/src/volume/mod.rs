@@ -4,6 +4,7 @@
 //! under the stripe lock, and dispatches to the two layout families: mirror/stripe (`mirror.rs`)
 //! and erasure-coded (`ec.rs`).
 
+pub mod contract;
 mod ec;
 pub(crate) mod locks;
 pub(crate) mod maint;
@@ -29,7 +30,7 @@ const BLOCK: u64 = 4096;
 const BLOCK_USIZE: usize = 4096;
 
 /// Health of a volume.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum VolumeState {
     /// Every member is present.

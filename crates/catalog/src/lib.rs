@@ -1,0 +1,281 @@
+//! The catalog of a pool's client-visible volumes: the one place that knows there are two kinds
+//! (plain engine volumes and tiered volumes) and hands each out as an `Arc<dyn BlockVolume>`.
+//!
+//! Everything above it (the CLI, the daemon, the NBD export) goes arguments -> typed request ->
+//! catalog -> typed view -> rendering, and never asks "plain or tiered?" itself. A third kind of
+//! volume is one more [`Entry`] variant and one more arm in each operation below.
+#![forbid(unsafe_code)]
+
+mod layout;
+mod view;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use stria_dev::{BLOCK_BYTES, BlockDevice};
+use stria_engine::{
+    BlockVolume, DEFAULT_CHUNK_BYTES, DriveClass, DriveState, EngineError, Pool, ScrubReport, Volume,
+    VolumeRole, VolumeSpec,
+};
+use stria_tier::{TierError, TieredVolume};
+
+pub use layout::{LayoutSpec, PlainLayout, is_tiered_layout, parse_plain_layout};
+pub use view::{MemberView, PlainView, SegmentView, StatusView, TieredTag, TieredView, VolumeView};
+
+/// Why a catalog operation failed. Engine and tier errors keep their own messages and sources.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Tier(#[from] TierError),
+    /// No client-visible volume (nor tier part, where parts count) of that name.
+    #[error("no volume named `{0}`")]
+    NotFound(String),
+    /// A request the catalog refuses as it stands (bad layout, an option that does not apply, an
+    /// operation this kind of volume does not support).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// What to create (the CLI's `volume create`).
+#[derive(Debug, Clone)]
+pub struct CreateVolume {
+    pub name: String,
+    pub size_bytes: u64,
+    /// `raid0[:W]`, `raid1[:N]`, `raid10[:WxN]`, `ec:K+M` or `tiered:ec:K+M`.
+    pub layout: String,
+    pub chunk_bytes: Option<u64>,
+    /// Plain volumes: the drive class (default: capacity drives if the pool has any).
+    pub class: Option<DriveClass>,
+    /// Tiered volumes: write cache size (default: an eighth of the volume).
+    pub cache_bytes: Option<u64>,
+    /// Tiered volumes: copies of cache and metadata (default 2).
+    pub cache_copies: Option<u32>,
+}
+
+/// A client-visible volume of one kind.
+enum Entry<D: BlockDevice> {
+    Plain(Arc<Volume<D>>),
+    Tiered(Arc<TieredVolume<D>>),
+}
+
+/// An open pool and its client-visible volumes.
+pub struct Catalog<D: BlockDevice> {
+    pool: Arc<Pool<D>>,
+    /// Tiered volumes are objects of their own (a destager each); plain ones live in the pool.
+    tiers: RwLock<BTreeMap<String, Arc<TieredVolume<D>>>>,
+}
+
+impl<D: BlockDevice> std::fmt::Debug for Catalog<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Catalog").field("volumes", &self.names()).finish()
+    }
+}
+
+impl<D: BlockDevice> Catalog<D> {
+    /// Opens every tiered volume of `pool` (their destagers start on the current runtime).
+    pub async fn open(pool: Arc<Pool<D>>) -> Result<Catalog<D>, CatalogError> {
+        let mut tiers = BTreeMap::new();
+        for rec in pool.meta().tiered.clone() {
+            let tv = stria_tier::open(&pool, &rec).await?;
+            tiers.insert(rec.name.clone(), tv);
+        }
+        Ok(Catalog { pool, tiers: RwLock::new(tiers) })
+    }
+
+    /// The pool (drive operations, rebuild, counters).
+    pub fn pool(&self) -> &Arc<Pool<D>> {
+        &self.pool
+    }
+
+    fn tiered(&self, name: &str) -> Option<Arc<TieredVolume<D>>> {
+        self.tiers.read().get(name).cloned()
+    }
+
+    /// The client-visible volume `name`, if there is one (tier parts are not).
+    fn entry(&self, name: &str) -> Option<Entry<D>> {
+        if let Some(t) = self.tiered(name) {
+            return Some(Entry::Tiered(t));
+        }
+        if self.pool.meta().volume(name)?.role != VolumeRole::Plain {
+            return None;
+        }
+        self.pool.volume(name).map(Entry::Plain)
+    }
+
+    /// Like [`Catalog::entry`], with the error an operator sees for a missing volume or a tier
+    /// part.
+    fn entry_or_err(&self, name: &str) -> Result<Entry<D>, CatalogError> {
+        match self.entry(name) {
+            Some(e) => Ok(e),
+            None if self.pool.volume(name).is_some() => Err(CatalogError::Invalid(format!(
+                "`{name}` is a part of a tiered volume; operate on the tiered volume instead"
+            ))),
+            None => Err(CatalogError::NotFound(name.to_string())),
+        }
+    }
+
+    /// The plain volume `name`, or why an operation meant for plain volumes cannot take it.
+    fn plain(&self, name: &str) -> Result<Arc<Volume<D>>, CatalogError> {
+        match self.entry_or_err(name)? {
+            Entry::Plain(v) => Ok(v),
+            Entry::Tiered(_) => Err(CatalogError::Invalid(format!("`{name}` is a tiered volume"))),
+        }
+    }
+
+    /// Names of every client-visible volume, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let meta = self.pool.meta();
+        let mut names: Vec<String> =
+            meta.volumes.iter().filter(|v| v.role == VolumeRole::Plain).map(|v| v.name.clone()).collect();
+        names.extend(self.tiers.read().keys().cloned());
+        names.sort();
+        names
+    }
+
+    /// A client-visible volume by name, behind the volume contract.
+    pub fn lookup(&self, name: &str) -> Option<Arc<dyn BlockVolume>> {
+        self.entry(name).map(|e| match e {
+            Entry::Plain(v) => v as Arc<dyn BlockVolume>,
+            Entry::Tiered(v) => v as Arc<dyn BlockVolume>,
+        })
+    }
+
+    /// Whether `name` can be resized (plain volumes; tiered ones cannot yet).
+    pub fn resizable(&self, name: &str) -> bool {
+        !matches!(self.entry(name), Some(Entry::Tiered(_)))
+    }
+
+    /// Active drives of `class`.
+    fn active_in_class(&self, class: DriveClass) -> u32 {
+        let meta = self.pool.meta();
+        let n = meta.drives.iter().filter(|d| d.class == class && d.state == DriveState::Active).count();
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    /// The class a volume goes on when none is given: capacity drives if the pool has any.
+    fn default_class(&self) -> DriveClass {
+        if self.active_in_class(DriveClass::Capacity) > 0 { DriveClass::Capacity } else { DriveClass::Fast }
+    }
+
+    /// Creates a volume of the kind its layout names; returns what `show` would.
+    pub async fn create(&self, req: CreateVolume) -> Result<VolumeView, CatalogError> {
+        let parsed = req.layout.parse::<LayoutSpec>();
+        if is_tiered_layout(&req.layout) {
+            let LayoutSpec::Tiered { data_shards, parity_shards } = parsed? else {
+                unreachable!("a tiered layout text parses as tiered or not at all")
+            };
+            let spec = stria_tier::TieredSpec {
+                name: req.name.clone(),
+                size_bytes: req.size_bytes,
+                data_shards,
+                parity_shards,
+                chunk_bytes: req.chunk_bytes.unwrap_or(stria_tier::DEFAULT_TIER_CHUNK_BYTES),
+                cache_bytes: req.cache_bytes,
+                cache_copies: req.cache_copies.unwrap_or(2),
+            };
+            let tv = stria_tier::create(&self.pool, spec).await?;
+            self.tiers.write().insert(tv.name().to_string(), tv);
+            return self.show(&req.name);
+        }
+        if req.cache_bytes.is_some() || req.cache_copies.is_some() {
+            return Err(CatalogError::Invalid(
+                "--cache-size and --cache-copies apply to tiered layouts only (tiered:ec:K+M)".into(),
+            ));
+        }
+        let class = req.class.unwrap_or_else(|| self.default_class());
+        let LayoutSpec::Plain(plain) = parsed? else {
+            unreachable!("a layout text that is not tiered parses as plain or not at all")
+        };
+        let layout = plain.resolve(self.active_in_class(class))?;
+        let spec = VolumeSpec {
+            name: req.name.clone(),
+            size_bytes: req.size_bytes.next_multiple_of(BLOCK_BYTES),
+            layout,
+            chunk_bytes: req.chunk_bytes.unwrap_or(DEFAULT_CHUNK_BYTES),
+            class,
+            role: VolumeRole::Plain,
+        };
+        self.pool.create_volume(spec).await?;
+        self.show(&req.name)
+    }
+
+    /// Grows or shrinks a plain volume (rounded up to whole blocks).
+    pub async fn resize(&self, name: &str, size_bytes: u64) -> Result<VolumeView, CatalogError> {
+        if self.tiered(name).is_some() {
+            return Err(CatalogError::Invalid("resizing a tiered volume is not supported yet".into()));
+        }
+        self.plain(name)?;
+        self.pool.resize_volume(name, size_bytes.next_multiple_of(BLOCK_BYTES)).await?;
+        self.show(name)
+    }
+
+    /// Deletes a volume (a tiered one with its parts, after its destager stopped).
+    pub async fn delete(&self, name: &str) -> Result<(), CatalogError> {
+        match self.entry_or_err(name)? {
+            Entry::Tiered(tv) => {
+                tv.close().await;
+                stria_tier::delete(&self.pool, name).await?;
+                self.tiers.write().remove(name);
+            }
+            Entry::Plain(_) => self.pool.delete_volume(name).await?,
+        }
+        Ok(())
+    }
+
+    /// Scrubs a volume (a tiered one part by part) and sums what was found.
+    /// `progress(part, rows_done, rows_total)` is called as rows complete.
+    pub async fn scrub(
+        &self,
+        name: &str,
+        progress: &mut (dyn FnMut(&str, u64, u64) + Send),
+    ) -> Result<ScrubReport, CatalogError> {
+        let parts: Vec<String> = match self.entry_or_err(name)? {
+            Entry::Tiered(tv) => [tv.cache_volume(), tv.meta_volume(), tv.capacity_volume()]
+                .iter()
+                .map(|v| v.name().to_string())
+                .collect(),
+            Entry::Plain(_) => vec![name.to_string()],
+        };
+        let mut total = ScrubReport { volume: name.to_string(), ..ScrubReport::default() };
+        for part in parts {
+            let report = self.pool.scrub(&part, |done, all| progress(&part, done, all)).await?;
+            total.add(&report);
+        }
+        Ok(total)
+    }
+
+    /// The pool with every tiered volume.
+    pub fn status(&self) -> StatusView {
+        let tiered = self.tiers.read().values().map(|t| t.status()).collect();
+        StatusView { pool: self.pool.status(), tiered }
+    }
+
+    /// Any volume by name, tier parts included (diagnostics show each part).
+    pub fn show(&self, name: &str) -> Result<VolumeView, CatalogError> {
+        if let Some(tv) = self.tiered(name) {
+            return Ok(VolumeView::Tiered(TieredView { status: tv.status(), kind: TieredTag }));
+        }
+        let status = self.pool.status();
+        let vol = status
+            .volumes
+            .into_iter()
+            .find(|v| v.name == name)
+            .ok_or_else(|| CatalogError::NotFound(name.to_string()))?;
+        let meta = self.pool.meta();
+        let rec = meta.volume(name).ok_or_else(|| CatalogError::NotFound(name.to_string()))?;
+        Ok(VolumeView::Plain(PlainView::new(vol, rec)))
+    }
+
+    /// Stops every destager, then closes the pool cleanly.
+    pub async fn close(&self) -> Result<(), CatalogError> {
+        let tiers: Vec<Arc<TieredVolume<D>>> = self.tiers.read().values().cloned().collect();
+        for t in tiers {
+            t.close().await;
+        }
+        self.pool.close().await?;
+        Ok(())
+    }
+}

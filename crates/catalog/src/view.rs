@@ -1,0 +1,103 @@
+//! Typed views of the catalog: what `status`, `volume show` and `scrub` return. They serialize to
+//! the JSON the CLI prints (`--json`) and the control socket carries.
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use stria_engine::format::meta::VolumeRecord;
+use stria_engine::{PoolStatus, VolumeStatus};
+use stria_tier::TierStatus;
+
+/// The pool, with its tiered volumes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatusView {
+    #[serde(flatten)]
+    pub pool: PoolStatus,
+    pub tiered: Vec<TierStatus>,
+}
+
+/// One volume: a tiered volume, or a plain volume (or a tier part) with its placement.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum VolumeView {
+    Tiered(TieredView),
+    Plain(PlainView),
+}
+
+/// A tiered volume.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TieredView {
+    #[serde(flatten)]
+    pub status: TierStatus,
+    /// Always `"tiered"` (what tells the views apart in JSON).
+    pub kind: TieredTag,
+}
+
+/// The `"kind": "tiered"` marker of a [`TieredView`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TieredTag;
+
+impl Serialize for TieredTag {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("tiered")
+    }
+}
+
+impl<'de> Deserialize<'de> for TieredTag {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<TieredTag, D::Error> {
+        let kind = String::deserialize(d)?;
+        if kind == "tiered" {
+            Ok(TieredTag)
+        } else {
+            Err(serde::de::Error::custom(format!("expected kind \"tiered\", found {kind:?}")))
+        }
+    }
+}
+
+/// A plain volume or a tier part: status and counters, then where its chunks live.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PlainView {
+    #[serde(flatten)]
+    pub status: VolumeStatus,
+    pub segments: Vec<SegmentView>,
+}
+
+/// One segment of a volume: `rows` stripe rows on one set of members.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentView {
+    pub rows: u64,
+    pub members: Vec<MemberView>,
+}
+
+/// One member of a segment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberView {
+    /// The drive's slot.
+    pub drive: u32,
+    pub start_block: u64,
+    pub blocks: u64,
+    /// While being rebuilt: rows below this are valid on the member.
+    pub rebuild_cursor_rows: Option<u64>,
+}
+
+impl PlainView {
+    /// The view of a volume from its status and its metadata record.
+    pub fn new(status: VolumeStatus, rec: &VolumeRecord) -> PlainView {
+        let segments = rec
+            .segments
+            .iter()
+            .map(|s| SegmentView {
+                rows: s.rows,
+                members: s
+                    .members
+                    .iter()
+                    .map(|m| MemberView {
+                        drive: m.slot,
+                        start_block: m.start_block,
+                        blocks: s.rows * u64::from(rec.chunk_blocks),
+                        rebuild_cursor_rows: m.rebuild_cursor_rows,
+                    })
+                    .collect(),
+            })
+            .collect();
+        PlainView { status, segments }
+    }
+}
