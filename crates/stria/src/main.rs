@@ -20,12 +20,12 @@ mod pooldir;
 
 use std::path::PathBuf;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use serde_json::Value;
-use stria_catalog::{Catalog, CreateVolume};
-use stria_engine::DriveClass;
+use stria_catalog::{Catalog, CreateVolume, StatusView};
 use stria_engine::units::parse_size;
+use stria_engine::{DriveClass, ScrubReport};
 
 use daemon::{NbdAddr, ServeOptions};
 use ops::{Ctx, Progress, Request};
@@ -284,7 +284,7 @@ async fn run(cli: Cli) -> Result<()> {
             let status = pool.status();
             pool.close().await?;
             outln!("created pool {} with {} drives in {}", name, status.drives.len(), dir.path.display());
-            output::drives(&serde_json::to_value(status)?);
+            output::drives(&status.drives);
             Ok(())
         }
         Command::Volume(VolumeCmd::Create { name, size, layout, chunk, class, cache_size, cache_copies }) => {
@@ -298,7 +298,7 @@ async fn run(cli: Cli) -> Result<()> {
                 cache_copies,
             };
             let v = request(&dir, req).await?;
-            output::volume(&v);
+            output::volume(&view(v)?);
             Ok(())
         }
         Command::Volume(VolumeCmd::List { json }) => {
@@ -306,7 +306,7 @@ async fn run(cli: Cli) -> Result<()> {
             if json {
                 print_json(&v["volumes"]);
             } else {
-                output::volumes(&v);
+                output::volumes(&view(v)?);
             }
             Ok(())
         }
@@ -315,13 +315,13 @@ async fn run(cli: Cli) -> Result<()> {
             if json {
                 print_json(&v)
             } else {
-                output::volume(&v)
+                output::volume(&view(v)?)
             }
             Ok(())
         }
         Command::Volume(VolumeCmd::Resize { name, size }) => {
             let v = request(&dir, Request::VolumeResize { name, size_bytes: size }).await?;
-            output::volume(&v);
+            output::volume(&view(v)?);
             Ok(())
         }
         Command::Volume(VolumeCmd::Delete { name }) => {
@@ -349,15 +349,16 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Drive(cmd) => drive(&dir, cmd).await,
         Command::Scrub { name, json } => {
             let v = request(&dir, Request::Scrub { name }).await?;
+            let report: ScrubReport = view(v.clone())?;
             if json {
                 print_json(&v)
             } else {
-                output::scrub(&v)
+                output::scrub(&report)
             }
-            if v["unrecoverable_blocks"].as_u64().unwrap_or(0) > 0 {
+            if report.unrecoverable_blocks > 0 {
                 bail!("scrub found unrecoverable blocks");
             }
-            if v["inconsistent_blocks"].as_u64().unwrap_or(0) > 0 {
+            if report.inconsistent_blocks > 0 {
                 bail!(
                     "scrub found copies or parity that disagree with nothing to say which is current; \
                      they were left as they are (see the log for where)"
@@ -370,7 +371,7 @@ async fn run(cli: Cli) -> Result<()> {
             if json {
                 print_json(&v)
             } else {
-                output::status(&v)
+                output::status(&view(v)?)
             }
             Ok(())
         }
@@ -425,7 +426,7 @@ async fn drive(dir: &PoolDir, cmd: DriveCmd) -> Result<()> {
     match cmd {
         DriveCmd::List { json } => {
             let v = request(dir, Request::Status).await?;
-            if json { print_json(&v["drives"]) } else { output::drives(&v) }
+            if json { print_json(&v["drives"]) } else { output::drives(&view::<StatusView>(v)?.pool.drives) }
         }
         DriveCmd::Fail { drive } => {
             let v = request(dir, Request::DriveFail { drive }).await?;
@@ -504,6 +505,11 @@ fn print_ready(uris: &[String], examples: Option<&str>) {
 
 fn absolute(p: &std::path::Path) -> Result<PathBuf> {
     Ok(if p.is_absolute() { p.to_path_buf() } else { std::env::current_dir()?.join(p) })
+}
+
+/// A reply as the typed view it was made from.
+fn view<T: serde::de::DeserializeOwned>(v: Value) -> Result<T> {
+    serde_json::from_value(v).context("the reply does not match this version of stria")
 }
 
 fn print_json(v: &Value) {

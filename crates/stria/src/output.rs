@@ -1,10 +1,15 @@
-//! Human output: tables and progress bars (JSON output is the results as they are).
+//! Human output of the typed views: tables and progress bars (JSON output is the views as they
+//! serialize).
 
 use std::io::IsTerminal;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value;
+use stria_catalog::{StatusView, VolumeView};
+use stria_dev::BLOCK_BYTES;
 use stria_engine::units::format_size;
+use stria_engine::{DriveStatus, ScrubReport, VolumeState};
+use stria_tier::TierStatus;
 
 use crate::ops::Progress;
 
@@ -34,51 +39,56 @@ fn s(v: &Value) -> String {
     }
 }
 
-fn size(v: &Value) -> String {
-    v.as_u64().map(format_size).unwrap_or_else(|| "-".into())
+fn size(bytes: u64) -> String {
+    format_size(bytes)
+}
+
+/// The name a volume state has in JSON (`healthy`, ...).
+fn state(state: VolumeState) -> String {
+    match serde_json::to_value(state) {
+        Ok(Value::String(name)) => name,
+        _ => format!("{state:?}"),
+    }
 }
 
 /// `stria status`.
-pub(crate) fn status(v: &Value) {
-    outln!("pool {} ({}), metadata generation {}", s(&v["name"]), s(&v["uuid"]), s(&v["generation"]));
+pub(crate) fn status(v: &StatusView) {
+    let pool = &v.pool;
+    outln!("pool {} ({}), metadata generation {}", pool.name, pool.uuid, pool.generation);
     outln!();
-    drives(v);
+    drives(&pool.drives);
     outln!();
     volumes(v);
-    if let Some(ignored) = v["ignored_drives"].as_array().filter(|a| !a.is_empty()) {
+    if !pool.ignored_drives.is_empty() {
         outln!();
         outln!("devices left out of the pool:");
-        for d in ignored {
-            outln!("  {}: {}", s(&d["path"]), s(&d["reason"]));
+        for d in &pool.ignored_drives {
+            outln!("  {}: {}", d.path, d.reason);
         }
     }
 }
 
 /// The drive table.
-pub(crate) fn drives(v: &Value) {
-    let rows: Vec<Vec<String>> = v["drives"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|d| {
-                    vec![
-                        s(&d["id"]),
-                        s(&d["class"]),
-                        if s(&d["domain"]).is_empty() { "-".into() } else { s(&d["domain"]) },
-                        s(&d["state"]),
-                        size(&d["size_bytes"]),
-                        size(&d["used_bytes"]),
-                        size(&d["bytes_read"]),
-                        size(&d["bytes_written"]),
-                        s(&d["read_errors"]),
-                        s(&d["write_errors"]),
-                        s(&d["checksum_repairs"]),
-                        s(&d["path"]),
-                    ]
-                })
-                .collect()
+pub(crate) fn drives(drives: &[DriveStatus]) {
+    let rows: Vec<Vec<String>> = drives
+        .iter()
+        .map(|d| {
+            vec![
+                d.id.to_string(),
+                d.class.clone(),
+                if d.domain.is_empty() { "-".into() } else { d.domain.clone() },
+                d.state.clone(),
+                size(d.size_bytes),
+                size(d.used_bytes),
+                size(d.bytes_read),
+                size(d.bytes_written),
+                d.read_errors.to_string(),
+                d.write_errors.to_string(),
+                d.checksum_repairs.to_string(),
+                d.path.clone(),
+            ]
         })
-        .unwrap_or_default();
+        .collect();
     table(
         &[
             "ID",
@@ -96,27 +106,27 @@ pub(crate) fn drives(v: &Value) {
         ],
         &rows,
     );
-    error_times(v);
+    error_times(drives);
 }
 
 /// Under the drive table: when each non-zero error counter last counted, and how to reset them.
-fn error_times(v: &Value) {
+fn error_times(drives: &[DriveStatus]) {
     let mut any = false;
-    for d in v["drives"].as_array().into_iter().flatten() {
+    for d in drives {
         let mut parts = Vec::new();
         for (count, last, what) in [
-            ("read_errors", "last_read_error_unix_secs", "read error"),
-            ("write_errors", "last_write_error_unix_secs", "write error"),
-            ("checksum_repairs", "last_checksum_repair_unix_secs", "repair"),
+            (d.read_errors, d.last_read_error_unix_secs, "read error"),
+            (d.write_errors, d.last_write_error_unix_secs, "write error"),
+            (d.checksum_repairs, d.last_checksum_repair_unix_secs, "repair"),
         ] {
-            if d[count].as_u64().unwrap_or(0) > 0
-                && let Some(t) = d[last].as_u64()
+            if count > 0
+                && let Some(t) = last
             {
                 parts.push(format!("last {what} {}", utc_time(t)));
             }
         }
         if !parts.is_empty() {
-            outln!("drive {}: {}", s(&d["id"]), parts.join(", "));
+            outln!("drive {}: {}", d.id, parts.join(", "));
             any = true;
         }
     }
@@ -157,15 +167,8 @@ pub(crate) fn cleared_errors(v: &Value) {
 
 /// A layout the pool's drives can hold, for the example in the hint of an empty volume list:
 /// volumes go to capacity drives when there are any, else to fast ones.
-fn example_layout(v: &Value) -> String {
-    let active = |class: &str| {
-        v["drives"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|d| d["class"] == class && d["state"] == "active")
-            .count()
-    };
+fn example_layout(drives: &[DriveStatus]) -> String {
+    let active = |class: &str| drives.iter().filter(|d| d.class == class && d.state == "active").count();
     let n = match active("capacity") {
         0 => active("fast"),
         n => n,
@@ -179,52 +182,43 @@ fn example_layout(v: &Value) -> String {
 }
 
 /// The volume table.
-pub(crate) fn volumes(v: &Value) {
-    let rows: Vec<Vec<String>> = v["volumes"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter(|vol| s(&vol["role"]) == "plain")
-                .map(|vol| {
-                    let rebuild = match &vol["rebuild"] {
-                        Value::Object(r) => {
-                            let done = r["rows_done"].as_u64().unwrap_or(0);
-                            let total = r["rows_total"].as_u64().unwrap_or(1).max(1);
-                            format!("{}%", done * 100 / total)
-                        }
-                        _ => "-".into(),
-                    };
-                    vec![
-                        s(&vol["name"]),
-                        s(&vol["layout"]),
-                        size(&vol["size_bytes"]),
-                        size(&vol["chunk_bytes"]),
-                        s(&vol["class"]),
-                        s(&vol["state"]),
-                        rebuild,
-                    ]
-                })
-                .collect()
+pub(crate) fn volumes(v: &StatusView) {
+    let mut rows: Vec<Vec<String>> = v
+        .pool
+        .volumes
+        .iter()
+        .filter(|vol| vol.role == "plain")
+        .map(|vol| {
+            let rebuild = match &vol.rebuild {
+                Some(r) => format!("{}%", r.rows_done * 100 / r.rows_total.max(1)),
+                None => "-".into(),
+            };
+            vec![
+                vol.name.clone(),
+                vol.layout.clone(),
+                size(vol.size_bytes),
+                size(vol.chunk_bytes),
+                vol.class.clone(),
+                state(vol.state),
+                rebuild,
+            ]
         })
-        .unwrap_or_default();
-    let mut rows = rows;
-    if let Some(tiered) = v["tiered"].as_array() {
-        for t in tiered {
-            rows.push(vec![
-                s(&t["name"]),
-                s(&t["layout"]),
-                size(&t["size_bytes"]),
-                size(&t["blockset_bytes"]),
-                "fast+capacity".into(),
-                s(&t["state"]),
-                "-".into(),
-            ]);
-        }
+        .collect();
+    for t in &v.tiered {
+        rows.push(vec![
+            t.name.clone(),
+            t.layout.clone(),
+            size(t.size_bytes),
+            size(t.blockset_bytes),
+            "fast+capacity".into(),
+            state(t.state),
+            "-".into(),
+        ]);
     }
     if rows.is_empty() {
         outln!(
             "no volumes (create one with `stria volume create NAME --size SIZE --layout {}`)",
-            example_layout(v)
+            example_layout(&v.pool.drives)
         );
         return;
     }
@@ -232,61 +226,56 @@ pub(crate) fn volumes(v: &Value) {
 }
 
 /// `stria volume show` of a tiered volume.
-fn tiered(t: &Value) {
-    outln!("tiered volume {} ({}), {}", s(&t["name"]), s(&t["layout"]), s(&t["state"]));
-    outln!("  {:<22} {}", "size", size(&t["size_bytes"]));
-    outln!("  {:<22} {}", "blockset (full stripe)", size(&t["blockset_bytes"]));
-    let cache_bytes = t["cache_blocks"].as_u64().map(|b| b * 4096);
-    let used = t["log_used_blocks"].as_u64().unwrap_or(0) * 4096;
+fn tiered(t: &TierStatus) {
+    outln!("tiered volume {} ({}), {}", t.name, t.layout, state(t.state));
+    outln!("  {:<22} {}", "size", size(t.size_bytes));
+    outln!("  {:<22} {}", "blockset (full stripe)", size(t.blockset_bytes));
     outln!(
         "  {:<22} {} used of {}, {} dirty blocks in {} blocksets",
         "write cache",
-        format_size(used),
-        cache_bytes.map(format_size).unwrap_or_default(),
-        s(&t["dirty_blocks"]),
-        s(&t["dirty_blocksets"])
+        format_size(t.log_used_blocks * BLOCK_BYTES),
+        format_size(t.cache_blocks * BLOCK_BYTES),
+        t.dirty_blocks,
+        t.dirty_blocksets
     );
-    outln!("  {:<22} {} written, {} read", "host", size(&t["host_write_bytes"]), size(&t["host_read_bytes"]));
+    outln!("  {:<22} {} written, {} read", "host", size(t.host_write_bytes), size(t.host_read_bytes));
     outln!(
         "  {:<22} {} from cache, {} from capacity",
         "blocks read",
-        s(&t["blocks_read_from_cache"]),
-        s(&t["blocks_read_from_capacity"])
+        t.blocks_read_from_cache,
+        t.blocks_read_from_capacity
     );
     outln!(
         "  {:<22} {} blocksets ({} clean blocks read back to fill partial ones)",
         "destaged",
-        s(&t["destaged_blocksets"]),
-        s(&t["destage_fill_blocks"])
+        t.destaged_blocksets,
+        t.destage_fill_blocks
     );
-    outln!("  {:<22} {}", "metadata page writes", s(&t["metadata_page_writes"]));
-    let wa = |v: &Value| v.as_f64().map_or_else(|| "-".to_string(), |x| format!("{x:.2}"));
+    outln!("  {:<22} {}", "metadata page writes", t.metadata_page_writes);
+    let wa = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |x| format!("{x:.2}"));
     outln!(
         "  {:<22} fast drives {}, capacity drives {} (drive bytes written per host byte)",
         "write amplification",
-        wa(&t["write_amplification_fast"]),
-        wa(&t["write_amplification_capacity"])
+        wa(t.write_amplification_fast),
+        wa(t.write_amplification_capacity)
     );
-    let rows: Vec<Vec<String>> = t["parts"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|p| {
-                    vec![
-                        s(&p["role"]),
-                        s(&p["volume"]),
-                        s(&p["layout"]),
-                        size(&p["size_bytes"]),
-                        s(&p["state"]),
-                        size(&p["write_bytes"]),
-                        size(&p["drive_bytes_written"]),
-                        size(&p["drive_bytes_read"]),
-                        format!("{}/{}", s(&p["full_stripe_writes"]), s(&p["partial_stripe_writes"])),
-                    ]
-                })
-                .collect()
+    let rows: Vec<Vec<String>> = t
+        .parts
+        .iter()
+        .map(|p| {
+            vec![
+                p.role.clone(),
+                p.volume.clone(),
+                p.layout.clone(),
+                size(p.size_bytes),
+                state(p.state),
+                size(p.write_bytes),
+                size(p.drive_bytes_written),
+                size(p.drive_bytes_read),
+                format!("{}/{}", p.full_stripe_writes, p.partial_stripe_writes),
+            ]
         })
-        .unwrap_or_default();
+        .collect();
     outln!();
     table(
         &[
@@ -305,62 +294,55 @@ fn tiered(t: &Value) {
 }
 
 /// `stria volume show`.
-pub(crate) fn volume(v: &Value) {
-    if v["kind"] == "tiered" {
-        tiered(v);
-        return;
+pub(crate) fn volume(v: &VolumeView) {
+    let p = match v {
+        VolumeView::Tiered(t) => return tiered(&t.status),
+        VolumeView::Plain(p) => p,
+    };
+    let st = &p.status;
+    outln!("volume {}", st.name);
+    for (label, value) in
+        [("layout", st.layout.clone()), ("class", st.class.clone()), ("state", state(st.state))]
+    {
+        outln!("  {label:<14} {value}");
     }
-    outln!("volume {}", s(&v["name"]));
-    for (k, label) in [("layout", "layout"), ("class", "class"), ("state", "state")] {
-        outln!("  {label:<14} {}", s(&v[k]));
-    }
-    outln!("  {:<14} {}", "size", size(&v["size_bytes"]));
-    outln!("  {:<14} {}", "chunk", size(&v["chunk_bytes"]));
-    outln!("  {:<14} {} ops, {}", "reads", s(&v["read_ops"]), size(&v["read_bytes"]));
-    outln!("  {:<14} {} ops, {}", "writes", s(&v["write_ops"]), size(&v["write_bytes"]));
+    outln!("  {:<14} {}", "size", size(st.size_bytes));
+    outln!("  {:<14} {}", "chunk", size(st.chunk_bytes));
+    outln!("  {:<14} {} ops, {}", "reads", st.read_ops, size(st.read_bytes));
+    outln!("  {:<14} {} ops, {}", "writes", st.write_ops, size(st.write_bytes));
     outln!(
         "  {:<14} {} full-stripe, {} partial-stripe",
         "ec writes",
-        s(&v["full_stripe_writes"]),
-        s(&v["partial_stripe_writes"])
+        st.full_stripe_writes,
+        st.partial_stripe_writes
     );
-    outln!("  {:<14} {} blocks", "repaired", s(&v["repaired_blocks"]));
-    if let Some(segs) = v["segments"].as_array() {
-        for (i, seg) in segs.iter().enumerate() {
-            let members: Vec<String> = seg["members"]
-                .as_array()
-                .map(|m| {
-                    m.iter()
-                        .map(|m| match &m["rebuild_cursor_rows"] {
-                            Value::Number(c) => format!(
-                                "{}@{} (rebuilding {c}/{})",
-                                s(&m["drive"]),
-                                s(&m["start_block"]),
-                                s(&seg["rows"])
-                            ),
-                            _ => format!("{}@{}", s(&m["drive"]), s(&m["start_block"])),
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            outln!("  segment {i}: {} rows on drive@block {}", s(&seg["rows"]), members.join(", "));
-        }
+    outln!("  {:<14} {} blocks", "repaired", st.repaired_blocks);
+    for (i, seg) in p.segments.iter().enumerate() {
+        let members: Vec<String> = seg
+            .members
+            .iter()
+            .map(|m| match m.rebuild_cursor_rows {
+                Some(c) => format!("{}@{} (rebuilding {c}/{})", m.drive, m.start_block, seg.rows),
+                None => format!("{}@{}", m.drive, m.start_block),
+            })
+            .collect();
+        outln!("  segment {i}: {} rows on drive@block {}", seg.rows, members.join(", "));
     }
 }
 
 /// A scrub report.
-pub(crate) fn scrub(v: &Value) {
+pub(crate) fn scrub(r: &ScrubReport) {
     outln!(
         "scrub of {}: {} rows, {} blocks checked, {} repaired, {} parity and {} copy blocks fixed, {} unrecoverable, \
          {} inconsistent (left as they are)",
-        s(&v["volume"]),
-        s(&v["rows"]),
-        s(&v["blocks_checked"]),
-        s(&v["blocks_repaired"]),
-        s(&v["parity_blocks_fixed"]),
-        s(&v["copy_blocks_fixed"]),
-        s(&v["unrecoverable_blocks"]),
-        s(&v["inconsistent_blocks"])
+        r.volume,
+        r.rows,
+        r.blocks_checked,
+        r.blocks_repaired,
+        r.parity_blocks_fixed,
+        r.copy_blocks_fixed,
+        r.unrecoverable_blocks,
+        r.inconsistent_blocks
     );
 }
 
@@ -420,10 +402,21 @@ mod tests {
 
     #[test]
     fn the_example_layout_fits_the_pool() {
-        let pool = |classes: &[&str]| {
-            let drives: Vec<Value> =
-                classes.iter().map(|c| serde_json::json!({"class": c, "state": "active"})).collect();
-            serde_json::json!({ "drives": drives })
+        // Active drives of the given classes (the other fields do not matter here).
+        let pool = |classes: &[&str]| -> Vec<DriveStatus> {
+            classes
+                .iter()
+                .map(|c| {
+                    serde_json::from_value(serde_json::json!({"class": c, "state": "active",
+                        "id": 0, "uuid": "", "path": "", "domain": "", "failed_reason": null,
+                        "size_bytes": 0, "used_bytes": 0, "read_ops": 0, "bytes_read": 0, "write_ops": 0,
+                        "bytes_written": 0, "read_errors": 0, "last_read_error_unix_secs": null,
+                        "write_errors": 0, "last_write_error_unix_secs": null, "checksum_repairs": 0,
+                        "last_checksum_repair_unix_secs": null, "dirty_regions": 0, "journal_used_bytes": 0,
+                        "write_size_hist": vec![0u64; stria_dev::counters::WRITE_SIZE_BUCKETS]}))
+                    .expect("a drive status")
+                })
+                .collect()
         };
         assert_eq!(example_layout(&pool(&["fast", "fast"])), "raid1");
         assert_eq!(example_layout(&pool(&["fast", "fast", "capacity", "capacity", "capacity"])), "ec:2+1");
