@@ -287,7 +287,22 @@ async fn run(cli: Cli) -> Result<()> {
             output::drives(&status.drives);
             Ok(())
         }
-        Command::Volume(VolumeCmd::Create { name, size, layout, chunk, class, cache_size, cache_copies }) => {
+        Command::Volume(cmd) => volume(&dir, cmd).await,
+        Command::Drive(cmd) => drive(&dir, cmd).await,
+        Command::Scrub { name, json } => scrub(&dir, name, json).await,
+        Command::Status { json } => status(&dir, json).await,
+        Command::Serve(args) => serve(dir, args).await,
+        Command::Up(args) => up(dir, args).await,
+        Command::Bench(BenchCmd::Ec(args)) => stria_bench::ec::run(&args),
+        Command::Bench(BenchCmd::Engine(args)) => stria_bench::engine::run(&args),
+        Command::Bench(BenchCmd::Tier(args)) => stria_bench::tier::run(&args),
+    }
+}
+
+/// `stria volume ...`.
+async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
+    match cmd {
+        VolumeCmd::Create { name, size, layout, chunk, class, cache_size, cache_copies } => {
             let req = Request::VolumeCreate {
                 name,
                 size_bytes: size,
@@ -297,12 +312,12 @@ async fn run(cli: Cli) -> Result<()> {
                 cache_bytes: cache_size,
                 cache_copies,
             };
-            let v = request(&dir, req).await?;
+            let v = request(dir, req).await?;
             output::volume(&view(v)?);
             Ok(())
         }
-        Command::Volume(VolumeCmd::List { json }) => {
-            let v = request(&dir, Request::Status).await?;
+        VolumeCmd::List { json } => {
+            let v = request(dir, Request::Status).await?;
             if json {
                 print_json(&v["volumes"]);
             } else {
@@ -310,8 +325,8 @@ async fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Volume(VolumeCmd::Show { name, json }) => {
-            let v = request(&dir, Request::VolumeShow { name }).await?;
+        VolumeCmd::Show { name, json } => {
+            let v = request(dir, Request::VolumeShow { name }).await?;
             if json {
                 print_json(&v)
             } else {
@@ -319,25 +334,25 @@ async fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Volume(VolumeCmd::Resize { name, size }) => {
-            let v = request(&dir, Request::VolumeResize { name, size_bytes: size }).await?;
+        VolumeCmd::Resize { name, size } => {
+            let v = request(dir, Request::VolumeResize { name, size_bytes: size }).await?;
             output::volume(&view(v)?);
             Ok(())
         }
-        Command::Volume(VolumeCmd::Delete { name }) => {
-            request(&dir, Request::VolumeDelete { name: name.clone() }).await?;
+        VolumeCmd::Delete { name } => {
+            request(dir, Request::VolumeDelete { name: name.clone() }).await?;
             outln!("deleted volume {name}");
             Ok(())
         }
-        Command::Volume(VolumeCmd::Import { name, file }) => {
+        VolumeCmd::Import { name, file } => {
             let path = absolute(&file)?;
-            let v = request(&dir, Request::VolumeImport { name, path }).await?;
+            let v = request(dir, Request::VolumeImport { name, path }).await?;
             outln!("imported {} bytes into {}", v["bytes"], v["volume"].as_str().unwrap_or(""));
             Ok(())
         }
-        Command::Volume(VolumeCmd::Export { name, file }) => {
+        VolumeCmd::Export { name, file } => {
             let path = absolute(&file)?;
-            let v = request(&dir, Request::VolumeExport { name, path }).await?;
+            let v = request(dir, Request::VolumeExport { name, path }).await?;
             outln!(
                 "exported {} bytes of {} to {}",
                 v["bytes"],
@@ -346,79 +361,82 @@ async fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-        Command::Drive(cmd) => drive(&dir, cmd).await,
-        Command::Scrub { name, json } => {
-            let v = request(&dir, Request::Scrub { name }).await?;
-            let report: ScrubReport = view(v.clone())?;
-            if json {
-                print_json(&v)
-            } else {
-                output::scrub(&report)
-            }
-            if report.unrecoverable_blocks > 0 {
-                bail!("scrub found unrecoverable blocks");
-            }
-            if report.inconsistent_blocks > 0 {
-                bail!(
-                    "scrub found copies or parity that disagree with nothing to say which is current; \
-                     they were left as they are (see the log for where)"
-                );
-            }
-            Ok(())
-        }
-        Command::Status { json } => {
-            let v = request(&dir, Request::Status).await?;
-            if json {
-                print_json(&v)
-            } else {
-                output::status(&view(v)?)
-            }
-            Ok(())
-        }
-        Command::Serve(mut args) => {
-            if let Some((drives, drive_bytes)) = args.bench_memory_drives {
-                let volumes = std::mem::take(&mut args.bench_volume);
-                let spec = daemon::MemoryPoolSpec { drives, drive_bytes, volumes };
-                let opts = serve_tls_options(args)?;
-                return daemon::serve_memory(spec, opts, |uris| print_ready(uris, None)).await;
-            }
-            let opts = serve_options(&dir, args)?;
-            daemon::serve(dir, opts, |uris| print_ready(uris, None)).await
-        }
-        Command::Up(args) => {
-            if !dir.exists() {
-                let _lock = dir.lock()?;
-                let pool = std::sync::Arc::new(dir.create_pool("stria", 2, 6, args.drive_size, &[]).await?);
-                let catalog = Catalog::open(pool).await?;
-                let vol0 = CreateVolume {
-                    name: "vol0".into(),
-                    size_bytes: args.volume_size,
-                    layout: "tiered:ec:4+2".into(),
-                    chunk_bytes: None,
-                    class: None,
-                    cache_bytes: None,
-                    cache_copies: None,
-                };
-                catalog.create(vol0).await?;
-                catalog.close().await?;
-                eprintln!(
-                    "created the default pool in {} (2 fast + 6 capacity drives) with volume vol0 (tiered:ec:4+2)",
-                    dir.path.display()
-                );
-            }
-            let mut serve = args.serve;
-            if serve.nbd.is_empty() {
-                serve.nbd =
-                    vec![NbdAddr::Unix(dir.default_nbd_socket()), NbdAddr::Tcp("127.0.0.1:10809".into())];
-            }
-            let opts = serve_options(&dir, serve)?;
-            let pool_dir = dir.path.display().to_string();
-            daemon::serve(dir, opts, move |uris| print_ready(uris, Some(&pool_dir))).await
-        }
-        Command::Bench(BenchCmd::Ec(args)) => stria_bench::ec::run(&args),
-        Command::Bench(BenchCmd::Engine(args)) => stria_bench::engine::run(&args),
-        Command::Bench(BenchCmd::Tier(args)) => stria_bench::tier::run(&args),
     }
+}
+
+/// `stria scrub`: fails when it found what it could not repair or decide.
+async fn scrub(dir: &PoolDir, name: String, json: bool) -> Result<()> {
+    let v = request(dir, Request::Scrub { name }).await?;
+    let report: ScrubReport = view(v.clone())?;
+    if json {
+        print_json(&v)
+    } else {
+        output::scrub(&report)
+    }
+    if report.unrecoverable_blocks > 0 {
+        bail!("scrub found unrecoverable blocks");
+    }
+    if report.inconsistent_blocks > 0 {
+        bail!(
+            "scrub found copies or parity that disagree with nothing to say which is current; \
+             they were left as they are (see the log for where)"
+        );
+    }
+    Ok(())
+}
+
+/// `stria status`.
+async fn status(dir: &PoolDir, json: bool) -> Result<()> {
+    let v = request(dir, Request::Status).await?;
+    if json {
+        print_json(&v)
+    } else {
+        output::status(&view(v)?)
+    }
+    Ok(())
+}
+
+/// `stria serve`.
+async fn serve(dir: PoolDir, mut args: ServeArgs) -> Result<()> {
+    if let Some((drives, drive_bytes)) = args.bench_memory_drives {
+        let volumes = std::mem::take(&mut args.bench_volume);
+        let spec = daemon::MemoryPoolSpec { drives, drive_bytes, volumes };
+        let opts = serve_tls_options(args)?;
+        return daemon::serve_memory(spec, opts, |uris| print_ready(uris, None)).await;
+    }
+    let opts = serve_options(&dir, args)?;
+    daemon::serve(dir, opts, |uris| print_ready(uris, None)).await
+}
+
+/// `stria up`: the default pool, created on first use, then served.
+async fn up(dir: PoolDir, args: UpArgs) -> Result<()> {
+    if !dir.exists() {
+        let _lock = dir.lock()?;
+        let pool = std::sync::Arc::new(dir.create_pool("stria", 2, 6, args.drive_size, &[]).await?);
+        let catalog = Catalog::open(pool).await?;
+        let vol0 = CreateVolume {
+            name: "vol0".into(),
+            size_bytes: args.volume_size,
+            layout: "tiered:ec:4+2".into(),
+            chunk_bytes: None,
+            class: None,
+            cache_bytes: None,
+            cache_copies: None,
+        };
+        catalog.create(vol0).await?;
+        catalog.close().await?;
+        eprintln!(
+            "created the default pool in {} (2 fast + 6 capacity drives) with volume vol0 (tiered:ec:4+2)",
+            dir.path.display()
+        );
+    }
+    let mut serve = args.serve;
+    if serve.nbd.is_empty() {
+        serve.nbd = vec![NbdAddr::Unix(dir.default_nbd_socket()), NbdAddr::Tcp("127.0.0.1:10809".into())];
+    }
+    let opts = serve_options(&dir, serve)?;
+    let pool_dir = dir.path.display().to_string();
+    daemon::serve(dir, opts, move |uris| print_ready(uris, Some(&pool_dir))).await
 }
 
 /// `stria drive ...`.
