@@ -154,23 +154,7 @@ where
 {
     let mut out = Vec::with_capacity(512);
     loop {
-        let mut header = [0u8; OPTION_HEADER_BYTES];
-        stream.read_exact(&mut header).await?;
-        let header = wire::parse_option_header(&header)?;
-        state.options_seen += 1;
-        if state.options_seen > ctx.limits.max_options_per_handshake {
-            return Err(HandshakeError::TooManyOptions(ctx.limits.max_options_per_handshake));
-        }
-        if header.len_bytes > ctx.limits.max_option_bytes {
-            return Err(HandshakeError::OptionTooLarge {
-                option: header.option,
-                len_bytes: header.len_bytes,
-                max_bytes: ctx.limits.max_option_bytes,
-            });
-        }
-        let mut data = vec![0u8; header.len_bytes as usize];
-        stream.read_exact(&mut data).await?;
-        let option = header.option;
+        let (option, data) = read_option(stream, state, ctx).await?;
 
         if ctx.tls_mode == TlsMode::Require
             && !state.tls_active
@@ -207,70 +191,112 @@ where
             }
         };
 
-        match parsed {
-            ClientOption::ExportName(name) => {
-                let named = ctx.registry.lookup(&name).ok_or(HandshakeError::UnknownExport(name))?;
-                let negotiated = finish(state, named);
-                let flags = transmission_flags(negotiated.named.export.as_ref(), negotiated.structured);
-                out.extend_from_slice(&negotiated.named.export.size_bytes().to_be_bytes());
-                out.extend_from_slice(&flags.to_be_bytes());
-                if !state.no_zeroes {
-                    out.extend_from_slice(&[0u8; 124]);
-                }
-                send(stream, &mut out).await?;
-                return Ok(HandshakeEnd::Transmission(negotiated));
-            }
-            ClientOption::Abort => {
-                wire::encode_option_reply(&mut out, option, rep::ACK, &[]);
+        match answer(&mut out, option, parsed, state, ctx)? {
+            None => send(stream, &mut out).await?,
+            Some(HandshakeEnd::Aborted) => {
                 // The client may already have closed; that is fine.
                 let _ = send(stream, &mut out).await;
                 return Ok(HandshakeEnd::Aborted);
             }
-            ClientOption::List => {
-                for name in ctx.registry.names() {
-                    let description = ctx.registry.lookup(&name).and_then(|named| named.export.description());
-                    let payload = wire::rep_server_payload(&name, description.as_deref());
-                    wire::encode_option_reply(&mut out, option, rep::SERVER, &payload);
-                }
-                wire::encode_option_reply(&mut out, option, rep::ACK, &[]);
-            }
-            ClientOption::StartTls => match (ctx.tls_mode, state.tls_active) {
-                (TlsMode::Off, _) => {
-                    error_reply(&mut out, option, rep::ERR_POLICY, "TLS is not enabled on this server")
-                }
-                (_, true) => error_reply(&mut out, option, rep::ERR_INVALID, "TLS is already active"),
-                (_, false) => {
-                    wire::encode_option_reply(&mut out, option, rep::ACK, &[]);
-                    send(stream, &mut out).await?;
-                    return Ok(HandshakeEnd::StartTls);
-                }
-            },
-            ClientOption::Info(request) => {
-                info_reply(&mut out, option, &request, state, ctx);
-            }
-            ClientOption::Go(request) => {
-                if let Some(named) = info_reply(&mut out, option, &request, state, ctx) {
-                    send(stream, &mut out).await?;
-                    return Ok(HandshakeEnd::Transmission(finish(state, named)));
-                }
-            }
-            ClientOption::StructuredReply => {
-                state.structured = true;
-                wire::encode_option_reply(&mut out, option, rep::ACK, &[]);
-            }
-            ClientOption::ListMetaContext(request) => {
-                meta_reply(&mut out, option, &request, true, state, ctx)
-            }
-            ClientOption::SetMetaContext(request) => {
-                meta_reply(&mut out, option, &request, false, state, ctx)
-            }
-            ClientOption::Unknown(code) => {
-                debug!(option = code, "unknown option");
-                error_reply(&mut out, code, rep::ERR_UNSUP, "option not supported by this server");
+            Some(end) => {
+                send(stream, &mut out).await?;
+                return Ok(end);
             }
         }
-        send(stream, &mut out).await?;
     }
+}
+
+/// Reads one option request (header and data) within the handshake's limits.
+async fn read_option<S>(
+    stream: &mut S,
+    state: &mut NegotiationState,
+    ctx: &HandshakeContext<'_>,
+) -> Result<(u32, Vec<u8>), HandshakeError>
+where
+    S: AsyncRead + Unpin,
+{
+    let mut header = [0u8; OPTION_HEADER_BYTES];
+    stream.read_exact(&mut header).await?;
+    let header = wire::parse_option_header(&header)?;
+    state.options_seen += 1;
+    if state.options_seen > ctx.limits.max_options_per_handshake {
+        return Err(HandshakeError::TooManyOptions(ctx.limits.max_options_per_handshake));
+    }
+    if header.len_bytes > ctx.limits.max_option_bytes {
+        return Err(HandshakeError::OptionTooLarge {
+            option: header.option,
+            len_bytes: header.len_bytes,
+            max_bytes: ctx.limits.max_option_bytes,
+        });
+    }
+    let mut data = vec![0u8; header.len_bytes as usize];
+    stream.read_exact(&mut data).await?;
+    Ok((header.option, data))
+}
+
+/// Puts the reply to one parsed option into `out`; `Some` when the option ends the handshake
+/// (the caller sends `out` either way).
+fn answer(
+    out: &mut Vec<u8>,
+    option: u32,
+    parsed: ClientOption,
+    state: &mut NegotiationState,
+    ctx: &HandshakeContext<'_>,
+) -> Result<Option<HandshakeEnd>, HandshakeError> {
+    match parsed {
+        ClientOption::ExportName(name) => {
+            let named = ctx.registry.lookup(&name).ok_or(HandshakeError::UnknownExport(name))?;
+            let negotiated = finish(state, named);
+            let flags = transmission_flags(negotiated.named.export.as_ref(), negotiated.structured);
+            out.extend_from_slice(&negotiated.named.export.size_bytes().to_be_bytes());
+            out.extend_from_slice(&flags.to_be_bytes());
+            if !state.no_zeroes {
+                out.extend_from_slice(&[0u8; 124]);
+            }
+            return Ok(Some(HandshakeEnd::Transmission(negotiated)));
+        }
+        ClientOption::Abort => {
+            wire::encode_option_reply(out, option, rep::ACK, &[]);
+            return Ok(Some(HandshakeEnd::Aborted));
+        }
+        ClientOption::List => {
+            for name in ctx.registry.names() {
+                let description = ctx.registry.lookup(&name).and_then(|named| named.export.description());
+                let payload = wire::rep_server_payload(&name, description.as_deref());
+                wire::encode_option_reply(out, option, rep::SERVER, &payload);
+            }
+            wire::encode_option_reply(out, option, rep::ACK, &[]);
+        }
+        ClientOption::StartTls => match (ctx.tls_mode, state.tls_active) {
+            (TlsMode::Off, _) => {
+                error_reply(out, option, rep::ERR_POLICY, "TLS is not enabled on this server")
+            }
+            (_, true) => error_reply(out, option, rep::ERR_INVALID, "TLS is already active"),
+            (_, false) => {
+                wire::encode_option_reply(out, option, rep::ACK, &[]);
+                return Ok(Some(HandshakeEnd::StartTls));
+            }
+        },
+        ClientOption::Info(request) => {
+            info_reply(out, option, &request, state, ctx);
+        }
+        ClientOption::Go(request) => {
+            if let Some(named) = info_reply(out, option, &request, state, ctx) {
+                return Ok(Some(HandshakeEnd::Transmission(finish(state, named))));
+            }
+        }
+        ClientOption::StructuredReply => {
+            state.structured = true;
+            wire::encode_option_reply(out, option, rep::ACK, &[]);
+        }
+        ClientOption::ListMetaContext(request) => meta_reply(out, option, &request, true, state, ctx),
+        ClientOption::SetMetaContext(request) => meta_reply(out, option, &request, false, state, ctx),
+        ClientOption::Unknown(code) => {
+            debug!(option = code, "unknown option");
+            error_reply(out, code, rep::ERR_UNSUP, "option not supported by this server");
+        }
+    }
+    Ok(None)
 }
 
 /// Settles the connection parameters for `named`.
