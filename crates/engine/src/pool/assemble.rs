@@ -111,63 +111,9 @@ impl<D: BlockDevice> Pool<D> {
         if found.is_empty() {
             return Err(EngineError::NoDrives);
         }
-        let mut candidates: Vec<(Superblock, FoundDrive<D>)> = Vec::new();
-        for fd in found {
-            match read_superblock(&fd.dev).await {
-                Ok(sb) => candidates.push((sb, fd)),
-                Err(FormatError::NotStria) => {
-                    return Err(EngineError::ForeignDrive {
-                        path: fd.path,
-                        reason: "no stria superblock: it is not part of any pool".into(),
-                    });
-                }
-                Err(e) => {
-                    return Err(EngineError::ForeignDrive {
-                        path: fd.path,
-                        reason: format!("unreadable superblock: {e}"),
-                    });
-                }
-            }
-        }
-        // The pool is the one most of the drives belong to; any other drive is foreign.
-        let mut by_pool: HashMap<Uuid, usize> = HashMap::new();
-        for (sb, _) in &candidates {
-            *by_pool.entry(sb.pool_uuid).or_default() += 1;
-        }
-        let pool_uuid = *by_pool.iter().max_by_key(|(u, n)| (**n, **u)).expect("non-empty").0;
-        if let Some((sb, fd)) = candidates.iter().find(|(sb, _)| sb.pool_uuid != pool_uuid) {
-            return Err(EngineError::ForeignDrive {
-                path: fd.path.clone(),
-                reason: format!(
-                    "belongs to pool `{}` ({}), not to pool `{}` ({pool_uuid})",
-                    sb.pool_name,
-                    sb.pool_uuid,
-                    candidates.iter().find(|c| c.0.pool_uuid == pool_uuid).expect("exists").0.pool_name
-                ),
-            });
-        }
-        let mut seen: HashMap<Uuid, String> = HashMap::new();
-        for (sb, fd) in &candidates {
-            if let Some(first) = seen.insert(sb.drive_uuid, fd.path.clone()) {
-                return Err(EngineError::DuplicateDrive {
-                    uuid: sb.drive_uuid.to_string(),
-                    first,
-                    second: fd.path.clone(),
-                });
-            }
-        }
-        // The newest metadata any drive holds.
-        let mut meta: Option<PoolMeta> = None;
-        for (sb, fd) in &candidates {
-            for m in read_metadata(&fd.dev, &sb.layout).await {
-                if m.pool_uuid == pool_uuid && meta.as_ref().is_none_or(|b| m.generation > b.generation) {
-                    meta = Some(m);
-                }
-            }
-        }
-        let meta = meta.ok_or_else(|| {
-            EngineError::Format(FormatError::BadPayload("no drive holds valid pool metadata".into()))
-        })?;
+        let candidates = read_superblocks(found).await?;
+        let pool_uuid = one_pool(&candidates)?;
+        let meta = newest_meta(&candidates, pool_uuid).await?;
         let committed = newest_committed(candidates.iter().map(|(sb, _)| sb));
         check_membership(&meta, &candidates, committed)?;
         if let Err(e) = check_quorum(&meta, &candidates) {
@@ -177,36 +123,7 @@ impl<D: BlockDevice> Pool<D> {
             tracing::warn!(error = %e, "opening without a quorum because of --force");
         }
 
-        // Open the drives and stand in for the missing ones.
-        let template = candidates[0].0.clone();
-        let mut drives: Vec<Arc<Drive<D>>> = Vec::new();
-        let mut findings: Vec<(u32, OpenFindings)> = Vec::new();
-        let mut present: Vec<u32> = Vec::new();
-        for (sb, fd) in candidates {
-            let slot = sb.slot;
-            let (drive, f) = Drive::open(fd.dev, sb).await?;
-            if meta.drive(slot).is_some_and(|r| r.state == DriveState::Failed) {
-                unreachable!("stale drives are refused above");
-            }
-            present.push(slot);
-            findings.push((slot, f));
-            drives.push(Arc::new(drive));
-        }
-        let mut missing = Vec::new();
-        for rec in &meta.drives {
-            if !present.contains(&rec.slot) {
-                let mut sb = template.clone();
-                sb.slot = rec.slot;
-                sb.drive_uuid = rec.uuid;
-                sb.class = rec.class;
-                sb.domain = rec.domain.clone();
-                drives.push(Arc::new(Drive::missing(sb)));
-                if rec.state == DriveState::Active {
-                    missing.push(rec.slot);
-                }
-            }
-        }
-        drives.sort_by_key(|d| d.slot());
+        let (drives, findings, missing) = open_drives(candidates, &meta).await?;
         let txn_next = findings
             .iter()
             .flat_map(|(_, f)| f.journal.iter().map(|p| p.piece.txn_id).chain([f.txn_watermark]))
@@ -245,6 +162,119 @@ impl<D: BlockDevice> Pool<D> {
         }
         Ok(pool)
     }
+}
+
+/// Reads the superblock of every drive found; a drive without a readable one is foreign.
+async fn read_superblocks<D: BlockDevice>(
+    found: Vec<FoundDrive<D>>,
+) -> Result<Vec<(Superblock, FoundDrive<D>)>, EngineError> {
+    let mut candidates = Vec::with_capacity(found.len());
+    for fd in found {
+        match read_superblock(&fd.dev).await {
+            Ok(sb) => candidates.push((sb, fd)),
+            Err(FormatError::NotStria) => {
+                return Err(EngineError::ForeignDrive {
+                    path: fd.path,
+                    reason: "no stria superblock: it is not part of any pool".into(),
+                });
+            }
+            Err(e) => {
+                return Err(EngineError::ForeignDrive {
+                    path: fd.path,
+                    reason: format!("unreadable superblock: {e}"),
+                });
+            }
+        }
+    }
+    Ok(candidates)
+}
+
+/// The pool most of the drives belong to. Any drive of another pool, and any drive given twice,
+/// is refused.
+fn one_pool<D: BlockDevice>(candidates: &[(Superblock, FoundDrive<D>)]) -> Result<Uuid, EngineError> {
+    let mut by_pool: HashMap<Uuid, usize> = HashMap::new();
+    for (sb, _) in candidates {
+        *by_pool.entry(sb.pool_uuid).or_default() += 1;
+    }
+    let pool_uuid = *by_pool.iter().max_by_key(|(u, n)| (**n, **u)).expect("non-empty").0;
+    if let Some((sb, fd)) = candidates.iter().find(|(sb, _)| sb.pool_uuid != pool_uuid) {
+        return Err(EngineError::ForeignDrive {
+            path: fd.path.clone(),
+            reason: format!(
+                "belongs to pool `{}` ({}), not to pool `{}` ({pool_uuid})",
+                sb.pool_name,
+                sb.pool_uuid,
+                candidates.iter().find(|c| c.0.pool_uuid == pool_uuid).expect("exists").0.pool_name
+            ),
+        });
+    }
+    let mut seen: HashMap<Uuid, String> = HashMap::new();
+    for (sb, fd) in candidates {
+        if let Some(first) = seen.insert(sb.drive_uuid, fd.path.clone()) {
+            return Err(EngineError::DuplicateDrive {
+                uuid: sb.drive_uuid.to_string(),
+                first,
+                second: fd.path.clone(),
+            });
+        }
+    }
+    Ok(pool_uuid)
+}
+
+/// The newest metadata of pool `pool_uuid` any drive holds.
+async fn newest_meta<D: BlockDevice>(
+    candidates: &[(Superblock, FoundDrive<D>)],
+    pool_uuid: Uuid,
+) -> Result<PoolMeta, EngineError> {
+    let mut meta: Option<PoolMeta> = None;
+    for (sb, fd) in candidates {
+        for m in read_metadata(&fd.dev, &sb.layout).await {
+            if m.pool_uuid == pool_uuid && meta.as_ref().is_none_or(|b| m.generation > b.generation) {
+                meta = Some(m);
+            }
+        }
+    }
+    meta.ok_or_else(|| {
+        EngineError::Format(FormatError::BadPayload("no drive holds valid pool metadata".into()))
+    })
+}
+
+/// Opens the drives found and stands in for the missing ones: every drive of `meta` by slot,
+/// what opening found on each present one, and the active drives missing.
+async fn open_drives<D: BlockDevice>(
+    candidates: Vec<(Superblock, FoundDrive<D>)>,
+    meta: &PoolMeta,
+) -> Result<(Vec<Arc<Drive<D>>>, Vec<(u32, OpenFindings)>, Vec<u32>), EngineError> {
+    let template = candidates[0].0.clone();
+    let mut drives: Vec<Arc<Drive<D>>> = Vec::new();
+    let mut findings: Vec<(u32, OpenFindings)> = Vec::new();
+    let mut present: Vec<u32> = Vec::new();
+    for (sb, fd) in candidates {
+        let slot = sb.slot;
+        let (drive, f) = Drive::open(fd.dev, sb).await?;
+        if meta.drive(slot).is_some_and(|r| r.state == DriveState::Failed) {
+            unreachable!("stale drives are refused above");
+        }
+        present.push(slot);
+        findings.push((slot, f));
+        drives.push(Arc::new(drive));
+    }
+    let mut missing = Vec::new();
+    for rec in &meta.drives {
+        if !present.contains(&rec.slot) {
+            let mut sb = template.clone();
+            sb.slot = rec.slot;
+            sb.drive_uuid = rec.uuid;
+            sb.class = rec.class;
+            sb.domain = rec.domain.clone();
+            drives.push(Arc::new(Drive::missing(sb)));
+            if rec.state == DriveState::Active {
+                missing.push(rec.slot);
+            }
+        }
+    }
+    drives.sort_by_key(|d| d.slot());
+    Ok((drives, findings, missing))
 }
 
 /// The newest generation known to have reached every drive in use (see
