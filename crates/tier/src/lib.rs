@@ -80,6 +80,49 @@ pub async fn create<D: BlockDevice>(
     pool: &Arc<Pool<D>>,
     spec: TieredSpec,
 ) -> Result<Arc<TieredVolume<D>>, TierError> {
+    let Plan { size_bytes, blockset_bytes, blocksets, parts } = plan(pool, &spec)?;
+    let name = spec.name;
+    let made = create_parts(pool, parts).await?;
+    let (meta, cache, cap) = (made[0].clone(), made[1].clone(), made[2].clone());
+    let header = Header {
+        blockset_bytes,
+        blocksets,
+        cache_blocks: cache.size_bytes() / BLOCK,
+        volume_bytes: size_bytes,
+    };
+    meta.write(0, IoBytes::copy_from(&header.encode()), true).await?;
+    let params = TierParams {
+        blockset_bytes,
+        cache_blocks: header.cache_blocks,
+        start_percent: 50,
+        stop_percent: 20,
+        idle_ms: 2000,
+        always: false,
+        batch_blocksets: 8,
+    };
+    pool.add_tiered(TieredRecord {
+        name: name.clone(),
+        size_bytes,
+        cache_volume: cache.id(),
+        meta_volume: meta.id(),
+        capacity_volume: cap.id(),
+        params: serde_json::to_value(params).expect("params serialize"),
+    })
+    .await?;
+    let rec = pool.meta().tiered.iter().find(|t| t.name == name).cloned().expect("just added");
+    open(pool, &rec).await
+}
+
+/// What a tiered volume needs, checked against the pool: its sizes and its three parts
+/// (metadata, cache, capacity, in that order).
+struct Plan {
+    size_bytes: u64,
+    blockset_bytes: u64,
+    blocksets: u64,
+    parts: [VolumeSpec; 3],
+}
+
+fn plan<D: BlockDevice>(pool: &Pool<D>, spec: &TieredSpec) -> Result<Plan, TierError> {
     let ec = Layout::Ec { data_shards: spec.data_shards, parity_shards: spec.parity_shards };
     ec.validate().map_err(TierError::Invalid)?;
     if spec.cache_copies < 2 {
@@ -154,6 +197,14 @@ pub async fn create<D: BlockDevice>(
     if pool.volume(&name).is_some() || pool.meta().tiered.iter().any(|t| t.name == name) {
         return Err(EngineError::VolumeExists(name).into());
     }
+    Ok(Plan { size_bytes, blockset_bytes, blocksets, parts })
+}
+
+/// Creates the parts in order; if one cannot be created, deletes those made before it.
+async fn create_parts<D: BlockDevice>(
+    pool: &Pool<D>,
+    parts: [VolumeSpec; 3],
+) -> Result<Vec<Arc<Volume<D>>>, TierError> {
     let mut made: Vec<Arc<Volume<D>>> = Vec::new();
     for p in parts {
         match pool.create_volume(p).await {
@@ -166,34 +217,7 @@ pub async fn create<D: BlockDevice>(
             }
         }
     }
-    let (meta, cache, cap) = (made[0].clone(), made[1].clone(), made[2].clone());
-    let header = Header {
-        blockset_bytes,
-        blocksets,
-        cache_blocks: cache.size_bytes() / BLOCK,
-        volume_bytes: size_bytes,
-    };
-    meta.write(0, IoBytes::copy_from(&header.encode()), true).await?;
-    let params = TierParams {
-        blockset_bytes,
-        cache_blocks: header.cache_blocks,
-        start_percent: 50,
-        stop_percent: 20,
-        idle_ms: 2000,
-        always: false,
-        batch_blocksets: 8,
-    };
-    pool.add_tiered(TieredRecord {
-        name: name.clone(),
-        size_bytes,
-        cache_volume: cache.id(),
-        meta_volume: meta.id(),
-        capacity_volume: cap.id(),
-        params: serde_json::to_value(params).expect("params serialize"),
-    })
-    .await?;
-    let rec = pool.meta().tiered.iter().find(|t| t.name == name).cloned().expect("just added");
-    open(pool, &rec).await
+    Ok(made)
 }
 
 /// Opens a tiered volume (after the pool has recovered its parts) and starts its destager.
