@@ -6,11 +6,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use futures::future::join_all;
 
 use crate::join::join_all_ok;
-use stria_dev::{BlockDevice, IoBuf, IoBytes};
+use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 use stria_ec::ReedSolomon;
 
+use super::Volume;
 use super::map::{ChunkRun, Member, Segment, VolumeMap};
-use super::{BLOCK, BLOCK_USIZE, Volume};
 use crate::drive::ReadFault;
 use crate::drive::journal::{AppendError, JournalPiece};
 use crate::error::VolumeError;
@@ -111,7 +111,7 @@ impl<D: BlockDevice> Volume<D> {
         let (k, m) = self.ec_shape();
         let total = k + m;
         let target = run.column as usize;
-        let len = (run.blocks * BLOCK) as usize;
+        let len = (run.blocks * BLOCK_BYTES) as usize;
         let mut chosen = [0usize; MAX_SHARDS];
         let mut n = 0;
         for shard in (0..total).filter(|&s| s != target) {
@@ -240,8 +240,10 @@ impl<D: BlockDevice> Volume<D> {
         let target_usable = target_member.usable(run.row);
         if target_usable {
             let block = target_member.start_block + self.geo.member_block(run.row, run.offset_in_chunk);
-            if let Ok(buf) =
-                target_member.drive.read_verified(block, IoBuf::zeroed((run.blocks * BLOCK) as usize)).await
+            if let Ok(buf) = target_member
+                .drive
+                .read_verified(block, IoBuf::zeroed((run.blocks * BLOCK_BYTES) as usize))
+                .await
             {
                 return Ok(buf);
             }
@@ -340,7 +342,7 @@ impl<D: BlockDevice> Volume<D> {
         let mut stripes: Vec<StripeWrite> = Vec::new();
         let mut at = 0usize;
         for run in runs {
-            let len = (run.blocks * BLOCK) as usize;
+            let len = (run.blocks * BLOCK_BYTES) as usize;
             let slice = data.slice(at..at + len);
             at += len;
             match stripes.last_mut() {
@@ -365,7 +367,8 @@ impl<D: BlockDevice> Volume<D> {
     ) -> Result<(), VolumeError> {
         let seg = &map.segments[sw.segment];
         let chunk = self.geo.chunk_blocks;
-        let full = sw.shards.iter().all(|s| matches!(s, Some((0, d)) if d.len() as u64 == chunk * BLOCK));
+        let full =
+            sw.shards.iter().all(|s| matches!(s, Some((0, d)) if d.len() as u64 == chunk * BLOCK_BYTES));
         // Unjournaled only where every member stays usable after a crash (see `durably_usable`).
         let all_usable = seg.members.iter().all(|m| m.durably_usable(sw.row));
         if full && all_usable {
@@ -380,7 +383,7 @@ impl<D: BlockDevice> Volume<D> {
     /// A full stripe on a healthy stripe: encode, write everything, no journal.
     async fn ec_full_stripe(&self, seg: &Segment<D>, sw: &StripeWrite, fua: bool) -> Result<(), VolumeError> {
         let (k, m) = self.ec_shape();
-        let len = (self.geo.chunk_blocks * BLOCK) as usize;
+        let len = (self.geo.chunk_blocks * BLOCK_BYTES) as usize;
         let data: Vec<&IoBytes> = sw.shards.iter().map(|s| &s.as_ref().expect("full stripe").1).collect();
         // The encoder writes every byte of the parity: no need to zero it first.
         let mut parity: Vec<IoBuf> = (0..m).map(|_| IoBuf::for_overwrite(len)).collect();
@@ -417,7 +420,7 @@ impl<D: BlockDevice> Volume<D> {
         for (p, result) in pieces.iter().zip(results) {
             let drive = &seg.members[p.member].drive;
             match result {
-                Ok(()) if p.repair => self.note_repair(drive, p.data.len() as u64 / BLOCK),
+                Ok(()) if p.repair => self.note_repair(drive, p.data.len() as u64 / BLOCK_BYTES),
                 Ok(()) => {}
                 Err(e) => self.fail_drive(drive, format!("write failed: {e}")).await?,
             }
@@ -451,15 +454,15 @@ impl<D: BlockDevice> Volume<D> {
         let touched: Vec<(usize, u64, &IoBytes)> =
             sw.shards.iter().enumerate().filter_map(|(j, s)| s.as_ref().map(|(o, d)| (j, *o, d))).collect();
         let rmin = touched.iter().map(|t| t.1).min().expect("a stripe write touches a shard");
-        let rmax = touched.iter().map(|t| t.1 + t.2.len() as u64 / BLOCK).max().expect("non-empty");
+        let rmax = touched.iter().map(|t| t.1 + t.2.len() as u64 / BLOCK_BYTES).max().expect("non-empty");
         let rows = rmax - rmin;
         let usable: Vec<bool> =
             (0..total).map(|s| self.shard_member(seg, sw.row, s).1.usable(sw.row)).collect();
-        let covers_all =
-            |j: usize| matches!(&sw.shards[j], Some((o, d)) if *o == rmin && d.len() as u64 == rows * BLOCK);
+        let covers_all = |j: usize| matches!(&sw.shards[j], Some((o, d)) if *o == rmin && d.len() as u64 == rows * BLOCK_BYTES);
 
         let inc_possible = touched.iter().all(|t| usable[t.0]) && (k..total).all(|p| usable[p]);
-        let inc_reads: u64 = touched.iter().map(|t| t.2.len() as u64 / BLOCK).sum::<u64>() + m as u64 * rows;
+        let inc_reads: u64 =
+            touched.iter().map(|t| t.2.len() as u64 / BLOCK_BYTES).sum::<u64>() + m as u64 * rows;
         let rw_possible = (0..k).all(|j| covers_all(j) || usable[j]);
         let rw_reads = (0..k).filter(|&j| !covers_all(j)).count() as u64 * rows;
 
@@ -494,14 +497,16 @@ impl<D: BlockDevice> Volume<D> {
         });
         let parity_reads = (k..k + m).map(|p| {
             let (_, mb) = self.shard_member(seg, sw.row, p);
-            mb.drive
-                .read_verified(mb.start_block + sw.row * chunk + rmin, IoBuf::zeroed((rows * BLOCK) as usize))
+            mb.drive.read_verified(
+                mb.start_block + sw.row * chunk + rmin,
+                IoBuf::zeroed((rows * BLOCK_BYTES) as usize),
+            )
         });
         let (olds, parities) = futures::join!(join_all(old_reads), join_all(parity_reads));
         let olds: Vec<IoBuf> = olds.into_iter().collect::<Result<_, _>>().ok()?;
         let mut parities: Vec<IoBuf> = parities.into_iter().collect::<Result<_, _>>().ok()?;
         for (&(j, off, new), old) in touched.iter().zip(&olds) {
-            let at = ((off - rmin) * BLOCK) as usize;
+            let at = ((off - rmin) * BLOCK_BYTES) as usize;
             let mut outs: Vec<&mut [u8]> = parities.iter_mut().map(|p| &mut p[at..at + new.len()]).collect();
             self.codec().update(j, old, new, &mut outs).expect("shapes are consistent");
         }
@@ -522,7 +527,7 @@ impl<D: BlockDevice> Volume<D> {
     ) -> Option<Vec<Piece>> {
         let (k, _) = self.ec_shape();
         let chunk = self.geo.chunk_blocks;
-        let len = (rows * BLOCK) as usize;
+        let len = (rows * BLOCK_BYTES) as usize;
         let reads = (0..k).map(|j| {
             let (_, mb) = self.shard_member(seg, sw.row, j);
             let needs_read = !matches!(&sw.shards[j], Some((o, d)) if *o == rmin && d.len() == len);
@@ -594,7 +599,7 @@ impl<D: BlockDevice> Volume<D> {
     fn overlay_new_data(&self, sw: &StripeWrite, rmin: u64, data: &mut [IoBuf]) {
         for (j, s) in sw.shards.iter().enumerate() {
             if let Some((off, d)) = s {
-                let at = ((off - rmin) * BLOCK) as usize;
+                let at = ((off - rmin) * BLOCK_BYTES) as usize;
                 data[j][at..at + d.len()].copy_from_slice(d);
             }
         }
@@ -602,7 +607,8 @@ impl<D: BlockDevice> Volume<D> {
 
     pub(super) fn encode_rows(&self, data: &[IoBuf], rows: u64) -> Vec<IoBuf> {
         let (_, m) = self.ec_shape();
-        let mut parity: Vec<IoBuf> = (0..m).map(|_| IoBuf::for_overwrite((rows * BLOCK) as usize)).collect();
+        let mut parity: Vec<IoBuf> =
+            (0..m).map(|_| IoBuf::for_overwrite((rows * BLOCK_BYTES) as usize)).collect();
         let refs: Vec<&[u8]> = data.iter().map(|d| &d[..]).collect();
         let mut outs: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[..]).collect();
         self.codec().encode(&refs, &mut outs).expect("shapes are consistent");

@@ -6,10 +6,10 @@
 //! verifies every block, repairs the bad ones from redundancy, then checks that parity (or the
 //! copies) agree with the verified data.
 
-use stria_dev::{BlockDevice, DevError, IoBuf, IoBytes};
+use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, DevError, IoBuf, IoBytes};
 
+use super::Volume;
 use super::map::{ChunkRun, Member, VolumeMap};
-use super::{BLOCK, BLOCK_USIZE, Volume};
 use crate::drive::Drive;
 use crate::drive::csum::{UNWRITTEN, block_crc};
 use crate::error::{EngineError, VolumeError};
@@ -33,7 +33,7 @@ async fn read_logical<D: BlockDevice>(
     block: u64,
     blocks: u64,
 ) -> Result<(IoBuf, Vec<bool>), DevError> {
-    let mut buf = drive.read_raw(block, IoBuf::zeroed((blocks * BLOCK) as usize)).await?;
+    let mut buf = drive.read_raw(block, IoBuf::zeroed((blocks * BLOCK_BYTES) as usize)).await?;
     let written: Vec<bool> = (0..blocks).map(|i| drive.csum.get(block + i) != UNWRITTEN).collect();
     for (i, w) in written.iter().enumerate() {
         if !w {
@@ -251,7 +251,8 @@ impl<D: BlockDevice> Volume<D> {
                 continue;
             }
             let block = self.member_block(member, run);
-            if let Ok(buf) = member.drive.read_verified(block, IoBuf::zeroed((chunk * BLOCK) as usize)).await
+            if let Ok(buf) =
+                member.drive.read_verified(block, IoBuf::zeroed((chunk * BLOCK_BYTES) as usize)).await
             {
                 copies.push((member, buf));
             }

@@ -3,10 +3,10 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use futures::future::join_all;
-use stria_dev::{BlockDevice, IoBuf, IoBytes};
+use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 
+use super::Volume;
 use super::map::{ChunkRun, Member, VolumeMap};
-use super::{BLOCK, BLOCK_USIZE, Volume};
 use crate::drive::ReadFault;
 use crate::error::VolumeError;
 
@@ -68,7 +68,7 @@ impl<D: BlockDevice> Volume<D> {
         run: ChunkRun,
     ) -> Result<IoBuf, VolumeError> {
         let seg = &map.segments[run.segment];
-        let len = (run.blocks * BLOCK) as usize;
+        let len = (run.blocks * BLOCK_BYTES) as usize;
         let n = run.blocks as usize;
         let mut reads: Vec<CopyRead> = Vec::new();
         for m in self.copy_members(&run) {

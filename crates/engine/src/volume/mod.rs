@@ -4,6 +4,7 @@
 //! under the stripe lock, and dispatches to the two layout families: mirror/stripe (`mirror.rs`)
 //! and erasure-coded (`ec.rs`).
 
+pub mod bytes;
 mod ec;
 pub(crate) mod locks;
 pub(crate) mod maint;
@@ -15,18 +16,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use crate::join::join_all_ok;
 use arc_swap::ArcSwap;
-use stria_dev::{BlockDevice, IoBuf, IoBytes};
+use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 use stria_ec::ReedSolomon;
 
 use crate::drive::Drive;
 use crate::error::VolumeError;
 use crate::format::meta::{DriveClass, Layout};
 use crate::pool::core::PoolCore;
+use bytes::{ExtentRuns, Span, ZeroSplit};
 use locks::StripeLocks;
 use map::{ChunkRun, Geometry, VolumeMap};
-
-const BLOCK: u64 = 4096;
-const BLOCK_USIZE: usize = 4096;
 
 /// Health of a volume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -118,7 +117,7 @@ impl<D: BlockDevice> Volume<D> {
 
     /// Size in bytes.
     pub fn size_bytes(&self) -> u64 {
-        self.map.load().total_blocks * BLOCK
+        self.map.load().total_blocks * BLOCK_BYTES
     }
 
     /// Layout.
@@ -133,12 +132,12 @@ impl<D: BlockDevice> Volume<D> {
 
     /// Chunk (stripe height) in bytes.
     pub fn chunk_bytes(&self) -> u64 {
-        self.geo.chunk_blocks * BLOCK
+        self.geo.chunk_blocks * BLOCK_BYTES
     }
 
     /// Bytes of data in one full row (stripe): the natural unit of a full-stripe write.
     pub fn row_bytes(&self) -> u64 {
-        self.geo.row_blocks() * BLOCK
+        self.geo.row_blocks() * BLOCK_BYTES
     }
 
     /// Host-side counters.
@@ -170,11 +169,7 @@ impl<D: BlockDevice> Volume<D> {
         if self.closed.load(Relaxed) {
             return Err(VolumeError::Closed(self.name.clone()));
         }
-        let size_bytes = map.total_blocks * BLOCK;
-        match offset_bytes.checked_add(len_bytes) {
-            Some(end) if end <= size_bytes => Ok(()),
-            _ => Err(VolumeError::OutOfRange { offset_bytes, len_bytes, size_bytes }),
-        }
+        bytes::check_range(offset_bytes, len_bytes, map.total_blocks * BLOCK_BYTES)
     }
 
     pub(crate) fn unrecoverable(&self, run: &ChunkRun, reason: impl Into<String>) -> VolumeError {
@@ -185,8 +180,8 @@ impl<D: BlockDevice> Volume<D> {
             + run.offset_in_chunk;
         VolumeError::Unrecoverable {
             volume: self.name.clone(),
-            offset_bytes: lb * BLOCK,
-            len_bytes: run.blocks * BLOCK,
+            offset_bytes: lb * BLOCK_BYTES,
+            len_bytes: run.blocks * BLOCK_BYTES,
             reason: reason.into(),
         }
     }
@@ -202,18 +197,10 @@ impl<D: BlockDevice> Volume<D> {
         if len_bytes == 0 {
             return Ok(IoBuf::zeroed(0));
         }
-        let first = offset_bytes / BLOCK;
-        let end = (offset_bytes + len_bytes as u64).div_ceil(BLOCK);
-        let buf = IoBuf::zeroed(((end - first) * BLOCK) as usize);
-        let mut buf = self.read_blocks_in(&map, first, buf, false).await?;
-        let head = (offset_bytes % BLOCK) as usize;
-        if head > 0 {
-            drop(buf.split_to(head));
-        }
-        if buf.len() > len_bytes {
-            drop(buf.split_off(len_bytes));
-        }
-        Ok(buf)
+        let span = Span::new(offset_bytes, len_bytes as u64);
+        let buf = IoBuf::zeroed(span.whole_len());
+        let buf = self.read_blocks_in(&map, span.first, buf, false).await?;
+        Ok(span.clip(buf))
     }
 
     /// Reads whole blocks from logical block `lb` into `buf`. With `locked`, the caller already
@@ -230,7 +217,7 @@ impl<D: BlockDevice> Volume<D> {
         buf: IoBuf,
         locked: bool,
     ) -> Result<IoBuf, VolumeError> {
-        let blocks = buf.len() as u64 / BLOCK;
+        let blocks = buf.len() as u64 / BLOCK_BYTES;
         // Small requests lie in one chunk: no run list to allocate.
         if let Some(run) = map.single_run(&self.geo, lb, blocks) {
             return self.read_run(map, run, buf, locked).await;
@@ -239,7 +226,7 @@ impl<D: BlockDevice> Volume<D> {
         let mut rest = buf;
         let mut reads = Vec::with_capacity(runs.len());
         for run in runs {
-            let tail = rest.split_off((run.blocks * BLOCK) as usize);
+            let tail = rest.split_off((run.blocks * BLOCK_BYTES) as usize);
             let piece = std::mem::replace(&mut rest, tail);
             reads.push(self.read_run(map, run, piece, locked));
         }
@@ -271,20 +258,25 @@ impl<D: BlockDevice> Volume<D> {
         if len_bytes == 0 {
             return Ok(());
         }
-        let first = offset_bytes / BLOCK;
-        let end = (offset_bytes + len_bytes).div_ceil(BLOCK);
+        let span = Span::new(offset_bytes, len_bytes);
         let map = self.map.load_full();
-        let runs = map.runs(&self.geo, first, end - first);
+        let runs = map.runs(&self.geo, span.first, span.blocks());
         // On ec, a FUA write completes with a pool flush instead of per-drive FUA: the flush
         // raises the transaction watermark past every older journaled write to these stripes,
         // so recovery can never replay one over this (durable) write.
         let ec = matches!(self.geo.layout, Layout::Ec { .. });
         {
             let _guards = self.locks.lock(runs.iter().map(|r| (r.segment, r.row))).await;
-            let aligned =
-                offset_bytes.is_multiple_of(BLOCK) && len_bytes.is_multiple_of(BLOCK) && data.is_aligned();
-            let data =
-                if aligned { data } else { self.merge_unaligned(first, end, offset_bytes, &data).await? };
+            // An aligned range in unaligned memory goes through the merge too: it reads nothing
+            // and only copies.
+            let data = if span.is_aligned() && data.is_aligned() {
+                data
+            } else {
+                bytes::merge_unaligned(&span, &data, |b| {
+                    self.read_blocks(b, IoBuf::zeroed(BLOCK_USIZE), true)
+                })
+                .await?
+            };
             self.write_runs_locked(&map, &runs, data, fua && !ec).await?;
         }
         self.confirm_skipped(&map, &runs).await?;
@@ -321,32 +313,6 @@ impl<D: BlockDevice> Volume<D> {
         VolumeError::Pool { volume: self.name.clone(), source: Box::new(e) }
     }
 
-    /// Builds the whole-block image of an unaligned write: the old head and tail blocks with the
-    /// new bytes laid over them. The caller holds the stripe locks.
-    async fn merge_unaligned(
-        &self,
-        first: u64,
-        end: u64,
-        offset_bytes: u64,
-        data: &[u8],
-    ) -> Result<IoBytes, VolumeError> {
-        let mut whole = IoBuf::zeroed(((end - first) * BLOCK) as usize);
-        let head = (offset_bytes % BLOCK) as usize;
-        let tail_block_start = ((end - first - 1) * BLOCK) as usize;
-        let needs_head = head != 0;
-        let needs_tail = !(offset_bytes + data.len() as u64).is_multiple_of(BLOCK);
-        if needs_head {
-            let old = self.read_blocks(first, IoBuf::zeroed(BLOCK_USIZE), true).await?;
-            whole[..BLOCK_USIZE].copy_from_slice(&old);
-        }
-        if needs_tail && (end - 1 != first || !needs_head) {
-            let old = self.read_blocks(end - 1, IoBuf::zeroed(BLOCK_USIZE), true).await?;
-            whole[tail_block_start..].copy_from_slice(&old);
-        }
-        whole[head..head + data.len()].copy_from_slice(data);
-        Ok(whole.freeze())
-    }
-
     /// Writes block-aligned `data` covering `runs` (the caller holds their stripe locks).
     pub(crate) async fn write_runs_locked(
         &self,
@@ -361,7 +327,7 @@ impl<D: BlockDevice> Volume<D> {
                 let mut at = 0usize;
                 let mut writes = Vec::with_capacity(runs.len());
                 for run in runs {
-                    let len = (run.blocks * BLOCK) as usize;
+                    let len = (run.blocks * BLOCK_BYTES) as usize;
                     writes.push(self.mirror_write_run_locked(map, *run, data.slice(at..at + len), fua));
                     at += len;
                 }
@@ -386,31 +352,29 @@ impl<D: BlockDevice> Volume<D> {
             return Ok(());
         }
         let unit = match self.geo.layout {
-            Layout::Ec { .. } => self.geo.row_blocks() * BLOCK,
-            _ => BLOCK,
+            Layout::Ec { .. } => self.geo.row_blocks() * BLOCK_BYTES,
+            _ => BLOCK_BYTES,
         };
-        let end = offset_bytes + len_bytes;
-        let cheap_start = offset_bytes.next_multiple_of(unit).min(end);
-        let cheap_end = (end / unit * unit).max(cheap_start);
-        let has_slow_part = cheap_start != offset_bytes || cheap_end != end;
+        let split = ZeroSplit::new(offset_bytes, len_bytes, unit);
         let degraded_ec =
             matches!(self.geo.layout, Layout::Ec { .. }) && self.state() != VolumeState::Healthy;
-        if fast_only && (has_slow_part || degraded_ec) {
+        if fast_only && (split.has_slow_part() || degraded_ec) {
             return Err(VolumeError::NotCheap { offset_bytes, len_bytes });
         }
         // Cheap middle: mark unwritten under the stripe locks.
-        if cheap_end > cheap_start {
-            self.unmap_blocks(cheap_start / BLOCK, (cheap_end - cheap_start) / BLOCK).await?;
+        let cheap = split.cheap_blocks();
+        if let Some((lb, blocks)) = cheap {
+            self.unmap_blocks(lb, blocks).await?;
         }
-        for (start, stop) in [(offset_bytes, cheap_start), (cheap_end, end)] {
-            let mut at = start;
-            while at < stop {
-                let n = (stop - at).min(4 << 20);
+        for edge in [split.head, split.tail] {
+            let mut at = edge.start;
+            while at < edge.end {
+                let n = (edge.end - at).min(4 << 20);
                 self.write(at, IoBytes::zeroed(n as usize), fua).await?;
                 at += n;
             }
         }
-        if fua && cheap_end > cheap_start {
+        if fua && cheap.is_some() {
             self.flush().await?;
         }
         Ok(())
@@ -422,13 +386,11 @@ impl<D: BlockDevice> Volume<D> {
         let _op = self.enter_op()?;
         self.check_range(offset_bytes, len_bytes)?;
         let unit = match self.geo.layout {
-            Layout::Ec { .. } => self.geo.row_blocks() * BLOCK,
-            _ => BLOCK,
+            Layout::Ec { .. } => self.geo.row_blocks() * BLOCK_BYTES,
+            _ => BLOCK_BYTES,
         };
-        let start = offset_bytes.next_multiple_of(unit);
-        let end = (offset_bytes + len_bytes) / unit * unit;
-        if end > start {
-            self.unmap_blocks(start / BLOCK, (end - start) / BLOCK).await?;
+        if let Some((lb, blocks)) = ZeroSplit::new(offset_bytes, len_bytes, unit).cheap_blocks() {
+            self.unmap_blocks(lb, blocks).await?;
         }
         Ok(())
     }
@@ -452,7 +414,7 @@ impl<D: BlockDevice> Volume<D> {
                     // Entry-only zeroing is safe on a healthy stripe (recovery recomputes parity
                     // from the data) but not on a degraded one, where a crash could leave members
                     // disagreeing with nothing to resolve it: write zeros through the journal.
-                    let zeros = IoBytes::zeroed((run.blocks * BLOCK) as usize);
+                    let zeros = IoBytes::zeroed((run.blocks * BLOCK_BYTES) as usize);
                     self.write_runs_locked(&map, std::slice::from_ref(run), zeros, false).await?;
                     continue;
                 }
@@ -482,14 +444,13 @@ impl<D: BlockDevice> Volume<D> {
     /// Allocation map of a range, in extents of equal state.
     pub fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<Extent>, VolumeError> {
         self.check_range(offset_bytes, len_bytes)?;
-        let mut out: Vec<Extent> = Vec::new();
         if len_bytes == 0 {
-            return Ok(out);
+            return Ok(Vec::new());
         }
-        let first = offset_bytes / BLOCK;
-        let end = (offset_bytes + len_bytes).div_ceil(BLOCK);
+        let span = Span::new(offset_bytes, len_bytes);
+        let mut out = ExtentRuns::new();
         let map = self.map.load();
-        for run in map.runs(&self.geo, first, end - first) {
+        for run in map.runs(&self.geo, span.first, span.blocks()) {
             let seg = &map.segments[run.segment];
             // Only usable members know the truth (a failed drive's table is stale, a member
             // being rebuilt is not written yet). On ec, when the data block's own member is not
@@ -513,20 +474,10 @@ impl<D: BlockDevice> Volume<D> {
             for i in 0..run.blocks {
                 let unallocated = !members.is_empty()
                     && members.iter().all(|m| m.drive.is_unwritten(m.start_block + block + i, 1));
-                match out.last_mut() {
-                    Some(e) if e.unallocated == unallocated => e.len_bytes += BLOCK,
-                    _ => out.push(Extent { len_bytes: BLOCK, unallocated }),
-                }
+                out.push(unallocated, 1);
             }
         }
-        // Trim the first and last extents to the requested byte range.
-        let head = offset_bytes - first * BLOCK;
-        out[0].len_bytes -= head;
-        let over = end * BLOCK - (offset_bytes + len_bytes);
-        let last = out.len() - 1;
-        out[last].len_bytes -= over;
-        out.retain(|e| e.len_bytes > 0);
-        Ok(out)
+        Ok(out.finish(&span))
     }
 
     /// Makes every write completed before this call durable.
@@ -554,7 +505,7 @@ impl<D: BlockDevice> Volume<D> {
     pub fn locate(&self, offset_bytes: u64) -> Result<Vec<BlockLocation>, VolumeError> {
         self.check_range(offset_bytes, 1)?;
         let map = self.map.load();
-        let run = map.runs(&self.geo, offset_bytes / BLOCK, 1)[0];
+        let run = map.runs(&self.geo, offset_bytes / BLOCK_BYTES, 1)[0];
         let seg = &map.segments[run.segment];
         let block = self.geo.member_block(run.row, run.offset_in_chunk);
         let at = |m: usize, role| {
@@ -562,7 +513,7 @@ impl<D: BlockDevice> Volume<D> {
             BlockLocation {
                 slot: member.drive.slot(),
                 device_offset_bytes: member.drive.superblock().layout.data_offset_bytes
-                    + (member.start_block + block) * BLOCK,
+                    + (member.start_block + block) * BLOCK_BYTES,
                 role,
             }
         };
