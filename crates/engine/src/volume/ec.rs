@@ -44,9 +44,17 @@ struct Piece {
     repair: bool,
 }
 
+/// The erasure-coded family: its codec (shared by the pool's volumes of one shape).
+pub(crate) struct Ec {
+    pub(crate) codec: Arc<ReedSolomon>,
+}
+
 impl<D: BlockDevice> Volume<D> {
     pub(super) fn codec(&self) -> &Arc<ReedSolomon> {
-        self.codec.as_ref().expect("an ec volume has a codec")
+        match &self.family {
+            super::Family::Ec(ec) => &ec.codec,
+            super::Family::Mirror(_) => unreachable!("only ec volumes use a codec"),
+        }
     }
 
     pub(super) fn ec_shape(&self) -> (usize, usize) {

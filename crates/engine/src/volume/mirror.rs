@@ -20,6 +20,9 @@ struct CopyRead {
     io_error: bool,
 }
 
+/// The mirror/stripe family (raid0, raid1, raid10): no state beyond the geometry.
+pub(crate) struct Mirror;
+
 impl<D: BlockDevice> Volume<D> {
     pub(super) fn copy_members(&self, run: &ChunkRun) -> impl Iterator<Item = usize> + '_ {
         let copies = self.geo.copies();

@@ -84,6 +84,27 @@ pub struct VolumeCounters {
     pub partial_stripe_writes: AtomicU64,
 }
 
+/// The layout family of a volume, chosen once when the volume is installed: what differs between
+/// mirror/stripe layouts and erasure-coded ones, and the state each needs (the ec codec).
+pub(crate) enum Family {
+    /// raid0, raid1, raid10.
+    Mirror(mirror::Mirror),
+    /// ec:K+M.
+    Ec(ec::Ec),
+}
+
+impl Family {
+    /// The family of `layout`; `codec` is the pool's codec for an ec layout (`None` otherwise).
+    pub(crate) fn new(layout: Layout, codec: Option<Arc<ReedSolomon>>) -> Family {
+        match layout {
+            Layout::Ec { .. } => Family::Ec(ec::Ec { codec: codec.expect("an ec layout has a codec") }),
+            Layout::Raid0 { .. } | Layout::Raid1 { .. } | Layout::Raid10 { .. } => {
+                Family::Mirror(mirror::Mirror)
+            }
+        }
+    }
+}
+
 /// A volume of a pool.
 pub struct Volume<D: BlockDevice> {
     pub(crate) id: u64,
@@ -93,7 +114,7 @@ pub struct Volume<D: BlockDevice> {
     pub(crate) map: ArcSwap<VolumeMap<D>>,
     pub(crate) locks: StripeLocks,
     pub(crate) core: Arc<PoolCore<D>>,
-    pub(crate) codec: Option<Arc<ReedSolomon>>,
+    pub(crate) family: Family,
     pub(crate) counters: VolumeCounters,
     pub(crate) closed: AtomicBool,
 }
