@@ -9,8 +9,8 @@ use crate::join::join_all_ok;
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 use stria_ec::ReedSolomon;
 
-use super::Volume;
 use super::map::{ChunkRun, Member, Segment, VolumeMap};
+use super::{InFamily, LayoutFamily, Volume};
 use crate::drive::ReadFault;
 use crate::drive::journal::{AppendError, JournalPiece};
 use crate::error::VolumeError;
@@ -47,6 +47,12 @@ struct Piece {
 /// The erasure-coded family: its codec (shared by the pool's volumes of one shape).
 pub(crate) struct Ec {
     pub(crate) codec: Arc<ReedSolomon>,
+}
+
+impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Ec, D> {
+    fn failure_groups(&self, members: usize) -> Vec<Vec<usize>> {
+        vec![(0..members).collect()]
+    }
 }
 
 impl<D: BlockDevice> Volume<D> {

@@ -5,8 +5,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use futures::future::join_all;
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 
-use super::Volume;
 use super::map::{ChunkRun, Member, VolumeMap};
+use super::{InFamily, LayoutFamily, Volume};
 use crate::drive::ReadFault;
 use crate::error::VolumeError;
 
@@ -22,6 +22,14 @@ struct CopyRead {
 
 /// The mirror/stripe family (raid0, raid1, raid10): no state beyond the geometry.
 pub(crate) struct Mirror;
+
+impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Mirror, D> {
+    fn failure_groups(&self, _members: usize) -> Vec<Vec<usize>> {
+        (0..self.geo.layout.data_columns())
+            .map(|c| (0..self.geo.copies()).map(|k| self.geo.mirror_member(c, k)).collect())
+            .collect()
+    }
+}
 
 impl<D: BlockDevice> Volume<D> {
     pub(super) fn copy_members(&self, run: &ChunkRun) -> impl Iterator<Item = usize> + '_ {
