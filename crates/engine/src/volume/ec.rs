@@ -53,6 +53,28 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Ec, D> {
     fn failure_groups(&self, members: usize) -> Vec<Vec<usize>> {
         vec![(0..members).collect()]
     }
+
+    fn unmap_unit_blocks(&self) -> u64 {
+        self.geo.row_blocks()
+    }
+
+    /// A degraded ec stripe is zeroed through the journal (see `unmap_run`), not cheaply.
+    fn cheap_zero_needs_healthy(&self) -> bool {
+        true
+    }
+
+    async fn unmap_run(&self, map: &VolumeMap<D>, run: &ChunkRun) -> Result<(), VolumeError> {
+        let seg = &map.segments[run.segment];
+        if !seg.members.iter().all(|m| m.durably_usable(run.row)) {
+            // Entry-only zeroing is safe on a healthy stripe (recovery recomputes parity from
+            // the data) but not on a degraded one, where a crash could leave members
+            // disagreeing with nothing to resolve it: write zeros through the journal.
+            let zeros = IoBytes::zeroed((run.blocks * BLOCK_BYTES) as usize);
+            return self.write_runs_locked(map, std::slice::from_ref(run), zeros, false).await;
+        }
+        // A whole stripe: every member's chunk (data and parity) becomes zeros.
+        self.zero_members(seg, run, 0..seg.members.len()).await
+    }
 }
 
 impl<D: BlockDevice> Volume<D> {

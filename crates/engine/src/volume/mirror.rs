@@ -29,6 +29,19 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Mirror, D> {
             .map(|c| (0..self.geo.copies()).map(|k| self.geo.mirror_member(c, k)).collect())
             .collect()
     }
+
+    fn unmap_unit_blocks(&self) -> u64 {
+        1
+    }
+
+    fn cheap_zero_needs_healthy(&self) -> bool {
+        false
+    }
+
+    async fn unmap_run(&self, map: &VolumeMap<D>, run: &ChunkRun) -> Result<(), VolumeError> {
+        let members = (0..self.geo.copies()).map(|c| self.geo.mirror_member(run.column, c));
+        self.zero_members(&map.segments[run.segment], run, members).await
+    }
 }
 
 impl<D: BlockDevice> Volume<D> {

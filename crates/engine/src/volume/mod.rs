@@ -148,6 +148,21 @@ pub(crate) trait LayoutFamily<D: BlockDevice>: std::ops::Deref<Target = Volume<D
     /// The groups of a segment's members (indices) that each survive up to
     /// `Layout::tolerance()` missing members: every copy of a column, or the whole stripe.
     fn failure_groups(&self, members: usize) -> Vec<Vec<usize>>;
+
+    /// Zeroing and discard drop whole units of this many blocks (the rest is written as zeros,
+    /// or left alone): a block, or an ec row.
+    fn unmap_unit_blocks(&self) -> u64;
+
+    /// Zeroing may be cheap (no data written) only while the volume is healthy.
+    fn cheap_zero_needs_healthy(&self) -> bool;
+
+    /// Drops the whole units of `run` (the caller holds its stripe lock and confirms skipped
+    /// members afterwards): they read as zeros and use no space.
+    fn unmap_run(
+        &self,
+        map: &VolumeMap<D>,
+        run: &ChunkRun,
+    ) -> impl std::future::Future<Output = Result<(), VolumeError>> + Send;
 }
 
 /// A volume of a pool.
@@ -174,6 +189,74 @@ impl<'a, F: Sync, D: BlockDevice> InFamily<'a, F, D>
 where
     Self: LayoutFamily<D>,
 {
+    /// [`Volume::write_zeroes`].
+    async fn write_zeroes_in(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        fua: bool,
+        fast_only: bool,
+    ) -> Result<(), VolumeError> {
+        let _op = self.enter_op()?;
+        self.check_range(offset_bytes, len_bytes)?;
+        if len_bytes == 0 {
+            return Ok(());
+        }
+        let split = ZeroSplit::new(offset_bytes, len_bytes, self.unmap_unit_blocks() * BLOCK_BYTES);
+        let not_healthy = self.cheap_zero_needs_healthy() && self.state_in() != VolumeState::Healthy;
+        if fast_only && (split.has_slow_part() || not_healthy) {
+            return Err(VolumeError::NotCheap { offset_bytes, len_bytes });
+        }
+        // Cheap middle: mark unwritten under the stripe locks.
+        let cheap = split.cheap_blocks();
+        if let Some((lb, blocks)) = cheap {
+            self.unmap_blocks(lb, blocks).await?;
+        }
+        for edge in [split.head, split.tail] {
+            let mut at = edge.start;
+            while at < edge.end {
+                let n = (edge.end - at).min(4 << 20);
+                self.write(at, IoBytes::zeroed(n as usize), fua).await?;
+                at += n;
+            }
+        }
+        if fua && cheap.is_some() {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// [`Volume::trim`].
+    async fn trim_in(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
+        let _op = self.enter_op()?;
+        self.check_range(offset_bytes, len_bytes)?;
+        let unit_bytes = self.unmap_unit_blocks() * BLOCK_BYTES;
+        if let Some((lb, blocks)) = ZeroSplit::new(offset_bytes, len_bytes, unit_bytes).cheap_blocks() {
+            self.unmap_blocks(lb, blocks).await?;
+        }
+        Ok(())
+    }
+
+    /// Marks whole units (blocks on mirror layouts, stripes on ec) unwritten on every member.
+    async fn unmap_blocks(&self, lb: u64, blocks: u64) -> Result<(), VolumeError> {
+        let map = self.map.load_full();
+        // Bound the number of locks held at once.
+        let step = (self.geo.row_blocks() * 256).max(1);
+        let mut at = lb;
+        while at < lb + blocks {
+            let n = (lb + blocks - at).min(step);
+            let runs = map.runs(&self.geo, at, n);
+            let _guards = self.locks.lock(runs.iter().map(|r| (r.segment, r.row))).await;
+            self.core.check_writable().map_err(|e| self.pool_error(e))?;
+            for run in &runs {
+                self.unmap_run(&map, run).await?;
+            }
+            self.confirm_skipped(&map, &runs).await?;
+            at += n;
+        }
+        Ok(())
+    }
+
     /// [`Volume::state`].
     fn state_in(&self) -> VolumeState {
         let map = self.map.load();
@@ -443,97 +526,33 @@ impl<D: BlockDevice> Volume<D> {
         fua: bool,
         fast_only: bool,
     ) -> Result<(), VolumeError> {
-        let _op = self.enter_op()?;
-        self.check_range(offset_bytes, len_bytes)?;
-        if len_bytes == 0 {
-            return Ok(());
-        }
-        let unit = match self.geo.layout {
-            Layout::Ec { .. } => self.geo.row_blocks() * BLOCK_BYTES,
-            _ => BLOCK_BYTES,
-        };
-        let split = ZeroSplit::new(offset_bytes, len_bytes, unit);
-        let degraded_ec =
-            matches!(self.geo.layout, Layout::Ec { .. }) && self.state() != VolumeState::Healthy;
-        if fast_only && (split.has_slow_part() || degraded_ec) {
-            return Err(VolumeError::NotCheap { offset_bytes, len_bytes });
-        }
-        // Cheap middle: mark unwritten under the stripe locks.
-        let cheap = split.cheap_blocks();
-        if let Some((lb, blocks)) = cheap {
-            self.unmap_blocks(lb, blocks).await?;
-        }
-        for edge in [split.head, split.tail] {
-            let mut at = edge.start;
-            while at < edge.end {
-                let n = (edge.end - at).min(4 << 20);
-                self.write(at, IoBytes::zeroed(n as usize), fua).await?;
-                at += n;
-            }
-        }
-        if fua && cheap.is_some() {
-            self.flush().await?;
-        }
-        Ok(())
+        with_family!(self, |f| f.write_zeroes_in(offset_bytes, len_bytes, fua, fast_only).await)
     }
 
     /// Discards a range: whole blocks (mirror) or whole stripes (ec) are unmapped and read back
     /// as zeros; partial edges are left as they are (NBD allows a trim to do nothing).
     pub async fn trim(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
-        let _op = self.enter_op()?;
-        self.check_range(offset_bytes, len_bytes)?;
-        let unit = match self.geo.layout {
-            Layout::Ec { .. } => self.geo.row_blocks() * BLOCK_BYTES,
-            _ => BLOCK_BYTES,
-        };
-        if let Some((lb, blocks)) = ZeroSplit::new(offset_bytes, len_bytes, unit).cheap_blocks() {
-            self.unmap_blocks(lb, blocks).await?;
-        }
-        Ok(())
+        with_family!(self, |f| f.trim_in(offset_bytes, len_bytes).await)
     }
 
-    /// Marks whole blocks (mirror) or whole stripes (ec) unwritten on every member.
-    async fn unmap_blocks(&self, lb: u64, blocks: u64) -> Result<(), VolumeError> {
-        let map = self.map.load_full();
-        // Bound the number of locks held at once.
-        let step = (self.geo.row_blocks() * 256).max(1);
-        let mut at = lb;
-        while at < lb + blocks {
-            let n = (lb + blocks - at).min(step);
-            let runs = map.runs(&self.geo, at, n);
-            let _guards = self.locks.lock(runs.iter().map(|r| (r.segment, r.row))).await;
-            self.core.check_writable().map_err(|e| self.pool_error(e))?;
-            for run in &runs {
-                let seg = &map.segments[run.segment];
-                if matches!(self.geo.layout, Layout::Ec { .. })
-                    && !seg.members.iter().all(|m| m.durably_usable(run.row))
-                {
-                    // Entry-only zeroing is safe on a healthy stripe (recovery recomputes parity
-                    // from the data) but not on a degraded one, where a crash could leave members
-                    // disagreeing with nothing to resolve it: write zeros through the journal.
-                    let zeros = IoBytes::zeroed((run.blocks * BLOCK_BYTES) as usize);
-                    self.write_runs_locked(&map, std::slice::from_ref(run), zeros, false).await?;
-                    continue;
-                }
-                let block_in_member = self.geo.member_block(run.row, run.offset_in_chunk);
-                let members: Vec<usize> = match self.geo.layout {
-                    // A whole stripe: every member's chunk (data and parity) becomes zeros.
-                    Layout::Ec { .. } => (0..seg.members.len()).collect(),
-                    _ => (0..self.geo.copies()).map(|c| self.geo.mirror_member(run.column, c)).collect(),
-                };
-                for m in members {
-                    let member = &seg.members[m];
-                    if member.drive.is_failed() {
-                        continue;
-                    }
-                    if let Err(e) = member.drive.zero(member.start_block + block_in_member, run.blocks).await
-                    {
-                        self.fail_drive(&member.drive, format!("intent bitmap write failed: {e}")).await?;
-                    }
-                }
+    /// Marks `blocks` on the members of `run` unwritten (the caller holds the run's stripe
+    /// lock). Failed members are skipped; a member whose intent bitmap cannot be written is
+    /// failed (persisted).
+    pub(crate) async fn zero_members(
+        &self,
+        seg: &map::Segment<D>,
+        run: &ChunkRun,
+        members: impl IntoIterator<Item = usize>,
+    ) -> Result<(), VolumeError> {
+        let block_in_member = self.geo.member_block(run.row, run.offset_in_chunk);
+        for m in members {
+            let member = &seg.members[m];
+            if member.drive.is_failed() {
+                continue;
             }
-            self.confirm_skipped(&map, &runs).await?;
-            at += n;
+            if let Err(e) = member.drive.zero(member.start_block + block_in_member, run.blocks).await {
+                self.fail_drive(&member.drive, format!("intent bitmap write failed: {e}")).await?;
+            }
         }
         Ok(())
     }
