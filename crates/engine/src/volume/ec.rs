@@ -10,7 +10,7 @@ use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 use stria_ec::ReedSolomon;
 
 use super::map::{ChunkRun, Member, Segment, VolumeMap};
-use super::{InFamily, LayoutFamily, Volume};
+use super::{BlockRole, InFamily, LayoutFamily, Volume};
 use crate::drive::ReadFault;
 use crate::drive::journal::{AppendError, JournalPiece};
 use crate::error::VolumeError;
@@ -61,6 +61,23 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Ec, D> {
     /// A degraded ec stripe is zeroed through the journal (see `unmap_run`), not cheaply.
     fn cheap_zero_needs_healthy(&self) -> bool {
         true
+    }
+
+    /// The data block's own member; when it is not usable, every usable member of the row:
+    /// parity is non-zero whenever any data block of the row was written.
+    fn status_members<'m>(&self, seg: &'m Segment<D>, run: &ChunkRun) -> Vec<&'m Member<D>> {
+        let own = &seg.members[self.geo.ec_member(run.row, run.column)];
+        if own.usable(run.row) {
+            vec![own]
+        } else {
+            seg.members.iter().filter(|m| m.usable(run.row)).collect()
+        }
+    }
+
+    fn locate_members(&self, run: &ChunkRun) -> Vec<(usize, BlockRole)> {
+        let (k, m) = (self.fam.codec.data_shards() as u32, self.fam.codec.parity_shards() as u32);
+        let parity = (k..k + m).map(|p| (self.geo.ec_member(run.row, p), BlockRole::Parity));
+        std::iter::once((self.geo.ec_member(run.row, run.column), BlockRole::Data)).chain(parity).collect()
     }
 
     async fn unmap_run(&self, map: &VolumeMap<D>, run: &ChunkRun) -> Result<(), VolumeError> {

@@ -5,8 +5,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use futures::future::join_all;
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 
-use super::map::{ChunkRun, Member, VolumeMap};
-use super::{InFamily, LayoutFamily, Volume};
+use super::map::{ChunkRun, Member, Segment, VolumeMap};
+use super::{BlockRole, InFamily, LayoutFamily, Volume};
 use crate::drive::ReadFault;
 use crate::error::VolumeError;
 
@@ -36,6 +36,17 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Mirror, D> {
 
     fn cheap_zero_needs_healthy(&self) -> bool {
         false
+    }
+
+    fn status_members<'m>(&self, seg: &'m Segment<D>, run: &ChunkRun) -> Vec<&'m Member<D>> {
+        (0..self.geo.copies())
+            .map(|c| &seg.members[self.geo.mirror_member(run.column, c)])
+            .filter(|m| m.usable(run.row))
+            .collect()
+    }
+
+    fn locate_members(&self, run: &ChunkRun) -> Vec<(usize, BlockRole)> {
+        (0..self.geo.copies()).map(|c| (self.geo.mirror_member(run.column, c), BlockRole::Data)).collect()
     }
 
     async fn unmap_run(&self, map: &VolumeMap<D>, run: &ChunkRun) -> Result<(), VolumeError> {

@@ -44,7 +44,7 @@ use crate::format::meta::{DriveClass, Layout};
 use crate::pool::core::PoolCore;
 use bytes::{ExtentRuns, Span, ZeroSplit};
 use locks::StripeLocks;
-use map::{ChunkRun, Geometry, VolumeMap};
+use map::{ChunkRun, Geometry, Member, Segment, VolumeMap};
 
 /// Health of a volume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -128,7 +128,6 @@ impl Family {
 /// Built only by [`with_family!`].
 pub(crate) struct InFamily<'a, F, D: BlockDevice> {
     vol: &'a Volume<D>,
-    #[expect(dead_code, reason = "read once the data paths move into the families")]
     fam: &'a F,
 }
 
@@ -152,6 +151,16 @@ pub(crate) trait LayoutFamily<D: BlockDevice>: std::ops::Deref<Target = Volume<D
     /// Zeroing and discard drop whole units of this many blocks (the rest is written as zeros,
     /// or left alone): a block, or an ec row.
     fn unmap_unit_blocks(&self) -> u64;
+
+    /// The members whose checksum tables say whether the blocks of `run` are unwritten: a
+    /// block is reported as a hole only when it is unwritten on every one of them, and never
+    /// when there are none. Only usable members know the truth (a failed drive's table is
+    /// stale, a member being rebuilt is not written yet). Saying "allocated" when unsure is
+    /// always safe; saying "hole" wrongly makes clients skip real data.
+    fn status_members<'m>(&self, seg: &'m Segment<D>, run: &ChunkRun) -> Vec<&'m Member<D>>;
+
+    /// The members holding the block of `run` (one block long), with what each holds.
+    fn locate_members(&self, run: &ChunkRun) -> Vec<(usize, BlockRole)>;
 
     /// Zeroing may be cheap (no data written) only while the volume is healthy.
     fn cheap_zero_needs_healthy(&self) -> bool;
@@ -255,6 +264,27 @@ where
             at += n;
         }
         Ok(())
+    }
+
+    /// [`Volume::block_status`].
+    fn block_status_in(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<Extent>, VolumeError> {
+        self.check_range(offset_bytes, len_bytes)?;
+        if len_bytes == 0 {
+            return Ok(Vec::new());
+        }
+        let span = Span::new(offset_bytes, len_bytes);
+        let mut out = ExtentRuns::new();
+        let map = self.map.load();
+        for run in map.runs(&self.geo, span.first, span.blocks()) {
+            let members = self.status_members(&map.segments[run.segment], &run);
+            let block = self.geo.member_block(run.row, run.offset_in_chunk);
+            for i in 0..run.blocks {
+                let unallocated = !members.is_empty()
+                    && members.iter().all(|m| m.drive.is_unwritten(m.start_block + block + i, 1));
+                out.push(unallocated, 1);
+            }
+        }
+        Ok(out.finish(&span))
     }
 
     /// [`Volume::state`].
@@ -559,41 +589,7 @@ impl<D: BlockDevice> Volume<D> {
 
     /// Allocation map of a range, in extents of equal state.
     pub fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<Extent>, VolumeError> {
-        self.check_range(offset_bytes, len_bytes)?;
-        if len_bytes == 0 {
-            return Ok(Vec::new());
-        }
-        let span = Span::new(offset_bytes, len_bytes);
-        let mut out = ExtentRuns::new();
-        let map = self.map.load();
-        for run in map.runs(&self.geo, span.first, span.blocks()) {
-            let seg = &map.segments[run.segment];
-            // Only usable members know the truth (a failed drive's table is stale, a member
-            // being rebuilt is not written yet). On ec, when the data block's own member is not
-            // usable, the block is a hole only if every usable member of its row is unwritten
-            // there: parity is non-zero whenever any data block was. Saying "allocated" when
-            // unsure is always safe; saying "hole" wrongly makes clients skip real data.
-            let own: Vec<&map::Member<D>> = match self.geo.layout {
-                Layout::Ec { .. } => vec![&seg.members[self.geo.ec_member(run.row, run.column)]],
-                _ => (0..self.geo.copies())
-                    .map(|c| &seg.members[self.geo.mirror_member(run.column, c)])
-                    .collect(),
-            };
-            let members: Vec<&map::Member<D>> = if own.iter().any(|m| m.usable(run.row)) {
-                own.into_iter().filter(|m| m.usable(run.row)).collect()
-            } else if matches!(self.geo.layout, Layout::Ec { .. }) {
-                seg.members.iter().filter(|m| m.usable(run.row)).collect()
-            } else {
-                Vec::new()
-            };
-            let block = self.geo.member_block(run.row, run.offset_in_chunk);
-            for i in 0..run.blocks {
-                let unallocated = !members.is_empty()
-                    && members.iter().all(|m| m.drive.is_unwritten(m.start_block + block + i, 1));
-                out.push(unallocated, 1);
-            }
-        }
-        Ok(out.finish(&span))
+        with_family!(self, |f| f.block_status_in(offset_bytes, len_bytes))
     }
 
     /// Makes every write completed before this call durable.
@@ -633,18 +629,8 @@ impl<D: BlockDevice> Volume<D> {
                 role,
             }
         };
-        Ok(match self.geo.layout {
-            Layout::Ec { data_shards, parity_shards } => {
-                let mut out = vec![at(self.geo.ec_member(run.row, run.column), BlockRole::Data)];
-                for p in 0..parity_shards {
-                    out.push(at(self.geo.ec_member(run.row, data_shards + p), BlockRole::Parity));
-                }
-                out
-            }
-            _ => (0..self.geo.copies())
-                .map(|c| at(self.geo.mirror_member(run.column, c), BlockRole::Data))
-                .collect(),
-        })
+        let members = with_family!(self, |f| f.locate_members(&run));
+        Ok(members.into_iter().map(|(m, role)| at(m, role)).collect())
     }
 
     /// Current health, from the state of the members.
