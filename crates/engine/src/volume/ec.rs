@@ -10,7 +10,7 @@ use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 use stria_ec::ReedSolomon;
 
 use super::map::{ChunkRun, Member, Segment, VolumeMap};
-use super::{BlockRole, InFamily, LayoutFamily, Volume};
+use super::{BlockRole, InFamily, LayoutFamily};
 use crate::drive::ReadFault;
 use crate::drive::journal::{AppendError, JournalPiece};
 use crate::error::VolumeError;
@@ -54,6 +54,71 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Ec, D> {
         vec![(0..members).collect()]
     }
 
+    fn fua_by_pool_flush(&self) -> bool {
+        true
+    }
+
+    /// Reads one run of a data shard. The fast path is one verified drive read; a missing
+    /// member or a bad block goes to the locked path, which reconstructs and repairs.
+    async fn read_run(
+        &self,
+        map: &VolumeMap<D>,
+        run: ChunkRun,
+        buf: IoBuf,
+        locked: bool,
+    ) -> Result<IoBuf, VolumeError> {
+        let seg = &map.segments[run.segment];
+        let (_, member) = self.shard_member(seg, run.row, run.column as usize);
+        // The caller's buffer, when the fast path did not use it up: the degraded path decodes
+        // into it.
+        let mut spare = Some(buf);
+        if member.usable(run.row) {
+            let block = member.start_block + self.geo.member_block(run.row, run.offset_in_chunk);
+            let buf = spare.take().expect("not taken yet");
+            match member.drive.read_verified(block, buf).await {
+                Ok(buf) => return Ok(buf),
+                Err(ReadFault::Io(e)) => {
+                    tracing::warn!(volume = %self.name, error = %e, "read error; repairing")
+                }
+                Err(ReadFault::Failed | ReadFault::Corrupt { .. }) => {}
+            }
+        }
+        if locked {
+            return self.ec_read_locked(map, run, spare).await;
+        }
+        let _guard = self.locks.lock([(run.segment, run.row)]).await;
+        self.ec_read_locked(map, run, spare).await
+    }
+
+    /// Writes block-aligned `data` covering `runs` (the caller holds the stripe locks).
+    async fn write_runs_locked(
+        &self,
+        map: &VolumeMap<D>,
+        runs: &[ChunkRun],
+        data: IoBytes,
+        fua: bool,
+    ) -> Result<(), VolumeError> {
+        let (k, _) = self.ec_shape();
+        let mut stripes: Vec<StripeWrite> = Vec::new();
+        let mut at = 0usize;
+        for run in runs {
+            let len = (run.blocks * BLOCK_BYTES) as usize;
+            let slice = data.slice(at..at + len);
+            at += len;
+            match stripes.last_mut() {
+                Some(s) if s.segment == run.segment && s.row == run.row => {
+                    s.shards[run.column as usize] = Some((run.offset_in_chunk, slice));
+                }
+                _ => {
+                    let mut shards = vec![None; k];
+                    shards[run.column as usize] = Some((run.offset_in_chunk, slice));
+                    stripes.push(StripeWrite { segment: run.segment, row: run.row, shards });
+                }
+            }
+        }
+        join_all_ok(stripes.into_iter().map(|s| self.ec_write_stripe_locked(map, s, fua))).await.map(drop)
+    }
+
     fn unmap_unit_blocks(&self) -> u64 {
         self.geo.row_blocks()
     }
@@ -94,12 +159,9 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Ec, D> {
     }
 }
 
-impl<D: BlockDevice> Volume<D> {
-    pub(super) fn codec(&self) -> &Arc<ReedSolomon> {
-        match &self.family {
-            super::Family::Ec(ec) => &ec.codec,
-            super::Family::Mirror(_) => unreachable!("only ec volumes use a codec"),
-        }
+impl<D: BlockDevice> InFamily<'_, Ec, D> {
+    pub(super) fn codec(&self) -> &ReedSolomon {
+        &self.fam.codec
     }
 
     pub(super) fn ec_shape(&self) -> (usize, usize) {
@@ -115,38 +177,6 @@ impl<D: BlockDevice> Volume<D> {
     ) -> (usize, &'a Member<D>) {
         let m = self.geo.ec_member(row, shard as u32);
         (m, &seg.members[m])
-    }
-
-    /// Reads one run of a data shard. The fast path is one verified drive read; a missing
-    /// member or a bad block goes to the locked path, which reconstructs and repairs.
-    pub(super) async fn ec_read_run(
-        &self,
-        map: &VolumeMap<D>,
-        run: ChunkRun,
-        buf: IoBuf,
-        locked: bool,
-    ) -> Result<IoBuf, VolumeError> {
-        let seg = &map.segments[run.segment];
-        let (_, member) = self.shard_member(seg, run.row, run.column as usize);
-        // The caller's buffer, when the fast path did not use it up: the degraded path decodes
-        // into it.
-        let mut spare = Some(buf);
-        if member.usable(run.row) {
-            let block = member.start_block + self.geo.member_block(run.row, run.offset_in_chunk);
-            let buf = spare.take().expect("not taken yet");
-            match member.drive.read_verified(block, buf).await {
-                Ok(buf) => return Ok(buf),
-                Err(ReadFault::Io(e)) => {
-                    tracing::warn!(volume = %self.name, error = %e, "read error; repairing")
-                }
-                Err(ReadFault::Failed | ReadFault::Corrupt { .. }) => {}
-            }
-        }
-        if locked {
-            return self.ec_read_locked(map, run, spare).await;
-        }
-        let _guard = self.locks.lock([(run.segment, run.row)]).await;
-        self.ec_read_locked(map, run, spare).await
     }
 
     /// The degraded read of a run whose member is missing (failed, or not rebuilt that far):
@@ -381,35 +411,6 @@ impl<D: BlockDevice> Volume<D> {
             }
         }
         Ok(())
-    }
-
-    /// Writes block-aligned `data` covering `runs` (the caller holds the stripe locks).
-    pub(super) async fn ec_write_runs_locked(
-        &self,
-        map: &VolumeMap<D>,
-        runs: &[ChunkRun],
-        data: IoBytes,
-        fua: bool,
-    ) -> Result<(), VolumeError> {
-        let (k, _) = self.ec_shape();
-        let mut stripes: Vec<StripeWrite> = Vec::new();
-        let mut at = 0usize;
-        for run in runs {
-            let len = (run.blocks * BLOCK_BYTES) as usize;
-            let slice = data.slice(at..at + len);
-            at += len;
-            match stripes.last_mut() {
-                Some(s) if s.segment == run.segment && s.row == run.row => {
-                    s.shards[run.column as usize] = Some((run.offset_in_chunk, slice));
-                }
-                _ => {
-                    let mut shards = vec![None; k];
-                    shards[run.column as usize] = Some((run.offset_in_chunk, slice));
-                    stripes.push(StripeWrite { segment: run.segment, row: run.row, shards });
-                }
-            }
-        }
-        join_all_ok(stripes.into_iter().map(|s| self.ec_write_stripe_locked(map, s, fua))).await.map(drop)
     }
 
     async fn ec_write_stripe_locked(

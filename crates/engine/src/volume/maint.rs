@@ -8,12 +8,13 @@
 
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, DevError, IoBuf, IoBytes};
 
-use super::Volume;
+use super::ec::Ec;
 use super::map::{ChunkRun, Member, VolumeMap};
+use super::mirror::Mirror;
+use super::{Family, InFamily, Volume};
 use crate::drive::Drive;
 use crate::drive::csum::{UNWRITTEN, block_crc};
 use crate::error::{EngineError, VolumeError};
-use crate::format::meta::Layout;
 
 /// What maintenance of one row did.
 #[derive(Debug, Default, Clone, Copy)]
@@ -81,9 +82,9 @@ impl<D: BlockDevice> Volume<D> {
         si: usize,
         row: u64,
     ) -> Result<RowStats, EngineError> {
-        match self.geo.layout {
-            Layout::Ec { .. } => self.resync_ec_row(map, si, row).await,
-            _ => self.resync_mirror_row(map, si, row).await,
+        match &self.family {
+            Family::Ec(fam) => InFamily { vol: self, fam }.resync_ec_row(map, si, row).await,
+            Family::Mirror(_) => self.resync_mirror_row(map, si, row).await,
         }
     }
 
@@ -161,37 +162,6 @@ impl<D: BlockDevice> Volume<D> {
         Ok(stats)
     }
 
-    async fn resync_ec_row(&self, map: &VolumeMap<D>, si: usize, row: u64) -> Result<RowStats, EngineError> {
-        let seg = &map.segments[si];
-        let (k, m) = self.ec_shape();
-        let chunk = self.geo.chunk_blocks;
-        let mut stats = RowStats::default();
-        let mut shards: Vec<Option<IoBuf>> = Vec::with_capacity(k + m);
-        for s in 0..k + m {
-            let (_, member) = self.shard_member(seg, row, s);
-            let read = self.read_member_logical(member, row).await?;
-            if let Some((data, written)) = &read {
-                bless(&member.drive, member.start_block + row * chunk, data, written);
-                stats.checked_blocks += chunk;
-            }
-            shards.push(read.map(|r| r.0));
-        }
-        if shards.iter().any(Option::is_none) {
-            // Degraded: parity cannot be checked against missing data; writes to degraded
-            // stripes are journaled, so the replay already made them consistent.
-            return Ok(stats);
-        }
-        let data: Vec<IoBuf> = shards.drain(..k).map(|s| s.expect("present")).collect();
-        let parity = self.encode_rows(&data, chunk);
-        for (p, (want, have)) in
-            parity.iter().zip(shards.iter().map(|s| s.as_ref().expect("present"))).enumerate()
-        {
-            let (_, member) = self.shard_member(seg, row, k + p);
-            stats.parity_blocks += self.rewrite_differing(member, row, want, have, "resync").await?;
-        }
-        Ok(stats)
-    }
-
     /// Scrubs row `row` of segment `si` under its stripe lock.
     pub(crate) async fn scrub_row(
         &self,
@@ -200,12 +170,114 @@ impl<D: BlockDevice> Volume<D> {
         row: u64,
     ) -> Result<RowStats, EngineError> {
         let _guard = self.locks.lock([(si, row)]).await;
-        match self.geo.layout {
-            Layout::Ec { .. } => self.scrub_ec_row(map, si, row).await,
-            _ => self.scrub_mirror_row(map, si, row).await,
+        match &self.family {
+            Family::Ec(fam) => InFamily { vol: self, fam }.scrub_ec_row(map, si, row).await,
+            Family::Mirror(fam) => InFamily { vol: self, fam }.scrub_mirror_row(map, si, row).await,
         }
     }
 
+    /// Rewrites, on parity member `member` of row `row`, the blocks of its chunk where `have`
+    /// (what it holds) differs from `want` (what it should hold), in runs. Returns how many
+    /// blocks it counted as fixed; a write that fails fails the drive (`what` names the
+    /// caller in the reason) and stops there.
+    async fn rewrite_differing(
+        &self,
+        member: &Member<D>,
+        row: u64,
+        want: &[u8],
+        have: &[u8],
+        what: &str,
+    ) -> Result<u64, EngineError> {
+        let chunk = self.geo.chunk_blocks;
+        let differs: Vec<bool> =
+            want.chunks_exact(BLOCK_USIZE).zip(have.chunks_exact(BLOCK_USIZE)).map(|(w, h)| w != h).collect();
+        let mut runs = Vec::new();
+        for_each_run(&differs, |a, b| runs.push((a, b)));
+        let mut fixed = 0;
+        for (a, b) in runs {
+            fixed += (b - a) as u64;
+            let bytes = IoBytes::copy_from(&want[a * BLOCK_USIZE..b * BLOCK_USIZE]);
+            if let Err(e) =
+                member.drive.write(member.start_block + row * chunk + a as u64, bytes, false).await
+            {
+                self.fail_drive(&member.drive, format!("{what} write failed: {e}"))
+                    .await
+                    .map_err(|e| self.pool_err(e))?;
+                break;
+            }
+        }
+        Ok(fixed)
+    }
+}
+
+impl<D: BlockDevice> Volume<D> {
+    /// Rebuilds row `row` of member `mi` of segment `si` from the other members, writes it to the
+    /// member and advances its cursor, all under the stripe lock.
+    pub(crate) async fn rebuild_row(
+        &self,
+        map: &VolumeMap<D>,
+        si: usize,
+        mi: usize,
+        row: u64,
+    ) -> Result<(), EngineError> {
+        let _guard = self.locks.lock([(si, row)]).await;
+        let seg = &map.segments[si];
+        let member = &seg.members[mi];
+        let chunk = self.geo.chunk_blocks;
+        let data = match &self.family {
+            Family::Ec(fam) => {
+                let f = InFamily { vol: self, fam };
+                let (k, m) = f.ec_shape();
+                let shard = self.geo.ec_shard(row, mi) as usize;
+                let mut skip = vec![false; k + m];
+                skip[shard] = true;
+                let mut reads = f.read_shards(seg, row, 0, chunk, &skip).await;
+                let mut want = vec![false; k + m];
+                want[shard] = true;
+                if !f.decode_rows(&mut reads, &want).is_empty() {
+                    let run = ChunkRun { segment: si, row, column: 0, offset_in_chunk: 0, blocks: chunk };
+                    return Err(
+                        self.pool_err(self.unrecoverable(&run, "too few members left to rebuild the stripe"))
+                    );
+                }
+                reads.swap_remove(shard).buf.expect("decoded")
+            }
+            Family::Mirror(fam) => {
+                let f = InFamily { vol: self, fam };
+                let column = mi as u32 / self.geo.copies();
+                let run = ChunkRun { segment: si, row, column, offset_in_chunk: 0, blocks: chunk };
+                f.mirror_read_locked(map, run).await.map_err(|e| self.pool_err(e))?
+            }
+        };
+        // All-zero blocks stay unwritten on the new member (sparse volumes stay sparse).
+        let zero: Vec<bool> = data.chunks_exact(BLOCK_USIZE).map(|b| b.iter().all(|&x| x == 0)).collect();
+        let nonzero: Vec<bool> = zero.iter().map(|z| !z).collect();
+        let base = member.start_block + row * chunk;
+        let data = data.freeze();
+        let mut ops = Vec::new();
+        for_each_run(&nonzero, |a, b| ops.push((a, b, true)));
+        for_each_run(&zero, |a, b| ops.push((a, b, false)));
+        for (a, b, write) in ops {
+            let result = if write {
+                member.drive.write(base + a as u64, data.slice(a * BLOCK_USIZE..b * BLOCK_USIZE), false).await
+            } else {
+                member.drive.zero(base + a as u64, (b - a) as u64).await
+            };
+            if let Err(e) = result {
+                self.fail_drive(&member.drive, format!("rebuild write failed: {e}"))
+                    .await
+                    .map_err(|e| self.pool_err(e))?;
+                return Err(EngineError::Busy(format!(
+                    "the replacement drive failed during the rebuild: {e}"
+                )));
+            }
+        }
+        member.rebuild_cursor.store(row + 1, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+}
+
+impl<D: BlockDevice> InFamily<'_, Mirror, D> {
     async fn scrub_mirror_row(
         &self,
         map: &VolumeMap<D>,
@@ -286,6 +358,39 @@ impl<D: BlockDevice> Volume<D> {
             }
         }
         Ok(())
+    }
+}
+
+impl<D: BlockDevice> InFamily<'_, Ec, D> {
+    async fn resync_ec_row(&self, map: &VolumeMap<D>, si: usize, row: u64) -> Result<RowStats, EngineError> {
+        let seg = &map.segments[si];
+        let (k, m) = self.ec_shape();
+        let chunk = self.geo.chunk_blocks;
+        let mut stats = RowStats::default();
+        let mut shards: Vec<Option<IoBuf>> = Vec::with_capacity(k + m);
+        for s in 0..k + m {
+            let (_, member) = self.shard_member(seg, row, s);
+            let read = self.read_member_logical(member, row).await?;
+            if let Some((data, written)) = &read {
+                bless(&member.drive, member.start_block + row * chunk, data, written);
+                stats.checked_blocks += chunk;
+            }
+            shards.push(read.map(|r| r.0));
+        }
+        if shards.iter().any(Option::is_none) {
+            // Degraded: parity cannot be checked against missing data; writes to degraded
+            // stripes are journaled, so the replay already made them consistent.
+            return Ok(stats);
+        }
+        let data: Vec<IoBuf> = shards.drain(..k).map(|s| s.expect("present")).collect();
+        let parity = self.encode_rows(&data, chunk);
+        for (p, (want, have)) in
+            parity.iter().zip(shards.iter().map(|s| s.as_ref().expect("present"))).enumerate()
+        {
+            let (_, member) = self.shard_member(seg, row, k + p);
+            stats.parity_blocks += self.rewrite_differing(member, row, want, have, "resync").await?;
+        }
+        Ok(stats)
     }
 
     async fn scrub_ec_row(&self, map: &VolumeMap<D>, si: usize, row: u64) -> Result<RowStats, EngineError> {
@@ -371,103 +476,5 @@ impl<D: BlockDevice> Volume<D> {
             }
         }
         found
-    }
-
-    /// Rewrites, on parity member `member` of row `row`, the blocks of its chunk where `have`
-    /// (what it holds) differs from `want` (what it should hold), in runs. Returns how many
-    /// blocks it counted as fixed; a write that fails fails the drive (`what` names the
-    /// caller in the reason) and stops there.
-    async fn rewrite_differing(
-        &self,
-        member: &Member<D>,
-        row: u64,
-        want: &[u8],
-        have: &[u8],
-        what: &str,
-    ) -> Result<u64, EngineError> {
-        let chunk = self.geo.chunk_blocks;
-        let differs: Vec<bool> =
-            want.chunks_exact(BLOCK_USIZE).zip(have.chunks_exact(BLOCK_USIZE)).map(|(w, h)| w != h).collect();
-        let mut runs = Vec::new();
-        for_each_run(&differs, |a, b| runs.push((a, b)));
-        let mut fixed = 0;
-        for (a, b) in runs {
-            fixed += (b - a) as u64;
-            let bytes = IoBytes::copy_from(&want[a * BLOCK_USIZE..b * BLOCK_USIZE]);
-            if let Err(e) =
-                member.drive.write(member.start_block + row * chunk + a as u64, bytes, false).await
-            {
-                self.fail_drive(&member.drive, format!("{what} write failed: {e}"))
-                    .await
-                    .map_err(|e| self.pool_err(e))?;
-                break;
-            }
-        }
-        Ok(fixed)
-    }
-}
-
-impl<D: BlockDevice> Volume<D> {
-    /// Rebuilds row `row` of member `mi` of segment `si` from the other members, writes it to the
-    /// member and advances its cursor, all under the stripe lock.
-    pub(crate) async fn rebuild_row(
-        &self,
-        map: &VolumeMap<D>,
-        si: usize,
-        mi: usize,
-        row: u64,
-    ) -> Result<(), EngineError> {
-        let _guard = self.locks.lock([(si, row)]).await;
-        let seg = &map.segments[si];
-        let member = &seg.members[mi];
-        let chunk = self.geo.chunk_blocks;
-        let data = match self.geo.layout {
-            Layout::Ec { .. } => {
-                let (k, m) = self.ec_shape();
-                let shard = self.geo.ec_shard(row, mi) as usize;
-                let mut skip = vec![false; k + m];
-                skip[shard] = true;
-                let mut reads = self.read_shards(seg, row, 0, chunk, &skip).await;
-                let mut want = vec![false; k + m];
-                want[shard] = true;
-                if !self.decode_rows(&mut reads, &want).is_empty() {
-                    let run = ChunkRun { segment: si, row, column: 0, offset_in_chunk: 0, blocks: chunk };
-                    return Err(
-                        self.pool_err(self.unrecoverable(&run, "too few members left to rebuild the stripe"))
-                    );
-                }
-                reads.swap_remove(shard).buf.expect("decoded")
-            }
-            _ => {
-                let column = mi as u32 / self.geo.copies();
-                let run = ChunkRun { segment: si, row, column, offset_in_chunk: 0, blocks: chunk };
-                self.mirror_read_locked(map, run).await.map_err(|e| self.pool_err(e))?
-            }
-        };
-        // All-zero blocks stay unwritten on the new member (sparse volumes stay sparse).
-        let zero: Vec<bool> = data.chunks_exact(BLOCK_USIZE).map(|b| b.iter().all(|&x| x == 0)).collect();
-        let nonzero: Vec<bool> = zero.iter().map(|z| !z).collect();
-        let base = member.start_block + row * chunk;
-        let data = data.freeze();
-        let mut ops = Vec::new();
-        for_each_run(&nonzero, |a, b| ops.push((a, b, true)));
-        for_each_run(&zero, |a, b| ops.push((a, b, false)));
-        for (a, b, write) in ops {
-            let result = if write {
-                member.drive.write(base + a as u64, data.slice(a * BLOCK_USIZE..b * BLOCK_USIZE), false).await
-            } else {
-                member.drive.zero(base + a as u64, (b - a) as u64).await
-            };
-            if let Err(e) = result {
-                self.fail_drive(&member.drive, format!("rebuild write failed: {e}"))
-                    .await
-                    .map_err(|e| self.pool_err(e))?;
-                return Err(EngineError::Busy(format!(
-                    "the replacement drive failed during the rebuild: {e}"
-                )));
-            }
-        }
-        member.rebuild_cursor.store(row + 1, std::sync::atomic::Ordering::Release);
-        Ok(())
     }
 }

@@ -6,9 +6,10 @@ use futures::future::join_all;
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 
 use super::map::{ChunkRun, Member, Segment, VolumeMap};
-use super::{BlockRole, InFamily, LayoutFamily, Volume};
+use super::{BlockRole, InFamily, LayoutFamily};
 use crate::drive::ReadFault;
 use crate::error::VolumeError;
+use crate::join::join_all_ok;
 
 /// What one copy gave back for a run, block by block.
 struct CopyRead {
@@ -28,6 +29,54 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Mirror, D> {
         (0..self.geo.layout.data_columns())
             .map(|c| (0..self.geo.copies()).map(|k| self.geo.mirror_member(c, k)).collect())
             .collect()
+    }
+
+    fn fua_by_pool_flush(&self) -> bool {
+        false
+    }
+
+    /// Reads one run from the first copy that answers with verified data; anything else goes
+    /// to the locked slow path, which repairs.
+    async fn read_run(
+        &self,
+        map: &VolumeMap<D>,
+        run: ChunkRun,
+        buf: IoBuf,
+        locked: bool,
+    ) -> Result<IoBuf, VolumeError> {
+        let seg = &map.segments[run.segment];
+        if let Some(m) = self.copy_members(&run).find(|&m| seg.members[m].usable(run.row)) {
+            let member = &seg.members[m];
+            match member.drive.read_verified(self.member_block(member, &run), buf).await {
+                Ok(buf) => return Ok(buf),
+                Err(ReadFault::Io(e)) => {
+                    tracing::warn!(volume = %self.name, error = %e, "read error; repairing")
+                }
+                Err(ReadFault::Failed | ReadFault::Corrupt { .. }) => {}
+            }
+        }
+        if locked {
+            return self.mirror_read_locked(map, run).await;
+        }
+        let _guard = self.locks.lock([(run.segment, run.row)]).await;
+        self.mirror_read_locked(map, run).await
+    }
+
+    async fn write_runs_locked(
+        &self,
+        map: &VolumeMap<D>,
+        runs: &[ChunkRun],
+        data: IoBytes,
+        fua: bool,
+    ) -> Result<(), VolumeError> {
+        let mut at = 0usize;
+        let mut writes = Vec::with_capacity(runs.len());
+        for run in runs {
+            let len = (run.blocks * BLOCK_BYTES) as usize;
+            writes.push(self.mirror_write_run_locked(map, *run, data.slice(at..at + len), fua));
+            at += len;
+        }
+        join_all_ok(writes).await.map(drop)
     }
 
     fn unmap_unit_blocks(&self) -> u64 {
@@ -55,7 +104,7 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Mirror, D> {
     }
 }
 
-impl<D: BlockDevice> Volume<D> {
+impl<D: BlockDevice> InFamily<'_, Mirror, D> {
     pub(super) fn copy_members(&self, run: &ChunkRun) -> impl Iterator<Item = usize> + '_ {
         let copies = self.geo.copies();
         // Start at a copy chosen by row so reads of different rows spread over the copies.
@@ -66,33 +115,6 @@ impl<D: BlockDevice> Volume<D> {
 
     pub(super) fn member_block(&self, member: &Member<D>, run: &ChunkRun) -> u64 {
         member.start_block + self.geo.member_block(run.row, run.offset_in_chunk)
-    }
-
-    /// Reads one run from the first copy that answers with verified data; anything else goes
-    /// to the locked slow path, which repairs.
-    pub(super) async fn mirror_read_run(
-        &self,
-        map: &VolumeMap<D>,
-        run: ChunkRun,
-        buf: IoBuf,
-        locked: bool,
-    ) -> Result<IoBuf, VolumeError> {
-        let seg = &map.segments[run.segment];
-        if let Some(m) = self.copy_members(&run).find(|&m| seg.members[m].usable(run.row)) {
-            let member = &seg.members[m];
-            match member.drive.read_verified(self.member_block(member, &run), buf).await {
-                Ok(buf) => return Ok(buf),
-                Err(ReadFault::Io(e)) => {
-                    tracing::warn!(volume = %self.name, error = %e, "read error; repairing")
-                }
-                Err(ReadFault::Failed | ReadFault::Corrupt { .. }) => {}
-            }
-        }
-        if locked {
-            return self.mirror_read_locked(map, run).await;
-        }
-        let _guard = self.locks.lock([(run.segment, run.row)]).await;
-        self.mirror_read_locked(map, run).await
     }
 
     /// Reads a run with the stripe lock held: reads every usable copy, assembles good data

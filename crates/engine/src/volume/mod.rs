@@ -30,6 +30,7 @@ pub(crate) mod maint;
 pub(crate) mod map;
 mod mirror;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
@@ -148,6 +149,29 @@ pub(crate) trait LayoutFamily<D: BlockDevice>: std::ops::Deref<Target = Volume<D
     /// `Layout::tolerance()` missing members: every copy of a column, or the whole stripe.
     fn failure_groups(&self, members: usize) -> Vec<Vec<usize>>;
 
+    /// A FUA write completes with one pool flush after its stripe locks are released, instead
+    /// of FUA writes to the drives (ec: see [`Volume::write`]).
+    fn fua_by_pool_flush(&self) -> bool;
+
+    /// Reads one run into `buf` (whole blocks). With `locked`, the caller holds the run's stripe
+    /// lock (the slow path, which repairs, must not take it again).
+    fn read_run(
+        &self,
+        map: &VolumeMap<D>,
+        run: ChunkRun,
+        buf: IoBuf,
+        locked: bool,
+    ) -> impl Future<Output = Result<IoBuf, VolumeError>> + Send;
+
+    /// Writes block-aligned `data` covering `runs` (the caller holds their stripe locks).
+    fn write_runs_locked(
+        &self,
+        map: &VolumeMap<D>,
+        runs: &[ChunkRun],
+        data: IoBytes,
+        fua: bool,
+    ) -> impl Future<Output = Result<(), VolumeError>> + Send;
+
     /// Zeroing and discard drop whole units of this many blocks (the rest is written as zeros,
     /// or left alone): a block, or an ec row.
     fn unmap_unit_blocks(&self) -> u64;
@@ -171,7 +195,7 @@ pub(crate) trait LayoutFamily<D: BlockDevice>: std::ops::Deref<Target = Volume<D
         &self,
         map: &VolumeMap<D>,
         run: &ChunkRun,
-    ) -> impl std::future::Future<Output = Result<(), VolumeError>> + Send;
+    ) -> impl Future<Output = Result<(), VolumeError>> + Send;
 }
 
 /// A volume of a pool.
@@ -198,6 +222,92 @@ impl<'a, F: Sync, D: BlockDevice> InFamily<'a, F, D>
 where
     Self: LayoutFamily<D>,
 {
+    /// [`Volume::read`].
+    async fn read_in(&self, offset_bytes: u64, len_bytes: usize) -> Result<IoBuf, VolumeError> {
+        // Reads hold a pass too: a read that finds a bad block rewrites it.
+        let _op = self.enter_op()?;
+        let map = self.map.load_full();
+        self.check_range_in(&map, offset_bytes, len_bytes as u64)?;
+        self.counters.read_ops.fetch_add(1, Relaxed);
+        self.counters.read_bytes.fetch_add(len_bytes as u64, Relaxed);
+        if len_bytes == 0 {
+            return Ok(IoBuf::zeroed(0));
+        }
+        let span = Span::new(offset_bytes, len_bytes as u64);
+        let buf = IoBuf::zeroed(span.whole_len());
+        let buf = self.read_blocks_in(&map, span.first, buf, false).await?;
+        Ok(span.clip(buf))
+    }
+
+    /// Reads whole blocks from logical block `lb` into `buf`. With `locked`, the caller already
+    /// holds the stripe locks of the range (the slow path must not take them again).
+    async fn read_blocks(&self, lb: u64, buf: IoBuf, locked: bool) -> Result<IoBuf, VolumeError> {
+        let map = self.map.load_full();
+        self.read_blocks_in(&map, lb, buf, locked).await
+    }
+
+    async fn read_blocks_in(
+        &self,
+        map: &VolumeMap<D>,
+        lb: u64,
+        buf: IoBuf,
+        locked: bool,
+    ) -> Result<IoBuf, VolumeError> {
+        let blocks = buf.len() as u64 / BLOCK_BYTES;
+        // Small requests lie in one chunk: no run list to allocate.
+        if let Some(run) = map.single_run(&self.geo, lb, blocks) {
+            return self.read_run(map, run, buf, locked).await;
+        }
+        let runs = map.runs(&self.geo, lb, blocks);
+        let mut rest = buf;
+        let mut reads = Vec::with_capacity(runs.len());
+        for run in runs {
+            let tail = rest.split_off((run.blocks * BLOCK_BYTES) as usize);
+            let piece = std::mem::replace(&mut rest, tail);
+            reads.push(self.read_run(map, run, piece, locked));
+        }
+        Ok(IoBuf::join_or_copy(join_all_ok(reads).await?))
+    }
+
+    /// [`Volume::write`].
+    async fn write_in(&self, offset_bytes: u64, data: IoBytes, fua: bool) -> Result<(), VolumeError> {
+        let _op = self.enter_op()?;
+        let len_bytes = data.len() as u64;
+        self.check_range(offset_bytes, len_bytes)?;
+        self.core.check_writable().map_err(|e| self.pool_error(e))?;
+        self.counters.write_ops.fetch_add(1, Relaxed);
+        self.counters.write_bytes.fetch_add(len_bytes, Relaxed);
+        if len_bytes == 0 {
+            return Ok(());
+        }
+        let span = Span::new(offset_bytes, len_bytes);
+        let map = self.map.load_full();
+        let runs = map.runs(&self.geo, span.first, span.blocks());
+        // On ec, a FUA write completes with a pool flush instead of per-drive FUA: the flush
+        // raises the transaction watermark past every older journaled write to these stripes,
+        // so recovery can never replay one over this (durable) write.
+        let by_pool_flush = self.fua_by_pool_flush();
+        {
+            let _guards = self.locks.lock(runs.iter().map(|r| (r.segment, r.row))).await;
+            // An aligned range in unaligned memory goes through the merge too: it reads nothing
+            // and only copies.
+            let data = if span.is_aligned() && data.is_aligned() {
+                data
+            } else {
+                bytes::merge_unaligned(&span, &data, |b| {
+                    self.read_blocks(b, IoBuf::zeroed(BLOCK_USIZE), true)
+                })
+                .await?
+            };
+            self.write_runs_locked(&map, &runs, data, fua && !by_pool_flush).await?;
+        }
+        self.confirm_skipped(&map, &runs).await?;
+        if fua && by_pool_flush {
+            self.core.flush_all().await.map_err(|e| self.pool_error(e))?;
+        }
+        Ok(())
+    }
+
     /// [`Volume::write_zeroes`].
     async fn write_zeroes_in(
         &self,
@@ -225,7 +335,7 @@ where
             let mut at = edge.start;
             while at < edge.end {
                 let n = (edge.end - at).min(4 << 20);
-                self.write(at, IoBytes::zeroed(n as usize), fua).await?;
+                self.write_in(at, IoBytes::zeroed(n as usize), fua).await?;
                 at += n;
             }
         }
@@ -398,102 +508,13 @@ impl<D: BlockDevice> Volume<D> {
 
     /// Reads `len_bytes` at `offset_bytes` (any alignment).
     pub async fn read(&self, offset_bytes: u64, len_bytes: usize) -> Result<IoBuf, VolumeError> {
-        // Reads hold a pass too: a read that finds a bad block rewrites it.
-        let _op = self.enter_op()?;
-        let map = self.map.load_full();
-        self.check_range_in(&map, offset_bytes, len_bytes as u64)?;
-        self.counters.read_ops.fetch_add(1, Relaxed);
-        self.counters.read_bytes.fetch_add(len_bytes as u64, Relaxed);
-        if len_bytes == 0 {
-            return Ok(IoBuf::zeroed(0));
-        }
-        let span = Span::new(offset_bytes, len_bytes as u64);
-        let buf = IoBuf::zeroed(span.whole_len());
-        let buf = self.read_blocks_in(&map, span.first, buf, false).await?;
-        Ok(span.clip(buf))
-    }
-
-    /// Reads whole blocks from logical block `lb` into `buf`. With `locked`, the caller already
-    /// holds the stripe locks of the range (the slow path must not take them again).
-    pub(crate) async fn read_blocks(&self, lb: u64, buf: IoBuf, locked: bool) -> Result<IoBuf, VolumeError> {
-        let map = self.map.load_full();
-        self.read_blocks_in(&map, lb, buf, locked).await
-    }
-
-    async fn read_blocks_in(
-        &self,
-        map: &VolumeMap<D>,
-        lb: u64,
-        buf: IoBuf,
-        locked: bool,
-    ) -> Result<IoBuf, VolumeError> {
-        let blocks = buf.len() as u64 / BLOCK_BYTES;
-        // Small requests lie in one chunk: no run list to allocate.
-        if let Some(run) = map.single_run(&self.geo, lb, blocks) {
-            return self.read_run(map, run, buf, locked).await;
-        }
-        let runs = map.runs(&self.geo, lb, blocks);
-        let mut rest = buf;
-        let mut reads = Vec::with_capacity(runs.len());
-        for run in runs {
-            let tail = rest.split_off((run.blocks * BLOCK_BYTES) as usize);
-            let piece = std::mem::replace(&mut rest, tail);
-            reads.push(self.read_run(map, run, piece, locked));
-        }
-        Ok(IoBuf::join_or_copy(join_all_ok(reads).await?))
-    }
-
-    async fn read_run(
-        &self,
-        map: &VolumeMap<D>,
-        run: ChunkRun,
-        buf: IoBuf,
-        locked: bool,
-    ) -> Result<IoBuf, VolumeError> {
-        match self.geo.layout {
-            Layout::Ec { .. } => self.ec_read_run(map, run, buf, locked).await,
-            _ => self.mirror_read_run(map, run, buf, locked).await,
-        }
+        with_family!(self, |f| f.read_in(offset_bytes, len_bytes).await)
     }
 
     /// Writes `data` at `offset_bytes` (any alignment). With `fua` the data is durable when
     /// this returns.
     pub async fn write(&self, offset_bytes: u64, data: IoBytes, fua: bool) -> Result<(), VolumeError> {
-        let _op = self.enter_op()?;
-        let len_bytes = data.len() as u64;
-        self.check_range(offset_bytes, len_bytes)?;
-        self.core.check_writable().map_err(|e| self.pool_error(e))?;
-        self.counters.write_ops.fetch_add(1, Relaxed);
-        self.counters.write_bytes.fetch_add(len_bytes, Relaxed);
-        if len_bytes == 0 {
-            return Ok(());
-        }
-        let span = Span::new(offset_bytes, len_bytes);
-        let map = self.map.load_full();
-        let runs = map.runs(&self.geo, span.first, span.blocks());
-        // On ec, a FUA write completes with a pool flush instead of per-drive FUA: the flush
-        // raises the transaction watermark past every older journaled write to these stripes,
-        // so recovery can never replay one over this (durable) write.
-        let ec = matches!(self.geo.layout, Layout::Ec { .. });
-        {
-            let _guards = self.locks.lock(runs.iter().map(|r| (r.segment, r.row))).await;
-            // An aligned range in unaligned memory goes through the merge too: it reads nothing
-            // and only copies.
-            let data = if span.is_aligned() && data.is_aligned() {
-                data
-            } else {
-                bytes::merge_unaligned(&span, &data, |b| {
-                    self.read_blocks(b, IoBuf::zeroed(BLOCK_USIZE), true)
-                })
-                .await?
-            };
-            self.write_runs_locked(&map, &runs, data, fua && !ec).await?;
-        }
-        self.confirm_skipped(&map, &runs).await?;
-        if fua && ec {
-            self.core.flush_all().await.map_err(|e| self.pool_error(e))?;
-        }
-        Ok(())
+        with_family!(self, |f| f.write_in(offset_bytes, data, fua).await)
     }
 
     /// Before a write that skipped failed members is acknowledged, their failure must be in the
@@ -521,29 +542,6 @@ impl<D: BlockDevice> Volume<D> {
 
     fn pool_error(&self, e: crate::error::EngineError) -> VolumeError {
         VolumeError::Pool { volume: self.name.clone(), source: Box::new(e) }
-    }
-
-    /// Writes block-aligned `data` covering `runs` (the caller holds their stripe locks).
-    pub(crate) async fn write_runs_locked(
-        &self,
-        map: &VolumeMap<D>,
-        runs: &[ChunkRun],
-        data: IoBytes,
-        fua: bool,
-    ) -> Result<(), VolumeError> {
-        match self.geo.layout {
-            Layout::Ec { .. } => self.ec_write_runs_locked(map, runs, data, fua).await,
-            _ => {
-                let mut at = 0usize;
-                let mut writes = Vec::with_capacity(runs.len());
-                for run in runs {
-                    let len = (run.blocks * BLOCK_BYTES) as usize;
-                    writes.push(self.mirror_write_run_locked(map, *run, data.slice(at..at + len), fua));
-                    at += len;
-                }
-                join_all_ok(writes).await.map(drop)
-            }
-        }
     }
 
     /// Writes zeros. Whole blocks (mirror layouts) or whole stripes (ec) are zeroed by marking
