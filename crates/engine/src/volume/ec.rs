@@ -9,10 +9,12 @@ use crate::join::join_all_ok;
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 use stria_ec::ReedSolomon;
 
+use super::maint::{RowStats, bless};
 use super::map::{ChunkRun, Member, Segment, VolumeMap};
 use super::{BlockRole, InFamily, LayoutFamily};
 use crate::drive::ReadFault;
 use crate::drive::journal::{AppendError, JournalPiece};
+use crate::error::EngineError;
 use crate::error::VolumeError;
 
 /// How many times a partial-stripe write retries after finding a journal full.
@@ -156,6 +158,109 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Ec, D> {
         }
         // A whole stripe: every member's chunk (data and parity) becomes zeros.
         self.zero_members(seg, run, 0..seg.members.len()).await
+    }
+
+    async fn resync(&self, map: &VolumeMap<D>, si: usize, row: u64) -> Result<RowStats, EngineError> {
+        let seg = &map.segments[si];
+        let (k, m) = self.ec_shape();
+        let chunk = self.geo.chunk_blocks;
+        let mut stats = RowStats::default();
+        let mut shards: Vec<Option<IoBuf>> = Vec::with_capacity(k + m);
+        for s in 0..k + m {
+            let (_, member) = self.shard_member(seg, row, s);
+            let read = self.read_member_logical(member, row).await?;
+            if let Some((data, written)) = &read {
+                bless(&member.drive, member.start_block + row * chunk, data, written);
+                stats.checked_blocks += chunk;
+            }
+            shards.push(read.map(|r| r.0));
+        }
+        if shards.iter().any(Option::is_none) {
+            // Degraded: parity cannot be checked against missing data; writes to degraded
+            // stripes are journaled, so the replay already made them consistent.
+            return Ok(stats);
+        }
+        let data: Vec<IoBuf> = shards.drain(..k).map(|s| s.expect("present")).collect();
+        let parity = self.encode_rows(&data, chunk);
+        for (p, (want, have)) in
+            parity.iter().zip(shards.iter().map(|s| s.as_ref().expect("present"))).enumerate()
+        {
+            let (_, member) = self.shard_member(seg, row, k + p);
+            stats.parity_blocks += self.rewrite_differing(member, row, want, have, "resync").await?;
+        }
+        Ok(stats)
+    }
+
+    async fn scrub_locked(&self, map: &VolumeMap<D>, si: usize, row: u64) -> Result<RowStats, EngineError> {
+        let seg = &map.segments[si];
+        let (k, m) = self.ec_shape();
+        let total = k + m;
+        let chunk = self.geo.chunk_blocks;
+        let mut stats = RowStats { checked_blocks: chunk * total as u64, ..RowStats::default() };
+        let mut reads = self.read_shards(seg, row, 0, chunk, &vec![false; total]).await;
+        let before: Vec<Vec<bool>> = reads.iter().map(|r| r.good.clone()).collect();
+        let want: Vec<bool> = (0..total).map(|s| self.shard_member(seg, row, s).1.usable(row)).collect();
+        let failed_rows = self.decode_rows(&mut reads, &want);
+        stats.unrecoverable_blocks += failed_rows.len() as u64;
+        self.write_repairs(seg, row, 0, &reads, &before).await.map_err(|e| self.pool_err(e))?;
+        if !failed_rows.is_empty() || !want.iter().all(|&w| w) {
+            return Ok(stats);
+        }
+        // Every shard is present and verified: parity must agree with the data. Where it does
+        // not, one shard missed a write; which one is decided by the others, never assumed.
+        let shards: Vec<IoBuf> = reads.drain(..).map(|r| r.buf.expect("present")).collect();
+        let parity = self.encode_rows(&shards[..k], chunk);
+        for line in 0..chunk as usize {
+            let r = line * BLOCK_USIZE..(line + 1) * BLOCK_USIZE;
+            if parity.iter().zip(&shards[k..]).all(|(want, have)| want[r.clone()] == have[r.clone()]) {
+                continue;
+            }
+            match self.odd_shard_out(&shards, r.clone()) {
+                Some((bad, content)) => {
+                    let (_, member) = self.shard_member(seg, row, bad);
+                    tracing::warn!(volume = %self.name, slot = member.drive.slot(), row, block = line, shard = bad, "rewriting the one shard the others outvote");
+                    let at = member.start_block + row * chunk + line as u64;
+                    if bad < k {
+                        stats.copy_blocks += 1;
+                    } else {
+                        stats.parity_blocks += 1;
+                    }
+                    if let Err(e) = member.drive.write(at, IoBytes::copy_from(&content), false).await {
+                        self.fail_drive(&member.drive, format!("scrub write failed: {e}"))
+                            .await
+                            .map_err(|e| self.pool_err(e))?;
+                    }
+                }
+                None => {
+                    tracing::error!(volume = %self.name, row, block = line, "data and parity disagree and no single shard explains it; not rewritten");
+                    stats.inconsistent_blocks += 1;
+                }
+            }
+        }
+        Ok(stats)
+    }
+
+    async fn rebuild_chunk(
+        &self,
+        map: &VolumeMap<D>,
+        si: usize,
+        mi: usize,
+        row: u64,
+    ) -> Result<IoBuf, EngineError> {
+        let seg = &map.segments[si];
+        let chunk = self.geo.chunk_blocks;
+        let (k, m) = self.ec_shape();
+        let shard = self.geo.ec_shard(row, mi) as usize;
+        let mut skip = vec![false; k + m];
+        skip[shard] = true;
+        let mut reads = self.read_shards(seg, row, 0, chunk, &skip).await;
+        let mut want = vec![false; k + m];
+        want[shard] = true;
+        if !self.decode_rows(&mut reads, &want).is_empty() {
+            let run = ChunkRun { segment: si, row, column: 0, offset_in_chunk: 0, blocks: chunk };
+            return Err(self.pool_err(self.unrecoverable(&run, "too few members left to rebuild the stripe")));
+        }
+        Ok(reads.swap_remove(shard).buf.expect("decoded"))
     }
 }
 
@@ -788,5 +893,43 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
         // Every piece is in place (or its drive is failed): the transaction is applied.
         self.core.txn_done(txn_id);
         result
+    }
+}
+
+impl<D: BlockDevice> InFamily<'_, Ec, D> {
+    /// The one shard of a block line that disagrees with all the others: for each shard, decode
+    /// the line from K of the rest and check the remaining ones agree. Returns the shard and its
+    /// content as the others imply, when exactly one shard explains the disagreement (this needs
+    /// M >= 2: with one parity shard any shard explains it).
+    fn odd_shard_out(&self, shards: &[IoBuf], r: std::ops::Range<usize>) -> Option<(usize, Vec<u8>)> {
+        let (k, m) = self.ec_shape();
+        if m < 2 {
+            return None;
+        }
+        let total = k + m;
+        let mut found = None;
+        for suspect in 0..total {
+            let sources_idx: Vec<usize> = (0..total).filter(|&s| s != suspect).take(k).collect();
+            let mut sources: Vec<Option<&[u8]>> = vec![None; total];
+            for &s in &sources_idx {
+                sources[s] = Some(&shards[s][r.clone()]);
+            }
+            let rest: Vec<usize> = (0..total).filter(|s| !sources_idx.contains(s)).collect();
+            let mut outs: Vec<Vec<u8>> = rest.iter().map(|_| vec![0u8; r.len()]).collect();
+            {
+                let mut targets: Vec<(usize, &mut [u8])> =
+                    rest.iter().copied().zip(outs.iter_mut().map(|o| &mut o[..])).collect();
+                self.codec().reconstruct(&sources, &mut targets).expect("shapes are consistent");
+            }
+            let agree = rest.iter().zip(&outs).all(|(&s, o)| s == suspect || shards[s][r.clone()] == o[..]);
+            if agree {
+                if found.is_some() {
+                    return None;
+                }
+                let at = rest.iter().position(|&s| s == suspect).expect("suspect is decoded");
+                found = Some((suspect, outs.swap_remove(at)));
+            }
+        }
+        found
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! This module splits requests into chunk runs, handles unaligned requests by read-modify-write
 //! under the stripe lock, and dispatches to the two layout families: mirror/stripe (`mirror.rs`)
-//! and erasure-coded (`ec.rs`).
+//! and erasure-coded (`ec.rs`). The family is chosen once, when the volume is installed
+//! (`Family`); each operation is written once, generic over `LayoutFamily`, and picks the
+//! family in one place (`with_family!`). Byte arithmetic shared with the tier is in `bytes.rs`.
 
 /// The one place an operation picks its layout family: runs `$body` with `$f` bound to the
 /// volume `$vol` seen through its family (an [`InFamily`], generic code over [`LayoutFamily`]).
@@ -40,7 +42,7 @@ use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 use stria_ec::ReedSolomon;
 
 use crate::drive::Drive;
-use crate::error::VolumeError;
+use crate::error::{EngineError, VolumeError};
 use crate::format::meta::{DriveClass, Layout};
 use crate::pool::core::PoolCore;
 use bytes::{ExtentRuns, Span, ZeroSplit};
@@ -126,7 +128,7 @@ impl Family {
 }
 
 /// A volume seen through its layout family: the volume (by `Deref`) and the family's state.
-/// Built only by [`with_family!`].
+/// Built only by `with_family!`.
 pub(crate) struct InFamily<'a, F, D: BlockDevice> {
     vol: &'a Volume<D>,
     fam: &'a F,
@@ -142,7 +144,7 @@ impl<F, D: BlockDevice> std::ops::Deref for InFamily<'_, F, D> {
 
 /// What differs between layout families, implemented by `InFamily<'_, Mirror, D>` (mirror.rs)
 /// and `InFamily<'_, Ec, D>` (ec.rs). The operations of [`Volume`] are written once, generic
-/// over it, and pick their family once with [`with_family!`]: a new family is one module, one
+/// over it, and pick their family once with `with_family!`: a new family is one module, one
 /// [`Family`] variant and one arm of the macro.
 pub(crate) trait LayoutFamily<D: BlockDevice>: std::ops::Deref<Target = Volume<D>> + Sync {
     /// The groups of a segment's members (indices) that each survive up to
@@ -185,6 +187,33 @@ pub(crate) trait LayoutFamily<D: BlockDevice>: std::ops::Deref<Target = Volume<D
 
     /// The members holding the block of `run` (one block long), with what each holds.
     fn locate_members(&self, run: &ChunkRun) -> Vec<(usize, BlockRole)>;
+
+    /// Resynchronises row `row` of segment `si` after an unclean stop (see maint.rs; recovery,
+    /// no I/O runs concurrently).
+    fn resync(
+        &self,
+        map: &VolumeMap<D>,
+        si: usize,
+        row: u64,
+    ) -> impl Future<Output = Result<maint::RowStats, EngineError>> + Send;
+
+    /// Scrubs row `row` of segment `si` (see maint.rs; the caller holds its stripe lock).
+    fn scrub_locked(
+        &self,
+        map: &VolumeMap<D>,
+        si: usize,
+        row: u64,
+    ) -> impl Future<Output = Result<maint::RowStats, EngineError>> + Send;
+
+    /// Member `mi`'s chunk of row `row` of segment `si` as the other members say it should be
+    /// (the caller holds the stripe lock and writes it to the member).
+    fn rebuild_chunk(
+        &self,
+        map: &VolumeMap<D>,
+        si: usize,
+        mi: usize,
+        row: u64,
+    ) -> impl Future<Output = Result<IoBuf, EngineError>> + Send;
 
     /// Zeroing may be cheap (no data written) only while the volume is healthy.
     fn cheap_zero_needs_healthy(&self) -> bool;
