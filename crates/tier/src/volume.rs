@@ -6,15 +6,14 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use stria_dev::{BlockDevice, IoBuf, IoBytes};
+use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 use stria_engine::join_all_ok;
+use stria_engine::volume::bytes::{self, ExtentRuns, Span, ZeroSplit};
 use stria_engine::{Extent, Pool, Volume, VolumeError, VolumeState};
 
 use crate::log::CacheLog;
 use crate::record::{CLEAN, Entry, PAGE_BYTES, Record, ZERO_CRC, ZEROED, block_crc};
 
-const BLOCK: u64 = 4096;
-const BLOCK_USIZE: usize = 4096;
 /// Slots of the per-blockset I/O lock table (record page writes, unaligned writes).
 const IO_LOCKS: usize = 1024;
 /// Locks serialising read-modify-writes of partly written blocks, by block number.
@@ -167,7 +166,7 @@ impl<D: BlockDevice> TieredVolume<D> {
 
     /// Bytes per blockset (one capacity stripe).
     pub fn blockset_bytes(&self) -> u64 {
-        self.blockset_blocks as u64 * BLOCK
+        self.blockset_blocks as u64 * BLOCK_BYTES
     }
 
     /// Counters.
@@ -205,17 +204,14 @@ impl<D: BlockDevice> TieredVolume<D> {
         if self.closed.load(Relaxed) {
             return Err(VolumeError::Closed(self.name.clone()));
         }
-        match offset_bytes.checked_add(len_bytes) {
-            Some(end) if end <= self.size_bytes => Ok(()),
-            _ => Err(VolumeError::OutOfRange { offset_bytes, len_bytes, size_bytes: self.size_bytes }),
-        }
+        bytes::check_range(offset_bytes, len_bytes, self.size_bytes)
     }
 
     fn unrecoverable(&self, block: u64, reason: impl Into<String>) -> VolumeError {
         VolumeError::Unrecoverable {
             volume: self.name.clone(),
-            offset_bytes: block * BLOCK,
-            len_bytes: BLOCK,
+            offset_bytes: block * BLOCK_BYTES,
+            len_bytes: BLOCK_BYTES,
             reason: reason.into(),
         }
     }
@@ -266,15 +262,9 @@ impl<D: BlockDevice> TieredVolume<D> {
         if len_bytes == 0 {
             return Ok(IoBuf::zeroed(0));
         }
-        let first = offset_bytes / BLOCK;
-        let end = (offset_bytes + len_bytes as u64).div_ceil(BLOCK);
-        let mut buf = self.read_blocks(first, end - first).await?;
-        let head = (offset_bytes % BLOCK) as usize;
-        if head > 0 {
-            drop(buf.split_to(head));
-        }
-        drop(buf.split_off(len_bytes));
-        Ok(buf)
+        let span = Span::new(offset_bytes, len_bytes as u64);
+        let buf = self.read_blocks(span.first, span.blocks()).await?;
+        Ok(span.clip(buf))
     }
 
     /// The entries of blocks `[first, first + n)` as they are now.
@@ -300,7 +290,7 @@ impl<D: BlockDevice> TieredVolume<D> {
         if let Some(buf) = self.read_one_run(first, &entries).await? {
             return Ok(buf);
         }
-        let mut out = IoBuf::zeroed((n * BLOCK) as usize);
+        let mut out = IoBuf::zeroed((n * BLOCK_BYTES) as usize);
         let mut pending: Vec<u64> = (0..n).collect();
         for attempt in 0..READ_ATTEMPTS {
             if attempt > 0 {
@@ -335,11 +325,11 @@ impl<D: BlockDevice> TieredVolume<D> {
         let all_cache = e0.in_cache()
             && self.log.block_of(e0.position) + n <= self.log.ring_blocks()
             && entries.iter().zip(0..).all(|(e, k)| e.in_cache() && e.position == e0.position + k);
-        let len = (n * BLOCK) as usize;
+        let len = (n * BLOCK_BYTES) as usize;
         let buf = if all_cache {
-            self.cache.read(self.log.block_of(e0.position) * BLOCK, len).await?
+            self.cache.read(self.log.block_of(e0.position) * BLOCK_BYTES, len).await?
         } else if all_capacity {
-            self.cap.read(first * BLOCK, len).await?
+            self.cap.read(first * BLOCK_BYTES, len).await?
         } else {
             return Ok(None);
         };
@@ -368,7 +358,7 @@ impl<D: BlockDevice> TieredVolume<D> {
         let mut runs: Vec<(u64, u64, bool)> = Vec::new(); // (first index, count, from_cache)
         for (k, (&i, e)) in pending.iter().zip(entries).enumerate() {
             if !e.dirty() && e.crc == ZERO_CRC || e.position == ZEROED {
-                out[(i * BLOCK) as usize..((i + 1) * BLOCK) as usize].fill(0);
+                out[(i * BLOCK_BYTES) as usize..((i + 1) * BLOCK_BYTES) as usize].fill(0);
                 self.counters.blocks_read_as_zero.fetch_add(1, Relaxed);
                 continue;
             }
@@ -394,10 +384,10 @@ impl<D: BlockDevice> TieredVolume<D> {
             let e = entries[k];
             async move {
                 let buf = if from_cache {
-                    let off = self.log.block_of(e.position) * BLOCK;
-                    self.cache.read(off, (count * BLOCK) as usize).await?
+                    let off = self.log.block_of(e.position) * BLOCK_BYTES;
+                    self.cache.read(off, (count * BLOCK_BYTES) as usize).await?
                 } else {
-                    self.cap.read((first + i) * BLOCK, (count * BLOCK) as usize).await?
+                    self.cap.read((first + i) * BLOCK_BYTES, (count * BLOCK_BYTES) as usize).await?
                 };
                 Ok::<_, VolumeError>((i, count, from_cache, buf))
             }
@@ -409,7 +399,7 @@ impl<D: BlockDevice> TieredVolume<D> {
             for j in 0..count {
                 let idx = i + j;
                 let k = pending.binary_search(&idx).expect("pending");
-                let data = &buf[(j * BLOCK) as usize..((j + 1) * BLOCK) as usize];
+                let data = &buf[(j * BLOCK_BYTES) as usize..((j + 1) * BLOCK_BYTES) as usize];
                 if block_crc(data) != entries[k].crc {
                     if from_cache {
                         bad.push(idx);
@@ -424,7 +414,7 @@ impl<D: BlockDevice> TieredVolume<D> {
                     }
                     continue;
                 }
-                out[(idx * BLOCK) as usize..((idx + 1) * BLOCK) as usize].copy_from_slice(data);
+                out[(idx * BLOCK_BYTES) as usize..((idx + 1) * BLOCK_BYTES) as usize].copy_from_slice(data);
                 let c = if from_cache {
                     &self.counters.blocks_read_from_cache
                 } else {
@@ -450,50 +440,38 @@ impl<D: BlockDevice> TieredVolume<D> {
         if len == 0 {
             return Ok(());
         }
-        let first = offset_bytes / BLOCK;
-        let end = (offset_bytes + len).div_ceil(BLOCK);
-        if offset_bytes.is_multiple_of(BLOCK) && len.is_multiple_of(BLOCK) {
-            return self.write_blocks(first, data).await;
+        let span = Span::new(offset_bytes, len);
+        if span.is_aligned() {
+            return self.write_blocks(span.first, data).await;
         }
         // Unaligned: read-modify-write of the edge blocks. Two writes to different bytes of one
         // block (512-byte sectors, say) must not both read the old block and the second undo
         // the first: the edge blocks stay locked from the read until the merged write is
         // durable. (Whole-block writes need no such lock: they replace the block entirely.)
         let mut slots: Vec<usize> =
-            [first, end - 1].iter().map(|&b| (b % RMW_LOCKS as u64) as usize).collect();
+            [span.first, span.end - 1].iter().map(|&b| (b % RMW_LOCKS as u64) as usize).collect();
         slots.sort_unstable();
         slots.dedup();
         let mut guards = Vec::new();
         for s in slots {
             guards.push(self.rmw_locks[s].lock().await);
         }
-        let mut whole = IoBuf::zeroed(((end - first) * BLOCK) as usize);
-        let head = (offset_bytes % BLOCK) as usize;
-        if head != 0 {
-            let old = self.read_blocks(first, 1).await?;
-            whole[..BLOCK_USIZE].copy_from_slice(&old);
-        }
-        if !(offset_bytes + len).is_multiple_of(BLOCK) && (end - 1 != first || head == 0) {
-            let old = self.read_blocks(end - 1, 1).await?;
-            let at = whole.len() - BLOCK_USIZE;
-            whole[at..].copy_from_slice(&old);
-        }
-        whole[head..head + data.len()].copy_from_slice(&data);
-        let result = self.write_blocks(first, whole.freeze()).await;
+        let whole = bytes::merge_unaligned(&span, &data, |b| self.read_blocks(b, 1)).await?;
+        let result = self.write_blocks(span.first, whole).await;
         drop(guards);
         result
     }
 
     /// The aligned write path: log, then records.
     async fn write_blocks(&self, first: u64, data: IoBytes) -> Result<(), VolumeError> {
-        let n = data.len() as u64 / BLOCK;
+        let n = data.len() as u64 / BLOCK_BYTES;
         let ring = self.log.ring_blocks();
         // Large writes go through the log in pieces of at most half the ring.
         let step = (ring / 2).max(1);
         let mut done = 0;
         while done < n {
             let m = (n - done).min(step);
-            let piece = data.slice((done * BLOCK) as usize..((done + m) * BLOCK) as usize);
+            let piece = data.slice((done * BLOCK_BYTES) as usize..((done + m) * BLOCK_BYTES) as usize);
             self.write_piece(first + done, piece).await?;
             done += m;
         }
@@ -501,29 +479,36 @@ impl<D: BlockDevice> TieredVolume<D> {
     }
 
     async fn write_piece(&self, first: u64, data: IoBytes) -> Result<(), VolumeError> {
-        let n = data.len() as u64 / BLOCK;
+        let n = data.len() as u64 / BLOCK_BYTES;
         if self.log.waiting() > 0 || self.log.used() + n > self.log.ring_blocks() {
             self.counters.write_waits.fetch_add(1, Relaxed);
         }
         let start = self.log.reserve(n).await.map_err(|why| VolumeError::Unrecoverable {
             volume: self.name.clone(),
-            offset_bytes: first * BLOCK,
-            len_bytes: n * BLOCK,
+            offset_bytes: first * BLOCK_BYTES,
+            len_bytes: n * BLOCK_BYTES,
             reason: format!("the write cache is full and cannot be emptied: {why}"),
         })?;
         self.write_reserved(first, start, &data).await
     }
 
     async fn write_reserved(&self, first: u64, start: u64, data: &IoBytes) -> Result<(), VolumeError> {
-        let n = data.len() as u64 / BLOCK;
+        let n = data.len() as u64 / BLOCK_BYTES;
         // 1. Data into the cache log, durably (split where the ring wraps).
         let phys = self.log.block_of(start);
         let ring = self.log.ring_blocks();
         let before_wrap = (ring - phys).min(n);
-        let mut writes =
-            vec![self.cache.write(phys * BLOCK, data.slice(0..(before_wrap * BLOCK) as usize), true)];
+        let mut writes = vec![self.cache.write(
+            phys * BLOCK_BYTES,
+            data.slice(0..(before_wrap * BLOCK_BYTES) as usize),
+            true,
+        )];
         if before_wrap < n {
-            writes.push(self.cache.write(0, data.slice((before_wrap * BLOCK) as usize..data.len()), true));
+            writes.push(self.cache.write(
+                0,
+                data.slice((before_wrap * BLOCK_BYTES) as usize..data.len()),
+                true,
+            ));
         }
         if let Err(e) = join_all_ok(writes).await {
             // Nothing points to the reserved positions: free them.
@@ -576,7 +561,7 @@ impl<D: BlockDevice> TieredVolume<D> {
         bs: usize,
         change: impl FnOnce(&mut Record) -> Vec<u64>,
     ) -> Result<(), VolumeError> {
-        self.check_writable((bs * self.blockset_blocks) as u64 * BLOCK, self.blockset_bytes())?;
+        self.check_writable((bs * self.blockset_blocks) as u64 * BLOCK_BYTES, self.blockset_bytes())?;
         let mut page = vec![0u8; PAGE_BYTES];
         let (freed, claimed) = {
             let mut rec = self.records[bs].lock();
@@ -600,7 +585,8 @@ impl<D: BlockDevice> TieredVolume<D> {
         for &(pos, i) in &claimed {
             self.log.claim(pos, u32::try_from(bs).expect("blockset index fits"), i);
         }
-        if let Err(e) = self.meta.write((1 + bs as u64) * BLOCK, IoBytes::copy_from(&page), true).await {
+        if let Err(e) = self.meta.write((1 + bs as u64) * BLOCK_BYTES, IoBytes::copy_from(&page), true).await
+        {
             // The page on disk is now the old record or the new one: keep the new one in memory
             // (readers may see the unacknowledged data, as with any failed write) and free neither
             // the old positions nor the new ones, since the durable record may point at either.
@@ -624,18 +610,16 @@ impl<D: BlockDevice> TieredVolume<D> {
         if len_bytes == 0 {
             return Ok(());
         }
-        let end = offset_bytes + len_bytes;
-        let a = offset_bytes.next_multiple_of(BLOCK).min(end);
-        let b = (end / BLOCK * BLOCK).max(a);
-        if fast_only && (a != offset_bytes || b != end) {
+        let split = ZeroSplit::new(offset_bytes, len_bytes, BLOCK_BYTES);
+        if fast_only && split.has_slow_part() {
             return Err(VolumeError::NotCheap { offset_bytes, len_bytes });
         }
-        if b > a {
-            self.zero_blocks(a / BLOCK, (b - a) / BLOCK).await?;
+        if let Some((first, n)) = split.cheap_blocks() {
+            self.zero_blocks(first, n).await?;
         }
-        for (s, e) in [(offset_bytes, a), (b, end)] {
-            if e > s {
-                self.write(s, IoBytes::zeroed((e - s) as usize), false).await?;
+        for edge in [split.head, split.tail] {
+            if !edge.is_empty() {
+                self.write(edge.start, IoBytes::zeroed((edge.end - edge.start) as usize), false).await?;
             }
         }
         Ok(())
@@ -644,16 +628,14 @@ impl<D: BlockDevice> TieredVolume<D> {
     /// Discards whole blocks (edges are left as they are): they read as zeros.
     pub async fn trim(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
         self.check_range(offset_bytes, len_bytes)?;
-        let a = offset_bytes.next_multiple_of(BLOCK);
-        let b = (offset_bytes + len_bytes) / BLOCK * BLOCK;
-        if b > a {
-            self.zero_blocks(a / BLOCK, (b - a) / BLOCK).await?;
+        if let Some((first, n)) = ZeroSplit::new(offset_bytes, len_bytes, BLOCK_BYTES).cheap_blocks() {
+            self.zero_blocks(first, n).await?;
         }
         Ok(())
     }
 
     async fn zero_blocks(&self, first: u64, n: u64) -> Result<(), VolumeError> {
-        self.check_writable(first * BLOCK, n * BLOCK)?;
+        self.check_writable(first * BLOCK_BYTES, n * BLOCK_BYTES)?;
         self.last_write_ms.store(self.now_ms(), Relaxed);
         let result = self
             .set_entries(first, n, |_| Entry { position: ZEROED, crc: ZERO_CRC })
@@ -701,24 +683,15 @@ impl<D: BlockDevice> TieredVolume<D> {
     /// Allocation map: a block is a hole when it reads as zeros without being stored.
     pub fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<Extent>, VolumeError> {
         self.check_range(offset_bytes, len_bytes)?;
-        let mut out: Vec<Extent> = Vec::new();
         if len_bytes == 0 {
-            return Ok(out);
+            return Ok(Vec::new());
         }
-        let first = offset_bytes / BLOCK;
-        let end = (offset_bytes + len_bytes).div_ceil(BLOCK);
-        for e in self.snapshot(first, end - first) {
-            let hole = e.position == ZEROED || (e.position == CLEAN && e.crc == ZERO_CRC);
-            match out.last_mut() {
-                Some(x) if x.unallocated == hole => x.len_bytes += BLOCK,
-                _ => out.push(Extent { len_bytes: BLOCK, unallocated: hole }),
-            }
+        let span = Span::new(offset_bytes, len_bytes);
+        let mut out = ExtentRuns::new();
+        for e in self.snapshot(span.first, span.blocks()) {
+            out.push(e.position == ZEROED || (e.position == CLEAN && e.crc == ZERO_CRC), 1);
         }
-        out[0].len_bytes -= offset_bytes - first * BLOCK;
-        let last = out.len() - 1;
-        out[last].len_bytes -= end * BLOCK - (offset_bytes + len_bytes);
-        out.retain(|e| e.len_bytes > 0);
-        Ok(out)
+        Ok(out.finish(&span))
     }
 
     /// Blocks not yet in the capacity tier, and blocksets holding them.

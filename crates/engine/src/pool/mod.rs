@@ -33,7 +33,7 @@ use crate::format::superblock::Superblock;
 use crate::units::format_size;
 use crate::volume::locks::StripeLocks;
 use crate::volume::map::{Geometry, Member, NOT_REBUILDING, Segment, VolumeMap};
-use crate::volume::{Volume, VolumeCounters};
+use crate::volume::{Family, Volume, VolumeCounters};
 
 pub use rebuild::RebuildProgress;
 pub use recovery::RecoveryReport;
@@ -273,7 +273,7 @@ impl<D: BlockDevice> Pool<D> {
             map: ArcSwap::from_pointee(map),
             locks: StripeLocks::new(),
             core: Arc::clone(&self.core),
-            codec: self.codec(rec.layout),
+            family: Family::new(rec.layout, self.codec(rec.layout)),
             counters: VolumeCounters::default(),
             closed: AtomicBool::new(false),
         });

@@ -6,13 +6,15 @@ use std::sync::atomic::Ordering::Relaxed;
 use futures::future::join_all;
 
 use crate::join::join_all_ok;
-use stria_dev::{BlockDevice, IoBuf, IoBytes};
+use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 use stria_ec::ReedSolomon;
 
+use super::maint::{RowStats, bless};
 use super::map::{ChunkRun, Member, Segment, VolumeMap};
-use super::{BLOCK, BLOCK_USIZE, Volume};
+use super::{BlockRole, InFamily, LayoutFamily};
 use crate::drive::ReadFault;
 use crate::drive::journal::{AppendError, JournalPiece};
+use crate::error::EngineError;
 use crate::error::VolumeError;
 
 /// How many times a partial-stripe write retries after finding a journal full.
@@ -44,29 +46,23 @@ struct Piece {
     repair: bool,
 }
 
-impl<D: BlockDevice> Volume<D> {
-    pub(super) fn codec(&self) -> &Arc<ReedSolomon> {
-        self.codec.as_ref().expect("an ec volume has a codec")
+/// The erasure-coded family: its codec (shared by the pool's volumes of one shape).
+pub(crate) struct Ec {
+    pub(crate) codec: Arc<ReedSolomon>,
+}
+
+impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Ec, D> {
+    fn failure_groups(&self, members: usize) -> Vec<Vec<usize>> {
+        vec![(0..members).collect()]
     }
 
-    pub(super) fn ec_shape(&self) -> (usize, usize) {
-        let codec = self.codec();
-        (codec.data_shards(), codec.parity_shards())
-    }
-
-    pub(super) fn shard_member<'a>(
-        &self,
-        seg: &'a Segment<D>,
-        row: u64,
-        shard: usize,
-    ) -> (usize, &'a Member<D>) {
-        let m = self.geo.ec_member(row, shard as u32);
-        (m, &seg.members[m])
+    fn fua_by_pool_flush(&self) -> bool {
+        true
     }
 
     /// Reads one run of a data shard. The fast path is one verified drive read; a missing
     /// member or a bad block goes to the locked path, which reconstructs and repairs.
-    pub(super) async fn ec_read_run(
+    async fn read_run(
         &self,
         map: &VolumeMap<D>,
         run: ChunkRun,
@@ -96,6 +92,198 @@ impl<D: BlockDevice> Volume<D> {
         self.ec_read_locked(map, run, spare).await
     }
 
+    /// Writes block-aligned `data` covering `runs` (the caller holds the stripe locks).
+    async fn write_runs_locked(
+        &self,
+        map: &VolumeMap<D>,
+        runs: &[ChunkRun],
+        data: IoBytes,
+        fua: bool,
+    ) -> Result<(), VolumeError> {
+        let (k, _) = self.ec_shape();
+        let mut stripes: Vec<StripeWrite> = Vec::new();
+        let mut at = 0usize;
+        for run in runs {
+            let len = (run.blocks * BLOCK_BYTES) as usize;
+            let slice = data.slice(at..at + len);
+            at += len;
+            match stripes.last_mut() {
+                Some(s) if s.segment == run.segment && s.row == run.row => {
+                    s.shards[run.column as usize] = Some((run.offset_in_chunk, slice));
+                }
+                _ => {
+                    let mut shards = vec![None; k];
+                    shards[run.column as usize] = Some((run.offset_in_chunk, slice));
+                    stripes.push(StripeWrite { segment: run.segment, row: run.row, shards });
+                }
+            }
+        }
+        join_all_ok(stripes.into_iter().map(|s| self.ec_write_stripe_locked(map, s, fua))).await.map(drop)
+    }
+
+    fn unmap_unit_blocks(&self) -> u64 {
+        self.geo.row_blocks()
+    }
+
+    /// A degraded ec stripe is zeroed through the journal (see `unmap_run`), not cheaply.
+    fn cheap_zero_needs_healthy(&self) -> bool {
+        true
+    }
+
+    /// The data block's own member; when it is not usable, every usable member of the row:
+    /// parity is non-zero whenever any data block of the row was written.
+    fn status_members<'m>(&self, seg: &'m Segment<D>, run: &ChunkRun) -> Vec<&'m Member<D>> {
+        let own = &seg.members[self.geo.ec_member(run.row, run.column)];
+        if own.usable(run.row) {
+            vec![own]
+        } else {
+            seg.members.iter().filter(|m| m.usable(run.row)).collect()
+        }
+    }
+
+    fn locate_members(&self, run: &ChunkRun) -> Vec<(usize, BlockRole)> {
+        let (k, m) = (self.fam.codec.data_shards() as u32, self.fam.codec.parity_shards() as u32);
+        let parity = (k..k + m).map(|p| (self.geo.ec_member(run.row, p), BlockRole::Parity));
+        std::iter::once((self.geo.ec_member(run.row, run.column), BlockRole::Data)).chain(parity).collect()
+    }
+
+    async fn unmap_run(&self, map: &VolumeMap<D>, run: &ChunkRun) -> Result<(), VolumeError> {
+        let seg = &map.segments[run.segment];
+        if !seg.members.iter().all(|m| m.durably_usable(run.row)) {
+            // Entry-only zeroing is safe on a healthy stripe (recovery recomputes parity from
+            // the data) but not on a degraded one, where a crash could leave members
+            // disagreeing with nothing to resolve it: write zeros through the journal.
+            let zeros = IoBytes::zeroed((run.blocks * BLOCK_BYTES) as usize);
+            return self.write_runs_locked(map, std::slice::from_ref(run), zeros, false).await;
+        }
+        // A whole stripe: every member's chunk (data and parity) becomes zeros.
+        self.zero_members(seg, run, 0..seg.members.len()).await
+    }
+
+    async fn resync(&self, map: &VolumeMap<D>, si: usize, row: u64) -> Result<RowStats, EngineError> {
+        let seg = &map.segments[si];
+        let (k, m) = self.ec_shape();
+        let chunk = self.geo.chunk_blocks;
+        let mut stats = RowStats::default();
+        let mut shards: Vec<Option<IoBuf>> = Vec::with_capacity(k + m);
+        for s in 0..k + m {
+            let (_, member) = self.shard_member(seg, row, s);
+            let read = self.read_member_logical(member, row).await?;
+            if let Some((data, written)) = &read {
+                bless(&member.drive, member.start_block + row * chunk, data, written);
+                stats.checked_blocks += chunk;
+            }
+            shards.push(read.map(|r| r.0));
+        }
+        if shards.iter().any(Option::is_none) {
+            // Degraded: parity cannot be checked against missing data; writes to degraded
+            // stripes are journaled, so the replay already made them consistent.
+            return Ok(stats);
+        }
+        let data: Vec<IoBuf> = shards.drain(..k).map(|s| s.expect("present")).collect();
+        let parity = self.encode_rows(&data, chunk);
+        for (p, (want, have)) in
+            parity.iter().zip(shards.iter().map(|s| s.as_ref().expect("present"))).enumerate()
+        {
+            let (_, member) = self.shard_member(seg, row, k + p);
+            stats.parity_blocks += self.rewrite_differing(member, row, want, have, "resync").await?;
+        }
+        Ok(stats)
+    }
+
+    async fn scrub_locked(&self, map: &VolumeMap<D>, si: usize, row: u64) -> Result<RowStats, EngineError> {
+        let seg = &map.segments[si];
+        let (k, m) = self.ec_shape();
+        let total = k + m;
+        let chunk = self.geo.chunk_blocks;
+        let mut stats = RowStats { checked_blocks: chunk * total as u64, ..RowStats::default() };
+        let mut reads = self.read_shards(seg, row, 0, chunk, &vec![false; total]).await;
+        let before: Vec<Vec<bool>> = reads.iter().map(|r| r.good.clone()).collect();
+        let want: Vec<bool> = (0..total).map(|s| self.shard_member(seg, row, s).1.usable(row)).collect();
+        let failed_rows = self.decode_rows(&mut reads, &want);
+        stats.unrecoverable_blocks += failed_rows.len() as u64;
+        self.write_repairs(seg, row, 0, &reads, &before).await.map_err(|e| self.pool_err(e))?;
+        if !failed_rows.is_empty() || !want.iter().all(|&w| w) {
+            return Ok(stats);
+        }
+        // Every shard is present and verified: parity must agree with the data. Where it does
+        // not, one shard missed a write; which one is decided by the others, never assumed.
+        let shards: Vec<IoBuf> = reads.drain(..).map(|r| r.buf.expect("present")).collect();
+        let parity = self.encode_rows(&shards[..k], chunk);
+        for line in 0..chunk as usize {
+            let r = line * BLOCK_USIZE..(line + 1) * BLOCK_USIZE;
+            if parity.iter().zip(&shards[k..]).all(|(want, have)| want[r.clone()] == have[r.clone()]) {
+                continue;
+            }
+            match self.odd_shard_out(&shards, r.clone()) {
+                Some((bad, content)) => {
+                    let (_, member) = self.shard_member(seg, row, bad);
+                    tracing::warn!(volume = %self.name, slot = member.drive.slot(), row, block = line, shard = bad, "rewriting the one shard the others outvote");
+                    let at = member.start_block + row * chunk + line as u64;
+                    if bad < k {
+                        stats.copy_blocks += 1;
+                    } else {
+                        stats.parity_blocks += 1;
+                    }
+                    if let Err(e) = member.drive.write(at, IoBytes::copy_from(&content), false).await {
+                        self.fail_drive(&member.drive, format!("scrub write failed: {e}"))
+                            .await
+                            .map_err(|e| self.pool_err(e))?;
+                    }
+                }
+                None => {
+                    tracing::error!(volume = %self.name, row, block = line, "data and parity disagree and no single shard explains it; not rewritten");
+                    stats.inconsistent_blocks += 1;
+                }
+            }
+        }
+        Ok(stats)
+    }
+
+    async fn rebuild_chunk(
+        &self,
+        map: &VolumeMap<D>,
+        si: usize,
+        mi: usize,
+        row: u64,
+    ) -> Result<IoBuf, EngineError> {
+        let seg = &map.segments[si];
+        let chunk = self.geo.chunk_blocks;
+        let (k, m) = self.ec_shape();
+        let shard = self.geo.ec_shard(row, mi) as usize;
+        let mut skip = vec![false; k + m];
+        skip[shard] = true;
+        let mut reads = self.read_shards(seg, row, 0, chunk, &skip).await;
+        let mut want = vec![false; k + m];
+        want[shard] = true;
+        if !self.decode_rows(&mut reads, &want).is_empty() {
+            let run = ChunkRun { segment: si, row, column: 0, offset_in_chunk: 0, blocks: chunk };
+            return Err(self.pool_err(self.unrecoverable(&run, "too few members left to rebuild the stripe")));
+        }
+        Ok(reads.swap_remove(shard).buf.expect("decoded"))
+    }
+}
+
+impl<D: BlockDevice> InFamily<'_, Ec, D> {
+    pub(super) fn codec(&self) -> &ReedSolomon {
+        &self.fam.codec
+    }
+
+    pub(super) fn ec_shape(&self) -> (usize, usize) {
+        let codec = self.codec();
+        (codec.data_shards(), codec.parity_shards())
+    }
+
+    pub(super) fn shard_member<'a>(
+        &self,
+        seg: &'a Segment<D>,
+        row: u64,
+        shard: usize,
+    ) -> (usize, &'a Member<D>) {
+        let m = self.geo.ec_member(row, shard as u32);
+        (m, &seg.members[m])
+    }
+
     /// The degraded read of a run whose member is missing (failed, or not rebuilt that far):
     /// reads exactly K verified survivors, data shards first (the ones the codec prefers, so
     /// its cached decode plan applies), and decodes the run from them into `out` (or a new
@@ -111,7 +299,7 @@ impl<D: BlockDevice> Volume<D> {
         let (k, m) = self.ec_shape();
         let total = k + m;
         let target = run.column as usize;
-        let len = (run.blocks * BLOCK) as usize;
+        let len = (run.blocks * BLOCK_BYTES) as usize;
         let mut chosen = [0usize; MAX_SHARDS];
         let mut n = 0;
         for shard in (0..total).filter(|&s| s != target) {
@@ -240,8 +428,10 @@ impl<D: BlockDevice> Volume<D> {
         let target_usable = target_member.usable(run.row);
         if target_usable {
             let block = target_member.start_block + self.geo.member_block(run.row, run.offset_in_chunk);
-            if let Ok(buf) =
-                target_member.drive.read_verified(block, IoBuf::zeroed((run.blocks * BLOCK) as usize)).await
+            if let Ok(buf) = target_member
+                .drive
+                .read_verified(block, IoBuf::zeroed((run.blocks * BLOCK_BYTES) as usize))
+                .await
             {
                 return Ok(buf);
             }
@@ -328,35 +518,6 @@ impl<D: BlockDevice> Volume<D> {
         Ok(())
     }
 
-    /// Writes block-aligned `data` covering `runs` (the caller holds the stripe locks).
-    pub(super) async fn ec_write_runs_locked(
-        &self,
-        map: &VolumeMap<D>,
-        runs: &[ChunkRun],
-        data: IoBytes,
-        fua: bool,
-    ) -> Result<(), VolumeError> {
-        let (k, _) = self.ec_shape();
-        let mut stripes: Vec<StripeWrite> = Vec::new();
-        let mut at = 0usize;
-        for run in runs {
-            let len = (run.blocks * BLOCK) as usize;
-            let slice = data.slice(at..at + len);
-            at += len;
-            match stripes.last_mut() {
-                Some(s) if s.segment == run.segment && s.row == run.row => {
-                    s.shards[run.column as usize] = Some((run.offset_in_chunk, slice));
-                }
-                _ => {
-                    let mut shards = vec![None; k];
-                    shards[run.column as usize] = Some((run.offset_in_chunk, slice));
-                    stripes.push(StripeWrite { segment: run.segment, row: run.row, shards });
-                }
-            }
-        }
-        join_all_ok(stripes.into_iter().map(|s| self.ec_write_stripe_locked(map, s, fua))).await.map(drop)
-    }
-
     async fn ec_write_stripe_locked(
         &self,
         map: &VolumeMap<D>,
@@ -365,7 +526,8 @@ impl<D: BlockDevice> Volume<D> {
     ) -> Result<(), VolumeError> {
         let seg = &map.segments[sw.segment];
         let chunk = self.geo.chunk_blocks;
-        let full = sw.shards.iter().all(|s| matches!(s, Some((0, d)) if d.len() as u64 == chunk * BLOCK));
+        let full =
+            sw.shards.iter().all(|s| matches!(s, Some((0, d)) if d.len() as u64 == chunk * BLOCK_BYTES));
         // Unjournaled only where every member stays usable after a crash (see `durably_usable`).
         let all_usable = seg.members.iter().all(|m| m.durably_usable(sw.row));
         if full && all_usable {
@@ -380,7 +542,7 @@ impl<D: BlockDevice> Volume<D> {
     /// A full stripe on a healthy stripe: encode, write everything, no journal.
     async fn ec_full_stripe(&self, seg: &Segment<D>, sw: &StripeWrite, fua: bool) -> Result<(), VolumeError> {
         let (k, m) = self.ec_shape();
-        let len = (self.geo.chunk_blocks * BLOCK) as usize;
+        let len = (self.geo.chunk_blocks * BLOCK_BYTES) as usize;
         let data: Vec<&IoBytes> = sw.shards.iter().map(|s| &s.as_ref().expect("full stripe").1).collect();
         // The encoder writes every byte of the parity: no need to zero it first.
         let mut parity: Vec<IoBuf> = (0..m).map(|_| IoBuf::for_overwrite(len)).collect();
@@ -417,7 +579,7 @@ impl<D: BlockDevice> Volume<D> {
         for (p, result) in pieces.iter().zip(results) {
             let drive = &seg.members[p.member].drive;
             match result {
-                Ok(()) if p.repair => self.note_repair(drive, p.data.len() as u64 / BLOCK),
+                Ok(()) if p.repair => self.note_repair(drive, p.data.len() as u64 / BLOCK_BYTES),
                 Ok(()) => {}
                 Err(e) => self.fail_drive(drive, format!("write failed: {e}")).await?,
             }
@@ -451,15 +613,15 @@ impl<D: BlockDevice> Volume<D> {
         let touched: Vec<(usize, u64, &IoBytes)> =
             sw.shards.iter().enumerate().filter_map(|(j, s)| s.as_ref().map(|(o, d)| (j, *o, d))).collect();
         let rmin = touched.iter().map(|t| t.1).min().expect("a stripe write touches a shard");
-        let rmax = touched.iter().map(|t| t.1 + t.2.len() as u64 / BLOCK).max().expect("non-empty");
+        let rmax = touched.iter().map(|t| t.1 + t.2.len() as u64 / BLOCK_BYTES).max().expect("non-empty");
         let rows = rmax - rmin;
         let usable: Vec<bool> =
             (0..total).map(|s| self.shard_member(seg, sw.row, s).1.usable(sw.row)).collect();
-        let covers_all =
-            |j: usize| matches!(&sw.shards[j], Some((o, d)) if *o == rmin && d.len() as u64 == rows * BLOCK);
+        let covers_all = |j: usize| matches!(&sw.shards[j], Some((o, d)) if *o == rmin && d.len() as u64 == rows * BLOCK_BYTES);
 
         let inc_possible = touched.iter().all(|t| usable[t.0]) && (k..total).all(|p| usable[p]);
-        let inc_reads: u64 = touched.iter().map(|t| t.2.len() as u64 / BLOCK).sum::<u64>() + m as u64 * rows;
+        let inc_reads: u64 =
+            touched.iter().map(|t| t.2.len() as u64 / BLOCK_BYTES).sum::<u64>() + m as u64 * rows;
         let rw_possible = (0..k).all(|j| covers_all(j) || usable[j]);
         let rw_reads = (0..k).filter(|&j| !covers_all(j)).count() as u64 * rows;
 
@@ -494,14 +656,16 @@ impl<D: BlockDevice> Volume<D> {
         });
         let parity_reads = (k..k + m).map(|p| {
             let (_, mb) = self.shard_member(seg, sw.row, p);
-            mb.drive
-                .read_verified(mb.start_block + sw.row * chunk + rmin, IoBuf::zeroed((rows * BLOCK) as usize))
+            mb.drive.read_verified(
+                mb.start_block + sw.row * chunk + rmin,
+                IoBuf::zeroed((rows * BLOCK_BYTES) as usize),
+            )
         });
         let (olds, parities) = futures::join!(join_all(old_reads), join_all(parity_reads));
         let olds: Vec<IoBuf> = olds.into_iter().collect::<Result<_, _>>().ok()?;
         let mut parities: Vec<IoBuf> = parities.into_iter().collect::<Result<_, _>>().ok()?;
         for (&(j, off, new), old) in touched.iter().zip(&olds) {
-            let at = ((off - rmin) * BLOCK) as usize;
+            let at = ((off - rmin) * BLOCK_BYTES) as usize;
             let mut outs: Vec<&mut [u8]> = parities.iter_mut().map(|p| &mut p[at..at + new.len()]).collect();
             self.codec().update(j, old, new, &mut outs).expect("shapes are consistent");
         }
@@ -522,7 +686,7 @@ impl<D: BlockDevice> Volume<D> {
     ) -> Option<Vec<Piece>> {
         let (k, _) = self.ec_shape();
         let chunk = self.geo.chunk_blocks;
-        let len = (rows * BLOCK) as usize;
+        let len = (rows * BLOCK_BYTES) as usize;
         let reads = (0..k).map(|j| {
             let (_, mb) = self.shard_member(seg, sw.row, j);
             let needs_read = !matches!(&sw.shards[j], Some((o, d)) if *o == rmin && d.len() == len);
@@ -594,7 +758,7 @@ impl<D: BlockDevice> Volume<D> {
     fn overlay_new_data(&self, sw: &StripeWrite, rmin: u64, data: &mut [IoBuf]) {
         for (j, s) in sw.shards.iter().enumerate() {
             if let Some((off, d)) = s {
-                let at = ((off - rmin) * BLOCK) as usize;
+                let at = ((off - rmin) * BLOCK_BYTES) as usize;
                 data[j][at..at + d.len()].copy_from_slice(d);
             }
         }
@@ -602,7 +766,8 @@ impl<D: BlockDevice> Volume<D> {
 
     pub(super) fn encode_rows(&self, data: &[IoBuf], rows: u64) -> Vec<IoBuf> {
         let (_, m) = self.ec_shape();
-        let mut parity: Vec<IoBuf> = (0..m).map(|_| IoBuf::for_overwrite((rows * BLOCK) as usize)).collect();
+        let mut parity: Vec<IoBuf> =
+            (0..m).map(|_| IoBuf::for_overwrite((rows * BLOCK_BYTES) as usize)).collect();
         let refs: Vec<&[u8]> = data.iter().map(|d| &d[..]).collect();
         let mut outs: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[..]).collect();
         self.codec().encode(&refs, &mut outs).expect("shapes are consistent");
@@ -728,5 +893,43 @@ impl<D: BlockDevice> Volume<D> {
         // Every piece is in place (or its drive is failed): the transaction is applied.
         self.core.txn_done(txn_id);
         result
+    }
+}
+
+impl<D: BlockDevice> InFamily<'_, Ec, D> {
+    /// The one shard of a block line that disagrees with all the others: for each shard, decode
+    /// the line from K of the rest and check the remaining ones agree. Returns the shard and its
+    /// content as the others imply, when exactly one shard explains the disagreement (this needs
+    /// M >= 2: with one parity shard any shard explains it).
+    fn odd_shard_out(&self, shards: &[IoBuf], r: std::ops::Range<usize>) -> Option<(usize, Vec<u8>)> {
+        let (k, m) = self.ec_shape();
+        if m < 2 {
+            return None;
+        }
+        let total = k + m;
+        let mut found = None;
+        for suspect in 0..total {
+            let sources_idx: Vec<usize> = (0..total).filter(|&s| s != suspect).take(k).collect();
+            let mut sources: Vec<Option<&[u8]>> = vec![None; total];
+            for &s in &sources_idx {
+                sources[s] = Some(&shards[s][r.clone()]);
+            }
+            let rest: Vec<usize> = (0..total).filter(|s| !sources_idx.contains(s)).collect();
+            let mut outs: Vec<Vec<u8>> = rest.iter().map(|_| vec![0u8; r.len()]).collect();
+            {
+                let mut targets: Vec<(usize, &mut [u8])> =
+                    rest.iter().copied().zip(outs.iter_mut().map(|o| &mut o[..])).collect();
+                self.codec().reconstruct(&sources, &mut targets).expect("shapes are consistent");
+            }
+            let agree = rest.iter().zip(&outs).all(|(&s, o)| s == suspect || shards[s][r.clone()] == o[..]);
+            if agree {
+                if found.is_some() {
+                    return None;
+                }
+                let at = rest.iter().position(|&s| s == suspect).expect("suspect is decoded");
+                found = Some((suspect, outs.swap_remove(at)));
+            }
+        }
+        found
     }
 }

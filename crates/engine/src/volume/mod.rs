@@ -2,8 +2,30 @@
 //!
 //! This module splits requests into chunk runs, handles unaligned requests by read-modify-write
 //! under the stripe lock, and dispatches to the two layout families: mirror/stripe (`mirror.rs`)
-//! and erasure-coded (`ec.rs`).
+//! and erasure-coded (`ec.rs`). The family is chosen once, when the volume is installed
+//! (`Family`); each operation is written once, generic over `LayoutFamily`, and picks the
+//! family in one place (`with_family!`). Byte arithmetic shared with the tier is in `bytes.rs`.
 
+/// The one place an operation picks its layout family: runs `$body` with `$f` bound to the
+/// volume `$vol` seen through its family (an [`InFamily`], generic code over [`LayoutFamily`]).
+/// Used once per operation, outside every loop.
+macro_rules! with_family {
+    ($vol:expr, |$f:ident| $body:expr) => {{
+        let vol = $vol;
+        match &vol.family {
+            $crate::volume::Family::Mirror(fam) => {
+                let $f = $crate::volume::InFamily { vol, fam };
+                $body
+            }
+            $crate::volume::Family::Ec(fam) => {
+                let $f = $crate::volume::InFamily { vol, fam };
+                $body
+            }
+        }
+    }};
+}
+
+pub mod bytes;
 pub mod contract;
 mod ec;
 pub(crate) mod locks;
@@ -11,23 +33,22 @@ pub(crate) mod maint;
 pub(crate) mod map;
 mod mirror;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use crate::join::join_all_ok;
 use arc_swap::ArcSwap;
-use stria_dev::{BlockDevice, IoBuf, IoBytes};
+use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 use stria_ec::ReedSolomon;
 
 use crate::drive::Drive;
-use crate::error::VolumeError;
+use crate::error::{EngineError, VolumeError};
 use crate::format::meta::{DriveClass, Layout};
 use crate::pool::core::PoolCore;
+use bytes::{ExtentRuns, Span, ZeroSplit};
 use locks::StripeLocks;
-use map::{ChunkRun, Geometry, VolumeMap};
-
-const BLOCK: u64 = 4096;
-const BLOCK_USIZE: usize = 4096;
+use map::{ChunkRun, Geometry, Member, Segment, VolumeMap};
 
 /// Health of a volume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -86,6 +107,127 @@ pub struct VolumeCounters {
     pub partial_stripe_writes: AtomicU64,
 }
 
+/// The layout family of a volume, chosen once when the volume is installed: what differs between
+/// mirror/stripe layouts and erasure-coded ones, and the state each needs (the ec codec).
+pub(crate) enum Family {
+    /// raid0, raid1, raid10.
+    Mirror(mirror::Mirror),
+    /// ec:K+M.
+    Ec(ec::Ec),
+}
+
+impl Family {
+    /// The family of `layout`; `codec` is the pool's codec for an ec layout (`None` otherwise).
+    pub(crate) fn new(layout: Layout, codec: Option<Arc<ReedSolomon>>) -> Family {
+        match layout {
+            Layout::Ec { .. } => Family::Ec(ec::Ec { codec: codec.expect("an ec layout has a codec") }),
+            Layout::Raid0 { .. } | Layout::Raid1 { .. } | Layout::Raid10 { .. } => {
+                Family::Mirror(mirror::Mirror)
+            }
+        }
+    }
+}
+
+/// A volume seen through its layout family: the volume (by `Deref`) and the family's state.
+/// Built only by `with_family!`.
+pub(crate) struct InFamily<'a, F, D: BlockDevice> {
+    vol: &'a Volume<D>,
+    fam: &'a F,
+}
+
+impl<F, D: BlockDevice> std::ops::Deref for InFamily<'_, F, D> {
+    type Target = Volume<D>;
+
+    fn deref(&self) -> &Volume<D> {
+        self.vol
+    }
+}
+
+/// What differs between layout families, implemented by `InFamily<'_, Mirror, D>` (mirror.rs)
+/// and `InFamily<'_, Ec, D>` (ec.rs). The operations of [`Volume`] are written once, generic
+/// over it, and pick their family once with `with_family!`: a new family is one module, one
+/// [`Family`] variant and one arm of the macro.
+pub(crate) trait LayoutFamily<D: BlockDevice>: std::ops::Deref<Target = Volume<D>> + Sync {
+    /// The groups of a segment's members (indices) that each survive up to
+    /// `Layout::tolerance()` missing members: every copy of a column, or the whole stripe.
+    fn failure_groups(&self, members: usize) -> Vec<Vec<usize>>;
+
+    /// A FUA write completes with one pool flush after its stripe locks are released, instead
+    /// of FUA writes to the drives (ec: see [`Volume::write`]).
+    fn fua_by_pool_flush(&self) -> bool;
+
+    /// Reads one run into `buf` (whole blocks). With `locked`, the caller holds the run's stripe
+    /// lock (the slow path, which repairs, must not take it again).
+    fn read_run(
+        &self,
+        map: &VolumeMap<D>,
+        run: ChunkRun,
+        buf: IoBuf,
+        locked: bool,
+    ) -> impl Future<Output = Result<IoBuf, VolumeError>> + Send;
+
+    /// Writes block-aligned `data` covering `runs` (the caller holds their stripe locks).
+    fn write_runs_locked(
+        &self,
+        map: &VolumeMap<D>,
+        runs: &[ChunkRun],
+        data: IoBytes,
+        fua: bool,
+    ) -> impl Future<Output = Result<(), VolumeError>> + Send;
+
+    /// Zeroing and discard drop whole units of this many blocks (the rest is written as zeros,
+    /// or left alone): a block, or an ec row.
+    fn unmap_unit_blocks(&self) -> u64;
+
+    /// The members whose checksum tables say whether the blocks of `run` are unwritten: a
+    /// block is reported as a hole only when it is unwritten on every one of them, and never
+    /// when there are none. Only usable members know the truth (a failed drive's table is
+    /// stale, a member being rebuilt is not written yet). Saying "allocated" when unsure is
+    /// always safe; saying "hole" wrongly makes clients skip real data.
+    fn status_members<'m>(&self, seg: &'m Segment<D>, run: &ChunkRun) -> Vec<&'m Member<D>>;
+
+    /// The members holding the block of `run` (one block long), with what each holds.
+    fn locate_members(&self, run: &ChunkRun) -> Vec<(usize, BlockRole)>;
+
+    /// Resynchronises row `row` of segment `si` after an unclean stop (see maint.rs; recovery,
+    /// no I/O runs concurrently).
+    fn resync(
+        &self,
+        map: &VolumeMap<D>,
+        si: usize,
+        row: u64,
+    ) -> impl Future<Output = Result<maint::RowStats, EngineError>> + Send;
+
+    /// Scrubs row `row` of segment `si` (see maint.rs; the caller holds its stripe lock).
+    fn scrub_locked(
+        &self,
+        map: &VolumeMap<D>,
+        si: usize,
+        row: u64,
+    ) -> impl Future<Output = Result<maint::RowStats, EngineError>> + Send;
+
+    /// Member `mi`'s chunk of row `row` of segment `si` as the other members say it should be
+    /// (the caller holds the stripe lock and writes it to the member).
+    fn rebuild_chunk(
+        &self,
+        map: &VolumeMap<D>,
+        si: usize,
+        mi: usize,
+        row: u64,
+    ) -> impl Future<Output = Result<IoBuf, EngineError>> + Send;
+
+    /// Zeroing may be cheap (no data written) only while the volume is healthy.
+    fn cheap_zero_needs_healthy(&self) -> bool;
+
+    /// Drops the whole units of `run` (the caller holds its stripe lock and confirms skipped
+    /// members afterwards): they read as zeros and use no space.
+    fn unmap_run(
+        &self,
+        map: &VolumeMap<D>,
+        run: &ChunkRun,
+    ) -> impl Future<Output = Result<(), VolumeError>> + Send;
+}
+
 /// A volume of a pool.
 pub struct Volume<D: BlockDevice> {
     pub(crate) id: u64,
@@ -95,7 +237,7 @@ pub struct Volume<D: BlockDevice> {
     pub(crate) map: ArcSwap<VolumeMap<D>>,
     pub(crate) locks: StripeLocks,
     pub(crate) core: Arc<PoolCore<D>>,
-    pub(crate) codec: Option<Arc<ReedSolomon>>,
+    pub(crate) family: Family,
     pub(crate) counters: VolumeCounters,
     pub(crate) closed: AtomicBool,
 }
@@ -103,6 +245,212 @@ pub struct Volume<D: BlockDevice> {
 impl<D: BlockDevice> std::fmt::Debug for Volume<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Volume").field("name", &self.name).field("layout", &self.geo.layout).finish()
+    }
+}
+
+impl<'a, F: Sync, D: BlockDevice> InFamily<'a, F, D>
+where
+    Self: LayoutFamily<D>,
+{
+    /// [`Volume::read`].
+    async fn read_in(&self, offset_bytes: u64, len_bytes: usize) -> Result<IoBuf, VolumeError> {
+        // Reads hold a pass too: a read that finds a bad block rewrites it.
+        let _op = self.enter_op()?;
+        let map = self.map.load_full();
+        self.check_range_in(&map, offset_bytes, len_bytes as u64)?;
+        self.counters.read_ops.fetch_add(1, Relaxed);
+        self.counters.read_bytes.fetch_add(len_bytes as u64, Relaxed);
+        if len_bytes == 0 {
+            return Ok(IoBuf::zeroed(0));
+        }
+        let span = Span::new(offset_bytes, len_bytes as u64);
+        let buf = IoBuf::zeroed(span.whole_len());
+        let buf = self.read_blocks_in(&map, span.first, buf, false).await?;
+        Ok(span.clip(buf))
+    }
+
+    /// Reads whole blocks from logical block `lb` into `buf`. With `locked`, the caller already
+    /// holds the stripe locks of the range (the slow path must not take them again).
+    async fn read_blocks(&self, lb: u64, buf: IoBuf, locked: bool) -> Result<IoBuf, VolumeError> {
+        let map = self.map.load_full();
+        self.read_blocks_in(&map, lb, buf, locked).await
+    }
+
+    async fn read_blocks_in(
+        &self,
+        map: &VolumeMap<D>,
+        lb: u64,
+        buf: IoBuf,
+        locked: bool,
+    ) -> Result<IoBuf, VolumeError> {
+        let blocks = buf.len() as u64 / BLOCK_BYTES;
+        // Small requests lie in one chunk: no run list to allocate.
+        if let Some(run) = map.single_run(&self.geo, lb, blocks) {
+            return self.read_run(map, run, buf, locked).await;
+        }
+        let runs = map.runs(&self.geo, lb, blocks);
+        let mut rest = buf;
+        let mut reads = Vec::with_capacity(runs.len());
+        for run in runs {
+            let tail = rest.split_off((run.blocks * BLOCK_BYTES) as usize);
+            let piece = std::mem::replace(&mut rest, tail);
+            reads.push(self.read_run(map, run, piece, locked));
+        }
+        Ok(IoBuf::join_or_copy(join_all_ok(reads).await?))
+    }
+
+    /// [`Volume::write`].
+    async fn write_in(&self, offset_bytes: u64, data: IoBytes, fua: bool) -> Result<(), VolumeError> {
+        let _op = self.enter_op()?;
+        let len_bytes = data.len() as u64;
+        self.check_range(offset_bytes, len_bytes)?;
+        self.core.check_writable().map_err(|e| self.pool_error(e))?;
+        self.counters.write_ops.fetch_add(1, Relaxed);
+        self.counters.write_bytes.fetch_add(len_bytes, Relaxed);
+        if len_bytes == 0 {
+            return Ok(());
+        }
+        let span = Span::new(offset_bytes, len_bytes);
+        let map = self.map.load_full();
+        let runs = map.runs(&self.geo, span.first, span.blocks());
+        // On ec, a FUA write completes with a pool flush instead of per-drive FUA: the flush
+        // raises the transaction watermark past every older journaled write to these stripes,
+        // so recovery can never replay one over this (durable) write.
+        let by_pool_flush = self.fua_by_pool_flush();
+        {
+            let _guards = self.locks.lock(runs.iter().map(|r| (r.segment, r.row))).await;
+            // An aligned range in unaligned memory goes through the merge too: it reads nothing
+            // and only copies.
+            let data = if span.is_aligned() && data.is_aligned() {
+                data
+            } else {
+                bytes::merge_unaligned(&span, &data, |b| {
+                    self.read_blocks(b, IoBuf::zeroed(BLOCK_USIZE), true)
+                })
+                .await?
+            };
+            self.write_runs_locked(&map, &runs, data, fua && !by_pool_flush).await?;
+        }
+        self.confirm_skipped(&map, &runs).await?;
+        if fua && by_pool_flush {
+            self.core.flush_all().await.map_err(|e| self.pool_error(e))?;
+        }
+        Ok(())
+    }
+
+    /// [`Volume::write_zeroes`].
+    async fn write_zeroes_in(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        fua: bool,
+        fast_only: bool,
+    ) -> Result<(), VolumeError> {
+        let _op = self.enter_op()?;
+        self.check_range(offset_bytes, len_bytes)?;
+        if len_bytes == 0 {
+            return Ok(());
+        }
+        let split = ZeroSplit::new(offset_bytes, len_bytes, self.unmap_unit_blocks() * BLOCK_BYTES);
+        let not_healthy = self.cheap_zero_needs_healthy() && self.state_in() != VolumeState::Healthy;
+        if fast_only && (split.has_slow_part() || not_healthy) {
+            return Err(VolumeError::NotCheap { offset_bytes, len_bytes });
+        }
+        // Cheap middle: mark unwritten under the stripe locks.
+        let cheap = split.cheap_blocks();
+        if let Some((lb, blocks)) = cheap {
+            self.unmap_blocks(lb, blocks).await?;
+        }
+        for edge in [split.head, split.tail] {
+            let mut at = edge.start;
+            while at < edge.end {
+                let n = (edge.end - at).min(4 << 20);
+                self.write_in(at, IoBytes::zeroed(n as usize), fua).await?;
+                at += n;
+            }
+        }
+        if fua && cheap.is_some() {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// [`Volume::trim`].
+    async fn trim_in(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
+        let _op = self.enter_op()?;
+        self.check_range(offset_bytes, len_bytes)?;
+        let unit_bytes = self.unmap_unit_blocks() * BLOCK_BYTES;
+        if let Some((lb, blocks)) = ZeroSplit::new(offset_bytes, len_bytes, unit_bytes).cheap_blocks() {
+            self.unmap_blocks(lb, blocks).await?;
+        }
+        Ok(())
+    }
+
+    /// Marks whole units (blocks on mirror layouts, stripes on ec) unwritten on every member.
+    async fn unmap_blocks(&self, lb: u64, blocks: u64) -> Result<(), VolumeError> {
+        let map = self.map.load_full();
+        // Bound the number of locks held at once.
+        let step = (self.geo.row_blocks() * 256).max(1);
+        let mut at = lb;
+        while at < lb + blocks {
+            let n = (lb + blocks - at).min(step);
+            let runs = map.runs(&self.geo, at, n);
+            let _guards = self.locks.lock(runs.iter().map(|r| (r.segment, r.row))).await;
+            self.core.check_writable().map_err(|e| self.pool_error(e))?;
+            for run in &runs {
+                self.unmap_run(&map, run).await?;
+            }
+            self.confirm_skipped(&map, &runs).await?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// [`Volume::block_status`].
+    fn block_status_in(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<Extent>, VolumeError> {
+        self.check_range(offset_bytes, len_bytes)?;
+        if len_bytes == 0 {
+            return Ok(Vec::new());
+        }
+        let span = Span::new(offset_bytes, len_bytes);
+        let mut out = ExtentRuns::new();
+        let map = self.map.load();
+        for run in map.runs(&self.geo, span.first, span.blocks()) {
+            let members = self.status_members(&map.segments[run.segment], &run);
+            let block = self.geo.member_block(run.row, run.offset_in_chunk);
+            for i in 0..run.blocks {
+                let unallocated = !members.is_empty()
+                    && members.iter().all(|m| m.drive.is_unwritten(m.start_block + block + i, 1));
+                out.push(unallocated, 1);
+            }
+        }
+        Ok(out.finish(&span))
+    }
+
+    /// [`Volume::state`].
+    fn state_in(&self) -> VolumeState {
+        let map = self.map.load();
+        let tolerance = self.geo.layout.tolerance();
+        let mut state = VolumeState::Healthy;
+        for seg in &map.segments {
+            for group in self.failure_groups(seg.members.len()) {
+                let failed = group.iter().filter(|&&m| seg.members[m].drive.is_failed()).count() as u32;
+                let rebuilding = group
+                    .iter()
+                    .filter(|&&m| !seg.members[m].drive.is_failed() && seg.members[m].rebuilding())
+                    .count() as u32;
+                if failed + rebuilding > tolerance {
+                    // A rebuild onto a new member can still finish only if enough members survive.
+                    return VolumeState::Failed;
+                }
+                if rebuilding > 0 {
+                    state = VolumeState::Rebuilding;
+                } else if failed > 0 && state == VolumeState::Healthy {
+                    state = VolumeState::Degraded;
+                }
+            }
+        }
+        state
     }
 }
 
@@ -119,7 +467,7 @@ impl<D: BlockDevice> Volume<D> {
 
     /// Size in bytes.
     pub fn size_bytes(&self) -> u64 {
-        self.map.load().total_blocks * BLOCK
+        self.map.load().total_blocks * BLOCK_BYTES
     }
 
     /// Layout.
@@ -134,12 +482,12 @@ impl<D: BlockDevice> Volume<D> {
 
     /// Chunk (stripe height) in bytes.
     pub fn chunk_bytes(&self) -> u64 {
-        self.geo.chunk_blocks * BLOCK
+        self.geo.chunk_blocks * BLOCK_BYTES
     }
 
     /// Bytes of data in one full row (stripe): the natural unit of a full-stripe write.
     pub fn row_bytes(&self) -> u64 {
-        self.geo.row_blocks() * BLOCK
+        self.geo.row_blocks() * BLOCK_BYTES
     }
 
     /// Host-side counters.
@@ -171,11 +519,7 @@ impl<D: BlockDevice> Volume<D> {
         if self.closed.load(Relaxed) {
             return Err(VolumeError::Closed(self.name.clone()));
         }
-        let size_bytes = map.total_blocks * BLOCK;
-        match offset_bytes.checked_add(len_bytes) {
-            Some(end) if end <= size_bytes => Ok(()),
-            _ => Err(VolumeError::OutOfRange { offset_bytes, len_bytes, size_bytes }),
-        }
+        bytes::check_range(offset_bytes, len_bytes, map.total_blocks * BLOCK_BYTES)
     }
 
     pub(crate) fn unrecoverable(&self, run: &ChunkRun, reason: impl Into<String>) -> VolumeError {
@@ -186,113 +530,21 @@ impl<D: BlockDevice> Volume<D> {
             + run.offset_in_chunk;
         VolumeError::Unrecoverable {
             volume: self.name.clone(),
-            offset_bytes: lb * BLOCK,
-            len_bytes: run.blocks * BLOCK,
+            offset_bytes: lb * BLOCK_BYTES,
+            len_bytes: run.blocks * BLOCK_BYTES,
             reason: reason.into(),
         }
     }
 
     /// Reads `len_bytes` at `offset_bytes` (any alignment).
     pub async fn read(&self, offset_bytes: u64, len_bytes: usize) -> Result<IoBuf, VolumeError> {
-        // Reads hold a pass too: a read that finds a bad block rewrites it.
-        let _op = self.enter_op()?;
-        let map = self.map.load_full();
-        self.check_range_in(&map, offset_bytes, len_bytes as u64)?;
-        self.counters.read_ops.fetch_add(1, Relaxed);
-        self.counters.read_bytes.fetch_add(len_bytes as u64, Relaxed);
-        if len_bytes == 0 {
-            return Ok(IoBuf::zeroed(0));
-        }
-        let first = offset_bytes / BLOCK;
-        let end = (offset_bytes + len_bytes as u64).div_ceil(BLOCK);
-        let buf = IoBuf::zeroed(((end - first) * BLOCK) as usize);
-        let mut buf = self.read_blocks_in(&map, first, buf, false).await?;
-        let head = (offset_bytes % BLOCK) as usize;
-        if head > 0 {
-            drop(buf.split_to(head));
-        }
-        if buf.len() > len_bytes {
-            drop(buf.split_off(len_bytes));
-        }
-        Ok(buf)
-    }
-
-    /// Reads whole blocks from logical block `lb` into `buf`. With `locked`, the caller already
-    /// holds the stripe locks of the range (the slow path must not take them again).
-    pub(crate) async fn read_blocks(&self, lb: u64, buf: IoBuf, locked: bool) -> Result<IoBuf, VolumeError> {
-        let map = self.map.load_full();
-        self.read_blocks_in(&map, lb, buf, locked).await
-    }
-
-    async fn read_blocks_in(
-        &self,
-        map: &VolumeMap<D>,
-        lb: u64,
-        buf: IoBuf,
-        locked: bool,
-    ) -> Result<IoBuf, VolumeError> {
-        let blocks = buf.len() as u64 / BLOCK;
-        // Small requests lie in one chunk: no run list to allocate.
-        if let Some(run) = map.single_run(&self.geo, lb, blocks) {
-            return self.read_run(map, run, buf, locked).await;
-        }
-        let runs = map.runs(&self.geo, lb, blocks);
-        let mut rest = buf;
-        let mut reads = Vec::with_capacity(runs.len());
-        for run in runs {
-            let tail = rest.split_off((run.blocks * BLOCK) as usize);
-            let piece = std::mem::replace(&mut rest, tail);
-            reads.push(self.read_run(map, run, piece, locked));
-        }
-        Ok(IoBuf::join_or_copy(join_all_ok(reads).await?))
-    }
-
-    async fn read_run(
-        &self,
-        map: &VolumeMap<D>,
-        run: ChunkRun,
-        buf: IoBuf,
-        locked: bool,
-    ) -> Result<IoBuf, VolumeError> {
-        match self.geo.layout {
-            Layout::Ec { .. } => self.ec_read_run(map, run, buf, locked).await,
-            _ => self.mirror_read_run(map, run, buf, locked).await,
-        }
+        with_family!(self, |f| f.read_in(offset_bytes, len_bytes).await)
     }
 
     /// Writes `data` at `offset_bytes` (any alignment). With `fua` the data is durable when
     /// this returns.
     pub async fn write(&self, offset_bytes: u64, data: IoBytes, fua: bool) -> Result<(), VolumeError> {
-        let _op = self.enter_op()?;
-        let len_bytes = data.len() as u64;
-        self.check_range(offset_bytes, len_bytes)?;
-        self.core.check_writable().map_err(|e| self.pool_error(e))?;
-        self.counters.write_ops.fetch_add(1, Relaxed);
-        self.counters.write_bytes.fetch_add(len_bytes, Relaxed);
-        if len_bytes == 0 {
-            return Ok(());
-        }
-        let first = offset_bytes / BLOCK;
-        let end = (offset_bytes + len_bytes).div_ceil(BLOCK);
-        let map = self.map.load_full();
-        let runs = map.runs(&self.geo, first, end - first);
-        // On ec, a FUA write completes with a pool flush instead of per-drive FUA: the flush
-        // raises the transaction watermark past every older journaled write to these stripes,
-        // so recovery can never replay one over this (durable) write.
-        let ec = matches!(self.geo.layout, Layout::Ec { .. });
-        {
-            let _guards = self.locks.lock(runs.iter().map(|r| (r.segment, r.row))).await;
-            let aligned =
-                offset_bytes.is_multiple_of(BLOCK) && len_bytes.is_multiple_of(BLOCK) && data.is_aligned();
-            let data =
-                if aligned { data } else { self.merge_unaligned(first, end, offset_bytes, &data).await? };
-            self.write_runs_locked(&map, &runs, data, fua && !ec).await?;
-        }
-        self.confirm_skipped(&map, &runs).await?;
-        if fua && ec {
-            self.core.flush_all().await.map_err(|e| self.pool_error(e))?;
-        }
-        Ok(())
+        with_family!(self, |f| f.write_in(offset_bytes, data, fua).await)
     }
 
     /// Before a write that skipped failed members is acknowledged, their failure must be in the
@@ -322,55 +574,6 @@ impl<D: BlockDevice> Volume<D> {
         VolumeError::Pool { volume: self.name.clone(), source: Box::new(e) }
     }
 
-    /// Builds the whole-block image of an unaligned write: the old head and tail blocks with the
-    /// new bytes laid over them. The caller holds the stripe locks.
-    async fn merge_unaligned(
-        &self,
-        first: u64,
-        end: u64,
-        offset_bytes: u64,
-        data: &[u8],
-    ) -> Result<IoBytes, VolumeError> {
-        let mut whole = IoBuf::zeroed(((end - first) * BLOCK) as usize);
-        let head = (offset_bytes % BLOCK) as usize;
-        let tail_block_start = ((end - first - 1) * BLOCK) as usize;
-        let needs_head = head != 0;
-        let needs_tail = !(offset_bytes + data.len() as u64).is_multiple_of(BLOCK);
-        if needs_head {
-            let old = self.read_blocks(first, IoBuf::zeroed(BLOCK_USIZE), true).await?;
-            whole[..BLOCK_USIZE].copy_from_slice(&old);
-        }
-        if needs_tail && (end - 1 != first || !needs_head) {
-            let old = self.read_blocks(end - 1, IoBuf::zeroed(BLOCK_USIZE), true).await?;
-            whole[tail_block_start..].copy_from_slice(&old);
-        }
-        whole[head..head + data.len()].copy_from_slice(data);
-        Ok(whole.freeze())
-    }
-
-    /// Writes block-aligned `data` covering `runs` (the caller holds their stripe locks).
-    pub(crate) async fn write_runs_locked(
-        &self,
-        map: &VolumeMap<D>,
-        runs: &[ChunkRun],
-        data: IoBytes,
-        fua: bool,
-    ) -> Result<(), VolumeError> {
-        match self.geo.layout {
-            Layout::Ec { .. } => self.ec_write_runs_locked(map, runs, data, fua).await,
-            _ => {
-                let mut at = 0usize;
-                let mut writes = Vec::with_capacity(runs.len());
-                for run in runs {
-                    let len = (run.blocks * BLOCK) as usize;
-                    writes.push(self.mirror_write_run_locked(map, *run, data.slice(at..at + len), fua));
-                    at += len;
-                }
-                join_all_ok(writes).await.map(drop)
-            }
-        }
-    }
-
     /// Writes zeros. Whole blocks (mirror layouts) or whole stripes (ec) are zeroed by marking
     /// them unwritten, without writing data; anything else is written as zeros unless
     /// `fast_only`, which fails with [`VolumeError::NotCheap`] instead.
@@ -381,153 +584,40 @@ impl<D: BlockDevice> Volume<D> {
         fua: bool,
         fast_only: bool,
     ) -> Result<(), VolumeError> {
-        let _op = self.enter_op()?;
-        self.check_range(offset_bytes, len_bytes)?;
-        if len_bytes == 0 {
-            return Ok(());
-        }
-        let unit = match self.geo.layout {
-            Layout::Ec { .. } => self.geo.row_blocks() * BLOCK,
-            _ => BLOCK,
-        };
-        let end = offset_bytes + len_bytes;
-        let cheap_start = offset_bytes.next_multiple_of(unit).min(end);
-        let cheap_end = (end / unit * unit).max(cheap_start);
-        let has_slow_part = cheap_start != offset_bytes || cheap_end != end;
-        let degraded_ec =
-            matches!(self.geo.layout, Layout::Ec { .. }) && self.state() != VolumeState::Healthy;
-        if fast_only && (has_slow_part || degraded_ec) {
-            return Err(VolumeError::NotCheap { offset_bytes, len_bytes });
-        }
-        // Cheap middle: mark unwritten under the stripe locks.
-        if cheap_end > cheap_start {
-            self.unmap_blocks(cheap_start / BLOCK, (cheap_end - cheap_start) / BLOCK).await?;
-        }
-        for (start, stop) in [(offset_bytes, cheap_start), (cheap_end, end)] {
-            let mut at = start;
-            while at < stop {
-                let n = (stop - at).min(4 << 20);
-                self.write(at, IoBytes::zeroed(n as usize), fua).await?;
-                at += n;
-            }
-        }
-        if fua && cheap_end > cheap_start {
-            self.flush().await?;
-        }
-        Ok(())
+        with_family!(self, |f| f.write_zeroes_in(offset_bytes, len_bytes, fua, fast_only).await)
     }
 
     /// Discards a range: whole blocks (mirror) or whole stripes (ec) are unmapped and read back
     /// as zeros; partial edges are left as they are (NBD allows a trim to do nothing).
     pub async fn trim(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
-        let _op = self.enter_op()?;
-        self.check_range(offset_bytes, len_bytes)?;
-        let unit = match self.geo.layout {
-            Layout::Ec { .. } => self.geo.row_blocks() * BLOCK,
-            _ => BLOCK,
-        };
-        let start = offset_bytes.next_multiple_of(unit);
-        let end = (offset_bytes + len_bytes) / unit * unit;
-        if end > start {
-            self.unmap_blocks(start / BLOCK, (end - start) / BLOCK).await?;
-        }
-        Ok(())
+        with_family!(self, |f| f.trim_in(offset_bytes, len_bytes).await)
     }
 
-    /// Marks whole blocks (mirror) or whole stripes (ec) unwritten on every member.
-    async fn unmap_blocks(&self, lb: u64, blocks: u64) -> Result<(), VolumeError> {
-        let map = self.map.load_full();
-        // Bound the number of locks held at once.
-        let step = (self.geo.row_blocks() * 256).max(1);
-        let mut at = lb;
-        while at < lb + blocks {
-            let n = (lb + blocks - at).min(step);
-            let runs = map.runs(&self.geo, at, n);
-            let _guards = self.locks.lock(runs.iter().map(|r| (r.segment, r.row))).await;
-            self.core.check_writable().map_err(|e| self.pool_error(e))?;
-            for run in &runs {
-                let seg = &map.segments[run.segment];
-                if matches!(self.geo.layout, Layout::Ec { .. })
-                    && !seg.members.iter().all(|m| m.durably_usable(run.row))
-                {
-                    // Entry-only zeroing is safe on a healthy stripe (recovery recomputes parity
-                    // from the data) but not on a degraded one, where a crash could leave members
-                    // disagreeing with nothing to resolve it: write zeros through the journal.
-                    let zeros = IoBytes::zeroed((run.blocks * BLOCK) as usize);
-                    self.write_runs_locked(&map, std::slice::from_ref(run), zeros, false).await?;
-                    continue;
-                }
-                let block_in_member = self.geo.member_block(run.row, run.offset_in_chunk);
-                let members: Vec<usize> = match self.geo.layout {
-                    // A whole stripe: every member's chunk (data and parity) becomes zeros.
-                    Layout::Ec { .. } => (0..seg.members.len()).collect(),
-                    _ => (0..self.geo.copies()).map(|c| self.geo.mirror_member(run.column, c)).collect(),
-                };
-                for m in members {
-                    let member = &seg.members[m];
-                    if member.drive.is_failed() {
-                        continue;
-                    }
-                    if let Err(e) = member.drive.zero(member.start_block + block_in_member, run.blocks).await
-                    {
-                        self.fail_drive(&member.drive, format!("intent bitmap write failed: {e}")).await?;
-                    }
-                }
+    /// Marks `blocks` on the members of `run` unwritten (the caller holds the run's stripe
+    /// lock). Failed members are skipped; a member whose intent bitmap cannot be written is
+    /// failed (persisted).
+    pub(crate) async fn zero_members(
+        &self,
+        seg: &map::Segment<D>,
+        run: &ChunkRun,
+        members: impl IntoIterator<Item = usize>,
+    ) -> Result<(), VolumeError> {
+        let block_in_member = self.geo.member_block(run.row, run.offset_in_chunk);
+        for m in members {
+            let member = &seg.members[m];
+            if member.drive.is_failed() {
+                continue;
             }
-            self.confirm_skipped(&map, &runs).await?;
-            at += n;
+            if let Err(e) = member.drive.zero(member.start_block + block_in_member, run.blocks).await {
+                self.fail_drive(&member.drive, format!("intent bitmap write failed: {e}")).await?;
+            }
         }
         Ok(())
     }
 
     /// Allocation map of a range, in extents of equal state.
     pub fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<Extent>, VolumeError> {
-        self.check_range(offset_bytes, len_bytes)?;
-        let mut out: Vec<Extent> = Vec::new();
-        if len_bytes == 0 {
-            return Ok(out);
-        }
-        let first = offset_bytes / BLOCK;
-        let end = (offset_bytes + len_bytes).div_ceil(BLOCK);
-        let map = self.map.load();
-        for run in map.runs(&self.geo, first, end - first) {
-            let seg = &map.segments[run.segment];
-            // Only usable members know the truth (a failed drive's table is stale, a member
-            // being rebuilt is not written yet). On ec, when the data block's own member is not
-            // usable, the block is a hole only if every usable member of its row is unwritten
-            // there: parity is non-zero whenever any data block was. Saying "allocated" when
-            // unsure is always safe; saying "hole" wrongly makes clients skip real data.
-            let own: Vec<&map::Member<D>> = match self.geo.layout {
-                Layout::Ec { .. } => vec![&seg.members[self.geo.ec_member(run.row, run.column)]],
-                _ => (0..self.geo.copies())
-                    .map(|c| &seg.members[self.geo.mirror_member(run.column, c)])
-                    .collect(),
-            };
-            let members: Vec<&map::Member<D>> = if own.iter().any(|m| m.usable(run.row)) {
-                own.into_iter().filter(|m| m.usable(run.row)).collect()
-            } else if matches!(self.geo.layout, Layout::Ec { .. }) {
-                seg.members.iter().filter(|m| m.usable(run.row)).collect()
-            } else {
-                Vec::new()
-            };
-            let block = self.geo.member_block(run.row, run.offset_in_chunk);
-            for i in 0..run.blocks {
-                let unallocated = !members.is_empty()
-                    && members.iter().all(|m| m.drive.is_unwritten(m.start_block + block + i, 1));
-                match out.last_mut() {
-                    Some(e) if e.unallocated == unallocated => e.len_bytes += BLOCK,
-                    _ => out.push(Extent { len_bytes: BLOCK, unallocated }),
-                }
-            }
-        }
-        // Trim the first and last extents to the requested byte range.
-        let head = offset_bytes - first * BLOCK;
-        out[0].len_bytes -= head;
-        let over = end * BLOCK - (offset_bytes + len_bytes);
-        let last = out.len() - 1;
-        out[last].len_bytes -= over;
-        out.retain(|e| e.len_bytes > 0);
-        Ok(out)
+        with_family!(self, |f| f.block_status_in(offset_bytes, len_bytes))
     }
 
     /// Makes every write completed before this call durable.
@@ -555,7 +645,7 @@ impl<D: BlockDevice> Volume<D> {
     pub fn locate(&self, offset_bytes: u64) -> Result<Vec<BlockLocation>, VolumeError> {
         self.check_range(offset_bytes, 1)?;
         let map = self.map.load();
-        let run = map.runs(&self.geo, offset_bytes / BLOCK, 1)[0];
+        let run = map.runs(&self.geo, offset_bytes / BLOCK_BYTES, 1)[0];
         let seg = &map.segments[run.segment];
         let block = self.geo.member_block(run.row, run.offset_in_chunk);
         let at = |m: usize, role| {
@@ -563,57 +653,17 @@ impl<D: BlockDevice> Volume<D> {
             BlockLocation {
                 slot: member.drive.slot(),
                 device_offset_bytes: member.drive.superblock().layout.data_offset_bytes
-                    + (member.start_block + block) * BLOCK,
+                    + (member.start_block + block) * BLOCK_BYTES,
                 role,
             }
         };
-        Ok(match self.geo.layout {
-            Layout::Ec { data_shards, parity_shards } => {
-                let mut out = vec![at(self.geo.ec_member(run.row, run.column), BlockRole::Data)];
-                for p in 0..parity_shards {
-                    out.push(at(self.geo.ec_member(run.row, data_shards + p), BlockRole::Parity));
-                }
-                out
-            }
-            _ => (0..self.geo.copies())
-                .map(|c| at(self.geo.mirror_member(run.column, c), BlockRole::Data))
-                .collect(),
-        })
+        let members = with_family!(self, |f| f.locate_members(&run));
+        Ok(members.into_iter().map(|(m, role)| at(m, role)).collect())
     }
 
     /// Current health, from the state of the members.
     pub fn state(&self) -> VolumeState {
-        let map = self.map.load();
-        let mut state = VolumeState::Healthy;
-        for seg in &map.segments {
-            let groups: Vec<Vec<usize>> = match self.geo.layout {
-                Layout::Ec { .. } => vec![(0..seg.members.len()).collect()],
-                _ => (0..self.geo.layout.data_columns())
-                    .map(|c| (0..self.geo.copies()).map(|k| self.geo.mirror_member(c, k)).collect())
-                    .collect(),
-            };
-            for group in groups {
-                let failed = group.iter().filter(|&&m| seg.members[m].drive.is_failed()).count() as u32;
-                let rebuilding = group
-                    .iter()
-                    .filter(|&&m| !seg.members[m].drive.is_failed() && seg.members[m].rebuilding())
-                    .count() as u32;
-                let tolerance = match self.geo.layout {
-                    Layout::Ec { parity_shards, .. } => parity_shards,
-                    _ => self.geo.copies() - 1,
-                };
-                if failed + rebuilding > tolerance {
-                    // A rebuild onto a new member can still finish only if enough members survive.
-                    return VolumeState::Failed;
-                }
-                if rebuilding > 0 {
-                    state = VolumeState::Rebuilding;
-                } else if failed > 0 && state == VolumeState::Healthy {
-                    state = VolumeState::Degraded;
-                }
-            }
-        }
-        state
+        with_family!(self, |f| f.state_in())
     }
 
     /// Fails `drive` after an error (persisting it) before the request that saw it completes.
