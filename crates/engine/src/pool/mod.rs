@@ -26,8 +26,8 @@ use crate::drive::Drive;
 use crate::error::EngineError;
 use crate::format::layout::DriveLayout;
 use crate::format::meta::{
-    DriveClass, DriveErrors, DriveRecord, DriveState, Layout, PoolMeta, SegmentRecord, TieredRecord,
-    VolumeRecord, VolumeRole,
+    DriveClass, DriveErrors, DriveRecord, DriveState, Layout, MemberRecord, PoolMeta, SegmentRecord,
+    TieredRecord, VolumeRecord, VolumeRole,
 };
 use crate::format::superblock::Superblock;
 use crate::units::format_size;
@@ -407,55 +407,9 @@ impl<D: BlockDevice> Pool<D> {
         next.size_bytes = new_size_bytes;
         let mut freed: Vec<SegmentRecord> = Vec::new();
         if need_rows > have_rows {
-            let extra = need_rows - have_rows;
-            let chunk = u64::from(rec.chunk_blocks);
-            let last = next.segments.last_mut().expect("a volume has a segment");
-            let extend_in_place = last.members.iter().all(|m| {
-                meta.drive(m.slot).is_some_and(|d| {
-                    d.state == DriveState::Active
-                        && alloc::can_extend(
-                            &meta,
-                            m.slot,
-                            d.data_blocks,
-                            m.start_block,
-                            last.rows * chunk,
-                            extra * chunk,
-                        )
-                })
-            });
-            if extend_in_place {
-                last.rows += extra;
-            } else {
-                let members = alloc::place(&meta, rec.layout, rec.class, extra * chunk, &[])?;
-                next.segments.push(SegmentRecord { rows: extra, members });
-            }
+            grow_rows(&meta, &mut next, need_rows - have_rows)?;
         } else if need_rows < have_rows {
-            // Drop or shorten segments from the end.
-            let mut excess = have_rows - need_rows;
-            while excess > 0 {
-                let segments = next.segments.len();
-                let last = next.segments.last_mut().expect("segments remain");
-                if last.rows <= excess && segments > 1 {
-                    excess -= last.rows;
-                    freed.push(next.segments.pop().expect("checked"));
-                } else {
-                    let keep = last.rows - excess;
-                    freed.push(SegmentRecord {
-                        rows: excess,
-                        members: last
-                            .members
-                            .iter()
-                            .map(|m| {
-                                let mut t = m.clone();
-                                t.start_block += keep * u64::from(rec.chunk_blocks);
-                                t
-                            })
-                            .collect(),
-                    });
-                    last.rows = keep;
-                    excess = 0;
-                }
-            }
+            freed = shrink_rows(&mut next, have_rows - need_rows);
         }
         if !freed.is_empty() {
             // Everything past the new end must read back as zeros if it is ever reused.
@@ -482,18 +436,7 @@ impl<D: BlockDevice> Pool<D> {
         if let (Some(old), Some(new)) = (rec.segments.last(), next.segments.get(rec.segments.len() - 1))
             && new.rows > old.rows
         {
-            let tail = SegmentRecord {
-                rows: new.rows - old.rows,
-                members: new
-                    .members
-                    .iter()
-                    .map(|m| {
-                        let mut t = m.clone();
-                        t.start_block += old.rows * u64::from(rec.chunk_blocks);
-                        t
-                    })
-                    .collect(),
-            };
+            let tail = rows_after(&new.members, old.rows, new.rows - old.rows, rec.chunk_blocks);
             self.clear_segment(&next, &tail).await?;
         }
         self.core.flush_all().await?;
@@ -588,4 +531,65 @@ impl<D: BlockDevice> Pool<D> {
         }
         counters.map(|_| ())
     }
+}
+
+/// Adds `extra` rows at the end of volume `next`: in place when every member of its last
+/// segment can grow where it is, otherwise as a new segment placed like the volume.
+fn grow_rows(meta: &PoolMeta, next: &mut VolumeRecord, extra: u64) -> Result<(), EngineError> {
+    let chunk = u64::from(next.chunk_blocks);
+    let (layout, class) = (next.layout, next.class);
+    let last = next.segments.last_mut().expect("a volume has a segment");
+    let extend_in_place = last.members.iter().all(|m| {
+        meta.drive(m.slot).is_some_and(|d| {
+            d.state == DriveState::Active
+                && alloc::can_extend(
+                    meta,
+                    m.slot,
+                    d.data_blocks,
+                    m.start_block,
+                    last.rows * chunk,
+                    extra * chunk,
+                )
+        })
+    });
+    if extend_in_place {
+        last.rows += extra;
+    } else {
+        let members = alloc::place(meta, layout, class, extra * chunk, &[])?;
+        next.segments.push(SegmentRecord { rows: extra, members });
+    }
+    Ok(())
+}
+
+/// Removes `excess` rows from the end of volume `next` (dropping or shortening segments; the
+/// first segment always stays); returns the rows removed, which must be cleared.
+fn shrink_rows(next: &mut VolumeRecord, mut excess: u64) -> Vec<SegmentRecord> {
+    let mut freed = Vec::new();
+    while excess > 0 {
+        let segments = next.segments.len();
+        let last = next.segments.last_mut().expect("segments remain");
+        if last.rows <= excess && segments > 1 {
+            excess -= last.rows;
+            freed.push(next.segments.pop().expect("checked"));
+        } else {
+            let keep = last.rows - excess;
+            freed.push(rows_after(&last.members, keep, excess, next.chunk_blocks));
+            last.rows = keep;
+            excess = 0;
+        }
+    }
+    freed
+}
+
+/// The `rows` rows of a segment on `members` that follow its first `skip_rows` rows.
+fn rows_after(members: &[MemberRecord], skip_rows: u64, rows: u64, chunk_blocks: u32) -> SegmentRecord {
+    let members = members
+        .iter()
+        .map(|m| {
+            let mut t = m.clone();
+            t.start_block += skip_rows * u64::from(chunk_blocks);
+            t
+        })
+        .collect();
+    SegmentRecord { rows, members }
 }
