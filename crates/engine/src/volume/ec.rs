@@ -11,7 +11,7 @@ use stria_ec::ReedSolomon;
 
 use super::maint::{RowStats, bless};
 use super::map::{ChunkRun, Member, Segment, VolumeMap};
-use super::{BlockRole, InFamily, LayoutFamily};
+use super::{BlockRole, InFamily, LayoutFamily, Volume};
 use crate::drive::ReadFault;
 use crate::drive::journal::{AppendError, JournalPiece};
 use crate::error::EngineError;
@@ -100,6 +100,7 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Ec, D> {
         data: IoBytes,
         fua: bool,
     ) -> Result<(), VolumeError> {
+        Volume::<D>::check_runs_cover(runs, data.len());
         let (k, _) = self.ec_shape();
         let mut stripes: Vec<StripeWrite> = Vec::new();
         let mut at = 0usize;
@@ -148,6 +149,10 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Ec, D> {
     }
 
     async fn unmap_run(&self, map: &VolumeMap<D>, run: &ChunkRun) -> Result<(), VolumeError> {
+        assert!(
+            run.offset_in_chunk == 0 && run.blocks == self.geo.chunk_blocks,
+            "invariant: ec unmaps whole chunks of whole rows (parity is zeroed with them); got {run:?}"
+        );
         let seg = &map.segments[run.segment];
         if !seg.members.iter().all(|m| m.durably_usable(run.row)) {
             // Entry-only zeroing is safe on a healthy stripe (recovery recomputes parity from

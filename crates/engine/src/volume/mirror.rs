@@ -7,7 +7,7 @@ use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 
 use super::maint::{RowStats, bless, for_each_run};
 use super::map::{ChunkRun, Member, Segment, VolumeMap};
-use super::{BlockRole, InFamily, LayoutFamily};
+use super::{BlockRole, InFamily, LayoutFamily, Volume};
 use crate::drive::ReadFault;
 use crate::error::EngineError;
 use crate::error::VolumeError;
@@ -71,6 +71,7 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Mirror, D> {
         data: IoBytes,
         fua: bool,
     ) -> Result<(), VolumeError> {
+        Volume::<D>::check_runs_cover(runs, data.len());
         let mut at = 0usize;
         let mut writes = Vec::with_capacity(runs.len());
         for run in runs {

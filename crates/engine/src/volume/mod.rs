@@ -387,6 +387,12 @@ where
 
     /// Marks whole units (blocks on mirror layouts, stripes on ec) unwritten on every member.
     async fn unmap_blocks(&self, lb: u64, blocks: u64) -> Result<(), VolumeError> {
+        let unit = self.unmap_unit_blocks();
+        assert!(
+            lb.is_multiple_of(unit) && blocks.is_multiple_of(unit),
+            "invariant: unmap_blocks gets whole units of {unit} blocks (on ec a partial row would zero \
+             parity under live data); got {blocks} blocks at block {lb}"
+        );
         let map = self.map.load_full();
         // Bound the number of locks held at once.
         let step = (self.geo.row_blocks() * 256).max(1);
@@ -590,6 +596,18 @@ impl<D: BlockDevice> Volume<D> {
     /// as zeros; partial edges are left as they are (NBD allows a trim to do nothing).
     pub async fn trim(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
         with_family!(self, |f| f.trim_in(offset_bytes, len_bytes).await)
+    }
+
+    /// Stops the process unless `data_len` is exactly the bytes of `runs` (what
+    /// `write_runs_locked` slices the data by): otherwise blocks would be written with another
+    /// block's data, or not at all.
+    fn check_runs_cover(runs: &[ChunkRun], data_len: usize) {
+        let blocks: u64 = runs.iter().map(|r| r.blocks).sum();
+        assert_eq!(
+            data_len as u64,
+            blocks * BLOCK_BYTES,
+            "invariant: write_runs_locked gets exactly the bytes of its runs ({blocks} blocks)"
+        );
     }
 
     /// Marks `blocks` on the members of `run` unwritten (the caller holds the run's stripe
