@@ -41,7 +41,7 @@ use arc_swap::ArcSwap;
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 use stria_ec::ReedSolomon;
 
-use crate::drive::Drive;
+use crate::drive::{Drive, ReadFault};
 use crate::error::{EngineError, VolumeError};
 use crate::format::meta::{DriveClass, Layout};
 use crate::pool::core::PoolCore;
@@ -155,14 +155,19 @@ pub(crate) trait LayoutFamily<D: BlockDevice>: std::ops::Deref<Target = Volume<D
     /// of FUA writes to the drives (ec: see [`Volume::write`]).
     fn fua_by_pool_flush(&self) -> bool;
 
-    /// Reads one run into `buf` (whole blocks). With `locked`, the caller holds the run's stripe
-    /// lock (the slow path, which repairs, must not take it again).
-    fn read_run(
+    /// The member and its drive block that a run is read from without repair (ec: the data
+    /// shard's member; mirror: the first usable copy, starting at a copy chosen by row so that
+    /// reads of different rows spread over the copies). `None` when it is not usable.
+    fn fast_source<'m>(&self, seg: &'m Segment<D>, run: &ChunkRun) -> Option<(&'m Member<D>, u64)>;
+
+    /// Reads a run with its stripe lock held (the slow path): reads what is available,
+    /// reconstructs what is missing or bad, and rewrites bad blocks on usable members.
+    /// `spare` is the caller's buffer when the fast path did not use it up (ec decodes into it).
+    fn read_locked(
         &self,
         map: &VolumeMap<D>,
         run: ChunkRun,
-        buf: IoBuf,
-        locked: bool,
+        spare: Option<IoBuf>,
     ) -> impl Future<Output = Result<IoBuf, VolumeError>> + Send;
 
     /// Writes block-aligned `data` covering `runs` (the caller holds their stripe locks).
@@ -296,6 +301,34 @@ where
             reads.push(self.read_run(map, run, piece, locked));
         }
         Ok(IoBuf::join_or_copy(join_all_ok(reads).await?))
+    }
+
+    /// Reads one run into `buf` (whole blocks): one verified drive read from the family's fast
+    /// source; a missing member or a bad block goes to the locked path, which repairs. With
+    /// `locked`, the caller holds the run's stripe lock (the slow path must not take it again).
+    async fn read_run(
+        &self,
+        map: &VolumeMap<D>,
+        run: ChunkRun,
+        buf: IoBuf,
+        locked: bool,
+    ) -> Result<IoBuf, VolumeError> {
+        let mut spare = Some(buf);
+        if let Some((member, block)) = self.fast_source(&map.segments[run.segment], &run) {
+            let buf = spare.take().expect("not taken yet");
+            match member.drive.read_verified(block, buf).await {
+                Ok(buf) => return Ok(buf),
+                Err(ReadFault::Io(e)) => {
+                    tracing::warn!(volume = %self.name, error = %e, "read error; repairing")
+                }
+                Err(ReadFault::Failed | ReadFault::Corrupt { .. }) => {}
+            }
+        }
+        if locked {
+            return self.read_locked(map, run, spare).await;
+        }
+        let _guard = self.locks.lock([(run.segment, run.row)]).await;
+        self.read_locked(map, run, spare).await
     }
 
     /// [`Volume::write`].
