@@ -568,8 +568,10 @@ impl<D: BlockDevice> TieredVolume<D> {
             // A cache position belongs to one block (entry) for its whole life, so "new in this
             // record" is "different from what the same entry held before".
             let before: Vec<u64> = rec.entries.iter().map(|e| e.position).collect();
+            let generation = rec.generation;
             let freed = change(&mut rec);
             rec.generation += 1;
+            self.check_record(bs, &rec, generation);
             rec.owner = 0;
             let claimed: Vec<(u64, u16)> = rec
                 .entries
@@ -596,6 +598,29 @@ impl<D: BlockDevice> TieredVolume<D> {
         self.counters.metadata_page_writes.fetch_add(1, Relaxed);
         self.log.release(freed);
         Ok(())
+    }
+
+    /// Stops the process before a record that breaks an invariant is written: one entry per
+    /// block of the blockset, no cache position held by two entries (a position belongs to one
+    /// block for its whole life), and a generation above the one it replaces (recovery keeps the
+    /// newest copy).
+    fn check_record(&self, bs: usize, rec: &Record, generation_before: u64) {
+        assert_eq!(
+            rec.entries.len(),
+            self.blockset_blocks,
+            "invariant: the record of blockset {bs} has one entry per block"
+        );
+        let mut positions: Vec<u64> =
+            rec.entries.iter().filter(|e| e.in_cache()).map(|e| e.position).collect();
+        positions.sort_unstable();
+        if let Some(w) = positions.windows(2).find(|w| w[0] == w[1]) {
+            panic!("invariant: no two entries of blockset {bs} point at one cache position ({})", w[0]);
+        }
+        assert!(
+            rec.generation > generation_before,
+            "invariant: the generation of blockset {bs}'s record grows strictly ({generation_before} -> {})",
+            rec.generation
+        );
     }
 
     /// Zeroes a range. Whole blocks only change the records (no data is written); partial edge
@@ -664,6 +689,10 @@ impl<D: BlockDevice> TieredVolume<D> {
         while b < first + n {
             let bs = (b / bsb) as usize;
             let upto = ((bs as u64 + 1) * bsb).min(first + n);
+            assert!(
+                bs < self.records.len() && b >= bs as u64 * bsb && upto <= (bs as u64 + 1) * bsb,
+                "invariant: a set_entries update stays inside its blockset ({bs}: blocks {b}..{upto})"
+            );
             let updates: Vec<(usize, Entry)> =
                 (b..upto).map(|blk| ((blk % bsb) as usize, entry(blk - first))).collect();
             self.update_record(bs, &updates).await.map_err(|e| (upto - first, e))?;

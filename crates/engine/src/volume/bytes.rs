@@ -121,6 +121,12 @@ where
     }
     let head = span.head();
     whole[head..head + data.len()].copy_from_slice(data);
+    assert!(
+        whole.len() as u64 == span.blocks() * BLOCK_BYTES && whole.len().is_multiple_of(BLOCK_USIZE),
+        "invariant: merge_unaligned returns the span's whole blocks ({} bytes for {:?})",
+        whole.len(),
+        span
+    );
     Ok(whole.freeze())
 }
 
@@ -159,6 +165,8 @@ impl ZeroSplit {
 #[derive(Debug, Default)]
 pub struct ExtentRuns {
     out: Vec<Extent>,
+    /// Blocks pushed.
+    blocks: u64,
 }
 
 impl ExtentRuns {
@@ -168,6 +176,7 @@ impl ExtentRuns {
 
     /// Appends `blocks` blocks of one state.
     pub fn push(&mut self, unallocated: bool, blocks: u64) {
+        self.blocks += blocks;
         let len_bytes = blocks * BLOCK_BYTES;
         match self.out.last_mut() {
             Some(e) if e.unallocated == unallocated => e.len_bytes += len_bytes,
@@ -178,6 +187,12 @@ impl ExtentRuns {
     /// The extents, the first and last cut to the span's bytes (the pushed blocks are the span's
     /// whole blocks); empty ones dropped.
     pub fn finish(self, span: &Span) -> Vec<Extent> {
+        // Every block of the span once: the extents then sum to the requested length.
+        assert_eq!(
+            self.blocks,
+            span.blocks(),
+            "invariant: block status extents cover exactly the requested range ({span:?})"
+        );
         let mut out = self.out;
         out[0].len_bytes -= span.offset_bytes - span.first * BLOCK_BYTES;
         let last = out.len() - 1;
@@ -395,6 +410,15 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    #[should_panic(expected = "invariant: block status extents cover exactly the requested range")]
+    fn extent_runs_refuse_a_state_list_that_misses_a_block() {
+        let span = Span::new(512, 2 * BLOCK);
+        let mut runs = ExtentRuns::new();
+        runs.push(false, span.blocks() - 1);
+        drop(runs.finish(&span));
     }
 
     #[test]

@@ -11,8 +11,7 @@ use stria_ec::ReedSolomon;
 
 use super::maint::{RowStats, bless};
 use super::map::{ChunkRun, Member, Segment, VolumeMap};
-use super::{BlockRole, InFamily, LayoutFamily};
-use crate::drive::ReadFault;
+use super::{BlockRole, InFamily, LayoutFamily, Volume};
 use crate::drive::journal::{AppendError, JournalPiece};
 use crate::error::EngineError;
 use crate::error::VolumeError;
@@ -60,36 +59,59 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Ec, D> {
         true
     }
 
-    /// Reads one run of a data shard. The fast path is one verified drive read; a missing
-    /// member or a bad block goes to the locked path, which reconstructs and repairs.
-    async fn read_run(
+    /// Reads a run with the stripe lock held, reconstructing what is missing or bad and
+    /// rewriting bad blocks on members that are still usable.
+    async fn read_locked(
         &self,
         map: &VolumeMap<D>,
         run: ChunkRun,
-        buf: IoBuf,
-        locked: bool,
+        spare: Option<IoBuf>,
     ) -> Result<IoBuf, VolumeError> {
         let seg = &map.segments[run.segment];
-        let (_, member) = self.shard_member(seg, run.row, run.column as usize);
-        // The caller's buffer, when the fast path did not use it up: the degraded path decodes
-        // into it.
-        let mut spare = Some(buf);
-        if member.usable(run.row) {
-            let block = member.start_block + self.geo.member_block(run.row, run.offset_in_chunk);
-            let buf = spare.take().expect("not taken yet");
-            match member.drive.read_verified(block, buf).await {
-                Ok(buf) => return Ok(buf),
-                Err(ReadFault::Io(e)) => {
-                    tracing::warn!(volume = %self.name, error = %e, "read error; repairing")
-                }
-                Err(ReadFault::Failed | ReadFault::Corrupt { .. }) => {}
+        let target = run.column as usize;
+        let (_, target_member) = self.shard_member(seg, run.row, target);
+        // Someone may have fixed things while we waited for the lock (or the fault was a race).
+        let target_usable = target_member.usable(run.row);
+        if target_usable {
+            let block = target_member.start_block + self.geo.member_block(run.row, run.offset_in_chunk);
+            if let Ok(buf) = target_member
+                .drive
+                .read_verified(block, IoBuf::zeroed((run.blocks * BLOCK_BYTES) as usize))
+                .await
+            {
+                return Ok(buf);
             }
         }
-        if locked {
-            return self.ec_read_locked(map, run, spare).await;
+        self.counters.degraded_reads.fetch_add(1, Relaxed);
+        // The member is gone: K survivors are enough when they all read back good.
+        if !target_usable && let Some(buf) = self.ec_read_from_survivors(seg, &run, spare).await {
+            return Ok(buf);
         }
-        let _guard = self.locks.lock([(run.segment, run.row)]).await;
-        self.ec_read_locked(map, run, spare).await
+        let total = seg.members.len();
+        let mut reads =
+            self.read_shards(seg, run.row, run.offset_in_chunk, run.blocks, &vec![false; total]).await;
+        let before: Vec<Vec<bool>> = reads.iter().map(|r| r.good.clone()).collect();
+        // Rebuild the target and any bad block on a usable member (a repair).
+        let want: Vec<bool> =
+            (0..total).map(|s| s == target || self.shard_member(seg, run.row, s).1.usable(run.row)).collect();
+        let failed_rows = self.decode_rows(&mut reads, &want);
+        drop(failed_rows); // rows that could not be decoded for other shards just stay unrepaired
+        if !reads[target].good.iter().all(|&g| g) {
+            self.fail_unrepairable(seg, run.row, &reads).await?;
+            return Err(self.unrecoverable(
+                &run,
+                "more chunks of the stripe are missing or corrupt than its parity covers",
+            ));
+        }
+        self.write_repairs(seg, run.row, run.offset_in_chunk, &reads, &before).await?;
+        Ok(reads.swap_remove(target).buf.expect("target decoded"))
+    }
+
+    fn fast_source<'m>(&self, seg: &'m Segment<D>, run: &ChunkRun) -> Option<(&'m Member<D>, u64)> {
+        let (_, member) = self.shard_member(seg, run.row, run.column as usize);
+        member
+            .usable(run.row)
+            .then(|| (member, member.start_block + self.geo.member_block(run.row, run.offset_in_chunk)))
     }
 
     /// Writes block-aligned `data` covering `runs` (the caller holds the stripe locks).
@@ -100,6 +122,7 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Ec, D> {
         data: IoBytes,
         fua: bool,
     ) -> Result<(), VolumeError> {
+        Volume::<D>::check_runs_cover(runs, data.len());
         let (k, _) = self.ec_shape();
         let mut stripes: Vec<StripeWrite> = Vec::new();
         let mut at = 0usize;
@@ -148,6 +171,10 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Ec, D> {
     }
 
     async fn unmap_run(&self, map: &VolumeMap<D>, run: &ChunkRun) -> Result<(), VolumeError> {
+        assert!(
+            run.offset_in_chunk == 0 && run.blocks == self.geo.chunk_blocks,
+            "invariant: ec unmaps whole chunks of whole rows (parity is zeroed with them); got {run:?}"
+        );
         let seg = &map.segments[run.segment];
         if !seg.members.iter().all(|m| m.durably_usable(run.row)) {
             // Entry-only zeroing is safe on a healthy stripe (recovery recomputes parity from
@@ -411,54 +438,6 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
             i = j;
         }
         failed_rows
-    }
-
-    /// Reads a run with the stripe lock held, reconstructing what is missing or bad and
-    /// rewriting bad blocks on members that are still usable.
-    async fn ec_read_locked(
-        &self,
-        map: &VolumeMap<D>,
-        run: ChunkRun,
-        spare: Option<IoBuf>,
-    ) -> Result<IoBuf, VolumeError> {
-        let seg = &map.segments[run.segment];
-        let target = run.column as usize;
-        let (_, target_member) = self.shard_member(seg, run.row, target);
-        // Someone may have fixed things while we waited for the lock (or the fault was a race).
-        let target_usable = target_member.usable(run.row);
-        if target_usable {
-            let block = target_member.start_block + self.geo.member_block(run.row, run.offset_in_chunk);
-            if let Ok(buf) = target_member
-                .drive
-                .read_verified(block, IoBuf::zeroed((run.blocks * BLOCK_BYTES) as usize))
-                .await
-            {
-                return Ok(buf);
-            }
-        }
-        self.counters.degraded_reads.fetch_add(1, Relaxed);
-        // The member is gone: K survivors are enough when they all read back good.
-        if !target_usable && let Some(buf) = self.ec_read_from_survivors(seg, &run, spare).await {
-            return Ok(buf);
-        }
-        let total = seg.members.len();
-        let mut reads =
-            self.read_shards(seg, run.row, run.offset_in_chunk, run.blocks, &vec![false; total]).await;
-        let before: Vec<Vec<bool>> = reads.iter().map(|r| r.good.clone()).collect();
-        // Rebuild the target and any bad block on a usable member (a repair).
-        let want: Vec<bool> =
-            (0..total).map(|s| s == target || self.shard_member(seg, run.row, s).1.usable(run.row)).collect();
-        let failed_rows = self.decode_rows(&mut reads, &want);
-        drop(failed_rows); // rows that could not be decoded for other shards just stay unrepaired
-        if !reads[target].good.iter().all(|&g| g) {
-            self.fail_unrepairable(seg, run.row, &reads).await?;
-            return Err(self.unrecoverable(
-                &run,
-                "more chunks of the stripe are missing or corrupt than its parity covers",
-            ));
-        }
-        self.write_repairs(seg, run.row, run.offset_in_chunk, &reads, &before).await?;
-        Ok(reads.swap_remove(target).buf.expect("target decoded"))
     }
 
     /// Fails the drives that answered with I/O errors when nothing could be rebuilt to rewrite

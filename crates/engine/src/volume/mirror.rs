@@ -7,8 +7,7 @@ use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 
 use super::maint::{RowStats, bless, for_each_run};
 use super::map::{ChunkRun, Member, Segment, VolumeMap};
-use super::{BlockRole, InFamily, LayoutFamily};
-use crate::drive::ReadFault;
+use super::{BlockRole, InFamily, LayoutFamily, Volume};
 use crate::error::EngineError;
 use crate::error::VolumeError;
 use crate::join::join_all_ok;
@@ -37,30 +36,18 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Mirror, D> {
         false
     }
 
-    /// Reads one run from the first copy that answers with verified data; anything else goes
-    /// to the locked slow path, which repairs.
-    async fn read_run(
+    fn fast_source<'m>(&self, seg: &'m Segment<D>, run: &ChunkRun) -> Option<(&'m Member<D>, u64)> {
+        let m = self.copy_members(run).find(|&m| seg.members[m].usable(run.row))?;
+        let member = &seg.members[m];
+        Some((member, self.member_block(member, run)))
+    }
+
+    async fn read_locked(
         &self,
         map: &VolumeMap<D>,
         run: ChunkRun,
-        buf: IoBuf,
-        locked: bool,
+        _spare: Option<IoBuf>,
     ) -> Result<IoBuf, VolumeError> {
-        let seg = &map.segments[run.segment];
-        if let Some(m) = self.copy_members(&run).find(|&m| seg.members[m].usable(run.row)) {
-            let member = &seg.members[m];
-            match member.drive.read_verified(self.member_block(member, &run), buf).await {
-                Ok(buf) => return Ok(buf),
-                Err(ReadFault::Io(e)) => {
-                    tracing::warn!(volume = %self.name, error = %e, "read error; repairing")
-                }
-                Err(ReadFault::Failed | ReadFault::Corrupt { .. }) => {}
-            }
-        }
-        if locked {
-            return self.mirror_read_locked(map, run).await;
-        }
-        let _guard = self.locks.lock([(run.segment, run.row)]).await;
         self.mirror_read_locked(map, run).await
     }
 
@@ -71,6 +58,7 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Mirror, D> {
         data: IoBytes,
         fua: bool,
     ) -> Result<(), VolumeError> {
+        Volume::<D>::check_runs_cover(runs, data.len());
         let mut at = 0usize;
         let mut writes = Vec::with_capacity(runs.len());
         for run in runs {

@@ -42,7 +42,7 @@ use arc_swap::ArcSwap;
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 use stria_ec::ReedSolomon;
 
-use crate::drive::Drive;
+use crate::drive::{Drive, ReadFault};
 use crate::error::{EngineError, VolumeError};
 use crate::format::meta::{DriveClass, Layout};
 use crate::pool::core::PoolCore;
@@ -156,14 +156,19 @@ pub(crate) trait LayoutFamily<D: BlockDevice>: std::ops::Deref<Target = Volume<D
     /// of FUA writes to the drives (ec: see [`Volume::write`]).
     fn fua_by_pool_flush(&self) -> bool;
 
-    /// Reads one run into `buf` (whole blocks). With `locked`, the caller holds the run's stripe
-    /// lock (the slow path, which repairs, must not take it again).
-    fn read_run(
+    /// The member and its drive block that a run is read from without repair (ec: the data
+    /// shard's member; mirror: the first usable copy, starting at a copy chosen by row so that
+    /// reads of different rows spread over the copies). `None` when it is not usable.
+    fn fast_source<'m>(&self, seg: &'m Segment<D>, run: &ChunkRun) -> Option<(&'m Member<D>, u64)>;
+
+    /// Reads a run with its stripe lock held (the slow path): reads what is available,
+    /// reconstructs what is missing or bad, and rewrites bad blocks on usable members.
+    /// `spare` is the caller's buffer when the fast path did not use it up (ec decodes into it).
+    fn read_locked(
         &self,
         map: &VolumeMap<D>,
         run: ChunkRun,
-        buf: IoBuf,
-        locked: bool,
+        spare: Option<IoBuf>,
     ) -> impl Future<Output = Result<IoBuf, VolumeError>> + Send;
 
     /// Writes block-aligned `data` covering `runs` (the caller holds their stripe locks).
@@ -299,6 +304,34 @@ where
         Ok(IoBuf::join_or_copy(join_all_ok(reads).await?))
     }
 
+    /// Reads one run into `buf` (whole blocks): one verified drive read from the family's fast
+    /// source; a missing member or a bad block goes to the locked path, which repairs. With
+    /// `locked`, the caller holds the run's stripe lock (the slow path must not take it again).
+    async fn read_run(
+        &self,
+        map: &VolumeMap<D>,
+        run: ChunkRun,
+        buf: IoBuf,
+        locked: bool,
+    ) -> Result<IoBuf, VolumeError> {
+        let mut spare = Some(buf);
+        if let Some((member, block)) = self.fast_source(&map.segments[run.segment], &run) {
+            let buf = spare.take().expect("not taken yet");
+            match member.drive.read_verified(block, buf).await {
+                Ok(buf) => return Ok(buf),
+                Err(ReadFault::Io(e)) => {
+                    tracing::warn!(volume = %self.name, error = %e, "read error; repairing")
+                }
+                Err(ReadFault::Failed | ReadFault::Corrupt { .. }) => {}
+            }
+        }
+        if locked {
+            return self.read_locked(map, run, spare).await;
+        }
+        let _guard = self.locks.lock([(run.segment, run.row)]).await;
+        self.read_locked(map, run, spare).await
+    }
+
     /// [`Volume::write`].
     async fn write_in(&self, offset_bytes: u64, data: IoBytes, fua: bool) -> Result<(), VolumeError> {
         let _op = self.enter_op()?;
@@ -388,6 +421,12 @@ where
 
     /// Marks whole units (blocks on mirror layouts, stripes on ec) unwritten on every member.
     async fn unmap_blocks(&self, lb: u64, blocks: u64) -> Result<(), VolumeError> {
+        let unit = self.unmap_unit_blocks();
+        assert!(
+            lb.is_multiple_of(unit) && blocks.is_multiple_of(unit),
+            "invariant: unmap_blocks gets whole units of {unit} blocks (on ec a partial row would zero \
+             parity under live data); got {blocks} blocks at block {lb}"
+        );
         let map = self.map.load_full();
         // Bound the number of locks held at once.
         let step = (self.geo.row_blocks() * 256).max(1);
@@ -591,6 +630,18 @@ impl<D: BlockDevice> Volume<D> {
     /// as zeros; partial edges are left as they are (NBD allows a trim to do nothing).
     pub async fn trim(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
         with_family!(self, |f| f.trim_in(offset_bytes, len_bytes).await)
+    }
+
+    /// Stops the process unless `data_len` is exactly the bytes of `runs` (what
+    /// `write_runs_locked` slices the data by): otherwise blocks would be written with another
+    /// block's data, or not at all.
+    fn check_runs_cover(runs: &[ChunkRun], data_len: usize) {
+        let blocks: u64 = runs.iter().map(|r| r.blocks).sum();
+        assert_eq!(
+            data_len as u64,
+            blocks * BLOCK_BYTES,
+            "invariant: write_runs_locked gets exactly the bytes of its runs ({blocks} blocks)"
+        );
     }
 
     /// Marks `blocks` on the members of `run` unwritten (the caller holds the run's stripe
