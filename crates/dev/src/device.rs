@@ -11,6 +11,7 @@ use crate::counters::DevCounters;
 pub const BLOCK_BYTES: u64 = 4096;
 
 /// [`BLOCK_BYTES`] as a `usize`, for buffer lengths and slice indices.
+#[allow(clippy::cast_possible_truncation)] // 4096 fits in a usize of any width
 pub const BLOCK_USIZE: usize = BLOCK_BYTES as usize;
 
 /// A drive: a file, a block device, memory, a fault-injecting wrapper, or later a remote drive.
