@@ -1,0 +1,4 @@
+//! Every integration test of the `stria` binary, in one test binary: each scenario file is a
+//! module (one link of the dependency graph instead of one per file).
+
+mod cli_output;
