@@ -1,5 +1,6 @@
-//! `stria bench ec`: erasure-code throughput of stria-ec against Intel ISA-L, and against the
-//! memory limits (k-way XOR and memcpy), on the same buffers in the same run.
+//! `cargo run --release -p stria-bench --bin stria-bench-ec --`: erasure-code throughput of
+//! stria-ec against Intel ISA-L, and against the memory limits (k-way XOR and memcpy), on the
+//! same buffers in the same run.
 //!
 //! Throughput is GB/s of data: `K x shard bytes` per encode or reconstruct call, and the changed
 //! bytes (`shard bytes`) per update call, over 10^9. Each figure is the median of `--samples`
@@ -85,7 +86,7 @@ const MAX_SHARDS: usize = 64;
 /// Most parity shards per stripe the benchmark handles.
 const MAX_PARITY: usize = 8;
 
-/// Options of `stria bench ec`.
+/// Options of `target/release/stria-bench-ec`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct EcBenchArgs {
     /// Operations to measure.

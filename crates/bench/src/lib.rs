@@ -1,6 +1,6 @@
 //! stria's benchmark programs. Each is a module with a `clap::Args` struct and a `run` function,
-//! so the `stria` binary can mount it as a subcommand (`stria bench ec`) and a small binary in
-//! `src/bin/` can run it on its own.
+//! run by a small binary in `src/bin/` (`cargo run --release -p stria-bench --bin
+//! stria-bench-ec --`, and `-engine`, `-tier`). The `stria` binary does not link this crate.
 //!
 //! Benchmarks measure and print ratios against a peer measured in the same run; they assert
 //! nothing.

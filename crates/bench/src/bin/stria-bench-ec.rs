@@ -3,7 +3,7 @@
 use clap::Parser;
 
 #[derive(Debug, Parser)]
-#[command(about = "Erasure-code throughput of stria-ec against Intel ISA-L, XOR and memcpy")]
+#[command(version, about = "Erasure-code throughput of stria-ec against Intel ISA-L, XOR and memcpy")]
 struct Cli {
     #[command(flatten)]
     args: stria_bench::ec::EcBenchArgs,

@@ -4,6 +4,7 @@ use clap::Parser;
 
 #[derive(Debug, Parser)]
 #[command(
+    version,
     about = "stria's engine over memory drives: IOPS, bandwidth, latency and write amplification against the raw drives"
 )]
 struct Cli {

@@ -4,6 +4,7 @@ use clap::Parser;
 
 #[derive(Debug, Parser)]
 #[command(
+    version,
     about = "Seed 000's proof-of-concept tests on a tiered:ec:4+2 volume (2 fast + 6 capacity memory-backed drives, destage always on)"
 )]
 struct Cli {
