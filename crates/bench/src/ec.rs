@@ -66,19 +66,10 @@ fn parse_shape(s: &str) -> Result<Shape, String> {
     Ok(Shape { k, m })
 }
 
-/// Parses `4096`, `4k`, `64KiB`, `1m`, `1MiB`.
+/// Parses `4096`, `4k`, `64KiB`, `1m`, `1MiB`: [`crate::parse_positive_size`] as a `usize`.
 pub(crate) fn parse_bytes(s: &str) -> Result<usize, String> {
-    let lower = s.trim().to_ascii_lowercase();
-    let (digits, scale) = match lower.trim_end_matches("ib").trim_end_matches('b') {
-        x if x.ends_with('k') => (&x[..x.len() - 1], 1 << 10),
-        x if x.ends_with('m') => (&x[..x.len() - 1], 1 << 20),
-        x => (x, 1),
-    };
-    let n: usize = digits.parse().map_err(|e| format!("{s:?}: {e}"))?;
-    if n == 0 {
-        return Err(format!("{s:?}: sizes must be positive"));
-    }
-    Ok(n * scale)
+    let n = crate::parse_positive_size(s)?;
+    usize::try_from(n).map_err(|_| format!("{s:?}: too large for this machine"))
 }
 
 /// Most shards per stripe the benchmark handles (keeps its pointer arrays on the stack).

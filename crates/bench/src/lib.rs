@@ -11,3 +11,13 @@ mod host;
 pub mod isal;
 mod regions;
 pub mod tier;
+
+/// The size options of the benchmarks: the engine's size syntax
+/// ([`stria_engine::units::parse_size`]: a number with an optional binary suffix `K`, `M`, `G`,
+/// `T`, `P`, with or without `iB`/`B`, any case), and a benchmark size must not be zero.
+pub(crate) fn parse_positive_size(s: &str) -> Result<u64, String> {
+    match stria_engine::units::parse_size(s)? {
+        0 => Err(format!("{s:?}: sizes must be positive")),
+        n => Ok(n),
+    }
+}

@@ -61,14 +61,9 @@ pub enum Drives {
     Memory,
 }
 
-/// Parses a size: `512m`, `2g`, `64k`, `4096`.
+/// Parses a size: `512m`, `2g`, `64k`, `4096` ([`crate::parse_positive_size`]).
 fn parse_size(s: &str) -> Result<u64, String> {
-    let lower = s.trim().to_ascii_lowercase();
-    if let Some(g) = lower.trim_end_matches("ib").trim_end_matches('b').strip_suffix('g') {
-        let n: u64 = g.parse().map_err(|e| format!("{s:?}: {e}"))?;
-        return if n == 0 { Err(format!("{s:?}: sizes must be positive")) } else { Ok(n << 30) };
-    }
-    parse_bytes(s).map(|n| n as u64)
+    crate::parse_positive_size(s)
 }
 
 /// Options of `target/release/stria-bench-tier`.
