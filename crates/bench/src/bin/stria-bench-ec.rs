@@ -9,6 +9,10 @@ struct Cli {
     args: stria_bench::ec::EcBenchArgs,
 }
 
-fn main() -> anyhow::Result<()> {
-    stria_bench::ec::run(&Cli::parse().args)
+fn main() {
+    // Errors as the `stria` command reports them: one line on stderr, exit status 1.
+    if let Err(e) = stria_bench::ec::run(&Cli::parse().args) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
 }
