@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fetch Intel ISA-L 2.31.x (the first release with GFNI erasure-code kernels) from Debian trixie
-# into .bench/isal/, for `stria bench ec` to dlopen as the peer to beat.
+# into .bench/isal/, for `cargo run --release -p stria-bench --bin stria-bench-ec --` to dlopen as
+# the peer to beat.
 #
 # The system's apt configuration is not touched: a private sources.list, list and cache directory
 # live under .bench/isal/apt, and the package is unpacked with `dpkg -x` (never installed).

@@ -1,5 +1,6 @@
-//! `stria bench ec`: erasure-code throughput of stria-ec against Intel ISA-L, and against the
-//! memory limits (k-way XOR and memcpy), on the same buffers in the same run.
+//! `cargo run --release -p stria-bench --bin stria-bench-ec --`: erasure-code throughput of
+//! stria-ec against Intel ISA-L, and against the memory limits (k-way XOR and memcpy), on the
+//! same buffers in the same run.
 //!
 //! Throughput is GB/s of data: `K x shard bytes` per encode or reconstruct call, and the changed
 //! bytes (`shard bytes`) per update call, over 10^9. Each figure is the median of `--samples`
@@ -65,19 +66,10 @@ fn parse_shape(s: &str) -> Result<Shape, String> {
     Ok(Shape { k, m })
 }
 
-/// Parses `4096`, `4k`, `64KiB`, `1m`, `1MiB`.
+/// Parses `4096`, `4k`, `64KiB`, `1m`, `1MiB`: [`crate::parse_positive_size`] as a `usize`.
 pub(crate) fn parse_bytes(s: &str) -> Result<usize, String> {
-    let lower = s.trim().to_ascii_lowercase();
-    let (digits, scale) = match lower.trim_end_matches("ib").trim_end_matches('b') {
-        x if x.ends_with('k') => (&x[..x.len() - 1], 1 << 10),
-        x if x.ends_with('m') => (&x[..x.len() - 1], 1 << 20),
-        x => (x, 1),
-    };
-    let n: usize = digits.parse().map_err(|e| format!("{s:?}: {e}"))?;
-    if n == 0 {
-        return Err(format!("{s:?}: sizes must be positive"));
-    }
-    Ok(n * scale)
+    let n = crate::parse_positive_size(s)?;
+    usize::try_from(n).map_err(|_| format!("{s:?}: too large for this machine"))
 }
 
 /// Most shards per stripe the benchmark handles (keeps its pointer arrays on the stack).
@@ -85,7 +77,7 @@ const MAX_SHARDS: usize = 64;
 /// Most parity shards per stripe the benchmark handles.
 const MAX_PARITY: usize = 8;
 
-/// Options of `stria bench ec`.
+/// Options of `target/release/stria-bench-ec`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct EcBenchArgs {
     /// Operations to measure.

@@ -1,5 +1,6 @@
-//! `stria bench engine`: the engine's software overhead, measured in-process over memory drives
-//! (the way seed 004 measured RAID and volume managers on RAM disks).
+//! `cargo run --release -p stria-bench --bin stria-bench-engine --`: the engine's software
+//! overhead, measured in-process over memory drives (the way seed 004 measured RAID and volume
+//! managers on RAM disks).
 //!
 //! Every layout is compared with raw drives of the same count: the same request pattern issued
 //! straight to the drives through the `BlockDevice` trait, with the same buffer type and the same
@@ -86,7 +87,7 @@ fn parse_layout(s: &str) -> Result<Layout, String> {
     Ok(layout)
 }
 
-/// Options of `stria bench engine`.
+/// Options of `target/release/stria-bench-engine`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct EngineBenchArgs {
     /// Layouts (raid0:W, raid1:N, raid10:WxN, ec:K+M), each on as many drives as it has
@@ -240,7 +241,7 @@ fn median(v: &[f64]) -> f64 {
 /// Runs the benchmark and prints the tables (or JSON) to stdout.
 ///
 /// The measurement runs on a thread of its own with its own tokio runtime (so it can be called
-/// from inside another runtime, as `stria bench engine` is).
+/// from inside another runtime).
 ///
 /// # Errors
 /// Bad options, or a cell that failed (an I/O error, or a read that returned the wrong block).

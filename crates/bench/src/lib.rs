@@ -1,6 +1,6 @@
 //! stria's benchmark programs. Each is a module with a `clap::Args` struct and a `run` function,
-//! so the `stria` binary can mount it as a subcommand (`stria bench ec`) and a small binary in
-//! `src/bin/` can run it on its own.
+//! run by a small binary in `src/bin/` (`cargo run --release -p stria-bench --bin
+//! stria-bench-ec --`, and `-engine`, `-tier`). The `stria` binary does not link this crate.
 //!
 //! Benchmarks measure and print ratios against a peer measured in the same run; they assert
 //! nothing.
@@ -11,3 +11,13 @@ mod host;
 pub mod isal;
 mod regions;
 pub mod tier;
+
+/// The size options of the benchmarks: the engine's size syntax
+/// ([`stria_engine::units::parse_size`]: a number with an optional binary suffix `K`, `M`, `G`,
+/// `T`, `P`, with or without `iB`/`B`, any case), and a benchmark size must not be zero.
+pub(crate) fn parse_positive_size(s: &str) -> Result<u64, String> {
+    match stria_engine::units::parse_size(s)? {
+        0 => Err(format!("{s:?}: sizes must be positive")),
+        n => Ok(n),
+    }
+}

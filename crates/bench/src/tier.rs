@@ -1,6 +1,7 @@
-//! `stria bench tier`: seed 000's proof-of-concept tests, reproduced in-process on a
-//! `tiered:ec:4+2` volume over 2 fast + 6 capacity drives (memory-backed files on tmpfs by
-//! default), with destage running all the time as the seed's was.
+//! `cargo run --release -p stria-bench --bin stria-bench-tier --`: seed 000's proof-of-concept
+//! tests, reproduced in-process on a `tiered:ec:4+2` volume over 2 fast + 6 capacity drives
+//! (memory-backed files on tmpfs by default), with destage running all the time as the seed's
+//! was.
 //!
 //! Phases, each `--seconds` long, repeated `--reps` times (medians are reported):
 //! 1. one sequential 512 KiB write stream;
@@ -60,17 +61,12 @@ pub enum Drives {
     Memory,
 }
 
-/// Parses a size: `512m`, `2g`, `64k`, `4096`.
+/// Parses a size: `512m`, `2g`, `64k`, `4096` ([`crate::parse_positive_size`]).
 fn parse_size(s: &str) -> Result<u64, String> {
-    let lower = s.trim().to_ascii_lowercase();
-    if let Some(g) = lower.trim_end_matches("ib").trim_end_matches('b').strip_suffix('g') {
-        let n: u64 = g.parse().map_err(|e| format!("{s:?}: {e}"))?;
-        return if n == 0 { Err(format!("{s:?}: sizes must be positive")) } else { Ok(n << 30) };
-    }
-    parse_bytes(s).map(|n| n as u64)
+    crate::parse_positive_size(s)
 }
 
-/// Options of `stria bench tier`.
+/// Options of `target/release/stria-bench-tier`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct TierBenchArgs {
     /// Length of each measured phase, seconds.
@@ -101,9 +97,10 @@ pub struct TierBenchArgs {
     #[arg(long, default_value = "/dev/shm")]
     pub dir: PathBuf,
     /// Let the tasks of a worker thread take turns after each request (`tokio::task::yield_now`),
-    /// as `stria bench engine` does. Always on with `--drives memory` (memory drives complete
-    /// requests without suspending, so a task would keep its worker thread until the phase
-    /// ends); off by default with files, whose requests suspend once per drive operation anyway.
+    /// as `target/release/stria-bench-engine` does. Always on with `--drives memory` (memory
+    /// drives complete requests without suspending, so a task would keep its worker thread until
+    /// the phase ends); off by default with files, whose requests suspend once per drive
+    /// operation anyway.
     #[arg(long)]
     pub interleave: bool,
     /// Tokio runtime worker threads.

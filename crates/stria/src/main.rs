@@ -72,9 +72,6 @@ enum Command {
     /// Create the default demo pool if there is none (2 fast + 6 capacity file drives and an
     /// ec:4+2 volume), then serve it.
     Up(UpArgs),
-    /// Benchmarks (they print ratios against references measured in the same run).
-    #[command(subcommand)]
-    Bench(BenchCmd),
 }
 
 #[derive(Debug, Subcommand)]
@@ -233,16 +230,6 @@ struct UpArgs {
     volume_size: u64,
 }
 
-#[derive(Debug, Subcommand)]
-enum BenchCmd {
-    /// Erasure-code throughput against ISA-L, memcpy and XOR.
-    Ec(stria_bench::ec::EcBenchArgs),
-    /// Engine IOPS, bandwidth and latency over memory drives, against the raw drives.
-    Engine(stria_bench::engine::EngineBenchArgs),
-    /// Seed 000's proof-of-concept tests on a tiered:ec:4+2 volume over memory-backed drives.
-    Tier(stria_bench::tier::TierBenchArgs),
-}
-
 fn main() {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level).unwrap_or_else(|_| {
@@ -293,9 +280,6 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Status { json } => status(&dir, json).await,
         Command::Serve(args) => serve(dir, args).await,
         Command::Up(args) => up(dir, args).await,
-        Command::Bench(BenchCmd::Ec(args)) => stria_bench::ec::run(&args),
-        Command::Bench(BenchCmd::Engine(args)) => stria_bench::engine::run(&args),
-        Command::Bench(BenchCmd::Tier(args)) => stria_bench::tier::run(&args),
     }
 }
 

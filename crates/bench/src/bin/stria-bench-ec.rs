@@ -3,12 +3,16 @@
 use clap::Parser;
 
 #[derive(Debug, Parser)]
-#[command(about = "Erasure-code throughput of stria-ec against Intel ISA-L, XOR and memcpy")]
+#[command(version, about = "Erasure-code throughput of stria-ec against Intel ISA-L, XOR and memcpy")]
 struct Cli {
     #[command(flatten)]
     args: stria_bench::ec::EcBenchArgs,
 }
 
-fn main() -> anyhow::Result<()> {
-    stria_bench::ec::run(&Cli::parse().args)
+fn main() {
+    // Errors as the `stria` command reports them: one line on stderr, exit status 1.
+    if let Err(e) = stria_bench::ec::run(&Cli::parse().args) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
 }

@@ -1,4 +1,4 @@
-//! Tables, goal lines and JSON of `stria bench engine`.
+//! Tables, goal lines and JSON of `target/release/stria-bench-engine`.
 
 use std::fmt::Write as _;
 
@@ -61,7 +61,7 @@ pub(super) fn print(
     load_after: &str,
 ) {
     let mode = if args.threads == 1 { "current-thread" } else { "multi-thread" };
-    println!("stria bench engine on {} ({} CPUs online)", cpu_model(), num_cpus());
+    println!("stria-bench-engine on {} ({} CPUs online)", cpu_model(), num_cpus());
     println!(
         "memory drives (MemDevice); working set {} MiB per cell; chunk {}; QD {} ({} tasks{}) on {} runtime thread(s) \
          (tokio {mode}); median of {} runs of {} ms after 1 warm-up; IOPS by the {:?} clock; latency = submit to \

@@ -1,4 +1,4 @@
-//! Tables, goal lines and JSON of `stria bench tier`.
+//! Tables, goal lines and JSON of `target/release/stria-bench-tier`.
 
 use std::fmt::Write as _;
 
@@ -20,7 +20,7 @@ fn verdict(ok: bool) -> &'static str {
 }
 
 pub(super) fn print(o: &Outcome, args: &TierBenchArgs, load_before: &str, load_after: &str) {
-    println!("stria bench tier: seed 000's proof-of-concept tests on a tiered volume, destage always on");
+    println!("stria-bench-tier: seed 000's proof-of-concept tests on a tiered volume, destage always on");
     println!("volume: {}", o.shape);
     println!("drives: {}", o.drive_engine);
     println!(

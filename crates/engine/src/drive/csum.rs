@@ -16,8 +16,9 @@ pub(crate) const UNWRITTEN: u32 = 0;
 /// "unwritten".
 ///
 /// Computed with `crc-fast` (VPCLMULQDQ folding on CPUs with AVX-512, ~110 ns per 4 KiB block on
-/// Zen 4 against ~230 ns for the SSE4.2 `crc32c` crate; `stria bench engine` prints both). Every
-/// block read from a drive goes through here, so its speed is a large part of the read path.
+/// Zen 4 against ~230 ns for the SSE4.2 `crc32c` crate; `target/release/stria-bench-engine`
+/// prints both). Every block read from a drive goes through here, so its speed is a large part
+/// of the read path.
 pub(crate) fn block_crc(block: &[u8]) -> u32 {
     debug_assert_eq!(block.len(), BLOCK);
     match crc_fast::crc32_iscsi(block) {
