@@ -1,8 +1,11 @@
 //! The metadata volume's format (docs/tiering.md "Metadata (format)"): a header page and one
 //! record page per blockset.
 
-/// Bytes of a metadata page (header or record).
+/// Bytes of a metadata page (header or record); part of the on-disk format.
 pub const PAGE_BYTES: usize = 4096;
+// Each page is written and read as one block of the metadata volume: another block size would
+// need a format change.
+const _: () = assert!(PAGE_BYTES == stria_dev::BLOCK_USIZE, "a metadata page is one block");
 /// Entries a record can hold: blockset bytes / 4096 may not exceed this.
 pub const MAX_BLOCKS_PER_BLOCKSET: usize = (PAGE_BYTES - 32 - 4) / 12;
 

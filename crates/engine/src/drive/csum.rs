@@ -3,11 +3,12 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
+use stria_dev::BLOCK_USIZE as BLOCK;
+
 use crate::format::layout::CSUM_ENTRIES_PER_PAGE;
 use crate::format::page_crc;
 
 const MAGIC: u32 = 0x5354_4353;
-const BLOCK: usize = 4096;
 
 /// Entry value of a block that was never written (or was zeroed or trimmed): it reads as zeros.
 pub(crate) const UNWRITTEN: u32 = 0;

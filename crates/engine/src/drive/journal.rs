@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use stria_dev::{BlockDevice, DevError, IoBuf, IoBytes};
+use stria_dev::{BLOCK_BYTES as BLOCK, BlockDevice, DevError, IoBuf, IoBytes};
 use tokio::sync::oneshot;
 
 use super::csum::block_crc;
@@ -18,7 +18,6 @@ use super::errors::{ErrorKind, PendingErrors};
 use crate::format::{crc_of, seal_crc};
 use crate::pool::now_unix_secs;
 
-const BLOCK: u64 = 4096;
 const HEADER_MAGIC: &[u8; 8] = b"STRIA-JH";
 const RECORD_MAGIC: &[u8; 8] = b"STRIA-JR";
 /// Header copies at the start of the journal area; the ring follows.

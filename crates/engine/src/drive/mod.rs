@@ -11,7 +11,9 @@ pub(crate) mod journal;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use stria_dev::{BlockDevice, DevCountersSnapshot, DevError, IoBuf, IoBytes};
+use stria_dev::{
+    BLOCK_BYTES as BLOCK, BLOCK_USIZE, BlockDevice, DevCountersSnapshot, DevError, IoBuf, IoBytes,
+};
 use uuid::Uuid;
 
 use crate::format::FormatError;
@@ -23,9 +25,6 @@ use csum::{ChecksumTable, UNWRITTEN, block_crc};
 use errors::{ErrorKind, PendingErrors};
 use intent::IntentMap;
 use journal::{AppendError, Journal, JournalPiece, RecoveredPiece};
-
-const BLOCK: u64 = 4096;
-const BLOCK_USIZE: usize = 4096;
 
 /// Why a verified read did not return data.
 #[derive(Debug)]
