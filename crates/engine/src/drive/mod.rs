@@ -409,6 +409,10 @@ impl<D: BlockDevice> Drive<D> {
     ) -> Result<(), DevError> {
         let blocks = data.len() as u64 / BLOCK;
         assert!((data.len() as u64).is_multiple_of(BLOCK) && blocks > 0, "unaligned data-area write");
+        if let Some(values) = crcs {
+            // Otherwise blocks would keep stale checksums, or neighbours would get these.
+            assert_eq!(values.len() as u64, blocks, "a data-area write carries one checksum per block");
+        }
         self.check_data_range(block, blocks);
         self.count_write(self.intent.begin(self.dev(), block, blocks).await)?;
         let written = self.dev().write(self.data_offset(block), data.clone(), fua).await;
