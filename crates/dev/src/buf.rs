@@ -15,6 +15,9 @@ use std::sync::Arc;
 
 /// Alignment of every allocation: enough for `O_DIRECT` on 4 KiB-sector drives.
 pub const BUF_ALIGN_BYTES: usize = 4096;
+// A memory alignment, not a block size, tied to it so that changing either is looked at: the
+// smallest recycled class (`BUF_ALIGN_BYTES << 0`) is meant to hold exactly one block.
+const _: () = assert!(BUF_ALIGN_BYTES == crate::BLOCK_USIZE, "BUF_ALIGN_BYTES is one block");
 
 /// Allocation sizes recycled: `BUF_ALIGN_BYTES << class` for `class < RECYCLE_CLASSES`
 /// (4 KiB to 1 MiB). Requests up to 1 MiB are rounded up to their class.

@@ -6,11 +6,10 @@ use stria_dev::exec::block_on;
 use stria_dev::fault::PowerCutPoint;
 use stria_dev::mem::MemDevice;
 use stria_dev::{
-    BLOCK_BYTES, BlockDevice, DevError, FaultConfig, FaultDevice, FaultEvent, FaultKind, IoBuf, IoBytes,
-    PowerSwitch,
+    BLOCK_BYTES, BLOCK_USIZE as BLOCK, BlockDevice, DevError, FaultConfig, FaultDevice, FaultEvent,
+    FaultKind, IoBuf, IoBytes, PowerSwitch,
 };
 
-const BLOCK: usize = 4096;
 const DRIVE_BYTES: u64 = 64 * BLOCK_BYTES;
 
 fn filled(fill: u8, blocks: usize) -> IoBytes {

@@ -4,14 +4,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use stria_dev::{BlockDevice, IoBuf};
+use stria_dev::{BLOCK_BYTES as BLOCK, BLOCK_USIZE, BlockDevice, IoBuf};
 use stria_engine::VolumeError;
 
 use crate::record::{CLEAN, Entry, ZERO_CRC, ZEROED, block_crc};
 use crate::volume::TieredVolume;
-
-const BLOCK: u64 = 4096;
-const BLOCK_USIZE: usize = 4096;
 
 /// Runs until the volume is closed or dropped.
 pub(crate) async fn destage_loop<D: BlockDevice>(vol: Weak<TieredVolume<D>>) {

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use stria_dev::{BlockDevice, IoBytes};
+use stria_dev::{BLOCK_BYTES as BLOCK, BlockDevice, IoBytes};
 use stria_engine::units::format_size;
 use stria_engine::{DriveClass, EngineError, Layout, Pool, TieredRecord, Volume, VolumeRole, VolumeSpec};
 
@@ -25,7 +25,6 @@ pub use volume::{PartStatus, TierCounters, TierParams, TierStatus, TieredVolume}
 
 use record::{Header, MAX_BLOCKS_PER_BLOCKSET, PAGE_BYTES, Record};
 
-const BLOCK: u64 = 4096;
 /// Default chunk of the capacity tier: each drive write of a destaged stripe is this large.
 pub const DEFAULT_TIER_CHUNK_BYTES: u64 = 128 << 10;
 

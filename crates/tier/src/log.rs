@@ -71,7 +71,14 @@ impl CacheLog {
                 s.tail = min;
                 s.head = max + 1;
                 for &(pos, bs, idx) in live {
-                    s.slots[(pos % ring) as usize] = Slot::Live(bs, idx);
+                    let slot = &mut s.slots[(pos % ring) as usize];
+                    // Two blocks on one position: one of them would read the other's data.
+                    assert_eq!(
+                        *slot,
+                        Slot::Free,
+                        "cache log: position {pos} claimed by blockset {bs} block {idx} and by another block"
+                    );
+                    *slot = Slot::Live(bs, idx);
                 }
             }
         }
@@ -150,6 +157,14 @@ impl CacheLog {
     /// Marks a reserved position live for (blockset, index).
     pub(crate) fn claim(&self, pos: u64, blockset: u32, index: u16) {
         let mut s = self.state.lock();
+        // A position outside [tail, head) is not this turn of the ring: its slot may be reserved
+        // for another position, and would be handed to this block.
+        assert!(
+            pos >= s.tail && pos < s.head,
+            "cache log: claiming {pos} outside [{}, {}) for blockset {blockset} block {index}",
+            s.tail,
+            s.head
+        );
         let slot = &mut s.slots[(pos % self.ring) as usize];
         assert_eq!(*slot, Slot::Reserved, "cache log: claiming position {pos} that is not reserved");
         *slot = Slot::Live(blockset, index);
@@ -281,6 +296,23 @@ mod tests {
         assert_eq!(waiter.await.unwrap(), Err("volume closed".into()));
         log.release([0, 1]);
         assert_eq!(log.reserve(1).await, Err("volume closed".into()), "even with space");
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "claiming 0 outside [8, 10)")]
+    async fn claiming_a_position_of_an_earlier_turn_of_the_ring_is_a_bug() {
+        let log = CacheLog::new(8);
+        let first = log.reserve(8).await.unwrap();
+        log.release(first..first + 8);
+        // Position 8 uses the slot of position 0, and is reserved now.
+        assert_eq!(log.reserve(2).await.unwrap(), 8);
+        log.claim(0, 1, 0);
+    }
+
+    #[test]
+    #[should_panic(expected = "position 100 claimed by blockset 2 block 5 and by another block")]
+    fn a_position_two_records_claim_is_a_bug() {
+        CacheLog::with_live(16, &[(100, 1, 0), (100, 2, 5)]);
     }
 
     #[test]

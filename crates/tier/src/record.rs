@@ -1,8 +1,11 @@
 //! The metadata volume's format (docs/tiering.md "Metadata (format)"): a header page and one
 //! record page per blockset.
 
-/// Bytes of a metadata page (header or record).
+/// Bytes of a metadata page (header or record); part of the on-disk format.
 pub const PAGE_BYTES: usize = 4096;
+// Each page is written and read as one block of the metadata volume: another block size would
+// need a format change.
+const _: () = assert!(PAGE_BYTES == stria_dev::BLOCK_USIZE, "a metadata page is one block");
 /// Entries a record can hold: blockset bytes / 4096 may not exceed this.
 pub const MAX_BLOCKS_PER_BLOCKSET: usize = (PAGE_BYTES - 32 - 4) / 12;
 
@@ -65,9 +68,26 @@ impl Record {
     }
 
     /// Encodes into one page.
+    ///
+    /// Stops the process rather than write a record that breaks the rules reads and recovery
+    /// rely on: no more entries than a page holds, no cache position claimed by two blocks (one
+    /// of them would read the other's data), no cached block without its checksum.
     pub fn encode(&self, page: &mut [u8]) {
-        assert_eq!(page.len(), PAGE_BYTES);
-        assert!(self.entries.len() <= MAX_BLOCKS_PER_BLOCKSET);
+        assert_eq!(page.len(), PAGE_BYTES, "a record is one metadata page");
+        assert!(
+            self.entries.len() <= MAX_BLOCKS_PER_BLOCKSET,
+            "record of {} entries; a page holds {MAX_BLOCKS_PER_BLOCKSET}",
+            self.entries.len()
+        );
+        if let Some(pos) = claimed_twice(&self.entries) {
+            panic!("record (generation {}): cache position {pos} claimed by two blocks", self.generation);
+        }
+        if let Some(i) = self.entries.iter().position(|e| e.in_cache() && e.crc == ZERO_CRC) {
+            panic!(
+                "record (generation {}): cached block {i} at position {} has no checksum",
+                self.generation, self.entries[i].position
+            );
+        }
         page.fill(0);
         page[..8].copy_from_slice(RECORD_MAGIC);
         page[8..12].copy_from_slice(&self.owner.to_le_bytes());
@@ -101,7 +121,10 @@ impl Record {
         if n != blocks {
             return Err(format!("record has {n} entries, the volume's blocksets have {blocks}"));
         }
-        let entries = (0..n)
+        if n > MAX_BLOCKS_PER_BLOCKSET {
+            return Err(format!("record has {n} entries; a page holds {MAX_BLOCKS_PER_BLOCKSET}"));
+        }
+        let entries: Vec<Entry> = (0..n)
             .map(|i| {
                 let at = 32 + 12 * i;
                 Entry {
@@ -110,12 +133,22 @@ impl Record {
                 }
             })
             .collect();
+        if let Some(pos) = claimed_twice(&entries) {
+            return Err(format!("record claims cache position {pos} for two blocks"));
+        }
         Ok(Record {
             owner: u32::from_le_bytes(page[8..12].try_into().expect("4 bytes")),
             generation: u64::from_le_bytes(page[16..24].try_into().expect("8 bytes")),
             entries,
         })
     }
+}
+
+/// A cache position two entries of one record point to, if any.
+fn claimed_twice(entries: &[Entry]) -> Option<u64> {
+    let mut cached: Vec<u64> = entries.iter().filter(|e| e.in_cache()).map(|e| e.position).collect();
+    cached.sort_unstable();
+    cached.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
 }
 
 /// The metadata volume's header page.
@@ -182,6 +215,35 @@ mod tests {
         }
         assert!(Record::decode(&page, 64).is_err(), "shape is checked");
         assert_eq!(Record::decode(&[0u8; PAGE_BYTES], 128).unwrap(), Record::empty(128));
+    }
+
+    #[test]
+    #[should_panic(expected = "cache position 7 claimed by two blocks")]
+    fn a_record_pointing_two_blocks_at_one_position_is_never_written() {
+        let mut r = Record::empty(8);
+        r.entries[1] = Entry { position: 7, crc: 5 };
+        r.entries[4] = Entry { position: 7, crc: 6 };
+        r.encode(&mut vec![0u8; PAGE_BYTES]);
+    }
+
+    #[test]
+    fn a_record_pointing_two_blocks_at_one_position_is_refused() {
+        let mut r = Record::empty(8);
+        r.entries[1] = Entry { position: 7, crc: 5 };
+        let mut page = vec![0u8; PAGE_BYTES];
+        r.encode(&mut page);
+        // The same entry again at index 4, with the page checksum redone.
+        page.copy_within(32 + 12..32 + 24, 32 + 12 * 4);
+        let crc = crc32c::crc32c(&page[..PAGE_BYTES - 4]);
+        page[PAGE_BYTES - 4..].copy_from_slice(&crc.to_le_bytes());
+        let err = Record::decode(&page, 8).unwrap_err();
+        assert!(err.contains("position 7 for two blocks"), "{err}");
+        // CLEAN and ZEROED are states, not positions: any number of blocks may have them.
+        let mut r = Record::empty(8);
+        r.entries[2] = Entry { position: ZEROED, crc: ZERO_CRC };
+        r.entries[3] = Entry { position: ZEROED, crc: ZERO_CRC };
+        r.encode(&mut page);
+        assert_eq!(Record::decode(&page, 8).unwrap(), r);
     }
 
     #[test]

@@ -12,13 +12,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use stria_dev::{BlockDevice, IoBuf, IoBytes};
+pub(super) use stria_dev::BLOCK_BYTES as BLOCK;
+use stria_dev::{BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 use stria_tier::TieredVolume;
 
 use crate::engine::hist::Histogram;
 
-pub(super) const BLOCK: u64 = 4096;
-const BLOCK_USIZE: usize = 4096;
 /// Bytes 12..16 of every block the benchmark writes.
 const MAGIC: u32 = 0x5354_4254; // "TBTS"
 

@@ -23,7 +23,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::buf::{IoBuf, IoBytes};
 use crate::counters::DevCounters;
-use crate::device::{BLOCK_BYTES, BlockDevice, DevError, check_range};
+use crate::device::{BLOCK_BYTES, BLOCK_USIZE as BLOCK, BlockDevice, DevError, check_range};
 use crate::mem::MemDevice;
 use durable::Versions;
 pub use log::{FaultConfig, FaultCounts, FaultEvent, FaultKind};
@@ -33,10 +33,9 @@ pub use power::{PowerCutPoint, PowerSwitch};
 /// Events kept in the log; later ones are still counted but not kept.
 pub const FAULT_EVENTS_MAX: usize = 100_000;
 
-/// [`BLOCK_BYTES`] as a `usize`, and the bits in one block.
-const BLOCK: usize = 4096;
+/// The bits in one block.
 const BLOCK_BITS: u32 = 4096 * 8;
-const _: () = assert!(BLOCK as u64 == BLOCK_BYTES && BLOCK_BITS as u64 == BLOCK_BYTES * 8);
+const _: () = assert!(BLOCK_BITS as u64 == BLOCK_BYTES * 8, "BLOCK_BITS is the bits of one block");
 
 /// One-shot faults armed by the control API; each applies to the next matching request.
 #[derive(Debug, Default)]

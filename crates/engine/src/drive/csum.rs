@@ -3,11 +3,12 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
+use stria_dev::BLOCK_USIZE as BLOCK;
+
 use crate::format::layout::CSUM_ENTRIES_PER_PAGE;
 use crate::format::page_crc;
 
 const MAGIC: u32 = 0x5354_4353;
-const BLOCK: usize = 4096;
 
 /// Entry value of a block that was never written (or was zeroed or trimmed): it reads as zeros.
 pub(crate) const UNWRITTEN: u32 = 0;
@@ -20,7 +21,7 @@ pub(crate) const UNWRITTEN: u32 = 0;
 /// prints both). Every block read from a drive goes through here, so its speed is a large part
 /// of the read path.
 pub(crate) fn block_crc(block: &[u8]) -> u32 {
-    debug_assert_eq!(block.len(), BLOCK);
+    assert_eq!(block.len(), BLOCK, "a block checksum covers exactly one block");
     match crc_fast::crc32_iscsi(block) {
         0 => 1,
         crc => crc,
@@ -70,6 +71,12 @@ impl ChecksumTable {
 
     /// Sets the entries of the blocks starting at `first` from their contents.
     pub(crate) fn set_from_data(&self, first: u64, data: &[u8]) {
+        // A tail shorter than a block would keep the old checksum of the block it lands in.
+        assert!(
+            data.len().is_multiple_of(BLOCK),
+            "checksums are set for whole blocks; got {} bytes at block {first}",
+            data.len()
+        );
         self.set_many(first, data.chunks_exact(BLOCK).map(block_crc));
     }
 
@@ -80,7 +87,8 @@ impl ChecksumTable {
 
     /// Sets consecutive entries from `first`, marking each page dirty once (not once per entry)
     /// when any of its entries changed: a 64 KiB write touches one page, not 16 dirty bits.
-    fn set_many(&self, first: u64, values: impl Iterator<Item = u32>) {
+    fn set_many(&self, first: u64, values: impl ExactSizeIterator<Item = u32>) {
+        self.check_range("set", first, values.len() as u64);
         let mut dirty_page = None;
         for (i, value) in values.enumerate() {
             let block = first + i as u64;
@@ -99,6 +107,7 @@ impl ChecksumTable {
 
     /// Marks `count` blocks from `first` unwritten.
     pub(crate) fn clear(&self, first: u64, count: u64) {
+        self.check_range("clear", first, count);
         for b in first..first + count {
             self.set(b, UNWRITTEN);
         }
@@ -107,6 +116,25 @@ impl ChecksumTable {
     /// True when every block of the range is unwritten.
     pub(crate) fn all_unwritten(&self, first: u64, count: u64) -> bool {
         (first..first + count).all(|b| self.get(b) == UNWRITTEN)
+    }
+
+    /// Stops the process when `count` entries from `first` are not all in the table: the caller
+    /// computed the wrong blocks, and the checksums of other blocks would change (or none).
+    fn check_range(&self, what: &str, first: u64, count: u64) {
+        assert!(
+            first.checked_add(count).is_some_and(|end| end <= self.blocks()),
+            "checksum table: {what} of {count} entries from block {first} outside the table of {} blocks",
+            self.blocks()
+        );
+    }
+
+    /// Stops the process when `page` is not a page of the table.
+    fn check_page(&self, what: &str, page: u64) {
+        assert!(
+            page < self.pages(),
+            "checksum table: {what} page {page} of a table of {} pages",
+            self.pages()
+        );
     }
 
     fn mark_dirty(&self, page: u64) {
@@ -131,13 +159,15 @@ impl ChecksumTable {
     /// Puts pages back in the dirty set (after a failed write-back).
     pub(crate) fn redirty(&self, pages: &[u64]) {
         for &p in pages {
+            self.check_page("redirty", p);
             self.mark_dirty(p);
         }
     }
 
     /// Encodes page `page` as it is now.
     pub(crate) fn encode_page(&self, page: u64, out: &mut [u8]) {
-        assert_eq!(out.len(), BLOCK);
+        assert_eq!(out.len(), BLOCK, "a checksum page is one block");
+        self.check_page("encode", page);
         out.fill(0);
         out[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         out[4..8].copy_from_slice(&u32::try_from(page).expect("page index fits").to_le_bytes());
@@ -153,6 +183,8 @@ impl ChecksumTable {
     /// Loads page `page` from its on-disk bytes. An all-zero page is a valid empty page (a
     /// freshly created drive). Returns false if the page is damaged (entries left unwritten).
     pub(crate) fn load_page(&self, page: u64, bytes: &[u8]) -> bool {
+        assert_eq!(bytes.len(), BLOCK, "a checksum page is one block");
+        self.check_page("load", page);
         if bytes.iter().all(|&b| b == 0) {
             return true;
         }
@@ -215,6 +247,18 @@ mod tests {
             assert!(fresh.load_page(p, &page));
         }
         assert_eq!((fresh.get(3), fresh.get(2500), fresh.get(4)), (77, 99, 0));
+    }
+
+    #[test]
+    #[should_panic(expected = "clear of 3 entries from block 1999 outside the table of 2000 blocks")]
+    fn clearing_past_the_table_is_a_bug() {
+        ChecksumTable::new(2000).clear(1999, 3);
+    }
+
+    #[test]
+    #[should_panic(expected = "checksums are set for whole blocks")]
+    fn checksums_of_part_of_a_block_are_a_bug() {
+        ChecksumTable::new(2000).set_from_data(0, &[1u8; BLOCK + 512]);
     }
 
     #[test]

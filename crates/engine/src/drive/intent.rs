@@ -12,13 +12,12 @@
 
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering::SeqCst};
 
-use stria_dev::{BlockDevice, DevError, IoBytes};
+use stria_dev::{BLOCK_USIZE as BLOCK, BlockDevice, DevError, IoBytes};
 
 use crate::format::layout::{INTENT_BITS_PER_PAGE, INTENT_REGION_BLOCKS};
 use crate::format::page_crc;
 
 const MAGIC: u32 = 0x5354_4942;
-const BLOCK: usize = 4096;
 const BITS_BYTES: usize = 4080;
 
 const CLEAN: u8 = 0;

@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use stria_dev::{BlockDevice, DevError, IoBuf, IoBytes};
+use stria_dev::{BLOCK_BYTES as BLOCK, BlockDevice, DevError, IoBuf, IoBytes};
 use tokio::sync::oneshot;
 
 use super::csum::block_crc;
@@ -18,7 +18,6 @@ use super::errors::{ErrorKind, PendingErrors};
 use crate::format::{crc_of, seal_crc};
 use crate::pool::now_unix_secs;
 
-const BLOCK: u64 = 4096;
 const HEADER_MAGIC: &[u8; 8] = b"STRIA-JH";
 const RECORD_MAGIC: &[u8; 8] = b"STRIA-JR";
 /// Header copies at the start of the journal area; the ring follows.
@@ -278,7 +277,11 @@ impl Journal {
             "journal piece of {} bytes",
             piece.data.len()
         );
-        assert!(piece.piece_slots.len() <= MAX_PIECES);
+        assert!(
+            piece.piece_slots.len() <= MAX_PIECES,
+            "journal piece of a transaction over {} drives (at most {MAX_PIECES})",
+            piece.piece_slots.len()
+        );
         if blocks + 2 > self.ring_blocks / 2 {
             // A record this large could never be placed reliably in this ring.
             return Err(AppendError::Full);
@@ -342,6 +345,7 @@ impl Journal {
                     let seq = ring.next_seq;
                     ring.next_seq += 1;
                     let head = ring.head;
+                    self.check_follows(&ring, seq, head);
                     push_write(&mut writes, head, encode_pad(seq, ring.epoch));
                     ring.live.push_back((seq, head, pad, 0));
                     ring.used += pad;
@@ -350,12 +354,21 @@ impl Journal {
                 let seq = ring.next_seq;
                 ring.next_seq += 1;
                 let pos = ring.head;
+                self.check_follows(&ring, seq, pos);
                 let mut bytes = encode_record_header(seq, ring.epoch, &p.piece);
                 bytes.extend_from_slice(&p.piece.data);
                 push_write(&mut writes, pos, bytes);
                 ring.live.push_back((seq, pos, blocks, p.piece.txn_id));
                 ring.used += blocks;
                 ring.head = (pos + blocks) % self.ring_blocks;
+                // Live records never take more than the ring: one block more would be written
+                // over a record not yet checkpointed.
+                assert!(
+                    ring.used <= self.ring_blocks,
+                    "journal ring over-full: {} blocks of live records in a ring of {}",
+                    ring.used,
+                    self.ring_blocks
+                );
                 placed.0.push((p, seq));
             }
         }
@@ -432,9 +445,20 @@ impl Journal {
         }
         let mut ring = self.ring.lock();
         while ring.live.front().is_some_and(|l| l.0 <= seq) {
-            let (_, _, blocks, _) = ring.live.pop_front().expect("front exists");
-            ring.used -= blocks;
+            let (released, _, blocks, _) = ring.live.pop_front().expect("front exists");
+            ring.used = ring.used.checked_sub(blocks).unwrap_or_else(|| {
+                panic!(
+                    "journal ring accounting: record {released} frees {blocks} blocks, {} in use",
+                    ring.used
+                )
+            });
         }
+        assert!(
+            ring.live.is_empty() == (ring.used == 0),
+            "journal ring accounting: {} live records in {} blocks after checkpoint {seq}",
+            ring.live.len(),
+            ring.used
+        );
         ring.checkpoint_seq = seq;
         ring.txn_watermark = txn_watermark;
         Ok(())
@@ -463,6 +487,22 @@ impl Journal {
         }
         tracing::debug!(epoch, "journal session started");
         Ok(())
+    }
+
+    /// Stops the process unless a record (or pad) numbered `seq` at ring position `pos` comes
+    /// right after the last live record, in number and in place (or right after the checkpoint
+    /// when none is live). Recovery scans from the checkpoint's position for consecutive numbers,
+    /// so a record out of sequence or out of place would never be found again after a crash,
+    /// though its transaction was acknowledged.
+    fn check_follows(&self, ring: &RingState, seq: u64, pos: u64) {
+        let (prev_seq, prev_end) = match ring.live.back() {
+            Some(&(s, p, blocks, _)) => (s, Some((p + blocks) % self.ring_blocks)),
+            None => (ring.checkpoint_seq, None),
+        };
+        assert!(
+            seq == prev_seq + 1 && prev_end.is_none_or(|end| end == pos),
+            "journal record {seq} at ring block {pos} does not follow record {prev_seq} (ending at {prev_end:?})"
+        );
     }
 
     /// Blocks of the ring in use by records not yet checkpointed.

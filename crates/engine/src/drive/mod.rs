@@ -11,7 +11,9 @@ pub(crate) mod journal;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use stria_dev::{BlockDevice, DevCountersSnapshot, DevError, IoBuf, IoBytes};
+use stria_dev::{
+    BLOCK_BYTES as BLOCK, BLOCK_USIZE, BlockDevice, DevCountersSnapshot, DevError, IoBuf, IoBytes,
+};
 use uuid::Uuid;
 
 use crate::format::FormatError;
@@ -23,9 +25,6 @@ use csum::{ChecksumTable, UNWRITTEN, block_crc};
 use errors::{ErrorKind, PendingErrors};
 use intent::IntentMap;
 use journal::{AppendError, Journal, JournalPiece, RecoveredPiece};
-
-const BLOCK: u64 = 4096;
-const BLOCK_USIZE: usize = 4096;
 
 /// Why a verified read did not return data.
 #[derive(Debug)]
@@ -410,6 +409,10 @@ impl<D: BlockDevice> Drive<D> {
     ) -> Result<(), DevError> {
         let blocks = data.len() as u64 / BLOCK;
         assert!((data.len() as u64).is_multiple_of(BLOCK) && blocks > 0, "unaligned data-area write");
+        if let Some(values) = crcs {
+            // Otherwise blocks would keep stale checksums, or neighbours would get these.
+            assert_eq!(values.len() as u64, blocks, "a data-area write carries one checksum per block");
+        }
         self.check_data_range(block, blocks);
         self.count_write(self.intent.begin(self.dev(), block, blocks).await)?;
         let written = self.dev().write(self.data_offset(block), data.clone(), fua).await;

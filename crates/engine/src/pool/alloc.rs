@@ -6,11 +6,11 @@
 
 use std::collections::BTreeMap;
 
+use stria_dev::BLOCK_BYTES as BLOCK;
+
 use crate::error::EngineError;
 use crate::format::meta::{DriveClass, DriveState, Layout, MemberRecord, PoolMeta};
 use crate::units::format_size;
-
-const BLOCK: u64 = 4096;
 
 /// Used extents of drive `slot`, sorted: (start_block, len_blocks).
 pub(crate) fn used_extents(meta: &PoolMeta, slot: u32) -> Vec<(u64, u64)> {

@@ -113,7 +113,15 @@ impl<D: BlockDevice> PoolCore<D> {
     pub(crate) fn next_txn_id(&self) -> u64 {
         let mut unapplied = self.unapplied_txns.lock();
         let id = self.txn_next.fetch_add(1, Ordering::Relaxed);
-        unapplied.insert(id);
+        // An id at or below a watermark already used would count as applied: a checkpoint could
+        // release its journal records, and recovery would not replay it.
+        let watermark = self.watermark_high.load(Ordering::SeqCst);
+        assert!(
+            id > watermark,
+            "stripe transaction id {id} at or below the transaction watermark {watermark}"
+        );
+        let fresh = unapplied.insert(id);
+        assert!(fresh, "stripe transaction id {id} handed out twice");
         id
     }
 

@@ -17,7 +17,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use parking_lot::RwLock;
-use stria_dev::BlockDevice;
+use stria_dev::{BLOCK_BYTES as BLOCK, BlockDevice};
 use stria_ec::ReedSolomon;
 use uuid::Uuid;
 
@@ -40,7 +40,6 @@ pub use recovery::RecoveryReport;
 pub use scrub::ScrubReport;
 pub use status::{DriveStatus, IgnoredDrive, PoolStatus, VolumeStatus};
 
-const BLOCK: u64 = 4096;
 /// Default chunk (stripe height): 64 KiB.
 pub const DEFAULT_CHUNK_BYTES: u64 = 64 << 10;
 /// Largest chunk: a partial-stripe journal record must fit one record.

@@ -2,15 +2,13 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use stria_dev::BlockDevice;
 use stria_dev::counters::WRITE_SIZE_BUCKETS;
+use stria_dev::{BLOCK_BYTES as BLOCK, BlockDevice};
 
 use super::{Pool, RebuildProgress, RecoveryReport, alloc};
 use crate::drive::Drive;
 use crate::format::meta::{DriveState, ErrorCount, PoolMeta, VolumeRole};
 use crate::volume::{Volume, VolumeState};
-
-const BLOCK: u64 = 4096;
 
 /// One drive.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
