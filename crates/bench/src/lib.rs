@@ -21,3 +21,19 @@ pub(crate) fn parse_positive_size(s: &str) -> Result<u64, String> {
         n => Ok(n),
     }
 }
+
+/// The `main` of each benchmark binary: parses `A` from the command line (under `name`, with
+/// `about` as its help) and runs `run` on it. An error is reported as the `stria` command reports
+/// one: a line on stderr and exit status 1.
+pub fn main_with<A: clap::Args + clap::FromArgMatches>(
+    name: &'static str,
+    about: &'static str,
+    run: fn(&A) -> anyhow::Result<()>,
+) {
+    let command = A::augment_args(clap::Command::new(name).version(env!("CARGO_PKG_VERSION")).about(about));
+    let args = A::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit());
+    if let Err(e) = run(&args) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

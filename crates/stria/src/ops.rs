@@ -2,7 +2,7 @@
 //! the daemon (sent over the control socket). Requests and results are JSON.
 
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
@@ -88,6 +88,9 @@ pub(crate) struct Progress {
     pub(crate) done: u64,
     pub(crate) total: u64,
 }
+
+/// Where a long operation reports its progress.
+type ProgressFn<'a> = &'a mut (dyn FnMut(Progress) + Send);
 
 /// Where the request runs.
 pub(crate) struct Ctx<'a> {
@@ -259,12 +262,7 @@ fn image_too_large(
     )
 }
 
-async fn import(
-    catalog: &Catalog<Dev>,
-    name: &str,
-    path: &PathBuf,
-    progress: &mut (dyn FnMut(Progress) + Send),
-) -> Result<Value> {
+async fn import(catalog: &Catalog<Dev>, name: &str, path: &Path, progress: ProgressFn<'_>) -> Result<Value> {
     let vol = catalog.lookup(name).ok_or_else(|| anyhow!("no volume named `{name}`"))?;
     let mut file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let len = file.metadata()?.len();
@@ -290,12 +288,7 @@ async fn import(
     Ok(json!({ "volume": name, "bytes": len, "zero_bytes": zeroed, "volume_bytes": vol.size_bytes() }))
 }
 
-async fn export(
-    catalog: &Catalog<Dev>,
-    name: &str,
-    path: &PathBuf,
-    progress: &mut (dyn FnMut(Progress) + Send),
-) -> Result<Value> {
+async fn export(catalog: &Catalog<Dev>, name: &str, path: &Path, progress: ProgressFn<'_>) -> Result<Value> {
     let vol = catalog.lookup(name).ok_or_else(|| anyhow!("no volume named `{name}`"))?;
     let tmp = path.with_extension("stria-partial");
     let mut file = std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
