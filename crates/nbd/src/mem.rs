@@ -101,6 +101,19 @@ impl MemExport {
         self.pages.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// The pages, locked for a change of `len` bytes at `offset_bytes`, once the export takes
+    /// writes, the range is inside it and no injected fault covers it.
+    fn lock_for_change(
+        &self,
+        offset_bytes: u64,
+        len: u64,
+    ) -> Result<std::sync::MutexGuard<'_, PageTable<Page>>, ExportError> {
+        self.check_writable()?;
+        self.check_range(offset_bytes, len)?;
+        self.check_fault(offset_bytes, len)?;
+        Ok(self.lock())
+    }
+
     fn check_fault(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), ExportError> {
         if let Some(bad) = &self.io_error_range {
             let end = offset_bytes.saturating_add(len_bytes);
@@ -165,10 +178,7 @@ impl MemExport {
 
     fn write_now(&self, offset_bytes: u64, data: &[u8]) -> Result<(), ExportError> {
         let len = u64::try_from(data.len()).expect("usize fits u64");
-        self.check_writable()?;
-        self.check_range(offset_bytes, len)?;
-        self.check_fault(offset_bytes, len)?;
-        let mut pages = self.lock();
+        let mut pages = self.lock_for_change(offset_bytes, len)?;
         let mut consumed = 0;
         for (page, in_page, take) in Self::pieces(offset_bytes, len) {
             let src = &data[consumed..consumed + take];
@@ -194,10 +204,7 @@ impl MemExport {
     }
 
     fn zero_now(&self, offset_bytes: u64, len_bytes: u32, may_trim: bool) -> Result<(), ExportError> {
-        self.check_writable()?;
-        self.check_range(offset_bytes, u64::from(len_bytes))?;
-        self.check_fault(offset_bytes, u64::from(len_bytes))?;
-        let mut pages = self.lock();
+        let mut pages = self.lock_for_change(offset_bytes, u64::from(len_bytes))?;
         for (page, in_page, take) in Self::pieces(offset_bytes, u64::from(len_bytes)) {
             if take == Self::page_len() {
                 if may_trim {
@@ -221,10 +228,7 @@ impl MemExport {
     }
 
     fn trim_now(&self, offset_bytes: u64, len_bytes: u32) -> Result<(), ExportError> {
-        self.check_writable()?;
-        self.check_range(offset_bytes, u64::from(len_bytes))?;
-        self.check_fault(offset_bytes, u64::from(len_bytes))?;
-        let mut pages = self.lock();
+        let mut pages = self.lock_for_change(offset_bytes, u64::from(len_bytes))?;
         // Only whole pages are discarded; the spec lets a trim round inwards.
         for (page, _, take) in Self::pieces(offset_bytes, u64::from(len_bytes)) {
             if take == Self::page_len() {

@@ -32,6 +32,16 @@ struct State {
     shut: Option<String>,
 }
 
+impl State {
+    /// The slot of `pos`, which must lie in this turn of the ring, `[tail, head)`: outside it the
+    /// slot may belong to another position, and a claim or release would hit that one.
+    /// `message(tail, head)` says what the caller was doing, for the panic.
+    fn slot_in_turn(&mut self, pos: u64, ring: u64, message: impl FnOnce(u64, u64) -> String) -> &mut Slot {
+        assert!(pos >= self.tail && pos < self.head, "cache log: {}", message(self.tail, self.head));
+        &mut self.slots[(pos % ring) as usize]
+    }
+}
+
 /// The cache log of one tiered volume.
 #[derive(Debug)]
 pub(crate) struct CacheLog {
@@ -157,15 +167,9 @@ impl CacheLog {
     /// Marks a reserved position live for (blockset, index).
     pub(crate) fn claim(&self, pos: u64, blockset: u32, index: u16) {
         let mut s = self.state.lock();
-        // A position outside [tail, head) is not this turn of the ring: its slot may be reserved
-        // for another position, and would be handed to this block.
-        assert!(
-            pos >= s.tail && pos < s.head,
-            "cache log: claiming {pos} outside [{}, {}) for blockset {blockset} block {index}",
-            s.tail,
-            s.head
-        );
-        let slot = &mut s.slots[(pos % self.ring) as usize];
+        let slot = s.slot_in_turn(pos, self.ring, |tail, head| {
+            format!("claiming {pos} outside [{tail}, {head}) for blockset {blockset} block {index}")
+        });
         assert_eq!(*slot, Slot::Reserved, "cache log: claiming position {pos} that is not reserved");
         *slot = Slot::Live(blockset, index);
     }
@@ -175,13 +179,9 @@ impl CacheLog {
         let mut s = self.state.lock();
         let mut any = false;
         for pos in positions {
-            assert!(
-                pos >= s.tail && pos < s.head,
-                "cache log: releasing {pos} outside [{}, {})",
-                s.tail,
-                s.head
-            );
-            let slot = &mut s.slots[(pos % self.ring) as usize];
+            let slot = s.slot_in_turn(pos, self.ring, |tail, head| {
+                format!("releasing {pos} outside [{tail}, {head})")
+            });
             // A position released twice could be handed out while a record still points to it.
             assert_ne!(*slot, Slot::Free, "cache log: position {pos} released twice");
             *slot = Slot::Free;

@@ -11,9 +11,8 @@ use stria_ec::ReedSolomon;
 
 use super::maint::{RowStats, bless};
 use super::map::{ChunkRun, Member, Segment, VolumeMap};
-use super::{BlockRole, InFamily, LayoutFamily, Volume};
+use super::{BlockRole, ChunkResult, InFamily, LayoutFamily, RowResult};
 use crate::drive::journal::{AppendError, JournalPiece};
-use crate::error::EngineError;
 use crate::error::VolumeError;
 
 /// How many times a partial-stripe write retries after finding a journal full.
@@ -122,7 +121,6 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Ec, D> {
         data: IoBytes,
         fua: bool,
     ) -> Result<(), VolumeError> {
-        Volume::<D>::check_runs_cover(runs, data.len());
         let (k, _) = self.ec_shape();
         let mut stripes: Vec<StripeWrite> = Vec::new();
         let mut at = 0usize;
@@ -187,7 +185,7 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Ec, D> {
         self.zero_members(seg, run, 0..seg.members.len()).await
     }
 
-    async fn resync(&self, map: &VolumeMap<D>, si: usize, row: u64) -> Result<RowStats, EngineError> {
+    async fn resync(&self, map: &VolumeMap<D>, si: usize, row: u64) -> RowResult {
         let seg = &map.segments[si];
         let (k, m) = self.ec_shape();
         let chunk = self.geo.chunk_blocks;
@@ -218,7 +216,7 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Ec, D> {
         Ok(stats)
     }
 
-    async fn scrub_locked(&self, map: &VolumeMap<D>, si: usize, row: u64) -> Result<RowStats, EngineError> {
+    async fn scrub_locked(&self, map: &VolumeMap<D>, si: usize, row: u64) -> RowResult {
         let seg = &map.segments[si];
         let (k, m) = self.ec_shape();
         let total = k + m;
@@ -267,13 +265,7 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Ec, D> {
         Ok(stats)
     }
 
-    async fn rebuild_chunk(
-        &self,
-        map: &VolumeMap<D>,
-        si: usize,
-        mi: usize,
-        row: u64,
-    ) -> Result<IoBuf, EngineError> {
+    async fn rebuild_chunk(&self, map: &VolumeMap<D>, si: usize, mi: usize, row: u64) -> ChunkResult {
         let seg = &map.segments[si];
         let chunk = self.geo.chunk_blocks;
         let (k, m) = self.ec_shape();

@@ -7,7 +7,7 @@ use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 
 use super::maint::{RowStats, bless, for_each_run};
 use super::map::{ChunkRun, Member, Segment, VolumeMap};
-use super::{BlockRole, InFamily, LayoutFamily, Volume};
+use super::{BlockRole, ChunkResult, InFamily, LayoutFamily, RowResult};
 use crate::error::EngineError;
 use crate::error::VolumeError;
 use crate::join::join_all_ok;
@@ -58,7 +58,6 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Mirror, D> {
         data: IoBytes,
         fua: bool,
     ) -> Result<(), VolumeError> {
-        Volume::<D>::check_runs_cover(runs, data.len());
         let mut at = 0usize;
         let mut writes = Vec::with_capacity(runs.len());
         for run in runs {
@@ -93,7 +92,7 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Mirror, D> {
         self.zero_members(&map.segments[run.segment], run, members).await
     }
 
-    async fn resync(&self, map: &VolumeMap<D>, si: usize, row: u64) -> Result<RowStats, EngineError> {
+    async fn resync(&self, map: &VolumeMap<D>, si: usize, row: u64) -> RowResult {
         let seg = &map.segments[si];
         let chunk = self.geo.chunk_blocks;
         let mut stats = RowStats::default();
@@ -142,7 +141,7 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Mirror, D> {
         Ok(stats)
     }
 
-    async fn scrub_locked(&self, map: &VolumeMap<D>, si: usize, row: u64) -> Result<RowStats, EngineError> {
+    async fn scrub_locked(&self, map: &VolumeMap<D>, si: usize, row: u64) -> RowResult {
         let seg = &map.segments[si];
         let chunk = self.geo.chunk_blocks;
         let mut stats = RowStats::default();
@@ -163,13 +162,7 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Mirror, D> {
         Ok(stats)
     }
 
-    async fn rebuild_chunk(
-        &self,
-        map: &VolumeMap<D>,
-        si: usize,
-        mi: usize,
-        row: u64,
-    ) -> Result<IoBuf, EngineError> {
+    async fn rebuild_chunk(&self, map: &VolumeMap<D>, si: usize, mi: usize, row: u64) -> ChunkResult {
         let column = mi as u32 / self.geo.copies();
         let run = ChunkRun { segment: si, row, column, offset_in_chunk: 0, blocks: self.geo.chunk_blocks };
         self.mirror_read_locked(map, run).await.map_err(|e| self.pool_err(e))

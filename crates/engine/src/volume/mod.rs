@@ -143,6 +143,12 @@ impl<F, D: BlockDevice> std::ops::Deref for InFamily<'_, F, D> {
     }
 }
 
+/// What resynchronising or scrubbing one row found and did.
+pub(crate) type RowResult = Result<maint::RowStats, EngineError>;
+
+/// A member's chunk as rebuilt from the others.
+pub(crate) type ChunkResult = Result<IoBuf, EngineError>;
+
 /// What differs between layout families, implemented by `InFamily<'_, Mirror, D>` (mirror.rs)
 /// and `InFamily<'_, Ec, D>` (ec.rs). The operations of [`Volume`] are written once, generic
 /// over it, and pick their family once with `with_family!`: a new family is one module, one
@@ -171,7 +177,8 @@ pub(crate) trait LayoutFamily<D: BlockDevice>: std::ops::Deref<Target = Volume<D
         spare: Option<IoBuf>,
     ) -> impl Future<Output = Result<IoBuf, VolumeError>> + Send;
 
-    /// Writes block-aligned `data` covering `runs` (the caller holds their stripe locks).
+    /// Writes block-aligned `data` covering `runs` (the caller holds their stripe locks, and has
+    /// checked that `data` is exactly the bytes of `runs`: `Volume::check_runs_cover`).
     fn write_runs_locked(
         &self,
         map: &VolumeMap<D>,
@@ -196,20 +203,11 @@ pub(crate) trait LayoutFamily<D: BlockDevice>: std::ops::Deref<Target = Volume<D
 
     /// Resynchronises row `row` of segment `si` after an unclean stop (see maint.rs; recovery,
     /// no I/O runs concurrently).
-    fn resync(
-        &self,
-        map: &VolumeMap<D>,
-        si: usize,
-        row: u64,
-    ) -> impl Future<Output = Result<maint::RowStats, EngineError>> + Send;
+    fn resync(&self, map: &VolumeMap<D>, si: usize, row: u64) -> impl Future<Output = RowResult> + Send;
 
     /// Scrubs row `row` of segment `si` (see maint.rs; the caller holds its stripe lock).
-    fn scrub_locked(
-        &self,
-        map: &VolumeMap<D>,
-        si: usize,
-        row: u64,
-    ) -> impl Future<Output = Result<maint::RowStats, EngineError>> + Send;
+    fn scrub_locked(&self, map: &VolumeMap<D>, si: usize, row: u64)
+    -> impl Future<Output = RowResult> + Send;
 
     /// Member `mi`'s chunk of row `row` of segment `si` as the other members say it should be
     /// (the caller holds the stripe lock and writes it to the member).
@@ -219,7 +217,7 @@ pub(crate) trait LayoutFamily<D: BlockDevice>: std::ops::Deref<Target = Volume<D
         si: usize,
         mi: usize,
         row: u64,
-    ) -> impl Future<Output = Result<IoBuf, EngineError>> + Send;
+    ) -> impl Future<Output = ChunkResult> + Send;
 
     /// Zeroing may be cheap (no data written) only while the volume is healthy.
     fn cheap_zero_needs_healthy(&self) -> bool;
@@ -362,6 +360,7 @@ where
                 })
                 .await?
             };
+            Volume::<D>::check_runs_cover(&runs, data.len());
             self.write_runs_locked(&map, &runs, data, fua && !by_pool_flush).await?;
         }
         self.confirm_skipped(&map, &runs).await?;
