@@ -21,7 +21,9 @@ use stria_engine::{
 use stria_tier::{TierError, TieredVolume};
 
 pub use layout::{LayoutSpec, PlainLayout, is_tiered_layout, parse_plain_layout};
-pub use view::{MemberView, PlainView, SegmentView, StatusView, TieredTag, TieredView, VolumeView};
+pub use view::{
+    MemberView, PlainView, SegmentView, StatusView, TieredTag, TieredView, UnavailableView, VolumeView,
+};
 
 /// Why a catalog operation failed. Engine and tier errors keep their own messages and sources.
 #[derive(Debug, thiserror::Error)]
@@ -61,11 +63,22 @@ enum Entry<D: BlockDevice> {
     Tiered(Arc<TieredVolume<D>>),
 }
 
+/// The refusal of an operation on a tiered volume that could not be opened.
+fn unavailable(name: &str, why: &str) -> CatalogError {
+    CatalogError::Invalid(format!(
+        "volume `{name}` is unavailable ({why}); its parts can be inspected with \
+         `stria volume show {name}.meta` (and .cache, .cap), and it can be deleted"
+    ))
+}
+
 /// An open pool and its client-visible volumes.
 pub struct Catalog<D: BlockDevice> {
     pool: Arc<Pool<D>>,
     /// Tiered volumes are objects of their own (a destager each); plain ones live in the pool.
     tiers: RwLock<BTreeMap<String, Arc<TieredVolume<D>>>>,
+    /// Tiered volumes that could not be opened, with why: the rest of the pool still opens and
+    /// serves; these are listed, not exported, and can be inspected (their parts) and deleted.
+    unavailable: RwLock<BTreeMap<String, String>>,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for Catalog<D> {
@@ -75,14 +88,24 @@ impl<D: BlockDevice> std::fmt::Debug for Catalog<D> {
 }
 
 impl<D: BlockDevice> Catalog<D> {
-    /// Opens every tiered volume of `pool` (their destagers start on the current runtime).
+    /// Opens every tiered volume of `pool` (their destagers start on the current runtime). One
+    /// that cannot be opened (its metadata or cache lost beyond repair) is set aside as
+    /// unavailable, with the reason, instead of failing the whole pool.
     pub async fn open(pool: Arc<Pool<D>>) -> Result<Catalog<D>, CatalogError> {
         let mut tiers = BTreeMap::new();
+        let mut unavailable = BTreeMap::new();
         for rec in pool.meta().tiered.clone() {
-            let tv = stria_tier::open(&pool, &rec).await?;
-            tiers.insert(rec.name.clone(), tv);
+            match stria_tier::open(&pool, &rec).await {
+                Ok(tv) => {
+                    tiers.insert(rec.name.clone(), tv);
+                }
+                Err(e) => {
+                    tracing::error!(volume = %rec.name, error = %e, "tiered volume unavailable; the rest of the pool is served");
+                    unavailable.insert(rec.name.clone(), e.to_string());
+                }
+            }
         }
-        Ok(Catalog { pool, tiers: RwLock::new(tiers) })
+        Ok(Catalog { pool, tiers: RwLock::new(tiers), unavailable: RwLock::new(unavailable) })
     }
 
     /// The pool (drive operations, rebuild, counters).
@@ -113,6 +136,7 @@ impl<D: BlockDevice> Catalog<D> {
             None if self.pool.volume(name).is_some() => Err(CatalogError::Invalid(format!(
                 "`{name}` is a part of a tiered volume; operate on the tiered volume instead"
             ))),
+            None if let Some(why) = self.unavailable.read().get(name) => Err(unavailable(name, why)),
             None => Err(CatalogError::NotFound(name.to_string())),
         }
     }
@@ -131,6 +155,7 @@ impl<D: BlockDevice> Catalog<D> {
         let mut names: Vec<String> =
             meta.volumes.iter().filter(|v| v.role == VolumeRole::Plain).map(|v| v.name.clone()).collect();
         names.extend(self.tiers.read().keys().cloned());
+        names.extend(self.unavailable.read().keys().cloned());
         names.sort();
         names
     }
@@ -212,8 +237,14 @@ impl<D: BlockDevice> Catalog<D> {
         self.show(name)
     }
 
-    /// Deletes a volume (a tiered one with its parts, after its destager stopped).
+    /// Deletes a volume (a tiered one with its parts, after its destager stopped; an
+    /// unavailable one with whatever parts are left).
     pub async fn delete(&self, name: &str) -> Result<(), CatalogError> {
+        if self.unavailable.read().contains_key(name) {
+            stria_tier::delete(&self.pool, name).await?;
+            self.unavailable.write().remove(name);
+            return Ok(());
+        }
         match self.entry_or_err(name)? {
             Entry::Tiered(tv) => {
                 tv.close().await;
@@ -250,11 +281,20 @@ impl<D: BlockDevice> Catalog<D> {
     /// The pool with every tiered volume.
     pub fn status(&self) -> StatusView {
         let tiered = self.tiers.read().values().map(|t| t.status()).collect();
-        StatusView { pool: self.pool.status(), tiered }
+        let unavailable = self
+            .unavailable
+            .read()
+            .iter()
+            .map(|(name, reason)| UnavailableView { name: name.clone(), reason: reason.clone() })
+            .collect();
+        StatusView { pool: self.pool.status(), tiered, unavailable }
     }
 
     /// Any volume by name, tier parts included (diagnostics show each part).
     pub fn show(&self, name: &str) -> Result<VolumeView, CatalogError> {
+        if let Some(why) = self.unavailable.read().get(name) {
+            return Err(unavailable(name, why));
+        }
         if let Some(tv) = self.tiered(name) {
             return Ok(VolumeView::Tiered(TieredView { status: tv.status(), kind: TieredTag }));
         }

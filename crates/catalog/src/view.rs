@@ -12,6 +12,16 @@ pub struct StatusView {
     #[serde(flatten)]
     pub pool: PoolStatus,
     pub tiered: Vec<TierStatus>,
+    /// Volumes that could not be opened (absent when there are none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unavailable: Vec<UnavailableView>,
+}
+
+/// A volume that could not be opened, and why.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UnavailableView {
+    pub name: String,
+    pub reason: String,
 }
 
 /// One volume: a tiered volume, or a plain volume (or a tier part) with its placement.

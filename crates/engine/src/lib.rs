@@ -22,7 +22,7 @@ pub mod pool;
 pub mod units;
 pub mod volume;
 
-pub use drive::Drive;
+pub use drive::{Drive, DriveLabel, read_label};
 pub use error::{EngineError, VolumeError};
 pub use format::meta::{
     DriveClass, DriveErrors, DriveState, ErrorCount, Layout, PoolMeta, TieredRecord, VolumeRole,

@@ -1,7 +1,11 @@
 //! Human sizes: parsing `64G`, `512K`, `1TiB` and printing `1.5 GiB`.
 
-/// Parses a size: a number with an optional binary suffix (`K`, `M`, `G`, `T`, `P`, with or
-/// without `iB`/`B`, any case). A plain number is bytes. Fractions are allowed (`1.5G`).
+/// Parses a size: a number with an optional binary suffix (`K`, `M`, `G`, `T`, `P`, alone or
+/// with `iB`, any case), each a power of 1024: `G` and `GiB` both mean 2^30 bytes. A plain number
+/// is bytes. Fractions are allowed when they come to whole bytes (`1.5G`, not `0.3K`).
+///
+/// Decimal suffixes (`KB`, `MB`, `GB`, ...) are refused rather than guessed: to some they mean
+/// 10^9, to others 2^30, and a size off by 7 % is not a mistake to make silently.
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
@@ -9,13 +13,21 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     if num.is_empty() {
         return Err(format!("`{text}` is not a size (expected e.g. 64G, 512K, 1TiB)"));
     }
-    let shift = match suffix.trim().to_ascii_lowercase().as_str() {
+    let suffix = suffix.trim().to_ascii_lowercase();
+    let shift = match suffix.as_str() {
         "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        "p" | "pb" | "pib" => 50,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        "t" | "tib" => 40,
+        "p" | "pib" => 50,
+        "kb" | "mb" | "gb" | "tb" | "pb" => {
+            let unit = suffix[..1].to_ascii_uppercase();
+            return Err(format!(
+                "`{text}`: decimal units are not accepted ({unit}B could mean 10^n or 2^n bytes); \
+                 use {unit} or {unit}iB, which mean powers of 1024"
+            ));
+        }
         other => return Err(format!("`{text}`: unknown size suffix `{other}` (use K, M, G, T or P)")),
     };
     let value: f64 = num.parse().map_err(|_| format!("`{text}` is not a size"))?;
@@ -23,8 +35,26 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
         return Err(format!("`{text}` is out of range"));
     }
+    if bytes.fract() != 0.0 {
+        return Err(format!("`{text}` is not a whole number of bytes"));
+    }
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    Ok(bytes.round() as u64)
+    Ok(bytes as u64)
+}
+
+/// [`parse_size`] for what is allocated in whole 4 KiB blocks (volumes, drives, caches,
+/// chunks): a size that is not a whole number of blocks is an error, not rounded.
+pub fn parse_block_size(text: &str) -> Result<u64, String> {
+    let bytes = parse_size(text)?;
+    if bytes == 0 {
+        return Err(format!("`{text}`: the size must be at least one 4 KiB block"));
+    }
+    if bytes % 4096 != 0 {
+        let (down, up) = (bytes / 4096 * 4096, bytes.next_multiple_of(4096));
+        let hint = if down == 0 { format!("try {up}") } else { format!("try {down} or {up}") };
+        return Err(format!("`{text}` is {bytes} bytes, not a whole number of 4 KiB blocks; {hint}"));
+    }
+    Ok(bytes)
 }
 
 /// Formats bytes with a binary unit, e.g. `1.0 GiB`, `512 KiB`, `100 B`.
@@ -66,6 +96,26 @@ mod tests {
         assert!(parse_size("G").is_err());
         assert!(parse_size("1.2.3G").is_err());
         assert!(parse_size("99999999999P").is_err());
+    }
+
+    #[test]
+    fn refuses_decimal_units_and_partial_bytes() {
+        for t in ["1GB", "1gb", "512MB", "4KB", "1TB"] {
+            let e = parse_size(t).unwrap_err();
+            assert!(e.contains("decimal units are not accepted"), "{t}: {e}");
+        }
+        assert!(parse_size("0.3K").unwrap_err().contains("whole number of bytes"));
+        assert_eq!(parse_size("1G").unwrap(), parse_size("1GiB").unwrap());
+    }
+
+    #[test]
+    fn block_sizes_are_whole_blocks() {
+        assert_eq!(parse_block_size("4K").unwrap(), 4096);
+        assert_eq!(parse_block_size("1G").unwrap(), 1 << 30);
+        let e = parse_block_size("1000").unwrap_err();
+        assert!(e.contains("not a whole number of 4 KiB blocks") && e.contains("try 4096"), "{e}");
+        assert!(parse_block_size("5000").unwrap_err().contains("try 4096 or 8192"));
+        assert!(parse_block_size("0").unwrap_err().contains("at least one"));
     }
 
     #[test]

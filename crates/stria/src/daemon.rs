@@ -11,11 +11,11 @@ use stria_dev::BlockDevice;
 use stria_dev::mem::MemDevice;
 use stria_engine::units::parse_size;
 use stria_engine::{DriveClass, NewDrive, Pool};
-use stria_nbd::{ExportMap, Server, ServerConfig, ServerHandle, TlsConfig, TlsMode};
+use stria_nbd::{Server, ServerConfig, ServerHandle, TlsConfig, TlsMode};
 use tokio::net::UnixListener;
 
 use crate::control;
-use crate::export::VolumeExport;
+use crate::export::VolumeRegistry;
 use crate::ops::{self, Ctx};
 use crate::pooldir::{Opener, PoolDir};
 
@@ -98,8 +98,8 @@ impl std::str::FromStr for MemoryVolumeSpec {
     }
 }
 
-/// Makes the export map match the pool's volumes (plain volumes are exported by name).
-fn sync_exports<D: BlockDevice>(catalog: &Catalog<D>, exports: &ExportMap) {
+/// Makes the exports match the pool's volumes (every client-visible volume, by name).
+fn sync_exports<D: BlockDevice>(catalog: &Catalog<D>, exports: &VolumeRegistry) {
     let wanted = catalog.names();
     for name in stria_nbd::ExportRegistry::names(exports) {
         if !wanted.contains(&name) {
@@ -108,11 +108,11 @@ fn sync_exports<D: BlockDevice>(catalog: &Catalog<D>, exports: &ExportMap) {
         }
     }
     for name in wanted {
-        if stria_nbd::ExportRegistry::lookup(exports, &name).is_some_and(|e| e.name == name) {
+        if exports.contains(&name) {
             continue;
         }
         if let Some(volume) = catalog.lookup(&name) {
-            let _ = exports.insert(&name, Arc::new(VolumeExport::new(volume)));
+            exports.insert(&name, volume);
             tracing::info!(volume = %name, "export added");
         }
     }
@@ -139,7 +139,7 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
     if report.journal_txns_replayed + report.rows_resynced > 0 {
         tracing::warn!(?report, "recovered from an unclean stop");
     }
-    let exports = Arc::new(ExportMap::new());
+    let exports = Arc::new(VolumeRegistry::default());
     sync_exports(&catalog, &exports);
 
     let (handles, uris) = start_nbd(&opts, &exports).await?;
@@ -158,7 +158,8 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
             let exports = Arc::clone(&exports);
             Box::pin(async move {
                 let resync = request.changes_volumes();
-                let ctx = Ctx { catalog: &catalog, dir: &dir, daemon: true };
+                let clients = |name: &str| exports.clients(name);
+                let ctx = Ctx { catalog: &catalog, dir: &dir, daemon: true, clients: Some(&clients) };
                 let result = ops::execute(&ctx, request, &mut |p| {
                     let _ = tx.send(p);
                 })
@@ -238,14 +239,14 @@ async fn housekeeping<D: BlockDevice>(pool: Arc<Pool<D>>, mut stop: tokio::sync:
 /// Builds the NBD server for `exports` and starts its listeners; returns them with their URIs.
 async fn start_nbd(
     opts: &ServeOptions,
-    exports: &Arc<ExportMap>,
+    exports: &Arc<VolumeRegistry>,
 ) -> Result<(Vec<ServerHandle>, Vec<String>)> {
     let tls = match (opts.tls_mode, &opts.tls_cert, &opts.tls_key) {
         (TlsMode::Off, _, _) => TlsConfig::off(),
         (mode, Some(cert), Some(key)) => TlsConfig::from_pem_files(mode, cert, key)?,
         _ => bail!("--tls on/require needs --tls-cert and --tls-key"),
     };
-    let registry: Arc<ExportMap> = Arc::clone(exports);
+    let registry: Arc<VolumeRegistry> = Arc::clone(exports);
     let server = Server::new(ServerConfig { tls, ..ServerConfig::default() }, registry)?;
     let mut handles = Vec::new();
     let mut uris = Vec::new();
@@ -311,7 +312,7 @@ pub(crate) async fn serve_memory(
         };
         catalog.create(volume).await.with_context(|| format!("cannot create volume {}", v.name))?;
     }
-    let exports = Arc::new(ExportMap::new());
+    let exports = Arc::new(VolumeRegistry::default());
     sync_exports(&catalog, &exports);
     let (handles, uris) = start_nbd(&opts, &exports).await?;
     on_ready(&uris);
@@ -324,13 +325,19 @@ pub(crate) async fn serve_memory(
     Ok(())
 }
 
+/// Waits for SIGTERM or SIGINT (a clean shutdown follows). SIGHUP is ignored with a log line:
+/// stria has no configuration file to reload, and a closed terminal must not kill the daemon
+/// uncleanly.
 async fn wait_for_signal() -> Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM"),
-        _ = int.recv() => tracing::info!("SIGINT"),
+    let mut hup = signal(SignalKind::hangup())?;
+    loop {
+        tokio::select! {
+            _ = term.recv() => { tracing::info!("SIGTERM"); return Ok(()) }
+            _ = int.recv() => { tracing::info!("SIGINT"); return Ok(()) }
+            _ = hup.recv() => tracing::info!("SIGHUP ignored: stria has no configuration to reload (SIGTERM stops it)"),
+        }
     }
-    Ok(())
 }

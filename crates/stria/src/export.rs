@@ -1,25 +1,87 @@
 //! Engine volumes as NBD exports.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use parking_lot::RwLock;
 
 use stria_dev::{BLOCK_BYTES, IoBuf, IoBytes};
 use stria_engine::{BlockVolume, Dealloc, Durability, VolumeError, VolumeInfo, ZeroCost, Zeroing};
-use stria_nbd::{BoxFuture, Export, ExportError, Extent};
+use stria_nbd::{BoxFuture, Export, ExportError, ExportRegistry, Extent, NamedExport};
 
 /// Largest extent one NBD block-status entry can describe.
 const EXTENT_MAX_BYTES: u64 = u32::MAX as u64 / BLOCK_BYTES * BLOCK_BYTES;
 
-/// A volume of any kind served over NBD: the export speaks the volume contract only.
+/// A volume of any kind served over NBD: the export speaks the volume contract only. Each
+/// connection that looks the volume up gets one of its own, counted in the volume's client
+/// count for as long as the connection holds it.
 pub(crate) struct VolumeExport {
     volume: Arc<dyn BlockVolume>,
     /// Fixed for the volume's life (name, layout, preferred I/O size).
     info: VolumeInfo,
+    clients: Arc<AtomicUsize>,
 }
 
 impl VolumeExport {
-    pub(crate) fn new(volume: Arc<dyn BlockVolume>) -> VolumeExport {
+    fn new(volume: Arc<dyn BlockVolume>, clients: Arc<AtomicUsize>) -> VolumeExport {
         let info = volume.info();
-        VolumeExport { volume, info }
+        clients.fetch_add(1, Ordering::Relaxed);
+        VolumeExport { volume, info, clients }
+    }
+}
+
+impl Drop for VolumeExport {
+    fn drop(&mut self) {
+        self.clients.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// An exported volume and how many connections hold it.
+type Exported = (Arc<dyn BlockVolume>, Arc<AtomicUsize>);
+
+/// The daemon's exports: one per client-visible volume, with how many connections hold each.
+#[derive(Default)]
+pub(crate) struct VolumeRegistry {
+    volumes: RwLock<BTreeMap<String, Exported>>,
+}
+
+impl VolumeRegistry {
+    /// Exports `volume` as `name` (replacing an export of that name).
+    pub(crate) fn insert(&self, name: &str, volume: Arc<dyn BlockVolume>) {
+        self.volumes.write().insert(name.to_string(), (volume, Arc::default()));
+    }
+
+    /// Stops exporting `name`; connections that hold it keep it until they close.
+    pub(crate) fn remove(&self, name: &str) {
+        self.volumes.write().remove(name);
+    }
+
+    pub(crate) fn contains(&self, name: &str) -> bool {
+        self.volumes.read().contains_key(name)
+    }
+
+    /// Connections that have `name` open (or are asking about it in their handshake).
+    pub(crate) fn clients(&self, name: &str) -> usize {
+        self.volumes.read().get(name).map_or(0, |(_, c)| c.load(Ordering::Relaxed))
+    }
+}
+
+impl ExportRegistry for VolumeRegistry {
+    /// The volume `name`; the empty name means the only volume when there is exactly one.
+    fn lookup(&self, name: &str) -> Option<NamedExport> {
+        let map = self.volumes.read();
+        let (name, (volume, clients)) = match map.get_key_value(name) {
+            Some(found) => found,
+            None if name.is_empty() && map.len() == 1 => map.iter().next()?,
+            None => return None,
+        };
+        let export = Arc::new(VolumeExport::new(Arc::clone(volume), Arc::clone(clients)));
+        Some(NamedExport { name: name.clone(), export })
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.volumes.read().keys().cloned().collect()
     }
 }
 

@@ -24,7 +24,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use serde_json::Value;
 use stria_catalog::{Catalog, CreateVolume, StatusView};
-use stria_engine::units::parse_size;
+use stria_engine::units::{parse_block_size, parse_size};
 use stria_engine::{DriveClass, ScrubReport};
 
 use daemon::{NbdAddr, ServeOptions};
@@ -88,11 +88,15 @@ enum PoolCmd {
         #[arg(long, default_value_t = 0)]
         capacity: usize,
         /// Size of each sparse-file drive (e.g. 4G, 512M, 1TiB).
-        #[arg(long, value_parser = parse_size, default_value = "4G")]
+        #[arg(long, value_parser = parse_block_size, default_value = "4G")]
         drive_size: u64,
         /// An existing device or file: CLASS:PATH[:DOMAIN] (repeat).
         #[arg(long = "drive")]
         drives: Vec<DriveSpec>,
+        /// Format PATH even though it is a drive of another pool (repeat; each such --drive must
+        /// be named: that pool loses the drive).
+        #[arg(long, value_name = "PATH")]
+        overwrite: Vec<PathBuf>,
     },
 }
 
@@ -102,20 +106,20 @@ enum VolumeCmd {
     Create {
         name: String,
         /// Size, e.g. 64G.
-        #[arg(long, value_parser = parse_size)]
+        #[arg(long, value_parser = parse_block_size)]
         size: u64,
         /// raid0[:W], raid1[:N], raid10[:WxN], ec:K+M (K+1 is RAID-5, K+2 RAID-6) or
         /// tiered:ec:K+M (write cache and metadata on fast drives, ec:K+M on capacity drives).
         #[arg(long)]
         layout: String,
         /// Chunk (stripe height): how much goes to one drive before the next.
-        #[arg(long, value_parser = parse_size)]
+        #[arg(long, value_parser = parse_block_size)]
         chunk: Option<u64>,
         /// Drive class to place it on (default: capacity if the pool has capacity drives).
         #[arg(long)]
         class: Option<DriveClass>,
         /// Tiered layouts: size of the write cache on fast drives (default: 1/8 of the volume).
-        #[arg(long, value_parser = parse_size)]
+        #[arg(long, value_parser = parse_block_size)]
         cache_size: Option<u64>,
         /// Tiered layouts: copies of the write cache and its metadata (default 2).
         #[arg(long)]
@@ -135,11 +139,19 @@ enum VolumeCmd {
     /// Grow or shrink a volume (shrinking discards the tail).
     Resize {
         name: String,
-        #[arg(long, value_parser = parse_size)]
+        #[arg(long, value_parser = parse_block_size)]
         size: u64,
+        /// Shrink even while NBD clients have the volume open (they get errors past the new end).
+        #[arg(long)]
+        force: bool,
     },
     /// Delete a volume and free its space.
-    Delete { name: String },
+    Delete {
+        name: String,
+        /// Delete even while NBD clients have the volume open (they are cut off).
+        #[arg(long)]
+        force: bool,
+    },
     /// Copy a raw image file into a volume (byte-exact).
     Import { name: String, file: PathBuf },
     /// Copy a volume out into a raw image file (byte-exact, sparse where the volume is).
@@ -153,10 +165,23 @@ enum DriveCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Take a drive out of service (its volumes run degraded).
+    /// Take a drive out of service (its volumes run degraded). Refused when it holds the last
+    /// in-sync copy of some data, unless --force.
     Fail {
         /// Drive id (slot) or path.
         drive: String,
+        /// Fail it even if some volume becomes unreadable.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Bring a failed drive whose device is present again back into service: it gets a new id
+    /// and is rebuilt in full from the other drives.
+    Online {
+        /// Drive id (slot) or path of the failed drive.
+        drive: String,
+        /// Bring it back even if some volume has nothing to rebuild it from.
+        #[arg(long)]
+        force: bool,
     },
     /// Replace a drive and rebuild its data onto the replacement.
     Replace {
@@ -168,6 +193,13 @@ enum DriveCmd {
         /// Failure-domain label of the replacement (default: the old drive's).
         #[arg(long)]
         domain: Option<String>,
+        /// Replace even when the drive holds the last copy of some data or there is nothing to
+        /// rebuild from (that data is lost).
+        #[arg(long)]
+        force: bool,
+        /// Format the replacement even though it is a drive of another pool.
+        #[arg(long)]
+        overwrite: bool,
     },
     /// Limit rebuild bandwidth (e.g. 200M per second; 0 = unlimited). Needs the daemon.
     RebuildRate {
@@ -223,20 +255,30 @@ struct UpArgs {
     #[command(flatten)]
     serve: ServeArgs,
     /// Size of each drive file of the default pool.
-    #[arg(long, value_parser = parse_size, default_value = "2G")]
+    #[arg(long, value_parser = parse_block_size, default_value = "2G")]
     drive_size: u64,
     /// Size of the default volume.
-    #[arg(long, value_parser = parse_size, default_value = "4G")]
+    #[arg(long, value_parser = parse_block_size, default_value = "4G")]
     volume_size: u64,
 }
 
 fn main() {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level).unwrap_or_else(|_| {
-        eprintln!("invalid --log-level `{}`; using info", cli.log_level);
-        tracing_subscriber::EnvFilter::new("info")
-    });
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+    let filter = match log_filter(&cli.log_level) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
+    // Colour only on a terminal (a log file gets plain text), and never with NO_COLOR set.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(ansi)
+        .init();
     // Runtime threads: one per CPU this process may run on (taskset/cpusets are honoured); on a
     // single CPU everything runs on the main thread (a current-thread runtime), which there
     // avoids handing requests between threads that share the core: measured through NBD on one
@@ -256,30 +298,79 @@ fn main() {
         Ok(rt) => rt.block_on(run(cli)),
         Err(e) => Err(e.into()),
     };
-    if let Err(e) = result {
-        eprintln!("error: {e:#}");
-        std::process::exit(1);
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(1);
+        }
     }
 }
 
-async fn run(cli: Cli) -> Result<()> {
+/// `--log-level`: a level (error, warn, info, debug, trace, off) or a tracing filter with
+/// directives (`stria=debug,warn`). A bare word that is not a level is refused: the filter
+/// syntax would take it as a module name and log nothing.
+fn log_filter(text: &str) -> Result<tracing_subscriber::EnvFilter, String> {
+    const LEVELS: [&str; 6] = ["error", "warn", "info", "debug", "trace", "off"];
+    let bare = text
+        .split(',')
+        .any(|d| !d.contains('=') && !LEVELS.contains(&d.trim().to_ascii_lowercase().as_str()));
+    if text.trim().is_empty() || bare {
+        return Err(format!(
+            "invalid --log-level `{text}`: use one of {} or a filter such as `stria=debug,warn`",
+            LEVELS.join(", ")
+        ));
+    }
+    tracing_subscriber::EnvFilter::try_new(text).map_err(|e| format!("invalid --log-level `{text}`: {e}"))
+}
+
+/// Exit codes of `stria status` (also in the README): 0 all healthy, 2 something degraded or
+/// rebuilding (all data readable, redundancy reduced), 3 something failed or unavailable (some
+/// data unreadable). Errors running the command exit 1.
+const STATUS_DEGRADED: i32 = 2;
+const STATUS_FAILED: i32 = 3;
+
+/// Runs a command; returns the exit code (0 unless `status` reports a problem).
+async fn run(cli: Cli) -> Result<i32> {
     let dir = PoolDir::new(&cli.pool);
     match cli.command {
-        Command::Pool(PoolCmd::Create { name, fast, capacity, drive_size, drives }) => {
-            let _lock = dir.lock()?;
-            let pool = dir.create_pool(&name, fast, capacity, drive_size, &drives).await?;
+        Command::Pool(PoolCmd::Create { name, fast, capacity, drive_size, drives, overwrite }) => {
+            let existed = dir.path.exists();
+            let lock = dir.lock_new()?;
+            let pool = match dir.create_pool(&name, fast, capacity, drive_size, &drives, &overwrite).await {
+                Ok(pool) => pool,
+                Err(e) => {
+                    // A refused create leaves nothing behind: the directories it made are
+                    // removed if they are empty (never anything else).
+                    drop(lock);
+                    if !existed {
+                        let _ = std::fs::remove_file(dir.path.join(".lock"));
+                        let _ = std::fs::remove_dir(dir.drives_dir());
+                        let _ = std::fs::remove_dir(&dir.path);
+                    }
+                    return Err(e);
+                }
+            };
             let status = pool.status();
             pool.close().await?;
             outln!("created pool {} with {} drives in {}", name, status.drives.len(), dir.path.display());
             output::drives(&status.drives);
-            Ok(())
+            warn_overcommit(&dir);
         }
-        Command::Volume(cmd) => volume(&dir, cmd).await,
-        Command::Drive(cmd) => drive(&dir, cmd).await,
-        Command::Scrub { name, json } => scrub(&dir, name, json).await,
-        Command::Status { json } => status(&dir, json).await,
-        Command::Serve(args) => serve(dir, args).await,
-        Command::Up(args) => up(dir, args).await,
+        Command::Volume(cmd) => volume(&dir, cmd).await?,
+        Command::Drive(cmd) => drive(&dir, cmd).await?,
+        Command::Scrub { name, json } => scrub(&dir, name, json).await?,
+        Command::Status { json } => return status(&dir, json).await,
+        Command::Serve(args) => serve(dir, args).await?,
+        Command::Up(args) => up(dir, args).await?,
+    }
+    Ok(0)
+}
+
+/// Warns (on stderr) when sparse drive files promise more than their filesystem has.
+fn warn_overcommit(dir: &PoolDir) {
+    for w in dir.overcommit_warnings() {
+        eprintln!("warning: {w}");
     }
 }
 
@@ -318,24 +409,24 @@ async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
             }
             Ok(())
         }
-        VolumeCmd::Resize { name, size } => {
-            let v = request(dir, Request::VolumeResize { name, size_bytes: size }).await?;
+        VolumeCmd::Resize { name, size, force } => {
+            let v = request(dir, Request::VolumeResize { name, size_bytes: size, force }).await?;
             output::volume(&view(v)?);
             Ok(())
         }
-        VolumeCmd::Delete { name } => {
-            request(dir, Request::VolumeDelete { name: name.clone() }).await?;
+        VolumeCmd::Delete { name, force } => {
+            request(dir, Request::VolumeDelete { name: name.clone(), force }).await?;
             outln!("deleted volume {name}");
             Ok(())
         }
         VolumeCmd::Import { name, file } => {
-            let path = absolute(&file)?;
+            let path = pooldir::absolute(&file)?;
             let v = request(dir, Request::VolumeImport { name, path }).await?;
             outln!("imported {} bytes into {}", v["bytes"], v["volume"].as_str().unwrap_or(""));
             Ok(())
         }
         VolumeCmd::Export { name, file } => {
-            let path = absolute(&file)?;
+            let path = pooldir::absolute(&file)?;
             let v = request(dir, Request::VolumeExport { name, path }).await?;
             outln!(
                 "exported {} bytes of {} to {}",
@@ -369,15 +460,39 @@ async fn scrub(dir: &PoolDir, name: String, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// `stria status`.
-async fn status(dir: &PoolDir, json: bool) -> Result<()> {
+/// `stria status`: exits 0 when all is healthy, [`STATUS_DEGRADED`] or [`STATUS_FAILED`]
+/// otherwise.
+async fn status(dir: &PoolDir, json: bool) -> Result<i32> {
     let v = request(dir, Request::Status).await?;
+    let status: StatusView = view(v.clone())?;
     if json {
         print_json(&v)
     } else {
-        output::status(&view(v)?)
+        output::status(&status)
     }
-    Ok(())
+    warn_overcommit(dir);
+    Ok(status_code(&status))
+}
+
+/// The exit code `stria status` gives for what it shows.
+fn status_code(v: &StatusView) -> i32 {
+    use stria_engine::VolumeState as S;
+    let states = v.pool.volumes.iter().map(|x| x.state).chain(v.tiered.iter().map(|t| t.state));
+    let mut code = 0;
+    for s in states {
+        match s {
+            S::Failed => return STATUS_FAILED,
+            S::Degraded | S::Rebuilding => code = STATUS_DEGRADED,
+            S::Healthy => {}
+        }
+    }
+    if !v.unavailable.is_empty() {
+        return STATUS_FAILED;
+    }
+    if code == 0 && v.pool.drives.iter().any(|d| d.state != "active") {
+        code = STATUS_DEGRADED;
+    }
+    code
 }
 
 /// `stria serve`.
@@ -395,8 +510,8 @@ async fn serve(dir: PoolDir, mut args: ServeArgs) -> Result<()> {
 /// `stria up`: the default pool, created on first use, then served.
 async fn up(dir: PoolDir, args: UpArgs) -> Result<()> {
     if !dir.exists() {
-        let _lock = dir.lock()?;
-        let pool = std::sync::Arc::new(dir.create_pool("stria", 2, 6, args.drive_size, &[]).await?);
+        let _lock = dir.lock_new()?;
+        let pool = std::sync::Arc::new(dir.create_pool("stria", 2, 6, args.drive_size, &[], &[]).await?);
         let catalog = Catalog::open(pool).await?;
         let vol0 = CreateVolume {
             name: "vol0".into(),
@@ -414,6 +529,7 @@ async fn up(dir: PoolDir, args: UpArgs) -> Result<()> {
             dir.path.display()
         );
     }
+    warn_overcommit(&dir);
     let mut serve = args.serve;
     if serve.nbd.is_empty() {
         serve.nbd = vec![NbdAddr::Unix(dir.default_nbd_socket()), NbdAddr::Tcp("127.0.0.1:10809".into())];
@@ -430,19 +546,36 @@ async fn drive(dir: &PoolDir, cmd: DriveCmd) -> Result<()> {
             let v = request(dir, Request::Status).await?;
             if json { print_json(&v["drives"]) } else { output::drives(&view::<StatusView>(v)?.pool.drives) }
         }
-        DriveCmd::Fail { drive } => {
-            let v = request(dir, Request::DriveFail { drive }).await?;
-            outln!("drive {} failed; its volumes run degraded until it is replaced", v["failed"]);
+        DriveCmd::Fail { drive, force } => {
+            let v = request(dir, Request::DriveFail { drive, force }).await?;
+            outln!(
+                "drive {} failed; its volumes run degraded until it is replaced \
+                 (or brought back with `stria drive online {}`)",
+                v["failed"],
+                v["failed"]
+            );
         }
-        DriveCmd::Replace { drive, new, domain } => {
-            let new_path = new.map(|p| absolute(&p)).transpose()?;
-            let v = request(dir, Request::DriveReplace { drive, new_path, domain }).await?;
+        DriveCmd::Online { drive, force } => {
+            let v = request(dir, Request::DriveOnline { drive, force }).await?;
+            outln!(
+                "drive {} is back in service as drive {}; rebuild {}",
+                v["online"],
+                v["new_drive"],
+                v["rebuild"].as_str().unwrap_or("")
+            );
+        }
+        DriveCmd::Replace { drive, new, domain, force, overwrite } => {
+            let new_path = new.map(|p| pooldir::absolute(&p)).transpose()?;
+            let v = request(dir, Request::DriveReplace { drive, new_path, domain, force, overwrite }).await?;
             outln!(
                 "drive {} replaced by drive {}; rebuild {}",
                 v["replaced"],
                 v["new_drive"],
                 v["rebuild"].as_str().unwrap_or("")
             );
+            if let Some(kept) = v["old_file_kept_as"].as_str() {
+                outln!("the old drive file was kept as {kept}; delete it once the rebuild is done");
+            }
         }
         DriveCmd::RebuildRate { rate } => {
             if !control::daemon_running(&dir.control_socket()).await {
@@ -505,10 +638,6 @@ fn print_ready(uris: &[String], examples: Option<&str>) {
     }
 }
 
-fn absolute(p: &std::path::Path) -> Result<PathBuf> {
-    Ok(if p.is_absolute() { p.to_path_buf() } else { std::env::current_dir()?.join(p) })
-}
-
 /// A reply as the typed view it was made from.
 fn view<T: serde::de::DeserializeOwned>(v: Value) -> Result<T> {
     serde_json::from_value(v).context("the reply does not match this version of stria")
@@ -529,7 +658,7 @@ async fn request(dir: &PoolDir, req: Request) -> Result<Value> {
     }
     let _lock = dir.lock()?;
     let catalog = Catalog::open(std::sync::Arc::new(dir.open_pool(Opener::Command).await?)).await?;
-    let ctx = Ctx { catalog: &catalog, dir, daemon: false };
+    let ctx = Ctx { catalog: &catalog, dir, daemon: false, clients: None };
     let result = ops::execute(&ctx, req, &mut |p: Progress| bar.update(&p)).await;
     bar.finish();
     catalog.close().await?;

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use stria_catalog::{Catalog, CreateVolume};
 use stria_dev::{BLOCK_BYTES, FileDevice, IoBytes};
 use stria_engine::units::format_size;
-use stria_engine::{DriveClass, Durability, NewDrive, Pool, Zeroing};
+use stria_engine::{DriveClass, DriveState, Durability, NewDrive, Pool, VolumeState, Zeroing};
 
 use crate::pooldir::{Dev, PoolDir};
 
@@ -39,9 +39,15 @@ pub(crate) enum Request {
     VolumeResize {
         name: String,
         size_bytes: u64,
+        /// Shrink even with NBD clients attached.
+        #[serde(default)]
+        force: bool,
     },
     VolumeDelete {
         name: String,
+        /// Delete even with NBD clients attached.
+        #[serde(default)]
+        force: bool,
     },
     VolumeImport {
         name: String,
@@ -53,11 +59,26 @@ pub(crate) enum Request {
     },
     DriveFail {
         drive: String,
+        /// Fail it even when a volume has no other copy of some data.
+        #[serde(default)]
+        force: bool,
     },
     DriveReplace {
         drive: String,
         new_path: Option<PathBuf>,
         domain: Option<String>,
+        /// Replace it even when a volume has nothing to rebuild from.
+        #[serde(default)]
+        force: bool,
+        /// Format the replacement even though it carries another pool's superblock.
+        #[serde(default)]
+        overwrite: bool,
+    },
+    /// Brings a failed drive back into service, rebuilt from the other drives.
+    DriveOnline {
+        drive: String,
+        #[serde(default)]
+        force: bool,
     },
     RebuildRate {
         bytes_per_sec: u64,
@@ -98,6 +119,66 @@ pub(crate) struct Ctx<'a> {
     pub(crate) dir: &'a PoolDir,
     /// In the daemon, rebuilds run in the background instead of in the request.
     pub(crate) daemon: bool,
+    /// In the daemon: how many NBD connections have a volume open (none without a daemon: it
+    /// holds the pool's lock while it runs).
+    pub(crate) clients: Option<&'a (dyn Fn(&str) -> usize + Sync)>,
+}
+
+impl Ctx<'_> {
+    /// Refuses a change that cuts off or errs the NBD clients of `name`, unless forced.
+    fn check_clients(&self, name: &str, what: &str, force: bool) -> Result<()> {
+        let attached = self.clients.map_or(0, |count| count(name));
+        if attached > 0 && !force {
+            bail!(
+                "volume {name} has {attached} NBD client(s) attached; {what} would cut them off or fail \
+                 their requests. Disconnect them first, or run the same command again with --force"
+            );
+        }
+        if attached > 0 {
+            tracing::warn!(volume = name, clients = attached, "{what} with clients attached (--force)");
+        }
+        Ok(())
+    }
+}
+
+/// Refuses to take out of service the last copy of some data, unless forced.
+fn check_not_last_copy(pool: &Pool<FileDevice>, slot: u32, what: &str, force: bool) -> Result<()> {
+    let lost: Vec<String> = pool
+        .volumes_lost_without(slot)
+        .into_iter()
+        .filter(|(_, now)| *now != VolumeState::Failed)
+        .map(|(name, _)| name)
+        .collect();
+    if lost.is_empty() {
+        return Ok(());
+    }
+    if force {
+        tracing::warn!(slot, volumes = ?lost, "{what} though volumes lose their last copy (--force)");
+        return Ok(());
+    }
+    bail!(
+        "drive {slot} holds the last in-sync copy of data of volume(s) {}: {what} would make them \
+         unreadable. Replace or bring back another drive first, or run the same command again with --force",
+        lost.join(", ")
+    )
+}
+
+/// Refuses to rebuild onto a drive when no volume on it has anything to rebuild from.
+fn check_rebuild_source(pool: &Pool<FileDevice>, slot: u32, force: bool) -> Result<()> {
+    let lost: Vec<String> = pool.volumes_lost_without(slot).into_iter().map(|(name, _)| name).collect();
+    if lost.is_empty() {
+        return Ok(());
+    }
+    if force {
+        tracing::warn!(slot, volumes = ?lost, "rebuilding with no source for some volumes (--force): their data on the drive is lost");
+        return Ok(());
+    }
+    bail!(
+        "nothing to rebuild drive {slot} from: volume(s) {} have no other copy or parity of what it held \
+         (too many drives failed). Bring a failed drive back first (`stria drive online ID`), or run \
+         the same command again with --force to accept that their data there is lost",
+        lost.join(", ")
+    )
 }
 
 /// Finds a drive by slot number or by path.
@@ -140,34 +221,48 @@ pub(crate) async fn execute(
             to_json(&catalog.create(req).await?)
         }
         Request::VolumeShow { name } => to_json(&catalog.show(&name)?),
-        Request::VolumeResize { name, size_bytes } => to_json(&catalog.resize(&name, size_bytes).await?),
-        Request::VolumeDelete { name } => {
+        Request::VolumeResize { name, size_bytes, force } => {
+            if catalog.lookup(&name).is_some_and(|v| size_bytes < v.size_bytes()) {
+                ctx.check_clients(&name, "shrinking it", force)?;
+            }
+            to_json(&catalog.resize(&name, size_bytes).await?)
+        }
+        Request::VolumeDelete { name, force } => {
+            ctx.check_clients(&name, "deleting it", force)?;
             catalog.delete(&name).await?;
             Ok(json!({ "deleted": name }))
         }
         Request::VolumeImport { name, path } => import(catalog, &name, &path, progress).await,
         Request::VolumeExport { name, path } => export(catalog, &name, &path, progress).await,
-        Request::DriveFail { drive } => {
+        Request::DriveFail { drive, force } => {
             let slot = find_drive(pool, &drive)?;
+            if pool.meta().drive(slot).is_some_and(|d| d.state == DriveState::Failed) {
+                bail!("drive {slot} is failed already");
+            }
+            check_not_last_copy(pool, slot, "failing it", force)?;
             pool.fail_drive(slot, "failed by the operator (drive fail)").await?;
             Ok(json!({ "failed": slot }))
         }
-        Request::DriveReplace { drive, new_path, domain } => {
+        Request::DriveOnline { drive, force } => {
             let slot = find_drive(pool, &drive)?;
-            let new_slot = replace(ctx, slot, new_path, domain).await?;
-            if !ctx.daemon {
-                pool.rebuild(|p| {
-                    progress(Progress {
-                        what: format!("rebuild {}", p.volume),
-                        done: p.rows_done,
-                        total: p.rows_total,
-                    })
-                })
-                .await?;
+            let new_slot = online(ctx, slot, force).await?;
+            rebuild_here(ctx, progress).await?;
+            Ok(json!({ "online": slot, "new_drive": new_slot, "rebuild": rebuild_where(ctx) }))
+        }
+        Request::DriveReplace { drive, new_path, domain, force, overwrite } => {
+            let slot = find_drive(pool, &drive)?;
+            if pool.meta().drive(slot).is_some_and(|d| d.state == DriveState::Active) {
+                check_not_last_copy(pool, slot, "replacing it", force)?;
             }
-            Ok(
-                json!({ "replaced": slot, "new_drive": new_slot, "rebuild": if ctx.daemon { "running in the daemon" } else { "done" } }),
-            )
+            check_rebuild_source(pool, slot, force)?;
+            let (new_slot, kept) = replace(ctx, slot, new_path, domain, overwrite).await?;
+            rebuild_here(ctx, progress).await?;
+            Ok(json!({
+                "replaced": slot,
+                "new_drive": new_slot,
+                "rebuild": rebuild_where(ctx),
+                "old_file_kept_as": kept,
+            }))
         }
         Request::RebuildRate { bytes_per_sec } => {
             pool.set_rebuild_rate(bytes_per_sec);
@@ -189,7 +284,60 @@ pub(crate) async fn execute(
     }
 }
 
-async fn replace(ctx: &Ctx<'_>, slot: u32, new_path: Option<PathBuf>, domain: Option<String>) -> Result<u32> {
+/// Runs the pending rebuilds in the request, unless the daemon runs them in the background.
+async fn rebuild_here(ctx: &Ctx<'_>, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<()> {
+    if !ctx.daemon {
+        ctx.catalog
+            .pool()
+            .rebuild(|p| {
+                progress(Progress {
+                    what: format!("rebuild {}", p.volume),
+                    done: p.rows_done,
+                    total: p.rows_total,
+                })
+            })
+            .await?;
+    }
+    Ok(())
+}
+
+fn rebuild_where(ctx: &Ctx<'_>) -> &'static str {
+    if ctx.daemon { "running in the daemon" } else { "done" }
+}
+
+/// `drive online`: a failed drive whose device is there again comes back as a new drive id on
+/// the same device, rebuilt in full from the others (the pool does not record what changed
+/// while a drive was out, so nothing on it is trusted).
+async fn online(ctx: &Ctx<'_>, slot: u32, force: bool) -> Result<u32> {
+    let pool = ctx.catalog.pool();
+    let rec = pool.meta().drive(slot).cloned().ok_or_else(|| anyhow!("no drive {slot}"))?;
+    if rec.state != DriveState::Failed {
+        bail!(
+            "drive {slot} is {}, not failed; there is nothing to bring back",
+            format!("{:?}", rec.state).to_lowercase()
+        );
+    }
+    check_rebuild_source(pool, slot, force)?;
+    let path = PathBuf::from(&rec.path_hint);
+    let dev = FileDevice::open(&path, &stria_dev::FileOptions::default()).with_context(|| {
+        format!("drive {slot} was last seen at {}, which cannot be opened; replace it instead (`stria drive replace {slot}`)", path.display())
+    })?;
+    let nd =
+        NewDrive { dev, path: rec.path_hint.clone(), class: rec.class, domain: String::new(), fresh: false };
+    let new_slot = pool.replace_drive(slot, nd).await?;
+    tracing::info!(slot, new_slot, path = %path.display(), "drive back online as a new drive id; rebuilding it in full");
+    Ok(new_slot)
+}
+
+/// Replaces drive `slot`; returns the new drive's slot and where the old drive file of ours
+/// was kept, if it was.
+async fn replace(
+    ctx: &Ctx<'_>,
+    slot: u32,
+    new_path: Option<PathBuf>,
+    domain: Option<String>,
+    overwrite: bool,
+) -> Result<(u32, Option<String>)> {
     let pool = ctx.catalog.pool();
     let meta = pool.meta();
     let old = meta.drive(slot).ok_or_else(|| anyhow!("no drive {slot}"))?.clone();
@@ -200,7 +348,7 @@ async fn replace(ctx: &Ctx<'_>, slot: u32, new_path: Option<PathBuf>, domain: Op
         .map(|d| d.superblock().layout.drive_bytes)
         .unwrap_or(old.data_blocks * BLOCK_BYTES);
     let path = match new_path {
-        Some(p) => p,
+        Some(p) => crate::pooldir::absolute(&p)?,
         None => {
             let mut i = meta.next_slot;
             loop {
@@ -212,12 +360,16 @@ async fn replace(ctx: &Ctx<'_>, slot: u32, new_path: Option<PathBuf>, domain: Op
             }
         }
     };
+    ctx.dir.refuse_member(&path, slot, pool).await?;
     let (dev, fresh) = if path.exists() {
-        (
-            FileDevice::open(&path, &stria_dev::FileOptions::default())
-                .with_context(|| format!("cannot open {}", path.display()))?,
-            false,
-        )
+        let dev = FileDevice::open(&path, &stria_dev::FileOptions::default())
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        // A drive of this pool got here only as the drive being replaced (refuse_member).
+        let ours = stria_engine::read_label(&dev).await.is_some_and(|l| l.pool_uuid == pool.meta().pool_uuid);
+        if !ours {
+            PoolDir::refuse_labelled(&dev, &path, overwrite, "--overwrite").await?;
+        }
+        (dev, false)
     } else {
         let dev = FileDevice::create(&path, old_bytes)
             .with_context(|| format!("cannot create {}", path.display()))?;
@@ -232,12 +384,21 @@ async fn replace(ctx: &Ctx<'_>, slot: u32, new_path: Option<PathBuf>, domain: Op
     };
     let new_slot = pool.replace_drive(slot, nd).await?;
     ctx.dir.add_device(&path)?;
-    // A replaced drive file of ours is renamed out of the way (kept, not deleted).
+    // A replaced drive file of ours is renamed out of the way (kept, not deleted: it may be
+    // all that is left of some data), and the reply says where.
     let old_path = PathBuf::from(&old.path_hint);
-    if old_path.starts_with(ctx.dir.drives_dir()) && old_path.exists() {
-        let _ = std::fs::rename(&old_path, old_path.with_extension("img.replaced"));
+    let ours = crate::pooldir::absolute(&ctx.dir.drives_dir()).is_ok_and(|d| old_path.starts_with(d));
+    let mut kept = None;
+    if ours && old_path.exists() && old_path != path {
+        let to = old_path.with_extension("img.replaced");
+        match std::fs::rename(&old_path, &to) {
+            Ok(()) => kept = Some(to.display().to_string()),
+            Err(e) => {
+                tracing::warn!(path = %old_path.display(), error = %e, "cannot rename the replaced drive file")
+            }
+        }
     }
-    Ok(new_slot)
+    Ok((new_slot, kept))
 }
 
 /// Why an image does not fit a volume, and what would make it fit.

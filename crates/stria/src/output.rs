@@ -59,6 +59,10 @@ pub(crate) fn status(v: &StatusView) {
     drives(&pool.drives);
     outln!();
     volumes(v);
+    for u in &v.unavailable {
+        outln!();
+        outln!("volume {} is unavailable: {}", u.name, u.reason);
+    }
     if !pool.ignored_drives.is_empty() {
         outln!();
         outln!("devices left out of the pool:");
@@ -214,6 +218,10 @@ pub(crate) fn volumes(v: &StatusView) {
             state(t.state),
             "-".into(),
         ]);
+    }
+    for u in &v.unavailable {
+        let dash = || "-".to_string();
+        rows.push(vec![u.name.clone(), dash(), dash(), dash(), dash(), "unavailable".into(), dash()]);
     }
     if rows.is_empty() {
         outln!(

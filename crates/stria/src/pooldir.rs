@@ -10,13 +10,16 @@
 //! DIR/nbd.sock        the daemon's default NBD Unix socket
 //! ```
 
+use std::collections::HashMap;
 use std::fs;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 use stria_dev::{FileDevice, FileOptions};
-use stria_engine::{DriveClass, EngineError, FoundDrive, NewDrive, Pool};
+use stria_engine::units::format_size;
+use stria_engine::{DriveClass, EngineError, FoundDrive, NewDrive, Pool, read_label};
 
 /// The drives of a pool directory.
 pub(crate) type Dev = FileDevice;
@@ -77,6 +80,40 @@ impl std::str::FromStr for DriveSpec {
     }
 }
 
+/// What makes two paths the same drive: the inode of a file, or the device number of a block
+/// device (two device nodes, or a symlink and its target, name one device).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Identity {
+    File { dev: u64, ino: u64 },
+    Block { rdev: u64 },
+}
+
+/// The identity of the file or device at `path` (symlinks followed).
+pub(crate) fn identity(path: &Path) -> std::io::Result<Identity> {
+    let m = fs::metadata(path)?;
+    Ok(if m.file_type().is_block_device() {
+        Identity::Block { rdev: m.rdev() }
+    } else {
+        Identity::File { dev: m.dev(), ino: m.ino() }
+    })
+}
+
+/// `path` made absolute without following symlinks in its last part: the canonical parent
+/// directory and the file name. A path whose parent does not exist is an error.
+pub(crate) fn absolute(path: &Path) -> Result<PathBuf> {
+    if let Ok(p) = fs::canonicalize(path) {
+        return Ok(p);
+    }
+    let name = path.file_name().ok_or_else(|| anyhow!("`{}` names no file", path.display()))?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let parent = fs::canonicalize(&parent)
+        .with_context(|| format!("cannot use {}: no directory {}", path.display(), parent.display()))?;
+    Ok(parent.join(name))
+}
+
 impl PoolDir {
     pub(crate) fn new(path: impl Into<PathBuf>) -> PoolDir {
         PoolDir { path: path.into() }
@@ -124,9 +161,21 @@ impl PoolDir {
         Ok(())
     }
 
-    /// Takes the pool's lock, or says who holds it.
+    /// Takes the lock of an existing pool, or says who holds it. Creates nothing but the lock
+    /// file inside the pool directory: a mistyped `--pool` gets "no pool at ..." and leaves no
+    /// trace.
     pub(crate) fn lock(&self) -> Result<PoolLock> {
+        self.config()?;
+        self.take_lock()
+    }
+
+    /// Creates the pool directory (for `pool create` and `up`) and takes its lock.
+    pub(crate) fn lock_new(&self) -> Result<PoolLock> {
         fs::create_dir_all(&self.path).with_context(|| format!("cannot create {}", self.path.display()))?;
+        self.take_lock()
+    }
+
+    fn take_lock(&self) -> Result<PoolLock> {
         let path = self.path.join(".lock");
         let file = fs::OpenOptions::new()
             .create(true)
@@ -149,10 +198,11 @@ impl PoolDir {
         Ok(PoolLock { _file: file })
     }
 
-    /// Every path that may hold a drive of this pool.
+    /// Every path that may hold a drive of this pool, absolute, each file or device once (a
+    /// device listed under two spellings, or also lying in `DIR/drives`, is opened once).
     pub(crate) fn candidate_paths(&self) -> Result<Vec<PathBuf>> {
         let config = self.config()?;
-        let mut paths: Vec<PathBuf> = config.devices.iter().map(PathBuf::from).collect();
+        let mut listed: Vec<PathBuf> = config.devices.iter().map(PathBuf::from).collect();
         if let Ok(entries) = fs::read_dir(self.drives_dir()) {
             let mut files: Vec<PathBuf> = entries
                 .filter_map(|e| e.ok())
@@ -160,9 +210,98 @@ impl PoolDir {
                 .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "img"))
                 .collect();
             files.sort();
-            paths.extend(files);
+            listed.extend(files);
+        }
+        let mut seen: HashMap<Identity, PathBuf> = HashMap::new();
+        let mut paths = Vec::new();
+        for p in listed {
+            let p = fs::canonicalize(&p).unwrap_or(p);
+            if let Ok(id) = identity(&p) {
+                match seen.entry(id) {
+                    std::collections::hash_map::Entry::Occupied(first) => {
+                        tracing::debug!(first = %first.get().display(), again = %p.display(), "one drive listed twice; opened once");
+                        continue;
+                    }
+                    std::collections::hash_map::Entry::Vacant(v) => {
+                        v.insert(p.clone());
+                    }
+                }
+            }
+            paths.push(p);
         }
         Ok(paths)
+    }
+
+    /// Refuses `path` as the replacement of drive `replacing` when it is another drive of this
+    /// pool already: the same file or device as a path the pool opens a drive from, or a device
+    /// whose superblock says it is a drive of this pool. The drive being replaced itself may be
+    /// given (a rebuild in place onto its own device).
+    pub(crate) async fn refuse_member(
+        &self,
+        path: &Path,
+        replacing: u32,
+        pool: &Pool<FileDevice>,
+    ) -> Result<()> {
+        let this_pool = pool.meta().pool_uuid;
+        let label_of = async |p: &Path| match FileDevice::open(p, &FileOptions::default()) {
+            Ok(dev) => read_label(&dev).await.filter(|l| l.pool_uuid == this_pool),
+            Err(_) => None,
+        };
+        let Ok(id) = identity(path) else { return Ok(()) }; // A new file: no one's.
+        let label = label_of(path).await;
+        if let Some(l) = &label
+            && l.slot != replacing
+        {
+            bail!(
+                "{} is already drive {} of this pool; give a new device or file, or none to create a new file",
+                path.display(),
+                l.slot
+            );
+        }
+        if label.is_none() {
+            for p in self.candidate_paths()? {
+                if identity(&p).is_ok_and(|other| other == id) {
+                    bail!(
+                        "{} is already a drive path of this pool (the same file as {}); give a new device \
+                         or file, or none to create a new file",
+                        path.display(),
+                        p.display()
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses a device that carries a stria superblock (of another pool: a member of this one
+    /// is refused before) unless `allowed`; `flag` is how the command allows it.
+    pub(crate) async fn refuse_labelled(
+        dev: &FileDevice,
+        path: &Path,
+        allowed: bool,
+        flag: &str,
+    ) -> Result<()> {
+        let Some(label) = read_label(dev).await else { return Ok(()) };
+        if allowed {
+            tracing::warn!(path = %path.display(), pool = %label.pool_name, "overwriting a drive of another pool ({flag})");
+            return Ok(());
+        }
+        bail!(
+            "{} is drive {} of pool `{}` ({}); formatting it would take it from that pool. \
+             If that pool is gone for good, say so with {flag}",
+            path.display(),
+            label.slot,
+            label.pool_name,
+            label.pool_uuid,
+        )
+    }
+
+    /// Sparse drive files that may still grow by more than their filesystem has free: one
+    /// warning per filesystem, with the numbers. When such a filesystem fills, writes to the
+    /// drives on it fail.
+    pub(crate) fn overcommit_warnings(&self) -> Vec<String> {
+        let Ok(paths) = self.candidate_paths() else { return Vec::new() };
+        overcommit_warnings(&paths)
     }
 
     /// Opens the pool from the drives found (in any order). `opener` says who asks, so that a
@@ -212,6 +351,7 @@ impl PoolDir {
         capacity: usize,
         drive_bytes: u64,
         specs: &[DriveSpec],
+        overwrite: &[PathBuf],
     ) -> Result<Pool<FileDevice>> {
         if self.exists() {
             bail!("a pool already exists at {}; pick another --pool directory", self.path.display());
@@ -219,12 +359,38 @@ impl PoolDir {
         if fast + capacity + specs.len() == 0 {
             bail!("no drives: give --fast N and/or --capacity N (with --drive-size), or --drive CLASS:PATH");
         }
+        // Every --drive is checked before anything is created: that it opens, is given once
+        // (by any spelling), and carries no other pool's superblock unless --overwrite names it.
+        let mut given: Vec<(PathBuf, FileDevice, &DriveSpec)> = Vec::new();
+        let mut seen: HashMap<Identity, PathBuf> = HashMap::new();
+        for spec in specs {
+            let path = absolute(&spec.path)?;
+            let dev = FileDevice::open(&path, &FileOptions::default())
+                .with_context(|| format!("cannot open {}", spec.path.display()))?;
+            let id = identity(&path).with_context(|| format!("cannot stat {}", path.display()))?;
+            if let Some(first) = seen.insert(id, path.clone()) {
+                bail!(
+                    "{} is given twice (as {} and as {}); a device can be one drive only",
+                    path.display(),
+                    first.display(),
+                    spec.path.display()
+                );
+            }
+            let named = overwrite.iter().any(|o| identity(o).ok() == Some(id));
+            PoolDir::refuse_labelled(&dev, &path, named, &format!("--overwrite {}", spec.path.display()))
+                .await?;
+            given.push((path, dev, spec));
+        }
         fs::create_dir_all(self.drives_dir())?;
+        let drives_dir = absolute(&self.drives_dir())?;
         let mut drives = Vec::new();
         let mut made = Vec::new();
+        // Files are named after the slot (drive id) they get: `fast-0.img` is drive 0.
+        let mut slot = 0;
         for (class, n) in [(DriveClass::Fast, fast), (DriveClass::Capacity, capacity)] {
-            for i in 0..n {
-                let path = self.drives_dir().join(format!("{class}-{i}.img"));
+            for _ in 0..n {
+                let path = drives_dir.join(format!("{class}-{slot}.img"));
+                slot += 1;
                 let dev = FileDevice::create(&path, drive_bytes)
                     .with_context(|| format!("cannot create drive file {}", path.display()))?;
                 made.push(path.clone());
@@ -237,12 +403,11 @@ impl PoolDir {
                 });
             }
         }
-        for spec in specs {
-            let dev = FileDevice::open(&spec.path, &FileOptions::default())
-                .with_context(|| format!("cannot open {}", spec.path.display()))?;
+        let devices: Vec<String> = given.iter().map(|(p, _, _)| p.display().to_string()).collect();
+        for (path, dev, spec) in given {
             drives.push(NewDrive {
                 dev,
-                path: spec.path.display().to_string(),
+                path: path.display().to_string(),
                 class: spec.class,
                 domain: spec.domain.clone(),
                 fresh: false,
@@ -251,10 +416,7 @@ impl PoolDir {
         let result = Pool::create(name, drives).await;
         match result {
             Ok(pool) => {
-                self.write_config(&PoolConfig {
-                    name: name.into(),
-                    devices: specs.iter().map(|s| s.path.display().to_string()).collect(),
-                })?;
+                self.write_config(&PoolConfig { name: name.into(), devices })?;
                 Ok(pool)
             }
             Err(e) => {
@@ -270,10 +432,82 @@ impl PoolDir {
     pub(crate) fn add_device(&self, path: &Path) -> Result<()> {
         let mut config = self.config()?;
         let p = path.display().to_string();
-        if !config.devices.contains(&p) && !path.starts_with(self.drives_dir()) {
+        let ours = absolute(&self.drives_dir()).is_ok_and(|d| path.starts_with(d));
+        if !config.devices.contains(&p) && !ours {
             config.devices.push(p);
             self.write_config(&config)?;
         }
         Ok(())
+    }
+}
+
+/// [`PoolDir::overcommit_warnings`] for these drive paths.
+fn overcommit_warnings(paths: &[PathBuf]) -> Vec<String> {
+    // Per filesystem: how much the sparse files on it may still grow, and a directory on it.
+    let mut growth: HashMap<u64, (u64, usize, PathBuf)> = HashMap::new();
+    for p in paths {
+        let Ok(m) = fs::metadata(p) else { continue };
+        if !m.file_type().is_file() {
+            continue;
+        }
+        let allocated = m.blocks() * 512;
+        let entry = growth.entry(m.dev()).or_insert((0, 0, p.parent().unwrap_or(p).to_path_buf()));
+        entry.0 += m.len().saturating_sub(allocated);
+        entry.1 += 1;
+    }
+    let mut out = Vec::new();
+    for (grow, files, dir) in growth.into_values() {
+        let Ok(st) = rustix::fs::statvfs(&dir) else { continue };
+        let free = st.f_bavail.saturating_mul(st.f_frsize);
+        if grow > free {
+            out.push(format!(
+                "{files} sparse drive file(s) in {} can still grow by {}, but their filesystem has {} free: \
+                 when it fills, writes to those drives fail (free space, or use smaller or fewer drives)",
+                dir.display(),
+                format_size(grow),
+                format_size(free)
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overcommit_is_reported_with_the_numbers() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let small = dir.path().join("small.img");
+        fs::File::create(&small).expect("create").set_len(1 << 20).expect("size");
+        assert!(overcommit_warnings(std::slice::from_ref(&small)).is_empty(), "1 MiB fits");
+        let huge = dir.path().join("huge.img");
+        // Larger than any filesystem this runs on, and sparse: nothing is allocated.
+        fs::File::create(&huge).expect("create").set_len(1 << 60).expect("size");
+        let w = overcommit_warnings(&[small, huge]);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].starts_with("2 sparse drive file(s)") && w[0].contains("can still grow by 1024 PiB"),
+            "{}",
+            w[0]
+        );
+    }
+
+    #[test]
+    fn absolute_paths_do_not_depend_on_the_spelling() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("d.img");
+        fs::write(&f, b"x").expect("write");
+        let dotted = dir.path().join(".").join("d.img");
+        assert_eq!(absolute(&dotted).expect("resolves"), absolute(&f).expect("resolves"));
+        assert_eq!(identity(&dotted).expect("stat"), identity(&f).expect("stat"));
+        let missing = dir.path().join("new.img");
+        assert_eq!(
+            absolute(&missing).expect("parent exists"),
+            fs::canonicalize(dir.path()).expect("c").join("new.img")
+        );
+        assert!(absolute(Path::new("/nonexistent-dir-x/y.img")).is_err());
     }
 }

@@ -8,87 +8,20 @@
 //! JSON key sets and order and the human tables; a change to one is a change of the CLI.
 //!
 //! The commands run without a daemon (each opens the pool itself), one after the other, from the
-//! pool's parent directory with a relative `--pool`, so that drive paths (and so the widths of
-//! the tables that show them) do not depend on where the temporary directory is. Logs are at
-//! `warn`: the info lines are not the command's output, a warning or an error is.
+//! pool's parent directory with a relative `--pool`. Drive paths are shown absolute (masked as
+//! `<TMP>`); they are the last column of the tables, so their length widens no other column.
+//! Logs are at `warn`: the info lines are not the command's output, a warning or an error is.
 
 use std::collections::BTreeSet;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
-/// The pool directory, relative to the temporary directory the commands run in.
-const POOL: &str = "pool";
-/// Longer than any command here takes on a loaded machine; a hung command fails the test.
-const COMMAND_TIMEOUT: Duration = Duration::from_secs(300);
+use crate::common::{Outcome, POOL, Stria};
 
 fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
 }
 
-/// What one run of the binary gave.
-struct Outcome {
-    stdout: String,
-    stderr: String,
-    /// The exit code, or `None` when a signal ended it.
-    code: Option<i32>,
-}
-
-/// Runs the built `stria` in a temporary directory holding the pool.
-struct Stria {
-    dir: tempfile::TempDir,
-}
-
 impl Stria {
-    fn new() -> Self {
-        Self { dir: tempfile::tempdir().expect("temporary directory") }
-    }
-
-    /// `stria --pool pool ARGS...` in the temporary directory.
-    fn run(&self, args: &[&str]) -> Outcome {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_stria"))
-            .arg("--pool")
-            .arg(POOL)
-            .args(args)
-            .current_dir(self.dir.path())
-            .env_remove("STRIA_POOL")
-            .env_remove("STRIA_WORKER_THREADS")
-            .env_remove("NO_COLOR")
-            .env("STRIA_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn the stria binary");
-        let drain = |mut pipe: Box<dyn Read + Send>| {
-            std::thread::spawn(move || {
-                let mut bytes = Vec::new();
-                pipe.read_to_end(&mut bytes).expect("read the output of stria");
-                String::from_utf8(bytes).expect("stria prints UTF-8")
-            })
-        };
-        let stdout = drain(Box::new(child.stdout.take().expect("piped stdout")));
-        let stderr = drain(Box::new(child.stderr.take().expect("piped stderr")));
-        let start = Instant::now();
-        let status = loop {
-            if let Some(status) = child.try_wait().expect("wait for stria") {
-                break status;
-            }
-            if start.elapsed() > COMMAND_TIMEOUT {
-                child.kill().ok();
-                child.wait().ok();
-                panic!("`stria {}` did not finish in {COMMAND_TIMEOUT:?}", args.join(" "));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        Outcome {
-            stdout: stdout.join().expect("stdout reader"),
-            stderr: stderr.join().expect("stderr reader"),
-            code: status.code(),
-        }
-    }
-
     /// The file as the golden files show it: the command, stdout, stderr and exit code, masked.
     fn render(&self, args: &[&str], out: &Outcome) -> String {
         let code = out.code.map_or_else(|| "killed by a signal".to_string(), |c| c.to_string());

@@ -2,3 +2,5 @@
 //! module (one link of the dependency graph instead of one per file).
 
 mod cli_output;
+mod common;
+mod operator_safety;

@@ -100,6 +100,26 @@ pub(crate) async fn read_superblock<D: BlockDevice>(dev: &D) -> Result<Superbloc
     best.ok_or(first_error)
 }
 
+/// Who a device says it belongs to, read from its superblock without opening any pool: what
+/// the CLI checks before it formats a device (is it already a drive of this or another pool?).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriveLabel {
+    pub pool_uuid: Uuid,
+    pub pool_name: String,
+    pub slot: u32,
+    pub drive_uuid: Uuid,
+}
+
+/// The label of `dev`, or `None` when it holds no readable stria superblock.
+pub async fn read_label<D: BlockDevice>(dev: &D) -> Option<DriveLabel> {
+    read_superblock(dev).await.ok().map(|sb| DriveLabel {
+        pool_uuid: sb.pool_uuid,
+        pool_name: sb.pool_name,
+        slot: sb.slot,
+        drive_uuid: sb.drive_uuid,
+    })
+}
+
 /// Reads both metadata slots of a drive; returns the valid documents.
 pub(crate) async fn read_metadata<D: BlockDevice>(dev: &D, layout: &DriveLayout) -> Vec<PoolMeta> {
     let mut found = Vec::new();

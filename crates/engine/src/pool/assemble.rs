@@ -123,6 +123,10 @@ impl<D: BlockDevice> Pool<D> {
             tracing::warn!(error = %e, "opening without a quorum because of --force");
         }
 
+        // Where each drive was found this time: what `status` shows from now on (drives are
+        // recognised by their superblocks, so a path is only a record of where one was seen).
+        let found_at: Vec<(u32, String)> =
+            candidates.iter().map(|(sb, fd)| (sb.slot, fd.path.clone())).collect();
         let (drives, findings, missing) = open_drives(candidates, &meta).await?;
         let txn_next = findings
             .iter()
@@ -145,7 +149,15 @@ impl<D: BlockDevice> Pool<D> {
             };
             core.fail_drive(slot, reason).await?;
         }
-        core.update(|_| Ok(((), true))).await?;
+        core.update(move |m| {
+            for (slot, path) in found_at {
+                if let Some(rec) = m.drives.iter_mut().find(|d| d.slot == slot) {
+                    rec.path_hint = path;
+                }
+            }
+            Ok(((), true))
+        })
+        .await?;
 
         let mut pool = Pool::from_core(Arc::clone(&core), Default::default());
         for rec in &meta.volumes {

@@ -33,7 +33,7 @@ use crate::format::superblock::Superblock;
 use crate::units::format_size;
 use crate::volume::locks::StripeLocks;
 use crate::volume::map::{Geometry, Member, NOT_REBUILDING, Segment, VolumeMap};
-use crate::volume::{Family, Volume, VolumeCounters};
+use crate::volume::{Family, Volume, VolumeCounters, VolumeState};
 
 pub use rebuild::RebuildProgress;
 pub use recovery::RecoveryReport;
@@ -483,6 +483,17 @@ impl<D: BlockDevice> Pool<D> {
                 Ok(((), true))
             })
             .await
+    }
+
+    /// The volumes on the drive in `slot` that could not be read whole if it failed (no other
+    /// copy or enough parity left), each with its state now. What `drive fail` refuses to do
+    /// without `--force`, and what `drive replace` would have nothing to rebuild from.
+    pub fn volumes_lost_without(&self, slot: u32) -> Vec<(String, VolumeState)> {
+        self.volumes()
+            .into_iter()
+            .filter(|v| v.uses_drive(slot) && v.state_if_failed(slot) == VolumeState::Failed)
+            .map(|v| (v.name().to_string(), v.state()))
+            .collect()
     }
 
     /// Fails a drive by hand (`stria drive fail`).

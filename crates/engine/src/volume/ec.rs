@@ -477,7 +477,7 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
                 let block = member.start_block + self.geo.member_block(row, first + i as u64);
                 let data = IoBytes::copy_from(&buf[i * BLOCK_USIZE..j * BLOCK_USIZE]);
                 match member.drive.write(block, data, false).await {
-                    Ok(()) => self.note_repair(&member.drive, (j - i) as u64),
+                    Ok(()) => self.note_repair(&member.drive, block, (j - i) as u64),
                     Err(e) => {
                         self.fail_drive(&member.drive, format!("repair write failed: {e}")).await?;
                         break;
@@ -550,7 +550,7 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
         for (p, result) in pieces.iter().zip(results) {
             let drive = &seg.members[p.member].drive;
             match result {
-                Ok(()) if p.repair => self.note_repair(drive, p.data.len() as u64 / BLOCK_BYTES),
+                Ok(()) if p.repair => self.note_repair(drive, p.block, p.data.len() as u64 / BLOCK_BYTES),
                 Ok(()) => {}
                 Err(e) => self.fail_drive(drive, format!("write failed: {e}")).await?,
             }

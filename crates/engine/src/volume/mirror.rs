@@ -258,7 +258,7 @@ impl<D: BlockDevice> InFamily<'_, Mirror, D> {
             }
             let slice = data.slice(i * BLOCK_USIZE..j * BLOCK_USIZE);
             match member.drive.write(base + i as u64, slice, false).await {
-                Ok(()) => self.note_repair(&member.drive, (j - i) as u64),
+                Ok(()) => self.note_repair(&member.drive, base + i as u64, (j - i) as u64),
                 Err(e) => {
                     self.fail_drive(&member.drive, format!("repair write failed: {e}")).await?;
                     return Ok(());

@@ -384,7 +384,7 @@ where
             return Ok(());
         }
         let split = ZeroSplit::new(offset_bytes, len_bytes, self.unmap_unit_blocks() * BLOCK_BYTES);
-        let not_healthy = self.cheap_zero_needs_healthy() && self.state_in() != VolumeState::Healthy;
+        let not_healthy = self.cheap_zero_needs_healthy() && self.state_in(None) != VolumeState::Healthy;
         if fast_only && (split.has_slow_part() || not_healthy) {
             return Err(VolumeError::NotCheap { offset_bytes, len_bytes });
         }
@@ -465,18 +465,20 @@ where
         Ok(out.finish(&span))
     }
 
-    /// [`Volume::state`].
-    fn state_in(&self) -> VolumeState {
+    /// [`Volume::state`], as it would be if the drive in `also_failed` failed too.
+    fn state_in(&self, also_failed: Option<u32>) -> VolumeState {
         let map = self.map.load();
         let tolerance = self.geo.layout.tolerance();
         let mut state = VolumeState::Healthy;
         for seg in &map.segments {
             for group in self.failure_groups(seg.members.len()) {
-                let failed = group.iter().filter(|&&m| seg.members[m].drive.is_failed()).count() as u32;
-                let rebuilding = group
-                    .iter()
-                    .filter(|&&m| !seg.members[m].drive.is_failed() && seg.members[m].rebuilding())
-                    .count() as u32;
+                let out = |m: usize| {
+                    let d = &seg.members[m].drive;
+                    d.is_failed() || also_failed == Some(d.slot())
+                };
+                let failed = group.iter().filter(|&&m| out(m)).count() as u32;
+                let rebuilding =
+                    group.iter().filter(|&&m| !out(m) && seg.members[m].rebuilding()).count() as u32;
                 if failed + rebuilding > tolerance {
                     // A rebuild onto a new member can still finish only if enough members survive.
                     return VolumeState::Failed;
@@ -713,7 +715,18 @@ impl<D: BlockDevice> Volume<D> {
 
     /// Current health, from the state of the members.
     pub fn state(&self) -> VolumeState {
-        with_family!(self, |f| f.state_in())
+        with_family!(self, |f| f.state_in(None))
+    }
+
+    /// The health the volume would have if the drive in `slot` failed as well (what `drive
+    /// fail` and `drive replace` check before they act).
+    pub fn state_if_failed(&self, slot: u32) -> VolumeState {
+        with_family!(self, |f| f.state_in(Some(slot)))
+    }
+
+    /// True when a member of the volume is on the drive in `slot`.
+    pub fn uses_drive(&self, slot: u32) -> bool {
+        self.map.load().segments.iter().any(|s| s.members.iter().any(|m| m.drive.slot() == slot))
     }
 
     /// Fails `drive` after an error (persisting it) before the request that saw it completes.
@@ -721,8 +734,15 @@ impl<D: BlockDevice> Volume<D> {
         self.core.fail_drive(drive.slot(), reason).await.map_err(|e| self.pool_error(e))
     }
 
-    /// Counts a block repaired on `drive`.
-    pub(crate) fn note_repair(&self, drive: &Drive<D>, blocks: u64) {
+    /// Counts and logs `blocks` blocks at `drive_block` of `drive` rewritten from redundancy.
+    pub(crate) fn note_repair(&self, drive: &Drive<D>, drive_block: u64, blocks: u64) {
+        tracing::warn!(
+            volume = %self.name,
+            drive = drive.slot(),
+            drive_offset_bytes = drive.superblock().layout.data_offset_bytes + drive_block * BLOCK_BYTES,
+            bytes = blocks * BLOCK_BYTES,
+            "repaired a bad range from redundancy"
+        );
         drive.record_repairs(blocks);
         self.counters.repaired_blocks.fetch_add(blocks, Relaxed);
     }

@@ -1,0 +1,86 @@
+//! What the integration tests share: running the built `stria` binary in a temporary directory.
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The pool directory, relative to the temporary directory the commands run in.
+pub(crate) const POOL: &str = "pool";
+/// Longer than any command here takes on a loaded machine; a hung command fails the test.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The binary under test: the one cargo built, or `STRIA_TEST_BIN` (to show that a test fails
+/// on an older build: `STRIA_TEST_BIN=/old/target/debug/stria cargo test -p stria --test
+/// stria_cli -- operator_safety`).
+pub(crate) fn binary() -> std::path::PathBuf {
+    std::env::var_os("STRIA_TEST_BIN").map_or_else(|| env!("CARGO_BIN_EXE_stria").into(), Into::into)
+}
+
+/// What one run of the binary gave.
+pub(crate) struct Outcome {
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
+    /// The exit code, or `None` when a signal ended it.
+    pub(crate) code: Option<i32>,
+}
+
+/// Runs the built `stria` in a temporary directory holding the pool.
+pub(crate) struct Stria {
+    pub(crate) dir: tempfile::TempDir,
+}
+
+impl Stria {
+    pub(crate) fn new() -> Self {
+        Self { dir: tempfile::tempdir().expect("temporary directory") }
+    }
+
+    /// `stria --pool pool ARGS...` in the temporary directory.
+    pub(crate) fn run(&self, args: &[&str]) -> Outcome {
+        self.run_in(self.dir.path(), args)
+    }
+
+    /// `stria --pool pool ARGS...` with `cwd` as the working directory.
+    pub(crate) fn run_in(&self, cwd: &Path, args: &[&str]) -> Outcome {
+        let mut child = Command::new(binary())
+            .arg("--pool")
+            .arg(POOL)
+            .args(args)
+            .current_dir(cwd)
+            .env_remove("STRIA_POOL")
+            .env_remove("STRIA_WORKER_THREADS")
+            .env_remove("NO_COLOR")
+            .env("STRIA_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn the stria binary");
+        let drain = |mut pipe: Box<dyn Read + Send>| {
+            std::thread::spawn(move || {
+                let mut bytes = Vec::new();
+                pipe.read_to_end(&mut bytes).expect("read the output of stria");
+                String::from_utf8(bytes).expect("stria prints UTF-8")
+            })
+        };
+        let stdout = drain(Box::new(child.stdout.take().expect("piped stdout")));
+        let stderr = drain(Box::new(child.stderr.take().expect("piped stderr")));
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait for stria") {
+                break status;
+            }
+            if start.elapsed() > COMMAND_TIMEOUT {
+                child.kill().ok();
+                child.wait().ok();
+                panic!("`stria {}` did not finish in {COMMAND_TIMEOUT:?}", args.join(" "));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        Outcome {
+            stdout: stdout.join().expect("stdout reader"),
+            stderr: stderr.join().expect("stderr reader"),
+            code: status.code(),
+        }
+    }
+}
