@@ -143,42 +143,39 @@ impl Ctx<'_> {
 
 /// Refuses to take out of service the last copy of some data, unless forced.
 fn check_not_last_copy(pool: &Pool<FileDevice>, slot: u32, what: &str, force: bool) -> Result<()> {
-    let lost: Vec<String> = pool
-        .volumes_lost_without(slot)
-        .into_iter()
-        .filter(|(_, now)| *now != VolumeState::Failed)
-        .map(|(name, _)| name)
-        .collect();
-    if lost.is_empty() {
-        return Ok(());
-    }
-    if force {
-        tracing::warn!(slot, volumes = ?lost, "{what} though volumes lose their last copy (--force)");
-        return Ok(());
-    }
-    bail!(
-        "drive {slot} holds the last in-sync copy of data of volume(s) {}: {what} would make them \
-         unreadable. Replace or bring back another drive first, or run the same command again with --force",
-        lost.join(", ")
-    )
+    let lost = pool.volumes_lost_without(slot).into_iter().filter(|(_, now)| *now != VolumeState::Failed);
+    guard(lost.map(|(name, _)| name).collect(), force, |volumes| {
+        format!(
+            "drive {slot} holds the last in-sync copy of data of volume(s) {volumes}: {what} would make \
+             them unreadable. Replace or bring back another drive first, or run the same command again \
+             with --force"
+        )
+    })
 }
 
 /// Refuses to rebuild onto a drive when no volume on it has anything to rebuild from.
 fn check_rebuild_source(pool: &Pool<FileDevice>, slot: u32, force: bool) -> Result<()> {
-    let lost: Vec<String> = pool.volumes_lost_without(slot).into_iter().map(|(name, _)| name).collect();
+    let lost = pool.volumes_lost_without(slot).into_iter().map(|(name, _)| name).collect();
+    guard(lost, force, |volumes| {
+        format!(
+            "nothing to rebuild drive {slot} from: volume(s) {volumes} have no other copy or parity of \
+             what it held (too many drives failed). Bring a failed drive back first (`stria drive online \
+             ID`), or run the same command again with --force to accept that their data there is lost"
+        )
+    })
+}
+
+/// Refuses with `refusal(volumes)` when `lost` names volumes, unless `force` (then it warns).
+fn guard(lost: Vec<String>, force: bool, refusal: impl Fn(&str) -> String) -> Result<()> {
     if lost.is_empty() {
         return Ok(());
     }
+    let message = refusal(&lost.join(", "));
     if force {
-        tracing::warn!(slot, volumes = ?lost, "rebuilding with no source for some volumes (--force): their data on the drive is lost");
+        tracing::warn!("going ahead because of --force: {message}");
         return Ok(());
     }
-    bail!(
-        "nothing to rebuild drive {slot} from: volume(s) {} have no other copy or parity of what it held \
-         (too many drives failed). Bring a failed drive back first (`stria drive online ID`), or run \
-         the same command again with --force to accept that their data there is lost",
-        lost.join(", ")
-    )
+    bail!(message)
 }
 
 /// Finds a drive by slot number or by path.

@@ -176,12 +176,14 @@ fn item6_a_replacement_with_nothing_to_rebuild_from_is_refused() {
 struct Daemon {
     child: Child,
     socket: PathBuf,
+    /// Reads the log as it comes (a full pipe would block the daemon).
+    log: Option<std::thread::JoinHandle<String>>,
 }
 
 impl Daemon {
     fn start(stria: &Stria) -> Daemon {
         let socket = stria.dir.path().join("nbd.sock");
-        let child = Command::new(binary())
+        let mut child = Command::new(binary())
             .args(["--pool", POOL, "serve", "--nbd"])
             .arg(format!("unix:{}", socket.display()))
             .current_dir(stria.dir.path())
@@ -197,7 +199,13 @@ impl Daemon {
             assert!(start.elapsed() < Duration::from_secs(60), "stria serve did not start");
             std::thread::sleep(Duration::from_millis(50));
         }
-        Daemon { child, socket }
+        let mut pipe = child.stderr.take().expect("piped");
+        let log = std::thread::spawn(move || {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut pipe, &mut text).expect("read the log");
+            text
+        });
+        Daemon { child, socket, log: Some(log) }
     }
 
     fn signal(&self, sig: &str) {
@@ -208,10 +216,9 @@ impl Daemon {
     /// Stops it with SIGTERM; returns its exit code and log.
     fn stop(mut self) -> (Option<i32>, String) {
         self.signal("TERM");
-        let mut err = String::new();
-        std::io::Read::read_to_string(self.child.stderr.as_mut().expect("piped"), &mut err).expect("log");
         let code = self.child.wait().expect("wait").code();
-        (code, err)
+        let log = self.log.take().expect("once").join().expect("log reader");
+        (code, log)
     }
 }
 
