@@ -10,10 +10,28 @@ use tokio_rustls::TlsAcceptor;
 
 /// Bounds on what clients may make the server hold. Every field has a default (see
 /// [`Limits::default`]) and is documented in `docs/nbd.md`.
+///
+/// A connection is first *handshaking* (from accept to the end of option haggling) and then, if
+/// the client chose an export, *transmitting*. The two phases have separate budgets, so sockets
+/// that never finish a handshake cannot take the places of clients that did, and the handshake
+/// budget is bounded in time by `handshake_timeout`. The per-peer limits apply to TCP clients (one
+/// peer is one IP address); Unix-socket clients have no per-peer limit (the socket file's
+/// permissions decide who may connect, and there is no address to tell local peers apart).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
-    /// Open connections (handshaking or transmitting); more are accepted and closed at once.
+    /// Connections in the handshake (accepted, not yet transmitting). More are accepted and
+    /// closed at once.
+    pub max_handshaking: usize,
+    /// Connections in the handshake from one TCP peer (IP address). More from that peer are
+    /// accepted and closed at once.
+    pub max_handshaking_per_peer: usize,
+    /// Connections in transmission. A handshake that ends while this many are transmitting is
+    /// refused: `NBD_OPT_GO` is answered `NBD_REP_ERR_POLICY` (the client may retry within the
+    /// handshake timeout), `NBD_OPT_EXPORT_NAME` closes the connection.
     pub max_connections: usize,
+    /// Connections in transmission from one TCP peer (IP address); refused like
+    /// `max_connections`.
+    pub max_connections_per_peer: usize,
     /// Requests one connection may have in flight (executing or with replies not yet sent).
     /// Further requests are not read until one finishes.
     pub max_requests_in_flight: usize,
@@ -26,7 +44,8 @@ pub struct Limits {
     pub max_option_bytes: u32,
     /// Options one handshake may send before the connection is closed.
     pub max_options_per_handshake: u32,
-    /// Time from accept to the end of the handshake (including TLS).
+    /// Time from accept to the end of the handshake (including TLS); then the connection is
+    /// closed and its handshake place freed.
     pub handshake_timeout: Duration,
     /// How long a graceful shutdown waits for connections to finish their in-flight requests.
     pub shutdown_grace: Duration,
@@ -37,13 +56,16 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Limits {
         Limits {
+            max_handshaking: 64,
+            max_handshaking_per_peer: 16,
             max_connections: 128,
+            max_connections_per_peer: 64,
             max_requests_in_flight: 128,
             max_in_flight_bytes: 64 << 20,
             max_payload_bytes: 32 << 20,
             max_option_bytes: 64 << 10,
             max_options_per_handshake: 1024,
-            handshake_timeout: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(10),
             max_extents_per_reply: 4096,
         }
@@ -187,8 +209,24 @@ impl ServerConfig {
             return Err(ConfigError::MissingCertificate);
         }
         let limits = &self.limits;
-        if limits.max_connections == 0 {
-            return Err(ConfigError::BadLimit { name: "max_connections", reason: "must be at least 1" });
+        let at_least_one = [
+            ("max_handshaking", limits.max_handshaking),
+            ("max_handshaking_per_peer", limits.max_handshaking_per_peer),
+            ("max_connections", limits.max_connections),
+            ("max_connections_per_peer", limits.max_connections_per_peer),
+        ];
+        for (name, value) in at_least_one {
+            if value == 0 {
+                return Err(ConfigError::BadLimit { name, reason: "must be at least 1" });
+            }
+        }
+        // Tokio semaphores hold at most usize::MAX >> 3 permits.
+        for (name, value) in
+            [("max_handshaking", limits.max_handshaking), ("max_connections", limits.max_connections)]
+        {
+            if value > u32::MAX as usize {
+                return Err(ConfigError::BadLimit { name, reason: "must fit in 32 bits" });
+            }
         }
         if limits.max_requests_in_flight == 0 {
             return Err(ConfigError::BadLimit {
@@ -212,5 +250,25 @@ impl ServerConfig {
             });
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(limits: Limits) -> Result<(), ConfigError> {
+        ServerConfig { limits, ..ServerConfig::default() }.validate()
+    }
+
+    #[test]
+    fn defaults_are_valid_and_connection_limits_positive() {
+        check(Limits::default()).unwrap();
+        let bad = |name| Err(ConfigError::BadLimit { name, reason: "must be at least 1" });
+        assert_eq!(check(Limits { max_handshaking: 0, ..Limits::default() }), bad("max_handshaking"));
+        assert_eq!(
+            check(Limits { max_connections_per_peer: 0, ..Limits::default() }),
+            bad("max_connections_per_peer")
+        );
     }
 }

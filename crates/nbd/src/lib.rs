@@ -27,6 +27,7 @@
 
 #![forbid(unsafe_code)]
 
+mod admission;
 mod config;
 mod conn_io;
 mod export;
@@ -41,6 +42,7 @@ mod slots;
 mod transmission;
 pub mod wire;
 
+pub use admission::ServerStats;
 pub use config::{ConfigError, Limits, ServerConfig, TlsConfig, TlsMode};
 pub use export::{
     BoxFuture, Export, ExportError, ExportMap, ExportRegistry, Extent, NamedExport, RegistryError,

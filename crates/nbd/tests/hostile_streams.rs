@@ -121,15 +121,23 @@ async fn in_flight_limits_bound_what_a_client_can_queue() {
 }
 
 #[tokio::test]
-async fn connection_limit_refuses_extra_connections() {
-    let fx = fixture_with(Limits { max_connections: 1, ..Limits::default() });
+async fn handshake_limit_refuses_extra_connections() {
+    let fx = fixture_with(Limits { max_handshaking: 1, ..Limits::default() });
     let mut first = connect(&fx.server);
-    first.handshake("disk", false, false).await;
+    first.greet(stria_nbd::proto::CLIENT_FIXED_NEWSTYLE).await;
     let mut second = connect(&fx.server);
     let mut byte = [0u8; 1];
     assert_eq!(second.stream.read(&mut byte).await.unwrap(), 0, "second connection must be closed");
+    // Entering transmission frees the handshake place.
+    first.send_option(stria_nbd::proto::opt::GO, &crate::common::info_data("disk", &[])).await;
+    let replies = first.read_option_replies().await;
+    assert_eq!(replies.last().unwrap().reply_type, stria_nbd::proto::rep::ACK);
+    let mut third = connect(&fx.server);
+    third.handshake("disk", false, false).await;
     first.send_request(cmd::FLUSH, 0, 1, 0, 0, &[]).await;
     assert_eq!(first.read_reply().await.error(), 0);
+    third.send_request(cmd::FLUSH, 0, 2, 0, 0, &[]).await;
+    assert_eq!(third.read_reply().await.error(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
