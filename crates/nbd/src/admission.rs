@@ -1,5 +1,6 @@
 //! Connection budgets: places in the handshake and in transmission, server-wide and per peer,
-//! and the gauges behind [`crate::Server::stats`].
+//! the server-wide budget of bytes held for requests in flight, and the gauges behind
+//! [`crate::Server::stats`].
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -19,6 +20,16 @@ pub struct ServerStats {
     pub transmitting: usize,
     /// Connections refused so far (at accept, or at the end of the handshake), for any limit.
     pub refused_connections: u64,
+    /// Bytes taken from the server-wide in-flight budget (`max_total_in_flight_bytes`) now. Always
+    /// at least what connections hold for requests in flight.
+    pub reserved_bytes: usize,
+    /// The most `reserved_bytes` has been since the server started.
+    pub peak_reserved_bytes: usize,
+    /// Bytes connections hold for requests in flight now (as counted for `max_in_flight_bytes`),
+    /// as of each connection's last poll.
+    pub held_bytes: usize,
+    /// Connections closed because their client read no replies for `send_timeout`.
+    pub stalled_connections_closed: u64,
 }
 
 /// Counters shared by every connection of a server.
@@ -27,11 +38,36 @@ pub(crate) struct Gauges {
     handshaking: AtomicUsize,
     transmitting: AtomicUsize,
     refused: AtomicU64,
+    reserved_bytes: AtomicUsize,
+    peak_reserved_bytes: AtomicUsize,
+    held_bytes: AtomicUsize,
+    stalled_closed: AtomicU64,
 }
 
 impl Gauges {
+    pub(crate) fn reserved(&self, bytes: usize) {
+        let now = self.reserved_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak_reserved_bytes.fetch_max(now, Ordering::Relaxed);
+    }
+
+    pub(crate) fn released(&self, bytes: usize) {
+        self.reserved_bytes.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    pub(crate) fn held_changed(&self, before: usize, after: usize) {
+        if after > before {
+            self.held_bytes.fetch_add(after - before, Ordering::Relaxed);
+        } else if before > after {
+            self.held_bytes.fetch_sub(before - after, Ordering::Relaxed);
+        }
+    }
+
     pub(crate) fn refused(&self) {
         self.refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn stalled_closed(&self) {
+        self.stalled_closed.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn snapshot(&self) -> ServerStats {
@@ -39,6 +75,10 @@ impl Gauges {
             handshaking: self.handshaking.load(Ordering::Relaxed),
             transmitting: self.transmitting.load(Ordering::Relaxed),
             refused_connections: self.refused.load(Ordering::Relaxed),
+            reserved_bytes: self.reserved_bytes.load(Ordering::Relaxed),
+            peak_reserved_bytes: self.peak_reserved_bytes.load(Ordering::Relaxed),
+            held_bytes: self.held_bytes.load(Ordering::Relaxed),
+            stalled_connections_closed: self.stalled_closed.load(Ordering::Relaxed),
         }
     }
 }
@@ -62,13 +102,15 @@ struct PeerCount {
     transmitting: usize,
 }
 
-/// Places in the handshake and in transmission.
+/// Places in the handshake and in transmission, and the in-flight byte budget.
 #[derive(Debug)]
 pub(crate) struct Admission {
     limits: Limits,
     handshaking: Arc<Semaphore>,
     transmitting: Arc<Semaphore>,
     peers: Mutex<HashMap<IpAddr, PeerCount>>,
+    /// Permits are bytes of `max_total_in_flight_bytes`.
+    pub(crate) bytes: Arc<Semaphore>,
     pub(crate) gauges: Arc<Gauges>,
 }
 
@@ -101,6 +143,7 @@ impl Admission {
             handshaking: Arc::new(Semaphore::new(limits.max_handshaking)),
             transmitting: Arc::new(Semaphore::new(limits.max_connections)),
             peers: Mutex::new(HashMap::new()),
+            bytes: Arc::new(Semaphore::new(limits.max_total_in_flight_bytes)),
             gauges: Arc::new(Gauges::default()),
         }
     }

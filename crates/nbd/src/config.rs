@@ -35,9 +35,16 @@ pub struct Limits {
     /// Requests one connection may have in flight (executing or with replies not yet sent).
     /// Further requests are not read until one finishes.
     pub max_requests_in_flight: usize,
-    /// Payload bytes one connection may hold in flight (write data received, read data produced
-    /// and not yet sent). A single request is always admitted when nothing else is in flight.
+    /// Bytes one connection may hold for requests in flight: write data received, read data to
+    /// produce or not yet sent, and each request's largest possible reply. A request that would
+    /// go over is not read until enough is sent; a single request is always admitted when the
+    /// connection holds nothing.
     pub max_in_flight_bytes: usize,
+    /// Bytes all connections together may hold for requests in flight (counted as for
+    /// `max_in_flight_bytes`). A connection that cannot get its next request's bytes from this
+    /// budget stops reading requests until they are free (first come, first served); nothing is
+    /// refused. Must be at least one request's worth (`max_payload_bytes` + 1050).
+    pub max_total_in_flight_bytes: usize,
     /// Largest read or write payload (advertised as the maximum block size).
     pub max_payload_bytes: u32,
     /// Largest option payload during the handshake; a larger one closes the connection.
@@ -47,6 +54,10 @@ pub struct Limits {
     /// Time from accept to the end of the handshake (including TLS); then the connection is
     /// closed and its handshake place freed.
     pub handshake_timeout: Duration,
+    /// How long replies may wait for a client that reads none of them: a transmitting connection
+    /// whose queued replies make no progress for this long is closed, which frees the bytes it
+    /// holds for other clients.
+    pub send_timeout: Duration,
     /// How long a graceful shutdown waits for connections to finish their in-flight requests.
     pub shutdown_grace: Duration,
     /// Most extents in one block status reply.
@@ -62,13 +73,24 @@ impl Default for Limits {
             max_connections_per_peer: 64,
             max_requests_in_flight: 128,
             max_in_flight_bytes: 64 << 20,
+            max_total_in_flight_bytes: 1 << 30,
             max_payload_bytes: 32 << 20,
             max_option_bytes: 64 << 10,
             max_options_per_handshake: 1024,
             handshake_timeout: Duration::from_secs(10),
+            send_timeout: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(10),
             max_extents_per_reply: 4096,
         }
+    }
+}
+
+impl Limits {
+    /// The most bytes one request can make a connection hold: its payload (write data or read
+    /// data) and its largest reply (an error chunk with the longest message, or a block status
+    /// reply with `max_extents_per_reply` extents).
+    pub fn max_request_bytes(&self) -> usize {
+        crate::transmission::request_cost_bound(self)
     }
 }
 
@@ -228,6 +250,12 @@ impl ServerConfig {
                 return Err(ConfigError::BadLimit { name, reason: "must fit in 32 bits" });
             }
         }
+        if limits.max_total_in_flight_bytes > usize::MAX >> 3 {
+            return Err(ConfigError::BadLimit {
+                name: "max_total_in_flight_bytes",
+                reason: "must be below 2^61",
+            });
+        }
         if limits.max_requests_in_flight == 0 {
             return Err(ConfigError::BadLimit {
                 name: "max_requests_in_flight",
@@ -249,6 +277,18 @@ impl ServerConfig {
                 reason: "must be at least 1",
             });
         }
+        if u32::try_from(limits.max_request_bytes()).is_err() {
+            return Err(ConfigError::BadLimit {
+                name: "max_payload_bytes",
+                reason: "one request's bytes (payload and largest reply) must fit in 32 bits",
+            });
+        }
+        if limits.max_total_in_flight_bytes < limits.max_request_bytes() {
+            return Err(ConfigError::BadLimit {
+                name: "max_total_in_flight_bytes",
+                reason: "must hold at least one request (max_payload_bytes + 1050, or a block status reply)",
+            });
+        }
         Ok(())
     }
 }
@@ -262,13 +302,28 @@ mod tests {
     }
 
     #[test]
-    fn defaults_are_valid_and_connection_limits_positive() {
+    fn defaults_are_valid_and_budgets_must_hold_a_request() {
         check(Limits::default()).unwrap();
         let bad = |name| Err(ConfigError::BadLimit { name, reason: "must be at least 1" });
         assert_eq!(check(Limits { max_handshaking: 0, ..Limits::default() }), bad("max_handshaking"));
         assert_eq!(
             check(Limits { max_connections_per_peer: 0, ..Limits::default() }),
             bad("max_connections_per_peer")
+        );
+        let one_request = Limits::default().max_request_bytes();
+        assert_eq!(one_request, (32 << 20) + 1050);
+        check(Limits { max_total_in_flight_bytes: one_request, ..Limits::default() }).unwrap();
+        let too_small = check(Limits { max_total_in_flight_bytes: one_request - 1, ..Limits::default() });
+        assert!(
+            matches!(too_small, Err(ConfigError::BadLimit { name: "max_total_in_flight_bytes", .. })),
+            "{too_small:?}"
+        );
+        let status_heavy = Limits { max_extents_per_reply: 8 << 20, ..Limits::default() };
+        assert_eq!(status_heavy.max_request_bytes(), (8 << 20) * 8 + 24);
+        let oversized = check(Limits { max_payload_bytes: u32::MAX, ..Limits::default() });
+        assert!(
+            matches!(oversized, Err(ConfigError::BadLimit { name: "max_payload_bytes", .. })),
+            "{oversized:?}"
         );
     }
 }

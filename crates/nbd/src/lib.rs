@@ -28,6 +28,7 @@
 #![forbid(unsafe_code)]
 
 mod admission;
+mod budget;
 mod config;
 mod conn_io;
 mod export;

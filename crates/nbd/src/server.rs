@@ -14,6 +14,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::admission::{Admission, Place, Refusal, ServerStats};
+use crate::budget::ByteBudget;
 use crate::config::{ConfigError, ServerConfig};
 use crate::export::ExportRegistry;
 use crate::handshake::{self, HandshakeContext, HandshakeEnd, HandshakeError, Negotiated, NegotiationState};
@@ -333,8 +334,11 @@ impl Server {
         );
         let mut shutdown = self.inner.shutdown.subscribe();
         let limits = &self.inner.config.limits;
+        let admission = &self.inner.admission;
+        let budget = ByteBudget::new(Arc::clone(&admission.bytes), Arc::clone(&admission.gauges));
         let shutdown = wait_for_shutdown(&mut shutdown);
-        let (end, requests) = transmission::run(stream, export.as_ref(), session, limits, shutdown).await;
+        let (end, requests) =
+            transmission::run(stream, export.as_ref(), session, limits, budget, shutdown).await;
         match end {
             TransmissionEnd::Protocol(error) => {
                 warn!(peer, export = name, requests, %error, "client disconnected: protocol error")

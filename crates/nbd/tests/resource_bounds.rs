@@ -1,16 +1,19 @@
 //! What hostile or careless clients can make the server hold: places in the handshake and in
-//! transmission (server-wide and per peer).
+//! transmission (server-wide and per peer), bytes in flight per connection and server-wide, and
+//! replies nobody reads.
 #![allow(clippy::cast_possible_truncation)] // test inputs are small, known sizes
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::common::{Client, fixture_with, info_data};
+use crate::common::{Client, GatedExport, connect, fixture_with, gated_server, info_data};
 use stria_nbd::proto::{self, cmd, opt, rep};
 use stria_nbd::{Limits, ListenAddr, Server, ServerHandle, ServerStats};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream, UnixStream};
+
+const MIB: usize = 1 << 20;
 
 fn socket_path(tag: &str) -> PathBuf {
     std::env::temp_dir().join(format!("stria-nbd-bounds-{}-{tag}.sock", std::process::id()))
@@ -48,6 +51,24 @@ async fn wait_for_stats(
         }
         assert!(Instant::now() < deadline, "timed out waiting for {what}: {stats:?}");
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until `probe` has not changed for 300 ms (panics after 10 s).
+async fn wait_until_stable<T: PartialEq + std::fmt::Debug>(probe: impl Fn() -> T) -> T {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last = probe();
+    let mut since = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        let now = probe();
+        if now != last {
+            last = now;
+            since = Instant::now();
+        } else if since.elapsed() >= Duration::from_millis(300) {
+            return last;
+        }
+        assert!(Instant::now() < deadline, "never settled: {last:?}");
     }
 }
 
@@ -197,5 +218,150 @@ async fn per_peer_limits_refuse_only_that_peer() {
     for (tag, client) in [&mut first, &mut second, &mut other, &mut other_second].into_iter().enumerate() {
         round_trip(client, tag as u8).await;
     }
+    handle.shutdown().await;
+}
+
+/// Issue item 2, per connection: the in-flight byte limit is a bound, not a threshold that the
+/// last admitted request may cross. With 4 MiB requests and a 10 MiB limit, two are started, not
+/// three (reads and writes alike).
+#[tokio::test]
+async fn one_connection_holds_at_most_max_in_flight_bytes() {
+    let (export, gate) = GatedExport::new(64 << 20, false);
+    let limits = Limits { max_in_flight_bytes: 10 * MIB, ..Limits::default() };
+    let server = gated_server(limits, export.clone());
+    let mut client = connect(&server);
+    client.handshake("gated", false, false).await;
+    for cookie in 0..10u64 {
+        client.send_request(cmd::READ, 0, cookie, cookie * 4 * MIB as u64, 4 * MIB as u32, &[]).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(export.started(), 2, "requests started beyond the byte limit");
+    let stats = server.stats();
+    assert!(stats.held_bytes <= 10 * MIB && stats.reserved_bytes <= 10 * MIB, "{stats:?}");
+    gate.send_replace(true);
+    for _ in 0..10 {
+        assert_eq!(client.read_reply().await.error(), 0);
+        client.read_exact_data(4 * MIB).await;
+    }
+
+    gate.send_replace(false);
+    let (mut reader, mut writer) = tokio::io::split(client.stream);
+    let sender = tokio::spawn(async move {
+        let data = vec![5u8; 4 * MIB];
+        for cookie in 0..5u64 {
+            let mut request = proto::REQUEST_MAGIC.to_be_bytes().to_vec();
+            request.extend_from_slice(&0u16.to_be_bytes());
+            request.extend_from_slice(&cmd::WRITE.to_be_bytes());
+            request.extend_from_slice(&cookie.to_be_bytes());
+            request.extend_from_slice(&(cookie * 4 * MIB as u64).to_be_bytes());
+            request.extend_from_slice(&(4 * MIB as u32).to_be_bytes());
+            writer.write_all(&request).await.unwrap();
+            writer.write_all(&data).await.unwrap();
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(export.started(), 12, "writes started beyond the byte limit");
+    gate.send_replace(true);
+    let mut header = [0u8; 16];
+    for _ in 0..5 {
+        reader.read_exact(&mut header).await.unwrap();
+        assert_eq!(&header[4..8], &[0, 0, 0, 0]);
+    }
+    sender.await.unwrap();
+}
+
+/// Issue item 2, server-wide: clients that send large reads and never read the replies hold at
+/// most `max_total_in_flight_bytes` together (each at most `max_in_flight_bytes`). A client that
+/// does read waits for bytes (back-pressure, no error) and is served as soon as they are free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_read_nothing_hold_at_most_the_server_wide_cap() {
+    let (export, _gate) = GatedExport::new(64 << 20, true);
+    let cap = 40 * MIB;
+    let limits = Limits {
+        max_in_flight_bytes: 16 * MIB,
+        max_total_in_flight_bytes: cap,
+        send_timeout: Duration::from_secs(600),
+        ..Limits::default()
+    };
+    let server = gated_server(limits, export.clone());
+    let path = socket_path("cap");
+    let handle = server.serve_unix(&path).unwrap();
+
+    let mut deaf = Vec::new();
+    for _ in 0..3 {
+        let mut client = unix_client(&path).await;
+        client.handshake("gated", false, false).await;
+        for cookie in 0..32u64 {
+            client.send_request(cmd::READ, 0, cookie, cookie * 2 * MIB as u64, 2 * MIB as u32, &[]).await;
+        }
+        deaf.push(client);
+    }
+    let started_bytes = wait_until_stable(|| export.started_bytes()).await;
+    let stats = server.stats();
+    assert!(stats.peak_reserved_bytes <= cap, "{stats:?}");
+    assert!(stats.held_bytes <= cap, "{stats:?}");
+    // Reads produced: what the connections hold plus what fit in the three sockets' buffers.
+    assert!(started_bytes <= cap + 3 * MIB, "{} MiB of reads started", started_bytes / MIB);
+    assert!(started_bytes >= cap - 4 * MIB, "the cap is in use: {} MiB", started_bytes / MIB);
+
+    let mut reader = unix_client(&path).await;
+    reader.handshake("gated", false, false).await;
+    reader.send_request(cmd::READ, 0, 77, 0, 2 * MIB as u32, &[]).await;
+    let early = tokio::time::timeout(Duration::from_millis(300), reader.read_reply()).await;
+    assert!(early.is_err(), "served while the cap is taken: {early:?}");
+    // The deaf clients leave; their bytes go to the waiting reader.
+    drop(deaf);
+    let reply = tokio::time::timeout(Duration::from_secs(10), reader.read_reply()).await.expect("served");
+    assert_eq!((reply.cookie(), reply.error()), (77, 0));
+    reader.read_exact_data(2 * MIB).await;
+    wait_for_stats(&server, "bytes given back", |stats| stats.reserved_bytes == 0 && stats.held_bytes == 0)
+        .await;
+    handle.shutdown().await;
+}
+
+/// Issue item 2: a client that reads none of its replies is closed after `send_timeout`, which
+/// frees what it held; a client that reads slowly but steadily is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_no_replies_is_closed_after_the_send_timeout() {
+    let limits = Limits { send_timeout: Duration::from_millis(500), ..Limits::default() };
+    let fx = fixture_with(limits);
+    let path = socket_path("send-timeout");
+    let handle = fx.server.serve_unix(&path).unwrap();
+
+    let mut slow = unix_client(&path).await;
+    slow.handshake("disk", false, false).await;
+    let slow_reader = tokio::spawn(async move {
+        for cookie in 0..4u64 {
+            slow.send_request(cmd::READ, 0, cookie, 0, MIB as u32, &[]).await;
+        }
+        let mut received = 0;
+        let mut chunk = vec![0u8; 128 << 10];
+        while received < 4 * (16 + MIB) {
+            let want = chunk.len().min(4 * (16 + MIB) - received);
+            slow.stream.read_exact(&mut chunk[..want]).await.unwrap();
+            received += want;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        slow
+    });
+
+    let mut deaf = unix_client(&path).await;
+    deaf.handshake("disk", false, false).await;
+    for cookie in 0..16u64 {
+        deaf.send_request(cmd::READ, 0, cookie, 0, MIB as u32, &[]).await;
+    }
+    wait_for_stats(&fx.server, "the deaf client closed", |stats| stats.stalled_connections_closed == 1).await;
+    // What was in the socket buffer, then end of stream: far from all 16 replies.
+    let mut received = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), deaf.stream.read_to_end(&mut received))
+        .await
+        .expect("the server closed the connection")
+        .unwrap();
+    assert!(received.len() < 4 * MIB, "{} bytes received", received.len());
+
+    let mut slow = slow_reader.await.unwrap();
+    round_trip(&mut slow, 9).await;
+    let stats = fx.server.stats();
+    assert_eq!(stats.stalled_connections_closed, 1, "{stats:?}");
     handle.shutdown().await;
 }
