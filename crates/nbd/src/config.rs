@@ -62,6 +62,10 @@ pub struct Limits {
     pub shutdown_grace: Duration,
     /// Most extents in one block status reply.
     pub max_extents_per_reply: usize,
+    /// Warnings that clients can cause once per connection (refused connections, handshake
+    /// timeouts and failures, protocol errors) are logged at most once per this interval and
+    /// kind; the ones in between are counted and reported in one summary line.
+    pub warning_interval: Duration,
 }
 
 impl Default for Limits {
@@ -81,6 +85,7 @@ impl Default for Limits {
             send_timeout: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(10),
             max_extents_per_reply: 4096,
+            warning_interval: Duration::from_secs(10),
         }
     }
 }
@@ -288,6 +293,9 @@ impl ServerConfig {
                 name: "max_total_in_flight_bytes",
                 reason: "must hold at least one request (max_payload_bytes + 1050, or a block status reply)",
             });
+        }
+        if limits.warning_interval.is_zero() {
+            return Err(ConfigError::BadLimit { name: "warning_interval", reason: "must not be zero" });
         }
         Ok(())
     }

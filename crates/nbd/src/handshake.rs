@@ -12,6 +12,7 @@ use crate::admission::Place;
 use crate::config::{Limits, TlsMode};
 use crate::export::{Export, ExportRegistry, NamedExport};
 use crate::proto::{self, opt, rep, tflag};
+use crate::warn_limit::{Kind, Warnings};
 use crate::wire::{self, ClientOption, InfoRequest, MetaRequest, OPTION_HEADER_BYTES};
 
 /// What a handshake ended with.
@@ -405,15 +406,17 @@ fn meta_reply(
     }
 }
 
-/// Logs a handshake that closed the connection.
-pub(crate) fn log_handshake_error(peer: &str, error: &HandshakeError) {
+/// Logs a handshake that closed the connection (warnings rate-limited by `warnings`).
+pub(crate) fn log_handshake_error(peer: &str, error: &HandshakeError, warnings: &Warnings) {
     match error {
         HandshakeError::Io(io_error) if io_error.kind() == io::ErrorKind::UnexpectedEof => {
             debug!(peer, "client left during the handshake");
         }
         HandshakeError::Io(io_error) => debug!(peer, %io_error, "handshake I/O error"),
-        // Logged where the place was refused.
+        // Logged (rate-limited) where the place was refused.
         HandshakeError::NoPlace(_) => debug!(peer, error = %error, "handshake refused"),
-        other => warn!(peer, error = %other, "handshake refused"),
+        other => warnings.warn(Kind::HandshakeRefused, |left_out| {
+            warn!(peer, error = %other, left_out, "handshake refused");
+        }),
     }
 }

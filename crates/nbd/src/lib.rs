@@ -41,6 +41,7 @@ pub mod proto;
 mod server;
 mod slots;
 mod transmission;
+mod warn_limit;
 pub mod wire;
 
 pub use admission::ServerStats;

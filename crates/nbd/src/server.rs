@@ -19,6 +19,7 @@ use crate::config::{ConfigError, ServerConfig};
 use crate::export::ExportRegistry;
 use crate::handshake::{self, HandshakeContext, HandshakeEnd, HandshakeError, Negotiated, NegotiationState};
 use crate::transmission::{self, TransmissionEnd};
+use crate::warn_limit::{Kind, Warnings};
 use crate::wire::SessionParams;
 
 /// A byte stream a connection can run on.
@@ -29,6 +30,7 @@ struct Inner {
     config: ServerConfig,
     registry: Arc<dyn ExportRegistry>,
     admission: Arc<Admission>,
+    warnings: Warnings,
     shutdown: watch::Sender<bool>,
     listeners: Mutex<Vec<JoinHandle<()>>>,
     unix_paths: Mutex<Vec<PathBuf>>,
@@ -86,11 +88,13 @@ impl Server {
         config.validate()?;
         let (shutdown, _) = watch::channel(false);
         let admission = Arc::new(Admission::new(&config.limits));
+        let warnings = Warnings::new(config.limits.warning_interval);
         Ok(Server {
             inner: Arc::new(Inner {
                 config,
                 registry,
                 admission,
+                warnings,
                 shutdown,
                 listeners: Mutex::new(Vec::new()),
                 unix_paths: Mutex::new(Vec::new()),
@@ -153,9 +157,15 @@ impl Server {
         S: NbdStream,
     {
         let mut shutdown = self.inner.shutdown.subscribe();
+        let mut flush_warnings = tokio::time::interval(self.inner.warnings.interval());
+        flush_warnings.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let accepted = tokio::select! {
                 _ = wait_for_shutdown(&mut shutdown) => return,
+                _ = flush_warnings.tick() => {
+                    self.inner.warnings.flush();
+                    continue;
+                }
                 accepted = accept() => accepted,
             };
             match accepted {
@@ -172,7 +182,9 @@ impl Server {
                 }
                 Err(error) => {
                     // EMFILE and friends: back off instead of spinning.
-                    warn!(%error, "accept failed");
+                    self.inner.warnings.warn(Kind::AcceptFailed, |left_out| {
+                        warn!(%error, left_out, "accept failed");
+                    });
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 }
             }
@@ -195,25 +207,32 @@ impl Server {
         self.inner.admission.gauges.snapshot()
     }
 
-    /// Logs a refused connection.
+    /// Logs a refused connection (rate-limited).
     fn log_refusal(&self, peer: &str, refusal: Refusal) {
         let limits = &self.inner.config.limits;
-        let (limit, what) = match refusal {
-            Refusal::Handshaking => {
-                (limits.max_handshaking, "handshake limit reached; closing the new connection")
-            }
+        let (kind, limit, what) = match refusal {
+            Refusal::Handshaking => (
+                Kind::HandshakeLimit,
+                limits.max_handshaking,
+                "handshake limit reached; closing the new connection",
+            ),
             Refusal::PeerHandshaking => (
+                Kind::PeerHandshakeLimit,
                 limits.max_handshaking_per_peer,
                 "per-peer handshake limit reached; closing the new connection",
             ),
-            Refusal::Transmitting => {
-                (limits.max_connections, "connection limit reached; refusing the export")
-            }
-            Refusal::PeerTransmitting => {
-                (limits.max_connections_per_peer, "per-peer connection limit reached; refusing the export")
-            }
+            Refusal::Transmitting => (
+                Kind::ConnectionLimit,
+                limits.max_connections,
+                "connection limit reached; refusing the export",
+            ),
+            Refusal::PeerTransmitting => (
+                Kind::PeerConnectionLimit,
+                limits.max_connections_per_peer,
+                "per-peer connection limit reached; refusing the export",
+            ),
         };
-        warn!(peer, limit, "{what}");
+        self.inner.warnings.warn(kind, |left_out| warn!(peer, limit, left_out, "{what}"));
     }
 
     /// A place in transmission for a connection ending its handshake, or the message that
@@ -253,11 +272,14 @@ impl Server {
         drop(place);
         let upgraded = match outcome {
             Err(_) => {
-                warn!(peer, timeout_ms = limits.handshake_timeout.as_millis(), "handshake timed out");
+                let timeout_ms = limits.handshake_timeout.as_millis();
+                self.inner.warnings.warn(Kind::HandshakeTimeout, |left_out| {
+                    warn!(peer, timeout_ms, left_out, "handshake timed out");
+                });
                 return;
             }
             Ok(Err(error)) => {
-                handshake::log_handshake_error(&peer, &error);
+                handshake::log_handshake_error(&peer, &error, &self.inner.warnings);
                 return;
             }
             Ok(Ok(None)) => {
@@ -340,9 +362,9 @@ impl Server {
         let (end, requests) =
             transmission::run(stream, export.as_ref(), session, limits, budget, shutdown).await;
         match end {
-            TransmissionEnd::Protocol(error) => {
-                warn!(peer, export = name, requests, %error, "client disconnected: protocol error")
-            }
+            TransmissionEnd::Protocol(error) => self.inner.warnings.warn(Kind::ProtocolError, |left_out| {
+                warn!(peer, export = name, requests, %error, left_out, "client disconnected: protocol error");
+            }),
             TransmissionEnd::Io(error) => {
                 info!(peer, export = name, requests, %error, "client disconnected: connection broke")
             }
@@ -366,6 +388,7 @@ impl Server {
         if !self.inner.admission.wait_until_empty(grace).await {
             warn!("connections still open after the shutdown grace period");
         }
+        self.inner.warnings.flush_all();
         info!("NBD server stopped");
     }
 }

@@ -1,10 +1,11 @@
 //! What hostile or careless clients can make the server hold: places in the handshake and in
-//! transmission (server-wide and per peer), bytes in flight per connection and server-wide, and
-//! replies nobody reads.
+//! transmission (server-wide and per peer), bytes in flight per connection and server-wide,
+//! replies nobody reads, and log lines.
 #![allow(clippy::cast_possible_truncation)] // test inputs are small, known sizes
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::common::{Client, GatedExport, connect, fixture_with, gated_server, info_data};
@@ -363,5 +364,91 @@ async fn a_client_that_reads_no_replies_is_closed_after_the_send_timeout() {
     round_trip(&mut slow, 9).await;
     let stats = fx.server.stats();
     assert_eq!(stats.stalled_connections_closed, 1, "{stats:?}");
+    handle.shutdown().await;
+}
+
+/// Log lines written while a test runs on this thread.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'a self) -> Captured {
+        self.clone()
+    }
+}
+
+impl Captured {
+    /// Captures warnings logged on this thread (a current-thread runtime runs the server's
+    /// tasks here too) until the guard is dropped.
+    fn warnings() -> (Captured, tracing::subscriber::DefaultGuard) {
+        let captured = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(captured.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .finish();
+        (captured.clone(), tracing::subscriber::set_default(subscriber))
+    }
+
+    fn lines(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).lines().map(str::to_owned).collect()
+    }
+}
+
+/// Issue item 3: 500 refused connections log a few warnings, not 500.
+#[tokio::test]
+async fn a_flood_of_refused_connections_logs_a_few_warnings() {
+    let (captured, _guard) = Captured::warnings();
+    let limits =
+        Limits { max_handshaking: 1, handshake_timeout: Duration::from_secs(60), ..Limits::default() };
+    let fx = fixture_with(limits);
+    let path = socket_path("refusal-flood");
+    let handle = fx.server.serve_unix(&path).unwrap();
+    let mut holder = UnixStream::connect(&path).await.unwrap();
+    assert!(greeted(&mut holder).await);
+    for _ in 0..500 {
+        let mut refused = unix_client(&path).await;
+        assert!(refused.is_closed().await);
+    }
+    assert_eq!(fx.server.stats().refused_connections, 500);
+    drop(holder);
+    handle.shutdown().await;
+    let lines = captured.lines();
+    assert!((1..=3).contains(&lines.len()), "{} warning lines: {lines:#?}", lines.len());
+    assert!(lines[0].contains("handshake limit reached"), "{lines:#?}");
+    // The summary at shutdown accounts for the rest.
+    assert!(lines.iter().any(|line| line.contains("499 more")), "{lines:#?}");
+}
+
+/// Issue item 3: a flood of handshake timeouts logs a few warnings, not one per connection.
+#[tokio::test]
+async fn a_flood_of_handshake_timeouts_logs_a_few_warnings() {
+    let (captured, _guard) = Captured::warnings();
+    let limits = Limits { handshake_timeout: Duration::from_millis(100), ..Limits::default() };
+    let fx = fixture_with(limits);
+    let path = socket_path("timeout-flood");
+    let handle = fx.server.serve_unix(&path).unwrap();
+    let mut silent = Vec::new();
+    for _ in 0..50 {
+        silent.push(unix_client(&path).await);
+    }
+    for client in &mut silent {
+        let mut greeting = [0u8; 18];
+        client.stream.read_exact(&mut greeting).await.unwrap();
+        assert!(client.is_closed().await, "closed at the handshake timeout");
+    }
+    let timeouts = captured.lines().iter().filter(|line| line.contains("timed out")).count();
+    assert!((1..=2).contains(&timeouts), "{timeouts} timeout lines: {:#?}", captured.lines());
     handle.shutdown().await;
 }
