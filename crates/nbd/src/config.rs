@@ -10,43 +10,92 @@ use tokio_rustls::TlsAcceptor;
 
 /// Bounds on what clients may make the server hold. Every field has a default (see
 /// [`Limits::default`]) and is documented in `docs/nbd.md`.
+///
+/// A connection is first *handshaking* (from accept to the end of option haggling) and then, if
+/// the client chose an export, *transmitting*. The two phases have separate budgets, so sockets
+/// that never finish a handshake cannot take the places of clients that did, and the handshake
+/// budget is bounded in time by `handshake_timeout`. The per-peer limits apply to TCP clients (one
+/// peer is one IP address); Unix-socket clients have no per-peer limit (the socket file's
+/// permissions decide who may connect, and there is no address to tell local peers apart).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
-    /// Open connections (handshaking or transmitting); more are accepted and closed at once.
+    /// Connections in the handshake (accepted, not yet transmitting). More are accepted and
+    /// closed at once.
+    pub max_handshaking: usize,
+    /// Connections in the handshake from one TCP peer (IP address). More from that peer are
+    /// accepted and closed at once.
+    pub max_handshaking_per_peer: usize,
+    /// Connections in transmission. A handshake that ends while this many are transmitting is
+    /// refused: `NBD_OPT_GO` is answered `NBD_REP_ERR_POLICY` (the client may retry within the
+    /// handshake timeout), `NBD_OPT_EXPORT_NAME` closes the connection.
     pub max_connections: usize,
+    /// Connections in transmission from one TCP peer (IP address); refused like
+    /// `max_connections`.
+    pub max_connections_per_peer: usize,
     /// Requests one connection may have in flight (executing or with replies not yet sent).
     /// Further requests are not read until one finishes.
     pub max_requests_in_flight: usize,
-    /// Payload bytes one connection may hold in flight (write data received, read data produced
-    /// and not yet sent). A single request is always admitted when nothing else is in flight.
+    /// Bytes one connection may hold for requests in flight: write data received, read data to
+    /// produce or not yet sent, and each request's largest possible reply. A request that would
+    /// go over is not read until enough is sent; a single request is always admitted when the
+    /// connection holds nothing.
     pub max_in_flight_bytes: usize,
+    /// Bytes all connections together may hold for requests in flight (counted as for
+    /// `max_in_flight_bytes`). A connection that cannot get its next request's bytes from this
+    /// budget stops reading requests until they are free (first come, first served); nothing is
+    /// refused. Must be at least one request's worth (`max_payload_bytes` + 1050).
+    pub max_total_in_flight_bytes: usize,
     /// Largest read or write payload (advertised as the maximum block size).
     pub max_payload_bytes: u32,
     /// Largest option payload during the handshake; a larger one closes the connection.
     pub max_option_bytes: u32,
     /// Options one handshake may send before the connection is closed.
     pub max_options_per_handshake: u32,
-    /// Time from accept to the end of the handshake (including TLS).
+    /// Time from accept to the end of the handshake (including TLS); then the connection is
+    /// closed and its handshake place freed.
     pub handshake_timeout: Duration,
+    /// How long replies may wait for a client that reads none of them: a transmitting connection
+    /// whose queued replies make no progress for this long is closed, which frees the bytes it
+    /// holds for other clients.
+    pub send_timeout: Duration,
     /// How long a graceful shutdown waits for connections to finish their in-flight requests.
     pub shutdown_grace: Duration,
     /// Most extents in one block status reply.
     pub max_extents_per_reply: usize,
+    /// Warnings that clients can cause once per connection (refused connections, handshake
+    /// timeouts and failures, protocol errors) are logged at most once per this interval and
+    /// kind; the ones in between are counted and reported in one summary line.
+    pub warning_interval: Duration,
 }
 
 impl Default for Limits {
     fn default() -> Limits {
         Limits {
+            max_handshaking: 64,
+            max_handshaking_per_peer: 16,
             max_connections: 128,
+            max_connections_per_peer: 64,
             max_requests_in_flight: 128,
             max_in_flight_bytes: 64 << 20,
+            max_total_in_flight_bytes: 1 << 30,
             max_payload_bytes: 32 << 20,
             max_option_bytes: 64 << 10,
             max_options_per_handshake: 1024,
-            handshake_timeout: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(10),
+            send_timeout: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(10),
             max_extents_per_reply: 4096,
+            warning_interval: Duration::from_secs(10),
         }
+    }
+}
+
+impl Limits {
+    /// The most bytes one request can make a connection hold: its payload (write data or read
+    /// data) and its largest reply (an error chunk with the longest message, or a block status
+    /// reply with `max_extents_per_reply` extents).
+    pub fn max_request_bytes(&self) -> usize {
+        crate::transmission::request_cost_bound(self)
     }
 }
 
@@ -187,8 +236,30 @@ impl ServerConfig {
             return Err(ConfigError::MissingCertificate);
         }
         let limits = &self.limits;
-        if limits.max_connections == 0 {
-            return Err(ConfigError::BadLimit { name: "max_connections", reason: "must be at least 1" });
+        let at_least_one = [
+            ("max_handshaking", limits.max_handshaking),
+            ("max_handshaking_per_peer", limits.max_handshaking_per_peer),
+            ("max_connections", limits.max_connections),
+            ("max_connections_per_peer", limits.max_connections_per_peer),
+        ];
+        for (name, value) in at_least_one {
+            if value == 0 {
+                return Err(ConfigError::BadLimit { name, reason: "must be at least 1" });
+            }
+        }
+        // Tokio semaphores hold at most usize::MAX >> 3 permits.
+        for (name, value) in
+            [("max_handshaking", limits.max_handshaking), ("max_connections", limits.max_connections)]
+        {
+            if value > u32::MAX as usize {
+                return Err(ConfigError::BadLimit { name, reason: "must fit in 32 bits" });
+            }
+        }
+        if limits.max_total_in_flight_bytes > usize::MAX >> 3 {
+            return Err(ConfigError::BadLimit {
+                name: "max_total_in_flight_bytes",
+                reason: "must be below 2^61",
+            });
         }
         if limits.max_requests_in_flight == 0 {
             return Err(ConfigError::BadLimit {
@@ -211,6 +282,56 @@ impl ServerConfig {
                 reason: "must be at least 1",
             });
         }
+        if u32::try_from(limits.max_request_bytes()).is_err() {
+            return Err(ConfigError::BadLimit {
+                name: "max_payload_bytes",
+                reason: "one request's bytes (payload and largest reply) must fit in 32 bits",
+            });
+        }
+        if limits.max_total_in_flight_bytes < limits.max_request_bytes() {
+            return Err(ConfigError::BadLimit {
+                name: "max_total_in_flight_bytes",
+                reason: "must hold at least one request (max_payload_bytes + 1050, or a block status reply)",
+            });
+        }
+        if limits.warning_interval.is_zero() {
+            return Err(ConfigError::BadLimit { name: "warning_interval", reason: "must not be zero" });
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(limits: Limits) -> Result<(), ConfigError> {
+        ServerConfig { limits, ..ServerConfig::default() }.validate()
+    }
+
+    #[test]
+    fn defaults_are_valid_and_budgets_must_hold_a_request() {
+        check(Limits::default()).unwrap();
+        let bad = |name| Err(ConfigError::BadLimit { name, reason: "must be at least 1" });
+        assert_eq!(check(Limits { max_handshaking: 0, ..Limits::default() }), bad("max_handshaking"));
+        assert_eq!(
+            check(Limits { max_connections_per_peer: 0, ..Limits::default() }),
+            bad("max_connections_per_peer")
+        );
+        let one_request = Limits::default().max_request_bytes();
+        assert_eq!(one_request, (32 << 20) + 1050);
+        check(Limits { max_total_in_flight_bytes: one_request, ..Limits::default() }).unwrap();
+        let too_small = check(Limits { max_total_in_flight_bytes: one_request - 1, ..Limits::default() });
+        assert!(
+            matches!(too_small, Err(ConfigError::BadLimit { name: "max_total_in_flight_bytes", .. })),
+            "{too_small:?}"
+        );
+        let status_heavy = Limits { max_extents_per_reply: 8 << 20, ..Limits::default() };
+        assert_eq!(status_heavy.max_request_bytes(), (8 << 20) * 8 + 24);
+        let oversized = check(Limits { max_payload_bytes: u32::MAX, ..Limits::default() });
+        assert!(
+            matches!(oversized, Err(ConfigError::BadLimit { name: "max_payload_bytes", .. })),
+            "{oversized:?}"
+        );
     }
 }

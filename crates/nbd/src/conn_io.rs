@@ -51,9 +51,19 @@ impl RequestReader {
         }
     }
 
-    /// Payload bytes held for a write whose data is still arriving.
-    pub(crate) fn pending_payload_bytes(&self) -> usize {
-        self.pending.as_ref().map_or(0, |pending| pending.data.len())
+    /// The header of the next request, if it is complete in the buffer and no write payload is
+    /// arriving, without consuming it: what admission decides on. Errors are those
+    /// [`RequestReader::next_request`] would return for it.
+    pub(crate) fn peek_header(&self) -> Result<Option<RequestHeader>, FramingError> {
+        if self.pending.is_some() || self.end - self.start < REQUEST_HEADER_BYTES {
+            return Ok(None);
+        }
+        let bytes: &[u8; REQUEST_HEADER_BYTES] = self.buf[self.start..self.start + REQUEST_HEADER_BYTES]
+            .try_into()
+            .expect("slice of header length");
+        let header = wire::parse_request_header(bytes)?;
+        wire::request_payload_bytes(&header, self.max_payload_bytes)?;
+        Ok(Some(header))
     }
 
     /// True while a write's payload is partly received.

@@ -8,9 +8,11 @@ use std::io;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, warn};
 
+use crate::admission::Place;
 use crate::config::{Limits, TlsMode};
 use crate::export::{Export, ExportRegistry, NamedExport};
 use crate::proto::{self, opt, rep, tflag};
+use crate::warn_limit::{Kind, Warnings};
 use crate::wire::{self, ClientOption, InfoRequest, MetaRequest, OPTION_HEADER_BYTES};
 
 /// What a handshake ended with.
@@ -23,12 +25,13 @@ pub(crate) enum HandshakeEnd {
     Aborted,
 }
 
-/// The settled parameters of a connection.
+/// The settled parameters of a connection, and its place in transmission.
 #[derive(Debug)]
 pub(crate) struct Negotiated {
     pub(crate) named: NamedExport,
     pub(crate) structured: bool,
     pub(crate) block_status: bool,
+    pub(crate) place: Place,
 }
 
 /// Why the handshake closed the connection.
@@ -50,6 +53,8 @@ pub(crate) enum HandshakeError {
     UnknownExport(String),
     #[error("NBD_OPT_EXPORT_NAME before TLS while TLS is required")]
     TlsRequired,
+    #[error("NBD_OPT_EXPORT_NAME refused: {0}")]
+    NoPlace(String),
 }
 
 /// Per-connection handshake state. Reset by STARTTLS, as the spec requires.
@@ -77,6 +82,9 @@ pub(crate) struct HandshakeContext<'a> {
     pub(crate) limits: &'a Limits,
     pub(crate) tls_mode: TlsMode,
     pub(crate) registry: &'a dyn ExportRegistry,
+    /// Takes a place in transmission for this connection, or says why there is none (the
+    /// message for the client; the caller logs the refusal).
+    pub(crate) enter_transmission: &'a (dyn Fn() -> Result<Place, String> + Sync),
 }
 
 /// Sends the greeting and reads the client flags. Returns whether the client asked for no zeroes.
@@ -246,7 +254,8 @@ fn answer(
     match parsed {
         ClientOption::ExportName(name) => {
             let named = ctx.registry.lookup(&name).ok_or(HandshakeError::UnknownExport(name))?;
-            let negotiated = finish(state, named);
+            let place = (ctx.enter_transmission)().map_err(HandshakeError::NoPlace)?;
+            let negotiated = finish(state, named, place);
             let flags = transmission_flags(negotiated.named.export.as_ref(), negotiated.structured);
             out.extend_from_slice(&negotiated.named.export.size_bytes().to_be_bytes());
             out.extend_from_slice(&flags.to_be_bytes());
@@ -281,8 +290,22 @@ fn answer(
             info_reply(out, option, &request, state, ctx);
         }
         ClientOption::Go(request) => {
+            // A place in transmission is taken before anything is promised; without one the
+            // client hears why and may try again (or leave) within the handshake timeout.
+            let place = if ctx.registry.lookup(&request.name).is_some() {
+                match (ctx.enter_transmission)() {
+                    Ok(place) => Some(place),
+                    Err(message) => {
+                        error_reply(out, option, rep::ERR_POLICY, &message);
+                        return Ok(None);
+                    }
+                }
+            } else {
+                None
+            };
             if let Some(named) = info_reply(out, option, &request, state, ctx) {
-                return Ok(Some(HandshakeEnd::Transmission(finish(state, named))));
+                let place = place.expect("a place was taken for an export that exists");
+                return Ok(Some(HandshakeEnd::Transmission(finish(state, named, place))));
             }
         }
         ClientOption::StructuredReply => {
@@ -300,10 +323,10 @@ fn answer(
 }
 
 /// Settles the connection parameters for `named`.
-fn finish(state: &NegotiationState, named: NamedExport) -> Negotiated {
+fn finish(state: &NegotiationState, named: NamedExport, place: Place) -> Negotiated {
     let block_status =
         state.structured && matches!(&state.meta, Some((meta_name, true)) if *meta_name == named.name);
-    Negotiated { named, structured: state.structured, block_status }
+    Negotiated { named, structured: state.structured, block_status, place }
 }
 
 /// Encodes the reply to INFO or GO; returns the export on success.
@@ -383,13 +406,17 @@ fn meta_reply(
     }
 }
 
-/// Logs a handshake that closed the connection.
-pub(crate) fn log_handshake_error(peer: &str, error: &HandshakeError) {
+/// Logs a handshake that closed the connection (warnings rate-limited by `warnings`).
+pub(crate) fn log_handshake_error(peer: &str, error: &HandshakeError, warnings: &Warnings) {
     match error {
         HandshakeError::Io(io_error) if io_error.kind() == io::ErrorKind::UnexpectedEof => {
             debug!(peer, "client left during the handshake");
         }
         HandshakeError::Io(io_error) => debug!(peer, %io_error, "handshake I/O error"),
-        other => warn!(peer, error = %other, "handshake refused"),
+        // Logged (rate-limited) where the place was refused.
+        HandshakeError::NoPlace(_) => debug!(peer, error = %error, "handshake refused"),
+        other => warnings.warn(Kind::HandshakeRefused, |left_out| {
+            warn!(peer, error = %other, left_out, "handshake refused");
+        }),
     }
 }

@@ -27,6 +27,8 @@
 
 #![forbid(unsafe_code)]
 
+mod admission;
+mod budget;
 mod config;
 mod conn_io;
 mod export;
@@ -39,8 +41,10 @@ pub mod proto;
 mod server;
 mod slots;
 mod transmission;
+mod warn_limit;
 pub mod wire;
 
+pub use admission::ServerStats;
 pub use config::{ConfigError, Limits, ServerConfig, TlsConfig, TlsMode};
 pub use export::{
     BoxFuture, Export, ExportError, ExportMap, ExportRegistry, Extent, NamedExport, RegistryError,

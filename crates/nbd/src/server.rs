@@ -1,21 +1,25 @@
-//! The server: listeners, the connection limit, TLS upgrade, graceful shutdown.
+//! The server: listeners, connection limits, TLS upgrade, graceful shutdown.
 
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, ToSocketAddrs, UnixListener};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use crate::admission::{Admission, Place, Refusal, ServerStats};
+use crate::budget::ByteBudget;
 use crate::config::{ConfigError, ServerConfig};
 use crate::export::ExportRegistry;
 use crate::handshake::{self, HandshakeContext, HandshakeEnd, HandshakeError, Negotiated, NegotiationState};
 use crate::transmission::{self, TransmissionEnd};
+use crate::warn_limit::{Kind, Warnings};
 use crate::wire::SessionParams;
 
 /// A byte stream a connection can run on.
@@ -25,7 +29,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> NbdStream for T {}
 struct Inner {
     config: ServerConfig,
     registry: Arc<dyn ExportRegistry>,
-    connections: Arc<Semaphore>,
+    admission: Arc<Admission>,
+    warnings: Warnings,
     shutdown: watch::Sender<bool>,
     listeners: Mutex<Vec<JoinHandle<()>>>,
     unix_paths: Mutex<Vec<PathBuf>>,
@@ -82,12 +87,14 @@ impl Server {
     pub fn new(config: ServerConfig, registry: Arc<dyn ExportRegistry>) -> Result<Server, ConfigError> {
         config.validate()?;
         let (shutdown, _) = watch::channel(false);
-        let connections = Arc::new(Semaphore::new(config.limits.max_connections));
+        let admission = Arc::new(Admission::new(&config.limits));
+        let warnings = Warnings::new(config.limits.warning_interval);
         Ok(Server {
             inner: Arc::new(Inner {
                 config,
                 registry,
-                connections,
+                admission,
+                warnings,
                 shutdown,
                 listeners: Mutex::new(Vec::new()),
                 unix_paths: Mutex::new(Vec::new()),
@@ -108,7 +115,8 @@ impl Server {
             server
                 .accept_loop(
                     || listener.accept(),
-                    |(stream, _addr), id| (stream, format!("unix:{label}#{id}")),
+                    // No per-peer limit: see `Limits`.
+                    |(stream, _addr), id| (stream, format!("unix:{label}#{id}"), None),
                 )
                 .await;
         });
@@ -130,7 +138,7 @@ impl Server {
                         if let Err(error) = stream.set_nodelay(true) {
                             debug!(%error, "cannot set TCP_NODELAY");
                         }
-                        (stream, addr.to_string())
+                        (stream, addr.to_string(), Some(peer_key(addr.ip())))
                     },
                 )
                 .await;
@@ -139,36 +147,44 @@ impl Server {
         Ok(ServerHandle { server: self.clone(), addr: ListenAddr::Tcp(local) })
     }
 
-    async fn accept_loop<A, Fut, T, S>(&self, mut accept: A, prepare: impl Fn(T, u64) -> (S, String))
-    where
+    async fn accept_loop<A, Fut, T, S>(
+        &self,
+        mut accept: A,
+        prepare: impl Fn(T, u64) -> (S, String, Option<IpAddr>),
+    ) where
         A: FnMut() -> Fut,
         Fut: Future<Output = io::Result<T>>,
         S: NbdStream,
     {
         let mut shutdown = self.inner.shutdown.subscribe();
+        let mut flush_warnings = tokio::time::interval(self.inner.warnings.interval());
+        flush_warnings.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let accepted = tokio::select! {
                 _ = wait_for_shutdown(&mut shutdown) => return,
+                _ = flush_warnings.tick() => {
+                    self.inner.warnings.flush();
+                    continue;
+                }
                 accepted = accept() => accepted,
             };
             match accepted {
                 Ok(accepted) => {
                     let id = self.inner.next_connection_id.fetch_add(1, Ordering::Relaxed);
-                    let (stream, peer) = prepare(accepted, id);
-                    match Arc::clone(&self.inner.connections).try_acquire_owned() {
-                        Ok(permit) => {
+                    let (stream, peer, ip) = prepare(accepted, id);
+                    match self.inner.admission.enter_handshake(ip) {
+                        Ok(place) => {
                             let server = self.clone();
-                            tokio::spawn(async move { server.run_connection(stream, peer, permit).await });
+                            tokio::spawn(async move { server.run_connection(stream, peer, ip, place).await });
                         }
-                        Err(_) => {
-                            let limit = self.inner.config.limits.max_connections;
-                            warn!(peer, limit, "connection limit reached; closing the new connection");
-                        }
+                        Err(refusal) => self.log_refusal(&peer, refusal),
                     }
                 }
                 Err(error) => {
                     // EMFILE and friends: back off instead of spinning.
-                    warn!(%error, "accept failed");
+                    self.inner.warnings.warn(Kind::AcceptFailed, |left_out| {
+                        warn!(%error, left_out, "accept failed");
+                    });
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 }
             }
@@ -176,20 +192,74 @@ impl Server {
     }
 
     /// Serves one already-connected stream to completion (for tests, fuzzing and socket
-    /// activation). Counts against the connection limit; returns at once if it is reached.
+    /// activation). Counts against the handshake and transmission limits (not a per-peer one);
+    /// returns at once if the handshake limit is reached.
     pub async fn serve_stream<S: NbdStream>(&self, stream: S, peer: impl Into<String>) {
         let peer = peer.into();
-        match Arc::clone(&self.inner.connections).try_acquire_owned() {
-            Ok(permit) => self.run_connection(stream, peer, permit).await,
-            Err(_) => warn!(peer, "connection limit reached; closing the new connection"),
+        match self.inner.admission.enter_handshake(None) {
+            Ok(place) => self.run_connection(stream, peer, None, place).await,
+            Err(refusal) => self.log_refusal(&peer, refusal),
         }
     }
 
-    async fn run_connection<S: NbdStream>(&self, stream: S, peer: String, permit: OwnedSemaphorePermit) {
+    /// What the server holds for its clients now: connections per phase, bytes in flight.
+    pub fn stats(&self) -> ServerStats {
+        self.inner.admission.gauges.snapshot()
+    }
+
+    /// Logs a refused connection (rate-limited).
+    fn log_refusal(&self, peer: &str, refusal: Refusal) {
+        let limits = &self.inner.config.limits;
+        let (kind, limit, what) = match refusal {
+            Refusal::Handshaking => (
+                Kind::HandshakeLimit,
+                limits.max_handshaking,
+                "handshake limit reached; closing the new connection",
+            ),
+            Refusal::PeerHandshaking => (
+                Kind::PeerHandshakeLimit,
+                limits.max_handshaking_per_peer,
+                "per-peer handshake limit reached; closing the new connection",
+            ),
+            Refusal::Transmitting => (
+                Kind::ConnectionLimit,
+                limits.max_connections,
+                "connection limit reached; refusing the export",
+            ),
+            Refusal::PeerTransmitting => (
+                Kind::PeerConnectionLimit,
+                limits.max_connections_per_peer,
+                "per-peer connection limit reached; refusing the export",
+            ),
+        };
+        self.inner.warnings.warn(kind, |left_out| warn!(peer, limit, left_out, "{what}"));
+    }
+
+    /// A place in transmission for a connection ending its handshake, or the message that
+    /// refuses it.
+    fn enter_transmission(&self, peer: &str, ip: Option<IpAddr>) -> Result<Place, String> {
+        self.inner.admission.enter_transmission(ip).map_err(|refusal| {
+            self.log_refusal(peer, refusal);
+            let limits = &self.inner.config.limits;
+            match refusal {
+                Refusal::PeerTransmitting => format!(
+                    "this client address already has {} connections in transmission, the server's \
+                     limit per address; try again later",
+                    limits.max_connections_per_peer
+                ),
+                _ => format!(
+                    "the server already has {} connections in transmission, its limit; try again later",
+                    limits.max_connections
+                ),
+            }
+        })
+    }
+
+    async fn run_connection<S: NbdStream>(&self, stream: S, peer: String, ip: Option<IpAddr>, place: Place) {
         debug!(peer, "client connected");
         let mut shutdown = self.inner.shutdown.subscribe();
         let limits = &self.inner.config.limits;
-        let handshake = tokio::time::timeout(limits.handshake_timeout, self.handshake(stream));
+        let handshake = tokio::time::timeout(limits.handshake_timeout, self.handshake(stream, &peer, ip));
         let outcome = tokio::select! {
             _ = wait_for_shutdown(&mut shutdown) => {
                 debug!(peer, "closing a handshaking connection for shutdown");
@@ -197,13 +267,19 @@ impl Server {
             }
             outcome = handshake => outcome,
         };
+        // The handshake is over: its place is free (a connection entering transmission took a
+        // place there during the handshake).
+        drop(place);
         let upgraded = match outcome {
             Err(_) => {
-                warn!(peer, timeout_ms = limits.handshake_timeout.as_millis(), "handshake timed out");
+                let timeout_ms = limits.handshake_timeout.as_millis();
+                self.inner.warnings.warn(Kind::HandshakeTimeout, |left_out| {
+                    warn!(peer, timeout_ms, left_out, "handshake timed out");
+                });
                 return;
             }
             Ok(Err(error)) => {
-                handshake::log_handshake_error(&peer, &error);
+                handshake::log_handshake_error(&peer, &error, &self.inner.warnings);
                 return;
             }
             Ok(Ok(None)) => {
@@ -216,15 +292,21 @@ impl Server {
             Upgraded::Plain(stream, negotiated) => self.transmit(stream, negotiated, &peer, false).await,
             Upgraded::Tls(stream, negotiated) => self.transmit(*stream, negotiated, &peer, true).await,
         }
-        drop(permit);
     }
 
-    async fn handshake<S: NbdStream>(&self, mut stream: S) -> Result<Option<Upgraded<S>>, HandshakeError> {
+    async fn handshake<S: NbdStream>(
+        &self,
+        mut stream: S,
+        peer: &str,
+        ip: Option<IpAddr>,
+    ) -> Result<Option<Upgraded<S>>, HandshakeError> {
         let tls = &self.inner.config.tls;
+        let enter_transmission = || self.enter_transmission(peer, ip);
         let ctx = HandshakeContext {
             limits: &self.inner.config.limits,
             tls_mode: tls.mode,
             registry: self.inner.registry.as_ref(),
+            enter_transmission: &enter_transmission,
         };
         let mut state =
             NegotiationState { no_zeroes: handshake::greet(&mut stream).await?, ..Default::default() };
@@ -254,15 +336,16 @@ impl Server {
         peer: &str,
         tls: bool,
     ) {
-        let export = Arc::clone(&negotiated.named.export);
+        let Negotiated { named, structured, block_status, place: _place } = negotiated;
+        let export = Arc::clone(&named.export);
         let session = SessionParams {
             size_bytes: export.size_bytes(),
             read_only: export.read_only(),
-            structured: negotiated.structured,
-            block_status: negotiated.block_status,
+            structured,
+            block_status,
             max_payload_bytes: self.inner.config.limits.max_payload_bytes,
         };
-        let name = negotiated.named.name.as_str();
+        let name = named.name.as_str();
         info!(
             peer,
             export = name,
@@ -273,13 +356,15 @@ impl Server {
         );
         let mut shutdown = self.inner.shutdown.subscribe();
         let limits = &self.inner.config.limits;
+        let admission = &self.inner.admission;
+        let budget = ByteBudget::new(Arc::clone(&admission.bytes), Arc::clone(&admission.gauges));
+        let shutdown = wait_for_shutdown(&mut shutdown);
         let (end, requests) =
-            transmission::run(stream, export.as_ref(), session, limits, wait_for_shutdown(&mut shutdown))
-                .await;
+            transmission::run(stream, export.as_ref(), session, limits, budget, shutdown).await;
         match end {
-            TransmissionEnd::Protocol(error) => {
-                warn!(peer, export = name, requests, %error, "client disconnected: protocol error")
-            }
+            TransmissionEnd::Protocol(error) => self.inner.warnings.warn(Kind::ProtocolError, |left_out| {
+                warn!(peer, export = name, requests, %error, left_out, "client disconnected: protocol error");
+            }),
             TransmissionEnd::Io(error) => {
                 info!(peer, export = name, requests, %error, "client disconnected: connection broke")
             }
@@ -299,13 +384,11 @@ impl Server {
         for path in std::mem::take(&mut *lock(&self.inner.unix_paths)) {
             let _ = std::fs::remove_file(&path);
         }
-        let all = u32::try_from(self.inner.config.limits.max_connections).unwrap_or(u32::MAX);
         let grace = self.inner.config.limits.shutdown_grace + std::time::Duration::from_secs(2);
-        match tokio::time::timeout(grace, self.inner.connections.acquire_many(all)).await {
-            Ok(Ok(permits)) => drop(permits),
-            Ok(Err(_)) => {}
-            Err(_) => warn!("connections still open after the shutdown grace period"),
+        if !self.inner.admission.wait_until_empty(grace).await {
+            warn!("connections still open after the shutdown grace period");
         }
+        self.inner.warnings.flush_all();
         info!("NBD server stopped");
     }
 }
@@ -320,6 +403,34 @@ async fn wait_for_shutdown(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stopping| *stopping).await;
 }
 
+/// The peer a TCP client counts as for the per-peer limits: its IPv4 address, or the /64 prefix of
+/// its IPv6 address (one host or network typically has a whole /64, so single IPv6 addresses
+/// would be no limit at all). IPv4-mapped IPv6 addresses count as the IPv4 address.
+fn peer_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(std::net::Ipv6Addr::from(v6.to_bits() & !u128::from(u64::MAX))),
+        },
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_are_ipv4_addresses_or_ipv6_prefixes() {
+        let key = |text: &str| peer_key(text.parse().unwrap()).to_string();
+        assert_eq!(key("192.0.2.7"), "192.0.2.7");
+        assert_eq!(key("::ffff:192.0.2.7"), "192.0.2.7");
+        assert_eq!(key("2001:db8:1:2:aaaa:bbbb:cccc:dddd"), "2001:db8:1:2::");
+        assert_eq!(key("2001:db8:1:2::1"), "2001:db8:1:2::");
+        assert_ne!(key("2001:db8:1:3::1"), key("2001:db8:1:2::1"));
+    }
 }

@@ -3,7 +3,11 @@
 //! One task, no spawns: a single poll function reads requests in batches from a buffer, starts
 //! each on the export in a [`Slots`] executor, encodes replies as they complete (in any order)
 //! and sends everything that is ready with one vectored write. Admission stops at the in-flight
-//! limits (request count and bytes), which is what bounds the memory a client can make us hold.
+//! limits (request count, the connection's bytes and the server-wide bytes), which is what bounds
+//! the memory clients can make us hold: a request's bytes (its cost: payload plus largest reply)
+//! are counted before it is read off the buffer, and a connection that cannot have them stops
+//! reading requests until they are free. Replies that a client does not take for `send_timeout`
+//! close the connection.
 //!
 //! Every export future that was started is polled to completion, even when the client went away
 //! or broke the protocol: the export never sees an operation abandoned half way.
@@ -15,14 +19,45 @@ use std::task::{Context, Poll};
 
 use stria_dev::IoBuf;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::time::Sleep;
 use tracing::{debug, warn};
 
+use crate::budget::ByteBudget;
 use crate::config::Limits;
 use crate::conn_io::{Incoming, OutQueue, RequestReader};
 use crate::export::{BoxFuture, Export, ExportError, Extent};
-use crate::proto::{self, Errno};
+use crate::proto::{self, Errno, cmd};
 use crate::slots::Slots;
-use crate::wire::{self, Command, FramingError, SessionParams};
+use crate::wire::{self, Command, FramingError, RequestHeader, SessionParams};
+
+/// The longest reply that carries no data: an error chunk with the longest message (simple
+/// replies, read chunk headers and done chunks are shorter).
+pub(crate) const REPLY_BOUND_BYTES: usize = wire::CHUNK_HEADER_BYTES + 6 + wire::MAX_ERROR_MESSAGE_BYTES;
+
+/// The longest block status reply under `limits`.
+fn block_status_reply_bound(limits: &Limits) -> usize {
+    limits.max_extents_per_reply.saturating_mul(8).saturating_add(wire::CHUNK_HEADER_BYTES + 4)
+}
+
+/// Bytes a request may make its connection hold, from admission until its reply is sent: its
+/// payload (write data, or read data when the read is within the payload limit) and its largest
+/// reply.
+fn request_cost(header: &RequestHeader, limits: &Limits) -> usize {
+    let len = usize::try_from(header.len_bytes).expect("u32 fits usize");
+    match header.kind {
+        cmd::READ if header.len_bytes <= limits.max_payload_bytes => len + REPLY_BOUND_BYTES,
+        // Larger writes are framing errors, found before the cost is asked for.
+        cmd::WRITE => len + REPLY_BOUND_BYTES,
+        cmd::BLOCK_STATUS => REPLY_BOUND_BYTES.max(block_status_reply_bound(limits)),
+        _ => REPLY_BOUND_BYTES,
+    }
+}
+
+/// The largest [`request_cost`] under `limits`.
+pub(crate) fn request_cost_bound(limits: &Limits) -> usize {
+    let largest_payload = usize::try_from(limits.max_payload_bytes).expect("u32 fits usize");
+    (largest_payload + REPLY_BOUND_BYTES).max(block_status_reply_bound(limits))
+}
 
 /// Rounds of the poll loop before yielding to other tasks.
 const MAX_ROUNDS_PER_POLL: usize = 32;
@@ -37,7 +72,6 @@ enum Op<'e> {
     },
     Unit {
         cookie: u64,
-        held_bytes: usize,
         future: BoxFuture<'e, Result<(), ExportError>>,
     },
     Status {
@@ -48,29 +82,35 @@ enum Op<'e> {
     },
 }
 
+/// An operation and the bytes its connection counts for it until it completes.
+struct Costed<'e> {
+    cost: usize,
+    op: Op<'e>,
+}
+
 /// A finished export operation.
 enum Done {
     Read { cookie: u64, offset_bytes: u64, len_bytes: u32, result: Result<IoBuf, ExportError> },
-    Unit { cookie: u64, held_bytes: usize, result: Result<(), ExportError> },
+    Unit { cookie: u64, result: Result<(), ExportError> },
     Status { cookie: u64, len_bytes: u32, req_one: bool, result: Result<Vec<Extent>, ExportError> },
 }
 
-impl Future for Op<'_> {
-    type Output = Done;
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Done> {
-        match self.get_mut() {
+impl Future for Costed<'_> {
+    type Output = (usize, Done);
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<(usize, Done)> {
+        let Costed { cost, op } = self.get_mut();
+        let done = match op {
             Op::Read { cookie, offset_bytes, len_bytes, future } => future.as_mut().poll(cx).map(|result| {
                 Done::Read { cookie: *cookie, offset_bytes: *offset_bytes, len_bytes: *len_bytes, result }
             }),
-            Op::Unit { cookie, held_bytes, future } => future.as_mut().poll(cx).map(|result| Done::Unit {
-                cookie: *cookie,
-                held_bytes: *held_bytes,
-                result,
-            }),
+            Op::Unit { cookie, future } => {
+                future.as_mut().poll(cx).map(|result| Done::Unit { cookie: *cookie, result })
+            }
             Op::Status { cookie, len_bytes, req_one, future } => future.as_mut().poll(cx).map(|result| {
                 Done::Status { cookie: *cookie, len_bytes: *len_bytes, req_one: *req_one, result }
             }),
-        }
+        };
+        done.map(|done| (*cost, done))
     }
 }
 
@@ -94,7 +134,8 @@ struct Replies {
     out: OutQueue,
     structured: bool,
     max_extents: usize,
-    /// Payload bytes of executing requests (write data held, read data to come).
+    /// Bytes counted for executing requests (their costs: write data held, read data to come,
+    /// room for the reply).
     executing_bytes: usize,
 }
 
@@ -116,36 +157,28 @@ impl Replies {
         self.refuse(cookie, error.errno(), &error.to_string());
     }
 
-    fn complete(&mut self, done: Done) {
+    fn complete(&mut self, cost: usize, done: Done) {
+        // The reply encoded below is at most `cost` bytes.
+        self.executing_bytes -= cost;
         match done {
-            Done::Read { cookie, offset_bytes, len_bytes, result } => {
-                self.executing_bytes -= usize::try_from(len_bytes).expect("u32 fits usize");
-                match result {
-                    Ok(data) => {
-                        assert_eq!(
-                            data.len(),
-                            len_bytes as usize,
-                            "export returned a read of the wrong length"
-                        );
-                        if self.structured {
-                            self.out.encode(|buf| {
-                                wire::encode_read_chunk_header(buf, cookie, offset_bytes, len_bytes)
-                            });
-                        } else {
-                            self.out.encode(|buf| wire::encode_simple_reply(buf, cookie, 0));
-                        }
-                        self.out.push_data(data);
+            Done::Read { cookie, offset_bytes, len_bytes, result } => match result {
+                Ok(data) => {
+                    assert_eq!(data.len(), len_bytes as usize, "export returned a read of the wrong length");
+                    if self.structured {
+                        self.out.encode(|buf| {
+                            wire::encode_read_chunk_header(buf, cookie, offset_bytes, len_bytes)
+                        });
+                    } else {
+                        self.out.encode(|buf| wire::encode_simple_reply(buf, cookie, 0));
                     }
-                    Err(error) => self.export_error(cookie, &error),
+                    self.out.push_data(data);
                 }
-            }
-            Done::Unit { cookie, held_bytes, result } => {
-                self.executing_bytes -= held_bytes;
-                match result {
-                    Ok(()) => self.ok(cookie),
-                    Err(error) => self.export_error(cookie, &error),
-                }
-            }
+                Err(error) => self.export_error(cookie, &error),
+            },
+            Done::Unit { cookie, result } => match result {
+                Ok(()) => self.ok(cookie),
+                Err(error) => self.export_error(cookie, &error),
+            },
             Done::Status { cookie, len_bytes, req_one, result } => match result {
                 Ok(extents) => {
                     let extents = wire::normalize_extents(&extents, len_bytes, req_one, self.max_extents);
@@ -165,8 +198,18 @@ pub(crate) struct Connection<'e> {
     session: SessionParams,
     limits: Limits,
     reader: RequestReader,
-    slots: Slots<Op<'e>>,
+    slots: Slots<Costed<'e>>,
     replies: Replies,
+    /// This connection's part of the server-wide byte budget.
+    budget: ByteBudget,
+    /// Cost of the write whose payload is arriving (admitted when its header was read).
+    pending_cost: usize,
+    /// The next request is buffered but not admitted (request slots, the connection's bytes or
+    /// the server-wide bytes are short): read no more until it is.
+    blocked: bool,
+    /// Started when replies wait for the client to take bytes; `send_timeout` closes the
+    /// connection.
+    stall: Option<Pin<Box<Sleep>>>,
     /// The client sent DISC: read no more.
     disconnecting: bool,
     /// Shutdown: read no more, finish what is in flight.
@@ -179,7 +222,12 @@ pub(crate) struct Connection<'e> {
 }
 
 impl<'e> Connection<'e> {
-    pub(crate) fn new(export: &'e dyn Export, session: SessionParams, limits: &Limits) -> Connection<'e> {
+    pub(crate) fn new(
+        export: &'e dyn Export,
+        session: SessionParams,
+        limits: &Limits,
+        budget: ByteBudget,
+    ) -> Connection<'e> {
         Connection {
             export,
             session,
@@ -192,6 +240,10 @@ impl<'e> Connection<'e> {
                 max_extents: limits.max_extents_per_reply,
                 executing_bytes: 0,
             },
+            budget,
+            pending_cost: 0,
+            blocked: false,
+            stall: None,
             disconnecting: false,
             draining: false,
             end_of_stream: false,
@@ -200,45 +252,91 @@ impl<'e> Connection<'e> {
         }
     }
 
-    /// Bytes this connection holds for requests in flight.
+    /// Bytes this connection holds for requests in flight: the costs of executing requests,
+    /// queued reply bytes, and the cost of a write whose payload is arriving.
     fn held_bytes(&self) -> usize {
-        self.replies.executing_bytes + self.replies.out.queued_bytes() + self.reader.pending_payload_bytes()
+        self.replies.executing_bytes + self.replies.out.queued_bytes() + self.pending_cost
     }
 
     fn stopped_reading(&self) -> bool {
         self.disconnecting || self.draining || self.end_of_stream || self.broken.is_some()
     }
 
-    /// True when another request may start.
-    fn can_admit(&self) -> bool {
-        if self.slots.is_full() {
-            return false;
-        }
-        let idle = self.slots.is_empty() && self.replies.out.is_empty();
-        idle || self.held_bytes() < self.limits.max_in_flight_bytes
+    fn stopped_admitting(&self) -> bool {
+        self.disconnecting || self.draining || self.broken.is_some()
     }
 
-    /// Starts every complete buffered request that the limits admit.
-    fn admit(&mut self) -> bool {
+    fn protocol_error(&mut self, error: FramingError) {
+        debug!(%error, "malformed request stream; closing the connection");
+        self.broken = Some(TransmissionEnd::Protocol(error));
+    }
+
+    /// Starts every complete buffered request that the limits admit. A request is admitted when
+    /// a request slot is free, the connection holds nothing or its cost fits under
+    /// `max_in_flight_bytes` with what it holds, and the server-wide budget has its cost.
+    fn admit(&mut self, cx: &mut Context<'_>) -> bool {
         let mut admitted = false;
-        while !self.disconnecting && !self.draining && self.broken.is_none() && self.can_admit() {
-            match self.reader.next_request() {
-                Ok(Some(incoming)) => {
-                    admitted = true;
-                    self.requests_handled += 1;
-                    self.dispatch(incoming);
+        self.blocked = false;
+        while !self.stopped_admitting() {
+            if self.reader.mid_payload() {
+                // A write admitted when its header was read: its payload is arriving.
+                match self.reader.next_request() {
+                    Ok(Some(incoming)) => {
+                        let cost = std::mem::take(&mut self.pending_cost);
+                        self.dispatch(incoming, cost);
+                        admitted = true;
+                        continue;
+                    }
+                    Ok(None) => break,
+                    Err(error) => {
+                        self.protocol_error(error);
+                        break;
+                    }
                 }
+            }
+            if self.slots.is_full() {
+                self.blocked = true;
+                break;
+            }
+            let header = match self.reader.peek_header() {
+                Ok(Some(header)) => header,
                 Ok(None) => break,
                 Err(error) => {
-                    warn!(%error, "malformed request stream; closing the connection");
-                    self.broken = Some(TransmissionEnd::Protocol(error));
+                    self.protocol_error(error);
+                    break;
+                }
+            };
+            let cost = request_cost(&header, &self.limits);
+            let held = self.held_bytes();
+            if held > 0 && held + cost > self.limits.max_in_flight_bytes {
+                self.blocked = true;
+                break;
+            }
+            if self.budget.poll_grant(cx, cost, held).is_pending() {
+                self.blocked = true;
+                break;
+            }
+            self.budget.consume(cost);
+            admitted = true;
+            match self.reader.next_request() {
+                Ok(Some(incoming)) => self.dispatch(incoming, cost),
+                Ok(None) => {
+                    debug_assert!(self.reader.mid_payload(), "a peeked header is a request");
+                    self.pending_cost = cost;
+                }
+                Err(error) => {
+                    self.protocol_error(error);
+                    break;
                 }
             }
         }
         admitted
     }
 
-    fn dispatch(&mut self, incoming: Incoming) {
+    /// Starts `incoming`, whose `cost` bytes were counted: the reply it queues at once, or the
+    /// export operation it starts, stays within them.
+    fn dispatch(&mut self, incoming: Incoming, cost: usize) {
+        self.requests_handled += 1;
         let Incoming { header, payload } = incoming;
         let cookie = header.cookie;
         let command = match wire::check_request(&header, &self.session) {
@@ -284,27 +382,22 @@ impl<'e> Connection<'e> {
                 return;
             }
             Command::Read { offset_bytes, len_bytes } => {
-                self.replies.executing_bytes += len_bytes as usize;
                 Op::Read { cookie, offset_bytes, len_bytes, future: export.read(offset_bytes, len_bytes) }
             }
             Command::Write { offset_bytes, fua, .. } => {
                 let data = payload.expect("write requests carry their payload").freeze();
-                let held_bytes = data.len();
-                self.replies.executing_bytes += held_bytes;
-                Op::Unit { cookie, held_bytes, future: export.write(offset_bytes, data, fua) }
+                Op::Unit { cookie, future: export.write(offset_bytes, data, fua) }
             }
-            Command::Flush => Op::Unit { cookie, held_bytes: 0, future: export.flush() },
+            Command::Flush => Op::Unit { cookie, future: export.flush() },
             Command::Trim { offset_bytes, len_bytes, fua } => {
-                Op::Unit { cookie, held_bytes: 0, future: export.trim(offset_bytes, len_bytes, fua) }
+                Op::Unit { cookie, future: export.trim(offset_bytes, len_bytes, fua) }
             }
             Command::Cache { offset_bytes, len_bytes } => {
-                Op::Unit { cookie, held_bytes: 0, future: export.cache(offset_bytes, len_bytes) }
+                Op::Unit { cookie, future: export.cache(offset_bytes, len_bytes) }
             }
-            Command::WriteZeroes { offset_bytes, len_bytes, may_trim, fua, .. } => Op::Unit {
-                cookie,
-                held_bytes: 0,
-                future: export.write_zeroes(offset_bytes, len_bytes, may_trim, fua),
-            },
+            Command::WriteZeroes { offset_bytes, len_bytes, may_trim, fua, .. } => {
+                Op::Unit { cookie, future: export.write_zeroes(offset_bytes, len_bytes, may_trim, fua) }
+            }
             Command::BlockStatus { offset_bytes, len_bytes, req_one } => Op::Status {
                 cookie,
                 len_bytes,
@@ -312,7 +405,8 @@ impl<'e> Connection<'e> {
                 future: export.block_status(offset_bytes, len_bytes),
             },
         };
-        self.slots.insert(op);
+        self.replies.executing_bytes += cost;
+        self.slots.insert(Costed { cost, op });
     }
 
     fn io_failed(&mut self, error: io::Error) {
@@ -324,15 +418,42 @@ impl<'e> Connection<'e> {
     }
 
     /// Drives the connection until it ends. Cancel-safe: all state lives in `self`.
-    pub(crate) fn poll_run<S>(&mut self, cx: &mut Context<'_>, mut stream: Pin<&mut S>) -> Poll<()>
+    pub(crate) fn poll_run<S>(&mut self, cx: &mut Context<'_>, stream: Pin<&mut S>) -> Poll<()>
+    where
+        S: AsyncRead + AsyncWrite + ?Sized,
+    {
+        let poll = self.poll_rounds(cx, stream);
+        if self.stopped_admitting() {
+            self.budget.cancel();
+        }
+        self.budget.settle(self.held_bytes());
+        poll
+    }
+
+    /// True when replies have waited `send_timeout` for the client to take a byte (the timer
+    /// starts at the first write that would block and stops at the next that does not).
+    fn send_stalled(&mut self, cx: &mut Context<'_>) -> bool {
+        let timeout = self.limits.send_timeout;
+        let stall = self.stall.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        if stall.as_mut().poll(cx).is_pending() {
+            return false;
+        }
+        self.stall = None;
+        self.budget.gauges.stalled_closed();
+        let message = format!("the client took no reply bytes for {} ms", timeout.as_millis());
+        self.io_failed(io::Error::new(io::ErrorKind::TimedOut, message));
+        true
+    }
+
+    fn poll_rounds<S>(&mut self, cx: &mut Context<'_>, mut stream: Pin<&mut S>) -> Poll<()>
     where
         S: AsyncRead + AsyncWrite + ?Sized,
     {
         for _ in 0..MAX_ROUNDS_PER_POLL {
-            let mut progress = self.admit();
+            let mut progress = self.admit(cx);
 
             let wants_read = !self.stopped_reading()
-                && (self.reader.mid_payload() || self.can_admit())
+                && (self.reader.mid_payload() || !self.blocked)
                 && self.reader.can_fill();
             if wants_read {
                 match self.reader.poll_fill(cx, stream.as_mut()) {
@@ -353,31 +474,39 @@ impl<'e> Connection<'e> {
             }
 
             let replies = &mut self.replies;
-            if self.slots.poll_ready(cx, |done| replies.complete(done)) > 0 {
+            if self.slots.poll_ready(cx, |(cost, done)| replies.complete(cost, done)) > 0 {
                 progress = true;
             }
             if self.broken.is_some() {
                 self.replies.out.clear();
             }
 
-            if !self.replies.out.is_empty() {
-                match self.replies.out.poll_write(cx, stream.as_mut()) {
-                    Poll::Ready(Ok(_)) => progress = true,
+            let sending =
+                !self.replies.out.is_empty() || (self.replies.out.needs_flush() && self.broken.is_none());
+            if sending {
+                let sent = if self.replies.out.is_empty() {
+                    self.replies.out.poll_flush(cx, stream.as_mut())
+                } else {
+                    self.replies.out.poll_write(cx, stream.as_mut()).map_ok(drop)
+                };
+                match sent {
+                    Poll::Ready(Ok(())) => {
+                        self.stall = None;
+                        progress = true;
+                    }
                     Poll::Ready(Err(error)) => {
+                        self.stall = None;
                         self.io_failed(error);
                         progress = true;
                     }
-                    Poll::Pending => {}
-                }
-            } else if self.replies.out.needs_flush() && self.broken.is_none() {
-                match self.replies.out.poll_flush(cx, stream.as_mut()) {
-                    Poll::Ready(Ok(())) => progress = true,
-                    Poll::Ready(Err(error)) => {
-                        self.io_failed(error);
-                        progress = true;
+                    Poll::Pending => {
+                        if self.send_stalled(cx) {
+                            progress = true;
+                        }
                     }
-                    Poll::Pending => {}
                 }
+            } else {
+                self.stall = None;
             }
 
             let quiet =
@@ -385,7 +514,10 @@ impl<'e> Connection<'e> {
             if self.broken.is_some() && self.slots.is_empty() {
                 return Poll::Ready(());
             }
-            if quiet && (self.disconnecting || self.draining || self.end_of_stream) {
+            // At end of stream, requests still buffered are answered first (one waiting for
+            // the server-wide budget keeps the connection open until it gets it).
+            let ended = self.disconnecting || self.draining || (self.end_of_stream && !self.blocked);
+            if quiet && ended {
                 return Poll::Ready(());
             }
             if !progress {
@@ -419,13 +551,14 @@ pub(crate) async fn run<S, F>(
     export: &dyn Export,
     session: SessionParams,
     limits: &Limits,
+    budget: ByteBudget,
     shutdown: F,
 ) -> (TransmissionEnd, u64)
 where
     S: AsyncRead + AsyncWrite + Unpin,
     F: Future<Output = ()>,
 {
-    let mut connection = Connection::new(export, session, limits);
+    let mut connection = Connection::new(export, session, limits, budget);
     let finished = {
         let run = poll_fn(|cx| connection.poll_run(cx, Pin::new(&mut stream)));
         tokio::select! {

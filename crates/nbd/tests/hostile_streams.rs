@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::common::{Client, Reply, connect, fixture, fixture_with};
+use crate::common::{Client, GatedExport, Reply, connect, fixture, fixture_with, gated_server};
 use stria_nbd::proto::cmd;
 use stria_nbd::{Limits, ListenAddr};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -121,15 +121,23 @@ async fn in_flight_limits_bound_what_a_client_can_queue() {
 }
 
 #[tokio::test]
-async fn connection_limit_refuses_extra_connections() {
-    let fx = fixture_with(Limits { max_connections: 1, ..Limits::default() });
+async fn handshake_limit_refuses_extra_connections() {
+    let fx = fixture_with(Limits { max_handshaking: 1, ..Limits::default() });
     let mut first = connect(&fx.server);
-    first.handshake("disk", false, false).await;
+    first.greet(stria_nbd::proto::CLIENT_FIXED_NEWSTYLE).await;
     let mut second = connect(&fx.server);
     let mut byte = [0u8; 1];
     assert_eq!(second.stream.read(&mut byte).await.unwrap(), 0, "second connection must be closed");
+    // Entering transmission frees the handshake place.
+    first.send_option(stria_nbd::proto::opt::GO, &crate::common::info_data("disk", &[])).await;
+    let replies = first.read_option_replies().await;
+    assert_eq!(replies.last().unwrap().reply_type, stria_nbd::proto::rep::ACK);
+    let mut third = connect(&fx.server);
+    third.handshake("disk", false, false).await;
     first.send_request(cmd::FLUSH, 0, 1, 0, 0, &[]).await;
     assert_eq!(first.read_reply().await.error(), 0);
+    third.send_request(cmd::FLUSH, 0, 2, 0, 0, &[]).await;
+    assert_eq!(third.read_reply().await.error(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,96 +172,18 @@ async fn tcp_listener_serves() {
     handle.shutdown().await;
 }
 
-/// An export whose reads wait for a gate to open, counting how many were started.
-struct GatedExport {
-    inner: stria_nbd::MemExport,
-    started: std::sync::atomic::AtomicUsize,
-    open: tokio::sync::watch::Receiver<bool>,
-}
-
-impl stria_nbd::Export for GatedExport {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn read_only(&self) -> bool {
-        false
-    }
-    fn description(&self) -> Option<String> {
-        None
-    }
-    fn preferred_block_bytes(&self) -> u32 {
-        4096
-    }
-    fn can_fast_zero(&self) -> bool {
-        true
-    }
-    fn read(
-        &self,
-        offset: u64,
-        len: u32,
-    ) -> stria_nbd::BoxFuture<'_, Result<stria_dev::IoBuf, stria_nbd::ExportError>> {
-        self.started.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let mut open = self.open.clone();
-        Box::pin(async move {
-            let _ = open.wait_for(|open| *open).await;
-            self.inner.read(offset, len).await
-        })
-    }
-    fn write(
-        &self,
-        o: u64,
-        d: stria_dev::IoBytes,
-        f: bool,
-    ) -> stria_nbd::BoxFuture<'_, Result<(), stria_nbd::ExportError>> {
-        self.inner.write(o, d, f)
-    }
-    fn write_zeroes(
-        &self,
-        o: u64,
-        l: u32,
-        t: bool,
-        f: bool,
-    ) -> stria_nbd::BoxFuture<'_, Result<(), stria_nbd::ExportError>> {
-        self.inner.write_zeroes(o, l, t, f)
-    }
-    fn trim(&self, o: u64, l: u32, f: bool) -> stria_nbd::BoxFuture<'_, Result<(), stria_nbd::ExportError>> {
-        self.inner.trim(o, l, f)
-    }
-    fn flush(&self) -> stria_nbd::BoxFuture<'_, Result<(), stria_nbd::ExportError>> {
-        self.inner.flush()
-    }
-    fn cache(&self, o: u64, l: u32) -> stria_nbd::BoxFuture<'_, Result<(), stria_nbd::ExportError>> {
-        self.inner.cache(o, l)
-    }
-    fn block_status(
-        &self,
-        o: u64,
-        l: u32,
-    ) -> stria_nbd::BoxFuture<'_, Result<Vec<stria_nbd::Extent>, stria_nbd::ExportError>> {
-        self.inner.block_status(o, l)
-    }
-}
-
 #[tokio::test]
 async fn requests_beyond_the_in_flight_limit_are_not_started_and_vanished_clients_finish() {
-    let (gate, open) = tokio::sync::watch::channel(false);
-    let export = std::sync::Arc::new(GatedExport {
-        inner: stria_nbd::MemExport::new(1 << 20),
-        started: std::sync::atomic::AtomicUsize::new(0),
-        open,
-    });
-    let exports = std::sync::Arc::new(stria_nbd::ExportMap::new());
-    exports.insert("gated", export.clone()).unwrap();
+    let (export, gate) = GatedExport::new(1 << 20, false);
     let limits = Limits { max_requests_in_flight: 8, ..Limits::default() };
-    let server =
-        stria_nbd::Server::new(stria_nbd::ServerConfig { limits, ..Default::default() }, exports).unwrap();
+    let server = gated_server(limits, export.clone());
     let mut c = connect(&server);
     c.handshake("gated", false, false).await;
     for cookie in 0..100u64 {
         c.send_request(cmd::READ, 0, cookie, cookie * 4096, 4096, &[]).await;
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(export.started.load(std::sync::atomic::Ordering::SeqCst), 8, "only the limit is started");
+    assert_eq!(export.started(), 8, "only the limit is started");
     gate.send_replace(true);
     for _ in 0..100 {
         assert_eq!(c.read_reply().await.error(), 0);

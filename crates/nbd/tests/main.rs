@@ -6,4 +6,5 @@ mod common;
 mod fuzz_corpus;
 mod handshake_options;
 mod hostile_streams;
+mod resource_bounds;
 mod transmission_errors;

@@ -4,10 +4,13 @@
 #![allow(dead_code, unreachable_pub)] // shared by several test crates, each using part
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
+use stria_dev::{IoBuf, IoBytes};
 use stria_nbd::proto::{self, opt, rep};
-use stria_nbd::{ExportMap, Limits, MemExport, Server, ServerConfig};
+use stria_nbd::{BoxFuture, Export, ExportError, ExportMap, Extent, Limits, MemExport, Server, ServerConfig};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
+use tokio::sync::watch;
 
 /// A server with exports `disk` (1 MiB), `ro` (read-only, 64 KiB), `bad` (EIO at [4096, 8192))
 /// and `slowzero` (no fast zero), plus handles to the memory exports.
@@ -220,4 +223,96 @@ pub fn meta_data(name: &str, queries: &[&str]) -> Vec<u8> {
         data.extend_from_slice(query.as_bytes());
     }
     data
+}
+
+/// An export whose reads and writes wait for a gate to open (send `true` on the sender
+/// [`GatedExport::new`] returns), counting how many were started and their bytes.
+pub struct GatedExport {
+    pub inner: MemExport,
+    started: AtomicUsize,
+    started_bytes: AtomicUsize,
+    open: watch::Receiver<bool>,
+}
+
+impl GatedExport {
+    pub fn new(size_bytes: u64, open: bool) -> (Arc<GatedExport>, watch::Sender<bool>) {
+        let (gate, receiver) = watch::channel(open);
+        let export = GatedExport {
+            inner: MemExport::new(size_bytes),
+            started: AtomicUsize::new(0),
+            started_bytes: AtomicUsize::new(0),
+            open: receiver,
+        };
+        (Arc::new(export), gate)
+    }
+
+    /// Reads and writes started.
+    pub fn started(&self) -> usize {
+        self.started.load(Ordering::SeqCst)
+    }
+
+    /// Bytes of the reads and writes started.
+    pub fn started_bytes(&self) -> usize {
+        self.started_bytes.load(Ordering::SeqCst)
+    }
+
+    fn start(&self, len_bytes: usize) -> watch::Receiver<bool> {
+        self.started.fetch_add(1, Ordering::SeqCst);
+        self.started_bytes.fetch_add(len_bytes, Ordering::SeqCst);
+        self.open.clone()
+    }
+}
+
+impl Export for GatedExport {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn description(&self) -> Option<String> {
+        None
+    }
+    fn preferred_block_bytes(&self) -> u32 {
+        4096
+    }
+    fn can_fast_zero(&self) -> bool {
+        true
+    }
+    fn read(&self, offset: u64, len: u32) -> BoxFuture<'_, Result<IoBuf, ExportError>> {
+        let mut open = self.start(len as usize);
+        Box::pin(async move {
+            let _ = open.wait_for(|open| *open).await;
+            self.inner.read(offset, len).await
+        })
+    }
+    fn write(&self, offset: u64, data: IoBytes, fua: bool) -> BoxFuture<'_, Result<(), ExportError>> {
+        let mut open = self.start(data.len());
+        Box::pin(async move {
+            let _ = open.wait_for(|open| *open).await;
+            self.inner.write(offset, data, fua).await
+        })
+    }
+    fn write_zeroes(&self, o: u64, l: u32, t: bool, f: bool) -> BoxFuture<'_, Result<(), ExportError>> {
+        self.inner.write_zeroes(o, l, t, f)
+    }
+    fn trim(&self, o: u64, l: u32, f: bool) -> BoxFuture<'_, Result<(), ExportError>> {
+        self.inner.trim(o, l, f)
+    }
+    fn flush(&self) -> BoxFuture<'_, Result<(), ExportError>> {
+        self.inner.flush()
+    }
+    fn cache(&self, o: u64, l: u32) -> BoxFuture<'_, Result<(), ExportError>> {
+        self.inner.cache(o, l)
+    }
+    fn block_status(&self, o: u64, l: u32) -> BoxFuture<'_, Result<Vec<Extent>, ExportError>> {
+        self.inner.block_status(o, l)
+    }
+}
+
+/// A server whose only export, `gated`, is `export`.
+pub fn gated_server(limits: Limits, export: Arc<GatedExport>) -> Server {
+    let exports = Arc::new(ExportMap::new());
+    exports.insert("gated", export).unwrap();
+    Server::new(ServerConfig { limits, ..ServerConfig::default() }, exports).unwrap()
 }
