@@ -114,7 +114,20 @@ pub enum DevError {
 impl DevError {
     /// True for errors the drive itself reported (a reason to fail the drive), false for caller bugs.
     pub fn is_media_error(&self) -> bool {
-        matches!(self, DevError::Io { .. })
+        matches!(self, DevError::Io { .. }) && !self.is_no_space()
+    }
+
+    /// True when the host ran out of space under the device (ENOSPC or EDQUOT from the
+    /// filesystem holding a drive file): a fault of the host, not of the drive, that freeing
+    /// space cures. The engine suspends writes instead of failing the drive.
+    pub fn is_no_space(&self) -> bool {
+        match self {
+            DevError::Io { source, .. } => {
+                matches!(source.kind(), io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded)
+                    || matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+            }
+            _ => false,
+        }
     }
 }
 

@@ -85,4 +85,9 @@ pub enum EngineError {
     CommitFailed { generation: u64, written: usize, total: usize, needed: usize },
     #[error(transparent)]
     Volume(#[from] VolumeError),
+    /// Writes are suspended: the filesystem (or quota) holding the drives ran out of space.
+    /// Nothing was failed; once space is freed, clearing the suspension resumes writes. The
+    /// message names no command (the `stria` binary adds it).
+    #[error("writes are suspended: {0}")]
+    HostFull(String),
 }

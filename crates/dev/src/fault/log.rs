@@ -78,6 +78,8 @@ pub enum FaultKind {
     PowerCut,
     /// A request failed because the power is off.
     PoweredOffRequest,
+    /// A write or flush failed with ENOSPC: the host filesystem under the drive is full.
+    HostFull,
 }
 
 /// One entry of the fault log.
@@ -107,6 +109,8 @@ pub struct FaultCounts {
     pub dead_drive_requests: u64,
     pub power_cuts: u64,
     pub powered_off_requests: u64,
+    #[serde(default)]
+    pub host_full_requests: u64,
 }
 
 impl FaultCounts {
@@ -127,6 +131,7 @@ impl FaultCounts {
             + self.dead_drive_requests
             + self.power_cuts
             + self.powered_off_requests
+            + self.host_full_requests
     }
 
     pub(super) fn count(&mut self, kind: &FaultKind) {
@@ -144,6 +149,7 @@ impl FaultCounts {
             FaultKind::DeadDriveRequest => &mut self.dead_drive_requests,
             FaultKind::PowerCut => &mut self.power_cuts,
             FaultKind::PoweredOffRequest => &mut self.powered_off_requests,
+            FaultKind::HostFull => &mut self.host_full_requests,
         };
         *counter += 1;
     }

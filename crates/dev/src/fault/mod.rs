@@ -11,6 +11,7 @@
 mod durable;
 mod log;
 mod power;
+mod space;
 
 use std::future::{Future, ready};
 use std::io;
@@ -29,6 +30,7 @@ use durable::Versions;
 pub use log::{FaultConfig, FaultCounts, FaultEvent, FaultKind};
 use power::Power;
 pub use power::{PowerCutPoint, PowerSwitch};
+pub use space::HostSpace;
 
 /// Events kept in the log; later ones are still counted but not kept.
 pub const FAULT_EVENTS_MAX: usize = 100_000;
@@ -90,6 +92,7 @@ pub struct FaultDevice {
     mem: MemDevice,
     state: Mutex<State>,
     power: Option<Arc<PowerSwitch>>,
+    space: Option<Arc<HostSpace>>,
     counters: DevCounters,
 }
 
@@ -130,6 +133,7 @@ impl FaultDevice {
             mem,
             state: Mutex::new(state),
             power: None,
+            space: None,
             counters: DevCounters::default(),
         };
         for block_index in config.latent_error_blocks {
@@ -141,6 +145,13 @@ impl FaultDevice {
     /// Attaches the drive to a power switch shared with other drives.
     pub fn with_power_switch(mut self, switch: Arc<PowerSwitch>) -> FaultDevice {
         self.power = Some(switch);
+        self
+    }
+
+    /// Puts the drive (a file) on a host filesystem shared with other drives: while it is full,
+    /// writes and flushes fail with ENOSPC and store nothing.
+    pub fn with_host_space(mut self, space: Arc<HostSpace>) -> FaultDevice {
+        self.space = Some(space);
         self
     }
 
@@ -278,7 +289,10 @@ impl FaultDevice {
     /// Logs `kind` and fails the request with it.
     fn refuse(&self, state: &mut State, kind: FaultKind, offset_bytes: u64, len_bytes: u64) -> DevError {
         self.counters.record_error();
-        let source = io::Error::other(format!("injected fault: {kind:?}"));
+        let source = match kind {
+            FaultKind::HostFull => io::Error::from_raw_os_error(libc::ENOSPC),
+            _ => io::Error::other(format!("injected fault: {kind:?}")),
+        };
         state.log(kind, offset_bytes, len_bytes);
         DevError::Io { device: Arc::clone(&self.name), offset_bytes, len_bytes, source }
     }
@@ -355,6 +369,9 @@ impl FaultDevice {
         let mut state = self.state.lock();
         if let Err(kind) = self.admit(&mut state, offset_bytes, Some(data)) {
             return Err(self.refuse(&mut state, kind, offset_bytes, len_bytes));
+        }
+        if self.space.as_ref().is_some_and(|s| !s.admit()) {
+            return Err(self.refuse(&mut state, FaultKind::HostFull, offset_bytes, len_bytes));
         }
         let p = state.config.write_error_probability;
         if take_armed(&mut state.armed.write_errors) || state.roll(p) {
@@ -437,6 +454,11 @@ impl FaultDevice {
         let mut state = self.state.lock();
         if let Err(kind) = self.admit(&mut state, 0, None) {
             return Err(self.refuse(&mut state, kind, 0, 0));
+        }
+        // A filesystem reports ENOSPC on fsync too (blocks it could not allocate at write-back);
+        // the data written before stays where it was (not made durable).
+        if self.space.as_ref().is_some_and(|s| !s.admit()) {
+            return Err(self.refuse(&mut state, FaultKind::HostFull, 0, 0));
         }
         state.versions.flush();
         self.counters.record_flush();

@@ -160,6 +160,11 @@ impl IntentMap {
         self.state.iter().filter(|s| s.load(SeqCst) != CLEAN).count() as u64
     }
 
+    /// The regions whose bit is set.
+    pub(crate) fn dirty_list(&self) -> Vec<u64> {
+        (0..self.state.len() as u64).filter(|&r| self.state[r as usize].load(SeqCst) != CLEAN).collect()
+    }
+
     /// Clears the bits of regions with nothing in flight whose last write is covered by a
     /// completed flush. With `force_all`, a region need only be idle (used right after a flush
     /// when the pool closes cleanly, or after recovery resynchronised it).

@@ -324,8 +324,9 @@ impl<D: BlockDevice> Drive<D> {
     }
 
     /// Counts a failed write (or flush) request, passing the result on.
+    /// A full host filesystem is not the drive's fault and is not counted.
     fn count_write<T>(&self, result: Result<T, DevError>) -> Result<T, DevError> {
-        if result.is_err() {
+        if result.as_ref().is_err_and(|e| !e.is_no_space()) {
             self.count_error(ErrorKind::Write);
         }
         result
@@ -494,11 +495,13 @@ impl<D: BlockDevice> Drive<D> {
                 self.write_csum_pages(&snapshot).await?;
                 self.dev().flush().await?;
             }
-            Ok(())
+            Ok::<(), DevError>(())
         }
         .await;
         if let Err(e) = result {
-            self.count_error(ErrorKind::Write);
+            if !e.is_no_space() {
+                self.count_error(ErrorKind::Write);
+            }
             self.csum.redirty(&pages);
             return Err(e);
         }

@@ -169,7 +169,7 @@ impl<D: BlockDevice> Pool<D> {
         pool.core.flush_all().await?;
         for d in pool.core.drives().iter().filter(|d| !d.is_failed()) {
             if let Err(e) = d.begin_journal_session().await {
-                pool.core.fail_drive(d.slot(), format!("journal header write failed: {e}")).await?;
+                pool.core.drive_error(d.slot(), "journal header write failed", &e).await?;
             }
         }
         Ok(pool)

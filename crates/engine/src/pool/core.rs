@@ -26,6 +26,10 @@ pub(crate) struct PoolCore<D: BlockDevice> {
     /// Set when a drive failure could not be committed: from then on no write or flush may be
     /// acknowledged (a drive the metadata still calls active would miss it).
     poisoned: AtomicBool,
+    /// Why writes are suspended (a full host filesystem, see suspend.rs); `None` when not.
+    pub(super) suspended: parking_lot::Mutex<Option<String>>,
+    /// Fast check of `suspended.is_some()` on the write path.
+    pub(super) suspended_flag: AtomicBool,
     flush_arrivals: AtomicU64,
     flush_covered: tokio::sync::Mutex<u64>,
     /// Operations in progress (see gate.rs); a clean close waits for them.
@@ -67,6 +71,8 @@ impl<D: BlockDevice> PoolCore<D> {
             txn_next: AtomicU64::new(txn_next),
             unapplied_txns: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
             poisoned: AtomicBool::new(false),
+            suspended: parking_lot::Mutex::new(None),
+            suspended_flag: AtomicBool::new(false),
             flush_arrivals: AtomicU64::new(0),
             flush_covered: tokio::sync::Mutex::new(0),
             ops: OpGate::default(),
@@ -173,7 +179,16 @@ impl<D: BlockDevice> PoolCore<D> {
         // some drives).
         loop {
             next.generation = self.claim_generation(current.generation);
-            match self.commit(&current, &next).await {
+            let (result, dead, full) = self.commit(&current, &next).await;
+            // A drive that missed the document because the host filesystem is full is not
+            // failed: the pool suspends writes instead. Missing one generation is what a crash
+            // during a commit leaves too, and assembly copes with it (the drive's superblock
+            // stays at or above the newest generation confirmed on every drive).
+            let result = match (result, full) {
+                (Err(_), Some(reason)) => return Err(EngineError::HostFull(reason)),
+                (r, _) => r,
+            };
+            match (result, dead) {
                 (Ok(()), dead) if dead.is_empty() => {
                     self.confirm(&next).await;
                     break;
@@ -229,7 +244,13 @@ impl<D: BlockDevice> PoolCore<D> {
     /// help a stale majority). See docs/on-disk-format.md §3 for why assembly then always finds
     /// the newest acknowledged generation.
     /// Also returns the drives whose write failed.
-    async fn commit(&self, prev: &PoolMeta, meta: &PoolMeta) -> (Result<(), EngineError>, Vec<u32>) {
+    /// Drives whose write failed because the host filesystem is full are not among them: the
+    /// pool is suspended instead, and the third value is the reason.
+    async fn commit(
+        &self,
+        prev: &PoolMeta,
+        meta: &PoolMeta,
+    ) -> (Result<(), EngineError>, Vec<u32>, Option<String>) {
         let committed = self.committed_high.load(Ordering::SeqCst);
         let targets = self.commit_targets(meta);
         let writes = targets.iter().map(|d| async move {
@@ -240,9 +261,13 @@ impl<D: BlockDevice> PoolCore<D> {
         let results = join_all(writes).await;
         let mut written = Vec::new();
         let mut dead = Vec::new();
+        let mut full = None;
         for (d, r) in targets.iter().zip(results) {
             match r {
                 Ok(()) => written.push(d.slot()),
+                Err(EngineError::Dev(e)) if e.is_no_space() => {
+                    full = Some(self.suspend(d.slot(), "metadata write", &e));
+                }
                 Err(e) => {
                     tracing::error!(slot = d.slot(), error = %e, "metadata write failed");
                     dead.push(d.slot());
@@ -265,10 +290,10 @@ impl<D: BlockDevice> PoolCore<D> {
                     total: set.len(),
                     needed,
                 };
-                return (Err(e), dead);
+                return (Err(e), dead, full);
             }
         }
-        (Ok(()), dead)
+        (Ok(()), dead, full)
     }
 
     /// The drives a commit of `meta` writes: open, not failed, and active in `meta`.
@@ -291,9 +316,17 @@ impl<D: BlockDevice> PoolCore<D> {
         let targets = self.commit_targets(meta);
         let results = join_all(targets.iter().map(|d| d.write_superblock(g, g))).await;
         for (d, r) in targets.iter().zip(results) {
-            if let Err(e) = r {
-                tracing::error!(slot = d.slot(), error = %e, "superblock confirmation failed; failing the drive");
-                d.set_failed();
+            match r {
+                Ok(()) => {}
+                // The drive holds generation `g` (the commit wrote it); only the confirmation is
+                // missing, which a later commit writes again.
+                Err(e) if e.is_no_space() => {
+                    self.suspend(d.slot(), "superblock confirmation", &e);
+                }
+                Err(e) => {
+                    tracing::error!(slot = d.slot(), error = %e, "superblock confirmation failed; failing the drive");
+                    d.set_failed();
+                }
             }
         }
         self.committed_high.fetch_max(g, Ordering::SeqCst);
@@ -305,6 +338,11 @@ impl<D: BlockDevice> PoolCore<D> {
             return Err(EngineError::Busy(
                 "the pool could not record a drive failure in its metadata; it refuses writes until restarted".into(),
             ));
+        }
+        if self.suspended_flag.load(Ordering::Acquire)
+            && let Some(reason) = self.suspension()
+        {
+            return Err(EngineError::HostFull(reason));
         }
         Ok(())
     }
@@ -382,14 +420,10 @@ impl<D: BlockDevice> PoolCore<D> {
         );
         let candidates: Vec<u64> = live.iter().map(|d| d.journal.checkpoint_candidate(watermark)).collect();
         let flushed = join_all(live.iter().map(|d| d.flush())).await;
-        let mut failed = Vec::new();
-        for (d, r) in live.iter().zip(&flushed) {
+        for (d, r) in live.iter().zip(flushed) {
             if let Err(e) = r {
-                failed.push((d.slot(), format!("flush failed: {e}")));
+                self.drive_error(d.slot(), "flush failed", &e).await?;
             }
-        }
-        for (slot, why) in failed {
-            self.fail_drive(slot, why).await?;
         }
         let checkpoints = live
             .iter()
@@ -398,7 +432,7 @@ impl<D: BlockDevice> PoolCore<D> {
             .map(|(d, &c)| async move { (d.slot(), d.checkpoint_journal(c, watermark).await) });
         for (slot, r) in join_all(checkpoints).await {
             if let Err(e) = r {
-                self.fail_drive(slot, format!("journal checkpoint failed: {e}")).await?;
+                self.drive_error(slot, "journal checkpoint failed", &e).await?;
             }
         }
         *covered = covers;

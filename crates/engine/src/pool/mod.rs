@@ -9,6 +9,7 @@ mod rebuild;
 mod recovery;
 mod scrub;
 mod status;
+mod suspend;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -87,6 +88,8 @@ pub struct Pool<D: BlockDevice> {
     /// Rebuild bandwidth limit in bytes per second (0 = unlimited).
     pub(crate) rebuild_rate_bytes: AtomicU64,
     pub(crate) closed: AtomicBool,
+    /// Serialises [`Pool::clear_suspension`] calls.
+    clearing: tokio::sync::Mutex<()>,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for Pool<D> {
@@ -180,6 +183,7 @@ impl<D: BlockDevice> Pool<D> {
             ignored: Vec::new(),
             rebuild_rate_bytes: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            clearing: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -512,9 +516,14 @@ impl<D: BlockDevice> Pool<D> {
     /// Housekeeping to call every few seconds: clears intent bits of idle, flushed regions, and
     /// commits the drives' error counters when they changed (one metadata commit at most).
     pub async fn tick(&self) -> Result<(), EngineError> {
+        // While suspended the bits mark what a failed write may have left inconsistent: they
+        // stay until the suspension is cleared (pool/suspend.rs).
+        if self.core.suspension().is_some() {
+            return Ok(());
+        }
         for d in self.core.drives().iter().filter(|d| !d.is_failed()) {
             if let Err(e) = d.clear_idle_intents(false).await {
-                self.core.fail_drive(d.slot(), format!("intent bitmap write failed: {e}")).await?;
+                self.core.drive_error(d.slot(), "intent bitmap write failed", &e).await?;
             }
         }
         self.core.commit_drive_errors().await?;
@@ -535,9 +544,19 @@ impl<D: BlockDevice> Pool<D> {
         // Committed before the final flush; a failed commit (no metadata majority) must not keep
         // the pool from closing cleanly, so it is reported after the flush.
         let counters = self.core.commit_drive_errors().await;
+        if let Some(reason) = self.core.suspension() {
+            // No flush can succeed and no intent bit may be cleared: the next open resyncs the
+            // marked regions, as after a crash. Nothing acknowledged needs this flush (a client
+            // whose flush failed knows its writes are not durable).
+            tracing::warn!(%reason, "closing a suspended pool: the next open resynchronises what the failed writes touched");
+            return counters.map(|_| ());
+        }
         self.core.flush_all().await?;
         for d in self.core.drives().iter().filter(|d| !d.is_failed()) {
-            d.clear_idle_intents(true).await?;
+            if let Err(e) = d.clear_idle_intents(true).await {
+                // Everything is durable; a bit left set only costs a resync at the next open.
+                self.core.drive_error(d.slot(), "intent bitmap write", &e).await?;
+            }
         }
         counters.map(|_| ())
     }

@@ -10,6 +10,8 @@ use crate::drive::OpenFindings;
 use crate::drive::journal::RecoveredPiece;
 use crate::error::EngineError;
 use crate::format::layout::{CSUM_ENTRIES_PER_PAGE, INTENT_REGION_BLOCKS};
+use crate::volume::Volume;
+use crate::volume::map::VolumeMap;
 
 /// What recovery did when the pool was opened.
 #[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -28,6 +30,31 @@ pub struct RecoveryReport {
     pub parity_blocks_rewritten: u64,
     /// Mirror copy blocks rewritten because the copies disagreed.
     pub copy_blocks_rewritten: u64,
+}
+
+/// The rows (segment index, row) of `vol` that the drive ranges in `dirty` (slot -> (first
+/// block, blocks) in the drive's data area) touch.
+pub(super) fn dirty_rows<D: BlockDevice>(
+    vol: &Volume<D>,
+    map: &VolumeMap<D>,
+    dirty: &BTreeMap<u32, Vec<(u64, u64)>>,
+) -> BTreeSet<(usize, u64)> {
+    let mut rows = BTreeSet::new();
+    for (si, seg) in map.segments.iter().enumerate() {
+        let extent = seg.rows * vol.geo.chunk_blocks;
+        for m in &seg.members {
+            for &(start, len) in dirty.get(&m.drive.slot()).map(Vec::as_slice).unwrap_or(&[]) {
+                let lo = start.max(m.start_block);
+                let hi = (start + len).min(m.start_block + extent);
+                if lo < hi {
+                    let first_row = (lo - m.start_block) / vol.geo.chunk_blocks;
+                    let last_row = (hi - 1 - m.start_block) / vol.geo.chunk_blocks;
+                    rows.extend((first_row..=last_row).map(|r| (si, r)));
+                }
+            }
+        }
+    }
+    rows
 }
 
 impl<D: BlockDevice> Pool<D> {
@@ -64,22 +91,7 @@ impl<D: BlockDevice> Pool<D> {
         }
         for vol in self.volumes() {
             let map = vol.map.load_full();
-            let mut rows: BTreeSet<(usize, u64)> = BTreeSet::new();
-            for (si, seg) in map.segments.iter().enumerate() {
-                let extent = seg.rows * vol.geo.chunk_blocks;
-                for m in &seg.members {
-                    for &(start, len) in dirty.get(&m.drive.slot()).map(Vec::as_slice).unwrap_or(&[]) {
-                        let lo = start.max(m.start_block);
-                        let hi = (start + len).min(m.start_block + extent);
-                        if lo < hi {
-                            let first_row = (lo - m.start_block) / vol.geo.chunk_blocks;
-                            let last_row = (hi - 1 - m.start_block) / vol.geo.chunk_blocks;
-                            rows.extend((first_row..=last_row).map(|r| (si, r)));
-                        }
-                    }
-                }
-            }
-            for (si, row) in rows {
+            for (si, row) in dirty_rows(&vol, &map, &dirty) {
                 let stats = vol.resync_row(&map, si, row).await?;
                 report.rows_resynced += 1;
                 report.parity_blocks_rewritten += stats.parity_blocks;
@@ -89,7 +101,10 @@ impl<D: BlockDevice> Pool<D> {
         // Make the result durable, checkpoint the replayed records and start with a clean bitmap.
         self.core.flush_all().await?;
         for d in self.core.drives().iter().filter(|d| !d.is_failed()) {
-            d.clear_idle_intents(true).await?;
+            if let Err(e) = d.clear_idle_intents(true).await {
+                // Everything is durable; a bit left set only costs a resync at the next open.
+                self.core.drive_error(d.slot(), "intent bitmap write", &e).await?;
+            }
         }
         tracing::info!(?report, "recovery done");
         Ok(report)
@@ -121,7 +136,7 @@ impl<D: BlockDevice> Pool<D> {
                 if let Err(e) =
                     drive.write_with_crcs(p.piece.target_block, p.piece.data.clone(), &p.crcs).await
                 {
-                    self.core.fail_drive(slot, format!("journal replay write failed: {e}")).await?;
+                    self.core.drive_error(slot, "journal replay write failed", &e).await?;
                 }
             }
         }

@@ -81,6 +81,9 @@ pub struct PoolStatus {
     pub recovery: RecoveryReport,
     /// Devices found but left out at assembly (stale, foreign, replaced): path and reason.
     pub ignored_drives: Vec<IgnoredDrive>,
+    /// Why writes are suspended (a full host filesystem, see `Pool::clear_suspension`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspended: Option<String>,
 }
 
 /// A device left out of the pool at assembly.
@@ -116,6 +119,7 @@ impl<D: BlockDevice> Pool<D> {
                 .iter()
                 .map(|(p, r)| IgnoredDrive { path: p.clone(), reason: r.clone() })
                 .collect(),
+            suspended: self.core.suspension(),
         }
     }
 

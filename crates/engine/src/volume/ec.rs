@@ -251,7 +251,7 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Ec, D> {
                         stats.parity_blocks += 1;
                     }
                     if let Err(e) = member.drive.write(at, IoBytes::copy_from(&content), false).await {
-                        self.fail_drive(&member.drive, format!("scrub write failed: {e}"))
+                        self.drive_error(&member.drive, "scrub write failed", &e)
                             .await
                             .map_err(|e| self.pool_err(e))?;
                     }
@@ -479,7 +479,7 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
                 match member.drive.write(block, data, false).await {
                     Ok(()) => self.note_repair(&member.drive, block, (j - i) as u64),
                     Err(e) => {
-                        self.fail_drive(&member.drive, format!("repair write failed: {e}")).await?;
+                        self.drive_error(&member.drive, "repair write failed", &e).await?;
                         break;
                     }
                 }
@@ -552,7 +552,7 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
             match result {
                 Ok(()) if p.repair => self.note_repair(drive, p.block, p.data.len() as u64 / BLOCK_BYTES),
                 Ok(()) => {}
-                Err(e) => self.fail_drive(drive, format!("write failed: {e}")).await?,
+                Err(e) => self.drive_error(drive, "write failed", &e).await?,
             }
         }
         self.check_stripe_alive(seg, sw)
@@ -839,9 +839,8 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
                     Ok(_) => journaled.push(true),
                     Err(AppendError::Dev(e)) => {
                         journaled.push(false);
-                        if let Err(e) = self
-                            .fail_drive(&seg.members[p.member].drive, format!("journal write failed: {e}"))
-                            .await
+                        if let Err(e) =
+                            self.drive_error(&seg.members[p.member].drive, "journal write failed", &e).await
                         {
                             // Nothing was written in place: the transaction is over.
                             self.core.txn_done(txn_id);

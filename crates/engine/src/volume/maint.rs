@@ -87,6 +87,18 @@ impl<D: BlockDevice> Volume<D> {
         with_family!(self, |f| f.resync(map, si, row).await)
     }
 
+    /// Resynchronises row `row` of segment `si` under its stripe lock, while other I/O runs
+    /// (clearing a suspension, pool/suspend.rs).
+    pub(crate) async fn resync_row_live(
+        &self,
+        map: &VolumeMap<D>,
+        si: usize,
+        row: u64,
+    ) -> Result<RowStats, EngineError> {
+        let _guard = self.locks.lock([(si, row)]).await;
+        with_family!(self, |f| f.resync(map, si, row).await)
+    }
+
     pub(super) async fn read_member_logical(
         &self,
         member: &Member<D>,
@@ -99,7 +111,7 @@ impl<D: BlockDevice> Volume<D> {
         match read_logical(&member.drive, block, self.geo.chunk_blocks).await {
             Ok(r) => Ok(Some(r)),
             Err(e) => {
-                self.fail_drive(&member.drive, format!("read failed during resync: {e}"))
+                self.drive_error(&member.drive, "read failed during resync", &e)
                     .await
                     .map_err(|e| self.pool_err(e))?;
                 Ok(None)
@@ -142,7 +154,7 @@ impl<D: BlockDevice> Volume<D> {
             if let Err(e) =
                 member.drive.write(member.start_block + row * chunk + a as u64, bytes, false).await
             {
-                self.fail_drive(&member.drive, format!("{what} write failed: {e}"))
+                self.drive_error(&member.drive, &format!("{what} write failed"), &e)
                     .await
                     .map_err(|e| self.pool_err(e))?;
                 break;
@@ -182,7 +194,7 @@ impl<D: BlockDevice> Volume<D> {
                 member.drive.zero(base + a as u64, (b - a) as u64).await
             };
             if let Err(e) = result {
-                self.fail_drive(&member.drive, format!("rebuild write failed: {e}"))
+                self.drive_error(&member.drive, "rebuild write failed", &e)
                     .await
                     .map_err(|e| self.pool_err(e))?;
                 return Err(EngineError::Busy(format!(

@@ -128,7 +128,7 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Mirror, D> {
                                 member.drive.write(at, bytes, false).await
                             };
                             if let Err(e) = result {
-                                self.fail_drive(&member.drive, format!("resync write failed: {e}"))
+                                self.drive_error(&member.drive, "resync write failed", &e)
                                     .await
                                     .map_err(|e| self.pool_err(e))?;
                                 break;
@@ -260,7 +260,7 @@ impl<D: BlockDevice> InFamily<'_, Mirror, D> {
             match member.drive.write(base + i as u64, slice, false).await {
                 Ok(()) => self.note_repair(&member.drive, base + i as u64, (j - i) as u64),
                 Err(e) => {
-                    self.fail_drive(&member.drive, format!("repair write failed: {e}")).await?;
+                    self.drive_error(&member.drive, "repair write failed", &e).await?;
                     return Ok(());
                 }
             }
@@ -290,7 +290,7 @@ impl<D: BlockDevice> InFamily<'_, Mirror, D> {
         for (m, result) in targets.iter().zip(results) {
             match result {
                 Ok(()) => written += 1,
-                Err(e) => self.fail_drive(&m.drive, format!("write failed: {e}")).await?,
+                Err(e) => self.drive_error(&m.drive, "write failed", &e).await?,
             }
         }
         if written == 0 {
@@ -348,7 +348,7 @@ impl<D: BlockDevice> InFamily<'_, Mirror, D> {
                 let at = self.member_block(member, run) + i as u64;
                 tracing::warn!(volume = %self.name, slot = member.drive.slot(), row = run.row, block = i, "rewriting a mirror copy outvoted by the others");
                 if let Err(e) = member.drive.write(at, good.clone(), false).await {
-                    self.fail_drive(&member.drive, format!("scrub write failed: {e}"))
+                    self.drive_error(&member.drive, "scrub write failed", &e)
                         .await
                         .map_err(|e| self.pool_err(e))?;
                 }

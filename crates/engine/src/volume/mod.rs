@@ -661,7 +661,7 @@ impl<D: BlockDevice> Volume<D> {
                 continue;
             }
             if let Err(e) = member.drive.zero(member.start_block + block_in_member, run.blocks).await {
-                self.fail_drive(&member.drive, format!("intent bitmap write failed: {e}")).await?;
+                self.drive_error(&member.drive, "intent bitmap write failed", &e).await?;
             }
         }
         Ok(())
@@ -732,6 +732,18 @@ impl<D: BlockDevice> Volume<D> {
     /// Fails `drive` after an error (persisting it) before the request that saw it completes.
     pub(crate) async fn fail_drive(&self, drive: &Arc<Drive<D>>, reason: String) -> Result<(), VolumeError> {
         self.core.fail_drive(drive.slot(), reason).await.map_err(|e| self.pool_error(e))
+    }
+
+    /// Handles an I/O error of `drive` met by `what`: a full host filesystem suspends the pool's
+    /// writes and fails the request (the drive is not to blame; see pool/suspend.rs); any other
+    /// error fails the drive (persisted) and lets the request go on without it.
+    pub(crate) async fn drive_error(
+        &self,
+        drive: &Arc<Drive<D>>,
+        what: &str,
+        e: &stria_dev::DevError,
+    ) -> Result<(), VolumeError> {
+        self.core.drive_error(drive.slot(), what, e).await.map_err(|e| self.pool_error(e))
     }
 
     /// Counts and logs `blocks` blocks at `drive_block` of `drive` rewritten from redundancy.
