@@ -95,6 +95,10 @@ fn map_err(e: VolumeError) -> ExportError {
         VolumeError::Unrecoverable { offset_bytes, len_bytes, reason, .. } => {
             ExportError::Io { offset_bytes, len_bytes, reason }
         }
+        // The filesystem under the drives is full: writes are suspended (nothing was failed).
+        VolumeError::Pool { source, .. } if matches!(*source, stria_engine::EngineError::HostFull(_)) => {
+            ExportError::NoSpace { offset_bytes: 0 }
+        }
         e @ VolumeError::Pool { .. } => {
             ExportError::Io { offset_bytes: 0, len_bytes: 0, reason: e.to_string() }
         }

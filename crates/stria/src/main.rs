@@ -76,6 +76,9 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum PoolCmd {
+    /// Resume writes suspended because the filesystem holding the drives filled up (free
+    /// space there first): resynchronises what the failed writes touched, then resumes.
+    Clear,
     /// Create a pool from sparse files in the pool directory and/or given devices.
     Create {
         /// Pool name.
@@ -294,6 +297,7 @@ fn main() {
         0 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
         n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
     };
+    let pool_path = cli.pool.clone();
     let result = match runtime {
         Ok(rt) => rt.block_on(run(cli)),
         Err(e) => Err(e.into()),
@@ -301,7 +305,15 @@ fn main() {
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            let message = format!("{e:#}");
+            eprintln!("error: {message}");
+            // Refused because writes are suspended (the engine's message names no command).
+            if message.contains("writes are suspended:") {
+                eprintln!(
+                    "hint: free space on the filesystem holding the drives, then run `stria pool clear --pool {}`",
+                    pool_path.display()
+                );
+            }
             std::process::exit(1);
         }
     }
@@ -334,6 +346,20 @@ const STATUS_FAILED: i32 = 3;
 async fn run(cli: Cli) -> Result<i32> {
     let dir = PoolDir::new(&cli.pool);
     match cli.command {
+        Command::Pool(PoolCmd::Clear) => {
+            let v = request(&dir, Request::PoolClear).await?;
+            if v["was_suspended"].is_null() {
+                outln!("writes were not suspended; nothing to clear");
+            } else {
+                let r = &v["resync"];
+                outln!(
+                    "writes resumed: {} rows resynchronised ({} parity and {} copy blocks rewritten)",
+                    r["rows_resynced"],
+                    r["parity_blocks_rewritten"],
+                    r["copy_blocks_rewritten"]
+                );
+            }
+        }
         Command::Pool(PoolCmd::Create { name, fast, capacity, drive_size, drives, overwrite }) => {
             let existed = dir.path.exists();
             let lock = dir.lock_new()?;
@@ -489,7 +515,7 @@ fn status_code(v: &StatusView) -> i32 {
     if !v.unavailable.is_empty() {
         return STATUS_FAILED;
     }
-    if code == 0 && v.pool.drives.iter().any(|d| d.state != "active") {
+    if code == 0 && (v.pool.suspended.is_some() || v.pool.drives.iter().any(|d| d.state != "active")) {
         code = STATUS_DEGRADED;
     }
     code

@@ -90,6 +90,9 @@ pub(crate) enum Request {
     Scrub {
         name: String,
     },
+    /// Resumes writes suspended by a full host filesystem (after a resync of what the failed
+    /// writes touched).
+    PoolClear,
 }
 
 impl Request {
@@ -269,6 +272,11 @@ pub(crate) async fn execute(
             let slot = drive.map(|d| find_drive(pool, &d)).transpose()?;
             let cleared = pool.clear_drive_errors(slot).await?;
             Ok(json!({ "cleared": cleared, "all": slot.is_none() }))
+        }
+        Request::PoolClear => {
+            let was = pool.suspension();
+            let report = pool.clear_suspension().await?;
+            Ok(json!({ "was_suspended": was, "resync": to_json(&report)? }))
         }
         Request::Scrub { name } => {
             let report = catalog

@@ -55,6 +55,9 @@ fn state(state: VolumeState) -> String {
 pub(crate) fn status(v: &StatusView) {
     let pool = &v.pool;
     outln!("pool {} ({}), metadata generation {}", pool.name, pool.uuid, pool.generation);
+    if let Some(why) = &pool.suspended {
+        outln!("writes SUSPENDED: {why}; reads go on. Free space there, then run `stria pool clear`");
+    }
     outln!();
     drives(&pool.drives);
     outln!();

@@ -323,6 +323,11 @@ impl PoolDir {
         match Pool::open_skipping(found, force).await {
             Ok(pool) => Ok(pool),
             Err(e @ EngineError::NoQuorum { .. }) => Err(anyhow!(self.no_quorum_message(&e, opener))),
+            // Opening writes (a metadata commit, recovery): it could not, and failed nothing.
+            Err(EngineError::HostFull(reason)) => Err(anyhow!(
+                "cannot open the pool at {}: {reason}. Free space there and run the command again",
+                self.path.display()
+            )),
             Err(e) => {
                 Err(anyhow::Error::new(e)
                     .context(format!("cannot assemble the pool at {}", self.path.display())))

@@ -374,3 +374,149 @@ fn item10_names_sizes_logs_signals_and_exit_codes() {
     says(&log, "SIGHUP ignored");
     says(&log, "pool closed cleanly");
 }
+
+/// A small ext4 filesystem on a loop device, mounted at `at`; unmounted (and the loop device
+/// freed) when dropped, also when the test fails.
+struct SmallFs {
+    at: PathBuf,
+}
+
+impl SmallFs {
+    /// `None` when this machine cannot mount one (not root): the caller skips, saying so.
+    fn mount(image: &Path, at: &Path, mib: u64) -> Option<SmallFs> {
+        let run = |cmd: &mut Command| {
+            cmd.stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+        };
+        std::fs::create_dir_all(at).expect("mount point");
+        let made = run(Command::new("truncate").arg("-s").arg(format!("{mib}M")).arg(image))
+            && run(Command::new("mkfs.ext4").args(["-q", "-F", "-m", "0"]).arg(image));
+        if !made || !run(Command::new("mount").args(["-o", "loop"]).arg(image).arg(at)) {
+            return None;
+        }
+        Some(SmallFs { at: at.to_path_buf() })
+    }
+
+    /// Fills the filesystem but `leave` bytes with a file `filler` (preallocated, so the space
+    /// is really taken).
+    fn fill(&self, leave: u64) {
+        let free = rustix::fs::statvfs(&self.at).map(|s| s.f_bavail * s.f_frsize).expect("statvfs");
+        let take = free.saturating_sub(leave) & !4095;
+        let ok = Command::new("fallocate")
+            .args(["-l", &take.to_string()])
+            .arg(self.at.join("filler"))
+            .status()
+            .expect("fallocate");
+        assert!(ok.success(), "fallocate of the filler failed");
+    }
+
+    fn free_space(&self) {
+        std::fs::remove_file(self.at.join("filler")).expect("remove the filler");
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.at).status();
+    }
+}
+
+/// qemu-io on volume `v` through the daemon's socket; returns whether every command succeeded
+/// and what it printed.
+fn qemu_io(socket: &Path, commands: &[&str]) -> (bool, String) {
+    let mut cmd = Command::new("qemu-io");
+    cmd.args(["-f", "raw"]).arg(format!("nbd+unix:///v?socket={}", socket.display()));
+    for c in commands {
+        cmd.args(["-c", c]);
+    }
+    let out = cmd.output().expect("qemu-io (package qemu-utils, installed by scripts/test.sh)");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    // qemu-io exits 0 even when a command fails; it says so.
+    let failed =
+        text.contains("failed") || text.contains("Pattern verification failed") || !out.status.success();
+    (!failed, text)
+}
+
+#[test]
+fn item5_a_full_filesystem_suspends_writes_and_pool_clear_resumes_them() {
+    let stria = Stria::new();
+    let Some(fs) = SmallFs::mount(&stria.dir.path().join("fs.img"), &stria.dir.path().join(POOL), 160) else {
+        eprintln!("skipped: cannot mount a loop filesystem here (needs root)");
+        return;
+    };
+    // Two 256 MiB sparse drives on 160 MiB: the over-commit the README's tour makes, in small.
+    expect(&stria, &["pool", "create", "--capacity", "2", "--drive-size", "256M"], 0);
+    expect(&stria, &["volume", "create", "v", "--size", "128M", "--layout", "raid1"], 0);
+    let daemon = Daemon::start(&stria);
+    let (ok, text) = qemu_io(&daemon.socket, &["write -P 0xa1 0 8M", "flush"]);
+    assert!(ok, "{text}");
+
+    // The filesystem fills: the big write fails with ENOSPC, and nothing is failed.
+    fs.fill(4 << 20);
+    let (ok, text) = qemu_io(&daemon.socket, &["write -P 0xb2 16M 32M", "flush"]);
+    assert!(!ok, "a write larger than the free space succeeded:\n{text}");
+    says(&text, "No space left on device");
+    let out = expect(&stria, &["status"], 2);
+    says(&out.stdout, "writes SUSPENDED: the filesystem holding drive");
+    says(&out.stdout, "run `stria pool clear`");
+    let json = expect(&stria, &["status", "--json"], 2);
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).expect("status JSON");
+    assert!(v["suspended"].is_string(), "{v}");
+    for d in v["drives"].as_array().expect("drives") {
+        assert_eq!(d["state"], "active", "a full filesystem failed a drive: {d}");
+        assert_eq!(d["write_errors"], 0, "ENOSPC counted as a drive error: {d}");
+    }
+    // Reads go on; acknowledged data is there; writes are refused with the reason.
+    let (ok, text) = qemu_io(&daemon.socket, &["read -P 0xa1 0 8M"]);
+    assert!(ok, "{text}");
+    let out = expect(&stria, &["volume", "create", "w", "--size", "4M", "--layout", "raid1"], 1);
+    let out_text = format!("{}{}", out.stderr, out.stdout);
+    says(&out_text, "writes are suspended: the filesystem holding drive");
+    says(
+        &out_text,
+        "hint: free space on the filesystem holding the drives, then run `stria pool clear --pool pool`",
+    );
+    // A clear before space is freed keeps the suspension.
+    let out = expect(&stria, &["pool", "clear"], 1);
+    says(&out.stderr, "writes are suspended");
+
+    // Space freed, `pool clear` resumes writes; data written before and after reads back.
+    fs.free_space();
+    let out = expect(&stria, &["pool", "clear"], 0);
+    says(&out.stdout, "writes resumed:");
+    expect(&stria, &["status"], 0);
+    let (ok, text) = qemu_io(
+        &daemon.socket,
+        &["write -P 0xc3 16M 32M", "flush", "read -P 0xc3 16M 32M", "read -P 0xa1 0 8M"],
+    );
+    assert!(ok, "{text}");
+    let out = expect(&stria, &["scrub", "v"], 0);
+    says(&out.stdout, "0 repaired");
+
+    // Full again, then SIGTERM: a suspended daemon stops cleanly (exit 0).
+    fs.fill(1 << 20);
+    let (ok, _) = qemu_io(&daemon.socket, &["write -P 0xd4 64M 32M", "flush"]);
+    assert!(!ok, "a write larger than the free space succeeded");
+    let (code, log) = daemon.stop();
+    assert_eq!(code, Some(0), "a suspended daemon did not stop cleanly:\n{log}");
+    says(&log, "writes suspended, reads go on");
+    // Opening writes (a metadata commit, the resync of what the failed write touched): where
+    // that needs new space it is refused with the fix, else the pool opens; nothing is failed.
+    let out = stria.run(&["status"]);
+    match out.code {
+        Some(0) => {}
+        Some(1) => says(&out.stderr, "Free space there and run the command again"),
+        other => {
+            panic!("`stria status` on a full filesystem exited {other:?}:\n{}{}", out.stdout, out.stderr)
+        }
+    }
+    fs.free_space();
+    let out = expect(&stria, &["status", "--json"], 0);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("status JSON");
+    assert!(v["drives"].as_array().expect("drives").iter().all(|d| d["state"] == "active"), "{v}");
+    let daemon = Daemon::start(&stria);
+    let (ok, text) = qemu_io(&daemon.socket, &["read -P 0xa1 0 8M", "read -P 0xc3 16M 32M"]);
+    assert!(ok, "{text}");
+    let (code, _) = daemon.stop();
+    assert_eq!(code, Some(0));
+    drop(fs);
+}
