@@ -141,14 +141,7 @@ impl World {
 
     fn images(&mut self, ending: Ending) -> Vec<stria_dev::mem::MemDevice> {
         let base = self.rng.random::<u64>();
-        self.disks
-            .iter()
-            .enumerate()
-            .map(|(i, d)| match ending {
-                Ending::PowerCut => d.dev.crash_image(base.wrapping_add(i as u64)),
-                Ending::Kill | Ending::CleanClose => d.dev.kill_image(),
-            })
-            .collect()
+        crash_images(self.disks.iter().map(|d| &d.dev), ending == Ending::PowerCut, base)
     }
 
     /// Opens the pool from every disk the operator has (failed and stale ones included: the

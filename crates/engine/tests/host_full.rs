@@ -93,14 +93,7 @@ impl World {
 
     fn images(&mut self, ending: Ending) -> Vec<stria_dev::mem::MemDevice> {
         let base = self.rng.random::<u64>();
-        self.devs
-            .iter()
-            .enumerate()
-            .map(|(i, d)| match ending {
-                Ending::PowerCut => d.crash_image(base.wrapping_add(i as u64)),
-                Ending::Kill | Ending::CleanClose => d.kill_image(),
-            })
-            .collect()
+        crash_images(self.devs.iter(), ending == Ending::PowerCut, base)
     }
 
     fn found(&self) -> Vec<FoundDrive<Dev>> {

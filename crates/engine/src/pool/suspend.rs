@@ -102,7 +102,7 @@ impl<D: BlockDevice> Pool<D> {
         for vol in self.volumes() {
             let map = vol.map.load_full();
             for (si, row) in super::recovery::dirty_rows(&vol, &map, &dirty) {
-                let stats = vol.resync_row_live(&map, si, row).await?;
+                let stats = vol.resync_row(&map, si, row).await?;
                 report.rows_resynced += 1;
                 report.parity_blocks_rewritten += stats.parity_blocks;
                 report.copy_blocks_rewritten += stats.copy_blocks;

@@ -77,19 +77,9 @@ impl<D: BlockDevice> Volume<D> {
         EngineError::Volume(e)
     }
 
-    /// Resynchronises row `row` of segment `si` (recovery; no I/O runs concurrently).
+    /// Resynchronises row `row` of segment `si` under its stripe lock (recovery, where nothing
+    /// else runs, and clearing a suspension, pool/suspend.rs, while reads go on).
     pub(crate) async fn resync_row(
-        &self,
-        map: &VolumeMap<D>,
-        si: usize,
-        row: u64,
-    ) -> Result<RowStats, EngineError> {
-        with_family!(self, |f| f.resync(map, si, row).await)
-    }
-
-    /// Resynchronises row `row` of segment `si` under its stripe lock, while other I/O runs
-    /// (clearing a suspension, pool/suspend.rs).
-    pub(crate) async fn resync_row_live(
         &self,
         map: &VolumeMap<D>,
         si: usize,

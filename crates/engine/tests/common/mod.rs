@@ -201,3 +201,15 @@ pub fn check_block_status(vol: &Volume<Dev>, model: &Model) {
     }
     assert_eq!(at, model.bytes.len() as u64);
 }
+
+/// The drives' contents after a power cut (`power_cut`: unflushed writes dropped or torn, per
+/// block, by `base`) or after the process was killed (every accepted write kept).
+pub fn crash_images<'a>(
+    devs: impl Iterator<Item = &'a Dev>,
+    power_cut: bool,
+    base: u64,
+) -> Vec<stria_dev::mem::MemDevice> {
+    devs.enumerate()
+        .map(|(i, d)| if power_cut { d.crash_image(base.wrapping_add(i as u64)) } else { d.kill_image() })
+        .collect()
+}
