@@ -22,6 +22,7 @@ pub mod pool;
 pub mod units;
 pub mod volume;
 
+pub use drive::csum::{CsumCacheStats, DEFAULT_CSUM_CACHE_PAGES};
 pub use drive::{Drive, DriveLabel, read_label};
 pub use error::{EngineError, VolumeError};
 pub use format::meta::{

@@ -48,6 +48,7 @@ async fn run_seed(seed: u64) {
     let switch = PowerSwitch::new();
     let mut devs = drives(n, &switch, seed);
     let pool = create_pool(&devs).await;
+    small_csum_cache(&pool, seed);
     let vol = pool.create_volume(spec("v", VOLUME_BYTES, layout, CHUNK)).await.unwrap();
     // Devices the reopened pool is given (a failed or replaced drive is left out, as an
     // operator would).
@@ -93,6 +94,7 @@ async fn run_seed(seed: u64) {
     let rebooted = reboot(&given, seed);
     let pool: Pool<Dev> =
         open_pool(&rebooted).await.unwrap_or_else(|e| panic!("seed {seed}: reopen failed: {e}"));
+    small_csum_cache(&pool, seed);
     let vol = pool.volume("v").unwrap();
     verify(&vol, &tracker, seed, layout, scenario).await;
     if let Scenario::Rebuilding = scenario {

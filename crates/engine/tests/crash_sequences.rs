@@ -161,6 +161,7 @@ impl World {
             match Pool::open_skipping(found.collect(), false).await {
                 Ok(pool) if !switch.is_off() => {
                     switch.trip_after_ops(u64::MAX);
+                    small_csum_cache(&pool, self.seed);
                     return pool;
                 }
                 Ok(pool) => {

@@ -121,7 +121,10 @@ impl World {
             self.reboot(images);
         }
         match Pool::open(self.found()).await {
-            Ok(pool) => pool,
+            Ok(pool) => {
+                small_csum_cache(&pool, self.seed);
+                pool
+            }
             Err(e) => self.fail(format!("the pool did not open: {e}")),
         }
     }
@@ -252,6 +255,24 @@ async fn run_seed(seed: u64) {
             }
             (false, None) => {}
         }
+        if hit && world.rng.random_bool(0.3) {
+            // A clear before space is freed: it fails and stays suspended when the resync or
+            // its flush needs space, or resumes when what it rewrote needed none.
+            match pool.clear_suspension().await {
+                Err(EngineError::HostFull(why)) if pool.suspension().is_some() => {
+                    count(&COVERAGE.clears_refused);
+                    world.note(format!("clear while full refused: {why}"));
+                }
+                Err(EngineError::HostFull(why)) => {
+                    world.fail(format!("a refused clear resumed writes: {why}"))
+                }
+                Err(e) => world.fail(format!("clear while full: unexpected error {e}")),
+                Ok(_) if pool.suspension().is_some() => {
+                    world.fail("still suspended after a successful clear".into())
+                }
+                Ok(report) => world.note(format!("clear while full needed no space: {report:?}")),
+            }
+        }
         if hit && world.rng.random_bool(0.6) {
             world.space.free();
             let report = pool
@@ -313,6 +334,7 @@ struct Coverage {
     cycles: std::sync::atomic::AtomicU64,
     suspensions: std::sync::atomic::AtomicU64,
     clears: std::sync::atomic::AtomicU64,
+    clears_refused: std::sync::atomic::AtomicU64,
 }
 
 static COVERAGE: std::sync::LazyLock<Coverage> = std::sync::LazyLock::new(Coverage::default);
@@ -335,10 +357,12 @@ async fn a_full_host_filesystem_suspends_writes_and_loses_nothing() {
     }
     let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     eprintln!(
-        "{seeds} seeds: {} cycles, {} suspensions, {} cleared while serving",
+        "{seeds} seeds: {} cycles, {} suspensions, {} cleared while serving, {} clears refused while full",
         n(&COVERAGE.cycles),
         n(&COVERAGE.suspensions),
-        n(&COVERAGE.clears)
+        n(&COVERAGE.clears),
+        n(&COVERAGE.clears_refused)
     );
     assert!(n(&COVERAGE.suspensions) > 0 && n(&COVERAGE.clears) > 0, "the fills never met a request");
+    assert!(n(&COVERAGE.clears_refused) > 0, "no clear was ever tried (and refused) while full");
 }

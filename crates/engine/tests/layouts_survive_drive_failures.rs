@@ -59,7 +59,7 @@ async fn every_layout_survives_every_tolerated_failure_set() {
                 devs[i].kill();
             }
             check(&vol, &model).await;
-            check_block_status(&vol, &model);
+            check_block_status(&vol, &model).await;
             assert_eq!(vol.state(), VolumeState::Degraded, "{layout} with {set:?} failed");
             // Writes while degraded.
             let mut m2 = model.clone();
@@ -129,7 +129,7 @@ async fn replacing_failed_drives_rebuilds_full_redundancy() {
         assert_eq!(vol.state(), VolumeState::Rebuilding);
         // Before any row is rebuilt, status and data come from the surviving members.
         check(&vol, &model).await;
-        check_block_status(&vol, &model);
+        check_block_status(&vol, &model).await;
         let mut progress = 0;
         let rebuild = pool.rebuild(|_| progress += 1);
         let writes = async {

@@ -124,12 +124,12 @@ async fn zeroes_trim_and_block_status() {
         let devs = drives(6, &switch, 5);
         let pool = create_pool(&devs).await;
         let vol = pool.create_volume(spec("v", 2 << 20, layout, 16 << 10)).await.unwrap();
-        let status = vol.block_status(0, 2 << 20).unwrap();
+        let status = vol.block_status(0, 2 << 20).await.unwrap();
         assert_eq!(status.len(), 1);
         assert!(status[0].unallocated, "a new volume is all holes");
         let mut model = Model::new(2 << 20);
         write(&vol, &mut model, 0, vec![1u8; 2 << 20]).await;
-        assert!(!vol.block_status(0, 2 << 20).unwrap()[0].unallocated);
+        assert!(!vol.block_status(0, 2 << 20).await.unwrap()[0].unallocated);
         let row = vol.row_bytes();
         // Fast zeroing works on whole stripes, and is refused (changing nothing) elsewhere.
         vol.write_zeroes(row, row, false, true).await.unwrap();
@@ -142,7 +142,7 @@ async fn zeroes_trim_and_block_status() {
         vol.write_zeroes(row * 3 + 1, 100, false, false).await.unwrap();
         model.write((row * 3 + 1) as usize, &[0; 100]);
         check(&vol, &model).await;
-        let st = vol.block_status(0, 4 * row).unwrap();
+        let st = vol.block_status(0, 4 * row).await.unwrap();
         let holes: u64 = st.iter().filter(|e| e.unallocated).map(|e| e.len_bytes).sum();
         assert_eq!(holes, row, "{layout}: exactly the fast-zeroed stripe is a hole: {st:?}");
         assert_eq!(st.iter().map(|e| e.len_bytes).sum::<u64>(), 4 * row);
@@ -151,7 +151,7 @@ async fn zeroes_trim_and_block_status() {
         model.write((6 * row) as usize, &vec![0; row as usize]);
         check(&vol, &model).await;
         // Unaligned status ranges are trimmed to the request.
-        let st = vol.block_status(row + 5, 7).unwrap();
+        let st = vol.block_status(row + 5, 7).await.unwrap();
         assert_eq!(st.iter().map(|e| e.len_bytes).sum::<u64>(), 7);
         pool.flush().await.unwrap();
         pool.close().await.unwrap();

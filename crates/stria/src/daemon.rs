@@ -51,6 +51,8 @@ pub(crate) struct ServeOptions {
     pub(crate) tls_key: Option<PathBuf>,
     pub(crate) force: bool,
     pub(crate) rebuild_rate_bytes: u64,
+    /// Bound on cached checksum pages (`Pool::set_metadata_cache`).
+    pub(crate) metadata_cache_bytes: u64,
 }
 
 /// A pool of memory drives made at start-up and gone at exit (`stria serve
@@ -135,6 +137,7 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
     let pool = Arc::new(dir.open_pool(Opener::Daemon { force: opts.force }).await?);
     let catalog = Arc::new(Catalog::open(Arc::clone(&pool)).await?);
     pool.set_rebuild_rate(opts.rebuild_rate_bytes);
+    pool.set_metadata_cache(opts.metadata_cache_bytes);
     let report = pool.recovery_report();
     if report.journal_txns_replayed + report.rows_resynced > 0 {
         tracing::warn!(?report, "recovered from an unclean stop");
@@ -299,6 +302,7 @@ pub(crate) async fn serve_memory(
         })
         .collect();
     let pool = Arc::new(Pool::create("bench-memory", drives).await.context("cannot create the memory pool")?);
+    pool.set_metadata_cache(opts.metadata_cache_bytes);
     let catalog = Catalog::open(Arc::clone(&pool)).await?;
     for v in &spec.volumes {
         let volume = CreateVolume {

@@ -189,7 +189,8 @@ impl Export for VolumeExport {
         len_bytes: u32,
     ) -> BoxFuture<'_, Result<Vec<Extent>, ExportError>> {
         Box::pin(async move {
-            let extents = self.volume.block_status(offset_bytes, u64::from(len_bytes)).map_err(map_err)?;
+            let extents =
+                self.volume.block_status(offset_bytes, u64::from(len_bytes)).await.map_err(map_err)?;
             let mut out = Vec::with_capacity(extents.len());
             for e in extents {
                 let mut left = e.len_bytes;

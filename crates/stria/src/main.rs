@@ -244,6 +244,10 @@ struct ServeArgs {
     /// Rebuild bandwidth limit (e.g. 200M per second; 0 = unlimited).
     #[arg(long, value_parser = parse_size, default_value = "0")]
     rebuild_rate: u64,
+    /// Memory for cached checksum pages, split over the drives (each 4 KiB page covers 4 MiB of
+    /// a drive; pages are read from the drives on demand beyond this).
+    #[arg(long, value_parser = parse_size, default_value = "256M")]
+    metadata_cache: u64,
     /// Benchmarks only: ignore --pool and serve a new pool of COUNTxSIZE memory drives (e.g.
     /// 6x1G) that vanishes at exit, with the volumes of --bench-volume.
     #[arg(long, hide = true, value_parser = daemon::parse_memory_drives)]
@@ -644,6 +648,7 @@ fn serve_tls_options(args: ServeArgs) -> Result<ServeOptions> {
         tls_key: args.tls_key,
         force: args.force,
         rebuild_rate_bytes: args.rebuild_rate,
+        metadata_cache_bytes: args.metadata_cache,
     })
 }
 

@@ -463,7 +463,7 @@ async fn export(catalog: &Catalog<Dev>, name: &str, path: &Path, progress: Progr
     while at < size {
         let n = usize::try_from(size - at).unwrap_or(usize::MAX).min(COPY_STEP_BYTES);
         // Holes stay holes in the file (it is sparse where the volume is).
-        let status = vol.block_status(at, n as u64)?;
+        let status = vol.block_status(at, n as u64).await?;
         if status.iter().all(|e| e.unallocated) {
             file.seek(SeekFrom::Current(n as i64))?;
         } else {

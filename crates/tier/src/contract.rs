@@ -3,7 +3,7 @@
 //! nothing here.
 
 use stria_dev::{BlockDevice, IoBuf, IoBytes};
-use stria_engine::{BlockVolume, Durability, Extent, VolumeError, VolumeFuture, VolumeInfo, Zeroing};
+use stria_engine::{BlockVolume, Durability, Extent, VolumeFuture, VolumeInfo, Zeroing};
 
 use crate::TieredVolume;
 
@@ -52,7 +52,7 @@ impl<D: BlockDevice> BlockVolume for TieredVolume<D> {
         Box::pin(TieredVolume::flush(self))
     }
 
-    fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<Extent>, VolumeError> {
-        TieredVolume::block_status(self, offset_bytes, len_bytes)
+    fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> VolumeFuture<'_, Vec<Extent>> {
+        Box::pin(std::future::ready(TieredVolume::block_status(self, offset_bytes, len_bytes)))
     }
 }

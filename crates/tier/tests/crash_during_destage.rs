@@ -114,6 +114,7 @@ async fn run_seed(seed: u64) {
     let switch = PowerSwitch::new();
     let devs = drives(&switch, seed);
     let pool = create_pool(&devs).await;
+    small_csum_cache(&pool, seed);
     let vol = stria_tier::create(&pool, spec()).await.unwrap();
     always(&vol);
     // Scenario: 0 healthy, 1 a fast drive failed, 2 a capacity drive failed.
@@ -141,6 +142,7 @@ async fn run_seed(seed: u64) {
         devs.iter().enumerate().filter(|(i, _)| Some(*i) != failed).map(|(_, d)| d.clone()).collect();
     let rebooted = reboot(&given, seed);
     let pool = open_pool(&rebooted).await;
+    small_csum_cache(&pool, seed);
     let vol = open_tiered(&pool).await;
     for b in 0..BLOCKS {
         let got = vol
@@ -372,6 +374,7 @@ impl World {
             let opened = match Pool::open_skipping(found, false).await {
                 Ok(pool) => {
                     let pool = Arc::new(pool);
+                    small_csum_cache(&pool, self.seed);
                     let Some(rec) = pool.meta().tiered.iter().find(|t| t.name == "tv").cloned() else {
                         self.fail("the pool lost tiered volume tv".into())
                     };

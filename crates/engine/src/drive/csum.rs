@@ -1,17 +1,37 @@
-//! The per-block checksum table of one drive (format §6), held in memory and written back at
-//! flush.
+//! The per-block checksum table of one drive (format §6): on the drive, with a bounded cache of
+//! its pages in memory (docs/design/paged-checksums.md).
+//!
+//! A page is read from the drive the first time a request touches one of its blocks and stays
+//! cached until the CLOCK hand evicts it. Only clean pages that no request holds are evicted: a
+//! dirty page stays until a drive flush writes it back (after the data it describes is
+//! durable), so an entry can never be lost by eviction. When the cache is over its budget and
+//! nothing can be evicted, [`ChecksumTable::over_budget`] tells the write path to flush.
+//!
+//! A page that fails its CRC when loaded is *damaged*: its entries read as
+//! [`Entry::Unknown`] (a verified read reports those blocks corrupt, so they are repaired from
+//! redundancy, never returned unverified) and it is queued until the pool resynchronises the
+//! rows it covers and calls [`ChecksumTable::mark_repaired`]; it is never written back or
+//! evicted before that.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 
-use stria_dev::BLOCK_USIZE as BLOCK;
+use stria_dev::{BLOCK_BYTES, BLOCK_USIZE as BLOCK, BlockDevice, DevError, IoBuf};
 
 use crate::format::layout::CSUM_ENTRIES_PER_PAGE;
 use crate::format::page_crc;
 
 const MAGIC: u32 = 0x5354_4353;
+const ENTRIES: usize = CSUM_ENTRIES_PER_PAGE as usize;
+/// Pages read from the drive in one request at most when a range misses.
+const LOAD_RUN_PAGES: u64 = 64;
 
 /// Entry value of a block that was never written (or was zeroed or trimmed): it reads as zeros.
 pub(crate) const UNWRITTEN: u32 = 0;
+
+/// Default cache budget of one drive's table: 8192 pages (32 MiB), covering 32 GiB of data.
+pub const DEFAULT_CSUM_CACHE_PAGES: u64 = 8192;
 
 /// The stored checksum of one 4 KiB block: its CRC32C, with 0 remapped to 1 so that 0 can mean
 /// "unwritten".
@@ -28,94 +48,391 @@ pub(crate) fn block_crc(block: &[u8]) -> u32 {
     }
 }
 
-/// Checksum entries for every data block of a drive, with dirty tracking per page.
+/// What the table says about one block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Entry {
+    /// Never written, zeroed or trimmed: reads as zeros.
+    Unwritten,
+    /// Written; its contents have this checksum.
+    Crc(u32),
+    /// Its checksum page is damaged and not yet repaired: the contents cannot be verified.
+    Unknown,
+}
+
+/// One cached page.
+#[derive(Debug)]
+pub(crate) struct Page {
+    entries: Box<[AtomicU32]>,
+    dirty: AtomicBool,
+    damaged: AtomicBool,
+    /// CLOCK's second-chance bit.
+    referenced: AtomicBool,
+}
+
+impl Page {
+    fn empty(damaged: bool) -> Page {
+        Page {
+            entries: (0..ENTRIES).map(|_| AtomicU32::new(UNWRITTEN)).collect(),
+            dirty: AtomicBool::new(false),
+            damaged: AtomicBool::new(damaged),
+            referenced: AtomicBool::new(true),
+        }
+    }
+
+    fn entry(&self, i: usize) -> Entry {
+        if self.damaged.load(SeqCst) {
+            return Entry::Unknown;
+        }
+        match self.entries[i].load(Relaxed) {
+            UNWRITTEN => Entry::Unwritten,
+            crc => Entry::Crc(crc),
+        }
+    }
+}
+
+/// Pages held for one request: they cannot be evicted while this lives.
+#[derive(Debug)]
+pub(crate) struct Pinned {
+    first_page: u64,
+    pages: Vec<Arc<Page>>,
+}
+
+impl Pinned {
+    fn page(&self, block: u64) -> (&Arc<Page>, usize) {
+        let p = block / CSUM_ENTRIES_PER_PAGE;
+        let page = p.checked_sub(self.first_page).and_then(|i| self.pages.get(i as usize));
+        let page =
+            page.unwrap_or_else(|| panic!("checksum entry of block {block} used outside the pinned pages"));
+        (page, (block % CSUM_ENTRIES_PER_PAGE) as usize)
+    }
+
+    /// The entry of `block`.
+    pub(crate) fn get(&self, block: u64) -> Entry {
+        let (page, i) = self.page(block);
+        page.entry(i)
+    }
+
+    /// True when every block of the range is known to be unwritten.
+    pub(crate) fn all_unwritten(&self, first: u64, count: u64) -> bool {
+        (first..first + count).all(|b| self.get(b) == Entry::Unwritten)
+    }
+}
+
+/// Counters of a table's cache (since open).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CsumCacheStats {
+    /// Pages in memory now.
+    pub resident_pages: u64,
+    /// The budget in pages.
+    pub budget_pages: u64,
+    /// Pages read from the drive (cache misses).
+    pub loaded_pages: u64,
+    /// Pages dropped by the CLOCK hand.
+    pub evicted_pages: u64,
+    /// Pages found damaged when loaded.
+    pub damaged_pages: u64,
+}
+
+#[derive(Debug, Default)]
+struct Resident {
+    pages: HashMap<u64, Arc<Page>>,
+    /// Resident page indices in CLOCK order.
+    clock: Vec<u64>,
+    hand: usize,
+    /// Pages whose dirty flag went from clear to set since the last write-back.
+    dirty: Vec<u64>,
+    /// Damaged pages found and not yet handed to the pool for repair.
+    damaged: Vec<u64>,
+}
+
+impl Resident {
+    /// Evicts clean, unheld, undamaged pages (second chance for recently used ones) until at
+    /// most `budget` pages are resident or nothing more can go.
+    fn evict(&mut self, budget: usize) -> u64 {
+        let mut evicted = 0;
+        let mut steps = 2 * self.clock.len();
+        while self.pages.len() > budget && steps > 0 && !self.clock.is_empty() {
+            steps -= 1;
+            if self.hand >= self.clock.len() {
+                self.hand = 0;
+            }
+            let id = self.clock[self.hand];
+            let page = &self.pages[&id];
+            let evictable =
+                Arc::strong_count(page) == 1 && !page.dirty.load(SeqCst) && !page.damaged.load(SeqCst);
+            if evictable && !page.referenced.swap(false, Relaxed) {
+                self.pages.remove(&id);
+                self.clock.swap_remove(self.hand);
+                evicted += 1;
+            } else {
+                self.hand += 1;
+            }
+        }
+        evicted
+    }
+}
+
+/// Checksum entries for every data block of a drive, paged in from the drive on demand.
 #[derive(Debug)]
 pub(crate) struct ChecksumTable {
-    entries: Box<[AtomicU32]>,
-    dirty_pages: Box<[AtomicU64]>,
+    blocks: u64,
+    /// Byte offset of page 0 on the drive.
+    offset_bytes: u64,
+    budget_pages: AtomicUsize,
+    resident: parking_lot::Mutex<Resident>,
+    /// Length of `resident.dirty`, readable without the lock.
+    dirty_pages: AtomicUsize,
+    /// Number of resident pages, readable without the lock.
+    resident_pages: AtomicUsize,
+    loaded: AtomicU64,
+    evicted: AtomicU64,
+    damaged_found: AtomicU64,
 }
 
 impl ChecksumTable {
-    /// A table of `blocks` unwritten entries.
-    pub(crate) fn new(blocks: u64) -> ChecksumTable {
-        let n = usize::try_from(blocks).expect("block count fits in memory");
-        let pages = n.div_ceil(CSUM_ENTRIES_PER_PAGE as usize);
+    /// The table of a drive with `blocks` data blocks whose page 0 is at `offset_bytes`, with
+    /// the default budget and nothing cached.
+    pub(crate) fn new(blocks: u64, offset_bytes: u64) -> ChecksumTable {
         ChecksumTable {
-            entries: (0..n).map(|_| AtomicU32::new(UNWRITTEN)).collect(),
-            dirty_pages: (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            blocks,
+            offset_bytes,
+            budget_pages: AtomicUsize::new(DEFAULT_CSUM_CACHE_PAGES as usize),
+            resident: parking_lot::Mutex::new(Resident::default()),
+            dirty_pages: AtomicUsize::new(0),
+            resident_pages: AtomicUsize::new(0),
+            loaded: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
+            damaged_found: AtomicU64::new(0),
         }
     }
 
     /// Number of entries (data blocks).
     pub(crate) fn blocks(&self) -> u64 {
-        self.entries.len() as u64
+        self.blocks
     }
 
     /// Number of pages.
     pub(crate) fn pages(&self) -> u64 {
-        self.blocks().div_ceil(CSUM_ENTRIES_PER_PAGE)
+        self.blocks.div_ceil(CSUM_ENTRIES_PER_PAGE)
     }
 
-    /// The entry of `block`.
-    pub(crate) fn get(&self, block: u64) -> u32 {
-        self.entries[block as usize].load(Relaxed)
+    /// Sets how many pages may stay cached (at least one) and evicts down to it.
+    pub(crate) fn set_budget(&self, pages: u64) {
+        let pages = usize::try_from(pages.max(1)).unwrap_or(usize::MAX);
+        self.budget_pages.store(pages, Relaxed);
+        self.trim();
     }
 
-    /// Sets the entry of `block` and marks its page dirty.
-    pub(crate) fn set(&self, block: u64, value: u32) {
-        let old = self.entries[block as usize].swap(value, Relaxed);
-        if old != value {
-            self.mark_dirty(block / CSUM_ENTRIES_PER_PAGE);
+    /// Evicts down to the budget what can be evicted (after a write-back made pages clean).
+    pub(crate) fn trim(&self) {
+        let mut r = self.resident.lock();
+        let evicted = r.evict(self.budget_pages.load(Relaxed));
+        self.note_resident(&r, evicted);
+    }
+
+    /// The cache's counters.
+    pub(crate) fn stats(&self) -> CsumCacheStats {
+        CsumCacheStats {
+            resident_pages: self.resident_pages.load(Relaxed) as u64,
+            budget_pages: self.budget_pages.load(Relaxed) as u64,
+            loaded_pages: self.loaded.load(Relaxed),
+            evicted_pages: self.evicted.load(Relaxed),
+            damaged_pages: self.damaged_found.load(Relaxed),
         }
     }
 
+    fn note_resident(&self, r: &Resident, evicted: u64) {
+        self.resident_pages.store(r.pages.len(), Relaxed);
+        if evicted > 0 {
+            self.evicted.fetch_add(evicted, Relaxed);
+        }
+    }
+
+    /// True when more pages are cached than the budget allows and eviction could not help
+    /// (they are dirty): the writer should flush the drive, which writes them back.
+    pub(crate) fn over_budget(&self) -> bool {
+        let budget = self.budget_pages.load(Relaxed);
+        self.resident_pages.load(Relaxed) > budget && self.dirty_pages.load(Relaxed) > 0
+    }
+
+    /// Holds the pages covering `count` blocks from `first`, reading the missing ones from
+    /// `dev`. A read error is returned (the caller counts it against the drive).
+    pub(crate) async fn pin<D: BlockDevice>(
+        &self,
+        dev: &D,
+        first: u64,
+        count: u64,
+    ) -> Result<Pinned, DevError> {
+        self.check_range("pin", first, count);
+        if count == 0 {
+            return Ok(Pinned { first_page: 0, pages: Vec::new() });
+        }
+        let first_page = first / CSUM_ENTRIES_PER_PAGE;
+        let last_page = (first + count - 1) / CSUM_ENTRIES_PER_PAGE;
+        let mut slots: Vec<Option<Arc<Page>>> = Vec::with_capacity((last_page - first_page + 1) as usize);
+        {
+            let r = self.resident.lock();
+            for p in first_page..=last_page {
+                let page = r.pages.get(&p).cloned();
+                if let Some(page) = &page {
+                    page.referenced.store(true, Relaxed);
+                }
+                slots.push(page);
+            }
+        }
+        let mut i = 0;
+        while i < slots.len() {
+            if slots[i].is_some() {
+                i += 1;
+                continue;
+            }
+            let mut j = i + 1;
+            while j < slots.len() && slots[j].is_none() && ((j - i) as u64) < LOAD_RUN_PAGES {
+                j += 1;
+            }
+            let run_first = first_page + i as u64;
+            let buf =
+                dev.read(self.offset_bytes + run_first * BLOCK_BYTES, IoBuf::zeroed((j - i) * BLOCK)).await?;
+            let decoded: Vec<(Page, bool)> = buf
+                .chunks_exact(BLOCK)
+                .enumerate()
+                .map(|(k, bytes)| decode_page(run_first + k as u64, bytes))
+                .collect();
+            self.loaded.fetch_add(decoded.len() as u64, Relaxed);
+            let mut r = self.resident.lock();
+            for (k, (page, damaged)) in decoded.into_iter().enumerate() {
+                let id = run_first + k as u64;
+                // Another request may have loaded it meanwhile (and changed it): keep theirs.
+                let page = match r.pages.get(&id) {
+                    Some(p) => Arc::clone(p),
+                    None => {
+                        if damaged {
+                            self.damaged_found.fetch_add(1, Relaxed);
+                            r.damaged.push(id);
+                            tracing::warn!(page = id, "checksum page damaged: its blocks are resynchronised");
+                        }
+                        let page = Arc::new(page);
+                        r.pages.insert(id, Arc::clone(&page));
+                        r.clock.push(id);
+                        page
+                    }
+                };
+                slots[i + k] = Some(page);
+            }
+            let evicted = r.evict(self.budget_pages.load(Relaxed));
+            self.note_resident(&r, evicted);
+            i = j;
+        }
+        Ok(Pinned { first_page, pages: slots.into_iter().map(|p| p.expect("loaded")).collect() })
+    }
+
     /// Sets the entries of the blocks starting at `first` from their contents.
-    pub(crate) fn set_from_data(&self, first: u64, data: &[u8]) {
+    pub(crate) fn set_from_data(&self, pin: &Pinned, first: u64, data: &[u8]) {
         // A tail shorter than a block would keep the old checksum of the block it lands in.
         assert!(
             data.len().is_multiple_of(BLOCK),
             "checksums are set for whole blocks; got {} bytes at block {first}",
             data.len()
         );
-        self.set_many(first, data.chunks_exact(BLOCK).map(block_crc));
+        self.set_many(pin, first, data.chunks_exact(BLOCK).map(block_crc));
     }
 
     /// Sets entries from precomputed values.
-    pub(crate) fn set_values(&self, first: u64, values: &[u32]) {
-        self.set_many(first, values.iter().copied());
-    }
-
-    /// Sets consecutive entries from `first`, marking each page dirty once (not once per entry)
-    /// when any of its entries changed: a 64 KiB write touches one page, not 16 dirty bits.
-    fn set_many(&self, first: u64, values: impl ExactSizeIterator<Item = u32>) {
-        self.check_range("set", first, values.len() as u64);
-        let mut dirty_page = None;
-        for (i, value) in values.enumerate() {
-            let block = first + i as u64;
-            let page = block / CSUM_ENTRIES_PER_PAGE;
-            if dirty_page.is_some_and(|p| p != page) {
-                self.mark_dirty(dirty_page.take().expect("checked"));
-            }
-            if self.entries[block as usize].swap(value, Relaxed) != value {
-                dirty_page = Some(page);
-            }
-        }
-        if let Some(page) = dirty_page {
-            self.mark_dirty(page);
-        }
+    pub(crate) fn set_values(&self, pin: &Pinned, first: u64, values: &[u32]) {
+        self.set_many(pin, first, values.iter().copied());
     }
 
     /// Marks `count` blocks from `first` unwritten.
-    pub(crate) fn clear(&self, first: u64, count: u64) {
-        self.check_range("clear", first, count);
-        for b in first..first + count {
-            self.set(b, UNWRITTEN);
+    pub(crate) fn clear(&self, pin: &Pinned, first: u64, count: u64) {
+        self.set_many(pin, first, std::iter::repeat_n(UNWRITTEN, count as usize));
+    }
+
+    /// Sets consecutive entries from `first`, marking each changed page dirty once.
+    fn set_many(&self, pin: &Pinned, first: u64, values: impl ExactSizeIterator<Item = u32>) {
+        self.check_range("set", first, values.len() as u64);
+        let mut changed: Option<u64> = None;
+        for (i, value) in values.enumerate() {
+            let block = first + i as u64;
+            let page_id = block / CSUM_ENTRIES_PER_PAGE;
+            if changed.is_some_and(|p| p != page_id) {
+                self.mark_dirty(pin, changed.take().expect("checked"));
+            }
+            let (page, at) = pin.page(block);
+            if page.entries[at].swap(value, SeqCst) != value {
+                changed = Some(page_id);
+            }
+        }
+        if let Some(p) = changed {
+            self.mark_dirty(pin, p);
         }
     }
 
-    /// True when every block of the range is unwritten.
-    pub(crate) fn all_unwritten(&self, first: u64, count: u64) -> bool {
-        (first..first + count).all(|b| self.get(b) == UNWRITTEN)
+    /// Marks a page dirty *after* its entries were stored: a write-back that clears the flag
+    /// before encoding then either sees the new entries or leaves the flag set.
+    fn mark_dirty(&self, pin: &Pinned, page_id: u64) {
+        let (page, _) = pin.page(page_id * CSUM_ENTRIES_PER_PAGE);
+        if !page.dirty.swap(true, SeqCst) {
+            let mut r = self.resident.lock();
+            r.dirty.push(page_id);
+            self.dirty_pages.store(r.dirty.len(), Relaxed);
+        }
+    }
+
+    /// Takes the dirty pages to write back (clearing their flags), sorted, held so they cannot
+    /// be evicted before the write-back is done. Entries changed after this call dirty their
+    /// page again. Damaged pages are not written back (see the module doc).
+    pub(crate) fn take_dirty(&self) -> Vec<(u64, Arc<Page>)> {
+        let mut r = self.resident.lock();
+        let ids = std::mem::take(&mut r.dirty);
+        self.dirty_pages.store(0, Relaxed);
+        let mut out: Vec<(u64, Arc<Page>)> = ids
+            .into_iter()
+            .filter_map(|id| {
+                let page = Arc::clone(r.pages.get(&id).expect("a dirty page stays cached"));
+                page.dirty.store(false, SeqCst);
+                (!page.damaged.load(SeqCst)).then_some((id, page))
+            })
+            .collect();
+        out.sort_by_key(|(id, _)| *id);
+        out
+    }
+
+    /// Puts pages back in the dirty set (after a failed write-back).
+    pub(crate) fn redirty(&self, pages: &[(u64, Arc<Page>)]) {
+        let mut r = self.resident.lock();
+        for (id, page) in pages {
+            self.check_page("redirty", *id);
+            if !page.dirty.swap(true, SeqCst) {
+                r.dirty.push(*id);
+            }
+        }
+        self.dirty_pages.store(r.dirty.len(), Relaxed);
+    }
+
+    /// Damaged pages found since the last call (each is reported once).
+    pub(crate) fn take_damaged(&self) -> Vec<u64> {
+        let mut pages = std::mem::take(&mut self.resident.lock().damaged);
+        pages.sort_unstable();
+        pages
+    }
+
+    /// Puts damaged pages back in the queue (their repair failed).
+    pub(crate) fn requeue_damaged(&self, pages: &[u64]) {
+        self.resident.lock().damaged.extend_from_slice(pages);
+    }
+
+    /// The rows covering these damaged pages were resynchronised (every written block's entry
+    /// set from its contents): their entries are known again and the pages are written back at
+    /// the next flush.
+    pub(crate) fn mark_repaired(&self, pages: &[u64]) {
+        let mut r = self.resident.lock();
+        for id in pages {
+            let page = Arc::clone(r.pages.get(id).expect("a damaged page stays cached"));
+            if page.damaged.swap(false, SeqCst) && !page.dirty.swap(true, SeqCst) {
+                r.dirty.push(*id);
+            }
+        }
+        self.dirty_pages.store(r.dirty.len(), Relaxed);
     }
 
     /// Stops the process when `count` entries from `first` are not all in the table: the caller
@@ -137,76 +454,68 @@ impl ChecksumTable {
         );
     }
 
-    fn mark_dirty(&self, page: u64) {
-        self.dirty_pages[(page / 64) as usize].fetch_or(1 << (page % 64), Relaxed);
-    }
-
-    /// Takes the set of dirty pages (clearing it). Entries changed after this call dirty their
-    /// page again and are written by the next flush.
-    pub(crate) fn take_dirty_pages(&self) -> Vec<u64> {
-        let mut pages = Vec::new();
-        for (word_index, word) in self.dirty_pages.iter().enumerate() {
-            let mut bits = word.swap(0, Relaxed);
-            while bits != 0 {
-                let bit = u64::from(bits.trailing_zeros());
-                pages.push(word_index as u64 * 64 + bit);
-                bits &= bits - 1;
-            }
-        }
-        pages
-    }
-
-    /// Puts pages back in the dirty set (after a failed write-back).
-    pub(crate) fn redirty(&self, pages: &[u64]) {
-        for &p in pages {
-            self.check_page("redirty", p);
-            self.mark_dirty(p);
-        }
-    }
-
-    /// Encodes page `page` as it is now.
-    pub(crate) fn encode_page(&self, page: u64, out: &mut [u8]) {
+    /// Encodes page `id` as it is now.
+    pub(crate) fn encode_page(&self, id: u64, page: &Page, out: &mut [u8]) {
         assert_eq!(out.len(), BLOCK, "a checksum page is one block");
-        self.check_page("encode", page);
+        self.check_page("encode", id);
         out.fill(0);
         out[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-        out[4..8].copy_from_slice(&u32::try_from(page).expect("page index fits").to_le_bytes());
-        let first = page * CSUM_ENTRIES_PER_PAGE;
-        let last = (first + CSUM_ENTRIES_PER_PAGE).min(self.blocks());
-        for (i, b) in (first..last).enumerate() {
-            out[16 + 4 * i..20 + 4 * i].copy_from_slice(&self.get(b).to_le_bytes());
+        out[4..8].copy_from_slice(&u32::try_from(id).expect("page index fits").to_le_bytes());
+        let used = self.entries_in(id);
+        for (i, e) in page.entries[..used].iter().enumerate() {
+            out[16 + 4 * i..20 + 4 * i].copy_from_slice(&e.load(SeqCst).to_le_bytes());
         }
         let crc = page_crc(out);
         out[12..16].copy_from_slice(&crc.to_le_bytes());
     }
 
-    /// Loads page `page` from its on-disk bytes. An all-zero page is a valid empty page (a
-    /// freshly created drive). Returns false if the page is damaged (entries left unwritten).
-    pub(crate) fn load_page(&self, page: u64, bytes: &[u8]) -> bool {
-        assert_eq!(bytes.len(), BLOCK, "a checksum page is one block");
-        self.check_page("load", page);
-        if bytes.iter().all(|&b| b == 0) {
-            return true;
-        }
-        let magic = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
-        let index = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
-        let crc = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes"));
-        if magic != MAGIC || u64::from(index) != page || crc != page_crc(bytes) {
-            return false;
-        }
-        let first = page * CSUM_ENTRIES_PER_PAGE;
-        let last = (first + CSUM_ENTRIES_PER_PAGE).min(self.blocks());
-        for (i, b) in (first..last).enumerate() {
-            let v = u32::from_le_bytes(bytes[16 + 4 * i..20 + 4 * i].try_into().expect("4 bytes"));
-            self.entries[b as usize].store(v, Relaxed);
-        }
-        true
+    /// Entries of page `id` that describe blocks of the drive (the last page may be partial).
+    fn entries_in(&self, id: u64) -> usize {
+        let first = id * CSUM_ENTRIES_PER_PAGE;
+        (self.blocks.min(first + CSUM_ENTRIES_PER_PAGE) - first) as usize
     }
+}
+
+/// Decodes page `id` from its on-disk bytes. An all-zero page is a valid empty page (a freshly
+/// created drive). Returns the page and whether it is damaged (then its entries are unknown).
+fn decode_page(id: u64, bytes: &[u8]) -> (Page, bool) {
+    if bytes.iter().all(|&b| b == 0) {
+        return (Page::empty(false), false);
+    }
+    let magic = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
+    let index = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
+    let crc = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes"));
+    if magic != MAGIC || u64::from(index) != id || crc != page_crc(bytes) {
+        return (Page::empty(true), true);
+    }
+    let page = Page::empty(false);
+    for (i, e) in page.entries.iter().enumerate() {
+        e.store(u32::from_le_bytes(bytes[16 + 4 * i..20 + 4 * i].try_into().expect("4 bytes")), Relaxed);
+    }
+    (page, false)
 }
 
 #[cfg(test)]
 mod tests {
+    use stria_dev::IoBytes;
+    use stria_dev::mem::MemDevice;
+
     use super::*;
+
+    const BLOCKS: u64 = 5000; // five pages, the last one partial
+
+    async fn write_back(t: &ChecksumTable, dev: &MemDevice) {
+        let pages = t.take_dirty();
+        let mut buf = vec![0u8; BLOCK];
+        for (id, page) in &pages {
+            t.encode_page(*id, page, &mut buf);
+            dev.write(id * BLOCK_BYTES, IoBytes::copy_from(&buf), false).await.unwrap();
+        }
+    }
+
+    async fn entry(t: &ChecksumTable, dev: &MemDevice, block: u64) -> Entry {
+        t.pin(dev, block, 1).await.unwrap().get(block)
+    }
 
     #[test]
     fn block_crc_is_crc32c() {
@@ -232,44 +541,125 @@ mod tests {
         assert_ne!(block_crc(&[0xffu8; BLOCK]), UNWRITTEN);
     }
 
-    #[test]
-    fn dirty_pages_round_trip_through_encoding() {
-        let t = ChecksumTable::new(5000);
-        t.set(3, 77);
-        t.set(2500, 99);
-        let pages = t.take_dirty_pages();
-        assert_eq!(pages, vec![0, 2]);
-        assert!(t.take_dirty_pages().is_empty());
-        let fresh = ChecksumTable::new(5000);
-        let mut page = vec![0u8; BLOCK];
-        for p in pages {
-            t.encode_page(p, &mut page);
-            assert!(fresh.load_page(p, &page));
+    #[tokio::test]
+    async fn dirty_pages_round_trip_through_the_drive() {
+        let dev = MemDevice::new("csum", 8 * BLOCK_BYTES);
+        let t = ChecksumTable::new(BLOCKS, 0);
+        let pin = t.pin(&dev, 0, BLOCKS).await.unwrap();
+        assert!(pin.all_unwritten(0, BLOCKS), "a zeroed table is all unwritten");
+        t.set_values(&pin, 3, &[77]);
+        t.set_values(&pin, 2500, &[99, 98]);
+        t.set_values(&pin, 4999, &[5]);
+        drop(pin);
+        let dirty: Vec<u64> = t.take_dirty().iter().map(|(id, _)| *id).collect();
+        assert_eq!(dirty, vec![0, 2, 4]);
+        assert!(t.take_dirty().is_empty(), "taking clears the set");
+        t.set_values(&t.pin(&dev, 3, 1).await.unwrap(), 3, &[77]);
+        assert!(t.take_dirty().is_empty(), "an unchanged entry does not dirty its page");
+        // As after a failed write-back: the pages go back in the dirty set.
+        let pin = t.pin(&dev, 0, BLOCKS).await.unwrap();
+        t.redirty(&[0, 2, 4].map(|p| (p, Arc::clone(pin.page(p * CSUM_ENTRIES_PER_PAGE).0))));
+        drop(pin);
+        // Write everything back, then read it with a fresh table.
+        write_back(&t, &dev).await;
+        let fresh = ChecksumTable::new(BLOCKS, 0);
+        let pin = fresh.pin(&dev, 0, BLOCKS).await.unwrap();
+        assert_eq!(
+            [3, 2500, 2501, 4999, 4].map(|b| pin.get(b)),
+            [Entry::Crc(77), Entry::Crc(99), Entry::Crc(98), Entry::Crc(5), Entry::Unwritten]
+        );
+    }
+
+    #[tokio::test]
+    async fn only_clean_unheld_pages_are_evicted() {
+        let dev = MemDevice::new("csum", 8 * BLOCK_BYTES);
+        let t = ChecksumTable::new(BLOCKS, 0);
+        t.set_budget(2);
+        for p in 0..5 {
+            let _ = entry(&t, &dev, p * CSUM_ENTRIES_PER_PAGE).await;
         }
-        assert_eq!((fresh.get(3), fresh.get(2500), fresh.get(4)), (77, 99, 0));
+        assert_eq!(t.stats().resident_pages, 2, "clean pages beyond the budget are dropped");
+        // Three dirty pages and one held page: none of them may go.
+        for p in 0..3 {
+            let b = p * CSUM_ENTRIES_PER_PAGE;
+            t.set_values(&t.pin(&dev, b, 1).await.unwrap(), b, &[1000 + p as u32]);
+        }
+        let held = t.pin(&dev, 3 * CSUM_ENTRIES_PER_PAGE, 1).await.unwrap();
+        let _ = entry(&t, &dev, 4 * CSUM_ENTRIES_PER_PAGE).await;
+        assert!(t.stats().resident_pages >= 4, "{:?}", t.stats());
+        assert!(t.over_budget(), "dirty pages over the budget ask for a write-back");
+        write_back(&t, &dev).await;
+        drop(held);
+        t.trim();
+        assert!(t.stats().resident_pages <= 2, "written back, they can go: {:?}", t.stats());
+        assert!(!t.over_budget());
+        // What was evicted comes back from the drive.
+        for p in 0..3 {
+            assert_eq!(entry(&t, &dev, p * CSUM_ENTRIES_PER_PAGE).await, Entry::Crc(1000 + p as u32));
+        }
+        assert!(t.stats().evicted_pages > 0 && t.stats().loaded_pages > 5);
     }
 
-    #[test]
-    #[should_panic(expected = "clear of 3 entries from block 1999 outside the table of 2000 blocks")]
-    fn clearing_past_the_table_is_a_bug() {
-        ChecksumTable::new(2000).clear(1999, 3);
+    #[tokio::test]
+    async fn a_damaged_page_is_unknown_until_repaired_and_never_written_back() {
+        let dev = MemDevice::new("csum", 8 * BLOCK_BYTES);
+        let t = ChecksumTable::new(BLOCKS, 0);
+        t.set_values(&t.pin(&dev, 1021, 1).await.unwrap(), 1021, &[42]);
+        write_back(&t, &dev).await;
+        let mut bytes = vec![0u8; BLOCK];
+        dev.read_at(BLOCK_BYTES, &mut bytes);
+        bytes[100] ^= 4;
+        dev.write_at(BLOCK_BYTES, &bytes);
+
+        let t = ChecksumTable::new(BLOCKS, 0);
+        t.set_budget(1);
+        let pin = t.pin(&dev, 1020, 2).await.unwrap();
+        assert_eq!((pin.get(1020), pin.get(1021)), (Entry::Unknown, Entry::Unknown));
+        assert!(!pin.all_unwritten(1020, 1), "an unknown block is not known to be unwritten");
+        t.set_values(&pin, 1021, &[43]);
+        drop(pin);
+        assert!(t.take_dirty().is_empty(), "a damaged page is not written back");
+        assert_eq!(t.take_damaged(), vec![1]);
+        assert!(t.take_damaged().is_empty(), "reported once");
+        for p in [0, 2, 3, 4] {
+            let _ = entry(&t, &dev, p * CSUM_ENTRIES_PER_PAGE).await;
+        }
+        assert_eq!(entry(&t, &dev, 1021).await, Entry::Unknown, "a damaged page is never evicted");
+        t.mark_repaired(&[1]);
+        assert_eq!(entry(&t, &dev, 1021).await, Entry::Crc(43));
+        assert_eq!(t.take_dirty().iter().map(|(id, _)| *id).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(t.stats().damaged_pages, 1);
     }
 
-    #[test]
+    #[tokio::test]
+    async fn a_page_of_another_index_is_damaged() {
+        let dev = MemDevice::new("csum", 8 * BLOCK_BYTES);
+        let t = ChecksumTable::new(BLOCKS, 0);
+        t.set_values(&t.pin(&dev, 1, 1).await.unwrap(), 1, &[5]);
+        write_back(&t, &dev).await;
+        let mut bytes = vec![0u8; BLOCK];
+        dev.read_at(0, &mut bytes);
+        dev.write_at(2 * BLOCK_BYTES, &bytes);
+        let t = ChecksumTable::new(BLOCKS, 0);
+        assert_eq!(entry(&t, &dev, 2 * CSUM_ENTRIES_PER_PAGE + 1).await, Entry::Unknown);
+        assert_eq!(entry(&t, &dev, 1).await, Entry::Crc(5));
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "set of 3 entries from block 4999 outside the table of 5000 blocks")]
+    async fn setting_past_the_table_is_a_bug() {
+        let dev = MemDevice::new("csum", 8 * BLOCK_BYTES);
+        let t = ChecksumTable::new(BLOCKS, 0);
+        let pin = t.pin(&dev, 4999, 1).await.unwrap();
+        t.clear(&pin, 4999, 3);
+    }
+
+    #[tokio::test]
     #[should_panic(expected = "checksums are set for whole blocks")]
-    fn checksums_of_part_of_a_block_are_a_bug() {
-        ChecksumTable::new(2000).set_from_data(0, &[1u8; BLOCK + 512]);
-    }
-
-    #[test]
-    fn damaged_pages_are_refused() {
-        let t = ChecksumTable::new(2000);
-        t.set(1, 5);
-        let mut page = vec![0u8; BLOCK];
-        t.encode_page(0, &mut page);
-        page[100] ^= 4;
-        assert!(!ChecksumTable::new(2000).load_page(0, &page));
-        t.encode_page(0, &mut page);
-        assert!(!ChecksumTable::new(2000).load_page(1, &page), "page index is checked");
+    async fn checksums_of_part_of_a_block_are_a_bug() {
+        let dev = MemDevice::new("csum", 8 * BLOCK_BYTES);
+        let t = ChecksumTable::new(BLOCKS, 0);
+        let pin = t.pin(&dev, 0, 2).await.unwrap();
+        t.set_from_data(&pin, 0, &[1u8; BLOCK + 512]);
     }
 }

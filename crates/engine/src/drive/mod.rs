@@ -3,7 +3,7 @@
 //! Every read of the data area is verified against the checksum table before it is handed up;
 //! every write is covered by the intent bitmap and updates the table when it completes.
 
-pub(crate) mod csum;
+pub mod csum;
 pub(crate) mod errors;
 pub(crate) mod intent;
 pub(crate) mod journal;
@@ -17,11 +17,11 @@ use stria_dev::{
 use uuid::Uuid;
 
 use crate::format::FormatError;
-use crate::format::layout::DriveLayout;
+use crate::format::layout::{DriveLayout, INTENT_REGION_BLOCKS};
 use crate::format::meta::{DriveClass, DriveErrors, PoolMeta};
 use crate::format::superblock::Superblock;
 use crate::pool::now_unix_secs;
-use csum::{ChecksumTable, UNWRITTEN, block_crc};
+use csum::{ChecksumTable, CsumCacheStats, Entry, Pinned, block_crc};
 use errors::{ErrorKind, PendingErrors};
 use intent::IntentMap;
 use journal::{AppendError, Journal, JournalPiece, RecoveredPiece};
@@ -171,7 +171,7 @@ impl<D: BlockDevice> Drive<D> {
         let l = sb.layout;
         let blocks = if dev.is_some() { l.data_blocks() } else { 0 };
         Drive {
-            csum: ChecksumTable::new(blocks),
+            csum: ChecksumTable::new(blocks, l.csum_offset_bytes),
             intent: IntentMap::new(if dev.is_some() { l.intent_regions() } else { 0 }, l.intent_offset_bytes),
             journal,
             failed: AtomicBool::new(dev.is_none()),
@@ -192,27 +192,22 @@ impl<D: BlockDevice> Drive<D> {
         let mut drive = Drive::new(Some(dev), sb, journal);
         let mut findings = OpenFindings { journal: pieces, txn_watermark, ..OpenFindings::default() };
 
-        let pages = drive.csum.pages();
-        let chunk_pages = 256u64;
-        let mut page = 0;
-        while page < pages {
-            let n = chunk_pages.min(pages - page);
-            let buf = drive
-                .dev()
-                .read(l.csum_offset_bytes + page * BLOCK, IoBuf::zeroed((n * BLOCK) as usize))
-                .await?;
-            for (i, bytes) in buf.chunks_exact(BLOCK_USIZE).enumerate() {
-                if !drive.csum.load_page(page + i as u64, bytes) {
-                    findings.bad_csum_pages.push(page + i as u64);
-                }
-            }
-            page += n;
-        }
         let ipages = drive.intent.pages();
         let buf = drive.dev().read(l.intent_offset_bytes, IoBuf::zeroed((ipages * BLOCK) as usize)).await?;
         for (i, bytes) in buf.chunks_exact(BLOCK_USIZE).enumerate() {
             findings.dirty_regions.extend(drive.intent.load_page(i as u64, bytes));
         }
+        // Only the checksum pages of dirty regions can have been torn by a crash: load (and
+        // check) those now. The others are paged in when first used; one found damaged then is
+        // repaired by the pool (`Pool::tick`).
+        for &r in &findings.dirty_regions {
+            let first = r * INTENT_REGION_BLOCKS;
+            let blocks = INTENT_REGION_BLOCKS.min(drive.data_blocks().saturating_sub(first));
+            if blocks > 0 {
+                drive.csum.pin(drive.dev(), first, blocks).await?;
+            }
+        }
+        findings.bad_csum_pages = drive.csum.take_damaged();
         Ok((drive, findings))
     }
 
@@ -353,7 +348,8 @@ impl<D: BlockDevice> Drive<D> {
         if self.is_failed() {
             return Err(ReadFault::Failed);
         }
-        if self.csum.all_unwritten(block, blocks) {
+        let pin = self.pin_csum(block, blocks).await.map_err(ReadFault::Io)?;
+        if pin.all_unwritten(block, blocks) {
             buf.fill(0);
             return Ok(buf);
         }
@@ -361,10 +357,11 @@ impl<D: BlockDevice> Drive<D> {
         let mut buf = self.count_read(read).map_err(ReadFault::Io)?;
         let mut bad = Vec::new();
         for (i, data) in buf.chunks_exact_mut(BLOCK_USIZE).enumerate() {
-            match self.csum.get(block + i as u64) {
-                UNWRITTEN => data.fill(0),
-                expected if block_crc(data) != expected => bad.push(i),
-                _ => {}
+            match pin.get(block + i as u64) {
+                Entry::Unwritten => data.fill(0),
+                Entry::Crc(expected) if block_crc(data) == expected => {}
+                // A wrong checksum, or none known (a damaged checksum page): never returned.
+                Entry::Crc(_) | Entry::Unknown => bad.push(i),
             }
         }
         if bad.is_empty() { Ok(buf) } else { Err(ReadFault::Corrupt { buf, bad }) }
@@ -435,18 +432,24 @@ impl<D: BlockDevice> Drive<D> {
             assert_eq!(values.len() as u64, blocks, "a data-area write carries one checksum per block");
         }
         self.check_data_range(block, blocks);
+        // The checksum pages are read (if not cached) before the data is touched, so a failure
+        // there leaves the blocks as they were.
+        let pin = self.pin_csum(block, blocks).await?;
         self.count_write(self.intent.begin(self.dev(), block, blocks).await)?;
         let written = self.dev().write(self.data_offset(block), data.clone(), fua).await;
         let mut result = self.count_write(written);
         if result.is_ok() {
             match crcs {
-                Some(values) => self.csum.set_values(block, values),
-                None => self.csum.set_from_data(block, &data),
+                Some(values) => self.csum.set_values(&pin, block, values),
+                None => self.csum.set_from_data(&pin, block, &data),
             }
-            if fua {
-                // The data is durable; its checksums must be too, or recovery would take the
-                // block for unwritten (or stale) and the FUA write would be lost. A full drive
-                // flush does it in the safe order (data durable before any checksum page).
+            drop(pin);
+            if fua || self.csum.over_budget() {
+                // FUA: the data is durable; its checksums must be too, or recovery would take
+                // the block for unwritten (or stale) and the FUA write would be lost. Over
+                // budget: the cache is full of dirty pages, and only a write-back frees them.
+                // A full drive flush does both in the safe order (data durable before any
+                // checksum page).
                 result = self.flush().await;
             }
         }
@@ -458,15 +461,64 @@ impl<D: BlockDevice> Drive<D> {
     /// the intent bitmap like a write, since the on-disk checksums lag until the next flush.
     pub(crate) async fn zero(&self, block: u64, blocks: u64) -> Result<(), DevError> {
         self.check_data_range(block, blocks);
+        let pin = self.pin_csum(block, blocks).await?;
         self.count_write(self.intent.begin(self.dev(), block, blocks).await)?;
-        self.csum.clear(block, blocks);
+        self.csum.clear(&pin, block, blocks);
+        drop(pin);
         self.intent.end(block, blocks);
+        if self.csum.over_budget() {
+            return self.flush().await;
+        }
         Ok(())
     }
 
-    /// True when every block of the range is unwritten.
-    pub(crate) fn is_unwritten(&self, block: u64, blocks: u64) -> bool {
-        self.csum.all_unwritten(block, blocks)
+    /// True when every block of the range is known to be unwritten ("no" when the checksum
+    /// pages cannot be read).
+    pub(crate) async fn is_unwritten(&self, block: u64, blocks: u64) -> bool {
+        self.check_data_range(block, blocks);
+        self.pin_csum(block, blocks).await.is_ok_and(|pin| pin.all_unwritten(block, blocks))
+    }
+
+    /// Holds the checksum pages of a data-area range, reading missing ones from the drive (a
+    /// failed read counts as a read error of the drive).
+    async fn pin_csum(&self, block: u64, blocks: u64) -> Result<Pinned, DevError> {
+        let pinned = self.csum.pin(self.dev(), block, blocks).await;
+        self.count_read(pinned)
+    }
+
+    /// The checksum entries of a data-area range (recovery and scrub look at them with the raw
+    /// contents).
+    pub(crate) async fn csum_entries(&self, block: u64, blocks: u64) -> Result<Vec<Entry>, DevError> {
+        self.check_data_range(block, blocks);
+        let pin = self.pin_csum(block, blocks).await?;
+        Ok((block..block + blocks).map(|b| pin.get(b)).collect())
+    }
+
+    /// Sets the checksum of each block of the range marked in `written` from `data` (resync
+    /// trusts what it found).
+    pub(crate) async fn bless(&self, block: u64, data: &[u8], written: &[bool]) -> Result<(), DevError> {
+        self.check_data_range(block, written.len() as u64);
+        let pin = self.pin_csum(block, written.len() as u64).await?;
+        for (i, w) in written.iter().enumerate() {
+            if *w {
+                self.csum.set_from_data(
+                    &pin,
+                    block + i as u64,
+                    &data[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE],
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets how many checksum pages this drive keeps cached.
+    pub(crate) fn set_csum_cache_pages(&self, pages: u64) {
+        self.csum.set_budget(pages);
+    }
+
+    /// The checksum cache's counters.
+    pub fn csum_cache_stats(&self) -> CsumCacheStats {
+        self.csum.stats()
     }
 
     /// Makes every write completed before this call durable, with its checksums. Concurrent
@@ -487,7 +539,7 @@ impl<D: BlockDevice> Drive<D> {
         // persisted ahead of its data would make recovery trust stale bytes, for example bytes a
         // zeroing had hidden). So: snapshot the dirty pages, make the data durable, then write
         // the snapshot and make it durable.
-        let pages = self.csum.take_dirty_pages();
+        let pages = self.csum.take_dirty();
         let snapshot = self.encode_csum_pages(&pages);
         let result = async {
             self.dev().flush().await?;
@@ -505,6 +557,9 @@ impl<D: BlockDevice> Drive<D> {
             self.csum.redirty(&pages);
             return Err(e);
         }
+        // Written back, the pages are clean: the cache may shrink to its budget.
+        drop(pages);
+        self.csum.trim();
         self.intent.flush_completed(epoch);
         *covered = covers;
         Ok(())
@@ -512,19 +567,20 @@ impl<D: BlockDevice> Drive<D> {
 
     /// Encodes checksum pages (sorted) as they are now, grouped in runs of consecutive pages:
     /// (first page, encoded bytes).
-    fn encode_csum_pages(&self, pages: &[u64]) -> Vec<(u64, IoBytes)> {
+    fn encode_csum_pages(&self, pages: &[(u64, Arc<csum::Page>)]) -> Vec<(u64, IoBytes)> {
         let mut runs = Vec::new();
         let mut i = 0;
         while i < pages.len() {
             let mut j = i + 1;
-            while j < pages.len() && pages[j] == pages[j - 1] + 1 && j - i < 256 {
+            while j < pages.len() && pages[j].0 == pages[j - 1].0 + 1 && j - i < 256 {
                 j += 1;
             }
             let mut buf = IoBuf::zeroed((j - i) * BLOCK_USIZE);
             for (k, out) in buf.chunks_exact_mut(BLOCK_USIZE).enumerate() {
-                self.csum.encode_page(pages[i + k], out);
+                let (id, page) = &pages[i + k];
+                self.csum.encode_page(*id, page, out);
             }
-            runs.push((pages[i], buf.freeze()));
+            runs.push((pages[i].0, buf.freeze()));
             i = j;
         }
         runs

@@ -49,6 +49,8 @@ pub(crate) struct PoolCore<D: BlockDevice> {
     /// Held while a commit publishes its metadata (and settles what it carried), so a reader
     /// holding it sees the committed document and the drives' pending counts agree.
     pub(super) publish: parking_lot::Mutex<()>,
+    /// Checksum pages each drive keeps cached (see pool/csum_cache.rs).
+    pub(super) csum_cache_pages: AtomicU64,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for PoolCore<D> {
@@ -81,6 +83,7 @@ impl<D: BlockDevice> PoolCore<D> {
             watermark_high: AtomicU64::new(0),
             error_commit: tokio::sync::Mutex::new(()),
             publish: parking_lot::Mutex::new(()),
+            csum_cache_pages: AtomicU64::new(crate::drive::csum::DEFAULT_CSUM_CACHE_PAGES),
         }
     }
 
@@ -101,6 +104,7 @@ impl<D: BlockDevice> PoolCore<D> {
 
     /// Adds a newly formatted drive.
     pub(crate) fn add_drive(&self, drive: Arc<Drive<D>>) {
+        drive.set_csum_cache_pages(self.csum_cache_pages.load(std::sync::atomic::Ordering::Relaxed));
         let mut all: Vec<Arc<Drive<D>>> = (**self.drives.load()).clone();
         all.push(drive);
         all.sort_by_key(|d| d.slot());

@@ -3,6 +3,7 @@
 pub(crate) mod alloc;
 mod assemble;
 pub(crate) mod core;
+mod csum_cache;
 mod errors;
 pub(crate) mod gate;
 mod rebuild;
@@ -513,14 +514,16 @@ impl<D: BlockDevice> Pool<D> {
         self.core.flush_all().await
     }
 
-    /// Housekeeping to call every few seconds: clears intent bits of idle, flushed regions, and
-    /// commits the drives' error counters when they changed (one metadata commit at most).
+    /// Housekeeping to call every few seconds: resynchronises what checksum pages found damaged
+    /// cover, clears intent bits of idle, flushed regions, and commits the drives' error
+    /// counters when they changed (one metadata commit at most).
     pub async fn tick(&self) -> Result<(), EngineError> {
         // While suspended the bits mark what a failed write may have left inconsistent: they
         // stay until the suspension is cleared (pool/suspend.rs).
         if self.core.suspension().is_some() {
             return Ok(());
         }
+        self.repair_damaged_csum_pages().await?;
         for d in self.core.drives().iter().filter(|d| !d.is_failed()) {
             if let Err(e) = d.clear_idle_intents(false).await {
                 self.core.drive_error(d.slot(), "intent bitmap write failed", &e).await?;

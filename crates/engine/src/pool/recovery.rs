@@ -65,6 +65,7 @@ impl<D: BlockDevice> Pool<D> {
         let mut report = RecoveryReport::default();
         let mut dirty: BTreeMap<u32, Vec<(u64, u64)>> = BTreeMap::new();
         let mut txns: BTreeMap<u64, Vec<(u32, RecoveredPiece)>> = BTreeMap::new();
+        let mut bad_pages: Vec<(u32, Vec<u64>)> = Vec::new();
         // Any drive's watermark is a pool-wide fact (it was written after every drive was
         // flushed): transactions up to the highest one found are applied and durable.
         let watermark = findings.iter().map(|(_, f)| f.txn_watermark).max().unwrap_or(0);
@@ -75,9 +76,10 @@ impl<D: BlockDevice> Pool<D> {
             for r in f.dirty_regions {
                 ranges.push((r * INTENT_REGION_BLOCKS, INTENT_REGION_BLOCKS));
             }
-            for p in f.bad_csum_pages {
+            for &p in &f.bad_csum_pages {
                 ranges.push((p * CSUM_ENTRIES_PER_PAGE, CSUM_ENTRIES_PER_PAGE));
             }
+            bad_pages.push((slot, f.bad_csum_pages));
             for piece in f.journal {
                 txns.entry(piece.piece.txn_id).or_default().push((slot, piece));
             }
@@ -96,6 +98,12 @@ impl<D: BlockDevice> Pool<D> {
                 report.rows_resynced += 1;
                 report.parity_blocks_rewritten += stats.parity_blocks;
                 report.copy_blocks_rewritten += stats.copy_blocks;
+            }
+        }
+        // Every written block of the damaged checksum pages now has its entry from its contents.
+        for (slot, pages) in bad_pages {
+            if let Some(d) = self.core.drive(slot).filter(|d| !d.is_failed()) {
+                d.csum.mark_repaired(&pages);
             }
         }
         // Make the result durable, checkpoint the replayed records and start with a clean bitmap.

@@ -45,6 +45,9 @@ pub struct DriveStatus {
     pub journal_used_bytes: u64,
     /// Writes by size: bucket `i` counts writes of [2^(12+i), 2^(13+i)) bytes (bucket 0: below 8 KiB).
     pub write_size_hist: [u64; WRITE_SIZE_BUCKETS],
+    /// The drive's checksum page cache (pages resident, budget, loads, evictions, damaged).
+    #[serde(default)]
+    pub csum_cache: crate::CsumCacheStats,
 }
 
 /// One volume.
@@ -162,6 +165,7 @@ impl<D: BlockDevice> Pool<D> {
             dirty_regions: d.dirty_regions(),
             journal_used_bytes: d.journal_used_blocks() * BLOCK,
             write_size_hist: c.write_size_hist,
+            csum_cache: d.csum_cache_stats(),
         }
     }
 }

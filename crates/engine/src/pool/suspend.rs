@@ -102,7 +102,7 @@ impl<D: BlockDevice> Pool<D> {
         for vol in self.volumes() {
             let map = vol.map.load_full();
             for (si, row) in super::recovery::dirty_rows(&vol, &map, &dirty) {
-                let stats = vol.resync_row(&map, si, row).await?;
+                let stats = vol.resync_row(&map, si, row).await.map_err(unwrap_host_full)?;
                 report.rows_resynced += 1;
                 report.parity_blocks_rewritten += stats.parity_blocks;
                 report.copy_blocks_rewritten += stats.copy_blocks;
@@ -113,5 +113,18 @@ impl<D: BlockDevice> Pool<D> {
         self.core.flush_all().await?;
         tracing::info!(?report, "suspension cleared: writes resumed");
         Ok(report)
+    }
+}
+
+/// A resync that met a full filesystem fails with the pool's own error (`HostFull`), not the
+/// volume's wrapping of it, so callers see one error for "still full".
+fn unwrap_host_full(e: EngineError) -> EngineError {
+    match e {
+        EngineError::Volume(crate::error::VolumeError::Pool { source, .. })
+            if matches!(*source, EngineError::HostFull(_)) =>
+        {
+            *source
+        }
+        other => other,
     }
 }

@@ -150,7 +150,7 @@ pub trait BlockVolume: Send + Sync + 'static {
     fn flush(&self) -> VolumeFuture<'_, ()>;
     /// Allocation map of a range as coalesced extents covering exactly the range; `unallocated`
     /// means it reads as zeros without being stored ("allocated" when in doubt).
-    fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<Extent>, VolumeError>;
+    fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> VolumeFuture<'_, Vec<Extent>>;
 }
 
 impl<D: BlockDevice> BlockVolume for Volume<D> {
@@ -204,7 +204,7 @@ impl<D: BlockDevice> BlockVolume for Volume<D> {
         Box::pin(Volume::flush(self))
     }
 
-    fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<Extent>, VolumeError> {
-        Volume::block_status(self, offset_bytes, len_bytes)
+    fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> VolumeFuture<'_, Vec<Extent>> {
+        Box::pin(Volume::block_status(self, offset_bytes, len_bytes))
     }
 }

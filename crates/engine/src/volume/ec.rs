@@ -9,7 +9,7 @@ use crate::join::join_all_ok;
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 use stria_ec::ReedSolomon;
 
-use super::maint::{RowStats, bless};
+use super::maint::RowStats;
 use super::map::{ChunkRun, Member, Segment, VolumeMap};
 use super::{BlockRole, ChunkResult, InFamily, LayoutFamily, RowResult};
 use crate::drive::journal::{AppendError, JournalPiece};
@@ -195,7 +195,7 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Ec, D> {
             let (_, member) = self.shard_member(seg, row, s);
             let read = self.read_member_logical(member, row).await?;
             if let Some((data, written)) = &read {
-                bless(&member.drive, member.start_block + row * chunk, data, written);
+                self.bless(member, member.start_block + row * chunk, data, written).await?;
                 stats.checked_blocks += chunk;
             }
             shards.push(read.map(|r| r.0));

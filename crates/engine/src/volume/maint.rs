@@ -15,7 +15,7 @@ use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, DevError, IoBuf, IoBytes}
 use super::map::{Member, VolumeMap};
 use super::{LayoutFamily, Volume};
 use crate::drive::Drive;
-use crate::drive::csum::{UNWRITTEN, block_crc};
+use crate::drive::csum::Entry;
 use crate::error::{EngineError, VolumeError};
 
 /// What maintenance of one row did.
@@ -30,29 +30,22 @@ pub(crate) struct RowStats {
     pub(crate) inconsistent_blocks: u64,
 }
 
-/// Reads blocks without verification, zeroing the unwritten ones; says which are written.
+/// Reads blocks without verification, zeroing the unwritten ones; says which are written (a
+/// block whose checksum page is damaged counts as written: resync trusts what it finds).
 pub(super) async fn read_logical<D: BlockDevice>(
     drive: &Drive<D>,
     block: u64,
     blocks: u64,
 ) -> Result<(IoBuf, Vec<bool>), DevError> {
+    let entries = drive.csum_entries(block, blocks).await?;
     let mut buf = drive.read_raw(block, IoBuf::zeroed((blocks * BLOCK_BYTES) as usize)).await?;
-    let written: Vec<bool> = (0..blocks).map(|i| drive.csum.get(block + i) != UNWRITTEN).collect();
+    let written: Vec<bool> = entries.iter().map(|e| *e != Entry::Unwritten).collect();
     for (i, w) in written.iter().enumerate() {
         if !w {
             buf[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE].fill(0);
         }
     }
     Ok((buf, written))
-}
-
-/// Makes the checksum of every written block match its contents.
-pub(super) fn bless<D: BlockDevice>(drive: &Drive<D>, block: u64, data: &[u8], written: &[bool]) {
-    for (i, w) in written.iter().enumerate() {
-        if *w {
-            drive.csum.set(block + i as u64, block_crc(&data[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE]));
-        }
-    }
 }
 
 /// Calls `f(first, end)` for each run of consecutive indices where `bad[i]` is true.
@@ -107,6 +100,23 @@ impl<D: BlockDevice> Volume<D> {
                 Ok(None)
             }
         }
+    }
+
+    /// Sets the checksums of the written blocks of `data` (at `block` on `member`'s drive) from
+    /// their contents; a drive that cannot read its checksum pages is failed.
+    pub(super) async fn bless(
+        &self,
+        member: &Member<D>,
+        block: u64,
+        data: &[u8],
+        written: &[bool],
+    ) -> Result<(), EngineError> {
+        if let Err(e) = member.drive.bless(block, data, written).await {
+            self.drive_error(&member.drive, "checksum page read failed during resync", &e)
+                .await
+                .map_err(|e| self.pool_err(e))?;
+        }
+        Ok(())
     }
 
     /// Scrubs row `row` of segment `si` under its stripe lock.

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use futures::future::join_all;
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 
-use super::maint::{RowStats, bless, for_each_run};
+use super::maint::{RowStats, for_each_run};
 use super::map::{ChunkRun, Member, Segment, VolumeMap};
 use super::{BlockRole, ChunkResult, InFamily, LayoutFamily, RowResult};
 use crate::error::EngineError;
@@ -105,7 +105,7 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Mirror, D> {
                 stats.checked_blocks += chunk;
                 match &canonical {
                     None => {
-                        bless(&member.drive, block, &data, &written);
+                        self.bless(member, block, &data, &written).await?;
                         canonical = Some((data, written));
                     }
                     Some((want, want_written)) => {
@@ -115,7 +115,7 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Mirror, D> {
                                 want_written[i] != written[i] || want[r.clone()] != data[r]
                             })
                             .collect();
-                        bless(&member.drive, block, &data, &written);
+                        self.bless(member, block, &data, &written).await?;
                         let mut runs = Vec::new();
                         for_each_run(&differs, |a, b| runs.push((a, b)));
                         for (a, b) in runs {

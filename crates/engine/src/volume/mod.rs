@@ -445,7 +445,7 @@ where
     }
 
     /// [`Volume::block_status`].
-    fn block_status_in(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<Extent>, VolumeError> {
+    async fn block_status_in(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<Extent>, VolumeError> {
         self.check_range(offset_bytes, len_bytes)?;
         if len_bytes == 0 {
             return Ok(Vec::new());
@@ -457,8 +457,10 @@ where
             let members = self.status_members(&map.segments[run.segment], &run);
             let block = self.geo.member_block(run.row, run.offset_in_chunk);
             for i in 0..run.blocks {
-                let unallocated = !members.is_empty()
-                    && members.iter().all(|m| m.drive.is_unwritten(m.start_block + block + i, 1));
+                let mut unallocated = !members.is_empty();
+                for m in &members {
+                    unallocated = unallocated && m.drive.is_unwritten(m.start_block + block + i, 1).await;
+                }
                 out.push(unallocated, 1);
             }
         }
@@ -668,8 +670,8 @@ impl<D: BlockDevice> Volume<D> {
     }
 
     /// Allocation map of a range, in extents of equal state.
-    pub fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<Extent>, VolumeError> {
-        with_family!(self, |f| f.block_status_in(offset_bytes, len_bytes))
+    pub async fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<Extent>, VolumeError> {
+        with_family!(self, |f| f.block_status_in(offset_bytes, len_bytes).await)
     }
 
     /// Makes every write completed before this call durable.

@@ -186,9 +186,9 @@ pub async fn check_or_error(vol: &Volume<Dev>, model: &Model) -> usize {
 }
 
 /// Block status never calls a block a hole when it holds data.
-pub fn check_block_status(vol: &Volume<Dev>, model: &Model) {
+pub async fn check_block_status(vol: &Volume<Dev>, model: &Model) {
     let mut at = 0u64;
-    for e in vol.block_status(0, model.bytes.len() as u64).expect("block status") {
+    for e in vol.block_status(0, model.bytes.len() as u64).await.expect("block status") {
         if e.unallocated {
             let range = at as usize..(at + e.len_bytes) as usize;
             assert!(
@@ -212,4 +212,14 @@ pub fn crash_images<'a>(
     devs.enumerate()
         .map(|(i, d)| if power_cut { d.crash_image(base.wrapping_add(i as u64)) } else { d.kill_image() })
         .collect()
+}
+
+/// Half the seeds (picked by a hash, independent of the layout the seed also picks) run with a
+/// checksum cache of 3 pages per drive: nearly every request then evicts, reloads or writes
+/// back checksum pages, so crashes land in those paths too. The other half keep the default
+/// (everything cached), where unflushed checksum pages stay in memory longest.
+pub fn small_csum_cache(pool: &Pool<Dev>, seed: u64) {
+    if seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 63 == 1 {
+        pool.set_metadata_cache(3 * 4096 * pool.drives().len() as u64);
+    }
 }
