@@ -18,6 +18,7 @@ pub mod drive;
 mod error;
 pub mod format;
 mod join;
+pub mod pagecache;
 pub mod pool;
 pub mod units;
 pub mod volume;

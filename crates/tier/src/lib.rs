@@ -9,6 +9,7 @@
 mod contract;
 mod destage;
 mod log;
+pub mod map;
 pub mod record;
 mod volume;
 

@@ -4,4 +4,5 @@
 
 mod common;
 mod crash_during_destage;
+mod map_store;
 mod tiered_volume_behaviour;

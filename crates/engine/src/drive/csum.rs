@@ -13,14 +13,14 @@
 //! rows it covers and calls [`ChecksumTable::mark_repaired`]; it is never written back or
 //! evicted before that.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE as BLOCK, BlockDevice, DevError, IoBuf};
 
 use crate::format::layout::CSUM_ENTRIES_PER_PAGE;
 use crate::format::page_crc;
+use crate::pagecache::{PageCache, Slot};
 
 const MAGIC: u32 = 0x5354_4353;
 const ENTRIES: usize = CSUM_ENTRIES_PER_PAGE as usize;
@@ -59,57 +59,44 @@ pub(crate) enum Entry {
     Unknown,
 }
 
-/// One cached page.
+/// The entries of one page.
 #[derive(Debug)]
-pub(crate) struct Page {
-    entries: Box<[AtomicU32]>,
-    dirty: AtomicBool,
-    damaged: AtomicBool,
-    /// CLOCK's second-chance bit.
-    referenced: AtomicBool,
-}
+pub(crate) struct Entries(Box<[AtomicU32]>);
 
-impl Page {
-    fn empty(damaged: bool) -> Page {
-        Page {
-            entries: (0..ENTRIES).map(|_| AtomicU32::new(UNWRITTEN)).collect(),
-            dirty: AtomicBool::new(false),
-            damaged: AtomicBool::new(damaged),
-            referenced: AtomicBool::new(true),
-        }
-    }
-
-    fn entry(&self, i: usize) -> Entry {
-        if self.damaged.load(SeqCst) {
-            return Entry::Unknown;
-        }
-        match self.entries[i].load(Relaxed) {
-            UNWRITTEN => Entry::Unwritten,
-            crc => Entry::Crc(crc),
-        }
+impl Entries {
+    fn empty() -> Entries {
+        Entries((0..ENTRIES).map(|_| AtomicU32::new(UNWRITTEN)).collect())
     }
 }
+
+type PageSlot = Arc<Slot<Entries>>;
 
 /// Pages held for one request: they cannot be evicted while this lives.
 #[derive(Debug)]
 pub(crate) struct Pinned {
     first_page: u64,
-    pages: Vec<Arc<Page>>,
+    pages: Vec<PageSlot>,
 }
 
 impl Pinned {
-    fn page(&self, block: u64) -> (&Arc<Page>, usize) {
+    fn slot(&self, block: u64) -> (&PageSlot, usize) {
         let p = block / CSUM_ENTRIES_PER_PAGE;
-        let page = p.checked_sub(self.first_page).and_then(|i| self.pages.get(i as usize));
-        let page =
-            page.unwrap_or_else(|| panic!("checksum entry of block {block} used outside the pinned pages"));
-        (page, (block % CSUM_ENTRIES_PER_PAGE) as usize)
+        let slot = p.checked_sub(self.first_page).and_then(|i| self.pages.get(i as usize));
+        let slot =
+            slot.unwrap_or_else(|| panic!("checksum entry of block {block} used outside the pinned pages"));
+        (slot, (block % CSUM_ENTRIES_PER_PAGE) as usize)
     }
 
-    /// The entry of `block`.
+    /// The entry of `block`; every entry of a damaged (frozen) page is unknown.
     pub(crate) fn get(&self, block: u64) -> Entry {
-        let (page, i) = self.page(block);
-        page.entry(i)
+        let (slot, i) = self.slot(block);
+        if slot.is_frozen() {
+            return Entry::Unknown;
+        }
+        match slot.page().0[i].load(SeqCst) {
+            UNWRITTEN => Entry::Unwritten,
+            crc => Entry::Crc(crc),
+        }
     }
 
     /// True when every block of the range is known to be unwritten.
@@ -133,59 +120,17 @@ pub struct CsumCacheStats {
     pub damaged_pages: u64,
 }
 
-#[derive(Debug, Default)]
-struct Resident {
-    pages: HashMap<u64, Arc<Page>>,
-    /// Resident page indices in CLOCK order.
-    clock: Vec<u64>,
-    hand: usize,
-    /// Pages whose dirty flag went from clear to set since the last write-back.
-    dirty: Vec<u64>,
-    /// Damaged pages found and not yet handed to the pool for repair.
-    damaged: Vec<u64>,
-}
-
-impl Resident {
-    /// Evicts clean, unheld, undamaged pages (second chance for recently used ones) until at
-    /// most `budget` pages are resident or nothing more can go.
-    fn evict(&mut self, budget: usize) -> u64 {
-        let mut evicted = 0;
-        let mut steps = 2 * self.clock.len();
-        while self.pages.len() > budget && steps > 0 && !self.clock.is_empty() {
-            steps -= 1;
-            if self.hand >= self.clock.len() {
-                self.hand = 0;
-            }
-            let id = self.clock[self.hand];
-            let page = &self.pages[&id];
-            let evictable =
-                Arc::strong_count(page) == 1 && !page.dirty.load(SeqCst) && !page.damaged.load(SeqCst);
-            if evictable && !page.referenced.swap(false, Relaxed) {
-                self.pages.remove(&id);
-                self.clock.swap_remove(self.hand);
-                evicted += 1;
-            } else {
-                self.hand += 1;
-            }
-        }
-        evicted
-    }
-}
-
-/// Checksum entries for every data block of a drive, paged in from the drive on demand.
+/// Checksum entries for every data block of a drive, paged in from the drive on demand. A
+/// damaged page is kept *frozen* in the cache (never evicted, never written back) until the
+/// pool repaired it.
 #[derive(Debug)]
 pub(crate) struct ChecksumTable {
     blocks: u64,
     /// Byte offset of page 0 on the drive.
     offset_bytes: u64,
-    budget_pages: AtomicUsize,
-    resident: parking_lot::Mutex<Resident>,
-    /// Length of `resident.dirty`, readable without the lock.
-    dirty_pages: AtomicUsize,
-    /// Number of resident pages, readable without the lock.
-    resident_pages: AtomicUsize,
-    loaded: AtomicU64,
-    evicted: AtomicU64,
+    cache: PageCache<Entries>,
+    /// Damaged pages found and not yet handed to the pool for repair.
+    damaged: parking_lot::Mutex<Vec<u64>>,
     damaged_found: AtomicU64,
 }
 
@@ -196,12 +141,8 @@ impl ChecksumTable {
         ChecksumTable {
             blocks,
             offset_bytes,
-            budget_pages: AtomicUsize::new(DEFAULT_CSUM_CACHE_PAGES as usize),
-            resident: parking_lot::Mutex::new(Resident::default()),
-            dirty_pages: AtomicUsize::new(0),
-            resident_pages: AtomicUsize::new(0),
-            loaded: AtomicU64::new(0),
-            evicted: AtomicU64::new(0),
+            cache: PageCache::new(DEFAULT_CSUM_CACHE_PAGES),
+            damaged: parking_lot::Mutex::new(Vec::new()),
             damaged_found: AtomicU64::new(0),
         }
     }
@@ -218,45 +159,35 @@ impl ChecksumTable {
 
     /// Sets how many pages may stay cached (at least one) and evicts down to it.
     pub(crate) fn set_budget(&self, pages: u64) {
-        let pages = usize::try_from(pages.max(1)).unwrap_or(usize::MAX);
-        self.budget_pages.store(pages, Relaxed);
-        self.trim();
+        self.cache.set_budget(pages);
     }
 
     /// Evicts down to the budget what can be evicted (after a write-back made pages clean).
     pub(crate) fn trim(&self) {
-        let mut r = self.resident.lock();
-        let evicted = r.evict(self.budget_pages.load(Relaxed));
-        self.note_resident(&r, evicted);
+        self.cache.trim();
     }
 
     /// The cache's counters.
     pub(crate) fn stats(&self) -> CsumCacheStats {
+        let c = self.cache.stats();
         CsumCacheStats {
-            resident_pages: self.resident_pages.load(Relaxed) as u64,
-            budget_pages: self.budget_pages.load(Relaxed) as u64,
-            loaded_pages: self.loaded.load(Relaxed),
-            evicted_pages: self.evicted.load(Relaxed),
+            resident_pages: c.resident_pages,
+            budget_pages: c.budget_pages,
+            loaded_pages: c.loaded_pages,
+            evicted_pages: c.evicted_pages,
             damaged_pages: self.damaged_found.load(Relaxed),
-        }
-    }
-
-    fn note_resident(&self, r: &Resident, evicted: u64) {
-        self.resident_pages.store(r.pages.len(), Relaxed);
-        if evicted > 0 {
-            self.evicted.fetch_add(evicted, Relaxed);
         }
     }
 
     /// True when more pages are cached than the budget allows and eviction could not help
     /// (they are dirty): the writer should flush the drive, which writes them back.
     pub(crate) fn over_budget(&self) -> bool {
-        let budget = self.budget_pages.load(Relaxed);
-        self.resident_pages.load(Relaxed) > budget && self.dirty_pages.load(Relaxed) > 0
+        self.cache.over_budget()
     }
 
     /// Holds the pages covering `count` blocks from `first`, reading the missing ones from
-    /// `dev`. A read error is returned (the caller counts it against the drive).
+    /// `dev` (consecutive misses in one read). A read error is returned (the caller counts it
+    /// against the drive).
     pub(crate) async fn pin<D: BlockDevice>(
         &self,
         dev: &D,
@@ -269,17 +200,7 @@ impl ChecksumTable {
         }
         let first_page = first / CSUM_ENTRIES_PER_PAGE;
         let last_page = (first + count - 1) / CSUM_ENTRIES_PER_PAGE;
-        let mut slots: Vec<Option<Arc<Page>>> = Vec::with_capacity((last_page - first_page + 1) as usize);
-        {
-            let r = self.resident.lock();
-            for p in first_page..=last_page {
-                let page = r.pages.get(&p).cloned();
-                if let Some(page) = &page {
-                    page.referenced.store(true, Relaxed);
-                }
-                slots.push(page);
-            }
-        }
+        let mut slots = self.cache.lookup(first_page, last_page - first_page + 1);
         let mut i = 0;
         while i < slots.len() {
             if slots[i].is_some() {
@@ -293,37 +214,27 @@ impl ChecksumTable {
             let run_first = first_page + i as u64;
             let buf =
                 dev.read(self.offset_bytes + run_first * BLOCK_BYTES, IoBuf::zeroed((j - i) * BLOCK)).await?;
-            let decoded: Vec<(Page, bool)> = buf
+            let decoded = buf
                 .chunks_exact(BLOCK)
                 .enumerate()
-                .map(|(k, bytes)| decode_page(run_first + k as u64, bytes))
+                .map(|(k, bytes)| {
+                    let id = run_first + k as u64;
+                    let (entries, damaged) = decode_page(id, bytes);
+                    (id, entries, damaged)
+                })
                 .collect();
-            self.loaded.fetch_add(decoded.len() as u64, Relaxed);
-            let mut r = self.resident.lock();
-            for (k, (page, damaged)) in decoded.into_iter().enumerate() {
-                let id = run_first + k as u64;
-                // Another request may have loaded it meanwhile (and changed it): keep theirs.
-                let page = match r.pages.get(&id) {
-                    Some(p) => Arc::clone(p),
-                    None => {
-                        if damaged {
-                            self.damaged_found.fetch_add(1, Relaxed);
-                            r.damaged.push(id);
-                            tracing::warn!(page = id, "checksum page damaged: its blocks are resynchronised");
-                        }
-                        let page = Arc::new(page);
-                        r.pages.insert(id, Arc::clone(&page));
-                        r.clock.push(id);
-                        page
-                    }
-                };
-                slots[i + k] = Some(page);
+            for (k, (slot, inserted)) in self.cache.insert(decoded).into_iter().enumerate() {
+                if inserted && slot.is_frozen() {
+                    let id = run_first + k as u64;
+                    self.damaged_found.fetch_add(1, Relaxed);
+                    self.damaged.lock().push(id);
+                    tracing::warn!(page = id, "checksum page damaged: its blocks are resynchronised");
+                }
+                slots[i + k] = Some(slot);
             }
-            let evicted = r.evict(self.budget_pages.load(Relaxed));
-            self.note_resident(&r, evicted);
             i = j;
         }
-        Ok(Pinned { first_page, pages: slots.into_iter().map(|p| p.expect("loaded")).collect() })
+        Ok(Pinned { first_page, pages: slots.into_iter().map(|s| s.expect("loaded")).collect() })
     }
 
     /// Sets the entries of the blocks starting at `first` from their contents.
@@ -347,92 +258,60 @@ impl ChecksumTable {
         self.set_many(pin, first, std::iter::repeat_n(UNWRITTEN, count as usize));
     }
 
-    /// Sets consecutive entries from `first`, marking each changed page dirty once.
+    /// Sets consecutive entries from `first`, marking each changed page dirty once (after its
+    /// entries are stored).
     fn set_many(&self, pin: &Pinned, first: u64, values: impl ExactSizeIterator<Item = u32>) {
         self.check_range("set", first, values.len() as u64);
         let mut changed: Option<u64> = None;
         for (i, value) in values.enumerate() {
             let block = first + i as u64;
             let page_id = block / CSUM_ENTRIES_PER_PAGE;
-            if changed.is_some_and(|p| p != page_id) {
-                self.mark_dirty(pin, changed.take().expect("checked"));
+            if let Some(p) = changed.filter(|&p| p != page_id) {
+                self.cache.mark_dirty(p, pin.slot(p * CSUM_ENTRIES_PER_PAGE).0);
+                changed = None;
             }
-            let (page, at) = pin.page(block);
-            if page.entries[at].swap(value, SeqCst) != value {
+            let (slot, at) = pin.slot(block);
+            if slot.page().0[at].swap(value, SeqCst) != value {
                 changed = Some(page_id);
             }
         }
         if let Some(p) = changed {
-            self.mark_dirty(pin, p);
+            self.cache.mark_dirty(p, pin.slot(p * CSUM_ENTRIES_PER_PAGE).0);
         }
     }
 
-    /// Marks a page dirty *after* its entries were stored: a write-back that clears the flag
-    /// before encoding then either sees the new entries or leaves the flag set.
-    fn mark_dirty(&self, pin: &Pinned, page_id: u64) {
-        let (page, _) = pin.page(page_id * CSUM_ENTRIES_PER_PAGE);
-        if !page.dirty.swap(true, SeqCst) {
-            let mut r = self.resident.lock();
-            r.dirty.push(page_id);
-            self.dirty_pages.store(r.dirty.len(), Relaxed);
-        }
-    }
-
-    /// Takes the dirty pages to write back (clearing their flags), sorted, held so they cannot
-    /// be evicted before the write-back is done. Entries changed after this call dirty their
-    /// page again. Damaged pages are not written back (see the module doc).
-    pub(crate) fn take_dirty(&self) -> Vec<(u64, Arc<Page>)> {
-        let mut r = self.resident.lock();
-        let ids = std::mem::take(&mut r.dirty);
-        self.dirty_pages.store(0, Relaxed);
-        let mut out: Vec<(u64, Arc<Page>)> = ids
-            .into_iter()
-            .filter_map(|id| {
-                let page = Arc::clone(r.pages.get(&id).expect("a dirty page stays cached"));
-                page.dirty.store(false, SeqCst);
-                (!page.damaged.load(SeqCst)).then_some((id, page))
-            })
-            .collect();
-        out.sort_by_key(|(id, _)| *id);
-        out
+    /// Takes the dirty pages to write back (see [`PageCache::take_dirty`]).
+    pub(crate) fn take_dirty(&self) -> Vec<(u64, PageSlot)> {
+        self.cache.take_dirty()
     }
 
     /// Puts pages back in the dirty set (after a failed write-back).
-    pub(crate) fn redirty(&self, pages: &[(u64, Arc<Page>)]) {
-        let mut r = self.resident.lock();
-        for (id, page) in pages {
+    pub(crate) fn redirty(&self, pages: &[(u64, PageSlot)]) {
+        for (id, _) in pages {
             self.check_page("redirty", *id);
-            if !page.dirty.swap(true, SeqCst) {
-                r.dirty.push(*id);
-            }
         }
-        self.dirty_pages.store(r.dirty.len(), Relaxed);
+        self.cache.redirty(pages);
     }
 
     /// Damaged pages found since the last call (each is reported once).
     pub(crate) fn take_damaged(&self) -> Vec<u64> {
-        let mut pages = std::mem::take(&mut self.resident.lock().damaged);
+        let mut pages = std::mem::take(&mut *self.damaged.lock());
         pages.sort_unstable();
         pages
     }
 
     /// Puts damaged pages back in the queue (their repair failed).
     pub(crate) fn requeue_damaged(&self, pages: &[u64]) {
-        self.resident.lock().damaged.extend_from_slice(pages);
+        self.damaged.lock().extend_from_slice(pages);
     }
 
     /// The rows covering these damaged pages were resynchronised (every written block's entry
     /// set from its contents): their entries are known again and the pages are written back at
     /// the next flush.
     pub(crate) fn mark_repaired(&self, pages: &[u64]) {
-        let mut r = self.resident.lock();
-        for id in pages {
-            let page = Arc::clone(r.pages.get(id).expect("a damaged page stays cached"));
-            if page.damaged.swap(false, SeqCst) && !page.dirty.swap(true, SeqCst) {
-                r.dirty.push(*id);
-            }
+        for &id in pages {
+            self.cache.set_frozen(id, false);
         }
-        self.dirty_pages.store(r.dirty.len(), Relaxed);
     }
 
     /// Stops the process when `count` entries from `first` are not all in the table: the caller
@@ -455,14 +334,14 @@ impl ChecksumTable {
     }
 
     /// Encodes page `id` as it is now.
-    pub(crate) fn encode_page(&self, id: u64, page: &Page, out: &mut [u8]) {
+    pub(crate) fn encode_page(&self, id: u64, entries: &Entries, out: &mut [u8]) {
         assert_eq!(out.len(), BLOCK, "a checksum page is one block");
         self.check_page("encode", id);
         out.fill(0);
         out[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         out[4..8].copy_from_slice(&u32::try_from(id).expect("page index fits").to_le_bytes());
         let used = self.entries_in(id);
-        for (i, e) in page.entries[..used].iter().enumerate() {
+        for (i, e) in entries.0[..used].iter().enumerate() {
             out[16 + 4 * i..20 + 4 * i].copy_from_slice(&e.load(SeqCst).to_le_bytes());
         }
         let crc = page_crc(out);
@@ -477,22 +356,22 @@ impl ChecksumTable {
 }
 
 /// Decodes page `id` from its on-disk bytes. An all-zero page is a valid empty page (a freshly
-/// created drive). Returns the page and whether it is damaged (then its entries are unknown).
-fn decode_page(id: u64, bytes: &[u8]) -> (Page, bool) {
+/// created drive). Returns the entries and whether the page is damaged (then they are unknown).
+fn decode_page(id: u64, bytes: &[u8]) -> (Entries, bool) {
     if bytes.iter().all(|&b| b == 0) {
-        return (Page::empty(false), false);
+        return (Entries::empty(), false);
     }
     let magic = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
     let index = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
     let crc = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes"));
     if magic != MAGIC || u64::from(index) != id || crc != page_crc(bytes) {
-        return (Page::empty(true), true);
+        return (Entries::empty(), true);
     }
-    let page = Page::empty(false);
-    for (i, e) in page.entries.iter().enumerate() {
+    let entries = Entries::empty();
+    for (i, e) in entries.0.iter().enumerate() {
         e.store(u32::from_le_bytes(bytes[16 + 4 * i..20 + 4 * i].try_into().expect("4 bytes")), Relaxed);
     }
-    (page, false)
+    (entries, false)
 }
 
 #[cfg(test)]
@@ -508,7 +387,7 @@ mod tests {
         let pages = t.take_dirty();
         let mut buf = vec![0u8; BLOCK];
         for (id, page) in &pages {
-            t.encode_page(*id, page, &mut buf);
+            t.encode_page(*id, page.page(), &mut buf);
             dev.write(id * BLOCK_BYTES, IoBytes::copy_from(&buf), false).await.unwrap();
         }
     }
@@ -558,7 +437,7 @@ mod tests {
         assert!(t.take_dirty().is_empty(), "an unchanged entry does not dirty its page");
         // As after a failed write-back: the pages go back in the dirty set.
         let pin = t.pin(&dev, 0, BLOCKS).await.unwrap();
-        t.redirty(&[0, 2, 4].map(|p| (p, Arc::clone(pin.page(p * CSUM_ENTRIES_PER_PAGE).0))));
+        t.redirty(&[0, 2, 4].map(|p| (p, Arc::clone(pin.slot(p * CSUM_ENTRIES_PER_PAGE).0))));
         drop(pin);
         // Write everything back, then read it with a fresh table.
         write_back(&t, &dev).await;

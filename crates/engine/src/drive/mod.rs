@@ -567,7 +567,10 @@ impl<D: BlockDevice> Drive<D> {
 
     /// Encodes checksum pages (sorted) as they are now, grouped in runs of consecutive pages:
     /// (first page, encoded bytes).
-    fn encode_csum_pages(&self, pages: &[(u64, Arc<csum::Page>)]) -> Vec<(u64, IoBytes)> {
+    fn encode_csum_pages(
+        &self,
+        pages: &[(u64, Arc<crate::pagecache::Slot<csum::Entries>>)],
+    ) -> Vec<(u64, IoBytes)> {
         let mut runs = Vec::new();
         let mut i = 0;
         while i < pages.len() {
@@ -577,8 +580,8 @@ impl<D: BlockDevice> Drive<D> {
             }
             let mut buf = IoBuf::zeroed((j - i) * BLOCK_USIZE);
             for (k, out) in buf.chunks_exact_mut(BLOCK_USIZE).enumerate() {
-                let (id, page) = &pages[i + k];
-                self.csum.encode_page(*id, page, out);
+                let (id, slot) = &pages[i + k];
+                self.csum.encode_page(*id, slot.page(), out);
             }
             runs.push((pages[i].0, buf.freeze()));
             i = j;

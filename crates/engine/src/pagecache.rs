@@ -1,0 +1,254 @@
+//! A bounded cache of fixed-size metadata pages that live on disk: the drives' checksum tables
+//! (drive/csum.rs) and the maps of log-structured volumes use it.
+//!
+//! The cache only keeps pages; reading a missing page and writing dirty ones back is the
+//! owner's job (each knows its device and its order rules). What the cache guarantees:
+//!
+//! * a page is evicted (CLOCK, second chance) only when it is *clean*, *unheld* (no
+//!   [`Arc`] to its slot outside the cache) and not *frozen*, so a change can never be lost by
+//!   eviction: it stays until the owner took it with [`PageCache::take_dirty`] and the write
+//!   finished (the owner holds the taken slots until then);
+//! * a frozen page (the owner's choice: a damaged page being repaired) is never evicted and
+//!   never handed out for write-back;
+//! * [`PageCache::over_budget`] says when the owner should write back, because only dirty
+//!   pages are left to evict.
+//!
+//! The lock is held for lookups, inserts and evictions only, never across I/O.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+
+/// One cached page and its flags.
+#[derive(Debug)]
+pub struct Slot<P> {
+    page: P,
+    dirty: AtomicBool,
+    frozen: AtomicBool,
+    /// CLOCK's second-chance bit.
+    referenced: AtomicBool,
+}
+
+impl<P> Slot<P> {
+    /// The page.
+    pub fn page(&self) -> &P {
+        &self.page
+    }
+
+    /// True while the page is frozen (see [`PageCache::set_frozen`]).
+    pub fn is_frozen(&self) -> bool {
+        self.frozen.load(SeqCst)
+    }
+}
+
+/// Counters of one cache.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PageCacheStats {
+    /// Pages in memory now.
+    pub resident_pages: u64,
+    /// The budget in pages.
+    pub budget_pages: u64,
+    /// Pages inserted after a miss (read from disk by the owner).
+    pub loaded_pages: u64,
+    /// Pages dropped by the CLOCK hand.
+    pub evicted_pages: u64,
+}
+
+#[derive(Debug)]
+struct Resident<P> {
+    slots: HashMap<u64, Arc<Slot<P>>>,
+    /// Resident page ids in CLOCK order.
+    clock: Vec<u64>,
+    hand: usize,
+    /// Pages whose dirty flag went from clear to set since they were last taken.
+    dirty: Vec<u64>,
+}
+
+impl<P> Resident<P> {
+    fn evict(&mut self, budget: usize) -> u64 {
+        let mut evicted = 0;
+        let mut steps = 2 * self.clock.len();
+        while self.slots.len() > budget && steps > 0 && !self.clock.is_empty() {
+            steps -= 1;
+            if self.hand >= self.clock.len() {
+                self.hand = 0;
+            }
+            let id = self.clock[self.hand];
+            let slot = &self.slots[&id];
+            let evictable = Arc::strong_count(slot) == 1 && !slot.dirty.load(SeqCst) && !slot.is_frozen();
+            if evictable && !slot.referenced.swap(false, Relaxed) {
+                self.slots.remove(&id);
+                self.clock.swap_remove(self.hand);
+                evicted += 1;
+            } else {
+                self.hand += 1;
+            }
+        }
+        evicted
+    }
+}
+
+/// A bounded cache of pages keyed by page index.
+#[derive(Debug)]
+pub struct PageCache<P> {
+    budget: AtomicUsize,
+    resident: parking_lot::Mutex<Resident<P>>,
+    /// `resident.dirty.len()` and `resident.slots.len()`, readable without the lock.
+    dirty_len: AtomicUsize,
+    resident_len: AtomicUsize,
+    loaded: AtomicU64,
+    evicted: AtomicU64,
+}
+
+impl<P> PageCache<P> {
+    /// An empty cache of at most `budget` pages (at least one).
+    pub fn new(budget: u64) -> PageCache<P> {
+        PageCache {
+            budget: AtomicUsize::new(Self::clamp(budget)),
+            resident: parking_lot::Mutex::new(Resident {
+                slots: HashMap::new(),
+                clock: Vec::new(),
+                hand: 0,
+                dirty: Vec::new(),
+            }),
+            dirty_len: AtomicUsize::new(0),
+            resident_len: AtomicUsize::new(0),
+            loaded: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
+        }
+    }
+
+    fn clamp(budget: u64) -> usize {
+        usize::try_from(budget.max(1)).unwrap_or(usize::MAX)
+    }
+
+    /// Sets the budget and evicts down to it what can go.
+    pub fn set_budget(&self, budget: u64) {
+        self.budget.store(Self::clamp(budget), Relaxed);
+        self.trim();
+    }
+
+    /// Evicts down to the budget what can be evicted (after a write-back made pages clean).
+    pub fn trim(&self) {
+        let mut r = self.resident.lock();
+        let evicted = r.evict(self.budget.load(Relaxed));
+        self.note(&r, evicted);
+    }
+
+    fn note(&self, r: &Resident<P>, evicted: u64) {
+        self.resident_len.store(r.slots.len(), Relaxed);
+        self.dirty_len.store(r.dirty.len(), Relaxed);
+        if evicted > 0 {
+            self.evicted.fetch_add(evicted, Relaxed);
+        }
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> PageCacheStats {
+        PageCacheStats {
+            resident_pages: self.resident_len.load(Relaxed) as u64,
+            budget_pages: self.budget.load(Relaxed) as u64,
+            loaded_pages: self.loaded.load(Relaxed),
+            evicted_pages: self.evicted.load(Relaxed),
+        }
+    }
+
+    /// True when more pages are cached than the budget allows and some are dirty: only a
+    /// write-back can make room.
+    pub fn over_budget(&self) -> bool {
+        self.resident_len.load(Relaxed) > self.budget.load(Relaxed) && self.dirty_len.load(Relaxed) > 0
+    }
+
+    /// The cached slots of pages `first..first + count` (`None` for misses), marked recently
+    /// used.
+    pub fn lookup(&self, first: u64, count: u64) -> Vec<Option<Arc<Slot<P>>>> {
+        let r = self.resident.lock();
+        (first..first + count)
+            .map(|id| {
+                let slot = r.slots.get(&id).cloned();
+                if let Some(s) = &slot {
+                    s.referenced.store(true, Relaxed);
+                }
+                slot
+            })
+            .collect()
+    }
+
+    /// The cached slot of page `id`, if resident (does not count as a use).
+    pub fn peek(&self, id: u64) -> Option<Arc<Slot<P>>> {
+        self.resident.lock().slots.get(&id).cloned()
+    }
+
+    /// Inserts pages read after a miss (`frozen`: see [`PageCache::set_frozen`]), keeping a page
+    /// another request inserted meanwhile (it may have changed since), then evicts down to the
+    /// budget. Returns the resident slots in order, and for each whether it was this insert.
+    pub fn insert(&self, pages: Vec<(u64, P, bool)>) -> Vec<(Arc<Slot<P>>, bool)> {
+        let mut r = self.resident.lock();
+        let mut out = Vec::with_capacity(pages.len());
+        for (id, page, frozen) in pages {
+            if let Some(s) = r.slots.get(&id) {
+                out.push((Arc::clone(s), false));
+                continue;
+            }
+            let slot = Arc::new(Slot {
+                page,
+                dirty: AtomicBool::new(false),
+                frozen: AtomicBool::new(frozen),
+                referenced: AtomicBool::new(true),
+            });
+            r.slots.insert(id, Arc::clone(&slot));
+            r.clock.push(id);
+            self.loaded.fetch_add(1, Relaxed);
+            out.push((slot, true));
+        }
+        let evicted = r.evict(self.budget.load(Relaxed));
+        self.note(&r, evicted);
+        out
+    }
+
+    /// Marks page `id` (whose slot the caller holds) dirty. Call it *after* changing the page:
+    /// a write-back that took the page before this either saw the change or leaves it dirty.
+    pub fn mark_dirty(&self, id: u64, slot: &Slot<P>) {
+        if !slot.dirty.swap(true, SeqCst) {
+            let mut r = self.resident.lock();
+            r.dirty.push(id);
+            self.dirty_len.store(r.dirty.len(), Relaxed);
+        }
+    }
+
+    /// Takes the dirty pages to write back, sorted, clearing their flags; frozen ones are left
+    /// out (they become dirty again when thawed). The caller holds the returned slots until
+    /// their write is done (so they cannot be evicted, then read back stale, in between) and
+    /// gives them to [`PageCache::redirty`] if it fails.
+    pub fn take_dirty(&self) -> Vec<(u64, Arc<Slot<P>>)> {
+        let mut r = self.resident.lock();
+        let ids = std::mem::take(&mut r.dirty);
+        self.dirty_len.store(0, Relaxed);
+        let mut out: Vec<(u64, Arc<Slot<P>>)> = ids
+            .into_iter()
+            .filter_map(|id| {
+                let slot = Arc::clone(r.slots.get(&id).expect("a dirty page stays cached"));
+                slot.dirty.store(false, SeqCst);
+                (!slot.is_frozen()).then_some((id, slot))
+            })
+            .collect();
+        out.sort_by_key(|(id, _)| *id);
+        out
+    }
+
+    /// Puts taken pages back in the dirty set (their write-back failed).
+    pub fn redirty(&self, pages: &[(u64, Arc<Slot<P>>)]) {
+        for (id, slot) in pages {
+            self.mark_dirty(*id, slot);
+        }
+    }
+
+    /// Freezes or thaws page `id` (resident). A frozen page is never evicted or written back;
+    /// thawing marks it dirty so it is written at the next write-back.
+    pub fn set_frozen(&self, id: u64, frozen: bool) {
+        let slot = self.peek(id).unwrap_or_else(|| panic!("page {id} is not cached"));
+        if slot.frozen.swap(frozen, SeqCst) && !frozen {
+            self.mark_dirty(id, &slot);
+        }
+    }
+}

@@ -1,0 +1,669 @@
+//! The block map of a log-structured volume (docs/design/log-structured-volumes.md, "The map"):
+//! logical 4 KiB block -> where it lives, with its CRC32C and write sequence, stored on a
+//! mirrored engine volume as 4 KiB pages and cached with a bound; changes are logged as small
+//! deltas in batches (group commit) and reach the pages at checkpoints, so a 4 KiB host write
+//! costs about 24 bytes of log, not a 4 KiB page rewrite.
+//!
+//! Region of the backing volume (byte offsets from `base`):
+//!
+//! | offset | size | what |
+//! |---|---|---|
+//! | 0 | 4096 | log header: where replay starts |
+//! | 4096 | `log_blocks` x 4096 | log ring |
+//! | 4096 x (1 + `log_blocks`) | `pages` x 4096 | map pages, page `p` covers blocks `255p ..` |
+//!
+//! Crash rules (docs/crash-consistency.md, "Map"):
+//! 1. An update is applied in memory and queued, then made durable by a log write (FUA); the
+//!    caller learns it is durable when [`MapStore::update`] returns. Whoever frees the place an
+//!    update moved a block away from does so only after that.
+//! 2. Deltas are assignments, applied in log order: replaying a delta a page already holds is
+//!    harmless, so a checkpoint may write pages holding changes newer than its log position.
+//! 3. A checkpoint writes every page dirtied up to its log position and flushes the volume
+//!    before the header moves replay past those deltas.
+//! 4. A page may hold a change whose delta never became durable (written by a checkpoint after
+//!    the change was applied): such a change points at data its writer had made durable before
+//!    updating the map (callers' rule), so it is a valid, merely unacknowledged, state.
+
+use std::sync::Arc;
+
+use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
+use stria_engine::pagecache::{PageCache, PageCacheStats, Slot};
+use stria_engine::{Volume, VolumeError};
+
+/// Map entries per page.
+pub const ENTRIES_PER_PAGE: u64 = 255;
+const PAGE_MAGIC: u32 = u32::from_le_bytes(*b"SMAP");
+const LOG_MAGIC: u32 = u32::from_le_bytes(*b"SMLG");
+const HEADER_MAGIC: u32 = u32::from_le_bytes(*b"SMLH");
+const DELTA_BYTES: usize = 24;
+const LOG_HEADER_BYTES: usize = 32;
+/// Deltas per log block.
+pub const DELTAS_PER_LOG_BLOCK: usize = (BLOCK_USIZE - LOG_HEADER_BYTES) / DELTA_BYTES;
+
+/// Where a logical block lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Place {
+    /// Never written, or trimmed: reads as zeros, holds no space.
+    Unallocated,
+    /// Written as zeros: reads as zeros, holds no space.
+    Zero,
+    /// A position in the write cache.
+    Cache(u64),
+    /// A block of the segment space.
+    Segment(u64),
+}
+
+const POSITION_MASK: u64 = (1 << 62) - 1;
+
+impl Place {
+    fn encode(self) -> u64 {
+        match self {
+            Place::Unallocated => 0,
+            Place::Zero => 1 << 62,
+            Place::Cache(p) => 2 << 62 | (p & POSITION_MASK),
+            Place::Segment(p) => 3 << 62 | (p & POSITION_MASK),
+        }
+    }
+
+    fn decode(raw: u64) -> Place {
+        let at = raw & POSITION_MASK;
+        match raw >> 62 {
+            0 => Place::Unallocated,
+            1 => Place::Zero,
+            2 => Place::Cache(at),
+            _ => Place::Segment(at),
+        }
+    }
+}
+
+/// One map entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapEntry {
+    pub place: Place,
+    /// CRC32C of the block's contents (0 for places without data).
+    pub crc: u32,
+    /// The write sequence that produced it, low 32 bits.
+    pub seq: u32,
+}
+
+impl MapEntry {
+    /// The entry of a block never written.
+    pub const UNALLOCATED: MapEntry = MapEntry { place: Place::Unallocated, crc: 0, seq: 0 };
+
+    fn encode(self, out: &mut [u8]) {
+        out[0..8].copy_from_slice(&self.place.encode().to_le_bytes());
+        out[8..12].copy_from_slice(&self.crc.to_le_bytes());
+        out[12..16].copy_from_slice(&self.seq.to_le_bytes());
+    }
+
+    fn decode(b: &[u8]) -> MapEntry {
+        MapEntry {
+            place: Place::decode(u64::from_le_bytes(b[0..8].try_into().expect("8 bytes"))),
+            crc: u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")),
+            seq: u32::from_le_bytes(b[12..16].try_into().expect("4 bytes")),
+        }
+    }
+}
+
+/// A change to one block: set `entry`, if the block's place is `expect` (when given).
+#[derive(Debug, Clone, Copy)]
+pub struct Update {
+    pub block: u64,
+    pub entry: MapEntry,
+    /// Apply only if the block still lives here (a move that a newer write must win over).
+    pub expect: Option<Place>,
+}
+
+/// Why a map operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MapError {
+    #[error("map: {0}")]
+    Volume(#[from] VolumeError),
+    #[error("map page {page} is damaged (bad magic, index or CRC)")]
+    DamagedPage { page: u64 },
+    #[error("map block {block} is beyond the map of {blocks} blocks")]
+    OutOfRange { block: u64, blocks: u64 },
+    #[error("the map log header is damaged: replay cannot know where to start")]
+    DamagedHeader,
+    #[error("an earlier map log write failed: no update can be made durable any more")]
+    Failed,
+}
+
+/// Where the map lives in its backing volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapLayout {
+    /// Byte offset of the region in the backing volume.
+    pub base: u64,
+    /// Blocks of the log ring (at least 4).
+    pub log_blocks: u64,
+    /// Logical blocks mapped.
+    pub blocks: u64,
+}
+
+impl MapLayout {
+    /// Pages the map needs.
+    pub fn pages(&self) -> u64 {
+        self.blocks.div_ceil(ENTRIES_PER_PAGE)
+    }
+
+    /// Bytes of the region.
+    pub fn bytes(&self) -> u64 {
+        (1 + self.log_blocks + self.pages()) * BLOCK_BYTES
+    }
+
+    fn log_block_offset(&self, ring_index: u64) -> u64 {
+        self.base + (1 + ring_index % self.log_blocks) * BLOCK_BYTES
+    }
+
+    fn page_offset(&self, page: u64) -> u64 {
+        self.base + (1 + self.log_blocks + page) * BLOCK_BYTES
+    }
+}
+
+/// The entries of one cached page.
+#[derive(Debug)]
+struct MapPage(parking_lot::Mutex<Box<[MapEntry]>>);
+
+/// Counters.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct MapStats {
+    pub cache: PageCacheStats,
+    /// Log blocks written (each one FUA write).
+    pub log_blocks_written: u64,
+    /// Deltas logged.
+    pub deltas_logged: u64,
+    /// Checkpoints done, and map pages they wrote.
+    pub checkpoints: u64,
+    pub pages_written: u64,
+    /// Deltas replayed at open.
+    pub deltas_replayed: u64,
+}
+
+/// Deltas applied in memory and not yet written to the log.
+#[derive(Debug, Default)]
+struct Pending {
+    deltas: Vec<(u64, MapEntry)>,
+    /// Number of deltas ever queued (the queue's end, as a count).
+    queued: u64,
+}
+
+/// The log's position (held by the one writer at a time).
+#[derive(Debug)]
+struct LogState {
+    /// Sequence number of the next log block, and the ring index it goes to.
+    next_seq: u64,
+    /// Sequence of the first block replay must read (all before it are in the pages).
+    replay_seq: u64,
+    /// Deltas (as a count of queued ones) that are durable.
+    durable: u64,
+    stats: MapStats,
+}
+
+/// The map of one log-structured volume.
+pub struct MapStore<D: BlockDevice> {
+    vol: Arc<Volume<D>>,
+    layout: MapLayout,
+    cache: PageCache<MapPage>,
+    pending: parking_lot::Mutex<Pending>,
+    log: tokio::sync::Mutex<LogState>,
+    /// Set when a log write failed: deltas applied in memory may be neither durable nor
+    /// queued any more, so nothing may be acknowledged after it.
+    failed: std::sync::atomic::AtomicBool,
+}
+
+impl<D: BlockDevice> std::fmt::Debug for MapStore<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MapStore").field("layout", &self.layout).finish()
+    }
+}
+
+fn page_crc(page: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&page[..8]), &page[12..])
+}
+
+impl<D: BlockDevice> MapStore<D> {
+    /// Opens the map in `layout` of `vol`: a region that reads as zeros is an empty map (so a
+    /// new map costs no write), otherwise the log is replayed from the header's position. At
+    /// most `cache_pages` pages stay cached (dirty ones until the next checkpoint).
+    pub async fn open(
+        vol: Arc<Volume<D>>,
+        layout: MapLayout,
+        cache_pages: u64,
+    ) -> Result<MapStore<D>, MapError> {
+        assert!(layout.log_blocks >= 4, "a map log needs at least 4 blocks");
+        let header = vol.read(layout.base, BLOCK_USIZE).await?;
+        let replay_seq = if header.iter().all(|&b| b == 0) {
+            0
+        } else {
+            decode_header(&header).ok_or(MapError::DamagedHeader)?
+        };
+        let store = MapStore {
+            vol,
+            layout,
+            cache: PageCache::new(cache_pages),
+            pending: parking_lot::Mutex::new(Pending::default()),
+            log: tokio::sync::Mutex::new(LogState {
+                next_seq: replay_seq,
+                replay_seq,
+                durable: 0,
+                stats: MapStats::default(),
+            }),
+            failed: std::sync::atomic::AtomicBool::new(false),
+        };
+        store.replay().await?;
+        Ok(store)
+    }
+
+    async fn replay(&self) -> Result<(), MapError> {
+        let mut log = self.log.lock().await;
+        let mut seq = log.replay_seq;
+        while seq < log.replay_seq + self.layout.log_blocks {
+            let bytes = self.vol.read(self.layout.log_block_offset(seq), BLOCK_USIZE).await?;
+            let Some(deltas) = decode_log_block(&bytes, seq) else { break };
+            for (block, entry) in deltas {
+                let (page, slot) = self.page_of(block).await?;
+                slot.page().0.lock()[(block % ENTRIES_PER_PAGE) as usize] = entry;
+                self.cache.mark_dirty(page, &slot);
+                log.stats.deltas_replayed += 1;
+            }
+            seq += 1;
+        }
+        log.next_seq = seq;
+        Ok(())
+    }
+
+    /// Logical blocks mapped.
+    pub fn blocks(&self) -> u64 {
+        self.layout.blocks
+    }
+
+    /// The entry of `block`.
+    pub async fn get(&self, block: u64) -> Result<MapEntry, MapError> {
+        let (_, slot) = self.page_of(block).await?;
+        let entry = slot.page().0.lock()[(block % ENTRIES_PER_PAGE) as usize];
+        Ok(entry)
+    }
+
+    /// The cached page holding `block` (read from the volume on a miss).
+    async fn page_of(&self, block: u64) -> Result<(u64, Arc<Slot<MapPage>>), MapError> {
+        if block >= self.layout.blocks {
+            return Err(MapError::OutOfRange { block, blocks: self.layout.blocks });
+        }
+        let page = block / ENTRIES_PER_PAGE;
+        if let Some(Some(slot)) = self.cache.lookup(page, 1).pop() {
+            return Ok((page, slot));
+        }
+        let bytes = self.vol.read(self.layout.page_offset(page), BLOCK_USIZE).await?;
+        let entries = decode_page(page, &bytes).ok_or(MapError::DamagedPage { page })?;
+        let (slot, _) =
+            self.cache.insert(vec![(page, MapPage(parking_lot::Mutex::new(entries)), false)]).remove(0);
+        Ok((page, slot))
+    }
+
+    /// Applies `updates` in order (each conditional one only if its block still lives where
+    /// it expects) and makes the applied ones durable. Returns, per update, whether it applied.
+    /// Concurrent callers share log writes (group commit).
+    pub async fn update(&self, updates: &[Update]) -> Result<Vec<bool>, MapError> {
+        let mut slots = Vec::with_capacity(updates.len());
+        for u in updates {
+            slots.push(self.page_of(u.block).await?);
+        }
+        let (applied, ticket) = {
+            let mut pending = self.pending.lock();
+            let mut applied = Vec::with_capacity(updates.len());
+            for (u, (page, slot)) in updates.iter().zip(&slots) {
+                let mut entries = slot.page().0.lock();
+                let at = (u.block % ENTRIES_PER_PAGE) as usize;
+                let ok = u.expect.is_none_or(|p| entries[at].place == p);
+                if ok {
+                    entries[at] = u.entry;
+                    drop(entries);
+                    self.cache.mark_dirty(*page, slot);
+                    pending.deltas.push((u.block, u.entry));
+                    pending.queued += 1;
+                }
+                applied.push(ok);
+            }
+            (applied, pending.queued)
+        };
+        drop(slots);
+        self.commit(ticket).await?;
+        if self.cache.over_budget() {
+            self.checkpoint().await?;
+        }
+        Ok(applied)
+    }
+
+    /// Makes every delta queued up to `ticket` durable (group commit: one caller writes all
+    /// that is queued, the others find theirs done).
+    async fn commit(&self, ticket: u64) -> Result<(), MapError> {
+        let mut log = self.log.lock().await;
+        if self.failed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(MapError::Failed);
+        }
+        if log.durable >= ticket {
+            return Ok(());
+        }
+        let result = self.write_pending(&mut log).await;
+        if result.is_err() {
+            self.failed.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        result
+    }
+
+    async fn write_pending(&self, log: &mut LogState) -> Result<(), MapError> {
+        let (deltas, upto) = {
+            let mut p = self.pending.lock();
+            (std::mem::take(&mut p.deltas), p.queued)
+        };
+        if deltas.is_empty() {
+            log.durable = upto;
+            return Ok(());
+        }
+        let mut buf = IoBuf::zeroed(BLOCK_USIZE);
+        for chunk in deltas.chunks(DELTAS_PER_LOG_BLOCK) {
+            if log.next_seq + 1 - log.replay_seq > self.layout.log_blocks {
+                // The ring would overwrite a block replay still needs: move replay past them
+                // (the pages already hold every queued delta, this batch's too).
+                self.checkpoint_locked(log).await?;
+            }
+            encode_log_block(log.next_seq, chunk, &mut buf);
+            let bytes = IoBytes::copy_from(&buf);
+            self.vol.write(self.layout.log_block_offset(log.next_seq), bytes, true).await?;
+            log.next_seq += 1;
+            log.stats.log_blocks_written += 1;
+        }
+        log.stats.deltas_logged += deltas.len() as u64;
+        log.durable = upto;
+        Ok(())
+    }
+
+    /// Writes every dirty page and moves the replay position to the end of the log.
+    pub async fn checkpoint(&self) -> Result<(), MapError> {
+        let mut log = self.log.lock().await;
+        if self.failed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(MapError::Failed);
+        }
+        if let Err(e) = self.write_pending(&mut log).await {
+            self.failed.store(true, std::sync::atomic::Ordering::SeqCst);
+            return Err(e);
+        }
+        self.checkpoint_locked(&mut log).await
+    }
+
+    async fn checkpoint_locked(&self, log: &mut LogState) -> Result<(), MapError> {
+        // Every delta before `until` is in the log and (applied before it was queued) in the
+        // pages taken next: once they are durable, replay may start at `until`.
+        let until = log.next_seq;
+        let pages = self.cache.take_dirty();
+        let result = async {
+            let mut buf = IoBuf::zeroed(BLOCK_USIZE);
+            for (page, slot) in &pages {
+                encode_page(*page, &slot.page().0.lock(), &mut buf);
+                self.vol.write(self.layout.page_offset(*page), IoBytes::copy_from(&buf), false).await?;
+            }
+            self.vol.flush().await?;
+            encode_header(until, &mut buf);
+            self.vol.write(self.layout.base, IoBytes::copy_from(&buf), true).await?;
+            Ok::<(), MapError>(())
+        }
+        .await;
+        if let Err(e) = result {
+            self.cache.redirty(&pages);
+            return Err(e);
+        }
+        log.replay_seq = until;
+        log.stats.checkpoints += 1;
+        log.stats.pages_written += pages.len() as u64;
+        drop(pages);
+        self.cache.trim();
+        Ok(())
+    }
+
+    /// Counters.
+    pub async fn stats(&self) -> MapStats {
+        let log = self.log.lock().await;
+        MapStats { cache: self.cache.stats(), ..log.stats }
+    }
+}
+
+fn encode_page(page: u64, entries: &[MapEntry], out: &mut [u8]) {
+    out.fill(0);
+    out[0..4].copy_from_slice(&PAGE_MAGIC.to_le_bytes());
+    out[4..8].copy_from_slice(&u32::try_from(page).expect("page index fits in 32 bits").to_le_bytes());
+    for (i, e) in entries.iter().enumerate() {
+        e.encode(&mut out[16 + 16 * i..32 + 16 * i]);
+    }
+    let crc = page_crc(out);
+    out[8..12].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// The entries of page `page` from its bytes; all zeros is an empty page; `None` if damaged.
+fn decode_page(page: u64, b: &[u8]) -> Option<Box<[MapEntry]>> {
+    if b.iter().all(|&x| x == 0) {
+        return Some(vec![MapEntry::UNALLOCATED; ENTRIES_PER_PAGE as usize].into_boxed_slice());
+    }
+    let magic = u32::from_le_bytes(b[0..4].try_into().expect("4 bytes"));
+    let index = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes"));
+    let crc = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
+    if magic != PAGE_MAGIC || u64::from(index) != page || crc != page_crc(b) {
+        return None;
+    }
+    Some((0..ENTRIES_PER_PAGE as usize).map(|i| MapEntry::decode(&b[16 + 16 * i..32 + 16 * i])).collect())
+}
+
+fn encode_log_block(seq: u64, deltas: &[(u64, MapEntry)], out: &mut [u8]) {
+    out.fill(0);
+    out[0..4].copy_from_slice(&LOG_MAGIC.to_le_bytes());
+    out[4..6].copy_from_slice(&u16::try_from(deltas.len()).expect("fits").to_le_bytes());
+    out[8..16].copy_from_slice(&seq.to_le_bytes());
+    for (i, (block, e)) in deltas.iter().enumerate() {
+        let at = LOG_HEADER_BYTES + DELTA_BYTES * i;
+        out[at..at + 8].copy_from_slice(&block.to_le_bytes());
+        e.encode(&mut out[at + 8..at + 24]);
+    }
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&out[..16]), &out[20..]);
+    out[16..20].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// The deltas of the log block expected to carry `seq`; `None` if it is not that block (stale
+/// from an earlier lap of the ring, torn, or never written).
+fn decode_log_block(b: &[u8], seq: u64) -> Option<Vec<(u64, MapEntry)>> {
+    let magic = u32::from_le_bytes(b[0..4].try_into().expect("4 bytes"));
+    let count = usize::from(u16::from_le_bytes(b[4..6].try_into().expect("2 bytes")));
+    let found = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
+    let crc = u32::from_le_bytes(b[16..20].try_into().expect("4 bytes"));
+    if magic != LOG_MAGIC
+        || found != seq
+        || count > DELTAS_PER_LOG_BLOCK
+        || crc != crc32c::crc32c_append(crc32c::crc32c(&b[..16]), &b[20..])
+    {
+        return None;
+    }
+    Some(
+        (0..count)
+            .map(|i| {
+                let at = LOG_HEADER_BYTES + DELTA_BYTES * i;
+                let block = u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+                (block, MapEntry::decode(&b[at + 8..at + 24]))
+            })
+            .collect(),
+    )
+}
+
+fn encode_header(replay_seq: u64, out: &mut [u8]) {
+    out.fill(0);
+    out[0..4].copy_from_slice(&HEADER_MAGIC.to_le_bytes());
+    out[8..16].copy_from_slice(&replay_seq.to_le_bytes());
+    let crc = crc32c::crc32c(&out[..16]);
+    out[16..20].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// The replay position in a header block; `None` for a new (all-zero) or unreadable header.
+fn decode_header(b: &[u8]) -> Option<u64> {
+    let magic = u32::from_le_bytes(b[0..4].try_into().expect("4 bytes"));
+    let crc = u32::from_le_bytes(b[16..20].try_into().expect("4 bytes"));
+    (magic == HEADER_MAGIC && crc == crc32c::crc32c(&b[..16]))
+        .then(|| u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")))
+}
+
+#[cfg(test)]
+mod tests {
+    use stria_dev::mem::MemDevice;
+    use stria_engine::{DriveClass, FoundDrive, Layout, NewDrive, Pool, VolumeRole, VolumeSpec};
+
+    use super::*;
+
+    fn entry(n: u64) -> MapEntry {
+        MapEntry { place: Place::Segment(n), crc: n as u32 + 7, seq: n as u32 }
+    }
+
+    async fn pool_with_map_volume(layout: MapLayout) -> (Vec<Arc<MemDevice>>, Arc<Volume<Arc<MemDevice>>>) {
+        let devs: Vec<Arc<MemDevice>> =
+            (0..2).map(|i| Arc::new(MemDevice::new(&format!("m{i}"), 64 << 20))).collect();
+        let nd = devs
+            .iter()
+            .map(|d| NewDrive {
+                dev: Arc::clone(d),
+                path: d.name().into(),
+                class: DriveClass::Fast,
+                domain: String::new(),
+                fresh: true,
+            })
+            .collect();
+        let pool = Pool::create("t", nd).await.unwrap();
+        let spec = VolumeSpec {
+            name: "map".into(),
+            size_bytes: layout.bytes().next_multiple_of(64 << 10),
+            layout: Layout::Raid1 { copies: 2 },
+            chunk_bytes: 64 << 10,
+            class: DriveClass::Fast,
+            role: VolumeRole::Plain,
+        };
+        let vol = pool.create_volume(spec).await.unwrap();
+        (devs, vol)
+    }
+
+    async fn reopen(devs: &[Arc<MemDevice>]) -> Arc<Volume<Arc<MemDevice>>> {
+        let found = devs.iter().map(|d| FoundDrive { dev: Arc::clone(d), path: d.name().into() }).collect();
+        Pool::open(found).await.unwrap().volume("map").unwrap()
+    }
+
+    #[test]
+    fn places_round_trip_through_their_encoding() {
+        for p in [
+            Place::Unallocated,
+            Place::Zero,
+            Place::Cache(0),
+            Place::Cache(77),
+            Place::Segment(POSITION_MASK),
+        ] {
+            assert_eq!(Place::decode(p.encode()), p);
+        }
+        let mut page = vec![0u8; BLOCK_USIZE];
+        let entries: Vec<MapEntry> = (0..ENTRIES_PER_PAGE).map(entry).collect();
+        encode_page(9, &entries, &mut page);
+        assert_eq!(decode_page(9, &page).unwrap().to_vec(), entries);
+        assert!(decode_page(8, &page).is_none(), "another page's bytes are damaged");
+        page[100] ^= 1;
+        assert!(decode_page(9, &page).is_none(), "a flipped bit is damage");
+        assert!(decode_page(3, &[0u8; BLOCK_USIZE]).unwrap().iter().all(|e| *e == MapEntry::UNALLOCATED));
+        let deltas: Vec<(u64, MapEntry)> =
+            (0..DELTAS_PER_LOG_BLOCK as u64).map(|i| (i * 3, entry(i))).collect();
+        encode_log_block(41, &deltas, &mut page);
+        assert_eq!(decode_log_block(&page, 41).unwrap(), deltas);
+        assert!(decode_log_block(&page, 42).is_none(), "a block of another lap is not replayed");
+        assert_eq!(DELTAS_PER_LOG_BLOCK, 169);
+    }
+
+    #[tokio::test]
+    async fn updates_survive_reopen_through_the_log_and_through_checkpoints() {
+        let layout = MapLayout { base: 8192, log_blocks: 4, blocks: 5000 };
+        let (devs, vol) = pool_with_map_volume(layout).await;
+        let map = MapStore::open(vol, layout, 2).await.unwrap();
+        assert_eq!(map.get(4999).await.unwrap(), MapEntry::UNALLOCATED, "a new map is empty");
+        assert!(matches!(map.get(5000).await, Err(MapError::OutOfRange { .. })));
+        // 2000 updates over 20 pages with a 4-block ring (676 deltas): the ring wraps, which
+        // forces checkpoints; a 2-page cache forces evictions and re-reads.
+        for round in 0..10u64 {
+            let updates: Vec<Update> = (0..200)
+                .map(|i| Update {
+                    block: (i * 25 + round) % 5000,
+                    entry: entry(round * 1000 + i),
+                    expect: None,
+                })
+                .collect();
+            assert!(map.update(&updates).await.unwrap().iter().all(|&a| a));
+        }
+        let stats = map.stats().await;
+        assert!(stats.checkpoints > 0 && stats.cache.evicted_pages > 0, "{stats:?}");
+        // One batch of 2400 deltas needs 15 log blocks, more than the ring: it checkpoints on
+        // the way. Its blocks (b % 25 >= 10) are ones no round wrote.
+        let big: Vec<Update> = (1000..5000)
+            .filter(|b| b % 25 >= 10)
+            .map(|b| Update { block: b, entry: entry(50_000 + b), expect: None })
+            .collect();
+        assert!(map.update(&big).await.unwrap().iter().all(|&a| a));
+        drop(map);
+        // Reopen without a clean stop: what the log holds past the last checkpoint is replayed.
+        let map = MapStore::open(reopen(&devs).await, layout, 2).await.unwrap();
+        for round in 0..10u64 {
+            for i in 0..200u64 {
+                let b = (i * 25 + round) % 5000;
+                // A later round may have written the same block.
+                let last = (0..10u64)
+                    .rev()
+                    .find_map(|r| (0..200u64).find(|&j| (j * 25 + r) % 5000 == b).map(|j| r * 1000 + j));
+                assert_eq!(map.get(b).await.unwrap(), entry(last.unwrap()), "block {b}");
+            }
+        }
+        for u in &big {
+            assert_eq!(map.get(u.block).await.unwrap(), u.entry, "block {} of the big batch", u.block);
+        }
+        assert!(map.stats().await.deltas_replayed > 0);
+    }
+
+    #[tokio::test]
+    async fn a_conditional_update_loses_to_a_newer_write() {
+        let layout = MapLayout { base: 0, log_blocks: 8, blocks: 600 };
+        let (_devs, vol) = pool_with_map_volume(layout).await;
+        let map = MapStore::open(vol, layout, 16).await.unwrap();
+        let cached = MapEntry { place: Place::Cache(5), crc: 1, seq: 1 };
+        map.update(&[Update { block: 3, entry: cached, expect: None }]).await.unwrap();
+        // The host rewrites block 3 while a destage moves its old copy: the move must lose.
+        let newer = MapEntry { place: Place::Cache(9), crc: 2, seq: 2 };
+        map.update(&[Update { block: 3, entry: newer, expect: None }]).await.unwrap();
+        let moved = MapEntry { place: Place::Segment(100), crc: 1, seq: 1 };
+        let applied = map
+            .update(&[
+                Update { block: 3, entry: moved, expect: Some(Place::Cache(5)) },
+                Update { block: 4, entry: moved, expect: Some(Place::Unallocated) },
+            ])
+            .await
+            .unwrap();
+        assert_eq!(applied, vec![false, true]);
+        assert_eq!(map.get(3).await.unwrap(), newer);
+        assert_eq!(map.get(4).await.unwrap(), moved);
+    }
+
+    #[tokio::test]
+    async fn a_damaged_header_or_page_is_an_error_not_an_empty_map() {
+        let layout = MapLayout { base: 0, log_blocks: 4, blocks: 600 };
+        let (devs, vol) = pool_with_map_volume(layout).await;
+        let map = MapStore::open(Arc::clone(&vol), layout, 16).await.unwrap();
+        map.update(&[Update { block: 300, entry: entry(1), expect: None }]).await.unwrap();
+        map.checkpoint().await.unwrap();
+        drop(map);
+        // Garbage written through the volume (so its own checksums pass): the map must notice.
+        let page1 = layout.page_offset(1);
+        let mut bytes = vol.read(page1, BLOCK_USIZE).await.unwrap();
+        bytes[40] ^= 1;
+        vol.write(page1, IoBytes::copy_from(&bytes), true).await.unwrap();
+        let map = MapStore::open(Arc::clone(&vol), layout, 16).await.unwrap();
+        assert!(matches!(map.get(300).await, Err(MapError::DamagedPage { page: 1 })));
+        assert_eq!(map.get(3).await.unwrap(), MapEntry::UNALLOCATED, "other pages are fine");
+        vol.write(layout.base, IoBytes::copy_from(&[7u8; BLOCK_USIZE]), true).await.unwrap();
+        assert!(matches!(MapStore::open(vol, layout, 16).await, Err(MapError::DamagedHeader)));
+        drop(devs);
+    }
+}
