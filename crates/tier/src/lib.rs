@@ -9,6 +9,7 @@
 mod contract;
 mod destage;
 mod log;
+pub mod lsv;
 pub mod map;
 pub mod record;
 mod volume;
@@ -226,6 +227,9 @@ pub async fn open<D: BlockDevice>(
     rec: &TieredRecord,
 ) -> Result<Arc<TieredVolume<D>>, TierError> {
     let corrupt = |reason: String| TierError::Corrupt { name: rec.name.clone(), reason };
+    if lsv::is_log_record(rec) {
+        return Err(corrupt("it is a log-structured volume (open it with stria_tier::lsv::open)".into()));
+    }
     let part = |id: u64, what: &str| {
         pool.volume_by_id(id).ok_or_else(|| corrupt(format!("its {what} volume (id {id}) is missing")))
     };
@@ -307,16 +311,45 @@ pub async fn delete<D: BlockDevice>(pool: &Pool<D>, name: &str) -> Result<(), Ti
     Ok(())
 }
 
-impl<D: BlockDevice> TieredVolume<D> {
-    /// Status and counters, with the parts and write amplification per tier.
-    pub fn status(&self) -> TierStatus {
-        let pool_status = self.pool.status();
-        let meta = self.pool.meta();
-        let part = |role: &str, v: &Arc<Volume<D>>| {
-            let slots: Vec<u32> = meta
-                .volume(v.name())
-                .map(|r| r.segments.iter().flat_map(|s| s.members.iter().map(|m| m.slot)).collect())
-                .unwrap_or_default();
+/// The worst of some volume states.
+pub(crate) fn worst_state(
+    states: impl IntoIterator<Item = stria_engine::VolumeState>,
+) -> stria_engine::VolumeState {
+    use stria_engine::VolumeState as S;
+    let rank = |s: S| match s {
+        S::Healthy => 0,
+        S::Rebuilding => 1,
+        S::Degraded => 2,
+        S::Failed => 3,
+    };
+    states.into_iter().max_by_key(|s| rank(*s)).unwrap_or(S::Healthy)
+}
+
+/// Drive slots holding members of `vols`.
+fn slots_of<D: BlockDevice>(pool: &Pool<D>, vols: &[&Arc<Volume<D>>]) -> Vec<u32> {
+    let meta = pool.meta();
+    vols.iter()
+        .filter_map(|v| meta.volume(v.name()))
+        .flat_map(|r| r.segments.iter().flat_map(|s| s.members.iter().map(|m| m.slot)))
+        .collect()
+}
+
+/// Bytes written to the drives holding `vols`, each drive counted once.
+pub(crate) fn drive_bytes_written<D: BlockDevice>(pool: &Pool<D>, vols: &[&Arc<Volume<D>>]) -> u64 {
+    let slots = slots_of(pool, vols);
+    pool.status().drives.iter().filter(|d| slots.contains(&d.id)).map(|d| d.bytes_written).sum()
+}
+
+/// Status of the parts of a tiered or log-structured volume, with their drives' counters.
+pub(crate) fn parts_status<D: BlockDevice>(
+    pool: &Pool<D>,
+    parts: &[(&str, &Arc<Volume<D>>)],
+) -> Vec<PartStatus> {
+    let pool_status = pool.status();
+    parts
+        .iter()
+        .map(|&(role, v)| {
+            let slots = slots_of(pool, &[v]);
             let drives = pool_status.drives.iter().filter(|d| slots.contains(&d.id));
             let mut hist = vec![0u64; stria_dev::counters::WRITE_SIZE_BUCKETS];
             let (mut written, mut read) = (0, 0);
@@ -344,16 +377,19 @@ impl<D: BlockDevice> TieredVolume<D> {
                 drive_bytes_read: read,
                 drive_write_size_hist: hist,
             }
-        };
-        let parts = vec![part("cache", &self.cache), part("meta", &self.meta), part("capacity", &self.cap)];
+        })
+        .collect()
+}
+
+impl<D: BlockDevice> TieredVolume<D> {
+    /// Status and counters, with the parts and write amplification per tier.
+    pub fn status(&self) -> TierStatus {
+        let parts = parts_status(
+            &self.pool,
+            &[("cache", &self.cache), ("meta", &self.meta), ("capacity", &self.cap)],
+        );
         // Cache and metadata usually share the fast drives: count each drive once.
-        let fast_slots: Vec<u32> = [&self.cache, &self.meta]
-            .iter()
-            .filter_map(|v| meta.volume(v.name()))
-            .flat_map(|r| r.segments.iter().flat_map(|s| s.members.iter().map(|m| m.slot)))
-            .collect();
-        let fast_written: u64 =
-            pool_status.drives.iter().filter(|d| fast_slots.contains(&d.id)).map(|d| d.bytes_written).sum();
+        let fast_written = drive_bytes_written(&self.pool, &[&self.cache, &self.meta]);
         let c = &self.counters;
         let host_written = c.host_write_bytes.load(Relaxed);
         let per_host_byte =

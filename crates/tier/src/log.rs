@@ -13,8 +13,14 @@ use tokio::sync::Notify;
 enum Slot {
     Free,
     Reserved,
-    /// Holds the data of (blockset, block index).
-    Live(u32, u16),
+    /// Holds the data of one block: its owner, (blockset, block index) packed by [`owner_of`]
+    /// for an in-place tiered volume, the logical block for a log-structured one.
+    Live(u64),
+}
+
+/// The owner word of (blockset, block index).
+fn owner_of(blockset: u32, index: u16) -> u64 {
+    (u64::from(blockset) << 16) | u64::from(index)
 }
 
 #[derive(Debug)]
@@ -73,6 +79,15 @@ impl CacheLog {
 
     /// A log holding the live positions `live` (from the records, at open).
     pub(crate) fn with_live(ring: u64, live: &[(u64, u32, u16)]) -> CacheLog {
+        let owned: Vec<(u64, u64)> = live.iter().map(|&(pos, bs, idx)| (pos, owner_of(bs, idx))).collect();
+        CacheLog::with_owners(ring, &owned, |owner| {
+            format!("blockset {} block {}", owner >> 16, owner & 0xffff)
+        })
+    }
+
+    /// A log holding the live positions `live` (position, owner), found at open; `describe`
+    /// names an owner for the message if two claim one position.
+    pub(crate) fn with_owners(ring: u64, live: &[(u64, u64)], describe: impl Fn(u64) -> String) -> CacheLog {
         let log = CacheLog::new(ring);
         {
             let mut s = log.state.lock();
@@ -80,15 +95,16 @@ impl CacheLog {
                 assert!(max - min < ring, "live positions span more than the ring");
                 s.tail = min;
                 s.head = max + 1;
-                for &(pos, bs, idx) in live {
+                for &(pos, owner) in live {
                     let slot = &mut s.slots[(pos % ring) as usize];
                     // Two blocks on one position: one of them would read the other's data.
                     assert_eq!(
                         *slot,
                         Slot::Free,
-                        "cache log: position {pos} claimed by blockset {bs} block {idx} and by another block"
+                        "cache log: position {pos} claimed by {} and by another block",
+                        describe(owner)
                     );
-                    *slot = Slot::Live(bs, idx);
+                    *slot = Slot::Live(owner);
                 }
             }
         }
@@ -166,12 +182,21 @@ impl CacheLog {
 
     /// Marks a reserved position live for (blockset, index).
     pub(crate) fn claim(&self, pos: u64, blockset: u32, index: u16) {
+        self.claim_for(pos, owner_of(blockset, index), || format!("blockset {blockset} block {index}"));
+    }
+
+    /// Marks a reserved position live for logical block `block` (log-structured volumes).
+    pub(crate) fn claim_block(&self, pos: u64, block: u64) {
+        self.claim_for(pos, block, || format!("block {block}"));
+    }
+
+    fn claim_for(&self, pos: u64, owner: u64, describe: impl FnOnce() -> String) {
         let mut s = self.state.lock();
         let slot = s.slot_in_turn(pos, self.ring, |tail, head| {
-            format!("claiming {pos} outside [{tail}, {head}) for blockset {blockset} block {index}")
+            format!("claiming {pos} outside [{tail}, {head}) for {}", describe())
         });
         assert_eq!(*slot, Slot::Reserved, "cache log: claiming position {pos} that is not reserved");
-        *slot = Slot::Live(blockset, index);
+        *slot = Slot::Live(owner);
     }
 
     /// Frees positions (no durable record points to them any more) and advances the tail.
@@ -206,14 +231,35 @@ impl CacheLog {
         let mut out: Vec<u32> = Vec::new();
         let mut pos = s.tail;
         while pos < s.head && out.len() < max {
-            if let Slot::Live(bs, _) = s.slots[(pos % self.ring) as usize]
-                && !out.contains(&bs)
-            {
-                out.push(bs);
+            if let Slot::Live(owner) = s.slots[(pos % self.ring) as usize] {
+                let bs = u32::try_from(owner >> 16).expect("a tiered owner packs a 32-bit blockset");
+                if !out.contains(&bs) {
+                    out.push(bs);
+                }
             }
             pos += 1;
         }
         out
+    }
+
+    /// The oldest live positions and their owners, oldest first, at most `max`.
+    pub(crate) fn oldest_live(&self, max: usize) -> Vec<(u64, u64)> {
+        let s = self.state.lock();
+        let mut out = Vec::new();
+        let mut pos = s.tail;
+        while pos < s.head && out.len() < max {
+            if let Slot::Live(owner) = s.slots[(pos % self.ring) as usize] {
+                out.push((pos, owner));
+            }
+            pos += 1;
+        }
+        out
+    }
+
+    /// Live positions (data some block still reads from the cache).
+    pub(crate) fn live(&self) -> u64 {
+        let s = self.state.lock();
+        (s.tail..s.head).filter(|p| matches!(s.slots[(p % self.ring) as usize], Slot::Live(_))).count() as u64
     }
 }
 

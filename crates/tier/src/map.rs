@@ -301,9 +301,10 @@ impl<D: BlockDevice> MapStore<D> {
     }
 
     /// Applies `updates` in order (each conditional one only if its block still lives where
-    /// it expects) and makes the applied ones durable. Returns, per update, whether it applied.
-    /// Concurrent callers share log writes (group commit).
-    pub async fn update(&self, updates: &[Update]) -> Result<Vec<bool>, MapError> {
+    /// it expects) and makes the applied ones durable. Returns, per update, the entry it
+    /// replaced, or `None` when its condition failed. Concurrent callers share log writes
+    /// (group commit).
+    pub async fn update(&self, updates: &[Update]) -> Result<Vec<Option<MapEntry>>, MapError> {
         let mut slots = Vec::with_capacity(updates.len());
         for u in updates {
             slots.push(self.page_of(u.block).await?);
@@ -314,7 +315,8 @@ impl<D: BlockDevice> MapStore<D> {
             for (u, (page, slot)) in updates.iter().zip(&slots) {
                 let mut entries = slot.page().0.lock();
                 let at = (u.block % ENTRIES_PER_PAGE) as usize;
-                let ok = u.expect.is_none_or(|p| entries[at].place == p);
+                let before = entries[at];
+                let ok = u.expect.is_none_or(|p| before.place == p);
                 if ok {
                     entries[at] = u.entry;
                     drop(entries);
@@ -322,7 +324,7 @@ impl<D: BlockDevice> MapStore<D> {
                     pending.deltas.push((u.block, u.entry));
                     pending.queued += 1;
                 }
-                applied.push(ok);
+                applied.push(ok.then_some(before));
             }
             (applied, pending.queued)
         };
@@ -417,6 +419,38 @@ impl<D: BlockDevice> MapStore<D> {
         log.stats.pages_written += pages.len() as u64;
         drop(pages);
         self.cache.trim();
+        Ok(())
+    }
+
+    /// Calls `f(first block, entries)` for every page in order, cached pages as they are in
+    /// memory (replay may have changed them), others read in runs without being cached, so a
+    /// scan does not flush the cache.
+    pub async fn scan(&self, mut f: impl FnMut(u64, &[MapEntry])) -> Result<(), MapError> {
+        const RUN: u64 = 64;
+        let pages = self.layout.pages();
+        let mut first = 0;
+        while first < pages {
+            let n = RUN.min(pages - first);
+            let cached = self.cache.lookup(first, n);
+            let mut disk: Option<IoBuf> = None;
+            if cached.iter().any(Option::is_none) {
+                let len = (n * BLOCK_BYTES) as usize;
+                disk = Some(self.vol.read(self.layout.page_offset(first), len).await?);
+            }
+            for (k, c) in cached.into_iter().enumerate() {
+                let page = first + k as u64;
+                match c {
+                    Some(slot) => f(page * ENTRIES_PER_PAGE, &slot.page().0.lock()),
+                    None => {
+                        let buf = disk.as_ref().expect("read above");
+                        let bytes = &buf[k * BLOCK_USIZE..(k + 1) * BLOCK_USIZE];
+                        let entries = decode_page(page, bytes).ok_or(MapError::DamagedPage { page })?;
+                        f(page * ENTRIES_PER_PAGE, &entries);
+                    }
+                }
+            }
+            first += n;
+        }
         Ok(())
     }
 
@@ -593,7 +627,7 @@ mod tests {
                     expect: None,
                 })
                 .collect();
-            assert!(map.update(&updates).await.unwrap().iter().all(|&a| a));
+            assert!(map.update(&updates).await.unwrap().iter().all(Option::is_some));
         }
         let stats = map.stats().await;
         assert!(stats.checkpoints > 0 && stats.cache.evicted_pages > 0, "{stats:?}");
@@ -603,7 +637,7 @@ mod tests {
             .filter(|b| b % 25 >= 10)
             .map(|b| Update { block: b, entry: entry(50_000 + b), expect: None })
             .collect();
-        assert!(map.update(&big).await.unwrap().iter().all(|&a| a));
+        assert!(map.update(&big).await.unwrap().iter().all(Option::is_some));
         drop(map);
         // Reopen without a clean stop: what the log holds past the last checkpoint is replayed.
         let map = MapStore::open(reopen(&devs).await, layout, 2).await.unwrap();
@@ -641,7 +675,11 @@ mod tests {
             ])
             .await
             .unwrap();
-        assert_eq!(applied, vec![false, true]);
+        assert_eq!(
+            applied,
+            vec![None, Some(MapEntry::UNALLOCATED)],
+            "the move loses; the other returns what it replaced"
+        );
         assert_eq!(map.get(3).await.unwrap(), newer);
         assert_eq!(map.get(4).await.unwrap(), moved);
     }

@@ -737,16 +737,7 @@ impl<D: BlockDevice> TieredVolume<D> {
 
     /// Worst state of the three parts.
     pub fn state(&self) -> VolumeState {
-        let rank = |s: VolumeState| match s {
-            VolumeState::Healthy => 0,
-            VolumeState::Rebuilding => 1,
-            VolumeState::Degraded => 2,
-            VolumeState::Failed => 3,
-        };
-        [self.cache.state(), self.meta.state(), self.cap.state()]
-            .into_iter()
-            .max_by_key(|s| rank(*s))
-            .expect("three")
+        crate::worst_state([self.cache.state(), self.meta.state(), self.cap.state()])
     }
 
     /// Stops the destager and waits for the batch it is running, if any; requests after this

@@ -4,5 +4,6 @@
 
 mod common;
 mod crash_during_destage;
+mod log_volume;
 mod map_store;
 mod tiered_volume_behaviour;

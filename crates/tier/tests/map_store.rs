@@ -68,7 +68,10 @@ async fn worker(store: &MapStore<Dev>, model: &RefCell<Model>, seed: u64, w: u64
         }
         match store.update(&updates).await {
             Ok(applied) => {
-                assert!(applied.iter().all(|&a| a), "seed {seed}: an unconditional update did not apply");
+                assert!(
+                    applied.iter().all(Option::is_some),
+                    "seed {seed}: an unconditional update did not apply"
+                );
                 let mut m = model.borrow_mut();
                 for u in &updates {
                     let b = u.block as usize;

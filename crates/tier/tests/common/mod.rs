@@ -132,3 +132,62 @@ pub fn small_csum_cache(pool: &Pool<Dev>, seed: u64) {
         pool.set_metadata_cache(3 * 4096 * pool.drives().len() as u64);
     }
 }
+
+/// Per block: every version in order and the newest acknowledged one.
+pub struct Tracker {
+    pub versions: Vec<Vec<Vec<u8>>>,
+    pub acked: Vec<usize>,
+}
+
+impl Tracker {
+    pub fn new(blocks: usize) -> Tracker {
+        Tracker { versions: vec![vec![vec![0u8; 4096]]; blocks], acked: vec![0; blocks] }
+    }
+
+    /// A write of these (block, version) pairs was acknowledged: durable (docs/tiering.md).
+    pub fn acknowledge(&mut self, written: &[(usize, usize)]) {
+        for &(b, v) in written {
+            self.acked[b] = self.acked[b].max(v);
+        }
+    }
+
+    /// The versions block `b` may read back as: the last acknowledged one or a newer one.
+    pub fn allowed(&self, b: usize) -> &[Vec<u8>] {
+        &self.versions[b][self.acked[b]..]
+    }
+
+    /// After a verified boot, what was read is the only version.
+    pub fn settle(&mut self, b: usize, observed: &[u8]) {
+        self.versions[b] = vec![observed.to_vec()];
+        self.acked[b] = 0;
+    }
+
+    /// What a wrong read of block `b` holds instead, for the failure message.
+    pub fn describe(&self, b: usize, got: &[u8]) -> String {
+        let older = self.versions[b][..self.acked[b]].iter().position(|v| v[..] == got[..]);
+        format!(
+            "{} (acknowledged version {} of {})",
+            older.map_or("data never written".to_string(), |v| format!(
+                "version {v}, older than an acknowledged write"
+            )),
+            self.acked[b],
+            self.versions[b].len() - 1
+        )
+    }
+
+    pub fn issue(&mut self, offset: u64, data: &[u8]) -> Vec<(usize, usize)> {
+        let first = (offset / 4096) as usize;
+        let last = ((offset + data.len() as u64 - 1) / 4096) as usize;
+        (first..=last)
+            .map(|b| {
+                let mut block = self.versions[b].last().unwrap().clone();
+                let s = (b * 4096).max(offset as usize);
+                let e = ((b + 1) * 4096).min(offset as usize + data.len());
+                block[s - b * 4096..e - b * 4096]
+                    .copy_from_slice(&data[s - offset as usize..e - offset as usize]);
+                self.versions[b].push(block);
+                (b, self.versions[b].len() - 1)
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,959 @@
+//! Log-structured volumes (docs/design/log-structured-volumes.md): data is never overwritten in
+//! place. Host writes land in a mirrored write cache (as for tiered volumes); the mover appends
+//! cached blocks, any logical addresses, as whole stripes to an open *segment* of an ec segment
+//! space, each batch of rows ending with a summary of what it holds; a paged, logged map
+//! ([`crate::map::MapStore`]) says where each logical block lives; GC moves the live blocks of
+//! mostly-dead segments into new whole stripes and frees them. Space is allocated on write and
+//! given back by TRIM / WRITE_ZEROES.
+//!
+//! Parts (engine volumes of the pool): `<name>.meta` (mirrored: header, map log, map pages),
+//! `<name>.cache` (mirrored: the write-cache ring), `<name>.seg` (ec: the segment space).
+//!
+//! Write order, per path (docs/crash-consistency.md, "Log-structured volumes"):
+//! * host write: data to the cache (FUA) -> map update `block -> Cache(pos)` (durable) ->
+//!   acknowledge -> free the block's old place;
+//! * destage and GC: batch (data + summary) to the segment space (FUA) -> conditional map update
+//!   "still where I read it" (durable) -> free the old places of the moves that applied;
+//! * TRIM / zeroing: map update `block -> Unallocated / Zero` (durable) -> free the old places.
+//!
+//! So a map entry only ever points at durable data, and a place is reused only after no
+//! durable map entry points at it.
+
+mod mover;
+pub mod space;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
+use stria_engine::volume::bytes::{self, ExtentRuns, Span, ZeroSplit};
+use stria_engine::{
+    DriveClass, EngineError, Extent, Layout, Pool, TieredRecord, Volume, VolumeError, VolumeState,
+    join_all_ok,
+};
+
+use crate::log::CacheLog;
+use crate::map::{MapEntry, MapError, MapLayout, MapStore, Place, Update};
+use crate::record::block_crc;
+use crate::{PartStatus, TierError};
+use space::{Geometry, Space, SpaceCounts};
+
+const HEADER_MAGIC: &[u8; 8] = b"STRIA-LV";
+const FORMAT_VERSION: u32 = 1;
+/// Locks serialising read-modify-writes of partly written blocks, by block number.
+const RMW_LOCKS: usize = 1024;
+/// A read that keeps racing with moves gives up after this many tries (an error, never wrong data).
+const READ_ATTEMPTS: usize = 8;
+/// Blocks per map update of a large zeroing or trim.
+const ZERO_STEP: u64 = 4096;
+
+/// What to create.
+#[derive(Debug, Clone)]
+pub struct LogSpec {
+    pub name: String,
+    /// Logical size (may exceed the segment space: thin, over-committed).
+    pub size_bytes: u64,
+    pub data_shards: u32,
+    pub parity_shards: u32,
+    pub chunk_bytes: u64,
+    /// Data bytes of the segment space (default: 1.5 x the size, so a full volume fills 2/3).
+    pub space_bytes: Option<u64>,
+    /// Write cache (default: an eighth of the size, 64 MiB to 8 GiB).
+    pub cache_bytes: Option<u64>,
+    /// Rows per batch (default: batches of about 2 MiB).
+    pub batch_rows: Option<u64>,
+    /// Batches per segment (default: segments of at least 32 MiB of data).
+    pub segment_batches: Option<u64>,
+    /// Blocks of the map log ring (default: 1/64 of the volume's blocks, 1024 to 65536).
+    pub map_log_blocks: Option<u64>,
+    /// Map pages kept in memory (default 65536: 256 MiB).
+    pub map_cache_pages: u64,
+}
+
+impl LogSpec {
+    /// A spec with the defaults.
+    pub fn new(name: &str, size_bytes: u64, data_shards: u32, parity_shards: u32) -> LogSpec {
+        LogSpec {
+            name: name.into(),
+            size_bytes,
+            data_shards,
+            parity_shards,
+            chunk_bytes: crate::DEFAULT_TIER_CHUNK_BYTES,
+            space_bytes: None,
+            cache_bytes: None,
+            batch_rows: None,
+            segment_batches: None,
+            map_log_blocks: None,
+            map_cache_pages: 65536,
+        }
+    }
+}
+
+/// The mover's policy (kept in the pool record; changeable at run time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogParams {
+    /// Always "log": tells this record from an in-place tiered one.
+    pub kind: LogKind,
+    /// Destage starts above this fill of the cache (percent).
+    pub start_percent: u8,
+    /// Destage stops below this fill (percent).
+    pub stop_percent: u8,
+    /// Destage whenever a full batch is cached (tests).
+    pub always: bool,
+    /// Map pages kept in memory.
+    pub map_cache_pages: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogKind {
+    Log,
+}
+
+/// Counters.
+#[derive(Debug, Default)]
+pub struct LogCounters {
+    pub host_write_ops: AtomicU64,
+    pub host_write_bytes: AtomicU64,
+    pub host_read_ops: AtomicU64,
+    pub host_read_bytes: AtomicU64,
+    pub read_retries: AtomicU64,
+    pub destage_batches: AtomicU64,
+    pub destaged_blocks: AtomicU64,
+    /// Data slots written without a block (short batches).
+    pub padded_slots: AtomicU64,
+    pub gc_batches: AtomicU64,
+    pub gc_moved_blocks: AtomicU64,
+    pub gc_victims: AtomicU64,
+    /// Moves that lost to a newer write (their slot is garbage at once).
+    pub moves_lost: AtomicU64,
+}
+
+/// Status for `stria status --json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LogStatus {
+    pub name: String,
+    pub layout: String,
+    pub size_bytes: u64,
+    pub state: VolumeState,
+    /// Bytes the volume's live blocks take in the segment space (thin: allocated on write).
+    pub allocated_bytes: u64,
+    pub space_bytes: u64,
+    pub free_bytes: u64,
+    pub garbage_bytes: u64,
+    pub reserved_bytes: u64,
+    pub segment_bytes: u64,
+    pub free_segments: u64,
+    pub segments: u64,
+    pub cache_blocks: u64,
+    pub cache_live_blocks: u64,
+    pub host_write_bytes: u64,
+    pub host_read_bytes: u64,
+    pub destage_batches: u64,
+    pub destaged_blocks: u64,
+    pub padded_slots: u64,
+    pub gc_batches: u64,
+    pub gc_moved_blocks: u64,
+    pub gc_victims: u64,
+    pub moves_lost: u64,
+    /// Why writes that need new space fail, if they do.
+    pub no_space: Option<String>,
+    pub write_amplification_fast: Option<f64>,
+    pub write_amplification_capacity: Option<f64>,
+    pub parts: Vec<PartStatus>,
+}
+
+/// A log-structured volume.
+pub struct LogVolume<D: BlockDevice> {
+    pub(crate) name: String,
+    pub(crate) size_bytes: u64,
+    pub(crate) blocks: u64,
+    pub(crate) pool: Arc<Pool<D>>,
+    pub(crate) cache: Arc<Volume<D>>,
+    pub(crate) meta: Arc<Volume<D>>,
+    pub(crate) seg: Arc<Volume<D>>,
+    pub(crate) geo: Geometry,
+    pub(crate) map: MapStore<D>,
+    pub(crate) log: CacheLog,
+    pub(crate) space: Mutex<Space>,
+    pub(crate) params: Mutex<LogParams>,
+    rmw_locks: Box<[tokio::sync::Mutex<()>]>,
+    /// Next write sequence (low 32 bits go into map entries and summaries).
+    pub(crate) seq: AtomicU64,
+    pub(crate) counters: LogCounters,
+    pub(crate) started: Instant,
+    pub(crate) last_write_ms: AtomicU64,
+    pub(crate) closed: AtomicBool,
+    /// Set when a map update failed: whether it is durable is unknown until the volume is
+    /// reopened (replay says), so no place may be freed or reused: no more writes or moves.
+    pub(crate) failure: Mutex<Option<String>>,
+    /// Set while destage cannot find space: writers that must wait for cache space get ENOSPC.
+    pub(crate) no_space: Mutex<Option<String>>,
+    /// Held by the mover while it runs a batch (close waits for it).
+    pub(crate) moving: tokio::sync::Mutex<()>,
+}
+
+impl<D: BlockDevice> std::fmt::Debug for LogVolume<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogVolume").field("name", &self.name).field("size_bytes", &self.size_bytes).finish()
+    }
+}
+
+/// The metadata header (block 0 of `<name>.meta`); byte table in docs/on-disk-format.md §8.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Header {
+    volume_bytes: u64,
+    geo: Geometry,
+    cache_blocks: u64,
+    map_log_blocks: u64,
+}
+
+impl Header {
+    fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; BLOCK_USIZE];
+        b[0..8].copy_from_slice(HEADER_MAGIC);
+        b[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        let fields = [
+            self.volume_bytes,
+            self.geo.row_blocks,
+            self.geo.batch_rows,
+            self.geo.segment_batches,
+            self.geo.segments,
+            self.cache_blocks,
+            self.map_log_blocks,
+        ];
+        for (i, f) in fields.iter().enumerate() {
+            b[16 + 8 * i..24 + 8 * i].copy_from_slice(&f.to_le_bytes());
+        }
+        let crc = header_crc(&b);
+        b[12..16].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8]) -> Result<Header, String> {
+        if &b[0..8] != HEADER_MAGIC {
+            return Err("not a log-structured volume header (bad magic)".into());
+        }
+        let version = u32::from_le_bytes(b[8..12].try_into().expect("4"));
+        if version != FORMAT_VERSION {
+            return Err(format!("header format version {version}; this build reads {FORMAT_VERSION}"));
+        }
+        if u32::from_le_bytes(b[12..16].try_into().expect("4")) != header_crc(b) {
+            return Err("header checksum mismatch".into());
+        }
+        let f = |i: usize| u64::from_le_bytes(b[16 + 8 * i..24 + 8 * i].try_into().expect("8"));
+        Ok(Header {
+            volume_bytes: f(0),
+            geo: Geometry { row_blocks: f(1), batch_rows: f(2), segment_batches: f(3), segments: f(4) },
+            cache_blocks: f(5),
+            map_log_blocks: f(6),
+        })
+    }
+
+    fn map_layout(&self) -> MapLayout {
+        MapLayout {
+            base: BLOCK_BYTES,
+            log_blocks: self.map_log_blocks,
+            blocks: self.volume_bytes / BLOCK_BYTES,
+        }
+    }
+}
+
+fn header_crc(b: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&b[..12]), &b[16..])
+}
+
+fn map_error(name: &str, e: MapError) -> VolumeError {
+    match e {
+        MapError::Volume(v) => v,
+        other => VolumeError::Unrecoverable {
+            volume: name.into(),
+            offset_bytes: 0,
+            len_bytes: 0,
+            reason: other.to_string(),
+        },
+    }
+}
+
+/// Creates a log-structured volume: its three parts, its header, its pool record.
+pub async fn create<D: BlockDevice>(
+    pool: &Arc<Pool<D>>,
+    spec: LogSpec,
+) -> Result<Arc<LogVolume<D>>, TierError> {
+    let ec = Layout::Ec { data_shards: spec.data_shards, parity_shards: spec.parity_shards };
+    ec.validate().map_err(TierError::Invalid)?;
+    let invalid = |s: String| Err(TierError::Invalid(s));
+    let size_bytes = spec.size_bytes.next_multiple_of(BLOCK_BYTES);
+    let blocks = size_bytes / BLOCK_BYTES;
+    if blocks == 0 {
+        return invalid("a log-structured volume needs a size of at least 4 KiB".into());
+    }
+    let row_blocks = u64::from(spec.data_shards) * spec.chunk_bytes / BLOCK_BYTES;
+    if row_blocks == 0 || !spec.chunk_bytes.is_multiple_of(BLOCK_BYTES) {
+        return invalid("the chunk must be a multiple of 4 KiB".into());
+    }
+    let batch_rows = spec.batch_rows.unwrap_or_else(|| (512 / row_blocks).max(1));
+    let batch_bytes = row_blocks * batch_rows * BLOCK_BYTES;
+    let segment_batches = spec.segment_batches.unwrap_or_else(|| (32u64 << 20).div_ceil(batch_bytes).max(1));
+    let mut geo = Geometry { row_blocks, batch_rows, segment_batches, segments: 0 };
+    let space_data = spec.space_bytes.unwrap_or(size_bytes / 2 * 3) / BLOCK_BYTES;
+    geo.segments = space_data.div_ceil(geo.segment_data());
+    if geo.segments < 6 {
+        return invalid(format!(
+            "the segment space holds {} segments of {} data; it needs at least 6 (GC needs room to work)",
+            geo.segments,
+            stria_engine::units::format_size(geo.segment_data() * BLOCK_BYTES)
+        ));
+    }
+    let cache_bytes = spec
+        .cache_bytes
+        .unwrap_or_else(|| (size_bytes / 8).clamp(64 << 20, 8 << 30))
+        .next_multiple_of(64 << 10);
+    let cache_blocks = cache_bytes / BLOCK_BYTES;
+    if cache_blocks < 2 * geo.batch_data() {
+        return invalid(format!(
+            "the cache ({}) must hold at least two batches ({} each)",
+            stria_engine::units::format_size(cache_bytes),
+            stria_engine::units::format_size(geo.batch_bytes_data())
+        ));
+    }
+    let map_log_blocks = spec.map_log_blocks.unwrap_or_else(|| (blocks / 64).clamp(1024, 65536));
+    let header = Header { volume_bytes: size_bytes, geo, cache_blocks, map_log_blocks };
+    let name = spec.name.clone();
+    if pool.volume(&name).is_some() || pool.meta().tiered.iter().any(|t| t.name == name) {
+        return Err(EngineError::VolumeExists(name).into());
+    }
+    let fast = pool
+        .meta()
+        .drives
+        .iter()
+        .filter(|d| d.class == DriveClass::Fast && d.state == stria_engine::DriveState::Active)
+        .count() as u32;
+    // Cache and map on fast drives when the pool has two; otherwise on the capacity drives
+    // (the capacity-only flavour).
+    let fast_class = if fast >= 2 { DriveClass::Fast } else { DriveClass::Capacity };
+    let mirror = Layout::Raid1 { copies: 2 };
+    let parts = [
+        crate::part_spec(
+            format!("{name}.meta"),
+            BLOCK_BYTES + header.map_layout().bytes(),
+            mirror,
+            64 << 10,
+            fast_class,
+            &name,
+            "meta",
+        ),
+        crate::part_spec(format!("{name}.cache"), cache_bytes, mirror, 64 << 10, fast_class, &name, "cache"),
+        crate::part_spec(
+            format!("{name}.seg"),
+            geo.space_blocks() * BLOCK_BYTES,
+            ec,
+            spec.chunk_bytes,
+            DriveClass::Capacity,
+            &name,
+            "seg",
+        ),
+    ];
+    let made = crate::create_parts(pool, parts).await?;
+    let (meta, cache, seg) = (made[0].clone(), made[1].clone(), made[2].clone());
+    meta.write(0, IoBytes::copy_from(&header.encode()), true).await?;
+    let params = LogParams {
+        kind: LogKind::Log,
+        start_percent: 50,
+        stop_percent: 25,
+        always: false,
+        map_cache_pages: spec.map_cache_pages.max(4),
+    };
+    pool.add_tiered(TieredRecord {
+        name: name.clone(),
+        size_bytes,
+        cache_volume: cache.id(),
+        meta_volume: meta.id(),
+        capacity_volume: seg.id(),
+        params: serde_json::to_value(params).expect("params serialize"),
+    })
+    .await?;
+    let rec = pool.meta().tiered.iter().find(|t| t.name == name).cloned().expect("just added");
+    open(pool, &rec).await
+}
+
+/// Whether a pool record of a tiered volume is a log-structured one.
+pub fn is_log_record(rec: &TieredRecord) -> bool {
+    rec.params.get("kind").and_then(|k| k.as_str()) == Some("log")
+}
+
+/// Opens a log-structured volume (after the pool has recovered its parts): replays the map log,
+/// scans the map for live counts and cached blocks, and starts the mover.
+pub async fn open<D: BlockDevice>(
+    pool: &Arc<Pool<D>>,
+    rec: &TieredRecord,
+) -> Result<Arc<LogVolume<D>>, TierError> {
+    let corrupt = |reason: String| TierError::Corrupt { name: rec.name.clone(), reason };
+    let part = |id: u64, what: &str| {
+        pool.volume_by_id(id).ok_or_else(|| corrupt(format!("its {what} volume (id {id}) is missing")))
+    };
+    let (cache, meta, seg) = (
+        part(rec.cache_volume, "cache")?,
+        part(rec.meta_volume, "metadata")?,
+        part(rec.capacity_volume, "segment")?,
+    );
+    let params: LogParams =
+        serde_json::from_value(rec.params.clone()).map_err(|e| corrupt(format!("bad parameters: {e}")))?;
+    let header = Header::decode(&meta.read(0, BLOCK_USIZE).await?).map_err(corrupt)?;
+    if header.volume_bytes != rec.size_bytes || header.geo.space_blocks() * BLOCK_BYTES != seg.size_bytes() {
+        return Err(corrupt("metadata header disagrees with the pool record".into()));
+    }
+    let map = MapStore::open(Arc::clone(&meta), header.map_layout(), params.map_cache_pages)
+        .await
+        .map_err(|e| corrupt(format!("map: {e}")))?;
+    let geo = header.geo;
+    let mut live = vec![0u64; geo.segments as usize];
+    let mut cached = Vec::new();
+    let mut max_seq = 0u32;
+    let mut bad = None;
+    map.scan(|first, entries| {
+        for (i, e) in entries.iter().enumerate() {
+            let block = first + i as u64;
+            match e.place {
+                Place::Segment(a) if a < geo.space_blocks() => live[geo.segment_of(a)] += 1,
+                Place::Cache(p) => cached.push((p, block)),
+                Place::Segment(a) => {
+                    bad.get_or_insert(format!(
+                        "block {block} points at segment address {a}, beyond the space"
+                    ));
+                }
+                Place::Unallocated | Place::Zero => {}
+            }
+            max_seq = max_seq.max(e.seq);
+        }
+    })
+    .await
+    .map_err(|e| corrupt(format!("map: {e}")))?;
+    if let Some(why) = bad {
+        return Err(corrupt(why));
+    }
+    let reserve = (geo.segments / 50).max(2);
+    let vol = Arc::new(LogVolume {
+        name: rec.name.clone(),
+        size_bytes: rec.size_bytes,
+        blocks: rec.size_bytes / BLOCK_BYTES,
+        pool: Arc::clone(pool),
+        cache,
+        meta,
+        seg,
+        geo,
+        map,
+        log: CacheLog::with_owners(header.cache_blocks, &cached, |b| format!("block {b}")),
+        space: Mutex::new(Space::from_live(geo, live, reserve)),
+        params: Mutex::new(params),
+        rmw_locks: (0..RMW_LOCKS).map(|_| tokio::sync::Mutex::new(())).collect(),
+        seq: AtomicU64::new(u64::from(max_seq) + 1),
+        counters: LogCounters::default(),
+        started: Instant::now(),
+        last_write_ms: AtomicU64::new(0),
+        closed: AtomicBool::new(false),
+        failure: Mutex::new(None),
+        no_space: Mutex::new(None),
+        moving: tokio::sync::Mutex::new(()),
+    });
+    mover::spawn(&vol);
+    Ok(vol)
+}
+
+impl Geometry {
+    fn batch_bytes_data(&self) -> u64 {
+        self.batch_data() * BLOCK_BYTES
+    }
+}
+
+impl<D: BlockDevice> LogVolume<D> {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    pub fn counters(&self) -> &LogCounters {
+        &self.counters
+    }
+
+    /// The segment space's geometry.
+    pub fn geometry(&self) -> Geometry {
+        self.geo
+    }
+
+    pub fn params(&self) -> LogParams {
+        *self.params.lock()
+    }
+
+    /// Changes the mover's policy (not persisted).
+    pub fn set_params(&self, p: LogParams) {
+        *self.params.lock() = p;
+        self.log.hungry.notify_one();
+    }
+
+    /// The segment space's counts.
+    pub fn space_counts(&self) -> SpaceCounts {
+        self.space.lock().counts()
+    }
+
+    /// The three parts: metadata, cache, segment space.
+    pub fn parts(&self) -> [&Arc<Volume<D>>; 3] {
+        [&self.meta, &self.cache, &self.seg]
+    }
+
+    pub(crate) fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn check_range(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
+        if self.closed.load(Relaxed) {
+            return Err(VolumeError::Closed(self.name.clone()));
+        }
+        bytes::check_range(offset_bytes, len_bytes, self.size_bytes)
+    }
+
+    fn check_writable(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
+        match &*self.failure.lock() {
+            None => Ok(()),
+            Some(why) => Err(VolumeError::Unrecoverable {
+                volume: self.name.clone(),
+                offset_bytes,
+                len_bytes,
+                reason: format!("the volume takes no writes until it is reopened: {why}"),
+            }),
+        }
+    }
+
+    /// A map update failed: stop writes and moves until reopened (replay decides what is durable).
+    pub(crate) fn map_failed(&self, e: &MapError) {
+        let why = format!("a map update could not be made durable ({e})");
+        tracing::error!(volume = %self.name, "{why}; the volume takes no more writes until it is reopened");
+        self.failure.lock().get_or_insert(why.clone());
+        self.log.shut(why);
+        self.log.hungry.notify_one();
+    }
+
+    fn unrecoverable(&self, block: u64, reason: impl Into<String>) -> VolumeError {
+        VolumeError::Unrecoverable {
+            volume: self.name.clone(),
+            offset_bytes: block * BLOCK_BYTES,
+            len_bytes: BLOCK_BYTES,
+            reason: reason.into(),
+        }
+    }
+
+    /// Map entries of `n` blocks from `first`.
+    pub(crate) async fn entries(&self, first: u64, n: u64) -> Result<Vec<MapEntry>, VolumeError> {
+        let mut out = Vec::with_capacity(n as usize);
+        for b in first..first + n {
+            out.push(self.map.get(b).await.map_err(|e| map_error(&self.name, e))?);
+        }
+        Ok(out)
+    }
+
+    /// Applies map updates; on failure the volume stops taking writes (see [`Self::map_failed`]).
+    pub(crate) async fn update_map(&self, updates: &[Update]) -> Result<Vec<Option<MapEntry>>, VolumeError> {
+        self.map.update(updates).await.map_err(|e| {
+            self.map_failed(&e);
+            map_error(&self.name, e)
+        })
+    }
+
+    /// Frees the places that durable updates moved blocks away from.
+    pub(crate) fn free_places(&self, olds: impl IntoIterator<Item = MapEntry>) {
+        let mut cache_positions = Vec::new();
+        let mut lowered: Vec<(usize, u64)> = Vec::new();
+        for old in olds {
+            match old.place {
+                Place::Cache(p) => cache_positions.push(p),
+                Place::Segment(a) => {
+                    let s = self.geo.segment_of(a);
+                    match lowered.last_mut() {
+                        Some((last, n)) if *last == s => *n += 1,
+                        _ => lowered.push((s, 1)),
+                    }
+                }
+                Place::Unallocated | Place::Zero => {}
+            }
+        }
+        if !lowered.is_empty() {
+            let mut space = self.space.lock();
+            for (s, n) in lowered {
+                space.lower(s, n);
+            }
+        }
+        self.log.release(cache_positions);
+    }
+
+    // ---------------------------------------------------------------- reads
+
+    /// Reads `len_bytes` at `offset_bytes` (any alignment).
+    pub async fn read(&self, offset_bytes: u64, len_bytes: usize) -> Result<IoBuf, VolumeError> {
+        self.check_range(offset_bytes, len_bytes as u64)?;
+        self.counters.host_read_ops.fetch_add(1, Relaxed);
+        self.counters.host_read_bytes.fetch_add(len_bytes as u64, Relaxed);
+        if len_bytes == 0 {
+            return Ok(IoBuf::zeroed(0));
+        }
+        let span = Span::new(offset_bytes, len_bytes as u64);
+        let buf = self.read_blocks(span.first, span.blocks()).await?;
+        Ok(span.clip(buf))
+    }
+
+    /// Reads whole blocks, each verified against its map entry; a block whose entry changed
+    /// under the read (moved, rewritten) is read again.
+    pub(crate) async fn read_blocks(&self, first: u64, n: u64) -> Result<IoBuf, VolumeError> {
+        let mut out = IoBuf::zeroed((n * BLOCK_BYTES) as usize);
+        let mut pending: Vec<u64> = (0..n).collect();
+        let mut entries = self.entries(first, n).await?;
+        for attempt in 0..READ_ATTEMPTS {
+            if attempt > 0 {
+                self.counters.read_retries.fetch_add(1, Relaxed);
+                tokio::task::yield_now().await;
+                entries.clear();
+                for &i in &pending {
+                    entries.push(self.entries(first + i, 1).await?[0]);
+                }
+            }
+            let mut bad = Vec::new();
+            let reads = runs(&pending, &entries, self.log.ring_blocks()).into_iter().map(|run| async move {
+                let buf = match run.place {
+                    Place::Cache(p) => {
+                        Some(self.cache.read(self.log.block_of(p) * BLOCK_BYTES, run.len_bytes()).await?)
+                    }
+                    Place::Segment(a) => Some(self.seg.read(a * BLOCK_BYTES, run.len_bytes()).await?),
+                    Place::Unallocated | Place::Zero => None,
+                };
+                Ok::<_, VolumeError>((run, buf))
+            });
+            for (run, buf) in join_all_ok(reads).await? {
+                for j in 0..run.count {
+                    let k = run.first_k + j as usize;
+                    let i = pending[k];
+                    let dst = &mut out[(i * BLOCK_BYTES) as usize..((i + 1) * BLOCK_BYTES) as usize];
+                    let Some(buf) = &buf else {
+                        dst.fill(0);
+                        continue;
+                    };
+                    let data = &buf[(j * BLOCK_BYTES) as usize..((j + 1) * BLOCK_BYTES) as usize];
+                    if block_crc(data) == entries[k].crc {
+                        dst.copy_from_slice(data);
+                    } else if self.entries(first + i, 1).await?[0] == entries[k] {
+                        return Err(self.unrecoverable(
+                            first + i,
+                            "the block does not match its checksum in the map (corrupt; not returned)",
+                        ));
+                    } else {
+                        bad.push(i);
+                    }
+                }
+            }
+            if bad.is_empty() {
+                return Ok(out);
+            }
+            bad.sort_unstable();
+            pending = bad;
+        }
+        Err(self.unrecoverable(first + pending[0], "the block kept moving under the read"))
+    }
+
+    // ---------------------------------------------------------------- writes
+
+    /// Writes `data` at `offset_bytes` (any alignment). Durable when this returns, FUA or not.
+    pub async fn write(&self, offset_bytes: u64, data: IoBytes, _fua: bool) -> Result<(), VolumeError> {
+        let len = data.len() as u64;
+        self.check_range(offset_bytes, len)?;
+        self.check_writable(offset_bytes, len)?;
+        self.counters.host_write_ops.fetch_add(1, Relaxed);
+        self.counters.host_write_bytes.fetch_add(len, Relaxed);
+        self.last_write_ms.store(self.now_ms(), Relaxed);
+        if len == 0 {
+            return Ok(());
+        }
+        let span = Span::new(offset_bytes, len);
+        if span.is_aligned() {
+            return self.write_blocks(span.first, data).await;
+        }
+        // Unaligned: the edge blocks stay locked from their read until the merged write is
+        // durable, so two writes to different bytes of one block cannot undo each other.
+        let mut slots: Vec<usize> =
+            [span.first, span.end - 1].iter().map(|&b| (b % RMW_LOCKS as u64) as usize).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        let mut guards = Vec::new();
+        for s in slots {
+            guards.push(self.rmw_locks[s].lock().await);
+        }
+        let whole = bytes::merge_unaligned(&span, &data, |b| self.read_blocks(b, 1)).await?;
+        let result = self.write_blocks(span.first, whole).await;
+        drop(guards);
+        result
+    }
+
+    async fn write_blocks(&self, first: u64, data: IoBytes) -> Result<(), VolumeError> {
+        let n = data.len() as u64 / BLOCK_BYTES;
+        let step = (self.log.ring_blocks() / 2).max(1);
+        let mut done = 0;
+        while done < n {
+            let m = (n - done).min(step);
+            let piece = data.slice((done * BLOCK_BYTES) as usize..((done + m) * BLOCK_BYTES) as usize);
+            self.write_piece(first + done, piece).await?;
+            done += m;
+        }
+        Ok(())
+    }
+
+    fn no_space_error(&self, offset_bytes: u64, why: String) -> VolumeError {
+        VolumeError::Pool {
+            volume: self.name.clone(),
+            source: Box::new(EngineError::NoSpace(format!(
+                "volume {}: the write at offset {offset_bytes} needs new space: {why}",
+                self.name
+            ))),
+        }
+    }
+
+    async fn write_piece(&self, first: u64, data: IoBytes) -> Result<(), VolumeError> {
+        let n = data.len() as u64 / BLOCK_BYTES;
+        let start = match self.log.reserve(n).await {
+            Ok(s) => s,
+            Err(why) => {
+                if self.no_space.lock().is_some() {
+                    return Err(self.no_space_error(first * BLOCK_BYTES, why));
+                }
+                return Err(VolumeError::Unrecoverable {
+                    volume: self.name.clone(),
+                    offset_bytes: first * BLOCK_BYTES,
+                    len_bytes: n * BLOCK_BYTES,
+                    reason: format!("the write cache is full and cannot be emptied: {why}"),
+                });
+            }
+        };
+        // 1. Data into the cache, durably (split where the ring wraps).
+        let phys = self.log.block_of(start);
+        let before_wrap = (self.log.ring_blocks() - phys).min(n);
+        let mut writes = vec![self.cache.write(
+            phys * BLOCK_BYTES,
+            data.slice(0..(before_wrap * BLOCK_BYTES) as usize),
+            true,
+        )];
+        if before_wrap < n {
+            writes.push(self.cache.write(
+                0,
+                data.slice((before_wrap * BLOCK_BYTES) as usize..data.len()),
+                true,
+            ));
+        }
+        if let Err(e) = join_all_ok(writes).await {
+            self.log.release(start..start + n);
+            return Err(e);
+        }
+        // 2. The map, durably. Positions are claimed first: a newer write may free them as soon
+        // as the update is applied.
+        let seq = self.seq.fetch_add(1, Relaxed) as u32;
+        let updates: Vec<Update> = data
+            .chunks_exact(BLOCK_USIZE)
+            .zip(0..)
+            .map(|(b, k)| {
+                self.log.claim_block(start + k, first + k);
+                Update {
+                    block: first + k,
+                    entry: MapEntry { place: Place::Cache(start + k), crc: block_crc(b), seq },
+                    expect: None,
+                }
+            })
+            .collect();
+        let olds = self.update_map(&updates).await?;
+        // 3. Acknowledged; free what the blocks no longer use.
+        self.free_places(olds.into_iter().map(|o| o.expect("unconditional")));
+        Ok(())
+    }
+
+    /// Zeroes a range: whole blocks become `Zero` (no data, no space), partial edges are written.
+    pub async fn write_zeroes(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        fast_only: bool,
+    ) -> Result<(), VolumeError> {
+        self.check_range(offset_bytes, len_bytes)?;
+        if len_bytes == 0 {
+            return Ok(());
+        }
+        let split = ZeroSplit::new(offset_bytes, len_bytes, BLOCK_BYTES);
+        if fast_only && split.has_slow_part() {
+            return Err(VolumeError::NotCheap { offset_bytes, len_bytes });
+        }
+        if let Some((first, n)) = split.cheap_blocks() {
+            self.set_places(first, n, Place::Zero).await?;
+        }
+        for edge in [split.head, split.tail] {
+            if !edge.is_empty() {
+                self.write(edge.start, IoBytes::zeroed((edge.end - edge.start) as usize), false).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Discards whole blocks (edges are left as they are): they read as zeros and hold no space.
+    pub async fn trim(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
+        self.check_range(offset_bytes, len_bytes)?;
+        if let Some((first, n)) = ZeroSplit::new(offset_bytes, len_bytes, BLOCK_BYTES).cheap_blocks() {
+            self.set_places(first, n, Place::Unallocated).await?;
+        }
+        Ok(())
+    }
+
+    async fn set_places(&self, first: u64, n: u64, place: Place) -> Result<(), VolumeError> {
+        self.check_writable(first * BLOCK_BYTES, n * BLOCK_BYTES)?;
+        self.last_write_ms.store(self.now_ms(), Relaxed);
+        let mut b = first;
+        while b < first + n {
+            let m = (first + n - b).min(ZERO_STEP);
+            let seq = self.seq.fetch_add(1, Relaxed) as u32;
+            let updates: Vec<Update> = (b..b + m)
+                .map(|block| Update { block, entry: MapEntry { place, crc: 0, seq }, expect: None })
+                .collect();
+            let olds = self.update_map(&updates).await?;
+            self.free_places(olds.into_iter().map(|o| o.expect("unconditional")));
+            b += m;
+        }
+        // Freed space may let a stuck destage go on.
+        self.log.hungry.notify_one();
+        Ok(())
+    }
+
+    /// Every acknowledged write is durable already.
+    pub async fn flush(&self) -> Result<(), VolumeError> {
+        if self.closed.load(Relaxed) {
+            return Err(VolumeError::Closed(self.name.clone()));
+        }
+        Ok(())
+    }
+
+    /// Allocation map: unallocated and zeroed blocks are holes.
+    pub async fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<Extent>, VolumeError> {
+        self.check_range(offset_bytes, len_bytes)?;
+        if len_bytes == 0 {
+            return Ok(Vec::new());
+        }
+        let span = Span::new(offset_bytes, len_bytes);
+        let mut out = ExtentRuns::new();
+        for e in self.entries(span.first, span.blocks()).await? {
+            out.push(matches!(e.place, Place::Unallocated | Place::Zero), 1);
+        }
+        Ok(out.finish(&span))
+    }
+
+    /// Worst state of the three parts.
+    pub fn state(&self) -> VolumeState {
+        crate::worst_state([self.meta.state(), self.cache.state(), self.seg.state()])
+    }
+
+    /// Stops the mover and waits for the batch it is running; writes a map checkpoint so the next
+    /// open replays little. Requests after this fail with `Closed`.
+    pub async fn close(&self) {
+        self.stop();
+        drop(self.moving.lock().await);
+        if self.failure.lock().is_none()
+            && let Err(e) = self.map.checkpoint().await
+        {
+            tracing::warn!(volume = %self.name, error = %e, "map checkpoint at close failed; the next open replays the log");
+        }
+    }
+
+    /// Like [`LogVolume::close`] without waiting (for `Drop`): the mover stops after its batch.
+    pub fn stop(&self) {
+        self.closed.store(true, Relaxed);
+        self.log.shut(format!("volume {} is closed", self.name));
+        self.log.hungry.notify_one();
+    }
+
+    /// Status and counters.
+    pub fn status(&self) -> LogStatus {
+        let c = &self.counters;
+        let counts = self.space_counts();
+        let block = |n: u64| n * BLOCK_BYTES;
+        let seg_data = self.geo.segment_data();
+        let parts = crate::parts_status(
+            &self.pool,
+            &[("meta", &self.meta), ("cache", &self.cache), ("seg", &self.seg)],
+        );
+        let fast_written = crate::drive_bytes_written(&self.pool, &[&self.meta, &self.cache]);
+        let host_written = c.host_write_bytes.load(Relaxed);
+        let per_host_byte = |drive: u64| (host_written > 0).then(|| drive as f64 / host_written as f64);
+        LogStatus {
+            name: self.name.clone(),
+            layout: format!("log:{}", self.seg.layout()),
+            size_bytes: self.size_bytes,
+            state: self.state(),
+            allocated_bytes: block(counts.live_blocks),
+            space_bytes: block(counts.segments * seg_data),
+            free_bytes: block(counts.free_segments * seg_data),
+            garbage_bytes: block(counts.garbage_blocks),
+            reserved_bytes: block(counts.reserve_segments * seg_data),
+            segment_bytes: block(seg_data),
+            free_segments: counts.free_segments,
+            segments: counts.segments,
+            cache_blocks: self.log.ring_blocks(),
+            cache_live_blocks: self.log.live(),
+            host_write_bytes: host_written,
+            host_read_bytes: c.host_read_bytes.load(Relaxed),
+            destage_batches: c.destage_batches.load(Relaxed),
+            destaged_blocks: c.destaged_blocks.load(Relaxed),
+            padded_slots: c.padded_slots.load(Relaxed),
+            gc_batches: c.gc_batches.load(Relaxed),
+            gc_moved_blocks: c.gc_moved_blocks.load(Relaxed),
+            gc_victims: c.gc_victims.load(Relaxed),
+            moves_lost: c.moves_lost.load(Relaxed),
+            no_space: self.no_space.lock().clone(),
+            write_amplification_fast: per_host_byte(fast_written),
+            write_amplification_capacity: per_host_byte(parts[2].drive_bytes_written),
+            parts,
+        }
+    }
+}
+
+/// Consecutive pending blocks that live in one place, contiguously.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    /// Index into `pending` of the first block.
+    first_k: usize,
+    count: u64,
+    place: Place,
+}
+
+impl Run {
+    fn len_bytes(&self) -> usize {
+        (self.count * BLOCK_BYTES) as usize
+    }
+}
+
+/// Groups `pending` blocks (with their `entries`) into runs readable with one part read: zeros,
+/// consecutive cache positions that do not cross the ring's end, consecutive segment addresses.
+fn runs(pending: &[u64], entries: &[MapEntry], ring: u64) -> Vec<Run> {
+    let mut out: Vec<Run> = Vec::new();
+    for (k, (&i, e)) in pending.iter().zip(entries).enumerate() {
+        if let Some(last) = out.last_mut() {
+            let follows = pending[last.first_k] + last.count == i;
+            let joins = match (last.place, e.place) {
+                (Place::Cache(a), Place::Cache(b)) => b == a + last.count && !b.is_multiple_of(ring),
+                (Place::Segment(a), Place::Segment(b)) => b == a + last.count,
+                (Place::Unallocated | Place::Zero, Place::Unallocated | Place::Zero) => true,
+                _ => false,
+            };
+            if follows && joins {
+                last.count += 1;
+                continue;
+            }
+        }
+        out.push(Run { first_k: k, count: 1, place: e.place });
+    }
+    out
+}

@@ -1,0 +1,335 @@
+//! The mover of a log-structured volume: destage (cached blocks -> whole stripes of the host
+//! segment) and GC (live blocks of the emptiest sealed segment -> whole stripes of the GC
+//! segment), one batch at a time, in one task.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
+use stria_engine::VolumeError;
+
+use super::LogVolume;
+use super::space::{SegState, Stream, SummaryEntry, decode_summary, encode_summary};
+use crate::map::{MapEntry, Place, Update};
+use crate::record::block_crc;
+
+/// A block on its way to a new place: where it is, its map entry there, its data.
+pub(crate) struct Move {
+    block: u64,
+    from: Place,
+    entry: MapEntry,
+    data: IoBytes,
+}
+
+/// GC's progress through its victim, and blocks read but not yet written.
+#[derive(Default)]
+pub(crate) struct Gc {
+    victim: Option<(usize, u64)>,
+    carry: Vec<Move>,
+}
+
+pub(crate) fn spawn<D: BlockDevice>(vol: &Arc<LogVolume<D>>) {
+    tokio::spawn(run(Arc::downgrade(vol)));
+}
+
+async fn run<D: BlockDevice>(vol: Weak<LogVolume<D>>) {
+    let mut gc = Gc::default();
+    let mut draining = false;
+    loop {
+        let Some(v) = vol.upgrade() else { return };
+        if v.closed.load(Relaxed) || v.failure.lock().is_some() {
+            return;
+        }
+        let result = {
+            let _running = v.moving.lock().await;
+            if v.closed.load(Relaxed) {
+                return;
+            }
+            v.step(&mut gc, &mut draining).await
+        };
+        let pause = match result {
+            Ok(true) => {
+                v.log.clear_failure();
+                continue;
+            }
+            // Nothing to do: wait for a writer that needs space, or look again soon.
+            Ok(false) => Duration::from_millis(50),
+            Err(e) => {
+                let no_space = matches!(&e, VolumeError::Pool { source, .. }
+                    if matches!(**source, stria_engine::EngineError::NoSpace(_)));
+                if no_space {
+                    tracing::warn!(volume = %v.name(), "{e}");
+                } else {
+                    tracing::error!(volume = %v.name(), error = %e, "destage or GC failed; retrying");
+                }
+                v.log.fail_waiters(e.to_string());
+                Duration::from_millis(if no_space { 50 } else { 1000 })
+            }
+        };
+        // Holding `v` for at most one short wait: the loop still ends soon after the last
+        // other reference is dropped.
+        tokio::select! {
+            () = v.log.hungry.notified() => {}
+            () = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
+impl<D: BlockDevice> LogVolume<D> {
+    /// One step of the mover: GC when free segments run low and GC can gain space, else
+    /// destage when the cache asks for it. Returns whether it did anything.
+    async fn step(&self, gc: &mut Gc, draining: &mut bool) -> Result<bool, VolumeError> {
+        let (free, reserve) = {
+            let s = self.space.lock();
+            (s.free(), s.reserve())
+        };
+        // GC keeps a margin above the host stream's floor, so destage rarely waits for it.
+        if free <= 2 * reserve && self.gc_step(gc, free <= reserve).await? {
+            return Ok(true);
+        }
+        let p = self.params();
+        let ring = self.log.ring_blocks();
+        let used = self.log.used();
+        let live = self.log.live();
+        let batch = self.geo.batch_data();
+        let waiting = self.log.waiting() > 0;
+        let above = |pct: u8| used * 100 > u64::from(pct) * ring;
+        if waiting || above(p.start_percent) || (*draining && above(p.stop_percent)) {
+            *draining = true;
+            // A short batch only when writers wait on a cache that holds less than a batch of
+            // movable blocks (the rest is in flight): padding costs capacity writes.
+            let pad = waiting && live < batch && used * 4 >= ring * 3;
+            return self.destage_batch(pad).await;
+        }
+        *draining = false;
+        if p.always && live >= batch {
+            return self.destage_batch(false).await;
+        }
+        Ok(false)
+    }
+
+    /// Destages up to one batch of the oldest cached blocks; `pad` writes a short batch too
+    /// (otherwise only full ones). Returns whether it wrote anything.
+    pub(crate) async fn destage_batch(&self, pad: bool) -> Result<bool, VolumeError> {
+        self.check_writable(0, self.size_bytes)?;
+        let want = self.geo.batch_data() as usize;
+        let mut moves: Vec<Move> = Vec::with_capacity(want);
+        let mut scanned = 0;
+        // Positions whose block has moved on (a newer write, being freed) are skipped.
+        while moves.len() < want {
+            let oldest = self.log.oldest_live(scanned + want);
+            if oldest.len() <= scanned {
+                break;
+            }
+            for &(pos, block) in &oldest[scanned..] {
+                if moves.len() == want {
+                    break;
+                }
+                let e = self.map.get(block).await.map_err(|e| super::map_error(&self.name, e))?;
+                if e.place == Place::Cache(pos) {
+                    moves.push(Move { block, from: e.place, entry: e, data: IoBytes::zeroed(0) });
+                }
+            }
+            scanned = oldest.len();
+        }
+        if moves.is_empty() || (moves.len() < want && !pad) {
+            return Ok(false);
+        }
+        self.read_cached(&mut moves).await?;
+        if moves.is_empty() {
+            return Ok(false);
+        }
+        let written = self.write_batch(super::space::Stream::Host, moves).await?;
+        self.counters.destage_batches.fetch_add(1, Relaxed);
+        self.counters.destaged_blocks.fetch_add(written, Relaxed);
+        Ok(true)
+    }
+
+    /// Reads the cached blocks of `moves` (contiguous positions in one read) and drops the ones
+    /// whose entry changed meanwhile.
+    async fn read_cached(&self, moves: &mut Vec<Move>) -> Result<(), VolumeError> {
+        let ring = self.log.ring_blocks();
+        let mut i = 0;
+        while i < moves.len() {
+            let Place::Cache(p0) = moves[i].from else { unreachable!("destage moves cached blocks") };
+            let mut n = 1;
+            while i + n < moves.len()
+                && moves[i + n].from == Place::Cache(p0 + n as u64)
+                && !(p0 + n as u64).is_multiple_of(ring)
+            {
+                n += 1;
+            }
+            let buf = self.cache.read(self.log.block_of(p0) * BLOCK_BYTES, n * BLOCK_USIZE).await?.freeze();
+            for (k, m) in moves[i..i + n].iter_mut().enumerate() {
+                m.data = buf.slice(k * BLOCK_USIZE..(k + 1) * BLOCK_USIZE);
+            }
+            i += n;
+        }
+        let mut kept = Vec::with_capacity(moves.len());
+        for m in moves.drain(..) {
+            if block_crc(&m.data) == m.entry.crc {
+                kept.push(m);
+                continue;
+            }
+            let now = self.map.get(m.block).await.map_err(|e| super::map_error(&self.name, e))?;
+            if now.place == m.from {
+                return Err(self.unrecoverable(
+                    m.block,
+                    "a cached block does not match its checksum in the map (both cache copies bad?)",
+                ));
+            }
+        }
+        *moves = kept;
+        Ok(())
+    }
+
+    /// Writes `moves` (at most one batch) with their summary as the next batch of `stream`'s
+    /// segment, then moves their map entries there (each only if the block is still where it
+    /// was read), then frees the places the moves left. Returns the blocks moved.
+    async fn write_batch(&self, stream: Stream, moves: Vec<Move>) -> Result<u64, VolumeError> {
+        let geo = self.geo;
+        let data_slots = geo.batch_data() as usize;
+        assert!(moves.len() <= data_slots && !moves.is_empty());
+        let Some((seg, batch)) = self.space.lock().take_batch(stream, moves.len() as u64) else {
+            let c = self.space_counts();
+            let why = format!(
+                "the segment space is full: {} of {} segments free, {} reserved for GC, {} of garbage to collect; \
+                 TRIM or delete data to free space",
+                c.free_segments,
+                c.segments,
+                c.reserve_segments,
+                stria_engine::units::format_size(c.garbage_blocks * BLOCK_BYTES),
+            );
+            self.no_space.lock().get_or_insert(why.clone());
+            return Err(self.no_space_error(0, why));
+        };
+        if stream == Stream::Host {
+            *self.no_space.lock() = None;
+        }
+        let base = geo.batch_addr(seg, batch);
+        let mut buf = IoBuf::zeroed((geo.batch_blocks() * BLOCK_BYTES) as usize);
+        let mut summary = Vec::with_capacity(moves.len());
+        for (i, m) in moves.iter().enumerate() {
+            buf[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE].copy_from_slice(&m.data);
+            summary.push(SummaryEntry { block: m.block, seq: m.entry.seq, crc: m.entry.crc });
+        }
+        let batch_seq = self.seq.fetch_add(1, Relaxed);
+        encode_summary(batch_seq, &summary, &mut buf[data_slots * BLOCK_USIZE..]);
+        self.counters.padded_slots.fetch_add((data_slots - moves.len()) as u64, Relaxed);
+        if let Err(e) = self.seg.write(base * BLOCK_BYTES, buf.freeze(), true).await {
+            self.space.lock().lower(seg, moves.len() as u64);
+            return Err(e);
+        }
+        let updates: Vec<Update> = moves
+            .iter()
+            .enumerate()
+            .map(|(i, m)| Update {
+                block: m.block,
+                entry: MapEntry { place: Place::Segment(base + i as u64), ..m.entry },
+                expect: Some(m.from),
+            })
+            .collect();
+        let olds = self.update_map(&updates).await?;
+        let lost = olds.iter().filter(|o| o.is_none()).count() as u64;
+        if lost > 0 {
+            self.counters.moves_lost.fetch_add(lost, Relaxed);
+            self.space.lock().lower(seg, lost);
+        }
+        self.free_places(olds.into_iter().flatten());
+        Ok(moves.len() as u64 - lost)
+    }
+
+    /// One step of GC: write a full batch of carried blocks, or read the next batch of the
+    /// victim (choosing one with at least a batch of garbage if needed). Blocks left over when
+    /// no victim is left are written as a short batch only when space is `critical` (padding
+    /// makes garbage). Returns whether it did anything.
+    pub(crate) async fn gc_step(&self, gc: &mut Gc, critical: bool) -> Result<bool, VolumeError> {
+        self.check_writable(0, self.size_bytes)?;
+        let want = self.geo.batch_data() as usize;
+        if gc.carry.len() >= want {
+            return self.gc_write(gc, want).await;
+        }
+        if let Some((v, _)) = gc.victim
+            && self.space.lock().state(v) != SegState::Sealed
+        {
+            // Emptied (by overwrites, trims and our moves) and freed: done with it.
+            gc.victim = None;
+        }
+        if gc.victim.is_none() {
+            let carried: std::collections::HashSet<usize> =
+                gc.carry.iter().filter_map(|m| self.segment_of_place(m.from)).collect();
+            let victim = self.space.lock().victim(self.geo.batch_data(), &carried);
+            match victim {
+                Some(v) => {
+                    gc.victim = Some((v, 0));
+                    self.counters.gc_victims.fetch_add(1, Relaxed);
+                }
+                None if critical && !gc.carry.is_empty() => {
+                    let n = gc.carry.len();
+                    return self.gc_write(gc, n).await;
+                }
+                None => return Ok(false),
+            }
+        }
+        let (v, batch) = gc.victim.expect("chosen above");
+        let base = self.geo.batch_addr(v, batch);
+        let bytes = self
+            .seg
+            .read(base * BLOCK_BYTES, (self.geo.batch_blocks() * BLOCK_BYTES) as usize)
+            .await?
+            .freeze();
+        let summary = decode_summary(&bytes[want * BLOCK_USIZE..], want);
+        for (i, s) in summary.iter().enumerate() {
+            let Some(s) = s else { continue };
+            if s.block >= self.blocks {
+                continue;
+            }
+            let at = Place::Segment(base + i as u64);
+            let e = self.map.get(s.block).await.map_err(|e| super::map_error(&self.name, e))?;
+            if e.place != at {
+                continue;
+            }
+            let data = &bytes[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE];
+            if block_crc(data) != e.crc {
+                return Err(
+                    self.unrecoverable(s.block, "GC: a segment block does not match its checksum in the map")
+                );
+            }
+            gc.carry.push(Move {
+                block: s.block,
+                from: at,
+                entry: e,
+                data: bytes.slice(i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE),
+            });
+        }
+        gc.victim = (batch + 1 < self.geo.segment_batches).then_some((v, batch + 1));
+        Ok(true)
+    }
+
+    async fn gc_write(&self, gc: &mut Gc, n: usize) -> Result<bool, VolumeError> {
+        let moves: Vec<Move> = gc.carry.drain(..n).collect();
+        let moved = self.write_batch(Stream::Gc, moves).await?;
+        self.counters.gc_batches.fetch_add(1, Relaxed);
+        self.counters.gc_moved_blocks.fetch_add(moved, Relaxed);
+        Ok(true)
+    }
+
+    fn segment_of_place(&self, p: Place) -> Option<usize> {
+        match p {
+            Place::Segment(a) => Some(self.geo.segment_of(a)),
+            _ => None,
+        }
+    }
+
+    /// Destages every cached block (short last batch padded); for tests and benchmarks.
+    pub async fn destage_all(&self) -> Result<(), VolumeError> {
+        let _running = self.moving.lock().await;
+        while self.log.live() > 0 {
+            if !self.destage_batch(true).await? {
+                tokio::task::yield_now().await;
+            }
+        }
+        Ok(())
+    }
+}

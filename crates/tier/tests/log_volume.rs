@@ -1,0 +1,337 @@
+//! Log-structured volumes (stria_tier::lsv): behaviour (reads see writes through destage and
+//! GC, TRIM gives space back, a full segment space gives ENOSPC and loses nothing) and a seeded
+//! simulation of *sequences* of power cuts on one pool (several per seed) during host writes,
+//! destage, GC and map checkpoints, with a failed fast or capacity drive in some seeds.
+//!
+//! `STRIA_LOG_SEEDS=N` sets the number of simulated seeds (default 40); `STRIA_LOG_SEED=S` runs
+//! one and prints its history.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use crate::common::*;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use stria_dev::{FaultConfig, FaultDevice, IoBytes, PowerSwitch};
+use stria_engine::{EngineError, Pool, VolumeError};
+use stria_tier::lsv::{self, LogParams, LogSpec, LogVolume};
+
+/// A small log volume: ec:4+2 with 16 KiB chunks (rows of 16 blocks), batches of 2 rows (31 data
+/// blocks + 1 summary), segments of 4 batches (124 data blocks), a 64-block cache and a 16-block
+/// map log (so checkpoints happen all the time).
+fn small_spec(size_bytes: u64, space_bytes: u64) -> LogSpec {
+    LogSpec {
+        chunk_bytes: 16 << 10,
+        space_bytes: Some(space_bytes),
+        cache_bytes: Some(64 << 12),
+        batch_rows: Some(2),
+        segment_batches: Some(4),
+        map_log_blocks: Some(16),
+        map_cache_pages: 64,
+        ..LogSpec::new("lv", size_bytes, 4, 2)
+    }
+}
+
+async fn open_log(pool: &Arc<Pool<Dev>>) -> Result<Arc<LogVolume<Dev>>, stria_tier::TierError> {
+    let rec = pool.meta().tiered.iter().find(|t| t.name == "lv").cloned().expect("log volume record");
+    lsv::open(pool, &rec).await
+}
+
+fn set_always(vol: &LogVolume<Dev>, always: bool, map_cache_pages: u64) {
+    vol.set_params(LogParams { always, map_cache_pages, ..vol.params() });
+}
+
+fn is_no_space(e: &VolumeError) -> bool {
+    matches!(e, VolumeError::Pool { source, .. } if matches!(**source, EngineError::NoSpace(_)))
+}
+
+async fn read_all(vol: &LogVolume<Dev>, blocks: u64) -> Vec<u8> {
+    vol.read(0, (blocks * 4096) as usize).await.expect("read the whole volume").to_vec()
+}
+
+#[tokio::test]
+async fn overwrites_go_through_destage_and_gc_and_read_back() {
+    let switch = PowerSwitch::new();
+    let devs = drives(&switch, 1);
+    let pool = create_pool(&devs).await;
+    // 1 MiB volume (256 blocks) over 12 segments of 124 data blocks: overwriting it ten times
+    // needs GC many times over.
+    let vol = lsv::create(&pool, small_spec(1 << 20, 12 * 124 * 4096)).await.unwrap();
+    set_always(&vol, true, 64);
+    let mut rng = rng(7);
+    let mut model = vec![0u8; 1 << 20];
+    for _ in 0..400 {
+        let (o, d) = random_write(&mut rng, 0, 1 << 20);
+        vol.write(o, IoBytes::copy_from(&d), false).await.unwrap();
+        model[o as usize..o as usize + d.len()].copy_from_slice(&d);
+    }
+    vol.destage_all().await.unwrap();
+    assert_eq!(read_all(&vol, 256).await, model, "after destage and GC");
+    let st = vol.status();
+    assert!(st.gc_moved_blocks > 0 && st.gc_victims > 0, "GC ran: {st:?}");
+    assert_eq!(st.cache_live_blocks, 0);
+    assert!(st.allocated_bytes <= 1 << 20, "at most one live copy per block: {st:?}");
+    // Every capacity write was a whole stripe.
+    let seg = &st.parts[2];
+    assert!(seg.full_stripe_writes > 0 && seg.partial_stripe_writes == 0, "{seg:?}");
+    // Reopen (map replay and scan): same data, same allocation.
+    vol.close().await;
+    let allocated = st.allocated_bytes;
+    drop(vol);
+    let vol = open_log(&pool).await.unwrap();
+    assert_eq!(read_all(&vol, 256).await, model, "after reopen");
+    assert_eq!(vol.status().allocated_bytes, allocated);
+    vol.close().await;
+}
+
+#[tokio::test]
+async fn trim_gives_space_back_and_a_full_space_is_enospc_that_loses_nothing() {
+    let switch = PowerSwitch::new();
+    let devs = drives(&switch, 2);
+    let pool = create_pool(&devs).await;
+    // Over-committed: a 4 MiB volume over 8 segments of 124 blocks (3.9 MiB, 2 of them GC's).
+    let vol = lsv::create(&pool, small_spec(4 << 20, 8 * 124 * 4096)).await.unwrap();
+    set_always(&vol, true, 64);
+    let mut rng = rng(3);
+    let mut model = vec![0u8; 4 << 20];
+    let mut full_at = None;
+    for b in 0..1024u64 {
+        let d = random_bytes(&mut rng, 4096);
+        match vol.write(b * 4096, IoBytes::copy_from(&d), false).await {
+            Ok(()) => model[(b * 4096) as usize..((b + 1) * 4096) as usize].copy_from_slice(&d),
+            Err(e) => {
+                assert!(is_no_space(&e), "a full space is ENOSPC, not {e}");
+                full_at = Some(b);
+                break;
+            }
+        }
+    }
+    let full_at = full_at.expect("the space filled up");
+    assert!(full_at > 600, "most of the space is usable: full after {full_at} blocks");
+    let st = vol.status();
+    assert!(st.no_space.as_deref().is_some_and(|w| w.contains("TRIM")), "status says what is full: {st:?}");
+    // Everything acknowledged reads back; the daemon keeps serving reads.
+    assert_eq!(read_all(&vol, 1024).await, model);
+    // TRIM gives space back and writes go on.
+    vol.trim(0, 2 << 20).await.unwrap();
+    model[..2 << 20].fill(0);
+    let mut wrote = 0;
+    for b in full_at..full_at + 200 {
+        let d = random_bytes(&mut rng, 4096);
+        let mut tries = 0;
+        loop {
+            match vol.write(b * 4096, IoBytes::copy_from(&d), false).await {
+                Ok(()) => break,
+                // The mover may still hold the old failure for a moment.
+                Err(e) if is_no_space(&e) && tries < 50 => {
+                    tries += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("write after TRIM at block {b}: {e}"),
+            }
+        }
+        model[(b * 4096) as usize..((b + 1) * 4096) as usize].copy_from_slice(&d);
+        wrote += 1;
+    }
+    assert_eq!(wrote, 200);
+    vol.destage_all().await.unwrap();
+    assert_eq!(read_all(&vol, 1024).await, model);
+    assert!(vol.status().allocated_bytes < 3 << 20);
+    // Zeroed and trimmed blocks are holes.
+    let holes = vol.block_status(0, 1 << 20).await.unwrap();
+    assert!(holes.iter().all(|e| e.unallocated), "{holes:?}");
+    vol.close().await;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Sequences of power cuts on one pool.
+
+const SIM_BLOCKS: usize = 384; // 1.5 MiB
+const WRITERS: usize = 2;
+
+struct Sim {
+    seed: u64,
+    rng: ChaCha8Rng,
+    tracker: Tracker,
+    history: Vec<String>,
+    verbose: bool,
+}
+
+impl Sim {
+    fn note(&mut self, s: String) {
+        if self.verbose {
+            eprintln!("seed {}: {s}", self.seed);
+        }
+        self.history.push(s);
+    }
+
+    fn fail(&self, what: String) -> ! {
+        panic!("seed {}: {what}\nhistory:\n  {}", self.seed, self.history.join("\n  "));
+    }
+}
+
+/// Writer `w` owns the blocks `b % WRITERS == w`'s 8-block groups: one writer per block, so the
+/// tracker's issue order is the order the volume applies them in.
+async fn sim_writer(vol: &LogVolume<Dev>, t: &RefCell<Tracker>, seed: u64, w: usize) {
+    let mut rng = rng(seed * 31 + w as u64);
+    let groups = SIM_BLOCKS / 8;
+    for _ in 0..60 {
+        let g = loop {
+            let g = rng.random_range(0..groups);
+            if g % WRITERS == w {
+                break g as u64;
+            }
+        };
+        let lo = g * 8 * 4096;
+        let (o, len) = match rng.random_range(0..10) {
+            0..=5 => {
+                let b = rng.random_range(0..8u64);
+                (lo + b * 4096, 4096 * rng.random_range(1..=8 - b))
+            }
+            6 => (lo + rng.random_range(0..8 * 4096 - 100), rng.random_range(1..100u64)),
+            _ => (lo, 8 * 4096),
+        };
+        let kind = rng.random_range(0..10);
+        let data = if kind >= 7 { vec![0u8; len as usize] } else { random_bytes(&mut rng, len as usize) };
+        let written = t.borrow_mut().issue(o, &data);
+        let r = match kind {
+            7 => vol.write_zeroes(o, len, false).await,
+            // A trim of whole blocks reads back as zeros; its unaligned edges stay as they were.
+            8 if o % 4096 == 0 && len % 4096 == 0 => vol.trim(o, len).await,
+            _ => vol.write(o, IoBytes::copy_from(&data), rng.random_bool(0.3)).await,
+        };
+        match r {
+            Ok(()) => t.borrow_mut().acknowledge(&written),
+            Err(_) => return,
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+async fn boot(sim: &mut Sim, disks: &[Dev], cycle: u64) -> (Arc<Pool<Dev>>, Arc<LogVolume<Dev>>) {
+    let pool = open_pool(disks).await;
+    small_csum_cache(&pool, sim.seed);
+    let vol = match open_log(&pool).await {
+        Ok(v) => v,
+        Err(e) => sim.fail(format!("cycle {cycle}: open: {e}")),
+    };
+    let pages = if sim.rng.random_bool(0.5) { 2 } else { 64 };
+    set_always(&vol, sim.rng.random_bool(0.7), pages);
+    (pool, vol)
+}
+
+async fn verify(sim: &mut Sim, vol: &LogVolume<Dev>, when: &str) {
+    for b in 0..SIM_BLOCKS {
+        let got = match vol.read(b as u64 * 4096, 4096).await {
+            Ok(g) => g,
+            Err(e) => sim.fail(format!("{when}: block {b} unreadable: {e}")),
+        };
+        if !sim.tracker.allowed(b).iter().any(|v| v[..] == got[..]) {
+            let why = sim.tracker.describe(b, &got);
+            sim.fail(format!("{when}: block {b} holds {why}"));
+        }
+        sim.tracker.settle(b, &got);
+    }
+}
+
+async fn run_log_sequence(seed: u64, verbose: bool) {
+    let mut sim = Sim {
+        seed,
+        rng: rng(seed ^ 0x1095),
+        tracker: Tracker::new(SIM_BLOCKS),
+        history: Vec::new(),
+        verbose,
+    };
+    let mut switch = PowerSwitch::new();
+    let mut disks: Vec<Dev> = drives(&switch, seed);
+    // Space for 1.5 x the volume in 124-block segments, plus the reserve.
+    let segments = (SIM_BLOCKS as u64 * 3 / 2).div_ceil(124) + 2;
+    {
+        let pool = create_pool(&disks).await;
+        let vol =
+            lsv::create(&pool, small_spec(SIM_BLOCKS as u64 * 4096, segments * 124 * 4096)).await.unwrap();
+        vol.close().await;
+        pool.close().await.unwrap();
+    }
+    // Scenario: 0 healthy, 1 a fast drive missing, 2 a capacity drive missing (from the start).
+    let missing = match seed % 3 {
+        1 => Some(1usize),
+        2 => Some(2 + (seed as usize / 3) % 6),
+        _ => None,
+    };
+    let cycles = sim.rng.random_range(2..=6);
+    sim.note(format!("{cycles} cycles, drive missing: {missing:?}"));
+    for cycle in 0..=cycles {
+        let given: Vec<Dev> =
+            disks.iter().enumerate().filter(|(i, _)| Some(*i) != missing).map(|(_, d)| d.clone()).collect();
+        let (pool, vol) = boot(&mut sim, &given, cycle).await;
+        verify(&mut sim, &vol, &format!("cycle {cycle} after boot")).await;
+        if cycle == cycles {
+            vol.close().await;
+            pool.close().await.unwrap_or_else(|e| sim.fail(format!("final close: {e}")));
+            return;
+        }
+        let cut = sim.rng.random_range(0..4000u64);
+        let clean = sim.rng.random_range(0..6) == 0;
+        sim.note(format!(
+            "cycle {cycle}: work, {}",
+            if clean { "then a clean close".into() } else { format!("power cut after {cut} requests") }
+        ));
+        let tracker = RefCell::new(std::mem::replace(&mut sim.tracker, Tracker::new(0)));
+        if !clean {
+            switch.trip_after_ops(cut);
+        }
+        let seed_c = seed * 1000 + cycle;
+        tokio::join!(sim_writer(&vol, &tracker, seed_c, 0), sim_writer(&vol, &tracker, seed_c, 1));
+        sim.tracker = tracker.into_inner();
+        let st = vol.status();
+        sim.note(format!(
+            "  destaged {} in {} batches, GC moved {} from {} victims, {} moves lost, {} free segments",
+            st.destaged_blocks,
+            st.destage_batches,
+            st.gc_moved_blocks,
+            st.gc_victims,
+            st.moves_lost,
+            st.free_segments
+        ));
+        if clean {
+            vol.close().await;
+            drop(vol);
+            pool.close().await.unwrap_or_else(|e| sim.fail(format!("cycle {cycle}: close: {e}")));
+        } else {
+            switch.trip();
+            vol.stop();
+            drop(vol);
+            drop(pool);
+            (disks, switch) = power_cycle(&disks, seed_c);
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_no_write() {
+    if let Ok(s) = std::env::var("STRIA_LOG_SEED") {
+        run_log_sequence(s.parse().unwrap(), true).await;
+        return;
+    }
+    let n: u64 = std::env::var("STRIA_LOG_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(40);
+    for seed in 0..n {
+        run_log_sequence(seed, false).await;
+    }
+}
+
+/// What survives a power cut of `disks`, as new drives on a new power switch.
+fn power_cycle(disks: &[Dev], seed: u64) -> (Vec<Dev>, Arc<PowerSwitch>) {
+    let switch = PowerSwitch::new();
+    let devs = disks
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            Arc::new(
+                FaultDevice::with_config(d.crash_image(seed + i as u64), FaultConfig::default(), seed)
+                    .with_power_switch(switch.clone()),
+            )
+        })
+        .collect();
+    (devs, switch)
+}
