@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Real clients against `stria serve`: qemu-io/qemu-img, nbdinfo/nbdcopy/nbdfuse, fio's nbd engine
 # with crc32c verification, ext4 on a loop device over nbdfuse with fsck, on raid0, raid1,
-# ec:4+2 and tiered:ec:4+2 volumes (the tiered one with a small cache, so destage runs during the
-# recipe; then a fast drive fails under fio and is replaced), ec:4+2 again with a drive failed
+# ec:4+2, tiered:ec:4+2 and log:ec:4+2 volumes (the tiered and log ones with a small cache, so
+# destage runs during the recipe; then a fast drive fails under fio and is replaced), ec:4+2 again with a drive failed
 # mid-run, the python3-libnbd protocol tests, then a
 # clean SIGTERM (exit 0), a kill -9 in the middle of writes (every flushed or FUA write is back
 # after restart), and a kill -9 of a tiered volume with writes in flight and destage running
@@ -54,6 +54,7 @@ log "pool: 2 fast + 6 capacity sparse drives on tmpfs"
 "$STRIA" volume create ec --pool "$POOL" --size 1G --layout ec:4+2 >/dev/null
 "$STRIA" volume create ecd --pool "$POOL" --size 1G --layout ec:4+2 >/dev/null
 "$STRIA" volume create tv --pool "$POOL" --size 1G --layout tiered:ec:4+2 --cache-size 48M >/dev/null
+"$STRIA" volume create lv --pool "$POOL" --size 1G --layout log:ec:4+2 --cache-size 48M >/dev/null
 start
 
 status_json() {  # `stria status --json`; exit codes 2 and 3 (degraded, failed) are states, not errors
@@ -63,6 +64,13 @@ tier() {  # tier FIELD [PART]: a counter of the tiered volume tv from `stria sta
   status_json | /usr/bin/python3 -c '
 import json, sys
 t = [t for t in json.load(sys.stdin)["tiered"] if t["name"] == "tv"][0]
+part = sys.argv[2] if len(sys.argv) > 2 else ""
+print((([p for p in t["parts"] if p["role"] == part][0]) if part else t)[sys.argv[1]])' "$@"
+}
+lvs() {  # lvs FIELD [PART]: a counter of the log-structured volume lv from `stria status --json`
+  status_json | /usr/bin/python3 -c '
+import json, sys
+t = [t for t in json.load(sys.stdin)["log"] if t["name"] == "lv"][0]
 part = sys.argv[2] if len(sys.argv) > 2 else ""
 print((([p for p in t["parts"] if p["role"] == part][0]) if part else t)[sys.argv[1]])' "$@"
 }
@@ -82,6 +90,18 @@ echo "tv: $destaged blocksets destaged, $partial partial-stripe capacity writes"
 [ "$destaged" -gt 0 ] || { echo "tv: nothing was destaged during the recipe" >&2; exit 1; }
 [ "$partial" = 0 ] || { echo "tv: the capacity tier saw $partial partial-stripe writes" >&2; exit 1; }
 "$STRIA" scrub tv --pool "$POOL"
+
+log "client recipe on log:ec:4+2 (thin, log-structured; 48 MiB write cache: destage and GC run during the recipe)"
+"$ROOT/tests/nbd/clients.sh" "$SOCK" lv >"$W/recipe-lv.log" 2>&1 || { tail -50 "$W/recipe-lv.log" >&2; exit 1; }
+grep -q NBD_CLIENTS_OK "$W/recipe-lv.log"
+destaged=$(lvs destaged_blocks); partial=$(lvs partial_stripe_writes seg)
+written=$(lvs host_write_bytes); allocated=$(lvs allocated_bytes)
+echo "lv: $destaged blocks destaged, $partial partial-stripe segment writes, $allocated bytes allocated after $written written"
+[ "$destaged" -gt 0 ] || { echo "lv: nothing was destaged during the recipe" >&2; exit 1; }
+[ "$partial" = 0 ] || { echo "lv: the segment space saw $partial partial-stripe writes" >&2; exit 1; }
+# Thin: the recipe ends with fstrim on ext4 and discards, so much less is allocated than written.
+[ "$allocated" -lt $((written / 2)) ] || { echo "lv: TRIM gave no space back" >&2; exit 1; }
+"$STRIA" scrub lv --pool "$POOL"
 
 log "tiered: a fast drive fails while fio writes and verifies; cache and metadata go on mirrored-degraded, then rebuild"
 # (In $W: fio leaves its verify state file in the working directory.)

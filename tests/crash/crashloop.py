@@ -17,7 +17,7 @@ with exit status 0).
 
 Scenarios (--scenario): healthy, degraded (a drive failed before the first round), rebuilding
 (each round fails a drive and replaces it, rebuild rate-limited so the kill lands mid-rebuild),
-destaging (tiered layouts with a small cache so destage runs during the load).
+destaging (tiered and log layouts with a small cache so destage runs during the load).
 
 Usage: crashloop.py --stria PATH --layout ec:4+2 [--scenario healthy] [--rounds 5] [--seed S]
                     [--dir DIR] [--tmpfs] [--region-mib 128]
@@ -387,7 +387,7 @@ def run(args, rng, daemon, tag):
     sectors = args.region_mib * (1 << 20) // SECTOR
     daemon.cli("pool", "create", "--fast", "2", "--capacity", "6", "--drive-size", args.drive_size)
     create = ["volume", "create", vol, "--size", f"{args.volume_mib}M", "--layout", args.layout]
-    if args.layout.startswith("tiered"):
+    if args.layout.startswith(("tiered", "log")):
         create += ["--cache-size", "32M" if args.scenario == "destaging" else "64M"]
     daemon.cli(*create)
     model = Model(sectors)

@@ -11,6 +11,7 @@ mod host;
 pub mod isal;
 mod regions;
 pub mod tier;
+pub mod wa;
 
 /// The size options of the benchmarks: the engine's size syntax
 /// ([`stria_engine::units::parse_size`]: a number with an optional binary suffix `K`, `M`, `G`,
@@ -20,6 +21,11 @@ pub(crate) fn parse_positive_size(s: &str) -> Result<u64, String> {
         0 => Err(format!("{s:?}: sizes must be positive")),
         n => Ok(n),
     }
+}
+
+/// A size that may be zero (zero turns a part of a benchmark off).
+pub(crate) fn parse_size_or_zero(s: &str) -> Result<u64, String> {
+    stria_engine::units::parse_size(s)
 }
 
 /// The `main` of each benchmark binary: parses `A` from the command line (under `name`, with

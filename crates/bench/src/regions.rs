@@ -44,13 +44,22 @@ pub(crate) struct Tap<D> {
     inner: D,
     layout: DriveLayout,
     regions: Arc<RegionCounters>,
+    /// Yield to the scheduler once per request before passing it on, as a request to a real
+    /// drive would (memory drives complete at once, so without this no two requests are ever
+    /// in flight together and nothing that batches concurrent requests can batch).
+    yield_io: bool,
 }
 
 impl<D: BlockDevice> Tap<D> {
     pub(crate) fn new(inner: D) -> Result<Tap<D>> {
         let layout = DriveLayout::for_new_drive(inner.size_bytes())
             .with_context(|| format!("drive {} is too small", inner.name()))?;
-        Ok(Tap { inner, layout, regions: Arc::default() })
+        Ok(Tap { inner, layout, regions: Arc::default(), yield_io: false })
+    }
+
+    /// The same tap, yielding once per request (see `yield_io`).
+    pub(crate) fn yielding(self) -> Tap<D> {
+        Tap { yield_io: true, ..self }
     }
 
     /// The counters, shared: they outlive the drive (the pool owns it).
@@ -83,7 +92,13 @@ impl<D: BlockDevice> BlockDevice for Tap<D> {
         self.inner.size_bytes()
     }
     fn read(&self, offset_bytes: u64, buf: IoBuf) -> impl Future<Output = Result<IoBuf, DevError>> + Send {
-        self.inner.read(offset_bytes, buf)
+        let (y, io) = (self.yield_io, self.inner.read(offset_bytes, buf));
+        async move {
+            if y {
+                tokio::task::yield_now().await;
+            }
+            io.await
+        }
     }
     fn write(
         &self,
@@ -93,10 +108,22 @@ impl<D: BlockDevice> BlockDevice for Tap<D> {
     ) -> impl Future<Output = Result<(), DevError>> + Send {
         // Counted at submission: the benchmark compares settled totals, after every write completed.
         self.regions.by_region[self.region(offset_bytes) as usize].record_write(data.len() as u64);
-        self.inner.write(offset_bytes, data, fua)
+        let (y, io) = (self.yield_io, self.inner.write(offset_bytes, data, fua));
+        async move {
+            if y {
+                tokio::task::yield_now().await;
+            }
+            io.await
+        }
     }
     fn flush(&self) -> impl Future<Output = Result<(), DevError>> + Send {
-        self.inner.flush()
+        let (y, io) = (self.yield_io, self.inner.flush());
+        async move {
+            if y {
+                tokio::task::yield_now().await;
+            }
+            io.await
+        }
     }
     fn discard(
         &self,

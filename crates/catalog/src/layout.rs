@@ -1,5 +1,5 @@
-//! The one parser of layout names: `raid0[:W]`, `raid1[:N]`, `raid10[:WxN]`, `ec:K+M` and
-//! `tiered:ec:K+M`.
+//! The one parser of layout names: `raid0[:W]`, `raid1[:N]`, `raid10[:WxN]`, `ec:K+M`,
+//! `tiered:ec:K+M` and `log:ec:K+M`.
 
 use std::str::FromStr;
 
@@ -13,6 +13,12 @@ pub enum LayoutSpec {
     Plain(PlainLayout),
     /// `tiered:ec:K+M`: write cache and metadata on fast drives, `ec:K+M` on capacity drives.
     Tiered {
+        data_shards: u32,
+        parity_shards: u32,
+    },
+    /// `log:ec:K+M`: a thin, log-structured volume: write cache and map on fast drives (or on
+    /// mirrored capacity drives when the pool has no fast ones), segments on `ec:K+M`.
+    Log {
         data_shards: u32,
         parity_shards: u32,
     },
@@ -43,19 +49,23 @@ pub fn is_tiered_layout(text: &str) -> bool {
     text.trim().to_ascii_lowercase().starts_with("tiered:")
 }
 
+/// True when `text` names a log-structured layout (whether or not the rest of it parses).
+pub fn is_log_layout(text: &str) -> bool {
+    text.trim().to_ascii_lowercase().starts_with("log:")
+}
+
 fn invalid(message: String) -> CatalogError {
     CatalogError::Invalid(message)
 }
 
-fn parse_tiered(text: &str, rest: &str) -> Result<LayoutSpec, CatalogError> {
+/// `K+M` of `<kind>:ec:K+M` (`rest` is what follows `<kind>:`).
+fn parse_kind_ec(text: &str, kind: &str, rest: &str) -> Result<(u32, u32), CatalogError> {
     let km = rest
         .strip_prefix("ec:")
-        .ok_or_else(|| invalid(format!("`{text}`: a tiered layout is tiered:ec:K+M, e.g. tiered:ec:4+2")))?;
-    let (k, m) = km
-        .split_once('+')
+        .ok_or_else(|| invalid(format!("`{text}`: a {kind} layout is {kind}:ec:K+M, e.g. {kind}:ec:4+2")))?;
+    km.split_once('+')
         .and_then(|(k, m)| Some((k.parse::<u32>().ok()?, m.parse::<u32>().ok()?)))
-        .ok_or_else(|| invalid(format!("`{text}`: expected tiered:ec:K+M, e.g. tiered:ec:4+2")))?;
-    Ok(LayoutSpec::Tiered { data_shards: k, parity_shards: m })
+        .ok_or_else(|| invalid(format!("`{text}`: expected {kind}:ec:K+M, e.g. {kind}:ec:4+2")))
 }
 
 fn parse_plain(text: &str, t: &str) -> Result<PlainLayout, CatalogError> {
@@ -94,10 +104,15 @@ impl FromStr for LayoutSpec {
 
     fn from_str(text: &str) -> Result<LayoutSpec, CatalogError> {
         let t = text.trim().to_ascii_lowercase();
-        match t.strip_prefix("tiered:") {
-            Some(rest) => parse_tiered(text, rest),
-            None => parse_plain(text, &t).map(LayoutSpec::Plain),
+        if let Some(rest) = t.strip_prefix("tiered:") {
+            let (data_shards, parity_shards) = parse_kind_ec(text, "tiered", rest)?;
+            return Ok(LayoutSpec::Tiered { data_shards, parity_shards });
         }
+        if let Some(rest) = t.strip_prefix("log:") {
+            let (data_shards, parity_shards) = parse_kind_ec(text, "log", rest)?;
+            return Ok(LayoutSpec::Log { data_shards, parity_shards });
+        }
+        parse_plain(text, &t).map(LayoutSpec::Plain)
     }
 }
 
@@ -122,8 +137,8 @@ impl PlainLayout {
 pub fn parse_plain_layout(text: &str, active_in_class: u32) -> Result<Layout, CatalogError> {
     match text.parse::<LayoutSpec>()? {
         LayoutSpec::Plain(p) => p.resolve(active_in_class),
-        LayoutSpec::Tiered { .. } => {
-            Err(invalid(format!("`{text}` is a tiered layout; a plain one is needed here")))
+        LayoutSpec::Tiered { .. } | LayoutSpec::Log { .. } => {
+            Err(invalid(format!("`{text}` names a volume kind of its own; a plain layout is needed here")))
         }
     }
 }
@@ -165,5 +180,11 @@ mod tests {
             Err("`tiered:ec:4`: expected tiered:ec:K+M, e.g. tiered:ec:4+2".into())
         );
         assert!(is_tiered_layout(" TIERED:whatever") && !is_tiered_layout("ec:4+2"));
+        assert_eq!(tiered("log:ec:4+2"), Ok(LayoutSpec::Log { data_shards: 4, parity_shards: 2 }));
+        assert_eq!(
+            tiered("log:raid1"),
+            Err("`log:raid1`: a log layout is log:ec:K+M, e.g. log:ec:4+2".into())
+        );
+        assert!(is_log_layout("Log:ec:8+2") && !is_log_layout("ec:4+2"));
     }
 }

@@ -1,5 +1,6 @@
-//! The catalog of a pool's client-visible volumes: the one place that knows there are two kinds
-//! (plain engine volumes and tiered volumes) and hands each out as an `Arc<dyn BlockVolume>`.
+//! The catalog of a pool's client-visible volumes: the one place that knows there are three kinds
+//! (plain engine volumes, tiered volumes and log-structured volumes) and hands each out as an
+//! `Arc<dyn BlockVolume>`.
 //!
 //! Everything above it (the CLI, the daemon, the NBD export) goes arguments -> typed request ->
 //! catalog -> typed view -> rendering, and never asks "plain or tiered?" itself. A third kind of
@@ -18,11 +19,13 @@ use stria_engine::{
     BlockVolume, DEFAULT_CHUNK_BYTES, DriveClass, DriveState, EngineError, Pool, ScrubReport, Volume,
     VolumeRole, VolumeSpec,
 };
+use stria_tier::lsv::{self, LogSpec, LogVolume};
 use stria_tier::{TierError, TieredVolume};
 
-pub use layout::{LayoutSpec, PlainLayout, is_tiered_layout, parse_plain_layout};
+pub use layout::{LayoutSpec, PlainLayout, is_log_layout, is_tiered_layout, parse_plain_layout};
 pub use view::{
-    MemberView, PlainView, SegmentView, StatusView, TieredTag, TieredView, UnavailableView, VolumeView,
+    LogTag, LogView, MemberView, PlainView, SegmentView, StatusView, TieredTag, TieredView, UnavailableView,
+    VolumeView,
 };
 
 /// Why a catalog operation failed. Engine and tier errors keep their own messages and sources.
@@ -46,12 +49,12 @@ pub enum CatalogError {
 pub struct CreateVolume {
     pub name: String,
     pub size_bytes: u64,
-    /// `raid0[:W]`, `raid1[:N]`, `raid10[:WxN]`, `ec:K+M` or `tiered:ec:K+M`.
+    /// `raid0[:W]`, `raid1[:N]`, `raid10[:WxN]`, `ec:K+M`, `tiered:ec:K+M` or `log:ec:K+M`.
     pub layout: String,
     pub chunk_bytes: Option<u64>,
     /// Plain volumes: the drive class (default: capacity drives if the pool has any).
     pub class: Option<DriveClass>,
-    /// Tiered volumes: write cache size (default: an eighth of the volume).
+    /// Tiered and log volumes: write cache size (default: an eighth of the volume).
     pub cache_bytes: Option<u64>,
     /// Tiered volumes: copies of cache and metadata (default 2).
     pub cache_copies: Option<u32>,
@@ -61,6 +64,7 @@ pub struct CreateVolume {
 enum Entry<D: BlockDevice> {
     Plain(Arc<Volume<D>>),
     Tiered(Arc<TieredVolume<D>>),
+    Log(Arc<LogVolume<D>>),
 }
 
 /// The refusal of an operation on a tiered volume that could not be opened.
@@ -76,7 +80,9 @@ pub struct Catalog<D: BlockDevice> {
     pool: Arc<Pool<D>>,
     /// Tiered volumes are objects of their own (a destager each); plain ones live in the pool.
     tiers: RwLock<BTreeMap<String, Arc<TieredVolume<D>>>>,
-    /// Tiered volumes that could not be opened, with why: the rest of the pool still opens and
+    /// Log-structured volumes (a mover each).
+    logs: RwLock<BTreeMap<String, Arc<LogVolume<D>>>>,
+    /// Tiered or log volumes that could not be opened, with why: the rest of the pool still opens and
     /// serves; these are listed, not exported, and can be inspected (their parts) and deleted.
     unavailable: RwLock<BTreeMap<String, String>>,
 }
@@ -93,19 +99,28 @@ impl<D: BlockDevice> Catalog<D> {
     /// unavailable, with the reason, instead of failing the whole pool.
     pub async fn open(pool: Arc<Pool<D>>) -> Result<Catalog<D>, CatalogError> {
         let mut tiers = BTreeMap::new();
+        let mut logs = BTreeMap::new();
         let mut unavailable = BTreeMap::new();
         for rec in pool.meta().tiered.clone() {
-            match stria_tier::open(&pool, &rec).await {
-                Ok(tv) => {
-                    tiers.insert(rec.name.clone(), tv);
-                }
+            let opened = if lsv::is_log_record(&rec) {
+                lsv::open(&pool, &rec).await.map(|v| drop(logs.insert(rec.name.clone(), v)))
+            } else {
+                stria_tier::open(&pool, &rec).await.map(|v| drop(tiers.insert(rec.name.clone(), v)))
+            };
+            match opened {
+                Ok(()) => {}
                 Err(e) => {
                     tracing::error!(volume = %rec.name, error = %e, "tiered volume unavailable; the rest of the pool is served");
                     unavailable.insert(rec.name.clone(), e.to_string());
                 }
             }
         }
-        Ok(Catalog { pool, tiers: RwLock::new(tiers), unavailable: RwLock::new(unavailable) })
+        Ok(Catalog {
+            pool,
+            tiers: RwLock::new(tiers),
+            logs: RwLock::new(logs),
+            unavailable: RwLock::new(unavailable),
+        })
     }
 
     /// The pool (drive operations, rebuild, counters).
@@ -121,6 +136,9 @@ impl<D: BlockDevice> Catalog<D> {
     fn entry(&self, name: &str) -> Option<Entry<D>> {
         if let Some(t) = self.tiered(name) {
             return Some(Entry::Tiered(t));
+        }
+        if let Some(l) = self.logs.read().get(name) {
+            return Some(Entry::Log(Arc::clone(l)));
         }
         if self.pool.meta().volume(name)?.role != VolumeRole::Plain {
             return None;
@@ -146,6 +164,7 @@ impl<D: BlockDevice> Catalog<D> {
         match self.entry_or_err(name)? {
             Entry::Plain(v) => Ok(v),
             Entry::Tiered(_) => Err(CatalogError::Invalid(format!("`{name}` is a tiered volume"))),
+            Entry::Log(_) => Err(CatalogError::Invalid(format!("`{name}` is a log-structured volume"))),
         }
     }
 
@@ -155,6 +174,7 @@ impl<D: BlockDevice> Catalog<D> {
         let mut names: Vec<String> =
             meta.volumes.iter().filter(|v| v.role == VolumeRole::Plain).map(|v| v.name.clone()).collect();
         names.extend(self.tiers.read().keys().cloned());
+        names.extend(self.logs.read().keys().cloned());
         names.extend(self.unavailable.read().keys().cloned());
         names.sort();
         names
@@ -165,12 +185,13 @@ impl<D: BlockDevice> Catalog<D> {
         self.entry(name).map(|e| match e {
             Entry::Plain(v) => v as Arc<dyn BlockVolume>,
             Entry::Tiered(v) => v as Arc<dyn BlockVolume>,
+            Entry::Log(v) => v as Arc<dyn BlockVolume>,
         })
     }
 
-    /// Whether `name` can be resized (plain volumes; tiered ones cannot yet).
+    /// Whether `name` can be resized (plain volumes; tiered and log ones cannot yet).
     pub fn resizable(&self, name: &str) -> bool {
-        !matches!(self.entry(name), Some(Entry::Tiered(_)))
+        !matches!(self.entry(name), Some(Entry::Tiered(_) | Entry::Log(_)))
     }
 
     /// Active drives of `class`.
@@ -205,9 +226,29 @@ impl<D: BlockDevice> Catalog<D> {
             self.tiers.write().insert(tv.name().to_string(), tv);
             return self.show(&req.name);
         }
+        if is_log_layout(&req.layout) {
+            let LayoutSpec::Log { data_shards, parity_shards } = parsed? else {
+                unreachable!("a log layout text parses as log or not at all")
+            };
+            if req.cache_copies.is_some_and(|c| c != 2) {
+                return Err(CatalogError::Invalid(
+                    "log volumes keep two copies of their cache and map; --cache-copies does not apply"
+                        .into(),
+                ));
+            }
+            let spec = LogSpec {
+                chunk_bytes: req.chunk_bytes.unwrap_or(stria_tier::DEFAULT_TIER_CHUNK_BYTES),
+                cache_bytes: req.cache_bytes,
+                ..LogSpec::new(&req.name, req.size_bytes, data_shards, parity_shards)
+            };
+            let lv = lsv::create(&self.pool, spec).await?;
+            self.logs.write().insert(lv.name().to_string(), lv);
+            return self.show(&req.name);
+        }
         if req.cache_bytes.is_some() || req.cache_copies.is_some() {
             return Err(CatalogError::Invalid(
-                "--cache-size and --cache-copies apply to tiered layouts only (tiered:ec:K+M)".into(),
+                "--cache-size and --cache-copies apply to tiered and log layouts only (tiered:ec:K+M, log:ec:K+M)"
+                    .into(),
             ));
         }
         let class = req.class.unwrap_or_else(|| self.default_class());
@@ -232,6 +273,11 @@ impl<D: BlockDevice> Catalog<D> {
         if self.tiered(name).is_some() {
             return Err(CatalogError::Invalid("resizing a tiered volume is not supported yet".into()));
         }
+        if self.logs.read().contains_key(name) {
+            return Err(CatalogError::Invalid(
+                "resizing a log-structured volume is not supported yet".into(),
+            ));
+        }
         self.plain(name)?;
         self.pool.resize_volume(name, size_bytes.next_multiple_of(BLOCK_BYTES)).await?;
         self.show(name)
@@ -251,6 +297,11 @@ impl<D: BlockDevice> Catalog<D> {
                 stria_tier::delete(&self.pool, name).await?;
                 self.tiers.write().remove(name);
             }
+            Entry::Log(lv) => {
+                lv.close().await;
+                stria_tier::delete(&self.pool, name).await?;
+                self.logs.write().remove(name);
+            }
             Entry::Plain(_) => self.pool.delete_volume(name).await?,
         }
         Ok(())
@@ -268,6 +319,7 @@ impl<D: BlockDevice> Catalog<D> {
                 .iter()
                 .map(|v| v.name().to_string())
                 .collect(),
+            Entry::Log(lv) => lv.parts().iter().map(|v| v.name().to_string()).collect(),
             Entry::Plain(_) => vec![name.to_string()],
         };
         let mut total = ScrubReport { volume: name.to_string(), ..ScrubReport::default() };
@@ -287,7 +339,8 @@ impl<D: BlockDevice> Catalog<D> {
             .iter()
             .map(|(name, reason)| UnavailableView { name: name.clone(), reason: reason.clone() })
             .collect();
-        StatusView { pool: self.pool.status(), tiered, unavailable }
+        let log = self.logs.read().values().map(|l| l.status()).collect();
+        StatusView { pool: self.pool.status(), tiered, log, unavailable }
     }
 
     /// Any volume by name, tier parts included (diagnostics show each part).
@@ -297,6 +350,9 @@ impl<D: BlockDevice> Catalog<D> {
         }
         if let Some(tv) = self.tiered(name) {
             return Ok(VolumeView::Tiered(TieredView { status: tv.status(), kind: TieredTag }));
+        }
+        if let Some(lv) = self.logs.read().get(name) {
+            return Ok(VolumeView::Log(LogView { status: lv.status(), kind: LogTag }));
         }
         let status = self.pool.status();
         let vol = status
@@ -314,6 +370,10 @@ impl<D: BlockDevice> Catalog<D> {
         let tiers: Vec<Arc<TieredVolume<D>>> = self.tiers.read().values().cloned().collect();
         for t in tiers {
             t.close().await;
+        }
+        let logs: Vec<Arc<LogVolume<D>>> = self.logs.read().values().cloned().collect();
+        for l in logs {
+            l.close().await;
         }
         self.pool.close().await?;
         Ok(())

@@ -5,6 +5,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use stria_engine::format::meta::VolumeRecord;
 use stria_engine::{PoolStatus, VolumeStatus};
 use stria_tier::TierStatus;
+use stria_tier::lsv::LogStatus;
 
 /// The pool, with its tiered volumes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -12,6 +13,9 @@ pub struct StatusView {
     #[serde(flatten)]
     pub pool: PoolStatus,
     pub tiered: Vec<TierStatus>,
+    /// Log-structured volumes (absent when there are none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub log: Vec<LogStatus>,
     /// Volumes that could not be opened (absent when there are none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unavailable: Vec<UnavailableView>,
@@ -29,7 +33,17 @@ pub struct UnavailableView {
 #[serde(untagged)]
 pub enum VolumeView {
     Tiered(TieredView),
+    Log(LogView),
     Plain(PlainView),
+}
+
+/// A log-structured volume.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LogView {
+    #[serde(flatten)]
+    pub status: LogStatus,
+    /// Always `"log"`.
+    pub kind: LogTag,
 }
 
 /// A tiered volume.
@@ -41,26 +55,42 @@ pub struct TieredView {
     pub kind: TieredTag,
 }
 
-/// The `"kind": "tiered"` marker of a [`TieredView`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TieredTag;
+/// A `"kind": "<name>"` marker: what tells the views apart in JSON.
+macro_rules! kind_tag {
+    ($(#[$doc:meta])* $tag:ident, $name:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub struct $tag;
 
-impl Serialize for TieredTag {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str("tiered")
-    }
-}
-
-impl<'de> Deserialize<'de> for TieredTag {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<TieredTag, D::Error> {
-        let kind = String::deserialize(d)?;
-        if kind == "tiered" {
-            Ok(TieredTag)
-        } else {
-            Err(serde::de::Error::custom(format!("expected kind \"tiered\", found {kind:?}")))
+        impl Serialize for $tag {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str($name)
+            }
         }
-    }
+
+        impl<'de> Deserialize<'de> for $tag {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<$tag, D::Error> {
+                let kind = String::deserialize(d)?;
+                if kind == $name {
+                    Ok($tag)
+                } else {
+                    Err(serde::de::Error::custom(format!("expected kind {:?}, found {kind:?}", $name)))
+                }
+            }
+        }
+    };
 }
+
+kind_tag!(
+    /// The `"kind": "tiered"` marker of a [`TieredView`].
+    TieredTag,
+    "tiered"
+);
+kind_tag!(
+    /// The `"kind": "log"` marker of a [`LogView`].
+    LogTag,
+    "log"
+);
 
 /// A plain volume or a tier part: status and counters, then where its chunks live.
 #[derive(Debug, Clone, Serialize, Deserialize)]

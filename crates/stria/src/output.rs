@@ -9,7 +9,8 @@ use stria_catalog::{StatusView, VolumeView};
 use stria_dev::BLOCK_BYTES;
 use stria_engine::units::format_size;
 use stria_engine::{DriveStatus, ScrubReport, VolumeState};
-use stria_tier::TierStatus;
+use stria_tier::lsv::LogStatus;
+use stria_tier::{PartStatus, TierStatus};
 
 use crate::ops::Progress;
 
@@ -222,6 +223,17 @@ pub(crate) fn volumes(v: &StatusView) {
             "-".into(),
         ]);
     }
+    for l in &v.log {
+        rows.push(vec![
+            l.name.clone(),
+            l.layout.clone(),
+            size(l.size_bytes),
+            "4 KiB".into(),
+            "thin".into(),
+            state(l.state),
+            "-".into(),
+        ]);
+    }
     for u in &v.unavailable {
         let dash = || "-".to_string();
         rows.push(vec![u.name.clone(), dash(), dash(), dash(), dash(), "unavailable".into(), dash()]);
@@ -270,8 +282,12 @@ fn tiered(t: &TierStatus) {
         wa(t.write_amplification_fast),
         wa(t.write_amplification_capacity)
     );
-    let rows: Vec<Vec<String>> = t
-        .parts
+    parts_table(&t.parts);
+}
+
+/// The parts of a tiered or log-structured volume, with their drives' counters.
+fn parts_table(parts: &[PartStatus]) {
+    let rows: Vec<Vec<String>> = parts
         .iter()
         .map(|p| {
             vec![
@@ -304,10 +320,56 @@ fn tiered(t: &TierStatus) {
     );
 }
 
+/// `stria volume show` of a log-structured volume.
+fn log_volume(l: &LogStatus) {
+    outln!("log-structured volume {} ({}), {}", l.name, l.layout, state(l.state));
+    outln!("  {:<22} {} (thin: {} allocated)", "size", size(l.size_bytes), size(l.allocated_bytes));
+    outln!(
+        "  {:<22} {} in {} segments of {}: {} free ({} segments), {} garbage, {} reserved for GC",
+        "segment space",
+        size(l.space_bytes),
+        l.segments,
+        size(l.segment_bytes),
+        size(l.free_bytes),
+        l.free_segments,
+        size(l.garbage_bytes),
+        size(l.reserved_bytes)
+    );
+    if let Some(why) = &l.no_space {
+        outln!("  {:<22} {why}", "FULL");
+    }
+    outln!("  {:<22} {} blocks cached of {}", "write cache", l.cache_live_blocks, l.cache_blocks);
+    outln!("  {:<22} {} written, {} read", "host", size(l.host_write_bytes), size(l.host_read_bytes));
+    outln!(
+        "  {:<22} {} blocks in {} batches ({} padding slots)",
+        "destaged",
+        l.destaged_blocks,
+        l.destage_batches,
+        l.padded_slots
+    );
+    outln!(
+        "  {:<22} {} blocks moved from {} victims in {} batches ({} moves lost to newer writes)",
+        "garbage collection",
+        l.gc_moved_blocks,
+        l.gc_victims,
+        l.gc_batches,
+        l.moves_lost
+    );
+    let wa = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |x| format!("{x:.2}"));
+    outln!(
+        "  {:<22} fast drives {}, capacity drives {} (drive bytes written per host byte)",
+        "write amplification",
+        wa(l.write_amplification_fast),
+        wa(l.write_amplification_capacity)
+    );
+    parts_table(&l.parts);
+}
+
 /// `stria volume show`.
 pub(crate) fn volume(v: &VolumeView) {
     let p = match v {
         VolumeView::Tiered(t) => return tiered(&t.status),
+        VolumeView::Log(l) => return log_volume(&l.status),
         VolumeView::Plain(p) => p,
     };
     let st = &p.status;

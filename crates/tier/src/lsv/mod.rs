@@ -192,8 +192,8 @@ pub struct LogVolume<D: BlockDevice> {
     pub(crate) failure: Mutex<Option<String>>,
     /// Set while destage cannot find space: writers that must wait for cache space get ENOSPC.
     pub(crate) no_space: Mutex<Option<String>>,
-    /// Held by the mover while it runs a batch (close waits for it).
-    pub(crate) moving: tokio::sync::Mutex<()>,
+    /// The mover's GC state, held while a destage or GC batch runs (close waits for it).
+    pub(crate) moving: tokio::sync::Mutex<mover::Gc>,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for LogVolume<D> {
@@ -435,7 +435,8 @@ pub async fn open<D: BlockDevice>(
     if let Some(why) = bad {
         return Err(corrupt(why));
     }
-    let reserve = (geo.segments / 50).max(2);
+    // GC needs its open segment and one more to empty any victim (its live blocks fit in one).
+    let reserve = 2;
     let vol = Arc::new(LogVolume {
         name: rec.name.clone(),
         size_bytes: rec.size_bytes,
@@ -457,7 +458,7 @@ pub async fn open<D: BlockDevice>(
         closed: AtomicBool::new(false),
         failure: Mutex::new(None),
         no_space: Mutex::new(None),
-        moving: tokio::sync::Mutex::new(()),
+        moving: tokio::sync::Mutex::new(mover::Gc::default()),
     });
     mover::spawn(&vol);
     Ok(vol)
@@ -495,6 +496,11 @@ impl<D: BlockDevice> LogVolume<D> {
     pub fn set_params(&self, p: LogParams) {
         *self.params.lock() = p;
         self.log.hungry.notify_one();
+    }
+
+    /// The map's counters (log writes, deltas, checkpoints, cache).
+    pub async fn map_stats(&self) -> crate::map::MapStats {
+        self.map.stats().await
     }
 
     /// The segment space's counts.

@@ -34,7 +34,6 @@ pub(crate) fn spawn<D: BlockDevice>(vol: &Arc<LogVolume<D>>) {
 }
 
 async fn run<D: BlockDevice>(vol: Weak<LogVolume<D>>) {
-    let mut gc = Gc::default();
     let mut draining = false;
     loop {
         let Some(v) = vol.upgrade() else { return };
@@ -42,7 +41,7 @@ async fn run<D: BlockDevice>(vol: Weak<LogVolume<D>>) {
             return;
         }
         let result = {
-            let _running = v.moving.lock().await;
+            let mut gc = v.moving.lock().await;
             if v.closed.load(Relaxed) {
                 return;
             }
@@ -80,12 +79,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// One step of the mover: GC when free segments run low and GC can gain space, else
     /// destage when the cache asks for it. Returns whether it did anything.
     async fn step(&self, gc: &mut Gc, draining: &mut bool) -> Result<bool, VolumeError> {
-        let (free, reserve) = {
-            let s = self.space.lock();
-            (s.free(), s.reserve())
-        };
-        // GC keeps a margin above the host stream's floor, so destage rarely waits for it.
-        if free <= 2 * reserve && self.gc_step(gc, free <= reserve).await? {
+        if self.gc_wanted(gc).await? {
             return Ok(true);
         }
         let p = self.params();
@@ -107,6 +101,17 @@ impl<D: BlockDevice> LogVolume<D> {
             return self.destage_batch(false).await;
         }
         Ok(false)
+    }
+
+    /// Runs a GC step if free segments run low; returns whether it did anything. GC starts one
+    /// segment above the host stream's floor (the reserve), so destage rarely waits for it, and
+    /// no earlier: free segments held idle are over-provisioning lost to the steady state.
+    async fn gc_wanted(&self, gc: &mut Gc) -> Result<bool, VolumeError> {
+        let (free, reserve) = {
+            let s = self.space.lock();
+            (s.free(), s.reserve())
+        };
+        Ok(free <= reserve + 1 && self.gc_step(gc, free <= reserve).await?)
     }
 
     /// Destages up to one batch of the oldest cached blocks; `pad` writes a short batch too
@@ -241,9 +246,9 @@ impl<D: BlockDevice> LogVolume<D> {
     }
 
     /// One step of GC: write a full batch of carried blocks, or read the next batch of the
-    /// victim (choosing one with at least a batch of garbage if needed). Blocks left over when
-    /// no victim is left are written as a short batch only when space is `critical` (padding
-    /// makes garbage). Returns whether it did anything.
+    /// victim (choosing one with at least a batch of garbage, or any garbage when space is
+    /// `critical`). Blocks left over when no victim is left are written as a short batch only
+    /// when space is critical (padding makes garbage). Returns whether it did anything.
     pub(crate) async fn gc_step(&self, gc: &mut Gc, critical: bool) -> Result<bool, VolumeError> {
         self.check_writable(0, self.size_bytes)?;
         let want = self.geo.batch_data() as usize;
@@ -259,7 +264,8 @@ impl<D: BlockDevice> LogVolume<D> {
         if gc.victim.is_none() {
             let carried: std::collections::HashSet<usize> =
                 gc.carry.iter().filter_map(|m| self.segment_of_place(m.from)).collect();
-            let victim = self.space.lock().victim(self.geo.batch_data(), &carried);
+            let min_garbage = if critical { 1 } else { self.geo.batch_data() };
+            let victim = self.space.lock().victim(min_garbage, &carried);
             match victim {
                 Some(v) => {
                     gc.victim = Some((v, 0));
@@ -324,9 +330,9 @@ impl<D: BlockDevice> LogVolume<D> {
 
     /// Destages every cached block (short last batch padded); for tests and benchmarks.
     pub async fn destage_all(&self) -> Result<(), VolumeError> {
-        let _running = self.moving.lock().await;
+        let mut gc = self.moving.lock().await;
         while self.log.live() > 0 {
-            if !self.destage_batch(true).await? {
+            if !self.gc_wanted(&mut gc).await? && !self.destage_batch(true).await? {
                 tokio::task::yield_now().await;
             }
         }

@@ -1,0 +1,451 @@
+//! `cargo run --release -p stria-bench --bin stria-bench-wa --`: write amplification of
+//! log-structured volumes (`stria_tier::lsv`, issue 12's goals) against the in-place tiered
+//! volume measured in the same run, in-process over memory drives (2 fast + 6 capacity, each
+//! wrapped in a tap that splits its writes by region of the drive layout and yields once per
+//! request, as a real drive's completion would, so that concurrent requests can meet).
+//!
+//! For each `--fills` value f: a log:ec:4+2 volume of `--volume` bytes over a segment space of
+//! `--volume / f` data bytes (so a fully written volume fills a fraction f of the capacity
+//! tier). Phases, each ended by destaging the whole cache so its drive bytes are counted:
+//! 1. sequential 512 KiB writes over the whole volume (fills it);
+//! 2. `--warm` volumes' worth of uniform random 4 KiB writes (GC reaches its steady state);
+//! 3. `--turns` volumes' worth of uniform random 4 KiB writes: measured.
+//!
+//! Reference: an in-place `tiered:ec:4+2` volume of the same size and cache (default destage
+//! policy), `--reference` bytes of uniform random 4 KiB writes, then drained.
+//!
+//! Printed per phase: capacity bytes per host byte (data region, and all regions: the engine's
+//! checksum pages, intent bitmap and journal too), fast bytes per host byte (all regions), the
+//! share of capacity data writes that are at least 128 KiB per drive, GC moves, and host IOPS.
+//! Everything written is read back and checked at the end of each volume's run.
+
+#![allow(clippy::cast_possible_truncation)]
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use stria_dev::mem::MemDevice;
+use stria_dev::{BLOCK_BYTES, DevCountersSnapshot, IoBytes};
+use stria_engine::{DriveClass, NewDrive, Pool};
+use stria_tier::TieredSpec;
+use stria_tier::lsv::{self, LogSpec, LogVolume};
+
+use crate::host::{cpu_model, num_cpus};
+use crate::regions::{REGIONS, Region, RegionCounters, Tap};
+
+type Dev = Tap<MemDevice>;
+
+const DATA_SHARDS: u32 = 4;
+const PARITY_SHARDS: u32 = 2;
+const CHUNK: u64 = 128 << 10;
+const SEQ_BYTES: usize = 512 << 10;
+/// Drive space beyond what the parts need (superblocks, metadata, intent, journal, checksums).
+const SLACK: u64 = 192 << 20;
+
+/// Options of `target/release/stria-bench-wa`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct WaBenchArgs {
+    /// Logical size of the volumes.
+    #[arg(long, default_value = "1g", value_parser = crate::parse_positive_size)]
+    pub volume: u64,
+    /// Fills of the capacity tier to measure (volume size / segment space).
+    #[arg(long, value_delimiter = ',', default_value = "0.6667,0.8")]
+    pub fills: Vec<f64>,
+    /// Volumes' worth of random writes before the measured phase.
+    #[arg(long, default_value_t = 2.0)]
+    pub warm: f64,
+    /// Volumes' worth of random writes measured.
+    #[arg(long, default_value_t = 1.0)]
+    pub turns: f64,
+    /// Requests in flight.
+    #[arg(long, default_value_t = 16)]
+    pub qd: usize,
+    /// Random-write bytes of the in-place tiered reference (0: skip it).
+    #[arg(long, default_value = "256m", value_parser = crate::parse_size_or_zero)]
+    pub reference: u64,
+    /// Write cache of every volume.
+    #[arg(long, default_value = "128m", value_parser = crate::parse_positive_size)]
+    pub cache: u64,
+    /// Seed of the random offsets and data.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// Drive-write counters of one moment, by class and region.
+#[derive(Clone, Debug, Default)]
+struct Bytes {
+    cap: [DevCountersSnapshot; REGIONS],
+    fast: [DevCountersSnapshot; REGIONS],
+}
+
+impl Bytes {
+    fn total(r: &[DevCountersSnapshot; REGIONS]) -> u64 {
+        r.iter().map(|s| s.write_bytes).sum()
+    }
+}
+
+struct Rig {
+    pool: Arc<Pool<Dev>>,
+    taps: Vec<(bool, Arc<RegionCounters>)>,
+}
+
+impl Rig {
+    async fn build(fast_bytes: u64, cap_bytes: u64) -> Result<Rig> {
+        let mut drives = Vec::new();
+        let mut taps = Vec::new();
+        for i in 0..2 + (DATA_SHARDS + PARITY_SHARDS) as usize {
+            let is_cap = i >= 2;
+            let name = format!("{}-{i}", if is_cap { "capacity" } else { "fast" });
+            let size = if is_cap { cap_bytes } else { fast_bytes };
+            let tap = Tap::new(MemDevice::new(&name, size.next_multiple_of(1 << 20)))?.yielding();
+            taps.push((is_cap, Arc::clone(tap.regions())));
+            drives.push(NewDrive {
+                dev: tap,
+                path: name,
+                class: if is_cap { DriveClass::Capacity } else { DriveClass::Fast },
+                domain: String::new(),
+                fresh: true,
+            });
+        }
+        let pool = Arc::new(Pool::create("bench-wa", drives).await.context("creating the pool")?);
+        Ok(Rig { pool, taps })
+    }
+
+    fn bytes(&self) -> Bytes {
+        let mut b = Bytes::default();
+        for (is_cap, t) in &self.taps {
+            let into = if *is_cap { &mut b.cap } else { &mut b.fast };
+            for (o, s) in into.iter_mut().zip(t.snapshot()) {
+                o.add(&s);
+            }
+        }
+        b
+    }
+}
+
+/// What one phase cost.
+#[derive(Debug, Clone)]
+struct Phase {
+    name: String,
+    host_bytes: u64,
+    cap_data: u64,
+    cap_all: u64,
+    fast_all: u64,
+    /// Fast drives by region (meta, intent, journal, checksums, data).
+    fast_regions: [u64; REGIONS],
+    /// Capacity data-region writes, and those of at least 128 KiB.
+    cap_writes: u64,
+    cap_large_writes: u64,
+    gc_moved: u64,
+    iops: f64,
+}
+
+impl Phase {
+    fn from(
+        name: &str,
+        host_bytes: u64,
+        before: &Bytes,
+        after: &Bytes,
+        gc_moved: u64,
+        ops: u64,
+        secs: f64,
+    ) -> Phase {
+        let data = Region::Data as usize;
+        let hist_large = |s: &DevCountersSnapshot| -> u64 { s.write_size_hist.iter().skip(5).sum() };
+        Phase {
+            name: name.into(),
+            host_bytes,
+            cap_data: after.cap[data].write_bytes - before.cap[data].write_bytes,
+            cap_all: Bytes::total(&after.cap) - Bytes::total(&before.cap),
+            fast_all: Bytes::total(&after.fast) - Bytes::total(&before.fast),
+            fast_regions: std::array::from_fn(|r| after.fast[r].write_bytes - before.fast[r].write_bytes),
+            cap_writes: after.cap[data].write_ops - before.cap[data].write_ops,
+            cap_large_writes: hist_large(&after.cap[data]) - hist_large(&before.cap[data]),
+            gc_moved,
+            iops: ops as f64 / secs.max(1e-9),
+        }
+    }
+
+    fn print(&self) {
+        let per = |x: u64| x as f64 / self.host_bytes.max(1) as f64;
+        let share = if self.cap_writes == 0 {
+            100.0
+        } else {
+            100.0 * self.cap_large_writes as f64 / self.cap_writes as f64
+        };
+        println!(
+            "  {:<28} host {:>7.1} MiB  capacity/host {:>6.3} (data) {:>6.3} (all)  fast/host {:>6.3}  >=128KiB {:>5.1}%  GC moved {:>8}  {:>8.0} IOPS",
+            self.name,
+            self.host_bytes as f64 / (1 << 20) as f64,
+            per(self.cap_data),
+            per(self.cap_all),
+            per(self.fast_all),
+            share,
+            self.gc_moved,
+            self.iops
+        );
+        let r = |x: Region| per(self.fast_regions[x as usize]);
+        println!(
+            "  {:<28} fast/host by region: data {:.3}, checksum pages {:.3}, intent {:.3}, journal {:.3}, pool metadata {:.3}",
+            "",
+            r(Region::Data),
+            r(Region::Checksums),
+            r(Region::Intent),
+            r(Region::Journal),
+            r(Region::Meta)
+        );
+    }
+}
+
+/// A tiny deterministic generator (xorshift*), so runs are comparable.
+struct Rand(u64);
+
+impl Rand {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+/// The data of (block, version): checkable without keeping it.
+fn block_data(block: u64, version: u32) -> IoBytes {
+    let mut v = vec![0u8; BLOCK_BYTES as usize];
+    let mut r = Rand(block.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u64::from(version) ^ 0xabcd);
+    for c in v.chunks_exact_mut(8) {
+        c.copy_from_slice(&r.next().to_le_bytes());
+    }
+    IoBytes::copy_from(&v)
+}
+
+/// Writes `count` random 4 KiB blocks with `qd` in flight through `write`; `versions` tracks
+/// the last version of each block.
+async fn random_writes<F, Fut>(
+    count: u64,
+    qd: usize,
+    rand: &mut Rand,
+    versions: &mut [u32],
+    write: F,
+) -> Result<()>
+where
+    F: Fn(u64, IoBytes) -> Fut,
+    Fut: std::future::Future<Output = Result<(), stria_engine::VolumeError>>,
+{
+    let blocks = versions.len() as u64;
+    let mut done = 0;
+    while done < count {
+        let n = (count - done).min(qd as u64);
+        let mut batch = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            let b = rand.next() % blocks;
+            // Two writes of one block in one round would race: skip the duplicate.
+            if batch.iter().any(|&(x, _)| x == b) {
+                continue;
+            }
+            versions[b as usize] += 1;
+            batch.push((b, versions[b as usize]));
+        }
+        stria_engine::join_all_ok(batch.iter().map(|&(b, v)| write(b * BLOCK_BYTES, block_data(b, v))))
+            .await
+            .context("random write")?;
+        done += n;
+    }
+    Ok(())
+}
+
+async fn check_all<F, Fut>(blocks: u64, versions: &[u32], read: F) -> Result<()>
+where
+    F: Fn(u64, usize) -> Fut,
+    Fut: std::future::Future<Output = Result<stria_dev::IoBuf, stria_engine::VolumeError>>,
+{
+    let step = 256u64;
+    let mut b = 0;
+    while b < blocks {
+        let n = step.min(blocks - b);
+        let got = read(b * BLOCK_BYTES, (n * BLOCK_BYTES) as usize).await.context("read back")?;
+        for k in 0..n {
+            let v = versions[(b + k) as usize];
+            let want: &[u8] = if v == 0 { &[0u8; 4096] } else { &block_data(b + k, v)[..] };
+            let at = (k * BLOCK_BYTES) as usize;
+            if got[at..at + BLOCK_BYTES as usize] != *want {
+                bail!("block {} does not read back as version {v}", b + k);
+            }
+        }
+        b += n;
+    }
+    Ok(())
+}
+
+async fn log_run(args: &WaBenchArgs, fill: f64) -> Result<Vec<Phase>> {
+    let space = (args.volume as f64 / fill) as u64;
+    let raw_per_drive = space / u64::from(DATA_SHARDS) + (64 << 20);
+    let map_bytes = args.volume / BLOCK_BYTES * 16 + (80 << 20);
+    let rig = Rig::build(args.cache + map_bytes + SLACK, raw_per_drive + SLACK).await?;
+    let spec = LogSpec {
+        chunk_bytes: CHUNK,
+        space_bytes: Some(space),
+        cache_bytes: Some(args.cache),
+        ..LogSpec::new("wa", args.volume, DATA_SHARDS, PARITY_SHARDS)
+    };
+    let vol: Arc<LogVolume<Dev>> = lsv::create(&rig.pool, spec).await.context("creating the log volume")?;
+    let geo = vol.geometry();
+    println!(
+        "log:ec:{DATA_SHARDS}+{PARITY_SHARDS}, fill {:.1}%: {} segments of {} MiB data ({} rows of {} KiB per batch), cache {} MiB",
+        fill * 100.0,
+        geo.segments,
+        (geo.segment_data() * BLOCK_BYTES) >> 20,
+        geo.batch_rows,
+        (geo.row_blocks * BLOCK_BYTES) >> 10,
+        args.cache >> 20
+    );
+    let blocks = args.volume / BLOCK_BYTES;
+    let mut versions = vec![0u32; blocks as usize];
+    let mut phases = Vec::new();
+    let gc = |v: &LogVolume<Dev>| v.status().gc_moved_blocks;
+    // 1. Sequential fill.
+    let (before, gc0, t) = (rig.bytes(), gc(&vol), Instant::now());
+    let per = (SEQ_BYTES as u64 / BLOCK_BYTES) as usize;
+    let mut at = 0u64;
+    while at < blocks {
+        let mut futs = Vec::new();
+        for _ in 0..4 {
+            if at >= blocks {
+                break;
+            }
+            let n = (blocks - at).min(per as u64);
+            let mut buf = Vec::with_capacity((n * BLOCK_BYTES) as usize);
+            for b in at..at + n {
+                versions[b as usize] = 1;
+                buf.extend_from_slice(&block_data(b, 1));
+            }
+            futs.push(vol.write(at * BLOCK_BYTES, IoBytes::copy_from(&buf), false));
+            at += n;
+        }
+        stria_engine::join_all_ok(futs).await.context("sequential write")?;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    vol.destage_all().await.context("destage")?;
+    phases.push(Phase::from(
+        "sequential 512 KiB (fill)",
+        args.volume,
+        &before,
+        &rig.bytes(),
+        gc(&vol) - gc0,
+        blocks / per as u64,
+        secs,
+    ));
+    // 2. Warm-up, 3. measured.
+    let mut rand = Rand(args.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    for (name, turns) in [("random 4 KiB (warm-up)", args.warm), ("random 4 KiB (measured)", args.turns)] {
+        let count = (blocks as f64 * turns) as u64;
+        let (before, gc0, t) = (rig.bytes(), gc(&vol), Instant::now());
+        random_writes(count, args.qd, &mut rand, &mut versions, |o, d| vol.write(o, d, false)).await?;
+        let secs = t.elapsed().as_secs_f64();
+        vol.destage_all().await.context("destage")?;
+        phases.push(Phase::from(
+            name,
+            count * BLOCK_BYTES,
+            &before,
+            &rig.bytes(),
+            gc(&vol) - gc0,
+            count,
+            secs,
+        ));
+    }
+    check_all(blocks, &versions, |o, n| vol.read(o, n)).await?;
+    let m = vol.map_stats().await;
+    println!(
+        "  map: {} deltas in {} log blocks ({:.1} a block), {} checkpoints wrote {} pages",
+        m.deltas_logged,
+        m.log_blocks_written,
+        m.deltas_logged as f64 / m.log_blocks_written.max(1) as f64,
+        m.checkpoints,
+        m.pages_written
+    );
+    let st = vol.status();
+    println!(
+        "  space: {} segments, {} free, {} MiB allocated, {} MiB garbage; seg volume stripes: {} full, {} partial",
+        st.segments,
+        st.free_segments,
+        st.allocated_bytes >> 20,
+        st.garbage_bytes >> 20,
+        st.parts[2].full_stripe_writes,
+        st.parts[2].partial_stripe_writes
+    );
+    vol.close().await;
+    rig.pool.close().await.context("closing the pool")?;
+    Ok(phases)
+}
+
+async fn reference_run(args: &WaBenchArgs) -> Result<Phase> {
+    let blocksets = args.volume.div_ceil(u64::from(DATA_SHARDS) * CHUNK);
+    let rig = Rig::build(args.cache + (blocksets + 1) * 4096 + SLACK, blocksets * CHUNK + SLACK).await?;
+    let spec = TieredSpec {
+        name: "ref".into(),
+        size_bytes: args.volume,
+        data_shards: DATA_SHARDS,
+        parity_shards: PARITY_SHARDS,
+        chunk_bytes: CHUNK,
+        cache_bytes: Some(args.cache),
+        cache_copies: 2,
+    };
+    // The default destage policy (start at half the cache, stop at a fifth), as a served volume runs.
+    let vol = stria_tier::create(&rig.pool, spec).await.context("creating the tiered volume")?;
+    let blocks = args.volume / BLOCK_BYTES;
+    let mut versions = vec![0u32; blocks as usize];
+    let mut rand = Rand(args.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let count = args.reference / BLOCK_BYTES;
+    let (before, t) = (rig.bytes(), Instant::now());
+    random_writes(count, args.qd, &mut rand, &mut versions, |o, d| vol.write(o, d, false)).await?;
+    let secs = t.elapsed().as_secs_f64();
+    vol.destage_all().await.context("destage")?;
+    let phase = Phase::from(
+        "in-place tiered, random 4 KiB",
+        count * BLOCK_BYTES,
+        &before,
+        &rig.bytes(),
+        0,
+        count,
+        secs,
+    );
+    check_all(blocks, &versions, |o, n| vol.read(o, n)).await?;
+    vol.close().await;
+    rig.pool.close().await.context("closing the pool")?;
+    Ok(phase)
+}
+
+/// Runs the benchmark.
+pub fn run(args: &WaBenchArgs) -> Result<()> {
+    if args.fills.iter().any(|f| !(0.05..=0.95).contains(f)) {
+        bail!("--fills must be between 0.05 and 0.95");
+    }
+    println!(
+        "stria-bench-wa on {} ({} CPUs online); erasure-code kernel: {:?}",
+        cpu_model(),
+        num_cpus(),
+        stria_ec::Backend::detect()
+    );
+    println!(
+        "volume {} MiB, cache {} MiB, qd {}, warm-up {} and measured {} volumes of random writes",
+        args.volume >> 20,
+        args.cache >> 20,
+        args.qd,
+        args.warm,
+        args.turns
+    );
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async {
+        if args.reference > 0 {
+            println!("reference (in-place tiered:ec:{DATA_SHARDS}+{PARITY_SHARDS}, same size and cache):");
+            reference_run(args).await?.print();
+        }
+        for &fill in &args.fills {
+            for p in log_run(args, fill).await? {
+                p.print();
+            }
+        }
+        Ok(())
+    })
+}
