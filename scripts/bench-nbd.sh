@@ -10,7 +10,8 @@
 #    as always) from 6 memory-backed drives: `--drives memory` (default) uses the daemon's hidden
 #    benchmark option `--bench-memory-drives` (in-process memory drives: the NBD path, the engine
 #    and its checksums, no drive I/O underneath); `--drives tmpfs` makes a normal pool of files
-#    in /dev/shm (the file drive then runs its calls inline);
+#    in /dev/shm (the file drive then runs its calls inline) and adds a thin log:ec:4+2 volume
+#    (`stria-log`: its cache and map mirrored on the same drives, no fast ones);
 #  * the peer is `nbdkit memory 1G`; both are on Unix sockets; stria is restarted (and refilled)
 #    for the unpinned phase, because it sizes its runtime by the CPUs it may use at start;
 #  * every export is filled with random data first (unwritten blocks would read as zeros
@@ -65,9 +66,11 @@ wait_socket() { for _ in $(seq 200); do [ -S "$1" ] && return 0; sleep 0.05; don
 # per phase, because it sizes its runtime by the CPUs it may use when it starts: one thread on one
 # CPU, one per CPU otherwise) ---------------------------------------------------------------------
 if [ "$DRIVES" = tmpfs ]; then
-  "$STRIA" pool create --pool "$W/pool" --capacity 6 --drive-size 1G --log-level warn >/dev/null
+  "$STRIA" pool create --pool "$W/pool" --capacity 6 --drive-size 2G --log-level warn >/dev/null
   "$STRIA" volume create r0 --pool "$W/pool" --size 1G --layout raid0 --log-level warn >/dev/null
   "$STRIA" volume create ec --pool "$W/pool" --size 1G --layout ec:4+2 --log-level warn >/dev/null
+  # Thin, log-structured (cache and map mirrored on the same capacity drives: no fast ones here).
+  "$STRIA" volume create lv --pool "$W/pool" --size 1G --layout log:ec:4+2 --log-level warn >/dev/null
 fi
 STRIA_PID=
 start_stria() { # CPU list
@@ -94,6 +97,10 @@ declare -A URI=(
   [stria-ec]="nbd+unix:///ec?socket=$W/stria.sock"
 )
 TARGETS=(nbdkit stria-raid0 stria-ec)
+if [ "$DRIVES" = tmpfs ]; then
+  URI[stria-log]="nbd+unix:///lv?socket=$W/stria.sock"
+  TARGETS+=(stria-log)
+fi
 
 echo "filling the exports with random data ..."
 head -c 1G /dev/urandom >"$W/fill.img"

@@ -339,6 +339,9 @@ impl<D: BlockDevice> MapStore<D> {
     /// Makes every delta queued up to `ticket` durable (group commit: one caller writes all
     /// that is queued, the others find theirs done).
     async fn commit(&self, ticket: u64) -> Result<(), MapError> {
+        // Let the tasks that are ready queue their deltas first: one log block then carries
+        // them all (a log block is a 4 KiB mirrored write, whatever it holds).
+        tokio::task::yield_now().await;
         let mut log = self.log.lock().await;
         if self.failed.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(MapError::Failed);

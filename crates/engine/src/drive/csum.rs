@@ -14,7 +14,7 @@
 //! evicted before that.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE as BLOCK, BlockDevice, DevError, IoBuf};
 
@@ -59,13 +59,21 @@ pub(crate) enum Entry {
     Unknown,
 }
 
-/// The entries of one page.
+/// The entries of one page, and whether the page's version on the drive marks every block it
+/// covers written (no `Unwritten` entry): then a FUA write into it needs no checksum write-back
+/// to survive a crash (docs/crash-consistency.md, invariant 1: recovery blesses written blocks
+/// of dirty regions from their data, but keeps unwritten ones unwritten).
 #[derive(Debug)]
-pub(crate) struct Entries(Box<[AtomicU32]>);
+pub(crate) struct Entries(Box<[AtomicU32]>, AtomicBool);
 
 impl Entries {
     fn empty() -> Entries {
-        Entries((0..ENTRIES).map(|_| AtomicU32::new(UNWRITTEN)).collect())
+        Entries((0..ENTRIES).map(|_| AtomicU32::new(UNWRITTEN)).collect(), AtomicBool::new(false))
+    }
+
+    /// Whether every entry of the first `used` is written, as they are now.
+    fn all_written(&self, used: usize) -> bool {
+        self.0[..used].iter().all(|e| e.load(SeqCst) != UNWRITTEN)
     }
 }
 
@@ -102,6 +110,12 @@ impl Pinned {
     /// True when every block of the range is known to be unwritten.
     pub(crate) fn all_unwritten(&self, first: u64, count: u64) -> bool {
         (first..first + count).all(|b| self.get(b) == Entry::Unwritten)
+    }
+
+    /// True when the drive's own copy of every page covering the range marks all its blocks
+    /// written (and no page is damaged).
+    pub(crate) fn written_on_disk(&self) -> bool {
+        self.pages.iter().all(|p| !p.is_frozen() && p.page().1.load(SeqCst))
     }
 }
 
@@ -333,19 +347,37 @@ impl ChecksumTable {
         );
     }
 
-    /// Encodes page `id` as it is now.
-    pub(crate) fn encode_page(&self, id: u64, entries: &Entries, out: &mut [u8]) {
+    /// Before writing back a snapshot of page `id` (`all_written`: whether the snapshot marks
+    /// every block written): a snapshot that does not clears the page's on-disk flag first, so
+    /// that no FUA write trusts it while the write-back is under way.
+    pub(crate) fn before_write_back(entries: &Entries, all_written: bool) {
+        if !all_written {
+            entries.1.store(false, SeqCst);
+        }
+    }
+
+    /// After a snapshot of the page is durable on the drive.
+    pub(crate) fn after_write_back(entries: &Entries, all_written: bool) {
+        entries.1.store(all_written, SeqCst);
+    }
+
+    /// Encodes page `id` as it is now; returns whether it marks every block written.
+    pub(crate) fn encode_page(&self, id: u64, entries: &Entries, out: &mut [u8]) -> bool {
         assert_eq!(out.len(), BLOCK, "a checksum page is one block");
         self.check_page("encode", id);
         out.fill(0);
         out[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         out[4..8].copy_from_slice(&u32::try_from(id).expect("page index fits").to_le_bytes());
         let used = self.entries_in(id);
+        let mut all_written = used == ENTRIES;
         for (i, e) in entries.0[..used].iter().enumerate() {
-            out[16 + 4 * i..20 + 4 * i].copy_from_slice(&e.load(SeqCst).to_le_bytes());
+            let v = e.load(SeqCst);
+            all_written &= v != UNWRITTEN;
+            out[16 + 4 * i..20 + 4 * i].copy_from_slice(&v.to_le_bytes());
         }
         let crc = page_crc(out);
         out[12..16].copy_from_slice(&crc.to_le_bytes());
+        all_written
     }
 
     /// Entries of page `id` that describe blocks of the drive (the last page may be partial).
@@ -371,6 +403,9 @@ fn decode_page(id: u64, bytes: &[u8]) -> (Entries, bool) {
     for (i, e) in entries.0.iter().enumerate() {
         e.store(u32::from_le_bytes(bytes[16 + 4 * i..20 + 4 * i].try_into().expect("4 bytes")), Relaxed);
     }
+    // (The unused tail of a drive's last page reads as unwritten: that page never counts as
+    // all written, which only costs write-backs.)
+    entries.1.store(entries.all_written(ENTRIES), SeqCst);
     (entries, false)
 }
 
@@ -387,13 +422,46 @@ mod tests {
         let pages = t.take_dirty();
         let mut buf = vec![0u8; BLOCK];
         for (id, page) in &pages {
-            t.encode_page(*id, page.page(), &mut buf);
+            let all_written = t.encode_page(*id, page.page(), &mut buf);
+            ChecksumTable::before_write_back(page.page(), all_written);
             dev.write(id * BLOCK_BYTES, IoBytes::copy_from(&buf), false).await.unwrap();
+            ChecksumTable::after_write_back(page.page(), all_written);
         }
     }
 
     async fn entry(t: &ChecksumTable, dev: &MemDevice, block: u64) -> Entry {
         t.pin(dev, block, 1).await.unwrap().get(block)
+    }
+
+    #[tokio::test]
+    async fn a_page_counts_as_written_on_disk_only_once_a_fully_written_snapshot_is_back() {
+        let dev = MemDevice::new("csum", 8 * BLOCK_BYTES);
+        let t = ChecksumTable::new(BLOCKS, 0);
+        let whole = vec![7u8; BLOCK * CSUM_ENTRIES_PER_PAGE as usize];
+        let pin = t.pin(&dev, 0, CSUM_ENTRIES_PER_PAGE).await.unwrap();
+        assert!(!pin.written_on_disk(), "a fresh page marks its blocks unwritten on disk");
+        t.set_from_data(&pin, 0, &whole);
+        assert!(!pin.written_on_disk(), "written in memory only");
+        drop(pin);
+        write_back(&t, &dev).await;
+        let pin = t.pin(&dev, 5, 1).await.unwrap();
+        assert!(pin.written_on_disk());
+        // A trim puts an unwritten entry in the next snapshot: the flag drops when it is written.
+        t.clear(&pin, 5, 1);
+        assert!(pin.written_on_disk(), "the drive's copy still marks it written");
+        drop(pin);
+        write_back(&t, &dev).await;
+        assert!(!t.pin(&dev, 5, 1).await.unwrap().written_on_disk());
+        // Read back from the drive (a new table: nothing cached), the flag comes from the page.
+        let fresh = ChecksumTable::new(BLOCKS, 0);
+        assert!(!fresh.pin(&dev, 0, 1).await.unwrap().written_on_disk());
+        let pin = t.pin(&dev, 5, 1).await.unwrap();
+        t.set_from_data(&pin, 5, &whole[..BLOCK]);
+        drop(pin);
+        write_back(&t, &dev).await;
+        let fresh = ChecksumTable::new(BLOCKS, 0);
+        assert!(fresh.pin(&dev, 0, 1).await.unwrap().written_on_disk());
+        assert!(!fresh.pin(&dev, 4000, 1).await.unwrap().written_on_disk(), "the partial last page never is");
     }
 
     #[test]

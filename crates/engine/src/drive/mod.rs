@@ -443,13 +443,17 @@ impl<D: BlockDevice> Drive<D> {
                 Some(values) => self.csum.set_values(&pin, block, values),
                 None => self.csum.set_from_data(&pin, block, &data),
             }
+            // FUA: the data is durable (the device write had FUA). If the drive's own checksum
+            // pages still mark a block of it unwritten, its entry must become durable too, or
+            // recovery would take the block for unwritten and the write would be lost. If they
+            // mark every block written, a stale entry is harmless: the region's intent bit stays
+            // set until a full flush writes the pages, and recovery blesses written blocks of
+            // dirty regions from their data (docs/crash-consistency.md, "FUA writes").
+            // Over budget: the cache is full of dirty pages, and only a write-back frees them.
+            // A full drive flush does both in the safe order (data durable before any page).
+            let entries_durable = pin.written_on_disk();
             drop(pin);
-            if fua || self.csum.over_budget() {
-                // FUA: the data is durable; its checksums must be too, or recovery would take
-                // the block for unwritten (or stale) and the FUA write would be lost. Over
-                // budget: the cache is full of dirty pages, and only a write-back frees them.
-                // A full drive flush does both in the safe order (data durable before any
-                // checksum page).
+            if (fua && !entries_durable) || self.csum.over_budget() {
                 result = self.flush().await;
             }
         }
@@ -540,12 +544,18 @@ impl<D: BlockDevice> Drive<D> {
         // zeroing had hidden). So: snapshot the dirty pages, make the data durable, then write
         // the snapshot and make it durable.
         let pages = self.csum.take_dirty();
-        let snapshot = self.encode_csum_pages(&pages);
+        let (snapshot, all_written) = self.encode_csum_pages(&pages);
         let result = async {
             self.dev().flush().await?;
             if !pages.is_empty() {
+                for ((_, slot), &w) in pages.iter().zip(&all_written) {
+                    csum::ChecksumTable::before_write_back(slot.page(), w);
+                }
                 self.write_csum_pages(&snapshot).await?;
                 self.dev().flush().await?;
+                for ((_, slot), &w) in pages.iter().zip(&all_written) {
+                    csum::ChecksumTable::after_write_back(slot.page(), w);
+                }
             }
             Ok::<(), DevError>(())
         }
@@ -570,8 +580,9 @@ impl<D: BlockDevice> Drive<D> {
     fn encode_csum_pages(
         &self,
         pages: &[(u64, Arc<crate::pagecache::Slot<csum::Entries>>)],
-    ) -> Vec<(u64, IoBytes)> {
+    ) -> (Vec<(u64, IoBytes)>, Vec<bool>) {
         let mut runs = Vec::new();
+        let mut all_written = Vec::with_capacity(pages.len());
         let mut i = 0;
         while i < pages.len() {
             let mut j = i + 1;
@@ -581,15 +592,14 @@ impl<D: BlockDevice> Drive<D> {
             let mut buf = IoBuf::zeroed((j - i) * BLOCK_USIZE);
             for (k, out) in buf.chunks_exact_mut(BLOCK_USIZE).enumerate() {
                 let (id, slot) = &pages[i + k];
-                self.csum.encode_page(*id, slot.page(), out);
+                all_written.push(self.csum.encode_page(*id, slot.page(), out));
             }
             runs.push((pages[i].0, buf.freeze()));
             i = j;
         }
-        runs
+        (runs, all_written)
     }
 
-    /// Writes encoded checksum page runs.
     async fn write_csum_pages(&self, runs: &[(u64, IoBytes)]) -> Result<(), DevError> {
         for (first, bytes) in runs {
             let offset = self.sb.layout.csum_offset_bytes + first * BLOCK;

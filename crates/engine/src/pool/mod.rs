@@ -515,8 +515,9 @@ impl<D: BlockDevice> Pool<D> {
     }
 
     /// Housekeeping to call every few seconds: resynchronises what checksum pages found damaged
-    /// cover, clears intent bits of idle, flushed regions, and commits the drives' error
-    /// counters when they changed (one metadata commit at most).
+    /// cover, flushes drives with dirty regions and clears the intent bits of idle, flushed
+    /// regions, and commits the drives' error counters when they changed (one metadata commit
+    /// at most).
     pub async fn tick(&self) -> Result<(), EngineError> {
         // While suspended the bits mark what a failed write may have left inconsistent: they
         // stay until the suspension is cleared (pool/suspend.rs).
@@ -525,6 +526,15 @@ impl<D: BlockDevice> Pool<D> {
         }
         self.repair_damaged_csum_pages().await?;
         for d in self.core.drives().iter().filter(|d| !d.is_failed()) {
+            // FUA writes into blocks the drive's checksum pages already mark written leave
+            // those pages for later (drive/mod.rs `write_inner`): a full flush writes them back
+            // and lets the bits of the regions they cover be cleared.
+            if d.dirty_regions() > 0
+                && let Err(e) = d.flush().await
+            {
+                self.core.drive_error(d.slot(), "flush failed", &e).await?;
+                continue;
+            }
             if let Err(e) = d.clear_idle_intents(false).await {
                 self.core.drive_error(d.slot(), "intent bitmap write failed", &e).await?;
             }

@@ -67,7 +67,8 @@ pub struct LogSpec {
     pub batch_rows: Option<u64>,
     /// Batches per segment (default: segments of at least 32 MiB of data).
     pub segment_batches: Option<u64>,
-    /// Blocks of the map log ring (default: 1/64 of the volume's blocks, 1024 to 65536).
+    /// Blocks of the map log ring (default: 1/16 of the volume's blocks, 1024 to 65536: a
+    /// larger ring means fewer checkpoints, each writing every dirty map page).
     pub map_log_blocks: Option<u64>,
     /// Map pages kept in memory (default 65536: 256 MiB).
     pub map_cache_pages: u64,
@@ -320,7 +321,7 @@ pub async fn create<D: BlockDevice>(
             stria_engine::units::format_size(geo.batch_bytes_data())
         ));
     }
-    let map_log_blocks = spec.map_log_blocks.unwrap_or_else(|| (blocks / 64).clamp(1024, 65536));
+    let map_log_blocks = spec.map_log_blocks.unwrap_or_else(|| (blocks / 16).clamp(1024, 65536));
     let header = Header { volume_bytes: size_bytes, geo, cache_blocks, map_log_blocks };
     let name = spec.name.clone();
     if pool.volume(&name).is_some() || pool.meta().tiered.iter().any(|t| t.name == name) {
