@@ -206,9 +206,20 @@ async fn create_parts<D: BlockDevice>(
     pool: &Pool<D>,
     parts: [VolumeSpec; 3],
 ) -> Result<Vec<Arc<Volume<D>>>, TierError> {
+    create_parts_zeroing(pool, parts, [true; 3]).await
+}
+
+/// Like [`create_parts`]; `zero[i]` false creates part `i` without making it read as zeros
+/// first ([`Pool::create_volume_unzeroed`]).
+async fn create_parts_zeroing<D: BlockDevice>(
+    pool: &Pool<D>,
+    parts: [VolumeSpec; 3],
+    zero: [bool; 3],
+) -> Result<Vec<Arc<Volume<D>>>, TierError> {
     let mut made: Vec<Arc<Volume<D>>> = Vec::new();
-    for p in parts {
-        match pool.create_volume(p).await {
+    for (p, zero) in parts.into_iter().zip(zero) {
+        let created = if zero { pool.create_volume(p).await } else { pool.create_volume_unzeroed(p).await };
+        match created {
             Ok(v) => made.push(v),
             Err(e) => {
                 for v in made {

@@ -358,7 +358,10 @@ pub async fn create<D: BlockDevice>(
             "seg",
         ),
     ];
-    let made = crate::create_parts(pool, parts).await?;
+    // The map must read as zeros (an all-zero region is an empty map); the cache and the
+    // segment space are never read where nothing was written (every read goes through the map),
+    // so they skip the engine's zeroing: creating them costs no I/O per byte.
+    let made = crate::create_parts_zeroing(pool, parts, [true, false, false]).await?;
     let (meta, cache, seg) = (made[0].clone(), made[1].clone(), made[2].clone());
     meta.write(0, IoBytes::copy_from(&header.encode()), true).await?;
     let params = LogParams {

@@ -27,6 +27,10 @@ pub(crate) struct Move {
 pub(crate) struct Gc {
     victim: Option<(usize, u64)>,
     carry: Vec<Move>,
+    /// Sealed segments with a batch that could not be read: not chosen again while sealed (a
+    /// batch never written in this volume's life may hold an old volume's rows, which a
+    /// degraded read cannot reconstruct; its live blocks, if any, stay readable one by one).
+    unreadable: std::collections::HashSet<usize>,
 }
 
 pub(crate) fn spawn<D: BlockDevice>(vol: &Arc<LogVolume<D>>) {
@@ -262,8 +266,13 @@ impl<D: BlockDevice> LogVolume<D> {
             gc.victim = None;
         }
         if gc.victim.is_none() {
-            let carried: std::collections::HashSet<usize> =
+            {
+                let space = self.space.lock();
+                gc.unreadable.retain(|&s| space.state(s) == SegState::Sealed);
+            }
+            let mut carried: std::collections::HashSet<usize> =
                 gc.carry.iter().filter_map(|m| self.segment_of_place(m.from)).collect();
+            carried.extend(gc.unreadable.iter().copied());
             let min_garbage = if critical { 1 } else { self.geo.batch_data() };
             let victim = self.space.lock().victim(min_garbage, &carried);
             match victim {
@@ -280,11 +289,17 @@ impl<D: BlockDevice> LogVolume<D> {
         }
         let (v, batch) = gc.victim.expect("chosen above");
         let base = self.geo.batch_addr(v, batch);
-        let bytes = self
-            .seg
-            .read(base * BLOCK_BYTES, (self.geo.batch_blocks() * BLOCK_BYTES) as usize)
-            .await?
-            .freeze();
+        let read = self.seg.read(base * BLOCK_BYTES, (self.geo.batch_blocks() * BLOCK_BYTES) as usize).await;
+        let bytes = match read {
+            Ok(b) => b.freeze(),
+            Err(e) => {
+                tracing::warn!(volume = %self.name, segment = v, batch, error = %e,
+                    "GC could not read a batch; the segment is left for later");
+                gc.unreadable.insert(v);
+                gc.victim = None;
+                return Ok(true);
+            }
+        };
         let summary = decode_summary(&bytes[want * BLOCK_USIZE..], want);
         for (i, s) in summary.iter().enumerate() {
             let Some(s) = s else { continue };
