@@ -241,14 +241,7 @@ pub async fn open<D: BlockDevice>(
     if lsv::is_log_record(rec) {
         return Err(corrupt("it is a log-structured volume (open it with stria_tier::lsv::open)".into()));
     }
-    let part = |id: u64, what: &str| {
-        pool.volume_by_id(id).ok_or_else(|| corrupt(format!("its {what} volume (id {id}) is missing")))
-    };
-    let (cache, meta, cap) = (
-        part(rec.cache_volume, "cache")?,
-        part(rec.meta_volume, "metadata")?,
-        part(rec.capacity_volume, "capacity")?,
-    );
+    let [cache, meta, cap] = open_parts(pool, rec, "capacity")?;
     let params: TierParams =
         serde_json::from_value(rec.params.clone()).map_err(|e| corrupt(format!("bad parameters: {e}")))?;
     let header = Header::decode(&meta.read(0, PAGE_BYTES).await?).map_err(corrupt)?;
@@ -304,6 +297,26 @@ pub async fn open<D: BlockDevice>(
     Ok(vol)
 }
 
+/// The parts of a tiered or log-structured volume's record, in the order cache, metadata, and
+/// the third (`third`: what to call it in the error).
+fn open_parts<D: BlockDevice>(
+    pool: &Pool<D>,
+    rec: &TieredRecord,
+    third: &str,
+) -> Result<[Arc<Volume<D>>; 3], TierError> {
+    let part = |id: u64, what: &str| {
+        pool.volume_by_id(id).ok_or_else(|| TierError::Corrupt {
+            name: rec.name.clone(),
+            reason: format!("its {what} volume (id {id}) is missing"),
+        })
+    };
+    Ok([
+        part(rec.cache_volume, "cache")?,
+        part(rec.meta_volume, "metadata")?,
+        part(rec.capacity_volume, third)?,
+    ])
+}
+
 /// Deletes a tiered volume and its three parts.
 pub async fn delete<D: BlockDevice>(pool: &Pool<D>, name: &str) -> Result<(), TierError> {
     let rec = pool
@@ -320,6 +333,41 @@ pub async fn delete<D: BlockDevice>(pool: &Pool<D>, name: &str) -> Result<(), Ti
         }
     }
     Ok(())
+}
+
+/// A write at any alignment through `write_blocks` (which takes whole blocks): an unaligned one
+/// reads its edge blocks with `read_block`, merges, and writes whole blocks, holding the edge
+/// blocks' slots of `locks` from the read until the write is durable, so that two writes to
+/// different bytes of one block cannot undo each other. (Whole-block writes need no lock: they
+/// replace the blocks entirely.)
+pub(crate) async fn write_any_alignment<R, RF, W, WF>(
+    span: stria_engine::volume::bytes::Span,
+    data: IoBytes,
+    locks: &[tokio::sync::Mutex<()>],
+    read_block: R,
+    write_blocks: W,
+) -> Result<(), stria_engine::VolumeError>
+where
+    R: Fn(u64) -> RF,
+    RF: std::future::Future<Output = Result<stria_dev::IoBuf, stria_engine::VolumeError>>,
+    W: Fn(u64, IoBytes) -> WF,
+    WF: std::future::Future<Output = Result<(), stria_engine::VolumeError>>,
+{
+    if span.is_aligned() {
+        return write_blocks(span.first, data).await;
+    }
+    let mut slots: Vec<usize> =
+        [span.first, span.end - 1].iter().map(|&b| (b % locks.len() as u64) as usize).collect();
+    slots.sort_unstable();
+    slots.dedup();
+    let mut guards = Vec::new();
+    for s in slots {
+        guards.push(locks[s].lock().await);
+    }
+    let whole = stria_engine::volume::bytes::merge_unaligned(&span, &data, read_block).await?;
+    let result = write_blocks(span.first, whole).await;
+    drop(guards);
+    result
 }
 
 /// The worst of some volume states.

@@ -441,25 +441,14 @@ impl<D: BlockDevice> TieredVolume<D> {
             return Ok(());
         }
         let span = Span::new(offset_bytes, len);
-        if span.is_aligned() {
-            return self.write_blocks(span.first, data).await;
-        }
-        // Unaligned: read-modify-write of the edge blocks. Two writes to different bytes of one
-        // block (512-byte sectors, say) must not both read the old block and the second undo
-        // the first: the edge blocks stay locked from the read until the merged write is
-        // durable. (Whole-block writes need no such lock: they replace the block entirely.)
-        let mut slots: Vec<usize> =
-            [span.first, span.end - 1].iter().map(|&b| (b % RMW_LOCKS as u64) as usize).collect();
-        slots.sort_unstable();
-        slots.dedup();
-        let mut guards = Vec::new();
-        for s in slots {
-            guards.push(self.rmw_locks[s].lock().await);
-        }
-        let whole = bytes::merge_unaligned(&span, &data, |b| self.read_blocks(b, 1)).await?;
-        let result = self.write_blocks(span.first, whole).await;
-        drop(guards);
-        result
+        crate::write_any_alignment(
+            span,
+            data,
+            &self.rmw_locks,
+            |b| self.read_blocks(b, 1),
+            |first, d| self.write_blocks(first, d),
+        )
+        .await
     }
 
     /// The aligned write path: log, then records.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use crate::common::*;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use stria_dev::{FaultConfig, FaultDevice, IoBytes, PowerSwitch};
+use stria_dev::{IoBytes, PowerSwitch};
 use stria_engine::{EngineError, Pool, VolumeError};
 use stria_tier::lsv::{self, LogParams, LogSpec, LogVolume};
 
@@ -336,20 +336,4 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
     for seed in 0..n {
         run_log_sequence(seed, false).await;
     }
-}
-
-/// What survives a power cut of `disks`, as new drives on a new power switch.
-fn power_cycle(disks: &[Dev], seed: u64) -> (Vec<Dev>, Arc<PowerSwitch>) {
-    let switch = PowerSwitch::new();
-    let devs = disks
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            Arc::new(
-                FaultDevice::with_config(d.crash_image(seed + i as u64), FaultConfig::default(), seed)
-                    .with_power_switch(switch.clone()),
-            )
-        })
-        .collect();
-    (devs, switch)
 }

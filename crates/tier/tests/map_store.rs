@@ -10,7 +10,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use rand::Rng;
-use stria_dev::{BlockDevice, FaultConfig, FaultDevice, PowerSwitch};
+use stria_dev::{BlockDevice, PowerSwitch};
 use stria_engine::{DriveClass, FoundDrive, Layout, Pool, VolumeRole, VolumeSpec};
 use stria_tier::map::{MapEntry, MapLayout, MapStore, Place, Update};
 
@@ -33,21 +33,6 @@ impl Model {
         let n = self.next;
         MapEntry { place: Place::Segment(n), crc: n as u32, seq: n as u32 }
     }
-}
-
-fn reboot(devs: &[Dev], seed: u64) -> (Vec<Dev>, Arc<PowerSwitch>) {
-    let switch = PowerSwitch::new();
-    let devs = devs
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            Arc::new(
-                FaultDevice::with_config(d.crash_image(seed + i as u64), FaultConfig::default(), seed)
-                    .with_power_switch(switch.clone()),
-            )
-        })
-        .collect();
-    (devs, switch)
 }
 
 async fn worker(store: &MapStore<Dev>, model: &RefCell<Model>, seed: u64, w: u64) {
@@ -157,7 +142,7 @@ async fn run_seed(seed: u64) {
         );
         drop(store);
         drop(pool);
-        (devs, switch) = reboot(&devs, seed * 10 + cycle);
+        (devs, switch) = power_cycle(&devs, seed * 10 + cycle);
     }
 }
 

@@ -38,13 +38,12 @@ use stria_engine::{
 use crate::log::CacheLog;
 use crate::map::{MapEntry, MapError, MapLayout, MapStore, Place, Update};
 use crate::record::block_crc;
+use crate::volume::RMW_LOCKS;
 use crate::{PartStatus, TierError};
 use space::{Geometry, Space, SpaceCounts};
 
 const HEADER_MAGIC: &[u8; 8] = b"STRIA-LV";
 const FORMAT_VERSION: u32 = 1;
-/// Locks serialising read-modify-writes of partly written blocks, by block number.
-const RMW_LOCKS: usize = 1024;
 /// A read that keeps racing with moves gives up after this many tries (an error, never wrong data).
 const READ_ATTEMPTS: usize = 8;
 /// Blocks per map update of a large zeroing or trim.
@@ -396,14 +395,7 @@ pub async fn open<D: BlockDevice>(
     rec: &TieredRecord,
 ) -> Result<Arc<LogVolume<D>>, TierError> {
     let corrupt = |reason: String| TierError::Corrupt { name: rec.name.clone(), reason };
-    let part = |id: u64, what: &str| {
-        pool.volume_by_id(id).ok_or_else(|| corrupt(format!("its {what} volume (id {id}) is missing")))
-    };
-    let (cache, meta, seg) = (
-        part(rec.cache_volume, "cache")?,
-        part(rec.meta_volume, "metadata")?,
-        part(rec.capacity_volume, "segment")?,
-    );
+    let [cache, meta, seg] = crate::open_parts(pool, rec, "segment")?;
     let params: LogParams =
         serde_json::from_value(rec.params.clone()).map_err(|e| corrupt(format!("bad parameters: {e}")))?;
     let header = Header::decode(&meta.read(0, BLOCK_USIZE).await?).map_err(corrupt)?;
@@ -687,23 +679,14 @@ impl<D: BlockDevice> LogVolume<D> {
             return Ok(());
         }
         let span = Span::new(offset_bytes, len);
-        if span.is_aligned() {
-            return self.write_blocks(span.first, data).await;
-        }
-        // Unaligned: the edge blocks stay locked from their read until the merged write is
-        // durable, so two writes to different bytes of one block cannot undo each other.
-        let mut slots: Vec<usize> =
-            [span.first, span.end - 1].iter().map(|&b| (b % RMW_LOCKS as u64) as usize).collect();
-        slots.sort_unstable();
-        slots.dedup();
-        let mut guards = Vec::new();
-        for s in slots {
-            guards.push(self.rmw_locks[s].lock().await);
-        }
-        let whole = bytes::merge_unaligned(&span, &data, |b| self.read_blocks(b, 1)).await?;
-        let result = self.write_blocks(span.first, whole).await;
-        drop(guards);
-        result
+        crate::write_any_alignment(
+            span,
+            data,
+            &self.rmw_locks,
+            |b| self.read_blocks(b, 1),
+            |first, d| self.write_blocks(first, d),
+        )
+        .await
     }
 
     async fn write_blocks(&self, first: u64, data: IoBytes) -> Result<(), VolumeError> {

@@ -48,9 +48,12 @@ pub async fn open_pool(devs: &[Dev]) -> Arc<Pool<Dev>> {
     Arc::new(Pool::open(found).await.expect("reopen pool"))
 }
 
-pub fn reboot(devs: &[Dev], seed: u64) -> Vec<Dev> {
+/// What survives a power cut of `devs`, as new drives on a new power switch (returned, so the
+/// next cut can be armed).
+pub fn power_cycle(devs: &[Dev], seed: u64) -> (Vec<Dev>, Arc<PowerSwitch>) {
     let switch = PowerSwitch::new();
-    devs.iter()
+    let devs = devs
+        .iter()
         .enumerate()
         .map(|(i, d)| {
             Arc::new(
@@ -58,7 +61,13 @@ pub fn reboot(devs: &[Dev], seed: u64) -> Vec<Dev> {
                     .with_power_switch(switch.clone()),
             )
         })
-        .collect()
+        .collect();
+    (devs, switch)
+}
+
+/// What survives a power cut of `devs` (see [`power_cycle`]).
+pub fn reboot(devs: &[Dev], seed: u64) -> Vec<Dev> {
+    power_cycle(devs, seed).0
 }
 
 /// A 4 MiB tiered ec:4+2 volume (16 KiB chunks: 64 KiB blocksets) with a 512 KiB cache.
