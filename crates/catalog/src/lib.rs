@@ -71,7 +71,7 @@ enum Entry<D: BlockDevice> {
 fn unavailable(name: &str, why: &str) -> CatalogError {
     CatalogError::Invalid(format!(
         "volume `{name}` is unavailable ({why}); its parts can be inspected with \
-         `stria volume show {name}.meta` (and .cache, .cap), and it can be deleted"
+         `stria volume show {name}.meta` (and .cache, and .cap or .seg), and it can be deleted"
     ))
 }
 
