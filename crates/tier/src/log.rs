@@ -28,6 +28,8 @@ struct State {
     head: u64,
     tail: u64,
     slots: Vec<Slot>,
+    /// Slots that are `Live` (kept with them, so asking costs nothing).
+    live: u64,
     waiting: usize,
     /// Set while destage cannot free space (its last attempt failed): waiting writers get an
     /// error instead of waiting forever. Cleared when destage works again.
@@ -68,6 +70,7 @@ impl CacheLog {
                 head: 0,
                 tail: 0,
                 slots: vec![Slot::Free; usize::try_from(ring).expect("ring fits")],
+                live: 0,
                 waiting: 0,
                 failed: None,
                 shut: None,
@@ -106,6 +109,7 @@ impl CacheLog {
                     );
                     *slot = Slot::Live(owner);
                 }
+                s.live = live.len() as u64;
             }
         }
         log
@@ -197,6 +201,7 @@ impl CacheLog {
         });
         assert_eq!(*slot, Slot::Reserved, "cache log: claiming position {pos} that is not reserved");
         *slot = Slot::Live(owner);
+        s.live += 1;
     }
 
     /// Frees positions (no durable record points to them any more) and advances the tail.
@@ -209,7 +214,9 @@ impl CacheLog {
             });
             // A position released twice could be handed out while a record still points to it.
             assert_ne!(*slot, Slot::Free, "cache log: position {pos} released twice");
+            let was_live = matches!(*slot, Slot::Live(_));
             *slot = Slot::Free;
+            s.live -= u64::from(was_live);
             any = true;
         }
         if !any {
@@ -258,8 +265,7 @@ impl CacheLog {
 
     /// Live positions (data some block still reads from the cache).
     pub(crate) fn live(&self) -> u64 {
-        let s = self.state.lock();
-        (s.tail..s.head).filter(|p| matches!(s.slots[(p % self.ring) as usize], Slot::Live(_))).count() as u64
+        self.state.lock().live
     }
 }
 
