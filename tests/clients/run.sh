@@ -60,20 +60,14 @@ start
 status_json() {  # `stria status --json`; exit codes 2 and 3 (degraded, failed) are states, not errors
   "$STRIA" status --pool "$POOL" --json || { local c=$?; [ $c -ge 2 ] && [ $c -le 3 ]; }
 }
-tier() {  # tier FIELD [PART]: a counter of the tiered volume tv from `stria status --json`
+counter() {  # counter VOLUME FIELD [PART]: a counter of a tiered or log volume from `stria status --json`
   status_json | /usr/bin/python3 -c '
 import json, sys
-t = [t for t in json.load(sys.stdin)["tiered"] if t["name"] == "tv"][0]
-part = sys.argv[2] if len(sys.argv) > 2 else ""
-print((([p for p in t["parts"] if p["role"] == part][0]) if part else t)[sys.argv[1]])' "$@"
+t = [t for t in json.load(sys.stdin)["log"] if t["name"] == sys.argv[1]][0]
+part = sys.argv[3] if len(sys.argv) > 3 else ""
+print((([p for p in t["parts"] if p["role"] == part][0]) if part else t)[sys.argv[2]])' "$@"
 }
-lvs() {  # lvs FIELD [PART]: a counter of the log-structured volume lv from `stria status --json`
-  status_json | /usr/bin/python3 -c '
-import json, sys
-t = [t for t in json.load(sys.stdin)["log"] if t["name"] == "lv"][0]
-part = sys.argv[2] if len(sys.argv) > 2 else ""
-print((([p for p in t["parts"] if p["role"] == part][0]) if part else t)[sys.argv[1]])' "$@"
-}
+tier() { counter tv "$@"; }
 
 for v in r0 r1 ec; do
   log "client recipe on $v"
@@ -82,26 +76,25 @@ for v in r0 r1 ec; do
   "$STRIA" scrub "$v" --pool "$POOL"
 done
 
-log "client recipe on tiered:ec:4+2 (48 MiB write cache: destage runs during the recipe)"
-"$ROOT/tests/nbd/clients.sh" "$SOCK" tv >"$W/recipe-tv.log" 2>&1 || { tail -50 "$W/recipe-tv.log" >&2; exit 1; }
-grep -q NBD_CLIENTS_OK "$W/recipe-tv.log"
-destaged=$(tier destaged_blocksets); partial=$(tier partial_stripe_writes capacity)
-echo "tv: $destaged blocksets destaged, $partial partial-stripe capacity writes"
-[ "$destaged" -gt 0 ] || { echo "tv: nothing was destaged during the recipe" >&2; exit 1; }
-[ "$partial" = 0 ] || { echo "tv: the capacity tier saw $partial partial-stripe writes" >&2; exit 1; }
-"$STRIA" scrub tv --pool "$POOL"
-
-log "client recipe on log:ec:4+2 (thin, log-structured; 48 MiB write cache: destage and GC run during the recipe)"
-"$ROOT/tests/nbd/clients.sh" "$SOCK" lv >"$W/recipe-lv.log" 2>&1 || { tail -50 "$W/recipe-lv.log" >&2; exit 1; }
-grep -q NBD_CLIENTS_OK "$W/recipe-lv.log"
-destaged=$(lvs destaged_blocks); partial=$(lvs partial_stripe_writes seg)
-written=$(lvs host_write_bytes); allocated=$(lvs allocated_bytes)
-echo "lv: $destaged blocks destaged, $partial partial-stripe segment writes, $allocated bytes allocated after $written written"
-[ "$destaged" -gt 0 ] || { echo "lv: nothing was destaged during the recipe" >&2; exit 1; }
-[ "$partial" = 0 ] || { echo "lv: the segment space saw $partial partial-stripe writes" >&2; exit 1; }
-# Thin: the recipe ends with fstrim on ext4 and discards, so much less is allocated than written.
-[ "$allocated" -lt $((written / 2)) ] || { echo "lv: TRIM gave no space back" >&2; exit 1; }
-"$STRIA" scrub lv --pool "$POOL"
+# The recipe on a thin, log-structured volume (48 MiB write cache: destage and GC run during it).
+log_recipe() {  # log_recipe NAME
+  local v=$1
+  "$ROOT/tests/nbd/clients.sh" "$SOCK" "$v" >"$W/recipe-$v.log" 2>&1 || { tail -50 "$W/recipe-$v.log" >&2; exit 1; }
+  grep -q NBD_CLIENTS_OK "$W/recipe-$v.log"
+  local destaged partial written allocated
+  destaged=$(counter "$v" destaged_blocks); partial=$(counter "$v" partial_stripe_writes seg)
+  written=$(counter "$v" host_write_bytes); allocated=$(counter "$v" allocated_bytes)
+  echo "$v: $destaged blocks destaged, $partial partial-stripe segment writes, $allocated bytes allocated after $written written"
+  [ "$destaged" -gt 0 ] || { echo "$v: nothing was destaged during the recipe" >&2; exit 1; }
+  [ "$partial" = 0 ] || { echo "$v: the segment space saw $partial partial-stripe writes" >&2; exit 1; }
+  # Thin: the recipe ends with fstrim on ext4 and discards, so much less is allocated than written.
+  [ "$allocated" -lt $((written / 2)) ] || { echo "$v: TRIM gave no space back" >&2; exit 1; }
+  "$STRIA" scrub "$v" --pool "$POOL"
+}
+log "client recipe on tiered:ec:4+2 (cache and map on the fast drives)"
+log_recipe tv
+log "client recipe on log:ec:4+2 (cache and map on the capacity drives)"
+log_recipe lv
 
 log "tiered: a fast drive fails while fio writes and verifies; cache and metadata go on mirrored-degraded, then rebuild"
 # (In $W: fio leaves its verify state file in the working directory.)
@@ -173,7 +166,7 @@ if echo "$out" | grep -qi "verification failed\|error"; then echo "data lost aft
 [ "$(echo "$out" | grep -c '^read ')" = 2 ] || { echo "reads after kill -9 did not complete" >&2; exit 1; }
 "$STRIA" scrub ec --pool "$POOL"
 
-log "tiered: kill -9 with writes in flight and destage running; every acknowledged write is back"
+log "tiered: kill -9 with writes in flight and destage and GC running; every acknowledged write is back"
 # fio writes with crc32c headers and saves its verify state when interrupted (SIGINT: it reaps
 # what is in flight, so the state names exactly the acknowledged writes); a second fio keeps
 # writing to the other half of the volume, so the server dies with requests in flight.
@@ -188,7 +181,7 @@ sleep 4
 kill -INT $FIOW; wait $FIOW || true
 grep -q "err= 0" "$W/fio/fio-write.log" || { cat "$W/fio/fio-write.log" >&2; exit 1; }
 ls "$W"/fio/*verify.state >/dev/null || { echo "fio saved no verify state" >&2; exit 1; }
-echo "tv before the kill: $(tier dirty_blocks) dirty blocks, $(tier destaged_blocksets) blocksets destaged"
+echo "tv before the kill: $(tier cache_live_blocks) blocks cached, $(tier destaged_blocks) destaged, $(tier gc_moved_blocks) moved by GC"
 kill -9 "$PID"; wait "$PID" 2>/dev/null || true; PID=
 wait $FIO || true
 rm -f "$SOCK" "$POOL/stria.sock"

@@ -221,9 +221,9 @@ pub fn run(args: &TierBenchArgs) -> Result<()> {
     if !args.chunk.is_multiple_of(4096) {
         bail!("--chunk must be a multiple of 4 KiB");
     }
-    let blockset = u64::from(DATA_SHARDS) * args.chunk as u64;
-    let volume_bytes = args.volume_size.next_multiple_of(blockset);
-    if volume_bytes < 4 * args.streams as u64 * blockset {
+    let row = u64::from(DATA_SHARDS) * args.chunk as u64;
+    let volume_bytes = args.volume_size.next_multiple_of(row);
+    if volume_bytes < 4 * args.streams as u64 * row {
         bail!("--volume-size is too small for {} streams", args.streams);
     }
     let shape = Shape {
@@ -291,13 +291,12 @@ pub fn run(args: &TierBenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// Bytes the drives will hold once the volume is filled: the capacity tier's stripes and the
-/// mirrored cache and metadata, plus the engine's own regions (a guess on the high side).
+/// Bytes the drives will hold once the volume is filled: the segment space's stripes and the
+/// mirrored cache and map, plus the engine's own regions (a guess on the high side).
 fn memory_needed(shape: &Shape) -> u64 {
     let k = u64::from(shape.data_shards);
-    let capacity = shape.volume_bytes / k * (k + u64::from(shape.parity_shards));
-    let blocksets = shape.volume_bytes / (k * shape.chunk_bytes);
-    let fast = 2 * (shape.cache_bytes + (1 + blocksets) * BLOCK);
+    let capacity = shape.volume_bytes * 3 / 2 / k * (k + u64::from(shape.parity_shards));
+    let fast = 2 * (shape.cache_bytes + rig::map_bytes(shape.volume_bytes));
     capacity + fast + (256 << 20)
 }
 
@@ -395,7 +394,7 @@ async fn measure_on<D: BlockDevice>(
     load::fill(vol, &tags, args.streams, 2, SEQ_BYTES).await.map_err(|e| anyhow::anyhow!("filling: {e}"))?;
     let fill_s = start.elapsed().as_secs_f64();
     let fill_drain_s = rig.drain(DRAIN_LIMIT).await?.as_secs_f64();
-    let streams = Streams::new(blocks, args.streams, vol.blockset_bytes() / BLOCK);
+    let streams = Streams::new(blocks, args.streams, u64::from(DATA_SHARDS) * args.chunk as u64 / BLOCK);
     let mut phases: Vec<PhaseResult> = Phase::ALL
         .iter()
         .map(|&phase| PhaseResult {
@@ -459,12 +458,14 @@ async fn measure_on<D: BlockDevice>(
         fill_mb_s: vol.size_bytes() as f64 / fill_s / 1e6,
         fill_drain_s,
         shape: format!(
-            "tiered:ec:{DATA_SHARDS}+{PARITY_SHARDS}, {} MiB volume, {} MiB cache (raid1 over 2 fast drives), \
-             {} KiB chunk ({} KiB blocksets), 6 capacity drives",
+            "{} (log-structured), {} MiB volume, {} MiB cache (raid1 over 2 fast drives), {} KiB chunk, \
+             batches of {} rows, {} MiB segments, 6 capacity drives",
+            vol.layout(),
             vol.size_bytes() >> 20,
-            vol.cache_volume().size_bytes() >> 20,
+            vol.parts()[1].size_bytes() >> 20,
             args.chunk >> 10,
-            vol.blockset_bytes() >> 10
+            vol.geometry().batch_rows,
+            (vol.geometry().segment_data() * BLOCK) >> 20
         ),
         drive_engine,
     })
@@ -520,13 +521,13 @@ async fn run_phase<D: BlockDevice>(
     seed: u64,
 ) -> Result<(Metrics, Vec<GroupResult>)> {
     rig.drain(DRAIN_LIMIT).await?;
-    let before = rig.snapshot();
+    let before = rig.snapshot().await;
     let (results, wall_s) =
         load::run(&rig.vol, tags, groups, Duration::from_secs_f64(args.seconds), interleave(args), seed)
             .await;
-    let backlog_bytes = rig.vol.dirty().0 * BLOCK;
+    let backlog_bytes = rig.vol.status().cache_live_blocks * BLOCK;
     let drain_s = rig.drain(DRAIN_LIMIT).await?.as_secs_f64();
-    let after = rig.snapshot();
+    let after = rig.snapshot().await;
     let mut m: Metrics = vec![("seconds", wall_s)];
     for (g, r) in groups.iter().zip(&results) {
         let prefix = if g.jobs.iter().any(|j| matches!(j, Job::RandRead)) { "read" } else { "write" };
@@ -537,7 +538,7 @@ async fn run_phase<D: BlockDevice>(
     }
     let (cache, cap) = (
         after.status.blocks_read_from_cache - before.status.blocks_read_from_cache,
-        after.status.blocks_read_from_capacity - before.status.blocks_read_from_capacity,
+        after.status.blocks_read_from_segments - before.status.blocks_read_from_segments,
     );
     if after.host_read_ops > before.host_read_ops {
         m.push(("read_from_capacity_pct", 100.0 * cap as f64 / (cache + cap).max(1) as f64));
@@ -592,13 +593,11 @@ fn write_accounting(m: &mut Metrics, before: &Snapshot, after: &Snapshot, backlo
         .sum();
     let full = cap_a.full_stripe_writes - cap_b.full_stripe_writes;
     let partial = cap_a.partial_stripe_writes - cap_b.partial_stripe_writes;
-    // `metadata_page_writes` counts every record page write: one per blockset a host write
-    // touches (write path, step 3 of docs/tiering.md) and one per destaged blockset (destage.rs:
-    // `destage_batch` calls `update_record_locked` once per written blockset, which writes the
-    // page, and then adds 1 to `destaged_blocksets`). The counters are read after destage
-    // drained, so the write-cache path's page writes are the difference.
-    let meta_pages = a.metadata_page_writes - b.metadata_page_writes;
-    let destaged = a.destaged_blocksets - b.destaged_blocksets;
+    // Map writes: log blocks (each one FUA write, shared by the deltas of host writes, destage
+    // and GC batches of the moment) and the pages checkpoints wrote.
+    let map_writes = (after.map.log_blocks_written - before.map.log_blocks_written)
+        + (after.map.pages_written - before.map.pages_written);
+    let destaged = a.destaged_blocks - b.destaged_blocks;
     let pct = |part: u64, whole: u64| 100.0 * part as f64 / whole.max(1) as f64;
     m.extend([
         ("host_write_mib", host_bytes / f64::from(1u32 << 20)),
@@ -622,10 +621,9 @@ fn write_accounting(m: &mut Metrics, before: &Snapshot, after: &Snapshot, backlo
             "cap_drive_writes_ge_128k_pct",
             pct(writes_at_least(&hist, GOAL_MIN_DRIVE_WRITE), hist.iter().sum()),
         ),
-        ("meta_writes_per_host_write", (meta_pages - destaged) as f64 / host_ops),
-        ("destaged_blocksets", destaged as f64),
-        ("destage_fill_blocks", (a.destage_fill_blocks - b.destage_fill_blocks) as f64),
-        ("writes_waited_for_space", (a.writes_waited_for_space - b.writes_waited_for_space) as f64),
+        ("meta_writes_per_host_write", map_writes as f64 / host_ops),
+        ("destaged_blocks", destaged as f64),
+        ("gc_moved_blocks", (a.gc_moved_blocks - b.gc_moved_blocks) as f64),
         ("backlog_mib", backlog_bytes as f64 / f64::from(1u32 << 20)),
         ("drain_s", drain_s),
     ]);

@@ -11,16 +11,13 @@ use crate::CatalogError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LayoutSpec {
     Plain(PlainLayout),
-    /// `tiered:ec:K+M`: write cache and metadata on fast drives, `ec:K+M` on capacity drives.
-    Tiered {
-        data_shards: u32,
-        parity_shards: u32,
-    },
-    /// `log:ec:K+M`: a thin, log-structured volume: write cache and map on fast drives (or on
-    /// mirrored capacity drives when the pool has no fast ones), segments on `ec:K+M`.
+    /// A thin, log-structured volume with its segments on `ec:K+M` of the capacity drives:
+    /// `tiered:ec:K+M` keeps its write cache and map on fast drives (`fast_tier`), `log:ec:K+M`
+    /// on the capacity drives.
     Log {
         data_shards: u32,
         parity_shards: u32,
+        fast_tier: bool,
     },
 }
 
@@ -44,14 +41,11 @@ pub enum PlainLayout {
     },
 }
 
-/// True when `text` names a tiered layout (whether or not the rest of it parses).
-pub fn is_tiered_layout(text: &str) -> bool {
-    text.trim().to_ascii_lowercase().starts_with("tiered:")
-}
-
-/// True when `text` names a log-structured layout (whether or not the rest of it parses).
+/// True when `text` names a log-structured layout, `tiered:` or `log:` (whether or not the rest
+/// of it parses).
 pub fn is_log_layout(text: &str) -> bool {
-    text.trim().to_ascii_lowercase().starts_with("log:")
+    let t = text.trim().to_ascii_lowercase();
+    t.starts_with("tiered:") || t.starts_with("log:")
 }
 
 fn invalid(message: String) -> CatalogError {
@@ -106,11 +100,11 @@ impl FromStr for LayoutSpec {
         let t = text.trim().to_ascii_lowercase();
         if let Some(rest) = t.strip_prefix("tiered:") {
             let (data_shards, parity_shards) = parse_kind_ec(text, "tiered", rest)?;
-            return Ok(LayoutSpec::Tiered { data_shards, parity_shards });
+            return Ok(LayoutSpec::Log { data_shards, parity_shards, fast_tier: true });
         }
         if let Some(rest) = t.strip_prefix("log:") {
             let (data_shards, parity_shards) = parse_kind_ec(text, "log", rest)?;
-            return Ok(LayoutSpec::Log { data_shards, parity_shards });
+            return Ok(LayoutSpec::Log { data_shards, parity_shards, fast_tier: false });
         }
         parse_plain(text, &t).map(LayoutSpec::Plain)
     }
@@ -137,7 +131,7 @@ impl PlainLayout {
 pub fn parse_plain_layout(text: &str, active_in_class: u32) -> Result<Layout, CatalogError> {
     match text.parse::<LayoutSpec>()? {
         LayoutSpec::Plain(p) => p.resolve(active_in_class),
-        LayoutSpec::Tiered { .. } | LayoutSpec::Log { .. } => {
+        LayoutSpec::Log { .. } => {
             Err(invalid(format!("`{text}` names a volume kind of its own; a plain layout is needed here")))
         }
     }
@@ -170,7 +164,10 @@ mod tests {
         assert_eq!(plain("ec:4", 3), Err("layout `ec:4`: expected ec:K+M, e.g. ec:4+2".into()));
         assert!(plain("raid5", 3).unwrap_err().starts_with("unknown layout `raid5`: use raid0"));
         let tiered = |t: &str| t.parse::<LayoutSpec>().map_err(|e| e.to_string());
-        assert_eq!(tiered("Tiered:ec:4+2"), Ok(LayoutSpec::Tiered { data_shards: 4, parity_shards: 2 }));
+        assert_eq!(
+            tiered("Tiered:ec:4+2"),
+            Ok(LayoutSpec::Log { data_shards: 4, parity_shards: 2, fast_tier: true })
+        );
         assert_eq!(
             tiered("tiered:raid1"),
             Err("`tiered:raid1`: a tiered layout is tiered:ec:K+M, e.g. tiered:ec:4+2".into())
@@ -179,8 +176,11 @@ mod tests {
             tiered("tiered:ec:4"),
             Err("`tiered:ec:4`: expected tiered:ec:K+M, e.g. tiered:ec:4+2".into())
         );
-        assert!(is_tiered_layout(" TIERED:whatever") && !is_tiered_layout("ec:4+2"));
-        assert_eq!(tiered("log:ec:4+2"), Ok(LayoutSpec::Log { data_shards: 4, parity_shards: 2 }));
+        assert!(is_log_layout(" TIERED:whatever") && !is_log_layout("ec:4+2"));
+        assert_eq!(
+            tiered("log:ec:4+2"),
+            Ok(LayoutSpec::Log { data_shards: 4, parity_shards: 2, fast_tier: false })
+        );
         assert_eq!(
             tiered("log:raid1"),
             Err("`log:raid1`: a log layout is log:ec:K+M, e.g. log:ec:4+2".into())

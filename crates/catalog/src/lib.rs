@@ -1,9 +1,9 @@
-//! The catalog of a pool's client-visible volumes: the one place that knows there are three kinds
-//! (plain engine volumes, tiered volumes and log-structured volumes) and hands each out as an
+//! The catalog of a pool's client-visible volumes: the one place that knows there are two kinds
+//! (plain engine volumes and log-structured volumes, `tiered:` or `log:`) and hands each out as an
 //! `Arc<dyn BlockVolume>`.
 //!
 //! Everything above it (the CLI, the daemon, the NBD export) goes arguments -> typed request ->
-//! catalog -> typed view -> rendering, and never asks "plain or tiered?" itself. A third kind of
+//! catalog -> typed view -> rendering, and never asks "plain or log?" itself. Another kind of
 //! volume is one more [`Entry`] variant and one more arm in each operation below.
 #![forbid(unsafe_code)]
 
@@ -19,13 +19,12 @@ use stria_engine::{
     BlockVolume, DEFAULT_CHUNK_BYTES, DriveClass, DriveState, EngineError, Pool, ScrubReport, Volume,
     VolumeRole, VolumeSpec,
 };
+use stria_tier::TierError;
 use stria_tier::lsv::{self, LogSpec, LogVolume};
-use stria_tier::{TierError, TieredVolume};
 
-pub use layout::{LayoutSpec, PlainLayout, is_log_layout, is_tiered_layout, parse_plain_layout};
+pub use layout::{LayoutSpec, PlainLayout, is_log_layout, parse_plain_layout};
 pub use view::{
-    LogTag, LogView, MemberView, PlainView, SegmentView, StatusView, TieredTag, TieredView, UnavailableView,
-    VolumeView,
+    LogTag, LogView, MemberView, PlainView, SegmentView, StatusView, UnavailableView, VolumeView,
 };
 
 /// Why a catalog operation failed. Engine and tier errors keep their own messages and sources.
@@ -35,7 +34,7 @@ pub enum CatalogError {
     Engine(#[from] EngineError),
     #[error(transparent)]
     Tier(#[from] TierError),
-    /// No client-visible volume (nor tier part, where parts count) of that name.
+    /// No client-visible volume (nor part, where parts count) of that name.
     #[error("no volume named `{0}`")]
     NotFound(String),
     /// A request the catalog refuses as it stands (bad layout, an option that does not apply, an
@@ -56,33 +55,31 @@ pub struct CreateVolume {
     pub class: Option<DriveClass>,
     /// Tiered and log volumes: write cache size (default: an eighth of the volume).
     pub cache_bytes: Option<u64>,
-    /// Tiered volumes: copies of cache and metadata (default 2).
+    /// Tiered and log volumes: copies of cache and map (default 2).
     pub cache_copies: Option<u32>,
 }
 
 /// A client-visible volume of one kind.
 enum Entry<D: BlockDevice> {
     Plain(Arc<Volume<D>>),
-    Tiered(Arc<TieredVolume<D>>),
     Log(Arc<LogVolume<D>>),
 }
 
-/// The refusal of an operation on a tiered volume that could not be opened.
+/// The refusal of an operation on a log-structured volume that could not be opened.
 fn unavailable(name: &str, why: &str) -> CatalogError {
     CatalogError::Invalid(format!(
         "volume `{name}` is unavailable ({why}); its parts can be inspected with \
-         `stria volume show {name}.meta` (and .cache, and .cap or .seg), and it can be deleted"
+         `stria volume show {name}.meta` (and .cache and .seg), and it can be deleted"
     ))
 }
 
 /// An open pool and its client-visible volumes.
 pub struct Catalog<D: BlockDevice> {
     pool: Arc<Pool<D>>,
-    /// Tiered volumes are objects of their own (a destager each); plain ones live in the pool.
-    tiers: RwLock<BTreeMap<String, Arc<TieredVolume<D>>>>,
-    /// Log-structured volumes (a mover each).
+    /// Log-structured volumes are objects of their own (a mover each); plain ones live in the
+    /// pool.
     logs: RwLock<BTreeMap<String, Arc<LogVolume<D>>>>,
-    /// Tiered or log volumes that could not be opened, with why: the rest of the pool still opens and
+    /// Log-structured volumes that could not be opened, with why: the rest of the pool still opens and
     /// serves; these are listed, not exported, and can be inspected (their parts) and deleted.
     unavailable: RwLock<BTreeMap<String, String>>,
 }
@@ -94,33 +91,22 @@ impl<D: BlockDevice> std::fmt::Debug for Catalog<D> {
 }
 
 impl<D: BlockDevice> Catalog<D> {
-    /// Opens every tiered volume of `pool` (their destagers start on the current runtime). One
-    /// that cannot be opened (its metadata or cache lost beyond repair) is set aside as
+    /// Opens every log-structured volume of `pool` (their movers start on the current runtime).
+    /// One that cannot be opened (its map or cache lost beyond repair) is set aside as
     /// unavailable, with the reason, instead of failing the whole pool.
     pub async fn open(pool: Arc<Pool<D>>) -> Result<Catalog<D>, CatalogError> {
-        let mut tiers = BTreeMap::new();
         let mut logs = BTreeMap::new();
         let mut unavailable = BTreeMap::new();
         for rec in pool.meta().tiered.clone() {
-            let opened = if lsv::is_log_record(&rec) {
-                lsv::open(&pool, &rec).await.map(|v| drop(logs.insert(rec.name.clone(), v)))
-            } else {
-                stria_tier::open(&pool, &rec).await.map(|v| drop(tiers.insert(rec.name.clone(), v)))
-            };
-            match opened {
-                Ok(()) => {}
+            match lsv::open(&pool, &rec).await {
+                Ok(v) => drop(logs.insert(rec.name.clone(), v)),
                 Err(e) => {
-                    tracing::error!(volume = %rec.name, error = %e, "tiered volume unavailable; the rest of the pool is served");
+                    tracing::error!(volume = %rec.name, error = %e, "volume unavailable; the rest of the pool is served");
                     unavailable.insert(rec.name.clone(), e.to_string());
                 }
             }
         }
-        Ok(Catalog {
-            pool,
-            tiers: RwLock::new(tiers),
-            logs: RwLock::new(logs),
-            unavailable: RwLock::new(unavailable),
-        })
+        Ok(Catalog { pool, logs: RwLock::new(logs), unavailable: RwLock::new(unavailable) })
     }
 
     /// The pool (drive operations, rebuild, counters).
@@ -128,15 +114,8 @@ impl<D: BlockDevice> Catalog<D> {
         &self.pool
     }
 
-    fn tiered(&self, name: &str) -> Option<Arc<TieredVolume<D>>> {
-        self.tiers.read().get(name).cloned()
-    }
-
-    /// The client-visible volume `name`, if there is one (tier parts are not).
+    /// The client-visible volume `name`, if there is one (parts are not).
     fn entry(&self, name: &str) -> Option<Entry<D>> {
-        if let Some(t) = self.tiered(name) {
-            return Some(Entry::Tiered(t));
-        }
         if let Some(l) = self.logs.read().get(name) {
             return Some(Entry::Log(Arc::clone(l)));
         }
@@ -146,13 +125,12 @@ impl<D: BlockDevice> Catalog<D> {
         self.pool.volume(name).map(Entry::Plain)
     }
 
-    /// Like [`Catalog::entry`], with the error an operator sees for a missing volume or a tier
-    /// part.
+    /// Like [`Catalog::entry`], with the error an operator sees for a missing volume or a part.
     fn entry_or_err(&self, name: &str) -> Result<Entry<D>, CatalogError> {
         match self.entry(name) {
             Some(e) => Ok(e),
             None if self.pool.volume(name).is_some() => Err(CatalogError::Invalid(format!(
-                "`{name}` is a part of a tiered volume; operate on the tiered volume instead"
+                "`{name}` is a part of a log-structured volume; operate on that volume instead"
             ))),
             None if let Some(why) = self.unavailable.read().get(name) => Err(unavailable(name, why)),
             None => Err(CatalogError::NotFound(name.to_string())),
@@ -163,7 +141,6 @@ impl<D: BlockDevice> Catalog<D> {
     fn plain(&self, name: &str) -> Result<Arc<Volume<D>>, CatalogError> {
         match self.entry_or_err(name)? {
             Entry::Plain(v) => Ok(v),
-            Entry::Tiered(_) => Err(CatalogError::Invalid(format!("`{name}` is a tiered volume"))),
             Entry::Log(_) => Err(CatalogError::Invalid(format!("`{name}` is a log-structured volume"))),
         }
     }
@@ -173,7 +150,6 @@ impl<D: BlockDevice> Catalog<D> {
         let meta = self.pool.meta();
         let mut names: Vec<String> =
             meta.volumes.iter().filter(|v| v.role == VolumeRole::Plain).map(|v| v.name.clone()).collect();
-        names.extend(self.tiers.read().keys().cloned());
         names.extend(self.logs.read().keys().cloned());
         names.extend(self.unavailable.read().keys().cloned());
         names.sort();
@@ -184,14 +160,13 @@ impl<D: BlockDevice> Catalog<D> {
     pub fn lookup(&self, name: &str) -> Option<Arc<dyn BlockVolume>> {
         self.entry(name).map(|e| match e {
             Entry::Plain(v) => v as Arc<dyn BlockVolume>,
-            Entry::Tiered(v) => v as Arc<dyn BlockVolume>,
             Entry::Log(v) => v as Arc<dyn BlockVolume>,
         })
     }
 
-    /// Whether `name` can be resized (plain volumes; tiered and log ones cannot yet).
+    /// Whether `name` can be resized (plain volumes; log-structured ones cannot yet).
     pub fn resizable(&self, name: &str) -> bool {
-        !matches!(self.entry(name), Some(Entry::Tiered(_) | Entry::Log(_)))
+        !matches!(self.entry(name), Some(Entry::Log(_)))
     }
 
     /// Active drives of `class`.
@@ -209,36 +184,15 @@ impl<D: BlockDevice> Catalog<D> {
     /// Creates a volume of the kind its layout names; returns what `show` would.
     pub async fn create(&self, req: CreateVolume) -> Result<VolumeView, CatalogError> {
         let parsed = req.layout.parse::<LayoutSpec>();
-        if is_tiered_layout(&req.layout) {
-            let LayoutSpec::Tiered { data_shards, parity_shards } = parsed? else {
-                unreachable!("a tiered layout text parses as tiered or not at all")
-            };
-            let spec = stria_tier::TieredSpec {
-                name: req.name.clone(),
-                size_bytes: req.size_bytes,
-                data_shards,
-                parity_shards,
-                chunk_bytes: req.chunk_bytes.unwrap_or(stria_tier::DEFAULT_TIER_CHUNK_BYTES),
-                cache_bytes: req.cache_bytes,
-                cache_copies: req.cache_copies.unwrap_or(2),
-            };
-            let tv = stria_tier::create(&self.pool, spec).await?;
-            self.tiers.write().insert(tv.name().to_string(), tv);
-            return self.show(&req.name);
-        }
         if is_log_layout(&req.layout) {
-            let LayoutSpec::Log { data_shards, parity_shards } = parsed? else {
-                unreachable!("a log layout text parses as log or not at all")
+            let LayoutSpec::Log { data_shards, parity_shards, fast_tier } = parsed? else {
+                unreachable!("a tiered: or log: layout text parses as a log layout or not at all")
             };
-            if req.cache_copies.is_some_and(|c| c != 2) {
-                return Err(CatalogError::Invalid(
-                    "log volumes keep two copies of their cache and map; --cache-copies does not apply"
-                        .into(),
-                ));
-            }
             let spec = LogSpec {
                 chunk_bytes: req.chunk_bytes.unwrap_or(stria_tier::DEFAULT_TIER_CHUNK_BYTES),
                 cache_bytes: req.cache_bytes,
+                fast_tier,
+                copies: req.cache_copies.unwrap_or(2),
                 ..LogSpec::new(&req.name, req.size_bytes, data_shards, parity_shards)
             };
             let lv = lsv::create(&self.pool, spec).await?;
@@ -253,7 +207,7 @@ impl<D: BlockDevice> Catalog<D> {
         }
         let class = req.class.unwrap_or_else(|| self.default_class());
         let LayoutSpec::Plain(plain) = parsed? else {
-            unreachable!("a layout text that is not tiered parses as plain or not at all")
+            unreachable!("a layout text that is not tiered: or log: parses as plain or not at all")
         };
         let layout = plain.resolve(self.active_in_class(class))?;
         let spec = VolumeSpec {
@@ -270,9 +224,6 @@ impl<D: BlockDevice> Catalog<D> {
 
     /// Grows or shrinks a plain volume (rounded up to whole blocks).
     pub async fn resize(&self, name: &str, size_bytes: u64) -> Result<VolumeView, CatalogError> {
-        if self.tiered(name).is_some() {
-            return Err(CatalogError::Invalid("resizing a tiered volume is not supported yet".into()));
-        }
         if self.logs.read().contains_key(name) {
             return Err(CatalogError::Invalid(
                 "resizing a log-structured volume is not supported yet".into(),
@@ -283,7 +234,7 @@ impl<D: BlockDevice> Catalog<D> {
         self.show(name)
     }
 
-    /// Deletes a volume (a tiered one with its parts, after its destager stopped; an
+    /// Deletes a volume (a log-structured one with its parts, after its mover stopped; an
     /// unavailable one with whatever parts are left).
     pub async fn delete(&self, name: &str) -> Result<(), CatalogError> {
         if self.unavailable.read().contains_key(name) {
@@ -292,11 +243,6 @@ impl<D: BlockDevice> Catalog<D> {
             return Ok(());
         }
         match self.entry_or_err(name)? {
-            Entry::Tiered(tv) => {
-                tv.close().await;
-                stria_tier::delete(&self.pool, name).await?;
-                self.tiers.write().remove(name);
-            }
             Entry::Log(lv) => {
                 lv.close().await;
                 stria_tier::delete(&self.pool, name).await?;
@@ -307,7 +253,7 @@ impl<D: BlockDevice> Catalog<D> {
         Ok(())
     }
 
-    /// Scrubs a volume (a tiered one part by part) and sums what was found.
+    /// Scrubs a volume (a log-structured one part by part) and sums what was found.
     /// `progress(part, rows_done, rows_total)` is called as rows complete.
     pub async fn scrub(
         &self,
@@ -315,10 +261,6 @@ impl<D: BlockDevice> Catalog<D> {
         progress: &mut (dyn FnMut(&str, u64, u64) + Send),
     ) -> Result<ScrubReport, CatalogError> {
         let parts: Vec<String> = match self.entry_or_err(name)? {
-            Entry::Tiered(tv) => [tv.cache_volume(), tv.meta_volume(), tv.capacity_volume()]
-                .iter()
-                .map(|v| v.name().to_string())
-                .collect(),
             Entry::Log(lv) => lv.parts().iter().map(|v| v.name().to_string()).collect(),
             Entry::Plain(_) => vec![name.to_string()],
         };
@@ -330,9 +272,8 @@ impl<D: BlockDevice> Catalog<D> {
         Ok(total)
     }
 
-    /// The pool with every tiered volume.
+    /// The pool with every log-structured volume.
     pub fn status(&self) -> StatusView {
-        let tiered = self.tiers.read().values().map(|t| t.status()).collect();
         let unavailable = self
             .unavailable
             .read()
@@ -340,16 +281,13 @@ impl<D: BlockDevice> Catalog<D> {
             .map(|(name, reason)| UnavailableView { name: name.clone(), reason: reason.clone() })
             .collect();
         let log = self.logs.read().values().map(|l| l.status()).collect();
-        StatusView { pool: self.pool.status(), tiered, log, unavailable }
+        StatusView { pool: self.pool.status(), log, unavailable }
     }
 
-    /// Any volume by name, tier parts included (diagnostics show each part).
+    /// Any volume by name, parts included (diagnostics show each part).
     pub fn show(&self, name: &str) -> Result<VolumeView, CatalogError> {
         if let Some(why) = self.unavailable.read().get(name) {
             return Err(unavailable(name, why));
-        }
-        if let Some(tv) = self.tiered(name) {
-            return Ok(VolumeView::Tiered(TieredView { status: tv.status(), kind: TieredTag }));
         }
         if let Some(lv) = self.logs.read().get(name) {
             return Ok(VolumeView::Log(LogView { status: lv.status(), kind: LogTag }));
@@ -365,12 +303,8 @@ impl<D: BlockDevice> Catalog<D> {
         Ok(VolumeView::Plain(PlainView::new(vol, rec)))
     }
 
-    /// Stops every destager, then closes the pool cleanly.
+    /// Stops every mover, then closes the pool cleanly.
     pub async fn close(&self) -> Result<(), CatalogError> {
-        let tiers: Vec<Arc<TieredVolume<D>>> = self.tiers.read().values().cloned().collect();
-        for t in tiers {
-            t.close().await;
-        }
         let logs: Vec<Arc<LogVolume<D>>> = self.logs.read().values().cloned().collect();
         for l in logs {
             l.close().await;

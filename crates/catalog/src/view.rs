@@ -4,17 +4,14 @@
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use stria_engine::format::meta::VolumeRecord;
 use stria_engine::{PoolStatus, VolumeStatus};
-use stria_tier::TierStatus;
 use stria_tier::lsv::LogStatus;
 
-/// The pool, with its tiered volumes.
+/// The pool, with its log-structured (tiered and log) volumes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StatusView {
     #[serde(flatten)]
     pub pool: PoolStatus,
-    pub tiered: Vec<TierStatus>,
-    /// Log-structured volumes (absent when there are none).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Log-structured volumes, `tiered:` and `log:` ones.
     pub log: Vec<LogStatus>,
     /// Volumes that could not be opened (absent when there are none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -28,31 +25,22 @@ pub struct UnavailableView {
     pub reason: String,
 }
 
-/// One volume: a tiered volume, or a plain volume (or a tier part) with its placement.
+/// One volume: a log-structured volume, or a plain volume (or a part of a log-structured one)
+/// with its placement.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum VolumeView {
-    Tiered(TieredView),
     Log(LogView),
     Plain(PlainView),
 }
 
-/// A log-structured volume.
+/// A log-structured volume (`tiered:` or `log:`; its `layout` says which).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LogView {
     #[serde(flatten)]
     pub status: LogStatus,
-    /// Always `"log"`.
+    /// Always `"log"` (what tells the views apart in JSON).
     pub kind: LogTag,
-}
-
-/// A tiered volume.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TieredView {
-    #[serde(flatten)]
-    pub status: TierStatus,
-    /// Always `"tiered"` (what tells the views apart in JSON).
-    pub kind: TieredTag,
 }
 
 /// A `"kind": "<name>"` marker: what tells the views apart in JSON.
@@ -82,17 +70,12 @@ macro_rules! kind_tag {
 }
 
 kind_tag!(
-    /// The `"kind": "tiered"` marker of a [`TieredView`].
-    TieredTag,
-    "tiered"
-);
-kind_tag!(
     /// The `"kind": "log"` marker of a [`LogView`].
     LogTag,
     "log"
 );
 
-/// A plain volume or a tier part: status and counters, then where its chunks live.
+/// A plain volume or a part of a log-structured one: status and counters, then where its chunks live.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PlainView {
     #[serde(flatten)]

@@ -42,6 +42,14 @@ pub enum EngineError {
     /// A drive that belongs to no pool or to another pool.
     #[error("{path}: {reason}")]
     ForeignDrive { path: String, reason: String },
+    /// A drive of a pool made by an older stria, whose on-disk format this build does not open.
+    #[error(
+        "{path}: drive of pool `{pool}`, made by an older stria (on-disk format {found}; this stria opens format \
+         {wants} only: its tiered volumes are log-structured and the old in-place ones cannot be read). Nothing \
+         was written to it. To move the data: open the pool with the stria that made it, `stria volume export` \
+         each volume, then `stria volume import` them into a pool made by this stria"
+    )]
+    OldFormat { path: String, pool: String, found: u32, wants: u32 },
     /// A drive the pool has moved on without.
     #[error(
         "{path}: stale drive (slot {slot}, generation {drive_generation}; the pool is at generation {pool_generation}): {reason}"

@@ -230,3 +230,52 @@ async fn an_old_copy_of_a_drive_is_never_trusted_on_any_layout() {
         }
     }
 }
+
+/// Sets both superblock copies of `dev` to on-disk format `version` (the bytes of format 1 and 2
+/// superblocks are the same; only the version differs).
+async fn set_superblock_version(dev: &Dev, version: u32) {
+    let size = dev.size_bytes();
+    for offset in [0, size - 4096] {
+        let mut block = dev.read(offset, stria_dev::IoBuf::zeroed(4096)).await.unwrap().to_vec();
+        assert_eq!(&block[..8], b"STRIA-SB");
+        block[8..12].copy_from_slice(&version.to_le_bytes());
+        let crc = crc32c::crc32c(&block[..4092]);
+        block[4092..].copy_from_slice(&crc.to_le_bytes());
+        dev.write(offset, stria_dev::IoBytes::copy_from(&block), true).await.unwrap();
+    }
+    dev.flush().await.unwrap();
+}
+
+async fn contents_crc(devs: &[Dev]) -> Vec<u32> {
+    let mut out = Vec::new();
+    for d in devs {
+        out.push(crc32c::crc32c(&d.read(0, stria_dev::IoBuf::zeroed(DRIVE_BYTES as usize)).await.unwrap()));
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_pool_of_the_previous_on_disk_format_is_refused_with_the_way_out_and_left_untouched() {
+    let (devs, _) = pool_with_data(4).await;
+    let devs = reboot(&devs, 0);
+    for d in &devs {
+        set_superblock_version(d, 1).await;
+    }
+    let before = contents_crc(&devs).await;
+    let err = open_pool(&devs).await.unwrap_err();
+    assert!(matches!(err, EngineError::OldFormat { found: 1, wants: 2, .. }), "{err}");
+    let message = err.to_string();
+    for needle in ["older stria", "format 1", "format 2", "stria volume export", "Nothing was written"] {
+        assert!(message.contains(needle), "`{needle}` missing from: {message}");
+    }
+    // Found by a directory scan (drives of other pools skipped): refused too, not skipped.
+    let found = devs.iter().map(|d| FoundDrive { dev: Arc::clone(d), path: d.name().into() }).collect();
+    let err = Pool::open_skipping(found, false).await.unwrap_err();
+    assert!(matches!(err, EngineError::OldFormat { .. }), "{err}");
+    assert_eq!(contents_crc(&devs).await, before, "the refusal wrote nothing");
+    // Back to the current format, the pool opens (the refusal is the version, nothing else).
+    for d in &devs {
+        set_superblock_version(d, 2).await;
+    }
+    open_pool(&devs).await.unwrap().close().await.unwrap();
+}

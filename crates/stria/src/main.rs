@@ -111,8 +111,9 @@ enum VolumeCmd {
         /// Size, e.g. 64G.
         #[arg(long, value_parser = parse_block_size)]
         size: u64,
-        /// raid0[:W], raid1[:N], raid10[:WxN], ec:K+M (K+1 is RAID-5, K+2 RAID-6) or
-        /// tiered:ec:K+M (write cache and metadata on fast drives, ec:K+M on capacity drives).
+        /// raid0[:W], raid1[:N], raid10[:WxN], ec:K+M (K+1 is RAID-5, K+2 RAID-6),
+        /// tiered:ec:K+M (thin, log-structured: write cache and map on fast drives, whole
+        /// stripes on ec:K+M of the capacity drives) or log:ec:K+M (the same without fast drives).
         #[arg(long)]
         layout: String,
         /// Chunk (stripe height): how much goes to one drive before the next.
@@ -121,10 +122,10 @@ enum VolumeCmd {
         /// Drive class to place it on (default: capacity if the pool has capacity drives).
         #[arg(long)]
         class: Option<DriveClass>,
-        /// Tiered layouts: size of the write cache on fast drives (default: 1/8 of the volume).
+        /// tiered: and log: layouts: size of the write cache (default: 1/8 of the volume).
         #[arg(long, value_parser = parse_block_size)]
         cache_size: Option<u64>,
-        /// Tiered layouts: copies of the write cache and its metadata (default 2).
+        /// tiered: and log: layouts: copies of the write cache and the map, 2 or 3 (default 2).
         #[arg(long)]
         cache_copies: Option<u32>,
     },
@@ -507,7 +508,7 @@ async fn status(dir: &PoolDir, json: bool) -> Result<i32> {
 /// The exit code `stria status` gives for what it shows.
 fn status_code(v: &StatusView) -> i32 {
     use stria_engine::VolumeState as S;
-    let states = v.pool.volumes.iter().map(|x| x.state).chain(v.tiered.iter().map(|t| t.state));
+    let states = v.pool.volumes.iter().map(|x| x.state).chain(v.log.iter().map(|t| t.state));
     let mut code = 0;
     for s in states {
         match s {

@@ -417,8 +417,8 @@ fn image_too_large(
     let fix = if catalog.resizable(name) {
         format!("resize the volume first: `stria volume resize {name} --size {len}`")
     } else {
-        // `volume resize` refuses tiered volumes (not supported yet).
-        "tiered volumes cannot be resized yet; import into a new, larger volume".to_string()
+        // `volume resize` refuses log-structured volumes (not supported yet).
+        "tiered and log volumes cannot be resized yet; import into a new, larger volume".to_string()
     };
     format!(
         "{} is {} but volume {name} is {}; {fix}",

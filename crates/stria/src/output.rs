@@ -6,11 +6,10 @@ use std::io::IsTerminal;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value;
 use stria_catalog::{StatusView, VolumeView};
-use stria_dev::BLOCK_BYTES;
 use stria_engine::units::format_size;
 use stria_engine::{DriveStatus, ScrubReport, VolumeState};
+use stria_tier::PartStatus;
 use stria_tier::lsv::LogStatus;
-use stria_tier::{PartStatus, TierStatus};
 
 use crate::ops::Progress;
 
@@ -212,24 +211,13 @@ pub(crate) fn volumes(v: &StatusView) {
             ]
         })
         .collect();
-    for t in &v.tiered {
-        rows.push(vec![
-            t.name.clone(),
-            t.layout.clone(),
-            size(t.size_bytes),
-            size(t.blockset_bytes),
-            "fast+capacity".into(),
-            state(t.state),
-            "-".into(),
-        ]);
-    }
     for l in &v.log {
         rows.push(vec![
             l.name.clone(),
             l.layout.clone(),
             size(l.size_bytes),
             "4 KiB".into(),
-            "thin".into(),
+            if l.layout.starts_with("tiered:") { "fast+capacity" } else { "capacity" }.into(),
             state(l.state),
             "-".into(),
         ]);
@@ -248,44 +236,7 @@ pub(crate) fn volumes(v: &StatusView) {
     table(&["NAME", "LAYOUT", "SIZE", "CHUNK", "CLASS", "STATE", "REBUILD"], &rows);
 }
 
-/// `stria volume show` of a tiered volume.
-fn tiered(t: &TierStatus) {
-    outln!("tiered volume {} ({}), {}", t.name, t.layout, state(t.state));
-    outln!("  {:<22} {}", "size", size(t.size_bytes));
-    outln!("  {:<22} {}", "blockset (full stripe)", size(t.blockset_bytes));
-    outln!(
-        "  {:<22} {} used of {}, {} dirty blocks in {} blocksets",
-        "write cache",
-        format_size(t.log_used_blocks * BLOCK_BYTES),
-        format_size(t.cache_blocks * BLOCK_BYTES),
-        t.dirty_blocks,
-        t.dirty_blocksets
-    );
-    outln!("  {:<22} {} written, {} read", "host", size(t.host_write_bytes), size(t.host_read_bytes));
-    outln!(
-        "  {:<22} {} from cache, {} from capacity",
-        "blocks read",
-        t.blocks_read_from_cache,
-        t.blocks_read_from_capacity
-    );
-    outln!(
-        "  {:<22} {} blocksets ({} clean blocks read back to fill partial ones)",
-        "destaged",
-        t.destaged_blocksets,
-        t.destage_fill_blocks
-    );
-    outln!("  {:<22} {}", "metadata page writes", t.metadata_page_writes);
-    let wa = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |x| format!("{x:.2}"));
-    outln!(
-        "  {:<22} fast drives {}, capacity drives {} (drive bytes written per host byte)",
-        "write amplification",
-        wa(t.write_amplification_fast),
-        wa(t.write_amplification_capacity)
-    );
-    parts_table(&t.parts);
-}
-
-/// The parts of a tiered or log-structured volume, with their drives' counters.
+/// The parts of a log-structured volume, with their drives' counters.
 fn parts_table(parts: &[PartStatus]) {
     let rows: Vec<Vec<String>> = parts
         .iter()
@@ -322,7 +273,8 @@ fn parts_table(parts: &[PartStatus]) {
 
 /// `stria volume show` of a log-structured volume.
 fn log_volume(l: &LogStatus) {
-    outln!("log-structured volume {} ({}), {}", l.name, l.layout, state(l.state));
+    let kind = if l.layout.starts_with("tiered:") { "tiered" } else { "log-structured" };
+    outln!("{kind} volume {} ({}), {}", l.name, l.layout, state(l.state));
     outln!("  {:<22} {} (thin: {} allocated)", "size", size(l.size_bytes), size(l.allocated_bytes));
     outln!(
         "  {:<22} {} in {} segments of {}: {} free ({} segments), {} garbage, {} reserved for GC",
@@ -340,6 +292,12 @@ fn log_volume(l: &LogStatus) {
     }
     outln!("  {:<22} {} blocks cached of {}", "write cache", l.cache_live_blocks, l.cache_blocks);
     outln!("  {:<22} {} written, {} read", "host", size(l.host_write_bytes), size(l.host_read_bytes));
+    outln!(
+        "  {:<22} {} from cache, {} from segments",
+        "blocks read",
+        l.blocks_read_from_cache,
+        l.blocks_read_from_segments
+    );
     outln!(
         "  {:<22} {} blocks in {} batches ({} padding slots)",
         "destaged",
@@ -368,7 +326,6 @@ fn log_volume(l: &LogStatus) {
 /// `stria volume show`.
 pub(crate) fn volume(v: &VolumeView) {
     let p = match v {
-        VolumeView::Tiered(t) => return tiered(&t.status),
         VolumeView::Log(l) => return log_volume(&l.status),
         VolumeView::Plain(p) => p,
     };

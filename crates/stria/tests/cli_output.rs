@@ -351,6 +351,11 @@ fn cli_output_matches_the_golden_files() {
         &["volume", "create", "x", "--size", "16M", "--layout", "tiered:raid1"],
         1,
     );
+    check(
+        "mistake_cache_copies_out_of_range",
+        &["volume", "create", "x", "--size", "16M", "--layout", "tiered:ec:4+2", "--cache-copies", "4"],
+        1,
+    );
     check("mistake_too_few_drives", &["volume", "create", "x", "--size", "16M", "--layout", "ec:8+2"], 1);
     check(
         "mistake_cache_size_on_plain_layout",
@@ -364,7 +369,7 @@ fn cli_output_matches_the_golden_files() {
     check("mistake_scrub_missing", &["scrub", "nope"], 1);
     check("mistake_scrub_tier_part", &["scrub", "tv.cache"], 1);
     check("mistake_resize_tier_part", &["volume", "resize", "tv.meta", "--size", "1M"], 1);
-    check("mistake_delete_tier_part", &["volume", "delete", "tv.cap"], 1);
+    check("mistake_delete_tier_part", &["volume", "delete", "tv.seg"], 1);
     check("mistake_drive_fail_unknown", &["drive", "fail", "42"], 1);
     check("mistake_import_too_large", &["volume", "import", "r1", "large.raw"], 1);
     check("mistake_import_too_large_tiered", &["volume", "import", "tv", "large.raw"], 1);

@@ -1,68 +1,15 @@
-//! [`BlockVolume`] for tiered volumes: every acknowledged write, zeroing and discard is already
-//! durable (cache blocks and record pages are written with FUA), so [`Durability`] changes
-//! nothing here.
+//! [`BlockVolume`] for log-structured volumes: every acknowledged write, zeroing and discard is
+//! already durable (cache blocks and map deltas are written with FUA before the acknowledgement),
+//! so [`Durability`] changes nothing here.
 
 use stria_dev::{BlockDevice, IoBuf, IoBytes};
 use stria_engine::{BlockVolume, Durability, Extent, VolumeFuture, VolumeInfo, Zeroing};
 
-use crate::TieredVolume;
-
-impl<D: BlockDevice> BlockVolume for TieredVolume<D> {
-    fn info(&self) -> VolumeInfo {
-        VolumeInfo {
-            name: self.name().to_string(),
-            layout: format!("tiered:{}", self.capacity_volume().layout()),
-            preferred_block_bytes: self.blockset_bytes(),
-        }
-    }
-
-    fn size_bytes(&self) -> u64 {
-        TieredVolume::size_bytes(self)
-    }
-
-    fn read(&self, offset_bytes: u64, len_bytes: usize) -> VolumeFuture<'_, IoBuf> {
-        Box::pin(TieredVolume::read(self, offset_bytes, len_bytes))
-    }
-
-    fn write(&self, offset_bytes: u64, data: IoBytes, durability: Durability) -> VolumeFuture<'_, ()> {
-        Box::pin(TieredVolume::write(self, offset_bytes, data, durability.is_fua()))
-    }
-
-    fn write_zeroes(
-        &self,
-        offset_bytes: u64,
-        len_bytes: u64,
-        zeroing: Zeroing,
-        _durability: Durability,
-    ) -> VolumeFuture<'_, ()> {
-        Box::pin(TieredVolume::write_zeroes(self, offset_bytes, len_bytes, zeroing.cheap_only()))
-    }
-
-    fn discard(&self, offset_bytes: u64, len_bytes: u64, durability: Durability) -> VolumeFuture<'_, ()> {
-        Box::pin(async move {
-            TieredVolume::trim(self, offset_bytes, len_bytes).await?;
-            if durability.is_fua() {
-                TieredVolume::flush(self).await?;
-            }
-            Ok(())
-        })
-    }
-
-    fn flush(&self) -> VolumeFuture<'_, ()> {
-        Box::pin(TieredVolume::flush(self))
-    }
-
-    fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> VolumeFuture<'_, Vec<Extent>> {
-        Box::pin(std::future::ready(TieredVolume::block_status(self, offset_bytes, len_bytes)))
-    }
-}
-
-/// Log-structured volumes: like tiered ones, every acknowledged change is durable already.
 impl<D: BlockDevice> BlockVolume for crate::lsv::LogVolume<D> {
     fn info(&self) -> VolumeInfo {
         VolumeInfo {
             name: self.name().to_string(),
-            layout: format!("log:{}", self.parts()[2].layout()),
+            layout: self.layout(),
             preferred_block_bytes: stria_dev::BLOCK_BYTES,
         }
     }

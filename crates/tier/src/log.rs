@@ -1,9 +1,9 @@
 //! The write-cache log: ever-increasing 64-bit positions over a ring of cache blocks.
 //!
-//! A position is *reserved* while its data is being written, *live* while a record points to
+//! A position is *reserved* while its data is being written, *live* while a map entry points to
 //! it, and free otherwise. The tail advances over free positions only, so a reserved or live
 //! block is never reused; the head never passes the tail by more than the ring size. Writers that
-//! find the ring full wait (back-pressure) and wake the destager.
+//! find the ring full wait (back-pressure) and wake the mover.
 
 use parking_lot::Mutex;
 use tokio::sync::Notify;
@@ -13,14 +13,8 @@ use tokio::sync::Notify;
 enum Slot {
     Free,
     Reserved,
-    /// Holds the data of one block: its owner, (blockset, block index) packed by [`owner_of`]
-    /// for an in-place tiered volume, the logical block for a log-structured one.
+    /// Holds the data of one block: its owner, the logical block.
     Live(u64),
-}
-
-/// The owner word of (blockset, block index).
-fn owner_of(blockset: u32, index: u16) -> u64 {
-    (u64::from(blockset) << 16) | u64::from(index)
 }
 
 #[derive(Debug)]
@@ -36,7 +30,7 @@ struct State {
     failed: Option<String>,
     /// Set for good when the volume closes or stops taking writes: every reservation fails.
     /// Kept apart from `failed` so that a destage batch finishing after the close cannot clear
-    /// it (a writer then waited for space that no destager would ever free).
+    /// it (a writer then waited for space that no mover would ever free).
     shut: Option<String>,
 }
 
@@ -50,13 +44,13 @@ impl State {
     }
 }
 
-/// The cache log of one tiered volume.
+/// The cache log of one volume.
 #[derive(Debug)]
 pub(crate) struct CacheLog {
     ring: u64,
     state: Mutex<State>,
     space: Notify,
-    /// Wakes the destager when a writer is waiting for space.
+    /// Wakes the mover when a writer is waiting for space.
     pub(crate) hungry: Notify,
 }
 
@@ -78,14 +72,6 @@ impl CacheLog {
             space: Notify::new(),
             hungry: Notify::new(),
         }
-    }
-
-    /// A log holding the live positions `live` (from the records, at open).
-    pub(crate) fn with_live(ring: u64, live: &[(u64, u32, u16)]) -> CacheLog {
-        let owned: Vec<(u64, u64)> = live.iter().map(|&(pos, bs, idx)| (pos, owner_of(bs, idx))).collect();
-        CacheLog::with_owners(ring, &owned, |owner| {
-            format!("blockset {} block {}", owner >> 16, owner & 0xffff)
-        })
     }
 
     /// A log holding the live positions `live` (position, owner), found at open; `describe`
@@ -184,27 +170,18 @@ impl CacheLog {
         self.state.lock().failed = None;
     }
 
-    /// Marks a reserved position live for (blockset, index).
-    pub(crate) fn claim(&self, pos: u64, blockset: u32, index: u16) {
-        self.claim_for(pos, owner_of(blockset, index), || format!("blockset {blockset} block {index}"));
-    }
-
-    /// Marks a reserved position live for logical block `block` (log-structured volumes).
+    /// Marks a reserved position live for logical block `block`.
     pub(crate) fn claim_block(&self, pos: u64, block: u64) {
-        self.claim_for(pos, block, || format!("block {block}"));
-    }
-
-    fn claim_for(&self, pos: u64, owner: u64, describe: impl FnOnce() -> String) {
         let mut s = self.state.lock();
         let slot = s.slot_in_turn(pos, self.ring, |tail, head| {
-            format!("claiming {pos} outside [{tail}, {head}) for {}", describe())
+            format!("claiming {pos} outside [{tail}, {head}) for block {block}")
         });
         assert_eq!(*slot, Slot::Reserved, "cache log: claiming position {pos} that is not reserved");
-        *slot = Slot::Live(owner);
+        *slot = Slot::Live(block);
         s.live += 1;
     }
 
-    /// Frees positions (no durable record points to them any more) and advances the tail.
+    /// Frees positions (no durable map entry points to them any more) and advances the tail.
     pub(crate) fn release(&self, positions: impl IntoIterator<Item = u64>) {
         let mut s = self.state.lock();
         let mut any = false;
@@ -212,7 +189,7 @@ impl CacheLog {
             let slot = s.slot_in_turn(pos, self.ring, |tail, head| {
                 format!("releasing {pos} outside [{tail}, {head})")
             });
-            // A position released twice could be handed out while a record still points to it.
+            // A position released twice could be handed out while a map entry still points to it.
             assert_ne!(*slot, Slot::Free, "cache log: position {pos} released twice");
             let was_live = matches!(*slot, Slot::Live(_));
             *slot = Slot::Free;
@@ -230,23 +207,6 @@ impl CacheLog {
             drop(s);
             self.space.notify_waiters();
         }
-    }
-
-    /// The blocksets owning the oldest live positions, oldest first, at most `max` distinct.
-    pub(crate) fn oldest_blocksets(&self, max: usize) -> Vec<u32> {
-        let s = self.state.lock();
-        let mut out: Vec<u32> = Vec::new();
-        let mut pos = s.tail;
-        while pos < s.head && out.len() < max {
-            if let Slot::Live(owner) = s.slots[(pos % self.ring) as usize] {
-                let bs = u32::try_from(owner >> 16).expect("a tiered owner packs a 32-bit blockset");
-                if !out.contains(&bs) {
-                    out.push(bs);
-                }
-            }
-            pos += 1;
-        }
-        out
     }
 
     /// The oldest live positions and their owners, oldest first, at most `max`.
@@ -280,15 +240,15 @@ mod tests {
         let b = log.reserve(3).await.unwrap();
         assert_eq!((a, b), (0, 3));
         for i in 0..3 {
-            log.claim(a + i, 1, i as u16);
+            log.claim_block(a + i, 10 + i);
         }
         // b stays reserved (its write is in flight); freeing a advances the tail to b only.
         log.release([0, 1, 2]);
         assert_eq!(log.used(), 3);
         for i in 0..3 {
-            log.claim(b + i, 2, i as u16);
+            log.claim_block(b + i, 20 + i);
         }
-        assert_eq!(log.oldest_blocksets(4), vec![2]);
+        assert_eq!(log.oldest_live(2), vec![(3, 20), (4, 21)]);
         log.release([4]);
         assert_eq!(log.used(), 3, "a hole in the middle does not move the tail");
         log.release([3, 5]);
@@ -358,20 +318,21 @@ mod tests {
         log.release(first..first + 8);
         // Position 8 uses the slot of position 0, and is reserved now.
         assert_eq!(log.reserve(2).await.unwrap(), 8);
-        log.claim(0, 1, 0);
+        log.claim_block(0, 1);
     }
 
     #[test]
-    #[should_panic(expected = "position 100 claimed by blockset 2 block 5 and by another block")]
-    fn a_position_two_records_claim_is_a_bug() {
-        CacheLog::with_live(16, &[(100, 1, 0), (100, 2, 5)]);
+    #[should_panic(expected = "position 100 claimed by block 7 and by another block")]
+    fn a_position_two_map_entries_claim_is_a_bug() {
+        CacheLog::with_owners(16, &[(100, 3), (100, 7)], |b| format!("block {b}"));
     }
 
     #[test]
     fn live_positions_rebuild_the_log() {
-        let log = CacheLog::with_live(16, &[(100, 1, 0), (103, 2, 5)]);
+        let log = CacheLog::with_owners(16, &[(100, 3), (103, 7)], |b| format!("block {b}"));
         assert_eq!(log.used(), 4);
-        assert_eq!(log.oldest_blocksets(8), vec![1, 2]);
+        assert_eq!(log.live(), 2);
+        assert_eq!(log.oldest_live(8), vec![(100, 3), (103, 7)]);
         assert_eq!(log.block_of(103), 7);
     }
 }

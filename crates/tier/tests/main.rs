@@ -1,9 +1,8 @@
-//! Every integration test of the tiered volume, in one test binary: each scenario file is a
+//! Every integration test of the log-structured volume, in one test binary: each scenario file is a
 //! module (one link of the dependency graph instead of one per file).
 #![allow(clippy::cast_possible_truncation)] // 64-bit only, like the engine; test inputs are small
 
 mod common;
-mod crash_during_destage;
+mod crash_sequences;
 mod log_volume;
 mod map_store;
-mod tiered_volume_behaviour;

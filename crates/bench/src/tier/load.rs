@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 pub(super) use stria_dev::BLOCK_BYTES as BLOCK;
 use stria_dev::{BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
-use stria_tier::TieredVolume;
+use stria_tier::lsv::LogVolume;
 
 use crate::engine::hist::Histogram;
 
@@ -209,7 +209,7 @@ enum Outcome {
 /// task lets the others run after each request (memory drives complete requests without ever
 /// suspending, so a task would otherwise keep its worker thread to itself).
 pub(super) async fn run<D: BlockDevice>(
-    vol: &Arc<TieredVolume<D>>,
+    vol: &Arc<LogVolume<D>>,
     tags: &Arc<Tags>,
     groups: &[Group],
     duration: Duration,
@@ -305,7 +305,7 @@ pub(super) async fn run<D: BlockDevice>(
 /// Writes every block of the volume once (generation 1) with `streams` sequential streams of
 /// `req_bytes`, `qd` each; returns the first error.
 pub(super) async fn fill<D: BlockDevice>(
-    vol: &Arc<TieredVolume<D>>,
+    vol: &Arc<LogVolume<D>>,
     tags: &Arc<Tags>,
     streams: usize,
     qd: usize,

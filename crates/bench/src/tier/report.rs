@@ -20,7 +20,9 @@ fn verdict(ok: bool) -> &'static str {
 }
 
 pub(super) fn print(o: &Outcome, args: &TierBenchArgs, load_before: &str, load_after: &str) {
-    println!("stria-bench-tier: seed 000's proof-of-concept tests on a tiered volume, destage always on");
+    println!(
+        "stria-bench-tier: seed 000's proof-of-concept tests on a tiered (log-structured) volume, destage always on"
+    );
     println!("volume: {}", o.shape);
     println!("drives: {}", o.drive_engine);
     println!(
@@ -97,7 +99,7 @@ pub(super) fn print(o: &Outcome, args: &TierBenchArgs, load_before: &str, load_a
         "all>=128K",
         "meta/wr",
         "backlog",
-        "waits"
+        "gc mv"
     );
     for p in o.phases.iter().filter(|p| p.phase.writes()) {
         let other = p.median("cap_intent_wa") + p.median("cap_journal_wa") + p.median("cap_pool_meta_wa");
@@ -116,16 +118,16 @@ pub(super) fn print(o: &Outcome, args: &TierBenchArgs, load_before: &str, load_a
             format!("{}%", cell(p.median("cap_drive_writes_ge_128k_pct"), 1)),
             cell(p.median("meta_writes_per_host_write"), 3),
             cell(p.median("backlog_mib"), 0),
-            cell(p.median("writes_waited_for_space"), 0),
+            cell(p.median("gc_moved_blocks"), 0),
         );
     }
     println!(
         "cap WA = capacity drive bytes written per host byte (all regions), split into data (stripes), csum \
          (checksum pages) and other (intent bitmap, journal, pool metadata); fast WA = the same for the 2 fast \
          drives; full/part st = capacity stripe writes, summed over the repetitions; data>=128K / all>=128K = \
-         capacity drive writes of at least 128 KiB, data region only / all regions; meta/wr = metadata page \
-         writes of the write-cache path per host write (destage record updates excluded); backlog = MiB still \
-         dirty when the timed part ended"
+         capacity drive writes of at least 128 KiB, data region only / all regions; meta/wr = map writes (log \
+         blocks and checkpoint pages, destage and GC deltas included) per host write; backlog = MiB still \
+         cached when the timed part ended; gc mv = blocks GC moved"
     );
     print!("{}", goals(o));
 }
@@ -215,7 +217,7 @@ fn goals(o: &Outcome) -> String {
     let meta_max = writers.iter().map(|p| p.median("meta_writes_per_host_write")).fold(0.0, f64::max);
     let _ = writeln!(
         out,
-        "  metadata page writes per host write on the write-cache path: {} (goal <= 1): {}",
+        "  map writes (log blocks + checkpoint pages) per host write: {} (goal <= 1): {}",
         meta.join(", "),
         verdict(meta_max <= 1.0)
     );

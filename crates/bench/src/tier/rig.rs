@@ -1,4 +1,4 @@
-//! The tiered volume under test: a pool of 2 fast + 6 capacity drives (memory-backed files or
+//! The `tiered:ec:K+M` (log-structured) volume under test: a pool of 2 fast + 6 capacity drives (memory-backed files or
 //! memory drives), each drive wrapped in a [`Tap`] that splits its writes by region of the stria
 //! drive layout, so the capacity tier's data writes can be told from the engine's own
 //! (checksum pages, intent bitmap, journal, pool metadata).
@@ -11,11 +11,12 @@ use anyhow::{Context, Result, bail};
 use stria_dev::counters::WRITE_SIZE_BUCKETS;
 use stria_dev::{BlockDevice, DevCountersSnapshot};
 use stria_engine::{DriveClass, NewDrive, Pool};
-use stria_tier::{TierParams, TierStatus, TieredSpec, TieredVolume};
+use stria_tier::lsv::{LogParams, LogSpec, LogStatus, LogVolume};
+use stria_tier::map::MapStats;
 
 pub(super) use crate::regions::{REGIONS, Region, RegionCounters, Tap};
 
-/// Fast drives (write cache and metadata) and capacity drives (the `ec:K+M` tier).
+/// Fast drives (write cache and map) and capacity drives (the `ec:K+M` segment space).
 pub(super) const FAST_DRIVES: usize = 2;
 /// Drive space beyond what the parts need: superblocks, pool metadata, intent bitmap, journal,
 /// checksum table, allocator slack.
@@ -59,10 +60,11 @@ pub(super) struct Shape {
     pub(super) parity_shards: u32,
 }
 
-/// Counters at one moment: the volume's status and the taps of the capacity drives.
+/// Counters at one moment: the volume's status and map counters, and the taps of the drives.
 #[derive(Debug, Clone)]
 pub(super) struct Snapshot {
-    pub(super) status: TierStatus,
+    pub(super) status: LogStatus,
+    pub(super) map: MapStats,
     pub(super) host_write_ops: u64,
     pub(super) host_read_ops: u64,
     /// Capacity drives, summed, by region.
@@ -71,10 +73,10 @@ pub(super) struct Snapshot {
     pub(super) fast_regions: [DevCountersSnapshot; REGIONS],
 }
 
-/// The pool and the tiered volume, with the taps of their drives.
+/// The pool and the volume, with the taps of their drives.
 pub(super) struct Rig<D: BlockDevice> {
     pub(super) pool: Arc<Pool<Tap<D>>>,
-    pub(super) vol: Arc<TieredVolume<Tap<D>>>,
+    pub(super) vol: Arc<LogVolume<Tap<D>>>,
     /// Per drive: whether it is a capacity drive, and its tap.
     taps: Vec<(bool, Arc<RegionCounters>)>,
     /// The daemon's housekeeping (`Pool::tick` every 2 s: clears idle intent bits), so intent
@@ -82,13 +84,18 @@ pub(super) struct Rig<D: BlockDevice> {
     housekeeping: tokio::task::JoinHandle<()>,
 }
 
-/// Sizes of the fast and the capacity drives for `shape`.
+/// Bytes of the map part for a volume of `volume_bytes` (header, log ring of at most 64 Ki
+/// blocks, pages of 255 entries): on the high side.
+pub(super) fn map_bytes(volume_bytes: u64) -> u64 {
+    let blocks = volume_bytes / 4096;
+    4096 + blocks.div_ceil(16).clamp(1024, 65536) * 4096 + blocks.div_ceil(255) * 4096
+}
+
+/// Sizes of the fast and the capacity drives for `shape` (the segment space is 1.5 x the
+/// volume, the default).
 fn drive_sizes(shape: &Shape) -> (u64, u64) {
-    let blockset = u64::from(shape.data_shards) * shape.chunk_bytes;
-    let blocksets = shape.volume_bytes.div_ceil(blockset);
-    let meta = (1 + blocksets) * 4096;
-    let fast = shape.cache_bytes + meta + DRIVE_SLACK_BYTES;
-    let member = blocksets * shape.chunk_bytes;
+    let fast = shape.cache_bytes + map_bytes(shape.volume_bytes) + DRIVE_SLACK_BYTES;
+    let member = shape.volume_bytes * 3 / 2 / u64::from(shape.data_shards) + (64 << 20);
     let cap = member + DRIVE_SLACK_BYTES;
     let mib = 1 << 20;
     (fast.next_multiple_of(mib), cap.next_multiple_of(mib))
@@ -96,7 +103,7 @@ fn drive_sizes(shape: &Shape) -> (u64, u64) {
 
 impl<D: BlockDevice> Rig<D> {
     /// Makes the drives with `make(name, size)` (slots 0-1 fast, the rest capacity), the pool, and
-    /// the `tiered:ec:K+M` volume, with destage set to run all the time.
+    /// the `tiered:ec:K+M` volume, with destage set to run whenever a batch is cached.
     pub(super) async fn build(shape: &Shape, make: impl Fn(&str, u64) -> Result<D>) -> Result<Rig<D>> {
         let (fast_bytes, cap_bytes) = drive_sizes(shape);
         let capacity = (shape.data_shards + shape.parity_shards) as usize;
@@ -116,18 +123,15 @@ impl<D: BlockDevice> Rig<D> {
             });
         }
         let pool = Arc::new(Pool::create("bench-tier", drives).await.context("creating the pool")?);
-        let spec = TieredSpec {
-            name: "bench".into(),
-            size_bytes: shape.volume_bytes,
-            data_shards: shape.data_shards,
-            parity_shards: shape.parity_shards,
+        let spec = LogSpec {
             chunk_bytes: shape.chunk_bytes,
             cache_bytes: Some(shape.cache_bytes),
-            cache_copies: 2,
+            fast_tier: true,
+            ..LogSpec::new("bench", shape.volume_bytes, shape.data_shards, shape.parity_shards)
         };
-        let vol = stria_tier::create(&pool, spec).await.context("creating the tiered volume")?;
+        let vol = stria_tier::lsv::create(&pool, spec).await.context("creating the tiered volume")?;
         // The seed's proof of concept: "the destage code is tweaked to run all the time".
-        vol.set_params(TierParams { always: true, ..vol.params() });
+        vol.set_params(LogParams { always: true, ..vol.params() });
         let housekeeping = {
             let pool = Arc::clone(&pool);
             tokio::spawn(async move {
@@ -143,7 +147,7 @@ impl<D: BlockDevice> Rig<D> {
         Ok(Rig { pool, vol, taps, housekeeping })
     }
 
-    pub(super) fn snapshot(&self) -> Snapshot {
+    pub(super) async fn snapshot(&self) -> Snapshot {
         let sum = |cap: bool| {
             let mut out: [DevCountersSnapshot; REGIONS] = Default::default();
             for (_, t) in self.taps.iter().filter(|(c, _)| *c == cap) {
@@ -156,6 +160,7 @@ impl<D: BlockDevice> Rig<D> {
         let c = self.vol.counters();
         Snapshot {
             status: self.vol.status(),
+            map: self.vol.map_stats().await,
             host_write_ops: c.host_write_ops.load(std::sync::atomic::Ordering::Relaxed),
             host_read_ops: c.host_read_ops.load(std::sync::atomic::Ordering::Relaxed),
             cap_regions: sum(true),
@@ -163,13 +168,13 @@ impl<D: BlockDevice> Rig<D> {
         }
     }
 
-    /// Waits until destage has moved every cached block to the capacity tier; returns how long
-    /// that took.
+    /// Waits until destage has moved every cached block (those a full batch can take) to the
+    /// segment space; returns how long that took.
     pub(super) async fn drain(&self, limit: Duration) -> Result<Duration> {
         let start = Instant::now();
         loop {
-            let (blocks, _) = self.vol.dirty();
-            if blocks == 0 {
+            let blocks = self.vol.status().cache_live_blocks;
+            if blocks < self.vol.geometry().batch_data() {
                 return Ok(start.elapsed());
             }
             if start.elapsed() > limit {
@@ -179,7 +184,7 @@ impl<D: BlockDevice> Rig<D> {
         }
     }
 
-    /// Stops the destager and closes the pool.
+    /// Stops the mover and closes the pool.
     pub(super) async fn close(&self) -> Result<()> {
         self.housekeeping.abort();
         self.vol.close().await;

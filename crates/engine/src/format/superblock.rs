@@ -7,7 +7,12 @@ use super::{FormatError, Reader, Writer, crc_of, seal_crc};
 use crate::DriveClass;
 
 const MAGIC: &[u8; 8] = b"STRIA-SB";
-const FORMAT_VERSION: u32 = 1;
+/// The on-disk format this build writes and opens. Format 1 (before log-structured tiered
+/// volumes) has the same superblock bytes; its pools are refused at open (docs/on-disk-format.md).
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format whose superblock still decodes (so its drives are recognised, named and
+/// never formatted over, though their pools are not opened).
+const OLDEST_DECODED: u32 = 1;
 const LABEL_BYTES: usize = 64;
 
 /// The decoded superblock of one drive.
@@ -28,6 +33,9 @@ pub struct Superblock {
     /// `generation` is below the highest `committed_generation` of its pool missed a commit
     /// every active drive took: it is an old copy (restored, swapped back) and is not trusted.
     pub committed_generation: u64,
+    /// The format version the superblock was read with ([`FORMAT_VERSION`] for new ones; the
+    /// encoder always writes [`FORMAT_VERSION`]).
+    pub format_version: u32,
 }
 
 impl Superblock {
@@ -81,7 +89,7 @@ impl Superblock {
         }
         let mut r = Reader::new(&block[8..]);
         let version = r.u32();
-        if version != FORMAT_VERSION {
+        if !(OLDEST_DECODED..=FORMAT_VERSION).contains(&version) {
             return Err(FormatError::UnsupportedVersion(version));
         }
         let _flags = r.u32();
@@ -131,6 +139,7 @@ impl Superblock {
             domain,
             pool_name,
             committed_generation,
+            format_version: version,
         })
     }
 }
@@ -151,6 +160,24 @@ mod tests {
             domain: "rack-3".into(),
             pool_name: "tank".into(),
             committed_generation: 0,
+            format_version: FORMAT_VERSION,
+        }
+    }
+
+    #[test]
+    fn a_format_1_superblock_decodes_with_its_version_and_a_newer_one_does_not() {
+        let mut block = sample().encode();
+        for (version, decodes) in
+            [(1u32, true), (FORMAT_VERSION, true), (FORMAT_VERSION + 1, false), (0, false)]
+        {
+            block[8..12].copy_from_slice(&version.to_le_bytes());
+            seal_crc(&mut block);
+            match Superblock::decode(&block) {
+                Ok(sb) => assert!(decodes && sb.format_version == version, "version {version}"),
+                Err(e) => {
+                    assert!(!decodes && matches!(e, FormatError::UnsupportedVersion(v) if v == version))
+                }
+            }
         }
     }
 

@@ -37,6 +37,7 @@ impl<D: BlockDevice> Pool<D> {
         for fd in found {
             match read_superblock(&fd.dev).await {
                 Ok(sb) => {
+                    refuse_old_format(&sb, &fd.path)?;
                     superblocks.push(sb);
                     keep.push(fd);
                 }
@@ -176,6 +177,20 @@ impl<D: BlockDevice> Pool<D> {
     }
 }
 
+/// A drive of an older on-disk format is refused (never opened, never written).
+fn refuse_old_format(sb: &Superblock, path: &str) -> Result<(), EngineError> {
+    use crate::format::superblock::FORMAT_VERSION;
+    if sb.format_version == FORMAT_VERSION {
+        return Ok(());
+    }
+    Err(EngineError::OldFormat {
+        path: path.to_string(),
+        pool: sb.pool_name.clone(),
+        found: sb.format_version,
+        wants: FORMAT_VERSION,
+    })
+}
+
 /// Reads the superblock of every drive found; a drive without a readable one is foreign.
 async fn read_superblocks<D: BlockDevice>(
     found: Vec<FoundDrive<D>>,
@@ -183,7 +198,10 @@ async fn read_superblocks<D: BlockDevice>(
     let mut candidates = Vec::with_capacity(found.len());
     for fd in found {
         match read_superblock(&fd.dev).await {
-            Ok(sb) => candidates.push((sb, fd)),
+            Ok(sb) => {
+                refuse_old_format(&sb, &fd.path)?;
+                candidates.push((sb, fd));
+            }
             Err(FormatError::NotStria) => {
                 return Err(EngineError::ForeignDrive {
                     path: fd.path,

@@ -145,6 +145,7 @@ impl<D: BlockDevice> Pool<D> {
                 domain: nd.domain.clone(),
                 pool_name: name.to_string(),
                 committed_generation: 0,
+                format_version: crate::format::superblock::FORMAT_VERSION,
             };
             records.push(DriveRecord {
                 slot,

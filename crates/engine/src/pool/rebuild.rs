@@ -68,6 +68,7 @@ impl<D: BlockDevice> Pool<D> {
             domain: domain.clone(),
             pool_name: meta.name.clone(),
             committed_generation: 0,
+            format_version: crate::format::superblock::FORMAT_VERSION,
         };
         let record = DriveRecord {
             slot,

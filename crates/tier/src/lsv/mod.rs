@@ -1,5 +1,5 @@
 //! Log-structured volumes (docs/design/log-structured-volumes.md): data is never overwritten in
-//! place. Host writes land in a mirrored write cache (as for tiered volumes); the mover appends
+//! place. Host writes land in a mirrored write cache; the mover appends
 //! cached blocks, any logical addresses, as whole stripes to an open *segment* of an ec segment
 //! space, each batch of rows ending with a summary of what it holds; a paged, logged map
 //! ([`crate::map::MapStore`]) says where each logical block lives; GC moves the live blocks of
@@ -7,7 +7,8 @@
 //! given back by TRIM / WRITE_ZEROES.
 //!
 //! Parts (engine volumes of the pool): `<name>.meta` (mirrored: header, map log, map pages),
-//! `<name>.cache` (mirrored: the write-cache ring), `<name>.seg` (ec: the segment space).
+//! `<name>.cache` (mirrored: the write-cache ring), `<name>.seg` (ec: the segment space). Layout
+//! `tiered:ec:K+M` puts meta and cache on the fast drives, `log:ec:K+M` on the capacity drives.
 //!
 //! Write order, per path (docs/crash-consistency.md, "Log-structured volumes"):
 //! * host write: data to the cache (FUA) -> map update `block -> Cache(pos)` (durable) ->
@@ -37,9 +38,7 @@ use stria_engine::{
 
 use crate::log::CacheLog;
 use crate::map::{MapEntry, MapError, MapLayout, MapStore, Place, Update};
-use crate::record::block_crc;
-use crate::volume::RMW_LOCKS;
-use crate::{PartStatus, TierError};
+use crate::{PartStatus, TierError, block_crc};
 use space::{Geometry, Space, SpaceCounts};
 
 const HEADER_MAGIC: &[u8; 8] = b"STRIA-LV";
@@ -48,6 +47,8 @@ const FORMAT_VERSION: u32 = 1;
 const READ_ATTEMPTS: usize = 8;
 /// Blocks per map update of a large zeroing or trim.
 const ZERO_STEP: u64 = 4096;
+/// Locks taken by unaligned writes around their edge blocks.
+const RMW_LOCKS: usize = 1024;
 
 /// What to create.
 #[derive(Debug, Clone)]
@@ -62,15 +63,21 @@ pub struct LogSpec {
     pub space_bytes: Option<u64>,
     /// Write cache (default: an eighth of the size, 64 MiB to 8 GiB).
     pub cache_bytes: Option<u64>,
-    /// Rows per batch (default: batches of about 2 MiB).
+    /// Rows per batch (default: batches of about 2 MiB, less in small volumes).
     pub batch_rows: Option<u64>,
-    /// Batches per segment (default: segments of at least 32 MiB of data).
+    /// Batches per segment (default: segments of 32 MiB of data, or a sixteenth of the space
+    /// when that is less).
     pub segment_batches: Option<u64>,
     /// Blocks of the map log ring (default: 1/16 of the volume's blocks, 1024 to 65536: a
     /// larger ring means fewer checkpoints, each writing every dirty map page).
     pub map_log_blocks: Option<u64>,
     /// Map pages kept in memory (default 65536: 256 MiB).
     pub map_cache_pages: u64,
+    /// Cache and map on the fast drives (`tiered:`; refused without two active fast drives)
+    /// or on the capacity drives (`log:`).
+    pub fast_tier: bool,
+    /// Copies of the cache and the map (2 or 3).
+    pub copies: u32,
 }
 
 impl LogSpec {
@@ -88,6 +95,8 @@ impl LogSpec {
             segment_batches: None,
             map_log_blocks: None,
             map_cache_pages: 65536,
+            fast_tier: false,
+            copies: 2,
         }
     }
 }
@@ -95,7 +104,7 @@ impl LogSpec {
 /// The mover's policy (kept in the pool record; changeable at run time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LogParams {
-    /// Always "log": tells this record from an in-place tiered one.
+    /// Always "log" (what the record describes).
     pub kind: LogKind,
     /// Destage starts above this fill of the cache (percent).
     pub start_percent: u8,
@@ -105,6 +114,10 @@ pub struct LogParams {
     pub always: bool,
     /// Map pages kept in memory.
     pub map_cache_pages: u64,
+    /// Move nothing unless a writer waits for cache space (tests that want quiet drives between
+    /// phases; not persisted).
+    #[serde(skip)]
+    pub hold: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -121,6 +134,9 @@ pub struct LogCounters {
     pub host_read_ops: AtomicU64,
     pub host_read_bytes: AtomicU64,
     pub read_retries: AtomicU64,
+    /// Blocks read from the write cache and from the segment space.
+    pub blocks_read_from_cache: AtomicU64,
+    pub blocks_read_from_segments: AtomicU64,
     pub destage_batches: AtomicU64,
     pub destaged_blocks: AtomicU64,
     /// Data slots written without a block (short batches).
@@ -152,6 +168,8 @@ pub struct LogStatus {
     pub cache_live_blocks: u64,
     pub host_write_bytes: u64,
     pub host_read_bytes: u64,
+    pub blocks_read_from_cache: u64,
+    pub blocks_read_from_segments: u64,
     pub destage_batches: u64,
     pub destaged_blocks: u64,
     pub padded_slots: u64,
@@ -295,15 +313,20 @@ pub async fn create<D: BlockDevice>(
     if row_blocks == 0 || !spec.chunk_bytes.is_multiple_of(BLOCK_BYTES) {
         return invalid("the chunk must be a multiple of 4 KiB".into());
     }
-    let batch_rows = spec.batch_rows.unwrap_or_else(|| (512 / row_blocks).max(1));
-    let batch_bytes = row_blocks * batch_rows * BLOCK_BYTES;
-    let segment_batches = spec.segment_batches.unwrap_or_else(|| (32u64 << 20).div_ceil(batch_bytes).max(1));
-    let mut geo = Geometry { row_blocks, batch_rows, segment_batches, segments: 0 };
     let space_data = spec.space_bytes.unwrap_or(size_bytes / 2 * 3) / BLOCK_BYTES;
+    // Segments of 32 MiB of data (sized for QLC), or a sixteenth of the space when that is less
+    // (small volumes keep enough segments for GC); batches of about 2 MiB, at most a segment.
+    let segment_target = ((32u64 << 20) / BLOCK_BYTES).min(space_data / 16).max(row_blocks);
+    let batch_rows =
+        spec.batch_rows.unwrap_or_else(|| (512 / row_blocks).clamp(1, (segment_target / row_blocks).max(1)));
+    let batch_bytes = row_blocks * batch_rows * BLOCK_BYTES;
+    let segment_batches =
+        spec.segment_batches.unwrap_or_else(|| (segment_target * BLOCK_BYTES).div_ceil(batch_bytes).max(1));
+    let mut geo = Geometry { row_blocks, batch_rows, segment_batches, segments: 0 };
     geo.segments = space_data.div_ceil(geo.segment_data());
     if geo.segments < 6 {
         return invalid(format!(
-            "the segment space holds {} segments of {} data; it needs at least 6 (GC needs room to work)",
+            "the segment space holds {} segments of {} data; it needs at least 6 (GC needs room to work): use a larger size or a smaller --chunk",
             geo.segments,
             stria_engine::units::format_size(geo.segment_data() * BLOCK_BYTES)
         ));
@@ -326,16 +349,31 @@ pub async fn create<D: BlockDevice>(
     if pool.volume(&name).is_some() || pool.meta().tiered.iter().any(|t| t.name == name) {
         return Err(EngineError::VolumeExists(name).into());
     }
-    let fast = pool
-        .meta()
-        .drives
-        .iter()
-        .filter(|d| d.class == DriveClass::Fast && d.state == stria_engine::DriveState::Active)
-        .count() as u32;
-    // Cache and map on fast drives when the pool has two; otherwise on the capacity drives
-    // (the capacity-only flavour).
-    let fast_class = if fast >= 2 { DriveClass::Fast } else { DriveClass::Capacity };
-    let mirror = Layout::Raid1 { copies: 2 };
+    if !(2..=3).contains(&spec.copies) {
+        return invalid(format!(
+            "--cache-copies {}: the cache and map need 2 or 3 copies (the cache holds the only copy of new data)",
+            spec.copies
+        ));
+    }
+    let fast_class = if spec.fast_tier {
+        let fast = pool
+            .meta()
+            .drives
+            .iter()
+            .filter(|d| d.class == DriveClass::Fast && d.state == stria_engine::DriveState::Active)
+            .count() as u32;
+        if fast < spec.copies {
+            return invalid(format!(
+                "a tiered volume keeps {} copies of its write cache and map on fast drives; this pool has {fast} \
+                 active fast drive(s). Use log:ec:{}+{} to keep them on the capacity drives",
+                spec.copies, spec.data_shards, spec.parity_shards
+            ));
+        }
+        DriveClass::Fast
+    } else {
+        DriveClass::Capacity
+    };
+    let mirror = Layout::Raid1 { copies: spec.copies };
     let parts = [
         crate::part_spec(
             format!("{name}.meta"),
@@ -369,6 +407,7 @@ pub async fn create<D: BlockDevice>(
         stop_percent: 25,
         always: false,
         map_cache_pages: spec.map_cache_pages.max(4),
+        hold: false,
     };
     pool.add_tiered(TieredRecord {
         name: name.clone(),
@@ -381,11 +420,6 @@ pub async fn create<D: BlockDevice>(
     .await?;
     let rec = pool.meta().tiered.iter().find(|t| t.name == name).cloned().expect("just added");
     open(pool, &rec).await
-}
-
-/// Whether a pool record of a tiered volume is a log-structured one.
-pub fn is_log_record(rec: &TieredRecord) -> bool {
-    rec.params.get("kind").and_then(|k| k.as_str()) == Some("log")
 }
 
 /// Opens a log-structured volume (after the pool has recovered its parts): replays the map log,
@@ -473,6 +507,12 @@ impl<D: BlockDevice> LogVolume<D> {
 
     pub fn size_bytes(&self) -> u64 {
         self.size_bytes
+    }
+
+    /// `tiered:ec:K+M` when cache and map are on fast drives, `log:ec:K+M` otherwise.
+    pub fn layout(&self) -> String {
+        let fast = self.pool.meta().volume(self.cache.name()).is_some_and(|r| r.class == DriveClass::Fast);
+        format!("{}:{}", if fast { "tiered" } else { "log" }, self.seg.layout())
     }
 
     pub fn counters(&self) -> &LogCounters {
@@ -627,9 +667,13 @@ impl<D: BlockDevice> LogVolume<D> {
             let reads = runs(&pending, &entries, self.log.ring_blocks()).into_iter().map(|run| async move {
                 let buf = match run.place {
                     Place::Cache(p) => {
+                        self.counters.blocks_read_from_cache.fetch_add(run.count, Relaxed);
                         Some(self.cache.read(self.log.block_of(p) * BLOCK_BYTES, run.len_bytes()).await?)
                     }
-                    Place::Segment(a) => Some(self.seg.read(a * BLOCK_BYTES, run.len_bytes()).await?),
+                    Place::Segment(a) => {
+                        self.counters.blocks_read_from_segments.fetch_add(run.count, Relaxed);
+                        Some(self.seg.read(a * BLOCK_BYTES, run.len_bytes()).await?)
+                    }
                     Place::Unallocated | Place::Zero => None,
                 };
                 Ok::<_, VolumeError>((run, buf))
@@ -883,7 +927,7 @@ impl<D: BlockDevice> LogVolume<D> {
         let per_host_byte = |drive: u64| (host_written > 0).then(|| drive as f64 / host_written as f64);
         LogStatus {
             name: self.name.clone(),
-            layout: format!("log:{}", self.seg.layout()),
+            layout: self.layout(),
             size_bytes: self.size_bytes,
             state: self.state(),
             allocated_bytes: block(counts.live_blocks),
@@ -898,6 +942,8 @@ impl<D: BlockDevice> LogVolume<D> {
             cache_live_blocks: self.log.live(),
             host_write_bytes: host_written,
             host_read_bytes: c.host_read_bytes.load(Relaxed),
+            blocks_read_from_cache: c.blocks_read_from_cache.load(Relaxed),
+            blocks_read_from_segments: c.blocks_read_from_segments.load(Relaxed),
             destage_batches: c.destage_batches.load(Relaxed),
             destaged_blocks: c.destaged_blocks.load(Relaxed),
             padded_slots: c.padded_slots.load(Relaxed),

@@ -11,8 +11,8 @@ use stria_engine::VolumeError;
 
 use super::LogVolume;
 use super::space::{SegState, Stream, SummaryEntry, decode_summary, encode_summary};
+use crate::block_crc;
 use crate::map::{MapEntry, Place, Update};
-use crate::record::block_crc;
 
 /// A block on its way to a new place: where it is, its map entry there, its data.
 pub(crate) struct Move {
@@ -83,6 +83,9 @@ impl<D: BlockDevice> LogVolume<D> {
     /// One step of the mover: GC when free segments run low and GC can gain space, else
     /// destage when the cache asks for it. Returns whether it did anything.
     async fn step(&self, gc: &mut Gc, draining: &mut bool) -> Result<bool, VolumeError> {
+        if self.params().hold && self.log.waiting() == 0 {
+            return Ok(false);
+        }
         if self.gc_wanted(gc).await? {
             return Ok(true);
         }
@@ -95,9 +98,11 @@ impl<D: BlockDevice> LogVolume<D> {
         let above = |pct: u8| used * 100 > u64::from(pct) * ring;
         if waiting || above(p.start_percent) || (*draining && above(p.stop_percent)) {
             *draining = true;
-            // A short batch only when writers wait on a cache that holds less than a batch of
-            // movable blocks (the rest is in flight): padding costs capacity writes.
-            let pad = waiting && live < batch && used * 4 >= ring * 3;
+            // A short batch only when writers wait and the cache holds less than a batch of
+            // movable blocks (padding costs capacity writes): the rest of the ring is in flight
+            // or holes behind an old block at the tail, and a waiting writer (pieces of up to
+            // half the ring) may need that old block moved before anything frees room for it.
+            let pad = waiting && live < batch;
             return self.destage_batch(pad).await;
         }
         *draining = false;

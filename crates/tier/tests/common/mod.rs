@@ -1,4 +1,4 @@
-//! Rig for tiered-volume tests: a pool of 2 fast + 6 capacity fault-injecting drives.
+//! Rig for log-structured volume tests: a pool of 2 fast + 6 capacity fault-injecting drives.
 #![allow(dead_code, unreachable_pub, clippy::cast_possible_truncation)]
 
 use std::sync::Arc;
@@ -7,7 +7,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use stria_dev::{BlockDevice, FaultConfig, FaultDevice, PowerSwitch};
 use stria_engine::{DriveClass, FoundDrive, NewDrive, Pool};
-use stria_tier::{TierParams, TieredSpec, TieredVolume};
+use stria_tier::lsv::{self, LogParams, LogSpec, LogVolume};
 
 pub type Dev = Arc<FaultDevice>;
 pub const DRIVE_BYTES: u64 = 48 << 20;
@@ -70,27 +70,39 @@ pub fn reboot(devs: &[Dev], seed: u64) -> Vec<Dev> {
     power_cycle(devs, seed).0
 }
 
-/// A 4 MiB tiered ec:4+2 volume (16 KiB chunks: 64 KiB blocksets) with a 512 KiB cache.
-pub fn spec() -> TieredSpec {
-    TieredSpec {
-        name: "tv".into(),
-        size_bytes: 4 << 20,
-        data_shards: 4,
-        parity_shards: 2,
+/// A small `tiered:ec:4+2` volume `name` (cache and map on the fast drives): 16 KiB chunks
+/// (rows of 16 blocks), batches of 2 rows (31 data blocks + 1 summary), segments of 4 batches
+/// (124 data blocks), a 64-block cache and a 16-block map log (so checkpoints happen all the time).
+pub fn small_spec(name: &str, size_bytes: u64, space_bytes: u64) -> LogSpec {
+    LogSpec {
         chunk_bytes: 16 << 10,
-        cache_bytes: Some(512 << 10),
-        cache_copies: 2,
+        space_bytes: Some(space_bytes),
+        cache_bytes: Some(64 << 12),
+        batch_rows: Some(2),
+        segment_batches: Some(4),
+        map_log_blocks: Some(16),
+        map_cache_pages: 64,
+        fast_tier: true,
+        ..LogSpec::new(name, size_bytes, 4, 2)
     }
 }
 
-pub async fn open_tiered(pool: &Arc<Pool<Dev>>) -> Arc<TieredVolume<Dev>> {
-    let rec = pool.meta().tiered.iter().find(|t| t.name == "tv").cloned().expect("tiered record");
-    stria_tier::open(pool, &rec).await.expect("open tiered")
+/// Segment-space bytes for a volume of `blocks` at 2/3 fill, in the small segments of
+/// [`small_spec`], plus the GC reserve.
+pub fn small_space(blocks: u64) -> u64 {
+    ((blocks * 3 / 2).div_ceil(124) + 2) * 124 * 4096
 }
 
-pub fn always(vol: &TieredVolume<Dev>) {
-    let p = vol.params();
-    vol.set_params(TierParams { always: true, ..p });
+pub async fn open_log(
+    pool: &Arc<Pool<Dev>>,
+    name: &str,
+) -> Result<Arc<LogVolume<Dev>>, stria_tier::TierError> {
+    let rec = pool.meta().tiered.iter().find(|t| t.name == name).cloned().expect("volume record");
+    lsv::open(pool, &rec).await
+}
+
+pub fn set_always(vol: &LogVolume<Dev>, always: bool, map_cache_pages: u64) {
+    vol.set_params(LogParams { always, map_cache_pages, ..vol.params() });
 }
 
 pub fn random_bytes(rng: &mut ChaCha8Rng, len: usize) -> Vec<u8> {
@@ -119,7 +131,7 @@ pub fn random_write(rng: &mut ChaCha8Rng, lo: u64, hi: u64) -> (u64, Vec<u8>) {
     (o, random_bytes(rng, len as usize))
 }
 
-pub async fn check(vol: &TieredVolume<Dev>, model: &[u8]) {
+pub async fn check(vol: &LogVolume<Dev>, model: &[u8]) {
     let step = 256 << 10;
     let mut at = 0;
     while at < model.len() {
@@ -127,7 +139,7 @@ pub async fn check(vol: &TieredVolume<Dev>, model: &[u8]) {
         let got = vol.read(at as u64, n).await.unwrap_or_else(|e| panic!("read at {at}: {e}"));
         if got[..] != model[at..at + n] {
             let i = (0..n).find(|&i| got[i] != model[at + i]).unwrap();
-            panic!("tiered volume differs from the model at byte {}", at + i);
+            panic!("the volume differs from the model at byte {}", at + i);
         }
         at += n;
     }
@@ -153,7 +165,7 @@ impl Tracker {
         Tracker { versions: vec![vec![vec![0u8; 4096]]; blocks], acked: vec![0; blocks] }
     }
 
-    /// A write of these (block, version) pairs was acknowledged: durable (docs/tiering.md).
+    /// A write of these (block, version) pairs was acknowledged: durable (docs/crash-consistency.md).
     pub fn acknowledge(&mut self, written: &[(usize, usize)]) {
         for &(b, v) in written {
             self.acked[b] = self.acked[b].max(v);

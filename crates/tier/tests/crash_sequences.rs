@@ -1,15 +1,10 @@
-//! Seeded power cuts while a tiered volume takes writes and destages continuously, with a fast
-//! or a capacity drive failed (or none): after reassembly every acknowledged write reads back
-//! (a tiered write is durable when acknowledged), nothing older comes back, and the capacity
-//! tier and the mirrors are consistent.
+//! Seeded *sequences* of crashes on one pool with drive events, on a `tiered:ec:4+2`
+//! log-structured volume (cache and map on the fast drives): see "Sequences of crashes" below.
+//! After every boot each acknowledged write reads back (a write is durable when acknowledged),
+//! nothing older comes back, and a scrub of every part finds nothing to fix.
 //!
-//! `STRIA_TIER_CRASH_SEEDS=N` sets the number of seeds (default 120); `STRIA_TIER_CRASH_SEED=S`
-//! runs one.
-//!
-//! `sequences_of_crashes_during_destage_lose_no_write` runs *sequences* of crashes on one pool
-//! (boot, verify, scrub, drive events, work, crash; power cuts, process kills, clean closes, cuts
-//! during recovery and rebuild): see "Sequences of crashes" below. `STRIA_TIER_SEQ_SEEDS=N` sets
-//! its number of seeds (default 60); `STRIA_TIER_SEQ_SEED=S` replays one with its history.
+//! `STRIA_TIER_SEQ_SEEDS=N` sets the number of seeds (default 60); `STRIA_TIER_SEQ_SEED=S`
+//! replays one with its history.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -20,145 +15,48 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use stria_dev::{FaultConfig, FaultDevice, IoBytes, PowerSwitch};
 use stria_engine::{DriveClass, DriveState, FoundDrive, NewDrive, Pool};
-use stria_tier::{TierParams, TieredSpec, TieredVolume};
-
-const BLOCKS: usize = 1024; // 4 MiB
-
-async fn worker(vol: &stria_tier::TieredVolume<Dev>, t: &RefCell<Tracker>, seed: u64, w: u64) {
-    let mut rng = rng(seed * 13 + w);
-    // Worker w owns the half [w * 2 MiB, (w + 1) * 2 MiB): one writer per block.
-    let (lo, hi) = (w * (2 << 20), (w + 1) * (2 << 20));
-    for _ in 0..40 {
-        let zero = rng.random_range(0..8) == 0;
-        let (o, d) = random_write(&mut rng, lo, hi);
-        let d = if zero { vec![0u8; d.len()] } else { d };
-        let written = t.borrow_mut().issue(o, &d);
-        let r = if zero {
-            vol.write_zeroes(o, d.len() as u64, false).await
-        } else {
-            vol.write(o, IoBytes::copy_from(&d), false).await
-        };
-        if r.is_err() {
-            return;
-        }
-        {
-            let mut t = t.borrow_mut();
-            for (b, v) in written {
-                t.acked[b] = t.acked[b].max(v);
-            }
-        }
-        tokio::task::yield_now().await;
-    }
-}
-
-async fn run_seed(seed: u64) {
-    let switch = PowerSwitch::new();
-    let devs = drives(&switch, seed);
-    let pool = create_pool(&devs).await;
-    small_csum_cache(&pool, seed);
-    let vol = stria_tier::create(&pool, spec()).await.unwrap();
-    always(&vol);
-    // Scenario: 0 healthy, 1 a fast drive failed, 2 a capacity drive failed.
-    let failed = match seed % 3 {
-        1 => Some(1usize),
-        2 => Some(2 + (seed as usize / 3) % 6),
-        _ => None,
-    };
-    if let Some(slot) = failed {
-        devs[slot].kill();
-        pool.fail_drive(slot as u32, "test").await.unwrap();
-    }
-    let tracker =
-        RefCell::new(Tracker { versions: vec![vec![vec![0u8; 4096]]; BLOCKS], acked: vec![0; BLOCKS] });
-    let cut = rng(seed).random_range(0..6000);
-    switch.trip_after_ops(cut);
-    tokio::join!(worker(&vol, &tracker, seed, 0), worker(&vol, &tracker, seed, 1));
-    switch.trip();
-    vol.close().await;
-    drop(vol);
-    drop(pool);
-    let t = tracker.into_inner();
-
-    let given: Vec<Dev> =
-        devs.iter().enumerate().filter(|(i, _)| Some(*i) != failed).map(|(_, d)| d.clone()).collect();
-    let rebooted = reboot(&given, seed);
-    let pool = open_pool(&rebooted).await;
-    small_csum_cache(&pool, seed);
-    let vol = open_tiered(&pool).await;
-    for b in 0..BLOCKS {
-        let got = vol
-            .read(b as u64 * 4096, 4096)
-            .await
-            .unwrap_or_else(|e| panic!("seed {seed} (failed {failed:?}): block {b} unreadable: {e}"));
-        let allowed = &t.versions[b][t.acked[b]..];
-        if !allowed.iter().any(|v| v[..] == got[..]) {
-            panic!("seed {seed} (failed {failed:?}): block {b} holds {}", t.describe(b, &got));
-        }
-    }
-    // Destage everything left, read again, and check the parts' redundancy.
-    vol.destage_all().await.unwrap_or_else(|e| panic!("seed {seed}: destage after recovery: {e}"));
-    for part in ["tv.cache", "tv.meta", "tv.cap"] {
-        let r = pool.scrub(part, |_, _| {}).await.unwrap();
-        assert_eq!(
-            (r.unrecoverable_blocks, r.parity_blocks_fixed, r.copy_blocks_fixed, r.inconsistent_blocks),
-            (0, 0, 0, 0),
-            "seed {seed}: {part} inconsistent: {r:?}"
-        );
-    }
-}
-
-#[tokio::test]
-async fn power_cuts_during_cache_writes_metadata_updates_and_destage_lose_no_acknowledged_write() {
-    if let Ok(s) = std::env::var("STRIA_TIER_CRASH_SEED") {
-        run_seed(s.parse().unwrap()).await;
-        return;
-    }
-    let n: u64 = std::env::var("STRIA_TIER_CRASH_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(120);
-    for seed in 0..n {
-        run_seed(seed).await;
-    }
-}
+use stria_tier::lsv::{LogParams, LogVolume};
 
 // ------------------------------------------------------------------------------------------------
-// Sequences of crashes on one pool (the tier's counterpart of crates/engine/tests/crash_sequences.rs).
+// Sequences of crashes on one pool (the volume's counterpart of crates/engine/tests/crash_sequences.rs).
 //
-// Each seed creates a pool of 2 fast + 6 capacity drives and a small tiered ec:4+2 volume whose
-// cache is small enough that destage runs all the time, then runs 1-8 cycles of
+// Each seed creates a pool of 2 fast + 6 capacity drives and a small tiered:ec:4+2 volume whose
+// cache and segments are small enough that destage and GC run all the time, then runs 1-8 cycles of
 // boot → verify → scrub → (drive event) → work → crash on the same drives:
 //
-// * A **boot** (pool assembly and recovery, then opening the tiered volume) may itself be cut
+// * A **boot** (pool assembly and recovery, then opening the volume: map replay) may itself be cut
 //   (a crash during recovery), and is then retried.
 // * **Verify** reads every block: each must be its last acknowledged version or a newer one (a
-//   tiered write is durable when acknowledged, FUA or not), never an older one, never bytes that
-//   were never written. A **scrub** of the cache, metadata and capacity parts must find nothing to
-//   fix.
-// * **Work** is three writers (aligned and unaligned writes, whole blocksets, FUA or not, zeroing
-//   and trim; two of them share every blockset of their half), a reader checking what it sees
-//   against the acknowledged versions, a flusher, the destager (always on, or between low
-//   watermarks, in batches of 1-8) and one maintenance task: a scrub of a part, a rebuild of a
-//   replaced drive, or nothing.
+//   write is durable when acknowledged, FUA or not), never an older one, never bytes that were
+//   never written. A **scrub** of the cache, map and segment parts must find nothing to fix.
+// * **Work** is three writers (aligned and unaligned writes, FUA or not, zeroing and trim; two of
+//   them share every 64 KiB of their half), a reader checking what it sees against the
+//   acknowledged versions, a flusher, the mover (destage always on, or between low watermarks;
+//   GC whenever free segments run low) and one maintenance task: a scrub of a part, a rebuild of
+//   a replaced drive, or nothing.
 // * The **crash** is a power cut (unflushed writes dropped or torn, per block), a process kill
 //   (everything the drives accepted is kept), or a clean close (`vol.close()` then `pool.close()`,
 //   racing the writers). The cut is armed at a random request count, so it lands during cache
-//   writes, record updates, destage fills and stripe writes, rebuild rows and metadata commits.
-// * **Drive events** happen between cycles only, with the destager held and everything durable
+//   writes, map log writes and checkpoints, destage and GC batches, rebuild rows and metadata
+//   commits.
+// * **Drive events** happen between cycles only, with the mover held and everything durable
 //   (after verify and scrub): a fast drive fails (the mirrors tolerate one), a capacity drive
 //   fails (ec:4+2 tolerates two), or a failed drive is replaced by a new one, rebuilt during the
 //   next work phase. Never under load: a capacity member lost at the same crash as an unflushed
-//   full-stripe destage write is the documented write-hole limit (docs/crash-consistency.md,
+//   full-stripe write is the documented write-hole limit of ec volumes (docs/crash-consistency.md,
 //   "Limits"), which the engine's simulation avoids for ec the same way.
 //
 // `STRIA_TIER_SEQ_SEEDS=N` sets the number of seeds (default 60); `STRIA_TIER_SEQ_SEED=S` replays
 // one seed and prints its history. Time is paused (tokio's test clock), so a seed replays the
 // same way.
 
-/// The tiered volume of the simulation: 32 blocksets of 64 KiB.
+/// The volume of the simulation: 512 blocks.
 const SEQ_VOLUME_BYTES: u64 = 2 << 20;
 const SEQ_BLOCKS: usize = (SEQ_VOLUME_BYTES / 4096) as usize;
 /// Replacement drives a seed may add.
 const SPARES_MAX: usize = 3;
-/// The three parts of the tiered volume `tv`.
-const PARTS: [&str; 3] = ["tv.cache", "tv.meta", "tv.cap"];
+/// The three parts of the volume `tv`.
+const PARTS: [&str; 3] = ["tv.cache", "tv.meta", "tv.seg"];
 /// Requests per writer per work phase.
 const WRITES_PER_WORKER: usize = 30;
 
@@ -170,7 +68,7 @@ enum Ending {
     CleanClose,
 }
 
-/// The background task of a work phase (besides the destager).
+/// The background task of a work phase (besides the mover).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Maintenance {
     None,
@@ -208,8 +106,8 @@ struct Coverage {
     rebuilds_done: AtomicU64,
     rebuilds_cut: AtomicU64,
     scrubs_under_load: AtomicU64,
-    destaged_blocksets: AtomicU64,
-    write_waits: AtomicU64,
+    destaged_blocks: AtomicU64,
+    gc_moved_blocks: AtomicU64,
 }
 
 static COVERAGE: std::sync::LazyLock<Coverage> = std::sync::LazyLock::new(Coverage::default);
@@ -218,7 +116,7 @@ fn count(c: &AtomicU64) {
     c.fetch_add(1, Relaxed);
 }
 
-/// Drives of the simulation: requests complete after a few polls, so the writers, the destager
+/// Drives of the simulation: requests complete after a few polls, so the writers, the mover
 /// and maintenance interleave between a request's submission and its completion.
 fn sim_config() -> FaultConfig {
     FaultConfig { completion_polls_max: 3, ..FaultConfig::default() }
@@ -234,17 +132,10 @@ fn dev_name(dev: &Dev) -> String {
     dev.name().to_string()
 }
 
-/// No destage until the work phase (no writer waits for space between cycles): drive events
-/// happen with nothing in flight and everything durable.
-fn hold_destage(vol: &TieredVolume<Dev>) {
-    let p = vol.params();
-    vol.set_params(TierParams {
-        always: false,
-        start_percent: 100,
-        stop_percent: 100,
-        idle_ms: u64::MAX,
-        ..p
-    });
+/// No destage or GC until the work phase (no writer waits for space between cycles): drive
+/// events happen with nothing in flight and everything durable.
+fn hold_mover(vol: &LogVolume<Dev>) {
+    vol.set_params(LogParams { hold: true, ..vol.params() });
 }
 
 /// Any panic of a seed (a check here or an assertion in the tier or the engine) shows the seed
@@ -299,9 +190,9 @@ impl World {
             .collect()
     }
 
-    /// Opens the pool from every drive the operator has, then the tiered volume, with its
-    /// destager held. A boot may be cut (a crash during recovery); it is then retried.
-    async fn boot(&mut self) -> (Arc<Pool<Dev>>, Arc<TieredVolume<Dev>>) {
+    /// Opens the pool from every drive the operator has, then the volume, with its mover
+    /// held. A boot may be cut (a crash during recovery); it is then retried.
+    async fn boot(&mut self) -> (Arc<Pool<Dev>>, Arc<LogVolume<Dev>>) {
         for attempt in 0.. {
             let images = self.images(Ending::Kill);
             let switch = self.reboot(images);
@@ -316,26 +207,26 @@ impl World {
                 Ok(pool) => {
                     let pool = Arc::new(pool);
                     small_csum_cache(&pool, self.seed);
-                    let Some(rec) = pool.meta().tiered.iter().find(|t| t.name == "tv").cloned() else {
-                        self.fail("the pool lost tiered volume tv".into())
-                    };
-                    stria_tier::open(&pool, &rec).await.map(|vol| (pool, vol)).map_err(|e| e.to_string())
+                    if !pool.meta().tiered.iter().any(|t| t.name == "tv") {
+                        self.fail("the pool lost volume tv".into())
+                    }
+                    open_log(&pool, "tv").await.map(|vol| (pool, vol)).map_err(|e| e.to_string())
                 }
                 Err(e) => Err(e.to_string()),
             };
             match opened {
                 Ok((pool, vol)) if !switch.is_off() => {
-                    // Before the destager first runs (it was only spawned).
-                    hold_destage(&vol);
+                    // Before the mover first runs (it was only spawned).
+                    hold_mover(&vol);
                     switch.trip_after_ops(u64::MAX);
                     return (pool, vol);
                 }
                 Ok((_, vol)) => {
                     vol.close().await;
-                    self.note("boot: cut after the tiered volume opened".into());
+                    self.note("boot: cut after the volume opened".into());
                 }
                 Err(e) if switch.is_off() => self.note(format!("boot cut during recovery: {e}")),
-                Err(e) => self.fail(format!("the pool or the tiered volume did not open: {e}")),
+                Err(e) => self.fail(format!("the pool or the volume did not open: {e}")),
             }
             count(&COVERAGE.boot_cuts);
             let images = self.images(Ending::PowerCut);
@@ -346,7 +237,7 @@ impl World {
 
     /// Reads every block (in reads of 1-32 blocks): each must be an allowed version; then what
     /// was read becomes the only version.
-    async fn verify(&mut self, vol: &TieredVolume<Dev>, when: &str) {
+    async fn verify(&mut self, vol: &LogVolume<Dev>, when: &str) {
         let mut b = 0;
         while b < SEQ_BLOCKS {
             let n = self.rng.random_range(1..=32).min(SEQ_BLOCKS - b);
@@ -411,12 +302,12 @@ fn whole_drives(pool: &Pool<Dev>, class: DriveClass) -> Vec<u32> {
         .collect()
 }
 
-/// Between cycles, at a quiescent point (after verify and scrub, destager held, nothing in
+/// Between cycles, at a quiescent point (after verify and scrub, mover held, nothing in
 /// flight, everything durable): fail a fast or a capacity drive within the parts' tolerance, or
 /// replace a failed drive (rebuilt during the next work phase).
 async fn drive_event(world: &mut World, pool: &Pool<Dev>) -> Maintenance {
     let fast_ok = ["tv.cache", "tv.meta"].iter().all(|p| lost_members(pool, p).is_empty());
-    let cap_ok = lost_members(pool, "tv.cap").len() < 2;
+    let cap_ok = lost_members(pool, "tv.seg").len() < 2;
     let failed: Vec<(u32, DriveClass)> = pool
         .meta()
         .drives
@@ -466,9 +357,9 @@ async fn drive_event(world: &mut World, pool: &Pool<Dev>) -> Maintenance {
     Maintenance::None
 }
 
-/// Which bytes worker `w` (of 3) writes: worker 0 owns the first half (whole blocksets, long and
+/// Which bytes worker `w` (of 3) writes: worker 0 owns the first half (64 KiB pieces, long and
 /// unaligned writes); workers 1 and 2 share the second half in alternating 32 KiB pieces, so
-/// every blockset there gets record updates from both.
+/// every map page there gets updates from both.
 fn seq_range(rng: &mut ChaCha8Rng, w: usize) -> (u64, u64) {
     let half = SEQ_VOLUME_BYTES / 2;
     if w == 0 {
@@ -491,7 +382,7 @@ fn seq_range(rng: &mut ChaCha8Rng, w: usize) -> (u64, u64) {
     (p + o, rng.random_range(1..=(32 << 10) - o))
 }
 
-async fn seq_worker(vol: &TieredVolume<Dev>, t: &RefCell<Tracker>, seed: u64, w: usize) {
+async fn seq_worker(vol: &LogVolume<Dev>, t: &RefCell<Tracker>, seed: u64, w: usize) {
     let mut rng = rng(seed * 31 + w as u64);
     for _ in 0..WRITES_PER_WORKER {
         let (offset, len) = seq_range(&mut rng, w);
@@ -522,11 +413,11 @@ async fn seq_worker(vol: &TieredVolume<Dev>, t: &RefCell<Tracker>, seed: u64, w:
     }
 }
 
-/// Reads racing the writers and the destager: every block is a version at least as new as the
+/// Reads racing the writers and the mover: every block is a version at least as new as the
 /// one acknowledged when the read started. An error is allowed only once the power is off or the
 /// volume is closing.
 async fn seq_reader(
-    vol: &TieredVolume<Dev>,
+    vol: &LogVolume<Dev>,
     t: &RefCell<Tracker>,
     seed: u64,
     down: impl Fn() -> bool,
@@ -552,7 +443,7 @@ async fn seq_reader(
     Ok(())
 }
 
-async fn seq_flusher(vol: &TieredVolume<Dev>, seed: u64) {
+async fn seq_flusher(vol: &LogVolume<Dev>, seed: u64) {
     let mut rng = rng(seed * 7 + 3);
     for _ in 0..12 {
         for _ in 0..rng.random_range(1..8) {
@@ -578,19 +469,17 @@ async fn seq_maintenance(pool: &Pool<Dev>, task: Maintenance) {
     }
 }
 
-/// The destage policy of a work phase: always on, or between low watermarks (no idle drain: it
-/// would depend on the wall clock), in batches of 1-8 blocksets.
-fn work_params(rng: &mut ChaCha8Rng, p: TierParams) -> TierParams {
-    let batch_blocksets = rng.random_range(1..=8);
+/// The destage policy of a work phase: always on, or between low watermarks.
+fn work_params(rng: &mut ChaCha8Rng, p: LogParams) -> LogParams {
     if rng.random_bool(0.6) {
-        return TierParams { always: true, batch_blocksets, ..p };
+        return LogParams { always: true, hold: false, ..p };
     }
     let start_percent = rng.random_range(10..=60);
     let stop_percent = rng.random_range(0..start_percent);
-    TierParams { always: false, start_percent, stop_percent, idle_ms: u64::MAX, batch_blocksets, ..p }
+    LogParams { always: false, hold: false, start_percent, stop_percent, ..p }
 }
 
-async fn work(world: &mut World, pool: &Pool<Dev>, vol: &TieredVolume<Dev>, task: Maintenance, cycle: u64) {
+async fn work(world: &mut World, pool: &Pool<Dev>, vol: &LogVolume<Dev>, task: Maintenance, cycle: u64) {
     let ending = match world.rng.random_range(0..5) {
         0 | 1 => Ending::PowerCut,
         2 | 3 => Ending::Kill,
@@ -598,7 +487,7 @@ async fn work(world: &mut World, pool: &Pool<Dev>, vol: &TieredVolume<Dev>, task
     };
     let switch = Arc::clone(&world.switch);
     // A work phase takes some 3,000-6,000 requests: most cuts land inside it, some after it
-    // (then the power goes at the end, with the destager maybe in the middle of a batch).
+    // (then the power goes at the end, with the mover maybe in the middle of a batch).
     // A rebuild takes a few hundred requests at the start of the phase: half of its cuts land
     // early, so that some cut the rebuild.
     let cut_after = match task {
@@ -613,16 +502,15 @@ async fn work(world: &mut World, pool: &Pool<Dev>, vol: &TieredVolume<Dev>, task
         format!("from {}% down to {}%", params.start_percent, params.stop_percent)
     };
     world.note(format!(
-        "cycle {cycle}: work with {task:?}, destage {policy} in batches of {}, ending {ending:?} ({})",
-        params.batch_blocksets,
+        "cycle {cycle}: work with {task:?}, destage {policy}, ending {ending:?} ({})",
         if ending == Ending::CleanClose {
             format!("close after {close_after} yields")
         } else {
             format!("cut after {cut_after} requests")
         }
     ));
-    let destaged_before = vol.counters().destaged_blocksets.load(Relaxed);
-    let waits_before = vol.counters().write_waits.load(Relaxed);
+    let destaged_before = vol.counters().destaged_blocks.load(Relaxed);
+    let moved_before = vol.counters().gc_moved_blocks.load(Relaxed);
     vol.set_params(params);
     let ops_before = switch.ops_passed();
     if ending != Ending::CleanClose {
@@ -665,13 +553,13 @@ async fn work(world: &mut World, pool: &Pool<Dev>, vol: &TieredVolume<Dev>, task
         world.note(format!("cycle {cycle}: the cut landed under a request to {}", cut.device));
     }
     world.note(format!("cycle {cycle}: {} requests in the work phase", switch.ops_passed() - ops_before));
-    // The crash: the destager may be in the middle of a batch.
+    // The crash: the mover may be in the middle of a batch.
     switch.trip();
     vol.close().await;
     COVERAGE
-        .destaged_blocksets
-        .fetch_add(vol.counters().destaged_blocksets.load(Relaxed) - destaged_before, Relaxed);
-    COVERAGE.write_waits.fetch_add(vol.counters().write_waits.load(Relaxed) - waits_before, Relaxed);
+        .destaged_blocks
+        .fetch_add(vol.counters().destaged_blocks.load(Relaxed) - destaged_before, Relaxed);
+    COVERAGE.gc_moved_blocks.fetch_add(vol.counters().gc_moved_blocks.load(Relaxed) - moved_before, Relaxed);
     count(&COVERAGE.cycles);
     count(match ending {
         Ending::PowerCut => &COVERAGE.power_cuts,
@@ -695,19 +583,15 @@ async fn run_sequence(seed: u64) {
     };
     let switch = Arc::clone(&world.switch);
     world.disks = (0..8).map(|i| sim_drive(&format!("d{i}"), &switch, seed * 100 + i)).collect();
-    let cache_bytes = [128 << 10, 256 << 10, 512 << 10][world.rng.random_range(0..3)];
+    // A cache of 2-8 batches of 31 blocks; the segment space at 2/3 fill, so GC runs.
+    let cache_bytes = [256 << 10, 512 << 10, 1 << 20][world.rng.random_range(0..3)];
     {
         let pool = create_pool(&world.disks).await;
-        let spec = TieredSpec {
-            name: "tv".into(),
-            size_bytes: SEQ_VOLUME_BYTES,
-            data_shards: 4,
-            parity_shards: 2,
-            chunk_bytes: 16 << 10,
+        let spec = stria_tier::lsv::LogSpec {
             cache_bytes: Some(cache_bytes),
-            cache_copies: 2,
+            ..small_spec("tv", SEQ_VOLUME_BYTES, small_space(SEQ_BLOCKS as u64))
         };
-        let vol = stria_tier::create(&pool, spec).await.expect("create tiered volume");
+        let vol = stria_tier::lsv::create(&pool, spec).await.expect("create the volume");
         vol.close().await;
         pool.close().await.expect("close");
     }
@@ -778,8 +662,8 @@ async fn sequences_of_crashes_during_destage_lose_no_write() {
     eprintln!(
         "{seeds} seeds: {} cycles ({} power cuts, {} kills, {} clean closes), {} boots cut during recovery, \
          cuts under fast/capacity drive requests {}/{}, {} fast and {} capacity drives failed, {} replaced, \
-         {} rebuilds completed and {} cut, {} scrubs under load, {} blocksets destaged, \
-         {} writes waited for cache space",
+         {} rebuilds completed and {} cut, {} scrubs under load, {} blocks destaged, \
+         {} moved by GC",
         n(&c.cycles),
         n(&c.power_cuts),
         n(&c.kills),
@@ -793,28 +677,7 @@ async fn sequences_of_crashes_during_destage_lose_no_write() {
         n(&c.rebuilds_done),
         n(&c.rebuilds_cut),
         n(&c.scrubs_under_load),
-        n(&c.destaged_blocksets),
-        n(&c.write_waits),
+        n(&c.destaged_blocks),
+        n(&c.gc_moved_blocks),
     );
-}
-
-/// Sequence seed 25 (1 cycle, cut after 2093 requests of the work phase): a 23-block write across
-/// three blocksets lost the power at its third record write, after its first blockset's record
-/// was durable and the destager had already destaged that blockset and freed its cache positions.
-/// The write's error path freed every position it had reserved, those included: a double free
-/// (the log's tail had passed them), which in a running volume lets the tail pass a live block.
-/// Replayed by number: the scenario depends on the simulation's draws, so the test is only a
-/// regression while the simulation above draws the same way.
-#[tokio::test(start_paused = true)]
-async fn sequence_seed_25_a_write_failing_at_a_later_record_frees_only_unclaimed_positions() {
-    run_sequence(25).await;
-}
-
-/// Sequence seed 1779 (cycle 1: a clean close while a writer waited for cache space): the close
-/// failed the waiting writers, but the destage batch it was waiting for then finished well and
-/// cleared that failure; a writer that found the ring still full waited for space that no
-/// destager would free, and the close never finished. Replayed by number, like seed 25.
-#[tokio::test(start_paused = true)]
-async fn sequence_seed_1779_a_close_racing_a_destage_batch_fails_every_waiting_writer() {
-    run_sequence(1779).await;
 }
