@@ -7,9 +7,14 @@
 //! For each `--fills` value f: a tiered:ec:4+2 volume of `--volume` bytes over a segment space of
 //! `--volume / f` data bytes (so a fully written volume fills a fraction f of the capacity
 //! tier). Phases, each ended by destaging the whole cache so its drive bytes are counted:
+//! 0. uniform random 4 KiB writes to never-written blocks of the new volume (a quarter of it);
 //! 1. sequential 512 KiB writes over the whole volume (fills it);
-//! 2. `--warm` volumes' worth of uniform random 4 KiB writes (GC reaches its steady state);
-//! 3. `--turns` volumes' worth of uniform random 4 KiB writes: measured.
+//! 2. uniform random 4 KiB overwrites while the space is still free (before GC starts);
+//! 3. the rest of `--warm` volumes' worth of them (GC reaches its steady state);
+//! 4. `--turns` volumes' worth of them: measured.
+//!
+//! Then: first writes against overwrites (IOPS; no first-write cliff), and the p99 write
+//! latency of phase 4 against phase 2 (GC must not stall writers).
 //!
 //! Reference: a thick `ec:4+2` volume of the same size on the capacity drives (each 4 KiB write a
 //! journaled read-modify-write of its stripe), `--reference` bytes of uniform random 4 KiB writes.
@@ -139,6 +144,8 @@ struct Phase {
     cap_large_writes: u64,
     gc_moved: u64,
     iops: f64,
+    /// Write latency quantiles (microseconds): p50, p99.
+    latency_us: Option<(f64, f64)>,
 }
 
 impl Phase {
@@ -164,7 +171,14 @@ impl Phase {
             cap_large_writes: hist_large(&after.cap[data]) - hist_large(&before.cap[data]),
             gc_moved,
             iops: ops as f64 / secs.max(1e-9),
+            latency_us: None,
         }
+    }
+
+    /// With the latencies of its writes.
+    fn with_latencies(mut self, mut lat: Vec<f64>) -> Phase {
+        self.latency_us = Some((quantile(&mut lat, 0.5), quantile(&mut lat, 0.99)));
+        self
     }
 
     fn print(&self) {
@@ -185,6 +199,9 @@ impl Phase {
             self.gc_moved,
             self.iops
         );
+        if let Some((p50, p99)) = self.latency_us {
+            println!("  {:<28} write latency p50 {p50:.0} us, p99 {p99:.0} us", "");
+        }
         let r = |x: Region| per(self.fast_regions[x as usize]);
         println!(
             "  {:<28} fast/host by region: data {:.3}, checksum pages {:.3}, intent {:.3}, journal {:.3}, pool metadata {:.3}",
@@ -220,39 +237,57 @@ fn block_data(block: u64, version: u32) -> IoBytes {
     IoBytes::copy_from(&v)
 }
 
-/// Writes `count` random 4 KiB blocks with `qd` in flight through `write`; `versions` tracks
-/// the last version of each block.
+/// Writes `count` random 4 KiB blocks with `qd` in flight through `write` (only blocks never
+/// written when `first_only`); `versions` tracks the last version of each block. Returns each
+/// write's latency in microseconds.
 async fn random_writes<F, Fut>(
     count: u64,
     qd: usize,
     rand: &mut Rand,
     versions: &mut [u32],
+    first_only: bool,
     write: F,
-) -> Result<()>
+) -> Result<Vec<f64>>
 where
     F: Fn(u64, IoBytes) -> Fut,
     Fut: std::future::Future<Output = Result<(), stria_engine::VolumeError>>,
 {
     let blocks = versions.len() as u64;
     let mut done = 0;
+    let mut latencies = Vec::with_capacity(count as usize);
     while done < count {
         let n = (count - done).min(qd as u64);
         let mut batch = Vec::with_capacity(n as usize);
         for _ in 0..n {
             let b = rand.next() % blocks;
             // Two writes of one block in one round would race: skip the duplicate.
-            if batch.iter().any(|&(x, _)| x == b) {
+            if batch.iter().any(|&(x, _)| x == b) || (first_only && versions[b as usize] != 0) {
                 continue;
             }
             versions[b as usize] += 1;
             batch.push((b, versions[b as usize]));
         }
-        stria_engine::join_all_ok(batch.iter().map(|&(b, v)| write(b * BLOCK_BYTES, block_data(b, v))))
-            .await
-            .context("random write")?;
+        let timed = batch.iter().map(|&(b, v)| {
+            let w = write(b * BLOCK_BYTES, block_data(b, v));
+            async move {
+                let t = Instant::now();
+                w.await?;
+                Ok::<_, stria_engine::VolumeError>(t.elapsed().as_secs_f64() * 1e6)
+            }
+        });
+        latencies.extend(stria_engine::join_all_ok(timed).await.context("random write")?);
         done += n;
     }
-    Ok(())
+    Ok(latencies)
+}
+
+/// The `q` quantile (0..1) of `v` (sorted in place).
+fn quantile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
 async fn check_all<F, Fut>(blocks: u64, versions: &[u32], read: F) -> Result<()>
@@ -278,7 +313,13 @@ where
     Ok(())
 }
 
-async fn log_run(args: &WaBenchArgs, fill: f64) -> Result<Vec<Phase>> {
+const FIRST: &str = "random 4 KiB, first writes";
+const BEFORE_GC: &str = "random 4 KiB, before GC";
+const WARM: &str = "random 4 KiB (warm-up)";
+const MEASURED: &str = "random 4 KiB (measured)";
+
+/// Runs the volume of one fill; returns its phases and the summary lines (printed after them).
+async fn log_run(args: &WaBenchArgs, fill: f64) -> Result<(Vec<Phase>, Vec<String>)> {
     let space = (args.volume as f64 / fill) as u64;
     let raw_per_drive = space / u64::from(DATA_SHARDS) + (64 << 20);
     let map_bytes = args.volume / BLOCK_BYTES * 16 + (80 << 20);
@@ -306,6 +347,22 @@ async fn log_run(args: &WaBenchArgs, fill: f64) -> Result<Vec<Phase>> {
     let mut versions = vec![0u32; blocks as usize];
     let mut phases = Vec::new();
     let gc = |v: &LogVolume<Dev>| v.status().gc_moved_blocks;
+    let mut rand = Rand(args.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    // 0. First writes: random 4 KiB writes to never-written blocks of the new volume (a quarter
+    // of it), against the overwrites below: a thin volume should have no first-write cliff.
+    {
+        let count = blocks / 4;
+        let (before, gc0, t) = (rig.bytes(), gc(&vol), Instant::now());
+        let lat =
+            random_writes(count, args.qd, &mut rand, &mut versions, true, |o, d| vol.write(o, d, false))
+                .await?;
+        let secs = t.elapsed().as_secs_f64();
+        vol.destage_all().await.context("destage")?;
+        phases.push(
+            Phase::from(FIRST, count * BLOCK_BYTES, &before, &rig.bytes(), gc(&vol) - gc0, count, secs)
+                .with_latencies(lat),
+        );
+    }
     // 1. Sequential fill.
     let (before, gc0, t) = (rig.bytes(), gc(&vol), Instant::now());
     let per = (SEQ_BYTES as u64 / BLOCK_BYTES) as usize;
@@ -338,22 +395,48 @@ async fn log_run(args: &WaBenchArgs, fill: f64) -> Result<Vec<Phase>> {
         blocks / per as u64,
         secs,
     ));
-    // 2. Warm-up, 3. measured.
-    let mut rand = Rand(args.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
-    for (name, turns) in [("random 4 KiB (warm-up)", args.warm), ("random 4 KiB (measured)", args.turns)] {
-        let count = (blocks as f64 * turns) as u64;
+    // 2. Overwrites while the space is still free (GC has not started: it starts one segment
+    // above the reserve), 3. warm-up, 4. measured (GC in its steady state).
+    let st = vol.status();
+    let before_gc = (st.free_segments.saturating_sub(st.reserved_bytes / st.segment_bytes + 3)
+        * st.segment_bytes
+        / BLOCK_BYTES)
+        .min(blocks / 2);
+    let warm = (blocks as f64 * args.warm) as u64;
+    for (name, count) in [
+        (BEFORE_GC, before_gc),
+        (WARM, warm.saturating_sub(before_gc)),
+        (MEASURED, (blocks as f64 * args.turns) as u64),
+    ] {
         let (before, gc0, t) = (rig.bytes(), gc(&vol), Instant::now());
-        random_writes(count, args.qd, &mut rand, &mut versions, |o, d| vol.write(o, d, false)).await?;
+        let lat =
+            random_writes(count, args.qd, &mut rand, &mut versions, false, |o, d| vol.write(o, d, false))
+                .await?;
         let secs = t.elapsed().as_secs_f64();
         vol.destage_all().await.context("destage")?;
-        phases.push(Phase::from(
-            name,
-            count * BLOCK_BYTES,
-            &before,
-            &rig.bytes(),
-            gc(&vol) - gc0,
-            count,
-            secs,
+        phases.push(
+            Phase::from(name, count * BLOCK_BYTES, &before, &rig.bytes(), gc(&vol) - gc0, count, secs)
+                .with_latencies(lat),
+        );
+    }
+    let find = |name: &str| phases.iter().find(|p| p.name == name).cloned();
+    let mut summary = Vec::new();
+    if let (Some(first), Some(free), Some(steady)) = (find(FIRST), find(BEFORE_GC), find(MEASURED)) {
+        let p99 = |p: &Phase| p.latency_us.map_or(f64::NAN, |l| l.1);
+        summary.push(format!(
+            "  first writes vs overwrites: {:.0} / {:.0} IOPS = {:.2}x before GC, {:.0} IOPS = {:.2}x in GC's steady state (goal >= 0.8x)",
+            first.iops,
+            free.iops,
+            first.iops / free.iops,
+            steady.iops,
+            first.iops / steady.iops
+        ));
+        summary.push(format!(
+            "  p99 write latency with GC / before GC: {:.0} / {:.0} us = {:.2}x (goal <= 3x; GC moved {} blocks before GC started)",
+            p99(&steady),
+            p99(&free),
+            p99(&steady) / p99(&free),
+            free.gc_moved
         ));
     }
     check_all(blocks, &versions, |o, n| vol.read(o, n)).await?;
@@ -378,7 +461,7 @@ async fn log_run(args: &WaBenchArgs, fill: f64) -> Result<Vec<Phase>> {
     );
     vol.close().await;
     rig.pool.close().await.context("closing the pool")?;
-    Ok(phases)
+    Ok((phases, summary))
 }
 
 async fn reference_run(args: &WaBenchArgs) -> Result<Phase> {
@@ -398,11 +481,13 @@ async fn reference_run(args: &WaBenchArgs) -> Result<Phase> {
     let mut rand = Rand(args.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let count = args.reference / BLOCK_BYTES;
     let (before, t) = (rig.bytes(), Instant::now());
-    random_writes(count, args.qd, &mut rand, &mut versions, |o, d| vol.write(o, d, false)).await?;
+    let lat =
+        random_writes(count, args.qd, &mut rand, &mut versions, false, |o, d| vol.write(o, d, false)).await?;
     vol.flush().await.context("flush")?;
     let secs = t.elapsed().as_secs_f64();
     let phase =
-        Phase::from("thick ec:4+2, random 4 KiB", count * BLOCK_BYTES, &before, &rig.bytes(), 0, count, secs);
+        Phase::from("thick ec:4+2, random 4 KiB", count * BLOCK_BYTES, &before, &rig.bytes(), 0, count, secs)
+            .with_latencies(lat);
     check_all(blocks, &versions, |o, n| vol.read(o, n)).await?;
     drop(vol);
     rig.pool.close().await.context("closing the pool")?;
@@ -435,8 +520,12 @@ pub fn run(args: &WaBenchArgs) -> Result<()> {
             reference_run(args).await?.print();
         }
         for &fill in &args.fills {
-            for p in log_run(args, fill).await? {
+            let (phases, summary) = log_run(args, fill).await?;
+            for p in phases {
                 p.print();
+            }
+            for line in summary {
+                println!("{line}");
             }
         }
         Ok(())
