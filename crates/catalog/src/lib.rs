@@ -24,7 +24,7 @@ use stria_tier::lsv::{self, LogSpec, LogVolume};
 
 pub use layout::{LayoutSpec, PlainLayout, is_log_layout, parse_plain_layout};
 pub use view::{
-    LogTag, LogView, MemberView, PlainView, SegmentView, StatusView, UnavailableView, VolumeView,
+    LogTag, LogView, MemberView, PlainView, SegmentView, StatusView, ThinView, UnavailableView, VolumeView,
 };
 
 /// Why a catalog operation failed. Engine and tier errors keep their own messages and sources.
@@ -43,8 +43,8 @@ pub enum CatalogError {
     Invalid(String),
 }
 
-/// What to create (the CLI's `volume create`).
-#[derive(Debug, Clone)]
+/// What to create (the CLI's `volume create`; also the control socket's request).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct CreateVolume {
     pub name: String,
     pub size_bytes: u64,
@@ -54,9 +54,15 @@ pub struct CreateVolume {
     /// Plain volumes: the drive class (default: capacity drives if the pool has any).
     pub class: Option<DriveClass>,
     /// Tiered and log volumes: write cache size (default: an eighth of the volume).
+    #[serde(default)]
     pub cache_bytes: Option<u64>,
     /// Tiered and log volumes: copies of cache and map (default 2).
+    #[serde(default)]
     pub cache_copies: Option<u32>,
+    /// Tiered and log volumes: data bytes of the segment space (default 1.5 x the size; less
+    /// than the size over-commits the volume).
+    #[serde(default)]
+    pub space_bytes: Option<u64>,
 }
 
 /// A client-visible volume of one kind.
@@ -193,15 +199,17 @@ impl<D: BlockDevice> Catalog<D> {
                 cache_bytes: req.cache_bytes,
                 fast_tier,
                 copies: req.cache_copies.unwrap_or(2),
+                space_bytes: req.space_bytes,
                 ..LogSpec::new(&req.name, req.size_bytes, data_shards, parity_shards)
             };
             let lv = lsv::create(&self.pool, spec).await?;
             self.logs.write().insert(lv.name().to_string(), lv);
             return self.show(&req.name);
         }
-        if req.cache_bytes.is_some() || req.cache_copies.is_some() {
+        if req.cache_bytes.is_some() || req.cache_copies.is_some() || req.space_bytes.is_some() {
             return Err(CatalogError::Invalid(
-                "--cache-size and --cache-copies apply to tiered and log layouts only (tiered:ec:K+M, log:ec:K+M)"
+                "--cache-size, --cache-copies and --space apply to tiered and log layouts only (tiered:ec:K+M, \
+                 log:ec:K+M)"
                     .into(),
             ));
         }
@@ -280,8 +288,9 @@ impl<D: BlockDevice> Catalog<D> {
             .iter()
             .map(|(name, reason)| UnavailableView { name: name.clone(), reason: reason.clone() })
             .collect();
-        let log = self.logs.read().values().map(|l| l.status()).collect();
-        StatusView { pool: self.pool.status(), log, unavailable }
+        let log: Vec<_> = self.logs.read().values().map(|l| l.status()).collect();
+        let thin = ThinView::of(&log);
+        StatusView { pool: self.pool.status(), log, thin, unavailable }
     }
 
     /// Any volume by name, parts included (diagnostics show each part).

@@ -13,9 +13,54 @@ pub struct StatusView {
     pub pool: PoolStatus,
     /// Log-structured volumes, `tiered:` and `log:` ones.
     pub log: Vec<LogStatus>,
+    /// Their segment spaces summed (absent when there are none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thin: Option<ThinView>,
     /// Volumes that could not be opened (absent when there are none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unavailable: Vec<UnavailableView>,
+}
+
+/// The segment spaces of a pool's log-structured volumes, summed: what is thin.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThinView {
+    pub volumes: u64,
+    /// Sum of the volumes' sizes.
+    pub logical_bytes: u64,
+    /// Sum of their segment spaces (data bytes).
+    pub space_bytes: u64,
+    /// Live data (what the volumes' blocks take).
+    pub allocated_bytes: u64,
+    pub free_bytes: u64,
+    /// Dead blocks GC will collect.
+    pub garbage_bytes: u64,
+    /// Free segments only GC may use.
+    pub reserved_bytes: u64,
+    /// Volumes larger than their segment space (writes get ENOSPC when it is full).
+    pub overcommitted: Vec<String>,
+}
+
+impl ThinView {
+    /// Sums `volumes`; `None` when there are none.
+    pub fn of(volumes: &[LogStatus]) -> Option<ThinView> {
+        if volumes.is_empty() {
+            return None;
+        }
+        let mut t = ThinView::default();
+        for v in volumes {
+            t.volumes += 1;
+            t.logical_bytes += v.size_bytes;
+            t.space_bytes += v.space_bytes;
+            t.allocated_bytes += v.allocated_bytes;
+            t.free_bytes += v.free_bytes;
+            t.garbage_bytes += v.garbage_bytes;
+            t.reserved_bytes += v.reserved_bytes;
+            if v.size_bytes > v.space_bytes {
+                t.overcommitted.push(v.name.clone());
+            }
+        }
+        Some(t)
+    }
 }
 
 /// A volume that could not be opened, and why.

@@ -313,6 +313,7 @@ pub(crate) async fn serve_memory(
             class: Some(DriveClass::Capacity),
             cache_bytes: None,
             cache_copies: None,
+            space_bytes: None,
         };
         catalog.create(volume).await.with_context(|| format!("cannot create volume {}", v.name))?;
     }

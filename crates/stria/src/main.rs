@@ -128,6 +128,10 @@ enum VolumeCmd {
         /// tiered: and log: layouts: copies of the write cache and the map, 2 or 3 (default 2).
         #[arg(long)]
         cache_copies: Option<u32>,
+        /// tiered: and log: layouts: data bytes of the segment space (default: 1.5 x --size).
+        /// Less than --size over-commits the volume: writes get ENOSPC when the space is full.
+        #[arg(long, value_parser = parse_block_size)]
+        space: Option<u64>,
     },
     /// List volumes.
     List {
@@ -408,8 +412,8 @@ fn warn_overcommit(dir: &PoolDir) {
 /// `stria volume ...`.
 async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
     match cmd {
-        VolumeCmd::Create { name, size, layout, chunk, class, cache_size, cache_copies } => {
-            let req = Request::VolumeCreate {
+        VolumeCmd::Create { name, size, layout, chunk, class, cache_size, cache_copies, space } => {
+            let req = Request::VolumeCreate(CreateVolume {
                 name,
                 size_bytes: size,
                 layout,
@@ -417,7 +421,8 @@ async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
                 class,
                 cache_bytes: cache_size,
                 cache_copies,
-            };
+                space_bytes: space,
+            });
             let v = request(dir, req).await?;
             output::volume(&view(v)?);
             Ok(())
@@ -552,6 +557,7 @@ async fn up(dir: PoolDir, args: UpArgs) -> Result<()> {
             class: None,
             cache_bytes: None,
             cache_copies: None,
+            space_bytes: None,
         };
         catalog.create(vol0).await?;
         catalog.close().await?;

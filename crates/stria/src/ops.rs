@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use stria_catalog::{Catalog, CreateVolume};
 use stria_dev::{BLOCK_BYTES, FileDevice, IoBytes};
 use stria_engine::units::format_size;
-use stria_engine::{DriveClass, DriveState, Durability, NewDrive, Pool, VolumeState, Zeroing};
+use stria_engine::{DriveState, Durability, NewDrive, Pool, VolumeState, Zeroing};
 
 use crate::pooldir::{Dev, PoolDir};
 
@@ -22,17 +22,7 @@ const COPY_STEP_BYTES: usize = 4 << 20;
 #[serde(tag = "op", rename_all = "kebab-case")]
 pub(crate) enum Request {
     Status,
-    VolumeCreate {
-        name: String,
-        size_bytes: u64,
-        layout: String,
-        chunk_bytes: Option<u64>,
-        class: Option<DriveClass>,
-        #[serde(default)]
-        cache_bytes: Option<u64>,
-        #[serde(default)]
-        cache_copies: Option<u32>,
-    },
+    VolumeCreate(CreateVolume),
     VolumeShow {
         name: String,
     },
@@ -98,10 +88,7 @@ pub(crate) enum Request {
 impl Request {
     /// True when the request changes which volumes exist (the daemon re-syncs its exports).
     pub(crate) fn changes_volumes(&self) -> bool {
-        matches!(
-            self,
-            Request::VolumeCreate { .. } | Request::VolumeDelete { .. } | Request::VolumeResize { .. }
-        )
+        matches!(self, Request::VolumeCreate(_) | Request::VolumeDelete { .. } | Request::VolumeResize { .. })
     }
 }
 
@@ -215,11 +202,7 @@ pub(crate) async fn execute(
     let pool = catalog.pool();
     match req {
         Request::Status => to_json(&catalog.status()),
-        Request::VolumeCreate { name, size_bytes, layout, chunk_bytes, class, cache_bytes, cache_copies } => {
-            let req =
-                CreateVolume { name, size_bytes, layout, chunk_bytes, class, cache_bytes, cache_copies };
-            to_json(&catalog.create(req).await?)
-        }
+        Request::VolumeCreate(req) => to_json(&catalog.create(req).await?),
         Request::VolumeShow { name } => to_json(&catalog.show(&name)?),
         Request::VolumeResize { name, size_bytes, force } => {
             if catalog.lookup(&name).is_some_and(|v| size_bytes < v.size_bytes()) {

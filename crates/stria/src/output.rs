@@ -62,6 +62,27 @@ pub(crate) fn status(v: &StatusView) {
     drives(&pool.drives);
     outln!();
     volumes(v);
+    if let Some(t) = &v.thin {
+        outln!();
+        outln!(
+            "thin space of {} tiered/log volume(s), {} logical: {} of segment space, {} allocated, {} free ({} reserved \
+             for GC), {} garbage",
+            t.volumes,
+            size(t.logical_bytes),
+            size(t.space_bytes),
+            size(t.allocated_bytes),
+            size(t.free_bytes),
+            size(t.reserved_bytes),
+            size(t.garbage_bytes)
+        );
+        if !t.overcommitted.is_empty() {
+            outln!(
+                "over-committed (larger than their segment space; writes get ENOSPC when it is full, TRIM frees \
+                 space): {}",
+                t.overcommitted.join(", ")
+            );
+        }
+    }
     for u in &v.unavailable {
         outln!();
         outln!("volume {} is unavailable: {}", u.name, u.reason);
@@ -287,6 +308,12 @@ fn log_volume(l: &LogStatus) {
         size(l.garbage_bytes),
         size(l.reserved_bytes)
     );
+    if l.size_bytes > l.space_bytes {
+        outln!(
+            "  {:<22} the size exceeds the segment space: writes get ENOSPC when it is full; TRIM frees space",
+            "OVER-COMMITTED"
+        );
+    }
     if let Some(why) = &l.no_space {
         outln!("  {:<22} {why}", "FULL");
     }

@@ -306,6 +306,23 @@ fn cli_output_matches_the_golden_files() {
         &["volume", "create", "tv", "--size", "32M", "--layout", "tiered:ec:4+2"],
         0,
     );
+    check(
+        "volume_create_overcommitted",
+        &[
+            "volume",
+            "create",
+            "thin",
+            "--size",
+            "64M",
+            "--layout",
+            "log:ec:4+2",
+            "--space",
+            "32M",
+            "--cache-size",
+            "16M",
+        ],
+        0,
+    );
 
     // Data in the plain volumes, so that their counters are not all zero: a raw image of 4 MiB of
     // data, 4 MiB of zeros (written as zeroes) and 100 KiB of data (a partial ec row). Import

@@ -419,6 +419,15 @@ pub async fn create<D: BlockDevice>(
     })
     .await?;
     let rec = pool.meta().tiered.iter().find(|t| t.name == name).cloned().expect("just added");
+    let space_bytes = geo.segments * geo.segment_data() * BLOCK_BYTES;
+    if size_bytes > space_bytes {
+        tracing::warn!(
+            volume = %name,
+            "over-committed: {} logical over {} of segment space; writes get ENOSPC when the space is full, TRIM frees space",
+            stria_engine::units::format_size(size_bytes),
+            stria_engine::units::format_size(space_bytes)
+        );
+    }
     open(pool, &rec).await
 }
 
