@@ -10,8 +10,9 @@
 #    as always) from 6 memory-backed drives: `--drives memory` (default) uses the daemon's hidden
 #    benchmark option `--bench-memory-drives` (in-process memory drives: the NBD path, the engine
 #    and its checksums, no drive I/O underneath); `--drives tmpfs` makes a normal pool of files
-#    in /dev/shm (the file drive then runs its calls inline) and adds a thin log:ec:4+2 volume
-#    (`stria-log`: its cache and map mirrored on the same drives, no fast ones);
+#    in /dev/shm (the file drive then runs its calls inline: 2 fast + 6 capacity drives) and adds
+#    a tiered:ec:4+2 volume (`stria-tiered`: thin, log-structured, cache and map on the 2 fast
+#    drives) and a log:ec:4+2 one (`stria-log`: cache and map mirrored on the capacity drives);
 #  * the peer is `nbdkit memory 1G`; both are on Unix sockets; stria is restarted (and refilled)
 #    for the unpinned phase, because it sizes its runtime by the CPUs it may use at start;
 #  * every export is filled with random data first (unwritten blocks would read as zeros
@@ -66,10 +67,11 @@ wait_socket() { for _ in $(seq 200); do [ -S "$1" ] && return 0; sleep 0.05; don
 # per phase, because it sizes its runtime by the CPUs it may use when it starts: one thread on one
 # CPU, one per CPU otherwise) ---------------------------------------------------------------------
 if [ "$DRIVES" = tmpfs ]; then
-  "$STRIA" pool create --pool "$W/pool" --capacity 6 --drive-size 2G --log-level warn >/dev/null
+  "$STRIA" pool create --pool "$W/pool" --fast 2 --capacity 6 --drive-size 2G --log-level warn >/dev/null
   "$STRIA" volume create r0 --pool "$W/pool" --size 1G --layout raid0 --log-level warn >/dev/null
   "$STRIA" volume create ec --pool "$W/pool" --size 1G --layout ec:4+2 --log-level warn >/dev/null
-  # Thin, log-structured (cache and map mirrored on the same capacity drives: no fast ones here).
+  # Thin, log-structured: cache and map on the fast drives (tiered) or on the capacity drives (log).
+  "$STRIA" volume create tv --pool "$W/pool" --size 1G --layout tiered:ec:4+2 --log-level warn >/dev/null
   "$STRIA" volume create lv --pool "$W/pool" --size 1G --layout log:ec:4+2 --log-level warn >/dev/null
 fi
 STRIA_PID=
@@ -98,8 +100,9 @@ declare -A URI=(
 )
 TARGETS=(nbdkit stria-raid0 stria-ec)
 if [ "$DRIVES" = tmpfs ]; then
+  URI[stria-tiered]="nbd+unix:///tv?socket=$W/stria.sock"
   URI[stria-log]="nbd+unix:///lv?socket=$W/stria.sock"
-  TARGETS+=(stria-log)
+  TARGETS+=(stria-tiered stria-log)
 fi
 
 echo "filling the exports with random data ..."

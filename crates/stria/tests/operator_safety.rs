@@ -535,3 +535,20 @@ fn item5_a_full_filesystem_suspends_writes_and_pool_clear_resumes_them() {
     assert_eq!(code, Some(0));
     drop(fs);
 }
+
+/// A tiered volume needs fast drives for its cache and map: without them the refusal names the
+/// layout that keeps them on the capacity drives, which then works; the pool is unchanged by the
+/// refusal.
+#[test]
+fn a_tiered_volume_without_fast_drives_is_refused_and_names_log() {
+    let stria = Stria::new();
+    expect(&stria, &["pool", "create", "--capacity", "6", "--drive-size", "128M"], 0);
+    let out = expect(&stria, &["volume", "create", "t", "--size", "32M", "--layout", "tiered:ec:4+2"], 1);
+    says(&out.stderr, "this pool has 0 active fast drive(s)");
+    says(&out.stderr, "Use log:ec:4+2");
+    let list = expect(&stria, &["volume", "list"], 0);
+    assert!(!list.stdout.lines().any(|l| l.starts_with("t ")), "{}", list.stdout);
+    let out = expect(&stria, &["volume", "create", "t", "--size", "32M", "--layout", "log:ec:4+2"], 0);
+    says(&out.stdout, "log-structured volume t (log:ec:4+2), healthy");
+    expect(&stria, &["scrub", "t"], 0);
+}
