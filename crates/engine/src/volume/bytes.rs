@@ -1,5 +1,5 @@
 //! Byte arithmetic shared by the two kinds of volume (the engine's [`Volume`](super::Volume) and
-//! the tier's `TieredVolume`): range checks, the whole blocks a byte range touches, the
+//! the tier's `LogVolume`): range checks, the whole blocks a byte range touches, the
 //! read-modify-write merge of an unaligned write, the split of a zeroing or discard at its
 //! unit, and allocation extents cut to a byte range.
 //!
