@@ -15,6 +15,18 @@ enum Slot {
     Reserved,
     /// Holds the data of one block: its owner, the logical block.
     Live(u64),
+    /// Restored at open from a table that may name owners whose map update never became
+    /// durable: live until destage finds the block's map entry elsewhere, then freed.
+    Restored(u64),
+}
+
+impl Slot {
+    fn owner(self) -> Option<u64> {
+        match self {
+            Slot::Live(o) | Slot::Restored(o) => Some(o),
+            Slot::Free | Slot::Reserved => None,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -77,6 +89,26 @@ impl CacheLog {
     /// A log holding the live positions `live` (position, owner), found at open; `describe`
     /// names an owner for the message if two claim one position.
     pub(crate) fn with_owners(ring: u64, live: &[(u64, u64)], describe: impl Fn(u64) -> String) -> CacheLog {
+        Self::rebuilt(ring, live, describe, Slot::Live)
+    }
+
+    /// A log holding the positions `owners` (position, owner) of a persisted table and of the
+    /// replayed map deltas, as [`Slot::Restored`] ones. Positions a whole ring or more behind
+    /// the newest were free when the newest was reserved, and are dropped.
+    pub(crate) fn restored(ring: u64, owners: &[(u64, u64)], describe: impl Fn(u64) -> String) -> CacheLog {
+        let newest = owners.iter().map(|o| o.0).max().unwrap_or(0);
+        let mut kept: Vec<(u64, u64)> = owners.iter().copied().filter(|o| o.0 + ring > newest).collect();
+        kept.sort_unstable();
+        kept.dedup();
+        Self::rebuilt(ring, &kept, describe, Slot::Restored)
+    }
+
+    fn rebuilt(
+        ring: u64,
+        live: &[(u64, u64)],
+        describe: impl Fn(u64) -> String,
+        slot_of: fn(u64) -> Slot,
+    ) -> CacheLog {
         let log = CacheLog::new(ring);
         {
             let mut s = log.state.lock();
@@ -93,7 +125,7 @@ impl CacheLog {
                         "cache log: position {pos} claimed by {} and by another block",
                         describe(owner)
                     );
-                    *slot = Slot::Live(owner);
+                    *slot = slot_of(owner);
                 }
                 s.live = live.len() as u64;
             }
@@ -191,7 +223,7 @@ impl CacheLog {
             });
             // A position released twice could be handed out while a map entry still points to it.
             assert_ne!(*slot, Slot::Free, "cache log: position {pos} released twice");
-            let was_live = matches!(*slot, Slot::Live(_));
+            let was_live = slot.owner().is_some();
             *slot = Slot::Free;
             s.live -= u64::from(was_live);
             any = true;
@@ -215,12 +247,31 @@ impl CacheLog {
         let mut out = Vec::new();
         let mut pos = s.tail;
         while pos < s.head && out.len() < max {
-            if let Slot::Live(owner) = s.slots[(pos % self.ring) as usize] {
+            if let Some(owner) = s.slots[(pos % self.ring) as usize].owner() {
                 out.push((pos, owner));
             }
             pos += 1;
         }
         out
+    }
+
+    /// Every position with an owner (live or restored), oldest first: for the persisted table.
+    pub(crate) fn owners(&self) -> Vec<(u64, u64)> {
+        self.oldest_live(usize::MAX)
+    }
+
+    /// Whether `pos` is a restored position of `block`.
+    pub(crate) fn is_restored(&self, pos: u64, block: u64) -> bool {
+        let s = self.state.lock();
+        pos >= s.tail && pos < s.head && s.slots[(pos % self.ring) as usize] == Slot::Restored(block)
+    }
+
+    /// Frees `pos` if it is (still) a restored position of `block`, whose map entry the caller
+    /// found pointing elsewhere with no writer between its map update and its frees.
+    pub(crate) fn release_if_restored(&self, pos: u64, block: u64) {
+        if self.is_restored(pos, block) {
+            self.release([pos]);
+        }
     }
 
     /// Live positions (data some block still reads from the cache).
@@ -325,6 +376,21 @@ mod tests {
     #[should_panic(expected = "position 100 claimed by block 7 and by another block")]
     fn a_position_two_map_entries_claim_is_a_bug() {
         CacheLog::with_owners(16, &[(100, 3), (100, 7)], |b| format!("block {b}"));
+    }
+
+    #[test]
+    fn restored_positions_are_freed_only_when_found_stale() {
+        // 3 is a whole ring behind the newest position (40): free when 40 was reserved.
+        let log =
+            CacheLog::restored(16, &[(30, 1), (3, 2), (35, 4), (40, 5), (35, 4)], |b| format!("block {b}"));
+        assert_eq!(log.owners(), vec![(30, 1), (35, 4), (40, 5)]);
+        assert_eq!(log.live(), 3);
+        log.release_if_restored(30, 9);
+        assert_eq!(log.live(), 3, "another block's position stays");
+        log.release_if_restored(30, 1);
+        assert_eq!((log.live(), log.used()), (2, 6), "the tail moves past the freed position");
+        log.release([35]);
+        assert_eq!(log.owners(), vec![(40, 5)]);
     }
 
     #[test]

@@ -199,6 +199,17 @@ struct LogState {
     stats: MapStats,
 }
 
+/// A table written with every checkpoint (the segment table of a log-structured volume): the
+/// map marks it stale before it writes any page, and writes a new one, stamped with the new
+/// replay position, once the pages are durable, still holding the log (so no delta becomes
+/// durable while the snapshot is taken).
+pub trait CheckpointTable: Send + Sync {
+    /// Offset and bytes that mark the table stale.
+    fn stale(&self) -> (u64, IoBytes);
+    /// Offset and bytes of the table for a checkpoint whose replay starts at `stamp`.
+    fn snapshot(&self, stamp: u64) -> (u64, IoBytes);
+}
+
 /// The map of one log-structured volume.
 pub struct MapStore<D: BlockDevice> {
     vol: Arc<Volume<D>>,
@@ -209,6 +220,8 @@ pub struct MapStore<D: BlockDevice> {
     /// Set when a log write failed: deltas applied in memory may be neither durable nor
     /// queued any more, so nothing may be acknowledged after it.
     failed: std::sync::atomic::AtomicBool,
+    /// Written with every checkpoint, once set.
+    table: std::sync::OnceLock<Arc<dyn CheckpointTable>>,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for MapStore<D> {
@@ -230,13 +243,28 @@ impl<D: BlockDevice> MapStore<D> {
         layout: MapLayout,
         cache_pages: u64,
     ) -> Result<MapStore<D>, MapError> {
-        assert!(layout.log_blocks >= 4, "a map log needs at least 4 blocks");
+        Self::open_with(vol, layout, cache_pages, |_, _| {}).await
+    }
+
+    /// Where replay starts: the log header's position (0 for a new map).
+    pub async fn replay_position(vol: &Volume<D>, layout: MapLayout) -> Result<u64, MapError> {
         let header = vol.read(layout.base, BLOCK_USIZE).await?;
-        let replay_seq = if header.iter().all(|&b| b == 0) {
-            0
-        } else {
-            decode_header(&header).ok_or(MapError::DamagedHeader)?
-        };
+        if header.iter().all(|&b| b == 0) {
+            return Ok(0);
+        }
+        decode_header(&header).ok_or(MapError::DamagedHeader)
+    }
+
+    /// [`MapStore::open`], calling `on_replay(block, new entry)` for every delta replayed, in
+    /// log order.
+    pub async fn open_with(
+        vol: Arc<Volume<D>>,
+        layout: MapLayout,
+        cache_pages: u64,
+        on_replay: impl FnMut(u64, &MapEntry),
+    ) -> Result<MapStore<D>, MapError> {
+        assert!(layout.log_blocks >= 4, "a map log needs at least 4 blocks");
+        let replay_seq = Self::replay_position(&vol, layout).await?;
         let store = MapStore {
             vol,
             layout,
@@ -249,18 +277,25 @@ impl<D: BlockDevice> MapStore<D> {
                 stats: MapStats::default(),
             }),
             failed: std::sync::atomic::AtomicBool::new(false),
+            table: std::sync::OnceLock::new(),
         };
-        store.replay().await?;
+        store.replay(on_replay).await?;
         Ok(store)
     }
 
-    async fn replay(&self) -> Result<(), MapError> {
+    /// Writes `table` with every checkpoint from now on.
+    pub fn set_checkpoint_table(&self, table: Arc<dyn CheckpointTable>) {
+        assert!(self.table.set(table).is_ok(), "the checkpoint table is set once");
+    }
+
+    async fn replay(&self, mut on_replay: impl FnMut(u64, &MapEntry)) -> Result<(), MapError> {
         let mut log = self.log.lock().await;
         let mut seq = log.replay_seq;
         while seq < log.replay_seq + self.layout.log_blocks {
             let bytes = self.vol.read(self.layout.log_block_offset(seq), BLOCK_USIZE).await?;
             let Some(deltas) = decode_log_block(&bytes, seq) else { break };
             for (block, entry) in deltas {
+                on_replay(block, &entry);
                 let (page, slot) = self.page_of(block).await?;
                 slot.page().0.lock()[(block % ENTRIES_PER_PAGE) as usize] = entry;
                 self.cache.mark_dirty(page, &slot);
@@ -400,6 +435,13 @@ impl<D: BlockDevice> MapStore<D> {
         // Every delta before `until` is in the log and (applied before it was queued) in the
         // pages taken next: once they are durable, replay may start at `until`.
         let until = log.next_seq;
+        let table = self.table.get();
+        if let Some(t) = table {
+            // The table on disk describes the pages of the last checkpoint: stale before any of
+            // them is overwritten.
+            let (at, bytes) = t.stale();
+            self.vol.write(at, bytes, true).await?;
+        }
         let pages = self.cache.take_dirty();
         let result = async {
             let mut buf = IoBuf::zeroed(BLOCK_USIZE);
@@ -408,6 +450,10 @@ impl<D: BlockDevice> MapStore<D> {
                 self.vol.write(self.layout.page_offset(*page), IoBytes::copy_from(&buf), false).await?;
             }
             self.vol.flush().await?;
+            if let Some(t) = table {
+                let (at, bytes) = t.snapshot(until);
+                self.vol.write(at, bytes, true).await?;
+            }
             encode_header(until, &mut buf);
             self.vol.write(self.layout.base, IoBytes::copy_from(&buf), true).await?;
             Ok::<(), MapError>(())

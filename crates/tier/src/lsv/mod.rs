@@ -22,6 +22,7 @@
 
 mod mover;
 pub mod space;
+mod table;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -42,7 +43,12 @@ use crate::{PartStatus, TierError, block_crc};
 use space::{Geometry, Space, SpaceCounts};
 
 const HEADER_MAGIC: &[u8; 8] = b"STRIA-LV";
-const FORMAT_VERSION: u32 = 1;
+/// Version 2 adds the persisted segment table after the map region; version 1 headers (no
+/// table: open scans the map) are still read.
+const FORMAT_VERSION: u32 = 2;
+/// Maps up to this many pages are checked against the persisted table at every open that used
+/// it (debug builds: the tests).
+const VERIFY_TABLE_PAGES: u64 = 65536;
 /// A read that keeps racing with moves gives up after this many tries (an error, never wrong data).
 const READ_ATTEMPTS: usize = 8;
 /// Blocks per map update of a large zeroing or trim.
@@ -146,6 +152,8 @@ pub struct LogCounters {
     pub gc_victims: AtomicU64,
     /// Moves that lost to a newer write (their slot is garbage at once).
     pub moves_lost: AtomicU64,
+    /// Blocks of overcount (from a persisted table) forgotten on drained GC victims.
+    pub overcount_forgotten: AtomicU64,
 }
 
 /// Status for `stria status --json`.
@@ -195,12 +203,12 @@ pub struct LogVolume<D: BlockDevice> {
     pub(crate) seg: Arc<Volume<D>>,
     pub(crate) geo: Geometry,
     pub(crate) map: MapStore<D>,
-    pub(crate) log: CacheLog,
-    pub(crate) space: Mutex<Space>,
+    pub(crate) log: Arc<CacheLog>,
+    pub(crate) space: Arc<Mutex<Space>>,
     pub(crate) params: Mutex<LogParams>,
     rmw_locks: Box<[tokio::sync::Mutex<()>]>,
     /// Next write sequence (low 32 bits go into map entries and summaries).
-    pub(crate) seq: AtomicU64,
+    pub(crate) seq: Arc<AtomicU64>,
     pub(crate) counters: LogCounters,
     pub(crate) started: Instant,
     pub(crate) last_write_ms: AtomicU64,
@@ -212,6 +220,15 @@ pub struct LogVolume<D: BlockDevice> {
     pub(crate) no_space: Mutex<Option<String>>,
     /// The mover's GC state, held while a destage or GC batch runs (close waits for it).
     pub(crate) moving: tokio::sync::Mutex<mover::Gc>,
+    /// Whether open used the persisted segment table (else it scanned the map).
+    opened_from_table: bool,
+    /// Held shared by writers from their map update until they have freed the places it
+    /// replaced, exclusively by the mover when it must know that no such free is pending (a
+    /// restored cache position found stale: the writer that replaced its entry may still be
+    /// about to free it).
+    pub(crate) settle: tokio::sync::RwLock<()>,
+    /// Set while live counts may be too high (opened from a persisted table, not recounted).
+    pub(crate) counts_suspect: AtomicBool,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for LogVolume<D> {
@@ -223,6 +240,8 @@ impl<D: BlockDevice> std::fmt::Debug for LogVolume<D> {
 /// The metadata header (block 0 of `<name>.meta`); byte table in docs/on-disk-format.md §8.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Header {
+    /// 1: no persisted segment table; 2: the table follows the map region.
+    version: u32,
     volume_bytes: u64,
     geo: Geometry,
     cache_blocks: u64,
@@ -233,7 +252,7 @@ impl Header {
     fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; BLOCK_USIZE];
         b[0..8].copy_from_slice(HEADER_MAGIC);
-        b[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[8..12].copy_from_slice(&self.version.to_le_bytes());
         let fields = [
             self.volume_bytes,
             self.geo.row_blocks,
@@ -256,7 +275,7 @@ impl Header {
             return Err("not a log-structured volume header (bad magic)".into());
         }
         let version = u32::from_le_bytes(b[8..12].try_into().expect("4"));
-        if version != FORMAT_VERSION {
+        if !(1..=FORMAT_VERSION).contains(&version) {
             return Err(format!("header format version {version}; this build reads {FORMAT_VERSION}"));
         }
         if u32::from_le_bytes(b[12..16].try_into().expect("4")) != header_crc(b) {
@@ -264,11 +283,27 @@ impl Header {
         }
         let f = |i: usize| u64::from_le_bytes(b[16 + 8 * i..24 + 8 * i].try_into().expect("8"));
         Ok(Header {
+            version,
             volume_bytes: f(0),
             geo: Geometry { row_blocks: f(1), batch_rows: f(2), segment_batches: f(3), segments: f(4) },
             cache_blocks: f(5),
             map_log_blocks: f(6),
         })
+    }
+
+    /// Byte offset and size of the persisted segment table in the metadata part, if it has one.
+    fn table_region(&self) -> Option<(u64, u64)> {
+        (self.version >= 2).then(|| {
+            (
+                BLOCK_BYTES + self.map_layout().bytes(),
+                table::region_bytes(self.geo.segments, self.cache_blocks),
+            )
+        })
+    }
+
+    /// Bytes of the metadata part.
+    fn meta_bytes(&self) -> u64 {
+        BLOCK_BYTES + self.map_layout().bytes() + self.table_region().map_or(0, |r| r.1)
     }
 
     fn map_layout(&self) -> MapLayout {
@@ -344,7 +379,8 @@ pub async fn create<D: BlockDevice>(
         ));
     }
     let map_log_blocks = spec.map_log_blocks.unwrap_or_else(|| (blocks / 16).clamp(1024, 65536));
-    let header = Header { volume_bytes: size_bytes, geo, cache_blocks, map_log_blocks };
+    let header =
+        Header { version: FORMAT_VERSION, volume_bytes: size_bytes, geo, cache_blocks, map_log_blocks };
     let name = spec.name.clone();
     if pool.volume(&name).is_some() || pool.meta().tiered.iter().any(|t| t.name == name) {
         return Err(EngineError::VolumeExists(name).into());
@@ -377,7 +413,7 @@ pub async fn create<D: BlockDevice>(
     let parts = [
         crate::part_spec(
             format!("{name}.meta"),
-            BLOCK_BYTES + header.map_layout().bytes(),
+            header.meta_bytes(),
             mirror,
             64 << 10,
             fast_class,
@@ -395,7 +431,8 @@ pub async fn create<D: BlockDevice>(
             "seg",
         ),
     ];
-    // The map must read as zeros (an all-zero region is an empty map); the cache and the
+    // The map must read as zeros (an all-zero region is an empty map, a zero table a stale
+    // one); the cache and the
     // segment space are never read where nothing was written (every read goes through the map),
     // so they skip the engine's zeroing: creating them costs no I/O per byte.
     let made = crate::create_parts_zeroing(pool, parts, [true, false, false]).await?;
@@ -432,7 +469,8 @@ pub async fn create<D: BlockDevice>(
 }
 
 /// Opens a log-structured volume (after the pool has recovered its parts): replays the map log,
-/// scans the map for live counts and cached blocks, and starts the mover.
+/// takes the live counts and cached blocks from the persisted segment table (or, without a valid
+/// one, from a scan of the whole map), and starts the mover.
 pub async fn open<D: BlockDevice>(
     pool: &Arc<Pool<D>>,
     rec: &TieredRecord,
@@ -442,13 +480,135 @@ pub async fn open<D: BlockDevice>(
     let params: LogParams =
         serde_json::from_value(rec.params.clone()).map_err(|e| corrupt(format!("bad parameters: {e}")))?;
     let header = Header::decode(&meta.read(0, BLOCK_USIZE).await?).map_err(corrupt)?;
-    if header.volume_bytes != rec.size_bytes || header.geo.space_blocks() * BLOCK_BYTES != seg.size_bytes() {
+    if header.volume_bytes != rec.size_bytes
+        || header.geo.space_blocks() * BLOCK_BYTES != seg.size_bytes()
+        || header.meta_bytes() > meta.size_bytes()
+    {
         return Err(corrupt("metadata header disagrees with the pool record".into()));
     }
-    let map = MapStore::open(Arc::clone(&meta), header.map_layout(), params.map_cache_pages)
-        .await
-        .map_err(|e| corrupt(format!("map: {e}")))?;
     let geo = header.geo;
+    let layout = header.map_layout();
+    let map_err = |e: MapError| corrupt(format!("map: {e}"));
+    let table = match header.table_region() {
+        Some((at, _)) => {
+            let replay = MapStore::replay_position(&meta, layout).await.map_err(map_err)?;
+            read_table(&meta, at, replay, &header).await?
+        }
+        None => None,
+    };
+    let from_table = table.is_some();
+    let mut bad = None;
+    let beyond =
+        |block: u64, a: u64| format!("block {block} points at segment address {a}, beyond the space");
+    let (map, live, owners, max_seq) = if let Some(t) = table {
+        // The table's counts and owners, plus +1 and a claim for every replayed delta: never
+        // below the truth (docs/design/log-structured-volumes.md, "Step 3a").
+        let (mut live, mut owners, mut max_seq) = (t.live, t.owners, t.next_seq);
+        let map = MapStore::open_with(Arc::clone(&meta), layout, params.map_cache_pages, |block, e| {
+            match e.place {
+                Place::Segment(a) if a < geo.space_blocks() => live[geo.segment_of(a)] += 1,
+                Place::Segment(a) => {
+                    bad.get_or_insert(beyond(block, a));
+                }
+                Place::Cache(p) => owners.push((p, block)),
+                Place::Unallocated | Place::Zero => {}
+            }
+            max_seq = max_seq.max(u64::from(e.seq) + 1);
+        })
+        .await
+        .map_err(map_err)?;
+        (map, live, owners, max_seq)
+    } else {
+        let map = MapStore::open(Arc::clone(&meta), layout, params.map_cache_pages).await.map_err(map_err)?;
+        let (live, owners, max_seq) = scan_map(&map, geo).await.map_err(corrupt)?;
+        (map, live, owners, max_seq)
+    };
+    if let Some(why) = bad {
+        return Err(corrupt(why));
+    }
+    let describe = |b: u64| format!("block {b}");
+    let log = if from_table {
+        CacheLog::restored(header.cache_blocks, &owners, describe)
+    } else {
+        CacheLog::with_owners(header.cache_blocks, &owners, describe)
+    };
+    if from_table && cfg!(debug_assertions) && layout.pages() <= VERIFY_TABLE_PAGES {
+        verify_table(&map, geo, &live, &log.owners()).await.map_err(corrupt)?;
+    }
+    tracing::info!(
+        volume = %rec.name,
+        "{}",
+        if from_table {
+            "opened from the persisted segment table".to_string()
+        } else {
+            format!("scanned the map ({} pages) for live counts", layout.pages())
+        }
+    );
+    // GC needs its open segment and one more to empty any victim (its live blocks fit in one).
+    let reserve = 2;
+    let vol = Arc::new(LogVolume {
+        name: rec.name.clone(),
+        size_bytes: rec.size_bytes,
+        blocks: rec.size_bytes / BLOCK_BYTES,
+        pool: Arc::clone(pool),
+        cache,
+        meta,
+        seg,
+        geo,
+        map,
+        log: Arc::new(log),
+        space: Arc::new(Mutex::new(Space::from_live(geo, live, reserve))),
+        params: Mutex::new(params),
+        rmw_locks: (0..RMW_LOCKS).map(|_| tokio::sync::Mutex::new(())).collect(),
+        seq: Arc::new(AtomicU64::new(max_seq)),
+        counters: LogCounters::default(),
+        started: Instant::now(),
+        last_write_ms: AtomicU64::new(0),
+        closed: AtomicBool::new(false),
+        failure: Mutex::new(None),
+        no_space: Mutex::new(None),
+        moving: tokio::sync::Mutex::new(mover::Gc::default()),
+        opened_from_table: from_table,
+        settle: tokio::sync::RwLock::new(()),
+        counts_suspect: AtomicBool::new(from_table),
+    });
+    if let Some((at, _)) = header.table_region() {
+        vol.map.set_checkpoint_table(Arc::new(table::Writer {
+            at,
+            space: Arc::clone(&vol.space),
+            log: Arc::clone(&vol.log),
+            seq: Arc::clone(&vol.seq),
+        }));
+    }
+    mover::spawn(&vol);
+    Ok(vol)
+}
+
+/// The persisted segment table at `at`, if it is valid and belongs to replay position `replay`.
+async fn read_table<D: BlockDevice>(
+    meta: &Volume<D>,
+    at: u64,
+    replay: u64,
+    header: &Header,
+) -> Result<Option<table::Table>, TierError> {
+    let Some(h) = table::Table::decode_header(&meta.read(at, BLOCK_USIZE).await?) else {
+        return Ok(None);
+    };
+    let (stamp, _, segments, owners, _) = h;
+    if stamp != replay || segments != header.geo.segments || owners > header.cache_blocks {
+        return Ok(None);
+    }
+    let len = table::Table::body_bytes(segments, owners).next_multiple_of(BLOCK_BYTES);
+    let body = meta.read(at + BLOCK_BYTES, len as usize).await?;
+    Ok(table::Table::decode_body(h, &body))
+}
+
+/// Live counts per segment, cached blocks (position, block) and the next write sequence, from a
+/// scan of the whole map.
+async fn scan_map<D: BlockDevice>(
+    map: &MapStore<D>,
+    geo: Geometry,
+) -> Result<(Vec<u64>, Vec<(u64, u64)>, u64), String> {
     let mut live = vec![0u64; geo.segments as usize];
     let mut cached = Vec::new();
     let mut max_seq = 0u32;
@@ -470,37 +630,36 @@ pub async fn open<D: BlockDevice>(
         }
     })
     .await
-    .map_err(|e| corrupt(format!("map: {e}")))?;
-    if let Some(why) = bad {
-        return Err(corrupt(why));
+    .map_err(|e| format!("map: {e}"))?;
+    match bad {
+        Some(why) => Err(why),
+        None => Ok((live, cached, u64::from(max_seq) + 1)),
     }
-    // GC needs its open segment and one more to empty any victim (its live blocks fit in one).
-    let reserve = 2;
-    let vol = Arc::new(LogVolume {
-        name: rec.name.clone(),
-        size_bytes: rec.size_bytes,
-        blocks: rec.size_bytes / BLOCK_BYTES,
-        pool: Arc::clone(pool),
-        cache,
-        meta,
-        seg,
-        geo,
-        map,
-        log: CacheLog::with_owners(header.cache_blocks, &cached, |b| format!("block {b}")),
-        space: Mutex::new(Space::from_live(geo, live, reserve)),
-        params: Mutex::new(params),
-        rmw_locks: (0..RMW_LOCKS).map(|_| tokio::sync::Mutex::new(())).collect(),
-        seq: AtomicU64::new(u64::from(max_seq) + 1),
-        counters: LogCounters::default(),
-        started: Instant::now(),
-        last_write_ms: AtomicU64::new(0),
-        closed: AtomicBool::new(false),
-        failure: Mutex::new(None),
-        no_space: Mutex::new(None),
-        moving: tokio::sync::Mutex::new(mover::Gc::default()),
-    });
-    mover::spawn(&vol);
-    Ok(vol)
+}
+
+/// Checks counts and owners taken from the persisted table against a scan of the map: no
+/// segment below the scan's count, every cached block's position held.
+async fn verify_table<D: BlockDevice>(
+    map: &MapStore<D>,
+    geo: Geometry,
+    live: &[u64],
+    owners: &[(u64, u64)],
+) -> Result<(), String> {
+    let (scanned, cached, _) = scan_map(map, geo).await?;
+    for (seg, (&t, &m)) in live.iter().zip(&scanned).enumerate() {
+        if t < m {
+            return Err(format!(
+                "the persisted segment table undercounts segment {seg}: {t} live blocks, the map points {m} into it"
+            ));
+        }
+    }
+    let held: std::collections::HashSet<(u64, u64)> = owners.iter().copied().collect();
+    if let Some((p, b)) = cached.iter().find(|c| !held.contains(c)) {
+        return Err(format!(
+            "the persisted segment table lost cache position {p} of block {b} (the map points at it)"
+        ));
+    }
+    Ok(())
 }
 
 impl Geometry {
@@ -526,6 +685,12 @@ impl<D: BlockDevice> LogVolume<D> {
 
     pub fn counters(&self) -> &LogCounters {
         &self.counters
+    }
+
+    /// Whether open took live counts and cached blocks from the persisted segment table (else it
+    /// scanned the whole map).
+    pub fn opened_from_table(&self) -> bool {
+        self.opened_from_table
     }
 
     /// The segment space's geometry.
@@ -759,8 +924,7 @@ impl<D: BlockDevice> LogVolume<D> {
         VolumeError::Pool {
             volume: self.name.clone(),
             source: Box::new(EngineError::NoSpace(format!(
-                "volume {}: the write at offset {offset_bytes} needs new space: {why}",
-                self.name
+                "the write at offset {offset_bytes} needs new space: {why}"
             ))),
         }
     }
@@ -770,8 +934,9 @@ impl<D: BlockDevice> LogVolume<D> {
         let start = match self.log.reserve(n).await {
             Ok(s) => s,
             Err(why) => {
-                if self.no_space.lock().is_some() {
-                    return Err(self.no_space_error(first * BLOCK_BYTES, why));
+                // The mover's own reason (what is full, what frees space), not its error text.
+                if let Some(full) = self.no_space.lock().clone() {
+                    return Err(self.no_space_error(first * BLOCK_BYTES, full));
                 }
                 return Err(VolumeError::Unrecoverable {
                     volume: self.name.clone(),
@@ -815,9 +980,11 @@ impl<D: BlockDevice> LogVolume<D> {
                 }
             })
             .collect();
+        let settle = self.settle.read().await;
         let olds = self.update_map(&updates).await?;
         // 3. Acknowledged; free what the blocks no longer use.
         self.free_places(olds.into_iter().map(|o| o.expect("unconditional")));
+        drop(settle);
         Ok(())
     }
 
@@ -866,8 +1033,10 @@ impl<D: BlockDevice> LogVolume<D> {
             let updates: Vec<Update> = (b..b + m)
                 .map(|block| Update { block, entry: MapEntry { place, crc: 0, seq }, expect: None })
                 .collect();
+            let settle = self.settle.read().await;
             let olds = self.update_map(&updates).await?;
             self.free_places(olds.into_iter().map(|o| o.expect("unconditional")));
+            drop(settle);
             b += m;
         }
         // Freed space may let a stuck destage go on.

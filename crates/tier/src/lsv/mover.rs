@@ -26,6 +26,17 @@ pub(crate) struct Move {
 #[derive(Default)]
 pub(crate) struct Gc {
     victim: Option<(usize, u64)>,
+    /// The victim's use (see [`super::space::Space::opened`]) and whether every summary read
+    /// from it so far was valid.
+    victim_use: u64,
+    victim_clean: bool,
+    /// Victims read to their end with every summary valid, until their moves are resolved:
+    /// then no map entry points into them, and a count left is an overcount to forget.
+    drained: Vec<(usize, u64)>,
+    /// Victims read to their end that could not be forgotten (a summary was not valid): with
+    /// counts that may be too high, not chosen again until they are freed or the counts are
+    /// rebuilt, or GC would read them over and over while destage starves.
+    fruitless: std::collections::HashSet<usize>,
     carry: Vec<Move>,
     /// Sealed segments with a batch that could not be read: not chosen again while sealed (a
     /// batch never written in this volume's life may hold an old volume's rows, which a
@@ -130,6 +141,7 @@ impl<D: BlockDevice> LogVolume<D> {
         let want = self.geo.batch_data() as usize;
         let mut moves: Vec<Move> = Vec::with_capacity(want);
         let mut scanned = 0;
+        let mut stale = Vec::new();
         // Positions whose block has moved on (a newer write, being freed) are skipped.
         while moves.len() < want {
             let oldest = self.log.oldest_live(scanned + want);
@@ -143,9 +155,14 @@ impl<D: BlockDevice> LogVolume<D> {
                 let e = self.map.get(block).await.map_err(|e| super::map_error(&self.name, e))?;
                 if e.place == Place::Cache(pos) {
                     moves.push(Move { block, from: e.place, entry: e, data: IoBytes::zeroed(0) });
+                } else if self.log.is_restored(pos, block) {
+                    stale.push((pos, block));
                 }
             }
             scanned = oldest.len();
+        }
+        if !stale.is_empty() {
+            self.release_stale(stale).await?;
         }
         if moves.is_empty() || (moves.len() < want && !pad) {
             return Ok(false);
@@ -158,6 +175,21 @@ impl<D: BlockDevice> LogVolume<D> {
         self.counters.destage_batches.fetch_add(1, Relaxed);
         self.counters.destaged_blocks.fetch_add(written, Relaxed);
         Ok(true)
+    }
+
+    /// Frees restored cache positions (claims of a persisted table) whose block's map entry
+    /// points elsewhere. A writer that replaced such an entry may not have freed the position
+    /// yet: with every writer out of the map-update-to-free window, what still points elsewhere
+    /// is stale (no later update can make a block point at an old position).
+    async fn release_stale(&self, stale: Vec<(u64, u64)>) -> Result<(), VolumeError> {
+        let _settled = self.settle.write().await;
+        for (pos, block) in stale {
+            let e = self.map.get(block).await.map_err(|e| super::map_error(&self.name, e))?;
+            if e.place != Place::Cache(pos) {
+                self.log.release_if_restored(pos, block);
+            }
+        }
+        Ok(())
     }
 
     /// Reads the cached blocks of `moves` (contiguous positions in one read) and drops the ones
@@ -205,7 +237,12 @@ impl<D: BlockDevice> LogVolume<D> {
         let geo = self.geo;
         let data_slots = geo.batch_data() as usize;
         assert!(moves.len() <= data_slots && !moves.is_empty());
-        let Some((seg, batch)) = self.space.lock().take_batch(stream, moves.len() as u64) else {
+        let mut taken = self.space.lock().take_batch(stream, moves.len() as u64);
+        if taken.is_none() && stream == Stream::Host && self.counts_suspect.load(Relaxed) {
+            self.recount().await?;
+            taken = self.space.lock().take_batch(stream, moves.len() as u64);
+        }
+        let Some((seg, batch)) = taken else {
             let c = self.space_counts();
             let why = format!(
                 "the segment space is full: {} of {} segments free, {} reserved for GC, {} of garbage to collect; \
@@ -216,7 +253,10 @@ impl<D: BlockDevice> LogVolume<D> {
                 stria_engine::units::format_size(c.garbage_blocks * BLOCK_BYTES),
             );
             self.no_space.lock().get_or_insert(why.clone());
-            return Err(self.no_space_error(0, why));
+            return Err(VolumeError::Pool {
+                volume: self.name.clone(),
+                source: Box::new(stria_engine::EngineError::NoSpace(format!("destage: {why}"))),
+            });
         };
         if stream == Stream::Host {
             *self.no_space.lock() = None;
@@ -261,6 +301,7 @@ impl<D: BlockDevice> LogVolume<D> {
     pub(crate) async fn gc_step(&self, gc: &mut Gc, critical: bool) -> Result<bool, VolumeError> {
         self.check_writable(0, self.size_bytes)?;
         let want = self.geo.batch_data() as usize;
+        self.forget_drained(gc).await;
         if gc.carry.len() >= want {
             return self.gc_write(gc, want).await;
         }
@@ -274,15 +315,22 @@ impl<D: BlockDevice> LogVolume<D> {
             {
                 let space = self.space.lock();
                 gc.unreadable.retain(|&s| space.state(s) == SegState::Sealed);
+                gc.fruitless.retain(|&s| space.state(s) == SegState::Sealed);
+            }
+            if !self.counts_suspect.load(Relaxed) {
+                gc.fruitless.clear();
             }
             let mut carried: std::collections::HashSet<usize> =
                 gc.carry.iter().filter_map(|m| self.segment_of_place(m.from)).collect();
             carried.extend(gc.unreadable.iter().copied());
+            carried.extend(gc.fruitless.iter().copied());
             let min_garbage = if critical { 1 } else { self.geo.batch_data() };
             let victim = self.space.lock().victim(min_garbage, &carried);
             match victim {
                 Some(v) => {
                     gc.victim = Some((v, 0));
+                    gc.victim_use = self.space.lock().opened(v);
+                    gc.victim_clean = true;
                     self.counters.gc_victims.fetch_add(1, Relaxed);
                 }
                 None if critical && !gc.carry.is_empty() => {
@@ -306,6 +354,7 @@ impl<D: BlockDevice> LogVolume<D> {
             }
         };
         let summary = decode_summary(&bytes[want * BLOCK_USIZE..], want);
+        gc.victim_clean &= summary.iter().all(Option::is_some);
         for (i, s) in summary.iter().enumerate() {
             let Some(s) = s else { continue };
             if s.block >= self.blocks {
@@ -330,7 +379,64 @@ impl<D: BlockDevice> LogVolume<D> {
             });
         }
         gc.victim = (batch + 1 < self.geo.segment_batches).then_some((v, batch + 1));
+        if gc.victim.is_none() {
+            if gc.victim_clean {
+                gc.drained.push((v, gc.victim_use));
+            } else if self.counts_suspect.load(Relaxed) {
+                gc.fruitless.insert(v);
+            }
+        }
         Ok(true)
+    }
+
+    /// Forgets the counts left on drained victims whose moves are all resolved (an overcount
+    /// from a persisted table: docs/design/log-structured-volumes.md, "Step 3a"), once no
+    /// writer is between a map update and the lowering of the count it replaced.
+    async fn forget_drained(&self, gc: &mut Gc) {
+        if gc.drained.is_empty() {
+            return;
+        }
+        let carried: std::collections::HashSet<usize> =
+            gc.carry.iter().filter_map(|m| self.segment_of_place(m.from)).collect();
+        let (ready, waiting): (Vec<_>, Vec<_>) =
+            gc.drained.iter().partition(|(seg, _)| !carried.contains(seg));
+        gc.drained = waiting;
+        let left = |(seg, used): &(usize, u64)| {
+            let s = self.space.lock();
+            s.state(*seg) == SegState::Sealed && s.opened(*seg) == *used && s.live(*seg) > 0
+        };
+        let ready: Vec<(usize, u64)> = ready.into_iter().filter(left).collect();
+        if ready.is_empty() {
+            return;
+        }
+        let _settled = self.settle.write().await;
+        let mut space = self.space.lock();
+        for (seg, used) in ready {
+            let n = space.forget(seg, used);
+            if n > 0 {
+                self.counters.overcount_forgotten.fetch_add(n, Relaxed);
+                tracing::debug!(volume = %self.name, segment = seg, blocks = n, "GC forgot an overcount");
+            }
+        }
+    }
+
+    /// Rebuilds every live count from a scan of the map, with no writer between a map update
+    /// and its lowering: after an open from a persisted table, the counts may be too high, and
+    /// this is the last thing tried before a write gets ENOSPC.
+    pub(crate) async fn recount(&self) -> Result<(), VolumeError> {
+        let _settled = self.settle.write().await;
+        let (live, _, _) =
+            super::scan_map(&self.map, self.geo).await.map_err(|why| self.unrecoverable(0, why))?;
+        let before = self.space_counts();
+        self.space.lock().recount(&live);
+        self.counts_suspect.store(false, Relaxed);
+        let after = self.space_counts();
+        tracing::info!(
+            volume = %self.name,
+            "segment space nearly full: recounted live blocks from the map ({} -> {} live, {} -> {} free segments)",
+            before.live_blocks, after.live_blocks, before.free_segments, after.free_segments
+        );
+        Ok(())
     }
 
     async fn gc_write(&self, gc: &mut Gc, n: usize) -> Result<bool, VolumeError> {

@@ -110,15 +110,21 @@ fn summary_crc(block: &[u8]) -> u32 {
 }
 
 /// Reads a batch's summary blocks: one entry per data slot (`data` of them), or `None` for a
-/// block that is not a valid summary (never written, torn, or from another format).
+/// block that is not a valid summary (torn, or bytes of something else). An all-zero block is a
+/// batch never written since the space was new: its slots hold nothing.
 pub fn decode_summary(bytes: &[u8], data: usize) -> Vec<Option<SummaryEntry>> {
     let mut out = Vec::with_capacity(data);
     for block in bytes.chunks_exact(BLOCK_USIZE) {
+        let never_written = block.iter().all(|&b| b == 0);
         let valid = u32::from_le_bytes(block[0..4].try_into().expect("4")) == SUMMARY_MAGIC
             && u32::from_le_bytes(block[4..8].try_into().expect("4")) == summary_crc(block);
         for i in 0..SUMMARY_ENTRIES as usize {
             if out.len() == data {
                 break;
+            }
+            if never_written {
+                out.push(Some(SummaryEntry::NONE));
+                continue;
             }
             let at = 16 + 16 * i;
             out.push(valid.then(|| SummaryEntry {
@@ -153,6 +159,8 @@ pub enum Stream {
 struct Seg {
     state: SegState,
     live: u64,
+    /// Times the segment was opened: tells a drained victim from a later use of it.
+    opened: u64,
 }
 
 /// The segment table.
@@ -187,7 +195,11 @@ impl Space {
         assert_eq!(live.len() as u64, geo.segments);
         let segs: Vec<Seg> = live
             .iter()
-            .map(|&l| Seg { state: if l > 0 { SegState::Sealed } else { SegState::Free }, live: l })
+            .map(|&l| Seg {
+                state: if l > 0 { SegState::Sealed } else { SegState::Free },
+                live: l,
+                opened: 0,
+            })
             .collect();
         let free = segs.iter().filter(|s| s.state == SegState::Free).count() as u64;
         let written_slots = (geo.segments - free) * geo.segment_data();
@@ -215,6 +227,7 @@ impl Space {
                 }
                 let seg = self.segs.iter().position(|s| s.state == SegState::Free).expect("free counted");
                 self.segs[seg].state = SegState::Open;
+                self.segs[seg].opened += 1;
                 self.free -= 1;
                 (seg, 0)
             }
@@ -266,6 +279,51 @@ impl Space {
             })
             .min_by_key(|(_, s)| s.live)
             .map(|(i, _)| i)
+    }
+
+    /// Live count of `seg`.
+    pub fn live(&self, seg: usize) -> u64 {
+        self.segs[seg].live
+    }
+
+    /// How many times `seg` was opened (its use, for [`Space::forget`]).
+    pub fn opened(&self, seg: usize) -> u64 {
+        self.segs[seg].opened
+    }
+
+    /// Sets the count of sealed segment `seg`, still in use `opened`, to 0 (it is free): the
+    /// caller knows no map entry points into it and no lowering for one is pending, so what is
+    /// left is an overcount from a persisted table. Returns the blocks forgotten.
+    pub fn forget(&mut self, seg: usize, opened: u64) -> u64 {
+        let s = &mut self.segs[seg];
+        if s.state != SegState::Sealed || s.opened != opened {
+            return 0;
+        }
+        let n = s.live;
+        s.live = 0;
+        self.free_if_empty(seg);
+        n
+    }
+
+    /// Replaces every count with `live`, counted by a scan of the map while no count could
+    /// change: sealed segments found empty are free.
+    pub fn recount(&mut self, live: &[u64]) {
+        assert_eq!(live.len(), self.segs.len());
+        for (seg, &l) in live.iter().enumerate() {
+            let s = &mut self.segs[seg];
+            assert!(
+                l <= s.live,
+                "segment {seg}: the map points {l} blocks into it, its count said {} (an undercount)",
+                s.live
+            );
+            s.live = l;
+            self.free_if_empty(seg);
+        }
+    }
+
+    /// The live count of every segment (for the persisted table).
+    pub fn live_counts(&self) -> Vec<u64> {
+        self.segs.iter().map(|s| s.live).collect()
     }
 
     pub fn state(&self, seg: usize) -> SegState {
@@ -324,6 +382,21 @@ mod tests {
         let got = decode_summary(&buf, g.batch_data() as usize);
         assert_eq!(got[0], Some(entries[0]));
         assert_eq!(got[255], None, "the damaged block's entries are unknown, not trusted");
+    }
+
+    #[test]
+    fn overcounts_are_forgotten_only_for_the_same_use_of_a_sealed_segment() {
+        let mut s = Space::from_live(geo(), vec![5, 0, 0, 0], 1);
+        assert_eq!(s.state(0), SegState::Sealed);
+        assert_eq!(s.forget(0, 1), 0, "another use of the segment");
+        assert_eq!(s.forget(0, 0), 5);
+        assert_eq!((s.state(0), s.free()), (SegState::Free, 4));
+        s.take_batch(Stream::Host, 3).unwrap();
+        assert_eq!(s.opened(0), 1);
+        assert_eq!(s.forget(0, 1), 0, "an open segment is never forgotten");
+        let mut t = Space::from_live(geo(), vec![9, 4, 0, 0], 1);
+        t.recount(&[0, 4, 0, 0]);
+        assert_eq!((t.state(0), t.state(1), t.free()), (SegState::Free, SegState::Sealed, 3));
     }
 
     #[test]
