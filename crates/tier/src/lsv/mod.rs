@@ -438,6 +438,12 @@ pub async fn create<D: BlockDevice>(
     let made = crate::create_parts_zeroing(pool, parts, [true, false, false]).await?;
     let (meta, cache, seg) = (made[0].clone(), made[1].clone(), made[2].clone());
     meta.write(0, IoBytes::copy_from(&header.encode()), true).await?;
+    if let Some((at, _)) = header.table_region() {
+        // An empty table for the empty map (replay position 0): the first open needs no scan.
+        let empty =
+            table::Table { stamp: 0, next_seq: 1, live: vec![0; geo.segments as usize], owners: Vec::new() };
+        meta.write(at, IoBytes::copy_from(&empty.encode()), true).await?;
+    }
     let params = LogParams {
         kind: LogKind::Log,
         start_percent: 50,
