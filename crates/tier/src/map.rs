@@ -37,6 +37,10 @@ const LOG_MAGIC: u32 = u32::from_le_bytes(*b"SMLG");
 const HEADER_MAGIC: u32 = u32::from_le_bytes(*b"SMLH");
 const DELTA_BYTES: usize = 24;
 const LOG_HEADER_BYTES: usize = 32;
+/// Most consecutive dirty pages a checkpoint writes in one write.
+const WRITE_BACK_RUN: u64 = 64;
+/// Checkpoint writes in flight.
+const WRITE_BACK_DEPTH: usize = 32;
 /// Deltas per log block.
 pub const DELTAS_PER_LOG_BLOCK: usize = (BLOCK_USIZE - LOG_HEADER_BYTES) / DELTA_BYTES;
 
@@ -444,12 +448,9 @@ impl<D: BlockDevice> MapStore<D> {
         }
         let pages = self.cache.take_dirty();
         let result = async {
-            let mut buf = IoBuf::zeroed(BLOCK_USIZE);
-            for (page, slot) in &pages {
-                encode_page(*page, &slot.page().0.lock(), &mut buf);
-                self.vol.write(self.layout.page_offset(*page), IoBytes::copy_from(&buf), false).await?;
-            }
+            self.write_pages(&pages).await?;
             self.vol.flush().await?;
+            let mut buf = IoBuf::zeroed(BLOCK_USIZE);
             if let Some(t) = table {
                 let (at, bytes) = t.snapshot(until);
                 self.vol.write(at, bytes, true).await?;
@@ -468,6 +469,36 @@ impl<D: BlockDevice> MapStore<D> {
         log.stats.pages_written += pages.len() as u64;
         drop(pages);
         self.cache.trim();
+        Ok(())
+    }
+
+    /// Writes `pages` (sorted by index): runs of consecutive pages as one write of up to
+    /// [`WRITE_BACK_RUN`] pages, [`WRITE_BACK_DEPTH`] writes in flight.
+    async fn write_pages(&self, pages: &[(u64, Arc<Slot<MapPage>>)]) -> Result<(), MapError> {
+        let mut runs: Vec<&[(u64, Arc<Slot<MapPage>>)]> = Vec::new();
+        let mut start = 0;
+        for i in 1..=pages.len() {
+            let ends =
+                i == pages.len() || pages[i].0 != pages[i - 1].0 + 1 || (i - start) as u64 == WRITE_BACK_RUN;
+            if ends {
+                runs.push(&pages[start..i]);
+                start = i;
+            }
+        }
+        for group in runs.chunks(WRITE_BACK_DEPTH) {
+            let writes = group.iter().map(|run| {
+                let mut buf = IoBuf::zeroed(run.len() * BLOCK_USIZE);
+                for (k, (page, slot)) in run.iter().enumerate() {
+                    encode_page(
+                        *page,
+                        &slot.page().0.lock(),
+                        &mut buf[k * BLOCK_USIZE..(k + 1) * BLOCK_USIZE],
+                    );
+                }
+                self.vol.write(self.layout.page_offset(run[0].0), buf.freeze(), false)
+            });
+            stria_engine::join_all_ok(writes).await?;
+        }
         Ok(())
     }
 

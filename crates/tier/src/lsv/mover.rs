@@ -127,10 +127,16 @@ impl<D: BlockDevice> LogVolume<D> {
     /// segment above the host stream's floor (the reserve), so destage rarely waits for it, and
     /// no earlier: free segments held idle are over-provisioning lost to the steady state.
     async fn gc_wanted(&self, gc: &mut Gc) -> Result<bool, VolumeError> {
-        let (free, reserve) = {
+        let (mut free, reserve) = {
             let s = self.space.lock();
             (s.free(), s.reserve())
         };
+        if free <= reserve && self.counts_suspect.load(Relaxed) {
+            // Counts from a persisted table may be too high: with space critical, GC would chase
+            // segments that only look full (and its own padded batches) while destage starves.
+            self.recount().await?;
+            free = self.space.lock().free();
+        }
         Ok(free <= reserve + 1 && self.gc_step(gc, free <= reserve).await?)
     }
 
