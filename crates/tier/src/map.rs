@@ -164,6 +164,9 @@ impl MapLayout {
     }
 }
 
+/// A page taken for write-back, and its index.
+type DirtyPage = (u64, Arc<Slot<MapPage>>);
+
 /// The entries of one cached page.
 #[derive(Debug)]
 struct MapPage(parking_lot::Mutex<Box<[MapEntry]>>);
@@ -474,8 +477,8 @@ impl<D: BlockDevice> MapStore<D> {
 
     /// Writes `pages` (sorted by index): runs of consecutive pages as one write of up to
     /// [`WRITE_BACK_RUN`] pages, [`WRITE_BACK_DEPTH`] writes in flight.
-    async fn write_pages(&self, pages: &[(u64, Arc<Slot<MapPage>>)]) -> Result<(), MapError> {
-        let mut runs: Vec<&[(u64, Arc<Slot<MapPage>>)]> = Vec::new();
+    async fn write_pages(&self, pages: &[DirtyPage]) -> Result<(), MapError> {
+        let mut runs: Vec<&[DirtyPage]> = Vec::new();
         let mut start = 0;
         for i in 1..=pages.len() {
             let ends =
