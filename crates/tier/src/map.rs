@@ -37,6 +37,10 @@ const LOG_MAGIC: u32 = u32::from_le_bytes(*b"SMLG");
 const HEADER_MAGIC: u32 = u32::from_le_bytes(*b"SMLH");
 const DELTA_BYTES: usize = 24;
 const LOG_HEADER_BYTES: usize = 32;
+/// Stripes of the page load locks.
+const LOAD_STRIPES: usize = 256;
+/// Page reads in flight for one [`MapStore::get_many`] or [`MapStore::update`].
+const READ_AHEAD: usize = 32;
 /// Most consecutive dirty pages a checkpoint writes in one write.
 const WRITE_BACK_RUN: u64 = 64;
 /// Checkpoint writes in flight.
@@ -164,7 +168,7 @@ impl MapLayout {
     }
 }
 
-/// A page taken for write-back, and its index.
+/// A cached page and its index (taken for write-back, or held for an update).
 type DirtyPage = (u64, Arc<Slot<MapPage>>);
 
 /// The entries of one cached page.
@@ -229,6 +233,10 @@ pub struct MapStore<D: BlockDevice> {
     failed: std::sync::atomic::AtomicBool,
     /// Written with every checkpoint, once set.
     table: std::sync::OnceLock<Arc<dyn CheckpointTable>>,
+    /// Loads of one page are serialised (page index modulo the stripes): a read started before
+    /// another load of the same page was changed, written back and evicted would otherwise
+    /// insert the page as it was before that change.
+    loads: Box<[tokio::sync::Mutex<()>]>,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for MapStore<D> {
@@ -285,6 +293,7 @@ impl<D: BlockDevice> MapStore<D> {
             }),
             failed: std::sync::atomic::AtomicBool::new(false),
             table: std::sync::OnceLock::new(),
+            loads: (0..LOAD_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
         };
         store.replay(on_replay).await?;
         Ok(store)
@@ -326,12 +335,41 @@ impl<D: BlockDevice> MapStore<D> {
         Ok(entry)
     }
 
+    /// The entries of `blocks`, their pages read [`READ_AHEAD`] at a time on misses.
+    pub async fn get_many(&self, blocks: &[u64]) -> Result<Vec<MapEntry>, MapError> {
+        let slots = self.pages_of(blocks).await?;
+        Ok(blocks
+            .iter()
+            .zip(slots)
+            .map(|(b, (_, slot))| slot.page().0.lock()[(b % ENTRIES_PER_PAGE) as usize])
+            .collect())
+    }
+
+    /// The cached pages holding `blocks`, in order, read [`READ_AHEAD`] at a time on misses.
+    async fn pages_of(&self, blocks: &[u64]) -> Result<Vec<DirtyPage>, MapError> {
+        let mut out = Vec::with_capacity(blocks.len());
+        for chunk in blocks.chunks(READ_AHEAD) {
+            let mut reads = Vec::with_capacity(chunk.len());
+            for &b in chunk {
+                reads.push(self.page_of(b));
+            }
+            for r in futures::future::join_all(reads).await {
+                out.push(r?);
+            }
+        }
+        Ok(out)
+    }
+
     /// The cached page holding `block` (read from the volume on a miss).
     async fn page_of(&self, block: u64) -> Result<(u64, Arc<Slot<MapPage>>), MapError> {
         if block >= self.layout.blocks {
             return Err(MapError::OutOfRange { block, blocks: self.layout.blocks });
         }
         let page = block / ENTRIES_PER_PAGE;
+        if let Some(Some(slot)) = self.cache.lookup(page, 1).pop() {
+            return Ok((page, slot));
+        }
+        let _loading = self.loads[(page % LOAD_STRIPES as u64) as usize].lock().await;
         if let Some(Some(slot)) = self.cache.lookup(page, 1).pop() {
             return Ok((page, slot));
         }
@@ -347,10 +385,8 @@ impl<D: BlockDevice> MapStore<D> {
     /// replaced, or `None` when its condition failed. Concurrent callers share log writes
     /// (group commit).
     pub async fn update(&self, updates: &[Update]) -> Result<Vec<Option<MapEntry>>, MapError> {
-        let mut slots = Vec::with_capacity(updates.len());
-        for u in updates {
-            slots.push(self.page_of(u.block).await?);
-        }
+        let blocks: Vec<u64> = updates.iter().map(|u| u.block).collect();
+        let slots = self.pages_of(&blocks).await?;
         let (applied, ticket) = {
             let mut pending = self.pending.lock();
             let mut applied = Vec::with_capacity(updates.len());

@@ -772,11 +772,8 @@ impl<D: BlockDevice> LogVolume<D> {
 
     /// Map entries of `n` blocks from `first`.
     pub(crate) async fn entries(&self, first: u64, n: u64) -> Result<Vec<MapEntry>, VolumeError> {
-        let mut out = Vec::with_capacity(n as usize);
-        for b in first..first + n {
-            out.push(self.map.get(b).await.map_err(|e| map_error(&self.name, e))?);
-        }
-        Ok(out)
+        let blocks: Vec<u64> = (first..first + n).collect();
+        self.map.get_many(&blocks).await.map_err(|e| map_error(&self.name, e))
     }
 
     /// Applies map updates; on failure the volume stops taking writes (see [`Self::map_failed`]).

@@ -154,18 +154,18 @@ impl<D: BlockDevice> LogVolume<D> {
             if oldest.len() <= scanned {
                 break;
             }
-            for &(pos, block) in &oldest[scanned..] {
-                if moves.len() == want {
-                    break;
-                }
-                let e = self.map.get(block).await.map_err(|e| super::map_error(&self.name, e))?;
+            // Entries of as many positions as could still fill the batch, read together.
+            let chunk = &oldest[scanned..scanned + (want - moves.len()).min(oldest.len() - scanned)];
+            let blocks: Vec<u64> = chunk.iter().map(|c| c.1).collect();
+            let entries = self.map.get_many(&blocks).await.map_err(|e| super::map_error(&self.name, e))?;
+            for (&(pos, block), e) in chunk.iter().zip(entries) {
                 if e.place == Place::Cache(pos) {
                     moves.push(Move { block, from: e.place, entry: e, data: IoBytes::zeroed(0) });
                 } else if self.log.is_restored(pos, block) {
                     stale.push((pos, block));
                 }
             }
-            scanned = oldest.len();
+            scanned += chunk.len();
         }
         if !stale.is_empty() {
             self.release_stale(stale).await?;
@@ -361,13 +361,16 @@ impl<D: BlockDevice> LogVolume<D> {
         };
         let summary = decode_summary(&bytes[want * BLOCK_USIZE..], want);
         gc.victim_clean &= summary.iter().all(Option::is_some);
-        for (i, s) in summary.iter().enumerate() {
-            let Some(s) = s else { continue };
-            if s.block >= self.blocks {
-                continue;
-            }
+        let named: Vec<(usize, u64)> = summary
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.filter(|s| s.block < self.blocks).map(|s| (i, s.block)))
+            .collect();
+        let blocks: Vec<u64> = named.iter().map(|n| n.1).collect();
+        let entries = self.map.get_many(&blocks).await.map_err(|e| super::map_error(&self.name, e))?;
+        for (&(i, block), e) in named.iter().zip(entries) {
+            let s = SummaryEntry { block, ..SummaryEntry::NONE };
             let at = Place::Segment(base + i as u64);
-            let e = self.map.get(s.block).await.map_err(|e| super::map_error(&self.name, e))?;
             if e.place != at {
                 continue;
             }
