@@ -503,35 +503,21 @@ pub async fn open<D: BlockDevice>(
         None => None,
     };
     let from_table = table.is_some();
-    let mut bad = None;
-    let beyond =
-        |block: u64, a: u64| format!("block {block} points at segment address {a}, beyond the space");
-    let (map, live, owners, max_seq) = if let Some(t) = table {
+    let (map, Counts { live, owners, next_seq: max_seq, .. }) = if let Some(t) = table {
         // The table's counts and owners, plus +1 and a claim for every replayed delta: never
         // below the truth (docs/design/log-structured-volumes.md, "Step 3a").
-        let (mut live, mut owners, mut max_seq) = (t.live, t.owners, t.next_seq);
+        let mut counts = Counts { geo, live: t.live, owners: t.owners, next_seq: t.next_seq, bad: None };
         let map = MapStore::open_with(Arc::clone(&meta), layout, params.map_cache_pages, |block, e| {
-            match e.place {
-                Place::Segment(a) if a < geo.space_blocks() => live[geo.segment_of(a)] += 1,
-                Place::Segment(a) => {
-                    bad.get_or_insert(beyond(block, a));
-                }
-                Place::Cache(p) => owners.push((p, block)),
-                Place::Unallocated | Place::Zero => {}
-            }
-            max_seq = max_seq.max(u64::from(e.seq) + 1);
+            counts.add(block, e);
         })
         .await
         .map_err(map_err)?;
-        (map, live, owners, max_seq)
+        (map, counts.checked().map_err(corrupt)?)
     } else {
         let map = MapStore::open(Arc::clone(&meta), layout, params.map_cache_pages).await.map_err(map_err)?;
-        let (live, owners, max_seq) = scan_map(&map, geo).await.map_err(corrupt)?;
-        (map, live, owners, max_seq)
+        let counts = scan_map(&map, geo).await.map_err(corrupt)?;
+        (map, counts)
     };
-    if let Some(why) = bad {
-        return Err(corrupt(why));
-    }
     let describe = |b: u64| format!("block {b}");
     let log = if from_table {
         CacheLog::restored(header.cache_blocks, &owners, describe)
@@ -609,38 +595,51 @@ async fn read_table<D: BlockDevice>(
     Ok(table::Table::decode_body(h, &body))
 }
 
-/// Live counts per segment, cached blocks (position, block) and the next write sequence, from a
-/// scan of the whole map.
-async fn scan_map<D: BlockDevice>(
-    map: &MapStore<D>,
+/// What open learns from map entries (a scan's, or the deltas replayed over a table): live
+/// blocks per segment, cached blocks (position, block), the next write sequence.
+struct Counts {
     geo: Geometry,
-) -> Result<(Vec<u64>, Vec<(u64, u64)>, u64), String> {
-    let mut live = vec![0u64; geo.segments as usize];
-    let mut cached = Vec::new();
-    let mut max_seq = 0u32;
-    let mut bad = None;
+    live: Vec<u64>,
+    owners: Vec<(u64, u64)>,
+    next_seq: u64,
+    /// The first entry that points beyond the segment space.
+    bad: Option<String>,
+}
+
+impl Counts {
+    fn add(&mut self, block: u64, e: &MapEntry) {
+        match e.place {
+            Place::Segment(a) if a < self.geo.space_blocks() => self.live[self.geo.segment_of(a)] += 1,
+            Place::Segment(a) => {
+                self.bad
+                    .get_or_insert(format!("block {block} points at segment address {a}, beyond the space"));
+            }
+            Place::Cache(p) => self.owners.push((p, block)),
+            Place::Unallocated | Place::Zero => {}
+        }
+        self.next_seq = self.next_seq.max(u64::from(e.seq) + 1);
+    }
+
+    fn checked(self) -> Result<Counts, String> {
+        match &self.bad {
+            Some(why) => Err(why.clone()),
+            None => Ok(self),
+        }
+    }
+}
+
+/// [`Counts`] from a scan of the whole map.
+async fn scan_map<D: BlockDevice>(map: &MapStore<D>, geo: Geometry) -> Result<Counts, String> {
+    let mut counts =
+        Counts { geo, live: vec![0; geo.segments as usize], owners: Vec::new(), next_seq: 0, bad: None };
     map.scan(|first, entries| {
         for (i, e) in entries.iter().enumerate() {
-            let block = first + i as u64;
-            match e.place {
-                Place::Segment(a) if a < geo.space_blocks() => live[geo.segment_of(a)] += 1,
-                Place::Cache(p) => cached.push((p, block)),
-                Place::Segment(a) => {
-                    bad.get_or_insert(format!(
-                        "block {block} points at segment address {a}, beyond the space"
-                    ));
-                }
-                Place::Unallocated | Place::Zero => {}
-            }
-            max_seq = max_seq.max(e.seq);
+            counts.add(first + i as u64, e);
         }
     })
     .await
     .map_err(|e| format!("map: {e}"))?;
-    match bad {
-        Some(why) => Err(why),
-        None => Ok((live, cached, u64::from(max_seq) + 1)),
-    }
+    counts.checked()
 }
 
 /// Checks counts and owners taken from the persisted table against a scan of the map: no
@@ -651,7 +650,7 @@ async fn verify_table<D: BlockDevice>(
     live: &[u64],
     owners: &[(u64, u64)],
 ) -> Result<(), String> {
-    let (scanned, cached, _) = scan_map(map, geo).await?;
+    let Counts { live: scanned, owners: cached, .. } = scan_map(map, geo).await?;
     for (seg, (&t, &m)) in live.iter().zip(&scanned).enumerate() {
         if t < m {
             return Err(format!(

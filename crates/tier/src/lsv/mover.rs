@@ -434,8 +434,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// this is the last thing tried before a write gets ENOSPC.
     pub(crate) async fn recount(&self) -> Result<(), VolumeError> {
         let _settled = self.settle.write().await;
-        let (live, _, _) =
-            super::scan_map(&self.map, self.geo).await.map_err(|why| self.unrecoverable(0, why))?;
+        let live = super::scan_map(&self.map, self.geo).await.map_err(|why| self.unrecoverable(0, why))?.live;
         let before = self.space_counts();
         self.space.lock().recount(&live);
         self.counts_suspect.store(false, Relaxed);
