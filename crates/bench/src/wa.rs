@@ -398,7 +398,10 @@ async fn log_run(args: &WaBenchArgs, fill: f64) -> Result<(Vec<Phase>, Vec<Strin
     // 2. Overwrites while the space is still free (GC has not started: it starts one segment
     // above the reserve), 3. warm-up, 4. measured (GC in its steady state).
     let st = vol.status();
-    let before_gc = (st.free_segments.saturating_sub(st.reserved_bytes / st.segment_bytes + 3)
+    // Free segments, and those the space may still grow by (it grows before it collects while
+    // its live blocks fill more than 2/3 of it).
+    let free_segments = st.free_segments + (st.space_max_bytes - st.space_bytes) / st.segment_bytes;
+    let before_gc = (free_segments.saturating_sub(st.reserved_bytes / st.segment_bytes + 3)
         * st.segment_bytes
         / BLOCK_BYTES)
         .min(blocks / 2);
@@ -451,8 +454,9 @@ async fn log_run(args: &WaBenchArgs, fill: f64) -> Result<(Vec<Phase>, Vec<Strin
     );
     let st = vol.status();
     println!(
-        "  space: {} segments, {} free, {} MiB allocated, {} MiB garbage; seg volume stripes: {} full, {} partial",
+        "  space: {} segments (at most {}), {} free, {} MiB allocated, {} MiB garbage; seg volume stripes: {} full, {} partial",
         st.segments,
+        st.space_max_bytes / st.segment_bytes,
         st.free_segments,
         st.allocated_bytes >> 20,
         st.garbage_bytes >> 20,

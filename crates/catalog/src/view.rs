@@ -27,8 +27,11 @@ pub struct ThinView {
     pub volumes: u64,
     /// Sum of the volumes' sizes.
     pub logical_bytes: u64,
-    /// Sum of their segment spaces (data bytes).
+    /// Sum of their segment spaces (data bytes allocated from the pool).
     pub space_bytes: u64,
+    /// Sum of what the segment spaces may grow to.
+    #[serde(default)]
+    pub space_max_bytes: u64,
     /// Live data (what the volumes' blocks take).
     pub allocated_bytes: u64,
     pub free_bytes: u64,
@@ -36,7 +39,7 @@ pub struct ThinView {
     pub garbage_bytes: u64,
     /// Free segments only GC may use.
     pub reserved_bytes: u64,
-    /// Volumes larger than their segment space (writes get ENOSPC when it is full).
+    /// Volumes larger than their segment space may grow (writes get ENOSPC when it is full).
     pub overcommitted: Vec<String>,
 }
 
@@ -51,11 +54,12 @@ impl ThinView {
             t.volumes += 1;
             t.logical_bytes += v.size_bytes;
             t.space_bytes += v.space_bytes;
+            t.space_max_bytes += v.space_max_bytes;
             t.allocated_bytes += v.allocated_bytes;
             t.free_bytes += v.free_bytes;
             t.garbage_bytes += v.garbage_bytes;
             t.reserved_bytes += v.reserved_bytes;
-            if v.size_bytes > v.space_bytes {
+            if v.size_bytes > v.space_max_bytes {
                 t.overcommitted.push(v.name.clone());
             }
         }

@@ -65,11 +65,12 @@ pub(crate) fn status(v: &StatusView) {
     if let Some(t) = &v.thin {
         outln!();
         outln!(
-            "thin space of {} tiered/log volume(s), {} logical: {} of segment space, {} allocated, {} free ({} reserved \
-             for GC), {} garbage",
+            "thin space of {} tiered/log volume(s), {} logical: {} of segment space (may grow to {}), {} allocated, {} \
+             free ({} reserved for GC), {} garbage",
             t.volumes,
             size(t.logical_bytes),
             size(t.space_bytes),
+            size(t.space_max_bytes),
             size(t.allocated_bytes),
             size(t.free_bytes),
             size(t.reserved_bytes),
@@ -77,7 +78,7 @@ pub(crate) fn status(v: &StatusView) {
         );
         if !t.overcommitted.is_empty() {
             outln!(
-                "over-committed (larger than their segment space; writes get ENOSPC when it is full, TRIM frees \
+                "over-committed (larger than their segment space may grow; writes get ENOSPC when it is full, TRIM frees \
                  space): {}",
                 t.overcommitted.join(", ")
             );
@@ -298,19 +299,21 @@ fn log_volume(l: &LogStatus) {
     outln!("{kind} volume {} ({}), {}", l.name, l.layout, state(l.state));
     outln!("  {:<22} {} (thin: {} allocated)", "size", size(l.size_bytes), size(l.allocated_bytes));
     outln!(
-        "  {:<22} {} in {} segments of {}: {} free ({} segments), {} garbage, {} reserved for GC",
+        "  {:<22} {} in {} segments of {} (at most {}): {} free ({} segments), {} garbage, {} reserved for GC",
         "segment space",
         size(l.space_bytes),
         l.segments,
         size(l.segment_bytes),
+        size(l.space_max_bytes),
         size(l.free_bytes),
         l.free_segments,
         size(l.garbage_bytes),
         size(l.reserved_bytes)
     );
-    if l.size_bytes > l.space_bytes {
+    if l.size_bytes > l.space_max_bytes {
         outln!(
-            "  {:<22} the size exceeds the segment space: writes get ENOSPC when it is full; TRIM frees space",
+            "  {:<22} the size exceeds what the segment space may grow to: writes get ENOSPC when it is full; TRIM \
+             frees space",
             "OVER-COMMITTED"
         );
     }

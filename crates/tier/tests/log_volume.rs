@@ -361,6 +361,84 @@ async fn trim_gives_space_back_and_a_full_space_is_enospc_that_loses_nothing() {
     vol.close().await;
 }
 
+/// Writes `data` from `offset` in 64 KiB pieces; returns the bytes acknowledged before the first
+/// error, and the error.
+async fn write_until_error(vol: &LogVolume<Dev>, offset: u64, data: &[u8]) -> (usize, Option<VolumeError>) {
+    for (i, piece) in data.chunks(64 << 10).enumerate() {
+        if let Err(e) = vol.write(offset + (i as u64) * (64 << 10), IoBytes::copy_from(piece), false).await {
+            return (i * (64 << 10), Some(e));
+        }
+    }
+    (data.len(), None)
+}
+
+#[tokio::test]
+async fn segment_spaces_grow_from_the_pool_as_they_fill_and_a_full_pool_is_enospc_that_loses_nothing() {
+    let switch = PowerSwitch::new();
+    // Drives of 32 MiB: about 93 MiB of segment data for the whole pool.
+    let devs = drives_of(&switch, 11, 32 << 20);
+    let pool = create_pool(&devs).await;
+    let spec = |name: &str| LogSpec {
+        cache_bytes: Some(2 << 20),
+        initial_segments: Some(6),
+        ..crate::common::small_spec(name, 80 << 20, 96 << 20)
+    };
+    // Two volumes that may each grow to 96 MiB of space: more than the pool holds together.
+    let a = lsv::create(&pool, spec("a")).await.unwrap();
+    let b = lsv::create(&pool, spec("b")).await.unwrap();
+    for v in [&a, &b] {
+        let st = v.status();
+        assert_eq!((st.segments, st.space_max_bytes), (6, (96u64 << 20).div_ceil(124 * 4096) * 124 * 4096));
+        set_always(v, true, 64);
+    }
+    let mut rng = rng(12);
+    let data_a = random_bytes(&mut rng, 32 << 20);
+    assert_eq!(write_until_error(&a, 0, &data_a).await.0, data_a.len());
+    a.destage_all().await.unwrap();
+    let st = a.status();
+    assert!(st.segments > 6 && st.space_bytes >= st.allocated_bytes, "a grew as it filled: {st:?}");
+    assert!(st.space_bytes < 48 << 20, "a took what it needed, not its most: {st:?}");
+    // b fills the rest of the pool, then gets ENOSPC naming the pool.
+    let data_b = random_bytes(&mut rng, 80 << 20);
+    let (acked, err) = write_until_error(&b, 0, &data_b).await;
+    let err = err.expect("the pool fills up before b's 80 MiB");
+    assert!(is_no_space(&err), "a full pool is ENOSPC, not {err}");
+    assert!(acked > 8 << 20, "b had the rest of the pool: {acked} bytes");
+    let why = b.status().no_space.expect("status says what is full");
+    assert!(why.contains("cannot grow") && why.contains("TRIM"), "{why}");
+    // Nothing acknowledged is lost; a keeps working.
+    assert_eq!(read_all(&a, 8192).await, data_a);
+    let got_b = read_all(&b, (acked / 4096) as u64).await;
+    assert!(got_b == data_b[..acked], "b's acknowledged writes read back");
+    a.write(0, IoBytes::copy_from(&data_a[..4096]), true).await.unwrap();
+    // Deleting a gives its space back to the pool: b's writes go on once its space grows again.
+    a.close().await;
+    drop(a);
+    stria_tier::delete(&pool, "a").await.unwrap();
+    let mut tries = 0;
+    let rest = loop {
+        match write_until_error(&b, acked as u64, &data_b[acked..]).await {
+            (n, None) => break n,
+            (_, Some(e)) if is_no_space(&e) && tries < 50 => {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            (_, Some(e)) => panic!("b after a was deleted: {e}"),
+        }
+    };
+    assert_eq!(acked + rest, data_b.len());
+    b.destage_all().await.unwrap();
+    assert_eq!(read_all(&b, 20480).await, data_b);
+    // Reopen: the grown space is found from the engine volume's size.
+    let segments = b.status().segments;
+    b.close().await;
+    drop(b);
+    let b = crate::common::open_log(&pool, "b").await.unwrap();
+    assert_eq!(b.status().segments, segments);
+    assert_eq!(read_all(&b, 20480).await, data_b);
+    b.close().await;
+}
+
 // ------------------------------------------------------------------------------------------------
 // Sequences of power cuts on one pool.
 
@@ -472,8 +550,11 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64) {
         let pool = create_pool(&disks).await;
         // A quarter of the seeds use the capacity-only flavour (`log:`: cache and map mirrored
         // on the capacity drives), the rest `tiered:` (on the fast drives).
+        // Odd seeds start with one segment less than the space may hold: it grows (one engine
+        // resize) while writes, cuts and GC go on.
         let spec = LogSpec {
             fast_tier: seed % 4 != 3,
+            initial_segments: (seed % 2 == 1).then_some(segments - 1),
             ..small_spec(SIM_BLOCKS as u64 * 4096, segments * 124 * 4096)
         };
         let vol = lsv::create(&pool, spec).await.unwrap();
@@ -523,13 +604,14 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64) {
         sim.tracker = tracker.into_inner();
         let st = vol.status();
         sim.note(format!(
-            "  destaged {} in {} batches, GC moved {} from {} victims, {} moves lost, {} free segments",
+            "  destaged {} in {} batches, GC moved {} from {} victims, {} moves lost, {} free segments of {}",
             st.destaged_blocks,
             st.destage_batches,
             st.gc_moved_blocks,
             st.gc_victims,
             st.moves_lost,
-            st.free_segments
+            st.free_segments,
+            st.segments
         ));
         if clean {
             vol.close().await;

@@ -410,12 +410,28 @@ impl<D: BlockDevice> Pool<D> {
 
     /// Grows or shrinks a volume to `new_size_bytes`. Shrinking discards the tail.
     pub async fn resize_volume(&self, name: &str, new_size_bytes: u64) -> Result<(), EngineError> {
+        self.resize_volume_with(name, new_size_bytes, true).await
+    }
+
+    /// [`Pool::resize_volume`] for a volume made by [`Pool::create_volume_unzeroed`]: rows added
+    /// or removed are not cleared (the owner never reads a block it did not write), so a resize
+    /// costs one metadata commit and no I/O per byte.
+    pub async fn resize_volume_unzeroed(&self, name: &str, new_size_bytes: u64) -> Result<(), EngineError> {
+        self.resize_volume_with(name, new_size_bytes, false).await
+    }
+
+    async fn resize_volume_with(
+        &self,
+        name: &str,
+        new_size_bytes: u64,
+        zero: bool,
+    ) -> Result<(), EngineError> {
         if new_size_bytes == 0 || !new_size_bytes.is_multiple_of(BLOCK) {
             return Err(EngineError::Invalid("volume size must be a non-zero multiple of 4 KiB".into()));
         }
         let vol = self.volume(name).ok_or_else(|| EngineError::NoSuchVolume(name.into()))?;
-        let meta = self.core.meta();
-        let rec = meta.volume(name).ok_or_else(|| EngineError::NoSuchVolume(name.into()))?.clone();
+        let rec =
+            self.core.meta().volume(name).ok_or_else(|| EngineError::NoSuchVolume(name.into()))?.clone();
         if rec.segments.iter().any(|s| s.members.iter().any(|m| m.rebuild_cursor_rows.is_some())) {
             return Err(EngineError::Busy(format!(
                 "volume {name} is rebuilding; resize it when the rebuild is done"
@@ -424,43 +440,55 @@ impl<D: BlockDevice> Pool<D> {
         let row_blocks = u64::from(rec.layout.data_columns()) * u64::from(rec.chunk_blocks);
         let have_rows: u64 = rec.segments.iter().map(|s| s.rows).sum();
         let need_rows = (new_size_bytes / BLOCK).div_ceil(row_blocks);
-        let mut next = rec.clone();
-        next.size_bytes = new_size_bytes;
-        let mut freed: Vec<SegmentRecord> = Vec::new();
-        if need_rows > have_rows {
-            grow_rows(&meta, &mut next, need_rows - have_rows)?;
-        } else if need_rows < have_rows {
-            freed = shrink_rows(&mut next, have_rows - need_rows);
-        }
-        if !freed.is_empty() {
+        let mut shrunk = rec.clone();
+        shrunk.size_bytes = new_size_bytes;
+        let freed =
+            if need_rows < have_rows { shrink_rows(&mut shrunk, have_rows - need_rows) } else { Vec::new() };
+        if !freed.is_empty() && zero {
             // Everything past the new end must read back as zeros if it is ever reused.
             for seg in &freed {
                 self.clear_segment(&rec, seg).await?;
             }
             self.core.flush_all().await?;
         }
-        let grown: Vec<SegmentRecord> = next.segments.iter().skip(rec.segments.len()).cloned().collect();
-        let name2 = name.to_string();
-        let next2 = next.clone();
-        self.core
+        // New extents are placed under the metadata lock, against the free space of the moment
+        // (two growths at once must not take the same extents).
+        let (name2, rec2) = (name.to_string(), rec.clone());
+        let next = self
+            .core
             .update(move |m| {
-                let slot =
-                    m.volumes.iter_mut().find(|v| v.name == name2).ok_or(EngineError::NoSuchVolume(name2))?;
-                *slot = next2;
-                Ok(((), true))
+                if m.volume(&name2) != Some(&rec2) {
+                    return Err(EngineError::Busy(format!(
+                        "volume {name2} changed while it was being resized; try again"
+                    )));
+                }
+                let next = if need_rows > have_rows {
+                    let mut grown = rec2.clone();
+                    grown.size_bytes = new_size_bytes;
+                    grow_rows(m, &mut grown, need_rows - have_rows)?;
+                    grown
+                } else {
+                    shrunk
+                };
+                let slot = m.volumes.iter_mut().find(|v| v.name == name2).expect("checked above");
+                *slot = next.clone();
+                Ok((next, true))
             })
             .await?;
-        for seg in &grown {
-            self.clear_segment(&next, seg).await?;
+        if zero {
+            let grown: Vec<SegmentRecord> = next.segments.iter().skip(rec.segments.len()).cloned().collect();
+            for seg in &grown {
+                self.clear_segment(&next, seg).await?;
+            }
+            // A segment extended in place: clear its new rows.
+            if let (Some(old), Some(new)) = (rec.segments.last(), next.segments.get(rec.segments.len() - 1))
+                && new.rows > old.rows
+            {
+                let tail = rows_after(&new.members, old.rows, new.rows - old.rows, rec.chunk_blocks);
+                self.clear_segment(&next, &tail).await?;
+            }
+            self.core.flush_all().await?;
         }
-        // A segment extended in place: clear its new rows.
-        if let (Some(old), Some(new)) = (rec.segments.last(), next.segments.get(rec.segments.len() - 1))
-            && new.rows > old.rows
-        {
-            let tail = rows_after(&new.members, old.rows, new.rows - old.rows, rec.chunk_blocks);
-            self.clear_segment(&next, &tail).await?;
-        }
-        self.core.flush_all().await?;
         vol.map.store(Arc::new(self.build_map(&next)?));
         Ok(())
     }

@@ -51,6 +51,8 @@ const FORMAT_VERSION: u32 = 2;
 const VERIFY_TABLE_PAGES: u64 = 65536;
 /// A read that keeps racing with moves gives up after this many tries (an error, never wrong data).
 const READ_ATTEMPTS: usize = 8;
+/// Segments a new volume's space starts with (GC needs 6; the space grows as it fills).
+const INITIAL_SEGMENTS: u64 = 16;
 /// Blocks per map update of a large zeroing or trim.
 const ZERO_STEP: u64 = 4096;
 /// Locks taken by unaligned writes around their edge blocks.
@@ -65,8 +67,11 @@ pub struct LogSpec {
     pub data_shards: u32,
     pub parity_shards: u32,
     pub chunk_bytes: u64,
-    /// Data bytes of the segment space (default: 1.5 x the size, so a full volume fills 2/3).
+    /// Data bytes the segment space may grow to (default: 1.5 x the size, so a full volume
+    /// fills 2/3); it is allocated from the pool as it fills.
     pub space_bytes: Option<u64>,
+    /// Segments allocated at create (default 16, at least 6; the space grows as it fills).
+    pub initial_segments: Option<u64>,
     /// Write cache (default: an eighth of the size, 64 MiB to 8 GiB).
     pub cache_bytes: Option<u64>,
     /// Rows per batch (default: batches of about 2 MiB, less in small volumes).
@@ -96,6 +101,7 @@ impl LogSpec {
             parity_shards,
             chunk_bytes: crate::DEFAULT_TIER_CHUNK_BYTES,
             space_bytes: None,
+            initial_segments: None,
             cache_bytes: None,
             batch_rows: None,
             segment_batches: None,
@@ -165,7 +171,10 @@ pub struct LogStatus {
     pub state: VolumeState,
     /// Bytes the volume's live blocks take in the segment space (thin: allocated on write).
     pub allocated_bytes: u64,
+    /// Data bytes of the segments that exist (allocated from the pool's capacity drives).
     pub space_bytes: u64,
+    /// Data bytes the segment space may grow to (`--space`).
+    pub space_max_bytes: u64,
     pub free_bytes: u64,
     pub garbage_bytes: u64,
     pub reserved_bytes: u64,
@@ -229,6 +238,8 @@ pub struct LogVolume<D: BlockDevice> {
     pub(crate) settle: tokio::sync::RwLock<()>,
     /// Set while live counts may be too high (opened from a persisted table, not recounted).
     pub(crate) counts_suspect: AtomicBool,
+    /// Why the segment space could not grow the last time it tried (cleared when it grows).
+    pub(crate) growth_failed: Mutex<Option<(String, Instant)>>,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for LogVolume<D> {
@@ -423,7 +434,9 @@ pub async fn create<D: BlockDevice>(
         crate::part_spec(format!("{name}.cache"), cache_bytes, mirror, 64 << 10, fast_class, &name, "cache"),
         crate::part_spec(
             format!("{name}.seg"),
-            geo.space_blocks() * BLOCK_BYTES,
+            spec.initial_segments.unwrap_or(INITIAL_SEGMENTS).clamp(6, geo.segments)
+                * geo.segment_blocks()
+                * BLOCK_BYTES,
             ec,
             spec.chunk_bytes,
             DriveClass::Capacity,
@@ -466,7 +479,7 @@ pub async fn create<D: BlockDevice>(
     if size_bytes > space_bytes {
         tracing::warn!(
             volume = %name,
-            "over-committed: {} logical over {} of segment space; writes get ENOSPC when the space is full, TRIM frees space",
+            "over-committed: {} logical over at most {} of segment space; writes get ENOSPC when the space is full, TRIM frees space",
             stria_engine::units::format_size(size_bytes),
             stria_engine::units::format_size(space_bytes)
         );
@@ -486,13 +499,17 @@ pub async fn open<D: BlockDevice>(
     let params: LogParams =
         serde_json::from_value(rec.params.clone()).map_err(|e| corrupt(format!("bad parameters: {e}")))?;
     let header = Header::decode(&meta.read(0, BLOCK_USIZE).await?).map_err(corrupt)?;
+    let segment_bytes = header.geo.segment_blocks() * BLOCK_BYTES;
     if header.volume_bytes != rec.size_bytes
-        || header.geo.space_blocks() * BLOCK_BYTES != seg.size_bytes()
+        || seg.size_bytes() > header.geo.space_blocks() * BLOCK_BYTES
+        || !seg.size_bytes().is_multiple_of(segment_bytes)
         || header.meta_bytes() > meta.size_bytes()
     {
         return Err(corrupt("metadata header disagrees with the pool record".into()));
     }
     let geo = header.geo;
+    // The segments that exist: the space grows by resizing its engine volume.
+    let segments = seg.size_bytes() / segment_bytes;
     let layout = header.map_layout();
     let map_err = |e: MapError| corrupt(format!("map: {e}"));
     let table = match header.table_region() {
@@ -506,7 +523,11 @@ pub async fn open<D: BlockDevice>(
     let (map, Counts { live, owners, next_seq: max_seq, .. }) = if let Some(t) = table {
         // The table's counts and owners, plus +1 and a claim for every replayed delta: never
         // below the truth (docs/design/log-structured-volumes.md, "Step 3a").
-        let mut counts = Counts { geo, live: t.live, owners: t.owners, next_seq: t.next_seq, bad: None };
+        let mut live = t.live;
+        // A count past the segments that exist is an overcount: a segment is given back only
+        // when its count is 0, after the updates that moved every entry out were durable.
+        live[segments as usize..].fill(0);
+        let mut counts = Counts { geo, segments, live, owners: t.owners, next_seq: t.next_seq, bad: None };
         let map = MapStore::open_with(Arc::clone(&meta), layout, params.map_cache_pages, |block, e| {
             counts.add(block, e);
         })
@@ -515,7 +536,7 @@ pub async fn open<D: BlockDevice>(
         (map, counts.checked().map_err(corrupt)?)
     } else {
         let map = MapStore::open(Arc::clone(&meta), layout, params.map_cache_pages).await.map_err(map_err)?;
-        let counts = scan_map(&map, geo).await.map_err(corrupt)?;
+        let counts = scan_map(&map, geo, segments).await.map_err(corrupt)?;
         (map, counts)
     };
     let describe = |b: u64| format!("block {b}");
@@ -525,7 +546,7 @@ pub async fn open<D: BlockDevice>(
         CacheLog::with_owners(header.cache_blocks, &owners, describe)
     };
     if from_table && cfg!(debug_assertions) && layout.pages() <= VERIFY_TABLE_PAGES {
-        verify_table(&map, geo, &live, &log.owners()).await.map_err(corrupt)?;
+        verify_table(&map, geo, segments, &live, &log.owners()).await.map_err(corrupt)?;
     }
     tracing::info!(
         volume = %rec.name,
@@ -549,7 +570,7 @@ pub async fn open<D: BlockDevice>(
         geo,
         map,
         log: Arc::new(log),
-        space: Arc::new(Mutex::new(Space::from_live(geo, live, reserve))),
+        space: Arc::new(Mutex::new(Space::from_live(geo, live, segments, reserve))),
         params: Mutex::new(params),
         rmw_locks: (0..RMW_LOCKS).map(|_| tokio::sync::Mutex::new(())).collect(),
         seq: Arc::new(AtomicU64::new(max_seq)),
@@ -563,6 +584,7 @@ pub async fn open<D: BlockDevice>(
         opened_from_table: from_table,
         settle: tokio::sync::RwLock::new(()),
         counts_suspect: AtomicBool::new(from_table),
+        growth_failed: Mutex::new(None),
     });
     if let Some((at, _)) = header.table_region() {
         vol.map.set_checkpoint_table(Arc::new(table::Writer {
@@ -599,20 +621,27 @@ async fn read_table<D: BlockDevice>(
 /// blocks per segment, cached blocks (position, block), the next write sequence.
 struct Counts {
     geo: Geometry,
+    /// Segments that exist.
+    segments: u64,
+    /// One per segment the space may grow to.
     live: Vec<u64>,
     owners: Vec<(u64, u64)>,
     next_seq: u64,
-    /// The first entry that points beyond the segment space.
+    /// The first entry that points past the segments that exist.
     bad: Option<String>,
 }
 
 impl Counts {
     fn add(&mut self, block: u64, e: &MapEntry) {
         match e.place {
-            Place::Segment(a) if a < self.geo.space_blocks() => self.live[self.geo.segment_of(a)] += 1,
+            Place::Segment(a) if a < self.segments * self.geo.segment_blocks() => {
+                self.live[self.geo.segment_of(a)] += 1;
+            }
             Place::Segment(a) => {
-                self.bad
-                    .get_or_insert(format!("block {block} points at segment address {a}, beyond the space"));
+                self.bad.get_or_insert(format!(
+                    "block {block} points at segment address {a}, past the {} segments of the space",
+                    self.segments
+                ));
             }
             Place::Cache(p) => self.owners.push((p, block)),
             Place::Unallocated | Place::Zero => {}
@@ -629,9 +658,9 @@ impl Counts {
 }
 
 /// [`Counts`] from a scan of the whole map.
-async fn scan_map<D: BlockDevice>(map: &MapStore<D>, geo: Geometry) -> Result<Counts, String> {
-    let mut counts =
-        Counts { geo, live: vec![0; geo.segments as usize], owners: Vec::new(), next_seq: 0, bad: None };
+async fn scan_map<D: BlockDevice>(map: &MapStore<D>, geo: Geometry, segments: u64) -> Result<Counts, String> {
+    let live = vec![0; geo.segments as usize];
+    let mut counts = Counts { geo, segments, live, owners: Vec::new(), next_seq: 0, bad: None };
     map.scan(|first, entries| {
         for (i, e) in entries.iter().enumerate() {
             counts.add(first + i as u64, e);
@@ -647,10 +676,11 @@ async fn scan_map<D: BlockDevice>(map: &MapStore<D>, geo: Geometry) -> Result<Co
 async fn verify_table<D: BlockDevice>(
     map: &MapStore<D>,
     geo: Geometry,
+    segments: u64,
     live: &[u64],
     owners: &[(u64, u64)],
 ) -> Result<(), String> {
-    let Counts { live: scanned, owners: cached, .. } = scan_map(map, geo).await?;
+    let Counts { live: scanned, owners: cached, .. } = scan_map(map, geo, segments).await?;
     for (seg, (&t, &m)) in live.iter().zip(&scanned).enumerate() {
         if t < m {
             return Err(format!(
@@ -1112,6 +1142,7 @@ impl<D: BlockDevice> LogVolume<D> {
             state: self.state(),
             allocated_bytes: block(counts.live_blocks),
             space_bytes: block(counts.segments * seg_data),
+            space_max_bytes: block(counts.max_segments * seg_data),
             free_bytes: block(counts.free_segments * seg_data),
             garbage_bytes: block(counts.garbage_blocks),
             reserved_bytes: block(counts.reserve_segments * seg_data),

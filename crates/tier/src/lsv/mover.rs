@@ -7,12 +7,16 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
-use stria_engine::VolumeError;
+use stria_engine::{EngineError, VolumeError};
 
 use super::LogVolume;
 use super::space::{SegState, Stream, SummaryEntry, decode_summary, encode_summary};
 use crate::block_crc;
 use crate::map::{MapEntry, Place, Update};
+
+/// A segment space that could not grow tries again after this long (each try takes the pool's
+/// metadata lock).
+const GROWTH_RETRY: Duration = Duration::from_secs(1);
 
 /// A block on its way to a new place: where it is, its map entry there, its data.
 pub(crate) struct Move {
@@ -137,7 +141,50 @@ impl<D: BlockDevice> LogVolume<D> {
             self.recount().await?;
             free = self.space.lock().free();
         }
+        if free <= reserve + 1 && self.space.lock().wants_growth() && self.grow_space().await {
+            return Ok(true);
+        }
         Ok(free <= reserve + 1 && self.gc_step(gc, free <= reserve).await?)
+    }
+
+    /// Grows the segment space by an eighth (at least 4 segments, at most to `--space`; less
+    /// when the pool has less room) in one engine resize that clears nothing: nothing points into the new segments, and every read
+    /// of the space goes through the map. Returns whether it grew; why not is kept for the
+    /// ENOSPC message (and tried again only after [`GROWTH_RETRY`]).
+    pub(crate) async fn grow_space(&self) -> bool {
+        let (have, most) = (self.space.lock().segments(), self.geo.segments);
+        if have >= most {
+            return false;
+        }
+        if self.growth_failed.lock().as_ref().is_some_and(|(_, at)| at.elapsed() < GROWTH_RETRY) {
+            return false;
+        }
+        // An eighth, or as much as the pool still has room for.
+        let mut add = (have / 8).max(4).min(most - have);
+        let grown = loop {
+            let bytes = (have + add) * self.geo.segment_blocks() * BLOCK_BYTES;
+            match self.pool.resize_volume_unzeroed(self.seg.name(), bytes).await {
+                Err(EngineError::NoSpace(_)) if add > 1 => add /= 2,
+                done => break done,
+            }
+        };
+        match grown {
+            Ok(()) => {
+                self.space.lock().grow(add);
+                *self.growth_failed.lock() = None;
+                tracing::info!(volume = %self.name, "the segment space grew to {} segments (at most {most})", have + add);
+                true
+            }
+            Err(e) => {
+                let why = e.to_string();
+                let mut failed = self.growth_failed.lock();
+                if failed.as_ref().is_none_or(|(w, _)| *w != why) {
+                    tracing::warn!(volume = %self.name, "the segment space could not grow: {why}");
+                }
+                *failed = Some((why, std::time::Instant::now()));
+                false
+            }
+        }
     }
 
     /// Destages up to one batch of the oldest cached blocks; `pad` writes a short batch too
@@ -248,11 +295,24 @@ impl<D: BlockDevice> LogVolume<D> {
             self.recount().await?;
             taken = self.space.lock().take_batch(stream, moves.len() as u64);
         }
+        if taken.is_none() && stream == Stream::Host && self.grow_space().await {
+            taken = self.space.lock().take_batch(stream, moves.len() as u64);
+        }
         let Some((seg, batch)) = taken else {
             let c = self.space_counts();
+            let size =
+                |segments: u64| stria_engine::units::format_size(segments * geo.segment_data() * BLOCK_BYTES);
+            let limit = if c.segments >= c.max_segments {
+                format!("it is at its most ({}, --space)", size(c.max_segments))
+            } else {
+                match &*self.growth_failed.lock() {
+                    Some((why, _)) => format!("it cannot grow ({why})"),
+                    None => "it could not grow".to_string(),
+                }
+            };
             let why = format!(
                 "the segment space is full: {} of {} segments free, {} reserved for GC, {} of garbage to collect; \
-                 TRIM or delete data to free space",
+                 {limit}; TRIM or delete data to free space",
                 c.free_segments,
                 c.segments,
                 c.reserve_segments,
@@ -434,7 +494,11 @@ impl<D: BlockDevice> LogVolume<D> {
     /// this is the last thing tried before a write gets ENOSPC.
     pub(crate) async fn recount(&self) -> Result<(), VolumeError> {
         let _settled = self.settle.write().await;
-        let live = super::scan_map(&self.map, self.geo).await.map_err(|why| self.unrecoverable(0, why))?.live;
+        let segments = self.space.lock().segments();
+        let live = super::scan_map(&self.map, self.geo, segments)
+            .await
+            .map_err(|why| self.unrecoverable(0, why))?
+            .live;
         let before = self.space_counts();
         self.space.lock().recount(&live);
         self.counts_suspect.store(false, Relaxed);

@@ -25,7 +25,7 @@ pub struct Geometry {
     pub batch_rows: u64,
     /// Batches per segment.
     pub segment_batches: u64,
-    /// Segments in the space.
+    /// Segments the space may grow to (those that exist: [`Space::segments`]).
     pub segments: u64,
 }
 
@@ -55,7 +55,7 @@ impl Geometry {
         self.batch_data() * self.segment_batches
     }
 
-    /// Blocks of the whole space (the size of its engine volume, in blocks).
+    /// Blocks of the whole space at its largest.
     pub fn space_blocks(&self) -> u64 {
         self.segment_blocks() * self.segments
     }
@@ -167,6 +167,7 @@ struct Seg {
 #[derive(Debug)]
 pub struct Space {
     geo: Geometry,
+    /// The segments that exist (the space grows up to `geo.segments`).
     segs: Vec<Seg>,
     free: u64,
     /// Open segment and its next batch, per stream.
@@ -181,6 +182,8 @@ pub struct Space {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SpaceCounts {
     pub segments: u64,
+    /// Segments the space may grow to.
+    pub max_segments: u64,
     pub free_segments: u64,
     pub reserve_segments: u64,
     pub live_blocks: u64,
@@ -189,11 +192,14 @@ pub struct SpaceCounts {
 }
 
 impl Space {
-    /// A table from the live counts found by scanning the map at open: segments holding live
-    /// blocks are sealed (their unwritten batches are garbage until GC), the others free.
-    pub fn from_live(geo: Geometry, live: Vec<u64>, reserve: u64) -> Space {
+    /// A table of the first `segments` segments (those that exist) from the live counts found
+    /// at open (one per segment the space may grow to; the caller makes sure none past the
+    /// existing ones is counted): segments holding live blocks are sealed (their unwritten
+    /// batches are garbage until GC), the others free.
+    pub fn from_live(geo: Geometry, live: Vec<u64>, segments: u64, reserve: u64) -> Space {
         assert_eq!(live.len() as u64, geo.segments);
-        let segs: Vec<Seg> = live
+        assert!(segments <= geo.segments && live[segments as usize..].iter().all(|&l| l == 0));
+        let segs: Vec<Seg> = live[..segments as usize]
             .iter()
             .map(|&l| Seg {
                 state: if l > 0 { SegState::Sealed } else { SegState::Free },
@@ -202,8 +208,35 @@ impl Space {
             })
             .collect();
         let free = segs.iter().filter(|s| s.state == SegState::Free).count() as u64;
-        let written_slots = (geo.segments - free) * geo.segment_data();
+        let written_slots = (segments - free) * geo.segment_data();
         Space { geo, segs, free, open: [None, None], reserve, written_slots }
+    }
+
+    /// Segments that exist.
+    pub fn segments(&self) -> u64 {
+        self.segs.len() as u64
+    }
+
+    /// Adds `n` free segments at the end (the engine volume under the space has grown).
+    pub fn grow(&mut self, n: u64) {
+        assert!(self.segments() + n <= self.geo.segments, "growing past the most segments");
+        let free = Seg { state: SegState::Free, live: 0, opened: 0 };
+        self.segs.resize(self.segs.len() + n as usize, free);
+        self.free += n;
+    }
+
+    /// Whether the space should grow rather than collect garbage: it can, and its live blocks
+    /// fill more than 2/3 of its segments (where GC's cost starts to climb steeply) or no sealed
+    /// segment has a batch of garbage to collect.
+    pub fn wants_growth(&self) -> bool {
+        let data = self.segments() * self.geo.segment_data();
+        self.segments() < self.geo.segments
+            && (self.live_blocks() * 3 >= data * 2
+                || self.victim(self.geo.batch_data(), &Default::default()).is_none())
+    }
+
+    fn live_blocks(&self) -> u64 {
+        self.segs.iter().map(|s| s.live).sum()
     }
 
     fn stream_index(s: Stream) -> usize {
@@ -305,10 +338,12 @@ impl Space {
         n
     }
 
-    /// Replaces every count with `live`, counted by a scan of the map while no count could
-    /// change: sealed segments found empty are free.
+    /// Replaces every count with `live` (one per segment the space may grow to), counted by a
+    /// scan of the map while no count could change: sealed segments found empty are free.
     pub fn recount(&mut self, live: &[u64]) {
-        assert_eq!(live.len(), self.segs.len());
+        assert_eq!(live.len() as u64, self.geo.segments);
+        let (live, beyond) = live.split_at(self.segs.len());
+        assert!(beyond.iter().all(|&l| l == 0), "the map points past the segments that exist");
         for (seg, &l) in live.iter().enumerate() {
             let s = &mut self.segs[seg];
             assert!(
@@ -321,9 +356,11 @@ impl Space {
         }
     }
 
-    /// The live count of every segment (for the persisted table).
+    /// The live count of every segment the space may grow to (for the persisted table).
     pub fn live_counts(&self) -> Vec<u64> {
-        self.segs.iter().map(|s| s.live).collect()
+        let mut live: Vec<u64> = self.segs.iter().map(|s| s.live).collect();
+        live.resize(self.geo.segments as usize, 0);
+        live
     }
 
     pub fn state(&self, seg: usize) -> SegState {
@@ -339,9 +376,10 @@ impl Space {
     }
 
     pub fn counts(&self) -> SpaceCounts {
-        let live_blocks: u64 = self.segs.iter().map(|s| s.live).sum();
+        let live_blocks = self.live_blocks();
         SpaceCounts {
-            segments: self.geo.segments,
+            segments: self.segments(),
+            max_segments: self.geo.segments,
             free_segments: self.free,
             reserve_segments: self.reserve,
             live_blocks,
@@ -386,7 +424,7 @@ mod tests {
 
     #[test]
     fn overcounts_are_forgotten_only_for_the_same_use_of_a_sealed_segment() {
-        let mut s = Space::from_live(geo(), vec![5, 0, 0, 0], 1);
+        let mut s = Space::from_live(geo(), vec![5, 0, 0, 0], 4, 1);
         assert_eq!(s.state(0), SegState::Sealed);
         assert_eq!(s.forget(0, 1), 0, "another use of the segment");
         assert_eq!(s.forget(0, 0), 5);
@@ -394,14 +432,14 @@ mod tests {
         s.take_batch(Stream::Host, 3).unwrap();
         assert_eq!(s.opened(0), 1);
         assert_eq!(s.forget(0, 1), 0, "an open segment is never forgotten");
-        let mut t = Space::from_live(geo(), vec![9, 4, 0, 0], 1);
+        let mut t = Space::from_live(geo(), vec![9, 4, 0, 0], 4, 1);
         t.recount(&[0, 4, 0, 0]);
         assert_eq!((t.state(0), t.state(1), t.free()), (SegState::Free, SegState::Sealed, 3));
     }
 
     #[test]
     fn live_counts_free_sealed_segments_and_the_host_leaves_a_reserve() {
-        let mut s = Space::from_live(geo(), vec![0; 4], 1);
+        let mut s = Space::from_live(geo(), vec![0; 4], 4, 1);
         assert_eq!(s.take_batch(Stream::Host, 10), Some((0, 0)));
         assert_eq!(s.take_batch(Stream::Host, 5), Some((0, 1)), "last batch seals segment 0");
         assert_eq!(s.state(0), SegState::Sealed);
@@ -421,5 +459,28 @@ mod tests {
         s.lower(1, 3);
         assert_eq!(s.state(1), SegState::Open, "an open segment is never freed");
         assert_eq!(s.take_batch(Stream::Host, 0), Some((0, 0)));
+    }
+
+    #[test]
+    fn the_space_grows_when_full_of_live_blocks_or_without_a_victim_and_never_past_its_most() {
+        let g = geo();
+        let mut s = Space::from_live(g, vec![0; 4], 2, 0);
+        assert_eq!((s.segments(), s.counts().max_segments, s.free()), (2, 4, 2));
+        assert!(s.wants_growth(), "no victim at all");
+        let batch = g.batch_data();
+        s.take_batch(Stream::Host, batch).unwrap();
+        s.take_batch(Stream::Host, batch).unwrap();
+        assert!(s.wants_growth(), "one segment of two sealed and full: no victim with garbage");
+        s.lower(0, 600);
+        assert!(!s.wants_growth(), "a batch of garbage, a fifth of the data live: collect it");
+        s.take_batch(Stream::Gc, batch).unwrap();
+        s.take_batch(Stream::Gc, batch).unwrap();
+        assert!(s.wants_growth(), "live blocks fill more than 2/3 of the space");
+        s.grow(2);
+        assert_eq!((s.segments(), s.free(), s.state(3)), (4, 2, SegState::Free));
+        assert_eq!(s.live_counts(), vec![2 * batch - 600, 2 * batch, 0, 0]);
+        assert!(!s.wants_growth(), "at its most");
+        let t = Space::from_live(g, vec![7, 0, 0, 0], 1, 0);
+        assert_eq!((t.segments(), t.free(), t.live_counts()), (1, 0, vec![7, 0, 0, 0]));
     }
 }

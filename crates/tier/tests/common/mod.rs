@@ -18,11 +18,15 @@ pub fn rng(seed: u64) -> ChaCha8Rng {
 
 /// 2 fast + 6 capacity drives on `switch`: slots 0-1 fast, 2-7 capacity.
 pub fn drives(switch: &Arc<PowerSwitch>, seed: u64) -> Vec<Dev> {
+    drives_of(switch, seed, DRIVE_BYTES)
+}
+
+/// [`drives`] of `bytes` each.
+pub fn drives_of(switch: &Arc<PowerSwitch>, seed: u64, bytes: u64) -> Vec<Dev> {
     (0..8)
         .map(|i| {
             Arc::new(
-                FaultDevice::new(&format!("d{i}"), DRIVE_BYTES, seed * 100 + i)
-                    .with_power_switch(switch.clone()),
+                FaultDevice::new(&format!("d{i}"), bytes, seed * 100 + i).with_power_switch(switch.clone()),
             )
         })
         .collect()
