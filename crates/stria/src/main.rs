@@ -128,8 +128,9 @@ enum VolumeCmd {
         /// tiered: and log: layouts: copies of the write cache and the map, 2 or 3 (default 2).
         #[arg(long)]
         cache_copies: Option<u32>,
-        /// tiered: and log: layouts: data bytes of the segment space (default: 1.5 x --size).
-        /// Less than --size over-commits the volume: writes get ENOSPC when the space is full.
+        /// tiered: and log: layouts: data bytes the segment space may grow to, taken from the pool
+        /// as it fills (default: 1.5 x --size). Less than --size over-commits the volume: writes
+        /// get ENOSPC when the space is full.
         #[arg(long, value_parser = parse_block_size)]
         space: Option<u64>,
     },

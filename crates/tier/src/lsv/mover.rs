@@ -148,9 +148,11 @@ impl<D: BlockDevice> LogVolume<D> {
     }
 
     /// Grows the segment space by an eighth (at least 4 segments, at most to `--space`; less
-    /// when the pool has less room) in one engine resize that clears nothing: nothing points into the new segments, and every read
-    /// of the space goes through the map. Returns whether it grew; why not is kept for the
-    /// ENOSPC message (and tried again only after [`GROWTH_RETRY`]).
+    /// when the pool has less room) in one engine resize that clears nothing: nothing points
+    /// into the new segments, and every read of the space goes through the map. Returns whether
+    /// it grew; why not is kept for the ENOSPC message (and tried again only after
+    /// [`GROWTH_RETRY`]). The engine refuses a resize while the segment part rebuilds: until
+    /// then the space cannot grow.
     pub(crate) async fn grow_space(&self) -> bool {
         let (have, most) = (self.space.lock().segments(), self.geo.segments);
         if have >= most {
