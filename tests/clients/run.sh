@@ -96,6 +96,34 @@ log_recipe tv
 log "client recipe on log:ec:4+2 (cache and map on the capacity drives)"
 log_recipe lv
 
+log "log: space a client TRIMs goes back to the pool (compaction, then a resize down)"
+# 960 MiB written sequentially grow lv's space past the 16 segments (32 MiB each) it starts
+# with; then all but every eighth 4 MiB is discarded, so every segment keeps some live data and
+# only compaction can empty the end of the space.
+qemu-io -f raw "$(uri lv)" -c 'write -P 0x3c 0 960M' >/dev/null
+grown=$(counter lv segments)
+[ "$grown" -gt 16 ] || { echo "lv: the space did not grow for 960 MiB: $grown segments" >&2; exit 1; }
+discards=()
+for i in $(seq 0 239); do
+  [ $((i % 8)) = 0 ] || discards+=(-c "discard $((i * 4))M 4M")
+done
+qemu-io -f raw "$(uri lv)" "${discards[@]}" >/dev/null
+for _ in $(seq 300); do
+  [ "$(counter lv segments)" -lt $((grown / 2)) ] && break
+  sleep 0.1
+done
+now=$(counter lv segments); back=$(counter lv segments_given_back); moved=$(counter lv gc_moved_blocks)
+echo "lv: space $grown -> $now segments ($back given back, $moved blocks moved by GC and compaction)"
+[ "$now" -lt $((grown / 2)) ] || { echo "lv: the TRIMmed space was not given back: $now of $grown segments" >&2; exit 1; }
+# What was kept reads back; what was discarded reads as zeros.
+reads=()
+for i in $(seq 0 239); do
+  if [ $((i % 8)) = 0 ]; then reads+=(-c "read -P 0x3c $((i * 4))M 4M"); else reads+=(-c "read -P 0 $((i * 4))M 4M"); fi
+done
+out=$(qemu-io -f raw "$(uri lv)" "${reads[@]}" 2>&1)
+! grep -q -i "pattern verification failed\|error" <<<"$out" || { grep -i -m5 "failed\|error" <<<"$out" >&2; exit 1; }
+"$STRIA" scrub lv --pool "$POOL"
+
 log "tiered: a fast drive fails while fio writes and verifies; cache and metadata go on mirrored-degraded, then rebuild"
 # (In $W: fio leaves its verify state file in the working directory.)
 ( cd "$W" && exec fio --name=tvf --ioengine=nbd --uri="$(uri tv)" --rw=randwrite --bs=4k --iodepth=16 --size=128M \

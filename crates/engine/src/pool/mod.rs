@@ -444,11 +444,14 @@ impl<D: BlockDevice> Pool<D> {
         shrunk.size_bytes = new_size_bytes;
         let freed =
             if need_rows < have_rows { shrink_rows(&mut shrunk, have_rows - need_rows) } else { Vec::new() };
-        if !freed.is_empty() && zero {
-            // Everything past the new end must read back as zeros if it is ever reused.
-            for seg in &freed {
-                self.clear_segment(&rec, seg).await?;
+        if !freed.is_empty() {
+            if zero {
+                // Everything past the new end must read back as zeros if it is ever reused.
+                for seg in &freed {
+                    self.clear_segment(&rec, seg).await?;
+                }
             }
+            // Journal records of the tail must not be replayed onto a later owner of its extents.
             self.core.flush_all().await?;
         }
         // New extents are placed under the metadata lock, against the free space of the moment

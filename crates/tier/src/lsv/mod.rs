@@ -52,7 +52,7 @@ const VERIFY_TABLE_PAGES: u64 = 65536;
 /// A read that keeps racing with moves gives up after this many tries (an error, never wrong data).
 const READ_ATTEMPTS: usize = 8;
 /// Segments a new volume's space starts with (GC needs 6; the space grows as it fills).
-const INITIAL_SEGMENTS: u64 = 16;
+pub(crate) const INITIAL_SEGMENTS: u64 = 16;
 /// Blocks per map update of a large zeroing or trim.
 const ZERO_STEP: u64 = 4096;
 /// Locks taken by unaligned writes around their edge blocks.
@@ -130,6 +130,10 @@ pub struct LogParams {
     /// phases; not persisted).
     #[serde(skip)]
     pub hold: bool,
+    /// Compact the segment space without waiting for writes to be quiet (simulations, whose
+    /// runs are shorter than the wait; not persisted).
+    #[serde(skip)]
+    pub eager_compaction: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -160,6 +164,8 @@ pub struct LogCounters {
     pub moves_lost: AtomicU64,
     /// Blocks of overcount (from a persisted table) forgotten on drained GC victims.
     pub overcount_forgotten: AtomicU64,
+    /// Free segments given back to the pool.
+    pub segments_given_back: AtomicU64,
 }
 
 /// Status for `stria status --json`.
@@ -194,6 +200,8 @@ pub struct LogStatus {
     pub gc_moved_blocks: u64,
     pub gc_victims: u64,
     pub moves_lost: u64,
+    /// Free segments given back to the pool since the volume was opened.
+    pub segments_given_back: u64,
     /// Why writes that need new space fail, if they do.
     pub no_space: Option<String>,
     pub write_amplification_fast: Option<f64>,
@@ -464,6 +472,7 @@ pub async fn create<D: BlockDevice>(
         always: false,
         map_cache_pages: spec.map_cache_pages.max(4),
         hold: false,
+        eager_compaction: false,
     };
     pool.add_tiered(TieredRecord {
         name: name.clone(),
@@ -527,12 +536,22 @@ pub async fn open<D: BlockDevice>(
         // A count past the segments that exist is an overcount: a segment is given back only
         // when its count is 0, after the updates that moved every entry out were durable.
         live[segments as usize..].fill(0);
-        let mut counts = Counts { geo, segments, live, owners: t.owners, next_seq: t.next_seq, bad: None };
+        let mut counts = Counts {
+            geo,
+            segments,
+            live,
+            owners: t.owners,
+            next_seq: t.next_seq,
+            replaying: true,
+            past_end: Vec::new(),
+            bad: None,
+        };
         let map = MapStore::open_with(Arc::clone(&meta), layout, params.map_cache_pages, |block, e| {
             counts.add(block, e);
         })
         .await
         .map_err(map_err)?;
+        counts.check_past_end(&map).await.map_err(corrupt)?;
         (map, counts.checked().map_err(corrupt)?)
     } else {
         let map = MapStore::open(Arc::clone(&meta), layout, params.map_cache_pages).await.map_err(map_err)?;
@@ -627,6 +646,11 @@ struct Counts {
     live: Vec<u64>,
     owners: Vec<(u64, u64)>,
     next_seq: u64,
+    /// Whether the entries are deltas replayed over a persisted table: a superseded delta may
+    /// point into a segment given back to the pool since; only the final entry decides.
+    replaying: bool,
+    /// Blocks with a replayed delta past the segments that exist.
+    past_end: Vec<u64>,
     /// The first entry that points past the segments that exist.
     bad: Option<String>,
 }
@@ -637,16 +661,30 @@ impl Counts {
             Place::Segment(a) if a < self.segments * self.geo.segment_blocks() => {
                 self.live[self.geo.segment_of(a)] += 1;
             }
+            Place::Segment(_) if self.replaying => self.past_end.push(block),
             Place::Segment(a) => {
-                self.bad.get_or_insert(format!(
-                    "block {block} points at segment address {a}, past the {} segments of the space",
-                    self.segments
-                ));
+                self.bad.get_or_insert(past_end(block, a, self.segments));
             }
             Place::Cache(p) => self.owners.push((p, block)),
             Place::Unallocated | Place::Zero => {}
         }
         self.next_seq = self.next_seq.max(u64::from(e.seq) + 1);
+    }
+
+    /// After a replay: checks the final entries of the blocks with a delta past the end.
+    async fn check_past_end<D: BlockDevice>(&mut self, map: &MapStore<D>) -> Result<(), String> {
+        self.past_end.sort_unstable();
+        self.past_end.dedup();
+        let entries = map.get_many(&self.past_end).await.map_err(|e| format!("map: {e}"))?;
+        let end = self.segments * self.geo.segment_blocks();
+        for (&block, e) in self.past_end.iter().zip(entries) {
+            if let Place::Segment(a) = e.place
+                && a >= end
+            {
+                self.bad.get_or_insert(past_end(block, a, self.segments));
+            }
+        }
+        Ok(())
     }
 
     fn checked(self) -> Result<Counts, String> {
@@ -657,10 +695,23 @@ impl Counts {
     }
 }
 
+fn past_end(block: u64, addr: u64, segments: u64) -> String {
+    format!("block {block} points at segment address {addr}, past the {segments} segments of the space")
+}
+
 /// [`Counts`] from a scan of the whole map.
 async fn scan_map<D: BlockDevice>(map: &MapStore<D>, geo: Geometry, segments: u64) -> Result<Counts, String> {
     let live = vec![0; geo.segments as usize];
-    let mut counts = Counts { geo, segments, live, owners: Vec::new(), next_seq: 0, bad: None };
+    let mut counts = Counts {
+        geo,
+        segments,
+        live,
+        owners: Vec::new(),
+        next_seq: 0,
+        replaying: false,
+        past_end: Vec::new(),
+        bad: None,
+    };
     map.scan(|first, entries| {
         for (i, e) in entries.iter().enumerate() {
             counts.add(first + i as u64, e);
@@ -870,6 +921,7 @@ impl<D: BlockDevice> LogVolume<D> {
                 }
             }
             let mut bad = Vec::new();
+            let (pending_ref, entries_ref) = (&pending, &entries);
             let reads = runs(&pending, &entries, self.log.ring_blocks()).into_iter().map(|run| async move {
                 let buf = match run.place {
                     Place::Cache(p) => {
@@ -878,20 +930,41 @@ impl<D: BlockDevice> LogVolume<D> {
                     }
                     Place::Segment(a) => {
                         self.counters.blocks_read_from_segments.fetch_add(run.count, Relaxed);
-                        Some(self.seg.read(a * BLOCK_BYTES, run.len_bytes()).await?)
+                        match self.seg.read(a * BLOCK_BYTES, run.len_bytes()).await {
+                            Ok(buf) => Some(buf),
+                            // GC may have emptied the segment and given it back to the pool
+                            // under this read: its blocks are read again if an entry moved.
+                            Err(e) => {
+                                let ks = run.first_k..run.first_k + run.count as usize;
+                                let blocks: Vec<u64> = ks.clone().map(|k| first + pending_ref[k]).collect();
+                                let now =
+                                    self.map.get_many(&blocks).await.map_err(|e| map_error(&self.name, e))?;
+                                if now.iter().zip(&entries_ref[ks]).all(|(a, b)| a == b) {
+                                    return Err(e);
+                                }
+                                return Ok((run, Got::Moved));
+                            }
+                        }
                     }
                     Place::Unallocated | Place::Zero => None,
                 };
-                Ok::<_, VolumeError>((run, buf))
+                Ok::<_, VolumeError>((run, buf.map_or(Got::Zeros, Got::Data)))
             });
-            for (run, buf) in join_all_ok(reads).await? {
+            for (run, got) in join_all_ok(reads).await? {
                 for j in 0..run.count {
                     let k = run.first_k + j as usize;
                     let i = pending[k];
                     let dst = &mut out[(i * BLOCK_BYTES) as usize..((i + 1) * BLOCK_BYTES) as usize];
-                    let Some(buf) = &buf else {
-                        dst.fill(0);
-                        continue;
+                    let buf = match &got {
+                        Got::Data(buf) => buf,
+                        Got::Zeros => {
+                            dst.fill(0);
+                            continue;
+                        }
+                        Got::Moved => {
+                            bad.push(i);
+                            continue;
+                        }
                     };
                     let data = &buf[(j * BLOCK_BYTES) as usize..((j + 1) * BLOCK_BYTES) as usize];
                     if block_crc(data) == entries[k].crc {
@@ -1162,12 +1235,21 @@ impl<D: BlockDevice> LogVolume<D> {
             gc_moved_blocks: c.gc_moved_blocks.load(Relaxed),
             gc_victims: c.gc_victims.load(Relaxed),
             moves_lost: c.moves_lost.load(Relaxed),
+            segments_given_back: c.segments_given_back.load(Relaxed),
             no_space: self.no_space.lock().clone(),
             write_amplification_fast: per_host_byte(fast_written),
             write_amplification_capacity: per_host_byte(parts[2].drive_bytes_written),
             parts,
         }
     }
+}
+
+/// What a read of one run found.
+enum Got {
+    Data(IoBuf),
+    Zeros,
+    /// The read failed and an entry of the run changed meanwhile: read it again.
+    Moved,
 }
 
 /// Consecutive pending blocks that live in one place, contiguously.

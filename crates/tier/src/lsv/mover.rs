@@ -14,9 +14,24 @@ use super::space::{SegState, Stream, SummaryEntry, decode_summary, encode_summar
 use crate::block_crc;
 use crate::map::{MapEntry, Place, Update};
 
-/// A segment space that could not grow tries again after this long (each try takes the pool's
-/// metadata lock).
-const GROWTH_RETRY: Duration = Duration::from_secs(1);
+/// A segment space that could not grow or shrink tries again after this long (each try takes
+/// the pool's metadata lock).
+const RESIZE_RETRY: Duration = Duration::from_secs(1);
+
+/// Compaction waits for this long without host writes, TRIMs or zeroing: a large TRIM (fstrim
+/// of a file system) arrives as many requests, and moving blocks the next ones discard is waste.
+const COMPACT_QUIET_MS: u64 = 1000;
+
+/// How GC picks its next victim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pick {
+    /// The emptiest sealed segment with at least a batch of garbage.
+    Garbage,
+    /// Space is critical: the emptiest with any garbage.
+    Critical,
+    /// Compaction towards the given target ([`super::space::Space::compaction_victim`]).
+    Compact(usize),
+}
 
 /// A block on its way to a new place: where it is, its map entry there, its data.
 pub(crate) struct Move {
@@ -46,6 +61,8 @@ pub(crate) struct Gc {
     /// batch never written in this volume's life may hold an old volume's rows, which a
     /// degraded read cannot reconstruct; its live blocks, if any, stay readable one by one).
     unreadable: std::collections::HashSet<usize>,
+    /// When a shrink last failed (tried again after [`RESIZE_RETRY`]).
+    shrink_failed: Option<std::time::Instant>,
 }
 
 pub(crate) fn spawn<D: BlockDevice>(vol: &Arc<LogVolume<D>>) {
@@ -124,7 +141,28 @@ impl<D: BlockDevice> LogVolume<D> {
         if p.always && live >= batch {
             return self.destage_batch(false).await;
         }
-        Ok(false)
+        // Idle: give segments back to the pool, or (when writes have been quiet for a while)
+        // compact the space so that some can be.
+        if self.shrink_space(gc).await {
+            return Ok(true);
+        }
+        if !p.eager_compaction
+            && self.now_ms().saturating_sub(self.last_write_ms.load(Relaxed)) < COMPACT_QUIET_MS
+        {
+            return Ok(false);
+        }
+        let target = {
+            let mut space = self.space.lock();
+            let target = space.compaction_target();
+            if let Some(target) = target {
+                space.seal_open_from(target);
+            }
+            target
+        };
+        match target {
+            Some(target) => self.gc_step(gc, Pick::Compact(target)).await,
+            None => Ok(false),
+        }
     }
 
     /// Runs a GC step if free segments run low; returns whether it did anything. GC starts one
@@ -144,25 +182,26 @@ impl<D: BlockDevice> LogVolume<D> {
         if free <= reserve + 1 && self.space.lock().wants_growth() && self.grow_space().await {
             return Ok(true);
         }
-        Ok(free <= reserve + 1 && self.gc_step(gc, free <= reserve).await?)
+        let pick = if free <= reserve { Pick::Critical } else { Pick::Garbage };
+        Ok(free <= reserve + 1 && self.gc_step(gc, pick).await?)
     }
 
     /// Grows the segment space by an eighth (at least 4 segments, at most to `--space`; less
     /// when the pool has less room) in one engine resize that clears nothing: nothing points
     /// into the new segments, and every read of the space goes through the map. Returns whether
     /// it grew; why not is kept for the ENOSPC message (and tried again only after
-    /// [`GROWTH_RETRY`]). The engine refuses a resize while the segment part rebuilds: until
+    /// [`RESIZE_RETRY`]). The engine refuses a resize while the segment part rebuilds: until
     /// then the space cannot grow.
     pub(crate) async fn grow_space(&self) -> bool {
         let (have, most) = (self.space.lock().segments(), self.geo.segments);
         if have >= most {
             return false;
         }
-        if self.growth_failed.lock().as_ref().is_some_and(|(_, at)| at.elapsed() < GROWTH_RETRY) {
+        if self.growth_failed.lock().as_ref().is_some_and(|(_, at)| at.elapsed() < RESIZE_RETRY) {
             return false;
         }
         // An eighth, or as much as the pool still has room for.
-        let mut add = (have / 8).max(4).min(most - have);
+        let mut add = self.space.lock().step().min(most - have);
         let grown = loop {
             let bytes = (have + add) * self.geo.segment_blocks() * BLOCK_BYTES;
             match self.pool.resize_volume_unzeroed(self.seg.name(), bytes).await {
@@ -184,6 +223,43 @@ impl<D: BlockDevice> LogVolume<D> {
                     tracing::warn!(volume = %self.name, "the segment space could not grow: {why}");
                 }
                 *failed = Some((why, std::time::Instant::now()));
+                false
+            }
+        }
+    }
+
+    /// Gives the trailing free segments the space does not need back to the pool
+    /// ([`super::space::Space::shrinkable`]) in one engine resize down: they leave the table
+    /// first, so nothing opens them meanwhile, and come back if the resize fails. Returns
+    /// whether it shrank. No map entry points into a free segment (docs/design/
+    /// log-structured-volumes.md, "Step 3b, second part").
+    pub(crate) async fn shrink_space(&self, gc: &mut Gc) -> bool {
+        if gc.shrink_failed.is_some_and(|at| at.elapsed() < RESIZE_RETRY) {
+            return false;
+        }
+        let (n, keep) = {
+            let mut space = self.space.lock();
+            let n = space.shrinkable();
+            if n > 0 {
+                space.give_back(n);
+            }
+            (n, space.segments())
+        };
+        if n == 0 {
+            return false;
+        }
+        let bytes = keep * self.geo.segment_blocks() * BLOCK_BYTES;
+        match self.pool.resize_volume_unzeroed(self.seg.name(), bytes).await {
+            Ok(()) => {
+                gc.shrink_failed = None;
+                self.counters.segments_given_back.fetch_add(n, Relaxed);
+                tracing::info!(volume = %self.name, "gave {n} free segments back to the pool ({keep} left)");
+                true
+            }
+            Err(e) => {
+                self.space.lock().grow(n);
+                gc.shrink_failed = Some(std::time::Instant::now());
+                tracing::warn!(volume = %self.name, "could not give {n} free segments back to the pool: {e}");
                 false
             }
         }
@@ -363,10 +439,10 @@ impl<D: BlockDevice> LogVolume<D> {
     }
 
     /// One step of GC: write a full batch of carried blocks, or read the next batch of the
-    /// victim (choosing one with at least a batch of garbage, or any garbage when space is
-    /// `critical`). Blocks left over when no victim is left are written as a short batch only
-    /// when space is critical (padding makes garbage). Returns whether it did anything.
-    pub(crate) async fn gc_step(&self, gc: &mut Gc, critical: bool) -> Result<bool, VolumeError> {
+    /// victim (chosen by `pick`). Blocks left over when no victim is left are written as a
+    /// short batch only when space is critical or compaction is emptying the tail (padding
+    /// makes garbage). Returns whether it did anything.
+    pub(crate) async fn gc_step(&self, gc: &mut Gc, pick: Pick) -> Result<bool, VolumeError> {
         self.check_writable(0, self.size_bytes)?;
         let want = self.geo.batch_data() as usize;
         self.forget_drained(gc).await;
@@ -392,8 +468,14 @@ impl<D: BlockDevice> LogVolume<D> {
                 gc.carry.iter().filter_map(|m| self.segment_of_place(m.from)).collect();
             carried.extend(gc.unreadable.iter().copied());
             carried.extend(gc.fruitless.iter().copied());
-            let min_garbage = if critical { 1 } else { self.geo.batch_data() };
-            let victim = self.space.lock().victim(min_garbage, &carried);
+            let victim = {
+                let space = self.space.lock();
+                match pick {
+                    Pick::Garbage => space.victim(self.geo.batch_data(), &carried),
+                    Pick::Critical => space.victim(1, &carried),
+                    Pick::Compact(target) => space.compaction_victim(target, &carried),
+                }
+            };
             match victim {
                 Some(v) => {
                     gc.victim = Some((v, 0));
@@ -401,7 +483,7 @@ impl<D: BlockDevice> LogVolume<D> {
                     gc.victim_clean = true;
                     self.counters.gc_victims.fetch_add(1, Relaxed);
                 }
-                None if critical && !gc.carry.is_empty() => {
+                None if pick != Pick::Garbage && !gc.carry.is_empty() => {
                     let n = gc.carry.len();
                     return self.gc_write(gc, n).await;
                 }

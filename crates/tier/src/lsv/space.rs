@@ -159,7 +159,9 @@ pub enum Stream {
 struct Seg {
     state: SegState,
     live: u64,
-    /// Times the segment was opened: tells a drained victim from a later use of it.
+    /// The use of the segment: a number unique across the space, given when the segment is
+    /// opened (0: not opened since the volume was opened). Tells a drained victim from a later
+    /// use of the same segment, even one given back to the pool and grown again.
     opened: u64,
 }
 
@@ -176,6 +178,8 @@ pub struct Space {
     reserve: u64,
     /// Data slots handed out (live or not): for "garbage".
     written_slots: u64,
+    /// The last use given to an opened segment.
+    uses: u64,
 }
 
 /// Counts for status.
@@ -209,7 +213,7 @@ impl Space {
             .collect();
         let free = segs.iter().filter(|s| s.state == SegState::Free).count() as u64;
         let written_slots = (segments - free) * geo.segment_data();
-        Space { geo, segs, free, open: [None, None], reserve, written_slots }
+        Space { geo, segs, free, open: [None, None], reserve, written_slots, uses: 0 }
     }
 
     /// Segments that exist.
@@ -233,6 +237,99 @@ impl Space {
         self.segments() < self.geo.segments
             && (self.live_blocks() * 3 >= data * 2
                 || self.victim(self.geo.batch_data(), &Default::default()).is_none())
+    }
+
+    /// Fewest segments a space keeps when it gives segments back: what a new volume starts
+    /// with (or its most, if less), so a new volume does not give back what it was just given.
+    fn floor(&self) -> u64 {
+        super::INITIAL_SEGMENTS.min(self.geo.segments)
+    }
+
+    /// Segments a growth adds (before the pool's room and the most are applied), and the least
+    /// a shrink gives back: an eighth of the space, at least 4.
+    pub fn step(&self) -> u64 {
+        (self.segments() / 8).max(4)
+    }
+
+    /// Segments the space needs for its data now: twice its live data (utilization 1/2, below
+    /// where growth starts), the segments in use plus the reserve, one more and a growth step
+    /// (so neither GC nor growth starts right after a shrink), and at least
+    /// [`Self::floor`].
+    fn needed(&self) -> u64 {
+        let in_use = self.segments() - self.free;
+        (2 * self.live_blocks())
+            .div_ceil(self.geo.segment_data())
+            .max(in_use + self.reserve + 1 + self.step())
+            .max(self.floor())
+    }
+
+    /// How many trailing free segments to give back to the pool: all of them down to what the
+    /// space needs ([`Self::needed`]), when that is at least a growth step, else 0.
+    pub fn shrinkable(&self) -> u64 {
+        let tail = self.segs.iter().rev().take_while(|s| s.state == SegState::Free).count() as u64;
+        let n = tail.min(self.segments().saturating_sub(self.needed()));
+        if n >= self.step() { n } else { 0 }
+    }
+
+    /// Removes the last `n` segments, which must be free (the engine volume under the space is
+    /// about to shrink); [`Self::grow`] puts them back if it does not.
+    pub fn give_back(&mut self, n: u64) {
+        let keep = self.segs.len() - n as usize;
+        assert!(self.segs[keep..].iter().all(|s| s.state == SegState::Free), "giving back a used segment");
+        self.segs.truncate(keep);
+        self.free -= n;
+    }
+
+    /// Where compaction moves the tail to: `Some(target)` when the live data would fit in a
+    /// third of the segments, so that the segments from `target` on can be emptied and given
+    /// back; `target` leaves the headroom of [`Self::needed`] counting only the live data.
+    pub fn compaction_target(&self) -> Option<usize> {
+        let data = self.segments() * self.geo.segment_data();
+        if self.live_blocks() * 3 >= data {
+            return None;
+        }
+        let target =
+            (2 * self.live_blocks()).div_ceil(self.geo.segment_data()) + self.reserve + 2 + self.step();
+        let target = target.max(self.floor());
+        (target + self.step() <= self.segments()).then_some(target as usize)
+    }
+
+    /// Seals the open segments of both streams from `target` on, their unwritten batches left
+    /// as garbage (as open leaves them in every segment it finds in use), so that compaction can
+    /// empty them; only when a free segment before `target` can take their next batches (else
+    /// each batch would waste a segment). Only between batches: none may be on its way.
+    pub fn seal_open_from(&mut self, target: usize) {
+        let target = target.min(self.segs.len());
+        if !self.segs[..target].iter().any(|s| s.state == SegState::Free) {
+            return;
+        }
+        for i in 0..self.open.len() {
+            if let Some((seg, next)) = self.open[i]
+                && seg >= target
+            {
+                self.open[i] = None;
+                self.written_slots += (self.geo.segment_batches - next) * self.geo.batch_data();
+                self.seal(seg);
+            }
+        }
+    }
+
+    /// Compaction's victim (not in `skip`): while GC's survivors land before `target` (its open
+    /// segment is there, or the free segment it would open next), the last sealed segment from
+    /// `target` on, whatever its garbage (moving a tail segment into the tail would go round for
+    /// ever). Otherwise, or when the tail is empty, the emptiest sealed segment before `target`
+    /// with a batch of garbage: that makes room there, and packs the segments in use (each one
+    /// holds the space up by the headroom [`Self::needed`] keeps after it).
+    pub fn compaction_victim(&self, target: usize, skip: &std::collections::HashSet<usize>) -> Option<usize> {
+        let target = target.min(self.segs.len());
+        let lands_before = match self.open[Self::stream_index(Stream::Gc)] {
+            Some((seg, _)) => seg < target,
+            None => self.segs[..target].iter().any(|s| s.state == SegState::Free),
+        };
+        let tail = (target..self.segs.len())
+            .rev()
+            .find(|i| lands_before && self.segs[*i].state == SegState::Sealed && !skip.contains(i));
+        tail.or_else(|| self.victim_in(0..target, self.geo.batch_data(), skip))
     }
 
     fn live_blocks(&self) -> u64 {
@@ -259,8 +356,9 @@ impl Space {
                     return None;
                 }
                 let seg = self.segs.iter().position(|s| s.state == SegState::Free).expect("free counted");
+                self.uses += 1;
                 self.segs[seg].state = SegState::Open;
-                self.segs[seg].opened += 1;
+                self.segs[seg].opened = self.uses;
                 self.free -= 1;
                 (seg, 0)
             }
@@ -302,9 +400,19 @@ impl Space {
     /// The GC victim: the sealed segment with the fewest live blocks, among those with at least
     /// `min_garbage` dead slots and not in `skip`.
     pub fn victim(&self, min_garbage: u64, skip: &std::collections::HashSet<usize>) -> Option<usize> {
-        self.segs
+        self.victim_in(0..self.segs.len(), min_garbage, skip)
+    }
+
+    fn victim_in(
+        &self,
+        range: std::ops::Range<usize>,
+        min_garbage: u64,
+        skip: &std::collections::HashSet<usize>,
+    ) -> Option<usize> {
+        self.segs[range.clone()]
             .iter()
-            .enumerate()
+            .zip(range)
+            .map(|(s, i)| (i, s))
             .filter(|(i, s)| {
                 s.state == SegState::Sealed
                     && s.live + min_garbage <= self.geo.segment_data()
@@ -314,21 +422,21 @@ impl Space {
             .map(|(i, _)| i)
     }
 
-    /// Live count of `seg`.
+    /// Live count of `seg` (0 for a segment given back).
     pub fn live(&self, seg: usize) -> u64 {
-        self.segs[seg].live
+        self.segs.get(seg).map_or(0, |s| s.live)
     }
 
-    /// How many times `seg` was opened (its use, for [`Space::forget`]).
+    /// The use of `seg` (see [`Seg::opened`]; for [`Space::forget`]).
     pub fn opened(&self, seg: usize) -> u64 {
-        self.segs[seg].opened
+        self.segs.get(seg).map_or(0, |s| s.opened)
     }
 
     /// Sets the count of sealed segment `seg`, still in use `opened`, to 0 (it is free): the
     /// caller knows no map entry points into it and no lowering for one is pending, so what is
     /// left is an overcount from a persisted table. Returns the blocks forgotten.
     pub fn forget(&mut self, seg: usize, opened: u64) -> u64 {
-        let s = &mut self.segs[seg];
+        let Some(s) = self.segs.get_mut(seg) else { return 0 };
         if s.state != SegState::Sealed || s.opened != opened {
             return 0;
         }
@@ -363,8 +471,9 @@ impl Space {
         live
     }
 
+    /// State of `seg`; a segment given back to the pool (or not grown yet) is free.
     pub fn state(&self, seg: usize) -> SegState {
-        self.segs[seg].state
+        self.segs.get(seg).map_or(SegState::Free, |s| s.state)
     }
 
     pub fn free(&self) -> u64 {
@@ -482,5 +591,84 @@ mod tests {
         assert!(!s.wants_growth(), "at its most");
         let t = Space::from_live(g, vec![7, 0, 0, 0], 1, 0);
         assert_eq!((t.segments(), t.free(), t.live_counts()), (1, 0, vec![7, 0, 0, 0]));
+    }
+
+    #[test]
+    fn trailing_free_segments_go_back_down_to_what_the_space_needs() {
+        let g = Geometry { segments: 40, ..geo() };
+        let data = g.segment_data();
+        let mut live = vec![0; 40];
+        live[..3].fill(data);
+        let mut s = Space::from_live(g, live.clone(), 32, 2);
+        // Keeps what a new volume starts with (16), more than the 3 used segments, the reserve
+        // (2), one more and a growth step (32 / 8) need.
+        assert_eq!(s.shrinkable(), 16);
+        s.give_back(16);
+        assert_eq!((s.segments(), s.free()), (16, 13));
+        assert_eq!(s.shrinkable(), 0, "down to what it needs");
+        assert!(s.free() > s.reserve() + 1, "a shrunk space is not where GC or growth start");
+        s.grow(1);
+        assert_eq!(s.shrinkable(), 0, "less than a growth step to give back");
+        live[..3].fill(0);
+        live[31] = 5;
+        let t = Space::from_live(g, live, 32, 2);
+        assert_eq!(t.shrinkable(), 0, "a used segment at the end holds the free ones before it");
+    }
+
+    #[test]
+    fn compaction_empties_the_tail_into_the_front_and_never_the_tail_into_itself() {
+        let g = Geometry { segments: 40, ..geo() };
+        let (data, batch) = (g.segment_data(), g.batch_data());
+        let mut live = vec![0; 40];
+        live[31] = data;
+        let mut s = Space::from_live(g, live.clone(), 32, 2);
+        // Twice one segment of live data, the reserve, 2 more and a growth step (32 / 8): less
+        // than a new volume's 16.
+        assert_eq!(s.compaction_target(), Some(16));
+        assert_eq!(
+            s.compaction_victim(16, &Default::default()),
+            Some(31),
+            "the tail, survivors land in front"
+        );
+        assert_eq!(s.take_batch(Stream::Gc, batch), Some((0, 0)));
+        assert_eq!(s.take_batch(Stream::Gc, batch), Some((0, 1)));
+        let used = s.opened(0);
+        s.lower(31, data);
+        assert_eq!(s.compaction_victim(16, &Default::default()), None, "nothing sealed past the target");
+        assert_eq!(s.shrinkable(), 16, "the emptied tail goes back");
+        s.give_back(16);
+        assert_eq!(s.compaction_target(), None, "1/8 of the space is live");
+        s.grow(4);
+        s.lower(0, data);
+        s.take_batch(Stream::Host, 1).unwrap();
+        assert_ne!(s.opened(0), used, "a later use of a segment is never taken for an earlier one");
+
+        // The tail is empty but sparse segments in use hold the space up: pack them.
+        let mut sparse = vec![0; 40];
+        sparse[..15].fill(data / 4);
+        let v = Space::from_live(g, sparse, 24, 2);
+        assert_eq!(v.shrinkable(), 0, "15 in use + reserve + 1 + a step of 4 = 22 of 24");
+        assert_eq!(v.compaction_target(), Some(16));
+        assert_eq!(v.compaction_victim(16, &Default::default()), Some(0));
+
+        // The front is all in use: make room there before moving the tail.
+        live[..31].fill(data - batch);
+        live[7] = data - 2 * batch;
+        let t = Space::from_live(g, live, 32, 2);
+        assert_eq!(t.compaction_target(), None, "almost all live: nothing to compact");
+        let mut live = vec![0; 40];
+        live[..32].fill(batch / 4);
+        live[3] = batch / 4 - 1;
+        let mut u = Space::from_live(g, live, 32, 2);
+        let target = u.compaction_target().expect("an eighth live");
+        assert_eq!(u.compaction_victim(target, &Default::default()), Some(3), "emptiest before the target");
+        // GC's open segment past the target is sealed only once its next batch can land before.
+        u.grow(2);
+        assert_eq!(u.take_batch(Stream::Gc, 1), Some((32, 0)));
+        u.seal_open_from(target);
+        assert_eq!(u.state(32), SegState::Open, "no free segment before the target");
+        u.lower(3, batch / 4 - 1);
+        u.seal_open_from(target);
+        assert_eq!((u.state(32), u.take_batch(Stream::Gc, 0)), (SegState::Sealed, Some((3, 0))));
     }
 }
