@@ -36,6 +36,8 @@ const PAGE_MAGIC: u32 = u32::from_le_bytes(*b"SMAP");
 const LOG_MAGIC: u32 = u32::from_le_bytes(*b"SMLG");
 const HEADER_MAGIC: u32 = u32::from_le_bytes(*b"SMLH");
 const DELTA_BYTES: usize = 24;
+/// Most scheduler passes a commit waits for more deltas to join its log block.
+const GROUP_YIELDS: usize = 16;
 const LOG_HEADER_BYTES: usize = 32;
 /// Stripes of the page load locks.
 const LOAD_STRIPES: usize = 256;
@@ -418,8 +420,20 @@ impl<D: BlockDevice> MapStore<D> {
     /// that is queued, the others find theirs done).
     async fn commit(&self, ticket: u64) -> Result<(), MapError> {
         // Let the tasks that are ready queue their deltas first: one log block then carries
-        // them all (a log block is a 4 KiB mirrored write, whatever it holds).
-        tokio::task::yield_now().await;
+        // them all (a log block is a 4 KiB mirrored write, whatever it holds). Yield until two
+        // passes in a row bring nothing (writers whose cache writes complete meanwhile join):
+        // in stria-bench-wa (qd 16) a log block carried 6.6 deltas after one pass and 29 this
+        // way, at the same IOPS (docs/design/log-structured-volumes.md, "Group commit").
+        let (mut seen, mut idle) = (self.pending.lock().queued, 0);
+        for _ in 0..GROUP_YIELDS {
+            tokio::task::yield_now().await;
+            let now = self.pending.lock().queued;
+            idle = if now == seen { idle + 1 } else { 0 };
+            if idle == 2 {
+                break;
+            }
+            seen = now;
+        }
         let mut log = self.log.lock().await;
         if self.failed.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(MapError::Failed);

@@ -32,6 +32,25 @@ async fn read_all(vol: &LogVolume<Dev>, blocks: u64) -> Vec<u8> {
     vol.read(0, (blocks * 4096) as usize).await.expect("read the whole volume").to_vec()
 }
 
+/// Cuts the power under `vol` and opens the pool and the volume again from what survived (on new
+/// drives and a new power switch, returned).
+async fn cut_and_reopen(
+    switch: &PowerSwitch,
+    vol: Arc<LogVolume<Dev>>,
+    pool: Arc<Pool<Dev>>,
+    devs: &[Dev],
+    seed: u64,
+) -> (Vec<Dev>, Arc<PowerSwitch>, Arc<Pool<Dev>>, Arc<LogVolume<Dev>>) {
+    switch.trip();
+    vol.stop();
+    drop(vol);
+    drop(pool);
+    let (devs, switch) = power_cycle(devs, seed);
+    let pool = open_pool(&devs).await;
+    let vol = open_log(&pool).await.unwrap();
+    (devs, switch, pool, vol)
+}
+
 #[tokio::test]
 async fn overwrites_go_through_destage_and_gc_and_read_back() {
     let switch = PowerSwitch::new();
@@ -114,13 +133,7 @@ async fn counts_a_crash_leaves_too_high_are_repaired_before_any_write_gets_enosp
     }
     vol.destage_all().await.unwrap();
     assert_eq!(vol.map_stats().await.checkpoints, 0, "the test needs no checkpoint before the cut");
-    switch.trip();
-    vol.stop();
-    drop(vol);
-    drop(pool);
-    let (devs, _switch) = power_cycle(&devs, 13);
-    let pool = open_pool(&devs).await;
-    let vol = open_log(&pool).await.unwrap();
+    let (_, _, _pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, 13).await;
     assert!(vol.opened_from_table(), "the table of the clean close still matches the map log");
     assert_eq!(read_all(&vol, 256).await, model, "after the cut");
     let st = vol.status();
@@ -505,13 +518,7 @@ async fn trimmed_space_is_compacted_and_given_back_to_the_pool_and_reads_stay_ri
     // A power cut: open replays the map log over the table, superseded deltas into the given
     // back segments included.
     assert_eq!(vol.map_stats().await.checkpoints, 0, "the test needs the deltas in the map log");
-    switch.trip();
-    vol.stop();
-    drop(vol);
-    drop(pool);
-    let (devs, switch) = power_cycle(&devs, 15);
-    let pool = open_pool(&devs).await;
-    let vol = open_log(&pool).await.unwrap();
+    let (devs, switch, pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, 15).await;
     assert!(vol.opened_from_table());
     assert_eq!(vol.status().segments, st.segments);
     assert_eq!(read_all(&vol, 8192).await, data);
@@ -519,13 +526,7 @@ async fn trimmed_space_is_compacted_and_given_back_to_the_pool_and_reads_stay_ri
     let more = random_bytes(&mut rng, 16 << 20);
     assert_eq!(write_until_error(&vol, 32 << 20, &more).await.0, more.len());
     data.extend_from_slice(&more);
-    switch.trip();
-    vol.stop();
-    drop(vol);
-    drop(pool);
-    let (devs, _switch) = power_cycle(&devs, 16);
-    let pool = open_pool(&devs).await;
-    let vol = open_log(&pool).await.unwrap();
+    let (_, _, _pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, 16).await;
     assert_eq!(read_all(&vol, 12288).await, data);
     vol.close().await;
 }
