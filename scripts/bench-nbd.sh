@@ -169,9 +169,10 @@ LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # --- report -------------------------------------------------------------------------------------
 python3 - "$SAMPLES" "$OUT" "$DRIVES" "$REPS" "$RUNTIME" "$LOAD_START" "$LOAD_END" "$(( $(date +%s) - START ))" \
-  "$(fio --version)" "$(nbdkit --version | head -1)" "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" <<'PY'
+  "$(fio --version)" "$(nbdkit --version | head -1)" "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+  "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $CPUS CPUs" <<'PY'
 import json, statistics, sys
-samples, out, drives, reps, runtime, load0, load1, secs, fio_v, nbdkit_v, rev = sys.argv[1:]
+samples, out, drives, reps, runtime, load0, load1, secs, fio_v, nbdkit_v, rev, cpu = sys.argv[1:]
 rows = [l.rstrip("\n").split("\t") for l in open(samples) if l.strip()]
 keys = ["kiops", "mean_us", "p99_us", "gbps"]
 groups = {}
@@ -181,9 +182,9 @@ med = {k: dict(zip(keys, (statistics.median(c) for c in zip(*v)))) for k, v in g
 modes = list(dict.fromkeys(r[0] for r in rows))
 names = list(dict.fromkeys(r[1] for r in rows))
 targets = list(dict.fromkeys(r[2] for r in rows))
-print(f"\nNBD benchmark: stria ({drives} drives) vs nbdkit memory; medians of {reps} runs of {runtime} s")
+print(f"\nNBD benchmark on {cpu}: stria ({drives} drives) vs nbdkit memory; medians of {reps} runs of {runtime} s")
 print(f"load average {load0} at start, {load1} at end; {secs} s; {fio_v}, {nbdkit_v}, stria {rev}")
-result = {"drives": drives, "reps": int(reps), "runtime_s": float(runtime), "load_start": load0,
+result = {"cpu": cpu, "drives": drives, "reps": int(reps), "runtime_s": float(runtime), "load_start": load0,
           "load_end": load1, "fio": fio_v, "nbdkit": nbdkit_v, "stria_rev": rev, "results": []}
 for mode in modes:
     print(f"\n{mode}:")
