@@ -536,16 +536,7 @@ pub async fn open<D: BlockDevice>(
         // A count past the segments that exist is an overcount: a segment is given back only
         // when its count is 0, after the updates that moved every entry out were durable.
         live[segments as usize..].fill(0);
-        let mut counts = Counts {
-            geo,
-            segments,
-            live,
-            owners: t.owners,
-            next_seq: t.next_seq,
-            replaying: true,
-            past_end: Vec::new(),
-            bad: None,
-        };
+        let mut counts = Counts::new(geo, segments, live, t.owners, t.next_seq, true);
         let map = MapStore::open_with(Arc::clone(&meta), layout, params.map_cache_pages, |block, e| {
             counts.add(block, e);
         })
@@ -656,9 +647,25 @@ struct Counts {
 }
 
 impl Counts {
+    fn new(
+        geo: Geometry,
+        segments: u64,
+        live: Vec<u64>,
+        owners: Vec<(u64, u64)>,
+        next_seq: u64,
+        replaying: bool,
+    ) -> Counts {
+        Counts { geo, segments, live, owners, next_seq, replaying, past_end: Vec::new(), bad: None }
+    }
+
+    /// The first space address past the segments that exist.
+    fn end(&self) -> u64 {
+        self.segments * self.geo.segment_blocks()
+    }
+
     fn add(&mut self, block: u64, e: &MapEntry) {
         match e.place {
-            Place::Segment(a) if a < self.segments * self.geo.segment_blocks() => {
+            Place::Segment(a) if a < self.end() => {
                 self.live[self.geo.segment_of(a)] += 1;
             }
             Place::Segment(_) if self.replaying => self.past_end.push(block),
@@ -676,7 +683,7 @@ impl Counts {
         self.past_end.sort_unstable();
         self.past_end.dedup();
         let entries = map.get_many(&self.past_end).await.map_err(|e| format!("map: {e}"))?;
-        let end = self.segments * self.geo.segment_blocks();
+        let end = self.end();
         for (&block, e) in self.past_end.iter().zip(entries) {
             if let Place::Segment(a) = e.place
                 && a >= end
@@ -701,17 +708,7 @@ fn past_end(block: u64, addr: u64, segments: u64) -> String {
 
 /// [`Counts`] from a scan of the whole map.
 async fn scan_map<D: BlockDevice>(map: &MapStore<D>, geo: Geometry, segments: u64) -> Result<Counts, String> {
-    let live = vec![0; geo.segments as usize];
-    let mut counts = Counts {
-        geo,
-        segments,
-        live,
-        owners: Vec::new(),
-        next_seq: 0,
-        replaying: false,
-        past_end: Vec::new(),
-        bad: None,
-    };
+    let mut counts = Counts::new(geo, segments, vec![0; geo.segments as usize], Vec::new(), 0, false);
     map.scan(|first, entries| {
         for (i, e) in entries.iter().enumerate() {
             counts.add(first + i as u64, e);

@@ -203,8 +203,7 @@ impl<D: BlockDevice> LogVolume<D> {
         // An eighth, or as much as the pool still has room for.
         let mut add = self.space.lock().step().min(most - have);
         let grown = loop {
-            let bytes = (have + add) * self.geo.segment_blocks() * BLOCK_BYTES;
-            match self.pool.resize_volume_unzeroed(self.seg.name(), bytes).await {
+            match self.resize_space(have + add).await {
                 Err(EngineError::NoSpace(_)) if add > 1 => add /= 2,
                 done => break done,
             }
@@ -248,8 +247,7 @@ impl<D: BlockDevice> LogVolume<D> {
         if n == 0 {
             return false;
         }
-        let bytes = keep * self.geo.segment_blocks() * BLOCK_BYTES;
-        match self.pool.resize_volume_unzeroed(self.seg.name(), bytes).await {
+        match self.resize_space(keep).await {
             Ok(()) => {
                 gc.shrink_failed = None;
                 self.counters.segments_given_back.fetch_add(n, Relaxed);
@@ -263,6 +261,13 @@ impl<D: BlockDevice> LogVolume<D> {
                 false
             }
         }
+    }
+
+    /// Resizes the engine volume under the space to `segments` segments (not zeroed: every
+    /// read of the space goes through the map).
+    async fn resize_space(&self, segments: u64) -> Result<(), EngineError> {
+        let bytes = segments * self.geo.segment_blocks() * BLOCK_BYTES;
+        self.pool.resize_volume_unzeroed(self.seg.name(), bytes).await
     }
 
     /// Destages up to one batch of the oldest cached blocks; `pad` writes a short batch too

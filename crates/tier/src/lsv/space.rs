@@ -257,10 +257,12 @@ impl Space {
     /// [`Self::floor`].
     fn needed(&self) -> u64 {
         let in_use = self.segments() - self.free;
-        (2 * self.live_blocks())
-            .div_ceil(self.geo.segment_data())
-            .max(in_use + self.reserve + 1 + self.step())
-            .max(self.floor())
+        self.twice_the_live_data().max(in_use + self.reserve + 1 + self.step()).max(self.floor())
+    }
+
+    /// Segments that hold twice the live blocks (utilization 1/2).
+    fn twice_the_live_data(&self) -> u64 {
+        (2 * self.live_blocks()).div_ceil(self.geo.segment_data())
     }
 
     /// How many trailing free segments to give back to the pool: all of them down to what the
@@ -288,9 +290,7 @@ impl Space {
         if self.live_blocks() * 3 >= data {
             return None;
         }
-        let target =
-            (2 * self.live_blocks()).div_ceil(self.geo.segment_data()) + self.reserve + 2 + self.step();
-        let target = target.max(self.floor());
+        let target = (self.twice_the_live_data() + self.reserve + 2 + self.step()).max(self.floor());
         (target + self.step() <= self.segments()).then_some(target as usize)
     }
 
