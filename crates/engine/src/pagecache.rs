@@ -153,6 +153,11 @@ impl<P> PageCache<P> {
         }
     }
 
+    /// Pages marked dirty and not yet taken for write-back.
+    pub fn dirty_pages(&self) -> u64 {
+        self.dirty_len.load(Relaxed) as u64
+    }
+
     /// True when more pages are cached than the budget allows and some are dirty: only a
     /// write-back can make room.
     pub fn over_budget(&self) -> bool {

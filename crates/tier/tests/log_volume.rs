@@ -12,7 +12,7 @@ use std::sync::Arc;
 use crate::common::*;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use stria_dev::{IoBytes, PowerSwitch};
+use stria_dev::{FaultConfig, IoBytes, PowerSwitch};
 use stria_engine::{EngineError, Pool, VolumeError};
 use stria_tier::lsv::{self, LogParams, LogSpec, LogVolume};
 
@@ -461,10 +461,15 @@ async fn trimmed_space_is_compacted_and_given_back_to_the_pool_and_reads_stay_ri
     let switch = PowerSwitch::new();
     let devs = drives_of(&switch, 13, 32 << 20);
     let pool = create_pool(&devs).await;
-    // A map log large enough that no checkpoint happens: the reopen after the cut replays deltas
-    // that point into segments given back since.
-    let spec =
-        LogSpec { initial_segments: Some(6), map_log_blocks: Some(4096), ..small_spec(48 << 20, 64 << 20) };
+    // A map log and a map cache large enough that no checkpoint happens (none is due before half
+    // the ring is used or half the cache is dirty): the reopen after the cut replays deltas that
+    // point into segments given back since.
+    let spec = LogSpec {
+        initial_segments: Some(6),
+        map_log_blocks: Some(4096),
+        map_cache_pages: 128,
+        ..small_spec(48 << 20, 64 << 20)
+    };
     let vol = lsv::create(&pool, spec).await.unwrap();
     set_always(&vol, true, 64);
     let mut rng = rng(14);
@@ -670,6 +675,14 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64) {
     for cycle in 0..=cycles {
         let given: Vec<Dev> =
             disks.iter().enumerate().filter(|(i, _)| Some(*i) != missing).map(|(_, d)| d.clone()).collect();
+        // In two cycles of three requests complete a poll or two after they are made, so writers,
+        // the mover and map checkpoints interleave at every I/O.
+        for d in &given {
+            d.set_config(FaultConfig {
+                completion_polls_max: ((seed + cycle) % 3) as u32,
+                ..FaultConfig::default()
+            });
+        }
         let (pool, vol) = boot(&mut sim, &given, cycle).await;
         if vol.opened_from_table() {
             opens.0 += 1;

@@ -10,7 +10,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use rand::Rng;
-use stria_dev::{BlockDevice, PowerSwitch};
+use stria_dev::{BlockDevice, FaultConfig, PowerSwitch};
 use stria_engine::{DriveClass, FoundDrive, Layout, Pool, VolumeRole, VolumeSpec};
 use stria_tier::map::{MapEntry, MapLayout, MapStore, Place, Update};
 
@@ -100,6 +100,12 @@ async fn run_seed(seed: u64) {
     });
     let mut switch = switch;
     for cycle in 0..rng.random_range(2..6) {
+        // Requests that complete a few polls after they were made let the workers and a
+        // checkpoint interleave at every I/O, not only where the map yields.
+        let polls = rng.random_range(0..=3);
+        for d in &devs {
+            d.set_config(FaultConfig { completion_polls_max: polls, ..FaultConfig::default() });
+        }
         let found = devs.iter().map(|d| FoundDrive { dev: d.clone(), path: d.name().into() }).collect();
         let pool = Arc::new(Pool::open(found).await.unwrap_or_else(|e| panic!("seed {seed}: open: {e}")));
         let vol = pool.volume("map").expect("map volume");
@@ -130,7 +136,31 @@ async fn run_seed(seed: u64) {
         if !clean {
             switch.trip_after_ops(rng.random_range(50..3000));
         }
-        futures::future::join_all((0..WORKERS).map(|w| worker(&store, &model, seed * 100 + cycle, w))).await;
+        // Half the cycles hand checkpoints to a task of their own, as log-structured volumes do:
+        // they then run while workers log, and a worker waits only for a full ring or a cache
+        // past its hard bound.
+        let background = rng.random_bool(0.5);
+        if background {
+            store.checkpoint_in_background();
+        }
+        let done = std::cell::Cell::new(false);
+        let workers = async {
+            futures::future::join_all((0..WORKERS).map(|w| worker(&store, &model, seed * 100 + cycle, w)))
+                .await;
+            done.set(true);
+        };
+        let checkpoints = async {
+            while background && !done.get() {
+                tokio::select! {
+                    () = store.checkpoint_wanted() => {}
+                    () = tokio::time::sleep(std::time::Duration::from_millis(1)) => {}
+                }
+                if store.checkpoint_if_due().await.is_err() {
+                    return; // the power went out
+                }
+            }
+        };
+        futures::future::join(workers, checkpoints).await;
         if clean {
             store.checkpoint().await.unwrap_or_else(|e| panic!("seed {seed}: checkpoint: {e}"));
             pool.close().await.unwrap_or_else(|e| panic!("seed {seed}: close: {e}"));

@@ -605,6 +605,7 @@ pub async fn open<D: BlockDevice>(
         }));
     }
     mover::spawn(&vol);
+    mover::spawn_checkpoints(&vol);
     Ok(vol)
 }
 
@@ -1190,6 +1191,7 @@ impl<D: BlockDevice> LogVolume<D> {
         self.closed.store(true, Relaxed);
         self.log.shut(format!("volume {} is closed", self.name));
         self.log.hungry.notify_one();
+        self.map.wake_checkpoint_task();
     }
 
     /// Status and counters.

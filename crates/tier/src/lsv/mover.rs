@@ -111,6 +111,35 @@ async fn run<D: BlockDevice>(vol: Weak<LogVolume<D>>) {
     }
 }
 
+/// Runs the map's checkpoints in their own task, so writers do not wait for one (they only wake
+/// it; docs/design/log-structured-volumes.md, "Checkpoints that do not stop writers").
+pub(crate) fn spawn_checkpoints<D: BlockDevice>(vol: &Arc<LogVolume<D>>) {
+    vol.map.checkpoint_in_background();
+    tokio::spawn(checkpoints(Arc::downgrade(vol)));
+}
+
+async fn checkpoints<D: BlockDevice>(vol: Weak<LogVolume<D>>) {
+    loop {
+        let Some(v) = vol.upgrade() else { return };
+        if v.closed.load(Relaxed) || v.failure.lock().is_some() {
+            return;
+        }
+        let pause = match v.map.checkpoint_if_due().await {
+            Ok(true) => continue,
+            Ok(false) => Duration::from_millis(100),
+            Err(e) => {
+                tracing::warn!(volume = %v.name(), error = %e, "map checkpoint failed; retrying");
+                Duration::from_millis(1000)
+            }
+        };
+        // As in the mover: `v` is held for at most one short wait.
+        tokio::select! {
+            () = v.map.checkpoint_wanted() => {}
+            () = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
 impl<D: BlockDevice> LogVolume<D> {
     /// One step of the mover: GC when free segments run low and GC can gain space, else
     /// destage when the cache asks for it. Returns whether it did anything.

@@ -3,9 +3,9 @@
 //! positions and the next write sequence, written by every map checkpoint so that open does not
 //! scan the map.
 //!
-//! The counts may be too high, never too low (see the design): they are a snapshot taken after
-//! the checkpoint's pages are durable, while no delta can become durable, and replay adds +1 for
-//! each new segment place. The owners include claims whose update never became durable, so open
+//! The counts may be too high, never too low (docs/crash-consistency.md, "Map checkpoint and the
+//! segment table"): they are a snapshot taken after the checkpoint's pages are durable, and
+//! replay adds +1 for each new segment place logged from the checkpoint's position on. The owners include claims whose update never became durable, so open
 //! restores them as positions destage checks before trusting.
 
 use std::sync::Arc;
@@ -114,10 +114,6 @@ pub(crate) struct Writer {
 }
 
 impl CheckpointTable for Writer {
-    fn stale(&self) -> (u64, IoBytes) {
-        (self.at, IoBytes::zeroed(BLOCK_USIZE))
-    }
-
     fn snapshot(&self, stamp: u64) -> (u64, IoBytes) {
         let table = Table {
             stamp,
