@@ -20,12 +20,13 @@ pub const BUF_ALIGN_BYTES: usize = 4096;
 const _: () = assert!(BUF_ALIGN_BYTES == crate::BLOCK_USIZE, "BUF_ALIGN_BYTES is one block");
 
 /// Allocation sizes recycled: `BUF_ALIGN_BYTES << class` for `class < RECYCLE_CLASSES`
-/// (4 KiB to 1 MiB). Requests up to 1 MiB are rounded up to their class.
-const RECYCLE_CLASSES: usize = 9;
+/// (4 KiB to 4 MiB: a log-structured volume's batches are 2 MiB). Requests up to 4 MiB are
+/// rounded up to their class.
+const RECYCLE_CLASSES: usize = 11;
 /// Freed allocations one thread keeps per size class.
 const RECYCLE_PER_CLASS: usize = 32;
 /// Bytes of freed allocations one thread keeps in all.
-const RECYCLE_BYTES_PER_THREAD: usize = 4 << 20;
+const RECYCLE_BYTES_PER_THREAD: usize = 12 << 20;
 
 /// Freed allocations of the current thread, by size class, for the next buffers it makes.
 ///
@@ -420,7 +421,9 @@ mod tests {
         assert_eq!(class_of(8192), Some(1));
         assert_eq!(class_of(12288), Some(2));
         assert_eq!(class_of(1 << 20), Some(8));
-        assert_eq!(class_of((1 << 20) + 4096), None);
+        assert_eq!(class_of((1 << 20) + 4096), Some(9));
+        assert_eq!(class_of(4 << 20), Some(10));
+        assert_eq!(class_of((4 << 20) + 4096), None);
     }
 
     #[test]
