@@ -606,9 +606,9 @@ impl<D: BlockDevice> MapStore<D> {
 
     /// One checkpoint (the caller holds `checkpointing`). Under the log: the position replay
     /// will start at (`until`, the next log block) and the dirty pages, which hold every delta
-    /// logged before `until` (a delta is applied before it is queued). Without it: the table is
-    /// marked stale, the pages written and flushed, the table written for `until`, then the
-    /// header. Updates go on meanwhile; their deltas are logged at `until` or later.
+    /// logged before `until` (a delta is applied before it is queued). Without it: the pages
+    /// written (rule 4) and flushed, the table written for `until`, then the header. Updates go
+    /// on meanwhile; their deltas are logged at `until` or later.
     async fn write_back(&self) -> Result<(), MapError> {
         let (until, pages) = {
             let log = self.log.lock().await;
