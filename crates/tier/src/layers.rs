@@ -391,6 +391,16 @@ impl PagePool {
         unreachable!("{} pages counted free, none found", self.free)
     }
 
+    /// Takes page `page` if it is free (replay naming a page a record made); false if in use.
+    pub fn claim(&mut self, page: u32) -> bool {
+        assert!(page != 0 && page < self.pages, "pool page {page} is outside the pool");
+        if self.is_used(page) {
+            return false;
+        }
+        self.set(page);
+        true
+    }
+
     /// Gives `page` back once a checkpoint whose replay starts past log position `after` is
     /// done ([`PagePool::checkpoint_done`]).
     pub fn release(&mut self, page: u32, after: u64) {

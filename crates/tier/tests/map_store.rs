@@ -4,26 +4,83 @@
 //! caches force checkpoints, ring wrap-arounds, evictions and re-reads of pages; large ones
 //! leave the log alone to carry what was acknowledged.
 //!
+//! Half the seeds give the map a snapshot pool: snapshots are made between phases of updates,
+//! workers also move blocks (as GC does) that the head or only a snapshot holds, and after every
+//! recovery each snapshot whose making returned reads back exactly as the head was when it was
+//! made (with the moves since), never with a later write; an overwrite frees a place only when no
+//! snapshot holds it.
+//!
 //! `STRIA_MAP_SEEDS=N` sets the number of seeds (default 60); `STRIA_MAP_SEED=S` replays one.
 
 use std::cell::RefCell;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Totals over the seeds, printed at the end (and checked: the snapshot paths ran).
+static SNAPSHOT_VIEWS_CHECKED: AtomicU64 = AtomicU64::new(0);
+static FREES_HELD_BACK: AtomicU64 = AtomicU64::new(0);
+static MOVES_OF_SNAPSHOT_ONLY_BLOCKS: AtomicU64 = AtomicU64::new(0);
 
 use rand::Rng;
 use stria_dev::{BlockDevice, FaultConfig, PowerSwitch};
 use stria_engine::{DriveClass, FoundDrive, Layout, Pool, VolumeRole, VolumeSpec};
-use stria_tier::map::{MapEntry, MapLayout, MapStore, Place, Update};
+use stria_tier::layers::{LAYER_TABLE_BLOCKS, LayerKind, LayerRecord};
+use stria_tier::map::{MapEntry, MapError, MapLayout, MapStore, Place, PoolLayout, Update};
 
 use crate::common::*;
 
 const BLOCKS: u64 = 3000;
 const WORKERS: u64 = 3;
 
-/// What each block may read back as: `versions[b][acked[b]..]` (index 0 is what it held when
-/// the cycle began).
-struct Model {
+/// What each block of one layer may read back as: `versions[b][acked[b]..]` (index 0 is what
+/// it held when the cycle began).
+#[derive(Clone)]
+struct Versions {
     versions: Vec<Vec<MapEntry>>,
     acked: Vec<usize>,
+}
+
+impl Versions {
+    fn new(now: Vec<MapEntry>) -> Versions {
+        Versions { acked: vec![0; now.len()], versions: now.into_iter().map(|e| vec![e]).collect() }
+    }
+
+    fn latest(&self, b: u64) -> MapEntry {
+        *self.versions[b as usize].last().expect("one version at least")
+    }
+
+    fn ack(&mut self, b: u64, e: MapEntry) {
+        let b = b as usize;
+        let at = self.versions[b].iter().rposition(|x| *x == e).expect("issued");
+        self.acked[b] = self.acked[b].max(at);
+    }
+
+    /// Checks `got` against what may be read back and makes it the new baseline.
+    fn settle(&mut self, got: Vec<MapEntry>, what: &str) {
+        for (b, got) in got.into_iter().enumerate() {
+            let allowed = &self.versions[b][self.acked[b]..];
+            assert!(
+                allowed.contains(&got),
+                "{what}: block {b} reads {got:?}, acknowledged {:?}, allowed {allowed:?}",
+                self.versions[b][self.acked[b]]
+            );
+            self.versions[b] = vec![got];
+            self.acked[b] = 0;
+        }
+    }
+}
+
+/// A snapshot the model knows: `durable` once its making returned.
+struct SnapModel {
+    name: String,
+    id: Option<u16>,
+    durable: bool,
+    view: Versions,
+}
+
+struct Model {
+    head: Versions,
+    snaps: Vec<SnapModel>,
     next: u64,
 }
 
@@ -33,13 +90,38 @@ impl Model {
         let n = self.next;
         MapEntry { place: Place::Segment(n), crc: n as u32, seq: n as u32 }
     }
+
+    /// The snapshots present in the map now (made this cycle or found at open).
+    fn live_snaps(&mut self) -> impl Iterator<Item = &mut SnapModel> {
+        self.snaps.iter_mut().filter(|s| s.id.is_some())
+    }
+}
+
+fn record(name: &str, kind: LayerKind) -> LayerRecord {
+    LayerRecord {
+        id: 0,
+        kind,
+        parent: 0,
+        hidden: false,
+        created_seq: 0,
+        created_ms: 0,
+        allocated_blocks: 0,
+        root_page: 0,
+        region_page: 0,
+        logical_bytes: BLOCKS * 4096,
+        name: name.into(),
+    }
 }
 
 async fn worker(store: &MapStore<Dev>, model: &RefCell<Model>, seed: u64, w: u64) {
     let mut rng = rng(seed ^ (w + 1).wrapping_mul(0x9e37_79b9));
-    for _ in 0..rng.random_range(20..120) {
+    for _ in 0..rng.random_range(10..60) {
+        if rng.random_bool(0.2) && !move_some(store, model, seed, w, &mut rng).await {
+            return;
+        }
         let n = rng.random_range(1..40);
         let mut updates = Vec::new();
+        let mut replaced = Vec::new();
         {
             let mut m = model.borrow_mut();
             for _ in 0..n {
@@ -47,21 +129,29 @@ async fn worker(store: &MapStore<Dev>, model: &RefCell<Model>, seed: u64, w: u64
                 // apply order.
                 let block = rng.random_range(0..BLOCKS / WORKERS) * WORKERS + w;
                 let entry = m.entry();
-                m.versions[block as usize].push(entry);
+                replaced.push(m.head.latest(block));
+                m.head.versions[block as usize].push(entry);
                 updates.push(Update { block, entry, expect: None });
             }
         }
         match store.update(&updates).await {
             Ok(applied) => {
-                assert!(
-                    applied.iter().all(Option::is_some),
-                    "seed {seed}: an unconditional update did not apply"
-                );
                 let mut m = model.borrow_mut();
-                for u in &updates {
-                    let b = u.block as usize;
-                    let at = m.versions[b].iter().rposition(|e| *e == u.entry).expect("issued");
-                    m.acked[b] = m.acked[b].max(at);
+                for ((u, got), before) in updates.iter().zip(applied).zip(replaced) {
+                    let got =
+                        got.unwrap_or_else(|| panic!("seed {seed}: an unconditional update did not apply"));
+                    // What a snapshot holds is never handed back for freeing; the rest is.
+                    let held = m.live_snaps().any(|s| s.view.latest(u.block) == before);
+                    let want = if held { MapEntry::UNALLOCATED } else { before };
+                    if held && before != MapEntry::UNALLOCATED {
+                        FREES_HELD_BACK.fetch_add(1, Relaxed);
+                    }
+                    assert_eq!(
+                        got, want,
+                        "seed {seed}: overwriting block {} (a snapshot holds it: {held})",
+                        u.block
+                    );
+                    m.head.ack(u.block, u.entry);
                 }
             }
             Err(_) => return, // the power went out
@@ -72,6 +162,58 @@ async fn worker(store: &MapStore<Dev>, model: &RefCell<Model>, seed: u64, w: u64
     }
 }
 
+/// Moves one block of worker `w` the way GC does: a place the head or a snapshot holds goes
+/// to a new place in every layer holding it. Returns false when the power went out.
+async fn move_some(
+    store: &MapStore<Dev>,
+    model: &RefCell<Model>,
+    seed: u64,
+    w: u64,
+    rng: &mut impl Rng,
+) -> bool {
+    let (block, from, to) = {
+        let mut m = model.borrow_mut();
+        let block = rng.random_range(0..BLOCKS / WORKERS) * WORKERS + w;
+        let mut held: Vec<MapEntry> = vec![m.head.latest(block)];
+        held.extend(m.live_snaps().map(|s| s.view.latest(block)));
+        held.retain(|e| matches!(e.place, Place::Segment(_)));
+        if held.is_empty() {
+            return true;
+        }
+        let from = held[rng.random_range(0..held.len())];
+        let n = m.entry();
+        let to = MapEntry { place: n.place, ..from };
+        if m.head.latest(block) == from {
+            m.head.versions[block as usize].push(to);
+        }
+        for s in m.live_snaps() {
+            if s.view.latest(block) == from {
+                s.view.versions[block as usize].push(to);
+            }
+        }
+        (block, from, to)
+    };
+    match store.update(&[Update { block, entry: to, expect: Some(from.place) }]).await {
+        Ok(applied) => {
+            assert_eq!(applied, vec![Some(from)], "seed {seed}: moving block {block} from {from:?}");
+            let mut m = model.borrow_mut();
+            if m.head.latest(block) != to {
+                MOVES_OF_SNAPSHOT_ONLY_BLOCKS.fetch_add(1, Relaxed);
+            }
+            if m.head.latest(block) == to {
+                m.head.ack(block, to);
+            }
+            for s in m.live_snaps() {
+                if s.view.latest(block) == to {
+                    s.view.ack(block, to);
+                }
+            }
+            true
+        }
+        Err(_) => false,
+    }
+}
+
 async fn run_seed(seed: u64) {
     let mut rng = rng(seed);
     let switch = PowerSwitch::new();
@@ -79,12 +221,20 @@ async fn run_seed(seed: u64) {
     // Small rings wrap (forcing checkpoints) all the time; large ones let the log carry
     // everything between rare checkpoints.
     let log_blocks = if rng.random_bool(0.5) { rng.random_range(4..24) } else { rng.random_range(64..256) };
-    let layout = MapLayout { base: 4096 * rng.random_range(0..4), log_blocks, blocks: BLOCKS };
+    let mut layout =
+        MapLayout { base: 4096 * rng.random_range(0..4), log_blocks, blocks: BLOCKS, pool: None };
+    let snapshots = rng.random_bool(0.5);
+    if snapshots {
+        // Room for every snapshot a seed makes (at most 10: 15 pages each).
+        let layers_at = layout.end();
+        let pages_at = layers_at + LAYER_TABLE_BLOCKS as u64 * 4096;
+        layout.pool = Some(PoolLayout { layers_at, pages_at, pages: 160 });
+    }
     {
         let pool = create_pool(&devs).await;
         let spec = VolumeSpec {
             name: "map".into(),
-            size_bytes: (layout.base + layout.bytes()).next_multiple_of(64 << 10),
+            size_bytes: layout.end().next_multiple_of(64 << 10),
             layout: Layout::Raid1 { copies: 2 },
             chunk_bytes: 64 << 10,
             class: DriveClass::Fast,
@@ -94,10 +244,11 @@ async fn run_seed(seed: u64) {
         pool.close().await.expect("close");
     }
     let model = RefCell::new(Model {
-        versions: vec![vec![MapEntry::UNALLOCATED]; BLOCKS as usize],
-        acked: vec![0; BLOCKS as usize],
+        head: Versions::new(vec![MapEntry::UNALLOCATED; BLOCKS as usize]),
+        snaps: Vec::new(),
         next: 0,
     });
+    let mut made = 0;
     let mut switch = switch;
     for cycle in 0..rng.random_range(2..6) {
         // Requests that complete a few polls after they were made let the workers and a
@@ -115,22 +266,41 @@ async fn run_seed(seed: u64) {
             .await
             .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: map open: {e}"));
         // Every block is one of its allowed versions; what it is now is the new baseline.
-        let mut now = Vec::with_capacity(BLOCKS as usize);
-        for b in 0..BLOCKS {
-            now.push(store.get(b).await.unwrap_or_else(|e| panic!("seed {seed}: get {b}: {e}")));
-        }
+        let all: Vec<u64> = (0..BLOCKS).collect();
+        let now = store.get_many(&all).await.unwrap_or_else(|e| panic!("seed {seed}: get: {e}"));
+        model.borrow_mut().head.settle(now, &format!("seed {seed} cycle {cycle}: head"));
+        // Snapshots whose making returned are there; one whose making failed may be.
+        let found = store.snapshots();
         {
             let mut m = model.borrow_mut();
-            for (b, got) in now.into_iter().enumerate() {
-                let allowed = &m.versions[b][m.acked[b]..];
+            for f in &found {
                 assert!(
-                    allowed.contains(&got),
-                    "seed {seed} cycle {cycle}: block {b} reads {got:?}, acknowledged {:?}, allowed {allowed:?}",
-                    m.versions[b][m.acked[b]]
+                    m.snaps.iter().any(|s| s.name == f.name),
+                    "seed {seed} cycle {cycle}: snapshot {:?} was never made",
+                    f.name
                 );
-                m.versions[b] = vec![got];
-                m.acked[b] = 0;
             }
+            m.snaps.retain_mut(|s| {
+                s.id = found.iter().find(|f| f.name == s.name).map(|f| f.id);
+                assert!(
+                    s.id.is_some() || !s.durable,
+                    "seed {seed} cycle {cycle}: snapshot {:?} was made and is gone",
+                    s.name
+                );
+                s.id.is_some()
+            });
+        }
+        let ids: Vec<(usize, u16)> =
+            model.borrow().snaps.iter().enumerate().map(|(i, s)| (i, s.id.expect("present"))).collect();
+        for (i, id) in ids {
+            let got =
+                store.get_in(id, &all).await.unwrap_or_else(|e| panic!("seed {seed}: snapshot {id}: {e}"));
+            let mut m = model.borrow_mut();
+            m.snaps[i].durable = true;
+            if cycle > 0 {
+                SNAPSHOT_VIEWS_CHECKED.fetch_add(1, Relaxed);
+            }
+            m.snaps[i].view.settle(got, &format!("seed {seed} cycle {cycle}: snapshot {id}"));
         }
         let clean = rng.random_bool(0.2);
         if !clean {
@@ -145,8 +315,42 @@ async fn run_seed(seed: u64) {
         }
         let done = std::cell::Cell::new(false);
         let workers = async {
-            futures::future::join_all((0..WORKERS).map(|w| worker(&store, &model, seed * 100 + cycle, w)))
-                .await;
+            let phases = if snapshots { rng.random_range(1..4) } else { 1 };
+            for phase in 0..phases {
+                if phase > 0 && made < 10 {
+                    // Between phases no update is in flight: the snapshot is the head as it is.
+                    made += 1;
+                    let name = format!("s{made}");
+                    let view =
+                        model.borrow().head.versions.iter().map(|v| vec![*v.last().expect("one")]).collect();
+                    let view = Versions { versions: view, acked: vec![0; BLOCKS as usize] };
+                    model.borrow_mut().snaps.push(SnapModel {
+                        name: name.clone(),
+                        id: None,
+                        durable: false,
+                        view,
+                    });
+                    let made_ok = store
+                        .create_snapshot(record("vol", LayerKind::Head), record(&name, LayerKind::Snapshot))
+                        .await;
+                    let mut m = model.borrow_mut();
+                    let s = m.snaps.last_mut().expect("pushed");
+                    match made_ok {
+                        Ok(id) => {
+                            s.id = Some(id);
+                            s.durable = true;
+                        }
+                        Err(MapError::PoolFull { .. }) => {
+                            panic!("seed {seed}: the pool is sized for every snapshot")
+                        }
+                        // The power went out: the snapshot may exist after recovery. Updates fail
+                        // from now on, so whether it takes part in them does not matter.
+                        Err(_) => break,
+                    }
+                }
+                let round = seed * 100 + cycle * 10 + phase as u64;
+                futures::future::join_all((0..WORKERS).map(|w| worker(&store, &model, round, w))).await;
+            }
             done.set(true);
         };
         let checkpoints = async {
@@ -186,4 +390,13 @@ async fn map_updates_survive_any_sequence_of_power_cuts() {
     for seed in 0..seeds {
         run_seed(seed).await;
     }
+    let (views, held, moves) = (
+        SNAPSHOT_VIEWS_CHECKED.load(Relaxed),
+        FREES_HELD_BACK.load(Relaxed),
+        MOVES_OF_SNAPSHOT_ONLY_BLOCKS.load(Relaxed),
+    );
+    eprintln!(
+        "{seeds} seeds: {views} snapshot views checked after a reopen, {held} overwrites kept a place a snapshot holds, {moves} moves of blocks only snapshots hold"
+    );
+    assert!(seeds < 20 || (views > 0 && held > 0 && moves > 0), "the snapshot paths did not run");
 }

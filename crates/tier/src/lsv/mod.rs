@@ -330,6 +330,7 @@ impl Header {
             base: BLOCK_BYTES,
             log_blocks: self.map_log_blocks,
             blocks: self.volume_bytes / BLOCK_BYTES,
+            pool: None,
         }
     }
 }

@@ -27,11 +27,16 @@
 //!    So the pages on disk are always a state the durable log leads to, and a table written by
 //!    the last checkpoint stays valid while the next one writes pages (see [`CheckpointTable`]).
 
+mod snap;
+
 use std::sync::Arc;
 
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 use stria_engine::pagecache::{PageCache, PageCacheStats, Slot};
 use stria_engine::{Volume, VolumeError};
+
+use snap::POOL_KEY;
+pub use snap::{HEAD_LAYER, PoolLayout};
 
 /// Map entries per page.
 pub const ENTRIES_PER_PAGE: u64 = 255;
@@ -144,6 +149,12 @@ pub enum MapError {
     DamagedHeader,
     #[error("an earlier map log write failed: no update can be made durable any more")]
     Failed,
+    #[error("snapshot metadata: {0}")]
+    Layers(String),
+    #[error(
+        "the snapshot page pool is full ({needed} pages needed, {free} free): delete a snapshot to free map pages"
+    )]
+    PoolFull { needed: u64, free: u64 },
 }
 
 /// Where the map lives in its backing volume.
@@ -155,6 +166,8 @@ pub struct MapLayout {
     pub log_blocks: u64,
     /// Logical blocks mapped.
     pub blocks: u64,
+    /// The layer table and page pool of snapshots (format version 3), if the map has them.
+    pub pool: Option<PoolLayout>,
 }
 
 impl MapLayout {
@@ -168,6 +181,13 @@ impl MapLayout {
         (1 + self.log_blocks + self.pages()) * BLOCK_BYTES
     }
 
+    /// Byte offset in the backing volume where the last thing of the map ends (the region, or
+    /// the snapshot pool when it lies after it).
+    pub fn end(&self) -> u64 {
+        let region = self.base + self.bytes();
+        self.pool.map_or(region, |p| region.max(p.layers_at + p.bytes()))
+    }
+
     fn log_block_offset(&self, ring_index: u64) -> u64 {
         self.base + (1 + ring_index % self.log_blocks) * BLOCK_BYTES
     }
@@ -175,14 +195,34 @@ impl MapLayout {
     fn page_offset(&self, page: u64) -> u64 {
         self.base + (1 + self.log_blocks + page) * BLOCK_BYTES
     }
+
+    /// Where the page cached under `key` lives: a head page, or a pool page (`POOL_KEY | n`).
+    fn key_offset(&self, key: u64) -> u64 {
+        if key & POOL_KEY != 0 {
+            self.pool.expect("pool pages need a pool").page_offset(key & !POOL_KEY)
+        } else {
+            self.page_offset(key)
+        }
+    }
 }
 
 /// A cached page and its index (taken for write-back, or held for an update).
 type DirtyPage = (u64, Arc<Slot<MapPage>>);
 
-/// The entries of one cached page.
+/// The entries of one cached page: a head page, or a snapshot's copy of head page `page` in
+/// the pool (`owner` = the snapshot's layer id; 0 for head pages).
 #[derive(Debug)]
-struct MapPage(parking_lot::Mutex<Box<[MapEntry]>>);
+struct MapPage {
+    entries: parking_lot::Mutex<Box<[MapEntry]>>,
+    owner: u16,
+    page: u64,
+}
+
+impl MapPage {
+    fn head(page: u64, entries: Box<[MapEntry]>) -> MapPage {
+        MapPage { entries: parking_lot::Mutex::new(entries), owner: 0, page }
+    }
+}
 
 /// Counters.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -200,15 +240,40 @@ pub struct MapStats {
     pub checkpoint_waits: u64,
     /// Deltas replayed at open.
     pub deltas_replayed: u64,
+    /// Head pages copied into snapshots before their first change (since open).
+    pub pages_preserved: u64,
 }
 
 /// A change applied in memory whose log write is not done.
 #[derive(Debug, Clone, Copy)]
 struct Delta {
+    /// The layer whose page changed: 0 for the head, else a snapshot's id.
+    layer: u16,
+    /// The cache key of the page changed (a head page index, or `POOL_KEY | pool page`).
+    key: u64,
     block: u64,
     entry: MapEntry,
     /// What the block held before: a checkpoint writes this while the delta is not durable.
     before: MapEntry,
+    /// A preserve record (the other fields unused): `preserve.0`'s copy of head page
+    /// `preserve.1` is pool page `preserve.2`, with table page `preserve.3` made for it (or 0).
+    preserve: Option<(u16, u64, u32, u32)>,
+}
+
+impl Delta {
+    fn entry(layer: u16, key: u64, block: u64, entry: MapEntry, before: MapEntry) -> Delta {
+        Delta { layer, key, block, entry, before, preserve: None }
+    }
+
+    /// Its log record: the block field (the layer in the top 16 bits) and 16 bytes.
+    fn record(&self) -> (u64, [u8; 16]) {
+        if let Some((layer, page, pool, table)) = self.preserve {
+            return snap::encode_preserve(layer, page, pool, table);
+        }
+        let mut b = [0u8; 16];
+        self.entry.encode(&mut b);
+        (u64::from(self.layer) << 48 | self.block, b)
+    }
 }
 
 /// Deltas applied in memory and not yet durable (queued, or being written to the log).
@@ -219,6 +284,16 @@ struct Pending {
     deltas: std::collections::VecDeque<Delta>,
     /// Number of deltas ever queued (the queue's end, as a count).
     queued: u64,
+    /// The copies of queued preserves, kept cached until their record is durable (the record's
+    /// log write writes them first, from memory).
+    copies: std::collections::HashMap<u32, Arc<Slot<MapPage>>>,
+}
+
+impl Pending {
+    fn push(&mut self, d: Delta) {
+        self.deltas.push_back(d);
+        self.queued += 1;
+    }
 }
 
 /// The log's position (held by the one writer at a time).
@@ -267,6 +342,9 @@ pub struct MapStore<D: BlockDevice> {
     /// another load of the same page was changed, written back and evicted would otherwise
     /// insert the page as it was before that change.
     loads: Box<[tokio::sync::Mutex<()>]>,
+    /// Snapshots of the head (docs/design/snapshots.md).
+    snap: snap::SnapState,
+    stats_preserved: std::sync::atomic::AtomicU64,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for MapStore<D> {
@@ -328,7 +406,10 @@ impl<D: BlockDevice> MapStore<D> {
             background: std::sync::atomic::AtomicBool::new(false),
             wanted: tokio::sync::Notify::new(),
             loads: (0..LOAD_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
+            snap: snap::SnapState::new(layout.pages(), cache_pages, layout.pool),
+            stats_preserved: std::sync::atomic::AtomicU64::new(0),
         };
+        store.load_layers().await?;
         store.replay(on_replay).await?;
         Ok(store)
     }
@@ -343,13 +424,31 @@ impl<D: BlockDevice> MapStore<D> {
         let mut seq = log.replay_seq;
         while seq < log.replay_seq + self.layout.log_blocks {
             let bytes = self.vol.read(self.layout.log_block_offset(seq), BLOCK_USIZE).await?;
-            let Some(deltas) = decode_log_block(&bytes, seq) else { break };
-            for (block, entry) in deltas {
-                on_replay(block, &entry);
-                let (page, slot) = self.page_of(block).await?;
-                slot.page().0.lock()[(block % ENTRIES_PER_PAGE) as usize] = entry;
-                self.cache.mark_dirty(page, &slot);
-                log.stats.deltas_replayed += 1;
+            let Some(records) = decode_log_block(&bytes, seq) else { break };
+            for (field, raw) in records {
+                match snap::decode_record(field, &raw) {
+                    Some(snap::Record::Entry { layer: 0, block, entry }) => {
+                        on_replay(block, &entry);
+                        let (page, slot) = self.page_of(block).await?;
+                        slot.page().entries.lock()[(block % ENTRIES_PER_PAGE) as usize] = entry;
+                        self.cache.mark_dirty(page, &slot);
+                        log.stats.deltas_replayed += 1;
+                    }
+                    Some(snap::Record::Entry { layer, block, entry }) => {
+                        if self.replay_snapshot_entry(layer, block, entry).await? {
+                            on_replay(block, &entry);
+                            log.stats.deltas_replayed += 1;
+                        }
+                    }
+                    Some(snap::Record::Preserve { layer, page, pool, table }) => {
+                        self.replay_preserve(layer, page, pool, table).await?;
+                    }
+                    None => {
+                        return Err(MapError::Layers(format!(
+                            "log block {seq} holds a record this build does not know"
+                        )));
+                    }
+                }
             }
             seq += 1;
         }
@@ -370,7 +469,7 @@ impl<D: BlockDevice> MapStore<D> {
     /// The entry of `block`.
     pub async fn get(&self, block: u64) -> Result<MapEntry, MapError> {
         let (_, slot) = self.page_of(block).await?;
-        let entry = slot.page().0.lock()[(block % ENTRIES_PER_PAGE) as usize];
+        let entry = slot.page().entries.lock()[(block % ENTRIES_PER_PAGE) as usize];
         Ok(entry)
     }
 
@@ -380,7 +479,7 @@ impl<D: BlockDevice> MapStore<D> {
         Ok(blocks
             .iter()
             .zip(slots)
-            .map(|(b, (_, slot))| slot.page().0.lock()[(b % ENTRIES_PER_PAGE) as usize])
+            .map(|(b, (_, slot))| slot.page().entries.lock()[(b % ENTRIES_PER_PAGE) as usize])
             .collect())
     }
 
@@ -414,8 +513,7 @@ impl<D: BlockDevice> MapStore<D> {
         }
         let bytes = self.vol.read(self.layout.page_offset(page), BLOCK_USIZE).await?;
         let entries = decode_page(page, &bytes).ok_or(MapError::DamagedPage { page })?;
-        let (slot, _) =
-            self.cache.insert(vec![(page, MapPage(parking_lot::Mutex::new(entries)), false)]).remove(0);
+        let (slot, _) = self.cache.insert(vec![(page, MapPage::head(page, entries), false)]).remove(0);
         Ok((page, slot))
     }
 
@@ -423,29 +521,48 @@ impl<D: BlockDevice> MapStore<D> {
     /// it expects) and makes the applied ones durable. Returns, per update, the entry it
     /// replaced, or `None` when its condition failed. Concurrent callers share log writes
     /// (group commit).
+    ///
+    /// With snapshots, an overwrite's result is [`MapEntry::UNALLOCATED`] when the newest
+    /// snapshot still holds the entry it replaced (its place must not be freed), and a move
+    /// changes every layer holding the place it moves (docs/design/snapshots.md, "Holders").
     pub async fn update(&self, updates: &[Update]) -> Result<Vec<Option<MapEntry>>, MapError> {
         let blocks: Vec<u64> = updates.iter().map(|u| u.block).collect();
+        let gate = self.snap.gate.read().await;
         let slots = self.pages_of(&blocks).await?;
-        let (applied, ticket) = {
-            let mut pending = self.pending.lock();
-            let mut applied = Vec::with_capacity(updates.len());
-            for (u, (page, slot)) in updates.iter().zip(&slots) {
-                let mut entries = slot.page().0.lock();
-                let at = (u.block % ENTRIES_PER_PAGE) as usize;
-                let before = entries[at];
-                let ok = u.expect.is_none_or(|p| before.place == p);
-                if ok {
-                    entries[at] = u.entry;
-                    drop(entries);
-                    self.cache.mark_dirty(*page, slot);
-                    pending.deltas.push_back(Delta { block: u.block, entry: u.entry, before });
-                    pending.queued += 1;
+        let mut pins = Vec::new();
+        let (applied, ticket) = loop {
+            let needs = {
+                let mut pending = self.pending.lock();
+                let mut layers = self.snap.layers.lock();
+                if layers.has_snapshots() {
+                    match self.apply_with_snapshots(&mut pending, &mut layers, updates, &slots)? {
+                        Ok(applied) => break (applied, pending.queued),
+                        Err(needs) => needs,
+                    }
+                } else {
+                    drop(layers);
+                    let mut applied = Vec::with_capacity(updates.len());
+                    for (u, (page, slot)) in updates.iter().zip(&slots) {
+                        let mut entries = slot.page().entries.lock();
+                        let at = (u.block % ENTRIES_PER_PAGE) as usize;
+                        let before = entries[at];
+                        let ok = u.expect.is_none_or(|p| before.place == p);
+                        if ok {
+                            entries[at] = u.entry;
+                            drop(entries);
+                            self.cache.mark_dirty(*page, slot);
+                            pending.push(Delta::entry(0, *page, u.block, u.entry, before));
+                        }
+                        applied.push(ok.then_some(before));
+                    }
+                    break (applied, pending.queued);
                 }
-                applied.push(ok.then_some(before));
-            }
-            (applied, pending.queued)
+            };
+            pins.extend(self.load_needs(needs).await?);
         };
+        drop(pins);
         drop(slots);
+        drop(gate);
         self.commit(ticket).await?;
         self.after_update().await?;
         Ok(applied)
@@ -566,7 +683,7 @@ impl<D: BlockDevice> MapStore<D> {
         loop {
             // The oldest deltas stay queued until their log block is written: only the holder of
             // the log removes them, and others only append.
-            let chunk: Vec<(u64, MapEntry)> = {
+            let (chunk, copies) = {
                 let p = self.pending.lock();
                 if p.deltas.is_empty() {
                     log.durable = p.queued;
@@ -575,16 +692,31 @@ impl<D: BlockDevice> MapStore<D> {
                 if log.next_seq - log.replay_seq >= self.layout.log_blocks {
                     return Ok(false);
                 }
-                p.deltas.iter().take(DELTAS_PER_LOG_BLOCK).map(|d| (d.block, d.entry)).collect()
+                let chunk: Vec<(u64, [u8; 16])> =
+                    p.deltas.iter().take(DELTAS_PER_LOG_BLOCK).map(Delta::record).collect();
+                (chunk, self.preserved_copies(&p, DELTAS_PER_LOG_BLOCK))
             };
+            let taken = chunk.len();
             // If this write fails the map is marked failed by the caller: nothing is acknowledged
-            // after it, and no checkpoint writes a page any more.
+            // after it, and no checkpoint writes a page any more. A preserve's copy is durable
+            // before its record (replay takes the copy from its pool page).
+            if !copies.is_empty() {
+                let pl = self.layout.pool.expect("preserves need a pool");
+                let writes = copies.into_iter().map(|(pool, bytes)| {
+                    self.vol.write(pl.page_offset(u64::from(pool)), bytes.freeze(), true)
+                });
+                stria_engine::join_all_ok(writes).await?;
+            }
             encode_log_block(log.next_seq, &chunk, &mut buf);
             let bytes = IoBytes::copy_from(&buf);
             self.vol.write(self.layout.log_block_offset(log.next_seq), bytes, true).await?;
             let logged = {
                 let mut p = self.pending.lock();
-                p.deltas.drain(..chunk.len());
+                for d in p.deltas.drain(..taken).collect::<Vec<_>>() {
+                    if let Some((_, _, pool, _)) = d.preserve {
+                        p.copies.remove(&pool);
+                    }
+                }
                 p.queued - p.deltas.len() as u64
             };
             log.next_seq += 1;
@@ -610,15 +742,18 @@ impl<D: BlockDevice> MapStore<D> {
     /// written (rule 4) and flushed, the table written for `until`, then the header. Updates go
     /// on meanwhile; their deltas are logged at `until` or later.
     async fn write_back(&self) -> Result<(), MapError> {
-        let (until, pages) = {
+        let (until, pages, layer_writes) = {
             let log = self.log.lock().await;
             if self.failed.load(std::sync::atomic::Ordering::SeqCst) {
                 return Err(MapError::Failed);
             }
-            if log.next_seq == log.replay_seq && self.cache.dirty_pages() == 0 {
+            if log.next_seq == log.replay_seq && self.cache.dirty_pages() == 0 && !self.snap.dirty() {
                 return Ok(());
             }
-            (log.next_seq, self.cache.take_dirty())
+            // With `pending` held no update is between changing a page and queuing its delta,
+            // so a preserve's copy and its table page are taken together (snapshot rule 7).
+            let _applying = self.pending.lock();
+            (log.next_seq, self.cache.take_dirty(), self.take_layer_writes())
         };
         let table = self.table.get();
         let result = async {
@@ -626,6 +761,7 @@ impl<D: BlockDevice> MapStore<D> {
             // hold only durable changes (rule 4), a state replay from its position leads to.
             self.write_pages(&pages).await?;
             self.vol.flush().await?;
+            self.write_layer_writes(&layer_writes).await?;
             if let Some(t) = table {
                 let (at, bytes) = t.snapshot(until);
                 self.vol.write(at, bytes, true).await?;
@@ -638,8 +774,10 @@ impl<D: BlockDevice> MapStore<D> {
         .await;
         if let Err(e) = result {
             self.cache.redirty(&pages);
+            self.untake_layer_writes(&layer_writes);
             return Err(e);
         }
+        self.layers_checkpointed(until);
         {
             let mut log = self.log.lock().await;
             log.replay_seq = until;
@@ -655,6 +793,21 @@ impl<D: BlockDevice> MapStore<D> {
     /// Writes `pages` (sorted by index): runs of consecutive pages as one write of up to
     /// [`WRITE_BACK_RUN`] pages, [`WRITE_BACK_DEPTH`] writes in flight.
     async fn write_pages(&self, pages: &[DirtyPage]) -> Result<(), MapError> {
+        // A snapshot's copy whose preserve record is not durable yet is left to that record's
+        // log write (which writes it first) and to the next checkpoint: written here, it could
+        // land after that write, older (snapshot rule 5).
+        let pages: Vec<DirtyPage> = {
+            let pending = self.pending.lock();
+            let (later, now): (Vec<DirtyPage>, Vec<DirtyPage>) =
+                pages.iter().cloned().partition(|(key, _)| {
+                    key & POOL_KEY != 0 && pending.copies.contains_key(&((key & !POOL_KEY) as u32))
+                });
+            for (key, slot) in &later {
+                self.cache.mark_dirty(*key, slot);
+            }
+            now
+        };
+        let pages = &pages[..];
         let mut runs: Vec<&[DirtyPage]> = Vec::new();
         let mut start = 0;
         for i in 1..=pages.len() {
@@ -674,7 +827,7 @@ impl<D: BlockDevice> MapStore<D> {
             let writes = group
                 .iter()
                 .zip(bufs)
-                .map(|(run, buf)| self.vol.write(self.layout.page_offset(run[0].0), buf.freeze(), false));
+                .map(|(run, buf)| self.vol.write(self.layout.key_offset(run[0].0), buf.freeze(), false));
             stria_engine::join_all_ok(writes).await?;
         }
         Ok(())
@@ -686,32 +839,27 @@ impl<D: BlockDevice> MapStore<D> {
     fn encode_durable(&self, runs: &[&[DirtyPage]]) -> (Vec<IoBuf>, Vec<DirtyPage>) {
         let pending = self.pending.lock();
         let (first, last) = (runs[0][0].0, runs[runs.len() - 1][runs[runs.len() - 1].len() - 1].0);
-        // What each block held before its oldest delta that is not durable.
-        let mut undo = std::collections::BTreeMap::new();
-        for d in &pending.deltas {
-            if (first..=last).contains(&(d.block / ENTRIES_PER_PAGE)) {
-                undo.entry(d.block).or_insert(d.before);
-            }
-        }
+        // What each entry held before its oldest delta that is not durable, by (page key, slot).
+        let undo = undo_map(&pending, 0, |key| (first..=last).contains(&key));
         let mut undone = Vec::new();
         let bufs = runs
             .iter()
             .map(|run| {
                 let mut buf = IoBuf::zeroed(run.len() * BLOCK_USIZE);
-                for (k, (page, slot)) in run.iter().enumerate() {
+                for (k, (key, slot)) in run.iter().enumerate() {
                     let out = &mut buf[k * BLOCK_USIZE..(k + 1) * BLOCK_USIZE];
-                    let base = page * ENTRIES_PER_PAGE;
-                    let entries = slot.page().0.lock();
-                    let mut changes = undo.range(base..base + ENTRIES_PER_PAGE).peekable();
+                    let mp = slot.page();
+                    let entries = mp.entries.lock();
+                    let mut changes = undo.range((*key, 0)..(*key, ENTRIES_PER_PAGE)).peekable();
                     if changes.peek().is_none() {
-                        encode_page(*page, &entries, out);
+                        encode_page(mp.owner, mp.page, &entries, out);
                     } else {
                         let mut durable = entries.to_vec();
-                        for (block, before) in changes {
-                            durable[(block - base) as usize] = *before;
+                        for ((_, at), before) in changes {
+                            durable[*at as usize] = *before;
                         }
-                        encode_page(*page, &durable, out);
-                        undone.push((*page, Arc::clone(slot)));
+                        encode_page(mp.owner, mp.page, &durable, out);
+                        undone.push((*key, Arc::clone(slot)));
                     }
                 }
                 buf
@@ -738,7 +886,7 @@ impl<D: BlockDevice> MapStore<D> {
             for (k, c) in cached.into_iter().enumerate() {
                 let page = first + k as u64;
                 match c {
-                    Some(slot) => f(page * ENTRIES_PER_PAGE, &slot.page().0.lock()),
+                    Some(slot) => f(page * ENTRIES_PER_PAGE, &slot.page().entries.lock()),
                     None => {
                         let buf = disk.as_ref().expect("read above");
                         let bytes = &buf[k * BLOCK_USIZE..(k + 1) * BLOCK_USIZE];
@@ -755,14 +903,56 @@ impl<D: BlockDevice> MapStore<D> {
     /// Counters.
     pub async fn stats(&self) -> MapStats {
         let log = self.log.lock().await;
-        MapStats { cache: self.cache.stats(), ..log.stats }
+        MapStats {
+            cache: self.cache.stats(),
+            pages_preserved: self.stats_preserved.load(std::sync::atomic::Ordering::Relaxed),
+            ..log.stats
+        }
     }
 }
 
-fn encode_page(page: u64, entries: &[MapEntry], out: &mut [u8]) {
+/// What each entry held before its oldest change not durable yet, by (page key, slot), for the
+/// pages `wanted` picks, counting the deltas of `pending` from index `from` on. A snapshot's
+/// copy also undoes the head's changes queued before its preserve record (the copy has them;
+/// they are durable only with the record).
+fn undo_map(
+    pending: &Pending,
+    from: usize,
+    wanted: impl Fn(u64) -> bool,
+) -> std::collections::BTreeMap<(u64, u64), MapEntry> {
+    // Queued preserves: head page -> (queue index, copy's key).
+    let mut copies: std::collections::HashMap<u64, Vec<(usize, u64)>> = std::collections::HashMap::new();
+    for (i, d) in pending.deltas.iter().enumerate().skip(from) {
+        if let Some((_, page, pool, _)) = d.preserve {
+            copies.entry(page).or_default().push((i, POOL_KEY | u64::from(pool)));
+        }
+    }
+    let mut undo = std::collections::BTreeMap::new();
+    for (i, d) in pending.deltas.iter().enumerate().skip(from) {
+        if d.preserve.is_some() {
+            continue;
+        }
+        let at = d.block % ENTRIES_PER_PAGE;
+        if wanted(d.key) {
+            undo.entry((d.key, at)).or_insert(d.before);
+        }
+        if d.layer == 0 {
+            for &(_, key) in copies.get(&d.key).into_iter().flatten().filter(|(j, _)| *j > i) {
+                if wanted(key) {
+                    undo.entry((key, at)).or_insert(d.before);
+                }
+            }
+        }
+    }
+    undo
+}
+
+/// Encodes map page `page` of layer `owner` (0: the head; else a snapshot's copy of it).
+fn encode_page(owner: u16, page: u64, entries: &[MapEntry], out: &mut [u8]) {
     out.fill(0);
     out[0..4].copy_from_slice(&PAGE_MAGIC.to_le_bytes());
     out[4..8].copy_from_slice(&u32::try_from(page).expect("page index fits in 32 bits").to_le_bytes());
+    out[12..14].copy_from_slice(&owner.to_le_bytes());
     for (i, e) in entries.iter().enumerate() {
         e.encode(&mut out[16 + 16 * i..32 + 16 * i]);
     }
@@ -778,13 +968,27 @@ fn decode_page(page: u64, b: &[u8]) -> Option<Box<[MapEntry]>> {
     let magic = u32::from_le_bytes(b[0..4].try_into().expect("4 bytes"));
     let index = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes"));
     let crc = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
-    if magic != PAGE_MAGIC || u64::from(index) != page || crc != page_crc(b) {
+    let owner = u16::from_le_bytes(b[12..14].try_into().expect("2 bytes"));
+    if magic != PAGE_MAGIC || u64::from(index) != page || owner != 0 || crc != page_crc(b) {
         return None;
     }
     Some((0..ENTRIES_PER_PAGE as usize).map(|i| MapEntry::decode(&b[16 + 16 * i..32 + 16 * i])).collect())
 }
 
-fn encode_log_block(seq: u64, deltas: &[(u64, MapEntry)], out: &mut [u8]) {
+/// Snapshot `owner`'s copy of map page `page` from its bytes (never all zeros); `None` if it
+/// is not that page.
+fn decode_owned_page(owner: u16, page: u64, b: &[u8]) -> Option<Box<[MapEntry]>> {
+    let magic = u32::from_le_bytes(b[0..4].try_into().expect("4 bytes"));
+    let index = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes"));
+    let crc = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
+    let found = u16::from_le_bytes(b[12..14].try_into().expect("2 bytes"));
+    if magic != PAGE_MAGIC || u64::from(index) != page || found != owner || crc != page_crc(b) {
+        return None;
+    }
+    Some((0..ENTRIES_PER_PAGE as usize).map(|i| MapEntry::decode(&b[16 + 16 * i..32 + 16 * i])).collect())
+}
+
+fn encode_log_block(seq: u64, deltas: &[(u64, [u8; 16])], out: &mut [u8]) {
     out.fill(0);
     out[0..4].copy_from_slice(&LOG_MAGIC.to_le_bytes());
     out[4..6].copy_from_slice(&u16::try_from(deltas.len()).expect("fits").to_le_bytes());
@@ -792,7 +996,7 @@ fn encode_log_block(seq: u64, deltas: &[(u64, MapEntry)], out: &mut [u8]) {
     for (i, (block, e)) in deltas.iter().enumerate() {
         let at = LOG_HEADER_BYTES + DELTA_BYTES * i;
         out[at..at + 8].copy_from_slice(&block.to_le_bytes());
-        e.encode(&mut out[at + 8..at + 24]);
+        out[at + 8..at + 24].copy_from_slice(e);
     }
     let crc = crc32c::crc32c_append(crc32c::crc32c(&out[..16]), &out[20..]);
     out[16..20].copy_from_slice(&crc.to_le_bytes());
@@ -800,7 +1004,7 @@ fn encode_log_block(seq: u64, deltas: &[(u64, MapEntry)], out: &mut [u8]) {
 
 /// The deltas of the log block expected to carry `seq`; `None` if it is not that block (stale
 /// from an earlier lap of the ring, torn, or never written).
-fn decode_log_block(b: &[u8], seq: u64) -> Option<Vec<(u64, MapEntry)>> {
+fn decode_log_block(b: &[u8], seq: u64) -> Option<Vec<(u64, [u8; 16])>> {
     let magic = u32::from_le_bytes(b[0..4].try_into().expect("4 bytes"));
     let count = usize::from(u16::from_le_bytes(b[4..6].try_into().expect("2 bytes")));
     let found = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
@@ -817,7 +1021,7 @@ fn decode_log_block(b: &[u8], seq: u64) -> Option<Vec<(u64, MapEntry)>> {
             .map(|i| {
                 let at = LOG_HEADER_BYTES + DELTA_BYTES * i;
                 let block = u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
-                (block, MapEntry::decode(&b[at + 8..at + 24]))
+                (block, b[at + 8..at + 24].try_into().expect("16 bytes"))
             })
             .collect(),
     )
@@ -872,7 +1076,7 @@ mod tests {
         let pool = Pool::create("t", nd).await.unwrap();
         let spec = VolumeSpec {
             name: "map".into(),
-            size_bytes: layout.bytes().next_multiple_of(64 << 10),
+            size_bytes: layout.end().next_multiple_of(64 << 10),
             layout: Layout::Raid1 { copies: 2 },
             chunk_bytes: 64 << 10,
             class: DriveClass::Fast,
@@ -928,7 +1132,7 @@ mod tests {
 
     #[tokio::test]
     async fn updates_go_on_while_a_checkpoint_writes_pages() {
-        let layout = MapLayout { base: 0, log_blocks: 64, blocks: 5000 };
+        let layout = MapLayout { base: 0, log_blocks: 64, blocks: 5000, pool: None };
         let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let opened = Arc::new(tokio::sync::Notify::new());
         let devs: Vec<WriteGate> = (0..2)
@@ -971,6 +1175,128 @@ mod tests {
         assert!(map.stats().await.deltas_replayed >= 1);
     }
 
+    fn layer(name: &str, kind: crate::layers::LayerKind) -> crate::layers::LayerRecord {
+        crate::layers::LayerRecord {
+            id: 0,
+            kind,
+            parent: 0,
+            hidden: false,
+            created_seq: 0,
+            created_ms: 0,
+            allocated_blocks: 0,
+            root_page: 0,
+            region_page: 0,
+            logical_bytes: 600 * 4096,
+            name: name.into(),
+        }
+    }
+
+    /// A 600-block map (3 pages) with a pool of `pool_pages` after it.
+    fn snapshot_layout(pool_pages: u32) -> MapLayout {
+        let plain = MapLayout { base: 0, log_blocks: 16, blocks: 600, pool: None };
+        let layers_at = plain.bytes();
+        let pages_at = layers_at + crate::layers::LAYER_TABLE_BLOCKS as u64 * BLOCK_BYTES;
+        MapLayout { pool: Some(PoolLayout { layers_at, pages_at, pages: pool_pages }), ..plain }
+    }
+
+    async fn snapshot(map: &MapStore<Arc<MemDevice>>, name: &str) -> u16 {
+        use crate::layers::LayerKind;
+        map.create_snapshot(layer("vol", LayerKind::Head), layer(name, LayerKind::Snapshot)).await.unwrap()
+    }
+
+    async fn write_all(map: &MapStore<Arc<MemDevice>>, version: u64) -> Vec<Option<MapEntry>> {
+        let updates: Vec<Update> =
+            (0..600).map(|b| Update { block: b, entry: entry(version * 1000 + b), expect: None }).collect();
+        map.update(&updates).await.unwrap()
+    }
+
+    async fn view(map: &MapStore<Arc<MemDevice>>, layer: u16) -> Vec<MapEntry> {
+        let blocks: Vec<u64> = (0..600).collect();
+        if layer == 0 {
+            map.get_many(&blocks).await.unwrap()
+        } else {
+            map.get_in(layer, &blocks).await.unwrap()
+        }
+    }
+
+    #[tokio::test]
+    async fn snapshots_keep_their_view_through_overwrites_moves_and_reopens() {
+        let layout = snapshot_layout(64);
+        let (devs, vol) = pool_with_map_volume(layout).await;
+        let map = MapStore::open(vol, layout, 4).await.unwrap();
+        write_all(&map, 1).await;
+        let s1 = snapshot(&map, "s1").await;
+        // Half the blocks overwritten: what they replaced is held by s1, so nothing is freed.
+        let half: Vec<Update> =
+            (0..300).map(|b| Update { block: b * 2, entry: entry(2000 + b * 2), expect: None }).collect();
+        let freed = map.update(&half).await.unwrap();
+        assert!(freed.iter().all(|f| *f == Some(MapEntry::UNALLOCATED)), "s1 holds every replaced entry");
+        assert_eq!(map.stats().await.pages_preserved, 3, "each head page copied once");
+        // Overwritten again: the version s1 does not hold is freed.
+        let again = map.update(&half[..1]).await.unwrap();
+        assert_eq!(again, vec![Some(entry(2000))]);
+        let s2 = snapshot(&map, "s2").await;
+        write_all(&map, 3).await;
+        let want_s1: Vec<MapEntry> = (0..600).map(|b| entry(1000 + b)).collect();
+        let want_s2: Vec<MapEntry> =
+            (0..600).map(|b| if b % 2 == 0 { entry(2000 + b) } else { entry(1000 + b) }).collect();
+        assert_eq!(view(&map, s1).await, want_s1);
+        assert_eq!(view(&map, s2).await, want_s2);
+        // GC moves a block only s1 holds (odd blocks are shared by s1 and s2 through s2's copy).
+        let old = entry(1000 + 4);
+        let moved = MapEntry { place: Place::Segment(999_999), ..old };
+        let r = map.update(&[Update { block: 4, entry: moved, expect: Some(old.place) }]).await.unwrap();
+        assert_eq!(r, vec![Some(old)], "the move applied (to s1 only) and its old place is free");
+        let shared = entry(1000 + 5);
+        let moved5 = MapEntry { place: Place::Segment(888_888), ..shared };
+        map.update(&[Update { block: 5, entry: moved5, expect: Some(shared.place) }]).await.unwrap();
+        let mut want_s1 = want_s1;
+        let mut want_s2 = want_s2;
+        want_s1[4] = moved;
+        want_s1[5] = moved5;
+        want_s2[5] = moved5;
+        assert_eq!(view(&map, s1).await, want_s1, "s1 sees both moves");
+        assert_eq!(view(&map, s2).await, want_s2, "s2 holds block 5 too: moved in both");
+        let want_head: Vec<MapEntry> = (0..600).map(|b| entry(3000 + b)).collect();
+        assert_eq!(view(&map, 0).await, want_head, "the head is untouched by moves of old versions");
+        // Reopen without a clean stop (some of it is only in the log), then after a checkpoint.
+        drop(map);
+        let map = MapStore::open(reopen(&devs).await, layout, 4).await.unwrap();
+        assert_eq!(map.snapshots().iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["s1", "s2"]);
+        assert_eq!(view(&map, s1).await, want_s1);
+        assert_eq!(view(&map, s2).await, want_s2);
+        assert_eq!(view(&map, 0).await, want_head);
+        map.checkpoint().await.unwrap();
+        drop(map);
+        let map = MapStore::open(reopen(&devs).await, layout, 4).await.unwrap();
+        assert_eq!(view(&map, s1).await, want_s1);
+        assert_eq!(view(&map, s2).await, want_s2);
+        // s2 is the newest: its copies are marked, so another overwrite copies nothing.
+        let before = map.stats().await.pages_preserved;
+        write_all(&map, 4).await;
+        assert_eq!(map.stats().await.pages_preserved, before);
+        assert_eq!(view(&map, s2).await, want_s2);
+        let (used, pages) = map.pool_pages();
+        // 2 snapshots x (root + directory + table + 3 copies).
+        assert_eq!((used, pages), (1 + 2 * 6, 64));
+    }
+
+    #[tokio::test]
+    async fn a_full_snapshot_pool_refuses_the_write_and_changes_nothing() {
+        // Root, directory, table and one copy: the second head page finds no room.
+        let layout = snapshot_layout(5);
+        let (_devs, vol) = pool_with_map_volume(layout).await;
+        let map = MapStore::open(vol, layout, 8).await.unwrap();
+        write_all(&map, 1).await;
+        let s = snapshot(&map, "s").await;
+        map.update(&[Update { block: 0, entry: entry(7), expect: None }]).await.unwrap();
+        let err = map.update(&[Update { block: 300, entry: entry(8), expect: None }]).await.unwrap_err();
+        assert!(matches!(err, MapError::PoolFull { needed: 1, free: 0 }), "{err}");
+        assert_eq!(map.get(300).await.unwrap(), entry(1300), "the refused update changed nothing");
+        assert_eq!(map.get_in(s, &[0, 300]).await.unwrap(), vec![entry(1000), entry(1300)]);
+        map.update(&[Update { block: 1, entry: entry(9), expect: None }]).await.unwrap();
+    }
+
     async fn reopen(devs: &[Arc<MemDevice>]) -> Arc<Volume<Arc<MemDevice>>> {
         let found = devs.iter().map(|d| FoundDrive { dev: Arc::clone(d), path: d.name().into() }).collect();
         Pool::open(found).await.unwrap().volume("map").unwrap()
@@ -989,14 +1315,19 @@ mod tests {
         }
         let mut page = vec![0u8; BLOCK_USIZE];
         let entries: Vec<MapEntry> = (0..ENTRIES_PER_PAGE).map(entry).collect();
-        encode_page(9, &entries, &mut page);
+        encode_page(0, 9, &entries, &mut page);
         assert_eq!(decode_page(9, &page).unwrap().to_vec(), entries);
         assert!(decode_page(8, &page).is_none(), "another page's bytes are damaged");
         page[100] ^= 1;
         assert!(decode_page(9, &page).is_none(), "a flipped bit is damage");
         assert!(decode_page(3, &[0u8; BLOCK_USIZE]).unwrap().iter().all(|e| *e == MapEntry::UNALLOCATED));
-        let deltas: Vec<(u64, MapEntry)> =
-            (0..DELTAS_PER_LOG_BLOCK as u64).map(|i| (i * 3, entry(i))).collect();
+        let deltas: Vec<(u64, [u8; 16])> = (0..DELTAS_PER_LOG_BLOCK as u64)
+            .map(|i| {
+                let mut b = [0u8; 16];
+                entry(i).encode(&mut b);
+                (i * 3, b)
+            })
+            .collect();
         encode_log_block(41, &deltas, &mut page);
         assert_eq!(decode_log_block(&page, 41).unwrap(), deltas);
         assert!(decode_log_block(&page, 42).is_none(), "a block of another lap is not replayed");
@@ -1005,7 +1336,7 @@ mod tests {
 
     #[tokio::test]
     async fn updates_survive_reopen_through_the_log_and_through_checkpoints() {
-        let layout = MapLayout { base: 8192, log_blocks: 4, blocks: 5000 };
+        let layout = MapLayout { base: 8192, log_blocks: 4, blocks: 5000, pool: None };
         let (devs, vol) = pool_with_map_volume(layout).await;
         let map = MapStore::open(vol, layout, 2).await.unwrap();
         // No task runs the checkpoints handed to it: only the bounds (a full ring, a cache past
@@ -1062,7 +1393,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_conditional_update_loses_to_a_newer_write() {
-        let layout = MapLayout { base: 0, log_blocks: 8, blocks: 600 };
+        let layout = MapLayout { base: 0, log_blocks: 8, blocks: 600, pool: None };
         let (_devs, vol) = pool_with_map_volume(layout).await;
         let map = MapStore::open(vol, layout, 16).await.unwrap();
         let cached = MapEntry { place: Place::Cache(5), crc: 1, seq: 1 };
@@ -1089,7 +1420,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_damaged_header_or_page_is_an_error_not_an_empty_map() {
-        let layout = MapLayout { base: 0, log_blocks: 4, blocks: 600 };
+        let layout = MapLayout { base: 0, log_blocks: 4, blocks: 600, pool: None };
         let (devs, vol) = pool_with_map_volume(layout).await;
         let map = MapStore::open(Arc::clone(&vol), layout, 16).await.unwrap();
         map.update(&[Update { block: 300, entry: entry(1), expect: None }]).await.unwrap();

@@ -1,0 +1,890 @@
+//! Snapshots of the head in the map (docs/design/snapshots.md, "The model: a flat head and
+//! before-image layers"): a snapshot owns a copy of each head page the head changed after the
+//! snapshot was made, taken just before the first change (a *preserve*); its view of any other
+//! page is the next newer snapshot's, and finally the head's.
+//!
+//! Rules on top of the map's (module doc of `map`):
+//! 5. Every change to a head page after the newest snapshot was made is preceded, in memory and
+//!    in the log, by a preserve of that page into the newest snapshot. The copy is written to its
+//!    pool page (FUA) before the log block carrying the preserve record: replay does not copy the
+//!    head page (which a checkpoint may have written with later changes, rule 2), it takes the
+//!    copy. Until the record is durable a checkpoint writes the copy with the head's queued
+//!    changes before the record undone too (rule 4): they are in the copy, durable only with it.
+//! 6. A move (conditional update) changes every holder of the place it moves: the head's entry
+//!    and each snapshot's own entry that equals it. An overwrite returns the place it replaced
+//!    for freeing only when the newest snapshot does not hold it (none older can then).
+//! 7. A checkpoint writes map pages and snapshot pages, flushes, writes table pages, flushes,
+//!    writes directory and root pages, flushes, then the layer table, before the header: no
+//!    table, directory or record on disk names a page whose contents are not durable.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+
+use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBytes};
+use stria_engine::pagecache::{PageCache, Slot};
+
+use super::{DirtyPage, ENTRIES_PER_PAGE, MapEntry, MapError, MapPage, MapStore, Pending, Update};
+use crate::layers::{
+    INDEX_ENTRIES, IndexLevel, IndexPage, LAYER_TABLE_BLOCKS, LayerKind, LayerRecord, MAX_LAYERS, PagePool,
+    decode_layer_table, encode_layer_table,
+};
+
+/// Cache keys of snapshot pages in the pool: `POOL_KEY | pool page` (head pages are their index).
+pub(super) const POOL_KEY: u64 = 1 << 62;
+/// Log records that are not entry deltas have this in the top 16 bits of their block field.
+pub(super) const CONTROL_TAG: u64 = 0xFFFF;
+/// Low bits of a log record's block field: the logical block (or a control record's operands).
+pub(super) const BLOCK_MASK: u64 = (1 << 48) - 1;
+const OP_PRESERVE: u64 = 1;
+/// The origin head's layer id in layer records (its deltas carry layer 0 in the log).
+pub const HEAD_LAYER: u16 = 1;
+
+/// Where a family's layer table and page pool are in the map's backing volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolLayout {
+    /// Byte offset of the layer table (`LAYER_TABLE_BLOCKS` blocks).
+    pub layers_at: u64,
+    /// Byte offset of pool page 0 (page 0 itself is never used).
+    pub pages_at: u64,
+    /// Pages of the pool.
+    pub pages: u32,
+}
+
+impl PoolLayout {
+    /// Bytes from `layers_at` to the end of the pool.
+    pub fn bytes(&self) -> u64 {
+        (LAYER_TABLE_BLOCKS as u64 + u64::from(self.pages)) * BLOCK_BYTES
+    }
+
+    pub(super) fn page_offset(&self, page: u64) -> u64 {
+        self.pages_at + page * BLOCK_BYTES
+    }
+}
+
+/// A cached table page of a snapshot.
+#[derive(Debug)]
+pub(super) struct TablePage {
+    layer: u16,
+    first: u64,
+    entries: parking_lot::Mutex<Box<[u32]>>,
+}
+
+/// One snapshot of the head.
+#[derive(Debug)]
+pub(super) struct Snap {
+    record: LayerRecord,
+    /// Table page per `INDEX_ENTRIES` head pages (0: none yet).
+    dir: Vec<u32>,
+    /// Pool pages of its directory level (fixed when it is made).
+    dir_pages: Vec<u32>,
+    dir_dirty: bool,
+    root_dirty: bool,
+}
+
+/// The snapshots of a map and their pool.
+#[derive(Debug)]
+pub(super) struct Layers {
+    head: Option<LayerRecord>,
+    /// Oldest first.
+    snaps: Vec<Snap>,
+    pool: PagePool,
+    records_dirty: bool,
+}
+
+/// Snapshot state of a [`MapStore`].
+#[derive(Debug)]
+pub(super) struct SnapState {
+    pub(super) layers: parking_lot::Mutex<Layers>,
+    pub(super) tables: PageCache<TablePage>,
+    /// Updates hold it shared from finding their pages to applying them; making a snapshot holds
+    /// it alone, so no update is half applied when the snapshot is made.
+    pub(super) gate: tokio::sync::RwLock<()>,
+    /// Bit per head page: the newest snapshot owns a copy of it.
+    preserved: Vec<AtomicU64>,
+    /// Raised when a snapshot is made: a view read that began before re-resolves.
+    generation: AtomicU64,
+}
+
+/// A page an update needs in memory before it can apply.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Need {
+    Table { table: u32, layer: u16, first: u64 },
+    Pool { pool: u32, layer: u16, page: u64 },
+}
+
+/// A snapshot's directory as a checkpoint writes it.
+struct DirWrite {
+    layer: u16,
+    /// Its pool pages.
+    pages: Vec<u32>,
+    /// Table page per `INDEX_ENTRIES` head pages.
+    dir: Vec<u32>,
+    /// The root page, when it is written too (a new snapshot).
+    root: Option<u32>,
+}
+
+/// What a checkpoint writes for the snapshots, taken with the dirty map pages.
+#[derive(Default)]
+pub(super) struct LayerWrites {
+    tables: Vec<(u64, Arc<Slot<TablePage>>)>,
+    dirs: Vec<DirWrite>,
+    records: Option<Vec<u8>>,
+}
+
+impl LayerWrites {
+    pub(super) fn is_empty(&self) -> bool {
+        self.tables.is_empty() && self.dirs.is_empty() && self.records.is_none()
+    }
+}
+
+fn table_index(page: u64) -> usize {
+    (page / INDEX_ENTRIES as u64) as usize
+}
+
+fn table_slot(page: u64) -> usize {
+    (page % INDEX_ENTRIES as u64) as usize
+}
+
+impl Layers {
+    pub(super) fn has_snapshots(&self) -> bool {
+        !self.snaps.is_empty()
+    }
+}
+
+impl SnapState {
+    pub(super) fn new(head_pages: u64, cache_pages: u64, pool: Option<PoolLayout>) -> SnapState {
+        SnapState {
+            layers: parking_lot::Mutex::new(Layers {
+                head: None,
+                snaps: Vec::new(),
+                pool: PagePool::new(pool.map_or(0, |p| p.pages)),
+                records_dirty: false,
+            }),
+            tables: PageCache::new((cache_pages / 16).max(4)),
+            gate: tokio::sync::RwLock::new(()),
+            preserved: (0..head_pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    fn is_preserved(&self, page: u64) -> bool {
+        self.preserved[(page / 64) as usize].load(SeqCst) >> (page % 64) & 1 == 1
+    }
+
+    fn set_preserved(&self, page: u64) {
+        self.preserved[(page / 64) as usize].fetch_or(1 << (page % 64), SeqCst);
+    }
+
+    /// Whether a checkpoint has anything of the snapshots to write.
+    pub(super) fn dirty(&self) -> bool {
+        let l = self.layers.lock();
+        l.records_dirty
+            || l.snaps.iter().any(|s| s.dir_dirty || s.root_dirty)
+            || self.tables.dirty_pages() > 0
+    }
+}
+
+fn layers_error(e: impl std::fmt::Display) -> MapError {
+    MapError::Layers(e.to_string())
+}
+
+impl<D: BlockDevice> MapStore<D> {
+    fn pool_layout(&self) -> Result<PoolLayout, MapError> {
+        self.layout
+            .pool
+            .ok_or_else(|| layers_error("this volume was made without room for snapshots (format version 2)"))
+    }
+
+    /// The snapshots, oldest first.
+    pub fn snapshots(&self) -> Vec<LayerRecord> {
+        self.snap.layers.lock().snaps.iter().map(|s| s.record.clone()).collect()
+    }
+
+    /// Pool pages in use and in all (0, 0 without a pool).
+    pub fn pool_pages(&self) -> (u32, u32) {
+        let l = self.snap.layers.lock();
+        (l.pool.pages() - l.pool.free(), l.pool.pages())
+    }
+
+    /// Reads the layer table, the snapshots' directories and tables (at open, before replay),
+    /// rebuilding which pool pages are in use and which head pages the newest snapshot owns.
+    pub(super) async fn load_layers(&self) -> Result<(), MapError> {
+        let Some(pl) = self.layout.pool else { return Ok(()) };
+        let bytes = self.vol.read(pl.layers_at, LAYER_TABLE_BLOCKS * BLOCK_USIZE).await?;
+        let records = decode_layer_table(&bytes).map_err(layers_error)?;
+        let head = records.iter().find(|r| r.kind == LayerKind::Head).cloned();
+        let mut snap_records: Vec<LayerRecord> =
+            records.into_iter().filter(|r| r.kind == LayerKind::Snapshot && r.parent == HEAD_LAYER).collect();
+        snap_records.sort_by_key(|r| r.created_seq);
+        let tables_per_snap = self.layout.pages().div_ceil(INDEX_ENTRIES as u64) as usize;
+        let mut used = Vec::new();
+        let mut snaps = Vec::new();
+        for record in snap_records {
+            let id = record.id;
+            let root = self.read_index(record.root_page, IndexLevel::Root, id, 0).await?;
+            used.push(record.root_page);
+            let dir_pages: Vec<u32> =
+                root.entries.iter().copied().take(tables_per_snap.div_ceil(INDEX_ENTRIES)).collect();
+            let mut dir = Vec::with_capacity(tables_per_snap);
+            for (i, &d) in dir_pages.iter().enumerate() {
+                let page = self.read_index(d, IndexLevel::Directory, id, (i * INDEX_ENTRIES) as u64).await?;
+                used.push(d);
+                dir.extend(page.entries.iter().copied());
+            }
+            dir.truncate(tables_per_snap);
+            for (ti, &t) in dir.iter().enumerate() {
+                if t == 0 {
+                    continue;
+                }
+                let table = self.read_index(t, IndexLevel::Table, id, (ti * INDEX_ENTRIES) as u64).await?;
+                used.push(t);
+                used.extend(table.entries.iter().copied().filter(|&p| p != 0));
+            }
+            snaps.push(Snap { record, dir, dir_pages, dir_dirty: false, root_dirty: false });
+        }
+        if let Some(newest) = snaps.last() {
+            for (ti, &t) in newest.dir.iter().enumerate() {
+                if t == 0 {
+                    continue;
+                }
+                let id = newest.record.id;
+                let table = self.read_index(t, IndexLevel::Table, id, (ti * INDEX_ENTRIES) as u64).await?;
+                for (k, &p) in table.entries.iter().enumerate() {
+                    if p != 0 {
+                        self.snap.set_preserved((ti * INDEX_ENTRIES + k) as u64);
+                    }
+                }
+            }
+        }
+        let pool = PagePool::with_used(pl.pages, used).map_err(layers_error)?;
+        let mut l = self.snap.layers.lock();
+        *l = Layers { head, snaps, pool, records_dirty: false };
+        Ok(())
+    }
+
+    async fn read_index(
+        &self,
+        page: u32,
+        level: IndexLevel,
+        layer: u16,
+        first: u64,
+    ) -> Result<IndexPage, MapError> {
+        let pl = self.pool_layout()?;
+        if page == 0 || page >= pl.pages {
+            return Err(layers_error(format!("layer {layer} names pool page {page}, outside the pool")));
+        }
+        let bytes = self.vol.read(pl.page_offset(u64::from(page)), BLOCK_USIZE).await?;
+        IndexPage::decode(&bytes, level, layer, first).map_err(layers_error)
+    }
+
+    /// The cached table page `table` of `layer` covering head pages from `first`.
+    async fn table_page(&self, table: u32, layer: u16, first: u64) -> Result<Arc<Slot<TablePage>>, MapError> {
+        let key = u64::from(table);
+        if let Some(Some(slot)) = self.snap.tables.lookup(key, 1).pop() {
+            return Ok(slot);
+        }
+        let page = self.read_index(table, IndexLevel::Table, layer, first).await?;
+        let tp = TablePage { layer, first, entries: parking_lot::Mutex::new(page.entries) };
+        Ok(self.snap.tables.insert(vec![(key, tp, false)]).remove(0).0)
+    }
+
+    /// The cached pool page `pool`: `layer`'s copy of head page `page`.
+    async fn pool_page(&self, pool: u32, layer: u16, page: u64) -> Result<Arc<Slot<MapPage>>, MapError> {
+        let key = POOL_KEY | u64::from(pool);
+        if let Some(Some(slot)) = self.cache.lookup(key, 1).pop() {
+            return Ok(slot);
+        }
+        let pl = self.pool_layout()?;
+        let _loading = self.loads[(u64::from(pool) % super::LOAD_STRIPES as u64) as usize].lock().await;
+        if let Some(Some(slot)) = self.cache.lookup(key, 1).pop() {
+            return Ok(slot);
+        }
+        let bytes = self.vol.read(pl.page_offset(u64::from(pool)), BLOCK_USIZE).await?;
+        let entries = super::decode_owned_page(layer, page, &bytes).ok_or_else(|| {
+            layers_error(format!("pool page {pool} (snapshot {layer}'s copy of map page {page}) is damaged"))
+        })?;
+        let mp = MapPage { entries: parking_lot::Mutex::new(entries), owner: layer, page };
+        Ok(self.cache.insert(vec![(key, mp, false)]).remove(0).0)
+    }
+
+    /// Loads what an update needs (its slots are held by the caller until it applied).
+    pub(super) async fn load_needs(&self, needs: Vec<Need>) -> Result<Vec<Pin>, MapError> {
+        let mut pins = Vec::with_capacity(needs.len());
+        for n in needs {
+            pins.push(match n {
+                Need::Table { table, layer, first } => {
+                    Pin::Table(self.table_page(table, layer, first).await?)
+                }
+                Need::Pool { pool, layer, page } => Pin::Map(self.pool_page(pool, layer, page).await?),
+            });
+        }
+        Ok(pins)
+    }
+
+    /// The resident own page of `snap` for head page `page`, `Ok(None)` if it has none, or the
+    /// pages still to load.
+    fn own_page_now(
+        &self,
+        snap: &Snap,
+        page: u64,
+        needs: &mut Vec<Need>,
+    ) -> Option<(u64, Arc<Slot<MapPage>>)> {
+        let layer = snap.record.id;
+        let table = snap.dir[table_index(page)];
+        if table == 0 {
+            return None;
+        }
+        let Some(ts) = self.snap.tables.peek(u64::from(table)) else {
+            let first = (table_index(page) * INDEX_ENTRIES) as u64;
+            needs.push(Need::Table { table, layer, first });
+            return None;
+        };
+        let pool = ts.page().entries.lock()[table_slot(page)];
+        if pool == 0 {
+            return None;
+        }
+        let key = POOL_KEY | u64::from(pool);
+        match self.cache.peek(key) {
+            Some(slot) => Some((key, slot)),
+            None => {
+                needs.push(Need::Pool { pool, layer, page });
+                None
+            }
+        }
+    }
+
+    /// Applies `updates` with snapshots present (rules 5 and 6). `Ok(Err(needs))`: pages to load
+    /// first (nothing was applied). Called with `pending` and `layers` locked.
+    pub(super) fn apply_with_snapshots(
+        &self,
+        pending: &mut Pending,
+        layers: &mut Layers,
+        updates: &[Update],
+        slots: &[DirtyPage],
+    ) -> Result<Result<Vec<Option<MapEntry>>, Vec<Need>>, MapError> {
+        // 1. Everything needed is resident, and the pool has room, before anything changes.
+        let mut needs = Vec::new();
+        let mut new_pages = BTreeSet::new();
+        let mut new_tables = BTreeSet::new();
+        let newest = layers.snaps.len() - 1;
+        for u in updates {
+            let page = u.block / ENTRIES_PER_PAGE;
+            if u.expect.is_none() {
+                if self.snap.is_preserved(page) {
+                    let had = needs.len();
+                    if self.own_page_now(&layers.snaps[newest], page, &mut needs).is_none()
+                        && needs.len() == had
+                    {
+                        return Err(layers_error(format!(
+                            "map page {page} is marked preserved but has no copy"
+                        )));
+                    }
+                } else {
+                    new_pages.insert(page);
+                    let table = layers.snaps[newest].dir[table_index(page)];
+                    if table == 0 {
+                        new_tables.insert(table_index(page));
+                    } else {
+                        self.own_page_now(&layers.snaps[newest], page, &mut needs);
+                    }
+                }
+            } else {
+                for s in &layers.snaps {
+                    self.own_page_now(s, page, &mut needs);
+                }
+            }
+        }
+        if !needs.is_empty() {
+            return Ok(Err(needs));
+        }
+        let wanted = (new_pages.len() + new_tables.len()) as u64;
+        if wanted > u64::from(layers.pool.free()) {
+            return Err(MapError::PoolFull { needed: wanted, free: u64::from(layers.pool.free()) });
+        }
+        // 2. Apply, in order.
+        let mut applied = Vec::with_capacity(updates.len());
+        for (u, (page, slot)) in updates.iter().zip(slots) {
+            let at = (u.block % ENTRIES_PER_PAGE) as usize;
+            let mut entries = slot.page().entries.lock();
+            let before = entries[at];
+            match u.expect {
+                None => {
+                    if !self.snap.is_preserved(*page) {
+                        self.preserve(pending, layers, *page, &entries);
+                    }
+                    let (_, own) = self
+                        .own_page_now(&layers.snaps[newest], *page, &mut needs)
+                        .expect("the newest snapshot owns a page just preserved");
+                    let held = own.page().entries.lock()[at] == before;
+                    entries[at] = u.entry;
+                    drop(entries);
+                    self.cache.mark_dirty(*page, slot);
+                    pending.push(super::Delta::entry(0, *page, u.block, u.entry, before));
+                    applied.push(Some(if held { MapEntry::UNALLOCATED } else { before }));
+                }
+                Some(from) => {
+                    let mut moved = false;
+                    if before.place == from {
+                        entries[at] = u.entry;
+                        self.cache.mark_dirty(*page, slot);
+                        pending.push(super::Delta::entry(0, *page, u.block, u.entry, before));
+                        moved = true;
+                    }
+                    drop(entries);
+                    for s in &layers.snaps {
+                        if let Some((key, own)) = self.own_page_now(s, *page, &mut needs) {
+                            let mut e = own.page().entries.lock();
+                            if e[at].place == from {
+                                let was = e[at];
+                                e[at] = u.entry;
+                                drop(e);
+                                self.cache.mark_dirty(key, &own);
+                                pending.push(super::Delta::entry(s.record.id, key, u.block, u.entry, was));
+                                moved = true;
+                            }
+                        }
+                    }
+                    applied.push(moved.then_some(MapEntry { place: from, ..u.entry }));
+                }
+            }
+        }
+        assert!(needs.is_empty(), "pages found resident above stay resident while held");
+        Ok(Ok(applied))
+    }
+
+    /// Copies head page `page` (its entries `head`) into a new pool page of the newest snapshot
+    /// and queues the preserve record (rule 5).
+    fn preserve(&self, pending: &mut Pending, layers: &mut Layers, page: u64, head: &[MapEntry]) {
+        let Layers { snaps, pool, .. } = layers;
+        let snap = snaps.last_mut().expect("preserve needs a snapshot");
+        let layer = snap.record.id;
+        let ti = table_index(page);
+        let mut new_table = 0;
+        if snap.dir[ti] == 0 {
+            new_table = pool.allocate().expect("room checked");
+            snap.dir[ti] = new_table;
+            snap.dir_dirty = true;
+            let tp = TablePage {
+                layer,
+                first: (ti * INDEX_ENTRIES) as u64,
+                entries: parking_lot::Mutex::new(vec![0; INDEX_ENTRIES].into_boxed_slice()),
+            };
+            let (slot, inserted) = self.snap.tables.insert(vec![(u64::from(new_table), tp, false)]).remove(0);
+            assert!(inserted, "a new table page {new_table} was cached already");
+            self.snap.tables.mark_dirty(u64::from(new_table), &slot);
+        }
+        let table = snap.dir[ti];
+        let ts = self.snap.tables.peek(u64::from(table)).expect("table page resident (checked or just made)");
+        let copy = pool.allocate().expect("room checked");
+        let key = POOL_KEY | u64::from(copy);
+        let mp = MapPage { entries: parking_lot::Mutex::new(head.into()), owner: layer, page };
+        let (slot, inserted) = self.cache.insert(vec![(key, mp, false)]).remove(0);
+        assert!(inserted, "a new pool page {copy} was cached already");
+        self.cache.mark_dirty(key, &slot);
+        ts.page().entries.lock()[table_slot(page)] = copy;
+        self.snap.tables.mark_dirty(u64::from(table), &ts);
+        self.snap.set_preserved(page);
+        pending.copies.insert(copy, slot);
+        pending.push(super::Delta {
+            preserve: Some((layer, page, copy, new_table)),
+            ..super::Delta::entry(0, 0, 0, MapEntry::UNALLOCATED, MapEntry::UNALLOCATED)
+        });
+        self.stats_preserved.fetch_add(1, SeqCst);
+    }
+
+    /// The bytes of the copies whose preserve records are among the first `n` queued deltas,
+    /// as they are once those `n` are durable: later queued changes of the copies undone.
+    pub(super) fn preserved_copies(&self, pending: &Pending, n: usize) -> Vec<(u32, stria_dev::IoBuf)> {
+        let pools: Vec<(u32, u64)> = pending
+            .deltas
+            .iter()
+            .take(n)
+            .filter_map(|d| d.preserve.map(|(_, page, pool, _)| (pool, page)))
+            .collect();
+        if pools.is_empty() {
+            return Vec::new();
+        }
+        let keys: BTreeSet<u64> = pools.iter().map(|(pool, _)| POOL_KEY | u64::from(*pool)).collect();
+        let undo = super::undo_map(pending, n, |key| keys.contains(&key));
+        pools
+            .into_iter()
+            .map(|(pool, page)| {
+                let slot = &pending.copies[&pool];
+                let mp = slot.page();
+                let key = POOL_KEY | u64::from(pool);
+                let mut entries = mp.entries.lock().to_vec();
+                for ((_, at), before) in undo.range((key, 0)..(key, ENTRIES_PER_PAGE)) {
+                    entries[*at as usize] = *before;
+                }
+                let mut buf = stria_dev::IoBuf::zeroed(BLOCK_USIZE);
+                super::encode_page(mp.owner, page, &entries, &mut buf);
+                (pool, buf)
+            })
+            .collect()
+    }
+
+    /// Makes snapshot `record` of the head (its id and root page are chosen here) and returns
+    /// its id once it is durable. Every update applied before it is in it, none after; the
+    /// head's record `head` is written with it.
+    pub async fn create_snapshot(&self, head: LayerRecord, mut record: LayerRecord) -> Result<u16, MapError> {
+        self.pool_layout()?;
+        let gate = self.snap.gate.write().await;
+        let queued = self.pending.lock().queued;
+        self.commit(queued).await?;
+        let id = {
+            let mut l = self.snap.layers.lock();
+            let Layers { head: h, snaps, pool, records_dirty } = &mut *l;
+            if snaps.len() + 2 > MAX_LAYERS {
+                return Err(layers_error(format!("a volume has at most {} snapshots", MAX_LAYERS - 1)));
+            }
+            if let Some(same) = snaps.iter().find(|s| s.record.name == record.name) {
+                return Err(layers_error(format!(
+                    "snapshot {:?} exists (layer {})",
+                    record.name, same.record.id
+                )));
+            }
+            let id = snaps.iter().map(|s| s.record.id).max().unwrap_or(HEAD_LAYER) + 1;
+            if id == CONTROL_TAG as u16 {
+                return Err(layers_error("layer ids are used up"));
+            }
+            let tables = self.layout.pages().div_ceil(INDEX_ENTRIES as u64) as usize;
+            let dirs = tables.div_ceil(INDEX_ENTRIES);
+            if dirs + 1 > pool.free() as usize {
+                return Err(MapError::PoolFull { needed: dirs as u64 + 1, free: u64::from(pool.free()) });
+            }
+            record.id = id;
+            record.kind = LayerKind::Snapshot;
+            record.parent = HEAD_LAYER;
+            record.root_page = pool.allocate().expect("room checked");
+            record.region_page = 0;
+            let dir_pages = (0..dirs).map(|_| pool.allocate().expect("room checked")).collect();
+            snaps.push(Snap { record, dir: vec![0; tables], dir_pages, dir_dirty: true, root_dirty: true });
+            if h.is_none() {
+                *h = Some(LayerRecord {
+                    id: HEAD_LAYER,
+                    kind: LayerKind::Head,
+                    parent: 0,
+                    root_page: 0,
+                    ..head
+                });
+            }
+            *records_dirty = true;
+            for w in &self.snap.preserved {
+                w.store(0, SeqCst);
+            }
+            self.snap.generation.fetch_add(1, SeqCst);
+            id
+        };
+        drop(gate);
+        let _one = self.checkpointing.lock().await;
+        self.write_back().await?;
+        Ok(id)
+    }
+
+    /// The entries of `blocks` as snapshot `layer` sees them.
+    pub async fn get_in(&self, layer: u16, blocks: &[u64]) -> Result<Vec<MapEntry>, MapError> {
+        let mut out = Vec::with_capacity(blocks.len());
+        for &block in blocks {
+            if block >= self.layout.blocks {
+                return Err(MapError::OutOfRange { block, blocks: self.layout.blocks });
+            }
+            let page = block / ENTRIES_PER_PAGE;
+            let at = (block % ENTRIES_PER_PAGE) as usize;
+            'resolve: loop {
+                let generation = self.snap.generation.load(SeqCst);
+                let chain: Vec<(u16, u32)> = {
+                    let l = self.snap.layers.lock();
+                    let k = l
+                        .snaps
+                        .iter()
+                        .position(|s| s.record.id == layer)
+                        .ok_or_else(|| layers_error(format!("no snapshot with layer id {layer}")))?;
+                    l.snaps[k..].iter().map(|s| (s.record.id, s.dir[table_index(page)])).collect()
+                };
+                for (id, table) in chain {
+                    if table == 0 {
+                        continue;
+                    }
+                    let ts = self.table_page(table, id, (table_index(page) * INDEX_ENTRIES) as u64).await?;
+                    let pool = ts.page().entries.lock()[table_slot(page)];
+                    if pool != 0 {
+                        let own = self.pool_page(pool, id, page).await?;
+                        out.push(own.page().entries.lock()[at]);
+                        break 'resolve;
+                    }
+                }
+                // No snapshot from `layer` on owns the page: the head's is the view, unless the
+                // newest took a copy (or a newer snapshot was made) since the chain was read.
+                let (_, slot) = self.page_of(block).await?;
+                let entries = slot.page().entries.lock();
+                if self.snap.generation.load(SeqCst) == generation && !self.snap.is_preserved(page) {
+                    out.push(entries[at]);
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Takes what a checkpoint writes for the snapshots (with the log and `pending` locked, so
+    /// no preserve is half taken).
+    pub(super) fn take_layer_writes(&self) -> LayerWrites {
+        let mut l = self.snap.layers.lock();
+        let mut w = LayerWrites { tables: self.snap.tables.take_dirty(), ..LayerWrites::default() };
+        for s in &mut l.snaps {
+            if s.dir_dirty || s.root_dirty {
+                let root = s.root_dirty.then_some(s.record.root_page);
+                w.dirs.push(DirWrite {
+                    layer: s.record.id,
+                    pages: s.dir_pages.clone(),
+                    dir: s.dir.clone(),
+                    root,
+                });
+                s.dir_dirty = false;
+                s.root_dirty = false;
+            }
+        }
+        if l.records_dirty {
+            let mut records: Vec<LayerRecord> = l.head.iter().cloned().collect();
+            records.extend(l.snaps.iter().map(|s| s.record.clone()));
+            w.records = Some(encode_layer_table(&records));
+            l.records_dirty = false;
+        }
+        w
+    }
+
+    /// Puts back what a failed checkpoint did not write.
+    pub(super) fn untake_layer_writes(&self, w: &LayerWrites) {
+        self.snap.tables.redirty(&w.tables);
+        let mut l = self.snap.layers.lock();
+        for d in &w.dirs {
+            if let Some(s) = l.snaps.iter_mut().find(|s| s.record.id == d.layer) {
+                s.dir_dirty = true;
+                s.root_dirty |= d.root.is_some();
+            }
+        }
+        if w.records.is_some() {
+            l.records_dirty = true;
+        }
+    }
+
+    /// Writes `w` in rule 7's order (the map and snapshot pages are durable already).
+    pub(super) async fn write_layer_writes(&self, w: &LayerWrites) -> Result<(), MapError> {
+        if w.is_empty() {
+            return Ok(());
+        }
+        let pl = self.pool_layout()?;
+        let write_index = |page: u32, index: IndexPage| {
+            let mut buf = stria_dev::IoBuf::zeroed(BLOCK_USIZE);
+            index.encode(&mut buf);
+            self.vol.write(pl.page_offset(u64::from(page)), buf.freeze(), false)
+        };
+        // Table pages name only copies whose preserve record is durable (the copy is written
+        // with its record); a page written without a newer entry is written again later.
+        let encoded: Vec<(u32, IndexPage)> = {
+            let pending = self.pending.lock();
+            w.tables
+                .iter()
+                .map(|(key, slot)| {
+                    let tp = slot.page();
+                    let mut entries = tp.entries.lock().clone();
+                    let mut held_back = false;
+                    for e in entries.iter_mut() {
+                        if *e != 0 && pending.copies.contains_key(e) {
+                            *e = 0;
+                            held_back = true;
+                        }
+                    }
+                    if held_back {
+                        self.snap.tables.mark_dirty(*key, slot);
+                    }
+                    (
+                        *key as u32,
+                        IndexPage { level: IndexLevel::Table, layer: tp.layer, first: tp.first, entries },
+                    )
+                })
+                .collect()
+        };
+        let tables = encoded.into_iter().map(|(page, index)| write_index(page, index));
+        stria_engine::join_all_ok(tables).await?;
+        if !w.tables.is_empty() {
+            self.vol.flush().await?;
+        }
+        let mut writes = Vec::new();
+        for d in &w.dirs {
+            for (i, &at) in d.pages.iter().enumerate() {
+                let mut page = IndexPage::empty(IndexLevel::Directory, d.layer, (i * INDEX_ENTRIES) as u64);
+                let part =
+                    &d.dir[(i * INDEX_ENTRIES).min(d.dir.len())..((i + 1) * INDEX_ENTRIES).min(d.dir.len())];
+                page.entries[..part.len()].copy_from_slice(part);
+                writes.push(write_index(at, page));
+            }
+            if let Some(r) = d.root {
+                let mut page = IndexPage::empty(IndexLevel::Root, d.layer, 0);
+                page.entries[..d.pages.len()].copy_from_slice(&d.pages);
+                writes.push(write_index(r, page));
+            }
+        }
+        if !writes.is_empty() {
+            stria_engine::join_all_ok(writes).await?;
+            self.vol.flush().await?;
+        }
+        if let Some(bytes) = &w.records {
+            self.vol.write(pl.layers_at, IoBytes::copy_from(bytes), true).await?;
+        }
+        Ok(())
+    }
+
+    /// A checkpoint whose replay starts at `until` is durable: pool pages released before it
+    /// are free again.
+    pub(super) fn layers_checkpointed(&self, until: u64) {
+        self.snap.layers.lock().pool.checkpoint_done(until);
+    }
+
+    /// Replays a preserve record: snapshot `layer`'s copy of head page `page` is pool page
+    /// `pool` (with table page `table` made for it, if not 0), equal to the head page as replay
+    /// has it now. A record of a snapshot the layer table does not know is skipped (its making
+    /// never became durable).
+    pub(super) async fn replay_preserve(
+        &self,
+        layer: u16,
+        page: u64,
+        pool: u32,
+        table: u32,
+    ) -> Result<bool, MapError> {
+        let (known, newest, dir_table) = {
+            let l = self.snap.layers.lock();
+            match l.snaps.iter().position(|s| s.record.id == layer) {
+                Some(k) => (true, k + 1 == l.snaps.len(), l.snaps[k].dir.get(table_index(page)).copied()),
+                None => (false, false, None),
+            }
+        };
+        if !known {
+            return Ok(false);
+        }
+        let bad = |why: String| {
+            layers_error(format!("replaying snapshot {layer}'s copy of map page {page}: {why}"))
+        };
+        let first = (table_index(page) * INDEX_ENTRIES) as u64;
+        let dir_table = dir_table.ok_or_else(|| bad("past the map".into()))?;
+        let ts = if dir_table == 0 {
+            if table == 0 {
+                return Err(bad("no table page".into()));
+            }
+            let mut l = self.snap.layers.lock();
+            if !l.pool.claim(table) {
+                return Err(bad(format!("its new table page {table} is in use")));
+            }
+            let k = l.snaps.iter().position(|s| s.record.id == layer).expect("known");
+            l.snaps[k].dir[table_index(page)] = table;
+            l.snaps[k].dir_dirty = true;
+            drop(l);
+            let tp = TablePage {
+                layer,
+                first,
+                entries: parking_lot::Mutex::new(vec![0; INDEX_ENTRIES].into_boxed_slice()),
+            };
+            let (slot, _) = self.snap.tables.insert(vec![(u64::from(table), tp, false)]).remove(0);
+            slot
+        } else {
+            if table != 0 && table != dir_table {
+                return Err(bad(format!(
+                    "the record makes table page {table}, the directory has {dir_table}"
+                )));
+            }
+            self.table_page(dir_table, layer, first).await?
+        };
+        let now = ts.page().entries.lock()[table_slot(page)];
+        if now != pool {
+            if now != 0 {
+                return Err(bad(format!("the table names pool page {now}, the record {pool}")));
+            }
+            if !self.snap.layers.lock().pool.claim(pool) {
+                return Err(bad(format!("pool page {pool} is in use")));
+            }
+            ts.page().entries.lock()[table_slot(page)] = pool;
+        }
+        let table_key = u64::from(if dir_table == 0 { table } else { dir_table });
+        self.snap.tables.mark_dirty(table_key, &ts);
+        // The copy was written before the record: it must read back as that page.
+        self.pool_page(pool, layer, page).await?;
+        if newest {
+            self.snap.set_preserved(page);
+        }
+        Ok(true)
+    }
+
+    /// Replays an entry delta of snapshot `layer` (a move of one of its blocks).
+    pub(super) async fn replay_snapshot_entry(
+        &self,
+        layer: u16,
+        block: u64,
+        entry: MapEntry,
+    ) -> Result<bool, MapError> {
+        let page = block / ENTRIES_PER_PAGE;
+        let mut needs = Vec::new();
+        loop {
+            let own = {
+                let l = self.snap.layers.lock();
+                let Some(s) = l.snaps.iter().find(|s| s.record.id == layer) else { return Ok(false) };
+                needs.clear();
+                let own = self.own_page_now(s, page, &mut needs);
+                if own.is_none() && needs.is_empty() {
+                    return Err(layers_error(format!(
+                        "replaying a move of block {block} in snapshot {layer}, which has no copy of its page"
+                    )));
+                }
+                own
+            };
+            if let Some((key, slot)) = own {
+                slot.page().entries.lock()[(block % ENTRIES_PER_PAGE) as usize] = entry;
+                self.cache.mark_dirty(key, &slot);
+                return Ok(true);
+            }
+            let _pins = self.load_needs(std::mem::take(&mut needs)).await?;
+        }
+    }
+}
+
+/// Pages an update holds while it applies.
+pub(super) enum Pin {
+    Table(#[allow(dead_code)] Arc<Slot<TablePage>>),
+    Map(#[allow(dead_code)] Arc<Slot<MapPage>>),
+}
+
+/// The bytes of a preserve record: (block field, 16 bytes).
+pub(super) fn encode_preserve(layer: u16, page: u64, pool: u32, table: u32) -> (u64, [u8; 16]) {
+    let mut b = [0u8; 16];
+    b[0..8].copy_from_slice(&page.to_le_bytes());
+    b[8..12].copy_from_slice(&pool.to_le_bytes());
+    b[12..16].copy_from_slice(&table.to_le_bytes());
+    (CONTROL_TAG << 48 | OP_PRESERVE << 32 | u64::from(layer), b)
+}
+
+/// A decoded log record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Record {
+    Entry { layer: u16, block: u64, entry: MapEntry },
+    Preserve { layer: u16, page: u64, pool: u32, table: u32 },
+}
+
+pub(super) fn decode_record(field: u64, b: &[u8]) -> Option<Record> {
+    let tag = field >> 48;
+    if tag != CONTROL_TAG {
+        return Some(Record::Entry {
+            layer: tag as u16,
+            block: field & BLOCK_MASK,
+            entry: MapEntry::decode(b),
+        });
+    }
+    match (field >> 32) & 0xFFFF {
+        OP_PRESERVE => Some(Record::Preserve {
+            layer: field as u16,
+            page: u64::from_le_bytes(b[0..8].try_into().expect("8 bytes")),
+            pool: u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")),
+            table: u32::from_le_bytes(b[12..16].try_into().expect("4 bytes")),
+        }),
+        _ => None,
+    }
+}
