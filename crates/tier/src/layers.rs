@@ -87,6 +87,26 @@ pub struct LayerRecord {
     pub name: String,
 }
 
+impl LayerRecord {
+    /// A record for a layer to be made: id, parent, pages and sequence are filled in by whoever
+    /// makes it.
+    pub fn named(name: &str, kind: LayerKind, logical_bytes: u64) -> LayerRecord {
+        LayerRecord {
+            id: 0,
+            kind,
+            parent: 0,
+            hidden: false,
+            created_seq: 0,
+            created_ms: 0,
+            allocated_blocks: 0,
+            root_page: 0,
+            region_page: 0,
+            logical_bytes,
+            name: name.into(),
+        }
+    }
+}
+
 /// Why a name cannot name a layer (`None` if it can).
 pub fn name_problem(name: &str) -> Option<String> {
     if name.is_empty() {

@@ -98,19 +98,7 @@ impl Model {
 }
 
 fn record(name: &str, kind: LayerKind) -> LayerRecord {
-    LayerRecord {
-        id: 0,
-        kind,
-        parent: 0,
-        hidden: false,
-        created_seq: 0,
-        created_ms: 0,
-        allocated_blocks: 0,
-        root_page: 0,
-        region_page: 0,
-        logical_bytes: BLOCKS * 4096,
-        name: name.into(),
-    }
+    LayerRecord::named(name, kind, BLOCKS * 4096)
 }
 
 async fn worker(store: &MapStore<Dev>, model: &RefCell<Model>, seed: u64, w: u64) {

@@ -1176,19 +1176,7 @@ mod tests {
     }
 
     fn layer(name: &str, kind: crate::layers::LayerKind) -> crate::layers::LayerRecord {
-        crate::layers::LayerRecord {
-            id: 0,
-            kind,
-            parent: 0,
-            hidden: false,
-            created_seq: 0,
-            created_ms: 0,
-            allocated_blocks: 0,
-            root_page: 0,
-            region_page: 0,
-            logical_bytes: 600 * 4096,
-            name: name.into(),
-        }
+        crate::layers::LayerRecord::named(name, kind, 600 * 4096)
     }
 
     /// A 600-block map (3 pages) with a pool of `pool_pages` after it.
