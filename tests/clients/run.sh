@@ -96,6 +96,31 @@ log_recipe tv
 log "client recipe on log:ec:4+2 (cache and map on the capacity drives)"
 log_recipe lv
 
+log "tiered: a snapshot holds the volume as it was, read-only as tv@s1, through destage and a restart"
+qemu-io -f raw "$(uri tv)" -c 'write -P 0x11 0 64M' >/dev/null
+"$STRIA" snapshot create tv s1 --pool "$POOL"
+qemu-io -f raw "$(uri tv)" -c 'write -P 0x22 0 32M' >/dev/null
+"$STRIA" snapshot list tv --pool "$POOL" --json | grep -q '"export": "tv@s1"'
+nbdinfo "$(uri tv@s1)" | grep -q "is_read_only: true" || { nbdinfo "$(uri tv@s1)" >&2; echo "tv@s1 is not read-only" >&2; exit 1; }
+! qemu-io -f raw "$(uri tv@s1)" -c 'write -P 0x33 0 4k' >/dev/null 2>&1 || { echo "a write to tv@s1 was taken" >&2; exit 1; }
+check_snapshot() {  # the snapshot reads A everywhere; the volume B then A
+  local out
+  out=$(qemu-io -f raw -r "$(uri tv@s1)" -c 'read -P 0x11 0 64M' 2>&1)
+  ! grep -q -i "verification failed\|error" <<<"$out" || { echo "tv@s1 ($1): $out" >&2; exit 1; }
+  out=$(qemu-io -f raw "$(uri tv)" -c 'read -P 0x22 0 32M' -c 'read -P 0x11 32M 32M' 2>&1)
+  ! grep -q -i "verification failed\|error" <<<"$out" || { echo "tv ($1): $out" >&2; exit 1; }
+}
+check_snapshot "after the overwrite"
+# 96 MiB of random writes elsewhere: the 48 MiB cache destages (the snapshot's cached blocks
+# among them) and GC runs if the space needs it (the log simulation covers GC of snapshot blocks).
+fio --name=snapgc --ioengine=nbd --uri="$(uri tv)" --rw=randwrite --bs=4k --iodepth=16 --size=96M \
+  --offset=128M --norandommap --randrepeat=0 >"$W/fio-snapgc.log" 2>&1 || { cat "$W/fio-snapgc.log" >&2; exit 1; }
+echo "tv: $(counter tv destaged_blocks) blocks destaged, $(counter tv gc_moved_blocks) moved by GC"
+check_snapshot "after destage"
+stop; start
+check_snapshot "after a restart"
+"$STRIA" scrub tv --pool "$POOL"
+
 log "log: space a client TRIMs goes back to the pool (compaction, then a resize down)"
 # 960 MiB written sequentially grow lv's space past the 16 segments (32 MiB each) it starts
 # with; then all but every eighth 4 MiB is discarded, so every segment keeps some live data and

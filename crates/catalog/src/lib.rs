@@ -24,7 +24,8 @@ use stria_tier::lsv::{self, LogSpec, LogVolume};
 
 pub use layout::{LayoutSpec, PlainLayout, is_log_layout, parse_plain_layout};
 pub use view::{
-    LogTag, LogView, MemberView, PlainView, SegmentView, StatusView, ThinView, UnavailableView, VolumeView,
+    LogTag, LogView, MemberView, PlainView, SegmentView, SnapshotView, StatusView, ThinView, UnavailableView,
+    VolumeView,
 };
 
 /// Why a catalog operation failed. Engine and tier errors keep their own messages and sources.
@@ -162,8 +163,14 @@ impl<D: BlockDevice> Catalog<D> {
         names
     }
 
-    /// A client-visible volume by name, behind the volume contract.
+    /// A client-visible volume by name, behind the volume contract; `VOL@SNAP` is snapshot SNAP
+    /// of log-structured volume VOL (read-only).
     pub fn lookup(&self, name: &str) -> Option<Arc<dyn BlockVolume>> {
+        if let Some((vol, snap)) = name.split_once('@') {
+            let lv = self.logs.read().get(vol).cloned()?;
+            let id = lv.snapshots().into_iter().find(|s| s.name == snap)?.id;
+            return Some(Arc::new(stria_tier::SnapshotVolume::new(lv, id, snap)));
+        }
         self.entry(name).map(|e| match e {
             Entry::Plain(v) => v as Arc<dyn BlockVolume>,
             Entry::Log(v) => v as Arc<dyn BlockVolume>,
@@ -310,6 +317,41 @@ impl<D: BlockDevice> Catalog<D> {
         let meta = self.pool.meta();
         let rec = meta.volume(name).ok_or_else(|| CatalogError::NotFound(name.to_string()))?;
         Ok(VolumeView::Plain(PlainView::new(vol, rec)))
+    }
+
+    /// Makes snapshot `snap` of log-structured volume `volume` (docs/design/snapshots.md):
+    /// writes in flight finish first, new ones wait; it is durable when this returns.
+    pub async fn snapshot_create(&self, volume: &str, snap: &str) -> Result<SnapshotView, CatalogError> {
+        let lv = match self.entry_or_err(volume)? {
+            Entry::Log(lv) => lv,
+            Entry::Plain(_) => {
+                return Err(CatalogError::Invalid(format!(
+                    "`{volume}` is not log-structured: snapshots are for tiered:ec:K+M and log:ec:K+M volumes"
+                )));
+            }
+        };
+        let rec = lv.create_snapshot(snap).await?;
+        Ok(SnapshotView::of(volume, lv.size_bytes(), &rec))
+    }
+
+    /// The snapshots of `volume`, or of every log-structured volume; oldest first per volume.
+    pub fn snapshots(&self, volume: Option<&str>) -> Result<Vec<SnapshotView>, CatalogError> {
+        let logs: Vec<Arc<LogVolume<D>>> = match volume {
+            Some(name) => match self.entry_or_err(name)? {
+                Entry::Log(lv) => vec![lv],
+                Entry::Plain(_) => Vec::new(),
+            },
+            None => self.logs.read().values().cloned().collect(),
+        };
+        Ok(logs
+            .iter()
+            .flat_map(|lv| {
+                lv.snapshots()
+                    .into_iter()
+                    .map(|r| SnapshotView::of(lv.name(), lv.size_bytes(), &r))
+                    .collect::<Vec<_>>()
+            })
+            .collect())
     }
 
     /// Stops every mover, then closes the pool cleanly.

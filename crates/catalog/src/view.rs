@@ -173,3 +173,30 @@ impl PlainView {
         PlainView { status, segments }
     }
 }
+
+/// One snapshot of a log-structured volume (`snapshot list`, `snapshot create`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SnapshotView {
+    pub volume: String,
+    pub name: String,
+    /// The NBD export name: `VOL@SNAP` (read-only).
+    pub export: String,
+    /// Its layer id in the volume's map.
+    pub id: u16,
+    pub size_bytes: u64,
+    /// When it was made, Unix milliseconds.
+    pub created_ms: u64,
+}
+
+impl SnapshotView {
+    pub fn of(volume: &str, size_bytes: u64, rec: &stria_tier::layers::LayerRecord) -> SnapshotView {
+        SnapshotView {
+            volume: volume.to_string(),
+            name: rec.name.clone(),
+            export: format!("{volume}@{}", rec.name),
+            id: rec.id,
+            size_bytes,
+            created_ms: rec.created_ms,
+        }
+    }
+}

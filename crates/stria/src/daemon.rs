@@ -100,9 +100,11 @@ impl std::str::FromStr for MemoryVolumeSpec {
     }
 }
 
-/// Makes the exports match the pool's volumes (every client-visible volume, by name).
+/// Makes the exports match the pool's volumes (every client-visible volume, by name) and their
+/// snapshots (`VOL@SNAP`, read-only).
 fn sync_exports<D: BlockDevice>(catalog: &Catalog<D>, exports: &VolumeRegistry) {
-    let wanted = catalog.names();
+    let mut wanted = catalog.names();
+    wanted.extend(catalog.snapshots(None).unwrap_or_default().into_iter().map(|s| s.export));
     for name in stria_nbd::ExportRegistry::names(exports) {
         if !wanted.contains(&name) {
             exports.remove(&name);

@@ -111,7 +111,7 @@ impl Export for VolumeExport {
     }
 
     fn read_only(&self) -> bool {
-        false
+        self.info.read_only
     }
 
     fn description(&self) -> Option<String> {

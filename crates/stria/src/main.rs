@@ -56,6 +56,9 @@ enum Command {
     /// List, fail and replace drives; clear their error counters.
     #[command(subcommand)]
     Drive(DriveCmd),
+    /// Make and list snapshots of tiered and log volumes (exported read-only as VOL@SNAP).
+    #[command(subcommand)]
+    Snapshot(SnapshotCmd),
     /// Verify every block of a volume, repair what fails, check parity and copies agree.
     Scrub {
         name: String,
@@ -165,6 +168,24 @@ enum VolumeCmd {
     Import { name: String, file: PathBuf },
     /// Copy a volume out into a raw image file (byte-exact, sparse where the volume is).
     Export { name: String, file: PathBuf },
+}
+
+#[derive(Debug, Subcommand)]
+enum SnapshotCmd {
+    /// Make a snapshot: writes in flight finish first, new ones wait until it is made; it holds
+    /// every write acknowledged before, none after. Served read-only over NBD as VOLUME@NAME.
+    Create {
+        volume: String,
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List snapshots (of one volume, or of all).
+    List {
+        volume: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -395,6 +416,7 @@ async fn run(cli: Cli) -> Result<i32> {
         }
         Command::Volume(cmd) => volume(&dir, cmd).await?,
         Command::Drive(cmd) => drive(&dir, cmd).await?,
+        Command::Snapshot(cmd) => snapshot(&dir, cmd).await?,
         Command::Scrub { name, json } => scrub(&dir, name, json).await?,
         Command::Status { json } => return status(&dir, json).await,
         Command::Serve(args) => serve(dir, args).await?,
@@ -408,6 +430,30 @@ fn warn_overcommit(dir: &PoolDir) {
     for w in dir.overcommit_warnings() {
         eprintln!("warning: {w}");
     }
+}
+
+/// `stria snapshot ...`.
+async fn snapshot(dir: &PoolDir, cmd: SnapshotCmd) -> Result<()> {
+    match cmd {
+        SnapshotCmd::Create { volume, name, json } => {
+            let v = request(dir, Request::SnapshotCreate { volume, name }).await?;
+            if json {
+                print_json(&v);
+            } else {
+                let s: stria_catalog::SnapshotView = view(v)?;
+                outln!("made snapshot {} of {} (export {}, read-only)", s.name, s.volume, s.export);
+            }
+        }
+        SnapshotCmd::List { volume, json } => {
+            let v = request(dir, Request::SnapshotList { volume }).await?;
+            if json {
+                print_json(&v);
+            } else {
+                output::snapshots(&view::<Vec<stria_catalog::SnapshotView>>(v)?);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `stria volume ...`.

@@ -83,12 +83,25 @@ pub(crate) enum Request {
     /// Resumes writes suspended by a full host filesystem (after a resync of what the failed
     /// writes touched).
     PoolClear,
+    SnapshotCreate {
+        volume: String,
+        name: String,
+    },
+    SnapshotList {
+        volume: Option<String>,
+    },
 }
 
 impl Request {
     /// True when the request changes which volumes exist (the daemon re-syncs its exports).
     pub(crate) fn changes_volumes(&self) -> bool {
-        matches!(self, Request::VolumeCreate(_) | Request::VolumeDelete { .. } | Request::VolumeResize { .. })
+        matches!(
+            self,
+            Request::VolumeCreate(_)
+                | Request::VolumeDelete { .. }
+                | Request::VolumeResize { .. }
+                | Request::SnapshotCreate { .. }
+        )
     }
 }
 
@@ -261,6 +274,8 @@ pub(crate) async fn execute(
             let report = pool.clear_suspension().await?;
             Ok(json!({ "was_suspended": was, "resync": to_json(&report)? }))
         }
+        Request::SnapshotCreate { volume, name } => to_json(&catalog.snapshot_create(&volume, &name).await?),
+        Request::SnapshotList { volume } => to_json(&catalog.snapshots(volume.as_deref())?),
         Request::Scrub { name } => {
             let report = catalog
                 .scrub(&name, &mut |part, done, total| {

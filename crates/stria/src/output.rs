@@ -391,6 +391,27 @@ pub(crate) fn volume(v: &VolumeView) {
 }
 
 /// A scrub report.
+/// `snapshot list`.
+pub(crate) fn snapshots(list: &[stria_catalog::SnapshotView]) {
+    if list.is_empty() {
+        outln!("no snapshots");
+        return;
+    }
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|s| {
+            vec![
+                s.volume.clone(),
+                s.name.clone(),
+                s.export.clone(),
+                format_size(s.size_bytes),
+                s.id.to_string(),
+            ]
+        })
+        .collect();
+    table(&["VOLUME", "SNAPSHOT", "EXPORT (read-only)", "SIZE", "LAYER"], &rows);
+}
+
 pub(crate) fn scrub(r: &ScrubReport) {
     outln!(
         "scrub of {}: {} rows, {} blocks checked, {} repaired, {} parity and {} copy blocks fixed, {} unrecoverable, \

@@ -11,6 +11,7 @@ impl<D: BlockDevice> BlockVolume for crate::lsv::LogVolume<D> {
             name: self.name().to_string(),
             layout: self.layout(),
             preferred_block_bytes: stria_dev::BLOCK_BYTES,
+            read_only: false,
         }
     }
 
@@ -46,5 +47,95 @@ impl<D: BlockDevice> BlockVolume for crate::lsv::LogVolume<D> {
 
     fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> VolumeFuture<'_, Vec<Extent>> {
         Box::pin(crate::lsv::LogVolume::block_status(self, offset_bytes, len_bytes))
+    }
+}
+
+/// A snapshot of a log-structured volume behind the volume contract: reads see the volume as it
+/// was when the snapshot was made; writes, zeroing and discards are refused (it is exported
+/// read-only, so NBD clients get `EPERM` before asking).
+#[derive(Debug)]
+pub struct SnapshotVolume<D: BlockDevice> {
+    volume: std::sync::Arc<crate::lsv::LogVolume<D>>,
+    layer: u16,
+    /// `VOL@SNAP`.
+    name: String,
+}
+
+impl<D: BlockDevice> SnapshotVolume<D> {
+    /// Snapshot `layer` (named `snap`) of `volume`.
+    pub fn new(
+        volume: std::sync::Arc<crate::lsv::LogVolume<D>>,
+        layer: u16,
+        snap: &str,
+    ) -> SnapshotVolume<D> {
+        let name = format!("{}@{snap}", volume.name());
+        SnapshotVolume { volume, layer, name }
+    }
+
+    fn refused(&self, offset_bytes: u64, len_bytes: u64) -> stria_engine::VolumeError {
+        stria_engine::VolumeError::Unrecoverable {
+            volume: self.name.clone(),
+            offset_bytes,
+            len_bytes,
+            reason: "a snapshot is read-only".into(),
+        }
+    }
+}
+
+impl<D: BlockDevice> BlockVolume for SnapshotVolume<D> {
+    fn info(&self) -> VolumeInfo {
+        VolumeInfo {
+            name: self.name.clone(),
+            layout: format!("snapshot of {}", self.volume.layout()),
+            preferred_block_bytes: stria_dev::BLOCK_BYTES,
+            read_only: true,
+        }
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.volume.size_bytes()
+    }
+
+    fn read(&self, offset_bytes: u64, len_bytes: usize) -> VolumeFuture<'_, IoBuf> {
+        Box::pin(self.volume.read_snapshot(self.layer, offset_bytes, len_bytes))
+    }
+
+    fn write(&self, offset_bytes: u64, data: IoBytes, _durability: Durability) -> VolumeFuture<'_, ()> {
+        let e = self.refused(offset_bytes, data.len() as u64);
+        Box::pin(async move { Err(e) })
+    }
+
+    fn write_zeroes(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        _zeroing: Zeroing,
+        _durability: Durability,
+    ) -> VolumeFuture<'_, ()> {
+        let e = self.refused(offset_bytes, len_bytes);
+        Box::pin(async move { Err(e) })
+    }
+
+    fn discard(&self, offset_bytes: u64, len_bytes: u64, _durability: Durability) -> VolumeFuture<'_, ()> {
+        let e = self.refused(offset_bytes, len_bytes);
+        Box::pin(async move { Err(e) })
+    }
+
+    fn flush(&self) -> VolumeFuture<'_, ()> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> VolumeFuture<'_, Vec<Extent>> {
+        // Everything reads as allocated ("allocated" when in doubt, as the contract allows).
+        Box::pin(async move {
+            if offset_bytes.checked_add(len_bytes).is_none_or(|end| end > self.volume.size_bytes()) {
+                return Err(stria_engine::VolumeError::OutOfRange {
+                    offset_bytes,
+                    len_bytes,
+                    size_bytes: self.volume.size_bytes(),
+                });
+            }
+            Ok(if len_bytes == 0 { Vec::new() } else { vec![Extent { len_bytes, unallocated: false }] })
+        })
     }
 }

@@ -8,6 +8,7 @@
 #![allow(clippy::cast_possible_truncation)]
 
 mod contract;
+pub use contract::SnapshotVolume;
 pub mod layers;
 mod log;
 pub mod lsv;

@@ -1,9 +1,12 @@
 //! Log-structured volumes (stria_tier::lsv): behaviour (reads see writes through destage and
 //! GC, TRIM gives space back, a full segment space gives ENOSPC and loses nothing) and a seeded
 //! simulation of *sequences* of power cuts on one pool (several per seed) during host writes,
-//! destage, GC and map checkpoints, with a failed fast or capacity drive in some seeds.
+//! destage, GC and map checkpoints, with a failed fast or capacity drive in some seeds. A third
+//! of the seeds make snapshots between phases of writes; after every boot each snapshot whose
+//! making returned must be there and read back as the volume was when it was made (destage, GC
+//! and the cuts move its blocks; a snapshot must never lose one or see a later write).
 //!
-//! `STRIA_LOG_SEEDS=N` sets the number of simulated seeds (default 40); `STRIA_LOG_SEED=S` runs
+//! `STRIA_LOG_SEEDS=N` sets the number of simulated seeds (default 60); `STRIA_LOG_SEED=S` runs
 //! one and prints its history.
 
 use std::cell::RefCell;
@@ -542,10 +545,15 @@ async fn trimmed_space_is_compacted_and_given_back_to_the_pool_and_reads_stay_ri
 const SIM_BLOCKS: usize = 384; // 1.5 MiB
 const WRITERS: usize = 2;
 
+/// Per block, the contents it may read back as.
+type Allowed = Vec<Vec<Vec<u8>>>;
+
 struct Sim {
     seed: u64,
     rng: ChaCha8Rng,
     tracker: Tracker,
+    /// Snapshots made: name, what each block may read as, whether the making returned.
+    snaps: Vec<(String, Allowed, bool)>,
     history: Vec<String>,
     verbose: bool,
 }
@@ -614,6 +622,71 @@ async fn boot(sim: &mut Sim, disks: &[Dev], cycle: u64) -> (Arc<Pool<Dev>>, Arc<
     (pool, vol)
 }
 
+/// Checks the volume's snapshots against the model: each whose making returned is there, none
+/// the model does not know; each reads back as one of the states allowed when it was made (then
+/// only as what it read).
+async fn verify_snapshots(sim: &mut Sim, vol: &LogVolume<Dev>, when: &str) -> u64 {
+    let found = vol.snapshots();
+    for f in &found {
+        if !sim.snaps.iter().any(|s| s.0 == f.name) {
+            sim.fail(format!("{when}: snapshot {:?} was never made", f.name));
+        }
+    }
+    for (name, _, durable) in &sim.snaps {
+        if *durable && !found.iter().any(|f| &f.name == name) {
+            sim.fail(format!("{when}: snapshot {name:?} was made and is gone"));
+        }
+    }
+    sim.snaps.retain(|s| found.iter().any(|f| f.name == s.0));
+    let mut checked = 0;
+    for i in 0..sim.snaps.len() {
+        let id = found.iter().find(|f| f.name == sim.snaps[i].0).expect("kept").id;
+        for b in 0..SIM_BLOCKS {
+            let got = match vol.read_snapshot(id, b as u64 * 4096, 4096).await {
+                Ok(g) => g,
+                Err(e) => {
+                    sim.fail(format!("{when}: snapshot {:?} block {b} unreadable: {e}", sim.snaps[i].0))
+                }
+            };
+            if !sim.snaps[i].1[b].iter().any(|v| v[..] == got[..]) {
+                let newer = sim.tracker.versions[b].iter().any(|v| v[..] == got[..]);
+                sim.fail(format!(
+                    "{when}: snapshot {:?} block {b} reads {}",
+                    sim.snaps[i].0,
+                    if newer { "a version of the volume it must not hold" } else { "data it never held" }
+                ));
+            }
+            sim.snaps[i].1[b] = vec![got.to_vec()];
+        }
+        sim.snaps[i].2 = true;
+        checked += 1;
+    }
+    checked
+}
+
+/// Between two phases of writes (no write in flight): reads every block, checks it against the
+/// tracker and makes what it read the only version, so the next phase builds on what the volume
+/// holds (a write that failed changed nothing). False, touching nothing, if a read fails (the
+/// power went out).
+async fn settle_live(sim: &mut Sim, vol: &LogVolume<Dev>, tracker: &RefCell<Tracker>, cycle: u64) -> bool {
+    let mut now = Vec::with_capacity(SIM_BLOCKS);
+    for b in 0..SIM_BLOCKS {
+        match vol.read(b as u64 * 4096, 4096).await {
+            Ok(got) => now.push(got),
+            Err(_) => return false,
+        }
+    }
+    let mut t = tracker.borrow_mut();
+    for (b, got) in now.iter().enumerate() {
+        if !t.allowed(b).iter().any(|v| v[..] == got[..]) {
+            let why = t.describe(b, got);
+            sim.fail(format!("cycle {cycle} between phases: block {b} holds {why}"));
+        }
+        t.settle(b, got);
+    }
+    true
+}
+
 async fn verify(sim: &mut Sim, vol: &LogVolume<Dev>, when: &str) {
     for b in 0..SIM_BLOCKS {
         let got = match vol.read(b as u64 * 4096, 4096).await {
@@ -631,16 +704,18 @@ async fn verify(sim: &mut Sim, vol: &LogVolume<Dev>, when: &str) {
 /// Runs one seed; returns how many opens took the persisted segment table and how many scanned
 /// the map (a cut during a checkpoint leaves the table stale). Every open from the table is
 /// checked against a scan by the volume itself (debug builds).
-async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64) {
+async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
     let mut opens = (0, 0);
     let mut given_back = 0;
     let mut sim = Sim {
         seed,
         rng: rng(seed ^ 0x1095),
         tracker: Tracker::new(SIM_BLOCKS),
+        snaps: Vec::new(),
         history: Vec::new(),
         verbose,
     };
+    let mut snapshots_checked = 0;
     let mut switch = PowerSwitch::new();
     let mut disks: Vec<Dev> = drives(&switch, seed);
     // Space for 1.5 x the volume in 124-block segments, plus the reserve; seeds 5 mod 10 may
@@ -694,10 +769,13 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64) {
             if vol.opened_from_table() { "from the segment table" } else { "by a map scan" }
         ));
         verify(&mut sim, &vol, &format!("cycle {cycle} after boot")).await;
+        if cycle > 0 {
+            snapshots_checked += verify_snapshots(&mut sim, &vol, &format!("cycle {cycle} after boot")).await;
+        }
         if cycle == cycles {
             vol.close().await;
             pool.close().await.unwrap_or_else(|e| sim.fail(format!("final close: {e}")));
-            return (opens.0, opens.1, given_back);
+            return (opens.0, opens.1, given_back, snapshots_checked);
         }
         let cut = sim.rng.random_range(0..4000u64);
         let clean = sim.rng.random_range(0..6) == 0;
@@ -711,6 +789,27 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64) {
         }
         let seed_c = seed * 1000 + cycle;
         tokio::join!(sim_writer(&vol, &tracker, seed_c, 0), sim_writer(&vol, &tracker, seed_c, 1));
+        if seed.is_multiple_of(3) && sim.snaps.len() < 8 && settle_live(&mut sim, &vol, &tracker, cycle).await
+        {
+            // A snapshot between two phases of writes: it must hold what the first phase left
+            // (read back just before: a write that failed, ENOSPC, changed nothing).
+            let name = format!("c{cycle}");
+            let allowed: Allowed = {
+                let t = tracker.borrow();
+                (0..SIM_BLOCKS).map(|b| t.allowed(b).to_vec()).collect()
+            };
+            sim.snaps.push((name.clone(), allowed, false));
+            let made = vol.create_snapshot(&name).await;
+            sim.note(format!(
+                "  snapshot {name}: {}",
+                made.as_ref().map_or_else(|e| e.to_string(), |_| "made".into())
+            ));
+            if made.is_ok() {
+                sim.snaps.last_mut().expect("pushed").2 = true;
+                let seed_c = seed_c + 500;
+                tokio::join!(sim_writer(&vol, &tracker, seed_c, 0), sim_writer(&vol, &tracker, seed_c, 1));
+            }
+        }
         sim.tracker = tracker.into_inner();
         let st = vol.status();
         sim.note(format!(
@@ -738,7 +837,7 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64) {
             (disks, switch) = power_cycle(&disks, seed_c);
         }
     }
-    (opens.0, opens.1, given_back)
+    (opens.0, opens.1, given_back, snapshots_checked)
 }
 
 #[tokio::test(start_paused = true)]
@@ -747,19 +846,22 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
         run_log_sequence(s.parse().unwrap(), true).await;
         return;
     }
-    let n: u64 = std::env::var("STRIA_LOG_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(40);
-    let (mut opens, mut given_back) = ((0, 0), 0);
+    let n: u64 = std::env::var("STRIA_LOG_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+    let (mut opens, mut given_back, mut snapshots) = ((0, 0), 0, 0);
     for seed in 0..n {
-        let (table, scan, back) = run_log_sequence(seed, false).await;
+        let (table, scan, back, snaps) = run_log_sequence(seed, false).await;
         opens = (opens.0 + table, opens.1 + scan);
         given_back += back;
+        snapshots += snaps;
     }
     eprintln!(
-        "{n} seeds: {} opens from the segment table, {} by a map scan; {given_back} segments given back",
+        "{n} seeds: {} opens from the segment table, {} by a map scan; {given_back} segments given back; \
+         {snapshots} snapshot checks after a boot",
         opens.0, opens.1
     );
     if n >= 20 {
         assert!(opens.0 > 0 && opens.1 > 0, "both ways to open were exercised: {opens:?}");
         assert!(given_back > 0, "spaces were compacted and given back amid the cuts");
+        assert!(snapshots > 0, "snapshots were checked after cuts");
     }
 }

@@ -82,6 +82,8 @@ pub struct VolumeInfo {
     /// Aligned I/O of this size avoids read-modify-write below the volume (a chunk for plain
     /// volumes, a blockset for tiered ones).
     pub preferred_block_bytes: u64,
+    /// Takes no writes, zeroing or discards (a snapshot): exported read-only.
+    pub read_only: bool,
 }
 
 /// A boxed, `Send` volume future.
@@ -159,6 +161,7 @@ impl<D: BlockDevice> BlockVolume for Volume<D> {
             name: self.name().to_string(),
             layout: self.layout().to_string(),
             preferred_block_bytes: self.chunk_bytes(),
+            read_only: false,
         }
     }
 

@@ -37,15 +37,16 @@ use stria_engine::{
     join_all_ok,
 };
 
+use crate::layers::{LayerKind, LayerRecord};
 use crate::log::CacheLog;
-use crate::map::{MapEntry, MapError, MapLayout, MapStore, Place, Update};
+use crate::map::{ENTRIES_PER_PAGE, MapEntry, MapError, MapLayout, MapStore, Place, Update};
 use crate::{PartStatus, TierError, block_crc};
 use space::{Geometry, Space, SpaceCounts};
 
 const HEADER_MAGIC: &[u8; 8] = b"STRIA-LV";
 /// Version 2 adds the persisted segment table after the map region; version 1 headers (no
 /// table: open scans the map) are still read.
-const FORMAT_VERSION: u32 = 2;
+const FORMAT_VERSION: u32 = 3;
 /// Maps up to this many pages are checked against the persisted table at every open that used
 /// it (debug builds: the tests).
 const VERIFY_TABLE_PAGES: u64 = 65536;
@@ -248,6 +249,9 @@ pub struct LogVolume<D: BlockDevice> {
     pub(crate) counts_suspect: AtomicBool,
     /// Why the segment space could not grow the last time it tried (cleared when it grows).
     pub(crate) growth_failed: Mutex<Option<(String, Instant)>>,
+    /// Held shared by every host write, zeroing and trim from start to acknowledgement; making a
+    /// snapshot holds it alone, so the snapshot holds every write acknowledged before, none after.
+    writes: tokio::sync::RwLock<()>,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for LogVolume<D> {
@@ -259,12 +263,15 @@ impl<D: BlockDevice> std::fmt::Debug for LogVolume<D> {
 /// The metadata header (block 0 of `<name>.meta`); byte table in docs/on-disk-format.md §8.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Header {
-    /// 1: no persisted segment table; 2: the table follows the map region.
+    /// 1: no persisted segment table; 2: the table follows the map region; 3: a layer table and
+    /// a page pool for snapshots follow the table.
     version: u32,
     volume_bytes: u64,
     geo: Geometry,
     cache_blocks: u64,
     map_log_blocks: u64,
+    /// Pages of the snapshot page pool (version 3).
+    pool_pages: u64,
 }
 
 impl Header {
@@ -280,6 +287,7 @@ impl Header {
             self.geo.segments,
             self.cache_blocks,
             self.map_log_blocks,
+            self.pool_pages,
         ];
         for (i, f) in fields.iter().enumerate() {
             b[16 + 8 * i..24 + 8 * i].copy_from_slice(&f.to_le_bytes());
@@ -307,6 +315,7 @@ impl Header {
             geo: Geometry { row_blocks: f(1), batch_rows: f(2), segment_batches: f(3), segments: f(4) },
             cache_blocks: f(5),
             map_log_blocks: f(6),
+            pool_pages: if version >= 3 { f(7) } else { 0 },
         })
     }
 
@@ -322,16 +331,28 @@ impl Header {
 
     /// Bytes of the metadata part.
     fn meta_bytes(&self) -> u64 {
-        BLOCK_BYTES + self.map_layout().bytes() + self.table_region().map_or(0, |r| r.1)
+        let map = self.map_layout();
+        map.end().max(BLOCK_BYTES + map.bytes() + self.table_region().map_or(0, |r| r.1))
     }
 
     fn map_layout(&self) -> MapLayout {
-        MapLayout {
+        let plain = MapLayout {
             base: BLOCK_BYTES,
             log_blocks: self.map_log_blocks,
             blocks: self.volume_bytes / BLOCK_BYTES,
             pool: None,
-        }
+        };
+        // Version 3: the layer table and the page pool follow the segment table.
+        let pool = (self.version >= 3).then(|| {
+            let layers_at =
+                BLOCK_BYTES + plain.bytes() + table::region_bytes(self.geo.segments, self.cache_blocks);
+            crate::map::PoolLayout {
+                layers_at,
+                pages_at: layers_at + crate::layers::LAYER_TABLE_BLOCKS as u64 * BLOCK_BYTES,
+                pages: u32::try_from(self.pool_pages).expect("pool pages fit in 32 bits"),
+            }
+        });
+        MapLayout { pool, ..plain }
     }
 }
 
@@ -399,8 +420,17 @@ pub async fn create<D: BlockDevice>(
         ));
     }
     let map_log_blocks = spec.map_log_blocks.unwrap_or_else(|| (blocks / 16).clamp(1024, 65536));
-    let header =
-        Header { version: FORMAT_VERSION, volume_bytes: size_bytes, geo, cache_blocks, map_log_blocks };
+    // Snapshot copies of map pages: room for every page of the map to be copied twice (at most
+    // 4 GiB; a write that needs a copy when it is full gets ENOSPC: docs/design/snapshots.md).
+    let pool_pages = (2 * blocks.div_ceil(ENTRIES_PER_PAGE) + 64).min(1 << 20);
+    let header = Header {
+        version: FORMAT_VERSION,
+        volume_bytes: size_bytes,
+        geo,
+        cache_blocks,
+        map_log_blocks,
+        pool_pages,
+    };
     let name = spec.name.clone();
     if pool.volume(&name).is_some() || pool.meta().tiered.iter().any(|t| t.name == name) {
         return Err(EngineError::VolumeExists(name).into());
@@ -594,6 +624,7 @@ pub async fn open<D: BlockDevice>(
         moving: tokio::sync::Mutex::new(mover::Gc::default()),
         opened_from_table: from_table,
         settle: tokio::sync::RwLock::new(()),
+        writes: tokio::sync::RwLock::new(()),
         counts_suspect: AtomicBool::new(from_table),
         growth_failed: Mutex::new(None),
     });
@@ -718,6 +749,8 @@ async fn scan_map<D: BlockDevice>(map: &MapStore<D>, geo: Geometry, segments: u6
     })
     .await
     .map_err(|e| format!("map: {e}"))?;
+    // Places only snapshots hold are live too (each counted once).
+    map.scan_copies(|block, e| counts.add(block, e)).await.map_err(|e| format!("map (snapshots): {e}"))?;
     counts.checked()
 }
 
@@ -851,8 +884,17 @@ impl<D: BlockDevice> LogVolume<D> {
 
     /// Map entries of `n` blocks from `first`.
     pub(crate) async fn entries(&self, first: u64, n: u64) -> Result<Vec<MapEntry>, VolumeError> {
+        self.entries_in(None, first, n).await
+    }
+
+    /// Map entries of `n` blocks from `first` as the head (`None`) or a snapshot sees them.
+    async fn entries_in(&self, view: Option<u16>, first: u64, n: u64) -> Result<Vec<MapEntry>, VolumeError> {
         let blocks: Vec<u64> = (first..first + n).collect();
-        self.map.get_many(&blocks).await.map_err(|e| map_error(&self.name, e))
+        match view {
+            None => self.map.get_many(&blocks).await,
+            Some(layer) => self.map.get_in(layer, &blocks).await,
+        }
+        .map_err(|e| map_error(&self.name, e))
     }
 
     /// Applies map updates; on failure the volume stops taking writes (see [`Self::map_failed`]).
@@ -904,19 +946,76 @@ impl<D: BlockDevice> LogVolume<D> {
         Ok(span.clip(buf))
     }
 
+    /// Makes snapshot `name` of the volume (docs/design/snapshots.md): writes in flight finish
+    /// first and new ones wait until it is made; it holds every write acknowledged before it,
+    /// none after. Returns it once durable.
+    pub async fn create_snapshot(&self, name: &str) -> Result<LayerRecord, TierError> {
+        let refuse = |why: String| TierError::Invalid(format!("snapshot {name:?} of {}: {why}", self.name));
+        if let Some(why) = crate::layers::name_problem(name) {
+            return Err(refuse(why));
+        }
+        if self.map.snapshots().iter().any(|s| s.name == name) {
+            return Err(refuse("a snapshot of that name exists".into()));
+        }
+        self.check_writable(0, self.size_bytes)?;
+        let _drained = self.writes.write().await;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let mut record = LayerRecord::named(name, LayerKind::Snapshot, self.size_bytes);
+        record.created_seq = self.seq.load(Relaxed);
+        record.created_ms = now_ms;
+        let head = LayerRecord::named(&self.name, LayerKind::Head, self.size_bytes);
+        let id = self.map.create_snapshot(head, record).await.map_err(|e| match e {
+            MapError::Layers(why) => refuse(why),
+            MapError::PoolFull { .. } => refuse(e.to_string()),
+            e => {
+                self.map_failed(&e);
+                map_error(&self.name, e).into()
+            }
+        })?;
+        Ok(self.map.snapshots().into_iter().find(|s| s.id == id).expect("just made"))
+    }
+
+    /// The volume's snapshots, oldest first.
+    pub fn snapshots(&self) -> Vec<LayerRecord> {
+        self.map.snapshots()
+    }
+
+    /// Reads `len_bytes` at `offset_bytes` of snapshot `layer` (any alignment).
+    pub async fn read_snapshot(
+        &self,
+        layer: u16,
+        offset_bytes: u64,
+        len_bytes: usize,
+    ) -> Result<IoBuf, VolumeError> {
+        self.check_range(offset_bytes, len_bytes as u64)?;
+        if len_bytes == 0 {
+            return Ok(IoBuf::zeroed(0));
+        }
+        let span = Span::new(offset_bytes, len_bytes as u64);
+        let buf = self.read_view(Some(layer), span.first, span.blocks()).await?;
+        Ok(span.clip(buf))
+    }
+
     /// Reads whole blocks, each verified against its map entry; a block whose entry changed
     /// under the read (moved, rewritten) is read again.
     pub(crate) async fn read_blocks(&self, first: u64, n: u64) -> Result<IoBuf, VolumeError> {
+        self.read_view(None, first, n).await
+    }
+
+    /// [`Self::read_blocks`] of the head (`None`) or of a snapshot.
+    async fn read_view(&self, view: Option<u16>, first: u64, n: u64) -> Result<IoBuf, VolumeError> {
         let mut out = IoBuf::zeroed((n * BLOCK_BYTES) as usize);
         let mut pending: Vec<u64> = (0..n).collect();
-        let mut entries = self.entries(first, n).await?;
+        let mut entries = self.entries_in(view, first, n).await?;
         for attempt in 0..READ_ATTEMPTS {
             if attempt > 0 {
                 self.counters.read_retries.fetch_add(1, Relaxed);
                 tokio::task::yield_now().await;
                 entries.clear();
                 for &i in &pending {
-                    entries.push(self.entries(first + i, 1).await?[0]);
+                    entries.push(self.entries_in(view, first + i, 1).await?[0]);
                 }
             }
             let mut bad = Vec::new();
@@ -936,8 +1035,11 @@ impl<D: BlockDevice> LogVolume<D> {
                             Err(e) => {
                                 let ks = run.first_k..run.first_k + run.count as usize;
                                 let blocks: Vec<u64> = ks.clone().map(|k| first + pending_ref[k]).collect();
-                                let now =
-                                    self.map.get_many(&blocks).await.map_err(|e| map_error(&self.name, e))?;
+                                let now = match view {
+                                    None => self.map.get_many(&blocks).await,
+                                    Some(layer) => self.map.get_in(layer, &blocks).await,
+                                }
+                                .map_err(|e| map_error(&self.name, e))?;
                                 if now.iter().zip(&entries_ref[ks]).all(|(a, b)| a == b) {
                                     return Err(e);
                                 }
@@ -968,7 +1070,7 @@ impl<D: BlockDevice> LogVolume<D> {
                     let data = &buf[(j * BLOCK_BYTES) as usize..((j + 1) * BLOCK_BYTES) as usize];
                     if block_crc(data) == entries[k].crc {
                         dst.copy_from_slice(data);
-                    } else if self.entries(first + i, 1).await?[0] == entries[k] {
+                    } else if self.entries_in(view, first + i, 1).await?[0] == entries[k] {
                         return Err(self.unrecoverable(
                             first + i,
                             "the block does not match its checksum in the map (corrupt; not returned)",
@@ -1000,6 +1102,7 @@ impl<D: BlockDevice> LogVolume<D> {
         if len == 0 {
             return Ok(());
         }
+        let _write = self.writes.read().await;
         let span = Span::new(offset_bytes, len);
         crate::write_any_alignment(
             span,
@@ -1108,6 +1211,7 @@ impl<D: BlockDevice> LogVolume<D> {
             return Err(VolumeError::NotCheap { offset_bytes, len_bytes });
         }
         if let Some((first, n)) = split.cheap_blocks() {
+            let _write = self.writes.read().await;
             self.set_places(first, n, Place::Zero).await?;
         }
         for edge in [split.head, split.tail] {
@@ -1122,6 +1226,7 @@ impl<D: BlockDevice> LogVolume<D> {
     pub async fn trim(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
         self.check_range(offset_bytes, len_bytes)?;
         if let Some((first, n)) = ZeroSplit::new(offset_bytes, len_bytes, BLOCK_BYTES).cheap_blocks() {
+            let _write = self.writes.read().await;
             self.set_places(first, n, Place::Unallocated).await?;
         }
         Ok(())

@@ -315,10 +315,12 @@ impl<D: BlockDevice> LogVolume<D> {
             }
             // Entries of as many positions as could still fill the batch, read together.
             let chunk = &oldest[scanned..scanned + (want - moves.len()).min(oldest.len() - scanned)];
-            let blocks: Vec<u64> = chunk.iter().map(|c| c.1).collect();
-            let entries = self.map.get_many(&blocks).await.map_err(|e| super::map_error(&self.name, e))?;
-            for (&(pos, block), e) in chunk.iter().zip(entries) {
-                if e.place == Place::Cache(pos) {
+            // The head, or a snapshot that kept the block, may hold the position.
+            let asked: Vec<(u64, Place)> =
+                chunk.iter().map(|&(pos, block)| (block, Place::Cache(pos))).collect();
+            let held = self.map.holding(&asked).await.map_err(|e| super::map_error(&self.name, e))?;
+            for (&(pos, block), e) in chunk.iter().zip(held) {
+                if let Some(e) = e {
                     moves.push(Move { block, from: e.place, entry: e, data: IoBytes::zeroed(0) });
                 } else if self.log.is_restored(pos, block) {
                     stale.push((pos, block));
@@ -349,8 +351,12 @@ impl<D: BlockDevice> LogVolume<D> {
     async fn release_stale(&self, stale: Vec<(u64, u64)>) -> Result<(), VolumeError> {
         let _settled = self.settle.write().await;
         for (pos, block) in stale {
-            let e = self.map.get(block).await.map_err(|e| super::map_error(&self.name, e))?;
-            if e.place != Place::Cache(pos) {
+            let held = self
+                .map
+                .holding(&[(block, Place::Cache(pos))])
+                .await
+                .map_err(|e| super::map_error(&self.name, e))?;
+            if held[0].is_none() {
                 self.log.release_if_restored(pos, block);
             }
         }
@@ -383,8 +389,9 @@ impl<D: BlockDevice> LogVolume<D> {
                 kept.push(m);
                 continue;
             }
-            let now = self.map.get(m.block).await.map_err(|e| super::map_error(&self.name, e))?;
-            if now.place == m.from {
+            let held =
+                self.map.holding(&[(m.block, m.from)]).await.map_err(|e| super::map_error(&self.name, e))?;
+            if held[0].is_some() {
                 return Err(self.unrecoverable(
                     m.block,
                     "a cached block does not match its checksum in the map (both cache copies bad?)",
@@ -506,7 +513,17 @@ impl<D: BlockDevice> LogVolume<D> {
                 let space = self.space.lock();
                 match pick {
                     Pick::Garbage => space.victim(self.geo.batch_data(), &carried),
-                    Pick::Critical => space.victim(1, &carried),
+                    // Any garbage, but only while all there is adds up to a segment and a batch:
+                    // with less no segment can come free (GC pads its last batch, and the segment
+                    // it fills takes one), and GC would only swap nearly full segments forever.
+                    // Less is a full space: destage finds none and writes get ENOSPC.
+                    Pick::Critical
+                        if space.counts().garbage_blocks
+                            >= self.geo.segment_data() + self.geo.batch_data() =>
+                    {
+                        space.victim(1, &carried)
+                    }
+                    Pick::Critical => None,
                     Pick::Compact(target) => space.compaction_victim(target, &carried),
                 }
             };
@@ -544,14 +561,14 @@ impl<D: BlockDevice> LogVolume<D> {
             .enumerate()
             .filter_map(|(i, s)| s.filter(|s| s.block < self.blocks).map(|s| (i, s.block)))
             .collect();
-        let blocks: Vec<u64> = named.iter().map(|n| n.1).collect();
-        let entries = self.map.get_many(&blocks).await.map_err(|e| super::map_error(&self.name, e))?;
-        for (&(i, block), e) in named.iter().zip(entries) {
+        // Live if the head or a snapshot's copy holds the slot.
+        let asked: Vec<(u64, Place)> =
+            named.iter().map(|&(i, block)| (block, Place::Segment(base + i as u64))).collect();
+        let held = self.map.holding(&asked).await.map_err(|e| super::map_error(&self.name, e))?;
+        for (&(i, block), e) in named.iter().zip(held) {
             let s = SummaryEntry { block, ..SummaryEntry::NONE };
             let at = Place::Segment(base + i as u64);
-            if e.place != at {
-                continue;
-            }
+            let Some(e) = e else { continue };
             let data = &bytes[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE];
             if block_crc(data) != e.crc {
                 return Err(

@@ -627,6 +627,94 @@ impl<D: BlockDevice> MapStore<D> {
         Ok(out)
     }
 
+    /// For each `(block, place)`, the entry of a layer that holds `place` for `block` (the head
+    /// first, then the snapshots' copies), or `None` when no layer does: what destage and GC
+    /// ask before they move a block (docs/design/snapshots.md, "Holders").
+    pub async fn holding(&self, items: &[(u64, super::Place)]) -> Result<Vec<Option<MapEntry>>, MapError> {
+        let blocks: Vec<u64> = items.iter().map(|i| i.0).collect();
+        let heads = self.get_many(&blocks).await?;
+        let mut out = Vec::with_capacity(items.len());
+        for (&(block, place), head) in items.iter().zip(heads) {
+            if head.place == place {
+                out.push(Some(head));
+                continue;
+            }
+            let page = block / ENTRIES_PER_PAGE;
+            let tables: Vec<(u16, u32)> = {
+                let l = self.snap.layers.lock();
+                l.snaps.iter().map(|s| (s.record.id, s.dir[table_index(page)])).filter(|t| t.1 != 0).collect()
+            };
+            let mut found = None;
+            for (layer, table) in tables {
+                let ts = self.table_page(table, layer, (table_index(page) * INDEX_ENTRIES) as u64).await?;
+                let pool = ts.page().entries.lock()[table_slot(page)];
+                if pool == 0 {
+                    continue;
+                }
+                let own = self.pool_page(pool, layer, page).await?;
+                let e = own.page().entries.lock()[(block % ENTRIES_PER_PAGE) as usize];
+                if e.place == place {
+                    found = Some(e);
+                    break;
+                }
+            }
+            out.push(found);
+        }
+        Ok(out)
+    }
+
+    /// Calls `f(block, entry)` for the entries of the snapshots' copies whose place neither the
+    /// head's page nor another copy of the same page names for that block: after a scan of the
+    /// head, every place some layer holds is named exactly once (live counts at open).
+    pub async fn scan_copies(&self, mut f: impl FnMut(u64, &MapEntry)) -> Result<(), MapError> {
+        let snaps: Vec<(u16, Vec<u32>)> =
+            self.snap.layers.lock().snaps.iter().map(|s| (s.record.id, s.dir.clone())).collect();
+        let Some(tables) = snaps.first().map(|s| s.1.len()) else { return Ok(()) };
+        let pages = self.layout.pages();
+        for ti in 0..tables {
+            let first = (ti * INDEX_ENTRIES) as u64;
+            let mut tabs: Vec<(u16, Box<[u32]>)> = Vec::new();
+            for (layer, dir) in &snaps {
+                if dir[ti] != 0 {
+                    tabs.push((
+                        *layer,
+                        self.table_page(dir[ti], *layer, first).await?.page().entries.lock().clone(),
+                    ));
+                }
+            }
+            for k in 0..INDEX_ENTRIES {
+                let page = first + k as u64;
+                if page >= pages {
+                    break;
+                }
+                let copies: Vec<(u16, u32)> = tabs
+                    .iter()
+                    .filter(|t| t.1[k] != 0)
+                    .map(|(layer, entries)| (*layer, entries[k]))
+                    .collect();
+                if copies.is_empty() {
+                    continue;
+                }
+                let (_, head) = self.page_of(page * ENTRIES_PER_PAGE).await?;
+                let head: Box<[MapEntry]> = head.page().entries.lock().clone();
+                let mut own = Vec::with_capacity(copies.len());
+                for (layer, pool) in copies {
+                    own.push(self.pool_page(pool, layer, page).await?.page().entries.lock().clone());
+                }
+                for (i, h) in head.iter().enumerate() {
+                    let mut named = vec![h.place];
+                    for copy in &own {
+                        if !named.contains(&copy[i].place) {
+                            named.push(copy[i].place);
+                            f(page * ENTRIES_PER_PAGE + i as u64, &copy[i]);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Takes what a checkpoint writes for the snapshots (with the log and `pending` locked, so
     /// no preserve is half taken).
     pub(super) fn take_layer_writes(&self) -> LayerWrites {
