@@ -183,6 +183,30 @@ def close(h):
     del h
 
 
+def region_digest(h, sectors, label):
+    """CRC32 of each MiB of the region, as read through `h`."""
+    chunk = 256
+    out = []
+    for first in range(0, sectors, chunk):
+        n = min(chunk, sectors - first)
+        try:
+            out.append(zlib.crc32(h.pread(n * SECTOR, first * SECTOR)))
+        except nbd.Error as e:
+            raise Violation(f"{label}: read of sectors {first}..{first + n} failed: {e}")
+    return out
+
+
+def verify_snapshots(daemon, snaps, sectors, label):
+    """Every snapshot made reads back exactly as the volume did when it was made."""
+    for name, digest in snaps:
+        h = connect(daemon, f"v@{name}")
+        got = region_digest(h, sectors, f"{label}: snapshot {name}")
+        close(h)
+        bad = [i for i, (a, b) in enumerate(zip(got, digest)) if a != b]
+        if bad:
+            raise Violation(f"{label}: snapshot {name} differs from the volume when it was made in MiB {bad[:8]}")
+
+
 def verify(h, model, sectors, label):
     """Reads every sector and checks it; the observed versions become the new baselines."""
     chunk = 256  # sectors per read (1 MiB)
@@ -347,6 +371,9 @@ def main():
     ap.add_argument("--scrub-every", type=int, default=10,
                     help="scrub the volume after the post-kill verification every N rounds (and the last)")
     ap.add_argument("--drive-size", default="1G")
+    ap.add_argument("--snapshots", type=int, default=0,
+                    help="tiered/log layouts: make a snapshot at the start of each of the first N rounds; "
+                         "after every restart each must read exactly as the volume did when it was made")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
@@ -391,6 +418,7 @@ def run(args, rng, daemon, tag):
         create += ["--cache-size", "32M" if args.scenario == "destaging" else "64M"]
     daemon.cli(*create)
     model = Model(sectors)
+    snaps = []  # (name, CRC32 per MiB of the region when it was made)
     if args.scenario == "degraded":
         daemon.start()
         slot = pick_drive(daemon, vol, rng)
@@ -408,6 +436,12 @@ def run(args, rng, daemon, tag):
         daemon.start()
         h = connect(daemon, vol)
         verify(h, model, sectors, f"round {rnd} start")
+        verify_snapshots(daemon, snaps, sectors, f"round {rnd} start")
+        if rnd <= args.snapshots:
+            # No write is in flight: the snapshot is the volume as it reads now.
+            digest = region_digest(h, sectors, f"round {rnd} before snapshot")
+            daemon.cli("snapshot", "create", vol, f"r{rnd}")
+            snaps.append((f"r{rnd}", digest))
         if args.scenario == "rebuilding" and volume_state(daemon, vol) == "healthy":
             # A new failure only once the last rebuild finished: the kill lands during the
             # rebuild (rate-limited), and the next rounds land in its resumption.
@@ -423,6 +457,7 @@ def run(args, rng, daemon, tag):
         daemon.start()
         h = connect(daemon, vol)
         verify(h, model, sectors, f"round {rnd} after kill -9")
+        verify_snapshots(daemon, snaps, sectors, f"round {rnd} after kill -9")
         if rnd % args.scrub_every == 0 or rnd == args.rounds:
             scrub_clean(daemon, vol, f"round {rnd} after kill -9")
         if rnd % 2 == 0:

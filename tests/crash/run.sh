@@ -48,6 +48,8 @@ SCENARIOS=(
   "log|--layout log:ec:4+2"
   "log-destaging|--layout log:ec:4+2 --scenario destaging"
   "log-degraded|--layout log:ec:4+2 --scenario degraded"
+  "tiered-snapshots|--layout tiered:ec:4+2 --snapshots 3"
+  "log-snapshots|--layout log:ec:4+2 --scenario destaging --snapshots 3"
 )
 
 OUT=$(mktemp -d /tmp/stria-crashrun.XXXX)

@@ -483,11 +483,11 @@ pub async fn create<D: BlockDevice>(
             "seg",
         ),
     ];
-    // The map must read as zeros (an all-zero region is an empty map, a zero table a stale
-    // one); the cache and the
-    // segment space are never read where nothing was written (every read goes through the map),
-    // so they skip the engine's zeroing: creating them costs no I/O per byte.
-    let made = crate::create_parts_zeroing(pool, parts, [true, false, false]).await?;
+    // All three are cleared: the map so that it reads as zeros (an all-zero region is an empty
+    // map, a zero table a stale one), the cache and the segment space
+    // so that a scrub sees rows never written as unwritten (extents of a deleted volume keep its
+    // stripes and checksums); clearing is metadata only (checksum entries, 1/1024 of the bytes).
+    let made = crate::create_parts_zeroing(pool, parts, [true, true, true]).await?;
     let (meta, cache, seg) = (made[0].clone(), made[1].clone(), made[2].clone());
     meta.write(0, IoBytes::copy_from(&header.encode()), true).await?;
     if let Some((at, _)) = header.table_region() {

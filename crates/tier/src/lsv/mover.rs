@@ -296,7 +296,14 @@ impl<D: BlockDevice> LogVolume<D> {
     /// read of the space goes through the map).
     async fn resize_space(&self, segments: u64) -> Result<(), EngineError> {
         let bytes = segments * self.geo.segment_blocks() * BLOCK_BYTES;
-        self.pool.resize_volume_unzeroed(self.seg.name(), bytes).await
+        if bytes > self.seg.size_bytes() {
+            // New rows may be extents another volume gave back, with its stripes and checksums:
+            // their checksum entries are cleared (1/1024 of the rows, metadata only), so a scrub
+            // sees them as unwritten instead of as parity that disagrees.
+            self.pool.resize_volume(self.seg.name(), bytes).await
+        } else {
+            self.pool.resize_volume_unzeroed(self.seg.name(), bytes).await
+        }
     }
 
     /// Destages up to one batch of the oldest cached blocks; `pad` writes a short batch too
