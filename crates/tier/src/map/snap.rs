@@ -935,10 +935,11 @@ impl<D: BlockDevice> MapStore<D> {
     }
 }
 
-/// Pages an update holds while it applies.
+/// A page an update holds (only held: a held page cannot be evicted) from when it was loaded
+/// until the update applied.
 pub(super) enum Pin {
-    Table(#[allow(dead_code)] Arc<Slot<TablePage>>),
-    Map(#[allow(dead_code)] Arc<Slot<MapPage>>),
+    Table(#[expect(dead_code, reason = "held, never read")] Arc<Slot<TablePage>>),
+    Map(#[expect(dead_code, reason = "held, never read")] Arc<Slot<MapPage>>),
 }
 
 /// The bytes of a preserve record: (block field, 16 bytes).
