@@ -55,6 +55,64 @@ async fn cut_and_reopen(
 }
 
 #[tokio::test]
+async fn a_full_snapshot_page_pool_is_enospc_that_loses_nothing_and_the_volume_goes_on() {
+    let switch = PowerSwitch::new();
+    let devs = drives(&switch, 3);
+    let pool = create_pool(&devs).await;
+    // 1.5 MiB: 2 map pages, a pool of 68 pages; a snapshot takes a root, a directory and a
+    // table page, then a copy of each map page the volume changes after it.
+    let vol = lsv::create(&pool, small_spec(384 * 4096, 12 * 124 * 4096)).await.unwrap();
+    let mut rng = rng(3);
+    let mut now = random_bytes(&mut rng, 384 * 4096);
+    vol.write(0, IoBytes::copy_from(&now), true).await.unwrap();
+    let mut made = Vec::new();
+    let mut refused = None;
+    for i in 0..40 {
+        match vol.create_snapshot(&format!("s{i}")).await {
+            Ok(r) => made.push((r.id, now.clone())),
+            Err(e) => {
+                refused = Some(e.to_string());
+                break;
+            }
+        }
+        // A block in each map page: both pages are copied into the new snapshot.
+        for block in [7u64, 300] {
+            let data = random_bytes(&mut rng, 4096);
+            match vol.write(block * 4096, IoBytes::copy_from(&data), false).await {
+                Ok(()) => now[(block * 4096) as usize..((block + 1) * 4096) as usize].copy_from_slice(&data),
+                Err(e) => {
+                    assert!(is_no_space(&e), "a full pool is ENOSPC, not {e}");
+                    assert!(e.to_string().contains("snapshot page pool is full"), "{e}");
+                    refused.get_or_insert(e.to_string());
+                }
+            }
+        }
+        if refused.is_some() {
+            break;
+        }
+    }
+    let why = refused.expect("68 pool pages do not hold 40 snapshots");
+    assert!(why.contains("pool is full"), "{why}");
+    assert!(made.len() >= 10, "{} snapshots before the pool filled", made.len());
+    // Nothing was lost, and the volume still serves: reads, and writes to pages whose copy the
+    // newest snapshot already has.
+    assert_eq!(read_all(&vol, 384).await, now);
+    for (id, then) in &made {
+        assert_eq!(&vol.read_snapshot(*id, 0, 384 * 4096).await.unwrap().to_vec(), then, "snapshot {id}");
+    }
+    assert_ne!(vol.state(), stria_engine::VolumeState::Failed);
+    vol.close().await;
+    drop(vol);
+    // And after a reopen.
+    let vol = open_log(&pool).await.unwrap();
+    assert_eq!(read_all(&vol, 384).await, now);
+    for (id, then) in &made {
+        assert_eq!(&vol.read_snapshot(*id, 0, 384 * 4096).await.unwrap().to_vec(), then, "snapshot {id}");
+    }
+    vol.close().await;
+}
+
+#[tokio::test]
 async fn overwrites_go_through_destage_and_gc_and_read_back() {
     let switch = PowerSwitch::new();
     let devs = drives(&switch, 1);

@@ -897,12 +897,23 @@ impl<D: BlockDevice> LogVolume<D> {
         .map_err(|e| map_error(&self.name, e))
     }
 
-    /// Applies map updates; on failure the volume stops taking writes (see [`Self::map_failed`]).
+    /// Applies map updates; on failure the volume stops taking writes (see [`Self::map_failed`]),
+    /// except when the snapshot page pool had no room: then nothing was applied, and the caller
+    /// gets ENOSPC (the volume goes on).
     pub(crate) async fn update_map(&self, updates: &[Update]) -> Result<Vec<Option<MapEntry>>, VolumeError> {
         self.map.update(updates).await.map_err(|e| {
+            if matches!(e, MapError::PoolFull { .. }) {
+                let at = updates.first().map_or(0, |u| u.block * BLOCK_BYTES);
+                return self.no_space_error(at, e.to_string());
+            }
             self.map_failed(&e);
             map_error(&self.name, e)
         })
+    }
+
+    /// Whether an error of [`Self::update_map`] left the map untouched (a full snapshot pool).
+    fn nothing_applied(e: &VolumeError) -> bool {
+        matches!(e, VolumeError::Pool { source, .. } if matches!(**source, EngineError::NoSpace(_)))
     }
 
     /// Frees the places that durable updates moved blocks away from.
@@ -1188,7 +1199,16 @@ impl<D: BlockDevice> LogVolume<D> {
             })
             .collect();
         let settle = self.settle.read().await;
-        let olds = self.update_map(&updates).await?;
+        let olds = match self.update_map(&updates).await {
+            Ok(olds) => olds,
+            Err(e) => {
+                if Self::nothing_applied(&e) {
+                    // No entry points at the positions: they go back to the ring.
+                    self.log.release(start..start + n);
+                }
+                return Err(e);
+            }
+        };
         // 3. Acknowledged; free what the blocks no longer use.
         self.free_places(olds.into_iter().map(|o| o.expect("unconditional")));
         drop(settle);

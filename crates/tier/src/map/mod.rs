@@ -152,7 +152,7 @@ pub enum MapError {
     #[error("snapshot metadata: {0}")]
     Layers(String),
     #[error(
-        "the snapshot page pool is full ({needed} pages needed, {free} free): delete a snapshot to free map pages"
+        "the snapshot page pool is full ({needed} pages needed, {free} free): it holds the snapshots' copies of map pages, and deleting snapshots is not built yet (writes to map pages the newest snapshot has copied still work)"
     )]
     PoolFull { needed: u64, free: u64 },
 }
