@@ -633,6 +633,13 @@ impl<D: BlockDevice> MapStore<D> {
     pub async fn holding(&self, items: &[(u64, super::Place)]) -> Result<Vec<Option<MapEntry>>, MapError> {
         let blocks: Vec<u64> = items.iter().map(|i| i.0).collect();
         let heads = self.get_many(&blocks).await?;
+        if !self.snap.layers.lock().has_snapshots() {
+            return Ok(items
+                .iter()
+                .zip(heads)
+                .map(|(&(_, place), h)| (h.place == place).then_some(h))
+                .collect());
+        }
         let mut out = Vec::with_capacity(items.len());
         for (&(block, place), head) in items.iter().zip(heads) {
             if head.place == place {
