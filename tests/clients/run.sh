@@ -121,6 +121,29 @@ stop; start
 check_snapshot "after a restart"
 "$STRIA" scrub tv --pool "$POOL"
 
+log "tiered: deleting snapshots (an older one, then the newest) keeps every other view"
+"$STRIA" snapshot create tv s2 --pool "$POOL"
+qemu-io -f raw "$(uri tv)" -c 'write -P 0x44 0 16M' >/dev/null
+check_rest() {  # s2 (if there) reads B then A; the volume C, B, A
+  local out
+  if [ "${2:-}" = with-s2 ]; then
+    out=$(qemu-io -f raw -r "$(uri tv@s2)" -c 'read -P 0x22 0 32M' -c 'read -P 0x11 32M 32M' 2>&1)
+    ! grep -q -i "verification failed\|error" <<<"$out" || { echo "tv@s2 ($1): $out" >&2; exit 1; }
+  fi
+  out=$(qemu-io -f raw "$(uri tv)" -c 'read -P 0x44 0 16M' -c 'read -P 0x22 16M 16M' -c 'read -P 0x11 32M 32M' 2>&1)
+  ! grep -q -i "verification failed\|error" <<<"$out" || { echo "tv ($1): $out" >&2; exit 1; }
+}
+"$STRIA" snapshot delete tv s1 --pool "$POOL"
+! nbdinfo "$(uri tv@s1)" >/dev/null 2>&1 || { echo "tv@s1 is still exported after its delete" >&2; exit 1; }
+check_rest "s1 deleted" with-s2
+"$STRIA" snapshot delete tv s2 --pool "$POOL" --json | grep -q '"blocks_freed"'
+[ "$("$STRIA" snapshot list tv --pool "$POOL" --json | tr -d ' \n')" = "[]" ] || { echo "snapshots left after deleting both" >&2; exit 1; }
+! "$STRIA" snapshot delete tv s2 --pool "$POOL" 2>/dev/null || { echo "deleting a deleted snapshot succeeded" >&2; exit 1; }
+check_rest "both deleted"
+stop; start
+check_rest "both deleted, after a restart"
+"$STRIA" scrub tv --pool "$POOL"
+
 log "log: space a client TRIMs goes back to the pool (compaction, then a resize down)"
 # 960 MiB written sequentially grow lv's space past the 16 segments (32 MiB each) it starts
 # with; then all but every eighth 4 MiB is discarded, so every segment keeps some live data and

@@ -34,6 +34,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zlib
 
@@ -374,6 +375,10 @@ def main():
     ap.add_argument("--snapshots", type=int, default=0,
                     help="tiered/log layouts: make a snapshot at the start of each of the first N rounds; "
                          "after every restart each must read exactly as the volume did when it was made")
+    ap.add_argument("--delete-snapshots", action="store_true",
+                    help="in rounds with two snapshots or more, delete one while the load runs (the kill -9 may "
+                         "land in the delete): once the command returned it is gone, else it is gone or intact; "
+                         "new snapshots are made whenever fewer than --snapshots are left")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
@@ -437,7 +442,7 @@ def run(args, rng, daemon, tag):
         h = connect(daemon, vol)
         verify(h, model, sectors, f"round {rnd} start")
         verify_snapshots(daemon, snaps, sectors, f"round {rnd} start")
-        if rnd <= args.snapshots:
+        if rnd <= args.snapshots or (args.delete_snapshots and len(snaps) < args.snapshots):
             # No write is in flight: the snapshot is the volume as it reads now.
             digest = region_digest(h, sectors, f"round {rnd} before snapshot")
             daemon.cli("snapshot", "create", vol, f"r{rnd}")
@@ -449,14 +454,37 @@ def run(args, rng, daemon, tag):
             daemon.cli("drive", "fail", str(slot))
             daemon.cli("drive", "replace", str(slot))
         fua = args.mix == "fua" or (args.mix == "both" and rng.random() < 0.5)
+        deleting = None
+        if args.delete_snapshots and len(snaps) >= 2 and rng.random() < 0.5:
+            name = rng.choice(snaps)[0]
+            result = {}
+
+            def delete(name=name, result=result):
+                r = daemon.cli("snapshot", "delete", vol, name, check=False)
+                result["ok"] = r.returncode == 0
+
+            deleting = (name, threading.Thread(target=delete), result)
+            time.sleep(rng.uniform(0, 0.5))
+            deleting[1].start()
         load = Load(h, model, sectors, rng, seq_base, fua)
         inflight = load.run(rng.uniform(2, 5) if fua else rng.uniform(0.5, 4.0), kill=daemon.kill9)
         close(h)
         acked = load.acked
+        if deleting:
+            deleting[1].join()
         # Restart and verify the crash; then maybe a clean cycle on top.
         daemon.start()
         h = connect(daemon, vol)
         verify(h, model, sectors, f"round {rnd} after kill -9")
+        if deleting:
+            name, _, result = deleting
+            listed = [s["name"] for s in json.loads(daemon.cli("snapshot", "list", vol, "--json").stdout)]
+            if result.get("ok") and name in listed:
+                raise Violation(f"round {rnd}: snapshot {name} is listed after its delete returned")
+            print(f"{tag} round {rnd}: delete of {name} {'returned' if result.get('ok') else 'cut by the kill'}, "
+                  f"{'gone' if name not in listed else 'still there'}", flush=True)
+            if name not in listed:
+                snaps = [s for s in snaps if s[0] != name]
         verify_snapshots(daemon, snaps, sectors, f"round {rnd} after kill -9")
         if rnd % args.scrub_every == 0 or rnd == args.rounds:
             scrub_clean(daemon, vol, f"round {rnd} after kill -9")

@@ -48,8 +48,8 @@ SCENARIOS=(
   "log|--layout log:ec:4+2"
   "log-destaging|--layout log:ec:4+2 --scenario destaging"
   "log-degraded|--layout log:ec:4+2 --scenario degraded"
-  "tiered-snapshots|--layout tiered:ec:4+2 --snapshots 3"
-  "log-snapshots|--layout log:ec:4+2 --scenario destaging --snapshots 3"
+  "tiered-snapshots|--layout tiered:ec:4+2 --snapshots 3 --delete-snapshots"
+  "log-snapshots|--layout log:ec:4+2 --scenario destaging --snapshots 3 --delete-snapshots"
 )
 
 OUT=$(mktemp -d /tmp/stria-crashrun.XXXX)

@@ -24,8 +24,8 @@ use stria_tier::lsv::{self, LogSpec, LogVolume};
 
 pub use layout::{LayoutSpec, PlainLayout, is_log_layout, parse_plain_layout};
 pub use view::{
-    LogTag, LogView, MemberView, PlainView, SegmentView, SnapshotView, StatusView, ThinView, UnavailableView,
-    VolumeView,
+    LogTag, LogView, MemberView, PlainView, SegmentView, SnapshotDeletedView, SnapshotView, StatusView,
+    ThinView, UnavailableView, VolumeView,
 };
 
 /// Why a catalog operation failed. Engine and tier errors keep their own messages and sources.
@@ -332,6 +332,33 @@ impl<D: BlockDevice> Catalog<D> {
         };
         let rec = lv.create_snapshot(snap).await?;
         Ok(SnapshotView::of(volume, lv.size_bytes(), &rec))
+    }
+
+    /// Deletes snapshot `snap` of `volume` (docs/design/snapshots.md, "Snapshot delete"): no
+    /// data is copied; what only it held is freed for GC.
+    pub async fn snapshot_delete(
+        &self,
+        volume: &str,
+        snap: &str,
+    ) -> Result<SnapshotDeletedView, CatalogError> {
+        let lv = match self.entry_or_err(volume)? {
+            Entry::Log(lv) => lv,
+            Entry::Plain(_) => {
+                return Err(CatalogError::Invalid(format!(
+                    "`{volume}` is not log-structured: it has no snapshots"
+                )));
+            }
+        };
+        let started = std::time::Instant::now();
+        let stats = lv.delete_snapshot(snap).await?;
+        Ok(SnapshotDeletedView {
+            volume: volume.to_string(),
+            name: snap.to_string(),
+            map_pages_handed_on: stats.pages_moved,
+            map_pages_dropped: stats.pages_dropped,
+            blocks_freed: stats.entries_freed,
+            seconds: started.elapsed().as_secs_f64(),
+        })
     }
 
     /// The snapshots of `volume`, or of every log-structured volume; oldest first per volume.

@@ -188,6 +188,20 @@ pub struct SnapshotView {
     pub created_ms: u64,
 }
 
+/// What `snapshot delete` did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SnapshotDeletedView {
+    pub volume: String,
+    pub name: String,
+    /// Map page copies handed to the next older snapshot (its view of those pages).
+    pub map_pages_handed_on: u64,
+    /// Map page copies dropped.
+    pub map_pages_dropped: u64,
+    /// Blocks only the snapshot held, now free for GC to collect.
+    pub blocks_freed: u64,
+    pub seconds: f64,
+}
+
 impl SnapshotView {
     pub fn of(volume: &str, size_bytes: u64, rec: &stria_tier::layers::LayerRecord) -> SnapshotView {
         SnapshotView {

@@ -211,6 +211,18 @@ impl<P> PageCache<P> {
         out
     }
 
+    /// Drops page `id` from the cache, dirty or not: the owner freed the page on disk, and
+    /// whatever it held must not be written or read again.
+    pub fn forget(&self, id: u64) {
+        let mut r = self.resident.lock();
+        if r.slots.remove(&id).is_some() {
+            let at = r.clock.iter().position(|&c| c == id).expect("a resident page is on the clock");
+            r.clock.swap_remove(at);
+            r.dirty.retain(|&d| d != id);
+        }
+        self.note(&r, 0);
+    }
+
     /// Marks page `id` (whose slot the caller holds) dirty. Call it *after* changing the page:
     /// a write-back that took the page before this either saw the change or leaves it dirty.
     pub fn mark_dirty(&self, id: u64, slot: &Slot<P>) {

@@ -186,6 +186,14 @@ enum SnapshotCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Delete a snapshot. No data is copied: its map pages are handed to the next older
+    /// snapshot or dropped, and blocks only it held are freed for garbage collection.
+    Delete {
+        volume: String,
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -450,6 +458,23 @@ async fn snapshot(dir: &PoolDir, cmd: SnapshotCmd) -> Result<()> {
                 print_json(&v);
             } else {
                 output::snapshots(&view::<Vec<stria_catalog::SnapshotView>>(v)?);
+            }
+        }
+        SnapshotCmd::Delete { volume, name, json } => {
+            let v = request(dir, Request::SnapshotDelete { volume, name }).await?;
+            if json {
+                print_json(&v);
+            } else {
+                let d: stria_catalog::SnapshotDeletedView = view(v)?;
+                outln!(
+                    "deleted snapshot {} of {} in {:.3} s: {} map pages handed on, {} dropped, {} blocks freed for GC",
+                    d.name,
+                    d.volume,
+                    d.seconds,
+                    d.map_pages_handed_on,
+                    d.map_pages_dropped,
+                    d.blocks_freed
+                );
             }
         }
     }

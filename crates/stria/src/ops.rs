@@ -90,6 +90,10 @@ pub(crate) enum Request {
     SnapshotList {
         volume: Option<String>,
     },
+    SnapshotDelete {
+        volume: String,
+        name: String,
+    },
 }
 
 impl Request {
@@ -101,6 +105,7 @@ impl Request {
                 | Request::VolumeDelete { .. }
                 | Request::VolumeResize { .. }
                 | Request::SnapshotCreate { .. }
+                | Request::SnapshotDelete { .. }
         )
     }
 }
@@ -276,6 +281,7 @@ pub(crate) async fn execute(
         }
         Request::SnapshotCreate { volume, name } => to_json(&catalog.snapshot_create(&volume, &name).await?),
         Request::SnapshotList { volume } => to_json(&catalog.snapshots(volume.as_deref())?),
+        Request::SnapshotDelete { volume, name } => to_json(&catalog.snapshot_delete(&volume, &name).await?),
         Request::Scrub { name } => {
             let report = catalog
                 .scrub(&name, &mut |part, done, total| {

@@ -368,8 +368,14 @@ impl PagePool {
         Ok(pool)
     }
 
-    fn is_used(&self, p: u32) -> bool {
-        self.used[p as usize / 64] >> (p % 64) & 1 == 1
+    /// Whether page `p` is in use (released ones included until they are free).
+    pub fn is_used(&self, p: u32) -> bool {
+        p < self.pages && self.used[p as usize / 64] >> (p % 64) & 1 == 1
+    }
+
+    /// Whether page `p` was released and waits for a checkpoint.
+    pub fn is_released(&self, p: u32) -> bool {
+        self.released.iter().any(|&(_, r)| r == p)
     }
 
     fn set(&mut self, p: u32) {

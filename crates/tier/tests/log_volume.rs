@@ -2,7 +2,7 @@
 //! GC, TRIM gives space back, a full segment space gives ENOSPC and loses nothing) and a seeded
 //! simulation of *sequences* of power cuts on one pool (several per seed) during host writes,
 //! destage, GC and map checkpoints, with a failed fast or capacity drive in some seeds. A third
-//! of the seeds make snapshots between phases of writes; after every boot each snapshot whose
+//! of the seeds make snapshots between phases of writes (and delete some while writes go on); after every boot each snapshot whose
 //! making returned must be there and read back as the volume was when it was made (destage, GC
 //! and the cuts move its blocks; a snapshot must never lose one or see a later write).
 //!
@@ -868,6 +868,27 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
                 tokio::join!(sim_writer(&vol, &tracker, seed_c, 0), sim_writer(&vol, &tracker, seed_c, 1));
             }
         }
+        if seed.is_multiple_of(3) && !sim.snaps.is_empty() && sim.rng.random_bool(0.4) {
+            // A delete while the writers go on: the other snapshots keep their views; one the
+            // power cut in the middle of its delete may be there after the boot, or not.
+            let i = sim.rng.random_range(0..sim.snaps.len());
+            let name = sim.snaps[i].0.clone();
+            sim.snaps[i].2 = false;
+            let seed_d = seed_c + 700;
+            let (deleted, (), ()) = tokio::join!(
+                vol.delete_snapshot(&name),
+                sim_writer(&vol, &tracker, seed_d, 0),
+                sim_writer(&vol, &tracker, seed_d, 1)
+            );
+            sim.note(format!(
+                "  delete {name}: {}",
+                deleted.as_ref().map_or_else(|e| e.to_string(), |d| format!("{d:?}"))
+            ));
+            if deleted.is_ok() {
+                SNAPSHOT_DELETES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                sim.snaps.retain(|s| s.0 != name);
+            }
+        }
         sim.tracker = tracker.into_inner();
         let st = vol.status();
         sim.note(format!(
@@ -898,6 +919,9 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
     (opens.0, opens.1, given_back, snapshots_checked)
 }
 
+/// Snapshot deletes that returned, over the seeds of one run.
+static SNAPSHOT_DELETES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 #[tokio::test(start_paused = true)]
 async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_no_write() {
     if let Ok(s) = std::env::var("STRIA_LOG_SEED") {
@@ -906,6 +930,7 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
     }
     let n: u64 = std::env::var("STRIA_LOG_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
     let (mut opens, mut given_back, mut snapshots) = ((0, 0), 0, 0);
+    let deletes = || SNAPSHOT_DELETES.load(std::sync::atomic::Ordering::Relaxed);
     for seed in 0..n {
         let (table, scan, back, snaps) = run_log_sequence(seed, false).await;
         opens = (opens.0 + table, opens.1 + scan);
@@ -914,12 +939,15 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
     }
     eprintln!(
         "{n} seeds: {} opens from the segment table, {} by a map scan; {given_back} segments given back; \
-         {snapshots} snapshot checks after a boot",
-        opens.0, opens.1
+         {snapshots} snapshot checks after a boot, {} snapshot deletes",
+        opens.0,
+        opens.1,
+        deletes()
     );
     if n >= 20 {
         assert!(opens.0 > 0 && opens.1 > 0, "both ways to open were exercised: {opens:?}");
         assert!(given_back > 0, "spaces were compacted and given back amid the cuts");
         assert!(snapshots > 0, "snapshots were checked after cuts");
+        assert!(deletes() > 0, "snapshots were deleted amid writes and cuts");
     }
 }

@@ -8,7 +8,9 @@
 //! workers also move blocks (as GC does) that the head or only a snapshot holds, and after every
 //! recovery each snapshot whose making returned reads back exactly as the head was when it was
 //! made (with the moves since), never with a later write; an overwrite frees a place only when no
-//! snapshot holds it.
+//! snapshot holds it. Snapshots are also deleted between phases (and power cuts land in the
+//! middle of deletes): the others keep their views, the entries a delete hands back for freeing
+//! are exactly those no other layer holds, and a delete a cut interrupted is finished at open.
 //!
 //! `STRIA_MAP_SEEDS=N` sets the number of seeds (default 60); `STRIA_MAP_SEED=S` replays one.
 
@@ -20,6 +22,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 static SNAPSHOT_VIEWS_CHECKED: AtomicU64 = AtomicU64::new(0);
 static FREES_HELD_BACK: AtomicU64 = AtomicU64::new(0);
 static MOVES_OF_SNAPSHOT_ONLY_BLOCKS: AtomicU64 = AtomicU64::new(0);
+static DELETES_DONE: AtomicU64 = AtomicU64::new(0);
+static DELETES_CUT: AtomicU64 = AtomicU64::new(0);
+static PAGES_HANDED_ON: AtomicU64 = AtomicU64::new(0);
 
 use rand::Rng;
 use stria_dev::{BlockDevice, FaultConfig, PowerSwitch};
@@ -75,6 +80,8 @@ struct SnapModel {
     name: String,
     id: Option<u16>,
     durable: bool,
+    /// Its delete began and did not return: it may be gone after a cut.
+    deleting: bool,
     view: Versions,
 }
 
@@ -95,13 +102,29 @@ impl Model {
     fn live_snaps(&mut self) -> impl Iterator<Item = &mut SnapModel> {
         self.snaps.iter_mut().filter(|s| s.id.is_some())
     }
+
+    /// Checks places a delete of snapshot `gone` (an index of `snaps`, or none at open) handed
+    /// back for freeing: no other layer holds them.
+    fn check_freed(&self, freed: &[(u64, MapEntry)], gone: Option<usize>, what: &str) {
+        for (block, e) in freed {
+            let b = *block;
+            assert!(matches!(e.place, Place::Segment(_)), "{what}: freed {e:?}, not a place");
+            assert!(self.head.latest(b) != *e, "{what}: freed {e:?}, which the head holds for block {b}");
+            for (i, s) in self.snaps.iter().enumerate() {
+                if Some(i) != gone && s.id.is_some() && !s.deleting {
+                    assert!(s.view.latest(b) != *e, "{what}: freed {e:?}, which snapshot {} holds", s.name);
+                }
+            }
+        }
+    }
 }
 
 fn record(name: &str, kind: LayerKind) -> LayerRecord {
     LayerRecord::named(name, kind, BLOCKS * 4096)
 }
 
-async fn worker(store: &MapStore<Dev>, model: &RefCell<Model>, seed: u64, w: u64) {
+/// Worker `w` updates blocks of its own in `window` (a range of blocks).
+async fn worker(store: &MapStore<Dev>, model: &RefCell<Model>, seed: u64, w: u64, window: (u64, u64)) {
     let mut rng = rng(seed ^ (w + 1).wrapping_mul(0x9e37_79b9));
     for _ in 0..rng.random_range(10..60) {
         if rng.random_bool(0.2) && !move_some(store, model, seed, w, &mut rng).await {
@@ -115,7 +138,7 @@ async fn worker(store: &MapStore<Dev>, model: &RefCell<Model>, seed: u64, w: u64
             for _ in 0..n {
                 // Each worker owns the blocks b % WORKERS == w: per block, issue order is
                 // apply order.
-                let block = rng.random_range(0..BLOCKS / WORKERS) * WORKERS + w;
+                let block = rng.random_range(window.0 / WORKERS..window.1 / WORKERS) * WORKERS + w;
                 let entry = m.entry();
                 replaced.push(m.head.latest(block));
                 m.head.versions[block as usize].push(entry);
@@ -253,6 +276,13 @@ async fn run_seed(seed: u64) {
         let store = MapStore::open(vol, layout, cache_pages)
             .await
             .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: map open: {e}"));
+        // A delete a cut interrupted is finished before anything else.
+        let mut freed = Vec::new();
+        store
+            .finish_deletes(|f| freed.extend(f))
+            .await
+            .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: finishing deletes: {e}"));
+        let freed_at_open = freed;
         // Every block is one of its allowed versions; what it is now is the new baseline.
         let all: Vec<u64> = (0..BLOCKS).collect();
         let now = store.get_many(&all).await.unwrap_or_else(|e| panic!("seed {seed}: get: {e}"));
@@ -271,10 +301,11 @@ async fn run_seed(seed: u64) {
             m.snaps.retain_mut(|s| {
                 s.id = found.iter().find(|f| f.name == s.name).map(|f| f.id);
                 assert!(
-                    s.id.is_some() || !s.durable,
+                    s.id.is_some() || !s.durable || s.deleting,
                     "seed {seed} cycle {cycle}: snapshot {:?} was made and is gone",
                     s.name
                 );
+                s.deleting = false;
                 s.id.is_some()
             });
         }
@@ -290,6 +321,11 @@ async fn run_seed(seed: u64) {
             }
             m.snaps[i].view.settle(got, &format!("seed {seed} cycle {cycle}: snapshot {id}"));
         }
+        model.borrow().check_freed(
+            &freed_at_open,
+            None,
+            &format!("seed {seed} cycle {cycle}: finishing a delete"),
+        );
         let clean = rng.random_bool(0.2);
         if !clean {
             switch.trip_after_ops(rng.random_range(50..3000));
@@ -303,7 +339,7 @@ async fn run_seed(seed: u64) {
         }
         let done = std::cell::Cell::new(false);
         let workers = async {
-            let phases = if snapshots { rng.random_range(1..4) } else { 1 };
+            let phases = if snapshots { rng.random_range(1..6) } else { 1 };
             for phase in 0..phases {
                 if phase > 0 && made < 10 {
                     // Between phases no update is in flight: the snapshot is the head as it is.
@@ -316,6 +352,7 @@ async fn run_seed(seed: u64) {
                         name: name.clone(),
                         id: None,
                         durable: false,
+                        deleting: false,
                         view,
                     });
                     let made_ok = store
@@ -336,8 +373,74 @@ async fn run_seed(seed: u64) {
                         Err(_) => break,
                     }
                 }
+                let live: Vec<usize> = model
+                    .borrow()
+                    .snaps
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.id.is_some())
+                    .map(|(i, _)| i)
+                    .collect();
+                if phase > 0 && !live.is_empty() && rng.random_bool(0.4) {
+                    let i = live[rng.random_range(0..live.len())];
+                    let id = {
+                        let mut m = model.borrow_mut();
+                        m.snaps[i].deleting = true;
+                        m.snaps[i].id.expect("live")
+                    };
+                    let mut freed = Vec::new();
+                    if !clean && rng.random_bool(0.3) {
+                        // A cut inside the delete (it writes a checkpoint and a few log blocks).
+                        switch.trip_after_ops(rng.random_range(0..40));
+                    }
+                    let deleted = store.delete_snapshot(id, |f| freed.extend(f)).await;
+                    let what = format!("seed {seed} cycle {cycle}: deleting snapshot {id}");
+                    let mut m = model.borrow_mut();
+                    m.check_freed(&freed, Some(i), &what);
+                    match deleted {
+                        Ok(stats) => {
+                            // Exactly: every place only it held is freed.
+                            let mut want: Vec<MapEntry> =
+                                (0..BLOCKS)
+                                    .map(|b| m.snaps[i].view.latest(b))
+                                    .enumerate()
+                                    .filter(|(b, e)| {
+                                        let b = *b as u64;
+                                        matches!(e.place, Place::Segment(_))
+                                            && m.head.latest(b) != *e
+                                            && !m.snaps.iter().enumerate().any(|(j, s)| {
+                                                j != i && s.id.is_some() && s.view.latest(b) == *e
+                                            })
+                                    })
+                                    .map(|(_, e)| e)
+                                    .collect();
+                            let mut got: Vec<MapEntry> = freed.iter().map(|f| f.1).collect();
+                            want.sort_by_key(|e| e.seq);
+                            got.sort_by_key(|e| e.seq);
+                            assert_eq!(got, want, "{what}: the places only it held");
+                            PAGES_HANDED_ON.fetch_add(stats.pages_moved, Relaxed);
+                            DELETES_DONE.fetch_add(1, Relaxed);
+                            m.snaps.remove(i);
+                        }
+                        Err(_) => {
+                            DELETES_CUT.fetch_add(1, Relaxed);
+                            break;
+                        }
+                    }
+                }
                 let round = seed * 100 + cycle * 10 + phase as u64;
-                futures::future::join_all((0..WORKERS).map(|w| worker(&store, &model, round, w))).await;
+                // Some phases change a few map pages only: a later snapshot then has copies of
+                // pages an older one does not, which deleting it hands on.
+                let pages = BLOCKS.div_ceil(255);
+                let window = if snapshots && rng.random_bool(0.8) {
+                    let first = rng.random_range(0..pages);
+                    let last = (first + rng.random_range(1..4)).min(pages);
+                    (first * 255, (last * 255).min(BLOCKS))
+                } else {
+                    (0, BLOCKS)
+                };
+                futures::future::join_all((0..WORKERS).map(|w| worker(&store, &model, round, w, window)))
+                    .await;
             }
             done.set(true);
         };
@@ -383,8 +486,13 @@ async fn map_updates_survive_any_sequence_of_power_cuts() {
         FREES_HELD_BACK.load(Relaxed),
         MOVES_OF_SNAPSHOT_ONLY_BLOCKS.load(Relaxed),
     );
+    let (deletes, cut, handed) =
+        (DELETES_DONE.load(Relaxed), DELETES_CUT.load(Relaxed), PAGES_HANDED_ON.load(Relaxed));
     eprintln!(
-        "{seeds} seeds: {views} snapshot views checked after a reopen, {held} overwrites kept a place a snapshot holds, {moves} moves of blocks only snapshots hold"
+        "{seeds} seeds: {views} snapshot views checked after a reopen, {held} overwrites kept a place a snapshot holds, {moves} moves of blocks only snapshots hold, {deletes} deletes ({handed} pages handed on), {cut} cut by the power"
     );
-    assert!(seeds < 20 || (views > 0 && held > 0 && moves > 0), "the snapshot paths did not run");
+    assert!(
+        seeds < 20 || (views > 0 && held > 0 && moves > 0 && deletes > 0 && handed > 0 && cut > 0),
+        "the snapshot paths did not run"
+    );
 }

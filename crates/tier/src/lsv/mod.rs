@@ -39,6 +39,7 @@ use stria_engine::{
 
 use crate::layers::{LayerKind, LayerRecord};
 use crate::log::CacheLog;
+use crate::map::DeleteStats;
 use crate::map::{ENTRIES_PER_PAGE, MapEntry, MapError, MapLayout, MapStore, Place, Update};
 use crate::{PartStatus, TierError, block_crc};
 use space::{Geometry, Space, SpaceCounts};
@@ -636,6 +637,15 @@ pub async fn open<D: BlockDevice>(
             seq: Arc::clone(&vol.seq),
         }));
     }
+    // A snapshot delete a crash cut short is finished before the volume is used.
+    let finished = vol
+        .map
+        .finish_deletes(|freed| vol.free_places(freed.into_iter().map(|(_, e)| e)))
+        .await
+        .map_err(|e| corrupt(format!("finishing a snapshot delete: {e}")))?;
+    if finished > 0 {
+        tracing::info!(volume = %rec.name, finished, "finished snapshot deletes a crash interrupted");
+    }
     mover::spawn(&vol);
     mover::spawn_checkpoints(&vol);
     Ok(vol)
@@ -986,6 +996,35 @@ impl<D: BlockDevice> LogVolume<D> {
             }
         })?;
         Ok(self.map.snapshots().into_iter().find(|s| s.id == id).expect("just made"))
+    }
+
+    /// Deletes snapshot `name` (docs/design/snapshots.md, "Snapshot delete"): no data is
+    /// copied; its map page copies are handed to the next older snapshot or dropped, and the
+    /// places no layer holds any more are freed for GC. Writes wait while it runs (it costs a
+    /// log record per map page the snapshot owns).
+    pub async fn delete_snapshot(&self, name: &str) -> Result<DeleteStats, TierError> {
+        let Some(snap) = self.map.snapshots().into_iter().find(|s| s.name == name) else {
+            return Err(TierError::Invalid(format!("{} has no snapshot {name:?}", self.name)));
+        };
+        self.check_writable(0, self.size_bytes)?;
+        let stats = self
+            .map
+            .delete_snapshot(snap.id, |freed| self.free_places(freed.into_iter().map(|(_, e)| e)))
+            .await
+            .map_err(|e| match e {
+                MapError::Layers(why) => {
+                    TierError::Invalid(format!("deleting snapshot {name:?} of {}: {why}", self.name))
+                }
+                MapError::PoolFull { .. } => {
+                    TierError::Invalid(format!("deleting snapshot {name:?} of {}: {e}", self.name))
+                }
+                e => {
+                    self.map_failed(&e);
+                    map_error(&self.name, e).into()
+                }
+            })?;
+        tracing::info!(volume = %self.name, snapshot = name, ?stats, "snapshot deleted");
+        Ok(stats)
     }
 
     /// The volume's snapshots, oldest first.

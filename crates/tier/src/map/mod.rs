@@ -36,7 +36,7 @@ use stria_engine::pagecache::{PageCache, PageCacheStats, Slot};
 use stria_engine::{Volume, VolumeError};
 
 use snap::POOL_KEY;
-pub use snap::{HEAD_LAYER, PoolLayout};
+pub use snap::{DeleteStats, HEAD_LAYER, PoolLayout};
 
 /// Map entries per page.
 pub const ENTRIES_PER_PAGE: u64 = 255;
@@ -214,13 +214,18 @@ type DirtyPage = (u64, Arc<Slot<MapPage>>);
 #[derive(Debug)]
 struct MapPage {
     entries: parking_lot::Mutex<Box<[MapEntry]>>,
-    owner: u16,
+    /// Changes when a snapshot delete hands a copy to an older snapshot.
+    owner: std::sync::atomic::AtomicU16,
     page: u64,
 }
 
 impl MapPage {
     fn head(page: u64, entries: Box<[MapEntry]>) -> MapPage {
-        MapPage { entries: parking_lot::Mutex::new(entries), owner: 0, page }
+        MapPage { entries: parking_lot::Mutex::new(entries), owner: 0.into(), page }
+    }
+
+    fn owner(&self) -> u16 {
+        self.owner.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -258,17 +263,22 @@ struct Delta {
     /// A preserve record (the other fields unused): `preserve.0`'s copy of head page
     /// `preserve.1` is pool page `preserve.2`, with table page `preserve.3` made for it (or 0).
     preserve: Option<(u16, u64, u32, u32)>,
+    /// A table record of a snapshot delete (the other fields unused).
+    table_op: Option<snap::TableOp>,
 }
 
 impl Delta {
     fn entry(layer: u16, key: u64, block: u64, entry: MapEntry, before: MapEntry) -> Delta {
-        Delta { layer, key, block, entry, before, preserve: None }
+        Delta { layer, key, block, entry, before, preserve: None, table_op: None }
     }
 
     /// Its log record: the block field (the layer in the top 16 bits) and 16 bytes.
     fn record(&self) -> (u64, [u8; 16]) {
         if let Some((layer, page, pool, table)) = self.preserve {
             return snap::encode_preserve(layer, page, pool, table);
+        }
+        if let Some(op) = self.table_op {
+            return snap::encode_table_op(op);
         }
         let mut b = [0u8; 16];
         self.entry.encode(&mut b);
@@ -442,6 +452,9 @@ impl<D: BlockDevice> MapStore<D> {
                     }
                     Some(snap::Record::Preserve { layer, page, pool, table }) => {
                         self.replay_preserve(layer, page, pool, table).await?;
+                    }
+                    Some(snap::Record::Table(op)) => {
+                        self.apply_table_op(op, Some(seq)).await?;
                     }
                     None => {
                         return Err(MapError::Layers(format!(
@@ -852,13 +865,13 @@ impl<D: BlockDevice> MapStore<D> {
                     let entries = mp.entries.lock();
                     let mut changes = undo.range((*key, 0)..(*key, ENTRIES_PER_PAGE)).peekable();
                     if changes.peek().is_none() {
-                        encode_page(mp.owner, mp.page, &entries, out);
+                        encode_page(mp.owner(), mp.page, &entries, out);
                     } else {
                         let mut durable = entries.to_vec();
                         for ((_, at), before) in changes {
                             durable[*at as usize] = *before;
                         }
-                        encode_page(mp.owner, mp.page, &durable, out);
+                        encode_page(mp.owner(), mp.page, &durable, out);
                         undone.push((*key, Arc::clone(slot)));
                     }
                 }
@@ -929,7 +942,7 @@ fn undo_map(
     }
     let mut undo = std::collections::BTreeMap::new();
     for (i, d) in pending.deltas.iter().enumerate().skip(from) {
-        if d.preserve.is_some() {
+        if d.preserve.is_some() || d.table_op.is_some() {
             continue;
         }
         let at = d.block % ENTRIES_PER_PAGE;
@@ -975,14 +988,15 @@ fn decode_page(page: u64, b: &[u8]) -> Option<Box<[MapEntry]>> {
     Some((0..ENTRIES_PER_PAGE as usize).map(|i| MapEntry::decode(&b[16 + 16 * i..32 + 16 * i])).collect())
 }
 
-/// Snapshot `owner`'s copy of map page `page` from its bytes (never all zeros); `None` if it
-/// is not that page.
-fn decode_owned_page(owner: u16, page: u64, b: &[u8]) -> Option<Box<[MapEntry]>> {
+/// A snapshot's copy of map page `page` from its bytes (never all zeros); `None` if it is not a
+/// copy of that page. The owner written in it is not checked: a delete hands copies to older
+/// snapshots, and a copy is rewritten with its new owner only at the next checkpoint.
+fn decode_owned_page(page: u64, b: &[u8]) -> Option<Box<[MapEntry]>> {
     let magic = u32::from_le_bytes(b[0..4].try_into().expect("4 bytes"));
     let index = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes"));
     let crc = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
     let found = u16::from_le_bytes(b[12..14].try_into().expect("2 bytes"));
-    if magic != PAGE_MAGIC || u64::from(index) != page || found != owner || crc != page_crc(b) {
+    if magic != PAGE_MAGIC || u64::from(index) != page || found == 0 || crc != page_crc(b) {
         return None;
     }
     Some((0..ENTRIES_PER_PAGE as usize).map(|i| MapEntry::decode(&b[16 + 16 * i..32 + 16 * i])).collect())
@@ -1267,6 +1281,77 @@ mod tests {
         let (used, pages) = map.pool_pages();
         // 2 snapshots x (root + directory + table + 3 copies).
         assert_eq!((used, pages), (1 + 2 * 6, 64));
+    }
+
+    async fn delete(map: &MapStore<Arc<MemDevice>>, layer: u16) -> (DeleteStats, Vec<MapEntry>) {
+        let mut freed = Vec::new();
+        let stats =
+            map.delete_snapshot(layer, |f| freed.extend(f.into_iter().map(|(_, e)| e))).await.unwrap();
+        freed.sort_by_key(|e| e.seq);
+        (stats, freed)
+    }
+
+    fn versions(v: impl Fn(u64) -> u64) -> Vec<MapEntry> {
+        (0..600).map(|b| entry(v(b) * 1000 + b)).collect()
+    }
+
+    #[tokio::test]
+    async fn deleting_snapshots_hands_copies_on_and_frees_only_what_no_layer_holds() {
+        let layout = snapshot_layout(64);
+        let (devs, vol) = pool_with_map_volume(layout).await;
+        let map = MapStore::open(vol, layout, 4).await.unwrap();
+        write_all(&map, 1).await;
+        let s1 = snapshot(&map, "s1").await;
+        write_all(&map, 2).await;
+        let s2 = snapshot(&map, "s2").await;
+        let even: Vec<Update> =
+            (0..300).map(|b| Update { block: b * 2, entry: entry(3000 + b * 2), expect: None }).collect();
+        map.update(&even).await.unwrap();
+        let s3 = snapshot(&map, "s3").await;
+        write_all(&map, 4).await;
+        let (want1, want3, want_head) =
+            (versions(|_| 1), versions(|b| if b % 2 == 0 { 3 } else { 2 }), versions(|_| 4));
+        // The middle one: s1 has its own copy of every page, so s2's are dropped; of s2's
+        // entries only the even blocks' are held by nobody else (s3 holds the odd ones).
+        let (stats, freed) = delete(&map, s2).await;
+        assert_eq!(stats, DeleteStats { pages_moved: 0, pages_dropped: 3, entries_freed: 300 });
+        assert_eq!(freed, (0..300).map(|b| entry(2000 + b * 2)).collect::<Vec<_>>());
+        assert_eq!(map.snapshots().iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["s1", "s3"]);
+        assert!(map.get_in(s2, &[0]).await.is_err(), "a deleted snapshot cannot be read");
+        assert_eq!(view(&map, s1).await, want1);
+        assert_eq!(view(&map, s3).await, want3);
+        assert_eq!(view(&map, 0).await, want_head);
+        // The newest: s1 becomes the one preserves go to, and it owns every page already.
+        let (stats, freed) = delete(&map, s3).await;
+        assert_eq!((stats.pages_dropped, freed.len()), (3, 600));
+        let before = map.stats().await.pages_preserved;
+        write_all(&map, 5).await;
+        assert_eq!(map.stats().await.pages_preserved, before, "s1 owns every page: nothing copied");
+        assert_eq!(view(&map, s1).await, want1);
+        // Moves: sa copies page 0 only, sb pages 0 and 1; deleting sb hands page 1 to sa.
+        let sa = snapshot(&map, "sa").await;
+        map.update(&[Update { block: 0, entry: entry(6000), expect: None }]).await.unwrap();
+        let sb = snapshot(&map, "sb").await;
+        let both = [0, 300].map(|b| Update { block: b, entry: entry(7000 + b), expect: None });
+        map.update(&both).await.unwrap();
+        let want_a = view(&map, sa).await;
+        let (stats, freed) = delete(&map, sb).await;
+        assert_eq!(stats, DeleteStats { pages_moved: 1, pages_dropped: 1, entries_freed: 1 });
+        assert_eq!(freed, vec![entry(6000)], "block 0's version between sa and sb");
+        assert_eq!(view(&map, sa).await, want_a);
+        // What the deletes did is in the tables and the log: a reopen sees the same.
+        drop(map);
+        let map = MapStore::open(reopen(&devs).await, layout, 4).await.unwrap();
+        assert_eq!(map.snapshots().iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["s1", "sa"]);
+        assert_eq!(view(&map, s1).await, want1);
+        assert_eq!(view(&map, sa).await, want_a);
+        // Deleting all gives every pool page back after a checkpoint.
+        delete(&map, s1).await;
+        delete(&map, sa).await;
+        map.checkpoint().await.unwrap();
+        assert_eq!(map.pool_pages(), (1, 64), "only page 0, which is never used");
+        let ids = snapshot(&map, "again").await;
+        assert!(ids > sa, "layer ids are not reused in one open (none is left to take the max of)");
     }
 
     #[tokio::test]

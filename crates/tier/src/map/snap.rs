@@ -37,6 +37,10 @@ pub(super) const CONTROL_TAG: u64 = 0xFFFF;
 /// Low bits of a log record's block field: the logical block (or a control record's operands).
 pub(super) const BLOCK_MASK: u64 = (1 << 48) - 1;
 const OP_PRESERVE: u64 = 1;
+const OP_OWN: u64 = 2;
+const OP_DROP: u64 = 3;
+/// Pages a snapshot delete hands on per batch of table records (one log block holds 169).
+const HAND_ON_BATCH: usize = 128;
 /// The origin head's layer id in layer records (its deltas carry layer 0 in the log).
 pub const HEAD_LAYER: u16 = 1;
 
@@ -90,6 +94,9 @@ pub(super) struct Layers {
     snaps: Vec<Snap>,
     pool: PagePool,
     records_dirty: bool,
+    /// The next layer id to give out: ids are not reused while the log may hold records of a
+    /// deleted layer (past ids seen in the layer table and in replayed records).
+    next_id: u16,
 }
 
 /// Snapshot state of a [`MapStore`].
@@ -160,6 +167,7 @@ impl SnapState {
                 snaps: Vec::new(),
                 pool: PagePool::new(pool.map_or(0, |p| p.pages)),
                 records_dirty: false,
+                next_id: HEAD_LAYER + 1,
             }),
             tables: PageCache::new((cache_pages / 16).max(4)),
             gate: tokio::sync::RwLock::new(()),
@@ -198,7 +206,7 @@ impl<D: BlockDevice> MapStore<D> {
 
     /// The snapshots, oldest first.
     pub fn snapshots(&self) -> Vec<LayerRecord> {
-        self.snap.layers.lock().snaps.iter().map(|s| s.record.clone()).collect()
+        self.snap.layers.lock().snaps.iter().filter(|s| !s.record.hidden).map(|s| s.record.clone()).collect()
     }
 
     /// Pool pages in use and in all (0, 0 without a pool).
@@ -219,6 +227,7 @@ impl<D: BlockDevice> MapStore<D> {
         snap_records.sort_by_key(|r| r.created_seq);
         let tables_per_snap = self.layout.pages().div_ceil(INDEX_ENTRIES as u64) as usize;
         let mut used = Vec::new();
+        let mut copies = Vec::new();
         let mut snaps = Vec::new();
         for record in snap_records {
             let id = record.id;
@@ -239,7 +248,7 @@ impl<D: BlockDevice> MapStore<D> {
                 }
                 let table = self.read_index(t, IndexLevel::Table, id, (ti * INDEX_ENTRIES) as u64).await?;
                 used.push(t);
-                used.extend(table.entries.iter().copied().filter(|&p| p != 0));
+                copies.extend(table.entries.iter().copied().filter(|&p| p != 0));
             }
             snaps.push(Snap { record, dir, dir_pages, dir_dirty: false, root_dirty: false });
         }
@@ -257,9 +266,22 @@ impl<D: BlockDevice> MapStore<D> {
                 }
             }
         }
-        let pool = PagePool::with_used(pl.pages, used).map_err(layers_error)?;
+        let mut pool = PagePool::with_used(pl.pages, used).map_err(layers_error)?;
+        // A copy may be named by two snapshots' tables for a while: a checkpoint that did not
+        // finish can have written the table of the snapshot a delete handed it to and not yet
+        // the other's; replaying the delete's record clears the other.
+        for p in copies {
+            if p >= pl.pages {
+                return Err(layers_error(format!(
+                    "pool page {p} is named, but the pool has pages 1..{}",
+                    pl.pages
+                )));
+            }
+            pool.claim(p);
+        }
+        let next_id = snaps.iter().map(|s| s.record.id).max().unwrap_or(HEAD_LAYER) + 1;
         let mut l = self.snap.layers.lock();
-        *l = Layers { head, snaps, pool, records_dirty: false };
+        *l = Layers { head, snaps, pool, records_dirty: false, next_id };
         Ok(())
     }
 
@@ -301,10 +323,10 @@ impl<D: BlockDevice> MapStore<D> {
             return Ok(slot);
         }
         let bytes = self.vol.read(pl.page_offset(u64::from(pool)), BLOCK_USIZE).await?;
-        let entries = super::decode_owned_page(layer, page, &bytes).ok_or_else(|| {
+        let entries = super::decode_owned_page(page, &bytes).ok_or_else(|| {
             layers_error(format!("pool page {pool} (snapshot {layer}'s copy of map page {page}) is damaged"))
         })?;
-        let mp = MapPage { entries: parking_lot::Mutex::new(entries), owner: layer, page };
+        let mp = MapPage { entries: parking_lot::Mutex::new(entries), owner: layer.into(), page };
         Ok(self.cache.insert(vec![(key, mp, false)]).remove(0).0)
     }
 
@@ -322,13 +344,15 @@ impl<D: BlockDevice> MapStore<D> {
         Ok(pins)
     }
 
-    /// The resident own page of `snap` for head page `page`, `Ok(None)` if it has none, or the
-    /// pages still to load.
+    /// The resident own page of `snap` for head page `page`; `None` if it has none, or with
+    /// the pages still to load in `needs`. The pages it finds resident are added to `held`: a
+    /// caller that goes on to insert pages (a preserve) keeps them from being evicted.
     fn own_page_now(
         &self,
         snap: &Snap,
         page: u64,
         needs: &mut Vec<Need>,
+        held: &mut Vec<Pin>,
     ) -> Option<(u64, Arc<Slot<MapPage>>)> {
         let layer = snap.record.id;
         let table = snap.dir[table_index(page)];
@@ -341,12 +365,16 @@ impl<D: BlockDevice> MapStore<D> {
             return None;
         };
         let pool = ts.page().entries.lock()[table_slot(page)];
+        held.push(Pin::Table(ts));
         if pool == 0 {
             return None;
         }
         let key = POOL_KEY | u64::from(pool);
         match self.cache.peek(key) {
-            Some(slot) => Some((key, slot)),
+            Some(slot) => {
+                held.push(Pin::Map(Arc::clone(&slot)));
+                Some((key, slot))
+            }
             None => {
                 needs.push(Need::Pool { pool, layer, page });
                 None
@@ -365,6 +393,7 @@ impl<D: BlockDevice> MapStore<D> {
     ) -> Result<Result<Vec<Option<MapEntry>>, Vec<Need>>, MapError> {
         // 1. Everything needed is resident, and the pool has room, before anything changes.
         let mut needs = Vec::new();
+        let mut held = Vec::new();
         let mut new_pages = BTreeSet::new();
         let mut new_tables = BTreeSet::new();
         let newest = layers.snaps.len() - 1;
@@ -373,7 +402,7 @@ impl<D: BlockDevice> MapStore<D> {
             if u.expect.is_none() {
                 if self.snap.is_preserved(page) {
                     let had = needs.len();
-                    if self.own_page_now(&layers.snaps[newest], page, &mut needs).is_none()
+                    if self.own_page_now(&layers.snaps[newest], page, &mut needs, &mut held).is_none()
                         && needs.len() == had
                     {
                         return Err(layers_error(format!(
@@ -386,12 +415,12 @@ impl<D: BlockDevice> MapStore<D> {
                     if table == 0 {
                         new_tables.insert(table_index(page));
                     } else {
-                        self.own_page_now(&layers.snaps[newest], page, &mut needs);
+                        self.own_page_now(&layers.snaps[newest], page, &mut needs, &mut held);
                     }
                 }
             } else {
                 for s in &layers.snaps {
-                    self.own_page_now(s, page, &mut needs);
+                    self.own_page_now(s, page, &mut needs, &mut held);
                 }
             }
         }
@@ -414,7 +443,7 @@ impl<D: BlockDevice> MapStore<D> {
                         self.preserve(pending, layers, *page, &entries);
                     }
                     let (_, own) = self
-                        .own_page_now(&layers.snaps[newest], *page, &mut needs)
+                        .own_page_now(&layers.snaps[newest], *page, &mut needs, &mut held)
                         .expect("the newest snapshot owns a page just preserved");
                     let held = own.page().entries.lock()[at] == before;
                     entries[at] = u.entry;
@@ -433,7 +462,7 @@ impl<D: BlockDevice> MapStore<D> {
                     }
                     drop(entries);
                     for s in &layers.snaps {
-                        if let Some((key, own)) = self.own_page_now(s, *page, &mut needs) {
+                        if let Some((key, own)) = self.own_page_now(s, *page, &mut needs, &mut held) {
                             let mut e = own.page().entries.lock();
                             if e[at].place == from {
                                 let was = e[at];
@@ -470,6 +499,7 @@ impl<D: BlockDevice> MapStore<D> {
                 first: (ti * INDEX_ENTRIES) as u64,
                 entries: parking_lot::Mutex::new(vec![0; INDEX_ENTRIES].into_boxed_slice()),
             };
+            self.snap.tables.forget(u64::from(new_table));
             let (slot, inserted) = self.snap.tables.insert(vec![(u64::from(new_table), tp, false)]).remove(0);
             assert!(inserted, "a new table page {new_table} was cached already");
             self.snap.tables.mark_dirty(u64::from(new_table), &slot);
@@ -478,7 +508,10 @@ impl<D: BlockDevice> MapStore<D> {
         let ts = self.snap.tables.peek(u64::from(table)).expect("table page resident (checked or just made)");
         let copy = pool.allocate().expect("room checked");
         let key = POOL_KEY | u64::from(copy);
-        let mp = MapPage { entries: parking_lot::Mutex::new(head.into()), owner: layer, page };
+        let mp = MapPage { entries: parking_lot::Mutex::new(head.into()), owner: layer.into(), page };
+        // A page just allocated may still be cached from before it was freed (a read that
+        // raced the delete that freed it): its old contents go.
+        self.cache.forget(key);
         let (slot, inserted) = self.cache.insert(vec![(key, mp, false)]).remove(0);
         assert!(inserted, "a new pool page {copy} was cached already");
         self.cache.mark_dirty(key, &slot);
@@ -518,7 +551,7 @@ impl<D: BlockDevice> MapStore<D> {
                     entries[*at as usize] = *before;
                 }
                 let mut buf = stria_dev::IoBuf::zeroed(BLOCK_USIZE);
-                super::encode_page(mp.owner, page, &entries, &mut buf);
+                super::encode_page(mp.owner(), page, &entries, &mut buf);
                 (pool, buf)
             })
             .collect()
@@ -534,7 +567,7 @@ impl<D: BlockDevice> MapStore<D> {
         self.commit(queued).await?;
         let id = {
             let mut l = self.snap.layers.lock();
-            let Layers { head: h, snaps, pool, records_dirty } = &mut *l;
+            let Layers { head: h, snaps, pool, records_dirty, next_id } = &mut *l;
             if snaps.len() + 2 > MAX_LAYERS {
                 return Err(layers_error(format!("a volume has at most {} snapshots", MAX_LAYERS - 1)));
             }
@@ -544,10 +577,11 @@ impl<D: BlockDevice> MapStore<D> {
                     record.name, same.record.id
                 )));
             }
-            let id = snaps.iter().map(|s| s.record.id).max().unwrap_or(HEAD_LAYER) + 1;
+            let id = (*next_id).max(snaps.iter().map(|s| s.record.id).max().unwrap_or(HEAD_LAYER) + 1);
             if id == CONTROL_TAG as u16 {
-                return Err(layers_error("layer ids are used up"));
+                return Err(layers_error("layer ids are used up until the volume is opened again"));
             }
+            *next_id = id + 1;
             let tables = self.layout.pages().div_ceil(INDEX_ENTRIES as u64) as usize;
             let dirs = tables.div_ceil(INDEX_ENTRIES);
             if dirs + 1 > pool.free() as usize {
@@ -598,7 +632,7 @@ impl<D: BlockDevice> MapStore<D> {
                     let k = l
                         .snaps
                         .iter()
-                        .position(|s| s.record.id == layer)
+                        .position(|s| s.record.id == layer && !s.record.hidden)
                         .ok_or_else(|| layers_error(format!("no snapshot with layer id {layer}")))?;
                     l.snaps[k..].iter().map(|s| (s.record.id, s.dir[table_index(page)])).collect()
                 };
@@ -606,11 +640,17 @@ impl<D: BlockDevice> MapStore<D> {
                     if table == 0 {
                         continue;
                     }
-                    let ts = self.table_page(table, id, (table_index(page) * INDEX_ENTRIES) as u64).await?;
-                    let pool = ts.page().entries.lock()[table_slot(page)];
+                    let ts = self.table_page(table, id, (table_index(page) * INDEX_ENTRIES) as u64).await;
+                    if ts.is_err() && self.snap.generation.load(SeqCst) != generation {
+                        continue 'resolve;
+                    }
+                    let pool = ts?.page().entries.lock()[table_slot(page)];
                     if pool != 0 {
-                        let own = self.pool_page(pool, id, page).await?;
-                        out.push(own.page().entries.lock()[at]);
+                        let own = self.pool_page(pool, id, page).await;
+                        if self.snap.generation.load(SeqCst) != generation {
+                            continue 'resolve;
+                        }
+                        out.push(own?.page().entries.lock()[at]);
                         break 'resolve;
                     }
                 }
@@ -647,24 +687,34 @@ impl<D: BlockDevice> MapStore<D> {
                 continue;
             }
             let page = block / ENTRIES_PER_PAGE;
-            let tables: Vec<(u16, u32)> = {
-                let l = self.snap.layers.lock();
-                l.snaps.iter().map(|s| (s.record.id, s.dir[table_index(page)])).filter(|t| t.1 != 0).collect()
+            let found = loop {
+                // A delete hands copies between layers (and removes one) under the gate, which
+                // this does not take: a walk that overlapped one is done again.
+                let generation = self.snap.generation.load(SeqCst);
+                let ids: Vec<u16> = self.snap.layers.lock().snaps.iter().map(|s| s.record.id).collect();
+                let mut found = None;
+                let mut walked = true;
+                for id in ids {
+                    match self.own_copy(id, page).await {
+                        Ok(Some((_, own))) => {
+                            let e = own.page().entries.lock()[(block % ENTRIES_PER_PAGE) as usize];
+                            if e.place == place {
+                                found = Some(e);
+                                break;
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(_) if self.snap.generation.load(SeqCst) != generation => {
+                            walked = false;
+                            break;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                if walked && self.snap.generation.load(SeqCst) == generation {
+                    break found;
+                }
             };
-            let mut found = None;
-            for (layer, table) in tables {
-                let ts = self.table_page(table, layer, (table_index(page) * INDEX_ENTRIES) as u64).await?;
-                let pool = ts.page().entries.lock()[table_slot(page)];
-                if pool == 0 {
-                    continue;
-                }
-                let own = self.pool_page(pool, layer, page).await?;
-                let e = own.page().entries.lock()[(block % ENTRIES_PER_PAGE) as usize];
-                if e.place == place {
-                    found = Some(e);
-                    break;
-                }
-            }
             out.push(found);
         }
         Ok(out)
@@ -837,10 +887,64 @@ impl<D: BlockDevice> MapStore<D> {
         self.snap.layers.lock().pool.checkpoint_done(until);
     }
 
+    /// Notes a layer id named by a replayed record: ids are not given out again while the
+    /// log may hold records of them.
+    fn saw_layer(&self, layer: u16) {
+        let mut l = self.snap.layers.lock();
+        l.next_id = l.next_id.max(layer.saturating_add(1));
+    }
+
+    /// The table page of snapshot `layer` covering head page `page`; made as pool page `table`
+    /// when the snapshot has none there yet (`table` is what the record that makes it names;
+    /// `claim`: take it from the pool, as replay does). `None` if `layer` is not known.
+    async fn table_for(
+        &self,
+        layer: u16,
+        page: u64,
+        table: u32,
+        claim: bool,
+    ) -> Result<Option<(u64, Arc<Slot<TablePage>>)>, MapError> {
+        let bad = |why: String| layers_error(format!("snapshot {layer}'s table for map page {page}: {why}"));
+        let first = (table_index(page) * INDEX_ENTRIES) as u64;
+        let dir_table = {
+            let mut l = self.snap.layers.lock();
+            let Layers { snaps, pool, .. } = &mut *l;
+            let Some(s) = snaps.iter_mut().find(|s| s.record.id == layer) else { return Ok(None) };
+            let dir_table = *s.dir.get(table_index(page)).ok_or_else(|| bad("past the map".into()))?;
+            if dir_table == 0 {
+                if table == 0 {
+                    return Err(bad("the record makes no table page".into()));
+                }
+                if claim && !pool.claim(table) {
+                    return Err(bad(format!("its new table page {table} is in use")));
+                }
+                s.dir[table_index(page)] = table;
+                s.dir_dirty = true;
+            } else if table != 0 && table != dir_table {
+                return Err(bad(format!(
+                    "the record makes table page {table}, the directory has {dir_table}"
+                )));
+            }
+            dir_table
+        };
+        if dir_table != 0 {
+            return Ok(Some((u64::from(dir_table), self.table_page(dir_table, layer, first).await?)));
+        }
+        let tp = TablePage {
+            layer,
+            first,
+            entries: parking_lot::Mutex::new(vec![0; INDEX_ENTRIES].into_boxed_slice()),
+        };
+        self.snap.tables.forget(u64::from(table));
+        let (slot, _) = self.snap.tables.insert(vec![(u64::from(table), tp, false)]).remove(0);
+        self.snap.tables.mark_dirty(u64::from(table), &slot);
+        Ok(Some((u64::from(table), slot)))
+    }
+
     /// Replays a preserve record: snapshot `layer`'s copy of head page `page` is pool page
     /// `pool` (with table page `table` made for it, if not 0), equal to the head page as replay
     /// has it now. A record of a snapshot the layer table does not know is skipped (its making
-    /// never became durable).
+    /// never became durable, or it was deleted).
     pub(super) async fn replay_preserve(
         &self,
         layer: u16,
@@ -848,62 +952,24 @@ impl<D: BlockDevice> MapStore<D> {
         pool: u32,
         table: u32,
     ) -> Result<bool, MapError> {
-        let (known, newest, dir_table) = {
-            let l = self.snap.layers.lock();
-            match l.snaps.iter().position(|s| s.record.id == layer) {
-                Some(k) => (true, k + 1 == l.snaps.len(), l.snaps[k].dir.get(table_index(page)).copied()),
-                None => (false, false, None),
-            }
-        };
-        if !known {
-            return Ok(false);
-        }
-        let bad = |why: String| {
-            layers_error(format!("replaying snapshot {layer}'s copy of map page {page}: {why}"))
-        };
-        let first = (table_index(page) * INDEX_ENTRIES) as u64;
-        let dir_table = dir_table.ok_or_else(|| bad("past the map".into()))?;
-        let ts = if dir_table == 0 {
-            if table == 0 {
-                return Err(bad("no table page".into()));
-            }
-            let mut l = self.snap.layers.lock();
-            if !l.pool.claim(table) {
-                return Err(bad(format!("its new table page {table} is in use")));
-            }
-            let k = l.snaps.iter().position(|s| s.record.id == layer).expect("known");
-            l.snaps[k].dir[table_index(page)] = table;
-            l.snaps[k].dir_dirty = true;
-            drop(l);
-            let tp = TablePage {
-                layer,
-                first,
-                entries: parking_lot::Mutex::new(vec![0; INDEX_ENTRIES].into_boxed_slice()),
-            };
-            let (slot, _) = self.snap.tables.insert(vec![(u64::from(table), tp, false)]).remove(0);
-            slot
-        } else {
-            if table != 0 && table != dir_table {
-                return Err(bad(format!(
-                    "the record makes table page {table}, the directory has {dir_table}"
-                )));
-            }
-            self.table_page(dir_table, layer, first).await?
-        };
+        self.saw_layer(layer);
+        let Some((key, ts)) = self.table_for(layer, page, table, true).await? else { return Ok(false) };
         let now = ts.page().entries.lock()[table_slot(page)];
         if now != pool {
             if now != 0 {
-                return Err(bad(format!("the table names pool page {now}, the record {pool}")));
+                return Err(layers_error(format!(
+                    "replaying snapshot {layer}'s copy of map page {page}: the table names pool page {now}, the record {pool}"
+                )));
             }
-            if !self.snap.layers.lock().pool.claim(pool) {
-                return Err(bad(format!("pool page {pool} is in use")));
-            }
+            // In use when a checkpoint that did not finish wrote the table of the snapshot a
+            // later delete record hands it to: replaying that record clears this entry again.
+            self.snap.layers.lock().pool.claim(pool);
             ts.page().entries.lock()[table_slot(page)] = pool;
         }
-        let table_key = u64::from(if dir_table == 0 { table } else { dir_table });
-        self.snap.tables.mark_dirty(table_key, &ts);
+        self.snap.tables.mark_dirty(key, &ts);
         // The copy was written before the record: it must read back as that page.
         self.pool_page(pool, layer, page).await?;
+        let newest = self.snap.layers.lock().snaps.last().is_some_and(|s| s.record.id == layer);
         if newest {
             self.snap.set_preserved(page);
         }
@@ -922,13 +988,18 @@ impl<D: BlockDevice> MapStore<D> {
         loop {
             let own = {
                 let l = self.snap.layers.lock();
-                let Some(s) = l.snaps.iter().find(|s| s.record.id == layer) else { return Ok(false) };
+                let Some(s) = l.snaps.iter().find(|s| s.record.id == layer) else {
+                    drop(l);
+                    self.saw_layer(layer);
+                    return Ok(false);
+                };
                 needs.clear();
-                let own = self.own_page_now(s, page, &mut needs);
+                let own = self.own_page_now(s, page, &mut needs, &mut Vec::new());
                 if own.is_none() && needs.is_empty() {
-                    return Err(layers_error(format!(
-                        "replaying a move of block {block} in snapshot {layer}, which has no copy of its page"
-                    )));
+                    // A later delete record handed the copy on or dropped it, and a checkpoint
+                    // that did not finish wrote the tables: the copy's own write (before those
+                    // tables) holds this move already.
+                    return Ok(false);
                 }
                 own
             };
@@ -939,6 +1010,370 @@ impl<D: BlockDevice> MapStore<D> {
             }
             let _pins = self.load_needs(std::mem::take(&mut needs)).await?;
         }
+    }
+}
+
+/// What deleting a snapshot did (docs/design/snapshots.md, "Snapshot delete").
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DeleteStats {
+    /// Copies handed to the next older snapshot (its view of those pages was the copy).
+    pub pages_moved: u64,
+    /// Copies let go of (the next older snapshot has its own copy, or there is none).
+    pub pages_dropped: u64,
+    /// Entries of dropped copies that no other layer held: their places were freed.
+    pub entries_freed: u64,
+}
+
+impl<D: BlockDevice> MapStore<D> {
+    /// Snapshot `layer`'s own copy of head page `page`, if it has one.
+    async fn own_copy(&self, layer: u16, page: u64) -> Result<Option<(u32, Arc<Slot<MapPage>>)>, MapError> {
+        let table = {
+            let l = self.snap.layers.lock();
+            let s = l
+                .snaps
+                .iter()
+                .find(|s| s.record.id == layer)
+                .ok_or_else(|| layers_error(format!("no snapshot with layer id {layer}")))?;
+            s.dir[table_index(page)]
+        };
+        if table == 0 {
+            return Ok(None);
+        }
+        let ts = self.table_page(table, layer, (table_index(page) * INDEX_ENTRIES) as u64).await?;
+        let pool = ts.page().entries.lock()[table_slot(page)];
+        if pool == 0 {
+            return Ok(None);
+        }
+        Ok(Some((pool, self.pool_page(pool, layer, page).await?)))
+    }
+
+    /// The entries of head page `page` as the first layer newer than snapshot `layer` sees
+    /// them (a newer snapshot's copy, else the head's page).
+    async fn view_after(&self, layer: u16, page: u64) -> Result<Box<[MapEntry]>, MapError> {
+        let newer: Vec<u16> = {
+            let l = self.snap.layers.lock();
+            let k = l.snaps.iter().position(|s| s.record.id == layer).expect("known layer");
+            l.snaps[k + 1..].iter().map(|s| s.record.id).collect()
+        };
+        for id in newer {
+            if let Some((_, copy)) = self.own_copy(id, page).await? {
+                return Ok(copy.page().entries.lock().clone());
+            }
+        }
+        let (_, head) = self.page_of(page * ENTRIES_PER_PAGE).await?;
+        Ok(head.page().entries.lock().clone())
+    }
+
+    /// Deletes snapshot `layer` without copying data: its copies are handed to the next older
+    /// snapshot or dropped, and `on_free` gets, batch by batch once durable, the blocks and
+    /// entries no layer holds any more (their places are the caller's to free). Writes to the volume wait
+    /// until it is done; it costs a table record per page the snapshot owns.
+    pub async fn delete_snapshot(
+        &self,
+        layer: u16,
+        mut on_free: impl FnMut(Vec<(u64, MapEntry)>),
+    ) -> Result<DeleteStats, MapError> {
+        self.pool_layout()?;
+        let _gate = self.snap.gate.write().await;
+        {
+            let mut l = self.snap.layers.lock();
+            let s = l
+                .snaps
+                .iter_mut()
+                .find(|s| s.record.id == layer && !s.record.hidden)
+                .ok_or_else(|| layers_error(format!("no snapshot with layer id {layer}")))?;
+            s.record.hidden = true;
+            l.records_dirty = true;
+        }
+        self.snap.generation.fetch_add(1, SeqCst);
+        // The hidden mark is durable before any copy is handed on: the snapshot's own view is
+        // never read again, and open finishes a delete a crash cut short.
+        self.checkpoint().await?;
+        self.hand_on(layer, &mut on_free).await
+    }
+
+    /// Finishes the deletes a crash cut short (at open, before the map is used).
+    pub async fn finish_deletes(
+        &self,
+        mut on_free: impl FnMut(Vec<(u64, MapEntry)>),
+    ) -> Result<usize, MapError> {
+        let hidden: Vec<u16> =
+            self.snap.layers.lock().snaps.iter().filter(|s| s.record.hidden).map(|s| s.record.id).collect();
+        for &layer in &hidden {
+            let _gate = self.snap.gate.write().await;
+            self.hand_on(layer, &mut on_free).await?;
+        }
+        Ok(hidden.len())
+    }
+
+    /// Hands on or drops every copy of hidden snapshot `layer`, then removes it (the caller
+    /// holds the gate: no update runs meanwhile).
+    async fn hand_on(
+        &self,
+        layer: u16,
+        on_free: &mut impl FnMut(Vec<(u64, MapEntry)>),
+    ) -> Result<DeleteStats, MapError> {
+        let (dir, older) = {
+            let l = self.snap.layers.lock();
+            let k = l.snaps.iter().position(|s| s.record.id == layer).expect("known layer");
+            (l.snaps[k].dir.clone(), k.checked_sub(1).map(|i| l.snaps[i].record.id))
+        };
+        let mut stats = DeleteStats::default();
+        for (ti, &table) in dir.iter().enumerate() {
+            if table == 0 {
+                continue;
+            }
+            let first = (ti * INDEX_ENTRIES) as u64;
+            let owned: Vec<(u64, u32)> = {
+                let ts = self.table_page(table, layer, first).await?;
+                let entries = ts.page().entries.lock();
+                entries
+                    .iter()
+                    .enumerate()
+                    .filter(|e| *e.1 != 0)
+                    .map(|(i, &p)| (first + i as u64, p))
+                    .collect()
+            };
+            for batch in owned.chunks(HAND_ON_BATCH) {
+                let mut ops = Vec::with_capacity(batch.len());
+                let mut freed = Vec::new();
+                for &(page, pool) in batch {
+                    let older_copy = match older {
+                        Some(o) => match self.own_copy(o, page).await? {
+                            None => {
+                                ops.push(TableOp::Own { from: layer, to: o, page, pool, table: 0 });
+                                continue;
+                            }
+                            Some((_, c)) => Some(c.page().entries.lock().clone()),
+                        },
+                        None => None,
+                    };
+                    // Dropped: an entry is freed unless a neighbour's view holds it (only those
+                    // can: a place a layer holds is held by a run of neighbouring views).
+                    let copy = self.pool_page(pool, layer, page).await?.page().entries.lock().clone();
+                    let newer = self.view_after(layer, page).await?;
+                    for (i, x) in copy.iter().enumerate() {
+                        let physical = matches!(x.place, super::Place::Segment(_) | super::Place::Cache(_));
+                        let held = newer[i].place == x.place
+                            || older_copy.as_ref().is_some_and(|o| o[i].place == x.place);
+                        if physical && !held {
+                            freed.push((page * ENTRIES_PER_PAGE + i as u64, *x));
+                        }
+                    }
+                    ops.push(TableOp::Drop { layer, page, pool });
+                }
+                self.log_table_ops(&mut ops).await?;
+                for op in &ops {
+                    match op {
+                        TableOp::Own { .. } => stats.pages_moved += 1,
+                        TableOp::Drop { .. } => stats.pages_dropped += 1,
+                    }
+                }
+                stats.entries_freed += freed.len() as u64;
+                on_free(freed);
+            }
+        }
+        self.remove_layer(layer).await?;
+        Ok(stats)
+    }
+
+    /// Logs `ops` (choosing the table pages moves need first) and applies them once durable,
+    /// with no checkpoint between: one that ran between would move replay past records whose
+    /// changes it did not write.
+    async fn log_table_ops(&self, ops: &mut [TableOp]) -> Result<(), MapError> {
+        let _one = self.checkpointing.lock().await;
+        {
+            let mut l = self.snap.layers.lock();
+            let Layers { snaps, pool, .. } = &mut *l;
+            let mut made: std::collections::HashMap<(u16, usize), u32> = std::collections::HashMap::new();
+            for op in ops.iter_mut() {
+                if let TableOp::Own { to, page, table, .. } = op {
+                    let ti = table_index(*page);
+                    let s = snaps.iter().find(|s| s.record.id == *to).expect("known layer");
+                    if s.dir[ti] == 0 {
+                        *table = match made.get(&(*to, ti)) {
+                            Some(&t) => t,
+                            None => {
+                                let t = pool.allocate().ok_or(MapError::PoolFull { needed: 1, free: 0 })?;
+                                made.insert((*to, ti), t);
+                                t
+                            }
+                        };
+                    }
+                }
+            }
+        }
+        let deltas = ops
+            .iter()
+            .map(|&op| super::Delta {
+                table_op: Some(op),
+                ..super::Delta::entry(0, 0, 0, MapEntry::UNALLOCATED, MapEntry::UNALLOCATED)
+            })
+            .collect();
+        self.log_held(deltas).await?;
+        for &op in ops.iter() {
+            self.apply_table_op(op, None).await?;
+        }
+        self.snap.generation.fetch_add(1, SeqCst);
+        Ok(())
+    }
+
+    /// Applies a table record: when it is made (`replayed` None) or replayed from log block
+    /// `replayed`. A record of a layer no longer known is skipped: the checkpoint that removed
+    /// the layer wrote the tables the record changed before the layer table.
+    pub(super) async fn apply_table_op(&self, op: TableOp, replayed: Option<u64>) -> Result<(), MapError> {
+        let (layer, page, pool) = match op {
+            TableOp::Own { from, to, page, pool, .. } => {
+                if replayed.is_some() {
+                    self.saw_layer(from);
+                    self.saw_layer(to);
+                    let l = self.snap.layers.lock();
+                    if !l.snaps.iter().any(|s| s.record.id == from)
+                        || !l.snaps.iter().any(|s| s.record.id == to)
+                    {
+                        return Ok(());
+                    }
+                }
+                (from, page, pool)
+            }
+            TableOp::Drop { layer, page, pool } => {
+                if replayed.is_some() {
+                    self.saw_layer(layer);
+                    if !self.snap.layers.lock().snaps.iter().any(|s| s.record.id == layer) {
+                        return Ok(());
+                    }
+                }
+                (layer, page, pool)
+            }
+        };
+        if let TableOp::Own { to, table, .. } = op {
+            let (key, ts) = self.table_for(to, page, table, replayed.is_some()).await?.expect("known layer");
+            ts.page().entries.lock()[table_slot(page)] = pool;
+            self.snap.tables.mark_dirty(key, &ts);
+            if let Some(copy) = self.cache.peek(POOL_KEY | u64::from(pool)) {
+                copy.page().owner.store(to, SeqCst);
+                self.cache.mark_dirty(POOL_KEY | u64::from(pool), &copy);
+            }
+        }
+        let table = {
+            let l = self.snap.layers.lock();
+            l.snaps.iter().find(|s| s.record.id == layer).expect("known layer").dir[table_index(page)]
+        };
+        if table != 0 {
+            let ts = self.table_page(table, layer, (table_index(page) * INDEX_ENTRIES) as u64).await?;
+            let mut entries = ts.page().entries.lock();
+            if entries[table_slot(page)] == pool {
+                entries[table_slot(page)] = 0;
+                drop(entries);
+                self.snap.tables.mark_dirty(u64::from(table), &ts);
+            }
+        }
+        if let TableOp::Drop { .. } = op {
+            // The log block of the record: a checkpoint whose replay starts past it is past
+            // every record naming the copy.
+            let after = match replayed {
+                Some(seq) => seq,
+                None => self.log.lock().await.next_seq.saturating_sub(1),
+            };
+            let mut l = self.snap.layers.lock();
+            // Not in use after a checkpoint that did not finish wrote the table without it.
+            if l.pool.is_used(pool) && !l.pool.is_released(pool) {
+                l.pool.release(pool, after);
+            }
+            drop(l);
+            self.cache.forget(POOL_KEY | u64::from(pool));
+        }
+        Ok(())
+    }
+
+    /// Queues `deltas` and makes them durable (the caller holds `checkpointing`): a checkpoint
+    /// first if the log ring has no room for them, so none runs between their log write and
+    /// their apply.
+    async fn log_held(&self, deltas: Vec<super::Delta>) -> Result<(), MapError> {
+        let n = deltas.len();
+        let mut deltas = Some(deltas);
+        loop {
+            let mut log = self.log.lock().await;
+            if self.failed.load(SeqCst) {
+                return Err(MapError::Failed);
+            }
+            let ticket = {
+                let mut p = self.pending.lock();
+                let blocks = (p.deltas.len() + n).div_ceil(super::DELTAS_PER_LOG_BLOCK) as u64;
+                if log.next_seq - log.replay_seq + blocks <= self.layout.log_blocks {
+                    for d in deltas.take().expect("queued once") {
+                        p.push(d);
+                    }
+                    Some(p.queued)
+                } else if log.next_seq == log.replay_seq {
+                    return Err(layers_error(format!(
+                        "{blocks} log blocks of records do not fit the map log"
+                    )));
+                } else {
+                    None
+                }
+            };
+            let Some(ticket) = ticket else {
+                drop(log);
+                self.write_back().await?;
+                continue;
+            };
+            if let Err(e) = self.write_pending(&mut log).await {
+                self.failed.store(true, SeqCst);
+                return Err(e);
+            }
+            assert!(log.durable >= ticket, "records that fit the ring were logged");
+            return Ok(());
+        }
+    }
+
+    /// Removes hidden snapshot `layer`, whose copies were all handed on or dropped: its index
+    /// pages go back to the pool after the checkpoint that writes the layer table without it.
+    /// If it was the newest, the next older one is now the one preserves go to.
+    async fn remove_layer(&self, layer: u16) -> Result<(), MapError> {
+        let (newest, older) = {
+            let l = self.snap.layers.lock();
+            let k = l.snaps.iter().position(|s| s.record.id == layer).expect("known layer");
+            (k + 1 == l.snaps.len(), k.checked_sub(1).map(|i| (l.snaps[i].record.id, l.snaps[i].dir.clone())))
+        };
+        let mut bits = vec![0u64; self.snap.preserved.len()];
+        if let (true, Some((id, dir))) = (newest, &older) {
+            for (ti, &t) in dir.iter().enumerate() {
+                if t == 0 {
+                    continue;
+                }
+                let ts = self.table_page(t, *id, (ti * INDEX_ENTRIES) as u64).await?;
+                for (k, &p) in ts.page().entries.lock().iter().enumerate() {
+                    if p != 0 {
+                        let page = ti * INDEX_ENTRIES + k;
+                        bits[page / 64] |= 1 << (page % 64);
+                    }
+                }
+            }
+        }
+        let _one = self.checkpointing.lock().await;
+        // The last log block written: every record naming the layer's pages is in it or before.
+        let after = self.log.lock().await.next_seq.saturating_sub(1);
+        {
+            let mut l = self.snap.layers.lock();
+            let k = l.snaps.iter().position(|s| s.record.id == layer).expect("known layer");
+            let s = l.snaps.remove(k);
+            for &t in s.dir.iter().filter(|&&t| t != 0) {
+                self.snap.tables.forget(u64::from(t));
+                l.pool.release(t, after);
+            }
+            for &p in s.dir_pages.iter().chain([&s.record.root_page]) {
+                l.pool.release(p, after);
+            }
+            l.records_dirty = true;
+            if newest {
+                for (w, b) in self.snap.preserved.iter().zip(bits) {
+                    w.store(b, SeqCst);
+                }
+            }
+        }
+        self.snap.generation.fetch_add(1, SeqCst);
+        self.write_back().await
     }
 }
 
@@ -958,11 +1393,38 @@ pub(super) fn encode_preserve(layer: u16, page: u64, pool: u32, table: u32) -> (
     (CONTROL_TAG << 48 | OP_PRESERVE << 32 | u64::from(layer), b)
 }
 
+/// A change to the snapshots' tables made by a delete: logged, durable, then applied (an
+/// assignment, so replaying it twice is harmless).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum TableOp {
+    /// Snapshot `to` (the next older) takes over `from`'s copy of head page `page`, pool page
+    /// `pool`, with table page `table` made for it if it has none there (else 0).
+    Own { from: u16, to: u16, page: u64, pool: u32, table: u32 },
+    /// Snapshot `layer` lets go of its copy of head page `page`, pool page `pool`.
+    Drop { layer: u16, page: u64, pool: u32 },
+}
+
+/// The bytes of a table record: (block field, 16 bytes).
+pub(super) fn encode_table_op(op: TableOp) -> (u64, [u8; 16]) {
+    let mut b = [0u8; 16];
+    let (field, page, pool, table) = match op {
+        TableOp::Own { from, to, page, pool, table } => {
+            (OP_OWN << 32 | u64::from(to) << 16 | u64::from(from), page, pool, table)
+        }
+        TableOp::Drop { layer, page, pool } => (OP_DROP << 32 | u64::from(layer), page, pool, 0),
+    };
+    b[0..8].copy_from_slice(&page.to_le_bytes());
+    b[8..12].copy_from_slice(&pool.to_le_bytes());
+    b[12..16].copy_from_slice(&table.to_le_bytes());
+    (CONTROL_TAG << 48 | field, b)
+}
+
 /// A decoded log record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Record {
     Entry { layer: u16, block: u64, entry: MapEntry },
     Preserve { layer: u16, page: u64, pool: u32, table: u32 },
+    Table(TableOp),
 }
 
 pub(super) fn decode_record(field: u64, b: &[u8]) -> Option<Record> {
@@ -974,13 +1436,19 @@ pub(super) fn decode_record(field: u64, b: &[u8]) -> Option<Record> {
             entry: MapEntry::decode(b),
         });
     }
+    let page = u64::from_le_bytes(b[0..8].try_into().expect("8 bytes"));
+    let pool = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
+    let table = u32::from_le_bytes(b[12..16].try_into().expect("4 bytes"));
     match (field >> 32) & 0xFFFF {
-        OP_PRESERVE => Some(Record::Preserve {
-            layer: field as u16,
-            page: u64::from_le_bytes(b[0..8].try_into().expect("8 bytes")),
-            pool: u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")),
-            table: u32::from_le_bytes(b[12..16].try_into().expect("4 bytes")),
-        }),
+        OP_PRESERVE => Some(Record::Preserve { layer: field as u16, page, pool, table }),
+        OP_OWN => Some(Record::Table(TableOp::Own {
+            from: field as u16,
+            to: (field >> 16) as u16,
+            page,
+            pool,
+            table,
+        })),
+        OP_DROP => Some(Record::Table(TableOp::Drop { layer: field as u16, page, pool })),
         _ => None,
     }
 }
