@@ -23,7 +23,9 @@ cleanup() {
   if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then kill -9 "$PID"; wait "$PID" 2>/dev/null; fi
   # Anything the recipe left mounted or attached under our directory.
   for m in $(grep -o "$W[^ ]*" /proc/mounts | sort -r); do umount -l "$m" 2>/dev/null; done
-  for l in $(losetup -j "$W/fuse/nbd" -O NAME -n 2>/dev/null); do losetup -d "$l"; done
+  for f in fuse sfuse s1fuse; do
+    for l in $(losetup -j "$W/$f/nbd" -O NAME -n 2>/dev/null); do losetup -d "$l"; done
+  done
   rm -rf "$W"
 }
 trap cleanup EXIT INT TERM
@@ -55,6 +57,7 @@ log "pool: 2 fast + 6 capacity sparse drives on tmpfs"
 "$STRIA" volume create ecd --pool "$POOL" --size 1G --layout ec:4+2 >/dev/null
 "$STRIA" volume create tv --pool "$POOL" --size 1G --layout tiered:ec:4+2 --cache-size 48M >/dev/null
 "$STRIA" volume create lv --pool "$POOL" --size 1G --layout log:ec:4+2 --cache-size 48M >/dev/null
+"$STRIA" volume create sv --pool "$POOL" --size 1G --layout tiered:ec:4+2 --cache-size 48M >/dev/null
 start
 
 status_json() {  # `stria status --json`; exit codes 2 and 3 (degraded, failed) are states, not errors
@@ -143,6 +146,58 @@ check_rest "both deleted"
 stop; start
 check_rest "both deleted, after a restart"
 "$STRIA" scrub tv --pool "$POOL"
+
+log "ext4 on tiered:ec:4+2: a snapshot made under a fio verify load holds exactly the files before it"
+# ext4 on sv through nbdfuse and a loop device; files A, then fio (crc32c verify) on a file of
+# the filesystem; amid it the filesystem is frozen (as a guest agent does), the snapshot made and
+# the volume copied; then files B. The snapshot, served read-only, must pass fsck -n, hold A with
+# the same contents and none of B, and equal the copy (qemu-img compare).
+mkdir -p "$W/sfuse" "$W/smnt" "$W/s1fuse" "$W/s1mnt"
+nbdfuse "$W/sfuse" "$(uri sv)" &
+SFUSE=$!
+for _ in $(seq 50); do [ -e "$W/sfuse/nbd" ] && break; sleep 0.1; done
+SL=$(losetup -f --show --direct-io=on "$W/sfuse/nbd")
+mkfs.ext4 -q -F "$SL"
+mount "$SL" "$W/smnt"
+mkdir "$W/smnt/a"
+cp -r /usr/share/doc/apt /usr/share/doc/bash "$W/smnt/a/" 2>/dev/null || cp -r /usr/share/doc "$W/smnt/a/"
+dd if=/dev/urandom of="$W/smnt/a/big" bs=1M count=40 status=none
+(cd "$W/smnt" && find a -type f -print0 | sort -z | xargs -0 sha256sum) >"$W/sums-a"
+sync -f "$W/smnt"
+fio --name=load --directory="$W/smnt" --size=256M --rw=randwrite --bs=4k --ioengine=libaio --iodepth=16 --direct=1 \
+  --verify=crc32c --verify_fatal=1 --verify_backlog=512 >"$W/fio-snapload.log" 2>&1 &
+FIO=$!
+sleep 2
+kill -0 "$FIO" 2>/dev/null || { cat "$W/fio-snapload.log" >&2; echo "fio ended before the snapshot" >&2; exit 1; }
+fsfreeze -f "$W/smnt"
+t0=$(date +%s.%N)
+"$STRIA" snapshot create sv s1 --pool "$POOL" >/dev/null
+echo "sv: snapshot s1 made in $(echo "$(date +%s.%N) - $t0" | bc) s (filesystem frozen, fio waiting)"
+nbdcopy "$(uri sv)" "$W/sv-at-s1.img"
+fsfreeze -u "$W/smnt"
+wait "$FIO" || { cat "$W/fio-snapload.log" >&2; echo "fio verify failed on sv" >&2; exit 1; }
+grep -q "err= 0" "$W/fio-snapload.log" || { cat "$W/fio-snapload.log" >&2; exit 1; }
+echo "sv: fio under the snapshot: $(grep -m1 -E '^ +write:' "$W/fio-snapload.log" | sed 's/^ *//')"
+mkdir "$W/smnt/b"; dd if=/dev/urandom of="$W/smnt/b/after" bs=1M count=8 status=none
+rm -r "$W/smnt/a/big"
+sync -f "$W/smnt"
+# The snapshot, read-only: nbdfuse, a read-only loop device, fsck -n, then a read-only mount.
+nbdfuse -r "$W/s1fuse" "$(uri sv@s1)" &
+S1FUSE=$!
+for _ in $(seq 50); do [ -e "$W/s1fuse/nbd" ] && break; sleep 0.1; done
+S1L=$(losetup -f --show -r "$W/s1fuse/nbd")
+fsck.ext4 -fn "$S1L"
+mount -o ro,noload "$S1L" "$W/s1mnt"
+(cd "$W/s1mnt" && sha256sum --quiet -c "$W/sums-a") || { echo "sv@s1 does not hold files A as written" >&2; exit 1; }
+[ ! -e "$W/s1mnt/b" ] || { echo "sv@s1 holds files written after it" >&2; exit 1; }
+umount "$W/s1mnt"; losetup -d "$S1L"; umount "$W/s1fuse"; wait "$S1FUSE"
+qemu-img compare -f raw -F raw "$W/sv-at-s1.img" "$(uri sv@s1)"
+rm -f "$W/sv-at-s1.img"
+# The volume goes on: B there, A's big file gone, fsck clean.
+[ -e "$W/smnt/b/after" ] && [ ! -e "$W/smnt/a/big" ] || { echo "sv lost writes after the snapshot" >&2; exit 1; }
+umount "$W/smnt"; fsck.ext4 -fn "$SL"; losetup -d "$SL"; umount "$W/sfuse"; wait "$SFUSE"
+"$STRIA" snapshot delete sv s1 --pool "$POOL"
+"$STRIA" scrub sv --pool "$POOL"
 
 log "log: space a client TRIMs goes back to the pool (compaction, then a resize down)"
 # 960 MiB written sequentially grow lv's space past the 16 segments (32 MiB each) it starts
