@@ -147,7 +147,7 @@ stop; start
 check_rest "both deleted, after a restart"
 "$STRIA" scrub tv --pool "$POOL"
 
-log "ext4 on tiered:ec:4+2: a snapshot made under a fio verify load holds exactly the files before it"
+log "ext4 on tiered:ec:4+2: a snapshot made under a fio verify load holds exactly the files before it; a rollback to it"
 # ext4 on sv through nbdfuse and a loop device; files A, then fio (crc32c verify) on a file of
 # the filesystem; amid it the filesystem is frozen (as a guest agent does), the snapshot made and
 # the volume copied; then files B. The snapshot, served read-only, must pass fsck -n, hold A with
@@ -192,10 +192,16 @@ mount -o ro,noload "$S1L" "$W/s1mnt"
 [ ! -e "$W/s1mnt/b" ] || { echo "sv@s1 holds files written after it" >&2; exit 1; }
 umount "$W/s1mnt"; losetup -d "$S1L"; umount "$W/s1fuse"; wait "$S1FUSE"
 qemu-img compare -f raw -F raw "$W/sv-at-s1.img" "$(uri sv@s1)"
-rm -f "$W/sv-at-s1.img"
 # The volume goes on: B there, A's big file gone, fsck clean.
 [ -e "$W/smnt/b/after" ] && [ ! -e "$W/smnt/a/big" ] || { echo "sv lost writes after the snapshot" >&2; exit 1; }
+! "$STRIA" volume rollback sv s1 --pool "$POOL" 2>"$W/rollback.err" || { echo "a rollback under a mounted file system was taken" >&2; exit 1; }
+grep -q "client(s) attached" "$W/rollback.err" || { cat "$W/rollback.err" >&2; exit 1; }
 umount "$W/smnt"; fsck.ext4 -fn "$SL"; losetup -d "$SL"; umount "$W/sfuse"; wait "$SFUSE"
+# Rolled back (no client attached now), the volume is the copy again, and s1 is still there.
+"$STRIA" volume rollback sv s1 --pool "$POOL"
+qemu-img compare -f raw -F raw "$W/sv-at-s1.img" "$(uri sv)"
+qemu-img compare -f raw -F raw "$W/sv-at-s1.img" "$(uri sv@s1)"
+rm -f "$W/sv-at-s1.img"
 "$STRIA" snapshot delete sv s1 --pool "$POOL"
 "$STRIA" scrub sv --pool "$POOL"
 

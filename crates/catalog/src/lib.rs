@@ -24,8 +24,8 @@ use stria_tier::lsv::{self, LogSpec, LogVolume};
 
 pub use layout::{LayoutSpec, PlainLayout, is_log_layout, parse_plain_layout};
 pub use view::{
-    LogTag, LogView, MemberView, PlainView, SegmentView, SnapshotDeletedView, SnapshotView, StatusView,
-    ThinView, UnavailableView, VolumeView,
+    LogTag, LogView, MemberView, PlainView, RollbackView, SegmentView, SnapshotDeletedView, SnapshotView,
+    StatusView, ThinView, UnavailableView, VolumeView,
 };
 
 /// Why a catalog operation failed. Engine and tier errors keep their own messages and sources.
@@ -357,6 +357,26 @@ impl<D: BlockDevice> Catalog<D> {
             map_pages_handed_on: stats.pages_moved,
             map_pages_dropped: stats.pages_dropped,
             blocks_freed: stats.entries_freed,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Rolls `volume` back to its snapshot `snap` (see [`LogVolume::rollback`]).
+    pub async fn volume_rollback(&self, volume: &str, snap: &str) -> Result<RollbackView, CatalogError> {
+        let lv = match self.entry_or_err(volume)? {
+            Entry::Log(lv) => lv,
+            Entry::Plain(_) => {
+                return Err(CatalogError::Invalid(format!(
+                    "`{volume}` is not log-structured: it has no snapshots"
+                )));
+            }
+        };
+        let started = std::time::Instant::now();
+        let blocks_changed = lv.rollback(snap).await?;
+        Ok(RollbackView {
+            volume: volume.to_string(),
+            snapshot: snap.to_string(),
+            blocks_changed,
             seconds: started.elapsed().as_secs_f64(),
         })
     }

@@ -188,6 +188,16 @@ pub struct SnapshotView {
     pub created_ms: u64,
 }
 
+/// What `volume rollback` did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RollbackView {
+    pub volume: String,
+    pub snapshot: String,
+    /// Blocks whose map entry changed to the snapshot's.
+    pub blocks_changed: u64,
+    pub seconds: f64,
+}
+
 /// What `snapshot delete` did.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SnapshotDeletedView {

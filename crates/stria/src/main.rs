@@ -164,6 +164,18 @@ enum VolumeCmd {
         #[arg(long)]
         force: bool,
     },
+    /// Roll a volume back to one of its snapshots: it then reads as the snapshot does; every
+    /// snapshot stays (the newest keeps what the volume held before). No data is copied. Writes
+    /// wait while it runs; unmount file systems on the volume first.
+    Rollback {
+        name: String,
+        snapshot: String,
+        /// Roll back even while NBD clients have the volume open (their caches go stale).
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Copy a raw image file into a volume (byte-exact).
     Import { name: String, file: PathBuf },
     /// Copy a volume out into a raw image file (byte-exact, sparse where the volume is).
@@ -191,6 +203,9 @@ enum SnapshotCmd {
     Delete {
         volume: String,
         name: String,
+        /// Delete it even while NBD clients have VOLUME@NAME open (they are cut off).
+        #[arg(long)]
+        force: bool,
         #[arg(long)]
         json: bool,
     },
@@ -460,8 +475,8 @@ async fn snapshot(dir: &PoolDir, cmd: SnapshotCmd) -> Result<()> {
                 output::snapshots(&view::<Vec<stria_catalog::SnapshotView>>(v)?);
             }
         }
-        SnapshotCmd::Delete { volume, name, json } => {
-            let v = request(dir, Request::SnapshotDelete { volume, name }).await?;
+        SnapshotCmd::Delete { volume, name, force, json } => {
+            let v = request(dir, Request::SnapshotDelete { volume, name, force }).await?;
             if json {
                 print_json(&v);
             } else {
@@ -525,6 +540,22 @@ async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
         VolumeCmd::Delete { name, force } => {
             request(dir, Request::VolumeDelete { name: name.clone(), force }).await?;
             outln!("deleted volume {name}");
+            Ok(())
+        }
+        VolumeCmd::Rollback { name, snapshot, force, json } => {
+            let v = request(dir, Request::VolumeRollback { volume: name, snapshot, force }).await?;
+            if json {
+                print_json(&v);
+            } else {
+                let r: stria_catalog::RollbackView = view(v)?;
+                outln!(
+                    "rolled {} back to snapshot {} in {:.3} s: {} blocks changed",
+                    r.volume,
+                    r.snapshot,
+                    r.seconds,
+                    r.blocks_changed
+                );
+            }
             Ok(())
         }
         VolumeCmd::Import { name, file } => {

@@ -93,6 +93,16 @@ pub(crate) enum Request {
     SnapshotDelete {
         volume: String,
         name: String,
+        /// Delete it even with NBD clients attached to its export.
+        #[serde(default)]
+        force: bool,
+    },
+    VolumeRollback {
+        volume: String,
+        snapshot: String,
+        /// Roll back even with NBD clients attached.
+        #[serde(default)]
+        force: bool,
     },
 }
 
@@ -106,6 +116,7 @@ impl Request {
                 | Request::VolumeResize { .. }
                 | Request::SnapshotCreate { .. }
                 | Request::SnapshotDelete { .. }
+                | Request::VolumeRollback { .. }
         )
     }
 }
@@ -281,7 +292,14 @@ pub(crate) async fn execute(
         }
         Request::SnapshotCreate { volume, name } => to_json(&catalog.snapshot_create(&volume, &name).await?),
         Request::SnapshotList { volume } => to_json(&catalog.snapshots(volume.as_deref())?),
-        Request::SnapshotDelete { volume, name } => to_json(&catalog.snapshot_delete(&volume, &name).await?),
+        Request::SnapshotDelete { volume, name, force } => {
+            ctx.check_clients(&format!("{volume}@{name}"), "deleting the snapshot", force)?;
+            to_json(&catalog.snapshot_delete(&volume, &name).await?)
+        }
+        Request::VolumeRollback { volume, snapshot, force } => {
+            ctx.check_clients(&volume, "rolling it back (its data changes under them)", force)?;
+            to_json(&catalog.volume_rollback(&volume, &snapshot).await?)
+        }
         Request::Scrub { name } => {
             let report = catalog
                 .scrub(&name, &mut |part, done, total| {

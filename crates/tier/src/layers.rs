@@ -85,6 +85,8 @@ pub struct LayerRecord {
     /// Logical size of a head or clone (a snapshot has its head's size when it was made).
     pub logical_bytes: u64,
     pub name: String,
+    /// A head's rollback to this snapshot began and has not finished (0: none); open finishes it.
+    pub rollback_to: u16,
 }
 
 impl LayerRecord {
@@ -103,6 +105,7 @@ impl LayerRecord {
             region_page: 0,
             logical_bytes,
             name: name.into(),
+            rollback_to: 0,
         }
     }
 }
@@ -122,6 +125,9 @@ pub fn name_problem(name: &str) -> Option<String> {
     }
     None
 }
+
+/// Where a head's pending rollback target is (in what was reserved space before it).
+const ROLLBACK_AT: usize = 112;
 
 fn record_crc(b: &[u8]) -> u32 {
     crc32c::crc32c(&b[..RECORD_CRC_AT])
@@ -145,6 +151,7 @@ impl LayerRecord {
         out[36..40].copy_from_slice(&self.region_page.to_le_bytes());
         out[40..48].copy_from_slice(&self.logical_bytes.to_le_bytes());
         out[NAME_AT..NAME_AT + self.name.len()].copy_from_slice(self.name.as_bytes());
+        out[ROLLBACK_AT..ROLLBACK_AT + 2].copy_from_slice(&self.rollback_to.to_le_bytes());
         let crc = record_crc(out);
         out[RECORD_CRC_AT..].copy_from_slice(&crc.to_le_bytes());
     }
@@ -187,6 +194,7 @@ impl LayerRecord {
             region_page: u32_at(36),
             logical_bytes: u64_at(40),
             name: name.to_owned(),
+            rollback_to: u16_at(ROLLBACK_AT),
         }))
     }
 }
@@ -481,6 +489,7 @@ mod tests {
             region_page: if kind == LayerKind::Snapshot { 0 } else { 9 },
             logical_bytes: 1 << 40,
             name: name.into(),
+            rollback_to: if kind == LayerKind::Head { 7 } else { 0 },
         }
     }
 

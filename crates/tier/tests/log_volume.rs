@@ -113,6 +113,82 @@ async fn a_full_snapshot_page_pool_is_enospc_that_loses_nothing_and_the_volume_g
 }
 
 #[tokio::test]
+async fn a_rollback_reads_as_the_snapshot_and_one_the_power_cut_is_finished_at_open() {
+    const BLOCKS: u64 = 1024; // 4 MiB: 5 map pages
+    let block = |b: u64| (b * 4096) as usize;
+    // Cut after 0, 3, 8, ... requests of the rollback (None: no cut).
+    let (mut finished_at_open, mut not_begun) = (0, 0);
+    for cut in [None, Some(0), Some(3), Some(8), Some(16), Some(30), Some(60)] {
+        let switch = PowerSwitch::new();
+        let devs = drives(&switch, 11);
+        let pool = create_pool(&devs).await;
+        let vol = lsv::create(&pool, small_spec(BLOCKS * 4096, 40 * 124 * 4096)).await.unwrap();
+        let mut rng = rng(11);
+        let a = random_bytes(&mut rng, block(BLOCKS));
+        vol.write(0, IoBytes::copy_from(&a), true).await.unwrap();
+        let s1 = vol.create_snapshot("s1").await.unwrap().id;
+        // B: rewrites, a TRIM and zeroes over three of the five map pages.
+        let mut b = a.clone();
+        let new = random_bytes(&mut rng, block(300));
+        vol.write(0, IoBytes::copy_from(&new), false).await.unwrap();
+        b[..block(300)].copy_from_slice(&new);
+        vol.trim(600 * 4096, 100 * 4096).await.unwrap();
+        b[block(600)..block(700)].fill(0);
+        vol.write_zeroes(800 * 4096, 50 * 4096, false).await.unwrap();
+        b[block(800)..block(850)].fill(0);
+        let s2 = vol.create_snapshot("s2").await.unwrap().id;
+        // C, on top.
+        let mut c = b.clone();
+        let new = random_bytes(&mut rng, block(64));
+        vol.write(block(100) as u64, IoBytes::copy_from(&new), false).await.unwrap();
+        c[block(100)..block(164)].copy_from_slice(&new);
+        let what = format!("rollback cut after {cut:?} requests");
+        let (devs, pool, vol) = match cut {
+            None => {
+                let changed = vol.rollback("s1").await.unwrap();
+                assert_eq!(changed, 450, "{what}: the blocks that differ from s1");
+                (devs, pool, vol)
+            }
+            Some(k) => {
+                switch.trip_after_ops(k);
+                let returned = vol.rollback("s1").await.is_ok();
+                let (devs, _switch, pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, k).await;
+                let got = read_all(&vol, BLOCKS).await;
+                assert!(
+                    got == a || (got == c && !returned),
+                    "{what}: the volume is neither s1 nor as before"
+                );
+                if got == a && !returned {
+                    finished_at_open += 1;
+                }
+                if got == c {
+                    not_begun += 1;
+                    vol.rollback("s1").await.unwrap();
+                }
+                (devs, pool, vol)
+            }
+        };
+        assert!(read_all(&vol, BLOCKS).await == a, "{what}: the volume reads as s1");
+        assert!(vol.read_snapshot(s1, 0, block(BLOCKS)).await.unwrap().to_vec() == a, "{what}: s1");
+        assert!(vol.read_snapshot(s2, 0, block(BLOCKS)).await.unwrap().to_vec() == b, "{what}: s2");
+        // Writes after it are the volume's; s1 and s2 keep theirs, through a reopen.
+        let mut d = a.clone();
+        let new = random_bytes(&mut rng, block(10));
+        vol.write(block(500) as u64, IoBytes::copy_from(&new), true).await.unwrap();
+        d[block(500)..block(510)].copy_from_slice(&new);
+        vol.close().await;
+        drop(vol);
+        let vol = open_log(&pool).await.unwrap();
+        assert!(read_all(&vol, BLOCKS).await == d, "{what}: the volume after a write and a reopen");
+        assert!(vol.read_snapshot(s1, 0, block(BLOCKS)).await.unwrap().to_vec() == a, "{what}: s1 after");
+        assert!(vol.read_snapshot(s2, 0, block(BLOCKS)).await.unwrap().to_vec() == b, "{what}: s2 after");
+        vol.close().await;
+        drop(devs);
+    }
+    assert!(finished_at_open > 0 && not_begun > 0, "cuts landed before and after the rollback's mark");
+}
+
+#[tokio::test]
 async fn overwrites_go_through_destage_and_gc_and_read_back() {
     let switch = PowerSwitch::new();
     let devs = drives(&switch, 1);

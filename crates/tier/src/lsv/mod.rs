@@ -246,6 +246,8 @@ pub struct LogVolume<D: BlockDevice> {
     /// restored cache position found stale: the writer that replaced its entry may still be
     /// about to free it).
     pub(crate) settle: tokio::sync::RwLock<()>,
+    /// One snapshot create, delete or rollback at a time.
+    snapshot_ops: tokio::sync::Mutex<()>,
     /// Set while live counts may be too high (opened from a persisted table, not recounted).
     pub(crate) counts_suspect: AtomicBool,
     /// Why the segment space could not grow the last time it tried (cleared when it grows).
@@ -625,6 +627,7 @@ pub async fn open<D: BlockDevice>(
         moving: tokio::sync::Mutex::new(mover::Gc::default()),
         opened_from_table: from_table,
         settle: tokio::sync::RwLock::new(()),
+        snapshot_ops: tokio::sync::Mutex::new(()),
         writes: tokio::sync::RwLock::new(()),
         counts_suspect: AtomicBool::new(from_table),
         growth_failed: Mutex::new(None),
@@ -637,7 +640,14 @@ pub async fn open<D: BlockDevice>(
             seq: Arc::clone(&vol.seq),
         }));
     }
-    // A snapshot delete a crash cut short is finished before the volume is used.
+    // A rollback, then a snapshot delete, a crash cut short are finished before the volume is
+    // used.
+    if let Some(target) = vol.map.rollback_pending() {
+        let restored =
+            vol.restore(target).await.map_err(|e| corrupt(format!("finishing a rollback: {e}")))?;
+        vol.map.mark_rollback(0).await.map_err(|e| corrupt(format!("finishing a rollback: {e}")))?;
+        tracing::info!(volume = %rec.name, restored, "finished a rollback a crash interrupted");
+    }
     let finished = vol
         .map
         .finish_deletes(|freed| vol.free_places(freed.into_iter().map(|(_, e)| e)))
@@ -979,6 +989,7 @@ impl<D: BlockDevice> LogVolume<D> {
             return Err(refuse("a snapshot of that name exists".into()));
         }
         self.check_writable(0, self.size_bytes)?;
+        let _one = self.snapshot_ops.lock().await;
         let _drained = self.writes.write().await;
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -1003,6 +1014,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// places no layer holds any more are freed for GC. Writes wait while it runs (it costs a
     /// log record per map page the snapshot owns).
     pub async fn delete_snapshot(&self, name: &str) -> Result<DeleteStats, TierError> {
+        let _one = self.snapshot_ops.lock().await;
         let Some(snap) = self.map.snapshots().into_iter().find(|s| s.name == name) else {
             return Err(TierError::Invalid(format!("{} has no snapshot {name:?}", self.name)));
         };
@@ -1025,6 +1037,60 @@ impl<D: BlockDevice> LogVolume<D> {
             })?;
         tracing::info!(volume = %self.name, snapshot = name, ?stats, "snapshot deleted");
         Ok(stats)
+    }
+
+    /// Rolls the volume back to snapshot `name`: afterwards it reads as the snapshot does, and
+    /// every snapshot stays as it was (the newest keeps what the volume held before). No data is
+    /// copied: the map entries of the pages changed since the snapshot are set to its entries.
+    /// Host writes wait, and destage and GC pause, while it runs; clients should not have a
+    /// file system mounted from the volume. A crash before it returns leaves it to open to
+    /// finish. Returns how many blocks changed.
+    pub async fn rollback(&self, name: &str) -> Result<u64, TierError> {
+        let _one = self.snapshot_ops.lock().await;
+        let Some(snap) = self.map.snapshots().into_iter().find(|s| s.name == name) else {
+            return Err(TierError::Invalid(format!("{} has no snapshot {name:?}", self.name)));
+        };
+        self.check_writable(0, self.size_bytes)?;
+        let _drained = self.writes.write().await;
+        let _moves = self.moving.lock().await;
+        let failed = |e: MapError| -> TierError {
+            self.map_failed(&e);
+            map_error(&self.name, e).into()
+        };
+        self.map.mark_rollback(snap.id).await.map_err(failed)?;
+        let restored = self.restore(snap.id).await?;
+        self.map.mark_rollback(0).await.map_err(failed)?;
+        tracing::info!(volume = %self.name, snapshot = name, restored, "rolled back");
+        Ok(restored)
+    }
+
+    /// Sets the head's entries of every page changed since snapshot `layer` to the snapshot's
+    /// (as host writes would, so the newest snapshot keeps what they replace, and what none
+    /// holds is freed). The caller keeps host writes, destage and GC out.
+    async fn restore(&self, layer: u16) -> Result<u64, VolumeError> {
+        let pages = self.map.changed_since(layer).await.map_err(|e| map_error(&self.name, e))?;
+        let mut restored = 0;
+        for chunk in pages.chunks(16) {
+            let blocks: Vec<u64> = chunk
+                .iter()
+                .flat_map(|&p| p * ENTRIES_PER_PAGE..((p + 1) * ENTRIES_PER_PAGE).min(self.blocks))
+                .collect();
+            let want = self.map.get_in(layer, &blocks).await.map_err(|e| map_error(&self.name, e))?;
+            let now = self.map.get_many(&blocks).await.map_err(|e| map_error(&self.name, e))?;
+            let updates: Vec<Update> = blocks
+                .iter()
+                .zip(want.iter().zip(&now))
+                .filter(|(_, (w, n))| w != n)
+                .map(|(&block, (&entry, _))| Update { block, entry, expect: None })
+                .collect();
+            if updates.is_empty() {
+                continue;
+            }
+            let olds = self.update_map(&updates).await?;
+            self.free_places(olds.into_iter().flatten());
+            restored += updates.len() as u64;
+        }
+        Ok(restored)
     }
 
     /// The volume's snapshots, oldest first.

@@ -1077,6 +1077,9 @@ impl<D: BlockDevice> MapStore<D> {
         let _gate = self.snap.gate.write().await;
         {
             let mut l = self.snap.layers.lock();
+            if l.head.as_ref().is_some_and(|h| h.rollback_to == layer) {
+                return Err(layers_error("a rollback to it has not finished"));
+            }
             let s = l
                 .snaps
                 .iter_mut()
@@ -1374,6 +1377,60 @@ impl<D: BlockDevice> MapStore<D> {
         }
         self.snap.generation.fetch_add(1, SeqCst);
         self.write_back().await
+    }
+}
+
+impl<D: BlockDevice> MapStore<D> {
+    /// The head pages changed since snapshot `layer` was made: those it or a newer snapshot
+    /// owns a copy of (every change after it was made copied the page into the newest first).
+    pub async fn changed_since(&self, layer: u16) -> Result<Vec<u64>, MapError> {
+        let snaps: Vec<(u16, Vec<u32>)> = {
+            let l = self.snap.layers.lock();
+            let k = l
+                .snaps
+                .iter()
+                .position(|s| s.record.id == layer && !s.record.hidden)
+                .ok_or_else(|| layers_error(format!("no snapshot with layer id {layer}")))?;
+            l.snaps[k..].iter().map(|s| (s.record.id, s.dir.clone())).collect()
+        };
+        let mut pages = BTreeSet::new();
+        for (id, dir) in snaps {
+            for (ti, &t) in dir.iter().enumerate() {
+                if t == 0 {
+                    continue;
+                }
+                let ts = self.table_page(t, id, (ti * INDEX_ENTRIES) as u64).await?;
+                let entries = ts.page().entries.lock();
+                pages.extend(
+                    entries
+                        .iter()
+                        .enumerate()
+                        .filter(|e| *e.1 != 0)
+                        .map(|(k, _)| (ti * INDEX_ENTRIES + k) as u64),
+                );
+            }
+        }
+        Ok(pages.into_iter().collect())
+    }
+
+    /// The snapshot a rollback of the head began to and did not finish, if any.
+    pub fn rollback_pending(&self) -> Option<u16> {
+        self.snap.layers.lock().head.as_ref().map(|h| h.rollback_to).filter(|&t| t != 0)
+    }
+
+    /// Records durably that the head is being rolled back to snapshot `layer` (0: that it is
+    /// done): open finishes a rollback a crash cut short.
+    pub async fn mark_rollback(&self, layer: u16) -> Result<(), MapError> {
+        {
+            let mut l = self.snap.layers.lock();
+            if layer != 0 && !l.snaps.iter().any(|s| s.record.id == layer && !s.record.hidden) {
+                return Err(layers_error(format!("no snapshot with layer id {layer}")));
+            }
+            let head = l.head.as_mut().ok_or_else(|| layers_error("the volume has no snapshot"))?;
+            head.rollback_to = layer;
+            l.records_dirty = true;
+        }
+        self.checkpoint().await
     }
 }
 
