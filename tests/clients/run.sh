@@ -136,7 +136,13 @@ check_rest() {  # s2 (if there) reads B then A; the volume C, B, A
   out=$(qemu-io -f raw "$(uri tv)" -c 'read -P 0x44 0 16M' -c 'read -P 0x22 16M 16M' -c 'read -P 0x11 32M 32M' 2>&1)
   ! grep -q -i "verification failed\|error" <<<"$out" || { echo "tv ($1): $out" >&2; exit 1; }
 }
-"$STRIA" snapshot delete tv s1 --pool "$POOL"
+# What `snapshot list` says only s1 holds is what its delete frees.
+excl=$("$STRIA" snapshot list tv --pool "$POOL" --json |
+  python3 -c 'import json, sys; print([s for s in json.load(sys.stdin) if s["name"] == "s1"][0]["exclusive_bytes"])')
+freed=$("$STRIA" snapshot delete tv s1 --pool "$POOL" --json |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["blocks_freed"] * 4096)')
+echo "tv@s1: $excl bytes only in it, $freed freed by its delete"
+[ "$excl" = "$freed" ] && [ "$excl" -gt 0 ] || { echo "tv@s1: exclusive $excl, freed $freed" >&2; exit 1; }
 ! nbdinfo "$(uri tv@s1)" >/dev/null 2>&1 || { echo "tv@s1 is still exported after its delete" >&2; exit 1; }
 check_rest "s1 deleted" with-s2
 "$STRIA" snapshot delete tv s2 --pool "$POOL" --json | grep -q '"blocks_freed"'

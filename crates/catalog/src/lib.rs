@@ -401,6 +401,18 @@ impl<D: BlockDevice> Catalog<D> {
             .collect())
     }
 
+    /// [`Catalog::snapshots`] with the bytes only each snapshot holds (a walk of the map pages
+    /// each owns).
+    pub async fn snapshot_list(&self, volume: Option<&str>) -> Result<Vec<SnapshotView>, CatalogError> {
+        let mut list = self.snapshots(volume)?;
+        for s in &mut list {
+            if let Some(Entry::Log(lv)) = self.entry(&s.volume) {
+                s.exclusive_bytes = Some(lv.exclusive_bytes(s.id).await?);
+            }
+        }
+        Ok(list)
+    }
+
     /// Stops every mover, then closes the pool cleanly.
     pub async fn close(&self) -> Result<(), CatalogError> {
         let logs: Vec<Arc<LogVolume<D>>> = self.logs.read().values().cloned().collect();

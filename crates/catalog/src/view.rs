@@ -186,6 +186,10 @@ pub struct SnapshotView {
     pub size_bytes: u64,
     /// When it was made, Unix milliseconds.
     pub created_ms: u64,
+    /// Bytes only it holds: what deleting it frees (`snapshot list` computes it; `None` where
+    /// not asked for).
+    #[serde(default)]
+    pub exclusive_bytes: Option<u64>,
 }
 
 /// What `volume rollback` did.
@@ -221,6 +225,7 @@ impl SnapshotView {
             id: rec.id,
             size_bytes,
             created_ms: rec.created_ms,
+            exclusive_bytes: None,
         }
     }
 }

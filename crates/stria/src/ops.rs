@@ -291,7 +291,7 @@ pub(crate) async fn execute(
             Ok(json!({ "was_suspended": was, "resync": to_json(&report)? }))
         }
         Request::SnapshotCreate { volume, name } => to_json(&catalog.snapshot_create(&volume, &name).await?),
-        Request::SnapshotList { volume } => to_json(&catalog.snapshots(volume.as_deref())?),
+        Request::SnapshotList { volume } => to_json(&catalog.snapshot_list(volume.as_deref()).await?),
         Request::SnapshotDelete { volume, name, force } => {
             ctx.check_clients(&format!("{volume}@{name}"), "deleting the snapshot", force)?;
             to_json(&catalog.snapshot_delete(&volume, &name).await?)

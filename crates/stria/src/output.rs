@@ -390,7 +390,6 @@ pub(crate) fn volume(v: &VolumeView) {
     }
 }
 
-/// A scrub report.
 /// `snapshot list`.
 pub(crate) fn snapshots(list: &[stria_catalog::SnapshotView]) {
     if list.is_empty() {
@@ -405,13 +404,18 @@ pub(crate) fn snapshots(list: &[stria_catalog::SnapshotView]) {
                 s.name.clone(),
                 s.export.clone(),
                 format_size(s.size_bytes),
+                s.exclusive_bytes.map_or_else(|| "-".into(), format_size),
                 s.id.to_string(),
             ]
         })
         .collect();
-    table(&["VOLUME", "SNAPSHOT", "EXPORT (read-only)", "SIZE", "LAYER"], &rows);
+    table(
+        &["VOLUME", "SNAPSHOT", "EXPORT (read-only)", "SIZE", "ONLY IN IT (freed by delete)", "LAYER"],
+        &rows,
+    );
 }
 
+/// A scrub report.
 pub(crate) fn scrub(r: &ScrubReport) {
     outln!(
         "scrub of {}: {} rows, {} blocks checked, {} repaired, {} parity and {} copy blocks fixed, {} unrecoverable, \

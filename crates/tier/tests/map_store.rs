@@ -389,6 +389,8 @@ async fn run_seed(seed: u64) {
                         m.snaps[i].id.expect("live")
                     };
                     let mut freed = Vec::new();
+                    // What it says deleting would free, asked before (the delete must free as much).
+                    let exclusive = store.exclusive_blocks(id).await;
                     if !clean && rng.random_bool(0.3) {
                         // A cut inside the delete (it writes a checkpoint and a few log blocks).
                         switch.trip_after_ops(rng.random_range(0..40));
@@ -418,6 +420,11 @@ async fn run_seed(seed: u64) {
                             want.sort_by_key(|e| e.seq);
                             got.sort_by_key(|e| e.seq);
                             assert_eq!(got, want, "{what}: the places only it held");
+                            assert_eq!(
+                                exclusive.expect("the delete went through: so did the walk before it"),
+                                want.len() as u64,
+                                "{what}: exclusive blocks"
+                            );
                             PAGES_HANDED_ON.fetch_add(stats.pages_moved, Relaxed);
                             DELETES_DONE.fetch_add(1, Relaxed);
                             m.snaps.remove(i);

@@ -1093,6 +1093,15 @@ impl<D: BlockDevice> LogVolume<D> {
         Ok(restored)
     }
 
+    /// Bytes only snapshot `layer` holds: what deleting it would free.
+    pub async fn exclusive_bytes(&self, layer: u16) -> Result<u64, TierError> {
+        let blocks = self.map.exclusive_blocks(layer).await.map_err(|e| match e {
+            MapError::Layers(why) => TierError::Invalid(format!("{}: {why}", self.name)),
+            e => map_error(&self.name, e).into(),
+        })?;
+        Ok(blocks * BLOCK_BYTES)
+    }
+
     /// The volume's snapshots, oldest first.
     pub fn snapshots(&self) -> Vec<LayerRecord> {
         self.map.snapshots()

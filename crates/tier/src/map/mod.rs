@@ -1313,6 +1313,7 @@ mod tests {
             (versions(|_| 1), versions(|b| if b % 2 == 0 { 3 } else { 2 }), versions(|_| 4));
         // The middle one: s1 has its own copy of every page, so s2's are dropped; of s2's
         // entries only the even blocks' are held by nobody else (s3 holds the odd ones).
+        assert_eq!(map.exclusive_blocks(s2).await.unwrap(), 300, "what deleting s2 frees");
         let (stats, freed) = delete(&map, s2).await;
         assert_eq!(stats, DeleteStats { pages_moved: 0, pages_dropped: 3, entries_freed: 300 });
         assert_eq!(freed, (0..300).map(|b| entry(2000 + b * 2)).collect::<Vec<_>>());
@@ -1335,6 +1336,7 @@ mod tests {
         let both = [0, 300].map(|b| Update { block: b, entry: entry(7000 + b), expect: None });
         map.update(&both).await.unwrap();
         let want_a = view(&map, sa).await;
+        assert_eq!(map.exclusive_blocks(sb).await.unwrap(), 1);
         let (stats, freed) = delete(&map, sb).await;
         assert_eq!(stats, DeleteStats { pages_moved: 1, pages_dropped: 1, entries_freed: 1 });
         assert_eq!(freed, vec![entry(6000)], "block 0's version between sa and sb");

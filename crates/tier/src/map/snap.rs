@@ -1126,44 +1126,12 @@ impl<D: BlockDevice> MapStore<D> {
             if table == 0 {
                 continue;
             }
-            let first = (ti * INDEX_ENTRIES) as u64;
-            let owned: Vec<(u64, u32)> = {
-                let ts = self.table_page(table, layer, first).await?;
-                let entries = ts.page().entries.lock();
-                entries
-                    .iter()
-                    .enumerate()
-                    .filter(|e| *e.1 != 0)
-                    .map(|(i, &p)| (first + i as u64, p))
-                    .collect()
-            };
+            let owned = self.owned_in_table(layer, table, ti).await?;
             for batch in owned.chunks(HAND_ON_BATCH) {
                 let mut ops = Vec::with_capacity(batch.len());
                 let mut freed = Vec::new();
                 for &(page, pool) in batch {
-                    let older_copy = match older {
-                        Some(o) => match self.own_copy(o, page).await? {
-                            None => {
-                                ops.push(TableOp::Own { from: layer, to: o, page, pool, table: 0 });
-                                continue;
-                            }
-                            Some((_, c)) => Some(c.page().entries.lock().clone()),
-                        },
-                        None => None,
-                    };
-                    // Dropped: an entry is freed unless a neighbour's view holds it (only those
-                    // can: a place a layer holds is held by a run of neighbouring views).
-                    let copy = self.pool_page(pool, layer, page).await?.page().entries.lock().clone();
-                    let newer = self.view_after(layer, page).await?;
-                    for (i, x) in copy.iter().enumerate() {
-                        let physical = matches!(x.place, super::Place::Segment(_) | super::Place::Cache(_));
-                        let held = newer[i].place == x.place
-                            || older_copy.as_ref().is_some_and(|o| o[i].place == x.place);
-                        if physical && !held {
-                            freed.push((page * ENTRIES_PER_PAGE + i as u64, *x));
-                        }
-                    }
-                    ops.push(TableOp::Drop { layer, page, pool });
+                    ops.push(self.hand_on_page(layer, older, page, pool, &mut freed).await?);
                 }
                 self.log_table_ops(&mut ops).await?;
                 for op in &ops {
@@ -1178,6 +1146,76 @@ impl<D: BlockDevice> MapStore<D> {
         }
         self.remove_layer(layer).await?;
         Ok(stats)
+    }
+
+    /// The (head page, pool page) pairs of snapshot `layer`'s table page `table`, the `ti`th.
+    async fn owned_in_table(&self, layer: u16, table: u32, ti: usize) -> Result<Vec<(u64, u32)>, MapError> {
+        let first = (ti * INDEX_ENTRIES) as u64;
+        let ts = self.table_page(table, layer, first).await?;
+        let entries = ts.page().entries.lock();
+        Ok(entries.iter().enumerate().filter(|e| *e.1 != 0).map(|(i, &p)| (first + i as u64, p)).collect())
+    }
+
+    /// What deleting snapshot `layer` does with its copy `pool` of head page `page`: hand it to
+    /// `older` if that one has none (its view of the page was this copy), else drop it, adding
+    /// to `freed` the entries no other layer holds (only a neighbour's view can: the layers
+    /// that see one version of a block are consecutive).
+    async fn hand_on_page(
+        &self,
+        layer: u16,
+        older: Option<u16>,
+        page: u64,
+        pool: u32,
+        freed: &mut Vec<(u64, MapEntry)>,
+    ) -> Result<TableOp, MapError> {
+        let older_copy = match older {
+            Some(o) => match self.own_copy(o, page).await? {
+                None => return Ok(TableOp::Own { from: layer, to: o, page, pool, table: 0 }),
+                Some((_, c)) => Some(c.page().entries.lock().clone()),
+            },
+            None => None,
+        };
+        let copy = self.pool_page(pool, layer, page).await?.page().entries.lock().clone();
+        let newer = self.view_after(layer, page).await?;
+        for (i, x) in copy.iter().enumerate() {
+            let physical = matches!(x.place, super::Place::Segment(_) | super::Place::Cache(_));
+            let held =
+                newer[i].place == x.place || older_copy.as_ref().is_some_and(|o| o[i].place == x.place);
+            if physical && !held {
+                freed.push((page * ENTRIES_PER_PAGE + i as u64, *x));
+            }
+        }
+        Ok(TableOp::Drop { layer, page, pool })
+    }
+
+    /// Blocks only snapshot `layer` holds: what deleting it would free. It walks the pages the
+    /// snapshot owns (what changed between it and the next newer), as a delete would, without
+    /// changing anything; writes going on meanwhile make it a moment's figure.
+    pub async fn exclusive_blocks(&self, layer: u16) -> Result<u64, MapError> {
+        let _no_delete = self.snap.gate.read().await;
+        let (dir, older) = {
+            let l = self.snap.layers.lock();
+            let k = l
+                .snaps
+                .iter()
+                .position(|s| s.record.id == layer && !s.record.hidden)
+                .ok_or_else(|| layers_error(format!("no snapshot with layer id {layer}")))?;
+            (l.snaps[k].dir.clone(), k.checked_sub(1).map(|i| l.snaps[i].record.id))
+        };
+        let mut freed = Vec::new();
+        let mut blocks = 0;
+        for (ti, &table) in dir.iter().enumerate() {
+            if table == 0 {
+                continue;
+            }
+            let owned = self.owned_in_table(layer, table, ti).await?;
+            for (page, pool) in owned {
+                self.hand_on_page(layer, older, page, pool, &mut freed).await?;
+                blocks += freed.len() as u64;
+                freed.clear();
+            }
+        }
+        Ok(blocks)
     }
 
     /// Logs `ops` (choosing the table pages moves need first) and applies them once durable,
@@ -1399,15 +1437,7 @@ impl<D: BlockDevice> MapStore<D> {
                 if t == 0 {
                     continue;
                 }
-                let ts = self.table_page(t, id, (ti * INDEX_ENTRIES) as u64).await?;
-                let entries = ts.page().entries.lock();
-                pages.extend(
-                    entries
-                        .iter()
-                        .enumerate()
-                        .filter(|e| *e.1 != 0)
-                        .map(|(k, _)| (ti * INDEX_ENTRIES + k) as u64),
-                );
+                pages.extend(self.owned_in_table(id, t, ti).await?.into_iter().map(|(page, _)| page));
             }
         }
         Ok(pages.into_iter().collect())
