@@ -319,17 +319,20 @@ impl<D: BlockDevice> Catalog<D> {
         Ok(VolumeView::Plain(PlainView::new(vol, rec)))
     }
 
+    /// Log-structured volume `volume`, the kind that has snapshots.
+    fn with_snapshots(&self, volume: &str) -> Result<Arc<LogVolume<D>>, CatalogError> {
+        match self.entry_or_err(volume)? {
+            Entry::Log(lv) => Ok(lv),
+            Entry::Plain(_) => Err(CatalogError::Invalid(format!(
+                "`{volume}` is not log-structured: snapshots are for tiered:ec:K+M and log:ec:K+M volumes"
+            ))),
+        }
+    }
+
     /// Makes snapshot `snap` of log-structured volume `volume` (docs/design/snapshots.md):
     /// writes in flight finish first, new ones wait; it is durable when this returns.
     pub async fn snapshot_create(&self, volume: &str, snap: &str) -> Result<SnapshotView, CatalogError> {
-        let lv = match self.entry_or_err(volume)? {
-            Entry::Log(lv) => lv,
-            Entry::Plain(_) => {
-                return Err(CatalogError::Invalid(format!(
-                    "`{volume}` is not log-structured: snapshots are for tiered:ec:K+M and log:ec:K+M volumes"
-                )));
-            }
-        };
+        let lv = self.with_snapshots(volume)?;
         let rec = lv.create_snapshot(snap).await?;
         Ok(SnapshotView::of(volume, lv.size_bytes(), &rec))
     }
@@ -341,14 +344,7 @@ impl<D: BlockDevice> Catalog<D> {
         volume: &str,
         snap: &str,
     ) -> Result<SnapshotDeletedView, CatalogError> {
-        let lv = match self.entry_or_err(volume)? {
-            Entry::Log(lv) => lv,
-            Entry::Plain(_) => {
-                return Err(CatalogError::Invalid(format!(
-                    "`{volume}` is not log-structured: it has no snapshots"
-                )));
-            }
-        };
+        let lv = self.with_snapshots(volume)?;
         let started = std::time::Instant::now();
         let stats = lv.delete_snapshot(snap).await?;
         Ok(SnapshotDeletedView {
@@ -363,14 +359,7 @@ impl<D: BlockDevice> Catalog<D> {
 
     /// Rolls `volume` back to its snapshot `snap` (see [`LogVolume::rollback`]).
     pub async fn volume_rollback(&self, volume: &str, snap: &str) -> Result<RollbackView, CatalogError> {
-        let lv = match self.entry_or_err(volume)? {
-            Entry::Log(lv) => lv,
-            Entry::Plain(_) => {
-                return Err(CatalogError::Invalid(format!(
-                    "`{volume}` is not log-structured: it has no snapshots"
-                )));
-            }
-        };
+        let lv = self.with_snapshots(volume)?;
         let started = std::time::Instant::now();
         let blocks_changed = lv.rollback(snap).await?;
         Ok(RollbackView {

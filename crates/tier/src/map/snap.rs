@@ -157,6 +157,14 @@ impl Layers {
     pub(super) fn has_snapshots(&self) -> bool {
         !self.snaps.is_empty()
     }
+
+    /// The index of snapshot `layer` among `snaps`, unless it is unknown or being deleted.
+    fn visible(&self, layer: u16) -> Result<usize, MapError> {
+        self.snaps
+            .iter()
+            .position(|s| s.record.id == layer && !s.record.hidden)
+            .ok_or_else(|| layers_error(format!("no snapshot with layer id {layer}")))
+    }
 }
 
 impl SnapState {
@@ -629,11 +637,7 @@ impl<D: BlockDevice> MapStore<D> {
                 let generation = self.snap.generation.load(SeqCst);
                 let chain: Vec<(u16, u32)> = {
                     let l = self.snap.layers.lock();
-                    let k = l
-                        .snaps
-                        .iter()
-                        .position(|s| s.record.id == layer && !s.record.hidden)
-                        .ok_or_else(|| layers_error(format!("no snapshot with layer id {layer}")))?;
+                    let k = l.visible(layer)?;
                     l.snaps[k..].iter().map(|s| (s.record.id, s.dir[table_index(page)])).collect()
                 };
                 for (id, table) in chain {
@@ -1195,11 +1199,7 @@ impl<D: BlockDevice> MapStore<D> {
         let _no_delete = self.snap.gate.read().await;
         let (dir, older) = {
             let l = self.snap.layers.lock();
-            let k = l
-                .snaps
-                .iter()
-                .position(|s| s.record.id == layer && !s.record.hidden)
-                .ok_or_else(|| layers_error(format!("no snapshot with layer id {layer}")))?;
+            let k = l.visible(layer)?;
             (l.snaps[k].dir.clone(), k.checked_sub(1).map(|i| l.snaps[i].record.id))
         };
         let mut freed = Vec::new();
@@ -1424,11 +1424,7 @@ impl<D: BlockDevice> MapStore<D> {
     pub async fn changed_since(&self, layer: u16) -> Result<Vec<u64>, MapError> {
         let snaps: Vec<(u16, Vec<u32>)> = {
             let l = self.snap.layers.lock();
-            let k = l
-                .snaps
-                .iter()
-                .position(|s| s.record.id == layer && !s.record.hidden)
-                .ok_or_else(|| layers_error(format!("no snapshot with layer id {layer}")))?;
+            let k = l.visible(layer)?;
             l.snaps[k..].iter().map(|s| (s.record.id, s.dir.clone())).collect()
         };
         let mut pages = BTreeSet::new();
