@@ -164,8 +164,8 @@ enum VolumeCmd {
         #[arg(long)]
         force: bool,
     },
-    /// Roll a volume back to one of its snapshots: it then reads as the snapshot does; every
-    /// snapshot stays (the newest keeps what the volume held before). No data is copied. Writes
+    /// Roll a volume back to its newest snapshot (delete newer ones first to go further back):
+    /// it then reads as the snapshot does, and the snapshot stays. No data is copied. Writes
     /// wait while it runs; unmount file systems on the volume first.
     Rollback {
         name: String,

@@ -1039,17 +1039,29 @@ impl<D: BlockDevice> LogVolume<D> {
         Ok(stats)
     }
 
-    /// Rolls the volume back to snapshot `name`: afterwards it reads as the snapshot does, and
-    /// every snapshot stays as it was (the newest keeps what the volume held before). No data is
+    /// Rolls the volume back to snapshot `name`, its newest: afterwards it reads as the
+    /// snapshot does, and the snapshots stay as they were. No data is
     /// copied: the map entries of the pages changed since the snapshot are set to its entries.
     /// Host writes wait, and destage and GC pause, while it runs; clients should not have a
     /// file system mounted from the volume. A crash before it returns leaves it to open to
     /// finish. Returns how many blocks changed.
     pub async fn rollback(&self, name: &str) -> Result<u64, TierError> {
         let _one = self.snapshot_ops.lock().await;
-        let Some(snap) = self.map.snapshots().into_iter().find(|s| s.name == name) else {
+        let snaps = self.map.snapshots();
+        let Some(snap) = snaps.iter().find(|s| s.name == name).cloned() else {
             return Err(TierError::Invalid(format!("{} has no snapshot {name:?}", self.name)));
         };
+        // Only to the newest: the head then holds what the newest holds, so every version of a
+        // block is still held by a run of neighbouring layers, which frees rely on (an
+        // overwrite asks only the newest snapshot, a delete only the neighbours). Rolled back
+        // to an older one, the head would share blocks with it past the newer ones, and those
+        // checks would free blocks it still holds (the log simulation found exactly that).
+        if let Some(newer) = snaps.iter().rev().take_while(|s| s.id != snap.id).map(|s| &s.name).next() {
+            return Err(TierError::Invalid(format!(
+                "{} can be rolled back only to its newest snapshot ({newer:?}); delete the newer snapshots first",
+                self.name
+            )));
+        }
         self.check_writable(0, self.size_bytes)?;
         let _drained = self.writes.write().await;
         let _moves = self.moving.lock().await;
@@ -1057,6 +1069,18 @@ impl<D: BlockDevice> LogVolume<D> {
             self.map_failed(&e);
             map_error(&self.name, e).into()
         };
+        // Room first: each changed page may need a copy in the newest snapshot (and a table
+        // page per 1,016), and a rollback that began must be able to finish at open.
+        let pages = self.map.changed_since(snap.id).await.map_err(failed)?.len() as u64;
+        let (used, total) = self.map.pool_pages();
+        let needed = pages + pages.div_ceil(crate::layers::INDEX_ENTRIES as u64);
+        if needed > u64::from(total - used) {
+            return Err(TierError::Invalid(format!(
+                "rolling {} back to {name:?} may need {needed} snapshot map pages and {} are free: delete snapshots first",
+                self.name,
+                total - used
+            )));
+        }
         self.map.mark_rollback(snap.id).await.map_err(failed)?;
         let restored = self.restore(snap.id).await?;
         self.map.mark_rollback(0).await.map_err(failed)?;
