@@ -170,7 +170,7 @@ cp -r /usr/share/doc/apt /usr/share/doc/bash "$W/smnt/a/" 2>/dev/null || cp -r /
 dd if=/dev/urandom of="$W/smnt/a/big" bs=1M count=40 status=none
 (cd "$W/smnt" && find a -type f -print0 | sort -z | xargs -0 sha256sum) >"$W/sums-a"
 sync -f "$W/smnt"
-fio --name=load --directory="$W/smnt" --size=256M --rw=randwrite --bs=4k --ioengine=libaio --iodepth=16 --direct=1 \
+fio --name=load --directory="$W/smnt" --verify_state_save=0 --size=256M --rw=randwrite --bs=4k --ioengine=libaio --iodepth=16 --direct=1 \
   --verify=crc32c --verify_fatal=1 --verify_backlog=512 >"$W/fio-snapload.log" 2>&1 &
 FIO=$!
 sleep 2
