@@ -74,7 +74,12 @@ impl<P> Resident<P> {
                 self.hand = 0;
             }
             let id = self.clock[self.hand];
-            let slot = &self.slots[&id];
+            // A page forgotten (or forgotten and cached again) leaves its old place on the
+            // clock behind: dropped here, where the hand finds it.
+            let Some(slot) = self.slots.get(&id) else {
+                self.clock.swap_remove(self.hand);
+                continue;
+            };
             let evictable = Arc::strong_count(slot) == 1 && !slot.dirty.load(SeqCst) && !slot.is_frozen();
             if evictable && !slot.referenced.swap(false, Relaxed) {
                 self.slots.remove(&id);
@@ -213,13 +218,11 @@ impl<P> PageCache<P> {
 
     /// Drops page `id` from the cache, dirty or not: the owner freed the page on disk, and
     /// whatever it held must not be written or read again.
+    /// Its places on the clock and in the dirty list go lazily (the hand and the next
+    /// [`PageCache::take_dirty`] skip them), so this costs no scan.
     pub fn forget(&self, id: u64) {
         let mut r = self.resident.lock();
-        if r.slots.remove(&id).is_some() {
-            let at = r.clock.iter().position(|&c| c == id).expect("a resident page is on the clock");
-            r.clock.swap_remove(at);
-            r.dirty.retain(|&d| d != id);
-        }
+        r.slots.remove(&id);
         self.note(&r, 0);
     }
 
@@ -239,13 +242,19 @@ impl<P> PageCache<P> {
     /// gives them to [`PageCache::redirty`] if it fails.
     pub fn take_dirty(&self) -> Vec<(u64, Arc<Slot<P>>)> {
         let mut r = self.resident.lock();
-        let ids = std::mem::take(&mut r.dirty);
+        let mut ids = std::mem::take(&mut r.dirty);
         self.dirty_len.store(0, Relaxed);
+        // A dirty page stays cached unless it was forgotten: then its id is skipped, or, if it
+        // was cached again since, taken only if the new page is dirty itself.
+        ids.sort_unstable();
+        ids.dedup();
         let mut out: Vec<(u64, Arc<Slot<P>>)> = ids
             .into_iter()
             .filter_map(|id| {
-                let slot = Arc::clone(r.slots.get(&id).expect("a dirty page stays cached"));
-                slot.dirty.store(false, SeqCst);
+                let slot = Arc::clone(r.slots.get(&id)?);
+                if !slot.dirty.swap(false, SeqCst) {
+                    return None;
+                }
                 (!slot.is_frozen()).then_some((id, slot))
             })
             .collect();
@@ -267,5 +276,42 @@ impl<P> PageCache<P> {
         if slot.frozen.swap(frozen, SeqCst) && !frozen {
             self.mark_dirty(id, &slot);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forgotten_page_is_neither_written_back_nor_kept_and_its_id_can_be_cached_again() {
+        let cache: PageCache<u32> = PageCache::new(2);
+        let (slot, _) = cache.insert(vec![(7, 70, false)]).remove(0);
+        cache.mark_dirty(7, &slot);
+        drop(slot);
+        cache.forget(7);
+        assert!(cache.peek(7).is_none());
+        assert!(cache.take_dirty().is_empty(), "its write-back is dropped with it");
+        // Cached again (clean): not taken for the old dirty mark; dirty again: taken once.
+        let (slot, inserted) = cache.insert(vec![(7, 71, false)]).remove(0);
+        assert!(inserted);
+        cache.forget(7);
+        let (slot2, _) = cache.insert(vec![(7, 72, false)]).remove(0);
+        drop(slot);
+        assert!(cache.take_dirty().is_empty());
+        cache.mark_dirty(7, &slot2);
+        let taken = cache.take_dirty();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(*taken[0].1.page(), 72);
+        drop((taken, slot2));
+        // The clock's stale places go as the hand meets them: the budget still holds.
+        for id in 0..50 {
+            cache.insert(vec![(id, id as u32, false)]);
+            if id % 3 == 0 {
+                cache.forget(id);
+            }
+        }
+        cache.trim();
+        assert!(cache.stats().resident_pages <= 2, "{:?}", cache.stats());
     }
 }
