@@ -17,7 +17,7 @@
 #     handed on / dropped, blocks freed, and the bytes each part of `b` wrote meanwhile (the
 #     cache and the segment space hold data: a delete that copied none writes nothing there);
 #   * bytes each part of `a` and `b` took for the whole sequence, per host byte.
-# Needs fio and nbdinfo (scripts/test.sh installs both). Everything it makes is removed at exit.
+# Needs fio and nbdinfo (scripts/test.sh installs both) and bc. Everything it makes is removed at exit.
 set -euo pipefail
 
 STRIA=target/release/stria SIZE=2G RUNTIME=5 REPS=3 DIR=/dev/shm

@@ -178,7 +178,7 @@ kill -0 "$FIO" 2>/dev/null || { cat "$W/fio-snapload.log" >&2; echo "fio ended b
 fsfreeze -f "$W/smnt"
 t0=$(date +%s.%N)
 "$STRIA" snapshot create sv s1 --pool "$POOL" >/dev/null
-echo "sv: snapshot s1 made in $(echo "$(date +%s.%N) - $t0" | bc) s (filesystem frozen, fio waiting)"
+echo "sv: snapshot s1 made in $(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { printf "%.3f", a - b }') s (filesystem frozen, fio waiting)"
 nbdcopy "$(uri sv)" "$W/sv-at-s1.img"
 fsfreeze -u "$W/smnt"
 wait "$FIO" || { cat "$W/fio-snapload.log" >&2; echo "fio verify failed on sv" >&2; exit 1; }
