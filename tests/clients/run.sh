@@ -23,7 +23,7 @@ cleanup() {
   if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then kill -9 "$PID"; wait "$PID" 2>/dev/null; fi
   # Anything the recipe left mounted or attached under our directory.
   for m in $(grep -o "$W[^ ]*" /proc/mounts | sort -r); do umount -l "$m" 2>/dev/null; done
-  for f in fuse sfuse s1fuse; do
+  for f in fuse sfuse s1fuse cfuse; do
     for l in $(losetup -j "$W/$f/nbd" -O NAME -n 2>/dev/null); do losetup -d "$l"; done
   done
   rm -rf "$W"
@@ -207,8 +207,45 @@ umount "$W/smnt"; fsck.ext4 -fn "$SL"; losetup -d "$SL"; umount "$W/sfuse"; wait
 "$STRIA" volume rollback sv s1 --pool "$POOL"
 qemu-img compare -f raw -F raw "$W/sv-at-s1.img" "$(uri sv)"
 qemu-img compare -f raw -F raw "$W/sv-at-s1.img" "$(uri sv@s1)"
-rm -f "$W/sv-at-s1.img"
-"$STRIA" snapshot delete sv s1 --pool "$POOL"
+
+log "a clone of sv@s1, mounted read-write and changed; sv and sv@s1 stay as they were"
+t0=$(date +%s.%N)
+"$STRIA" volume clone sv@s1 svc --pool "$POOL" >/dev/null
+echo "svc: clone of sv@s1 made in $(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { printf "%.3f", a - b }') s"
+"$STRIA" volume list --pool "$POOL" | grep -q "^svc .*clone of sv@s1" || { "$STRIA" volume list --pool "$POOL" >&2; exit 1; }
+mkdir -p "$W/cfuse" "$W/cmnt"
+nbdfuse "$W/cfuse" "$(uri svc)" &
+CFUSE=$!
+for _ in $(seq 50); do [ -e "$W/cfuse/nbd" ] && break; sleep 0.1; done
+CL=$(losetup -f --show --direct-io=on "$W/cfuse/nbd")
+fsck.ext4 -fn "$CL"
+mount "$CL" "$W/cmnt"
+(cd "$W/cmnt" && sha256sum --quiet -c "$W/sums-a") || { echo "svc does not hold files A as written" >&2; exit 1; }
+[ ! -e "$W/cmnt/b" ] || { echo "svc holds files written to sv after s1" >&2; exit 1; }
+mkdir "$W/cmnt/c"; dd if=/dev/urandom of="$W/cmnt/c/new" bs=1M count=16 status=none
+rm "$W/cmnt/a/big"
+(cd "$W/cmnt" && sha256sum c/new) >"$W/sums-c"
+umount "$W/cmnt"; fsck.ext4 -fn "$CL"
+mount -o ro "$CL" "$W/cmnt"
+(cd "$W/cmnt" && sha256sum --quiet -c "$W/sums-c") && [ ! -e "$W/cmnt/a/big" ] || { echo "svc lost its own writes" >&2; exit 1; }
+umount "$W/cmnt"; losetup -d "$CL"; umount "$W/cfuse"; wait "$CFUSE"
+# The clone's writes went to the clone only.
+qemu-img compare -f raw -F raw "$W/sv-at-s1.img" "$(uri sv)"
+qemu-img compare -f raw -F raw "$W/sv-at-s1.img" "$(uri sv@s1)"
+nbdcopy "$(uri svc)" "$W/svc-now.img"
+! qemu-img compare -q -f raw -F raw "$W/sv-at-s1.img" "$W/svc-now.img" || { echo "the clone's writes are not in it" >&2; exit 1; }
+# Deleting the snapshot keeps it (hidden) for the clone; the origin cannot go while it has one.
+"$STRIA" snapshot delete sv s1 --pool "$POOL" --json | grep -q '"kept_for_clones": true'
+[ "$("$STRIA" snapshot list sv --pool "$POOL" --json | tr -d ' \n')" = "[]" ] || { echo "a deleted snapshot is listed" >&2; exit 1; }
+! "$STRIA" volume delete sv --pool "$POOL" 2>"$W/delete.err" || { echo "a volume with a clone was deleted" >&2; exit 1; }
+grep -q "has clones (svc)" "$W/delete.err" || { cat "$W/delete.err" >&2; exit 1; }
+stop; start
+qemu-img compare -f raw -F raw "$W/svc-now.img" "$(uri svc)"
+qemu-img compare -f raw -F raw "$W/sv-at-s1.img" "$(uri sv)"
+"$STRIA" volume delete svc --pool "$POOL"
+! "$STRIA" volume show svc --pool "$POOL" 2>/dev/null || { echo "a deleted clone is still there" >&2; exit 1; }
+qemu-img compare -f raw -F raw "$W/sv-at-s1.img" "$(uri sv)"
+rm -f "$W/sv-at-s1.img" "$W/svc-now.img"
 "$STRIA" scrub sv --pool "$POOL"
 
 log "log: space a client TRIMs goes back to the pool (compaction, then a resize down)"

@@ -25,6 +25,7 @@ Exit status 0 when every round verified, 1 on the first violation (details on st
 """
 
 import argparse
+import copy
 import json
 import os
 import random
@@ -292,6 +293,20 @@ class Load:
                 self.model.complete(secs, version, durable=kind != "write")
                 self.busy.difference_update(secs)
 
+    def run_until(self, stop):
+        """Runs until `stop` (a threading.Event) is set, from another thread that then kills the
+        server: requests left in flight stay unacknowledged (the model allows them either way)."""
+        while not stop.is_set():
+            try:
+                self.fill()
+                if self.ops:
+                    self.h.poll(100)
+                    self.reap()
+            except (nbd.Error, Violation):
+                if stop.wait(5):
+                    return  # the server was killed under it
+                raise
+
     def run(self, seconds, kill=None):
         """Runs for `seconds`; then calls `kill` with requests in flight (crash) or drains and
         flushes (clean end)."""
@@ -379,6 +394,10 @@ def main():
                     help="in rounds with two snapshots or more, delete one while the load runs (the kill -9 may "
                          "land in the delete): once the command returned it is gone, else it is gone or intact; "
                          "new snapshots are made whenever fewer than --snapshots are left")
+    ap.add_argument("--clones", action="store_true",
+                    help="with --snapshots: clone each new snapshot when no clone lives and write to the clone "
+                         "beside the volume (its own model, checked after every restart); in some rounds delete "
+                         "the clone while the volume's load runs (the kill -9 may land in the delete)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
@@ -424,6 +443,7 @@ def run(args, rng, daemon, tag):
     daemon.cli(*create)
     model = Model(sectors)
     snaps = []  # (name, CRC32 per MiB of the region when it was made)
+    clone = None  # {"name", "model"} of the live clone (--clones)
     if args.scenario == "degraded":
         daemon.start()
         slot = pick_drive(daemon, vol, rng)
@@ -447,6 +467,11 @@ def run(args, rng, daemon, tag):
             digest = region_digest(h, sectors, f"round {rnd} before snapshot")
             daemon.cli("snapshot", "create", vol, f"r{rnd}")
             snaps.append((f"r{rnd}", digest))
+            if args.clones and clone is None:
+                # The clone reads as the snapshot, which is the volume as `verify` just settled it.
+                daemon.cli("volume", "clone", f"{vol}@r{rnd}", f"k{rnd}")
+                clone = {"name": f"k{rnd}", "model": copy.deepcopy(model)}
+                print(f"{tag} round {rnd}: clone k{rnd} of {vol}@r{rnd}", flush=True)
         if args.scenario == "rebuilding" and volume_state(daemon, vol) == "healthy":
             # A new failure only once the last rebuild finished: the kill lands during the
             # rebuild (rate-limited), and the next rounds land in its resumption.
@@ -466,12 +491,47 @@ def run(args, rng, daemon, tag):
             deleting = (name, threading.Thread(target=delete), result)
             time.sleep(rng.uniform(0, 0.5))
             deleting[1].start()
+        # The clone: deleted in some rounds (while the volume's load runs), else written beside it.
+        clone_thread, clone_stop, clone_errors, clone_delete = None, threading.Event(), [], {}
+        cload = None
+        if clone is not None and rng.random() < 0.25:
+            def delete_clone(name=clone["name"], result=clone_delete):
+                r = daemon.cli("volume", "delete", name, check=False)
+                result["ok"] = r.returncode == 0
+
+            clone_delete["thread"] = threading.Thread(target=delete_clone)
+            clone_delete["thread"].start()
+        elif clone is not None:
+            hc = connect(daemon, clone["name"])
+            verify(hc, clone["model"], sectors, f"round {rnd} start: clone {clone['name']}")
+            cload = Load(hc, clone["model"], sectors, random.Random(rng.random()), seq_base + SEQ_PER_ROUND // 4, fua)
+
+            def write_clone(cload=cload, hc=hc):
+                try:
+                    cload.run_until(clone_stop)
+                except Exception as e:  # noqa: BLE001 - reported by the main thread
+                    clone_errors.append(e)
+                close(hc)
+
+            clone_thread = threading.Thread(target=write_clone)
+            clone_thread.start()
+
+        def kill():
+            clone_stop.set()
+            daemon.kill9()
+
         load = Load(h, model, sectors, rng, seq_base, fua)
-        inflight = load.run(rng.uniform(2, 5) if fua else rng.uniform(0.5, 4.0), kill=daemon.kill9)
+        inflight = load.run(rng.uniform(2, 5) if fua else rng.uniform(0.5, 4.0), kill=kill)
         close(h)
         acked = load.acked
         if deleting:
             deleting[1].join()
+        if clone_thread:
+            clone_thread.join()
+            if clone_errors:
+                raise Violation(f"round {rnd}: the clone's load: {clone_errors[0]}")
+        if clone_delete:
+            clone_delete["thread"].join()
         # Restart and verify the crash; then maybe a clean cycle on top.
         daemon.start()
         h = connect(daemon, vol)
@@ -486,6 +546,23 @@ def run(args, rng, daemon, tag):
             if name not in listed:
                 snaps = [s for s in snaps if s[0] != name]
         verify_snapshots(daemon, snaps, sectors, f"round {rnd} after kill -9")
+        if clone is not None:
+            listed = [v["name"] for v in json.loads(daemon.cli("status", "--json", check=False).stdout).get("clones", [])]
+            there = clone["name"] in listed
+            if clone_delete:
+                if clone_delete.get("ok") and there:
+                    raise Violation(f"round {rnd}: clone {clone['name']} is there after its delete returned")
+                print(f"{tag} round {rnd}: delete of clone {clone['name']} "
+                      f"{'returned' if clone_delete.get('ok') else 'cut by the kill'}, "
+                      f"{'still there' if there else 'gone'}", flush=True)
+            elif not there:
+                raise Violation(f"round {rnd}: clone {clone['name']} is gone after a kill -9")
+            if there:
+                hc = connect(daemon, clone["name"])
+                verify(hc, clone["model"], sectors, f"round {rnd} after kill -9: clone {clone['name']}")
+                close(hc)
+            else:
+                clone = None
         if rnd % args.scrub_every == 0 or rnd == args.rounds:
             scrub_clean(daemon, vol, f"round {rnd} after kill -9")
         if rnd % 2 == 0:
@@ -499,7 +576,8 @@ def run(args, rng, daemon, tag):
         close(h)
         daemon.stop()
         print(f"{tag} round {rnd}/{args.rounds} ok ({'fua' if fua else 'mixed'}): {acked} acknowledged, "
-              f"{inflight} in flight at the kill "
+              f"{inflight} in flight at the kill"
+              f"{f', {cload.acked} acknowledged by the clone' if cload else ''} "
               f"({time.time() - started:.0f} s)", flush=True)
 
 

@@ -50,6 +50,7 @@ SCENARIOS=(
   "log-degraded|--layout log:ec:4+2 --scenario degraded"
   "tiered-snapshots|--layout tiered:ec:4+2 --snapshots 3 --delete-snapshots"
   "log-snapshots|--layout log:ec:4+2 --scenario destaging --snapshots 3 --delete-snapshots"
+  "tiered-clones|--layout tiered:ec:4+2 --scenario destaging --snapshots 3 --delete-snapshots --clones"
 )
 
 OUT=$(mktemp -d /tmp/stria-crashrun.XXXX)

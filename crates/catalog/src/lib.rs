@@ -20,12 +20,13 @@ use stria_engine::{
     VolumeRole, VolumeSpec,
 };
 use stria_tier::TierError;
+use stria_tier::layers::LayerRecord;
 use stria_tier::lsv::{self, LogSpec, LogVolume};
 
 pub use layout::{LayoutSpec, PlainLayout, is_log_layout, parse_plain_layout};
 pub use view::{
-    LogTag, LogView, MemberView, PlainView, RollbackView, SegmentView, SnapshotDeletedView, SnapshotView,
-    StatusView, ThinView, UnavailableView, VolumeView,
+    CloneTag, CloneView, LogTag, LogView, MemberView, PlainView, RollbackView, SegmentView,
+    SnapshotDeletedView, SnapshotView, StatusView, ThinView, UnavailableView, VolumeView,
 };
 
 /// Why a catalog operation failed. Engine and tier errors keep their own messages and sources.
@@ -70,6 +71,21 @@ pub struct CreateVolume {
 enum Entry<D: BlockDevice> {
     Plain(Arc<Volume<D>>),
     Log(Arc<LogVolume<D>>),
+    /// A clone (its record) in the family of a log-structured volume.
+    Clone(Arc<LogVolume<D>>, LayerRecord),
+}
+
+/// What `volume show` says of clone `rec` of `lv`.
+fn clone_view<D: BlockDevice>(lv: &LogVolume<D>, rec: &LayerRecord) -> CloneView {
+    CloneView {
+        name: rec.name.clone(),
+        origin: lv.name().to_string(),
+        snapshot: lv.parent_name(rec.parent),
+        size_bytes: lv.size_bytes(),
+        id: rec.id,
+        created_ms: rec.created_ms,
+        kind: CloneTag,
+    }
 }
 
 /// The refusal of an operation on a log-structured volume that could not be opened.
@@ -126,10 +142,21 @@ impl<D: BlockDevice> Catalog<D> {
         if let Some(l) = self.logs.read().get(name) {
             return Some(Entry::Log(Arc::clone(l)));
         }
+        if let Some((lv, rec)) = self.clone_named(name) {
+            return Some(Entry::Clone(lv, rec));
+        }
         if self.pool.meta().volume(name)?.role != VolumeRole::Plain {
             return None;
         }
         self.pool.volume(name).map(Entry::Plain)
+    }
+
+    /// The clone named `name` and the log-structured volume whose family it lives in.
+    fn clone_named(&self, name: &str) -> Option<(Arc<LogVolume<D>>, LayerRecord)> {
+        self.logs
+            .read()
+            .values()
+            .find_map(|lv| lv.clones().into_iter().find(|c| c.name == name).map(|c| (Arc::clone(lv), c)))
     }
 
     /// Like [`Catalog::entry`], with the error an operator sees for a missing volume or a part.
@@ -149,6 +176,7 @@ impl<D: BlockDevice> Catalog<D> {
         match self.entry_or_err(name)? {
             Entry::Plain(v) => Ok(v),
             Entry::Log(_) => Err(CatalogError::Invalid(format!("`{name}` is a log-structured volume"))),
+            Entry::Clone(..) => Err(CatalogError::Invalid(format!("`{name}` is a clone of a snapshot"))),
         }
     }
 
@@ -157,7 +185,10 @@ impl<D: BlockDevice> Catalog<D> {
         let meta = self.pool.meta();
         let mut names: Vec<String> =
             meta.volumes.iter().filter(|v| v.role == VolumeRole::Plain).map(|v| v.name.clone()).collect();
-        names.extend(self.logs.read().keys().cloned());
+        for lv in self.logs.read().values() {
+            names.push(lv.name().to_string());
+            names.extend(lv.clones().into_iter().map(|c| c.name));
+        }
         names.extend(self.unavailable.read().keys().cloned());
         names.sort();
         names
@@ -174,12 +205,24 @@ impl<D: BlockDevice> Catalog<D> {
         self.entry(name).map(|e| match e {
             Entry::Plain(v) => v as Arc<dyn BlockVolume>,
             Entry::Log(v) => v as Arc<dyn BlockVolume>,
+            Entry::Clone(lv, rec) => Arc::new(stria_tier::CloneVolume::new(lv, &rec)) as Arc<dyn BlockVolume>,
         })
     }
 
-    /// Whether `name` can be resized (plain volumes; log-structured ones cannot yet).
+    /// Whether `name` can be resized (plain volumes; log-structured ones and clones cannot yet).
     pub fn resizable(&self, name: &str) -> bool {
-        !matches!(self.entry(name), Some(Entry::Log(_)))
+        !matches!(self.entry(name), Some(Entry::Log(_) | Entry::Clone(..)))
+    }
+
+    /// Refuses a new volume or clone name that a volume, a clone or a part has already.
+    fn check_name_free(&self, name: &str) -> Result<(), CatalogError> {
+        if self.entry(name).is_some()
+            || self.pool.volume(name).is_some()
+            || self.unavailable.read().contains_key(name)
+        {
+            return Err(CatalogError::Invalid(format!("a volume named `{name}` exists")));
+        }
+        Ok(())
     }
 
     /// Active drives of `class`.
@@ -196,6 +239,9 @@ impl<D: BlockDevice> Catalog<D> {
 
     /// Creates a volume of the kind its layout names; returns what `show` would.
     pub async fn create(&self, req: CreateVolume) -> Result<VolumeView, CatalogError> {
+        if self.clone_named(&req.name).is_some() {
+            return Err(CatalogError::Invalid(format!("a clone named `{}` exists", req.name)));
+        }
         let parsed = req.layout.parse::<LayoutSpec>();
         if is_log_layout(&req.layout) {
             let LayoutSpec::Log { data_shards, parity_shards, fast_tier } = parsed? else {
@@ -239,6 +285,9 @@ impl<D: BlockDevice> Catalog<D> {
 
     /// Grows or shrinks a plain volume (rounded up to whole blocks).
     pub async fn resize(&self, name: &str, size_bytes: u64) -> Result<VolumeView, CatalogError> {
+        if self.clone_named(name).is_some() {
+            return Err(CatalogError::Invalid("resizing a clone is not supported yet".into()));
+        }
         if self.logs.read().contains_key(name) {
             return Err(CatalogError::Invalid(
                 "resizing a log-structured volume is not supported yet".into(),
@@ -259,11 +308,19 @@ impl<D: BlockDevice> Catalog<D> {
         }
         match self.entry_or_err(name)? {
             Entry::Log(lv) => {
+                let clones: Vec<String> = lv.clones().into_iter().map(|c| c.name).collect();
+                if !clones.is_empty() {
+                    return Err(CatalogError::Invalid(format!(
+                        "`{name}` has clones ({}); they live in its cache and segment space, so delete them first",
+                        clones.join(", ")
+                    )));
+                }
                 lv.close().await;
                 stria_tier::delete(&self.pool, name).await?;
                 self.logs.write().remove(name);
             }
             Entry::Plain(_) => self.pool.delete_volume(name).await?,
+            Entry::Clone(lv, _) => drop(lv.delete_clone(name).await?),
         }
         Ok(())
     }
@@ -276,7 +333,8 @@ impl<D: BlockDevice> Catalog<D> {
         progress: &mut (dyn FnMut(&str, u64, u64) + Send),
     ) -> Result<ScrubReport, CatalogError> {
         let parts: Vec<String> = match self.entry_or_err(name)? {
-            Entry::Log(lv) => lv.parts().iter().map(|v| v.name().to_string()).collect(),
+            // A clone's data lives in its origin's parts.
+            Entry::Log(lv) | Entry::Clone(lv, _) => lv.parts().iter().map(|v| v.name().to_string()).collect(),
             Entry::Plain(_) => vec![name.to_string()],
         };
         let mut total = ScrubReport { volume: name.to_string(), ..ScrubReport::default() };
@@ -295,9 +353,11 @@ impl<D: BlockDevice> Catalog<D> {
             .iter()
             .map(|(name, reason)| UnavailableView { name: name.clone(), reason: reason.clone() })
             .collect();
-        let log: Vec<_> = self.logs.read().values().map(|l| l.status()).collect();
+        let logs: Vec<Arc<LogVolume<D>>> = self.logs.read().values().cloned().collect();
+        let log: Vec<_> = logs.iter().map(|l| l.status()).collect();
+        let clones = logs.iter().flat_map(|lv| lv.clones().into_iter().map(|c| clone_view(lv, &c))).collect();
         let thin = ThinView::of(&log);
-        StatusView { pool: self.pool.status(), log, thin, unavailable }
+        StatusView { pool: self.pool.status(), log, thin, unavailable, clones }
     }
 
     /// Any volume by name, parts included (diagnostics show each part).
@@ -307,6 +367,9 @@ impl<D: BlockDevice> Catalog<D> {
         }
         if let Some(lv) = self.logs.read().get(name) {
             return Ok(VolumeView::Log(LogView { status: lv.status(), kind: LogTag }));
+        }
+        if let Some((lv, rec)) = self.clone_named(name) {
+            return Ok(VolumeView::Clone(clone_view(&lv, &rec)));
         }
         let status = self.pool.status();
         let vol = status
@@ -323,6 +386,9 @@ impl<D: BlockDevice> Catalog<D> {
     fn with_snapshots(&self, volume: &str) -> Result<Arc<LogVolume<D>>, CatalogError> {
         match self.entry_or_err(volume)? {
             Entry::Log(lv) => Ok(lv),
+            Entry::Clone(..) => Err(CatalogError::Invalid(format!(
+                "`{volume}` is a clone: snapshots, rollback and clones of clones are not supported yet"
+            ))),
             Entry::Plain(_) => Err(CatalogError::Invalid(format!(
                 "`{volume}` is not log-structured: snapshots are for tiered:ec:K+M and log:ec:K+M volumes"
             ))),
@@ -353,8 +419,23 @@ impl<D: BlockDevice> Catalog<D> {
             map_pages_handed_on: stats.pages_moved,
             map_pages_dropped: stats.pages_dropped,
             blocks_freed: stats.entries_freed,
+            kept_for_clones: stats.kept_for_clones,
             seconds: started.elapsed().as_secs_f64(),
         })
+    }
+
+    /// Makes clone `name` of snapshot `source` (`VOL@SNAP`): a writable volume that reads as
+    /// the snapshot until written; no data or map page is copied to make it.
+    pub async fn volume_clone(&self, source: &str, name: &str) -> Result<CloneView, CatalogError> {
+        let Some((volume, snap)) = source.split_once('@') else {
+            return Err(CatalogError::Invalid(format!(
+                "`{source}`: a clone is made of a snapshot, named VOLUME@SNAPSHOT"
+            )));
+        };
+        self.check_name_free(name)?;
+        let lv = self.with_snapshots(volume)?;
+        let rec = lv.create_clone(snap, name).await?;
+        Ok(clone_view(&lv, &rec))
     }
 
     /// Rolls `volume` back to its snapshot `snap` (see [`LogVolume::rollback`]).
@@ -375,7 +456,7 @@ impl<D: BlockDevice> Catalog<D> {
         let logs: Vec<Arc<LogVolume<D>>> = match volume {
             Some(name) => match self.entry_or_err(name)? {
                 Entry::Log(lv) => vec![lv],
-                Entry::Plain(_) => Vec::new(),
+                Entry::Plain(_) | Entry::Clone(..) => Vec::new(),
             },
             None => self.logs.read().values().cloned().collect(),
         };

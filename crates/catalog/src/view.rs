@@ -19,6 +19,9 @@ pub struct StatusView {
     /// Volumes that could not be opened (absent when there are none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unavailable: Vec<UnavailableView>,
+    /// Clones of snapshots of log-structured volumes (absent when there are none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clones: Vec<CloneView>,
 }
 
 /// The segment spaces of a pool's log-structured volumes, summed: what is thin.
@@ -80,7 +83,26 @@ pub struct UnavailableView {
 #[serde(untagged)]
 pub enum VolumeView {
     Log(LogView),
+    Clone(CloneView),
     Plain(PlainView),
+}
+
+/// A clone of a snapshot of a log-structured volume (`volume clone`, `volume show`): an ordinary
+/// writable volume living in its origin's family (its cache, segment space and GC).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CloneView {
+    pub name: String,
+    /// The log-structured volume whose snapshot it was made from.
+    pub origin: String,
+    /// That snapshot (it may since have been deleted; it is then kept, hidden, for the clone).
+    pub snapshot: String,
+    pub size_bytes: u64,
+    /// Its layer id in the origin's map.
+    pub id: u16,
+    /// When it was made, Unix milliseconds.
+    pub created_ms: u64,
+    /// Always `"clone"` (what tells the views apart in JSON).
+    pub kind: CloneTag,
 }
 
 /// A log-structured volume (`tiered:` or `log:`; its `layout` says which).
@@ -117,6 +139,12 @@ macro_rules! kind_tag {
         }
     };
 }
+
+kind_tag!(
+    /// The `"kind": "clone"` marker of a [`CloneView`].
+    CloneTag,
+    "clone"
+);
 
 kind_tag!(
     /// The `"kind": "log"` marker of a [`LogView`].
@@ -213,6 +241,10 @@ pub struct SnapshotDeletedView {
     pub map_pages_dropped: u64,
     /// Blocks only the snapshot held, now free for GC to collect.
     pub blocks_freed: u64,
+    /// The snapshot has clones: it is hidden and kept (nothing freed) until its last clone is
+    /// deleted, which finishes this delete.
+    #[serde(default)]
+    pub kept_for_clones: bool,
     pub seconds: f64,
 }
 

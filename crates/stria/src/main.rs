@@ -176,6 +176,15 @@ enum VolumeCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Make a writable clone of a snapshot of a log-structured volume (SOURCE is VOLUME@SNAPSHOT):
+    /// it reads as the snapshot until written and shares its data; nothing is copied. It is
+    /// exported over NBD as NAME and deleted with `volume delete NAME`.
+    Clone {
+        source: String,
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Copy a raw image file into a volume (byte-exact).
     Import { name: String, file: PathBuf },
     /// Copy a volume out into a raw image file (byte-exact, sparse where the volume is).
@@ -481,6 +490,14 @@ async fn snapshot(dir: &PoolDir, cmd: SnapshotCmd) -> Result<()> {
                 print_json(&v);
             } else {
                 let d: stria_catalog::SnapshotDeletedView = view(v)?;
+                if d.kept_for_clones {
+                    outln!(
+                        "deleted snapshot {} of {}: it has clones, so its map pages are kept (hidden) until the last of them is deleted; nothing freed yet",
+                        d.name,
+                        d.volume
+                    );
+                    return Ok(());
+                }
                 outln!(
                     "deleted snapshot {} of {} in {:.3} s: {} map pages handed on, {} dropped, {} blocks freed for GC",
                     d.name,
@@ -540,6 +557,16 @@ async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
         VolumeCmd::Delete { name, force } => {
             request(dir, Request::VolumeDelete { name: name.clone(), force }).await?;
             outln!("deleted volume {name}");
+            Ok(())
+        }
+        VolumeCmd::Clone { source, name, json } => {
+            let v = request(dir, Request::VolumeClone { source, name }).await?;
+            if json {
+                print_json(&v);
+            } else {
+                let c: stria_catalog::CloneView = view(v)?;
+                outln!("made clone {} of {}@{} (export {}, writable)", c.name, c.origin, c.snapshot, c.name);
+            }
             Ok(())
         }
         VolumeCmd::Rollback { name, snapshot, force, json } => {

@@ -104,6 +104,11 @@ pub(crate) enum Request {
         #[serde(default)]
         force: bool,
     },
+    VolumeClone {
+        /// `VOL@SNAP`.
+        source: String,
+        name: String,
+    },
 }
 
 impl Request {
@@ -117,6 +122,7 @@ impl Request {
                 | Request::SnapshotCreate { .. }
                 | Request::SnapshotDelete { .. }
                 | Request::VolumeRollback { .. }
+                | Request::VolumeClone { .. }
         )
     }
 }
@@ -296,6 +302,7 @@ pub(crate) async fn execute(
             ctx.check_clients(&format!("{volume}@{name}"), "deleting the snapshot", force)?;
             to_json(&catalog.snapshot_delete(&volume, &name).await?)
         }
+        Request::VolumeClone { source, name } => to_json(&catalog.volume_clone(&source, &name).await?),
         Request::VolumeRollback { volume, snapshot, force } => {
             ctx.check_clients(&volume, "rolling it back (its data changes under them)", force)?;
             to_json(&catalog.volume_rollback(&volume, &snapshot).await?)

@@ -244,6 +244,17 @@ pub(crate) fn volumes(v: &StatusView) {
             "-".into(),
         ]);
     }
+    for c in &v.clones {
+        rows.push(vec![
+            c.name.clone(),
+            format!("clone of {}@{}", c.origin, c.snapshot),
+            size(c.size_bytes),
+            "4 KiB".into(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+        ]);
+    }
     for u in &v.unavailable {
         let dash = || "-".to_string();
         rows.push(vec![u.name.clone(), dash(), dash(), dash(), dash(), "unavailable".into(), dash()]);
@@ -357,6 +368,7 @@ fn log_volume(l: &LogStatus) {
 pub(crate) fn volume(v: &VolumeView) {
     let p = match v {
         VolumeView::Log(l) => return log_volume(&l.status),
+        VolumeView::Clone(c) => return clone_volume(c),
         VolumeView::Plain(p) => p,
     };
     let st = &p.status;
@@ -388,6 +400,20 @@ pub(crate) fn volume(v: &VolumeView) {
             .collect();
         outln!("  segment {i}: {} rows on drive@block {}", seg.rows, members.join(", "));
     }
+}
+
+/// `stria volume show` of a clone, and `volume clone`.
+pub(crate) fn clone_volume(c: &stria_catalog::CloneView) {
+    outln!("volume {} (clone)", c.name);
+    outln!("  {:<14} {}@{}", "made from", c.origin, c.snapshot);
+    outln!("  {:<14} {}", "size", size(c.size_bytes));
+    outln!("  {:<14} {} (its layer in {}'s map)", "layer", c.id, c.origin);
+    outln!(
+        "  {:<14} {}'s cache and segment space (see `stria volume show {}`)",
+        "data in",
+        c.origin,
+        c.origin
+    );
 }
 
 /// `snapshot list`.

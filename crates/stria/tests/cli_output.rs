@@ -393,6 +393,20 @@ fn cli_output_matches_the_golden_files() {
     // The pool is unchanged by all of the above.
     check("volume_list_after_mistakes", &["volume", "list"], 0);
 
+    // A clone of a snapshot is a volume of its own; mistakes around it are refused.
+    check("snapshot_create", &["snapshot", "create", "tv", "s1"], 0);
+    check("volume_clone", &["volume", "clone", "tv@s1", "tvc"], 0);
+    check("volume_show_clone", &["volume", "show", "tvc"], 0);
+    check("mistake_clone_without_snapshot", &["volume", "clone", "tv", "x"], 1);
+    check("mistake_clone_missing_snapshot", &["volume", "clone", "tv@nope", "x"], 1);
+    check("mistake_clone_plain", &["volume", "clone", "r1@s1", "x"], 1);
+    check("mistake_clone_name_taken", &["volume", "clone", "tv@s1", "r1"], 1);
+    check("mistake_delete_with_clone", &["volume", "delete", "tv"], 1);
+    check("mistake_snapshot_of_clone", &["snapshot", "create", "tvc", "s"], 1);
+    check("snapshot_delete_kept_for_clone", &["snapshot", "delete", "tv", "s1"], 0);
+    check("volume_list_with_clone", &["volume", "list"], 0);
+    check("volume_delete_clone", &["volume", "delete", "tvc"], 0);
+
     // A directory without a pool.
     let empty = Stria::new();
     let out = golden.check("mistake_no_pool", &empty, &["status"]);

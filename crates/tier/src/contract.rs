@@ -139,3 +139,72 @@ impl<D: BlockDevice> BlockVolume for SnapshotVolume<D> {
         })
     }
 }
+
+/// A clone of a snapshot of a log-structured volume behind the volume contract: an ordinary
+/// writable volume (docs/design/snapshots.md, "Clone") that lives in its origin's family (its
+/// cache, segment space and GC). Like the origin, every acknowledged write is durable already.
+#[derive(Debug)]
+pub struct CloneVolume<D: BlockDevice> {
+    volume: std::sync::Arc<crate::lsv::LogVolume<D>>,
+    layer: u16,
+    name: String,
+    /// `VOL@SNAP` it was made from.
+    origin: String,
+}
+
+impl<D: BlockDevice> CloneVolume<D> {
+    /// Clone `record` of `volume`.
+    pub fn new(
+        volume: std::sync::Arc<crate::lsv::LogVolume<D>>,
+        record: &crate::layers::LayerRecord,
+    ) -> Self {
+        let parent = volume.parent_name(record.parent);
+        let origin = format!("{}@{parent}", volume.name());
+        CloneVolume { volume, layer: record.id, name: record.name.clone(), origin }
+    }
+}
+
+impl<D: BlockDevice> BlockVolume for CloneVolume<D> {
+    fn info(&self) -> VolumeInfo {
+        VolumeInfo {
+            name: self.name.clone(),
+            layout: format!("clone of {} ({})", self.origin, self.volume.layout()),
+            preferred_block_bytes: stria_dev::BLOCK_BYTES,
+            read_only: false,
+        }
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.volume.size_bytes()
+    }
+
+    fn read(&self, offset_bytes: u64, len_bytes: usize) -> VolumeFuture<'_, IoBuf> {
+        Box::pin(self.volume.read_snapshot(self.layer, offset_bytes, len_bytes))
+    }
+
+    fn write(&self, offset_bytes: u64, data: IoBytes, _durability: Durability) -> VolumeFuture<'_, ()> {
+        Box::pin(self.volume.write_to(self.layer, offset_bytes, data))
+    }
+
+    fn write_zeroes(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        zeroing: Zeroing,
+        _durability: Durability,
+    ) -> VolumeFuture<'_, ()> {
+        Box::pin(self.volume.write_zeroes_to(self.layer, offset_bytes, len_bytes, zeroing.cheap_only()))
+    }
+
+    fn discard(&self, offset_bytes: u64, len_bytes: u64, _durability: Durability) -> VolumeFuture<'_, ()> {
+        Box::pin(self.volume.trim_in(self.layer, offset_bytes, len_bytes))
+    }
+
+    fn flush(&self) -> VolumeFuture<'_, ()> {
+        Box::pin(self.volume.flush())
+    }
+
+    fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> VolumeFuture<'_, Vec<Extent>> {
+        Box::pin(self.volume.block_status_in(self.layer, offset_bytes, len_bytes))
+    }
+}

@@ -8,7 +8,7 @@
 #![allow(clippy::cast_possible_truncation)]
 
 mod contract;
-pub use contract::SnapshotVolume;
+pub use contract::{CloneVolume, SnapshotVolume};
 pub mod layers;
 mod log;
 pub mod lsv;

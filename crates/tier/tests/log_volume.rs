@@ -1,14 +1,17 @@
 //! Log-structured volumes (stria_tier::lsv): behaviour (reads see writes through destage and
 //! GC, TRIM gives space back, a full segment space gives ENOSPC and loses nothing) and a seeded
 //! simulation of *sequences* of power cuts on one pool (several per seed) during host writes,
-//! destage, GC and map checkpoints, with a failed fast or capacity drive in some seeds. A third
-//! of the seeds make snapshots between phases of writes (and delete some while writes go on,
-//! and roll the volume back to some); after every boot each snapshot whose
-//! making returned must be there and read back as the volume was when it was made (destage, GC
-//! and the cuts move its blocks; a snapshot must never lose one or see a later write).
+//! destage, GC and map checkpoints, with a failed fast or capacity drive in some seeds. Half the
+//! seeds (the even ones: healthy, or with a fast or a capacity drive missing) make snapshots
+//! between phases of writes (and delete some while writes go on, and roll the volume back to
+//! some); after every boot each snapshot whose making returned must be there and read back as
+//! the volume was when it was made (destage, GC and the cuts move its blocks; a snapshot must
+//! never lose one or see a later write).
 //!
 //! `STRIA_LOG_SEEDS=N` sets the number of simulated seeds (default 60); `STRIA_LOG_SEED=S` runs
-//! one and prints its history.
+//! one and prints its history. Those seeds also make clones of snapshots, which writers write
+//! to beside the volume's (each clone is checked after every boot against its own model), and
+//! delete some of them (a cut may land in the delete).
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -18,6 +21,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use stria_dev::{FaultConfig, IoBytes, PowerSwitch};
 use stria_engine::{EngineError, Pool, VolumeError};
+use stria_tier::layers::LayerKind;
 use stria_tier::lsv::{self, LogParams, LogSpec, LogVolume};
 
 fn small_spec(size_bytes: u64, space_bytes: u64) -> LogSpec {
@@ -191,6 +195,174 @@ async fn a_rollback_reads_as_the_snapshot_and_one_the_power_cut_is_finished_at_o
         drop(devs);
     }
     assert!(finished_at_open > 0 && not_begun > 0, "cuts landed before and after the rollback's mark");
+}
+
+#[tokio::test]
+async fn a_full_page_pool_refuses_clones_and_clone_writes_and_loses_nothing() {
+    let switch = PowerSwitch::new();
+    let devs = drives(&switch, 23);
+    let pool = create_pool(&devs).await;
+    // 1.5 MiB: 2 map pages, a pool of 68 pages. A clone takes a root and a directory page, and
+    // a table page and a copy of each map page it changes.
+    let vol = lsv::create(&pool, small_spec(384 * 4096, 12 * 124 * 4096)).await.unwrap();
+    let mut rng = rng(23);
+    let base = random_bytes(&mut rng, 384 * 4096);
+    vol.write(0, IoBytes::copy_from(&base), true).await.unwrap();
+    vol.create_snapshot("s").await.unwrap();
+    let mut clones: Vec<(u16, Vec<u8>)> = Vec::new();
+    let mut refused = None;
+    for i in 0..40 {
+        let c = match vol.create_clone("s", &format!("c{i}")).await {
+            Ok(c) => c,
+            Err(e) => {
+                refused = Some(e.to_string());
+                break;
+            }
+        };
+        let mut now = base.clone();
+        for block in [7u64, 300] {
+            let data = random_bytes(&mut rng, 4096);
+            match vol.write_to(c.id, block * 4096, IoBytes::copy_from(&data)).await {
+                Ok(()) => now[(block * 4096) as usize..((block + 1) * 4096) as usize].copy_from_slice(&data),
+                Err(e) => {
+                    assert!(is_no_space(&e), "a full pool is ENOSPC, not {e}");
+                    refused.get_or_insert(e.to_string());
+                }
+            }
+        }
+        clones.push((c.id, now));
+        if refused.is_some() {
+            break;
+        }
+    }
+    let why = refused.expect("68 pool pages do not hold 40 written clones");
+    assert!(why.contains("pool is full"), "{why}");
+    assert!(clones.len() >= 10, "{} clones before the pool filled", clones.len());
+    // Nothing was lost and the volume goes on; the same after a reopen.
+    let check = |vol: Arc<LogVolume<Dev>>, what: &'static str| {
+        let (base, clones) = (&base, &clones);
+        async move {
+            assert_eq!(&read_all(&vol, 384).await, base, "{what}: the volume");
+            for (id, want) in clones {
+                assert_eq!(&read_layer(&vol, *id, 384).await, want, "{what}: clone {id}");
+            }
+            assert_ne!(vol.state(), stria_engine::VolumeState::Failed);
+        }
+    };
+    check(Arc::clone(&vol), "when the pool filled").await;
+    vol.close().await;
+    drop(vol);
+    let vol = open_log(&pool).await.unwrap();
+    check(Arc::clone(&vol), "after a reopen").await;
+    // Deleting clones gives pool pages back: a new clone can be made and written.
+    for i in 0..4 {
+        vol.delete_clone(&format!("c{i}")).await.unwrap();
+    }
+    let c = vol.create_clone("s", "again").await.unwrap();
+    vol.write_to(c.id, 7 * 4096, IoBytes::copy_from(&[5u8; 4096])).await.unwrap();
+    vol.close().await;
+}
+
+/// Reads clone or snapshot `layer` whole.
+async fn read_layer(vol: &LogVolume<Dev>, layer: u16, blocks: u64) -> Vec<u8> {
+    vol.read_snapshot(layer, 0, (blocks * 4096) as usize).await.unwrap().to_vec()
+}
+
+#[tokio::test]
+async fn clones_read_as_their_snapshot_take_writes_through_gc_and_deleting_them_frees_their_blocks() {
+    const BLOCKS: u64 = 256; // 1 MiB: 2 map pages
+    let switch = PowerSwitch::new();
+    let devs = drives(&switch, 21);
+    let pool = create_pool(&devs).await;
+    // 12 segments of 124 data blocks: the head and two clones overwritten many times need GC,
+    // which must move blocks in every layer that holds them.
+    let vol = lsv::create(&pool, small_spec(BLOCKS * 4096, 12 * 124 * 4096)).await.unwrap();
+    let mut rng = rng(21);
+    let a = random_bytes(&mut rng, 1 << 20);
+    vol.write(0, IoBytes::copy_from(&a), true).await.unwrap();
+    let s1 = vol.create_snapshot("s1").await.unwrap().id;
+    let c1 = vol.create_clone("s1", "c1").await.unwrap();
+    let c2 = vol.create_clone("s1", "c2").await.unwrap();
+    assert_eq!((c1.kind, c1.parent), (LayerKind::Clone, s1));
+    assert!(vol.create_clone("nope", "c3").await.unwrap_err().to_string().contains("no snapshot"));
+    assert!(vol.create_clone("s1", "c1").await.unwrap_err().to_string().contains("exists"));
+    assert_eq!(read_layer(&vol, c1.id, BLOCKS).await, a, "a new clone reads as its snapshot");
+    set_always(&vol, true, 64);
+    let mut models = [a.clone(), a.clone(), a.clone()]; // head, c1, c2
+    let layers = [lsv::HEAD, c1.id, c2.id];
+    for _ in 0..300 {
+        let k = rng.random_range(0..3);
+        let (o, d) = random_write(&mut rng, 0, 1 << 20);
+        vol.write_to(layers[k], o, IoBytes::copy_from(&d)).await.unwrap();
+        models[k][o as usize..o as usize + d.len()].copy_from_slice(&d);
+    }
+    // A discard and zeroes in a clone: holes there only.
+    vol.trim_in(c1.id, 64 * 4096, 32 * 4096).await.unwrap();
+    models[1][64 * 4096..96 * 4096].fill(0);
+    vol.write_zeroes_to(c2.id, 4096, 8192, false).await.unwrap();
+    models[2][4096..3 * 4096].fill(0);
+    let holes = vol.block_status_in(c1.id, 64 * 4096, 32 * 4096).await.unwrap();
+    assert!(holes.iter().all(|e| e.unallocated), "a trimmed range of a clone is a hole: {holes:?}");
+    vol.destage_all().await.unwrap();
+    let st = vol.status();
+    assert!(st.gc_moved_blocks > 0 && st.gc_victims > 0, "GC ran: {st:?}");
+    let check = |what: &str, head: Vec<u8>, s: Vec<u8>, c1: Vec<u8>, c2: Vec<u8>, models: &[Vec<u8>; 3]| {
+        assert!(head == models[0], "{what}: the volume");
+        assert!(s == a, "{what}: the snapshot");
+        assert!(c1 == models[1], "{what}: clone c1");
+        assert!(c2 == models[2], "{what}: clone c2");
+    };
+    check(
+        "after GC",
+        read_all(&vol, BLOCKS).await,
+        read_layer(&vol, s1, BLOCKS).await,
+        read_layer(&vol, c1.id, BLOCKS).await,
+        read_layer(&vol, c2.id, BLOCKS).await,
+        &models,
+    );
+    // Deleting the snapshot keeps it (hidden) for its clones: nothing freed, nothing lost.
+    let d = vol.delete_snapshot("s1").await.unwrap();
+    assert!(d.kept_for_clones && d.entries_freed == 0, "{d:?}");
+    assert!(vol.snapshots().is_empty());
+    vol.close().await;
+    drop(vol);
+    let vol = open_log(&pool).await.unwrap();
+    assert_eq!(vol.clones().len(), 2, "clones survive a reopen");
+    assert_eq!(read_layer(&vol, c1.id, BLOCKS).await, models[1], "c1 after a reopen");
+    assert_eq!(read_layer(&vol, c2.id, BLOCKS).await, models[2], "c2 after a reopen");
+    // A rollback goes only to the newest snapshot: one deleted but kept for a clone counts.
+    vol.create_snapshot("s2").await.unwrap();
+    vol.create_snapshot("s3").await.unwrap();
+    vol.create_clone("s3", "c3").await.unwrap();
+    assert!(vol.delete_snapshot("s3").await.unwrap().kept_for_clones);
+    let refused = vol.rollback("s2").await.unwrap_err().to_string();
+    assert!(refused.contains("kept for its clones"), "{refused}");
+    vol.delete_clone("c3").await.unwrap();
+    assert_eq!(vol.rollback("s2").await.unwrap(), 0, "nothing changed since s2");
+    vol.delete_snapshot("s2").await.unwrap();
+    assert_eq!(read_all(&vol, BLOCKS).await, models[0], "the volume after the rollback");
+    // A power cut in the middle of deleting c1: it is there (untouched) or gone, c2 is intact.
+    switch.trip_after_ops(6);
+    let _ = vol.delete_clone("c1").await;
+    let (devs, _switch, _pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, 21).await;
+    if vol.clones().iter().any(|c| c.name == "c1") {
+        assert_eq!(read_layer(&vol, c1.id, BLOCKS).await, models[1], "c1 after a cut delete");
+        vol.delete_clone("c1").await.unwrap();
+    }
+    assert_eq!(read_all(&vol, BLOCKS).await, models[0], "the volume after a cut delete of c1");
+    assert_eq!(read_layer(&vol, c2.id, BLOCKS).await, models[2], "c2 after a cut delete of c1");
+    // The last clone's delete finishes the snapshot's: afterwards only the head's blocks are
+    // allocated, once GC has collected what they held.
+    let d = vol.delete_clone("c2").await.unwrap();
+    assert!(d.entries_freed > 0, "{d:?}");
+    assert!(vol.clones().is_empty());
+    set_always(&vol, true, 64);
+    vol.destage_all().await.unwrap();
+    let st = vol.status();
+    assert!(st.allocated_bytes <= 1 << 20, "only the volume's own blocks are left: {st:?}");
+    assert_eq!(read_all(&vol, BLOCKS).await, models[0], "the volume at the end");
+    vol.close().await;
+    drop(devs);
 }
 
 #[tokio::test]
@@ -693,8 +865,21 @@ struct Sim {
     tracker: Tracker,
     /// Snapshots made: name, what each block may read as, whether the making returned.
     snaps: Vec<(String, Allowed, bool)>,
+    /// Clones made.
+    clones: Vec<CloneSim>,
     history: Vec<String>,
     verbose: bool,
+}
+
+/// A clone the simulation made (or began to make).
+struct CloneSim {
+    name: String,
+    id: Option<u16>,
+    tracker: Tracker,
+    /// Its making returned.
+    durable: bool,
+    /// Its delete began and did not return.
+    deleting: bool,
 }
 
 impl Sim {
@@ -713,6 +898,30 @@ impl Sim {
 /// Writer `w` owns the blocks `b % WRITERS == w`'s 8-block groups: one writer per block, so the
 /// tracker's issue order is the order the volume applies them in.
 async fn sim_writer(vol: &LogVolume<Dev>, t: &RefCell<Tracker>, seed: u64, w: usize) {
+    layer_writer(vol, lsv::HEAD, t, seed, w).await;
+}
+
+/// The volume's two writers and one per clone (`(layer, tracker)`).
+/// (The clones' list is aligned with `Sim::clones`; one not made, or `skip`, has no writer.)
+async fn run_writers(
+    vol: &LogVolume<Dev>,
+    t: &RefCell<Tracker>,
+    clones: &[(Option<u16>, RefCell<Tracker>)],
+    seed: u64,
+    skip: Option<usize>,
+) {
+    let mut all: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>>> =
+        vec![Box::pin(sim_writer(vol, t, seed, 0)), Box::pin(sim_writer(vol, t, seed, 1))];
+    for (k, (layer, ct)) in clones.iter().enumerate() {
+        if let (Some(layer), false) = (layer, skip == Some(k)) {
+            all.push(Box::pin(layer_writer(vol, *layer, ct, seed + 97 * (k as u64 + 1), k % WRITERS)));
+        }
+    }
+    futures::future::join_all(all).await;
+}
+
+/// [`sim_writer`] of the head ([`lsv::HEAD`]) or of a clone.
+async fn layer_writer(vol: &LogVolume<Dev>, layer: u16, t: &RefCell<Tracker>, seed: u64, w: usize) {
     let mut rng = rng(seed * 31 + w as u64);
     let groups = SIM_BLOCKS / 8;
     for _ in 0..60 {
@@ -735,10 +944,11 @@ async fn sim_writer(vol: &LogVolume<Dev>, t: &RefCell<Tracker>, seed: u64, w: us
         let data = if kind >= 7 { vec![0u8; len as usize] } else { random_bytes(&mut rng, len as usize) };
         let written = t.borrow_mut().issue(o, &data);
         let r = match kind {
-            7 => vol.write_zeroes(o, len, false).await,
+            7 => vol.write_zeroes_to(layer, o, len, false).await,
             // A trim of whole blocks reads back as zeros; its unaligned edges stay as they were.
-            8 if o % 4096 == 0 && len % 4096 == 0 => vol.trim(o, len).await,
-            _ => vol.write(o, IoBytes::copy_from(&data), rng.random_bool(0.3)).await,
+            8 if o % 4096 == 0 && len % 4096 == 0 => vol.trim_in(layer, o, len).await,
+            _ if layer == lsv::HEAD => vol.write(o, IoBytes::copy_from(&data), rng.random_bool(0.3)).await,
+            _ => vol.write_to(layer, o, IoBytes::copy_from(&data)).await,
         };
         match r {
             Ok(()) => t.borrow_mut().acknowledge(&written),
@@ -803,6 +1013,72 @@ async fn verify_snapshots(sim: &mut Sim, vol: &LogVolume<Dev>, when: &str) -> u6
     checked
 }
 
+/// Checks the clones against the model after a boot: each whose making returned is there (unless
+/// its delete began), none the model does not know; each block reads as a version its model
+/// allows (then only as what it read).
+async fn verify_clones(sim: &mut Sim, vol: &LogVolume<Dev>, when: &str) -> u64 {
+    let found = vol.clones();
+    for f in &found {
+        if !sim.clones.iter().any(|c| c.name == f.name) {
+            sim.fail(format!("{when}: clone {:?} was never made", f.name));
+        }
+    }
+    for c in &sim.clones {
+        if c.durable && !c.deleting && !found.iter().any(|f| f.name == c.name) {
+            sim.fail(format!("{when}: clone {:?} was made and is gone", c.name));
+        }
+    }
+    sim.clones.retain(|c| found.iter().any(|f| f.name == c.name));
+    for i in 0..sim.clones.len() {
+        let id = found.iter().find(|f| f.name == sim.clones[i].name).expect("kept").id;
+        sim.clones[i].id = Some(id);
+        sim.clones[i].durable = true;
+        sim.clones[i].deleting = false;
+        for b in 0..SIM_BLOCKS {
+            let got = match vol.read_snapshot(id, b as u64 * 4096, 4096).await {
+                Ok(g) => g,
+                Err(e) => {
+                    sim.fail(format!("{when}: clone {:?} block {b} unreadable: {e}", sim.clones[i].name))
+                }
+            };
+            if !sim.clones[i].tracker.allowed(b).iter().any(|v| v[..] == got[..]) {
+                let why = sim.clones[i].tracker.describe(b, &got);
+                sim.fail(format!("{when}: clone {:?} block {b} holds {why}", sim.clones[i].name));
+            }
+            sim.clones[i].tracker.settle(b, &got);
+        }
+    }
+    sim.clones.len() as u64
+}
+
+/// [`settle_live`] of the clones being written (`(layer, tracker)`).
+async fn settle_clones(
+    sim: &Sim,
+    vol: &LogVolume<Dev>,
+    clones: &[(Option<u16>, RefCell<Tracker>)],
+    cycle: u64,
+) -> bool {
+    for (layer, t) in clones {
+        let Some(layer) = layer else { continue };
+        let mut now = Vec::with_capacity(SIM_BLOCKS);
+        for b in 0..SIM_BLOCKS {
+            match vol.read_snapshot(*layer, b as u64 * 4096, 4096).await {
+                Ok(got) => now.push(got),
+                Err(_) => return false,
+            }
+        }
+        let mut t = t.borrow_mut();
+        for (b, got) in now.iter().enumerate() {
+            if !t.allowed(b).iter().any(|v| v[..] == got[..]) {
+                let why = t.describe(b, got);
+                sim.fail(format!("cycle {cycle} between phases: clone layer {layer} block {b} holds {why}"));
+            }
+            t.settle(b, got);
+        }
+    }
+    true
+}
+
 /// Between two phases of writes (no write in flight): reads every block, checks it against the
 /// tracker and makes what it read the only version, so the next phase builds on what the volume
 /// holds (a write that failed changed nothing). False, touching nothing, if a read fails (the
@@ -851,9 +1127,11 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
         rng: rng(seed ^ 0x1095),
         tracker: Tracker::new(SIM_BLOCKS),
         snaps: Vec::new(),
+        clones: Vec::new(),
         history: Vec::new(),
         verbose,
     };
+    let mut clones_made = 0;
     let mut snapshots_checked = 0;
     let mut switch = PowerSwitch::new();
     let mut disks: Vec<Dev> = drives(&switch, seed);
@@ -884,6 +1162,8 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
         _ => None,
     };
     let cycles = sim.rng.random_range(2..=6);
+    // Snapshots and clones in even seeds (2 and 3 are coprime: every drive scenario has some).
+    let layered = seed.is_multiple_of(2);
     let flavour = if seed % 4 == 3 { "log" } else { "tiered" };
     sim.note(format!("{flavour}:ec:4+2, {cycles} cycles, drive missing: {missing:?}"));
     for cycle in 0..=cycles {
@@ -910,6 +1190,8 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
         verify(&mut sim, &vol, &format!("cycle {cycle} after boot")).await;
         if cycle > 0 {
             snapshots_checked += verify_snapshots(&mut sim, &vol, &format!("cycle {cycle} after boot")).await;
+            let n = verify_clones(&mut sim, &vol, &format!("cycle {cycle} after boot")).await;
+            CLONE_CHECKS.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         }
         if cycle == cycles {
             vol.close().await;
@@ -926,9 +1208,18 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
         if !clean {
             switch.trip_after_ops(cut);
         }
+        // The clones' trackers, aligned with `sim.clones`, while writers run.
+        let mut work: Vec<(Option<u16>, RefCell<Tracker>)> = sim
+            .clones
+            .iter_mut()
+            .map(|c| (c.id, RefCell::new(std::mem::replace(&mut c.tracker, Tracker::new(0)))))
+            .collect();
         let seed_c = seed * 1000 + cycle;
-        tokio::join!(sim_writer(&vol, &tracker, seed_c, 0), sim_writer(&vol, &tracker, seed_c, 1));
-        if seed.is_multiple_of(3) && sim.snaps.len() < 8 && settle_live(&mut sim, &vol, &tracker, cycle).await
+        run_writers(&vol, &tracker, &work, seed_c, None).await;
+        if layered
+            && sim.snaps.len() < 8
+            && settle_live(&mut sim, &vol, &tracker, cycle).await
+            && settle_clones(&sim, &vol, &work, cycle).await
         {
             // A snapshot between two phases of writes: it must hold what the first phase left
             // (read back just before: a write that failed, ENOSPC, changed nothing).
@@ -946,13 +1237,75 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
             if made.is_ok() {
                 sim.snaps.last_mut().expect("pushed").2 = true;
                 let seed_c = seed_c + 500;
-                tokio::join!(sim_writer(&vol, &tracker, seed_c, 0), sim_writer(&vol, &tracker, seed_c, 1));
+                run_writers(&vol, &tracker, &work, seed_c, None).await;
             }
         }
-        if seed.is_multiple_of(3)
+        let made: Vec<usize> = sim.snaps.iter().enumerate().filter(|(_, s)| s.2).map(|(i, _)| i).collect();
+        if layered && work.len() < 3 && !made.is_empty() && sim.rng.random_bool(0.5) {
+            // A clone of a snapshot: it reads as the snapshot, then its own writer writes to it
+            // beside the volume's.
+            let i = made[sim.rng.random_range(0..made.len())];
+            clones_made += 1;
+            let name = format!("k{clones_made}");
+            let mut t = Tracker::new(SIM_BLOCKS);
+            for b in 0..SIM_BLOCKS {
+                t.versions[b] = sim.snaps[i].1[b].clone();
+            }
+            let made = vol.create_clone(&sim.snaps[i].0, &name).await;
+            sim.note(format!(
+                "  clone {name} of {}: {}",
+                sim.snaps[i].0,
+                made.as_ref().map_or_else(|e| e.to_string(), |r| format!("layer {}", r.id))
+            ));
+            let id = made.as_ref().ok().map(|r| r.id);
+            sim.clones.push(CloneSim {
+                name,
+                id,
+                tracker: Tracker::new(0),
+                durable: id.is_some(),
+                deleting: false,
+            });
+            work.push((id, RefCell::new(t)));
+            // Settled first: the snapshot's model may allow more than one version of a block,
+            // and a write of the last phase refused with ENOSPC changed nothing.
+            if id.is_some()
+                && settle_live(&mut sim, &vol, &tracker, cycle).await
+                && settle_clones(&sim, &vol, &work, cycle).await
+            {
+                run_writers(&vol, &tracker, &work, seed_c + 600, None).await;
+            }
+        }
+        let live: Vec<usize> =
+            work.iter().enumerate().filter(|(_, w)| w.0.is_some()).map(|(i, _)| i).collect();
+        if layered
+            && !live.is_empty()
+            && sim.rng.random_bool(0.2)
+            && settle_live(&mut sim, &vol, &tracker, cycle).await
+            && settle_clones(&sim, &vol, &work, cycle).await
+        {
+            // A clone's delete while the volume and the other clones are written.
+            let i = live[sim.rng.random_range(0..live.len())];
+            let name = sim.clones[i].name.clone();
+            sim.clones[i].deleting = true;
+            let (deleted, ()) = tokio::join!(
+                vol.delete_clone(&name),
+                run_writers(&vol, &tracker, &work, seed_c + 800, Some(i))
+            );
+            sim.note(format!(
+                "  delete clone {name}: {}",
+                deleted.as_ref().map_or_else(|e| e.to_string(), |d| format!("{d:?}"))
+            ));
+            if deleted.is_ok() {
+                CLONE_DELETES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                sim.clones.remove(i);
+                work.remove(i);
+            }
+        }
+        if layered
             && !sim.snaps.is_empty()
             && sim.rng.random_bool(0.4)
             && settle_live(&mut sim, &vol, &tracker, cycle).await
+            && settle_clones(&sim, &vol, &work, cycle).await
         {
             // A delete while the writers go on: the other snapshots keep their views; one the
             // power cut in the middle of its delete may be there after the boot, or not. (The
@@ -962,11 +1315,8 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
             let name = sim.snaps[i].0.clone();
             sim.snaps[i].2 = false;
             let seed_d = seed_c + 700;
-            let (deleted, (), ()) = tokio::join!(
-                vol.delete_snapshot(&name),
-                sim_writer(&vol, &tracker, seed_d, 0),
-                sim_writer(&vol, &tracker, seed_d, 1)
-            );
+            let (deleted, ()) =
+                tokio::join!(vol.delete_snapshot(&name), run_writers(&vol, &tracker, &work, seed_d, None));
             sim.note(format!(
                 "  delete {name}: {}",
                 deleted.as_ref().map_or_else(|e| e.to_string(), |d| format!("{d:?}"))
@@ -976,7 +1326,7 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
                 sim.snaps.retain(|s| s.0 != name);
             }
         }
-        if seed.is_multiple_of(3) && sim.snaps.last().is_some_and(|s| s.2) && sim.rng.random_bool(0.25) {
+        if layered && sim.snaps.last().is_some_and(|s| s.2) && sim.rng.random_bool(0.25) {
             // A rollback to the newest snapshot between phases: the volume then reads as the
             // snapshot. One the power cut is finished at the next open, or never began: each
             // block reads as either.
@@ -1001,6 +1351,9 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
             }
         }
         sim.tracker = tracker.into_inner();
+        for (c, (_, t)) in sim.clones.iter_mut().zip(work) {
+            c.tracker = t.into_inner();
+        }
         let st = vol.status();
         sim.note(format!(
             "  destaged {} in {} batches, GC moved {} from {} victims, {} moves lost, {} free segments of {}, \
@@ -1033,6 +1386,9 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
 /// Snapshot deletes and rollbacks that returned, over the seeds of one run.
 static SNAPSHOT_DELETES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static SNAPSHOT_ROLLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Clone checks after a boot, and clone deletes that returned.
+static CLONE_CHECKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static CLONE_DELETES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 #[tokio::test(start_paused = true)]
 async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_no_write() {
@@ -1051,11 +1407,13 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
     }
     eprintln!(
         "{n} seeds: {} opens from the segment table, {} by a map scan; {given_back} segments given back; \
-         {snapshots} snapshot checks after a boot, {} snapshot deletes, {} rollbacks",
+         {snapshots} snapshot checks after a boot, {} snapshot deletes, {} rollbacks; {} clone checks after a boot, {} clone deletes",
         opens.0,
         opens.1,
         deletes(),
-        SNAPSHOT_ROLLBACKS.load(std::sync::atomic::Ordering::Relaxed)
+        SNAPSHOT_ROLLBACKS.load(std::sync::atomic::Ordering::Relaxed),
+        CLONE_CHECKS.load(std::sync::atomic::Ordering::Relaxed),
+        CLONE_DELETES.load(std::sync::atomic::Ordering::Relaxed)
     );
     if n >= 20 {
         assert!(opens.0 > 0 && opens.1 > 0, "both ways to open were exercised: {opens:?}");
@@ -1065,6 +1423,11 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
         assert!(
             SNAPSHOT_ROLLBACKS.load(std::sync::atomic::Ordering::Relaxed) > 0,
             "volumes were rolled back"
+        );
+        assert!(
+            CLONE_CHECKS.load(std::sync::atomic::Ordering::Relaxed) > 0
+                && CLONE_DELETES.load(std::sync::atomic::Ordering::Relaxed) > 0,
+            "clones were written, checked after cuts and deleted"
         );
     }
 }

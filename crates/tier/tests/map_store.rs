@@ -12,6 +12,11 @@
 //! middle of deletes): the others keep their views, the entries a delete hands back for freeing
 //! are exactly those no other layer holds, and a delete a cut interrupted is finished at open.
 //!
+//! Clones of snapshots are made too: workers write to them as to the head, each reads back as
+//! its parent snapshot with its own writes, an overwrite in a clone frees only what its parent
+//! does not hold, a deleted snapshot with clones keeps its view (hidden) until its last clone is
+//! deleted, and a clone's delete frees exactly what no remaining layer holds.
+//!
 //! `STRIA_MAP_SEEDS=N` sets the number of seeds (default 60); `STRIA_MAP_SEED=S` replays one.
 
 use std::cell::RefCell;
@@ -25,6 +30,10 @@ static MOVES_OF_SNAPSHOT_ONLY_BLOCKS: AtomicU64 = AtomicU64::new(0);
 static DELETES_DONE: AtomicU64 = AtomicU64::new(0);
 static DELETES_CUT: AtomicU64 = AtomicU64::new(0);
 static PAGES_HANDED_ON: AtomicU64 = AtomicU64::new(0);
+static CLONE_VIEWS_CHECKED: AtomicU64 = AtomicU64::new(0);
+static CLONE_WRITES: AtomicU64 = AtomicU64::new(0);
+static CLONE_DELETES: AtomicU64 = AtomicU64::new(0);
+static SNAPSHOTS_KEPT_FOR_CLONES: AtomicU64 = AtomicU64::new(0);
 
 use rand::Rng;
 use stria_dev::{BlockDevice, FaultConfig, PowerSwitch};
@@ -82,12 +91,26 @@ struct SnapModel {
     durable: bool,
     /// Its delete began and did not return: it may be gone after a cut.
     deleting: bool,
+    /// Deleted while it had clones: kept (not listed) for them.
+    hidden: bool,
+    view: Versions,
+}
+
+/// A clone the model knows.
+struct CloneModel {
+    name: String,
+    id: Option<u16>,
+    /// Its parent snapshot's name.
+    parent: String,
+    durable: bool,
+    deleting: bool,
     view: Versions,
 }
 
 struct Model {
     head: Versions,
     snaps: Vec<SnapModel>,
+    clones: Vec<CloneModel>,
     next: u64,
 }
 
@@ -103,27 +126,81 @@ impl Model {
         self.snaps.iter_mut().filter(|s| s.id.is_some())
     }
 
-    /// Checks places a delete of snapshot `gone` (an index of `snaps`, or none at open) handed
-    /// back for freeing: no other layer holds them.
-    fn check_freed(&self, freed: &[(u64, MapEntry)], gone: Option<usize>, what: &str) {
+    /// The clones present in the map now.
+    fn live_clones(&mut self) -> impl Iterator<Item = &mut CloneModel> {
+        self.clones.iter_mut().filter(|c| c.id.is_some())
+    }
+
+    fn snap_named(&self, name: &str) -> &SnapModel {
+        self.snaps.iter().find(|s| s.name == name).expect("a clone's parent is kept")
+    }
+
+    /// The views of every layer present but those `gone` says are going (snapshot and clone
+    /// indexes), with the head's.
+    fn holders(&self, b: u64, gone: &[Gone]) -> Vec<MapEntry> {
+        let mut held = vec![self.head.latest(b)];
+        for (i, s) in self.snaps.iter().enumerate() {
+            if s.id.is_some() && !gone.contains(&Gone::Snap(i)) {
+                held.push(s.view.latest(b));
+            }
+        }
+        for (i, c) in self.clones.iter().enumerate() {
+            if c.id.is_some() && !gone.contains(&Gone::Clone(i)) {
+                held.push(c.view.latest(b));
+            }
+        }
+        held
+    }
+
+    /// Checks places a delete handed back for freeing: no layer but those going holds them
+    /// (the ones whose delete is under way may be gone already).
+    fn check_freed(&self, freed: &[(u64, MapEntry)], gone: &[Gone], what: &str) {
+        let mut going = gone.to_vec();
+        going.extend(self.snaps.iter().enumerate().filter(|(_, s)| s.deleting).map(|(i, _)| Gone::Snap(i)));
+        going.extend(self.clones.iter().enumerate().filter(|(_, c)| c.deleting).map(|(i, _)| Gone::Clone(i)));
         for (block, e) in freed {
-            let b = *block;
             assert!(matches!(e.place, Place::Segment(_)), "{what}: freed {e:?}, not a place");
-            assert!(self.head.latest(b) != *e, "{what}: freed {e:?}, which the head holds for block {b}");
-            for (i, s) in self.snaps.iter().enumerate() {
-                if Some(i) != gone && s.id.is_some() && !s.deleting {
-                    assert!(s.view.latest(b) != *e, "{what}: freed {e:?}, which snapshot {} holds", s.name);
+            assert!(
+                !self.holders(*block, &going).contains(e),
+                "{what}: freed {e:?} of block {block}, which a remaining layer holds"
+            );
+        }
+    }
+
+    /// Exactly what removing the layers `gone` frees: the places their views hold that no other
+    /// layer does.
+    fn frees_of(&self, gone: &[Gone]) -> Vec<MapEntry> {
+        let mut want = Vec::new();
+        for b in 0..BLOCKS {
+            let rest = self.holders(b, gone);
+            for g in gone {
+                let e = match *g {
+                    Gone::Snap(i) => self.snaps[i].view.latest(b),
+                    Gone::Clone(i) => self.clones[i].view.latest(b),
+                };
+                if matches!(e.place, Place::Segment(_)) && !rest.contains(&e) && !want.contains(&e) {
+                    want.push(e);
                 }
             }
         }
+        want.sort_by_key(|e| e.seq);
+        want
     }
+}
+
+/// A layer of the model a delete removes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gone {
+    Snap(usize),
+    Clone(usize),
 }
 
 fn record(name: &str, kind: LayerKind) -> LayerRecord {
     LayerRecord::named(name, kind, BLOCKS * 4096)
 }
 
-/// Worker `w` updates blocks of its own in `window` (a range of blocks).
+/// Worker `w` updates blocks of its own in `window` (a range of blocks), of the head or of a
+/// clone.
 async fn worker(store: &MapStore<Dev>, model: &RefCell<Model>, seed: u64, w: u64, window: (u64, u64)) {
     let mut rng = rng(seed ^ (w + 1).wrapping_mul(0x9e37_79b9));
     for _ in 0..rng.random_range(10..60) {
@@ -133,36 +210,62 @@ async fn worker(store: &MapStore<Dev>, model: &RefCell<Model>, seed: u64, w: u64
         let n = rng.random_range(1..40);
         let mut updates = Vec::new();
         let mut replaced = Vec::new();
-        {
+        let target = {
             let mut m = model.borrow_mut();
+            let clones: Vec<usize> =
+                m.clones.iter().enumerate().filter(|(_, c)| c.id.is_some()).map(|(i, _)| i).collect();
+            let target = (!clones.is_empty() && rng.random_bool(0.4))
+                .then(|| clones[rng.random_range(0..clones.len())]);
             for _ in 0..n {
                 // Each worker owns the blocks b % WORKERS == w: per block, issue order is
                 // apply order.
                 let block = rng.random_range(window.0 / WORKERS..window.1 / WORKERS) * WORKERS + w;
                 let entry = m.entry();
-                replaced.push(m.head.latest(block));
-                m.head.versions[block as usize].push(entry);
+                let layer = match target {
+                    None => &mut m.head,
+                    Some(c) => &mut m.clones[c].view,
+                };
+                replaced.push(layer.latest(block));
+                layer.versions[block as usize].push(entry);
                 updates.push(Update { block, entry, expect: None });
             }
-        }
-        match store.update(&updates).await {
+            target
+        };
+        let result = match target {
+            None => store.update(&updates).await,
+            Some(c) => {
+                let id = model.borrow().clones[c].id.expect("live");
+                store.update_clone(id, &updates).await
+            }
+        };
+        match result {
             Ok(applied) => {
                 let mut m = model.borrow_mut();
                 for ((u, got), before) in updates.iter().zip(applied).zip(replaced) {
                     let got =
                         got.unwrap_or_else(|| panic!("seed {seed}: an unconditional update did not apply"));
-                    // What a snapshot holds is never handed back for freeing; the rest is.
-                    let held = m.live_snaps().any(|s| s.view.latest(u.block) == before);
+                    // What another layer holds is never handed back for freeing; the rest is. A
+                    // head's place only snapshots can hold; a clone's only its parent.
+                    let held = match target {
+                        None => m.live_snaps().any(|s| s.view.latest(u.block) == before),
+                        Some(c) => m.snap_named(&m.clones[c].parent).view.latest(u.block) == before,
+                    };
                     let want = if held { MapEntry::UNALLOCATED } else { before };
                     if held && before != MapEntry::UNALLOCATED {
                         FREES_HELD_BACK.fetch_add(1, Relaxed);
                     }
                     assert_eq!(
                         got, want,
-                        "seed {seed}: overwriting block {} (a snapshot holds it: {held})",
+                        "seed {seed}: overwriting block {} of {target:?} (another layer holds it: {held})",
                         u.block
                     );
-                    m.head.ack(u.block, u.entry);
+                    match target {
+                        None => m.head.ack(u.block, u.entry),
+                        Some(c) => {
+                            m.clones[c].view.ack(u.block, u.entry);
+                            CLONE_WRITES.fetch_add(1, Relaxed);
+                        }
+                    }
                 }
             }
             Err(_) => return, // the power went out
@@ -185,8 +288,7 @@ async fn move_some(
     let (block, from, to) = {
         let mut m = model.borrow_mut();
         let block = rng.random_range(0..BLOCKS / WORKERS) * WORKERS + w;
-        let mut held: Vec<MapEntry> = vec![m.head.latest(block)];
-        held.extend(m.live_snaps().map(|s| s.view.latest(block)));
+        let mut held = m.holders(block, &[]);
         held.retain(|e| matches!(e.place, Place::Segment(_)));
         if held.is_empty() {
             return true;
@@ -200,6 +302,11 @@ async fn move_some(
         for s in m.live_snaps() {
             if s.view.latest(block) == from {
                 s.view.versions[block as usize].push(to);
+            }
+        }
+        for c in m.live_clones() {
+            if c.view.latest(block) == from {
+                c.view.versions[block as usize].push(to);
             }
         }
         (block, from, to)
@@ -219,6 +326,11 @@ async fn move_some(
                     s.view.ack(block, to);
                 }
             }
+            for c in m.live_clones() {
+                if c.view.latest(block) == to {
+                    c.view.ack(block, to);
+                }
+            }
             true
         }
         Err(_) => false,
@@ -236,10 +348,10 @@ async fn run_seed(seed: u64) {
         MapLayout { base: 4096 * rng.random_range(0..4), log_blocks, blocks: BLOCKS, pool: None };
     let snapshots = rng.random_bool(0.5);
     if snapshots {
-        // Room for every snapshot a seed makes (at most 10: 15 pages each).
+        // Room for every snapshot and clone a seed makes (at most 10 and 6: 15 pages each).
         let layers_at = layout.end();
         let pages_at = layers_at + LAYER_TABLE_BLOCKS as u64 * 4096;
-        layout.pool = Some(PoolLayout { layers_at, pages_at, pages: 160 });
+        layout.pool = Some(PoolLayout { layers_at, pages_at, pages: 320 });
     }
     {
         let pool = create_pool(&devs).await;
@@ -257,9 +369,11 @@ async fn run_seed(seed: u64) {
     let model = RefCell::new(Model {
         head: Versions::new(vec![MapEntry::UNALLOCATED; BLOCKS as usize]),
         snaps: Vec::new(),
+        clones: Vec::new(),
         next: 0,
     });
     let mut made = 0;
+    let mut clones_made = 0;
     let mut switch = switch;
     for cycle in 0..rng.random_range(2..6) {
         // Requests that complete a few polls after they were made let the workers and a
@@ -287,22 +401,55 @@ async fn run_seed(seed: u64) {
         let all: Vec<u64> = (0..BLOCKS).collect();
         let now = store.get_many(&all).await.unwrap_or_else(|e| panic!("seed {seed}: get: {e}"));
         model.borrow_mut().head.settle(now, &format!("seed {seed} cycle {cycle}: head"));
-        // Snapshots whose making returned are there; one whose making failed may be.
+        // Clones and snapshots whose making returned are there; one whose making failed may be.
+        let found_clones = store.clones();
         let found = store.snapshots();
         {
             let mut m = model.borrow_mut();
-            for f in &found {
+            for f in &found_clones {
                 assert!(
-                    m.snaps.iter().any(|s| s.name == f.name),
-                    "seed {seed} cycle {cycle}: snapshot {:?} was never made",
+                    m.clones.iter().any(|c| c.name == f.name),
+                    "seed {seed} cycle {cycle}: clone {:?} was never made",
                     f.name
                 );
             }
-            m.snaps.retain_mut(|s| {
-                s.id = found.iter().find(|f| f.name == s.name).map(|f| f.id);
+            m.clones.retain_mut(|c| {
+                c.id = found_clones.iter().find(|f| f.name == c.name).map(|f| f.id);
                 assert!(
-                    s.id.is_some() || !s.durable || s.deleting,
+                    c.id.is_some() || !c.durable || c.deleting,
+                    "seed {seed} cycle {cycle}: clone {:?} was made and is gone",
+                    c.name
+                );
+                c.deleting = false;
+                c.id.is_some()
+            });
+            for f in &found {
+                assert!(
+                    m.snaps.iter().any(|s| s.name == f.name && !s.hidden),
+                    "seed {seed} cycle {cycle}: snapshot {:?} was never made (or was deleted)",
+                    f.name
+                );
+            }
+            let parents: Vec<String> = m.clones.iter().map(|c| c.parent.clone()).collect();
+            m.snaps.retain_mut(|s| {
+                let listed = found.iter().find(|f| f.name == s.name).map(|f| f.id);
+                let kept = s.id.is_some() && (s.hidden || s.deleting) && parents.contains(&s.name);
+                // A deleted one kept for clones goes with its last clone.
+                assert!(
+                    listed.is_some() || kept || !s.durable || s.deleting || s.hidden,
                     "seed {seed} cycle {cycle}: snapshot {:?} was made and is gone",
+                    s.name
+                );
+                if listed.is_none() && kept {
+                    // Deleted with clones (its hidden mark made durable): kept for them.
+                    s.hidden = true;
+                } else {
+                    s.id = listed;
+                    s.hidden = false;
+                }
+                assert!(
+                    s.id.is_some() || !parents.contains(&s.name),
+                    "seed {seed} cycle {cycle}: snapshot {:?} went while a clone reads through it",
                     s.name
                 );
                 s.deleting = false;
@@ -312,8 +459,11 @@ async fn run_seed(seed: u64) {
         let ids: Vec<(usize, u16)> =
             model.borrow().snaps.iter().enumerate().map(|(i, s)| (i, s.id.expect("present"))).collect();
         for (i, id) in ids {
-            let got =
-                store.get_in(id, &all).await.unwrap_or_else(|e| panic!("seed {seed}: snapshot {id}: {e}"));
+            // A snapshot deleted while it has clones is kept, hidden: still read here.
+            let got = store
+                .get_in_kept(id, &all)
+                .await
+                .unwrap_or_else(|e| panic!("seed {seed}: snapshot {id}: {e}"));
             let mut m = model.borrow_mut();
             m.snaps[i].durable = true;
             if cycle > 0 {
@@ -321,9 +471,20 @@ async fn run_seed(seed: u64) {
             }
             m.snaps[i].view.settle(got, &format!("seed {seed} cycle {cycle}: snapshot {id}"));
         }
+        let ids: Vec<(usize, u16)> =
+            model.borrow().clones.iter().enumerate().map(|(i, c)| (i, c.id.expect("present"))).collect();
+        for (i, id) in ids {
+            let got = store.get_in(id, &all).await.unwrap_or_else(|e| panic!("seed {seed}: clone {id}: {e}"));
+            let mut m = model.borrow_mut();
+            m.clones[i].durable = true;
+            if cycle > 0 {
+                CLONE_VIEWS_CHECKED.fetch_add(1, Relaxed);
+            }
+            m.clones[i].view.settle(got, &format!("seed {seed} cycle {cycle}: clone {id}"));
+        }
         model.borrow().check_freed(
             &freed_at_open,
-            None,
+            &[],
             &format!("seed {seed} cycle {cycle}: finishing a delete"),
         );
         let clean = rng.random_bool(0.2);
@@ -353,6 +514,7 @@ async fn run_seed(seed: u64) {
                         id: None,
                         durable: false,
                         deleting: false,
+                        hidden: false,
                         view,
                     });
                     let made_ok = store
@@ -378,15 +540,112 @@ async fn run_seed(seed: u64) {
                     .snaps
                     .iter()
                     .enumerate()
-                    .filter(|(_, s)| s.id.is_some())
+                    .filter(|(_, s)| s.id.is_some() && !s.hidden)
+                    .map(|(i, _)| i)
+                    .collect();
+                if phase > 0 && !live.is_empty() && clones_made < 6 && rng.random_bool(0.4) {
+                    // A clone of a snapshot: it reads as the snapshot until written.
+                    clones_made += 1;
+                    let i = live[rng.random_range(0..live.len())];
+                    let name = format!("c{clones_made}");
+                    let (parent, id, view) = {
+                        let m = model.borrow();
+                        let s = &m.snaps[i];
+                        let view: Vec<MapEntry> = (0..BLOCKS).map(|b| s.view.latest(b)).collect();
+                        (s.name.clone(), s.id.expect("live"), Versions::new(view))
+                    };
+                    model.borrow_mut().clones.push(CloneModel {
+                        name: name.clone(),
+                        id: None,
+                        parent,
+                        durable: false,
+                        deleting: false,
+                        view,
+                    });
+                    let made_ok = store.create_clone(id, record(&name, LayerKind::Clone)).await;
+                    let mut m = model.borrow_mut();
+                    let c = m.clones.last_mut().expect("pushed");
+                    match made_ok {
+                        Ok(id) => {
+                            c.id = Some(id);
+                            c.durable = true;
+                        }
+                        Err(MapError::PoolFull { .. }) => {
+                            panic!("seed {seed}: the pool is sized for every clone")
+                        }
+                        Err(_) => break,
+                    }
+                }
+                let live_clones: Vec<usize> = model
+                    .borrow()
+                    .clones
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| c.id.is_some())
+                    .map(|(i, _)| i)
+                    .collect();
+                if phase > 0 && !live_clones.is_empty() && rng.random_bool(0.25) {
+                    let i = live_clones[rng.random_range(0..live_clones.len())];
+                    let (id, gone) = {
+                        let mut m = model.borrow_mut();
+                        m.clones[i].deleting = true;
+                        let parent = m.clones[i].parent.clone();
+                        let mut gone = vec![Gone::Clone(i)];
+                        // Its parent goes too if it was deleted and kept only for this clone.
+                        let p = m.snaps.iter().position(|s| s.name == parent).expect("kept");
+                        let others = m.clones.iter().enumerate().any(|(j, c)| j != i && c.parent == parent);
+                        if m.snaps[p].hidden && !others {
+                            gone.push(Gone::Snap(p));
+                        }
+                        (m.clones[i].id.expect("live"), gone)
+                    };
+                    let mut freed = Vec::new();
+                    if !clean && rng.random_bool(0.3) {
+                        switch.trip_after_ops(rng.random_range(0..40));
+                    }
+                    let deleted = store.delete_clone(id, |f| freed.extend(f)).await;
+                    let what = format!("seed {seed} cycle {cycle}: deleting clone {id}");
+                    let mut m = model.borrow_mut();
+                    m.check_freed(&freed, &gone, &what);
+                    match deleted {
+                        Ok(_) => {
+                            let want = m.frees_of(&gone);
+                            let mut got: Vec<MapEntry> = freed.iter().map(|f| f.1).collect();
+                            got.sort_by_key(|e| e.seq);
+                            assert_eq!(
+                                got, want,
+                                "{what}: the places only it (and a parent kept for it) held"
+                            );
+                            CLONE_DELETES.fetch_add(1, Relaxed);
+                            for g in gone.iter().rev() {
+                                match *g {
+                                    Gone::Snap(p) => drop(m.snaps.remove(p)),
+                                    Gone::Clone(c) => drop(m.clones.remove(c)),
+                                }
+                            }
+                        }
+                        Err(_) => {
+                            DELETES_CUT.fetch_add(1, Relaxed);
+                            break;
+                        }
+                    }
+                }
+                // (A clone's delete may have removed a snapshot kept for it.)
+                let live: Vec<usize> = model
+                    .borrow()
+                    .snaps
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.id.is_some() && !s.hidden)
                     .map(|(i, _)| i)
                     .collect();
                 if phase > 0 && !live.is_empty() && rng.random_bool(0.4) {
                     let i = live[rng.random_range(0..live.len())];
-                    let id = {
+                    let (id, has_clones) = {
                         let mut m = model.borrow_mut();
                         m.snaps[i].deleting = true;
-                        m.snaps[i].id.expect("live")
+                        let name = m.snaps[i].name.clone();
+                        (m.snaps[i].id.expect("live"), m.clones.iter().any(|c| c.parent == name))
                     };
                     let mut freed = Vec::new();
                     // What it says deleting would free, asked before (the delete must free as much).
@@ -398,28 +657,16 @@ async fn run_seed(seed: u64) {
                     let deleted = store.delete_snapshot(id, |f| freed.extend(f)).await;
                     let what = format!("seed {seed} cycle {cycle}: deleting snapshot {id}");
                     let mut m = model.borrow_mut();
-                    m.check_freed(&freed, Some(i), &what);
+                    m.check_freed(&freed, &[Gone::Snap(i)], &what);
                     match deleted {
                         Ok(stats) => {
-                            // Exactly: every place only it held is freed.
-                            let mut want: Vec<MapEntry> =
-                                (0..BLOCKS)
-                                    .map(|b| m.snaps[i].view.latest(b))
-                                    .enumerate()
-                                    .filter(|(b, e)| {
-                                        let b = *b as u64;
-                                        matches!(e.place, Place::Segment(_))
-                                            && m.head.latest(b) != *e
-                                            && !m.snaps.iter().enumerate().any(|(j, s)| {
-                                                j != i && s.id.is_some() && s.view.latest(b) == *e
-                                            })
-                                    })
-                                    .map(|(_, e)| e)
-                                    .collect();
+                            // Exactly: every place only it held is freed (nothing while clones
+                            // read through it).
+                            let want = if has_clones { Vec::new() } else { m.frees_of(&[Gone::Snap(i)]) };
                             let mut got: Vec<MapEntry> = freed.iter().map(|f| f.1).collect();
-                            want.sort_by_key(|e| e.seq);
                             got.sort_by_key(|e| e.seq);
                             assert_eq!(got, want, "{what}: the places only it held");
+                            assert_eq!(stats.kept_for_clones, has_clones, "{what}: kept for clones");
                             assert_eq!(
                                 exclusive.expect("the delete went through: so did the walk before it"),
                                 want.len() as u64,
@@ -427,7 +674,13 @@ async fn run_seed(seed: u64) {
                             );
                             PAGES_HANDED_ON.fetch_add(stats.pages_moved, Relaxed);
                             DELETES_DONE.fetch_add(1, Relaxed);
-                            m.snaps.remove(i);
+                            m.snaps[i].deleting = false;
+                            if has_clones {
+                                SNAPSHOTS_KEPT_FOR_CLONES.fetch_add(1, Relaxed);
+                                m.snaps[i].hidden = true;
+                            } else {
+                                m.snaps.remove(i);
+                            }
                         }
                         Err(_) => {
                             DELETES_CUT.fetch_add(1, Relaxed);
@@ -495,11 +748,21 @@ async fn map_updates_survive_any_sequence_of_power_cuts() {
     );
     let (deletes, cut, handed) =
         (DELETES_DONE.load(Relaxed), DELETES_CUT.load(Relaxed), PAGES_HANDED_ON.load(Relaxed));
+    let (clone_views, clone_writes, clone_deletes, kept) = (
+        CLONE_VIEWS_CHECKED.load(Relaxed),
+        CLONE_WRITES.load(Relaxed),
+        CLONE_DELETES.load(Relaxed),
+        SNAPSHOTS_KEPT_FOR_CLONES.load(Relaxed),
+    );
     eprintln!(
-        "{seeds} seeds: {views} snapshot views checked after a reopen, {held} overwrites kept a place a snapshot holds, {moves} moves of blocks only snapshots hold, {deletes} deletes ({handed} pages handed on), {cut} cut by the power"
+        "{seeds} seeds: {views} snapshot views checked after a reopen, {held} overwrites kept a place another layer holds, {moves} moves of blocks only snapshots or clones hold, {deletes} snapshot deletes ({handed} pages handed on, {kept} kept for clones), {cut} deletes cut by the power; {clone_views} clone views checked after a reopen, {clone_writes} clone block writes, {clone_deletes} clone deletes"
     );
     assert!(
         seeds < 20 || (views > 0 && held > 0 && moves > 0 && deletes > 0 && handed > 0 && cut > 0),
         "the snapshot paths did not run"
+    );
+    assert!(
+        seeds < 20 || (clone_views > 0 && clone_writes > 0 && clone_deletes > 0 && kept > 0),
+        "the clone paths did not run"
     );
 }

@@ -45,6 +45,8 @@ use crate::{PartStatus, TierError, block_crc};
 use space::{Geometry, Space, SpaceCounts};
 
 const HEADER_MAGIC: &[u8; 8] = b"STRIA-LV";
+/// The origin's head, as the layer argument of the write functions (a clone is its layer id).
+pub const HEAD: u16 = 0;
 /// Version 2 adds the persisted segment table after the map region; version 1 headers (no
 /// table: open scans the map) are still read.
 const FORMAT_VERSION: u32 = 3;
@@ -921,7 +923,21 @@ impl<D: BlockDevice> LogVolume<D> {
     /// except when the snapshot page pool had no room: then nothing was applied, and the caller
     /// gets ENOSPC (the volume goes on).
     pub(crate) async fn update_map(&self, updates: &[Update]) -> Result<Vec<Option<MapEntry>>, VolumeError> {
-        self.map.update(updates).await.map_err(|e| {
+        self.update_layer(HEAD, updates).await
+    }
+
+    /// [`Self::update_map`] of the head ([`HEAD`]) or of a clone (host writes only).
+    async fn update_layer(
+        &self,
+        layer: u16,
+        updates: &[Update],
+    ) -> Result<Vec<Option<MapEntry>>, VolumeError> {
+        let result = if layer == HEAD {
+            self.map.update(updates).await
+        } else {
+            self.map.update_clone(layer, updates).await
+        };
+        result.map_err(|e| {
             if matches!(e, MapError::PoolFull { .. }) {
                 let at = updates.first().map_or(0, |u| u.block * BLOCK_BYTES);
                 return self.no_space_error(at, e.to_string());
@@ -991,22 +1007,24 @@ impl<D: BlockDevice> LogVolume<D> {
         self.check_writable(0, self.size_bytes)?;
         let _one = self.snapshot_ops.lock().await;
         let _drained = self.writes.write().await;
-        let now_ms = std::time::SystemTime::now()
+        let record = self.new_record(name, LayerKind::Snapshot);
+        let head = LayerRecord::named(&self.name, LayerKind::Head, self.size_bytes);
+        let id = self
+            .map
+            .create_snapshot(head, record)
+            .await
+            .map_err(|e| self.layer_op_error(&format!("snapshot {name:?}"), e))?;
+        Ok(self.map.snapshots().into_iter().find(|s| s.id == id).expect("just made"))
+    }
+
+    /// The record of a layer `name` to be made now (its id and pages are the map's to choose).
+    fn new_record(&self, name: &str, kind: LayerKind) -> LayerRecord {
+        let mut record = LayerRecord::named(name, kind, self.size_bytes);
+        record.created_seq = self.seq.load(Relaxed);
+        record.created_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        let mut record = LayerRecord::named(name, LayerKind::Snapshot, self.size_bytes);
-        record.created_seq = self.seq.load(Relaxed);
-        record.created_ms = now_ms;
-        let head = LayerRecord::named(&self.name, LayerKind::Head, self.size_bytes);
-        let id = self.map.create_snapshot(head, record).await.map_err(|e| match e {
-            MapError::Layers(why) => refuse(why),
-            MapError::PoolFull { .. } => refuse(e.to_string()),
-            e => {
-                self.map_failed(&e);
-                map_error(&self.name, e).into()
-            }
-        })?;
-        Ok(self.map.snapshots().into_iter().find(|s| s.id == id).expect("just made"))
+        record
     }
 
     /// Deletes snapshot `name` (docs/design/snapshots.md, "Snapshot delete"): no data is
@@ -1023,20 +1041,23 @@ impl<D: BlockDevice> LogVolume<D> {
             .map
             .delete_snapshot(snap.id, |freed| self.free_places(freed.into_iter().map(|(_, e)| e)))
             .await
-            .map_err(|e| match e {
-                MapError::Layers(why) => {
-                    TierError::Invalid(format!("deleting snapshot {name:?} of {}: {why}", self.name))
-                }
-                MapError::PoolFull { .. } => {
-                    TierError::Invalid(format!("deleting snapshot {name:?} of {}: {e}", self.name))
-                }
-                e => {
-                    self.map_failed(&e);
-                    map_error(&self.name, e).into()
-                }
-            })?;
+            .map_err(|e| self.layer_op_error(&format!("deleting snapshot {name:?}"), e))?;
         tracing::info!(volume = %self.name, snapshot = name, ?stats, "snapshot deleted");
         Ok(stats)
+    }
+
+    /// The error of a snapshot or clone operation `what`: a refusal (nothing changed) for what
+    /// the layers or a full page pool refuse; anything else stops writes (see
+    /// [`Self::map_failed`]).
+    fn layer_op_error(&self, what: &str, e: MapError) -> TierError {
+        match e {
+            MapError::Layers(why) => TierError::Invalid(format!("{what} of {}: {why}", self.name)),
+            MapError::PoolFull { .. } => TierError::Invalid(format!("{what} of {}: {e}", self.name)),
+            e => {
+                self.map_failed(&e);
+                map_error(&self.name, e).into()
+            }
+        }
     }
 
     /// Rolls the volume back to snapshot `name`, its newest: afterwards it reads as the
@@ -1060,6 +1081,12 @@ impl<D: BlockDevice> LogVolume<D> {
             return Err(TierError::Invalid(format!(
                 "{} can be rolled back only to its newest snapshot ({newer:?}); delete the newer snapshots first",
                 self.name
+            )));
+        }
+        if let Some(kept) = self.map.newest_snapshot().filter(|s| s.id != snap.id) {
+            return Err(TierError::Invalid(format!(
+                "{} can be rolled back only to its newest snapshot, and {:?}, deleted but kept for its clones, is newer than {name:?}; delete those clones first",
+                self.name, kept.name
             )));
         }
         self.check_writable(0, self.size_bytes)?;
@@ -1131,7 +1158,82 @@ impl<D: BlockDevice> LogVolume<D> {
         self.map.snapshots()
     }
 
-    /// Reads `len_bytes` at `offset_bytes` of snapshot `layer` (any alignment).
+    /// The name of snapshot `id`, with a note if it was deleted and is kept for clones.
+    pub fn parent_name(&self, id: u16) -> String {
+        match self.map.layer_record(id) {
+            Some(r) if r.hidden => format!("{} (deleted, kept for its clones)", r.name),
+            Some(r) => r.name,
+            None => format!("(layer {id}, gone)"),
+        }
+    }
+
+    /// The clones of the volume's snapshots.
+    pub fn clones(&self) -> Vec<LayerRecord> {
+        self.map.clones()
+    }
+
+    /// Makes clone `name` of snapshot `snap` (docs/design/snapshots.md, "Clone"): a writable
+    /// layer that reads as the snapshot until written, sharing its data and this volume's
+    /// cache, segment space and GC. Nothing is copied; it is durable when this returns.
+    pub async fn create_clone(&self, snap: &str, name: &str) -> Result<LayerRecord, TierError> {
+        let refuse =
+            |why: String| TierError::Invalid(format!("clone {name:?} of {}@{snap}: {why}", self.name));
+        if let Some(why) = crate::layers::name_problem(name) {
+            return Err(refuse(why));
+        }
+        let _one = self.snapshot_ops.lock().await;
+        let Some(parent) = self.map.snapshots().into_iter().find(|s| s.name == snap) else {
+            return Err(TierError::Invalid(format!("{} has no snapshot {snap:?}", self.name)));
+        };
+        self.check_writable(0, self.size_bytes)?;
+        let record = self.new_record(name, LayerKind::Clone);
+        let id = self
+            .map
+            .create_clone(parent.id, record)
+            .await
+            .map_err(|e| self.layer_op_error(&format!("clone {name:?}"), e))?;
+        Ok(self.map.clones().into_iter().find(|c| c.id == id).expect("just made"))
+    }
+
+    /// Deletes clone `name`: its own map pages are dropped (no data copied) and the places only
+    /// it held are freed for GC; a deleted snapshot kept only for it goes too. Writes to the
+    /// family wait while it runs.
+    pub async fn delete_clone(&self, name: &str) -> Result<DeleteStats, TierError> {
+        let _one = self.snapshot_ops.lock().await;
+        let Some(clone) = self.map.clones().into_iter().find(|c| c.name == name) else {
+            return Err(TierError::Invalid(format!("{} has no clone {name:?}", self.name)));
+        };
+        self.check_writable(0, self.size_bytes)?;
+        let stats = self
+            .map
+            .delete_clone(clone.id, |freed| self.free_places(freed.into_iter().map(|(_, e)| e)))
+            .await
+            .map_err(|e| self.layer_op_error(&format!("deleting clone {name:?}"), e))?;
+        self.log.hungry.notify_one();
+        tracing::info!(volume = %self.name, clone = name, ?stats, "clone deleted");
+        Ok(stats)
+    }
+
+    /// Allocation map of clone `layer` (as [`Self::block_status`] of the head).
+    pub async fn block_status_in(
+        &self,
+        layer: u16,
+        offset_bytes: u64,
+        len_bytes: u64,
+    ) -> Result<Vec<Extent>, VolumeError> {
+        self.check_range(offset_bytes, len_bytes)?;
+        if len_bytes == 0 {
+            return Ok(Vec::new());
+        }
+        let span = Span::new(offset_bytes, len_bytes);
+        let mut out = ExtentRuns::new();
+        for e in self.entries_in(Some(layer), span.first, span.blocks()).await? {
+            out.push(matches!(e.place, Place::Unallocated | Place::Zero), 1);
+        }
+        Ok(out.finish(&span))
+    }
+
+    /// Reads `len_bytes` at `offset_bytes` of snapshot or clone `layer` (any alignment).
     pub async fn read_snapshot(
         &self,
         layer: u16,
@@ -1242,6 +1344,11 @@ impl<D: BlockDevice> LogVolume<D> {
 
     /// Writes `data` at `offset_bytes` (any alignment). Durable when this returns, FUA or not.
     pub async fn write(&self, offset_bytes: u64, data: IoBytes, _fua: bool) -> Result<(), VolumeError> {
+        self.write_to(HEAD, offset_bytes, data).await
+    }
+
+    /// [`Self::write`] to the head ([`HEAD`]) or to clone `layer`.
+    pub async fn write_to(&self, layer: u16, offset_bytes: u64, data: IoBytes) -> Result<(), VolumeError> {
         let len = data.len() as u64;
         self.check_range(offset_bytes, len)?;
         self.check_writable(offset_bytes, len)?;
@@ -1257,20 +1364,20 @@ impl<D: BlockDevice> LogVolume<D> {
             span,
             data,
             &self.rmw_locks,
-            |b| self.read_blocks(b, 1),
-            |first, d| self.write_blocks(first, d),
+            |b| self.read_view((layer != HEAD).then_some(layer), b, 1),
+            |first, d| self.write_blocks(layer, first, d),
         )
         .await
     }
 
-    async fn write_blocks(&self, first: u64, data: IoBytes) -> Result<(), VolumeError> {
+    async fn write_blocks(&self, layer: u16, first: u64, data: IoBytes) -> Result<(), VolumeError> {
         let n = data.len() as u64 / BLOCK_BYTES;
         let step = (self.log.ring_blocks() / 2).max(1);
         let mut done = 0;
         while done < n {
             let m = (n - done).min(step);
             let piece = data.slice((done * BLOCK_BYTES) as usize..((done + m) * BLOCK_BYTES) as usize);
-            self.write_piece(first + done, piece).await?;
+            self.write_piece(layer, first + done, piece).await?;
             done += m;
         }
         Ok(())
@@ -1285,7 +1392,7 @@ impl<D: BlockDevice> LogVolume<D> {
         }
     }
 
-    async fn write_piece(&self, first: u64, data: IoBytes) -> Result<(), VolumeError> {
+    async fn write_piece(&self, layer: u16, first: u64, data: IoBytes) -> Result<(), VolumeError> {
         let n = data.len() as u64 / BLOCK_BYTES;
         let start = match self.log.reserve(n).await {
             Ok(s) => s,
@@ -1337,7 +1444,7 @@ impl<D: BlockDevice> LogVolume<D> {
             })
             .collect();
         let settle = self.settle.read().await;
-        let olds = match self.update_map(&updates).await {
+        let olds = match self.update_layer(layer, &updates).await {
             Ok(olds) => olds,
             Err(e) => {
                 if Self::nothing_applied(&e) {
@@ -1360,6 +1467,17 @@ impl<D: BlockDevice> LogVolume<D> {
         len_bytes: u64,
         fast_only: bool,
     ) -> Result<(), VolumeError> {
+        self.write_zeroes_to(HEAD, offset_bytes, len_bytes, fast_only).await
+    }
+
+    /// [`Self::write_zeroes`] of the head ([`HEAD`]) or of clone `layer`.
+    pub async fn write_zeroes_to(
+        &self,
+        layer: u16,
+        offset_bytes: u64,
+        len_bytes: u64,
+        fast_only: bool,
+    ) -> Result<(), VolumeError> {
         self.check_range(offset_bytes, len_bytes)?;
         if len_bytes == 0 {
             return Ok(());
@@ -1370,11 +1488,11 @@ impl<D: BlockDevice> LogVolume<D> {
         }
         if let Some((first, n)) = split.cheap_blocks() {
             let _write = self.writes.read().await;
-            self.set_places(first, n, Place::Zero).await?;
+            self.set_places(layer, first, n, Place::Zero).await?;
         }
         for edge in [split.head, split.tail] {
             if !edge.is_empty() {
-                self.write(edge.start, IoBytes::zeroed((edge.end - edge.start) as usize), false).await?;
+                self.write_to(layer, edge.start, IoBytes::zeroed((edge.end - edge.start) as usize)).await?;
             }
         }
         Ok(())
@@ -1382,15 +1500,20 @@ impl<D: BlockDevice> LogVolume<D> {
 
     /// Discards whole blocks (edges are left as they are): they read as zeros and hold no space.
     pub async fn trim(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
+        self.trim_in(HEAD, offset_bytes, len_bytes).await
+    }
+
+    /// [`Self::trim`] of the head ([`HEAD`]) or of clone `layer`.
+    pub async fn trim_in(&self, layer: u16, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
         self.check_range(offset_bytes, len_bytes)?;
         if let Some((first, n)) = ZeroSplit::new(offset_bytes, len_bytes, BLOCK_BYTES).cheap_blocks() {
             let _write = self.writes.read().await;
-            self.set_places(first, n, Place::Unallocated).await?;
+            self.set_places(layer, first, n, Place::Unallocated).await?;
         }
         Ok(())
     }
 
-    async fn set_places(&self, first: u64, n: u64, place: Place) -> Result<(), VolumeError> {
+    async fn set_places(&self, layer: u16, first: u64, n: u64, place: Place) -> Result<(), VolumeError> {
         self.check_writable(first * BLOCK_BYTES, n * BLOCK_BYTES)?;
         self.last_write_ms.store(self.now_ms(), Relaxed);
         let mut b = first;
@@ -1401,7 +1524,7 @@ impl<D: BlockDevice> LogVolume<D> {
                 .map(|block| Update { block, entry: MapEntry { place, crc: 0, seq }, expect: None })
                 .collect();
             let settle = self.settle.read().await;
-            let olds = self.update_map(&updates).await?;
+            let olds = self.update_layer(layer, &updates).await?;
             self.free_places(olds.into_iter().map(|o| o.expect("unconditional")));
             drop(settle);
             b += m;

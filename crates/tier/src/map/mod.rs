@@ -152,7 +152,7 @@ pub enum MapError {
     #[error("snapshot metadata: {0}")]
     Layers(String),
     #[error(
-        "the snapshot page pool is full ({needed} pages needed, {free} free): it holds the snapshots' copies of map pages, and deleting snapshots is not built yet (writes to map pages the newest snapshot has copied still work)"
+        "the snapshot page pool is full ({needed} pages needed, {free} free): it holds the copies of map pages that snapshots and clones own (writes to pages already copied still work); deleting snapshots or clones frees pages"
     )]
     PoolFull { needed: u64, free: u64 },
 }
@@ -1315,7 +1315,10 @@ mod tests {
         // entries only the even blocks' are held by nobody else (s3 holds the odd ones).
         assert_eq!(map.exclusive_blocks(s2).await.unwrap(), 300, "what deleting s2 frees");
         let (stats, freed) = delete(&map, s2).await;
-        assert_eq!(stats, DeleteStats { pages_moved: 0, pages_dropped: 3, entries_freed: 300 });
+        assert_eq!(
+            stats,
+            DeleteStats { pages_moved: 0, pages_dropped: 3, entries_freed: 300, ..DeleteStats::default() }
+        );
         assert_eq!(freed, (0..300).map(|b| entry(2000 + b * 2)).collect::<Vec<_>>());
         assert_eq!(map.snapshots().iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["s1", "s3"]);
         assert!(map.get_in(s2, &[0]).await.is_err(), "a deleted snapshot cannot be read");
@@ -1338,7 +1341,10 @@ mod tests {
         let want_a = view(&map, sa).await;
         assert_eq!(map.exclusive_blocks(sb).await.unwrap(), 1);
         let (stats, freed) = delete(&map, sb).await;
-        assert_eq!(stats, DeleteStats { pages_moved: 1, pages_dropped: 1, entries_freed: 1 });
+        assert_eq!(
+            stats,
+            DeleteStats { pages_moved: 1, pages_dropped: 1, entries_freed: 1, ..DeleteStats::default() }
+        );
         assert_eq!(freed, vec![entry(6000)], "block 0's version between sa and sb");
         assert_eq!(view(&map, sa).await, want_a);
         // What the deletes did is in the tables and the log: a reopen sees the same.
@@ -1354,6 +1360,71 @@ mod tests {
         assert_eq!(map.pool_pages(), (1, 64), "only page 0, which is never used");
         let ids = snapshot(&map, "again").await;
         assert!(ids > sa, "layer ids are not reused in one open (none is left to take the max of)");
+    }
+
+    #[tokio::test]
+    async fn a_clone_reads_through_its_snapshot_writes_only_its_own_pages_and_keeps_a_deleted_parent() {
+        let layout = snapshot_layout(64);
+        let (devs, vol) = pool_with_map_volume(layout).await;
+        let map = MapStore::open(vol, layout, 4).await.unwrap();
+        write_all(&map, 1).await;
+        let s1 = snapshot(&map, "s1").await;
+        let c = map.create_clone(s1, layer("c", crate::layers::LayerKind::Clone)).await.unwrap();
+        assert_eq!(view(&map, c).await, versions(|_| 1), "a new clone reads as its snapshot");
+        assert_eq!(map.pool_pages().0, 1 + 2 * 2, "a snapshot and a clone: a root and a directory each");
+        write_all(&map, 2).await;
+        // The clone's first writes replace what its parent holds: nothing to free.
+        let even: Vec<Update> =
+            (0..300).map(|b| Update { block: b * 2, entry: entry(9000 + b * 2), expect: None }).collect();
+        let olds = map.update_clone(c, &even).await.unwrap();
+        assert!(olds.iter().all(|o| *o == Some(MapEntry::UNALLOCATED)), "the parent holds them");
+        // A second write replaces the clone's own block: that one is freed.
+        let again = [Update { block: 4, entry: entry(9999), expect: None }];
+        assert_eq!(map.update_clone(c, &again).await.unwrap(), vec![Some(entry(9004))]);
+        let want_c: Vec<MapEntry> = (0..600)
+            .map(|b| match b {
+                4 => entry(9999),
+                b if b % 2 == 0 => entry(9000 + b),
+                b => entry(1000 + b),
+            })
+            .collect();
+        assert_eq!(view(&map, c).await, want_c);
+        assert_eq!(view(&map, s1).await, versions(|_| 1), "the snapshot keeps its view");
+        assert_eq!(view(&map, 0).await, versions(|_| 2), "the volume keeps its own");
+        // A move (GC) of a block the clone and its parent share changes both.
+        let mv = [Update { block: 1, entry: entry(5001), expect: Some(entry(1001).place) }];
+        assert_eq!(
+            map.update(&mv).await.unwrap(),
+            vec![Some(MapEntry { place: entry(1001).place, ..entry(5001) })]
+        );
+        assert_eq!(map.get_in(c, &[1]).await.unwrap(), vec![entry(5001)]);
+        assert_eq!(map.get_in(s1, &[1]).await.unwrap(), vec![entry(5001)]);
+        // Deleting the snapshot keeps it, hidden, for the clone: nothing is freed.
+        let (stats, freed) = delete(&map, s1).await;
+        assert!(stats.kept_for_clones && freed.is_empty(), "{stats:?}");
+        assert!(map.snapshots().is_empty());
+        let mut want_c = want_c;
+        want_c[1] = entry(5001);
+        assert_eq!(view(&map, c).await, want_c);
+        drop(map);
+        let map = MapStore::open(reopen(&devs).await, layout, 4).await.unwrap();
+        assert_eq!(map.clones().iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["c"]);
+        assert_eq!(view(&map, c).await, want_c, "after a reopen");
+        // The clone's delete frees its own blocks, then finishes the snapshot's: all of the
+        // snapshot's blocks but none of the volume's.
+        let mut freed = Vec::new();
+        map.delete_clone(c, |f| freed.extend(f.into_iter().map(|(_, e)| e))).await.unwrap();
+        freed.sort_by_key(|e| e.seq);
+        let mut want: Vec<MapEntry> = (0..600)
+            .map(|b| if b == 1 { entry(5001) } else { entry(1000 + b) })
+            .chain((0..300).map(|b| if b == 2 { entry(9999) } else { entry(9000 + b * 2) }))
+            .collect();
+        want.sort_by_key(|e| e.seq);
+        assert_eq!(freed, want);
+        assert!(map.clones().is_empty() && map.get_in(c, &[0]).await.is_err());
+        assert_eq!(view(&map, 0).await, versions(|_| 2));
+        map.checkpoint().await.unwrap();
+        assert_eq!(map.pool_pages(), (1, 64), "every pool page is back");
     }
 
     #[tokio::test]

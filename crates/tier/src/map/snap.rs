@@ -92,6 +92,9 @@ pub(super) struct Layers {
     head: Option<LayerRecord>,
     /// Oldest first.
     snaps: Vec<Snap>,
+    /// Clones: writable layers over a snapshot (their pages are copies, like a snapshot's, of
+    /// their own changed pages; the rest they read through their parent snapshot).
+    clones: Vec<Snap>,
     pool: PagePool,
     records_dirty: bool,
     /// The next layer id to give out: ids are not reused while the log may hold records of a
@@ -116,8 +119,20 @@ pub(super) struct SnapState {
 /// A page an update needs in memory before it can apply.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Need {
-    Table { table: u32, layer: u16, first: u64 },
-    Pool { pool: u32, layer: u16, page: u64 },
+    Table {
+        table: u32,
+        layer: u16,
+        first: u64,
+    },
+    Pool {
+        pool: u32,
+        layer: u16,
+        page: u64,
+    },
+    /// A head page (a clone's view of a page no snapshot has a copy of).
+    Head {
+        page: u64,
+    },
 }
 
 /// A snapshot's directory as a checkpoint writes it.
@@ -158,6 +173,63 @@ impl Layers {
         !self.snaps.is_empty()
     }
 
+    /// A new snapshot or clone of `tables` table pages' reach: its id (not given out again in
+    /// one open), root and directory pages taken from the pool; its record to be written.
+    fn new_layer(
+        &mut self,
+        mut record: LayerRecord,
+        kind: LayerKind,
+        parent: u16,
+        tables: usize,
+    ) -> Result<Snap, MapError> {
+        let (what, same) = match kind {
+            LayerKind::Clone => ("clone", &self.clones),
+            _ => ("snapshot", &self.snaps),
+        };
+        if let Some(same) = same.iter().find(|s| s.record.name == record.name && !s.record.hidden) {
+            return Err(layers_error(format!("{what} {:?} exists (layer {})", record.name, same.record.id)));
+        }
+        if self.snaps.len() + self.clones.len() + 2 > MAX_LAYERS {
+            return Err(layers_error(format!(
+                "a volume has at most {} snapshots and clones",
+                MAX_LAYERS - 1
+            )));
+        }
+        let id = self
+            .next_id
+            .max(self.snaps.iter().chain(&self.clones).map(|s| s.record.id).max().unwrap_or(HEAD_LAYER) + 1);
+        if id == CONTROL_TAG as u16 {
+            return Err(layers_error("layer ids are used up until the volume is opened again"));
+        }
+        let dirs = tables.div_ceil(INDEX_ENTRIES);
+        if dirs + 1 > self.pool.free() as usize {
+            return Err(MapError::PoolFull { needed: dirs as u64 + 1, free: u64::from(self.pool.free()) });
+        }
+        self.next_id = id + 1;
+        record.id = id;
+        record.kind = kind;
+        record.parent = parent;
+        record.root_page = self.pool.allocate().expect("room checked");
+        record.region_page = 0;
+        let dir_pages = (0..dirs).map(|_| self.pool.allocate().expect("room checked")).collect();
+        self.records_dirty = true;
+        Ok(Snap { record, dir: vec![0; tables], dir_pages, dir_dirty: true, root_dirty: true })
+    }
+
+    /// Snapshot or clone `id`.
+    fn layer(&self, id: u16) -> Option<&Snap> {
+        self.snaps.iter().chain(&self.clones).find(|s| s.record.id == id)
+    }
+
+    fn layer_mut(&mut self, id: u16) -> Option<&mut Snap> {
+        self.snaps.iter_mut().chain(self.clones.iter_mut()).find(|s| s.record.id == id)
+    }
+
+    /// Whether snapshot `id` has clones (deleted ones whose delete has not finished included).
+    fn has_clones(&self, id: u16) -> bool {
+        self.clones.iter().any(|c| c.record.parent == id)
+    }
+
     /// The index of snapshot `layer` among `snaps`, unless it is unknown or being deleted.
     fn visible(&self, layer: u16) -> Result<usize, MapError> {
         self.snaps
@@ -173,6 +245,7 @@ impl SnapState {
             layers: parking_lot::Mutex::new(Layers {
                 head: None,
                 snaps: Vec::new(),
+                clones: Vec::new(),
                 pool: PagePool::new(pool.map_or(0, |p| p.pages)),
                 records_dirty: false,
                 next_id: HEAD_LAYER + 1,
@@ -196,7 +269,7 @@ impl SnapState {
     pub(super) fn dirty(&self) -> bool {
         let l = self.layers.lock();
         l.records_dirty
-            || l.snaps.iter().any(|s| s.dir_dirty || s.root_dirty)
+            || l.snaps.iter().chain(&l.clones).any(|s| s.dir_dirty || s.root_dirty)
             || self.tables.dirty_pages() > 0
     }
 }
@@ -223,42 +296,37 @@ impl<D: BlockDevice> MapStore<D> {
         (l.pool.pages() - l.pool.free(), l.pool.pages())
     }
 
-    /// Reads the layer table, the snapshots' directories and tables (at open, before replay),
-    /// rebuilding which pool pages are in use and which head pages the newest snapshot owns.
+    /// Reads the layer table, the snapshots' and clones' directories and tables (at open,
+    /// before replay), rebuilding which pool pages are in use and which head pages the newest
+    /// snapshot owns.
     pub(super) async fn load_layers(&self) -> Result<(), MapError> {
         let Some(pl) = self.layout.pool else { return Ok(()) };
         let bytes = self.vol.read(pl.layers_at, LAYER_TABLE_BLOCKS * BLOCK_USIZE).await?;
         let records = decode_layer_table(&bytes).map_err(layers_error)?;
         let head = records.iter().find(|r| r.kind == LayerKind::Head).cloned();
-        let mut snap_records: Vec<LayerRecord> =
-            records.into_iter().filter(|r| r.kind == LayerKind::Snapshot && r.parent == HEAD_LAYER).collect();
+        let mut snap_records: Vec<LayerRecord> = records
+            .iter()
+            .filter(|r| r.kind == LayerKind::Snapshot && r.parent == HEAD_LAYER)
+            .cloned()
+            .collect();
         snap_records.sort_by_key(|r| r.created_seq);
-        let tables_per_snap = self.layout.pages().div_ceil(INDEX_ENTRIES as u64) as usize;
+        let clone_records: Vec<LayerRecord> =
+            records.into_iter().filter(|r| r.kind == LayerKind::Clone).collect();
         let mut used = Vec::new();
         let mut copies = Vec::new();
         let mut snaps = Vec::new();
         for record in snap_records {
-            let id = record.id;
-            let root = self.read_index(record.root_page, IndexLevel::Root, id, 0).await?;
-            used.push(record.root_page);
-            let dir_pages: Vec<u32> =
-                root.entries.iter().copied().take(tables_per_snap.div_ceil(INDEX_ENTRIES)).collect();
-            let mut dir = Vec::with_capacity(tables_per_snap);
-            for (i, &d) in dir_pages.iter().enumerate() {
-                let page = self.read_index(d, IndexLevel::Directory, id, (i * INDEX_ENTRIES) as u64).await?;
-                used.push(d);
-                dir.extend(page.entries.iter().copied());
+            snaps.push(self.load_layer(record, &mut used, &mut copies).await?);
+        }
+        let mut clones = Vec::new();
+        for record in clone_records {
+            if !snaps.iter().any(|s: &Snap| s.record.id == record.parent) {
+                return Err(layers_error(format!(
+                    "clone {:?} (layer {}) names parent snapshot {}, which the layer table does not hold",
+                    record.name, record.id, record.parent
+                )));
             }
-            dir.truncate(tables_per_snap);
-            for (ti, &t) in dir.iter().enumerate() {
-                if t == 0 {
-                    continue;
-                }
-                let table = self.read_index(t, IndexLevel::Table, id, (ti * INDEX_ENTRIES) as u64).await?;
-                used.push(t);
-                copies.extend(table.entries.iter().copied().filter(|&p| p != 0));
-            }
-            snaps.push(Snap { record, dir, dir_pages, dir_dirty: false, root_dirty: false });
+            clones.push(self.load_layer(record, &mut used, &mut copies).await?);
         }
         if let Some(newest) = snaps.last() {
             for (ti, &t) in newest.dir.iter().enumerate() {
@@ -287,10 +355,42 @@ impl<D: BlockDevice> MapStore<D> {
             }
             pool.claim(p);
         }
-        let next_id = snaps.iter().map(|s| s.record.id).max().unwrap_or(HEAD_LAYER) + 1;
+        let next_id = snaps.iter().chain(&clones).map(|s| s.record.id).max().unwrap_or(HEAD_LAYER) + 1;
         let mut l = self.snap.layers.lock();
-        *l = Layers { head, snaps, pool, records_dirty: false, next_id };
+        *l = Layers { head, snaps, clones, pool, records_dirty: false, next_id };
         Ok(())
+    }
+
+    /// Reads the root, directory and table pages of snapshot or clone `record`, adding its index
+    /// pages to `used` and the copies its tables name to `copies`.
+    async fn load_layer(
+        &self,
+        record: LayerRecord,
+        used: &mut Vec<u32>,
+        copies: &mut Vec<u32>,
+    ) -> Result<Snap, MapError> {
+        let tables_per_snap = self.layout.pages().div_ceil(INDEX_ENTRIES as u64) as usize;
+        let id = record.id;
+        let root = self.read_index(record.root_page, IndexLevel::Root, id, 0).await?;
+        used.push(record.root_page);
+        let dir_pages: Vec<u32> =
+            root.entries.iter().copied().take(tables_per_snap.div_ceil(INDEX_ENTRIES)).collect();
+        let mut dir = Vec::with_capacity(tables_per_snap);
+        for (i, &d) in dir_pages.iter().enumerate() {
+            let page = self.read_index(d, IndexLevel::Directory, id, (i * INDEX_ENTRIES) as u64).await?;
+            used.push(d);
+            dir.extend(page.entries.iter().copied());
+        }
+        dir.truncate(tables_per_snap);
+        for (ti, &t) in dir.iter().enumerate() {
+            if t == 0 {
+                continue;
+            }
+            let table = self.read_index(t, IndexLevel::Table, id, (ti * INDEX_ENTRIES) as u64).await?;
+            used.push(t);
+            copies.extend(table.entries.iter().copied().filter(|&p| p != 0));
+        }
+        Ok(Snap { record, dir, dir_pages, dir_dirty: false, root_dirty: false })
     }
 
     async fn read_index(
@@ -347,6 +447,7 @@ impl<D: BlockDevice> MapStore<D> {
                     Pin::Table(self.table_page(table, layer, first).await?)
                 }
                 Need::Pool { pool, layer, page } => Pin::Map(self.pool_page(pool, layer, page).await?),
+                Need::Head { page } => Pin::Map(self.page_of(page * ENTRIES_PER_PAGE).await?.1),
             });
         }
         Ok(pins)
@@ -427,7 +528,7 @@ impl<D: BlockDevice> MapStore<D> {
                     }
                 }
             } else {
-                for s in &layers.snaps {
+                for s in layers.snaps.iter().chain(&layers.clones) {
                     self.own_page_now(s, page, &mut needs, &mut held);
                 }
             }
@@ -469,7 +570,7 @@ impl<D: BlockDevice> MapStore<D> {
                         moved = true;
                     }
                     drop(entries);
-                    for s in &layers.snaps {
+                    for s in layers.snaps.iter().chain(&layers.clones) {
                         if let Some((key, own)) = self.own_page_now(s, *page, &mut needs, &mut held) {
                             let mut e = own.page().entries.lock();
                             if e[at].place == from {
@@ -495,6 +596,23 @@ impl<D: BlockDevice> MapStore<D> {
     fn preserve(&self, pending: &mut Pending, layers: &mut Layers, page: u64, head: &[MapEntry]) {
         let Layers { snaps, pool, .. } = layers;
         let snap = snaps.last_mut().expect("preserve needs a snapshot");
+        self.copy_page(pending, snap, pool, page, head);
+        self.snap.set_preserved(page);
+        self.stats_preserved.fetch_add(1, SeqCst);
+    }
+
+    /// Makes `entries` layer `snap`'s own copy of head page `page` in a new pool page (a table
+    /// page too if it has none there; the caller checked the pool has room) and queues the
+    /// record that names it: a preserve, or a clone's first change of a page it read through
+    /// its parent (the copy record is the same: replay takes the copy from its pool page).
+    fn copy_page(
+        &self,
+        pending: &mut Pending,
+        snap: &mut Snap,
+        pool: &mut PagePool,
+        page: u64,
+        entries: &[MapEntry],
+    ) {
         let layer = snap.record.id;
         let ti = table_index(page);
         let mut new_table = 0;
@@ -516,7 +634,7 @@ impl<D: BlockDevice> MapStore<D> {
         let ts = self.snap.tables.peek(u64::from(table)).expect("table page resident (checked or just made)");
         let copy = pool.allocate().expect("room checked");
         let key = POOL_KEY | u64::from(copy);
-        let mp = MapPage { entries: parking_lot::Mutex::new(head.into()), owner: layer.into(), page };
+        let mp = MapPage { entries: parking_lot::Mutex::new(entries.into()), owner: layer.into(), page };
         // A page just allocated may still be cached from before it was freed (a read that
         // raced the delete that freed it): its old contents go.
         self.cache.forget(key);
@@ -525,13 +643,11 @@ impl<D: BlockDevice> MapStore<D> {
         self.cache.mark_dirty(key, &slot);
         ts.page().entries.lock()[table_slot(page)] = copy;
         self.snap.tables.mark_dirty(u64::from(table), &ts);
-        self.snap.set_preserved(page);
         pending.copies.insert(copy, slot);
         pending.push(super::Delta {
             preserve: Some((layer, page, copy, new_table)),
             ..super::Delta::entry(0, 0, 0, MapEntry::UNALLOCATED, MapEntry::UNALLOCATED)
         });
-        self.stats_preserved.fetch_add(1, SeqCst);
     }
 
     /// The bytes of the copies whose preserve records are among the first `n` queued deltas,
@@ -568,42 +684,19 @@ impl<D: BlockDevice> MapStore<D> {
     /// Makes snapshot `record` of the head (its id and root page are chosen here) and returns
     /// its id once it is durable. Every update applied before it is in it, none after; the
     /// head's record `head` is written with it.
-    pub async fn create_snapshot(&self, head: LayerRecord, mut record: LayerRecord) -> Result<u16, MapError> {
+    pub async fn create_snapshot(&self, head: LayerRecord, record: LayerRecord) -> Result<u16, MapError> {
         self.pool_layout()?;
         let gate = self.snap.gate.write().await;
         let queued = self.pending.lock().queued;
         self.commit(queued).await?;
+        let tables = self.layout.pages().div_ceil(INDEX_ENTRIES as u64) as usize;
         let id = {
             let mut l = self.snap.layers.lock();
-            let Layers { head: h, snaps, pool, records_dirty, next_id } = &mut *l;
-            if snaps.len() + 2 > MAX_LAYERS {
-                return Err(layers_error(format!("a volume has at most {} snapshots", MAX_LAYERS - 1)));
-            }
-            if let Some(same) = snaps.iter().find(|s| s.record.name == record.name) {
-                return Err(layers_error(format!(
-                    "snapshot {:?} exists (layer {})",
-                    record.name, same.record.id
-                )));
-            }
-            let id = (*next_id).max(snaps.iter().map(|s| s.record.id).max().unwrap_or(HEAD_LAYER) + 1);
-            if id == CONTROL_TAG as u16 {
-                return Err(layers_error("layer ids are used up until the volume is opened again"));
-            }
-            *next_id = id + 1;
-            let tables = self.layout.pages().div_ceil(INDEX_ENTRIES as u64) as usize;
-            let dirs = tables.div_ceil(INDEX_ENTRIES);
-            if dirs + 1 > pool.free() as usize {
-                return Err(MapError::PoolFull { needed: dirs as u64 + 1, free: u64::from(pool.free()) });
-            }
-            record.id = id;
-            record.kind = LayerKind::Snapshot;
-            record.parent = HEAD_LAYER;
-            record.root_page = pool.allocate().expect("room checked");
-            record.region_page = 0;
-            let dir_pages = (0..dirs).map(|_| pool.allocate().expect("room checked")).collect();
-            snaps.push(Snap { record, dir: vec![0; tables], dir_pages, dir_dirty: true, root_dirty: true });
-            if h.is_none() {
-                *h = Some(LayerRecord {
+            let snap = l.new_layer(record, LayerKind::Snapshot, HEAD_LAYER, tables)?;
+            let id = snap.record.id;
+            l.snaps.push(snap);
+            if l.head.is_none() {
+                l.head = Some(LayerRecord {
                     id: HEAD_LAYER,
                     kind: LayerKind::Head,
                     parent: 0,
@@ -611,7 +704,6 @@ impl<D: BlockDevice> MapStore<D> {
                     ..head
                 });
             }
-            *records_dirty = true;
             for w in &self.snap.preserved {
                 w.store(0, SeqCst);
             }
@@ -624,51 +716,94 @@ impl<D: BlockDevice> MapStore<D> {
         Ok(id)
     }
 
-    /// The entries of `blocks` as snapshot `layer` sees them.
+    /// The entries of `blocks` as snapshot or clone `layer` sees them.
     pub async fn get_in(&self, layer: u16, blocks: &[u64]) -> Result<Vec<MapEntry>, MapError> {
+        let parent = {
+            let l = self.snap.layers.lock();
+            match l.clones.iter().find(|c| c.record.id == layer && !c.record.hidden) {
+                Some(c) => Some(c.record.parent),
+                None => {
+                    l.visible(layer)?;
+                    None
+                }
+            }
+        };
         let mut out = Vec::with_capacity(blocks.len());
         for &block in blocks {
             if block >= self.layout.blocks {
                 return Err(MapError::OutOfRange { block, blocks: self.layout.blocks });
             }
-            let page = block / ENTRIES_PER_PAGE;
-            let at = (block % ENTRIES_PER_PAGE) as usize;
-            'resolve: loop {
-                let generation = self.snap.generation.load(SeqCst);
-                let chain: Vec<(u16, u32)> = {
-                    let l = self.snap.layers.lock();
-                    let k = l.visible(layer)?;
-                    l.snaps[k..].iter().map(|s| (s.record.id, s.dir[table_index(page)])).collect()
-                };
-                for (id, table) in chain {
-                    if table == 0 {
-                        continue;
-                    }
-                    let ts = self.table_page(table, id, (table_index(page) * INDEX_ENTRIES) as u64).await;
-                    if ts.is_err() && self.snap.generation.load(SeqCst) != generation {
-                        continue 'resolve;
-                    }
-                    let pool = ts?.page().entries.lock()[table_slot(page)];
-                    if pool != 0 {
-                        let own = self.pool_page(pool, id, page).await;
-                        if self.snap.generation.load(SeqCst) != generation {
-                            continue 'resolve;
+            match parent {
+                None => out.push(self.view_entry(layer, block).await?),
+                Some(parent) => {
+                    // Its own copy of the page, else its parent's view. A write racing the read
+                    // may make the copy in between: the read then sees the block before it.
+                    let page = block / ENTRIES_PER_PAGE;
+                    match self.own_copy(layer, page).await? {
+                        Some((_, own)) => {
+                            out.push(own.page().entries.lock()[(block % ENTRIES_PER_PAGE) as usize])
                         }
-                        out.push(own?.page().entries.lock()[at]);
-                        break 'resolve;
+                        None => out.push(self.view_entry(parent, block).await?),
                     }
-                }
-                // No snapshot from `layer` on owns the page: the head's is the view, unless the
-                // newest took a copy (or a newer snapshot was made) since the chain was read.
-                let (_, slot) = self.page_of(block).await?;
-                let entries = slot.page().entries.lock();
-                if self.snap.generation.load(SeqCst) == generation && !self.snap.is_preserved(page) {
-                    out.push(entries[at]);
-                    break;
                 }
             }
         }
         Ok(out)
+    }
+
+    /// [`MapStore::get_in`] for a snapshot, also one deleted and kept for its clones (which
+    /// read through it): for checks and diagnostics.
+    pub async fn get_in_kept(&self, layer: u16, blocks: &[u64]) -> Result<Vec<MapEntry>, MapError> {
+        let mut out = Vec::with_capacity(blocks.len());
+        for &block in blocks {
+            if block >= self.layout.blocks {
+                return Err(MapError::OutOfRange { block, blocks: self.layout.blocks });
+            }
+            out.push(self.view_entry(layer, block).await?);
+        }
+        Ok(out)
+    }
+
+    /// The entry of `block` as snapshot `layer` sees it (a deleted one kept for its clones too).
+    async fn view_entry(&self, layer: u16, block: u64) -> Result<MapEntry, MapError> {
+        let page = block / ENTRIES_PER_PAGE;
+        let at = (block % ENTRIES_PER_PAGE) as usize;
+        'resolve: loop {
+            let generation = self.snap.generation.load(SeqCst);
+            let chain: Vec<(u16, u32)> = {
+                let l = self.snap.layers.lock();
+                let k = l
+                    .snaps
+                    .iter()
+                    .position(|s| s.record.id == layer)
+                    .ok_or_else(|| layers_error(format!("no snapshot with layer id {layer}")))?;
+                l.snaps[k..].iter().map(|s| (s.record.id, s.dir[table_index(page)])).collect()
+            };
+            for (id, table) in chain {
+                if table == 0 {
+                    continue;
+                }
+                let ts = self.table_page(table, id, (table_index(page) * INDEX_ENTRIES) as u64).await;
+                if ts.is_err() && self.snap.generation.load(SeqCst) != generation {
+                    continue 'resolve;
+                }
+                let pool = ts?.page().entries.lock()[table_slot(page)];
+                if pool != 0 {
+                    let own = self.pool_page(pool, id, page).await;
+                    if self.snap.generation.load(SeqCst) != generation {
+                        continue 'resolve;
+                    }
+                    return Ok(own?.page().entries.lock()[at]);
+                }
+            }
+            // No snapshot from `layer` on owns the page: the head's is the view, unless the
+            // newest took a copy (or a newer snapshot was made) since the chain was read.
+            let (_, slot) = self.page_of(block).await?;
+            let entries = slot.page().entries.lock();
+            if self.snap.generation.load(SeqCst) == generation && !self.snap.is_preserved(page) {
+                return Ok(entries[at]);
+            }
+        }
     }
 
     /// For each `(block, place)`, the entry of a layer that holds `place` for `block` (the head
@@ -695,7 +830,10 @@ impl<D: BlockDevice> MapStore<D> {
                 // A delete hands copies between layers (and removes one) under the gate, which
                 // this does not take: a walk that overlapped one is done again.
                 let generation = self.snap.generation.load(SeqCst);
-                let ids: Vec<u16> = self.snap.layers.lock().snaps.iter().map(|s| s.record.id).collect();
+                let ids: Vec<u16> = {
+                    let l = self.snap.layers.lock();
+                    l.snaps.iter().chain(&l.clones).map(|s| s.record.id).collect()
+                };
                 let mut found = None;
                 let mut walked = true;
                 for id in ids {
@@ -728,8 +866,10 @@ impl<D: BlockDevice> MapStore<D> {
     /// head's page nor another copy of the same page names for that block: after a scan of the
     /// head, every place some layer holds is named exactly once (live counts at open).
     pub async fn scan_copies(&self, mut f: impl FnMut(u64, &MapEntry)) -> Result<(), MapError> {
-        let snaps: Vec<(u16, Vec<u32>)> =
-            self.snap.layers.lock().snaps.iter().map(|s| (s.record.id, s.dir.clone())).collect();
+        let snaps: Vec<(u16, Vec<u32>)> = {
+            let l = self.snap.layers.lock();
+            l.snaps.iter().chain(&l.clones).map(|s| (s.record.id, s.dir.clone())).collect()
+        };
         let Some(tables) = snaps.first().map(|s| s.1.len()) else { return Ok(()) };
         let pages = self.layout.pages();
         for ti in 0..tables {
@@ -781,7 +921,8 @@ impl<D: BlockDevice> MapStore<D> {
     pub(super) fn take_layer_writes(&self) -> LayerWrites {
         let mut l = self.snap.layers.lock();
         let mut w = LayerWrites { tables: self.snap.tables.take_dirty(), ..LayerWrites::default() };
-        for s in &mut l.snaps {
+        let Layers { snaps, clones, .. } = &mut *l;
+        for s in snaps.iter_mut().chain(clones.iter_mut()) {
             if s.dir_dirty || s.root_dirty {
                 let root = s.root_dirty.then_some(s.record.root_page);
                 w.dirs.push(DirWrite {
@@ -796,7 +937,7 @@ impl<D: BlockDevice> MapStore<D> {
         }
         if l.records_dirty {
             let mut records: Vec<LayerRecord> = l.head.iter().cloned().collect();
-            records.extend(l.snaps.iter().map(|s| s.record.clone()));
+            records.extend(l.snaps.iter().chain(&l.clones).map(|s| s.record.clone()));
             w.records = Some(encode_layer_table(&records));
             l.records_dirty = false;
         }
@@ -808,7 +949,7 @@ impl<D: BlockDevice> MapStore<D> {
         self.snap.tables.redirty(&w.tables);
         let mut l = self.snap.layers.lock();
         for d in &w.dirs {
-            if let Some(s) = l.snaps.iter_mut().find(|s| s.record.id == d.layer) {
+            if let Some(s) = l.layer_mut(d.layer) {
                 s.dir_dirty = true;
                 s.root_dirty |= d.root.is_some();
             }
@@ -912,8 +1053,10 @@ impl<D: BlockDevice> MapStore<D> {
         let first = (table_index(page) * INDEX_ENTRIES) as u64;
         let dir_table = {
             let mut l = self.snap.layers.lock();
-            let Layers { snaps, pool, .. } = &mut *l;
-            let Some(s) = snaps.iter_mut().find(|s| s.record.id == layer) else { return Ok(None) };
+            let Layers { snaps, clones, pool, .. } = &mut *l;
+            let Some(s) = snaps.iter_mut().chain(clones.iter_mut()).find(|s| s.record.id == layer) else {
+                return Ok(None);
+            };
             let dir_table = *s.dir.get(table_index(page)).ok_or_else(|| bad("past the map".into()))?;
             if dir_table == 0 {
                 if table == 0 {
@@ -992,7 +1135,7 @@ impl<D: BlockDevice> MapStore<D> {
         loop {
             let own = {
                 let l = self.snap.layers.lock();
-                let Some(s) = l.snaps.iter().find(|s| s.record.id == layer) else {
+                let Some(s) = l.layer(layer) else {
                     drop(l);
                     self.saw_layer(layer);
                     return Ok(false);
@@ -1026,6 +1169,9 @@ pub struct DeleteStats {
     pub pages_dropped: u64,
     /// Entries of dropped copies that no other layer held: their places were freed.
     pub entries_freed: u64,
+    /// A snapshot with clones is only hidden: its pages stay (its clones read through them)
+    /// until its last clone is deleted, and that delete finishes this one.
+    pub kept_for_clones: bool,
 }
 
 impl<D: BlockDevice> MapStore<D> {
@@ -1033,11 +1179,7 @@ impl<D: BlockDevice> MapStore<D> {
     async fn own_copy(&self, layer: u16, page: u64) -> Result<Option<(u32, Arc<Slot<MapPage>>)>, MapError> {
         let table = {
             let l = self.snap.layers.lock();
-            let s = l
-                .snaps
-                .iter()
-                .find(|s| s.record.id == layer)
-                .ok_or_else(|| layers_error(format!("no snapshot with layer id {layer}")))?;
+            let s = l.layer(layer).ok_or_else(|| layers_error(format!("no layer with id {layer}")))?;
             s.dir[table_index(page)]
         };
         if table == 0 {
@@ -1096,6 +1238,9 @@ impl<D: BlockDevice> MapStore<D> {
         // The hidden mark is durable before any copy is handed on: the snapshot's own view is
         // never read again, and open finishes a delete a crash cut short.
         self.checkpoint().await?;
+        if self.snap.layers.lock().has_clones(layer) {
+            return Ok(DeleteStats { kept_for_clones: true, ..DeleteStats::default() });
+        }
         self.hand_on(layer, &mut on_free).await
     }
 
@@ -1104,13 +1249,26 @@ impl<D: BlockDevice> MapStore<D> {
         &self,
         mut on_free: impl FnMut(Vec<(u64, MapEntry)>),
     ) -> Result<usize, MapError> {
-        let hidden: Vec<u16> =
-            self.snap.layers.lock().snaps.iter().filter(|s| s.record.hidden).map(|s| s.record.id).collect();
+        let clones: Vec<u16> =
+            self.snap.layers.lock().clones.iter().filter(|c| c.record.hidden).map(|c| c.record.id).collect();
+        for &layer in &clones {
+            let _gate = self.snap.gate.write().await;
+            self.drop_clone(layer, &mut on_free).await?;
+        }
+        // Deleted snapshots kept for clones stay until their last clone goes.
+        let hidden: Vec<u16> = {
+            let l = self.snap.layers.lock();
+            l.snaps
+                .iter()
+                .filter(|s| s.record.hidden && !l.has_clones(s.record.id))
+                .map(|s| s.record.id)
+                .collect()
+        };
         for &layer in &hidden {
             let _gate = self.snap.gate.write().await;
             self.hand_on(layer, &mut on_free).await?;
         }
-        Ok(hidden.len())
+        Ok(clones.len() + hidden.len())
     }
 
     /// Hands on or drops every copy of hidden snapshot `layer`, then removes it (the caller
@@ -1125,6 +1283,20 @@ impl<D: BlockDevice> MapStore<D> {
             let k = l.snaps.iter().position(|s| s.record.id == layer).expect("known layer");
             (l.snaps[k].dir.clone(), k.checked_sub(1).map(|i| l.snaps[i].record.id))
         };
+        let stats = self.let_go(layer, &dir, LetGo::HandOn { older }, on_free).await?;
+        self.remove_layer(layer).await?;
+        Ok(stats)
+    }
+
+    /// Lets go of every copy snapshot or clone `layer` owns (its directory `dir`), in batches,
+    /// each logged and durable before it applies; `on_free` gets what no other layer holds.
+    async fn let_go(
+        &self,
+        layer: u16,
+        dir: &[u32],
+        how: LetGo,
+        on_free: &mut impl FnMut(Vec<(u64, MapEntry)>),
+    ) -> Result<DeleteStats, MapError> {
         let mut stats = DeleteStats::default();
         for (ti, &table) in dir.iter().enumerate() {
             if table == 0 {
@@ -1135,7 +1307,14 @@ impl<D: BlockDevice> MapStore<D> {
                 let mut ops = Vec::with_capacity(batch.len());
                 let mut freed = Vec::new();
                 for &(page, pool) in batch {
-                    ops.push(self.hand_on_page(layer, older, page, pool, &mut freed).await?);
+                    ops.push(match how {
+                        LetGo::HandOn { older } => {
+                            self.hand_on_page(layer, older, page, pool, &mut freed).await?
+                        }
+                        LetGo::DropClone { parent } => {
+                            self.drop_clone_page(layer, parent, page, pool, &mut freed).await?
+                        }
+                    });
                 }
                 self.log_table_ops(&mut ops).await?;
                 for op in &ops {
@@ -1148,7 +1327,6 @@ impl<D: BlockDevice> MapStore<D> {
                 on_free(freed);
             }
         }
-        self.remove_layer(layer).await?;
         Ok(stats)
     }
 
@@ -1200,6 +1378,10 @@ impl<D: BlockDevice> MapStore<D> {
         let (dir, older) = {
             let l = self.snap.layers.lock();
             let k = l.visible(layer)?;
+            if l.has_clones(layer) {
+                // Deleting it now frees nothing: its clones read through it.
+                return Ok(0);
+            }
             (l.snaps[k].dir.clone(), k.checked_sub(1).map(|i| l.snaps[i].record.id))
         };
         let mut freed = Vec::new();
@@ -1280,7 +1462,7 @@ impl<D: BlockDevice> MapStore<D> {
             TableOp::Drop { layer, page, pool } => {
                 if replayed.is_some() {
                     self.saw_layer(layer);
-                    if !self.snap.layers.lock().snaps.iter().any(|s| s.record.id == layer) {
+                    if self.snap.layers.lock().layer(layer).is_none() {
                         return Ok(());
                     }
                 }
@@ -1298,7 +1480,7 @@ impl<D: BlockDevice> MapStore<D> {
         }
         let table = {
             let l = self.snap.layers.lock();
-            l.snaps.iter().find(|s| s.record.id == layer).expect("known layer").dir[table_index(page)]
+            l.layer(layer).expect("known layer").dir[table_index(page)]
         };
         if table != 0 {
             let ts = self.table_page(table, layer, (table_index(page) * INDEX_ENTRIES) as u64).await?;
@@ -1374,8 +1556,13 @@ impl<D: BlockDevice> MapStore<D> {
     async fn remove_layer(&self, layer: u16) -> Result<(), MapError> {
         let (newest, older) = {
             let l = self.snap.layers.lock();
-            let k = l.snaps.iter().position(|s| s.record.id == layer).expect("known layer");
-            (k + 1 == l.snaps.len(), k.checked_sub(1).map(|i| (l.snaps[i].record.id, l.snaps[i].dir.clone())))
+            match l.snaps.iter().position(|s| s.record.id == layer) {
+                Some(k) => (
+                    k + 1 == l.snaps.len(),
+                    k.checked_sub(1).map(|i| (l.snaps[i].record.id, l.snaps[i].dir.clone())),
+                ),
+                None => (false, None), // a clone
+            }
         };
         let mut bits = vec![0u64; self.snap.preserved.len()];
         if let (true, Some((id, dir))) = (newest, &older) {
@@ -1397,8 +1584,13 @@ impl<D: BlockDevice> MapStore<D> {
         let after = self.log.lock().await.next_seq.saturating_sub(1);
         {
             let mut l = self.snap.layers.lock();
-            let k = l.snaps.iter().position(|s| s.record.id == layer).expect("known layer");
-            let s = l.snaps.remove(k);
+            let s = match l.snaps.iter().position(|s| s.record.id == layer) {
+                Some(k) => l.snaps.remove(k),
+                None => {
+                    let k = l.clones.iter().position(|c| c.record.id == layer).expect("known layer");
+                    l.clones.remove(k)
+                }
+            };
             for &t in s.dir.iter().filter(|&&t| t != 0) {
                 self.snap.tables.forget(u64::from(t));
                 l.pool.release(t, after);
@@ -1452,12 +1644,288 @@ impl<D: BlockDevice> MapStore<D> {
             if layer != 0 && !l.snaps.iter().any(|s| s.record.id == layer && !s.record.hidden) {
                 return Err(layers_error(format!("no snapshot with layer id {layer}")));
             }
+            if layer != 0 && l.snaps.last().is_some_and(|s| s.record.id != layer) {
+                return Err(layers_error(
+                    "a deleted snapshot that is kept for its clones is newer: a rollback goes only to the newest",
+                ));
+            }
             let head = l.head.as_mut().ok_or_else(|| layers_error("the volume has no snapshot"))?;
             head.rollback_to = layer;
             l.records_dirty = true;
         }
         self.checkpoint().await
     }
+}
+
+/// Clones (docs/design/snapshots.md, "Clone"): a writable layer over a snapshot. Its own pages
+/// are pool pages indexed like a snapshot's; a page it never changed it reads through its parent
+/// snapshot's view. Rules on top of the snapshots':
+/// 8. A clone's first change of a page copies its parent's view of that page into a new pool
+///    page it owns, under the same locks as the change, logged as a copy record exactly like a
+///    preserve (the copy is written before the record; replay takes it from there).
+/// 9. A clone's overwrite frees the place it replaces unless its parent's view holds it (the
+///    only other layer that can: its new places are its own, its old ones came from the view).
+/// 10. A snapshot with clones is only hidden when deleted: its pages stay until its last clone
+///    is deleted, whose delete then finishes it. The head's holders are unchanged: a place a
+///    clone took from its parent's view is held by that snapshot's chain as long as it lives.
+impl<D: BlockDevice> MapStore<D> {
+    /// The newest snapshot, a deleted one kept for its clones included.
+    pub fn newest_snapshot(&self) -> Option<LayerRecord> {
+        self.snap.layers.lock().snaps.last().map(|s| s.record.clone())
+    }
+
+    /// The record of snapshot or clone `id`, hidden ones too.
+    pub fn layer_record(&self, id: u16) -> Option<LayerRecord> {
+        self.snap.layers.lock().layer(id).map(|s| s.record.clone())
+    }
+
+    /// The clones (deleted ones whose delete has not finished are left out).
+    pub fn clones(&self) -> Vec<LayerRecord> {
+        self.snap.layers.lock().clones.iter().filter(|c| !c.record.hidden).map(|c| c.record.clone()).collect()
+    }
+
+    /// Makes clone `record` of snapshot `parent` and returns its id once durable. It reads as
+    /// the snapshot until written; no page is copied until then.
+    pub async fn create_clone(&self, parent: u16, record: LayerRecord) -> Result<u16, MapError> {
+        self.pool_layout()?;
+        let _gate = self.snap.gate.write().await;
+        let tables = self.layout.pages().div_ceil(INDEX_ENTRIES as u64) as usize;
+        let id = {
+            let mut l = self.snap.layers.lock();
+            l.visible(parent)?;
+            let clone = l.new_layer(record, LayerKind::Clone, parent, tables)?;
+            let id = clone.record.id;
+            l.clones.push(clone);
+            id
+        };
+        let _one = self.checkpointing.lock().await;
+        self.write_back().await?;
+        Ok(id)
+    }
+
+    /// Applies host writes (unconditional updates) to clone `layer` and makes them durable.
+    /// Returns per update the entry it replaced, or [`MapEntry::UNALLOCATED`] where the
+    /// clone's parent still holds it (rule 9). Moves go through [`MapStore::update`], which
+    /// moves every holder, clones included.
+    pub async fn update_clone(
+        &self,
+        layer: u16,
+        updates: &[Update],
+    ) -> Result<Vec<Option<MapEntry>>, MapError> {
+        assert!(updates.iter().all(|u| u.expect.is_none()), "a clone's own updates are host writes");
+        if let Some(u) = updates.iter().find(|u| u.block >= self.layout.blocks) {
+            return Err(MapError::OutOfRange { block: u.block, blocks: self.layout.blocks });
+        }
+        let gate = self.snap.gate.read().await;
+        let mut pins = Vec::new();
+        let (applied, ticket) = loop {
+            let needs = {
+                let mut pending = self.pending.lock();
+                let mut layers = self.snap.layers.lock();
+                match self.apply_to_clone(&mut pending, &mut layers, layer, updates)? {
+                    Ok(applied) => break (applied, pending.queued),
+                    Err(needs) => needs,
+                }
+            };
+            pins.extend(self.load_needs(needs).await?);
+        };
+        drop(pins);
+        drop(gate);
+        self.commit(ticket).await?;
+        self.after_update().await?;
+        Ok(applied)
+    }
+
+    /// The resident page that is snapshot `snaps[0]`'s view of head page `page` (a copy of it
+    /// or of a newer snapshot, else the head's page); `None` with what to load in `needs`.
+    fn view_page_now(
+        &self,
+        snaps: &[Snap],
+        page: u64,
+        needs: &mut Vec<Need>,
+        held: &mut Vec<Pin>,
+    ) -> Option<(u64, Arc<Slot<MapPage>>)> {
+        for s in snaps {
+            let had = needs.len();
+            if let Some(own) = self.own_page_now(s, page, needs, held) {
+                return Some(own);
+            }
+            if needs.len() > had {
+                return None;
+            }
+        }
+        match self.cache.peek(page) {
+            Some(slot) => {
+                held.push(Pin::Map(Arc::clone(&slot)));
+                Some((page, slot))
+            }
+            None => {
+                needs.push(Need::Head { page });
+                None
+            }
+        }
+    }
+
+    /// [`MapStore::update_clone`]'s apply, with `pending` and `layers` locked: `Ok(Err(needs))`
+    /// when pages must be loaded first (nothing was applied).
+    fn apply_to_clone(
+        &self,
+        pending: &mut Pending,
+        layers: &mut Layers,
+        layer: u16,
+        updates: &[Update],
+    ) -> Result<Result<Vec<Option<MapEntry>>, Vec<Need>>, MapError> {
+        let ci = layers
+            .clones
+            .iter()
+            .position(|c| c.record.id == layer && !c.record.hidden)
+            .ok_or_else(|| layers_error(format!("no clone with layer id {layer}")))?;
+        let parent = layers.clones[ci].record.parent;
+        let k = layers.snaps.iter().position(|s| s.record.id == parent).expect("a clone's parent is kept");
+        // 1. Everything needed is resident, and the pool has room, before anything changes.
+        let mut needs = Vec::new();
+        let mut held = Vec::new();
+        let mut new_pages = BTreeSet::new();
+        let mut new_tables = BTreeSet::new();
+        for u in updates {
+            let page = u.block / ENTRIES_PER_PAGE;
+            self.view_page_now(&layers.snaps[k..], page, &mut needs, &mut held);
+            let had = needs.len();
+            let c = &layers.clones[ci];
+            if self.own_page_now(c, page, &mut needs, &mut held).is_none() && needs.len() == had {
+                new_pages.insert(page);
+                if c.dir[table_index(page)] == 0 {
+                    new_tables.insert(table_index(page));
+                }
+            }
+        }
+        if !needs.is_empty() {
+            return Ok(Err(needs));
+        }
+        let wanted = (new_pages.len() + new_tables.len()) as u64;
+        if wanted > u64::from(layers.pool.free()) {
+            return Err(MapError::PoolFull { needed: wanted, free: u64::from(layers.pool.free()) });
+        }
+        // 2. Apply, in order.
+        let mut applied = Vec::with_capacity(updates.len());
+        for u in updates {
+            let page = u.block / ENTRIES_PER_PAGE;
+            let at = (u.block % ENTRIES_PER_PAGE) as usize;
+            let (_, view) =
+                self.view_page_now(&layers.snaps[k..], page, &mut needs, &mut held).expect("resident, held");
+            let view_entry = view.page().entries.lock()[at];
+            let (key, own) = match self.own_page_now(&layers.clones[ci], page, &mut needs, &mut held) {
+                Some(own) => own,
+                None => {
+                    let entries = view.page().entries.lock().clone();
+                    let Layers { clones, pool, .. } = &mut *layers;
+                    self.copy_page(pending, &mut clones[ci], pool, page, &entries);
+                    self.own_page_now(&layers.clones[ci], page, &mut needs, &mut held)
+                        .expect("the copy just made is resident")
+                }
+            };
+            let mut e = own.page().entries.lock();
+            let before = e[at];
+            e[at] = u.entry;
+            drop(e);
+            self.cache.mark_dirty(key, &own);
+            pending.push(super::Delta::entry(layer, key, u.block, u.entry, before));
+            applied.push(Some(if view_entry == before { MapEntry::UNALLOCATED } else { before }));
+        }
+        assert!(needs.is_empty(), "pages found resident above stay resident while held");
+        Ok(Ok(applied))
+    }
+
+    /// Deletes clone `layer`: its copies are dropped (a table record each, 128 to a log write)
+    /// and `on_free` gets the entries its parent's view does not hold. If its parent was
+    /// deleted and kept only for clones and this was the last, the parent's delete is finished
+    /// too. No data is copied; writes to the family wait while it runs.
+    pub async fn delete_clone(
+        &self,
+        layer: u16,
+        mut on_free: impl FnMut(Vec<(u64, MapEntry)>),
+    ) -> Result<DeleteStats, MapError> {
+        self.pool_layout()?;
+        let _gate = self.snap.gate.write().await;
+        {
+            let mut l = self.snap.layers.lock();
+            let c = l
+                .clones
+                .iter_mut()
+                .find(|c| c.record.id == layer && !c.record.hidden)
+                .ok_or_else(|| layers_error(format!("no clone with layer id {layer}")))?;
+            c.record.hidden = true;
+            l.records_dirty = true;
+        }
+        // Durable before any copy is dropped: open finishes a delete a crash cut short.
+        self.checkpoint().await?;
+        self.drop_clone(layer, &mut on_free).await
+    }
+
+    /// Drops every copy of hidden clone `layer`, removes it, and finishes its parent's delete if
+    /// that waited for it (the caller holds the gate).
+    async fn drop_clone(
+        &self,
+        layer: u16,
+        on_free: &mut impl FnMut(Vec<(u64, MapEntry)>),
+    ) -> Result<DeleteStats, MapError> {
+        let (dir, parent) = {
+            let l = self.snap.layers.lock();
+            let c = l.clones.iter().find(|c| c.record.id == layer).expect("known clone");
+            (c.dir.clone(), c.record.parent)
+        };
+        let mut stats = self.let_go(layer, &dir, LetGo::DropClone { parent }, on_free).await?;
+        self.remove_layer(layer).await?;
+        let finish_parent = {
+            let l = self.snap.layers.lock();
+            l.snaps.iter().any(|s| s.record.id == parent && s.record.hidden) && !l.has_clones(parent)
+        };
+        if finish_parent {
+            let more = self.hand_on(parent, on_free).await?;
+            stats.pages_moved += more.pages_moved;
+            stats.pages_dropped += more.pages_dropped;
+            stats.entries_freed += more.entries_freed;
+        }
+        Ok(stats)
+    }
+
+    /// What deleting clone `layer` does with its copy `pool` of page `page`: drops it, adding
+    /// to `freed` the entries its parent's view does not hold (rule 9).
+    async fn drop_clone_page(
+        &self,
+        layer: u16,
+        parent: u16,
+        page: u64,
+        pool: u32,
+        freed: &mut Vec<(u64, MapEntry)>,
+    ) -> Result<TableOp, MapError> {
+        let copy = self.pool_page(pool, layer, page).await?.page().entries.lock().clone();
+        let view = self.view_from(parent, page).await?;
+        for (i, x) in copy.iter().enumerate() {
+            let physical = matches!(x.place, super::Place::Segment(_) | super::Place::Cache(_));
+            if physical && view[i].place != x.place {
+                freed.push((page * ENTRIES_PER_PAGE + i as u64, *x));
+            }
+        }
+        Ok(TableOp::Drop { layer, page, pool })
+    }
+
+    /// Snapshot `layer`'s view of head page `page` (hidden ones too).
+    async fn view_from(&self, layer: u16, page: u64) -> Result<Box<[MapEntry]>, MapError> {
+        if let Some((_, own)) = self.own_copy(layer, page).await? {
+            return Ok(own.page().entries.lock().clone());
+        }
+        self.view_after(layer, page).await
+    }
+}
+
+/// What a delete does with each copy a layer owns.
+#[derive(Debug, Clone, Copy)]
+enum LetGo {
+    /// A snapshot's: hand it to `older` (the next older snapshot) if that one has none, else drop it.
+    HandOn { older: Option<u16> },
+    /// A clone's: drop it (what `parent`'s view does not hold is freed).
+    DropClone { parent: u16 },
 }
 
 /// A page an update holds (only held: a held page cannot be evicted) from when it was loaded
