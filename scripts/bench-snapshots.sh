@@ -16,6 +16,12 @@
 #   * `snapshot delete` of a middle, the newest and the oldest snapshot of `b`: time, map pages
 #     handed on / dropped, blocks freed, and the bytes each part of `b` wrote meanwhile (the
 #     cache and the segment space hold data: a delete that copied none writes nothing there);
+#   * clones: `volume clone` time; a snapshot `k` of `b` with two clones, each written with 4 KiB
+#     random writes (the bytes the cache and segment space took per host byte of those writes:
+#     1 for the cache if nothing but the written blocks is copied); read IOPS of a clone; then
+#     `snapshot delete b k` (kept for its clones), and the deletes of both clones (the second
+#     finishes k's): time, and the bytes each part of `b` wrote meanwhile (data: 0 if nothing
+#     is copied);
 #   * bytes each part of `a` and `b` took for the whole sequence, per host byte.
 # Needs fio and nbdinfo (scripts/test.sh installs both) and bc. Everything it makes is removed at exit.
 set -euo pipefail
@@ -86,7 +92,9 @@ st pool create --fast 2 --capacity 6 --drive-size 1200G >/dev/null
 for v in a b; do st volume create "$v" --size "$SIZE" --layout tiered:ec:4+2 --cache-size 256M >/dev/null; done
 st volume create c1g --size 1G --layout tiered:ec:4+2 >/dev/null
 st volume create c1t --size 1T --layout tiered:ec:4+2 >/dev/null
-st serve --nbd "unix:$SOCK" >/dev/null 2>&1 &
+# Started directly (not through `st`, a function: its background subshell's pid is not the
+# server's, and the cleanup must kill the server).
+"$STRIA" --pool "$POOL" --log-level warn serve --nbd "unix:$SOCK" >/dev/null 2>&1 &
 SERVE_PID=$!
 for _ in $(seq 600); do nbdinfo --size "$(uri a)" >/dev/null 2>&1 && break; sleep 0.1; done
 
@@ -153,7 +161,45 @@ print(f"  snapshot delete b@{s}: {d['seconds']:.3f} s, {d['map_pages_handed_on']
 PY
 done
 
-echo "whole sequence (fill, 16 rounds, and for b 16 snapshots and 3 deletes), bytes each part took per host byte"
+# Clones: a snapshot k of b, two clones of it, each written; then k and both clones deleted.
+st snapshot create b k >/dev/null
+for c in kc1 kc2; do
+  t0=$(now)
+  st volume clone b@k "$c" >/dev/null
+  printf '  volume clone b@k %s: %.3f s\n' "$c" "$(echo "$(now) - $t0" | bc)"
+done
+settle b
+read -r c0 m0 g0 <<<"$(parts_written b)"
+h0=$(counter b host_write_bytes)
+# Each clone in a window of its own, as the rounds were (the snapshot page pool holds about two
+# full copies of the map; it does not grow yet: clones that change every map page would fill it).
+k=0
+for c in kc1 kc2; do
+  k=$((k + 1))
+  fio --name=clone --ioengine=nbd --uri="$(uri "$c")" --rw=randwrite --bs=4k --iodepth=16 \
+    --offset=$(((16 + k) * window)) --size="$window" --io_size=$((window / 4)) --norandommap \
+    --randseed=$((99 + k)) >/dev/null || { echo "fio on clone $c failed" >&2; exit 1; }
+done
+written=$((2 * (window / 4)))
+read -r c1 m1 g1 <<<"$(parts_written b)"
+printf '  4 KiB random writes to the clones (%d MiB): cache took %.3f, map %.3f per host byte (before destage)\n' \
+  $((written >> 20)) "$(echo "($c1 - $c0) / $written" | bc -l)" "$(echo "($m1 - $m0) / $written" | bc -l)"
+settle b
+ic=$(for rep in $(seq "$REPS"); do fio_read_iops kc1; done | median)
+printf '  kc1 (a clone of b@k) 4 KiB random reads %s IOPS, kc1/a = %.3f\n' "$ic" "$(echo "$ic / $ma" | bc -l)"
+for step in "snapshot delete b k" "volume delete kc1" "volume delete kc2"; do
+  read -r c0 m0 g0 <<<"$(parts_written b)"
+  t0=$(now)
+  # shellcheck disable=SC2086
+  st $step >/dev/null
+  t1=$(now)
+  read -r c1 m1 g1 <<<"$(parts_written b)"
+  printf '  %s: %.3f s; written meanwhile: cache %d B, segments %d B (data), map %d KiB\n' "$step" \
+    "$(echo "$t1 - $t0" | bc)" $((c1 - c0)) $((g1 - g0)) $(((m1 - m0) / 1024))
+done
+settle b
+
+echo "whole sequence (fill, 16 rounds, and for b 16 snapshots, 3 deletes, the clones), bytes each part took per host byte"
 echo "(part bytes: before the segment space's ec:4+2 parity, x1.5 on the capacity drives, and the fast parts' mirror, x2):"
 for v in a b; do
   host=$(counter "$v" host_write_bytes)
