@@ -170,9 +170,8 @@ for c in kc1 kc2; do
 done
 settle b
 read -r c0 m0 g0 <<<"$(parts_written b)"
-h0=$(counter b host_write_bytes)
-# Each clone in a window of its own, as the rounds were (the snapshot page pool holds about two
-# full copies of the map; it does not grow yet: clones that change every map page would fill it).
+# Each clone in a window of its own, as the rounds were: what a clone's writes cost is then not
+# mixed with growing the snapshot page pool (made for about two full copies of the map).
 k=0
 for c in kc1 kc2; do
   k=$((k + 1))

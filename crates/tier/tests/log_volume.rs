@@ -32,6 +32,39 @@ async fn open_log(pool: &Arc<Pool<Dev>>) -> Result<Arc<LogVolume<Dev>>, stria_ti
     crate::common::open_log(pool, "lv").await
 }
 
+/// Takes (nearly) all the free space of the fast drives with a plain volume, so a tiered
+/// volume's metadata part cannot grow any more.
+async fn fill_fast_drives(pool: &Pool<Dev>) {
+    let (mut lo, mut hi) = (0u64, DRIVE_BYTES / (64 << 10)); // in 64 KiB units
+    while lo + 1 < hi {
+        let mid = (lo + hi) / 2;
+        let spec = |size_bytes| stria_engine::VolumeSpec {
+            name: "filler".into(),
+            size_bytes,
+            layout: stria_engine::Layout::Raid1 { copies: 2 },
+            chunk_bytes: 64 << 10,
+            class: stria_engine::DriveClass::Fast,
+            role: stria_engine::VolumeRole::Plain,
+        };
+        if pool.create_volume(spec(mid * (64 << 10))).await.is_ok() {
+            pool.delete_volume("filler").await.unwrap();
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    assert!(lo > 0, "the fast drives have room for a filler");
+    let spec = stria_engine::VolumeSpec {
+        name: "filler".into(),
+        size_bytes: lo * (64 << 10),
+        layout: stria_engine::Layout::Raid1 { copies: 2 },
+        chunk_bytes: 64 << 10,
+        class: stria_engine::DriveClass::Fast,
+        role: stria_engine::VolumeRole::Plain,
+    };
+    pool.create_volume(spec).await.unwrap();
+}
+
 fn is_no_space(e: &VolumeError) -> bool {
     matches!(e, VolumeError::Pool { source, .. } if matches!(**source, EngineError::NoSpace(_)))
 }
@@ -60,19 +93,29 @@ async fn cut_and_reopen(
 }
 
 #[tokio::test]
-async fn a_full_snapshot_page_pool_is_enospc_that_loses_nothing_and_the_volume_goes_on() {
+async fn a_full_snapshot_page_pool_grows_and_when_it_cannot_is_enospc_that_loses_nothing() {
     let switch = PowerSwitch::new();
     let devs = drives(&switch, 3);
     let pool = create_pool(&devs).await;
     // 1.5 MiB: 2 map pages, a pool of 68 pages; a snapshot takes a root, a directory and a
     // table page, then a copy of each map page the volume changes after it.
     let vol = lsv::create(&pool, small_spec(384 * 4096, 12 * 124 * 4096)).await.unwrap();
+    let meta_bytes = pool.volume("lv.meta").unwrap().size_bytes();
     let mut rng = rng(3);
     let mut now = random_bytes(&mut rng, 384 * 4096);
     vol.write(0, IoBytes::copy_from(&now), true).await.unwrap();
     let mut made = Vec::new();
     let mut refused = None;
-    for i in 0..40 {
+    for i in 0..400 {
+        if i == 30 {
+            // 30 snapshots took 150 pages: the pool grew (the metadata part with it). From here
+            // on it cannot: the fast drives are full.
+            assert!(refused.is_none(), "the pool grows instead of refusing: {refused:?}");
+            let st = vol.status();
+            assert!(st.snapshot_pool_pages > 150, "{st:?}");
+            assert!(pool.volume("lv.meta").unwrap().size_bytes() > meta_bytes, "the metadata part grew");
+            fill_fast_drives(&pool).await;
+        }
         match vol.create_snapshot(&format!("s{i}")).await {
             Ok(r) => made.push((r.id, now.clone())),
             Err(e) => {
@@ -96,9 +139,9 @@ async fn a_full_snapshot_page_pool_is_enospc_that_loses_nothing_and_the_volume_g
             break;
         }
     }
-    let why = refused.expect("68 pool pages do not hold 40 snapshots");
+    let why = refused.expect("the fast drives do not hold 400 snapshots");
     assert!(why.contains("pool is full"), "{why}");
-    assert!(made.len() >= 10, "{} snapshots before the pool filled", made.len());
+    assert!(made.len() >= 30, "{} snapshots before the pool filled", made.len());
     // Nothing was lost, and the volume still serves: reads, and writes to pages whose copy the
     // newest snapshot already has.
     assert_eq!(read_all(&vol, 384).await, now);
@@ -198,7 +241,7 @@ async fn a_rollback_reads_as_the_snapshot_and_one_the_power_cut_is_finished_at_o
 }
 
 #[tokio::test]
-async fn a_full_page_pool_refuses_clones_and_clone_writes_and_loses_nothing() {
+async fn a_page_pool_that_cannot_grow_refuses_clones_and_clone_writes_and_loses_nothing() {
     let switch = PowerSwitch::new();
     let devs = drives(&switch, 23);
     let pool = create_pool(&devs).await;
@@ -209,9 +252,11 @@ async fn a_full_page_pool_refuses_clones_and_clone_writes_and_loses_nothing() {
     let base = random_bytes(&mut rng, 384 * 4096);
     vol.write(0, IoBytes::copy_from(&base), true).await.unwrap();
     vol.create_snapshot("s").await.unwrap();
+    // The pool grows while the fast drives have room; then it cannot.
+    fill_fast_drives(&pool).await;
     let mut clones: Vec<(u16, Vec<u8>)> = Vec::new();
     let mut refused = None;
-    for i in 0..40 {
+    for i in 0..400 {
         let c = match vol.create_clone("s", &format!("c{i}")).await {
             Ok(c) => c,
             Err(e) => {
@@ -235,7 +280,7 @@ async fn a_full_page_pool_refuses_clones_and_clone_writes_and_loses_nothing() {
             break;
         }
     }
-    let why = refused.expect("68 pool pages do not hold 40 written clones");
+    let why = refused.expect("the fast drives do not hold 400 written clones");
     assert!(why.contains("pool is full"), "{why}");
     assert!(clones.len() >= 10, "{} clones before the pool filled", clones.len());
     // Nothing was lost and the volume goes on; the same after a reopen.

@@ -206,6 +206,12 @@ pub struct LogStatus {
     pub moves_lost: u64,
     /// Free segments given back to the pool since the volume was opened.
     pub segments_given_back: u64,
+    /// Pages of the snapshot page pool (the map pages snapshots and clones own, and their
+    /// indexes) in use, and in all (it grows when full, as far as the metadata part can).
+    #[serde(default)]
+    pub snapshot_pool_pages_used: u64,
+    #[serde(default)]
+    pub snapshot_pool_pages: u64,
     /// Why writes that need new space fail, if they do.
     pub no_space: Option<String>,
     pub write_amplification_fast: Option<f64>,
@@ -250,6 +256,8 @@ pub struct LogVolume<D: BlockDevice> {
     pub(crate) settle: tokio::sync::RwLock<()>,
     /// One snapshot create, delete or rollback at a time.
     snapshot_ops: tokio::sync::Mutex<()>,
+    /// One growth of the snapshot page pool at a time.
+    pool_growth: tokio::sync::Mutex<()>,
     /// Set while live counts may be too high (opened from a persisted table, not recounted).
     pub(crate) counts_suspect: AtomicBool,
     /// Why the segment space could not grow the last time it tried (cleared when it grows).
@@ -630,6 +638,7 @@ pub async fn open<D: BlockDevice>(
         opened_from_table: from_table,
         settle: tokio::sync::RwLock::new(()),
         snapshot_ops: tokio::sync::Mutex::new(()),
+        pool_growth: tokio::sync::Mutex::new(()),
         writes: tokio::sync::RwLock::new(()),
         counts_suspect: AtomicBool::new(from_table),
         growth_failed: Mutex::new(None),
@@ -926,16 +935,32 @@ impl<D: BlockDevice> LogVolume<D> {
         self.update_layer(HEAD, updates).await
     }
 
-    /// [`Self::update_map`] of the head ([`HEAD`]) or of a clone (host writes only).
+    /// [`Self::update_map`] of the head ([`HEAD`]) or of a clone (host writes only). A full
+    /// snapshot page pool is grown once and the update tried again.
     async fn update_layer(
         &self,
         layer: u16,
         updates: &[Update],
     ) -> Result<Vec<Option<MapEntry>>, VolumeError> {
-        let result = if layer == HEAD {
-            self.map.update(updates).await
-        } else {
-            self.map.update_clone(layer, updates).await
+        let mut grown = false;
+        let result = loop {
+            let result = if layer == HEAD {
+                self.map.update(updates).await
+            } else {
+                self.map.update_clone(layer, updates).await
+            };
+            match result {
+                Err(MapError::PoolFull { needed, .. }) if !grown => {
+                    grown = true;
+                    if let Err(why) = self.grow_page_pool(needed).await {
+                        let at = updates.first().map_or(0, |u| u.block * BLOCK_BYTES);
+                        return Err(
+                            self.no_space_error(at, format!("the snapshot page pool is full and {why}"))
+                        );
+                    }
+                }
+                result => break result,
+            }
         };
         result.map_err(|e| {
             if matches!(e, MapError::PoolFull { .. }) {
@@ -945,6 +970,36 @@ impl<D: BlockDevice> LogVolume<D> {
             self.map_failed(&e);
             map_error(&self.name, e)
         })
+    }
+
+    /// Grows the snapshot page pool by at least `needed` pages (and by a quarter at least): the
+    /// metadata part first, then the header that counts the pages (FUA), then the map. A crash
+    /// between them leaves a larger part and the old count (the tail unused): nothing is lost.
+    /// Fails (with why) when the part cannot grow, e.g. its drives are full.
+    pub(crate) async fn grow_page_pool(&self, needed: u64) -> Result<(), String> {
+        let _one = self.pool_growth.lock().await;
+        let (used, total) = self.map.pool_pages();
+        if u64::from(total - used) >= needed {
+            return Ok(()); // grown meanwhile
+        }
+        let mut header = Header::decode(&self.meta.read(0, BLOCK_USIZE).await.map_err(|e| e.to_string())?)?;
+        let add = needed.max(u64::from(total) / 4).max(64);
+        let pages = (u64::from(total) + add).min(u64::from(u32::MAX));
+        header.pool_pages = pages;
+        let bytes = header.meta_bytes().next_multiple_of(BLOCK_BYTES);
+        if bytes > self.meta.size_bytes() {
+            self.pool
+                .resize_volume(self.meta.name(), bytes)
+                .await
+                .map_err(|e| format!("the metadata part could not grow to {bytes} bytes for it: {e}"))?;
+        }
+        self.meta
+            .write(0, IoBytes::copy_from(&header.encode()), true)
+            .await
+            .map_err(|e| format!("the header could not be written: {e}"))?;
+        self.map.grow_pool(u32::try_from(pages).expect("capped"));
+        tracing::info!(volume = %self.name, from = total, to = pages, "snapshot page pool grown");
+        Ok(())
     }
 
     /// Whether an error of [`Self::update_map`] left the map untouched (a full snapshot pool).
@@ -1009,11 +1064,13 @@ impl<D: BlockDevice> LogVolume<D> {
         let _drained = self.writes.write().await;
         let record = self.new_record(name, LayerKind::Snapshot);
         let head = LayerRecord::named(&self.name, LayerKind::Head, self.size_bytes);
-        let id = self
-            .map
-            .create_snapshot(head, record)
-            .await
-            .map_err(|e| self.layer_op_error(&format!("snapshot {name:?}"), e))?;
+        let mut made = self.map.create_snapshot(head.clone(), record.clone()).await;
+        if let Err(MapError::PoolFull { needed, .. }) = made
+            && self.grow_page_pool(needed).await.is_ok()
+        {
+            made = self.map.create_snapshot(head, record).await;
+        }
+        let id = made.map_err(|e| self.layer_op_error(&format!("snapshot {name:?}"), e))?;
         Ok(self.map.snapshots().into_iter().find(|s| s.id == id).expect("just made"))
     }
 
@@ -1099,11 +1156,15 @@ impl<D: BlockDevice> LogVolume<D> {
         // Room first: each changed page may need a copy in the newest snapshot (and a table
         // page per 1,016), and a rollback that began must be able to finish at open.
         let pages = self.map.changed_since(snap.id).await.map_err(failed)?.len() as u64;
-        let (used, total) = self.map.pool_pages();
         let needed = pages + pages.div_ceil(crate::layers::INDEX_ENTRIES as u64);
+        let (used, total) = self.map.pool_pages();
+        if needed > u64::from(total - used) {
+            let _ = self.grow_page_pool(needed - u64::from(total - used)).await;
+        }
+        let (used, total) = self.map.pool_pages();
         if needed > u64::from(total - used) {
             return Err(TierError::Invalid(format!(
-                "rolling {} back to {name:?} may need {needed} snapshot map pages and {} are free: delete snapshots first",
+                "rolling {} back to {name:?} may need {needed} snapshot map pages and {} are free (the pool could not grow): delete snapshots first",
                 self.name,
                 total - used
             )));
@@ -1187,11 +1248,13 @@ impl<D: BlockDevice> LogVolume<D> {
         };
         self.check_writable(0, self.size_bytes)?;
         let record = self.new_record(name, LayerKind::Clone);
-        let id = self
-            .map
-            .create_clone(parent.id, record)
-            .await
-            .map_err(|e| self.layer_op_error(&format!("clone {name:?}"), e))?;
+        let mut made = self.map.create_clone(parent.id, record.clone()).await;
+        if let Err(MapError::PoolFull { needed, .. }) = made
+            && self.grow_page_pool(needed).await.is_ok()
+        {
+            made = self.map.create_clone(parent.id, record).await;
+        }
+        let id = made.map_err(|e| self.layer_op_error(&format!("clone {name:?}"), e))?;
         Ok(self.map.clones().into_iter().find(|c| c.id == id).expect("just made"))
     }
 
@@ -1622,6 +1685,8 @@ impl<D: BlockDevice> LogVolume<D> {
             gc_victims: c.gc_victims.load(Relaxed),
             moves_lost: c.moves_lost.load(Relaxed),
             segments_given_back: c.segments_given_back.load(Relaxed),
+            snapshot_pool_pages_used: u64::from(self.map.pool_pages().0),
+            snapshot_pool_pages: u64::from(self.map.pool_pages().1),
             no_space: self.no_space.lock().clone(),
             write_amplification_fast: per_host_byte(fast_written),
             write_amplification_capacity: per_host_byte(parts[2].drive_bytes_written),

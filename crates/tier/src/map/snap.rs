@@ -296,6 +296,15 @@ impl<D: BlockDevice> MapStore<D> {
         (l.pool.pages() - l.pool.free(), l.pool.pages())
     }
 
+    /// Grows the page pool to `pages` pages in all. The caller has made the backing volume
+    /// hold them and made the header that says so durable (so a reopen finds them too).
+    pub fn grow_pool(&self, pages: u32) {
+        let mut l = self.snap.layers.lock();
+        if pages > l.pool.pages() {
+            l.pool.grow(pages);
+        }
+    }
+
     /// Reads the layer table, the snapshots' and clones' directories and tables (at open,
     /// before replay), rebuilding which pool pages are in use and which head pages the newest
     /// snapshot owns.
@@ -401,7 +410,8 @@ impl<D: BlockDevice> MapStore<D> {
         first: u64,
     ) -> Result<IndexPage, MapError> {
         let pl = self.pool_layout()?;
-        if page == 0 || page >= pl.pages {
+        // The pool as it is now: it grows while the volume serves.
+        if page == 0 || page >= self.snap.layers.lock().pool.pages() {
             return Err(layers_error(format!("layer {layer} names pool page {page}, outside the pool")));
         }
         let bytes = self.vol.read(pl.page_offset(u64::from(page)), BLOCK_USIZE).await?;
