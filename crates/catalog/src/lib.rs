@@ -366,7 +366,10 @@ impl<D: BlockDevice> Catalog<D> {
             return Err(unavailable(name, why));
         }
         if let Some(lv) = self.logs.read().get(name) {
-            return Ok(VolumeView::Log(LogView { status: lv.status(), kind: LogTag }));
+            let snapshots =
+                lv.snapshots().iter().map(|r| SnapshotView::of(name, lv.size_bytes(), r)).collect();
+            let clones = lv.clones().iter().map(|c| clone_view(lv, c)).collect();
+            return Ok(VolumeView::Log(LogView { status: lv.status(), kind: LogTag, snapshots, clones }));
         }
         if let Some((lv, rec)) = self.clone_named(name) {
             return Ok(VolumeView::Clone(clone_view(&lv, &rec)));
@@ -380,6 +383,18 @@ impl<D: BlockDevice> Catalog<D> {
         let meta = self.pool.meta();
         let rec = meta.volume(name).ok_or_else(|| CatalogError::NotFound(name.to_string()))?;
         Ok(VolumeView::Plain(PlainView::new(vol, rec)))
+    }
+
+    /// [`Catalog::show`], with the bytes only each snapshot of a log-structured volume holds
+    /// (a walk of the map pages each owns).
+    pub async fn show_full(&self, name: &str) -> Result<VolumeView, CatalogError> {
+        let mut view = self.show(name)?;
+        if let (VolumeView::Log(l), Some(Entry::Log(lv))) = (&mut view, self.entry(name)) {
+            for s in &mut l.snapshots {
+                s.exclusive_bytes = Some(lv.exclusive_bytes(s.id).await?);
+            }
+        }
+        Ok(view)
     }
 
     /// Log-structured volume `volume`, the kind that has snapshots.

@@ -112,6 +112,12 @@ pub struct LogView {
     pub status: LogStatus,
     /// Always `"log"` (what tells the views apart in JSON).
     pub kind: LogTag,
+    /// Its snapshots, oldest first, with the bytes only each holds (`volume show`).
+    #[serde(default)]
+    pub snapshots: Vec<SnapshotView>,
+    /// The clones of its snapshots.
+    #[serde(default)]
+    pub clones: Vec<CloneView>,
 }
 
 /// A `"kind": "<name>"` marker: what tells the views apart in JSON.

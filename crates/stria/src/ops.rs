@@ -238,7 +238,7 @@ pub(crate) async fn execute(
     match req {
         Request::Status => to_json(&catalog.status()),
         Request::VolumeCreate(req) => to_json(&catalog.create(req).await?),
-        Request::VolumeShow { name } => to_json(&catalog.show(&name)?),
+        Request::VolumeShow { name } => to_json(&catalog.show_full(&name).await?),
         Request::VolumeResize { name, size_bytes, force } => {
             if catalog.lookup(&name).is_some_and(|v| size_bytes < v.size_bytes()) {
                 ctx.check_clients(&name, "shrinking it", force)?;

@@ -9,7 +9,6 @@ use stria_catalog::{StatusView, VolumeView};
 use stria_engine::units::format_size;
 use stria_engine::{DriveStatus, ScrubReport, VolumeState};
 use stria_tier::PartStatus;
-use stria_tier::lsv::LogStatus;
 
 use crate::ops::Progress;
 
@@ -305,7 +304,8 @@ fn parts_table(parts: &[PartStatus]) {
 }
 
 /// `stria volume show` of a log-structured volume.
-fn log_volume(l: &LogStatus) {
+fn log_volume(view: &stria_catalog::LogView) {
+    let l = &view.status;
     let kind = if l.layout.starts_with("tiered:") { "tiered" } else { "log-structured" };
     outln!("{kind} volume {} ({}), {}", l.name, l.layout, state(l.state));
     outln!("  {:<22} {} (thin: {} allocated)", "size", size(l.size_bytes), size(l.allocated_bytes));
@@ -361,13 +361,25 @@ fn log_volume(l: &LogStatus) {
         wa(l.write_amplification_fast),
         wa(l.write_amplification_capacity)
     );
+    for s in &view.snapshots {
+        outln!(
+            "  {:<22} {} (export {}, read-only): {} only in it",
+            "snapshot",
+            s.name,
+            s.export,
+            s.exclusive_bytes.map_or_else(|| "-".into(), format_size)
+        );
+    }
+    for c in &view.clones {
+        outln!("  {:<22} {} of {}@{}", "clone", c.name, c.origin, c.snapshot);
+    }
     parts_table(&l.parts);
 }
 
 /// `stria volume show`.
 pub(crate) fn volume(v: &VolumeView) {
     let p = match v {
-        VolumeView::Log(l) => return log_volume(&l.status),
+        VolumeView::Log(l) => return log_volume(l),
         VolumeView::Clone(c) => return clone_volume(c),
         VolumeView::Plain(p) => p,
     };

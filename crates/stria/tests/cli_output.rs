@@ -397,6 +397,7 @@ fn cli_output_matches_the_golden_files() {
     check("snapshot_create", &["snapshot", "create", "tv", "s1"], 0);
     check("volume_clone", &["volume", "clone", "tv@s1", "tvc"], 0);
     check("volume_show_clone", &["volume", "show", "tvc"], 0);
+    check("volume_show_with_snapshot_and_clone", &["volume", "show", "tv"], 0);
     check("mistake_clone_without_snapshot", &["volume", "clone", "tv", "x"], 1);
     check("mistake_clone_missing_snapshot", &["volume", "clone", "tv@nope", "x"], 1);
     check("mistake_clone_plain", &["volume", "clone", "r1@s1", "x"], 1);
