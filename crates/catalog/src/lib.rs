@@ -447,6 +447,7 @@ impl<D: BlockDevice> Catalog<D> {
                 "`{source}`: a clone is made of a snapshot, named VOLUME@SNAPSHOT"
             )));
         };
+        stria_engine::check_volume_name(name)?;
         self.check_name_free(name)?;
         let lv = self.with_snapshots(volume)?;
         let rec = lv.create_clone(snap, name).await?;

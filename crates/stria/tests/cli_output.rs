@@ -402,6 +402,7 @@ fn cli_output_matches_the_golden_files() {
     check("mistake_clone_missing_snapshot", &["volume", "clone", "tv@nope", "x"], 1);
     check("mistake_clone_plain", &["volume", "clone", "r1@s1", "x"], 1);
     check("mistake_clone_name_taken", &["volume", "clone", "tv@s1", "r1"], 1);
+    check("mistake_clone_bad_name", &["volume", "clone", "tv@s1", "no/slash"], 1);
     check("mistake_delete_with_clone", &["volume", "delete", "tv"], 1);
     check("mistake_snapshot_of_clone", &["snapshot", "create", "tvc", "s"], 1);
     check("snapshot_delete_kept_for_clone", &["snapshot", "delete", "tv", "s1"], 0);

@@ -103,7 +103,9 @@ pub(crate) fn now_unix_secs() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-fn check_name(name: &str) -> Result<(), EngineError> {
+/// Refuses a volume name the pool would not take (clones of log volumes, which are not engine
+/// volumes, are named by the same rule).
+pub fn check_volume_name(name: &str) -> Result<(), EngineError> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
@@ -311,7 +313,7 @@ impl<D: BlockDevice> Pool<D> {
     }
 
     async fn create_volume_with(&self, spec: VolumeSpec, zero: bool) -> Result<Arc<Volume<D>>, EngineError> {
-        check_name(&spec.name)?;
+        check_volume_name(&spec.name)?;
         spec.layout.validate().map_err(EngineError::Invalid)?;
         let chunk = spec.chunk_bytes;
         if !(BLOCK..=MAX_CHUNK_BYTES).contains(&chunk) || !chunk.is_power_of_two() {
