@@ -20,6 +20,7 @@ pub mod format;
 mod join;
 pub mod pagecache;
 pub mod pool;
+pub mod qos;
 pub mod units;
 pub mod volume;
 
