@@ -202,9 +202,7 @@ impl Layers {
             return Err(layers_error("layer ids are used up until the volume is opened again"));
         }
         let dirs = tables.div_ceil(INDEX_ENTRIES);
-        if dirs + 1 > self.pool.free() as usize {
-            return Err(MapError::PoolFull { needed: dirs as u64 + 1, free: u64::from(self.pool.free()) });
-        }
+        room_for(&self.pool, dirs + 1)?;
         self.next_id = id + 1;
         record.id = id;
         record.kind = kind;
@@ -272,6 +270,15 @@ impl SnapState {
             || l.snaps.iter().chain(&l.clones).any(|s| s.dir_dirty || s.root_dirty)
             || self.tables.dirty_pages() > 0
     }
+}
+
+/// Refuses, changing nothing, an update that needs `pages` new pool pages the pool does not have.
+fn room_for(pool: &PagePool, pages: usize) -> Result<(), MapError> {
+    let (needed, free) = (pages as u64, u64::from(pool.free()));
+    if needed > free {
+        return Err(MapError::PoolFull { needed, free });
+    }
+    Ok(())
 }
 
 fn layers_error(e: impl std::fmt::Display) -> MapError {
@@ -546,10 +553,7 @@ impl<D: BlockDevice> MapStore<D> {
         if !needs.is_empty() {
             return Ok(Err(needs));
         }
-        let wanted = (new_pages.len() + new_tables.len()) as u64;
-        if wanted > u64::from(layers.pool.free()) {
-            return Err(MapError::PoolFull { needed: wanted, free: u64::from(layers.pool.free()) });
-        }
+        room_for(&layers.pool, new_pages.len() + new_tables.len())?;
         // 2. Apply, in order.
         let mut applied = Vec::with_capacity(updates.len());
         for (u, (page, slot)) in updates.iter().zip(slots) {
@@ -1812,10 +1816,7 @@ impl<D: BlockDevice> MapStore<D> {
         if !needs.is_empty() {
             return Ok(Err(needs));
         }
-        let wanted = (new_pages.len() + new_tables.len()) as u64;
-        if wanted > u64::from(layers.pool.free()) {
-            return Err(MapError::PoolFull { needed: wanted, free: u64::from(layers.pool.free()) });
-        }
+        room_for(&layers.pool, new_pages.len() + new_tables.len())?;
         // 2. Apply, in order.
         let mut applied = Vec::with_capacity(updates.len());
         for u in updates {
