@@ -72,12 +72,21 @@ print((([p for p in t["parts"] if p["role"] == part][0]) if part else t)[sys.arg
 }
 tier() { counter tv "$@"; }
 
+# The plain volumes' recipes run with QoS on (every request of the pool goes through the
+# dispatcher): a reservation on r1 (the first one calibrates the pool), limits on ec.
+"$STRIA" volume set r1 --pool "$POOL" --iops-reserve 1000 >/dev/null
+"$STRIA" volume set ec --pool "$POOL" --iops-limit 20000 --bw-limit 400M >/dev/null
 for v in r0 r1 ec; do
-  log "client recipe on $v"
+  log "client recipe on $v (QoS on)"
   "$ROOT/tests/nbd/clients.sh" "$SOCK" "$v" >"$W/recipe-$v.log" 2>&1 || { tail -50 "$W/recipe-$v.log" >&2; exit 1; }
   grep -q NBD_CLIENTS_OK "$W/recipe-$v.log"
   "$STRIA" scrub "$v" --pool "$POOL"
 done
+scheduled=$("$STRIA" volume show ec --pool "$POOL" --json | /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["qos"]["ops"])')
+echo "ec: $scheduled requests went through the QoS dispatcher"
+[ "$scheduled" -gt 1000 ] || { echo "the dispatcher saw too few of ec's requests" >&2; exit 1; }
+"$STRIA" volume set r1 --pool "$POOL" --iops-reserve none >/dev/null
+"$STRIA" volume set ec --pool "$POOL" --iops-limit none --bw-limit none >/dev/null
 
 # The recipe on a thin, log-structured volume (48 MiB write cache: destage and GC run during it).
 log_recipe() {  # log_recipe NAME

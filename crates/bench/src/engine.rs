@@ -17,6 +17,7 @@
 mod amp;
 pub(crate) mod hist;
 mod load;
+mod qos;
 mod report;
 mod rig;
 
@@ -155,6 +156,10 @@ pub struct EngineBenchArgs {
     /// Print one JSON object per cell instead of the tables.
     #[arg(long)]
     pub json: bool,
+    /// Instead of the rest: what the QoS dispatcher costs 4 KiB random reads and writes of each
+    /// layout when off (no setting) and on with nothing binding, against the volume itself.
+    #[arg(long)]
+    pub qos: bool,
 }
 
 /// One measured figure: a layout (or raw drives) doing one operation.
@@ -254,6 +259,15 @@ pub fn run(args: &EngineBenchArgs) -> Result<()> {
     }
     if args.amp_flush_every.contains(&0) {
         bail!("--amp-flush-every intervals must be at least 1");
+    }
+    if args.qos {
+        let args2 = args.clone();
+        return std::thread::spawn(move || -> Result<()> {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(qos::measure(&args2))
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the benchmark thread panicked"))?;
     }
     let load_before = crate::host::loadavg();
     let args2 = args.clone();

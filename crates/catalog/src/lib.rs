@@ -15,9 +15,10 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 use stria_dev::{BLOCK_BYTES, BlockDevice};
+use stria_engine::qos::{CostProfile, QosVolume, admit_reservation};
 use stria_engine::{
-    BlockVolume, DEFAULT_CHUNK_BYTES, DriveClass, DriveState, EngineError, Pool, ScrubReport, Volume,
-    VolumeRole, VolumeSpec,
+    BlockVolume, DEFAULT_CHUNK_BYTES, DriveClass, DriveState, EngineError, Layout, Pool, QosSpec,
+    ScrubReport, Volume, VolumeRole, VolumeSpec,
 };
 use stria_tier::TierError;
 use stria_tier::layers::LayerRecord;
@@ -25,8 +26,9 @@ use stria_tier::lsv::{self, LogSpec, LogVolume};
 
 pub use layout::{LayoutSpec, PlainLayout, is_log_layout, parse_plain_layout};
 pub use view::{
-    CloneTag, CloneView, LogTag, LogView, MemberView, PlainView, RollbackView, SegmentView,
-    SnapshotDeletedView, SnapshotView, StatusView, ThinView, UnavailableView, VolumeView,
+    CloneTag, CloneView, LogTag, LogView, MAX_WEIGHT, MemberView, PlainView, QosUpdate, QosView,
+    RollbackView, SegmentView, Setting, SnapshotDeletedView, SnapshotView, StatusView, ThinView,
+    UnavailableView, VolumeView,
 };
 
 /// Why a catalog operation failed. Engine and tier errors keep their own messages and sources.
@@ -65,6 +67,9 @@ pub struct CreateVolume {
     /// than the size over-commits the volume).
     #[serde(default)]
     pub space_bytes: Option<u64>,
+    /// QoS settings (none by default).
+    #[serde(default)]
+    pub qos: QosSpec,
 }
 
 /// A client-visible volume of one kind.
@@ -85,6 +90,28 @@ fn clone_view<D: BlockDevice>(lv: &LogVolume<D>, rec: &LayerRecord) -> CloneView
         id: rec.id,
         created_ms: rec.created_ms,
         kind: CloneTag,
+        qos: None,
+    }
+}
+
+/// What requests to log-structured volume `lv` (its snapshots and clones too) cost the drives.
+fn log_profile<D: BlockDevice>(lv: &LogVolume<D>) -> CostProfile {
+    let [_, cache, seg] = lv.parts();
+    let copies = match cache.layout() {
+        Layout::Raid1 { copies } | Layout::Raid10 { copies, .. } => copies,
+        _ => 1,
+    };
+    let (data, parity) = match seg.layout() {
+        Layout::Ec { data_shards, parity_shards } => (data_shards, parity_shards),
+        other => (other.data_columns(), 0),
+    };
+    CostProfile::Log {
+        copies,
+        cache_class: cache.class(),
+        data,
+        parity,
+        chunk_bytes: seg.chunk_bytes(),
+        seg_class: seg.class(),
     }
 }
 
@@ -129,7 +156,15 @@ impl<D: BlockDevice> Catalog<D> {
                 }
             }
         }
-        Ok(Catalog { pool, logs: RwLock::new(logs), unavailable: RwLock::new(unavailable) })
+        let catalog = Catalog { pool, logs: RwLock::new(logs), unavailable: RwLock::new(unavailable) };
+        // Settings of a volume deleted just before a crash (the delete removes them after).
+        let names = catalog.names();
+        for name in catalog.pool.meta().qos.keys() {
+            if !names.contains(name) {
+                catalog.pool.set_qos(name, QosSpec::default()).await?;
+            }
+        }
+        Ok(catalog)
     }
 
     /// The pool (drive operations, rebuild, counters).
@@ -194,19 +229,81 @@ impl<D: BlockDevice> Catalog<D> {
         names
     }
 
-    /// A client-visible volume by name, behind the volume contract; `VOL@SNAP` is snapshot SNAP
-    /// of log-structured volume VOL (read-only).
+    /// A client-visible volume by name, behind the volume contract and the pool's QoS
+    /// dispatcher; `VOL@SNAP` is snapshot SNAP of log-structured volume VOL (read-only).
     pub fn lookup(&self, name: &str) -> Option<Arc<dyn BlockVolume>> {
-        if let Some((vol, snap)) = name.split_once('@') {
-            let lv = self.logs.read().get(vol).cloned()?;
-            let id = lv.snapshots().into_iter().find(|s| s.name == snap)?.id;
-            return Some(Arc::new(stria_tier::SnapshotVolume::new(lv, id, snap)));
+        let (volume, profile): (Arc<dyn BlockVolume>, CostProfile) =
+            if let Some((vol, snap)) = name.split_once('@') {
+                let lv = self.logs.read().get(vol).cloned()?;
+                let id = lv.snapshots().into_iter().find(|s| s.name == snap)?.id;
+                let profile = log_profile(&lv);
+                (Arc::new(stria_tier::SnapshotVolume::new(lv, id, snap)), profile)
+            } else {
+                let entry = self.entry(name)?;
+                let profile = Self::profile(&entry);
+                let volume: Arc<dyn BlockVolume> = match entry {
+                    Entry::Plain(v) => v,
+                    Entry::Log(v) => v,
+                    Entry::Clone(lv, rec) => Arc::new(stria_tier::CloneVolume::new(lv, &rec)),
+                };
+                (volume, profile)
+            };
+        Some(Arc::new(QosVolume::new(volume, Arc::clone(self.pool.qos()), name, profile)))
+    }
+
+    /// What requests to `entry` cost the drives.
+    fn profile(entry: &Entry<D>) -> CostProfile {
+        match entry {
+            Entry::Plain(v) => {
+                CostProfile::Plain { layout: v.layout(), chunk_bytes: v.chunk_bytes(), class: v.class() }
+            }
+            Entry::Log(lv) | Entry::Clone(lv, _) => log_profile(lv),
         }
-        self.entry(name).map(|e| match e {
-            Entry::Plain(v) => v as Arc<dyn BlockVolume>,
-            Entry::Log(v) => v as Arc<dyn BlockVolume>,
-            Entry::Clone(lv, rec) => Arc::new(stria_tier::CloneVolume::new(lv, &rec)) as Arc<dyn BlockVolume>,
-        })
+    }
+
+    /// Changes the QoS settings of volume `name` (durably; live for its NBD clients). A
+    /// reservation is admitted only if, with the others, it leaves each drive class at most
+    /// [`stria_engine::qos::RESERVABLE`] of its calibrated time; the pool is calibrated first
+    /// if it never was (a few seconds).
+    pub async fn set_qos(&self, name: &str, update: &QosUpdate) -> Result<VolumeView, CatalogError> {
+        let entry = self.entry_or_err(name)?;
+        let spec = update.apply(self.pool.qos().spec(name)).map_err(CatalogError::Invalid)?;
+        self.admit(name, &entry, &spec).await?;
+        self.pool.set_qos(name, spec).await?;
+        self.show(name)
+    }
+
+    /// Checks `spec` for `name` against the other reservations (calibrating an uncalibrated
+    /// pool when a setting needs the drives' figures: a reservation or a weight).
+    async fn admit(&self, name: &str, entry: &Entry<D>, spec: &QosSpec) -> Result<(), CatalogError> {
+        if (spec.reserves() || spec.weight.is_some()) && self.pool.meta().calibration.is_none() {
+            tracing::info!("calibrating the pool for QoS (once; `stria pool calibrate` measures again)");
+            self.pool.calibrate().await?;
+        }
+        if !spec.reserves() {
+            return Ok(());
+        }
+        let cal = self.pool.meta().calibration.clone().expect("calibrated above");
+        let others: Vec<_> = self
+            .pool
+            .qos()
+            .specs()
+            .into_iter()
+            .filter(|(other, s)| other != name && s.reserves())
+            .filter_map(|(other, s)| self.entry(&other).map(|e| (other, s, Self::profile(&e))))
+            .collect();
+        admit_reservation(&cal, name, spec, &Self::profile(entry), &others).map_err(CatalogError::Invalid)
+    }
+
+    /// The QoS part of `volume show`: settings and what the volume got (none when the volume
+    /// has no settings and the dispatcher is off).
+    fn qos_view(&self, name: &str) -> Option<QosView> {
+        let d = self.pool.qos();
+        let settings = d.spec(name);
+        if settings.is_empty() && !d.active() {
+            return None;
+        }
+        Some(QosView::new(settings, &d.rates(name)))
     }
 
     /// Whether `name` can be resized (plain volumes; log-structured ones and clones cannot yet).
@@ -257,7 +354,7 @@ impl<D: BlockDevice> Catalog<D> {
             };
             let lv = lsv::create(&self.pool, spec).await?;
             self.logs.write().insert(lv.name().to_string(), lv);
-            return self.show(&req.name);
+            return self.created(&req).await;
         }
         if req.cache_bytes.is_some() || req.cache_copies.is_some() || req.space_bytes.is_some() {
             return Err(CatalogError::Invalid(
@@ -280,7 +377,38 @@ impl<D: BlockDevice> Catalog<D> {
             role: VolumeRole::Plain,
         };
         self.pool.create_volume(spec).await?;
-        self.show(&req.name)
+        self.created(&req).await
+    }
+
+    /// Gives new volume `req.name` its QoS settings (clearing stale ones of an earlier volume of
+    /// that name); one that cannot be admitted deletes the new, empty volume again.
+    async fn created(&self, req: &CreateVolume) -> Result<VolumeView, CatalogError> {
+        let stale = self.pool.meta().qos.contains_key(&req.name);
+        if req.qos.is_empty() && !stale {
+            return self.show(&req.name);
+        }
+        let checked = match QosUpdate::from_spec(&req.qos).apply(QosSpec::default()) {
+            Ok(spec) => {
+                let entry = self.entry_or_err(&req.name)?;
+                match self.admit(&req.name, &entry, &spec).await {
+                    Ok(()) => Ok(spec),
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(CatalogError::Invalid(e)),
+        };
+        match checked {
+            Ok(spec) => {
+                self.pool.set_qos(&req.name, spec).await?;
+                self.show(&req.name)
+            }
+            Err(e) => {
+                if let Err(undo) = self.delete(&req.name).await {
+                    tracing::error!(volume = %req.name, error = %undo, "could not delete the volume whose QoS was refused");
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Grows or shrinks a plain volume (rounded up to whole blocks).
@@ -321,6 +449,9 @@ impl<D: BlockDevice> Catalog<D> {
             }
             Entry::Plain(_) => self.pool.delete_volume(name).await?,
             Entry::Clone(lv, _) => drop(lv.delete_clone(name).await?),
+        }
+        if self.pool.meta().qos.contains_key(name) {
+            self.pool.set_qos(name, QosSpec::default()).await?;
         }
         Ok(())
     }
@@ -369,10 +500,17 @@ impl<D: BlockDevice> Catalog<D> {
             let snapshots =
                 lv.snapshots().iter().map(|r| SnapshotView::of(name, lv.size_bytes(), r)).collect();
             let clones = lv.clones().iter().map(|c| clone_view(lv, c)).collect();
-            return Ok(VolumeView::Log(LogView { status: lv.status(), kind: LogTag, snapshots, clones }));
+            let qos = self.qos_view(name);
+            return Ok(VolumeView::Log(LogView {
+                status: lv.status(),
+                kind: LogTag,
+                snapshots,
+                clones,
+                qos,
+            }));
         }
         if let Some((lv, rec)) = self.clone_named(name) {
-            return Ok(VolumeView::Clone(clone_view(&lv, &rec)));
+            return Ok(VolumeView::Clone(CloneView { qos: self.qos_view(name), ..clone_view(&lv, &rec) }));
         }
         let status = self.pool.status();
         let vol = status
@@ -382,7 +520,8 @@ impl<D: BlockDevice> Catalog<D> {
             .ok_or_else(|| CatalogError::NotFound(name.to_string()))?;
         let meta = self.pool.meta();
         let rec = meta.volume(name).ok_or_else(|| CatalogError::NotFound(name.to_string()))?;
-        Ok(VolumeView::Plain(PlainView::new(vol, rec)))
+        let qos = if rec.role == VolumeRole::Plain { self.qos_view(name) } else { None };
+        Ok(VolumeView::Plain(PlainView { qos, ..PlainView::new(vol, rec) }))
     }
 
     /// [`Catalog::show`], with the bytes only each snapshot of a log-structured volume holds

@@ -3,7 +3,8 @@
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use stria_engine::format::meta::VolumeRecord;
-use stria_engine::{PoolStatus, VolumeStatus};
+use stria_engine::qos::FlowRates;
+use stria_engine::{PoolStatus, QosSpec, VolumeStatus};
 use stria_tier::lsv::LogStatus;
 
 /// The pool, with its log-structured (tiered and log) volumes.
@@ -103,6 +104,9 @@ pub struct CloneView {
     pub created_ms: u64,
     /// Always `"clone"` (what tells the views apart in JSON).
     pub kind: CloneTag,
+    /// Absent when it has no settings and the dispatcher is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<QosView>,
 }
 
 /// A log-structured volume (`tiered:` or `log:`; its `layout` says which).
@@ -118,6 +122,9 @@ pub struct LogView {
     /// The clones of its snapshots.
     #[serde(default)]
     pub clones: Vec<CloneView>,
+    /// Absent when it has no settings and the dispatcher is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<QosView>,
 }
 
 /// A `"kind": "<name>"` marker: what tells the views apart in JSON.
@@ -164,6 +171,9 @@ pub struct PlainView {
     #[serde(flatten)]
     pub status: VolumeStatus,
     pub segments: Vec<SegmentView>,
+    /// Absent when it has no settings and the dispatcher is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<QosView>,
 }
 
 /// One segment of a volume: `rows` stripe rows on one set of members.
@@ -204,7 +214,112 @@ impl PlainView {
                     .collect(),
             })
             .collect();
-        PlainView { status, segments }
+        PlainView { status, segments, qos: None }
+    }
+}
+
+/// A volume's QoS in `volume show`: its settings and what it got (rates over the last 5 s,
+/// counted only while the pool's dispatcher is on, that is while any volume has a setting).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QosView {
+    pub settings: QosSpec,
+    pub iops: u64,
+    pub bytes_per_sec: u64,
+    /// Requests counted since the daemon started, and how many of them went within the
+    /// reservation.
+    pub ops: u64,
+    pub reserved_ops: u64,
+}
+
+impl QosView {
+    pub fn new(settings: QosSpec, rates: &FlowRates) -> QosView {
+        QosView {
+            settings,
+            iops: rates.iops,
+            bytes_per_sec: rates.bytes_per_sec,
+            ops: rates.ops,
+            reserved_ops: rates.reserved_ops,
+        }
+    }
+}
+
+/// One QoS setting in a change: set to a value, or cleared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Setting {
+    Clear,
+    Set(u64),
+}
+
+/// A change of QoS settings (`volume set`): settings absent here are kept.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QosUpdate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iops_limit: Option<Setting>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bw_limit: Option<Setting>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iops_reserve: Option<Setting>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bw_reserve: Option<Setting>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<Setting>,
+}
+
+/// The most a weight may be (the least is 1).
+pub const MAX_WEIGHT: u64 = 10_000;
+
+impl QosUpdate {
+    /// The change that sets what `spec` sets.
+    pub fn from_spec(spec: &QosSpec) -> QosUpdate {
+        let set = |v: Option<u64>| v.map(Setting::Set);
+        QosUpdate {
+            iops_limit: set(spec.iops_limit),
+            bw_limit: set(spec.bw_limit),
+            iops_reserve: set(spec.iops_reserve),
+            bw_reserve: set(spec.bw_reserve),
+            weight: set(spec.weight.map(u64::from)),
+        }
+    }
+
+    /// True when it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == QosUpdate::default()
+    }
+
+    /// `current` with this change, or why the result is refused.
+    pub fn apply(&self, current: QosSpec) -> Result<QosSpec, String> {
+        fn one(name: &str, now: Option<u64>, change: Option<Setting>) -> Result<Option<u64>, String> {
+            match change {
+                None => Ok(now),
+                Some(Setting::Clear) => Ok(None),
+                Some(Setting::Set(0)) => Err(format!("--{name} must be above 0 (use `none` to remove it)")),
+                Some(Setting::Set(v)) => Ok(Some(v)),
+            }
+        }
+        let weight = one("weight", current.weight.map(u64::from), self.weight)?;
+        if let Some(w) = weight
+            && w > MAX_WEIGHT
+        {
+            return Err(format!("--weight {w} is above {MAX_WEIGHT}"));
+        }
+        let spec = QosSpec {
+            iops_limit: one("iops-limit", current.iops_limit, self.iops_limit)?,
+            bw_limit: one("bw-limit", current.bw_limit, self.bw_limit)?,
+            iops_reserve: one("iops-reserve", current.iops_reserve, self.iops_reserve)?,
+            bw_reserve: one("bw-reserve", current.bw_reserve, self.bw_reserve)?,
+            weight: weight.map(|w| u32::try_from(w).expect("at most MAX_WEIGHT")),
+        };
+        for (what, reserve, limit) in
+            [("iops", spec.iops_reserve, spec.iops_limit), ("bw", spec.bw_reserve, spec.bw_limit)]
+        {
+            if let (Some(r), Some(l)) = (reserve, limit)
+                && r > l
+            {
+                return Err(format!("--{what}-reserve {r} is above --{what}-limit {l}"));
+            }
+        }
+        Ok(spec)
     }
 }
 

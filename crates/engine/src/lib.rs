@@ -28,7 +28,8 @@ pub use drive::csum::{CsumCacheStats, DEFAULT_CSUM_CACHE_PAGES};
 pub use drive::{Drive, DriveLabel, read_label};
 pub use error::{EngineError, VolumeError};
 pub use format::meta::{
-    DriveClass, DriveErrors, DriveState, ErrorCount, Layout, PoolMeta, TieredRecord, VolumeRole,
+    Calibration, ClassCalibration, DriveClass, DriveErrors, DriveState, ErrorCount, Layout, PoolMeta,
+    QosSpec, TieredRecord, VolumeRole,
 };
 pub use join::join_all_ok;
 pub use pool::{

@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use serde_json::Value;
-use stria_catalog::{Catalog, CreateVolume, StatusView};
+use stria_catalog::{Catalog, CreateVolume, QosUpdate, Setting, StatusView};
 use stria_engine::units::{parse_block_size, parse_size};
 use stria_engine::{DriveClass, ScrubReport};
 
@@ -79,6 +79,13 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum PoolCmd {
+    /// Measure what each drive class delivers (a few seconds per class, on scratch space, beside
+    /// client I/O): QoS costs and reservations are counted against it. Run once by the first
+    /// QoS reservation or weight; run again after the drives change.
+    Calibrate {
+        #[arg(long)]
+        json: bool,
+    },
     /// Resume writes suspended because the filesystem holding the drives filled up (free
     /// space there first): resynchronises what the failed writes touched, then resumes.
     Clear,
@@ -136,6 +143,17 @@ enum VolumeCmd {
         /// get ENOSPC when the space is full.
         #[arg(long, value_parser = parse_block_size)]
         space: Option<u64>,
+        #[command(flatten)]
+        qos: QosArgs,
+    },
+    /// Change a volume's QoS settings while it serves (settings not given are kept; `none`
+    /// removes one).
+    Set {
+        name: String,
+        #[command(flatten)]
+        qos: QosArgs,
+        #[arg(long)]
+        json: bool,
     },
     /// List volumes.
     List {
@@ -189,6 +207,64 @@ enum VolumeCmd {
     Import { name: String, file: PathBuf },
     /// Copy a volume out into a raw image file (byte-exact, sparse where the volume is).
     Export { name: String, file: PathBuf },
+}
+
+/// QoS settings of `volume create` and `volume set` (docs/design/qos.md).
+#[derive(Debug, Args)]
+struct QosArgs {
+    /// Most requests per second (`none`: no limit).
+    #[arg(long, value_name = "IOPS", value_parser = parse_count_setting)]
+    iops_limit: Option<Setting>,
+    /// Most bytes per second, e.g. 200M (`none`: no limit).
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes_setting)]
+    bw_limit: Option<Setting>,
+    /// Requests per second guaranteed while other volumes load the same drives (`none`:
+    /// none). Refused when the pool cannot deliver it beside the other reservations.
+    #[arg(long, value_name = "IOPS", value_parser = parse_count_setting)]
+    iops_reserve: Option<Setting>,
+    /// Bytes per second guaranteed, e.g. 50M (`none`: none).
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes_setting)]
+    bw_reserve: Option<Setting>,
+    /// Share of what reservations leave, 1-10000 (default 100; `none`: back to the default).
+    #[arg(long, value_parser = parse_count_setting)]
+    weight: Option<Setting>,
+}
+
+impl QosArgs {
+    fn update(&self) -> QosUpdate {
+        QosUpdate {
+            iops_limit: self.iops_limit,
+            bw_limit: self.bw_limit,
+            iops_reserve: self.iops_reserve,
+            bw_reserve: self.bw_reserve,
+            weight: self.weight,
+        }
+    }
+
+    /// The settings of a new volume (`none` means nothing there is to remove).
+    fn spec(&self) -> Result<stria_engine::QosSpec> {
+        let update = self.update();
+        if [update.iops_limit, update.bw_limit, update.iops_reserve, update.bw_reserve, update.weight]
+            .contains(&Some(Setting::Clear))
+        {
+            bail!("`none` removes a setting with `volume set`; a new volume has none to remove");
+        }
+        update.apply(stria_engine::QosSpec::default()).map_err(anyhow::Error::msg)
+    }
+}
+
+fn parse_count_setting(text: &str) -> Result<Setting, String> {
+    if text == "none" {
+        return Ok(Setting::Clear);
+    }
+    text.parse::<u64>().map(Setting::Set).map_err(|e| format!("`{text}`: {e} (a whole number, or `none`)"))
+}
+
+fn parse_bytes_setting(text: &str) -> Result<Setting, String> {
+    if text == "none" {
+        return Ok(Setting::Clear);
+    }
+    parse_size(text).map(Setting::Set)
 }
 
 #[derive(Debug, Subcommand)]
@@ -409,6 +485,10 @@ const STATUS_FAILED: i32 = 3;
 async fn run(cli: Cli) -> Result<i32> {
     let dir = PoolDir::new(&cli.pool);
     match cli.command {
+        Command::Pool(PoolCmd::Calibrate { json }) => {
+            let v = request(&dir, Request::PoolCalibrate).await?;
+            if json { print_json(&v) } else { output::calibration(&view(v)?) }
+        }
         Command::Pool(PoolCmd::Clear) => {
             let v = request(&dir, Request::PoolClear).await?;
             if v["was_suspended"].is_null() {
@@ -516,7 +596,7 @@ async fn snapshot(dir: &PoolDir, cmd: SnapshotCmd) -> Result<()> {
 /// `stria volume ...`.
 async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
     match cmd {
-        VolumeCmd::Create { name, size, layout, chunk, class, cache_size, cache_copies, space } => {
+        VolumeCmd::Create { name, size, layout, chunk, class, cache_size, cache_copies, space, qos } => {
             let req = Request::VolumeCreate(CreateVolume {
                 name,
                 size_bytes: size,
@@ -526,9 +606,25 @@ async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
                 cache_bytes: cache_size,
                 cache_copies,
                 space_bytes: space,
+                qos: qos.spec()?,
             });
             let v = request(dir, req).await?;
             output::volume(&view(v)?);
+            Ok(())
+        }
+        VolumeCmd::Set { name, qos, json } => {
+            let update = qos.update();
+            if update.is_empty() {
+                bail!(
+                    "nothing to set: give --iops-limit, --bw-limit, --iops-reserve, --bw-reserve or --weight"
+                );
+            }
+            let v = request(dir, Request::VolumeSet { name, qos: update }).await?;
+            if json {
+                print_json(&v)
+            } else {
+                output::volume(&view(v)?)
+            }
             Ok(())
         }
         VolumeCmd::List { json } => {
@@ -688,6 +784,7 @@ async fn up(dir: PoolDir, args: UpArgs) -> Result<()> {
             cache_bytes: None,
             cache_copies: None,
             space_bytes: None,
+            qos: Default::default(),
         };
         catalog.create(vol0).await?;
         catalog.close().await?;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use stria_catalog::{Catalog, CreateVolume};
+use stria_catalog::{Catalog, CreateVolume, QosUpdate};
 use stria_dev::{BLOCK_BYTES, FileDevice, IoBytes};
 use stria_engine::units::format_size;
 use stria_engine::{DriveState, Durability, NewDrive, Pool, VolumeState, Zeroing};
@@ -109,6 +109,13 @@ pub(crate) enum Request {
         source: String,
         name: String,
     },
+    /// Changes a volume's QoS settings.
+    VolumeSet {
+        name: String,
+        qos: QosUpdate,
+    },
+    /// Measures each drive class for QoS costs and admission.
+    PoolCalibrate,
 }
 
 impl Request {
@@ -303,6 +310,8 @@ pub(crate) async fn execute(
             to_json(&catalog.snapshot_delete(&volume, &name).await?)
         }
         Request::VolumeClone { source, name } => to_json(&catalog.volume_clone(&source, &name).await?),
+        Request::VolumeSet { name, qos } => to_json(&catalog.set_qos(&name, &qos).await?),
+        Request::PoolCalibrate => to_json(&pool.calibrate().await?),
         Request::VolumeRollback { volume, snapshot, force } => {
             ctx.check_clients(&volume, "rolling it back (its data changes under them)", force)?;
             to_json(&catalog.volume_rollback(&volume, &snapshot).await?)

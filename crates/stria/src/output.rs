@@ -373,7 +373,60 @@ fn log_volume(view: &stria_catalog::LogView) {
     for c in &view.clones {
         outln!("  {:<22} {} of {}@{}", "clone", c.name, c.origin, c.snapshot);
     }
+    qos(22, view.qos.as_ref());
     parts_table(&l.parts);
+}
+
+/// The QoS lines of `volume show` (labels `width` wide).
+fn qos(width: usize, q: Option<&stria_catalog::QosView>) {
+    let Some(q) = q else { return };
+    let s = &q.settings;
+    let rate = |v: Option<u64>, bytes: bool| match v {
+        None => "-".to_string(),
+        Some(v) if bytes => format!("{}/s", format_size(v)),
+        Some(v) => v.to_string(),
+    };
+    outln!(
+        "  {:<width$} reserve {} IOPS, {}; limit {} IOPS, {}; weight {}",
+        "qos",
+        rate(s.iops_reserve, false),
+        rate(s.bw_reserve, true),
+        rate(s.iops_limit, false),
+        rate(s.bw_limit, true),
+        s.weight.unwrap_or(stria_engine::QosSpec::DEFAULT_WEIGHT)
+    );
+    outln!(
+        "  {:<width$} {} IOPS, {}/s over the last 5 s; {} requests scheduled, {} within the reservation",
+        "qos got",
+        q.iops,
+        format_size(q.bytes_per_sec),
+        q.ops,
+        q.reserved_ops
+    );
+}
+
+/// `stria pool calibrate`.
+pub(crate) fn calibration(c: &stria_engine::Calibration) {
+    let rows: Vec<Vec<String>> = c
+        .classes
+        .iter()
+        .map(|k| {
+            vec![
+                k.class.to_string(),
+                k.drives.to_string(),
+                k.read_iops.to_string(),
+                k.write_iops.to_string(),
+                format!("{}/s", format_size(k.read_bytes_per_sec)),
+                format!("{}/s", format_size(k.write_bytes_per_sec)),
+                format!("{} us", k.read_latency_us),
+            ]
+        })
+        .collect();
+    table(
+        &["CLASS", "DRIVES", "4K READ IOPS", "4K WRITE IOPS", "1M READ", "1M WRITE", "QD32 READ LATENCY"],
+        &rows,
+    );
+    outln!("QoS costs and reservations are counted against these figures (at most 80 % may be reserved).");
 }
 
 /// `stria volume show`.
@@ -412,6 +465,7 @@ pub(crate) fn volume(v: &VolumeView) {
             .collect();
         outln!("  segment {i}: {} rows on drive@block {}", seg.rows, members.join(", "));
     }
+    qos(14, p.qos.as_ref());
 }
 
 /// `stria volume show` of a clone, and `volume clone`.
@@ -426,6 +480,7 @@ pub(crate) fn clone_volume(c: &stria_catalog::CloneView) {
         c.origin,
         c.origin
     );
+    qos(14, c.qos.as_ref());
 }
 
 /// `snapshot list`.

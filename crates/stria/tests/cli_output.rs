@@ -409,6 +409,30 @@ fn cli_output_matches_the_golden_files() {
     check("volume_list_with_clone", &["volume", "list"], 0);
     check("volume_delete_clone", &["volume", "delete", "tvc"], 0);
 
+    // QoS settings (limits need no calibration; what reservations need is in tests/qos.rs).
+    check(
+        "volume_set_limits",
+        &["volume", "set", "r1", "--iops-limit", "500", "--bw-limit", "64M", "--weight", "50"],
+        0,
+    );
+    check("volume_show_with_qos_json", &["volume", "show", "r1", "--json"], 0);
+    check("mistake_qos_reserve_above_limit", &["volume", "set", "r1", "--iops-reserve", "1000"], 1);
+    check("mistake_qos_zero", &["volume", "set", "r1", "--iops-limit", "0"], 1);
+    check("mistake_qos_weight_too_large", &["volume", "set", "r1", "--weight", "20000"], 1);
+    check("mistake_qos_nothing_to_set", &["volume", "set", "r1"], 1);
+    check("mistake_qos_not_a_number", &["volume", "set", "r1", "--iops-limit", "fast"], 2);
+    check(
+        "mistake_qos_none_at_create",
+        &["volume", "create", "x", "--size", "16M", "--layout", "raid1", "--weight", "none"],
+        1,
+    );
+    check("mistake_qos_missing", &["volume", "set", "nope", "--weight", "5"], 1);
+    check(
+        "volume_set_clear",
+        &["volume", "set", "r1", "--iops-limit", "none", "--bw-limit", "none", "--weight", "none"],
+        0,
+    );
+
     // A directory without a pool.
     let empty = Stria::new();
     let out = golden.check("mistake_no_pool", &empty, &["status"]);

@@ -4,3 +4,4 @@
 mod cli_output;
 mod common;
 mod operator_safety;
+mod qos;

@@ -265,6 +265,73 @@ pub struct PoolMeta {
     pub volumes: Vec<VolumeRecord>,
     #[serde(default)]
     pub tiered: Vec<TieredRecord>,
+    /// QoS settings per client-visible volume name (absent: none). A name with no volume (a
+    /// crash between a delete and this entry's removal) is ignored and overwritten at create.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub qos: std::collections::BTreeMap<String, QosSpec>,
+    /// What `pool calibrate` measured (absent: never calibrated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<Calibration>,
+}
+
+/// A volume's QoS settings (docs/design/qos.md). Rates are per second; absent means none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QosSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iops_limit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bw_limit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iops_reserve: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bw_reserve: Option<u64>,
+    /// Share of what is left once reservations are met (default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+}
+
+impl QosSpec {
+    /// The weight a volume without one has.
+    pub const DEFAULT_WEIGHT: u32 = 100;
+
+    /// True when nothing is set.
+    pub fn is_empty(&self) -> bool {
+        *self == QosSpec::default()
+    }
+
+    /// True when a reservation is set.
+    pub fn reserves(&self) -> bool {
+        self.iops_reserve.is_some() || self.bw_reserve.is_some()
+    }
+}
+
+/// What one drive class delivered to `pool calibrate`, through a raid0 volume over all of its
+/// active drives: 4 KiB random reads and writes at queue depth 32 and 1 MiB sequential ones at
+/// queue depth 4.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClassCalibration {
+    pub class: DriveClass,
+    pub drives: u32,
+    pub read_iops: u64,
+    pub write_iops: u64,
+    pub read_bytes_per_sec: u64,
+    pub write_bytes_per_sec: u64,
+    /// Mean latency of the 4 KiB random reads at queue depth 32 (the dispatcher's window).
+    pub read_latency_us: u64,
+}
+
+/// The pool's calibration: one entry per drive class that has active drives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Calibration {
+    pub measured_unix_secs: u64,
+    pub classes: Vec<ClassCalibration>,
+}
+
+impl Calibration {
+    /// The figures of `class`, if it was measured.
+    pub fn class(&self, class: DriveClass) -> Option<&ClassCalibration> {
+        self.classes.iter().find(|c| c.class == class)
+    }
 }
 
 impl PoolMeta {
@@ -376,6 +443,8 @@ mod tests {
                 }],
             }],
             tiered: vec![],
+            qos: Default::default(),
+            calibration: None,
         }
     }
 

@@ -214,6 +214,8 @@ mod tests {
                 .collect(),
             volumes: vec![],
             tiered: vec![],
+            qos: Default::default(),
+            calibration: None,
         }
     }
 

@@ -6,6 +6,7 @@ pub(crate) mod core;
 mod csum_cache;
 mod errors;
 pub(crate) mod gate;
+mod qos;
 mod rebuild;
 mod recovery;
 mod scrub;
@@ -91,6 +92,8 @@ pub struct Pool<D: BlockDevice> {
     pub(crate) closed: AtomicBool,
     /// Serialises [`Pool::clear_suspension`] calls.
     clearing: tokio::sync::Mutex<()>,
+    /// Per-volume QoS (see `pool/qos.rs`).
+    qos: Arc<crate::qos::Dispatcher>,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for Pool<D> {
@@ -172,6 +175,8 @@ impl<D: BlockDevice> Pool<D> {
             drives: records,
             volumes: vec![],
             tiered: vec![],
+            qos: Default::default(),
+            calibration: None,
         };
         let core = Arc::new(PoolCore::new(meta, opened, 1, 0));
         core.update(|_| Ok(((), true))).await?;
@@ -179,7 +184,13 @@ impl<D: BlockDevice> Pool<D> {
     }
 
     pub(crate) fn from_core(core: Arc<PoolCore<D>>, recovery: RecoveryReport) -> Pool<D> {
+        let meta = core.meta();
+        let qos = crate::qos::Dispatcher::new(meta.calibration.clone());
+        for (name, spec) in &meta.qos {
+            qos.set(name, *spec);
+        }
         Pool {
+            qos,
             core,
             volumes: RwLock::new(BTreeMap::new()),
             codecs: parking_lot::Mutex::new(HashMap::new()),

@@ -165,7 +165,11 @@ impl<D: BlockDevice> Pool<D> {
                     if vol.closed.load(Ordering::Relaxed) {
                         return Ok(());
                     }
+                    let turn = self
+                        .background_turn(crate::qos::REBUILD_FLOW, vol, crate::qos::OpKind::Rebuild)
+                        .await;
                     vol.rebuild_row(&map, si, mi, row).await?;
+                    drop(turn);
                     row += 1;
                     rebuilt_bytes += vol.chunk_bytes();
                     if last_persist.elapsed() >= PERSIST_INTERVAL {

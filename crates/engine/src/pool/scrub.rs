@@ -56,7 +56,10 @@ impl<D: BlockDevice> Pool<D> {
         for (si, seg) in map.segments.iter().enumerate() {
             for row in 0..seg.rows {
                 let _op = vol.enter_op()?;
+                let turn =
+                    self.background_turn(crate::qos::SCRUB_FLOW, &vol, crate::qos::OpKind::Scrub).await;
                 let stats = vol.scrub_row(&map, si, row).await?;
+                drop(turn);
                 report.blocks_checked += stats.checked_blocks;
                 report.parity_blocks_fixed += stats.parity_blocks;
                 report.copy_blocks_fixed += stats.copy_blocks;
