@@ -321,6 +321,26 @@ enum DriveCmd {
         #[arg(long)]
         force: bool,
     },
+    /// Add a drive to the pool while it serves: new volumes (and new segments of growing ones)
+    /// use it at once; existing data stays where it is (docs/design/pool-growth.md).
+    Add {
+        /// A device or file; with --size and no PATH, a new sparse file in the pool directory.
+        path: Option<PathBuf>,
+        /// Its class.
+        #[arg(long)]
+        class: DriveClass,
+        /// Size of a new sparse file (e.g. 4G).
+        #[arg(long, value_parser = parse_block_size)]
+        size: Option<u64>,
+        /// Failure-domain label.
+        #[arg(long)]
+        domain: Option<String>,
+        /// Format it even though it is a drive of another pool.
+        #[arg(long)]
+        overwrite: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Replace a drive and rebuild its data onto the replacement.
     Replace {
         /// Drive id (slot) or path of the drive to replace.
@@ -827,6 +847,22 @@ async fn drive(dir: &PoolDir, cmd: DriveCmd) -> Result<()> {
                 v["new_drive"],
                 v["rebuild"].as_str().unwrap_or("")
             );
+        }
+        DriveCmd::Add { path, class, size, domain, overwrite, json } => {
+            if path.is_none() && size.is_none() {
+                bail!("give the drive's PATH, or --size to create a new sparse file in the pool directory");
+            }
+            // Relative to where the command runs, not where the daemon does.
+            let path = path.map(|p| pooldir::absolute(&p)).transpose()?;
+            let v =
+                request(dir, Request::DriveAdd { class, path, size_bytes: size, domain, overwrite }).await?;
+            if json {
+                print_json(&v);
+            } else {
+                outln!("added drive {}", v["added"]);
+                let status: stria_engine::PoolStatus = view(v["status"].clone())?;
+                output::drives(&status.drives);
+            }
         }
         DriveCmd::Replace { drive, new, domain, force, overwrite } => {
             let new_path = new.map(|p| pooldir::absolute(&p)).transpose()?;

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use stria_catalog::{Catalog, CreateVolume, QosUpdate};
 use stria_dev::{BLOCK_BYTES, FileDevice, IoBytes};
 use stria_engine::units::format_size;
-use stria_engine::{DriveState, Durability, NewDrive, Pool, VolumeState, Zeroing};
+use stria_engine::{DriveClass, DriveState, Durability, NewDrive, Pool, VolumeState, Zeroing};
 
 use crate::pooldir::{Dev, PoolDir};
 
@@ -72,6 +72,16 @@ pub(crate) enum Request {
     },
     RebuildRate {
         bytes_per_sec: u64,
+    },
+    /// Adds a drive to the pool (a device or file; a new sparse file of `size_bytes` when none).
+    DriveAdd {
+        class: DriveClass,
+        path: Option<PathBuf>,
+        size_bytes: Option<u64>,
+        domain: Option<String>,
+        /// Format it even though it carries another pool's superblock.
+        #[serde(default)]
+        overwrite: bool,
     },
     /// Resets the persistent error counters of one drive (id or path), or of all for `None`.
     DriveClearErrors {
@@ -289,6 +299,10 @@ pub(crate) async fn execute(
                 "old_file_kept_as": kept,
             }))
         }
+        Request::DriveAdd { class, path, size_bytes, domain, overwrite } => {
+            let slot = add(ctx, class, path, size_bytes, domain, overwrite).await?;
+            Ok(json!({ "added": slot, "status": pool.status() }))
+        }
         Request::RebuildRate { bytes_per_sec } => {
             pool.set_rebuild_rate(bytes_per_sec);
             Ok(json!({ "rebuild_rate_bytes_per_sec": bytes_per_sec }))
@@ -442,6 +456,67 @@ async fn replace(
         }
     }
     Ok((new_slot, kept))
+}
+
+/// Adds a drive of `class` at `path` (a new sparse file of `size_bytes` in the pool directory
+/// when there is none): refused when it is a drive of this pool already or, without
+/// `overwrite`, of another pool. A device formatted for this pool by an add that crashed before
+/// its commit (its slot unknown to the metadata) may be given again.
+async fn add(
+    ctx: &Ctx<'_>,
+    class: DriveClass,
+    path: Option<PathBuf>,
+    size_bytes: Option<u64>,
+    domain: Option<String>,
+    overwrite: bool,
+) -> Result<u32> {
+    let pool = ctx.catalog.pool();
+    let meta = pool.meta();
+    let path = match path {
+        Some(p) => crate::pooldir::absolute(&p)?,
+        None => {
+            let mut i = meta.next_slot;
+            loop {
+                let p = crate::pooldir::absolute(&ctx.dir.drives_dir().join(format!("{class}-{i}.img")))?;
+                if !p.exists() {
+                    break p;
+                }
+                i += 1;
+            }
+        }
+    };
+    let (dev, fresh) = if path.exists() {
+        if size_bytes.is_some() {
+            bail!("{} exists: --size is for a new file (give a new path, or no --size)", path.display());
+        }
+        let dev = FileDevice::open(&path, &stria_dev::FileOptions::default())
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        let label = stria_engine::read_label(&dev).await;
+        // A label of this pool naming a slot the metadata does not know: a crashed add.
+        let leftover =
+            label.as_ref().filter(|l| l.pool_uuid == meta.pool_uuid && meta.drive(l.slot).is_none());
+        ctx.dir.refuse_member(&path, leftover.map_or(u32::MAX, |l| l.slot), pool).await?;
+        if leftover.is_none() {
+            PoolDir::refuse_labelled(&dev, &path, overwrite, "--overwrite").await?;
+        }
+        (dev, false)
+    } else {
+        let Some(size) = size_bytes else {
+            bail!("{} does not exist: give --size to create it as a sparse file", path.display());
+        };
+        let dev =
+            FileDevice::create(&path, size).with_context(|| format!("cannot create {}", path.display()))?;
+        (dev, true)
+    };
+    let nd =
+        NewDrive { dev, path: path.display().to_string(), class, domain: domain.unwrap_or_default(), fresh };
+    let added = pool.add_drive(nd).await;
+    if added.is_err() && fresh {
+        let _ = std::fs::remove_file(&path);
+    }
+    let slot = added?;
+    ctx.dir.add_device(&path)?;
+    Ok(slot)
 }
 
 /// Why an image does not fit a volume, and what would make it fit.

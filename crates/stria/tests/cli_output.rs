@@ -433,6 +433,21 @@ fn cli_output_matches_the_golden_files() {
         0,
     );
 
+    // A drive joins the pool; the next volume uses it (its members include drive 8).
+    check("drive_add", &["drive", "add", "--class", "capacity", "--size", "256M", "--domain", "r2"], 0);
+    check(
+        "volume_create_on_added_drive",
+        &["volume", "create", "wide", "--size", "16M", "--layout", "ec:5+2"],
+        0,
+    );
+    check("mistake_drive_add_nothing", &["drive", "add", "--class", "capacity"], 1);
+    check(
+        "mistake_drive_add_member",
+        &["drive", "add", "pool/drives/capacity-2.img", "--class", "capacity"],
+        1,
+    );
+    check("mistake_drive_add_missing_file", &["drive", "add", "nope.img", "--class", "fast"], 1);
+
     // A directory without a pool.
     let empty = Stria::new();
     let out = golden.check("mistake_no_pool", &empty, &["status"]);

@@ -12,7 +12,7 @@ use super::{NewDrive, Pool, alloc, now_unix_secs};
 use crate::drive::Drive;
 use crate::error::EngineError;
 use crate::format::layout::DriveLayout;
-use crate::format::meta::{DriveErrors, DriveRecord, DriveState};
+use crate::format::meta::{DriveErrors, DriveRecord, DriveState, PoolMeta};
 use crate::format::superblock::Superblock;
 use crate::volume::Volume;
 use crate::volume::map::NOT_REBUILDING;
@@ -53,34 +53,9 @@ impl<D: BlockDevice> Pool<D> {
                 "drive {old_slot} is itself being rebuilt; wait for that to finish"
             )));
         }
-        let layout = DriveLayout::for_new_drive(new.dev.size_bytes())
-            .map_err(|e| EngineError::Invalid(format!("{}: {e}", new.path)))?;
         let domain = if new.domain.is_empty() { old.domain.clone() } else { new.domain.clone() };
         let slot = meta.next_slot;
-        let sb = Superblock {
-            pool_uuid: meta.pool_uuid,
-            drive_uuid: Uuid::new_v4(),
-            slot,
-            class: new.class,
-            generation: meta.generation,
-            layout,
-            created_unix_secs: now_unix_secs(),
-            domain: domain.clone(),
-            pool_name: meta.name.clone(),
-            committed_generation: 0,
-            format_version: crate::format::superblock::FORMAT_VERSION,
-        };
-        let record = DriveRecord {
-            slot,
-            uuid: sb.drive_uuid,
-            class: new.class,
-            domain,
-            state: DriveState::Active,
-            failed_reason: None,
-            path_hint: new.path.clone(),
-            data_blocks: layout.data_blocks(),
-            errors: DriveErrors::default(),
-        };
+        let (sb, record) = joining(&meta, &new, slot, domain)?;
         // Check the extents fit before touching anything.
         let mut probe = (*meta).clone();
         probe.drives.push(record.clone());
@@ -105,6 +80,36 @@ impl<D: BlockDevice> Pool<D> {
             self.refresh_volume(v.name())?;
         }
         tracing::info!(old_slot, new_slot = slot, "drive replaced; rebuild pending");
+        Ok(slot)
+    }
+
+    /// Adds `new` (formatted now) to the pool as an active drive of its class; new extents may
+    /// use it at once, existing ones stay where they are (docs/design/pool-growth.md). Returns
+    /// its slot.
+    pub async fn add_drive(&self, new: NewDrive<D>) -> Result<u32, EngineError> {
+        let meta = self.core.meta();
+        let slot = meta.next_slot;
+        let (sb, record) = joining(&meta, &new, slot, new.domain.clone())?;
+        let drive = Arc::new(Drive::format(new.dev, sb, new.fresh).await?);
+        self.core.add_drive(drive);
+        let added = self
+            .core
+            .update(move |m| {
+                if m.drive(slot).is_some() {
+                    return Err(EngineError::Busy(format!(
+                        "slot {slot} was taken meanwhile; add the drive again"
+                    )));
+                }
+                m.drives.push(record);
+                m.next_slot = m.next_slot.max(slot + 1);
+                Ok(((), true))
+            })
+            .await;
+        if added.is_err() {
+            self.core.remove_drive(slot);
+        }
+        added?;
+        tracing::info!(slot, "drive added");
         Ok(slot)
     }
 
@@ -240,6 +245,42 @@ impl<D: BlockDevice> Pool<D> {
         }
         Ok(())
     }
+}
+
+/// The superblock and the metadata record of `new` joining the pool of `meta` in `slot`.
+fn joining<D: BlockDevice>(
+    meta: &PoolMeta,
+    new: &NewDrive<D>,
+    slot: u32,
+    domain: String,
+) -> Result<(Superblock, DriveRecord), EngineError> {
+    let layout = DriveLayout::for_new_drive(new.dev.size_bytes())
+        .map_err(|e| EngineError::Invalid(format!("{}: {e}", new.path)))?;
+    let sb = Superblock {
+        pool_uuid: meta.pool_uuid,
+        drive_uuid: Uuid::new_v4(),
+        slot,
+        class: new.class,
+        generation: meta.generation,
+        layout,
+        created_unix_secs: now_unix_secs(),
+        domain: domain.clone(),
+        pool_name: meta.name.clone(),
+        committed_generation: 0,
+        format_version: crate::format::superblock::FORMAT_VERSION,
+    };
+    let record = DriveRecord {
+        slot,
+        uuid: sb.drive_uuid,
+        class: new.class,
+        domain,
+        state: DriveState::Active,
+        failed_reason: None,
+        path_hint: new.path.clone(),
+        data_blocks: layout.data_blocks(),
+        errors: DriveErrors::default(),
+    };
+    Ok((sb, record))
 }
 
 /// Points every extent on `old_slot` at a new extent on `new_slot`, to be rebuilt.
