@@ -341,6 +341,12 @@ enum DriveCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Take a drive that holds no data out of the pool (a drive added by mistake, or one whose
+    /// volumes were deleted). A drive holding data is refused: moving data off it is not built.
+    Remove {
+        /// Drive id (slot) or path.
+        drive: String,
+    },
     /// Replace a drive and rebuild its data onto the replacement.
     Replace {
         /// Drive id (slot) or path of the drive to replace.
@@ -862,6 +868,13 @@ async fn drive(dir: &PoolDir, cmd: DriveCmd) -> Result<()> {
                 outln!("added drive {}", v["added"]);
                 let status: stria_engine::PoolStatus = view(v["status"].clone())?;
                 output::drives(&status.drives);
+            }
+        }
+        DriveCmd::Remove { drive } => {
+            let v = request(dir, Request::DriveRemove { drive }).await?;
+            outln!("removed drive {}", v["removed"]);
+            if let Some(kept) = v["file_kept_as"].as_str() {
+                outln!("its file was kept as {kept}");
             }
         }
         DriveCmd::Replace { drive, new, domain, force, overwrite } => {

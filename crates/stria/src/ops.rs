@@ -73,6 +73,10 @@ pub(crate) enum Request {
     RebuildRate {
         bytes_per_sec: u64,
     },
+    /// Takes a drive that holds no data out of the pool.
+    DriveRemove {
+        drive: String,
+    },
     /// Adds a drive to the pool (a device or file; a new sparse file of `size_bytes` when none).
     DriveAdd {
         class: DriveClass,
@@ -302,6 +306,27 @@ pub(crate) async fn execute(
         Request::DriveAdd { class, path, size_bytes, domain, overwrite } => {
             let slot = add(ctx, class, path, size_bytes, domain, overwrite).await?;
             Ok(json!({ "added": slot, "status": pool.status() }))
+        }
+        Request::DriveRemove { drive } => {
+            let slot = find_drive(pool, &drive)?;
+            let path =
+                PathBuf::from(&pool.meta().drive(slot).map(|d| d.path_hint.clone()).unwrap_or_default());
+            pool.remove_empty_drive(slot).await?;
+            ctx.dir.remove_device(&path)?;
+            // A drive file of the pool's own is renamed out of the way (the pool would list it
+            // as "not a member any more" at every open); a device is left as it is.
+            let ours = crate::pooldir::absolute(&ctx.dir.drives_dir()).is_ok_and(|d| path.starts_with(d));
+            let mut kept = None;
+            if ours && path.exists() {
+                let to = path.with_extension("img.removed");
+                match std::fs::rename(&path, &to) {
+                    Ok(()) => kept = Some(to.display().to_string()),
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "cannot rename the removed drive file")
+                    }
+                }
+            }
+            Ok(json!({ "removed": slot, "file_kept_as": kept }))
         }
         Request::RebuildRate { bytes_per_sec } => {
             pool.set_rebuild_rate(bytes_per_sec);

@@ -446,6 +446,19 @@ impl PoolDir {
     }
 }
 
+impl PoolDir {
+    /// Forgets an extra device path (a drive that left the pool).
+    pub(crate) fn remove_device(&self, path: &Path) -> Result<()> {
+        let mut config = self.config()?;
+        let p = path.display().to_string();
+        if config.devices.contains(&p) {
+            config.devices.retain(|d| d != &p);
+            self.write_config(&config)?;
+        }
+        Ok(())
+    }
+}
+
 /// [`PoolDir::overcommit_warnings`] for these drive paths.
 fn overcommit_warnings(paths: &[PathBuf]) -> Vec<String> {
     // Per filesystem: how much the sparse files on it may still grow, and a directory on it.

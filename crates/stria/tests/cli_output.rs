@@ -447,6 +447,10 @@ fn cli_output_matches_the_golden_files() {
         1,
     );
     check("mistake_drive_add_missing_file", &["drive", "add", "nope.img", "--class", "fast"], 1);
+    check("mistake_drive_remove_in_use", &["drive", "remove", "8"], 1);
+    check("volume_delete_wide", &["volume", "delete", "wide"], 0);
+    check("drive_remove", &["drive", "remove", "8"], 0);
+    check("drive_list_after_remove", &["drive", "list"], 0);
 
     // A directory without a pool.
     let empty = Stria::new();

@@ -84,3 +84,18 @@ impl Stria {
         }
     }
 }
+
+/// Runs `stria ARGS` and checks the exit code; returns what it gave.
+pub(crate) fn expect(stria: &Stria, args: &[&str], code: i32) -> Outcome {
+    let out = stria.run(args);
+    assert_eq!(
+        out.code,
+        Some(code),
+        "`stria {}` exited {:?}, not {code}\nstdout:\n{}\nstderr:\n{}",
+        args.join(" "),
+        out.code,
+        out.stdout,
+        out.stderr
+    );
+    out
+}

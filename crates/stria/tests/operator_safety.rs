@@ -7,22 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{Outcome, POOL, Stria, binary};
-
-/// Runs `stria ARGS` and checks the exit code; returns what it gave.
-fn expect(stria: &Stria, args: &[&str], code: i32) -> Outcome {
-    let out = stria.run(args);
-    assert_eq!(
-        out.code,
-        Some(code),
-        "`stria {}` exited {:?}, not {code}\nstdout:\n{}\nstderr:\n{}",
-        args.join(" "),
-        out.code,
-        out.stdout,
-        out.stderr
-    );
-    out
-}
+use crate::common::{POOL, Stria, binary, expect};
 
 /// Checks `text` contains `part`.
 fn says(text: &str, part: &str) {

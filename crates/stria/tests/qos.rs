@@ -5,21 +5,7 @@
 
 use serde_json::Value;
 
-use crate::common::{Outcome, Stria};
-
-fn expect(stria: &Stria, args: &[&str], code: i32) -> Outcome {
-    let out = stria.run(args);
-    assert_eq!(
-        out.code,
-        Some(code),
-        "`stria {}` exited {:?}, not {code}\nstdout:\n{}\nstderr:\n{}",
-        args.join(" "),
-        out.code,
-        out.stdout,
-        out.stderr
-    );
-    out
-}
+use crate::common::{Outcome, Stria, expect};
 
 fn json(out: &Outcome) -> Value {
     serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
@@ -42,25 +28,14 @@ fn reservations_are_admitted_against_the_calibration_and_settings_persist() {
     // 30 % each: two are admitted, the third would make 90 %.
     let r = write_iops * 3 / 20;
     let r_arg = r.to_string();
-    let create = |name: &str, code| {
-        let args = [
-            "volume",
-            "create",
-            name,
-            "--size",
-            "8M",
-            "--layout",
-            "raid1",
-            "--class",
-            "fast",
-            "--iops-reserve",
-            &r_arg,
-        ];
-        expect(&stria, &args, code)
+    // A raid1 volume on the fast drives with a reservation.
+    let create = |name: &str, reserve: &str, code| {
+        let args = ["volume", "create", name, "--size", "8M", "--layout", "raid1", "--class", "fast"];
+        expect(&stria, &[&args[..], &["--iops-reserve", reserve]].concat(), code)
     };
-    create("a", 0);
-    create("b", 0);
-    let refused = create("c", 1);
+    create("a", &r_arg, 0);
+    create("b", &r_arg, 0);
+    let refused = create("c", &r_arg, 1);
     for part in [
         "reservation refused: `c` would take 30 % of the fast drives' time",
         "60 % is reserved already (a 30 %, b 30 %)",
@@ -72,23 +47,7 @@ fn reservations_are_admitted_against_the_calibration_and_settings_persist() {
     expect(&stria, &["volume", "show", "c"], 1);
     // A smaller one fits, and `volume set` is admitted the same way.
     let small = (r / 3).to_string();
-    expect(
-        &stria,
-        &[
-            "volume",
-            "create",
-            "c",
-            "--size",
-            "8M",
-            "--layout",
-            "raid1",
-            "--class",
-            "fast",
-            "--iops-reserve",
-            &small,
-        ],
-        0,
-    );
+    create("c", &small, 0);
     let refused = expect(&stria, &["volume", "set", "c", "--iops-reserve", &r_arg], 1);
     assert!(refused.stderr.contains("reservation refused"), "{}", refused.stderr);
 

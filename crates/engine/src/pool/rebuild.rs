@@ -113,6 +113,45 @@ impl<D: BlockDevice> Pool<D> {
         Ok(slot)
     }
 
+    /// Takes the drive in `slot` out of the pool's metadata, if no volume has a member on it (a
+    /// drive just added, or one whose extents were all freed). Moving extents off a drive is not
+    /// built (docs/design/pool-growth.md): a drive that holds any is refused, naming the volumes.
+    pub async fn remove_empty_drive(&self, slot: u32) -> Result<(), EngineError> {
+        let meta = self.core.meta();
+        meta.drive(slot).ok_or_else(|| EngineError::NoSuchDrive(format!("slot {slot}")))?;
+        let holders = |m: &PoolMeta| -> Vec<String> {
+            m.volumes
+                .iter()
+                .filter(|v| v.segments.iter().any(|s| s.members.iter().any(|mem| mem.slot == slot)))
+                .map(|v| v.name.clone())
+                .collect()
+        };
+        let used = holders(&meta);
+        if !used.is_empty() {
+            return Err(EngineError::Busy(format!(
+                "drive {slot} holds members of {}; moving them to other drives is not built yet: delete \
+                 those volumes first, or fail and replace the drive",
+                used.join(", ")
+            )));
+        }
+        self.core
+            .update(move |m| {
+                let used = holders(m);
+                if !used.is_empty() {
+                    return Err(EngineError::Busy(format!(
+                        "drive {slot} took members of {} meanwhile",
+                        used.join(", ")
+                    )));
+                }
+                m.drives.retain(|d| d.slot != slot);
+                Ok(((), true))
+            })
+            .await?;
+        self.core.remove_drive(slot);
+        tracing::info!(slot, "drive removed");
+        Ok(())
+    }
+
     /// Sets the rebuild bandwidth limit (bytes per second of rebuilt data; 0 = unlimited).
     pub fn set_rebuild_rate(&self, bytes_per_sec: u64) {
         self.rebuild_rate_bytes.store(bytes_per_sec, Ordering::Relaxed);
