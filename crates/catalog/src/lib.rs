@@ -132,6 +132,9 @@ pub struct Catalog<D: BlockDevice> {
     /// Log-structured volumes that could not be opened, with why: the rest of the pool still opens and
     /// serves; these are listed, not exported, and can be inspected (their parts) and deleted.
     unavailable: RwLock<BTreeMap<String, String>>,
+    /// Serialises QoS changes: a reservation is checked against the others and stored under it,
+    /// so two racing reservations cannot both take the same free share.
+    qos_changes: tokio::sync::Mutex<()>,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for Catalog<D> {
@@ -156,7 +159,12 @@ impl<D: BlockDevice> Catalog<D> {
                 }
             }
         }
-        let catalog = Catalog { pool, logs: RwLock::new(logs), unavailable: RwLock::new(unavailable) };
+        let catalog = Catalog {
+            pool,
+            logs: RwLock::new(logs),
+            unavailable: RwLock::new(unavailable),
+            qos_changes: tokio::sync::Mutex::new(()),
+        };
         // Settings of a volume deleted just before a crash (the delete removes them after).
         let names = catalog.names();
         for name in catalog.pool.meta().qos.keys() {
@@ -267,6 +275,7 @@ impl<D: BlockDevice> Catalog<D> {
     /// if it never was (a few seconds).
     pub async fn set_qos(&self, name: &str, update: &QosUpdate) -> Result<VolumeView, CatalogError> {
         let entry = self.entry_or_err(name)?;
+        let _one_at_a_time = self.qos_changes.lock().await;
         let spec = update.apply(self.pool.qos().spec(name)).map_err(CatalogError::Invalid)?;
         self.admit(name, &entry, &spec).await?;
         self.pool.set_qos(name, spec).await?;
@@ -387,6 +396,7 @@ impl<D: BlockDevice> Catalog<D> {
         if req.qos.is_empty() && !stale {
             return self.show(&req.name);
         }
+        let one_at_a_time = self.qos_changes.lock().await;
         let checked = match QosUpdate::from_spec(&req.qos).apply(QosSpec::default()) {
             Ok(spec) => {
                 let entry = self.entry_or_err(&req.name)?;
@@ -400,9 +410,11 @@ impl<D: BlockDevice> Catalog<D> {
         match checked {
             Ok(spec) => {
                 self.pool.set_qos(&req.name, spec).await?;
+                drop(one_at_a_time);
                 self.show(&req.name)
             }
             Err(e) => {
+                drop(one_at_a_time);
                 if let Err(undo) = self.delete(&req.name).await {
                     tracing::error!(volume = %req.name, error = %undo, "could not delete the volume whose QoS was refused");
                 }
