@@ -257,21 +257,11 @@ impl Dispatcher {
         self.run(&mut st);
     }
 
-    /// The calibration costs are computed with.
-    pub fn calibration(&self) -> Option<Calibration> {
-        self.state.lock().calibration.clone()
-    }
-
     /// What volume `name` got.
     pub fn rates(&self, name: &str) -> FlowRates {
         let st = self.state.lock();
         let second = self.now() as u64;
         st.names.get(name).map(|&id| st.flows[id].rates(second)).unwrap_or_default()
-    }
-
-    /// What a request of `kind` and `bytes` on a volume with `profile` asks of the drives now.
-    pub fn demand(&self, profile: &CostProfile, kind: OpKind, bytes: u64) -> Demand {
-        profile.demand(kind, bytes, self.state.lock().calibration.as_ref())
     }
 
     /// Waits until a request of `kind` and `bytes` of `flow` may go. Hold the grant while the
