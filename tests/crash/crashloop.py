@@ -17,7 +17,9 @@ with exit status 0).
 
 Scenarios (--scenario): healthy, degraded (a drive failed before the first round), rebuilding
 (each round fails a drive and replaces it, rebuild rate-limited so the kill lands mid-rebuild),
-destaging (tiered and log layouts with a small cache so destage runs during the load).
+destaging (tiered and log layouts with a small cache so destage runs during the load), moving
+(each round with no move pending adds a drive and `drive remove`s a member drive of the volume,
+rate-limited, so the kill lands while its extent is copied and the next start resumes the move).
 
 Usage: crashloop.py --stria PATH --layout ec:4+2 [--scenario healthy] [--rounds 5] [--seed S]
                     [--dir DIR] [--tmpfs] [--region-mib 128]
@@ -343,6 +345,21 @@ def pick_drive(daemon, volume, rng):
     return rng.choice(sorted(slots))
 
 
+def start_move(daemon, volume, rng, tag, rnd, drive_size):
+    """Unless a drive is still draining: adds a capacity drive and removes a member drive of the
+    volume, so that its extent moves (in the daemon, rate-limited) during this round's load."""
+    status = json.loads(daemon.cli("status", "--json", check=False).stdout)
+    drives = status["drives"]
+    if any(d.get("draining") for d in drives):
+        moving = (status.get("rebalance") or {}).get("current")
+        print(f"{tag} round {rnd}: a drive is still draining ({moving})", flush=True)
+        return
+    daemon.cli("drive", "add", "--class", "capacity", "--size", drive_size)
+    slot = pick_drive(daemon, volume, rng)
+    daemon.cli("drive", "remove", str(slot), "--rate", "48M")
+    print(f"{tag} round {rnd}: drive added, drive {slot} draining", flush=True)
+
+
 def scrub_clean(daemon, volume, label):
     """After recovery every stripe must be consistent: a scrub finds nothing to fix."""
     r = daemon.cli("scrub", volume, "--json", check=False)
@@ -373,7 +390,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stria", required=True)
     ap.add_argument("--layout", required=True)
-    ap.add_argument("--scenario", default="healthy", choices=["healthy", "degraded", "rebuilding", "destaging"])
+    ap.add_argument("--scenario", default="healthy", choices=["healthy", "degraded", "rebuilding", "destaging", "moving"])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--dir", default=None, help="work directory (default: a new one under /var/tmp, or /dev/shm with --tmpfs)")
@@ -478,6 +495,8 @@ def run(args, rng, daemon, tag):
             slot = pick_drive(daemon, vol, rng)
             daemon.cli("drive", "fail", str(slot))
             daemon.cli("drive", "replace", str(slot))
+        if args.scenario == "moving":
+            start_move(daemon, vol, rng, tag, rnd, args.drive_size)
         fua = args.mix == "fua" or (args.mix == "both" and rng.random() < 0.5)
         deleting = None
         if args.delete_snapshots and len(snaps) >= 2 and rng.random() < 0.5:

@@ -40,6 +40,8 @@ SCENARIOS=(
   "ec42|--layout ec:4+2"
   "ec42-degraded|--layout ec:4+2 --scenario degraded"
   "ec42-rebuilding|--layout ec:4+2 --scenario rebuilding"
+  "ec42-moving|--layout ec:4+2 --scenario moving"
+  "raid10-moving|--layout raid10 --scenario moving"
   "ec42-tmpfs|--layout ec:4+2 --tmpfs"
   "tiered|--layout tiered:ec:4+2"
   "tiered-destaging|--layout tiered:ec:4+2 --scenario destaging"

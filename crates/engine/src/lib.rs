@@ -33,8 +33,9 @@ pub use format::meta::{
 };
 pub use join::join_all_ok;
 pub use pool::{
-    DEFAULT_CHUNK_BYTES, DriveStatus, FoundDrive, IgnoredDrive, NewDrive, Pool, PoolStatus, RebuildProgress,
-    RecoveryReport, ScrubReport, VolumeSpec, VolumeStatus, check_volume_name,
+    BALANCE_SLACK, DEFAULT_CHUNK_BYTES, DriveStatus, FoundDrive, IgnoredDrive, MoveProgress, NewDrive, Pool,
+    PoolStatus, RebalanceReport, RebalanceStatus, RebuildProgress, RecoveryReport, ScrubReport, VolumeSpec,
+    VolumeStatus, check_volume_name,
 };
 pub use volume::contract::{BlockVolume, Dealloc, Durability, VolumeFuture, VolumeInfo, ZeroCost, Zeroing};
 pub use volume::{BlockLocation, BlockRole, Extent, Volume, VolumeState};

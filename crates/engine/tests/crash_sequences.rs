@@ -5,8 +5,10 @@
 //! * A **boot** may itself be cut (a crash during recovery), and is then retried.
 //! * **Work** is three writers (partial- and full-stripe writes, FUA writes, zeroing), a
 //!   flusher, and one maintenance task drawn by the seed: nothing, a scrub, a rebuild of a
-//!   replaced drive, metadata commits (creating and deleting a scratch volume), or — on mirror
-//!   layouts, which have no write hole — failing a drive under load.
+//!   replaced drive, metadata commits (creating and deleting a scratch volume), moving extents
+//!   (a drive added and a member drive drained for `drive remove`, so a member of the volume is
+//!   copied while it is written, and the drive removed once empty), or — on mirror layouts,
+//!   which have no write hole — failing a drive under load.
 //! * The **crash** is a power cut (unflushed writes dropped or torn, per block), a process kill
 //!   (every write a drive accepted is kept, in any order, and nothing after), or a clean close
 //!   racing the writers.
@@ -54,6 +56,7 @@ enum Maintenance {
     Rebuild,
     MetadataCommits,
     FailUnderLoad,
+    Rebalance,
 }
 
 /// An old copy of a disk, to be put back later (a backup, or a copied drive file).
@@ -236,6 +239,8 @@ struct Coverage {
     swaps_left_out: std::sync::atomic::AtomicU64,
     swaps_refused: std::sync::atomic::AtomicU64,
     failed_volumes: std::sync::atomic::AtomicU64,
+    moves_done: std::sync::atomic::AtomicU64,
+    drives_removed: std::sync::atomic::AtomicU64,
 }
 
 static COVERAGE: std::sync::LazyLock<Coverage> = std::sync::LazyLock::new(Coverage::default);
@@ -266,6 +271,16 @@ async fn maintenance(pool: &Pool<Dev>, task: Maintenance, victim: Option<u32>) {
                     || pool.delete_volume(&format!("scratch{i}")).await.is_err()
                 {
                     return;
+                }
+            }
+        }
+        Maintenance::Rebalance => {
+            if let Ok(r) = pool.rebalance(|_| {}).await {
+                COVERAGE.moves_done.fetch_add(r.moves, std::sync::atomic::Ordering::Relaxed);
+            }
+            for slot in pool.drained() {
+                if pool.remove_empty_drive(slot).await.is_ok() {
+                    count(&COVERAGE.drives_removed);
                 }
             }
         }
@@ -345,6 +360,27 @@ async fn drive_event(world: &mut World, pool: &Pool<Dev>) -> Maintenance {
             world.disks.push(Disk { dev, backup: Backup::None });
             Maintenance::Rebuild
         }
+        5 if world.spares < SPARES_MAX
+            && lost == 0
+            && !pool.rebuild_pending()
+            && pool.meta().drives.iter().all(|d| !d.draining) =>
+        {
+            // `drive add`, then `drive remove` of a member drive: its extent moves to the new one.
+            world.spares += 1;
+            let name = format!("added{}", world.spares);
+            let dev = sim_drive(&name, &world.switch, world.seed * 100 + 50 + world.spares as u64);
+            let added = pool
+                .add_drive(new_drive(&dev, DriveClass::Capacity, ""))
+                .await
+                .unwrap_or_else(|e| world.fail(format!("drive add: {e}")));
+            world.disks.push(Disk { dev, backup: Backup::None });
+            let slot = members[world.rng.random_range(0..members.len())];
+            match pool.drain_drive(slot).await {
+                Ok(()) => world.note(format!("{name} added as slot {added}; slot {slot} draining")),
+                Err(e) => world.fail(format!("drain of slot {slot} refused with an empty drive added: {e}")),
+            }
+            Maintenance::Rebalance
+        }
         4 if world.disks.iter().all(|d| matches!(d.backup, Backup::None)) => {
             let i = world.rng.random_range(0..world.disks.len());
             world.note(format!(
@@ -423,6 +459,7 @@ async fn run_seed(seed: u64) {
                     Maintenance::FailUnderLoad
                 }
                 _ if pool.rebuild_pending() => Maintenance::Rebuild,
+                _ if pool.rebalance_pending() => Maintenance::Rebalance,
                 _ => Maintenance::None,
             };
         }
@@ -579,7 +616,8 @@ async fn sequences_of_crashes_lose_no_durable_write() {
     let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     eprintln!(
         "{seeds} seeds: {} cycles ({} power cuts, {} kills, {} clean closes), {} boots cut during recovery, \
-         {} old copies left out, {} refused for lack of quorum, {} seeds ended with a failed volume",
+         {} old copies left out, {} refused for lack of quorum, {} seeds ended with a failed volume, \
+         {} extents moved, {} drained drives removed",
         n(&c.cycles),
         n(&c.power_cuts),
         n(&c.kills),
@@ -587,6 +625,8 @@ async fn sequences_of_crashes_lose_no_durable_write() {
         n(&c.boot_cuts),
         n(&c.swaps_left_out),
         n(&c.swaps_refused),
-        n(&c.failed_volumes)
+        n(&c.failed_volumes),
+        n(&c.moves_done),
+        n(&c.drives_removed)
     );
 }

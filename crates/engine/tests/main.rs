@@ -8,5 +8,6 @@ mod crash_consistency;
 mod crash_sequences;
 mod host_full;
 mod layouts_survive_drive_failures;
+mod pool_growth;
 mod pool_reassembly;
 mod volume_lifecycle;

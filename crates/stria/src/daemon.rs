@@ -179,7 +179,7 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
     let control_task = tokio::spawn(control::serve(listener, handler));
 
     let (stop_housekeeping, stopped) = tokio::sync::watch::channel(false);
-    let housekeeping = tokio::spawn(housekeeping(Arc::clone(&pool), stopped));
+    let housekeeping = tokio::spawn(housekeeping(Arc::clone(&pool), dir.clone(), stopped));
 
     on_ready(&uris);
     wait_for_signal().await?;
@@ -201,12 +201,18 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
     Ok(())
 }
 
-/// Every 2 s: clears idle intent bits, and runs pending rebuilds (retrying a failed one after a
-/// minute). Returns when `stop` turns true (between ticks, or when a rebuild ends because the
-/// pool is closing).
-async fn housekeeping<D: BlockDevice>(pool: Arc<Pool<D>>, mut stop: tokio::sync::watch::Receiver<bool>) {
+/// Every 2 s: clears idle intent bits, runs pending rebuilds (retrying a failed one after a
+/// minute), then pending extent moves (`pool rebalance`, `drive remove`; retried likewise), and
+/// takes drained drives out of the pool. Returns when `stop` turns true (between ticks, or when
+/// a rebuild or a move ends because the pool is closing).
+async fn housekeeping(
+    pool: Arc<Pool<crate::pooldir::Dev>>,
+    dir: PoolDir,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     let mut tick = tokio::time::interval(Duration::from_secs(2));
     let mut retry_at = tokio::time::Instant::now();
+    let mut moves_retry_at = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -236,6 +242,37 @@ async fn housekeeping<D: BlockDevice>(pool: Arc<Pool<D>>, mut stop: tokio::sync:
                     tracing::error!(error = %e, "rebuild stopped; retrying in a minute");
                     retry_at = tokio::time::Instant::now() + Duration::from_secs(60);
                 }
+            }
+        }
+        if pool.rebalance_pending()
+            && !pool.rebuild_pending()
+            && tokio::time::Instant::now() >= moves_retry_at
+        {
+            let mut last = std::time::Instant::now();
+            let result = pool
+                .rebalance(|m| {
+                    if last.elapsed() > Duration::from_secs(5) {
+                        tracing::info!(volume = %m.volume, from = m.from_drive, to = m.to_drive, done = m.rows_done, total = m.rows_total, "moving an extent");
+                        last = std::time::Instant::now();
+                    }
+                })
+                .await;
+            match result {
+                Ok(_) if *stop.borrow() => return,
+                Ok(r) if r.stuck.is_some() || r.abandoned > 0 => {
+                    tracing::warn!(moves = r.moves, abandoned = r.abandoned, stuck = ?r.stuck, "moves stopped; retrying in a minute");
+                    moves_retry_at = tokio::time::Instant::now() + Duration::from_secs(60);
+                }
+                Ok(r) => tracing::info!(moves = r.moves, "moves finished"),
+                Err(e) => {
+                    tracing::error!(error = %e, "moves stopped; retrying in a minute");
+                    moves_retry_at = tokio::time::Instant::now() + Duration::from_secs(60);
+                }
+            }
+        }
+        for slot in pool.drained() {
+            if let Err(e) = ops::finish_remove(&pool, &dir, slot).await {
+                tracing::error!(slot, error = %e, "cannot take the drained drive out of the pool");
             }
         }
     }

@@ -89,6 +89,16 @@ enum PoolCmd {
     /// Resume writes suspended because the filesystem holding the drives filled up (free
     /// space there first): resynchronises what the failed writes touched, then resumes.
     Clear,
+    /// Move extents until every drive of a class is within 5 % of even use (after `drive add`),
+    /// copied while I/O goes on; a restart resumes it. In the daemon it runs in the background
+    /// (`status` shows the progress).
+    Rebalance {
+        /// Bytes copied per second at most, e.g. 100M (default: no limit besides QoS).
+        #[arg(long, value_parser = parse_size, default_value = "0")]
+        rate: u64,
+        #[arg(long)]
+        json: bool,
+    },
     /// Create a pool from sparse files in the pool directory and/or given devices.
     Create {
         /// Pool name.
@@ -341,11 +351,16 @@ enum DriveCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Take a drive that holds no data out of the pool (a drive added by mistake, or one whose
-    /// volumes were deleted). A drive holding data is refused: moving data off it is not built.
+    /// Take a drive out of the pool. Its data first moves to the other drives of its class,
+    /// copied while I/O goes on (in the daemon's background: `status` shows the progress, and
+    /// the drive leaves once empty). Refused, with the reason, when the others cannot take it.
     Remove {
         /// Drive id (slot) or path.
         drive: String,
+        /// Bytes copied per second at most, e.g. 100M (default: no limit besides QoS). Also
+        /// asks for a rebalance at that rate once the drive is empty.
+        #[arg(long, value_parser = parse_size, default_value = "0")]
+        rate: u64,
     },
     /// Replace a drive and rebuild its data onto the replacement.
     Replace {
@@ -514,6 +529,24 @@ async fn run(cli: Cli) -> Result<i32> {
         Command::Pool(PoolCmd::Calibrate { json }) => {
             let v = request(&dir, Request::PoolCalibrate).await?;
             if json { print_json(&v) } else { output::calibration(&view(v)?) }
+        }
+        Command::Pool(PoolCmd::Rebalance { rate, json }) => {
+            let v = request(&dir, Request::PoolRebalance { rate_bytes_per_sec: rate }).await?;
+            if json {
+                print_json(&v);
+            } else if v["rebalance"] == "done" {
+                let r = &v["report"];
+                outln!(
+                    "rebalance done: {} extent(s) moved, {} copied",
+                    r["moves"],
+                    stria_engine::units::format_size(r["bytes_copied"].as_u64().unwrap_or(0))
+                );
+                if let Some(why) = r["stuck"].as_str() {
+                    outln!("not everything could move: {why}");
+                }
+            } else {
+                outln!("rebalance running in the daemon; `stria status` shows its progress");
+            }
         }
         Command::Pool(PoolCmd::Clear) => {
             let v = request(&dir, Request::PoolClear).await?;
@@ -870,8 +903,16 @@ async fn drive(dir: &PoolDir, cmd: DriveCmd) -> Result<()> {
                 output::drives(&status.drives);
             }
         }
-        DriveCmd::Remove { drive } => {
-            let v = request(dir, Request::DriveRemove { drive }).await?;
+        DriveCmd::Remove { drive, rate } => {
+            let v = request(dir, Request::DriveRemove { drive, rate_bytes_per_sec: rate }).await?;
+            if !v["draining"].is_null() {
+                outln!(
+                    "drive {} is draining: its data moves to the other drives in the daemon, then it leaves the \
+                     pool (`stria status` shows the progress)",
+                    v["draining"]
+                );
+                return Ok(());
+            }
             outln!("removed drive {}", v["removed"]);
             if let Some(kept) = v["file_kept_as"].as_str() {
                 outln!("its file was kept as {kept}");

@@ -73,9 +73,19 @@ pub(crate) enum Request {
     RebuildRate {
         bytes_per_sec: u64,
     },
-    /// Takes a drive that holds no data out of the pool.
+    /// Takes a drive out of the pool: at once when it holds no data, otherwise once its
+    /// members have moved to the other drives of its class.
     DriveRemove {
         drive: String,
+        /// Bytes per second for the moves (0: no limit besides QoS); also asks for a rebalance.
+        #[serde(default)]
+        rate_bytes_per_sec: u64,
+    },
+    /// Moves extents until the drives of each class are evenly used (resumed after a restart).
+    PoolRebalance {
+        /// Bytes copied per second at most (0: no limit besides QoS).
+        #[serde(default)]
+        rate_bytes_per_sec: u64,
     },
     /// Adds a drive to the pool (a device or file; a new sparse file of `size_bytes` when none).
     DriveAdd {
@@ -307,26 +317,45 @@ pub(crate) async fn execute(
             let slot = add(ctx, class, path, size_bytes, domain, overwrite).await?;
             Ok(json!({ "added": slot, "status": pool.status() }))
         }
-        Request::DriveRemove { drive } => {
+        Request::DriveRemove { drive, rate_bytes_per_sec } => {
             let slot = find_drive(pool, &drive)?;
-            let path =
-                PathBuf::from(&pool.meta().drive(slot).map(|d| d.path_hint.clone()).unwrap_or_default());
-            pool.remove_empty_drive(slot).await?;
-            ctx.dir.remove_device(&path)?;
-            // A drive file of the pool's own is renamed out of the way (the pool would list it
-            // as "not a member any more" at every open); a device is left as it is.
-            let ours = crate::pooldir::absolute(&ctx.dir.drives_dir()).is_ok_and(|d| path.starts_with(d));
-            let mut kept = None;
-            if ours && path.exists() {
-                let to = path.with_extension("img.removed");
-                match std::fs::rename(&path, &to) {
-                    Ok(()) => kept = Some(to.display().to_string()),
-                    Err(e) => {
-                        tracing::warn!(path = %path.display(), error = %e, "cannot rename the removed drive file")
-                    }
+            let holds =
+                pool.meta().volumes.iter().flat_map(|v| &v.segments).flat_map(|s| &s.members).any(|m| {
+                    m.slot == slot
+                        || m.move_to.is_some_and(|e| e.slot == slot)
+                        || m.moved_from.is_some_and(|e| e.slot == slot)
+                });
+            if holds {
+                pool.drain_drive(slot).await?;
+                if rate_bytes_per_sec > 0 {
+                    pool.request_rebalance(rate_bytes_per_sec).await?;
+                }
+                if ctx.daemon {
+                    return Ok(json!({ "draining": slot, "rebalance": "running in the daemon" }));
+                }
+                let report = rebalance_here(ctx, progress).await?;
+                if !pool.drained().contains(&slot) {
+                    bail!(
+                        "drive {slot} is draining but could not be emptied yet: {}",
+                        report.stuck.unwrap_or_else(|| "moves were abandoned".into())
+                    );
                 }
             }
+            let kept = finish_remove(pool, ctx.dir, slot).await?;
             Ok(json!({ "removed": slot, "file_kept_as": kept }))
+        }
+        Request::PoolRebalance { rate_bytes_per_sec } => {
+            pool.request_rebalance(rate_bytes_per_sec).await?;
+            if ctx.daemon {
+                return Ok(
+                    json!({ "rebalance": "running in the daemon", "status": pool.rebalance_status() }),
+                );
+            }
+            let report = rebalance_here(ctx, progress).await?;
+            for slot in pool.drained() {
+                finish_remove(pool, ctx.dir, slot).await?;
+            }
+            Ok(json!({ "rebalance": "done", "report": to_json(&report)? }))
         }
         Request::RebuildRate { bytes_per_sec } => {
             pool.set_rebuild_rate(bytes_per_sec);
@@ -364,6 +393,52 @@ pub(crate) async fn execute(
             to_json(&report)
         }
     }
+}
+
+/// Runs the moves in the request (no daemon): first any pending rebuild, which moves wait for.
+async fn rebalance_here(
+    ctx: &Ctx<'_>,
+    progress: &mut (dyn FnMut(Progress) + Send),
+) -> Result<stria_engine::RebalanceReport> {
+    rebuild_here(ctx, progress).await?;
+    let report = ctx
+        .catalog
+        .pool()
+        .rebalance(|m| {
+            progress(Progress {
+                what: format!(
+                    "move {} segment {} member {} to drive {}",
+                    m.volume, m.segment, m.member, m.to_drive
+                ),
+                done: m.rows_done,
+                total: m.rows_total,
+            })
+        })
+        .await?;
+    Ok(report)
+}
+
+/// Takes a drive that holds nothing out of the pool: its record, its line in `pool.json`, and a
+/// drive file of the pool's own renamed to `NAME.img.removed` (a device is left as it is).
+/// Returns where the file went.
+pub(crate) async fn finish_remove(pool: &Pool<Dev>, dir: &PoolDir, slot: u32) -> Result<Option<String>> {
+    let path = PathBuf::from(&pool.meta().drive(slot).map(|d| d.path_hint.clone()).unwrap_or_default());
+    pool.remove_empty_drive(slot).await?;
+    dir.remove_device(&path)?;
+    // Renamed, or the pool would list it as "not a member any more" at every open.
+    let ours = crate::pooldir::absolute(&dir.drives_dir()).is_ok_and(|d| path.starts_with(d));
+    let mut kept = None;
+    if ours && path.exists() {
+        let to = path.with_extension("img.removed");
+        match std::fs::rename(&path, &to) {
+            Ok(()) => kept = Some(to.display().to_string()),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot rename the removed drive file")
+            }
+        }
+    }
+    tracing::info!(slot, "drive removed from the pool");
+    Ok(kept)
 }
 
 /// Runs the pending rebuilds in the request, unless the daemon runs them in the background.

@@ -50,6 +50,30 @@ fn state(state: VolumeState) -> String {
     }
 }
 
+/// The rebalance line of `stria status`.
+pub(crate) fn rebalance(r: &stria_engine::RebalanceStatus) {
+    let mut what = Vec::new();
+    if let Some(m) = &r.current {
+        what.push(format!(
+            "moving {} segment {} member {} from drive {} to drive {}: {}/{} rows",
+            m.volume, m.segment, m.member, m.from_drive, m.to_drive, m.rows_done, m.rows_total
+        ));
+    }
+    if !r.draining.is_empty() {
+        let ids: Vec<String> = r.draining.iter().map(u32::to_string).collect();
+        what.push(format!("draining drive(s) {} (removed once empty)", ids.join(", ")));
+    }
+    if r.requested {
+        let rate = if r.rate_bytes_per_sec == 0 {
+            "no limit".into()
+        } else {
+            format!("{}/s", size(r.rate_bytes_per_sec))
+        };
+        what.push(format!("rebalance asked for ({rate})"));
+    }
+    outln!("rebalance: {}; {} move(s) done since the pool opened", what.join("; "), r.moves_done);
+}
+
 /// `stria status`.
 pub(crate) fn status(v: &StatusView) {
     let pool = &v.pool;
@@ -59,6 +83,9 @@ pub(crate) fn status(v: &StatusView) {
     }
     outln!();
     drives(&pool.drives);
+    if let Some(r) = &pool.rebalance {
+        rebalance(r);
+    }
     outln!();
     volumes(v);
     if let Some(t) = &v.thin {
@@ -105,7 +132,7 @@ pub(crate) fn drives(drives: &[DriveStatus]) {
                 d.id.to_string(),
                 d.class.clone(),
                 if d.domain.is_empty() { "-".into() } else { d.domain.clone() },
-                d.state.clone(),
+                if d.draining && d.state == "active" { "draining".into() } else { d.state.clone() },
                 size(d.size_bytes),
                 size(d.used_bytes),
                 size(d.bytes_read),

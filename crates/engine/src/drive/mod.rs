@@ -7,6 +7,7 @@ pub mod csum;
 pub(crate) mod errors;
 pub(crate) mod intent;
 pub(crate) mod journal;
+pub(crate) mod shadow;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -63,6 +64,9 @@ pub struct Drive<D> {
     flush_covered: tokio::sync::Mutex<u64>,
     /// Error events not yet committed to the pool metadata.
     errors: PendingErrors,
+    /// Extents of this drive being moved, whose writes are repeated on their destination
+    /// (shadow.rs).
+    shadows: arc_swap::ArcSwap<Vec<std::sync::Arc<shadow::Shadow<D>>>>,
 }
 
 impl<D> std::fmt::Debug for Drive<D> {
@@ -180,6 +184,7 @@ impl<D: BlockDevice> Drive<D> {
             flush_arrivals: AtomicU64::new(0),
             flush_covered: tokio::sync::Mutex::new(0),
             errors: PendingErrors::default(),
+            shadows: arc_swap::ArcSwap::from_pointee(Vec::new()),
         }
     }
 
@@ -418,7 +423,21 @@ impl<D: BlockDevice> Drive<D> {
         self.write_inner(block, data, false, Some(crcs)).await
     }
 
+    /// The write, then the same write on the destinations of extents being moved (shadow.rs).
     async fn write_inner(
+        &self,
+        block: u64,
+        data: IoBytes,
+        fua: bool,
+        crcs: Option<&[u32]>,
+    ) -> Result<(), DevError> {
+        self.write_own(block, data.clone(), fua, crcs).await?;
+        self.mirror_write(block, &data, fua, crcs).await;
+        Ok(())
+    }
+
+    /// A data-area write on this drive alone.
+    pub(super) async fn write_own(
         &self,
         block: u64,
         data: IoBytes,
@@ -464,6 +483,13 @@ impl<D: BlockDevice> Drive<D> {
     /// Marks blocks unwritten: they read as zeros from now on (no data is written). Covered by
     /// the intent bitmap like a write, since the on-disk checksums lag until the next flush.
     pub(crate) async fn zero(&self, block: u64, blocks: u64) -> Result<(), DevError> {
+        self.zero_own(block, blocks).await?;
+        self.mirror_zero(block, blocks).await;
+        Ok(())
+    }
+
+    /// [`Drive::zero`] on this drive alone.
+    pub(super) async fn zero_own(&self, block: u64, blocks: u64) -> Result<(), DevError> {
         self.check_data_range(block, blocks);
         let pin = self.pin_csum(block, blocks).await?;
         self.count_write(self.intent.begin(self.dev(), block, blocks).await)?;
@@ -502,6 +528,7 @@ impl<D: BlockDevice> Drive<D> {
     /// trusts what it found).
     pub(crate) async fn bless(&self, block: u64, data: &[u8], written: &[bool]) -> Result<(), DevError> {
         self.check_data_range(block, written.len() as u64);
+        self.mirror_bless(block, written.len() as u64);
         let pin = self.pin_csum(block, written.len() as u64).await?;
         for (i, w) in written.iter().enumerate() {
             if *w {

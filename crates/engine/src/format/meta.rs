@@ -71,6 +71,10 @@ pub struct DriveRecord {
     /// Error counters kept across restarts until cleared (absent in pools made before them).
     #[serde(default)]
     pub errors: DriveErrors,
+    /// Being emptied by `drive remove`: no new extents go to it, and the rebalance moves its
+    /// members to the other drives of its class (docs/design/pool-growth.md). Otherwise active.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub draining: bool,
 }
 
 /// One persistent error counter: how many events, and when the last one happened.
@@ -207,6 +211,36 @@ pub struct MemberRecord {
     /// While being rebuilt: rows below this are valid on the member.
     #[serde(default)]
     pub rebuild_cursor_rows: Option<u64>,
+    /// While the member is being moved: the extent it is being copied to. The member itself
+    /// (`slot`, `start_block`) stays where it is, complete, until the commit that ends the move.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub move_to: Option<ExtentRecord>,
+    /// The extent the member was moved away from, still reserved until a later commit (reads
+    /// that started before the move ended may still be reading it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_from: Option<ExtentRecord>,
+}
+
+impl MemberRecord {
+    /// A member at `start_block` of drive `slot`, not being rebuilt or moved.
+    pub fn at(slot: u32, start_block: u64) -> MemberRecord {
+        MemberRecord { slot, start_block, rebuild_cursor_rows: None, move_to: None, moved_from: None }
+    }
+}
+
+/// An extent of a drive that a member reserves besides its own (same length as the member's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExtentRecord {
+    pub slot: u32,
+    pub start_block: u64,
+}
+
+/// A rebalance the operator asked for (`pool rebalance`), kept until it has nothing left to
+/// move so that a restart resumes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RebalanceRecord {
+    /// Bytes copied per second at most (0: no limit besides the QoS dispatcher).
+    pub rate_bytes_per_sec: u64,
 }
 
 /// One instance of the layout over `rows` rows of its members.
@@ -272,6 +306,9 @@ pub struct PoolMeta {
     /// What `pool calibrate` measured (absent: never calibrated).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calibration: Option<Calibration>,
+    /// A rebalance in progress (absent: none asked for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebalance: Option<RebalanceRecord>,
 }
 
 /// A volume's QoS settings (docs/design/qos.md). Rates are per second; absent means none.
@@ -428,6 +465,7 @@ mod tests {
                     read_errors: ErrorCount { count: 2, last_unix_secs: 1_700_000_000 },
                     ..DriveErrors::default()
                 },
+                draining: true,
             }],
             volumes: vec![VolumeRecord {
                 id: 1,
@@ -439,12 +477,20 @@ mod tests {
                 role: VolumeRole::Plain,
                 segments: vec![SegmentRecord {
                     rows: 4,
-                    members: vec![MemberRecord { slot: 0, start_block: 0, rebuild_cursor_rows: Some(2) }],
+                    members: vec![
+                        MemberRecord { rebuild_cursor_rows: Some(2), ..MemberRecord::at(0, 0) },
+                        MemberRecord {
+                            move_to: Some(ExtentRecord { slot: 2, start_block: 64 }),
+                            moved_from: Some(ExtentRecord { slot: 3, start_block: 128 }),
+                            ..MemberRecord::at(1, 0)
+                        },
+                    ],
                 }],
             }],
             tiered: vec![],
             qos: Default::default(),
             calibration: None,
+            rebalance: Some(RebalanceRecord { rate_bytes_per_sec: 1 << 20 }),
         }
     }
 

@@ -18,8 +18,19 @@ pub(crate) fn used_extents(meta: &PoolMeta, slot: u32) -> Vec<(u64, u64)> {
     for v in &meta.volumes {
         let per_row = u64::from(v.chunk_blocks);
         for seg in &v.segments {
-            for m in seg.members.iter().filter(|m| m.slot == slot) {
-                used.push((m.start_block, seg.rows * per_row));
+            for m in &seg.members {
+                // A member being moved also holds its destination, and a member just moved
+                // still holds its source (until the commit after).
+                let extents = [
+                    Some((m.slot, m.start_block)),
+                    m.move_to.map(|e| (e.slot, e.start_block)),
+                    m.moved_from.map(|e| (e.slot, e.start_block)),
+                ];
+                for (s, start) in extents.into_iter().flatten() {
+                    if s == slot {
+                        used.push((start, seg.rows * per_row));
+                    }
+                }
             }
         }
     }
@@ -89,7 +100,9 @@ pub(crate) fn place(
     let active: Vec<_> = meta
         .drives
         .iter()
-        .filter(|d| d.class == class && d.state == DriveState::Active && !exclude.contains(&d.slot))
+        .filter(|d| {
+            d.class == class && d.state == DriveState::Active && !d.draining && !exclude.contains(&d.slot)
+        })
         .collect();
     let domains_total = {
         let mut ds: Vec<String> = active.iter().map(|d| domain_of(meta, d.slot)).collect();
@@ -150,10 +163,7 @@ pub(crate) fn place(
     }
     // Members come out column by column: column c, copy k at c * group + k (what the mirror
     // layouts expect); for ec the single "column" is the whole stripe.
-    let members = chosen
-        .into_iter()
-        .map(|c| MemberRecord { slot: c.slot, start_block: c.start, rebuild_cursor_rows: None })
-        .collect();
+    let members = chosen.into_iter().map(|c| MemberRecord::at(c.slot, c.start)).collect();
     Ok(members)
 }
 
@@ -184,12 +194,12 @@ fn no_space(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::format::meta::{DriveErrors, DriveRecord, SegmentRecord, VolumeRecord, VolumeRole};
     use uuid::Uuid;
 
-    fn meta(domains: &[&str]) -> PoolMeta {
+    pub(crate) fn meta(domains: &[&str]) -> PoolMeta {
         PoolMeta {
             pool_uuid: Uuid::nil(),
             name: "p".into(),
@@ -210,12 +220,14 @@ mod tests {
                     path_hint: String::new(),
                     data_blocks: 1000,
                     errors: DriveErrors::default(),
+                    draining: false,
                 })
                 .collect(),
             volumes: vec![],
             tiered: vec![],
             qos: Default::default(),
             calibration: None,
+            rebalance: None,
         }
     }
 
@@ -265,10 +277,7 @@ mod tests {
             role: VolumeRole::Plain,
             segments: vec![SegmentRecord {
                 rows: 30,
-                members: vec![
-                    MemberRecord { slot: 0, start_block: 100, rebuild_cursor_rows: None },
-                    MemberRecord { slot: 1, start_block: 0, rebuild_cursor_rows: None },
-                ],
+                members: vec![MemberRecord::at(0, 100), MemberRecord::at(1, 0)],
             }],
         });
         assert_eq!(free_extents(&m, 0, 1000), vec![(0, 100), (400, 600)]);

@@ -6,6 +6,7 @@ pub(crate) mod core;
 mod csum_cache;
 mod errors;
 pub(crate) mod gate;
+mod moves;
 mod qos;
 mod rebuild;
 mod recovery;
@@ -38,6 +39,7 @@ use crate::volume::locks::StripeLocks;
 use crate::volume::map::{Geometry, Member, NOT_REBUILDING, Segment, VolumeMap};
 use crate::volume::{Family, Volume, VolumeCounters, VolumeState};
 
+pub use moves::{BALANCE_SLACK, MoveProgress, RebalanceReport, RebalanceStatus};
 pub use rebuild::RebuildProgress;
 pub use recovery::RecoveryReport;
 pub use scrub::ScrubReport;
@@ -94,6 +96,10 @@ pub struct Pool<D: BlockDevice> {
     clearing: tokio::sync::Mutex<()>,
     /// Per-volume QoS (see `pool/qos.rs`).
     qos: Arc<crate::qos::Dispatcher>,
+    /// The extent being moved, if any (see `pool/moves.rs`).
+    moving: parking_lot::Mutex<Option<moves::ActiveMove<D>>>,
+    /// Extent moves finished since the pool was opened.
+    moves_done: AtomicU64,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for Pool<D> {
@@ -162,6 +168,7 @@ impl<D: BlockDevice> Pool<D> {
                 path_hint: nd.path,
                 data_blocks: layout.data_blocks(),
                 errors: DriveErrors::default(),
+                draining: false,
             });
             opened.push(Arc::new(Drive::format(nd.dev, sb, nd.fresh).await?));
         }
@@ -177,6 +184,7 @@ impl<D: BlockDevice> Pool<D> {
             tiered: vec![],
             qos: Default::default(),
             calibration: None,
+            rebalance: None,
         };
         let core = Arc::new(PoolCore::new(meta, opened, 1, 0));
         core.update(|_| Ok(((), true))).await?;
@@ -199,6 +207,8 @@ impl<D: BlockDevice> Pool<D> {
             rebuild_rate_bytes: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             clearing: tokio::sync::Mutex::new(()),
+            moving: parking_lot::Mutex::new(None),
+            moves_done: AtomicU64::new(0),
         }
     }
 
@@ -406,6 +416,7 @@ impl<D: BlockDevice> Pool<D> {
             )));
         }
         vol.closed.store(true, Ordering::Relaxed);
+        self.drop_shadow_of(name);
         // Journal records of this volume must not be replayed onto a future owner of its extents.
         self.core.flush_all().await?;
         self.clear_extents(&rec).await?;

@@ -61,6 +61,8 @@ impl<D: BlockDevice> Pool<D> {
         probe.drives.push(record.clone());
         move_extents(&mut probe, old_slot, slot)?;
 
+        // A move in progress is taken back (the rebalance plans again after the rebuild).
+        self.drop_shadow();
         if old.state == DriveState::Active {
             self.core.fail_drive(old_slot, "replaced".into()).await?;
         }
@@ -120,9 +122,15 @@ impl<D: BlockDevice> Pool<D> {
         let meta = self.core.meta();
         meta.drive(slot).ok_or_else(|| EngineError::NoSuchDrive(format!("slot {slot}")))?;
         let holders = |m: &PoolMeta| -> Vec<String> {
+            let on = |e: Option<crate::format::meta::ExtentRecord>| e.is_some_and(|e| e.slot == slot);
             m.volumes
                 .iter()
-                .filter(|v| v.segments.iter().any(|s| s.members.iter().any(|mem| mem.slot == slot)))
+                .filter(|v| {
+                    v.segments
+                        .iter()
+                        .flat_map(|s| &s.members)
+                        .any(|mem| mem.slot == slot || on(mem.move_to) || on(mem.moved_from))
+                })
                 .map(|v| v.name.clone())
                 .collect()
         };
@@ -318,6 +326,7 @@ fn joining<D: BlockDevice>(
         path_hint: new.path.clone(),
         data_blocks: layout.data_blocks(),
         errors: DriveErrors::default(),
+        draining: false,
     };
     Ok((sb, record))
 }
@@ -329,6 +338,12 @@ fn move_extents(
     new_slot: u32,
 ) -> Result<(), EngineError> {
     let data_blocks = m.drive(new_slot).map(|d| d.data_blocks).unwrap_or(0);
+    for mem in m.volumes.iter_mut().flat_map(|v| &mut v.segments).flat_map(|s| &mut s.members) {
+        mem.move_to = None;
+        if mem.moved_from.is_some_and(|e| e.slot == old_slot) {
+            mem.moved_from = None;
+        }
+    }
     for vi in 0..m.volumes.len() {
         for si in 0..m.volumes[vi].segments.len() {
             for mi in 0..m.volumes[vi].segments[si].members.len() {

@@ -48,6 +48,9 @@ pub struct DriveStatus {
     /// The drive's checksum page cache (pages resident, budget, loads, evictions, damaged).
     #[serde(default)]
     pub csum_cache: crate::CsumCacheStats,
+    /// Being emptied by `drive remove` (its members move to other drives; it stays active).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub draining: bool,
 }
 
 /// One volume.
@@ -87,6 +90,9 @@ pub struct PoolStatus {
     /// Why writes are suspended (a full host filesystem, see `Pool::clear_suspension`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspended: Option<String>,
+    /// Extents being moved (`pool rebalance`, `drive remove`); absent when there are none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebalance: Option<super::RebalanceStatus>,
 }
 
 /// A device left out of the pool at assembly.
@@ -123,6 +129,8 @@ impl<D: BlockDevice> Pool<D> {
                 .map(|(p, r)| IgnoredDrive { path: p.clone(), reason: r.clone() })
                 .collect(),
             suspended: self.core.suspension(),
+            rebalance: Some(self.rebalance_status())
+                .filter(|r| r.requested || !r.draining.is_empty() || r.current.is_some()),
         }
     }
 
@@ -166,6 +174,7 @@ impl<D: BlockDevice> Pool<D> {
             journal_used_bytes: d.journal_used_blocks() * BLOCK,
             write_size_hist: c.write_size_hist,
             csum_cache: d.csum_cache_stats(),
+            draining: rec.is_some_and(|r| r.draining),
         }
     }
 }

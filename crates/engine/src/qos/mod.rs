@@ -21,3 +21,5 @@ pub use volume::QosVolume;
 pub const REBUILD_FLOW: &str = "~rebuild";
 /// The flow of scrubs.
 pub const SCRUB_FLOW: &str = "~scrub";
+/// The flow of extent moves (`pool rebalance`, `drive remove`).
+pub const REBALANCE_FLOW: &str = "~rebalance";

@@ -73,6 +73,16 @@ impl StripeLocks {
         }
         StripeGuards { _one: None, _more: guards }
     }
+
+    /// Locks every stripe of the volume (in slot order, as requests do, so it cannot deadlock
+    /// with them): no write, repair or row maintenance runs until the guards are dropped.
+    pub(crate) async fn lock_all(&self) -> StripeGuards<'_> {
+        let mut guards = Vec::with_capacity(LOCK_SLOTS);
+        for slot in self.slots.iter() {
+            guards.push(slot.lock().await);
+        }
+        StripeGuards { _one: None, _more: guards }
+    }
 }
 
 #[cfg(test)]

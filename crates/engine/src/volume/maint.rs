@@ -49,7 +49,7 @@ pub(super) async fn read_logical<D: BlockDevice>(
 }
 
 /// Calls `f(first, end)` for each run of consecutive indices where `bad[i]` is true.
-pub(super) fn for_each_run(bad: &[bool], mut f: impl FnMut(usize, usize)) {
+pub(crate) fn for_each_run(bad: &[bool], mut f: impl FnMut(usize, usize)) {
     let mut i = 0;
     while i < bad.len() {
         if !bad[i] {
@@ -79,6 +79,9 @@ impl<D: BlockDevice> Volume<D> {
         row: u64,
     ) -> Result<RowStats, EngineError> {
         let _guard = self.locks.lock([(si, row)]).await;
+        // Where the members are now, not when the caller looked (a move may have ended).
+        let current = self.map.load_full();
+        let map = if map.segments.len() == current.segments.len() { &current } else { map };
         with_family!(self, |f| f.resync(map, si, row).await)
     }
 
@@ -127,6 +130,8 @@ impl<D: BlockDevice> Volume<D> {
         row: u64,
     ) -> Result<RowStats, EngineError> {
         let _guard = self.locks.lock([(si, row)]).await;
+        let current = self.map.load_full(); // as in `resync_row`
+        let map = if map.segments.len() == current.segments.len() { &current } else { map };
         with_family!(self, |f| f.scrub_locked(map, si, row).await)
     }
 

@@ -327,7 +327,8 @@ where
             return self.read_locked(map, run, spare).await;
         }
         let _guard = self.locks.lock([(run.segment, run.row)]).await;
-        self.read_locked(map, run, spare).await
+        // The locked path may repair: where the members are now (see `write_in`).
+        self.read_locked(&self.map.load_full(), run, spare).await
     }
 
     /// [`Volume::write`].
@@ -342,7 +343,7 @@ where
             return Ok(());
         }
         let span = Span::new(offset_bytes, len_bytes);
-        let map = self.map.load_full();
+        let mut map = self.map.load_full();
         let runs = map.runs(&self.geo, span.first, span.blocks());
         // On ec, a FUA write completes with a pool flush instead of per-drive FUA: the flush
         // raises the transaction watermark past every older journaled write to these stripes,
@@ -350,6 +351,12 @@ where
         let by_pool_flush = self.fua_by_pool_flush();
         {
             let _guards = self.locks.lock(runs.iter().map(|r| (r.segment, r.row))).await;
+            // Members may have moved while this waited (a move ends under every stripe lock):
+            // write where they are now. Runs do not change (segments only ever get appended).
+            // (A guard, not a second reference count update, when nothing changed.)
+            if !Arc::ptr_eq(&map, &*self.map.load()) {
+                map = self.map.load_full();
+            }
             // An aligned range in unaligned memory goes through the merge too: it reads nothing
             // and only copies.
             let data = if span.is_aligned() && data.is_aligned() {
@@ -435,6 +442,7 @@ where
             let runs = map.runs(&self.geo, at, n);
             let _guards = self.locks.lock(runs.iter().map(|r| (r.segment, r.row))).await;
             self.core.check_writable().map_err(|e| self.pool_error(e))?;
+            let map = self.map.load_full(); // as in `write_in`
             for run in &runs {
                 self.unmap_run(&map, run).await?;
             }
