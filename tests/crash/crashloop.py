@@ -355,7 +355,10 @@ def start_move(daemon, volume, rng, tag, rnd, drive_size):
         print(f"{tag} round {rnd}: a drive is still draining ({moving})", flush=True)
         return
     daemon.cli("drive", "add", "--class", "capacity", "--size", drive_size)
-    slot = pick_drive(daemon, volume, rng)
+    capacity = {d["id"] for d in drives if d["class"] == "capacity"}
+    slot = None
+    while slot not in capacity:  # a tiered volume's fast drives have no spare to move to
+        slot = pick_drive(daemon, volume, rng)
     daemon.cli("drive", "remove", str(slot), "--rate", "48M")
     print(f"{tag} round {rnd}: drive added, drive {slot} draining", flush=True)
 

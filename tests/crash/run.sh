@@ -47,6 +47,7 @@ SCENARIOS=(
   "tiered-destaging|--layout tiered:ec:4+2 --scenario destaging"
   "tiered-degraded|--layout tiered:ec:4+2 --scenario degraded"
   "tiered-rebuilding|--layout tiered:ec:4+2 --scenario rebuilding"
+  "tiered-moving|--layout tiered:ec:4+2 --scenario moving"
   "log|--layout log:ec:4+2"
   "log-destaging|--layout log:ec:4+2 --scenario destaging"
   "log-degraded|--layout log:ec:4+2 --scenario degraded"

@@ -8,9 +8,17 @@
 //! neither resynchronised the region nor could read it back (found by the real-process crash
 //! loop, tests/crash/crashloop.py, on a tiered volume whose destager was writing at SIGTERM).
 //!
-//! Writers and the closer meet Dekker-style: a writer increments `active` and then reads
-//! `closing`; the closer sets `closing` and then reads `active`. With sequentially consistent
-//! ordering at least one sees the other, so no pass is handed out that the closer misses.
+//! Writers and the closer meet Dekker-style: a writer increments its `active` counter and then
+//! reads `closing`; the closer sets `closing` and then reads the counters. With sequentially
+//! consistent ordering at least one sees the other, so no pass is handed out that the closer
+//! misses.
+//!
+//! The gate also gives a *grace period* (as RCU does): [`OpGate::grace`] returns once every
+//! operation that entered before it was called has left. Passes are counted in one of two
+//! counters, chosen by the parity of `epoch`; a grace flips the epoch and waits for the old
+//! counter to drain. An extent move uses it after replacing a volume's map: a request that loaded
+//! the old map entered before, so once the grace is over nothing can still read the old extent
+//! (pool/moves.rs).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 
@@ -19,7 +27,9 @@ use tokio::sync::Notify;
 /// Counts operations in progress and refuses new ones once closing.
 #[derive(Debug, Default)]
 pub(crate) struct OpGate {
-    active: AtomicU64,
+    /// Passes out, counted by the parity of the epoch they entered in.
+    active: [AtomicU64; 2],
+    epoch: AtomicU64,
     closing: AtomicBool,
     idle: Notify,
 }
@@ -28,24 +38,57 @@ pub(crate) struct OpGate {
 #[derive(Debug)]
 pub(crate) struct OpPass<'a> {
     gate: &'a OpGate,
+    parity: usize,
 }
 
 impl OpGate {
     /// A pass for one operation, or `None` when the pool is closing.
     pub(crate) fn enter(&self) -> Option<OpPass<'_>> {
-        self.active.fetch_add(1, SeqCst);
+        let parity = (self.epoch.load(SeqCst) & 1) as usize;
+        self.active[parity].fetch_add(1, SeqCst);
         if self.closing.load(SeqCst) {
-            self.leave();
+            self.leave(parity);
             return None;
         }
-        Some(OpPass { gate: self })
+        Some(OpPass { gate: self, parity })
     }
 
-    fn leave(&self) {
-        let before = self.active.fetch_sub(1, SeqCst);
+    fn leave(&self, parity: usize) {
+        let before = self.active[parity].fetch_sub(1, SeqCst);
         assert!(before > 0, "operation gate: more passes returned than handed out");
         if before == 1 {
             self.idle.notify_waiters();
+        }
+    }
+
+    fn outstanding(&self) -> u64 {
+        self.active[0].load(SeqCst) + self.active[1].load(SeqCst)
+    }
+
+    /// Waits until every operation that entered before this call has left (later ones are not
+    /// waited for). The caller must not hold a pass. One grace at a time.
+    pub(crate) async fn grace(&self) {
+        let old = (self.epoch.fetch_add(1, SeqCst) & 1) as usize;
+        let started = std::time::Instant::now();
+        let mut warned = false;
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.active[old].load(SeqCst) == 0 {
+                return;
+            }
+            // An operation that holds its pass this long is stuck; say so, keep waiting.
+            let tick = tokio::time::sleep(std::time::Duration::from_secs(10));
+            tokio::select! {
+                _ = idle => {}
+                _ = tick => {
+                    if !warned {
+                        tracing::warn!(waited_s = started.elapsed().as_secs(), "still waiting for operations that started before an extent move ended");
+                        warned = true;
+                    }
+                }
+            }
         }
     }
 
@@ -63,7 +106,7 @@ impl OpGate {
             tokio::pin!(idle);
             // Register before checking, so a pass returned in between still wakes us.
             idle.as_mut().enable();
-            if self.active.load(SeqCst) == 0 {
+            if self.outstanding() == 0 {
                 return;
             }
             idle.await;
@@ -73,7 +116,7 @@ impl OpGate {
 
 impl Drop for OpPass<'_> {
     fn drop(&mut self) {
-        self.gate.leave();
+        self.gate.leave(self.parity);
     }
 }
 
@@ -96,5 +139,24 @@ mod tests {
         drop(pass);
         closer.await.expect("close finishes once the last pass is returned");
         assert!(gate.is_closing());
+    }
+
+    #[tokio::test]
+    async fn a_grace_waits_for_earlier_passes_only() {
+        let gate = Arc::new(OpGate::default());
+        let early = gate.enter().expect("open");
+        let grace = {
+            let gate = Arc::clone(&gate);
+            tokio::spawn(async move { gate.grace().await })
+        };
+        tokio::task::yield_now().await;
+        let late = gate.enter().expect("open");
+        tokio::task::yield_now().await;
+        assert!(!grace.is_finished(), "the grace ended while an earlier pass was out");
+        drop(early);
+        grace.await.expect("the grace ends once the earlier pass is back, with a later one still out");
+        drop(late);
+        // A second grace flips back to the first counter, which is empty now.
+        gate.grace().await;
     }
 }

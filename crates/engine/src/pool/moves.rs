@@ -11,8 +11,8 @@
 //!    row stays equal on both. A request waits at most for one chunk's copy.
 //! 3. **Switch** (under every stripe lock of the volume): flush all drives, then one commit points
 //!    the member at the destination and keeps the source reserved as `moved_from` (reads that
-//!    started before may still be reading it), the map is replaced and the shadow removed. The
-//!    next commit of the runner frees the source.
+//!    started before may still be reading it), the map is replaced and the shadow removed. Once
+//!    a grace period of the operation gate has passed (pool/gate.rs), a commit frees the source.
 //!
 //! A crash before the switch commit leaves the member complete where it was; the move starts
 //! again from row 0 (the destination's rows are never read before the switch, so they need not
@@ -288,8 +288,9 @@ impl<D: BlockDevice> Pool<D> {
             .await
     }
 
-    /// Frees (one commit) the source extents of finished moves: no request that could still
-    /// read one started before the switch that replaced it, as the runner waited a moment.
+    /// Frees (one commit) the source extents of finished moves, once no request that could
+    /// still read one is left: every request that loaded a map before its switch entered the
+    /// operation gate before it, so a grace period of the gate covers them.
     async fn free_sources(&self) -> Result<(), EngineError> {
         let meta = self.core.meta();
         let mut sources = Vec::new();
@@ -305,7 +306,8 @@ impl<D: BlockDevice> Pool<D> {
         if sources.is_empty() {
             return Ok(());
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        self.core.ops.grace().await;
+        let Some(_op) = self.core.ops.enter() else { return Ok(()) };
         // As a deleted volume's extents: their checksums cleared, so they read as zeros.
         for (e, blocks) in &sources {
             if let Some(d) = self.core.drive(e.slot).filter(|d| !d.is_failed()) {
@@ -512,19 +514,16 @@ impl<D: BlockDevice> Pool<D> {
         Ok(())
     }
 
-    /// Takes back a move the runner gave up: the destination extent is freed (its checksums
-    /// cleared first, while nothing else can own it).
+    /// Takes back a move the runner gave up: the destination extent is freed.
     async fn abandon_move(&self, p: &Planned) -> Result<(), EngineError> {
         self.drop_shadow();
         let meta = self.core.meta();
-        let found = meta.volume(&p.volume).and_then(|v| {
-            let s = v.segments.get(p.segment)?;
-            let e = s.members.get(p.member)?.move_to?;
-            Some((e, s.rows * u64::from(v.chunk_blocks)))
-        });
-        let Some((dst, blocks)) = found else { return Ok(()) };
-        if let Some(d) = self.core.drive(dst.slot).filter(|d| !d.is_failed()) {
-            let _ = d.zero(dst.start_block, blocks).await;
+        let found =
+            meta.volume(&p.volume).and_then(|v| v.segments.get(p.segment)?.members.get(p.member)?.move_to);
+        // The destination's blocks are not cleared: a volume created there later clears its
+        // extents anyway, and a concurrent `drive replace` may already own them.
+        if found.is_none() {
+            return Ok(());
         }
         let (name, segment, member) = (p.volume.clone(), p.segment, p.member);
         self.core

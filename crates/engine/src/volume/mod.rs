@@ -454,6 +454,9 @@ where
 
     /// [`Volume::block_status`].
     async fn block_status_in(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<Extent>, VolumeError> {
+        // A pass like a read: an extent move frees the old place of a member only once no
+        // request that could still look at it is left (pool/gate.rs, grace periods).
+        let _op = self.enter_op()?;
         self.check_range(offset_bytes, len_bytes)?;
         if len_bytes == 0 {
             return Ok(Vec::new());
