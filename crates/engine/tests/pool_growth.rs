@@ -137,3 +137,46 @@ async fn rebalance_spreads_a_grown_pool_evenly() {
     }
     pool.close().await.expect("close");
 }
+
+#[tokio::test]
+async fn a_drive_failure_during_a_move_takes_it_back_and_nothing_is_lost() {
+    // The destination fails mid-copy: the move is abandoned, the member stays complete where it
+    // was, writes go on; once the failed drive is replaced the drain finishes.
+    for (i, (layout, n)) in layouts().into_iter().filter(|(l, _)| l.tolerance() > 0).enumerate() {
+        let seed = 990 + i as u64;
+        let (pool, _devs, mut model) = grown_pool(layout, n, seed).await;
+        let vol = pool.volume("v").expect("v");
+        let victim = pool.meta().volumes[0].segments[0].members[0].slot;
+        let added = pool.meta().drives.iter().map(|d| d.slot).max().expect("drives");
+        pool.drain_drive(victim).await.expect("drain");
+        pool.request_rebalance(2 << 20).await.expect("slow, so the failure lands mid-copy");
+        let mut rng = rng(seed + 2);
+        let fail_destination = async {
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            let moving = pool.rebalance_status().current.expect("a move is running");
+            assert_eq!((moving.from_drive, moving.to_drive), (victim, added), "{layout}");
+            assert!(moving.rows_done > 0 && moving.rows_done < moving.rows_total, "{layout}: {moving:?}");
+            pool.fail_drive(added, "failed by the test").await.expect("fail");
+            for _ in 0..20 {
+                let (offset, data) = random_write(&mut rng, SIZE, CHUNK * 4);
+                write(&vol, &mut model, offset, data).await;
+            }
+        };
+        let (report, ()) = tokio::join!(pool.rebalance(|_| {}), fail_destination);
+        let report = report.unwrap_or_else(|e| panic!("{layout}: rebalance: {e}"));
+        assert!(report.moves == 0 && report.abandoned >= 1, "{layout}: {report:?}");
+        let members = &pool.meta().volumes[0].segments[0].members;
+        assert!(members.iter().all(|m| m.move_to.is_none()), "{layout}: the move was not taken back");
+        assert!(members.iter().any(|m| m.slot == victim), "{layout}: the member left its drive");
+        check(&vol, &model).await;
+        // The failed destination is replaced (it holds nothing of the volume), then the drain
+        // finishes onto the replacement.
+        let spare = drive("spare", &PowerSwitch::new(), seed + 5);
+        pool.replace_drive(added, new_drive(&spare, DriveClass::Capacity, "")).await.expect("replace");
+        let report = pool.rebalance(|_| {}).await.unwrap_or_else(|e| panic!("{layout}: rebalance: {e}"));
+        assert_eq!((report.moves, report.stuck.as_deref()), (1, None), "{layout}");
+        assert_eq!(pool.drained(), vec![victim], "{layout}");
+        check(&vol, &model).await;
+        pool.close().await.expect("close");
+    }
+}

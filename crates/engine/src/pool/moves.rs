@@ -349,6 +349,8 @@ impl<D: BlockDevice> Pool<D> {
             return Err(Stop::Abandon("the source or the destination drive is failed".into()));
         };
         let shadow = Arc::new(Shadow::new(src_start, rows * chunk, Arc::clone(&target), dst.start_block));
+        // A shadow left by an earlier run whose future was dropped mid-copy goes first.
+        self.drop_shadow();
         source.add_shadow(Arc::clone(&shadow));
         let progress = MoveProgress {
             volume: p.volume.clone(),
@@ -493,22 +495,28 @@ impl<D: BlockDevice> Pool<D> {
         // A write repeated on the destination may have failed during the flush's wait.
         self.check_move(p, shadow, source)?;
         let (name, segment, member) = (p.volume.clone(), p.segment, p.member);
-        self.core
+        let switched = self
+            .core
             .update(move |m| {
                 let v =
                     m.volumes.iter_mut().find(|v| v.name == name).ok_or(EngineError::NoSuchVolume(name))?;
                 let mem = &mut v.segments[segment].members[member];
-                assert!(
-                    mem.slot == src_slot && mem.start_block == src_start && mem.move_to == Some(dst),
-                    "the member being moved changed under its stripe locks"
-                );
+                // `drive replace` takes moves back without the stripe locks (it stops the shadow
+                // first, so `check_move` catches it, unless it commits between that check and
+                // this one).
+                if !(mem.slot == src_slot && mem.start_block == src_start && mem.move_to == Some(dst)) {
+                    return Ok((false, false));
+                }
                 mem.moved_from = Some(ExtentRecord { slot: src_slot, start_block: src_start });
                 mem.slot = dst.slot;
                 mem.start_block = dst.start_block;
                 mem.move_to = None;
-                Ok(((), true))
+                Ok((true, true))
             })
             .await?;
+        if !switched {
+            return Err(Stop::Abandon("the move was taken back".into()));
+        }
         self.refresh_volume(vol.name())?;
         self.drop_shadow();
         Ok(())
