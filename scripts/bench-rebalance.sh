@@ -120,8 +120,8 @@ done
 IDLE=$(printf '%s\n' "${idle[@]}" | median)
 echo "idle: p99 write latency $IDLE us (median of [${idle[*]}]), $idle_err failed runs"
 
-st drive add --class capacity --size 4G >/dev/null
-st drive add --class capacity --size 4G >/dev/null
+st drive add --class capacity --size 4G --no-rebalance >/dev/null
+st drive add --class capacity --size 4G --no-rebalance >/dev/null
 st pool rebalance --rate "$RATE" >/dev/null
 IFS='|' read -r p99s errors took < <(during)
 REB=$(printf '%s\n' $p99s | median)

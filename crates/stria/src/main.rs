@@ -348,6 +348,10 @@ enum DriveCmd {
         /// Format it even though it is a drive of another pool.
         #[arg(long)]
         overwrite: bool,
+        /// Leave existing extents where they are (by default a rebalance onto the new drive is
+        /// asked for, as `pool rebalance` does).
+        #[arg(long)]
+        no_rebalance: bool,
         #[arg(long)]
         json: bool,
     },
@@ -887,18 +891,18 @@ async fn drive(dir: &PoolDir, cmd: DriveCmd) -> Result<()> {
                 v["rebuild"].as_str().unwrap_or("")
             );
         }
-        DriveCmd::Add { path, class, size, domain, overwrite, json } => {
+        DriveCmd::Add { path, class, size, domain, overwrite, no_rebalance, json } => {
             if path.is_none() && size.is_none() {
                 bail!("give the drive's PATH, or --size to create a new sparse file in the pool directory");
             }
             // Relative to where the command runs, not where the daemon does.
             let path = path.map(|p| pooldir::absolute(&p)).transpose()?;
-            let v =
-                request(dir, Request::DriveAdd { class, path, size_bytes: size, domain, overwrite }).await?;
+            let add = Request::DriveAdd { class, path, size_bytes: size, domain, overwrite, no_rebalance };
+            let v = request(dir, add).await?;
             if json {
                 print_json(&v);
             } else {
-                outln!("added drive {}", v["added"]);
+                outln!("added drive {}; rebalance {}", v["added"], v["rebalance"].as_str().unwrap_or(""));
                 let status: stria_engine::PoolStatus = view(v["status"].clone())?;
                 output::drives(&status.drives);
             }

@@ -96,6 +96,9 @@ pub(crate) enum Request {
         /// Format it even though it carries another pool's superblock.
         #[serde(default)]
         overwrite: bool,
+        /// Do not ask for a rebalance onto it (by default one is asked for).
+        #[serde(default)]
+        no_rebalance: bool,
     },
     /// Resets the persistent error counters of one drive (id or path), or of all for `None`.
     DriveClearErrors {
@@ -313,9 +316,22 @@ pub(crate) async fn execute(
                 "old_file_kept_as": kept,
             }))
         }
-        Request::DriveAdd { class, path, size_bytes, domain, overwrite } => {
+        Request::DriveAdd { class, path, size_bytes, domain, overwrite, no_rebalance } => {
             let slot = add(ctx, class, path, size_bytes, domain, overwrite).await?;
-            Ok(json!({ "added": slot, "status": pool.status() }))
+            // The automatic policy: existing extents spread onto the new drive, in the daemon's
+            // background (without a daemon, at its next start or by `pool rebalance`).
+            if !no_rebalance {
+                let rate = pool.meta().rebalance.map_or(0, |r| r.rate_bytes_per_sec);
+                pool.request_rebalance(rate).await?;
+            }
+            let rebalance = match (no_rebalance, ctx.daemon) {
+                (true, _) => "not asked for",
+                (false, true) => "running in the daemon",
+                (false, false) => {
+                    "asked for: it runs when the daemon starts, or now with `stria pool rebalance`"
+                }
+            };
+            Ok(json!({ "added": slot, "rebalance": rebalance, "status": pool.status() }))
         }
         Request::DriveRemove { drive, rate_bytes_per_sec } => {
             let slot = find_drive(pool, &drive)?;
