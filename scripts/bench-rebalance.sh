@@ -3,13 +3,15 @@
 # drives grows to 8 and rebalances, then a drive is removed, both while fio writes and verifies
 # through NBD.
 #
-#   scripts/bench-rebalance.sh [--stria BIN] [--dir /dev/shm] [--volume-size 1G] [--rate 200M]
-#                              [--idle-runs 3]
+#   scripts/bench-rebalance.sh [--stria BIN] [--dir /dev/shm] [--volumes 12] [--volume-size 256M]
+#                              [--rate 200M] [--idle-runs 3]
 #
-# Four ec:4+2 volumes v0-v3 of VOLUME-SIZE on 6 capacity sparse drive files in DIR (tmpfs by
-# default): 24 member extents, 4 per drive. The load is fio on v0 (which moves too): 4 KiB random
-# writes at queue depth 16 over its first 256 MiB, each block once, then a read-back of all of
-# them with verify=crc32c; one such run after another. Reported:
+# VOLUMES ec:4+2 volumes v0, v1, ... of VOLUME-SIZE on 6 capacity sparse drive files in DIR (tmpfs
+# by default): 6 member extents each, spread evenly. 12 volumes make 72 extents: 9 per drive on 8
+# drives, 10 or 11 on 7, so "within 10 % of even" is reachable with whole extents after both the
+# growth and the remove. The load is fio on v0 (which moves too): 4 KiB random writes at queue
+# depth 16 over its first 256 MiB, each block once, then a read-back of all of them with
+# verify=crc32c; one such run after another. Reported:
 #   * p99 write latency of IDLE-RUNS runs with nothing moving (median), then of every run while
 #     `pool rebalance --rate RATE` moves extents onto 2 added drives, and while `drive remove 0`
 #     drains drive 0 (runs go on until the moves end);
@@ -19,11 +21,12 @@
 # Needs fio and nbdinfo (scripts/test.sh installs both). Everything it makes is removed at exit.
 set -euo pipefail
 
-STRIA=target/release/stria DIR=/dev/shm VSIZE=1G RATE=200M IDLE_RUNS=3
+STRIA=target/release/stria DIR=/dev/shm VOLUMES=12 VSIZE=256M RATE=200M IDLE_RUNS=3
 while [ $# -gt 0 ]; do
   case "$1" in
     --stria) STRIA=$2; shift 2 ;;
     --dir) DIR=$2; shift 2 ;;
+    --volumes) VOLUMES=$2; shift 2 ;;
     --volume-size) VSIZE=$2; shift 2 ;;
     --rate) RATE=$2; shift 2 ;;
     --idle-runs) IDLE_RUNS=$2; shift 2 ;;
@@ -100,13 +103,14 @@ print("%d drives, used MiB %s, mean %.0f MiB, farthest from the mean %.1f %%" % 
 }
 
 echo "bench-rebalance on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) CPUs"
-echo "pool: 6 capacity sparse drives in $DIR; v0-v3: $VSIZE ec:4+2 each; load: fio on v0 (4 KiB random writes qd 16 over 256 MiB, then verify=crc32c)"
+VOLS=$(seq -f 'v%g' 0 $((VOLUMES - 1)))
+echo "pool: 6 capacity sparse drives in $DIR; $VOLUMES volumes of $VSIZE ec:4+2; load: fio on v0 (4 KiB random writes qd 16 over 256 MiB, then verify=crc32c)"
 st pool create --capacity 6 --drive-size 4G >/dev/null
-for v in v0 v1 v2 v3; do st volume create "$v" --size "$VSIZE" --layout ec:4+2 >/dev/null; done
+for v in $VOLS; do st volume create "$v" --size "$VSIZE" --layout ec:4+2 >/dev/null; done
 "$STRIA" --pool "$POOL" --log-level warn serve --nbd "unix:$SOCK" >/dev/null 2>&1 &
 SERVE_PID=$!
 for _ in $(seq 600); do nbdinfo --size "$(uri v0)" >/dev/null 2>&1 && break; sleep 0.1; done
-for v in v0 v1 v2 v3; do
+for v in $VOLS; do
   fio --name=fill --ioengine=nbd --uri="$(uri "$v")" --rw=write --bs=1M --iodepth=8 --size="$VSIZE" >/dev/null 2>&1
 done
 echo "before: $(usage)"
