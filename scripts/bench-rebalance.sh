@@ -57,7 +57,7 @@ load_run() {
   local out="$POOL.fio.$N"
   local rc=0
   fio --output-format=json --name=load --ioengine=nbd --uri="$(uri v0)" --rw=randwrite --bs=4k \
-    --iodepth=16 --size=256M --randrepeat=0 --verify=crc32c --do_verify=1 --verify_fatal=1 \
+    --iodepth=16 --size=256M --randrepeat=0 --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 \
     >"$out" 2>"$out.err" || rc=1
   python3 - "$out" "$rc" <<'EOF'
 import json, sys
@@ -140,6 +140,6 @@ gone=$(status | python3 -c 'import json, sys; print(all(d["id"] != 0 for d in js
 echo "drive remove 0 under load: took ${took} s; drive gone: $gone; p99 $REM us (median of [$p99s]) = $(python3 -c "print('%.2f' % ($REM / $IDLE))") x idle; $errors failed runs"
 echo "after the remove: $(usage)"
 fio --name=final --ioengine=nbd --uri="$(uri v0)" --rw=randwrite --bs=4k --iodepth=16 --size=256M \
-  --verify=crc32c --do_verify=1 --verify_fatal=1 >/dev/null 2>&1 && echo "final write + verify pass on v0: ok" \
+  --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 >/dev/null 2>&1 && echo "final write + verify pass on v0: ok" \
   || { echo "final write + verify pass on v0: FAILED"; exit 1; }
 st scrub v1 --json | python3 -c 'import json, sys; r = json.load(sys.stdin); print("scrub v1:", {k: r[k] for k in ("blocks_checked", "blocks_repaired", "parity_blocks_fixed", "unrecoverable_blocks")})'
