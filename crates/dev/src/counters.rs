@@ -1,24 +1,63 @@
-//! Per-drive counters: the raw material of write-amplification figures.
+//! Per-drive counters: the raw material of write-amplification figures; and [`Counter`], the
+//! sharded counter every per-request statistic uses.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, Ordering::Relaxed};
+
+/// Slots of a [`Counter`]: threads spread over them, so two cores rarely write one cache line.
+const SHARDS: usize = 16;
+
+/// One slot on a cache line of its own.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Slot(AtomicU64);
+
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread's slot, taken round-robin at its first count (a runtime worker keeps it).
+    static SHARD: usize = NEXT_SHARD.fetch_add(1, Relaxed) % SHARDS;
+}
+
+/// A statistics counter without a shared atomic per update (docs/design/observability.md): each
+/// thread adds to its own slot, a reader sums the slots. Updates are relaxed; a sum taken while
+/// others count is some value between the counts before and after them. The methods mirror
+/// `AtomicU64`'s so the two are interchangeable at call sites (the ordering is always relaxed).
+#[derive(Debug, Default)]
+pub struct Counter {
+    slots: [Slot; SHARDS],
+}
+
+impl Counter {
+    /// Adds `v`; returns nothing useful (0), unlike `AtomicU64::fetch_add`.
+    pub fn fetch_add(&self, v: u64, _order: Ordering) -> u64 {
+        let shard = SHARD.with(|s| *s);
+        self.slots[shard].0.fetch_add(v, Relaxed);
+        0
+    }
+
+    /// The sum of every slot.
+    pub fn load(&self, _order: Ordering) -> u64 {
+        self.slots.iter().map(|s| s.0.load(Relaxed)).fold(0, u64::wrapping_add)
+    }
+}
 
 /// Number of buckets in the write-size histogram: bucket `i` counts writes of
 /// `[2^(12+i), 2^(13+i))` bytes, the first bucket also everything below 8 KiB and the last
 /// everything from 64 MiB up.
 pub const WRITE_SIZE_BUCKETS: usize = 15;
 
-/// Counters of one device. All updates are relaxed atomics: they are statistics, not state.
+/// Counters of one device. All updates are relaxed: they are statistics, not state.
 #[derive(Debug, Default)]
 pub struct DevCounters {
-    read_ops: AtomicU64,
-    read_bytes: AtomicU64,
-    write_ops: AtomicU64,
-    write_bytes: AtomicU64,
-    flush_ops: AtomicU64,
-    discard_ops: AtomicU64,
-    errors: AtomicU64,
-    repairs: AtomicU64,
-    write_size_hist: [AtomicU64; WRITE_SIZE_BUCKETS],
+    read_ops: Counter,
+    read_bytes: Counter,
+    write_ops: Counter,
+    write_bytes: Counter,
+    flush_ops: Counter,
+    discard_ops: Counter,
+    errors: Counter,
+    repairs: Counter,
+    write_size_hist: [Counter; WRITE_SIZE_BUCKETS],
 }
 
 /// A point-in-time copy of [`DevCounters`].
@@ -134,6 +173,28 @@ pub fn write_size_bucket_floor_bytes(bucket: usize) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_counter_sums_what_every_thread_added() {
+        let c = std::sync::Arc::new(Counter::default());
+        let threads: Vec<_> = (0..40u64)
+            .map(|t| {
+                let c = std::sync::Arc::clone(&c);
+                std::thread::spawn(move || {
+                    for _ in 0..1000 {
+                        c.fetch_add(t, Relaxed);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("thread");
+        }
+        assert_eq!(c.load(Relaxed), 1000 * (0..40).sum::<u64>());
+        // 40 threads over 16 slots: more than one slot was written.
+        assert!(c.slots.iter().filter(|s| s.0.load(Relaxed) > 0).count() > 1);
+        assert_eq!(std::mem::align_of::<Slot>(), 64, "each slot on a cache line of its own");
+    }
 
     #[test]
     fn buckets_are_powers_of_two_from_4k() {

@@ -35,7 +35,7 @@ mod mirror;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use crate::join::join_all_ok;
 use arc_swap::ArcSwap;
@@ -93,18 +93,18 @@ pub struct BlockLocation {
 /// Host-side counters of a volume.
 #[derive(Debug, Default)]
 pub struct VolumeCounters {
-    pub read_ops: AtomicU64,
-    pub read_bytes: AtomicU64,
-    pub write_ops: AtomicU64,
-    pub write_bytes: AtomicU64,
-    pub flush_ops: AtomicU64,
+    pub read_ops: stria_dev::Counter,
+    pub read_bytes: stria_dev::Counter,
+    pub write_ops: stria_dev::Counter,
+    pub write_bytes: stria_dev::Counter,
+    pub flush_ops: stria_dev::Counter,
     /// Blocks found bad on a drive and rewritten from redundancy.
-    pub repaired_blocks: AtomicU64,
+    pub repaired_blocks: stria_dev::Counter,
     /// Reads that needed reconstruction (missing or bad member).
-    pub degraded_reads: AtomicU64,
+    pub degraded_reads: stria_dev::Counter,
     /// Erasure-coded writes by path.
-    pub full_stripe_writes: AtomicU64,
-    pub partial_stripe_writes: AtomicU64,
+    pub full_stripe_writes: stria_dev::Counter,
+    pub partial_stripe_writes: stria_dev::Counter,
 }
 
 /// The layout family of a volume, chosen once when the volume is installed: what differs between
