@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of stria on a fresh machine: installs what is missing (Debian packages, the
 # pinned Rust toolchain), checks formatting and lints, runs the unit, scenario and seeded crash
-# tests, then the real-client tests (qemu, libnbd, fio, ext4 over nbdfuse) against `stria serve`.
+# tests, then the real-client tests (qemu, libnbd, fio, ext4 over nbdfuse) against `stria serve`,
+# the metrics (promtool, a real Prometheus) and the dashboard (headless Chromium).
 # Exits non-zero on the first failure. Usage: scripts/test.sh [--quick]  (--quick: no real clients)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +12,9 @@ step() { printf '\n==== %s (at %d s) ====\n' "$*" "$SECONDS"; }
 
 step "system packages"
 PKGS=(libnbd-bin qemu-utils fio nbdkit python3-libnbd python3-pytest e2fsprogs fuse3 util-linux openssl
-      procps psmisc curl ca-certificates build-essential pkg-config)
+      procps psmisc curl ca-certificates build-essential pkg-config prometheus chromium)
+# node and npm: tests/ui/run.sh installs them when the commands are missing (a nodesource
+# nodejs package provides npm and conflicts with Debian's)
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then
@@ -46,6 +49,12 @@ CARGO_TARGET_DIR=$PWD/target tests/nbd/run.sh
 step "real clients against stria serve"
 cargo build --release --locked -p stria
 tests/clients/run.sh target/release/stria
+
+step "metrics: promtool on a scrape, a real Prometheus scraping the daemon"
+tests/metrics/run.sh target/release/stria
+
+step "dashboard in headless Chromium (playwright-core): checked against status --json, scrub, refusals"
+tests/ui/run.sh target/release/stria
 
 step "an old copy of a drive put back is left out (ec:4+2, tiered), then rebuilt in place"
 tests/clients/stale_drive.sh target/release/stria

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, Ordering::Relaxed};
 
 /// Slots of a [`Counter`]: threads spread over them, so two cores rarely write one cache line.
-const SHARDS: usize = 16;
+pub(crate) const SHARDS: usize = 16;
 
 /// One slot on a cache line of its own.
 #[derive(Debug, Default)]
@@ -12,6 +12,11 @@ const SHARDS: usize = 16;
 struct Slot(AtomicU64);
 
 static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+
+/// This thread's shard of every sharded statistic.
+pub(crate) fn shard_index() -> usize {
+    SHARD.with(|s| *s)
+}
 
 thread_local! {
     /// This thread's slot, taken round-robin at its first count (a runtime worker keeps it).
@@ -30,8 +35,7 @@ pub struct Counter {
 impl Counter {
     /// Adds `v`; returns nothing useful (0), unlike `AtomicU64::fetch_add`.
     pub fn fetch_add(&self, v: u64, _order: Ordering) -> u64 {
-        let shard = SHARD.with(|s| *s);
-        self.slots[shard].0.fetch_add(v, Relaxed);
+        self.slots[shard_index()].0.fetch_add(v, Relaxed);
         0
     }
 

@@ -10,6 +10,7 @@ pub mod device;
 pub mod exec;
 pub mod fault;
 pub mod file;
+pub mod histogram;
 pub mod mem;
 
 pub use buf::{BUF_ALIGN_BYTES, IoBuf, IoBytes};
@@ -17,3 +18,4 @@ pub use counters::{Counter, DevCounters, DevCountersSnapshot};
 pub use device::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, DevError, check_range};
 pub use fault::{FaultConfig, FaultCounts, FaultDevice, FaultEvent, FaultKind, HostSpace, PowerSwitch};
 pub use file::{FileDevice, FileOptions, IoEngine, OpenError};
+pub use histogram::{Histogram, HistogramSnapshot};

@@ -14,10 +14,15 @@ use stria_engine::{DriveClass, NewDrive, Pool};
 use stria_nbd::{Server, ServerConfig, ServerHandle, TlsConfig, TlsMode};
 use tokio::net::UnixListener;
 
+use serde_json::Value;
+use tokio::sync::mpsc::UnboundedSender;
+
 use crate::control;
 use crate::export::VolumeRegistry;
-use crate::ops::{self, Ctx};
-use crate::pooldir::{Opener, PoolDir};
+use crate::jobs::{self, Jobs};
+use crate::ops::{self, Ctx, Progress, Request};
+use crate::pooldir::{Dev, Opener, PoolDir};
+use crate::stats::StatsView;
 
 /// Where the NBD server listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +58,12 @@ pub(crate) struct ServeOptions {
     pub(crate) rebuild_rate_bytes: u64,
     /// Bound on cached checksum pages (`Pool::set_metadata_cache`).
     pub(crate) metadata_cache_bytes: u64,
+    /// The HTTP listener (metrics, REST API, dashboard), if any.
+    pub(crate) http: Option<crate::http::HttpOptions>,
+    /// NBD connections in transmission at once (`None`: the server's default).
+    pub(crate) nbd_connections_max: Option<usize>,
+    /// The configuration file, re-read on SIGHUP.
+    pub(crate) config: Option<crate::config::Source>,
 }
 
 /// A pool of memory drives made at start-up and gone at exit (`stria serve
@@ -133,6 +144,83 @@ fn remove_stale_socket(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// What the daemon's front ends (control socket, REST API, metrics, dashboard) share.
+pub(crate) struct Daemon {
+    pub(crate) catalog: Arc<Catalog<Dev>>,
+    pub(crate) dir: PoolDir,
+    pub(crate) exports: Arc<VolumeRegistry>,
+    pub(crate) jobs: Jobs,
+    /// The NBD server (its connection gauges).
+    pub(crate) nbd: Server,
+}
+
+impl Daemon {
+    /// Runs `request`: reads at once, changes as a job (a task of their own that runs to its
+    /// end even if the caller goes away). `progress` sees the job's progress.
+    pub(crate) async fn execute(
+        self: &Arc<Self>,
+        request: Request,
+        progress: Option<UnboundedSender<Progress>>,
+    ) -> Result<Value> {
+        if request.is_read_only() {
+            return self.run(request, &mut |_| {}).await;
+        }
+        let (_, task) = self.spawn(request, progress)?;
+        task.await.context("the operation's task ended abnormally")?
+    }
+
+    /// Starts `request` as a job; returns its id and its task.
+    pub(crate) fn spawn(
+        self: &Arc<Self>,
+        request: Request,
+        progress: Option<UnboundedSender<Progress>>,
+    ) -> Result<(u64, tokio::task::JoinHandle<Result<Value>>)> {
+        let described = serde_json::to_value(&request)?;
+        let op = described["op"].as_str().unwrap_or("?").to_string();
+        let Some(id) = self.jobs.begin(op, described) else {
+            bail!(
+                "{} operations are running already; try again when one has finished",
+                jobs::RUNNING_JOBS_MAX
+            )
+        };
+        let daemon = Arc::clone(self);
+        let task = tokio::spawn(async move {
+            let jobs = daemon.jobs.clone();
+            let result = daemon
+                .run(request, &mut |p| {
+                    if let Some(tx) = &progress {
+                        let _ = tx.send(p.clone());
+                    }
+                    jobs.progress(id, p);
+                })
+                .await;
+            daemon.jobs.finish(id, &result);
+            result
+        });
+        Ok((id, task))
+    }
+
+    async fn run(&self, request: Request, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Value> {
+        if let Request::Stats = request {
+            return Ok(serde_json::to_value(self.stats())?);
+        }
+        let resync = request.changes_volumes();
+        let clients = |name: &str| self.exports.clients(name);
+        let ctx = Ctx { catalog: &self.catalog, dir: &self.dir, daemon: true, clients: Some(&clients) };
+        let result = ops::execute(&ctx, request, progress).await;
+        if resync {
+            sync_exports(&self.catalog, &self.exports);
+        }
+        result
+    }
+
+    /// Every export's request counters and every drive's I/O counters.
+    pub(crate) fn stats(&self) -> StatsView {
+        let drives = self.catalog.pool().status().drives;
+        StatsView::new(self.exports.stats(), drives)
+    }
+}
+
 /// Runs the daemon until SIGTERM or SIGINT.
 pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnce(&[String])) -> Result<()> {
     let _lock = dir.lock()?;
@@ -147,44 +235,50 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
     let exports = Arc::new(VolumeRegistry::default());
     sync_exports(&catalog, &exports);
 
-    let (handles, uris) = start_nbd(&opts, &exports).await?;
+    let (handles, mut uris) = start_nbd(&opts, &exports).await?;
+    let nbd = handles.first().map(|h| h.server().clone()).context("no NBD listener")?;
+    let daemon = Arc::new(Daemon {
+        catalog: Arc::clone(&catalog),
+        dir: dir.clone(),
+        exports,
+        jobs: Jobs::default(),
+        nbd,
+    });
 
     let control_path = dir.control_socket();
     remove_stale_socket(&control_path)?;
     let listener = UnixListener::bind(&control_path)
         .with_context(|| format!("cannot bind {}", control_path.display()))?;
     let handler: control::Handler = {
-        let catalog = Arc::clone(&catalog);
-        let dir = dir.clone();
-        let exports = Arc::clone(&exports);
+        let daemon = Arc::clone(&daemon);
         Arc::new(move |request, tx| {
-            let catalog = Arc::clone(&catalog);
-            let dir = dir.clone();
-            let exports = Arc::clone(&exports);
-            Box::pin(async move {
-                let resync = request.changes_volumes();
-                let clients = |name: &str| exports.clients(name);
-                let ctx = Ctx { catalog: &catalog, dir: &dir, daemon: true, clients: Some(&clients) };
-                let result = ops::execute(&ctx, request, &mut |p| {
-                    let _ = tx.send(p);
-                })
-                .await;
-                if resync {
-                    sync_exports(&catalog, &exports);
-                }
-                result
-            })
+            let daemon = Arc::clone(&daemon);
+            Box::pin(async move { daemon.execute(request, Some(tx)).await })
         })
     };
     let control_task = tokio::spawn(control::serve(listener, handler));
+    let http = match &opts.http {
+        Some(http) => {
+            let h = crate::http::start(http, Arc::clone(&daemon)).await?;
+            uris.push(h.url.clone());
+            Some(h)
+        }
+        None => None,
+    };
 
     let (stop_housekeeping, stopped) = tokio::sync::watch::channel(false);
     let housekeeping = tokio::spawn(housekeeping(Arc::clone(&pool), dir.clone(), stopped));
 
     on_ready(&uris);
-    wait_for_signal().await?;
+    notify_systemd("READY=1");
+    let reload = || reload_config(opts.config.as_ref(), &pool, http.as_ref());
+    wait_for_signal(reload).await?;
+    notify_systemd("STOPPING=1");
     tracing::info!("shutting down: no new connections, finishing requests in flight");
     control_task.abort();
+    if let Some(h) = http {
+        h.shutdown().await;
+    }
     for h in handles {
         h.shutdown().await;
     }
@@ -289,7 +383,15 @@ async fn start_nbd(
         _ => bail!("--tls on/require needs --tls-cert and --tls-key"),
     };
     let registry: Arc<VolumeRegistry> = Arc::clone(exports);
-    let server = Server::new(ServerConfig { tls, ..ServerConfig::default() }, registry)?;
+    let mut config = ServerConfig { tls, ..ServerConfig::default() };
+    if let Some(n) = opts.nbd_connections_max {
+        if n == 0 {
+            bail!("--nbd-connections-max must be at least 1");
+        }
+        config.limits.max_connections = n;
+        config.limits.max_connections_per_peer = config.limits.max_connections_per_peer.min(n);
+    }
+    let server = Server::new(config, registry)?;
     let mut handles = Vec::new();
     let mut uris = Vec::new();
     let addrs =
@@ -361,7 +463,7 @@ pub(crate) async fn serve_memory(
     sync_exports(&catalog, &exports);
     let (handles, uris) = start_nbd(&opts, &exports).await?;
     on_ready(&uris);
-    wait_for_signal().await?;
+    wait_for_signal(|| tracing::info!("SIGHUP ignored: a memory pool has no configuration file")).await?;
     tracing::info!("shutting down: no new connections, finishing requests in flight");
     for h in handles {
         h.shutdown().await;
@@ -370,10 +472,75 @@ pub(crate) async fn serve_memory(
     Ok(())
 }
 
-/// Waits for SIGTERM or SIGINT (a clean shutdown follows). SIGHUP is ignored with a log line:
-/// stria has no configuration file to reload, and a closed terminal must not kill the daemon
-/// uncleanly.
-async fn wait_for_signal() -> Result<()> {
+/// SIGHUP: re-reads the configuration file and applies what can change while serving (log
+/// level, rebuild rate, the API token); logs what would need a restart. Without a file, or
+/// when the file does not parse, nothing changes.
+fn reload_config(
+    source: Option<&crate::config::Source>,
+    pool: &Pool<Dev>,
+    http: Option<&crate::http::HttpHandle>,
+) {
+    let Some(source) = source else {
+        return tracing::info!("SIGHUP: no configuration file to reload (start with --config FILE)");
+    };
+    let path = source.path.display().to_string();
+    let (live, restart) = match crate::config::reload(&source.path, &source.file) {
+        Ok(r) => r,
+        Err(e) => {
+            return tracing::error!(file = path, error = %format!("{e:#}"), "SIGHUP: the file does not load; nothing changed");
+        }
+    };
+    let kept = |key: &str| source.overridden.contains(&key);
+    if let Some(level) = live.log_level.filter(|_| !kept("log_level")) {
+        match crate::set_log_level(&level) {
+            Ok(()) => tracing::info!(level, "SIGHUP: log level set"),
+            Err(e) => tracing::error!(error = e, "SIGHUP: log level not changed"),
+        }
+    }
+    if let Some(rate) = live.rebuild_rate_bytes.filter(|_| !kept("rebuild_rate")) {
+        pool.set_rebuild_rate(rate);
+        tracing::info!(bytes_per_sec = rate, "SIGHUP: rebuild rate set");
+    }
+    if let Some(http) = http
+        && !kept("http_token_file")
+    {
+        match http.reload_token(live.http_token_file.as_deref()) {
+            Ok(()) => tracing::info!("SIGHUP: API token read again"),
+            Err(e) => tracing::error!(error = %format!("{e:#}"), "SIGHUP: API token not changed"),
+        }
+    }
+    for key in restart {
+        tracing::warn!(key, file = path, "SIGHUP: this setting changed; it takes effect at the next start");
+    }
+    for key in &source.overridden {
+        tracing::info!(key, "SIGHUP: set on the command line, which wins over the file");
+    }
+}
+
+/// Tells systemd (Type=notify) how the daemon stands, when it runs under systemd.
+fn notify_systemd(state: &str) {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let socket = match std::os::unix::net::UnixDatagram::unbound() {
+        Ok(s) => s,
+        Err(e) => return tracing::warn!(error = %e, "cannot notify systemd"),
+    };
+    let bytes = path.as_encoded_bytes();
+    let sent = if let Some(name) = bytes.strip_prefix(b"@") {
+        // An abstract socket.
+        use std::os::linux::net::SocketAddrExt;
+        std::os::unix::net::SocketAddr::from_abstract_name(name)
+            .and_then(|a| socket.send_to_addr(state.as_bytes(), &a))
+    } else {
+        socket.send_to(state.as_bytes(), &path)
+    };
+    if let Err(e) = sent {
+        tracing::warn!(error = %e, "cannot notify systemd");
+    }
+}
+
+/// Waits for SIGTERM or SIGINT (a clean shutdown follows); SIGHUP calls `reload` (a closed
+/// terminal must not kill the daemon uncleanly).
+async fn wait_for_signal(reload: impl Fn()) -> Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -382,7 +549,7 @@ async fn wait_for_signal() -> Result<()> {
         tokio::select! {
             _ = term.recv() => { tracing::info!("SIGTERM"); return Ok(()) }
             _ = int.recv() => { tracing::info!("SIGINT"); return Ok(()) }
-            _ = hup.recv() => tracing::info!("SIGHUP ignored: stria has no configuration to reload (SIGTERM stops it)"),
+            _ = hup.recv() => reload(),
         }
     }
 }

@@ -10,6 +10,8 @@ use stria_dev::{BLOCK_BYTES, IoBuf, IoBytes};
 use stria_engine::{BlockVolume, Dealloc, Durability, VolumeError, VolumeInfo, ZeroCost, Zeroing};
 use stria_nbd::{BoxFuture, Export, ExportError, ExportRegistry, Extent, NamedExport};
 
+use crate::stats::{Op, VolumeStats, VolumeStatsSnapshot};
+
 /// Largest extent one NBD block-status entry can describe.
 /// Most bytes one NBD block-status request looks at (it answers for a prefix of the range).
 const BLOCK_STATUS_MAX_BYTES: u64 = 64 << 20;
@@ -23,13 +25,20 @@ pub(crate) struct VolumeExport {
     /// Fixed for the volume's life (name, layout, preferred I/O size).
     info: VolumeInfo,
     clients: Arc<AtomicUsize>,
+    /// What this export's clients see (shared by every connection to it).
+    stats: Arc<VolumeStats>,
 }
 
 impl VolumeExport {
-    fn new(volume: Arc<dyn BlockVolume>, clients: Arc<AtomicUsize>) -> VolumeExport {
-        let info = volume.info();
-        clients.fetch_add(1, Ordering::Relaxed);
-        VolumeExport { volume, info, clients }
+    fn new(exported: &Exported) -> VolumeExport {
+        let info = exported.volume.info();
+        exported.clients.fetch_add(1, Ordering::Relaxed);
+        VolumeExport {
+            volume: Arc::clone(&exported.volume),
+            info,
+            clients: Arc::clone(&exported.clients),
+            stats: Arc::clone(&exported.stats),
+        }
     }
 }
 
@@ -39,8 +48,12 @@ impl Drop for VolumeExport {
     }
 }
 
-/// An exported volume and how many connections hold it.
-type Exported = (Arc<dyn BlockVolume>, Arc<AtomicUsize>);
+/// An exported volume, how many connections hold it, and what they see.
+struct Exported {
+    volume: Arc<dyn BlockVolume>,
+    clients: Arc<AtomicUsize>,
+    stats: Arc<VolumeStats>,
+}
 
 /// The daemon's exports: one per client-visible volume, with how many connections hold each.
 #[derive(Default)]
@@ -51,7 +64,8 @@ pub(crate) struct VolumeRegistry {
 impl VolumeRegistry {
     /// Exports `volume` as `name` (replacing an export of that name).
     pub(crate) fn insert(&self, name: &str, volume: Arc<dyn BlockVolume>) {
-        self.volumes.write().insert(name.to_string(), (volume, Arc::default()));
+        let exported = Exported { volume, clients: Arc::default(), stats: Arc::default() };
+        self.volumes.write().insert(name.to_string(), exported);
     }
 
     /// Stops exporting `name`; connections that hold it keep it until they close.
@@ -65,7 +79,12 @@ impl VolumeRegistry {
 
     /// Connections that have `name` open (or are asking about it in their handshake).
     pub(crate) fn clients(&self, name: &str) -> usize {
-        self.volumes.read().get(name).map_or(0, |(_, c)| c.load(Ordering::Relaxed))
+        self.volumes.read().get(name).map_or(0, |e| e.clients.load(Ordering::Relaxed))
+    }
+
+    /// Every export's request counters, by name.
+    pub(crate) fn stats(&self) -> Vec<VolumeStatsSnapshot> {
+        self.volumes.read().iter().map(|(name, e)| e.stats.snapshot(name)).collect()
     }
 }
 
@@ -73,12 +92,12 @@ impl ExportRegistry for VolumeRegistry {
     /// The volume `name`; the empty name means the only volume when there is exactly one.
     fn lookup(&self, name: &str) -> Option<NamedExport> {
         let map = self.volumes.read();
-        let (name, (volume, clients)) = match map.get_key_value(name) {
+        let (name, exported) = match map.get_key_value(name) {
             Some(found) => found,
             None if name.is_empty() && map.len() == 1 => map.iter().next()?,
             None => return None,
         };
-        let export = Arc::new(VolumeExport::new(Arc::clone(volume), Arc::clone(clients)));
+        let export = Arc::new(VolumeExport::new(exported));
         Some(NamedExport { name: name.clone(), export })
     }
 
@@ -130,13 +149,14 @@ impl Export for VolumeExport {
     }
 
     fn read(&self, offset_bytes: u64, len_bytes: u32) -> BoxFuture<'_, Result<IoBuf, ExportError>> {
-        Box::pin(async move { self.volume.read(offset_bytes, len_bytes as usize).await.map_err(map_err) })
+        let read = self.volume.read(offset_bytes, len_bytes as usize);
+        Box::pin(async move { self.stats.count(Op::Read, u64::from(len_bytes), read).await.map_err(map_err) })
     }
 
     fn write(&self, offset_bytes: u64, data: IoBytes, fua: bool) -> BoxFuture<'_, Result<(), ExportError>> {
-        Box::pin(async move {
-            self.volume.write(offset_bytes, data, Durability::from_fua(fua)).await.map_err(map_err)
-        })
+        let len = data.len() as u64;
+        let write = self.volume.write(offset_bytes, data, Durability::from_fua(fua));
+        Box::pin(async move { self.stats.count(Op::Write, len, write).await.map_err(map_err) })
     }
 
     fn write_zeroes(
@@ -154,25 +174,19 @@ impl Export for VolumeExport {
             dealloc: if may_trim { Dealloc::Allowed } else { Dealloc::Forbidden },
             cost: ZeroCost::Any,
         };
-        Box::pin(async move {
-            self.volume
-                .write_zeroes(offset_bytes, u64::from(len_bytes), zeroing, Durability::from_fua(fua))
-                .await
-                .map_err(map_err)
-        })
+        let len = u64::from(len_bytes);
+        let zero = self.volume.write_zeroes(offset_bytes, len, zeroing, Durability::from_fua(fua));
+        Box::pin(async move { self.stats.count(Op::Zero, len, zero).await.map_err(map_err) })
     }
 
     fn trim(&self, offset_bytes: u64, len_bytes: u32, fua: bool) -> BoxFuture<'_, Result<(), ExportError>> {
-        Box::pin(async move {
-            self.volume
-                .discard(offset_bytes, u64::from(len_bytes), Durability::from_fua(fua))
-                .await
-                .map_err(map_err)
-        })
+        let len = u64::from(len_bytes);
+        let trim = self.volume.discard(offset_bytes, len, Durability::from_fua(fua));
+        Box::pin(async move { self.stats.count(Op::Trim, len, trim).await.map_err(map_err) })
     }
 
     fn flush(&self) -> BoxFuture<'_, Result<(), ExportError>> {
-        Box::pin(async move { self.volume.flush().await.map_err(map_err) })
+        Box::pin(async move { self.stats.count(Op::Flush, 0, self.volume.flush()).await.map_err(map_err) })
     }
 
     fn cache(&self, offset_bytes: u64, len_bytes: u32) -> BoxFuture<'_, Result<(), ExportError>> {

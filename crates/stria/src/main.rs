@@ -11,12 +11,17 @@ macro_rules! outln {
     }};
 }
 
+mod config;
 mod control;
 mod daemon;
 mod export;
+mod http;
+mod iostat;
+mod jobs;
 mod ops;
 mod output;
 mod pooldir;
+mod stats;
 
 use std::path::PathBuf;
 
@@ -41,6 +46,9 @@ struct Cli {
     /// Log level: error, warn, info, debug or trace (or a tracing filter).
     #[arg(long, global = true, default_value = "info", env = "STRIA_LOG")]
     log_level: String,
+    /// Log format: text (for people) or json (one object per line, for collectors).
+    #[arg(long, global = true, default_value = "text", env = "STRIA_LOG_FORMAT", value_parser = ["text", "json"])]
+    log_format: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -72,6 +80,15 @@ enum Command {
     },
     /// Run the daemon: export every volume over NBD until SIGTERM/SIGINT.
     Serve(ServeArgs),
+    /// Live I/O of each volume (as its NBD clients see it: requests and MB per second, mean and
+    /// p99 latency, requests in flight) and each drive, every INTERVAL seconds. Needs the daemon.
+    Iostat {
+        /// Seconds between reports (fractions allowed).
+        #[arg(default_value = "1", value_parser = parse_interval)]
+        interval: f64,
+        /// Number of reports (default: until interrupted).
+        count: Option<u64>,
+    },
     /// Create the default demo pool if there is none (2 fast + 6 capacity file drives and an
     /// ec:4+2 volume), then serve it.
     Up(UpArgs),
@@ -263,6 +280,13 @@ impl QosArgs {
     }
 }
 
+fn parse_interval(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if (0.1..=3600.0).contains(&v) => Ok(v),
+        _ => Err(format!("`{text}`: an interval in seconds from 0.1 to 3600")),
+    }
+}
+
 fn parse_count_setting(text: &str) -> Result<Setting, String> {
     if text == "none" {
         return Ok(Setting::Clear);
@@ -428,6 +452,31 @@ struct ServeArgs {
     /// a drive; pages are read from the drives on demand beyond this).
     #[arg(long, value_parser = parse_size, default_value = "256M")]
     metadata_cache: u64,
+    /// A TOML file of settings (contrib/stria.toml lists every key); flags given here win over
+    /// it. SIGHUP re-reads it: log_level, rebuild_rate and the token file change at once.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The file as read (set by the parser, not a flag).
+    #[arg(skip)]
+    config_source: Option<config::Source>,
+    /// NBD connections in transmission at once; more are refused (default 256).
+    #[arg(long, value_name = "N")]
+    nbd_connections_max: Option<usize>,
+    /// HTTP listener for the metrics (/metrics), the REST API (/api/v1) and the dashboard (/):
+    /// tcp:IP:PORT, e.g. tcp:127.0.0.1:9810 (`stria up` listens there by default). Off the
+    /// loopback it needs --http-tls-cert and --http-tls-key.
+    #[arg(long, value_name = "ADDR", value_parser = http::parse_addr)]
+    http: Option<std::net::SocketAddr>,
+    /// PEM certificate chain for HTTPS.
+    #[arg(long, requires = "http")]
+    http_tls_cert: Option<PathBuf>,
+    /// PEM private key for HTTPS.
+    #[arg(long, requires = "http")]
+    http_tls_key: Option<PathBuf>,
+    /// File holding the API's bearer token (default POOL/http.token, made with mode 0600 at the
+    /// first start). Changes through the API need it, and so do reads off the loopback.
+    #[arg(long, requires = "http")]
+    http_token_file: Option<PathBuf>,
     /// Benchmarks only: ignore --pool and serve a new pool of COUNTxSIZE memory drives (e.g.
     /// 6x1G) that vanishes at exit, with the volumes of --bench-volume.
     #[arg(long, hide = true, value_parser = daemon::parse_memory_drives)]
@@ -447,10 +496,62 @@ struct UpArgs {
     /// Size of the default volume.
     #[arg(long, value_parser = parse_block_size, default_value = "4G")]
     volume_size: u64,
+    /// No HTTP listener (by default `up` serves metrics, API and dashboard on 127.0.0.1:9810).
+    #[arg(long, conflicts_with = "http")]
+    no_http: bool,
 }
 
+/// Where `stria up` serves metrics, the REST API and the dashboard.
+const DEFAULT_HTTP_PORT: u16 = 9810;
+
+/// Parses the command line; for `serve` and `up` with `--config FILE`, adds the file's
+/// settings that the command line does not give (see [`config::as_args`]).
+fn parse_cli() -> Result<Cli, clap::Error> {
+    use clap::{CommandFactory, FromArgMatches};
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let matches = Cli::command().try_get_matches_from(&argv)?;
+    let config = match matches.subcommand() {
+        Some(("serve" | "up", sub)) => sub.get_one::<PathBuf>("config").cloned().map(|p| (p, sub.clone())),
+        _ => None,
+    };
+    let Some((path, sub)) = config else { return Cli::from_arg_matches(&matches) };
+    let file = match config::load(&path) {
+        Ok(f) => f,
+        Err(e) => {
+            return Err(
+                Cli::command().error(clap::error::ErrorKind::InvalidValue, format!("--config: {e:#}"))
+            );
+        }
+    };
+    let (extra, overridden) = config::as_args(&file, &matches, &sub);
+    let matches = Cli::command()
+        .try_get_matches_from(argv.into_iter().chain(extra.into_iter().map(Into::into)))
+        .map_err(|e| {
+            Cli::command()
+                .error(e.kind(), format!("in {}: {}", path.display(), e.render().to_string().trim()))
+        })?;
+    let mut cli = Cli::from_arg_matches(&matches)?;
+    if let Command::Serve(a) | Command::Up(UpArgs { serve: a, .. }) = &mut cli.command {
+        a.config_source = Some(config::Source { path, file, overridden });
+    }
+    Ok(cli)
+}
+
+/// Changes the log filter of the running process (SIGHUP with a new `log_level`).
+pub(crate) fn set_log_level(text: &str) -> Result<(), String> {
+    let filter = log_filter(text)?;
+    let handle = LOG_FILTER.get().ok_or("logging is not set up")?;
+    handle.reload(filter).map_err(|e| e.to_string())
+}
+
+/// The log filter's reload handle, set once at start.
+static LOG_FILTER: std::sync::OnceLock<
+    tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>,
+> = std::sync::OnceLock::new();
+
 fn main() {
-    let cli = Cli::parse();
+    use tracing_subscriber::prelude::*;
+    let cli = parse_cli().unwrap_or_else(|e| e.exit());
     let filter = match log_filter(&cli.log_level) {
         Ok(f) => f,
         Err(e) => {
@@ -458,14 +559,17 @@ fn main() {
             std::process::exit(2);
         }
     };
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    let _ = LOG_FILTER.set(handle);
     // Colour only on a terminal (a log file gets plain text), and never with NO_COLOR set.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_ansi(ansi)
-        .init();
+    let format = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false);
+    let format = if cli.log_format == "json" {
+        format.json().with_current_span(false).boxed()
+    } else {
+        format.with_ansi(ansi).boxed()
+    };
+    tracing_subscriber::registry().with(filter).with(format).init();
     // Runtime threads: one per CPU this process may run on (taskset/cpusets are honoured); on a
     // single CPU everything runs on the main thread (a current-thread runtime), which there
     // avoids handing requests between threads that share the core: measured through NBD on one
@@ -595,6 +699,20 @@ async fn run(cli: Cli) -> Result<i32> {
         Command::Scrub { name, json } => scrub(&dir, name, json).await?,
         Command::Status { json } => return status(&dir, json).await,
         Command::Serve(args) => serve(dir, args).await?,
+        Command::Iostat { interval, count } => {
+            let socket = dir.control_socket();
+            if !control::daemon_running(&socket).await {
+                bail!(
+                    "no daemon is serving {}: iostat shows what `stria serve` (or `stria up`) counts; start it first",
+                    dir.path.display()
+                );
+            }
+            let sample = || async {
+                let v = control::call(&socket, Request::Stats, |_| {}).await?;
+                view::<stats::StatsView>(v)
+            };
+            iostat::run(std::time::Duration::from_secs_f64(interval), count, sample).await?;
+        }
         Command::Up(args) => up(dir, args).await?,
     }
     Ok(0)
@@ -861,6 +979,9 @@ async fn up(dir: PoolDir, args: UpArgs) -> Result<()> {
     if serve.nbd.is_empty() {
         serve.nbd = vec![NbdAddr::Unix(dir.default_nbd_socket()), NbdAddr::Tcp("127.0.0.1:10809".into())];
     }
+    if serve.http.is_none() && !args.no_http {
+        serve.http = Some(std::net::SocketAddr::from(([127, 0, 0, 1], DEFAULT_HTTP_PORT)));
+    }
     let opts = serve_options(&dir, serve)?;
     let pool_dir = dir.path.display().to_string();
     daemon::serve(dir, opts, move |uris| print_ready(uris, Some(&pool_dir))).await
@@ -977,14 +1098,25 @@ fn serve_tls_options(args: ServeArgs) -> Result<ServeOptions> {
         force: args.force,
         rebuild_rate_bytes: args.rebuild_rate,
         metadata_cache_bytes: args.metadata_cache,
+        nbd_connections_max: args.nbd_connections_max,
+        config: args.config_source,
+        http: args.http.map(|addr| http::HttpOptions {
+            addr,
+            tls_cert: args.http_tls_cert,
+            tls_key: args.http_tls_key,
+            token_file: args.http_token_file,
+        }),
     })
 }
 
 /// Where to connect; with `examples` (the pool directory), client commands to try.
 fn print_ready(uris: &[String], examples: Option<&str>) {
     outln!("stria is serving; NBD URIs (replace VOLUME by a volume name):");
-    for u in uris {
+    for u in uris.iter().filter(|u| u.starts_with("nbd")) {
         outln!("  {u}");
+    }
+    for u in uris.iter().filter(|u| u.starts_with("http")) {
+        outln!("dashboard: {u}   metrics: {u}metrics   REST API: {u}api/v1/status");
     }
     if let Some(pool_dir) = examples {
         let u = uris.first().map(|u| u.replace("VOLUME", "vol0")).unwrap_or_default();

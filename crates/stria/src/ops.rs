@@ -143,9 +143,19 @@ pub(crate) enum Request {
     },
     /// Measures each drive class for QoS costs and admission.
     PoolCalibrate,
+    /// The daemon's request counters and latency histograms (`stria iostat`).
+    Stats,
 }
 
 impl Request {
+    /// True when the request only reads (the daemon runs it at once, not as a job).
+    pub(crate) fn is_read_only(&self) -> bool {
+        matches!(
+            self,
+            Request::Status | Request::VolumeShow { .. } | Request::SnapshotList { .. } | Request::Stats
+        )
+    }
+
     /// True when the request changes which volumes exist (the daemon re-syncs its exports).
     pub(crate) fn changes_volumes(&self) -> bool {
         matches!(
@@ -253,8 +263,13 @@ fn find_drive(pool: &Pool<FileDevice>, id: &str) -> Result<u32> {
         }
     }
     let known: Vec<String> = meta.drives.iter().map(|d| format!("{} ({})", d.slot, d.path_hint)).collect();
-    bail!("no drive `{id}` in the pool; drives are: {}", known.join(", "))
+    Err(NoSuchDrive(format!("no drive `{id}` in the pool; drives are: {}", known.join(", "))).into())
 }
+
+/// A drive named by id or path that the pool does not have (the REST API answers 404).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct NoSuchDrive(String);
 
 /// A typed view as the JSON the control socket carries and `--json` prints.
 fn to_json(view: &impl Serialize) -> Result<Value> {
@@ -396,6 +411,9 @@ pub(crate) async fn execute(
         Request::VolumeClone { source, name } => to_json(&catalog.volume_clone(&source, &name).await?),
         Request::VolumeSet { name, qos } => to_json(&catalog.set_qos(&name, &qos).await?),
         Request::PoolCalibrate => to_json(&pool.calibrate().await?),
+        Request::Stats => {
+            bail!("request counters live in the daemon: start `stria serve` (or `stria up`) and ask again")
+        }
         Request::VolumeRollback { volume, snapshot, force } => {
             ctx.check_clients(&volume, "rolling it back (its data changes under them)", force)?;
             to_json(&catalog.volume_rollback(&volume, &snapshot).await?)

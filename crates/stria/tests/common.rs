@@ -1,8 +1,8 @@
 //! What the integration tests share: running the built `stria` binary in a temporary directory.
 
 use std::io::Read;
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The pool directory, relative to the temporary directory the commands run in.
@@ -98,4 +98,67 @@ pub(crate) fn expect(stria: &Stria, args: &[&str], code: i32) -> Outcome {
         out.stderr
     );
     out
+}
+
+/// `stria serve` on a Unix socket in the test's directory, killed when dropped.
+pub(crate) struct Daemon {
+    pub(crate) child: Child,
+    pub(crate) socket: PathBuf,
+    /// Reads the log as it comes (a full pipe would block the daemon).
+    log: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Daemon {
+    pub(crate) fn start(stria: &Stria) -> Daemon {
+        Daemon::start_with(stria, &[])
+    }
+
+    /// Starts it with `extra` arguments after `serve --nbd unix:SOCKET`.
+    pub(crate) fn start_with(stria: &Stria, extra: &[&str]) -> Daemon {
+        let socket = stria.dir.path().join("nbd.sock");
+        let mut child = Command::new(binary())
+            .args(["--pool", POOL, "serve", "--nbd"])
+            .arg(format!("unix:{}", socket.display()))
+            .args(extra)
+            .current_dir(stria.dir.path())
+            .env("STRIA_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start stria serve");
+        let control = stria.dir.path().join(POOL).join("stria.sock");
+        let start = Instant::now();
+        while !(control.exists() && socket.exists()) {
+            assert!(start.elapsed() < Duration::from_secs(60), "stria serve did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut pipe = child.stderr.take().expect("piped");
+        let log = std::thread::spawn(move || {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut pipe, &mut text).expect("read the log");
+            text
+        });
+        Daemon { child, socket, log: Some(log) }
+    }
+
+    pub(crate) fn signal(&self, sig: &str) {
+        let ok = Command::new("kill").args(["-s", sig, &self.child.id().to_string()]).status().expect("kill");
+        assert!(ok.success());
+    }
+
+    /// Stops it with SIGTERM; returns its exit code and log.
+    pub(crate) fn stop(mut self) -> (Option<i32>, String) {
+        self.signal("TERM");
+        let code = self.child.wait().expect("wait").code();
+        let log = self.log.take().expect("once").join().expect("log reader");
+        (code, log)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

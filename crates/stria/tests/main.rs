@@ -3,5 +3,7 @@
 
 mod cli_output;
 mod common;
+mod http_api;
 mod operator_safety;
 mod qos;
+mod service;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{POOL, Stria, binary, expect};
+use crate::common::{Daemon, POOL, Stria, binary, expect};
 
 /// Checks `text` contains `part`.
 fn says(text: &str, part: &str) {
@@ -155,63 +155,6 @@ fn item6_a_replacement_with_nothing_to_rebuild_from_is_refused() {
     expect(&stria, &["status"], 3);
     // Forced, it goes ahead (the operator accepted the loss).
     expect(&stria, &["drive", "replace", "0", "--force"], 0);
-}
-
-/// `stria serve` on a Unix socket in the test's directory, killed when dropped.
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
-    /// Reads the log as it comes (a full pipe would block the daemon).
-    log: Option<std::thread::JoinHandle<String>>,
-}
-
-impl Daemon {
-    fn start(stria: &Stria) -> Daemon {
-        let socket = stria.dir.path().join("nbd.sock");
-        let mut child = Command::new(binary())
-            .args(["--pool", POOL, "serve", "--nbd"])
-            .arg(format!("unix:{}", socket.display()))
-            .current_dir(stria.dir.path())
-            .env("STRIA_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start stria serve");
-        let control = stria.dir.path().join(POOL).join("stria.sock");
-        let start = Instant::now();
-        while !(control.exists() && socket.exists()) {
-            assert!(start.elapsed() < Duration::from_secs(60), "stria serve did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let mut pipe = child.stderr.take().expect("piped");
-        let log = std::thread::spawn(move || {
-            let mut text = String::new();
-            std::io::Read::read_to_string(&mut pipe, &mut text).expect("read the log");
-            text
-        });
-        Daemon { child, socket, log: Some(log) }
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill").args(["-s", sig, &self.child.id().to_string()]).status().expect("kill");
-        assert!(ok.success());
-    }
-
-    /// Stops it with SIGTERM; returns its exit code and log.
-    fn stop(mut self) -> (Option<i32>, String) {
-        self.signal("TERM");
-        let code = self.child.wait().expect("wait").code();
-        let log = self.log.take().expect("once").join().expect("log reader");
-        (code, log)
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// An NBD client (libnbd from Python) that connects to `volume` and stays until killed.

@@ -1,0 +1,226 @@
+//! `stria serve --config FILE`: the daemon's settings in TOML (`contrib/stria.toml` is an
+//! example with every key). Every key has a flag of the same meaning, and a flag given on the
+//! command line (or its environment variable) wins over the file. Unknown keys are an error that
+//! names them. SIGHUP re-reads the file and applies what can change while serving
+//! ([`Reloadable`]); the rest is logged as needing a restart.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::ArgMatches;
+use clap::parser::ValueSource;
+use serde::Deserialize;
+
+/// The file, as written. Sizes and rates take the CLI's forms (`200M`, `1G`, or a number).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ConfigFile {
+    /// The pool directory (`--pool`).
+    pub(crate) pool: Option<PathBuf>,
+    /// `--log-level`: error, warn, info, debug, trace or a filter. Reloaded on SIGHUP.
+    pub(crate) log_level: Option<String>,
+    /// `--log-format`: `text` or `json`.
+    pub(crate) log_format: Option<String>,
+    /// `--nbd`, each `unix:PATH` or `tcp:HOST:PORT`.
+    pub(crate) nbd: Option<Vec<String>>,
+    /// `--tls`, `--tls-cert`, `--tls-key` (NBD).
+    pub(crate) tls: Option<NbdTls>,
+    /// `--http`.
+    pub(crate) http: Option<String>,
+    /// `--http-tls-cert`, `--http-tls-key`.
+    pub(crate) http_tls: Option<HttpTls>,
+    /// `--http-token-file`. Reloaded on SIGHUP (the token is read again).
+    pub(crate) http_token_file: Option<PathBuf>,
+    /// `--rebuild-rate`. Reloaded on SIGHUP.
+    pub(crate) rebuild_rate: Option<String>,
+    /// `--metadata-cache`.
+    pub(crate) metadata_cache: Option<String>,
+    pub(crate) limits: Option<Limits>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NbdTls {
+    pub(crate) mode: Option<String>,
+    pub(crate) cert: Option<PathBuf>,
+    pub(crate) key: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct HttpTls {
+    pub(crate) cert: Option<PathBuf>,
+    pub(crate) key: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Limits {
+    /// `--nbd-connections-max`: NBD connections in transmission at once.
+    pub(crate) nbd_connections: Option<usize>,
+}
+
+/// The file a daemon was started with: to re-read on SIGHUP.
+#[derive(Debug, Clone)]
+pub(crate) struct Source {
+    pub(crate) path: PathBuf,
+    /// As read at start.
+    pub(crate) file: ConfigFile,
+    /// Keys the command line overrode (a reload leaves them alone too).
+    pub(crate) overridden: Vec<&'static str>,
+}
+
+/// Reads and parses `path`; the error names the file, line and key.
+pub(crate) fn load(path: &Path) -> Result<ConfigFile> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+/// The arguments a file may set, as `(key in the file, clap argument id)`.
+const KEYS: &[(&str, &str)] = &[
+    ("pool", "pool"),
+    ("log_level", "log_level"),
+    ("log_format", "log_format"),
+    ("nbd", "nbd"),
+    ("tls.mode", "tls"),
+    ("tls.cert", "tls_cert"),
+    ("tls.key", "tls_key"),
+    ("http", "http"),
+    ("http_tls.cert", "http_tls_cert"),
+    ("http_tls.key", "http_tls_key"),
+    ("http_token_file", "http_token_file"),
+    ("rebuild_rate", "rebuild_rate"),
+    ("metadata_cache", "metadata_cache"),
+    ("limits.nbd_connections", "nbd_connections_max"),
+];
+
+/// The file's settings as command-line arguments, leaving out those given on the command line
+/// or by environment (`top` and `sub` are the matches of the command and its subcommand): what
+/// to insert after the subcommand's name so clap parses and checks them as it does flags.
+/// Returns them with the keys the command line overrode.
+pub(crate) fn as_args(
+    file: &ConfigFile,
+    top: &ArgMatches,
+    sub: &ArgMatches,
+) -> (Vec<String>, Vec<&'static str>) {
+    let explicit = |id: &str| {
+        [top, sub].iter().any(|m| {
+            matches!(
+                m.try_get_raw(id).ok().flatten().and_then(|_| m.value_source(id)),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            )
+        })
+    };
+    let mut args = Vec::new();
+    let mut overridden = Vec::new();
+    let tls = file.tls.clone().unwrap_or_default();
+    let http_tls = file.http_tls.clone().unwrap_or_default();
+    let path = |p: &Option<PathBuf>| p.as_ref().map(|p| vec![p.display().to_string()]);
+    for (key, id) in KEYS {
+        let values: Option<Vec<String>> = match *key {
+            "pool" => path(&file.pool),
+            "log_level" => file.log_level.clone().map(|v| vec![v]),
+            "log_format" => file.log_format.clone().map(|v| vec![v]),
+            "nbd" => file.nbd.clone(),
+            "tls.mode" => tls.mode.clone().map(|v| vec![v]),
+            "tls.cert" => path(&tls.cert),
+            "tls.key" => path(&tls.key),
+            "http" => file.http.clone().map(|v| vec![v]),
+            "http_tls.cert" => path(&http_tls.cert),
+            "http_tls.key" => path(&http_tls.key),
+            "http_token_file" => path(&file.http_token_file),
+            "rebuild_rate" => file.rebuild_rate.clone().map(|v| vec![v]),
+            "metadata_cache" => file.metadata_cache.clone().map(|v| vec![v]),
+            "limits.nbd_connections" => {
+                file.limits.as_ref().and_then(|l| l.nbd_connections).map(|n| vec![n.to_string()])
+            }
+            _ => unreachable!("every key of KEYS is matched"),
+        };
+        let Some(values) = values else { continue };
+        if explicit(id) {
+            overridden.push(*key);
+            continue;
+        }
+        for v in values {
+            args.push(format!("--{}={v}", id.replace('_', "-")));
+        }
+    }
+    (args, overridden)
+}
+
+/// What SIGHUP applies from the file without a restart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Reloadable {
+    pub(crate) log_level: Option<String>,
+    pub(crate) rebuild_rate_bytes: Option<u64>,
+    pub(crate) http_token_file: Option<PathBuf>,
+}
+
+/// Re-reads `path` for SIGHUP: the settings that can change live, and the keys that changed
+/// but need a restart (compared with `started`, the file as read at start).
+pub(crate) fn reload(path: &Path, started: &ConfigFile) -> Result<(Reloadable, Vec<&'static str>)> {
+    let now = load(path)?;
+    let rebuild_rate_bytes = match &now.rebuild_rate {
+        Some(r) => Some(stria_engine::units::parse_size(r).map_err(anyhow::Error::msg)?),
+        None => None,
+    };
+    if let Some(level) = &now.log_level
+        && level.trim().is_empty()
+    {
+        bail!("{}: log_level is empty", path.display());
+    }
+    let mut restart = Vec::new();
+    let fixed: [(&str, bool); 8] = [
+        ("pool", now.pool != started.pool),
+        ("log_format", now.log_format != started.log_format),
+        ("nbd", now.nbd != started.nbd),
+        ("tls", now.tls != started.tls),
+        ("http", now.http != started.http),
+        ("http_tls", now.http_tls != started.http_tls),
+        ("metadata_cache", now.metadata_cache != started.metadata_cache),
+        ("limits", now.limits != started.limits),
+    ];
+    for (key, changed) in fixed {
+        if changed {
+            restart.push(key);
+        }
+    }
+    let live =
+        Reloadable { log_level: now.log_level, rebuild_rate_bytes, http_token_file: now.http_token_file };
+    Ok((live, restart))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_keys_are_refused_by_name() {
+        let e = toml::from_str::<ConfigFile>("pool = \"/p\"\nrebuild_rat = \"1M\"\n").expect_err("unknown");
+        assert!(e.to_string().contains("rebuild_rat"), "{e}");
+        let e = toml::from_str::<ConfigFile>("[limits]\nconnections = 3\n").expect_err("unknown");
+        assert!(e.to_string().contains("connections"), "{e}");
+        let ok: ConfigFile = toml::from_str(
+            "nbd = [\"unix:/run/s.sock\"]\n[tls]\nmode = \"off\"\n[limits]\nnbd_connections = 8\n",
+        )
+        .expect("parses");
+        assert_eq!(ok.limits.and_then(|l| l.nbd_connections), Some(8));
+    }
+
+    #[test]
+    fn a_reload_reports_what_needs_a_restart() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("stria.toml");
+        std::fs::write(&path, "pool = \"/a\"\nrebuild_rate = \"100M\"\nlog_level = \"info\"\n")
+            .expect("write");
+        let started = load(&path).expect("load");
+        std::fs::write(&path, "pool = \"/b\"\nrebuild_rate = \"200M\"\nlog_level = \"debug\"\n")
+            .expect("write");
+        let (live, restart) = reload(&path, &started).expect("reload");
+        assert_eq!(live.rebuild_rate_bytes, Some(200 << 20));
+        assert_eq!(live.log_level.as_deref(), Some("debug"));
+        assert_eq!(restart, ["pool"]);
+        std::fs::write(&path, "rebuild_rate = \"fast\"\n").expect("write");
+        assert!(reload(&path, &started).is_err(), "a bad value is refused, nothing applied");
+    }
+}

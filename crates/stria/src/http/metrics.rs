@@ -1,0 +1,336 @@
+//! `GET /metrics`: the Prometheus text format (version 0.0.4), read from the pool's status, the
+//! exports' request counters and the NBD server's gauges at scrape time: nothing is registered
+//! or counted per request beyond the sharded counters themselves. Names and labels:
+//! docs/design/observability.md, section 1b; `promtool check metrics` passes on a scrape (test).
+
+use std::fmt::Write as _;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use stria_catalog::StatusView;
+use stria_tier::lsv::LogStatus;
+
+use super::AppState;
+use crate::jobs::{JobState, JobView};
+use crate::stats::{Op, VolumeStatsSnapshot};
+
+/// Latency bucket bounds exposed, as powers of two of nanoseconds: 2^13 ns (8.2 µs) to 2^34 ns
+/// (17 s). Each is a bound of the fine histogram, so the cumulative counts are exact.
+const LE_LOG2_NS: std::ops::RangeInclusive<u32> = 13..=34;
+
+/// A metric read from a status: name, help and how to read it from one item.
+type Field<T, V> = (&'static str, &'static str, fn(&T) -> V);
+
+pub(crate) async fn scrape(State(state): State<AppState>) -> impl IntoResponse {
+    let status = state.daemon.catalog.status();
+    let exports = state.daemon.exports.stats();
+    let nbd = state.daemon.nbd.stats();
+    let jobs = state.daemon.jobs.list();
+    let mut out = Exposition::default();
+    drives(&mut out, &status);
+    pool(&mut out, &status);
+    volumes(&mut out, &status, &jobs);
+    requests(&mut out, &exports);
+    tiers(&mut out, &status);
+    out.family("stria_nbd_connections", "gauge", "NBD connections by phase.");
+    out.sample("stria_nbd_connections", &[("phase", "handshake")], nbd.handshaking as f64);
+    out.sample("stria_nbd_connections", &[("phase", "transmission")], nbd.transmitting as f64);
+    out.family("stria_nbd_requests_in_flight", "gauge", "NBD requests received and not yet answered.");
+    out.sample("stria_nbd_requests_in_flight", &[], exports.iter().map(|e| e.in_flight as f64).sum());
+    out.family("stria_nbd_in_flight_bytes", "gauge", "Bytes the NBD server holds for requests in flight.");
+    out.sample("stria_nbd_in_flight_bytes", &[], nbd.reserved_bytes as f64);
+    out.family("stria_nbd_refused_connections_total", "counter", "NBD connections refused at a limit.");
+    out.sample("stria_nbd_refused_connections_total", &[], nbd.refused_connections as f64);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out.text)
+}
+
+/// A Prometheus text exposition being written.
+#[derive(Default)]
+pub(crate) struct Exposition {
+    pub(crate) text: String,
+}
+
+impl Exposition {
+    pub(crate) fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.text, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    pub(crate) fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        self.text.push_str(name);
+        if !labels.is_empty() {
+            self.text.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.text.push(',');
+                }
+                let _ = write!(self.text, "{k}=\"{}\"", escape(v));
+            }
+            self.text.push('}');
+        }
+        let _ = writeln!(self.text, " {value}");
+    }
+}
+
+/// A label value with `\`, `"` and newlines escaped.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+fn drives(out: &mut Exposition, status: &StatusView) {
+    let drives = &status.pool.drives;
+    let counters: [Field<stria_engine::DriveStatus, u64>; 4] = [
+        ("stria_drive_read_bytes_total", "Bytes read from the drive.", |d| d.bytes_read),
+        ("stria_drive_written_bytes_total", "Bytes written to the drive.", |d| d.bytes_written),
+        ("stria_drive_read_ops_total", "Read requests completed by the drive.", |d| d.read_ops),
+        ("stria_drive_write_ops_total", "Write requests completed by the drive.", |d| d.write_ops),
+    ];
+    for (name, help, value) in counters {
+        out.family(name, "counter", help);
+        for d in drives {
+            let id = d.id.to_string();
+            out.sample(name, &[("drive", &id), ("class", &d.class), ("domain", &d.domain)], value(d) as f64);
+        }
+    }
+    out.family(
+        "stria_drive_errors_total",
+        "counter",
+        "Drive errors kept in the pool metadata (until `drive clear-errors`): failed reads, failed writes, blocks repaired from redundancy.",
+    );
+    for d in drives {
+        let id = d.id.to_string();
+        for (kind, n) in
+            [("read", d.read_errors), ("write", d.write_errors), ("checksum_repair", d.checksum_repairs)]
+        {
+            out.sample("stria_drive_errors_total", &[("drive", &id), ("kind", kind)], n as f64);
+        }
+    }
+    out.family("stria_drive_state", "gauge", "1 for the drive's current state.");
+    for d in drives {
+        let id = d.id.to_string();
+        let now = if d.draining { "draining" } else { d.state.as_str() };
+        for state in ["active", "draining", "failed", "missing", "spare"] {
+            out.sample(
+                "stria_drive_state",
+                &[("drive", &id), ("state", state)],
+                f64::from(u8::from(now == state)),
+            );
+        }
+    }
+    for (name, help, value) in [
+        (
+            "stria_drive_size_bytes",
+            "Drive size.",
+            (|d| d.size_bytes) as fn(&stria_engine::DriveStatus) -> u64,
+        ),
+        ("stria_drive_used_bytes", "Bytes of the drive given to volumes.", |d| d.used_bytes),
+    ] {
+        out.family(name, "gauge", help);
+        for d in drives {
+            out.sample(name, &[("drive", &d.id.to_string())], value(d) as f64);
+        }
+    }
+}
+
+fn pool(out: &mut Exposition, status: &StatusView) {
+    let mut classes: Vec<(&str, u64, u64)> = Vec::new();
+    for d in status.pool.drives.iter().filter(|d| d.state == "active") {
+        match classes.iter_mut().find(|c| c.0 == d.class) {
+            Some(c) => (c.1, c.2) = (c.1 + d.size_bytes, c.2 + d.used_bytes),
+            None => classes.push((&d.class, d.size_bytes, d.used_bytes)),
+        }
+    }
+    for (name, help, pick) in [
+        ("stria_pool_capacity_bytes", "Bytes of the active drives of a class.", 0),
+        ("stria_pool_allocated_bytes", "Bytes of them given to volumes.", 1),
+        ("stria_pool_free_bytes", "Bytes of them free for new extents.", 2),
+    ] {
+        out.family(name, "gauge", help);
+        for (class, size, used) in &classes {
+            let v = [*size, *used, size.saturating_sub(*used)][pick];
+            out.sample(name, &[("class", class)], v as f64);
+        }
+    }
+    out.family("stria_pool_suspended", "gauge", "1 while writes are suspended (a full host filesystem).");
+    out.sample("stria_pool_suspended", &[], f64::from(u8::from(status.pool.suspended.is_some())));
+    let r = status.pool.rebalance.clone().unwrap_or_default();
+    out.family("stria_rebalance_moves_total", "counter", "Extent moves finished since the pool was opened.");
+    out.sample("stria_rebalance_moves_total", &[], r.moves_done as f64);
+    let (done, total) = r.current.map_or((0, 0), |m| (m.rows_done, m.rows_total));
+    out.family("stria_rebalance_rows_done", "gauge", "Rows copied of the extent moving now.");
+    out.sample("stria_rebalance_rows_done", &[], done as f64);
+    out.family("stria_rebalance_rows", "gauge", "Rows of the extent moving now.");
+    out.sample("stria_rebalance_rows", &[], total as f64);
+}
+
+fn volumes(out: &mut Exposition, status: &StatusView, jobs: &[JobView]) {
+    const STATES: [&str; 4] = ["healthy", "degraded", "rebuilding", "failed"];
+    out.family(
+        "stria_volume_state",
+        "gauge",
+        "1 for the volume's current state (parts of tiered volumes carry role=\"tier-part\").",
+    );
+    let state_name = |s: stria_engine::VolumeState| {
+        serde_json::to_value(s).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+    };
+    for v in &status.pool.volumes {
+        let now = state_name(v.state);
+        for s in STATES {
+            let labels = [("volume", v.name.as_str()), ("role", v.role.as_str()), ("state", s)];
+            out.sample("stria_volume_state", &labels, f64::from(u8::from(now == s)));
+        }
+    }
+    for v in &status.log {
+        let now = state_name(v.state);
+        for s in STATES {
+            let labels = [("volume", v.name.as_str()), ("role", "log"), ("state", s)];
+            out.sample("stria_volume_state", &labels, f64::from(u8::from(now == s)));
+        }
+    }
+    for (name, help, done) in [
+        ("stria_volume_rebuild_rows_done", "Rows rebuilt of the volume's rebuild in progress.", true),
+        ("stria_volume_rebuild_rows", "Rows of the volume's rebuild in progress.", false),
+    ] {
+        out.family(name, "gauge", help);
+        for v in &status.pool.volumes {
+            if let Some(r) = &v.rebuild {
+                out.sample(
+                    name,
+                    &[("volume", &v.name)],
+                    (if done { r.rows_done } else { r.rows_total }) as f64,
+                );
+            }
+        }
+    }
+    let scrubs: Vec<(&str, u64, u64)> = jobs
+        .iter()
+        .filter(|j| j.state == JobState::Running && j.op == "scrub")
+        .filter_map(|j| {
+            let p = j.progress.as_ref()?;
+            Some((j.request["name"].as_str().unwrap_or(""), p.done, p.total))
+        })
+        .collect();
+    for (name, help, done) in [
+        ("stria_scrub_rows_done", "Progress of the scrub running on the volume (its current part).", true),
+        ("stria_scrub_rows", "Size of the scrub running on the volume (its current part).", false),
+    ] {
+        out.family(name, "gauge", help);
+        for (volume, d, t) in &scrubs {
+            out.sample(name, &[("volume", volume)], (if done { *d } else { *t }) as f64);
+        }
+    }
+}
+
+/// What NBD clients see, per export and operation.
+fn requests(out: &mut Exposition, exports: &[VolumeStatsSnapshot]) {
+    for (name, kind, help) in [
+        ("stria_volume_ops_total", "counter", "NBD requests completed (failed ones too)."),
+        ("stria_volume_bytes_total", "counter", "Bytes of NBD requests completed without error."),
+        ("stria_volume_errors_total", "counter", "NBD requests answered with an error."),
+    ] {
+        out.family(name, kind, help);
+        for e in exports {
+            for op in Op::ALL {
+                let s = e.op(op);
+                let v = match name {
+                    "stria_volume_ops_total" => s.count,
+                    "stria_volume_bytes_total" => s.bytes,
+                    _ => s.errors,
+                };
+                out.sample(name, &[("volume", &e.name), ("op", op.name())], v as f64);
+            }
+        }
+    }
+    out.family("stria_volume_requests_in_flight", "gauge", "NBD requests of the volume not yet answered.");
+    for e in exports {
+        out.sample("stria_volume_requests_in_flight", &[("volume", &e.name)], e.in_flight as f64);
+    }
+    let name = "stria_volume_op_latency_seconds";
+    out.family(name, "histogram", "Time from receiving an NBD request to its answer being ready.");
+    for e in exports {
+        for op in Op::ALL {
+            let h = &e.op(op).latency;
+            for log2 in LE_LOG2_NS {
+                let le = format!("{}", (1u64 << log2) as f64 / 1e9);
+                let labels = [("volume", e.name.as_str()), ("op", op.name()), ("le", le.as_str())];
+                out.sample(&format!("{name}_bucket"), &labels, h.count_below(1 << log2) as f64);
+            }
+            let labels = [("volume", e.name.as_str()), ("op", op.name()), ("le", "+Inf")];
+            out.sample(&format!("{name}_bucket"), &labels, h.count as f64);
+            let labels = [("volume", e.name.as_str()), ("op", op.name())];
+            out.sample(&format!("{name}_sum"), &labels, h.sum_ns as f64 / 1e9);
+            out.sample(&format!("{name}_count"), &labels, h.count as f64);
+        }
+    }
+}
+
+/// Tiered and log volumes: cache fill, destage, write amplification per tier.
+fn tiers(out: &mut Exposition, status: &StatusView) {
+    let gauges: [Field<LogStatus, f64>; 3] = [
+        ("stria_tier_cache_fill_ratio", "Live blocks in the write cache over its size.", |t| {
+            if t.cache_blocks == 0 { 0.0 } else { t.cache_live_blocks as f64 / t.cache_blocks as f64 }
+        }),
+        ("stria_tier_destage_backlog_bytes", "Live bytes in the write cache not yet destaged.", |t| {
+            (t.cache_live_blocks * stria_dev::BLOCK_BYTES) as f64
+        }),
+        ("stria_tier_garbage_bytes", "Dead bytes in the segment space for GC to collect.", |t| {
+            t.garbage_bytes as f64
+        }),
+    ];
+    for (name, help, value) in gauges {
+        out.family(name, "gauge", help);
+        for t in &status.log {
+            out.sample(name, &[("volume", &t.name)], value(t));
+        }
+    }
+    let counters: [Field<LogStatus, u64>; 3] = [
+        (
+            "stria_tier_host_written_bytes_total",
+            "Bytes written by clients since the volume was opened.",
+            |t| t.host_write_bytes,
+        ),
+        ("stria_tier_destaged_bytes_total", "Bytes destaged from the cache to the capacity tier.", |t| {
+            t.destaged_blocks * stria_dev::BLOCK_BYTES
+        }),
+        ("stria_tier_gc_moved_bytes_total", "Bytes GC moved to free segments.", |t| {
+            t.gc_moved_blocks * stria_dev::BLOCK_BYTES
+        }),
+    ];
+    for (name, help, value) in counters {
+        out.family(name, "counter", help);
+        for t in &status.log {
+            out.sample(name, &[("volume", &t.name)], value(t) as f64);
+        }
+    }
+    let name = "stria_tier_write_amplification";
+    out.family(
+        name,
+        "gauge",
+        "Bytes written to a tier's drives over bytes written by clients, since the volume was opened.",
+    );
+    for t in &status.log {
+        for (tier, wa) in [("fast", t.write_amplification_fast), ("capacity", t.write_amplification_capacity)]
+        {
+            if let Some(wa) = wa {
+                out.sample(name, &[("volume", &t.name), ("tier", tier)], wa);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut out = Exposition::default();
+        out.family("x_total", "counter", "X.");
+        out.sample("x_total", &[("volume", "a\"b\\c\nd"), ("op", "read")], 3.0);
+        out.sample("x_total", &[], 0.5);
+        assert_eq!(
+            out.text,
+            "# HELP x_total X.\n# TYPE x_total counter\nx_total{volume=\"a\\\"b\\\\c\\nd\",op=\"read\"} 3\nx_total 0.5\n"
+        );
+    }
+}

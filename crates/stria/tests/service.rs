@@ -1,0 +1,170 @@
+//! Running stria as a service: the configuration file (flags win over it, unknown keys are
+//! refused), JSON logs, SIGHUP reloading what can change live, and `stria iostat`.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::common::{Stria, binary, expect};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// `stria ARGS` in the test directory with no STRIA_* environment, its log read as it comes.
+struct Serve {
+    child: std::process::Child,
+    /// The log so far, filled by a reader thread.
+    log: Arc<Mutex<String>>,
+}
+
+impl Serve {
+    fn start(stria: &Stria, args: &[&str]) -> Serve {
+        let mut child = Command::new(binary())
+            .args(args)
+            .current_dir(stria.dir.path())
+            .env_remove("STRIA_POOL")
+            .env_remove("STRIA_LOG")
+            .env_remove("STRIA_LOG_FORMAT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start stria serve");
+        let mut pipe = child.stderr.take().expect("piped");
+        let log = Arc::new(Mutex::new(String::new()));
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().expect("log lock").push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Serve { child, log }
+    }
+
+    fn text(&self) -> String {
+        self.log.lock().expect("log lock").clone()
+    }
+
+    /// Waits until the log holds `text` (30 s at most).
+    fn wait_for(&self, text: &str) {
+        let start = Instant::now();
+        while !self.text().contains(text) {
+            assert!(start.elapsed() < Duration::from_secs(30), "no `{text}` in the log:\n{}", self.text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill").args(["-s", sig, &self.child.id().to_string()]).status().expect("kill");
+        assert!(ok.success());
+    }
+
+    fn stop(mut self) -> String {
+        self.signal("TERM");
+        let status = self.child.wait().expect("wait");
+        std::thread::sleep(Duration::from_millis(100));
+        let log = self.text();
+        assert!(status.success(), "stria serve exited with {status}:\n{log}");
+        log
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn the_configuration_file_sets_the_daemon_and_sighup_reloads_it() {
+    let stria = Stria::new();
+    expect(&stria, &["pool", "create", "--fast", "0", "--capacity", "3", "--drive-size", "64M"], 0);
+    expect(&stria, &["volume", "create", "v", "--size", "16M", "--layout", "raid1"], 0);
+    let dir = stria.dir.path();
+    let port = free_port();
+    let config = |rate: &str, nbd: &str| {
+        format!(
+            "pool = \"pool\"\nlog_level = \"info\"\nlog_format = \"json\"\nnbd = [\"unix:{nbd}\"]\n\
+             http = \"tcp:127.0.0.1:{port}\"\nrebuild_rate = \"{rate}\"\n[limits]\nnbd_connections = 4\n"
+        )
+    };
+    std::fs::write(dir.join("stria.toml"), config("100M", "nbd.sock")).expect("write");
+
+    // An unknown key is refused, naming it; nothing starts.
+    std::fs::write(dir.join("bad.toml"), "pool = \"pool\"\nrebuild_rat = \"1M\"\n").expect("write");
+    let out = stria.run(&["serve", "--config", "bad.toml"]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("rebuild_rat"), "{}", out.stderr);
+
+    let serve = Serve::start(&stria, &["serve", "--config", "stria.toml"]);
+    serve.wait_for("http listener");
+    assert!(dir.join("nbd.sock").exists(), "the NBD listener of the file");
+    // The pool of the file is the one served: the control socket answers.
+    let status = expect(&stria, &["status", "--json"], 0);
+    assert!(status.stdout.contains("\"name\": \"v\""), "{}", status.stdout);
+
+    // SIGHUP: the rebuild rate changes at once; a new NBD address waits for a restart.
+    std::fs::write(dir.join("stria.toml"), config("5M", "other.sock")).expect("write");
+    serve.signal("HUP");
+    serve.wait_for("SIGHUP: rebuild rate set");
+    serve.wait_for("takes effect at the next start");
+    // A file that no longer parses changes nothing and stops nothing.
+    std::fs::write(dir.join("stria.toml"), "pool = [").expect("write");
+    serve.signal("HUP");
+    serve.wait_for("the file does not load; nothing changed");
+    let log = serve.stop();
+    let mut lines = 0;
+    for line in log.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("a log line is not JSON ({e}): {line}"));
+        assert!(v["level"].is_string() && v["fields"].is_object(), "{line}");
+        lines += 1;
+    }
+    assert!(lines > 3, "{log}");
+    assert!(log.contains("\"bytes_per_sec\":5242880"), "{log}");
+    assert!(log.contains("\"key\":\"nbd\""), "{log}");
+
+    // A flag wins over the file: --log-level warn hides the file's info lines.
+    std::fs::write(dir.join("stria.toml"), config("100M", "nbd.sock")).expect("write");
+    let serve = Serve::start(&stria, &["serve", "--config", "stria.toml", "--log-level", "warn"]);
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(start.elapsed() < Duration::from_secs(30), "no http listener");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = serve.stop();
+    assert!(!log.contains("http listener"), "info lines with --log-level warn:\n{log}");
+}
+
+#[test]
+fn iostat_reports_volumes_and_drives_from_the_daemon() {
+    let stria = Stria::new();
+    expect(&stria, &["pool", "create", "--fast", "0", "--capacity", "3", "--drive-size", "64M"], 0);
+    expect(&stria, &["volume", "create", "v", "--size", "16M", "--layout", "raid1"], 0);
+    let out = expect(&stria, &["iostat", "0.1", "1"], 1);
+    assert!(out.stderr.contains("no daemon is serving"), "{}", out.stderr);
+    let out = expect(&stria, &["iostat", "0"], 2);
+    assert!(out.stderr.contains("from 0.1 to 3600"), "{}", out.stderr);
+    let serve = Serve::start(&stria, &["--pool", "pool", "serve", "--nbd", "unix:nbd.sock"]);
+    serve.wait_for("NBD server listening");
+    let socket = stria.dir.path().join("nbd.sock");
+    let writer = Command::new("qemu-io")
+        .args(["-f", "raw", &format!("nbd+unix:///v?socket={}", socket.display())])
+        .args(["-c", "write -P 1 0 4M", "-c", "read 0 4M"])
+        .stdout(Stdio::null())
+        .status();
+    assert!(writer.expect("qemu-io (package qemu-utils, installed by scripts/test.sh)").success());
+    let out = expect(&stria, &["iostat", "0.2", "2"], 0);
+    let reports = out.stdout.matches("volume ").count();
+    assert_eq!(reports, 2, "{}", out.stdout);
+    assert!(out.stdout.lines().any(|l| l.starts_with("v ")), "{}", out.stdout);
+    assert_eq!(out.stdout.matches("capacity, active").count(), 6, "3 drives, 2 reports: {}", out.stdout);
+    serve.stop();
+}
