@@ -21,12 +21,14 @@
 #    and write at iodepth 16; each workload is run on every server back to back (the order
 #    alternates), `--reps` times, pinned (servers on CPU 1, fio on CPU 0) and unpinned;
 #  * prints medians (kIOPS, mean and p99 completion latency in us, GB/s) and stria/nbdkit ratios,
-#    and writes every sample and the medians to a JSON file.
+#    and writes every sample (with fio's completion latency percentiles) and the medians to a JSON
+#    file (default target/bench-reports/nbd/bench-nbd.json), then runs `stria-report nbd` on it:
+#    REPORT.md and PNG plots (IOPS and latency against queue depth, latency CDFs) beside it.
 # Servers and fio run at nice -10 (NICE=..., root only) so that other work on a shared machine
 # disturbs both sides alike. Takes about 8 minutes with the defaults (--quick: about 1).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-DRIVES=memory REPS=3 RUNTIME=2 RAMP=0.5 MODES="pinned unpinned" OUT=$ROOT/bench-nbd.json
+DRIVES=memory REPS=3 RUNTIME=2 RAMP=0.5 MODES="pinned unpinned" OUT=$ROOT/target/bench-reports/nbd/bench-nbd.json
 while (($#)); do
   case $1 in
     --drives) DRIVES=$2; shift 2 ;;
@@ -49,8 +51,9 @@ CPUS=$(nproc)
 
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 echo "building stria (release) in $CARGO_TARGET_DIR ..."
-cargo build -q --release -p stria --manifest-path "$ROOT/Cargo.toml"
+cargo build -q --release -p stria -p stria-report --manifest-path "$ROOT/Cargo.toml"
 STRIA=$CARGO_TARGET_DIR/release/stria
+mkdir -p "$(dirname "$OUT")"
 
 W=$(mktemp -d /dev/shm/stria-bench-nbd.XXXXXX)
 PIDS=()
@@ -157,8 +160,9 @@ path, mode, name, target, rep, rw = sys.argv[1:]
 job = json.load(open(path))["jobs"][0]
 side = job["write" if "write" in rw else "read"]
 clat = side["clat_ns"]
+pct = {k: v / 1e3 for k, v in clat["percentile"].items()}  # the latency CDF of the report, us
 print("\t".join(map(str, [mode, name, target, rep, side["iops"] / 1e3, clat["mean"] / 1e3,
-                          clat["percentile"]["99.000000"] / 1e3, side["bw_bytes"] / 1e9])))
+                          clat["percentile"]["99.000000"] / 1e3, side["bw_bytes"] / 1e9, json.dumps(pct)])))
 PY
       done
     done
@@ -176,8 +180,10 @@ samples, out, drives, reps, runtime, load0, load1, secs, fio_v, nbdkit_v, rev, c
 rows = [l.rstrip("\n").split("\t") for l in open(samples) if l.strip()]
 keys = ["kiops", "mean_us", "p99_us", "gbps"]
 groups = {}
+pcts = {}
 for mode, name, target, rep, *vals in rows:
-    groups.setdefault((mode, name, target), []).append([float(v) for v in vals])
+    groups.setdefault((mode, name, target), []).append([float(v) for v in vals[:4]])
+    pcts.setdefault((mode, name, target), []).append(json.loads(vals[4]) if len(vals) > 4 else {})
 med = {k: dict(zip(keys, (statistics.median(c) for c in zip(*v)))) for k, v in groups.items()}
 modes = list(dict.fromkeys(r[0] for r in rows))
 names = list(dict.fromkeys(r[1] for r in rows))
@@ -203,7 +209,9 @@ for mode in modes:
                   f"{m['gbps']:7.2f} {fmt(ratio_iops):>7} {fmt(ratio_p99):>6}")
             result["results"].append({"mode": mode, "workload": name, "server": t, "median": m,
                                       "ratio_iops_vs_nbdkit": ratio_iops, "ratio_p99_vs_nbdkit": ratio_p99,
-                                      "samples": [dict(zip(keys, s)) for s in groups[(mode, name, t)]]})
+                                      "samples": [dict(zip(keys, s), clat_pct_us=p) for s, p in
+                                                  zip(groups[(mode, name, t)], pcts[(mode, name, t)])]})
 json.dump(result, open(out, "w"), indent=1)
 print(f"\nJSON: {out}")
 PY
+"$CARGO_TARGET_DIR/release/stria-report" nbd "$OUT" --out "$(dirname "$OUT")"

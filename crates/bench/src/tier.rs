@@ -28,6 +28,7 @@ mod rig;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -50,6 +51,8 @@ const LARGE_READ_BYTES: usize = 64 << 10;
 const GOAL_MIN_DRIVE_WRITE: u64 = 128 << 10;
 /// Longest wait for destage to drain the cache.
 const DRAIN_LIMIT: Duration = Duration::from_secs(300);
+/// Interval of the write-amplification time series of the write phases.
+const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 
 /// Where the drives live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -164,6 +167,51 @@ pub(crate) struct PhaseResult {
     pub(crate) errors: u64,
     pub(crate) mismatches: u64,
     pub(crate) first_error: Option<String>,
+    /// Per repetition, of the write phases: drive bytes since the phase began, every
+    /// [`SAMPLE_EVERY`] while the load ran and while destage drained after it.
+    pub(crate) series: Vec<Vec<WaSample>>,
+}
+
+/// Counters of a write phase since it began, `t_s` seconds after (the report's "write
+/// amplification over time": `cap_mib / host_mib`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WaSample {
+    pub(crate) t_s: f64,
+    pub(crate) host_mib: f64,
+    pub(crate) cap_mib: f64,
+    pub(crate) fast_mib: f64,
+    /// Cached bytes not yet destaged.
+    pub(crate) backlog_mib: f64,
+}
+
+impl WaSample {
+    fn between(before: &Snapshot, now: &Snapshot, t0: Instant) -> WaSample {
+        let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
+        let fast: u64 = (0..rig::REGIONS)
+            .map(|r| now.fast_regions[r].write_bytes - before.fast_regions[r].write_bytes)
+            .sum();
+        WaSample {
+            t_s: t0.elapsed().as_secs_f64(),
+            host_mib: mib(now.status.host_write_bytes - before.status.host_write_bytes),
+            cap_mib: mib(now.status.parts[2].drive_bytes_written - before.status.parts[2].drive_bytes_written),
+            fast_mib: mib(fast),
+            backlog_mib: mib(now.status.cache_live_blocks * BLOCK),
+        }
+    }
+}
+
+/// Samples the counters every [`SAMPLE_EVERY`] into `out` until `stop` is set.
+async fn sample_wa<D: BlockDevice>(
+    rig: &Rig<D>,
+    before: &Snapshot,
+    t0: Instant,
+    stop: &AtomicBool,
+    out: &mut Vec<WaSample>,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(SAMPLE_EVERY).await;
+        out.push(WaSample::between(before, &rig.snapshot().await, t0));
+    }
 }
 
 impl PhaseResult {
@@ -404,13 +452,14 @@ async fn measure_on<D: BlockDevice>(
             errors: 0,
             mismatches: 0,
             first_error: None,
+            series: Vec::new(),
         })
         .collect();
     for rep in 0..args.reps {
         for (i, &phase) in Phase::ALL.iter().enumerate() {
             let groups = groups(phase, args, &streams);
             let seed = (rep * 100 + i) as u64 + 1;
-            let (mut metrics, results) = run_phase(rig, &tags, phase, &groups, args, seed).await?;
+            let (mut metrics, results, series) = run_phase(rig, &tags, phase, &groups, args, seed).await?;
             // Ratios against the peer phase of the same repetition.
             let peer = |p: Phase, key: &str| {
                 phases
@@ -451,6 +500,9 @@ async fn measure_on<D: BlockDevice>(
                 }
             }
             p.reps.push(metrics);
+            if phase.writes() {
+                p.series.push(series);
+            }
         }
     }
     Ok(Outcome {
@@ -511,7 +563,8 @@ fn groups(phase: Phase, args: &TierBenchArgs, streams: &Streams) -> Vec<Group> {
     }
 }
 
-/// One run of one phase: drain, counters, the timed load, drain again, counters.
+/// One run of one phase: drain, counters, the timed load, drain again, counters (and, for write
+/// phases, a time series of the counters during the load and the drain).
 async fn run_phase<D: BlockDevice>(
     rig: &Rig<D>,
     tags: &Arc<Tags>,
@@ -519,15 +572,32 @@ async fn run_phase<D: BlockDevice>(
     groups: &[Group],
     args: &TierBenchArgs,
     seed: u64,
-) -> Result<(Metrics, Vec<GroupResult>)> {
+) -> Result<(Metrics, Vec<GroupResult>, Vec<WaSample>)> {
     rig.drain(DRAIN_LIMIT).await?;
     let before = rig.snapshot().await;
-    let (results, wall_s) =
-        load::run(&rig.vol, tags, groups, Duration::from_secs_f64(args.seconds), interleave(args), seed)
-            .await;
+    let t0 = Instant::now();
+    let mut series = Vec::new();
+    let (load_done, drain_done) = (AtomicBool::new(!phase.writes()), AtomicBool::new(!phase.writes()));
+    let timed = async {
+        let r =
+            load::run(&rig.vol, tags, groups, Duration::from_secs_f64(args.seconds), interleave(args), seed)
+                .await;
+        load_done.store(true, Ordering::Relaxed);
+        r
+    };
+    let ((results, wall_s), ()) = tokio::join!(timed, sample_wa(rig, &before, t0, &load_done, &mut series));
     let backlog_bytes = rig.vol.status().cache_live_blocks * BLOCK;
-    let drain_s = rig.drain(DRAIN_LIMIT).await?.as_secs_f64();
+    let drain = async {
+        let r = rig.drain(DRAIN_LIMIT).await;
+        drain_done.store(true, Ordering::Relaxed);
+        r
+    };
+    let (drained, ()) = tokio::join!(drain, sample_wa(rig, &before, t0, &drain_done, &mut series));
+    let drain_s = drained?.as_secs_f64();
     let after = rig.snapshot().await;
+    if phase.writes() {
+        series.push(WaSample::between(&before, &after, t0));
+    }
     let mut m: Metrics = vec![("seconds", wall_s)];
     for (g, r) in groups.iter().zip(&results) {
         let prefix = if g.jobs.iter().any(|j| matches!(j, Job::RandRead)) { "read" } else { "write" };
@@ -543,7 +613,7 @@ async fn run_phase<D: BlockDevice>(
     if after.host_read_ops > before.host_read_ops {
         m.push(("read_from_capacity_pct", 100.0 * cap as f64 / (cache + cap).max(1) as f64));
     }
-    Ok((m, results))
+    Ok((m, results, series))
 }
 
 fn push_group(m: &mut Metrics, prefix: &'static str, r: &GroupResult, wall_s: f64) {

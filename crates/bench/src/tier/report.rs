@@ -262,6 +262,25 @@ pub(super) fn to_json(o: &Outcome, args: &TierBenchArgs) -> String {
                     })
                     .collect(),
             );
+            if !p.series.is_empty() {
+                obj.insert(
+                    "wa_series".into(),
+                    p.series
+                        .iter()
+                        .map(|rep| {
+                            rep.iter()
+                                .map(|w| {
+                                    serde_json::json!({
+                                        "t_s": json_num(w.t_s), "host_mib": json_num(w.host_mib),
+                                        "cap_mib": json_num(w.cap_mib), "fast_mib": json_num(w.fast_mib),
+                                        "backlog_mib": json_num(w.backlog_mib),
+                                    })
+                                })
+                                .collect::<serde_json::Value>()
+                        })
+                        .collect(),
+                );
+            }
             obj.insert("errors".into(), p.errors.into());
             obj.insert("mismatches".into(), p.mismatches.into());
             serde_json::Value::Object(obj)
