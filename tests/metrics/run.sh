@@ -86,6 +86,8 @@ check "prometheus stored 50 reads of 400 KiB from v" wait_for 'stria_volume_byte
 check "the write latency histogram counted 100" wait_for 'stria_volume_op_latency_seconds_count{volume="v",op="write"}' 100
 check "every write is in a latency bucket at or below 17 s" \
   wait_for 'max(stria_volume_op_latency_seconds_bucket{volume="v",op="write",le="17.179869184"})' 100
+check "drive writes were timed (capacity drive 2 has a write latency count)" \
+  bash -c "[ -n \"\$(curl -sf --get 'http://127.0.0.1:$PPORT/api/v1/query' --data-urlencode 'query=stria_drive_op_latency_seconds_count{drive=\"2\",op=\"write\"} > 0' | grep -o '\"value\"')\" ]"
 check "eight drives are active" wait_for 'sum(stria_drive_state{state="active"})' 8
 check "the tiered volume counts the 8 MiB its clients wrote" \
   wait_for 'stria_tier_host_written_bytes_total{volume="t"}' 8388608

@@ -3,6 +3,8 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, Ordering::Relaxed};
 
+use crate::histogram::{Histogram, HistogramSnapshot};
+
 /// Slots of a [`Counter`]: threads spread over them, so two cores rarely write one cache line.
 pub(crate) const SHARDS: usize = 16;
 
@@ -62,6 +64,22 @@ pub struct DevCounters {
     errors: Counter,
     repairs: Counter,
     write_size_hist: [Counter; WRITE_SIZE_BUCKETS],
+    /// Completed reads and writes by latency (devices that time their requests: file drives).
+    read_latency: Histogram,
+    write_latency: Histogram,
+    /// Requests made and requests ended (completed, failed or dropped): the difference is the
+    /// queue.
+    started: Counter,
+    ended: Counter,
+}
+
+/// A point-in-time copy of a device's latency histograms and queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DevLatency {
+    pub read: HistogramSnapshot,
+    pub write: HistogramSnapshot,
+    /// Requests made and not yet ended.
+    pub in_flight: u64,
 }
 
 /// A point-in-time copy of [`DevCounters`].
@@ -101,6 +119,37 @@ impl DevCounters {
     /// Counts one completed discard.
     pub fn record_discard(&self) {
         self.discard_ops.fetch_add(1, Relaxed);
+    }
+
+    /// Records the latency of one completed read.
+    pub fn record_read_latency(&self, ns: u64) {
+        self.read_latency.record(ns);
+    }
+
+    /// Records the latency of one completed write.
+    pub fn record_write_latency(&self, ns: u64) {
+        self.write_latency.record(ns);
+    }
+
+    /// Counts a request made (its end is counted by [`DevCounters::record_end`]).
+    pub fn record_start(&self) {
+        self.started.fetch_add(1, Relaxed);
+    }
+
+    /// Counts a request ended, whatever its outcome.
+    pub fn record_end(&self) {
+        self.ended.fetch_add(1, Relaxed);
+    }
+
+    /// The latency histograms and the queue now.
+    pub fn latency(&self) -> DevLatency {
+        // Ends are read first: the queue is never below the true value by their count.
+        let ended = self.ended.load(Relaxed);
+        DevLatency {
+            read: self.read_latency.snapshot(),
+            write: self.write_latency.snapshot(),
+            in_flight: self.started.load(Relaxed).saturating_sub(ended),
+        }
     }
 
     /// Counts one failed request.

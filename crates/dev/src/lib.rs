@@ -14,7 +14,7 @@ pub mod histogram;
 pub mod mem;
 
 pub use buf::{BUF_ALIGN_BYTES, IoBuf, IoBytes};
-pub use counters::{Counter, DevCounters, DevCountersSnapshot};
+pub use counters::{Counter, DevCounters, DevCountersSnapshot, DevLatency};
 pub use device::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, DevError, check_range};
 pub use fault::{FaultConfig, FaultCounts, FaultDevice, FaultEvent, FaultKind, HostSpace, PowerSwitch};
 pub use file::{FileDevice, FileOptions, IoEngine, OpenError};

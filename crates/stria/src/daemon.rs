@@ -216,8 +216,11 @@ impl Daemon {
 
     /// Every export's request counters and every drive's I/O counters.
     pub(crate) fn stats(&self) -> StatsView {
-        let drives = self.catalog.pool().status().drives;
-        StatsView::new(self.exports.stats(), drives)
+        let pool = self.catalog.pool();
+        let handles = pool.drives();
+        let latency =
+            |id: u32| handles.iter().find(|d| d.slot() == id).map(|d| d.latency()).unwrap_or_default();
+        StatsView::new(self.exports.stats(), pool.status().drives, latency)
     }
 }
 

@@ -96,20 +96,36 @@ pub(crate) fn report(now: &StatsView, before: &StatsView, secs: f64) -> String {
     }
     let _ = writeln!(
         out,
-        "  {:<16} {:>9} {:>9} {:>8} {:>8}  class, state",
-        "drive", "read/s", "write/s", "rMB/s", "wMB/s"
+        "  {:<16} {:>9} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>6}  class, state",
+        "drive",
+        "read/s",
+        "write/s",
+        "rMB/s",
+        "wMB/s",
+        "r_avg_us",
+        "r_p99_us",
+        "w_avg_us",
+        "w_p99_us",
+        "queue"
     );
     let zero = DriveIo::default();
     for d in &now.drives {
         let b = before.drives.iter().find(|b| b.id == d.id).unwrap_or(&zero);
+        let read = latency_us(&d.latency.read.since(&b.latency.read));
+        let write = latency_us(&d.latency.write.since(&b.latency.write));
         let _ = writeln!(
             out,
-            "  {:<16} {:>9.0} {:>9.0} {:>8.1} {:>8.1}  {}, {}",
+            "  {:<16} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>9} {:>9} {:>9} {:>9} {:>6}  {}, {}",
             format!("{} {}", d.id, d.path.rsplit('/').next().unwrap_or("")),
             per_second(d.read_ops, b.read_ops, secs),
             per_second(d.write_ops, b.write_ops, secs),
             per_second(d.read_bytes, b.read_bytes, secs) / 1e6,
             per_second(d.write_bytes, b.write_bytes, secs) / 1e6,
+            cell(read.0),
+            cell(read.1),
+            cell(write.0),
+            cell(write.1),
+            d.latency.in_flight,
             d.class,
             d.state
         );

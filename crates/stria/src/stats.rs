@@ -110,16 +110,22 @@ pub(crate) struct DriveIo {
     pub(crate) read_bytes: u64,
     pub(crate) write_ops: u64,
     pub(crate) write_bytes: u64,
+    /// Latency of its reads and writes, and its queue (file drives time their requests).
+    #[serde(default)]
+    pub(crate) latency: stria_dev::DevLatency,
 }
 
 impl StatsView {
+    /// `latency` gives each drive's latency by id.
     pub(crate) fn new(
         volumes: Vec<VolumeStatsSnapshot>,
         drives: Vec<stria_engine::DriveStatus>,
+        latency: impl Fn(u32) -> stria_dev::DevLatency,
     ) -> StatsView {
         let drives = drives
             .into_iter()
             .map(|d| DriveIo {
+                latency: latency(d.id),
                 id: d.id,
                 path: d.path,
                 class: d.class,

@@ -32,6 +32,8 @@ pub(super) struct OpFuture<'a> {
     shared: &'a Shared,
     counters: &'a DevCounters,
     state: State,
+    /// When the request was made: its latency ends when it completes.
+    started: std::time::Instant,
 }
 
 /// What the result of one call means for its request.
@@ -48,7 +50,13 @@ impl<'a> OpFuture<'a> {
         request: Request,
         payload: Payload,
     ) -> Self {
-        OpFuture { shared, counters, state: State::Start { request, payload } }
+        counters.record_start();
+        OpFuture {
+            shared,
+            counters,
+            state: State::Start { request, payload },
+            started: std::time::Instant::now(),
+        }
     }
 
     fn error(&self, request: &Request, source: io::Error) -> DevError {
@@ -61,9 +69,16 @@ impl<'a> OpFuture<'a> {
     }
 
     fn count_success(&self, request: &Request) {
+        let ns = || u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         match request.kind {
-            OpKind::Read => self.counters.record_read(request.len_bytes),
-            OpKind::Write { .. } => self.counters.record_write(request.len_bytes),
+            OpKind::Read => {
+                self.counters.record_read(request.len_bytes);
+                self.counters.record_read_latency(ns());
+            }
+            OpKind::Write { .. } => {
+                self.counters.record_write(request.len_bytes);
+                self.counters.record_write_latency(ns());
+            }
             OpKind::Flush => self.counters.record_flush(),
             OpKind::Discard => self.counters.record_discard(),
         }
@@ -164,6 +179,7 @@ impl Future for OpFuture<'_> {
 
 impl Drop for OpFuture<'_> {
     fn drop(&mut self) {
+        self.counters.record_end();
         if let State::InFlight(ticket) = self.state {
             let mut wake: Vec<Waker> = Vec::new();
             self.shared.table.lock().abandon(ticket, &mut wake);

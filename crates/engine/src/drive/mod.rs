@@ -301,6 +301,11 @@ impl<D: BlockDevice> Drive<D> {
         self.dev.as_ref().map(|d| d.counters().snapshot()).unwrap_or_default()
     }
 
+    /// Latency histograms and queue of the underlying device (empty for a missing drive).
+    pub fn latency(&self) -> stria_dev::DevLatency {
+        self.dev.as_ref().map(|d| d.counters().latency()).unwrap_or_default()
+    }
+
     /// Error events counted since the last commit that took them (see the `errors` module).
     pub(crate) fn pending_errors(&self) -> DriveErrors {
         self.errors.take()

@@ -13,7 +13,8 @@ use stria_tier::lsv::LogStatus;
 
 use super::AppState;
 use crate::jobs::{JobState, JobView};
-use crate::stats::{Op, VolumeStatsSnapshot};
+use crate::stats::{DriveIo, Op, VolumeStatsSnapshot};
+use stria_dev::HistogramSnapshot;
 
 /// Latency bucket bounds exposed, as powers of two of nanoseconds: 2^13 ns (8.2 µs) to 2^34 ns
 /// (17 s). Each is a bound of the fine histogram, so the cumulative counts are exact.
@@ -24,7 +25,8 @@ type Field<T, V> = (&'static str, &'static str, fn(&T) -> V);
 
 pub(crate) async fn scrape(State(state): State<AppState>) -> impl IntoResponse {
     let status = state.daemon.catalog.status();
-    let exports = state.daemon.exports.stats();
+    let stats = state.daemon.stats();
+    let exports = stats.volumes;
     let nbd = state.daemon.nbd.stats();
     let jobs = state.daemon.jobs.list();
     let mut out = Exposition::default();
@@ -32,6 +34,7 @@ pub(crate) async fn scrape(State(state): State<AppState>) -> impl IntoResponse {
     pool(&mut out, &status);
     volumes(&mut out, &status, &jobs);
     requests(&mut out, &exports);
+    drive_latency(&mut out, &stats.drives);
     tiers(&mut out, &status);
     out.family("stria_nbd_connections", "gauge", "NBD connections by phase.");
     out.sample("stria_nbd_connections", &[("phase", "handshake")], nbd.handshaking as f64);
@@ -54,6 +57,18 @@ pub(crate) struct Exposition {
 impl Exposition {
     pub(crate) fn family(&mut self, name: &str, kind: &str, help: &str) {
         let _ = writeln!(self.text, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    /// The samples of one histogram (its family written before).
+    pub(crate) fn histogram(&mut self, name: &str, labels: &[(&str, &str)], h: &HistogramSnapshot) {
+        let bucket = format!("{name}_bucket");
+        for log2 in LE_LOG2_NS {
+            let le = format!("{}", (1u64 << log2) as f64 / 1e9);
+            self.sample(&bucket, &[labels, &[("le", le.as_str())]].concat(), h.count_below(1 << log2) as f64);
+        }
+        self.sample(&bucket, &[labels, &[("le", "+Inf")]].concat(), h.count as f64);
+        self.sample(&format!("{name}_sum"), labels, h.sum_ns as f64 / 1e9);
+        self.sample(&format!("{name}_count"), labels, h.count as f64);
     }
 
     pub(crate) fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
@@ -249,18 +264,27 @@ fn requests(out: &mut Exposition, exports: &[VolumeStatsSnapshot]) {
     out.family(name, "histogram", "Time from receiving an NBD request to its answer being ready.");
     for e in exports {
         for op in Op::ALL {
-            let h = &e.op(op).latency;
-            for log2 in LE_LOG2_NS {
-                let le = format!("{}", (1u64 << log2) as f64 / 1e9);
-                let labels = [("volume", e.name.as_str()), ("op", op.name()), ("le", le.as_str())];
-                out.sample(&format!("{name}_bucket"), &labels, h.count_below(1 << log2) as f64);
-            }
-            let labels = [("volume", e.name.as_str()), ("op", op.name()), ("le", "+Inf")];
-            out.sample(&format!("{name}_bucket"), &labels, h.count as f64);
-            let labels = [("volume", e.name.as_str()), ("op", op.name())];
-            out.sample(&format!("{name}_sum"), &labels, h.sum_ns as f64 / 1e9);
-            out.sample(&format!("{name}_count"), &labels, h.count as f64);
+            out.histogram(name, &[("volume", &e.name), ("op", op.name())], &e.op(op).latency);
         }
+    }
+}
+
+/// Latency and queue of each drive (file drives time their requests).
+fn drive_latency(out: &mut Exposition, drives: &[DriveIo]) {
+    let name = "stria_drive_op_latency_seconds";
+    out.family(name, "histogram", "Time from a drive request being made to its completion.");
+    for d in drives {
+        let id = d.id.to_string();
+        out.histogram(name, &[("drive", &id), ("op", "read")], &d.latency.read);
+        out.histogram(name, &[("drive", &id), ("op", "write")], &d.latency.write);
+    }
+    out.family("stria_drive_requests_in_flight", "gauge", "Drive requests made and not yet completed.");
+    for d in drives {
+        out.sample(
+            "stria_drive_requests_in_flight",
+            &[("drive", &d.id.to_string())],
+            d.latency.in_flight as f64,
+        );
     }
 }
 
