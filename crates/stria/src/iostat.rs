@@ -59,76 +59,73 @@ fn cell(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| if v >= 100.0 { format!("{v:.0}") } else { format!("{v:.1}") })
 }
 
+/// The columns after the name, in order.
+const COLUMNS: [&str; 9] =
+    ["read/s", "write/s", "rMB/s", "wMB/s", "r_avg_us", "r_p99_us", "w_avg_us", "w_p99_us", "queue"];
+
+/// One line: `name` in a column of `width`, then the cells right-aligned under [`COLUMNS`].
+fn line(out: &mut String, width: usize, name: &str, cells: &[String], tail: &str) {
+    use std::fmt::Write as _;
+    let _ = write!(out, "{name:<width$}");
+    for (cell, title) in cells.iter().zip(COLUMNS) {
+        let _ = write!(out, " {cell:>w$}", w = title.len().max(6) + 1);
+    }
+    let _ = writeln!(out, "{tail}");
+}
+
+/// The cells of one row: rates, latencies (mean, p99 of reads, then of writes) and the queue.
+fn cells(
+    ops: [f64; 2],
+    mb: [f64; 2],
+    read: (Option<f64>, Option<f64>),
+    write: (Option<f64>, Option<f64>),
+    queue: u64,
+) -> Vec<String> {
+    vec![
+        format!("{:.0}", ops[0]),
+        format!("{:.0}", ops[1]),
+        format!("{:.1}", mb[0]),
+        format!("{:.1}", mb[1]),
+        cell(read.0),
+        cell(read.1),
+        cell(write.0),
+        cell(write.1),
+        queue.to_string(),
+    ]
+}
+
 /// One report: the volumes, then the drives, over `secs` seconds.
 pub(crate) fn report(now: &StatsView, before: &StatsView, secs: f64) -> String {
-    use std::fmt::Write as _;
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<18} {:>9} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>6}",
-        "volume",
-        "read/s",
-        "write/s",
-        "rMB/s",
-        "wMB/s",
-        "r_avg_us",
-        "r_p99_us",
-        "w_avg_us",
-        "w_p99_us",
-        "queue"
-    );
+    let titles: Vec<String> = COLUMNS.iter().map(|c| (*c).to_string()).collect();
+    line(&mut out, 18, "volume", &titles, "");
     for v in &now.volumes {
         let r = volume_rates(v, before.volumes.iter().find(|b| b.name == v.name), secs);
-        let _ = writeln!(
-            out,
-            "{:<18} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>9} {:>9} {:>9} {:>9} {:>6}",
-            r.name,
-            r.read_iops,
-            r.write_iops,
-            r.read_mb_per_s,
-            r.write_mb_per_s,
-            cell(r.read_latency_us.0),
-            cell(r.read_latency_us.1),
-            cell(r.write_latency_us.0),
-            cell(r.write_latency_us.1),
-            r.in_flight
+        let row = cells(
+            [r.read_iops, r.write_iops],
+            [r.read_mb_per_s, r.write_mb_per_s],
+            r.read_latency_us,
+            r.write_latency_us,
+            r.in_flight,
         );
+        line(&mut out, 18, &r.name, &row, "");
     }
-    let _ = writeln!(
-        out,
-        "  {:<16} {:>9} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>6}  class, state",
-        "drive",
-        "read/s",
-        "write/s",
-        "rMB/s",
-        "wMB/s",
-        "r_avg_us",
-        "r_p99_us",
-        "w_avg_us",
-        "w_p99_us",
-        "queue"
-    );
+    line(&mut out, 18, "  drive", &titles, "  class, state");
     let zero = DriveIo::default();
     for d in &now.drives {
         let b = before.drives.iter().find(|b| b.id == d.id).unwrap_or(&zero);
-        let read = latency_us(&d.latency.read.since(&b.latency.read));
-        let write = latency_us(&d.latency.write.since(&b.latency.write));
-        let _ = writeln!(
-            out,
-            "  {:<16} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>9} {:>9} {:>9} {:>9} {:>6}  {}, {}",
-            format!("{} {}", d.id, d.path.rsplit('/').next().unwrap_or("")),
-            per_second(d.read_ops, b.read_ops, secs),
-            per_second(d.write_ops, b.write_ops, secs),
-            per_second(d.read_bytes, b.read_bytes, secs) / 1e6,
-            per_second(d.write_bytes, b.write_bytes, secs) / 1e6,
-            cell(read.0),
-            cell(read.1),
-            cell(write.0),
-            cell(write.1),
+        let row = cells(
+            [per_second(d.read_ops, b.read_ops, secs), per_second(d.write_ops, b.write_ops, secs)],
+            [
+                per_second(d.read_bytes, b.read_bytes, secs) / 1e6,
+                per_second(d.write_bytes, b.write_bytes, secs) / 1e6,
+            ],
+            latency_us(&d.latency.read.since(&b.latency.read)),
+            latency_us(&d.latency.write.since(&b.latency.write)),
             d.latency.in_flight,
-            d.class,
-            d.state
         );
+        let name = format!("  {} {}", d.id, d.path.rsplit('/').next().unwrap_or(""));
+        line(&mut out, 18, &name, &row, &format!("  {}, {}", d.class, d.state));
     }
     out
 }
