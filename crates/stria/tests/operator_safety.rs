@@ -299,7 +299,7 @@ fn item10_names_sizes_logs_signals_and_exit_codes() {
     expect(&stria, &["status"], 0);
     let (code, log) = daemon.stop();
     assert_eq!(code, Some(0), "{log}");
-    says(&log, "SIGHUP ignored");
+    says(&log, "SIGHUP: no configuration file to reload");
     says(&log, "pool closed cleanly");
 }
 
