@@ -9,6 +9,7 @@
 # first; fio (nbd engine, Unix socket) runs 4 KiB random reads and writes at iodepth 1 and 16 on
 # each, the two servers alternating within every repetition (ABBA order), servers pinned to CPU 1
 # and fio to CPU 0. Prints the CPU, each sample, and per workload the medians and NEW/OLD.
+# AB_WORKLOADS (see below) picks the workloads.
 set -euo pipefail
 OLD=$(realpath "${1:?usage: bench-ab.sh OLD/stria NEW/stria [--reps N] [--runtime S]}")
 NEW=$(realpath "${2:?usage: bench-ab.sh OLD/stria NEW/stria [--reps N] [--runtime S]}")
@@ -45,11 +46,12 @@ stop() { kill -TERM "$PID"; wait "$PID" 2>/dev/null || true; PID=; }
 
 run() {  # run VOLUME RW DEPTH: prints IOPS
   taskset -c 0 fio --name=ab --ioengine=nbd --uri="nbd+unix:///$1?socket=$W/nbd.sock" --rw="$2" --bs=4k \
-    --iodepth="$3" --size=1G --time_based --runtime="$RUNTIME" --output-format=json |
-    python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; print(round(j["read"]["iops"] + j["write"]["iops"]))'
+    --iodepth="$3" --size=1G --time_based --runtime="$RUNTIME" --output-format=json --output="$W/fio.json" >/dev/null
+  python3 -c 'import json,sys; j=json.load(open(sys.argv[1]))["jobs"][0]; print(round(j["read"]["iops"] + j["write"]["iops"]))' "$W/fio.json"
 }
 
-WORKLOADS=("r0 randread 1" "r0 randread 16" "r0 randwrite 16" "ec randread 16" "ec randwrite 16")
+# AB_WORKLOADS="r0 randwrite 16;ec randwrite 16" runs only those (VOLUME RW IODEPTH, ;-separated).
+IFS=';' read -r -a WORKLOADS <<<"${AB_WORKLOADS:-r0 randread 1;r0 randread 16;r0 randwrite 16;ec randread 16;ec randwrite 16}"
 declare -A samples
 for rep in $(seq "$REPS"); do
   order=(OLD NEW); ((rep % 2 == 0)) && order=(NEW OLD)
