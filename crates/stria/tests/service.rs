@@ -21,8 +21,14 @@ struct Serve {
 
 impl Serve {
     fn start(stria: &Stria, args: &[&str]) -> Serve {
+        Serve::start_env(stria, args, &[])
+    }
+
+    /// Starts it with `env` set as well.
+    fn start_env(stria: &Stria, args: &[&str], env: &[(&str, &std::path::Path)]) -> Serve {
         let mut child = Command::new(binary())
             .args(args)
+            .envs(env.iter().map(|(k, v)| (*k, *v)))
             .current_dir(stria.dir.path())
             .env_remove("STRIA_POOL")
             .env_remove("STRIA_LOG")
@@ -141,6 +147,29 @@ fn the_configuration_file_sets_the_daemon_and_sighup_reloads_it() {
     }
     let log = serve.stop();
     assert!(!log.contains("http listener"), "info lines with --log-level warn:\n{log}");
+}
+
+#[test]
+fn under_systemd_the_daemon_says_when_it_is_ready_and_when_it_stops() {
+    let stria = Stria::new();
+    expect(&stria, &["pool", "create", "--fast", "0", "--capacity", "3", "--drive-size", "64M"], 0);
+    let notify = stria.dir.path().join("notify.sock");
+    let listener = std::os::unix::net::UnixDatagram::bind(&notify).expect("bind the notify socket");
+    listener.set_read_timeout(Some(Duration::from_secs(60))).expect("timeout");
+    let mut serve = Serve::start_env(
+        &stria,
+        &["--pool", "pool", "serve", "--nbd", "unix:nbd.sock"],
+        &[("NOTIFY_SOCKET", notify.as_path())],
+    );
+    let mut buf = [0u8; 256];
+    let n = listener.recv(&mut buf).expect("READY=1 from the daemon");
+    assert_eq!(&buf[..n], b"READY=1");
+    assert!(stria.dir.path().join("nbd.sock").exists(), "ready only once the NBD listener is up");
+    serve.signal("TERM");
+    let n = listener.recv(&mut buf).expect("STOPPING=1 from the daemon");
+    assert_eq!(&buf[..n], b"STOPPING=1");
+    let status = serve.child.wait().expect("wait");
+    assert!(status.success(), "{}", serve.text());
 }
 
 #[test]
