@@ -7,10 +7,16 @@
 //!   time, throughput and latency per phase;
 //! * `rocksdb FILE.json` (from `scripts/bench-rocksdb.sh`): db_bench ops/s per workload and
 //!   volume against a local file, latency CDFs;
+//! * `ec FILE.json` (from `stria-bench-ec --json`): erasure-code GB/s per operation and stripe
+//!   geometry, stria's kernel against ISA-L and the memory references, ratio tables;
+//! * `engine FILE.json` (from `stria-bench-engine --json`): IOPS and bandwidth per layout against
+//!   raw memory drives, healthy and degraded, ratio tables, drive write amplification;
 //! * `fio FILE.json...` (fio's own `--output-format=json`): latency CDFs and a table.
 
 #![forbid(unsafe_code)]
 
+mod ec;
+mod engine;
 mod fio;
 mod md;
 mod nbd;
@@ -40,6 +46,10 @@ enum Command {
     Tier(Args),
     /// `scripts/bench-rocksdb.sh`: db_bench on ext4 over stria volumes and a local file.
     Rocksdb(Args),
+    /// `stria-bench-ec --json > FILE.json`: erasure coding against ISA-L and memory limits.
+    Ec(Args),
+    /// `stria-bench-engine --json > FILE.json`: layouts against raw memory drives.
+    Engine(Args),
     /// One or more outputs of `fio --output-format=json`: latency CDFs, IOPS, bandwidth.
     Fio(FioArgs),
 }
@@ -98,6 +108,15 @@ fn main() -> Result<()> {
         Command::Rocksdb(a) => {
             let dir = out_dir(a.out.as_ref(), &a.file)?;
             (dir.clone(), rocksdb::report(&read_json(&a.file)?, &dir)?)
+        }
+        Command::Ec(a) => {
+            let dir = out_dir(a.out.as_ref(), &a.file)?;
+            (dir.clone(), ec::report(&read_json::<Vec<ec::EcCell>>(&a.file)?, &dir)?)
+        }
+        Command::Engine(a) => {
+            let dir = out_dir(a.out.as_ref(), &a.file)?;
+            let run = engine::EngineRun::new(read_json(&a.file)?);
+            (dir.clone(), engine::report(&run, &dir)?)
         }
         Command::Fio(a) => {
             let dir = out_dir(a.out.as_ref(), &a.files[0])?;

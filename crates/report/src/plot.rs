@@ -81,11 +81,33 @@ pub(crate) struct BarChart {
     pub(crate) annotations: Vec<String>,
 }
 
+/// Groups of bars side by side: one group per category, one bar per series in each group, and
+/// a legend naming the series.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct GroupedBarChart {
+    pub(crate) title: String,
+    pub(crate) y_label: String,
+    /// The label under each group.
+    pub(crate) categories: Vec<String>,
+    pub(crate) series: Vec<BarSeries>,
+}
+
+/// One series of a [`GroupedBarChart`]: a value per category (`None`: no bar).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct BarSeries {
+    pub(crate) name: String,
+    pub(crate) color_index: usize,
+    pub(crate) values: Vec<Option<f64>>,
+    /// Text above each bar (empty or absent: none).
+    pub(crate) annotations: Vec<String>,
+}
+
 /// One panel of a figure.
 #[derive(Debug, Clone)]
 pub(crate) enum Panel {
     Lines(LineChart),
     Bars(BarChart),
+    Groups(GroupedBarChart),
 }
 
 fn register_font() {
@@ -125,6 +147,7 @@ pub(crate) fn render(path: &Path, panels: &[Panel], cols: usize) -> Result<()> {
             match panel {
                 Panel::Lines(c) => draw_lines(area, c),
                 Panel::Bars(b) => draw_bars(area, b),
+                Panel::Groups(g) => draw_groups(area, g),
             }
             .with_context(|| format!("drawing {}", path.display()))?;
         }
@@ -424,6 +447,84 @@ fn draw_bars(area: &DrawingArea<BitMapBackend<'_>, Shift>, b: &BarChart) -> Resu
     Ok(())
 }
 
+fn draw_groups(area: &DrawingArea<BitMapBackend<'_>, Shift>, g: &GroupedBarChart) -> Result<()> {
+    let values =
+        || g.series.iter().flat_map(|s| s.values.iter().flatten().copied()).filter(|v| v.is_finite());
+    if g.categories.is_empty() || g.series.is_empty() || values().next().is_none() {
+        bail!("grouped bar chart {:?} has no bars", g.title);
+    }
+    let err = |e: DrawingAreaErrorKind<_>| anyhow!("{e}");
+    let n = g.categories.len();
+    let k = g.series.len();
+    // Headroom for the annotations and the legend above the tallest bar.
+    let top = values().fold(0.0, f64::max).max(1e-9) * (1.2 + 0.08 * k as f64);
+    let width = 0.8 / k as f64;
+    let mut chart = ChartBuilder::on(area)
+        .caption(&g.title, (FONT, 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(72)
+        .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..top)
+        .map_err(err)?;
+    let labels = &g.categories;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n)
+        .x_label_formatter(&|v| {
+            labels
+                .iter()
+                .enumerate()
+                .find(|&(i, _)| (i as f64 - v).abs() < 0.01)
+                .map(|(_, l)| l.clone())
+                .unwrap_or_default()
+        })
+        .y_label_formatter(&|v| tick(*v))
+        .y_desc(&g.y_label)
+        .label_style((FONT, 14))
+        .axis_desc_style((FONT, 15))
+        .light_line_style(TRANSPARENT)
+        .draw()
+        .map_err(err)?;
+    for (j, s) in g.series.iter().enumerate() {
+        let col = color(s.color_index);
+        let x_of = |i: usize| i as f64 - 0.4 + width * (j as f64 + 0.5);
+        let bars: Vec<(usize, f64)> = s
+            .values
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| v.filter(|v| v.is_finite()).map(|v| (i, v.max(0.0))))
+            .collect();
+        chart
+            .draw_series(bars.iter().map(|&(i, v)| {
+                let x = x_of(i);
+                Rectangle::new([(x - width * 0.45, 0.0), (x + width * 0.45, v)], col.filled())
+            }))
+            .map_err(err)?
+            .label(&s.name)
+            .legend(move |(px, py)| Rectangle::new([(px, py - 5), (px + 14, py + 5)], col.filled()));
+        let style = TextStyle::from((FONT, 12).into_font()).pos(plotters::style::text_anchor::Pos::new(
+            plotters::style::text_anchor::HPos::Center,
+            plotters::style::text_anchor::VPos::Bottom,
+        ));
+        chart
+            .draw_series(bars.iter().filter_map(|&(i, v)| {
+                let text = s.annotations.get(i).filter(|t| !t.is_empty())?;
+                Some(Text::new(text.clone(), (x_of(i), v + top * 0.01), style.clone()))
+            }))
+            .map_err(err)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .label_font((FONT, 13))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    Ok(())
+}
+
 /// A CDF line from (percentile, latency) pairs: x = latency, y = percentile.
 pub(crate) fn cdf_series(name: &str, color_index: usize, pct_value: &[(f64, f64)]) -> Series {
     let mut pts: Vec<(f64, f64)> = pct_value.iter().map(|&(p, v)| (v, p)).collect();
@@ -485,7 +586,26 @@ mod tests {
             bars: vec![("x".into(), 3.0, 0), ("y".into(), 5.0, 1)],
             annotations: vec![],
         };
-        render(&path, &[Panel::Lines(lines), Panel::Bars(bars)], 2).unwrap();
+        let groups = GroupedBarChart {
+            title: "g".into(),
+            y_label: "GB/s".into(),
+            categories: vec!["4+2".into(), "8+3".into()],
+            series: vec![
+                BarSeries {
+                    name: "a".into(),
+                    color_index: 0,
+                    values: vec![Some(3.0), None],
+                    annotations: vec!["1.1x".into()],
+                },
+                BarSeries {
+                    name: "b".into(),
+                    color_index: 1,
+                    values: vec![Some(2.0), Some(4.0)],
+                    annotations: vec![],
+                },
+            ],
+        };
+        render(&path, &[Panel::Lines(lines), Panel::Bars(bars), Panel::Groups(groups)], 2).unwrap();
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
     }
@@ -495,5 +615,12 @@ mod tests {
         let dir = crate::testutil::TempDir::new("plot-empty");
         let c = LineChart { title: "e".into(), ..LineChart::default() };
         assert!(render(&dir.path().join("e.png"), &[Panel::Lines(c)], 1).is_err());
+        let g = GroupedBarChart {
+            title: "g".into(),
+            categories: vec!["x".into()],
+            series: vec![BarSeries { name: "a".into(), values: vec![None], ..BarSeries::default() }],
+            ..GroupedBarChart::default()
+        };
+        assert!(render(&dir.path().join("g.png"), &[Panel::Groups(g)], 1).is_err());
     }
 }
