@@ -393,16 +393,24 @@ where
     Ok(())
 }
 
-fn draw_bars(area: &DrawingArea<BitMapBackend<'_>, Shift>, b: &BarChart) -> Result<()> {
-    if b.bars.is_empty() {
-        bail!("bar chart {:?} has no bars", b.title);
-    }
+/// Axes for bars: one category per integer x from 0, labelled with `labels`, y from 0 to `top`.
+fn category_chart<'a, 'b>(
+    area: &'a DrawingArea<BitMapBackend<'b>, Shift>,
+    title: &str,
+    y_label: &str,
+    labels: &[String],
+    top: f64,
+) -> Result<
+    ChartContext<
+        'a,
+        BitMapBackend<'b>,
+        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+    >,
+> {
     let err = |e: DrawingAreaErrorKind<_>| anyhow!("{e}");
-    let n = b.bars.len();
-    let top = b.bars.iter().map(|x| x.1).filter(|v| v.is_finite()).fold(0.0, f64::max).max(1e-9) * 1.18;
-    let labels: Vec<String> = b.bars.iter().map(|x| x.0.clone()).collect();
+    let n = labels.len();
     let mut chart = ChartBuilder::on(area)
-        .caption(&b.title, (FONT, 20))
+        .caption(title, (FONT, 20))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(72)
@@ -413,7 +421,7 @@ fn draw_bars(area: &DrawingArea<BitMapBackend<'_>, Shift>, b: &BarChart) -> Resu
         .disable_x_mesh()
         .x_labels(n)
         .x_label_formatter(&|v| {
-            // Only the ticks at a bar's position (an integer) get its label.
+            // Only the ticks at a category's position (an integer) get its label.
             labels
                 .iter()
                 .enumerate()
@@ -422,12 +430,23 @@ fn draw_bars(area: &DrawingArea<BitMapBackend<'_>, Shift>, b: &BarChart) -> Resu
                 .unwrap_or_default()
         })
         .y_label_formatter(&|v| tick(*v))
-        .y_desc(&b.y_label)
+        .y_desc(y_label)
         .label_style((FONT, 14))
         .axis_desc_style((FONT, 15))
         .light_line_style(TRANSPARENT)
         .draw()
         .map_err(err)?;
+    Ok(chart)
+}
+
+fn draw_bars(area: &DrawingArea<BitMapBackend<'_>, Shift>, b: &BarChart) -> Result<()> {
+    if b.bars.is_empty() {
+        bail!("bar chart {:?} has no bars", b.title);
+    }
+    let err = |e: DrawingAreaErrorKind<_>| anyhow!("{e}");
+    let top = b.bars.iter().map(|x| x.1).filter(|v| v.is_finite()).fold(0.0, f64::max).max(1e-9) * 1.18;
+    let labels: Vec<String> = b.bars.iter().map(|x| x.0.clone()).collect();
+    let mut chart = category_chart(area, &b.title, &b.y_label, &labels, top)?;
     chart
         .draw_series(b.bars.iter().enumerate().map(|(i, (_, v, ci))| {
             let x = i as f64;
@@ -454,38 +473,11 @@ fn draw_groups(area: &DrawingArea<BitMapBackend<'_>, Shift>, g: &GroupedBarChart
         bail!("grouped bar chart {:?} has no bars", g.title);
     }
     let err = |e: DrawingAreaErrorKind<_>| anyhow!("{e}");
-    let n = g.categories.len();
     let k = g.series.len();
     // Headroom for the annotations and the legend above the tallest bar.
     let top = values().fold(0.0, f64::max).max(1e-9) * (1.2 + 0.08 * k as f64);
     let width = 0.8 / k as f64;
-    let mut chart = ChartBuilder::on(area)
-        .caption(&g.title, (FONT, 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(72)
-        .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..top)
-        .map_err(err)?;
-    let labels = &g.categories;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(n)
-        .x_label_formatter(&|v| {
-            labels
-                .iter()
-                .enumerate()
-                .find(|&(i, _)| (i as f64 - v).abs() < 0.01)
-                .map(|(_, l)| l.clone())
-                .unwrap_or_default()
-        })
-        .y_label_formatter(&|v| tick(*v))
-        .y_desc(&g.y_label)
-        .label_style((FONT, 14))
-        .axis_desc_style((FONT, 15))
-        .light_line_style(TRANSPARENT)
-        .draw()
-        .map_err(err)?;
+    let mut chart = category_chart(area, &g.title, &g.y_label, &g.categories, top)?;
     for (j, s) in g.series.iter().enumerate() {
         let col = color(s.color_index);
         let x_of = |i: usize| i as f64 - 0.4 + width * (j as f64 + 0.5);
