@@ -216,11 +216,15 @@ impl Daemon {
 
     /// Every export's request counters and every drive's I/O counters.
     pub(crate) fn stats(&self) -> StatsView {
-        let pool = self.catalog.pool();
-        let handles = pool.drives();
+        self.stats_of(self.catalog.pool().status().drives)
+    }
+
+    /// [`Daemon::stats`] with the drives of a status already taken (a scrape needs both).
+    pub(crate) fn stats_of(&self, drives: Vec<stria_engine::DriveStatus>) -> StatsView {
+        let handles = self.catalog.pool().drives();
         let latency =
             |id: u32| handles.iter().find(|d| d.slot() == id).map(|d| d.latency()).unwrap_or_default();
-        StatsView::new(self.exports.stats(), pool.status().drives, latency)
+        StatsView::new(self.exports.stats(), drives, latency)
     }
 }
 

@@ -25,7 +25,7 @@ type Field<T, V> = (&'static str, &'static str, fn(&T) -> V);
 
 pub(crate) async fn scrape(State(state): State<AppState>) -> impl IntoResponse {
     let status = state.daemon.catalog.status();
-    let stats = state.daemon.stats();
+    let stats = state.daemon.stats_of(status.pool.drives.clone());
     let exports = stats.volumes;
     let nbd = state.daemon.nbd.stats();
     let jobs = state.daemon.jobs.list();
