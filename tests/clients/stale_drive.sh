@@ -5,6 +5,11 @@
 # 0xbb, and a scrub must change nothing. On ec:4+2 (a capacity drive) and tiered:ec:4+2 (a fast
 # drive holding cache and metadata copies). Then the old copy is rebuilt in place with
 # `stria drive replace SLOT PATH` and the volume is healthy again.
+# Then the issue-35 cases (docs/design/stale-copies.md): a drive copied *while the daemon serves*
+# (after a flushed write), more writes and a flush, the daemon stopped with SIGTERM or kill -9,
+# the copy put back: it must be left out and every block must read the new data. On raid1, ec:4+2,
+# the fast drive of a tiered:ec:4+2 volume and a capacity drive of a log:ec:4+2 volume (one that
+# holds a copy of its cache and map).
 # Usage: tests/clients/stale_drive.sh PATH/TO/stria
 set -euo pipefail
 STRIA=$(realpath "${1:?usage: stale_drive.sh PATH/TO/stria}")
@@ -66,6 +71,45 @@ check_case() {  # check_case LAYOUT DRIVE-FILE-NAME
   echo "$layout: old copy left out, 0xbb read back, scrub clean, rebuilt in place"
 }
 
+# The path of the drive holding the first member of volume $2 of pool $1.
+member_path() {
+  local slot; slot=$("$STRIA" volume show "$2" --pool "$1" --json | json 'd["segments"][0]["members"][0]["drive"]')
+  "$STRIA" status --pool "$1" --json | json "[x['path'] for x in d['drives'] if x['id'] == $slot][0]"
+}
+
+live_case() {  # live_case LAYOUT PART-HOLDING-THE-VICTIM TERM|KILL
+  local layout=$1 part=$2 how=$3 pool=$W/live-${1//[:+]/-}-$3
+  echo "---- $layout: a drive holding $part copied while serving, put back after $how ----"
+  "$STRIA" pool create --pool "$pool" --fast 2 --capacity 6 --drive-size 1G >/dev/null
+  local extra=(); [[ $layout == tiered* || $layout == log* ]] && extra=(--cache-size 32M)
+  "$STRIA" volume create v --pool "$pool" --size 64M --layout "$layout" "${extra[@]}" >/dev/null
+  local victim; victim=$(member_path "$pool" "$part")
+  start "$pool"
+  qemu-io -f raw "$(uri v)" -c 'write -P 0xaa 0 16M' -c flush >/dev/null
+  cp --sparse=always "$victim" "$W/live.img"
+  qemu-io -f raw "$(uri v)" -c 'write -P 0xbb 0 16M' -c flush >/dev/null
+  if [ "$how" = TERM ]; then stop; else kill -9 "$PID"; wait "$PID" 2>/dev/null || true; PID=; fi
+  cp --sparse=always "$W/live.img" "$victim"
+  start "$pool"
+  local st; st=$("$STRIA" status --pool "$pool" --json || true)
+  echo "$st" | json '[i["reason"] for i in d["ignored_drives"]]' | grep -q "stale" \
+    || { echo "$st" >&2; echo "$layout/$how: the live copy of $victim was not left out as stale" >&2; exit 1; }
+  local out; out=$(qemu-io -f raw "$(uri v)" -c 'read -P 0xbb 0 16M' 2>&1)
+  echo "$out" | grep -q "^read 16777216/16777216" \
+    || { echo "$out" >&2; echo "$layout/$how: old or no data after the live copy came back" >&2; exit 1; }
+  "$STRIA" scrub v --pool "$pool" --json >"$W/scrub.json" || { cat "$W/scrub.json" >&2; exit 1; }
+  qemu-io -f raw "$(uri v)" -c 'read -P 0xbb 0 16M' | grep -q "^read 16777216/16777216"
+  stop
+  rm -rf "$pool"
+  echo "$layout/$how: live copy left out, 0xbb read back"
+}
+
 check_case ec:4+2 capacity-2.img
 check_case tiered:ec:4+2 fast-0.img
+for how in TERM KILL; do
+  live_case raid1 v "$how"
+  live_case ec:4+2 v "$how"
+  live_case tiered:ec:4+2 v.meta "$how"
+  live_case log:ec:4+2 v.cache "$how"
+done
 echo "stale drive checks passed"

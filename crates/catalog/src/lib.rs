@@ -47,6 +47,18 @@ pub enum CatalogError {
     Invalid(String),
 }
 
+/// A volume size must be a whole, non-zero number of 4 KiB blocks: nothing is rounded behind the
+/// caller's back (the CLI, the REST API and the control socket all pass here).
+fn check_size(size_bytes: u64) -> Result<(), CatalogError> {
+    if size_bytes == 0 || !size_bytes.is_multiple_of(BLOCK_BYTES) {
+        return Err(CatalogError::Invalid(format!(
+            "a volume size must be a whole, non-zero number of 4 KiB blocks (a multiple of {BLOCK_BYTES} \
+             bytes); {size_bytes} bytes is not"
+        )));
+    }
+    Ok(())
+}
+
 /// What to create (the CLI's `volume create`; also the control socket's request).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct CreateVolume {
@@ -345,6 +357,7 @@ impl<D: BlockDevice> Catalog<D> {
 
     /// Creates a volume of the kind its layout names; returns what `show` would.
     pub async fn create(&self, req: CreateVolume) -> Result<VolumeView, CatalogError> {
+        check_size(req.size_bytes)?;
         if self.clone_named(&req.name).is_some() {
             return Err(CatalogError::Invalid(format!("a clone named `{}` exists", req.name)));
         }
@@ -379,7 +392,7 @@ impl<D: BlockDevice> Catalog<D> {
         let layout = plain.resolve(self.active_in_class(class))?;
         let spec = VolumeSpec {
             name: req.name.clone(),
-            size_bytes: req.size_bytes.next_multiple_of(BLOCK_BYTES),
+            size_bytes: req.size_bytes,
             layout,
             chunk_bytes: req.chunk_bytes.unwrap_or(DEFAULT_CHUNK_BYTES),
             class,
@@ -423,8 +436,9 @@ impl<D: BlockDevice> Catalog<D> {
         }
     }
 
-    /// Grows or shrinks a plain volume (rounded up to whole blocks).
+    /// Grows or shrinks a plain volume.
     pub async fn resize(&self, name: &str, size_bytes: u64) -> Result<VolumeView, CatalogError> {
+        check_size(size_bytes)?;
         if self.clone_named(name).is_some() {
             return Err(CatalogError::Invalid("resizing a clone is not supported yet".into()));
         }
@@ -434,7 +448,7 @@ impl<D: BlockDevice> Catalog<D> {
             ));
         }
         self.plain(name)?;
-        self.pool.resize_volume(name, size_bytes.next_multiple_of(BLOCK_BYTES)).await?;
+        self.pool.resize_volume(name, size_bytes).await?;
         self.show(name)
     }
 

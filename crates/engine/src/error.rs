@@ -1,8 +1,46 @@
-//! Errors of the engine: one type for the I/O path, one for pool administration.
+//! Errors of the engine: one type for the I/O path, one for pool administration, and the kind
+//! of failure each is ([`ErrorKind`]), which front ends map once per protocol.
 
 use stria_dev::DevError;
 
 use crate::format::FormatError;
+
+/// What kind of failure an error is, whatever its origin: what a front end tells its client.
+/// Each protocol maps kinds once (NBD errno values in the NBD export, HTTP status codes in the
+/// REST API, later SCSI sense data); nothing chooses a reply by an error's text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// A malformed request: a bad size, name, layout or parameter.
+    InvalidInput,
+    /// The volume, drive, snapshot or job named does not exist.
+    NotFound,
+    /// The request conflicts with the state of things: a name taken, a rebuild in progress,
+    /// a guard rail (clients attached, the last copy of some data).
+    Conflict,
+    /// A byte range outside the volume.
+    OutOfRange,
+    /// No space for the request: a thin volume's space is full, or the pool has no room for a
+    /// new volume or extent.
+    NoSpace,
+    /// The volume takes no writes (a snapshot).
+    ReadOnly,
+    /// The data of the range is gone: more members lost or corrupt than the layout tolerates.
+    Unrecoverable,
+    /// A device or metadata write failed for a reason that says nothing about space.
+    Io,
+    /// The pool refuses writes until an operator frees space on the filesystem under the drives
+    /// and clears the suspension (`stria pool clear`); retrying after that succeeds.
+    Suspended,
+    /// The volume was deleted or closed, or the pool is shutting down.
+    Closed,
+    /// Fast zeroing that would have to write data (NBD `FAST_ZERO`).
+    NotCheap,
+    /// The pool cannot be trusted or changed right now: too few drives for a quorum, a
+    /// metadata commit that reached too few of them, a drive failure that could not be recorded
+    /// (writes are refused until a restart).
+    Unavailable,
+}
 
 /// Why a volume request failed. Every variant names the range involved.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +68,27 @@ pub enum VolumeError {
     /// The volume was deleted or the pool closed while the request was in flight.
     #[error("volume {0} is closed")]
     Closed(String),
+    /// The write needs space that is not there: a thin volume whose space is full.
+    #[error("volume {volume}: no space for {len_bytes} bytes at offset {offset_bytes}: {why}")]
+    NoSpace { volume: String, offset_bytes: u64, len_bytes: u64, why: String },
+    /// The volume takes no writes, zeroing or discards (a snapshot).
+    #[error("volume {volume} is read-only")]
+    ReadOnly { volume: String },
+}
+
+impl VolumeError {
+    /// The kind of failure, for the front ends.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            VolumeError::OutOfRange { .. } => ErrorKind::OutOfRange,
+            VolumeError::Unrecoverable { .. } => ErrorKind::Unrecoverable,
+            VolumeError::NotCheap { .. } => ErrorKind::NotCheap,
+            VolumeError::Pool { source, .. } => source.kind(),
+            VolumeError::Closed(_) => ErrorKind::Closed,
+            VolumeError::NoSpace { .. } => ErrorKind::NoSpace,
+            VolumeError::ReadOnly { .. } => ErrorKind::ReadOnly,
+        }
+    }
 }
 
 /// Why a pool operation failed. Messages say what is wrong and, where possible, what would fix it.
@@ -98,4 +157,32 @@ pub enum EngineError {
     /// message names no command (the `stria` binary adds it).
     #[error("writes are suspended: {0}")]
     HostFull(String),
+    /// A drive failure could not be recorded in the metadata: no write or flush may be
+    /// acknowledged any more (a drive the metadata still calls active would miss it).
+    #[error("the pool could not record a drive failure in its metadata; it refuses writes until restarted")]
+    WritesRefused,
+}
+
+impl EngineError {
+    /// The kind of failure, for the front ends.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            EngineError::Dev(_) | EngineError::Format(_) => ErrorKind::Io,
+            EngineError::ForeignDrive { .. }
+            | EngineError::OldFormat { .. }
+            | EngineError::StaleDrive { .. }
+            | EngineError::DuplicateDrive { .. }
+            | EngineError::VolumeExists(_)
+            | EngineError::Placement(_)
+            | EngineError::Busy(_) => ErrorKind::Conflict,
+            EngineError::NoQuorum { .. } | EngineError::CommitFailed { .. } | EngineError::WritesRefused => {
+                ErrorKind::Unavailable
+            }
+            EngineError::NoDrives | EngineError::Invalid(_) => ErrorKind::InvalidInput,
+            EngineError::NoSuchVolume(_) | EngineError::NoSuchDrive(_) => ErrorKind::NotFound,
+            EngineError::NoSpace(_) => ErrorKind::NoSpace,
+            EngineError::Volume(v) => v.kind(),
+            EngineError::HostFull(_) => ErrorKind::Suspended,
+        }
+    }
 }

@@ -14,6 +14,11 @@
 //!   racing the writers.
 //! * Between cycles, with the pool down, a drive may be failed, replaced, or **swapped for an
 //!   old copy of itself** (a drive restored from a backup, or its file put back).
+//! * During the work a drive may be **copied live** (what it holds at a random instant, as `cp`
+//!   of a drive file sees it) and the copy put back at the next boot, when the pool went on past a
+//!   flush epoch or generation confirmed after the copy was taken, and the cycle did not end in a
+//!   power cut (docs/design/stale-copies.md says which copies cannot be told apart; they are not
+//!   put back). The copy must be left out.
 //!
 //! After every boot every block must read back as its last durable version (last FUA write, or
 //! last write completed before an acknowledged flush started) or a newer one — never an older
@@ -89,6 +94,8 @@ struct World {
     switch: Arc<PowerSwitch>,
     /// How the last cycle ended.
     last_ending: Ending,
+    /// A copy of disk `.0` taken during the last cycle's work, to be put back at the next boot.
+    live_copy: Option<(usize, stria_dev::mem::MemDevice)>,
     /// Drives active in the pool when the last cycle ended.
     active_drives: usize,
 }
@@ -238,6 +245,8 @@ struct Coverage {
     boot_cuts: std::sync::atomic::AtomicU64,
     swaps_left_out: std::sync::atomic::AtomicU64,
     swaps_refused: std::sync::atomic::AtomicU64,
+    live_copies_taken: std::sync::atomic::AtomicU64,
+    live_copies_put_back: std::sync::atomic::AtomicU64,
     failed_volumes: std::sync::atomic::AtomicU64,
     moves_done: std::sync::atomic::AtomicU64,
     drives_removed: std::sync::atomic::AtomicU64,
@@ -418,6 +427,7 @@ async fn run_seed(seed: u64) {
         swapped_in: None,
         switch: PowerSwitch::new(),
         last_ending: Ending::CleanClose,
+        live_copy: None,
         active_drives: n,
     };
     let switch = Arc::clone(&world.switch);
@@ -435,10 +445,13 @@ async fn run_seed(seed: u64) {
     let cycles = world.rng.random_range(1..=8);
     world.note(format!("{cycles} cycles"));
     for cycle in 0..=cycles {
-        maybe_swap_in_backup(&mut world, cycle);
+        if !swap_in_live_copy(&mut world) {
+            maybe_swap_in_backup(&mut world, cycle);
+        }
         let pool = world.boot().await;
         let Some(vol) = pool.volume("v") else { world.fail("volume v is gone".into()) };
         check_swapped_drive_kept_out(&mut world, &pool);
+        check_no_current_drive_called_stale(&world, &pool);
         world.verify(&vol, &format!("cycle {cycle} after boot")).await;
         if vol.state() == VolumeState::Failed {
             count(&COVERAGE.failed_volumes);
@@ -501,6 +514,53 @@ fn maybe_swap_in_backup(world: &mut World, cycle: u64) {
     world.swapped_in = Some((i, current));
 }
 
+/// The copy of a drive taken during the last cycle is put back in its place, if there is one.
+fn swap_in_live_copy(world: &mut World) -> bool {
+    let Some((i, image)) = world.live_copy.take() else { return false };
+    world.note(format!(
+        "disk {} swapped for the copy taken during the last cycle",
+        dev_path(&world.disks[i].dev)
+    ));
+    let current = std::mem::replace(
+        &mut world.disks[i].dev,
+        Arc::new(FaultDevice::with_config(image, sim_config(), 2)),
+    );
+    world.swapped_in = Some((i, current));
+    count(&COVERAGE.live_copies_put_back);
+    true
+}
+
+/// Without a copy put back, no drive may be left out as stale: the rules that catch copies
+/// must never catch a drive that took every flush and commit.
+fn check_no_current_drive_called_stale(world: &World, pool: &Pool<Dev>) {
+    if world.swapped_in.is_some() {
+        return;
+    }
+    for (path, why) in pool.ignored_drives() {
+        if why.starts_with("stale: it holds metadata generation") || why.starts_with("stale: it took part") {
+            world.fail(format!("current disk {path} was left out: {why}"));
+        }
+    }
+}
+
+/// What a live copy of `dev` records: its flush epoch and its superblock generation, as assembly
+/// will read them.
+fn copy_stamps(dev: &Dev) -> (u64, u64) {
+    use stria_engine::format::flush_record::{FLUSH_RECORD_OFFSET_BYTES, FlushRecord};
+    use stria_engine::format::superblock::Superblock;
+    let mut block = vec![0u8; 4096];
+    dev.peek(FLUSH_RECORD_OFFSET_BYTES, &mut block);
+    let epoch = FlushRecord::decode(&block).map_or(0, |r| r.epoch);
+    let mut generation = 0;
+    for offset in [0, DRIVE_BYTES - 4096] {
+        dev.peek(offset, &mut block);
+        if let Ok(sb) = Superblock::decode(&block) {
+            generation = generation.max(sb.generation);
+        }
+    }
+    (epoch, generation)
+}
+
 /// A drive put back from an old copy must not be trusted: the pool leaves it out.
 fn check_swapped_drive_kept_out(world: &mut World, pool: &Pool<Dev>) {
     let Some((i, _)) = world.swapped_in else { return };
@@ -551,6 +611,16 @@ async fn work(world: &mut World, pool: &Pool<Dev>, vol: &Volume<Dev>, task: Main
     ));
     let tracker = RefCell::new(std::mem::replace(&mut world.tracker, Tracker::new()));
     let seed = world.seed * 1000 + cycle;
+    // A live copy of one disk, taken at a random moment of the work (a third of the cycles).
+    let copy_of = world.rng.random_bool(0.33).then(|| world.rng.random_range(0..world.disks.len()));
+    let copier = async {
+        let i = copy_of?;
+        for _ in 0..rng(seed ^ 0xc0b1).random_range(0..600) {
+            tokio::task::yield_now().await;
+        }
+        let dev = &world.disks[i].dev;
+        Some((i, dev.kill_image(), copy_stamps(dev)))
+    };
     let closer = async {
         if ending == Ending::CleanClose {
             for _ in 0..world_yields(seed) {
@@ -563,13 +633,14 @@ async fn work(world: &mut World, pool: &Pool<Dev>, vol: &Volume<Dev>, task: Main
             Ok(())
         }
     };
-    let (_, _, _, _, _, closed) = tokio::join!(
+    let (_, _, _, _, _, closed, copied) = tokio::join!(
         worker(vol, &tracker, seed, 0, FuaMix::WritesAndZeroing),
         worker(vol, &tracker, seed, 1, FuaMix::WritesAndZeroing),
         worker(vol, &tracker, seed, 2, FuaMix::WritesAndZeroing),
         flusher(vol, &tracker, seed),
         maintenance(pool, task, victim),
-        closer
+        closer,
+        copier
     );
     world.tracker = tracker.into_inner();
     if let Err(e) = closed {
@@ -591,8 +662,38 @@ async fn work(world: &mut World, pool: &Pool<Dev>, vol: &Volume<Dev>, task: Main
     });
     world.active_drives =
         pool.meta().drives.iter().filter(|d| d.state == stria_engine::DriveState::Active).count();
+    keep_live_copy(world, pool, ending, copied);
     let images = world.images(ending);
     world.reboot(images);
+}
+
+/// Keeps a live copy for the next boot when the design says it must be told apart: the pool
+/// confirmed a flush epoch or a generation after the copy was taken, and the cycle ended with a
+/// kill or a clean close (a power cut may lose the last confirmation). On ec layouts only after a
+/// clean close: a member left out after a crash mid-write is the documented write-hole limit.
+fn keep_live_copy(
+    world: &mut World,
+    pool: &Pool<Dev>,
+    ending: Ending,
+    copied: Option<(usize, stria_dev::mem::MemDevice, (u64, u64))>,
+) {
+    let Some((i, image, (epoch, generation))) = copied else { return };
+    count(&COVERAGE.live_copies_taken);
+    let behind = epoch < pool.flush_epoch_confirmed() || generation < pool.confirmed_generation();
+    let allowed = match ending {
+        Ending::PowerCut => false,
+        Ending::Kill => !matches!(world.layout, Layout::Ec { .. }),
+        Ending::CleanClose => true,
+    };
+    world.note(format!(
+        "disk {} copied live (epoch {epoch}, generation {generation}; pool confirmed epoch {}, generation {})",
+        dev_path(&world.disks[i].dev),
+        pool.flush_epoch_confirmed(),
+        pool.confirmed_generation()
+    ));
+    if behind && allowed && world.active_drives >= 2 {
+        world.live_copy = Some((i, image));
+    }
 }
 
 fn world_yields(seed: u64) -> u64 {
@@ -616,8 +717,8 @@ async fn sequences_of_crashes_lose_no_durable_write() {
     let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     eprintln!(
         "{seeds} seeds: {} cycles ({} power cuts, {} kills, {} clean closes), {} boots cut during recovery, \
-         {} old copies left out, {} refused for lack of quorum, {} seeds ended with a failed volume, \
-         {} extents moved, {} drained drives removed",
+         {} old copies left out, {} refused for lack of quorum ({} live copies taken, {} put back), \
+         {} seeds ended with a failed volume, {} extents moved, {} drained drives removed",
         n(&c.cycles),
         n(&c.power_cuts),
         n(&c.kills),
@@ -625,6 +726,8 @@ async fn sequences_of_crashes_lose_no_durable_write() {
         n(&c.boot_cuts),
         n(&c.swaps_left_out),
         n(&c.swaps_refused),
+        n(&c.live_copies_taken),
+        n(&c.live_copies_put_back),
         n(&c.failed_volumes),
         n(&c.moves_done),
         n(&c.drives_removed)

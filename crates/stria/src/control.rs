@@ -3,7 +3,8 @@
 //!
 //! Protocol: the client sends one JSON line `{"request": <Request>}`; the daemon answers with
 //! any number of `{"progress": <Progress>}` lines and one final `{"ok": <result>}` or
-//! `{"error": "<message>"}` line, then closes.
+//! `{"error": {"message": "<message>", "kind": "<kind>"}}` line (the kind: `stria_engine::ErrorKind`
+//! in snake case), then closes.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -15,6 +16,8 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::ops::{Progress, Request};
+use crate::refusal::Refusal;
+use stria_engine::ErrorKind;
 
 /// Longest request line accepted (a request is a few hundred bytes).
 const REQUEST_BYTES_MAX: usize = 64 << 10;
@@ -29,7 +32,7 @@ struct Envelope {
 enum Reply {
     Progress(Progress),
     Ok(Value),
-    Error(String),
+    Error { message: String, kind: ErrorKind },
 }
 
 /// True when a daemon answers on `socket`.
@@ -55,7 +58,7 @@ pub(crate) async fn call(
         match serde_json::from_str::<Reply>(&line).context("the daemon sent a malformed reply")? {
             Reply::Progress(p) => progress(p),
             Reply::Ok(v) => return Ok(v),
-            Reply::Error(e) => bail!(e),
+            Reply::Error { message, kind } => return Err(Refusal { kind, message }.into()),
         }
     }
     bail!("the daemon closed the connection without an answer")
@@ -95,7 +98,7 @@ async fn handle(stream: UnixStream, handler: Handler) -> Result<()> {
         return Ok(());
     }
     let reply = match serde_json::from_slice::<Envelope>(&line) {
-        Err(e) => Reply::Error(format!("malformed request: {e}")),
+        Err(e) => Reply::Error { message: format!("malformed request: {e}"), kind: ErrorKind::InvalidInput },
         Ok(env) => {
             tracing::info!(request = ?env.request, "control request");
             let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -108,7 +111,7 @@ async fn handle(stream: UnixStream, handler: Handler) -> Result<()> {
                         }
                         break match result {
                             Ok(v) => Reply::Ok(v),
-                            Err(e) => Reply::Error(format!("{e:#}")),
+                            Err(e) => Reply::Error { message: format!("{e:#}"), kind: crate::refusal::kind_of(&e) },
                         };
                     }
                     Some(p) = rx.recv() => send(&mut write, &Reply::Progress(p)).await?,

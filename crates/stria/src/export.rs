@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use parking_lot::RwLock;
 
 use stria_dev::{BLOCK_BYTES, IoBuf, IoBytes};
-use stria_engine::{BlockVolume, Dealloc, Durability, VolumeError, VolumeInfo, ZeroCost, Zeroing};
+use stria_engine::{BlockVolume, Dealloc, Durability, ErrorKind, VolumeError, VolumeInfo, ZeroCost, Zeroing};
 use stria_nbd::{BoxFuture, Export, ExportError, ExportRegistry, Extent, NamedExport};
 
 use crate::stats::{Op, VolumeStats, VolumeStatsSnapshot};
@@ -106,23 +106,31 @@ impl ExportRegistry for VolumeRegistry {
     }
 }
 
+/// The NBD answer to a volume error, by its kind (the one mapping of error kinds to NBD).
+/// A full thin volume and writes suspended for a full host filesystem answer `ENOSPC` (qemu's
+/// `werror=enospc` pauses the guest until space is freed, instead of reporting a media error); a
+/// snapshot answers `EPERM`.
 fn map_err(e: VolumeError) -> ExportError {
-    match e {
-        VolumeError::OutOfRange { offset_bytes, .. } => {
+    let (offset_bytes, len_bytes) = match &e {
+        VolumeError::OutOfRange { offset_bytes, len_bytes, .. }
+        | VolumeError::Unrecoverable { offset_bytes, len_bytes, .. }
+        | VolumeError::NotCheap { offset_bytes, len_bytes }
+        | VolumeError::NoSpace { offset_bytes, len_bytes, .. } => (*offset_bytes, *len_bytes),
+        _ => (0, 0),
+    };
+    match e.kind() {
+        ErrorKind::OutOfRange | ErrorKind::InvalidInput => {
             ExportError::InvalidArgument(format!("request at {offset_bytes} is beyond the end of the volume"))
         }
-        VolumeError::NotCheap { .. } => ExportError::NotSupported("zeroing this range is not cheap".into()),
-        VolumeError::Closed(_) => ExportError::ShuttingDown,
-        VolumeError::Unrecoverable { offset_bytes, len_bytes, reason, .. } => {
-            ExportError::Io { offset_bytes, len_bytes, reason }
-        }
-        // The filesystem under the drives is full: writes are suspended (nothing was failed).
-        VolumeError::Pool { source, .. } if matches!(*source, stria_engine::EngineError::HostFull(_)) => {
-            ExportError::NoSpace { offset_bytes: 0 }
-        }
-        e @ VolumeError::Pool { .. } => {
-            ExportError::Io { offset_bytes: 0, len_bytes: 0, reason: e.to_string() }
-        }
+        ErrorKind::NotCheap => ExportError::NotSupported("zeroing this range is not cheap".into()),
+        ErrorKind::Closed => ExportError::ShuttingDown,
+        ErrorKind::ReadOnly => ExportError::ReadOnly,
+        ErrorKind::NoSpace | ErrorKind::Suspended => ExportError::NoSpace { offset_bytes },
+        ErrorKind::Unrecoverable
+        | ErrorKind::Io
+        | ErrorKind::NotFound
+        | ErrorKind::Conflict
+        | ErrorKind::Unavailable => ExportError::Io { offset_bytes, len_bytes, reason: e.to_string() },
     }
 }
 

@@ -21,6 +21,7 @@ mod jobs;
 mod ops;
 mod output;
 mod pooldir;
+mod refusal;
 mod stats;
 
 use std::path::PathBuf;
@@ -583,11 +584,22 @@ fn main() {
         .unwrap_or(default_threads);
     let runtime = match threads {
         0 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
-        n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .thread_stack_size(RUNTIME_STACK_BYTES)
+            .enable_all()
+            .build(),
     };
     let pool_path = cli.pool.clone();
     let result = match runtime {
-        Ok(rt) => rt.block_on(run(cli)),
+        // On a thread of its own with a large stack: an unoptimized build polls the commands'
+        // futures with stack frames of several MiB each (the release build needs far less).
+        Ok(rt) => std::thread::Builder::new()
+            .name("stria-main".into())
+            .stack_size(RUNTIME_STACK_BYTES)
+            .spawn(move || rt.block_on(Box::pin(run(cli))))
+            .map_err(anyhow::Error::from)
+            .and_then(|t| t.join().unwrap_or_else(|_| Err(anyhow::anyhow!("the main task panicked")))),
         Err(e) => Err(e.into()),
     };
     match result {
@@ -596,7 +608,7 @@ fn main() {
             let message = format!("{e:#}");
             eprintln!("error: {message}");
             // Refused because writes are suspended (the engine's message names no command).
-            if message.contains("writes are suspended:") {
+            if refusal::kind_of(&e) == stria_engine::ErrorKind::Suspended {
                 eprintln!(
                     "hint: free space on the filesystem holding the drives, then run `stria pool clear --pool {}`",
                     pool_path.display()
@@ -606,6 +618,10 @@ fn main() {
         }
     }
 }
+
+/// Stack of the thread that runs a command and of the runtime's workers (virtual memory: pages
+/// are only used as the stack grows).
+const RUNTIME_STACK_BYTES: usize = 64 << 20;
 
 /// `--log-level`: a level (error, warn, info, debug, trace, off) or a tracing filter with
 /// directives (`stria=debug,warn`). A bare word that is not a level is refused: the filter

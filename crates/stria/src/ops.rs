@@ -13,6 +13,7 @@ use stria_engine::units::format_size;
 use stria_engine::{DriveClass, DriveState, Durability, NewDrive, Pool, VolumeState, Zeroing};
 
 use crate::pooldir::{Dev, PoolDir};
+use crate::refusal;
 
 /// Bytes moved per request by import/export.
 const COPY_STEP_BYTES: usize = 4 << 20;
@@ -198,10 +199,10 @@ impl Ctx<'_> {
     fn check_clients(&self, name: &str, what: &str, force: bool) -> Result<()> {
         let attached = self.clients.map_or(0, |count| count(name));
         if attached > 0 && !force {
-            bail!(
+            return Err(refusal::conflict(format!(
                 "volume {name} has {attached} NBD client(s) attached; {what} would cut them off or fail \
                  their requests. Disconnect them first, or run the same command again with --force"
-            );
+            )));
         }
         if attached > 0 {
             tracing::warn!(volume = name, clients = attached, "{what} with clients attached (--force)");
@@ -244,7 +245,7 @@ fn guard(lost: Vec<String>, force: bool, refusal: impl Fn(&str) -> String) -> Re
         tracing::warn!("going ahead because of --force: {message}");
         return Ok(());
     }
-    bail!(message)
+    Err(refusal::conflict(message))
 }
 
 /// Finds a drive by slot number or by path.
@@ -263,13 +264,8 @@ fn find_drive(pool: &Pool<FileDevice>, id: &str) -> Result<u32> {
         }
     }
     let known: Vec<String> = meta.drives.iter().map(|d| format!("{} ({})", d.slot, d.path_hint)).collect();
-    Err(NoSuchDrive(format!("no drive `{id}` in the pool; drives are: {}", known.join(", "))).into())
+    Err(refusal::not_found(format!("no drive `{id}` in the pool; drives are: {}", known.join(", "))))
 }
-
-/// A drive named by id or path that the pool does not have (the REST API answers 404).
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub(crate) struct NoSuchDrive(String);
 
 /// A typed view as the JSON the control socket carries and `--json` prints.
 fn to_json(view: &impl Serialize) -> Result<Value> {
@@ -304,7 +300,7 @@ pub(crate) async fn execute(
         Request::DriveFail { drive, force } => {
             let slot = find_drive(pool, &drive)?;
             if pool.meta().drive(slot).is_some_and(|d| d.state == DriveState::Failed) {
-                bail!("drive {slot} is failed already");
+                return Err(refusal::conflict(format!("drive {slot} is failed already")));
             }
             check_not_last_copy(pool, slot, "failing it", force)?;
             pool.fail_drive(slot, "failed by the operator (drive fail)").await?;
@@ -501,7 +497,8 @@ fn rebuild_where(ctx: &Ctx<'_>) -> &'static str {
 /// while a drive was out, so nothing on it is trusted).
 async fn online(ctx: &Ctx<'_>, slot: u32, force: bool) -> Result<u32> {
     let pool = ctx.catalog.pool();
-    let rec = pool.meta().drive(slot).cloned().ok_or_else(|| anyhow!("no drive {slot}"))?;
+    let rec =
+        pool.meta().drive(slot).cloned().ok_or_else(|| refusal::not_found(format!("no drive {slot}")))?;
     if rec.state != DriveState::Failed {
         bail!(
             "drive {slot} is {}, not failed; there is nothing to bring back",
@@ -621,7 +618,10 @@ async fn add(
     };
     let (dev, fresh) = if path.exists() {
         if size_bytes.is_some() {
-            bail!("{} exists: --size is for a new file (give a new path, or no --size)", path.display());
+            return Err(refusal::invalid(format!(
+                "{} exists: --size is for a new file (give a new path, or no --size)",
+                path.display()
+            )));
         }
         let dev = FileDevice::open(&path, &stria_dev::FileOptions::default())
             .with_context(|| format!("cannot open {}", path.display()))?;
@@ -636,7 +636,10 @@ async fn add(
         (dev, false)
     } else {
         let Some(size) = size_bytes else {
-            bail!("{} does not exist: give --size to create it as a sparse file", path.display());
+            return Err(refusal::invalid(format!(
+                "{} does not exist: give --size to create it as a sparse file",
+                path.display()
+            )));
         };
         let dev =
             FileDevice::create(&path, size).with_context(|| format!("cannot create {}", path.display()))?;
@@ -680,7 +683,7 @@ async fn import(catalog: &Catalog<Dev>, name: &str, path: &Path, progress: Progr
     let mut file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let len = file.metadata()?.len();
     if len > vol.size_bytes() {
-        bail!(image_too_large(catalog, name, path, len, vol.size_bytes()));
+        return Err(refusal::invalid(image_too_large(catalog, name, path, len, vol.size_bytes())));
     }
     let mut buf = vec![0u8; COPY_STEP_BYTES];
     let mut at = 0u64;

@@ -266,7 +266,7 @@ pub(crate) fn volumes(v: &StatusView) {
             size(l.size_bytes),
             "4 KiB".into(),
             if l.layout.starts_with("tiered:") { "fast+capacity" } else { "capacity" }.into(),
-            state(l.state),
+            log_state(l),
             "-".into(),
         ]);
     }
@@ -293,6 +293,12 @@ pub(crate) fn volumes(v: &StatusView) {
         return;
     }
     table(&["NAME", "LAYOUT", "SIZE", "CHUNK", "CLASS", "STATE", "REBUILD"], &rows);
+}
+
+/// The state of a log-structured volume: its redundancy, and `full` while writes that need new
+/// space fail.
+fn log_state(l: &stria_tier::lsv::LogStatus) -> String {
+    if l.full { format!("{}, full", state(l.state)) } else { state(l.state) }
 }
 
 /// The parts of a log-structured volume, with their drives' counters.
@@ -334,7 +340,7 @@ fn parts_table(parts: &[PartStatus]) {
 fn log_volume(view: &stria_catalog::LogView) {
     let l = &view.status;
     let kind = if l.layout.starts_with("tiered:") { "tiered" } else { "log-structured" };
-    outln!("{kind} volume {} ({}), {}", l.name, l.layout, state(l.state));
+    outln!("{kind} volume {} ({}), {}", l.name, l.layout, log_state(l));
     outln!("  {:<22} {} (thin: {} allocated)", "size", size(l.size_bytes), size(l.allocated_bytes));
     outln!(
         "  {:<22} {} in {} segments of {} (at most {}): {} free ({} segments), {} garbage, {} reserved for GC",

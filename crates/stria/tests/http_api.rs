@@ -155,6 +155,22 @@ fn the_api_answers_with_the_cli_views_and_runs_changes_with_the_token() {
     assert_eq!(status, 413, "a body over 64 KiB: {body}");
     let (status, _) = http(port, "GET", "/api/v1/nothing-here", None, "");
     assert_eq!(status, 404);
+    // By kind, not by text: 400 for a size the CLI refuses too (not rounded up), 409 for a name
+    // taken, 507 when the pool has no room.
+    let volume = |name: &str, size: u64| {
+        format!(
+            r#"{{"name": "{name}", "size_bytes": {size}, "layout": "raid1", "chunk_bytes": null, "class": null}}"#
+        )
+    };
+    let (status, body) = http(port, "POST", "/api/v1/volumes", t, &volume("odd", 4096 * 100 + 1));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("4 KiB"), "{body}");
+    let (status, body) = http(port, "GET", "/api/v1/volumes/odd", None, "");
+    assert_eq!(status, 404, "nothing was created: {body}");
+    let (status, body) = http(port, "POST", "/api/v1/volumes", t, &volume("e", 4 << 20));
+    assert_eq!(status, 409, "{body}");
+    let (status, body) = http(port, "POST", "/api/v1/volumes", t, &volume("huge", 64 << 30));
+    assert_eq!(status, 507, "{body}");
 
     // A scrub runs as a job: 202, then its progress and result under /jobs.
     let (status, body) = http(port, "POST", "/api/v1/volumes/e/scrub", t, "");

@@ -3,6 +3,7 @@
 
 mod cli_output;
 mod common;
+mod error_kinds;
 mod http_api;
 mod operator_safety;
 mod qos;

@@ -72,13 +72,8 @@ impl<D: BlockDevice> SnapshotVolume<D> {
         SnapshotVolume { volume, layer, name }
     }
 
-    fn refused(&self, offset_bytes: u64, len_bytes: u64) -> stria_engine::VolumeError {
-        stria_engine::VolumeError::Unrecoverable {
-            volume: self.name.clone(),
-            offset_bytes,
-            len_bytes,
-            reason: "a snapshot is read-only".into(),
-        }
+    fn refused(&self, _offset_bytes: u64, _len_bytes: u64) -> stria_engine::VolumeError {
+        stria_engine::VolumeError::ReadOnly { volume: self.name.clone() }
     }
 }
 

@@ -20,7 +20,7 @@ use crate::common::*;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use stria_dev::{FaultConfig, IoBytes, PowerSwitch};
-use stria_engine::{EngineError, Pool, VolumeError};
+use stria_engine::{Pool, VolumeError};
 use stria_tier::layers::LayerKind;
 use stria_tier::lsv::{self, LogParams, LogSpec, LogVolume};
 
@@ -66,7 +66,7 @@ async fn fill_fast_drives(pool: &Pool<Dev>) {
 }
 
 fn is_no_space(e: &VolumeError) -> bool {
-    matches!(e, VolumeError::Pool { source, .. } if matches!(**source, EngineError::NoSpace(_)))
+    e.kind() == stria_engine::ErrorKind::NoSpace
 }
 
 async fn read_all(vol: &LogVolume<Dev>, blocks: u64) -> Vec<u8> {
@@ -166,7 +166,7 @@ async fn a_rollback_reads_as_the_snapshot_and_one_the_power_cut_is_finished_at_o
     let block = |b: u64| (b * 4096) as usize;
     // Cut after 0, 3, 8, ... requests of the rollback (None: no cut).
     let (mut finished_at_open, mut not_begun) = (0, 0);
-    for cut in [None, Some(0), Some(3), Some(8), Some(16), Some(30), Some(60)] {
+    for cut in [None, Some(0), Some(3), Some(8), Some(16), Some(30), Some(60), Some(120), Some(240)] {
         let switch = PowerSwitch::new();
         let devs = drives(&switch, 11);
         let pool = create_pool(&devs).await;

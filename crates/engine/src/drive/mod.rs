@@ -18,6 +18,7 @@ use stria_dev::{
 use uuid::Uuid;
 
 use crate::format::FormatError;
+use crate::format::flush_record::{FLUSH_RECORD_OFFSET_BYTES, FlushRecord};
 use crate::format::layout::{DriveLayout, INTENT_REGION_BLOCKS};
 use crate::format::meta::{DriveClass, DriveErrors, PoolMeta};
 use crate::format::superblock::Superblock;
@@ -62,6 +63,10 @@ pub struct Drive<D> {
     failed: AtomicBool,
     flush_arrivals: AtomicU64,
     flush_covered: tokio::sync::Mutex<u64>,
+    /// Set when a data-area write, zeroing, journal append or bless completes; taken by the
+    /// pool flush (docs/design/stale-copies.md: a pool flush raises the flush epoch only after
+    /// writes, and one with nothing written since the last does nothing).
+    written: AtomicBool,
     /// Error events not yet committed to the pool metadata.
     errors: PendingErrors,
     /// Extents of this drive being moved, whose writes are repeated on their destination
@@ -143,6 +148,14 @@ pub(crate) async fn read_metadata<D: BlockDevice>(dev: &D, layout: &DriveLayout)
     found
 }
 
+/// The flush record of the drive `sb` describes (docs/design/stale-copies.md); `None` when it
+/// has none (a pool made before records existed) or holds another drive's. Such a drive counts
+/// as epoch 0, confirmed 0.
+pub(crate) async fn read_flush_record<D: BlockDevice>(dev: &D, sb: &Superblock) -> Option<FlushRecord> {
+    let block = dev.read(FLUSH_RECORD_OFFSET_BYTES, IoBuf::zeroed(BLOCK_USIZE)).await.ok()?;
+    FlushRecord::decode(&block).ok().filter(|r| r.pool_uuid == sb.pool_uuid && r.drive_uuid == sb.drive_uuid)
+}
+
 impl<D: BlockDevice> Drive<D> {
     /// Formats `dev` as a new pool member and returns it open. `fresh` says the device is known
     /// to read as zeros (a new sparse file), so the tables need not be written out.
@@ -166,6 +179,9 @@ impl<D: BlockDevice> Drive<D> {
         }
         Journal::format(&dev, l.journal_offset_bytes).await?;
         let drive = Drive::new(Some(dev), sb, Journal::new(l.journal_offset_bytes, l.journal_bytes));
+        // Epoch 0: a pool being created starts there; a drive joining a running pool gets the
+        // pool's epoch when it is admitted (`PoolCore::add_drive`).
+        drive.write_flush_record(0, 0, false).await?;
         drive.write_superblock(drive.sb.generation, drive.sb.committed_generation).await?;
         drive.dev().flush().await?;
         Ok(drive)
@@ -183,6 +199,7 @@ impl<D: BlockDevice> Drive<D> {
             sb,
             flush_arrivals: AtomicU64::new(0),
             flush_covered: tokio::sync::Mutex::new(0),
+            written: AtomicBool::new(false),
             errors: PendingErrors::default(),
             shadows: arc_swap::ArcSwap::from_pointee(Vec::new()),
         }
@@ -250,6 +267,42 @@ impl<D: BlockDevice> Drive<D> {
         let offset = l.metadata_slot_offset_bytes(meta.generation);
         self.count_write(self.dev().write(offset, IoBytes::copy_from(&bytes), true).await)?;
         Ok(())
+    }
+
+    /// Writes the drive's flush record (docs/design/stale-copies.md); durable at once with `fua`,
+    /// else with the next device flush.
+    pub(crate) async fn write_flush_record(
+        &self,
+        epoch: u64,
+        confirmed: u64,
+        fua: bool,
+    ) -> Result<(), DevError> {
+        let record =
+            FlushRecord { pool_uuid: self.sb.pool_uuid, drive_uuid: self.sb.drive_uuid, epoch, confirmed };
+        let block = IoBytes::copy_from(&record.encode());
+        let result = self.dev().write(FLUSH_RECORD_OFFSET_BYTES, block, fua).await;
+        self.count_write(result)
+    }
+
+    /// Notes that a write reached the data area or the journal (see `written`): called once
+    /// everything the write changes in memory (checksum entries, the intent's end) is done.
+    fn note_written(&self) {
+        self.written.store(true, Ordering::Release);
+    }
+
+    /// True when something was written since the pool flush last took the flag.
+    pub(crate) fn was_written(&self) -> bool {
+        self.written.load(Ordering::Acquire)
+    }
+
+    /// Takes the flag: true when something was written since the last time.
+    pub(crate) fn take_written(&self) -> bool {
+        self.written.swap(false, Ordering::AcqRel)
+    }
+
+    /// Puts the flag back (a pool flush that took it failed).
+    pub(crate) fn mark_written(&self) {
+        self.note_written();
     }
 
     /// The device. Panics for a missing drive: callers check [`Drive::is_failed`] first.
@@ -482,6 +535,8 @@ impl<D: BlockDevice> Drive<D> {
             }
         }
         self.intent.end(block, blocks);
+        // Last: a pool flush that sees the flag sees the entries and the intent's end too.
+        self.note_written();
         result
     }
 
@@ -501,6 +556,7 @@ impl<D: BlockDevice> Drive<D> {
         self.csum.clear(&pin, block, blocks);
         drop(pin);
         self.intent.end(block, blocks);
+        self.note_written();
         if self.csum.over_budget() {
             return self.flush().await;
         }
@@ -544,6 +600,7 @@ impl<D: BlockDevice> Drive<D> {
                 );
             }
         }
+        self.note_written();
         Ok(())
     }
 
@@ -561,12 +618,24 @@ impl<D: BlockDevice> Drive<D> {
     /// callers share flushes. Journal checkpoints are separate (see `PoolCore::flush_all`):
     /// a record may only be checkpointed once every drive of its transaction is flushed.
     pub(crate) async fn flush(&self) -> Result<(), DevError> {
+        self.flush_inner(None).await
+    }
+
+    /// [`Drive::flush`] that also makes the flush record `(epoch, confirmed)` durable, written
+    /// after the data and before the second device flush (docs/design/stale-copies.md): a copy
+    /// that lacks a write this flush covers lacks the record too. Never shares another caller's
+    /// flush.
+    pub(crate) async fn flush_with_record(&self, epoch: u64, confirmed: u64) -> Result<(), DevError> {
+        self.flush_inner(Some((epoch, confirmed))).await
+    }
+
+    async fn flush_inner(&self, record: Option<(u64, u64)>) -> Result<(), DevError> {
         if self.is_missing() {
             return Ok(());
         }
         let arrival = self.flush_arrivals.fetch_add(1, Ordering::SeqCst) + 1;
         let mut covered = self.flush_covered.lock().await;
-        if *covered >= arrival {
+        if *covered >= arrival && record.is_none() {
             return Ok(());
         }
         let covers = self.flush_arrivals.load(Ordering::SeqCst);
@@ -579,11 +648,14 @@ impl<D: BlockDevice> Drive<D> {
         let (snapshot, all_written) = self.encode_csum_pages(&pages);
         let result = async {
             self.dev().flush().await?;
-            if !pages.is_empty() {
+            if !pages.is_empty() || record.is_some() {
                 for ((_, slot), &w) in pages.iter().zip(&all_written) {
                     csum::ChecksumTable::before_write_back(slot.page(), w);
                 }
                 self.write_csum_pages(&snapshot).await?;
+                if let Some((flush_epoch, confirmed)) = record {
+                    self.write_flush_record(flush_epoch, confirmed, false).await?;
+                }
                 self.dev().flush().await?;
                 for ((_, slot), &w) in pages.iter().zip(&all_written) {
                     csum::ChecksumTable::after_write_back(slot.page(), w);
@@ -603,7 +675,7 @@ impl<D: BlockDevice> Drive<D> {
         drop(pages);
         self.csum.trim();
         self.intent.flush_completed(epoch);
-        *covered = covers;
+        *covered = (*covered).max(covers);
         Ok(())
     }
 
@@ -660,7 +732,9 @@ impl<D: BlockDevice> Drive<D> {
 
     /// Appends a piece to the journal (see `Journal::append`), counting a failed write.
     pub(crate) async fn journal_append(&self, piece: JournalPiece) -> Result<u64, AppendError> {
-        self.journal.append(self.dev(), piece, &self.errors).await
+        let appended = self.journal.append(self.dev(), piece, &self.errors).await;
+        self.note_written();
+        appended
     }
 
     /// Clears intent bits of idle regions whose writes are all durable.

@@ -89,7 +89,8 @@ impl DriveLayout {
             (BLOCK, self.csum_offset_bytes, self.csum_bytes),
             (BLOCK, self.data_offset_bytes, self.data_bytes),
         ];
-        let mut end_of_previous = BLOCK; // superblock copy 0
+        // Superblock copy 0, then the flush record (§2a).
+        let mut end_of_previous = super::flush_record::FLUSH_RECORD_OFFSET_BYTES + BLOCK;
         for (align, offset, len) in regions {
             let end = offset.checked_add(len).ok_or(FormatError::BadLayout("region overflows"))?;
             if !offset.is_multiple_of(align) || !len.is_multiple_of(BLOCK) || offset < end_of_previous {

@@ -1,5 +1,6 @@
 //! The on-disk format (docs/on-disk-format.md): pure encoding and decoding, no I/O.
 
+pub mod flush_record;
 pub mod layout;
 pub mod meta;
 pub mod superblock;

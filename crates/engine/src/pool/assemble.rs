@@ -7,9 +7,9 @@ use std::sync::Arc;
 use stria_dev::BlockDevice;
 use uuid::Uuid;
 
-use super::core::PoolCore;
+use super::core::{FlushEpochs, PoolCore};
 use super::{FoundDrive, Pool};
-use crate::drive::{Drive, OpenFindings, read_metadata, read_superblock};
+use crate::drive::{Drive, OpenFindings, read_flush_record, read_metadata, read_superblock};
 use crate::error::EngineError;
 use crate::format::FormatError;
 use crate::format::meta::{DriveState, PoolMeta};
@@ -61,9 +61,14 @@ impl<D: BlockDevice> Pool<D> {
             }
         }
         let committed = newest_committed(superblocks.iter().filter(|sb| sb.pool_uuid == pool_uuid));
+        let mut epochs = Vec::with_capacity(keep.len());
+        for (sb, fd) in superblocks.iter().zip(&keep) {
+            epochs.push(read_flush_record(&fd.dev, sb).await.map_or(0, |r| r.epoch));
+        }
+        let confirmed = newest_confirmed_epoch(&superblocks, &keep, pool_uuid).await;
         let mut accepted = Vec::new();
         let mut stale = Vec::new();
-        for (sb, fd) in superblocks.into_iter().zip(keep) {
+        for ((sb, fd), epoch) in superblocks.into_iter().zip(keep).zip(epochs) {
             let reason = if sb.pool_uuid != pool_uuid {
                 Some(format!("belongs to another pool ({})", sb.pool_uuid))
             } else {
@@ -78,6 +83,11 @@ impl<D: BlockDevice> Pool<D> {
                         stale.push((sb.drive_uuid, why.clone()));
                         Some(why)
                     }
+                    Some(_) if epoch < confirmed => {
+                        let why = stale_epoch_reason(&sb, epoch, confirmed);
+                        stale.push((sb.drive_uuid, why.clone()));
+                        Some(why)
+                    }
                     Some(_) => None,
                 }
             };
@@ -89,7 +99,9 @@ impl<D: BlockDevice> Pool<D> {
                 None => accepted.push(fd),
             }
         }
-        let mut pool = Pool::assemble(accepted, force, &stale).await?;
+        // Boxed: assembly's future is large, and an unoptimized build polling it inline would
+        // need more stack than a runtime thread has.
+        let mut pool = Box::pin(Pool::assemble(accepted, force, &stale)).await?;
         pool.ignored = ignored;
         Ok(pool)
     }
@@ -99,7 +111,7 @@ impl<D: BlockDevice> Pool<D> {
     /// missing drives are known to be gone: if one of them holds newer metadata, what it
     /// recorded (a later drive failure, a new volume) is lost.
     pub async fn open_with(found: Vec<FoundDrive<D>>, force: bool) -> Result<Pool<D>, EngineError> {
-        Pool::assemble(found, force, &[]).await
+        Box::pin(Pool::assemble(found, force, &[])).await
     }
 
     /// [`Pool::open_with`]; the drives in `stale` (identity, why) were found stale by the caller
@@ -116,7 +128,16 @@ impl<D: BlockDevice> Pool<D> {
         let pool_uuid = one_pool(&candidates)?;
         let meta = newest_meta(&candidates, pool_uuid).await?;
         let committed = newest_committed(candidates.iter().map(|(sb, _)| sb));
-        check_membership(&meta, &candidates, committed)?;
+        let mut records = Vec::with_capacity(candidates.len());
+        for (sb, fd) in &candidates {
+            records.push(read_flush_record(&fd.dev, sb).await);
+        }
+        let epochs = FlushEpochs {
+            high: records.iter().flatten().map(|r| r.epoch).max().unwrap_or(0),
+            confirmed: records.iter().flatten().map(|r| r.confirmed).max().unwrap_or(0),
+        };
+        let drive_epochs: Vec<u64> = records.iter().map(|r| r.map_or(0, |r| r.epoch)).collect();
+        check_membership(&meta, &candidates, committed, (&drive_epochs, epochs.confirmed))?;
         if let Err(e) = check_quorum(&meta, &candidates) {
             if !force {
                 return Err(e);
@@ -135,7 +156,7 @@ impl<D: BlockDevice> Pool<D> {
             .max()
             .unwrap_or(0)
             + 1;
-        let core = Arc::new(PoolCore::new(meta.clone(), drives, txn_next, committed));
+        let core = Arc::new(PoolCore::new(meta.clone(), drives, txn_next, committed, epochs));
         // Bring lagging drives (a crash during a commit) up to date, and record the missing and
         // stale ones as failed before anything is written (a stale drive is never written to,
         // so its superblock keeps the evidence).
@@ -313,6 +334,33 @@ fn newest_committed<'a>(superblocks: impl Iterator<Item = &'a Superblock>) -> u6
     superblocks.map(|sb| sb.committed_generation).max().unwrap_or(0)
 }
 
+/// The highest flush epoch confirmed by any drive of pool `pool_uuid` among those found (their
+/// records; a drive without one confirms nothing).
+async fn newest_confirmed_epoch<D: BlockDevice>(
+    superblocks: &[Superblock],
+    found: &[FoundDrive<D>],
+    pool_uuid: Uuid,
+) -> u64 {
+    let mut confirmed = 0;
+    for (sb, fd) in superblocks.iter().zip(found).filter(|(sb, _)| sb.pool_uuid == pool_uuid) {
+        if let Some(r) = read_flush_record(&fd.dev, sb).await {
+            confirmed = confirmed.max(r.confirmed);
+        }
+    }
+    confirmed
+}
+
+/// Why a drive whose flush epoch is older than the pool's confirmed one is not trusted.
+fn stale_epoch_reason(sb: &Superblock, epoch: u64, confirmed: u64) -> String {
+    format!(
+        "stale: it took part in pool flushes up to epoch {epoch} but epoch {confirmed} reached every drive in use \
+         after that, so this is an old copy of the drive (copied while the pool was in use and put back, or \
+         restored from a backup) and its data is out of date; it is not used. Rebuild it from the other drives \
+         with `stria drive replace {} PATH` (PATH may be this same drive or file)",
+        sb.slot
+    )
+}
+
 /// Why a drive whose superblock is older than `committed` is not trusted.
 fn stale_reason(sb: &Superblock, committed: u64) -> String {
     format!(
@@ -325,13 +373,15 @@ fn stale_reason(sb: &Superblock, committed: u64) -> String {
 }
 
 /// Every drive found must be an active (or spare) member the metadata lists with its identity,
-/// and not an old copy of one (its generation behind `committed`).
+/// and not an old copy of one (its generation behind `committed`, or its flush epoch behind the
+/// pool's confirmed one).
 fn check_membership<D>(
     meta: &PoolMeta,
     candidates: &[(Superblock, FoundDrive<D>)],
     committed: u64,
+    (drive_epochs, confirmed_epoch): (&[u64], u64),
 ) -> Result<(), EngineError> {
-    for (sb, fd) in candidates {
+    for ((sb, fd), &epoch) in candidates.iter().zip(drive_epochs) {
         let Some(rec) = meta.drives.iter().find(|r| r.uuid == sb.drive_uuid) else {
             return Err(EngineError::ForeignDrive {
                 path: fd.path.clone(),
@@ -371,6 +421,15 @@ fn check_membership<D>(
                 drive_generation: sb.generation,
                 pool_generation: meta.generation,
                 reason: stale_reason(sb, committed),
+            });
+        }
+        if epoch < confirmed_epoch {
+            return Err(EngineError::StaleDrive {
+                path: fd.path.clone(),
+                slot: sb.slot,
+                drive_generation: sb.generation,
+                pool_generation: meta.generation,
+                reason: stale_epoch_reason(sb, epoch, confirmed_epoch),
             });
         }
     }

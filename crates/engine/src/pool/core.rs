@@ -12,6 +12,14 @@ use crate::drive::Drive;
 use crate::error::EngineError;
 use crate::format::meta::{DriveState, PoolMeta};
 
+/// Pool flush epochs (docs/design/stale-copies.md), as found at open: the highest epoch any
+/// drive took and the highest confirmed on every drive in use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct FlushEpochs {
+    pub(crate) high: u64,
+    pub(crate) confirmed: u64,
+}
+
 /// The part of a pool that volumes hold on to.
 pub(crate) struct PoolCore<D: BlockDevice> {
     /// Authoritative metadata; the lock serialises commits.
@@ -43,6 +51,11 @@ pub(crate) struct PoolCore<D: BlockDevice> {
     committed_high: AtomicU64,
     /// The highest transaction watermark a flush has used (it may only grow).
     watermark_high: AtomicU64,
+    /// The highest flush epoch claimed (a pool flush after writes claims the next one before it
+    /// writes any record, so an epoch abandoned half way is never reused).
+    epoch_high: AtomicU64,
+    /// The highest flush epoch every drive in use holds durably (written into their records).
+    epoch_confirmed: AtomicU64,
     /// Serialises take-commit-settle of the drives' pending error counters (pool/errors.rs), so
     /// that no delta is committed twice.
     pub(super) error_commit: tokio::sync::Mutex<()>,
@@ -65,6 +78,7 @@ impl<D: BlockDevice> PoolCore<D> {
         drives: Vec<Arc<Drive<D>>>,
         txn_next: u64,
         committed_generation: u64,
+        epochs: FlushEpochs,
     ) -> PoolCore<D> {
         PoolCore {
             snapshot: ArcSwap::from_pointee(meta.clone()),
@@ -81,6 +95,8 @@ impl<D: BlockDevice> PoolCore<D> {
             generation_high: AtomicU64::new(0),
             committed_high: AtomicU64::new(committed_generation),
             watermark_high: AtomicU64::new(0),
+            epoch_high: AtomicU64::new(epochs.high),
+            epoch_confirmed: AtomicU64::new(epochs.confirmed),
             error_commit: tokio::sync::Mutex::new(()),
             publish: parking_lot::Mutex::new(()),
             csum_cache_pages: AtomicU64::new(crate::drive::csum::DEFAULT_CSUM_CACHE_PAGES),
@@ -102,13 +118,32 @@ impl<D: BlockDevice> PoolCore<D> {
         self.drives.load().iter().find(|d| d.slot() == slot).cloned()
     }
 
-    /// Adds a newly formatted drive.
-    pub(crate) fn add_drive(&self, drive: Arc<Drive<D>>) {
+    /// Adds a newly formatted drive. It takes the pool's newest flush epoch while no pool flush
+    /// runs, so no confirmation it did not take part in can be above its own epoch (a drive that
+    /// joins is never taken for an old copy; docs/design/stale-copies.md).
+    pub(crate) async fn add_drive(&self, drive: Arc<Drive<D>>) -> Result<(), EngineError> {
+        let _no_flush = self.flush_covered.lock().await;
+        let high = self.epoch_high.load(Ordering::SeqCst);
+        drive.write_flush_record(high, self.epoch_confirmed.load(Ordering::SeqCst).min(high), true).await?;
         drive.set_csum_cache_pages(self.csum_cache_pages.load(std::sync::atomic::Ordering::Relaxed));
         let mut all: Vec<Arc<Drive<D>>> = (**self.drives.load()).clone();
         all.push(drive);
         all.sort_by_key(|d| d.slot());
         self.drives.store(Arc::new(all));
+        Ok(())
+    }
+
+    /// The newest metadata generation confirmed on every drive active in it.
+    pub(crate) fn confirmed_generation(&self) -> u64 {
+        self.committed_high.load(Ordering::SeqCst)
+    }
+
+    /// The flush epochs: the highest claimed and the highest confirmed.
+    pub(crate) fn flush_epochs(&self) -> FlushEpochs {
+        FlushEpochs {
+            high: self.epoch_high.load(Ordering::SeqCst),
+            confirmed: self.epoch_confirmed.load(Ordering::SeqCst),
+        }
     }
 
     /// Forgets a drive that left the pool (replaced).
@@ -339,9 +374,7 @@ impl<D: BlockDevice> PoolCore<D> {
     /// Errors once a drive failure could not be committed (see `poisoned`).
     pub(crate) fn check_writable(&self) -> Result<(), EngineError> {
         if self.poisoned.load(Ordering::Acquire) {
-            return Err(EngineError::Busy(
-                "the pool could not record a drive failure in its metadata; it refuses writes until restarted".into(),
-            ));
+            return Err(EngineError::WritesRefused);
         }
         if self.suspended_flag.load(Ordering::Acquire)
             && let Some(reason) = self.suspension()
@@ -396,8 +429,12 @@ impl<D: BlockDevice> PoolCore<D> {
 
     /// Flushes every drive, then checkpoints every journal with the pool's transaction watermark
     /// (two phases: a record is released, and a watermark written, only once the in-place writes
-    /// of the transactions it covers are durable on every drive). A drive whose flush fails is
-    /// failed. Concurrent callers share one flush.
+    /// of the transactions it covers are durable on every drive). After writes it also raises
+    /// the flush epoch (docs/design/stale-copies.md): each drive's flush makes its record of the
+    /// new epoch durable after its data, and once every drive holds it, it is confirmed on each.
+    /// With nothing written and no transaction applied since the last pool flush there is
+    /// nothing to make durable, and nothing is done. A drive whose flush fails is failed.
+    /// Concurrent callers share one flush.
     pub(crate) async fn flush_all(&self) -> Result<(), EngineError> {
         let arrival = self.flush_arrivals.fetch_add(1, Ordering::SeqCst) + 1;
         let mut covered = self.flush_covered.lock().await;
@@ -416,14 +453,50 @@ impl<D: BlockDevice> PoolCore<D> {
         // Taken before the drives are flushed: every transaction up to the watermark was applied
         // in place before this point, so after phase 1 it is durable everywhere.
         let watermark = self.txn_watermark();
+        // Taken before the drives are flushed too: a write that completes after this point sets
+        // its drive's flag again for the next pool flush. Every flag is taken (no short cut).
+        let written = live.iter().fold(false, |any, d| d.take_written() | any);
+        if !written && watermark == self.watermark_high.load(Ordering::SeqCst) {
+            *covered = covers;
+            return Ok(());
+        }
+        let result = self.flush_drives(&live, watermark, written).await;
+        if result.is_err() {
+            // Whatever was taken is not covered: the next pool flush must not skip it.
+            for d in &live {
+                d.mark_written();
+            }
+        } else {
+            *covered = covers;
+        }
+        result
+    }
+
+    /// The body of [`PoolCore::flush_all`] over the drives in use, raising the flush epoch
+    /// when `raise_epoch`.
+    async fn flush_drives(
+        &self,
+        live: &[&Arc<Drive<D>>],
+        watermark: u64,
+        raise_epoch: bool,
+    ) -> Result<(), EngineError> {
         let before = self.watermark_high.fetch_max(watermark, Ordering::SeqCst);
         assert!(
             watermark >= before,
             "transaction watermark went back from {before} to {watermark}: a journal checkpoint would release \
              records of transactions not yet applied"
         );
+        // Claimed before any record is written, so an epoch abandoned half way is never reused.
+        let confirmed = self.epoch_confirmed.load(Ordering::SeqCst);
+        let epoch = raise_epoch.then(|| self.epoch_high.fetch_add(1, Ordering::SeqCst) + 1);
         let candidates: Vec<u64> = live.iter().map(|d| d.journal.checkpoint_candidate(watermark)).collect();
-        let flushed = join_all(live.iter().map(|d| d.flush())).await;
+        let flushed = join_all(live.iter().map(|d| async move {
+            match epoch {
+                Some(e) => d.flush_with_record(e, confirmed).await,
+                None => d.flush().await,
+            }
+        }))
+        .await;
         for (d, r) in live.iter().zip(flushed) {
             if let Err(e) = r {
                 self.drive_error(d.slot(), "flush failed", &e).await?;
@@ -439,7 +512,30 @@ impl<D: BlockDevice> PoolCore<D> {
                 self.drive_error(slot, "journal checkpoint failed", &e).await?;
             }
         }
-        *covered = covers;
+        if let Some(e) = epoch {
+            self.confirm_epoch(live, e).await?;
+        }
+        Ok(())
+    }
+
+    /// Every drive still in use holds `epoch` durably (a drive that could not take it was failed,
+    /// and its failure committed, above): records that on each. Not flushed: the next epoch's
+    /// records carry it durably; until then a power cut may lose it (docs/design/stale-copies.md,
+    /// "What still cannot be told apart").
+    async fn confirm_epoch(&self, live: &[&Arc<Drive<D>>], epoch: u64) -> Result<(), EngineError> {
+        let used: Vec<&&Arc<Drive<D>>> = live.iter().filter(|d| !d.is_failed()).collect();
+        assert!(
+            used.iter().all(|d| self.meta().drive(d.slot()).is_none_or(|r| r.state != DriveState::Failed)),
+            "flush epoch {epoch} confirmed with a drive the metadata calls failed"
+        );
+        let written = join_all(used.iter().map(|d| d.write_flush_record(epoch, epoch, false))).await;
+        for (d, r) in used.iter().zip(written) {
+            if let Err(e) = r {
+                self.drive_error(d.slot(), "flush record write failed", &e).await?;
+            }
+        }
+        let before = self.epoch_confirmed.fetch_max(epoch, Ordering::SeqCst);
+        assert!(before < epoch, "flush epoch {epoch} confirmed twice (pool flushes are serialised)");
         Ok(())
     }
 }

@@ -25,7 +25,7 @@ use stria_dev::{BLOCK_BYTES as BLOCK, BlockDevice};
 use stria_ec::ReedSolomon;
 use uuid::Uuid;
 
-use self::core::PoolCore;
+use self::core::{FlushEpochs, PoolCore};
 use crate::drive::Drive;
 use crate::error::EngineError;
 use crate::format::layout::DriveLayout;
@@ -186,7 +186,7 @@ impl<D: BlockDevice> Pool<D> {
             calibration: None,
             rebalance: None,
         };
-        let core = Arc::new(PoolCore::new(meta, opened, 1, 0));
+        let core = Arc::new(PoolCore::new(meta, opened, 1, 0, FlushEpochs::default()));
         core.update(|_| Ok(((), true))).await?;
         Ok(Pool::from_core(core, RecoveryReport::default()))
     }
@@ -597,16 +597,16 @@ impl<D: BlockDevice> Pool<D> {
             return Ok(());
         }
         self.repair_damaged_csum_pages().await?;
+        // FUA writes into blocks the drive's checksum pages already mark written leave those
+        // pages for later (drive/mod.rs `write_inner`): a pool flush writes them back and lets
+        // the bits of the regions they cover be cleared. It also raises the flush epoch, so a
+        // copy of a drive that missed writes acknowledged only as FUA is told apart once this
+        // tick has run (docs/design/stale-copies.md). With nothing written since the last pool
+        // flush there is nothing to do.
+        if self.core.drives().iter().any(|d| !d.is_failed() && d.was_written()) {
+            self.core.flush_all().await?;
+        }
         for d in self.core.drives().iter().filter(|d| !d.is_failed()) {
-            // FUA writes into blocks the drive's checksum pages already mark written leave
-            // those pages for later (drive/mod.rs `write_inner`): a full flush writes them back
-            // and lets the bits of the regions they cover be cleared.
-            if d.dirty_regions() > 0
-                && let Err(e) = d.flush().await
-            {
-                self.core.drive_error(d.slot(), "flush failed", &e).await?;
-                continue;
-            }
             if let Err(e) = d.clear_idle_intents(false).await {
                 self.core.drive_error(d.slot(), "intent bitmap write failed", &e).await?;
             }
@@ -643,7 +643,24 @@ impl<D: BlockDevice> Pool<D> {
                 self.core.drive_error(d.slot(), "intent bitmap write", &e).await?;
             }
         }
-        counters.map(|_| ())
+        // Every clean close commits (and confirms) a generation: a copy of a drive taken at any
+        // moment of this session is behind it, and is never trusted again
+        // (docs/design/stale-copies.md).
+        let committed = self.core.update(|_| Ok(((), true))).await;
+        counters?;
+        committed
+    }
+
+    /// The newest pool flush epoch confirmed on every drive in use (docs/design/stale-copies.md):
+    /// a copy of a drive taken before the flush that confirmed it is never trusted.
+    pub fn flush_epoch_confirmed(&self) -> u64 {
+        self.core.flush_epochs().confirmed
+    }
+
+    /// The newest metadata generation confirmed on every drive active in it: a drive whose
+    /// superblock is behind it is never trusted (docs/on-disk-format.md §2).
+    pub fn confirmed_generation(&self) -> u64 {
+        self.core.confirmed_generation()
     }
 }
 

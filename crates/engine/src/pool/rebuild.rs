@@ -67,7 +67,7 @@ impl<D: BlockDevice> Pool<D> {
             self.core.fail_drive(old_slot, "replaced".into()).await?;
         }
         let drive = Arc::new(Drive::format(new.dev, sb, new.fresh).await?);
-        self.core.add_drive(drive);
+        self.core.add_drive(drive).await?;
         self.core
             .update(move |m| {
                 m.drives.push(record);
@@ -93,7 +93,7 @@ impl<D: BlockDevice> Pool<D> {
         let slot = meta.next_slot;
         let (sb, record) = joining(&meta, &new, slot, new.domain.clone())?;
         let drive = Arc::new(Drive::format(new.dev, sb, new.fresh).await?);
-        self.core.add_drive(drive);
+        self.core.add_drive(drive).await?;
         let added = self
             .core
             .update(move |m| {

@@ -126,9 +126,12 @@ pub type VolumeFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, VolumeError
 ///   a journal batch, intent bit or checksum entry half done (ARCHITECTURE.md).
 /// - **Errors.** `OutOfRange`; `Closed` (volume deleted or closed, pool closing); `NotCheap`
 ///   (`CheapOnly` zeroing only); `Unrecoverable` (more damage than the redundancy covers; a tiered
-///   volume also stops taking writes after a failed record write until reopened); `Pool` (a drive
-///   failure could not be committed). After a failed write or zeroing the range holds, per block,
-///   the old or the new contents.
+///   volume also stops taking writes after a failed record write until reopened); `NoSpace` (a
+///   thin volume whose space is full: the write changed nothing that needs new space); `ReadOnly`
+///   (a snapshot); `Pool` (the pool refused: writes suspended on a full host filesystem, a drive
+///   failure that could not be committed). Front ends choose their answer by
+///   [`VolumeError::kind`], never by the text. After a failed write or zeroing the range holds,
+///   per block, the old or the new contents.
 pub trait BlockVolume: Send + Sync + 'static {
     /// Name, layout and preferred I/O size.
     fn info(&self) -> VolumeInfo;

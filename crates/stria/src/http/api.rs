@@ -32,32 +32,25 @@ impl IntoResponse for ApiError {
 }
 
 impl From<anyhow::Error> for ApiError {
-    /// 404 for a volume or drive that does not exist, 400 for a request the catalog finds
-    /// invalid, 503 while writes are suspended, 409 for every other refusal (the guard rails:
-    /// clients attached, the last copy of some data, a drive that is failed already, ...).
+    /// The status code of the error's kind ([`status_of`]).
     fn from(e: anyhow::Error) -> ApiError {
-        let message = format!("{e:#}");
-        let status = e
-            .chain()
-            .find_map(|cause| {
-                if let Some(c) = cause.downcast_ref::<stria_catalog::CatalogError>() {
-                    return match c {
-                        stria_catalog::CatalogError::NotFound(_) => Some(StatusCode::NOT_FOUND),
-                        stria_catalog::CatalogError::Invalid(_) => Some(StatusCode::BAD_REQUEST),
-                        _ => None,
-                    };
-                }
-                if cause.downcast_ref::<crate::ops::NoSuchDrive>().is_some() {
-                    return Some(StatusCode::NOT_FOUND);
-                }
-                None
-            })
-            .unwrap_or(if message.contains("writes are suspended") {
-                StatusCode::SERVICE_UNAVAILABLE
-            } else {
-                StatusCode::CONFLICT
-            });
-        ApiError(status, message)
+        ApiError(status_of(crate::refusal::kind_of(&e)), format!("{e:#}"))
+    }
+}
+
+/// The one mapping of error kinds to HTTP status codes: 400 for a malformed request, 404 for
+/// something that does not exist, 409 for a request that conflicts with the state of things (a
+/// guard rail, a snapshot written to), 503 while writes are suspended or the pool cannot commit,
+/// 507 when there is no space, 500 for a device or data failure.
+pub(crate) fn status_of(kind: stria_engine::ErrorKind) -> StatusCode {
+    use stria_engine::ErrorKind as K;
+    match kind {
+        K::InvalidInput | K::OutOfRange => StatusCode::BAD_REQUEST,
+        K::NotFound => StatusCode::NOT_FOUND,
+        K::Conflict | K::ReadOnly | K::NotCheap => StatusCode::CONFLICT,
+        K::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
+        K::Suspended | K::Closed | K::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        K::Unrecoverable | K::Io => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 

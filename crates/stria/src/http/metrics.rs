@@ -290,7 +290,12 @@ fn drive_latency(out: &mut Exposition, drives: &[DriveIo]) {
 
 /// Tiered and log volumes: cache fill, destage, write amplification per tier.
 fn tiers(out: &mut Exposition, status: &StatusView) {
-    let gauges: [Field<LogStatus, f64>; 3] = [
+    let gauges: [Field<LogStatus, f64>; 4] = [
+        (
+            "stria_tier_full",
+            "1 while writes that need new space fail with ENOSPC (the space is full).",
+            |t| f64::from(u8::from(t.full)),
+        ),
         ("stria_tier_cache_fill_ratio", "Live blocks in the write cache over its size.", |t| {
             if t.cache_blocks == 0 { 0.0 } else { t.cache_live_blocks as f64 / t.cache_blocks as f64 }
         }),

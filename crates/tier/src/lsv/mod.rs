@@ -212,8 +212,12 @@ pub struct LogStatus {
     pub snapshot_pool_pages_used: u64,
     #[serde(default)]
     pub snapshot_pool_pages: u64,
-    /// Why writes that need new space fail, if they do.
+    /// Why writes that need new space fail (with ENOSPC), if they do.
     pub no_space: Option<String>,
+    /// True while writes that need new space fail: the volume's state reads `full` beside its
+    /// redundancy state (`healthy, full`).
+    #[serde(default)]
+    pub full: bool,
     pub write_amplification_fast: Option<f64>,
     pub write_amplification_capacity: Option<f64>,
     pub parts: Vec<PartStatus>,
@@ -954,9 +958,11 @@ impl<D: BlockDevice> LogVolume<D> {
                     grown = true;
                     if let Err(why) = self.grow_page_pool(needed).await {
                         let at = updates.first().map_or(0, |u| u.block * BLOCK_BYTES);
-                        return Err(
-                            self.no_space_error(at, format!("the snapshot page pool is full and {why}"))
-                        );
+                        return Err(self.no_space_error(
+                            at,
+                            BLOCK_BYTES,
+                            format!("the snapshot page pool is full and {why}"),
+                        ));
                     }
                 }
                 result => break result,
@@ -965,7 +971,7 @@ impl<D: BlockDevice> LogVolume<D> {
         result.map_err(|e| {
             if matches!(e, MapError::PoolFull { .. }) {
                 let at = updates.first().map_or(0, |u| u.block * BLOCK_BYTES);
-                return self.no_space_error(at, e.to_string());
+                return self.no_space_error(at, BLOCK_BYTES, e.to_string());
             }
             self.map_failed(&e);
             map_error(&self.name, e)
@@ -1004,7 +1010,7 @@ impl<D: BlockDevice> LogVolume<D> {
 
     /// Whether an error of [`Self::update_map`] left the map untouched (a full snapshot pool).
     fn nothing_applied(e: &VolumeError) -> bool {
-        matches!(e, VolumeError::Pool { source, .. } if matches!(**source, EngineError::NoSpace(_)))
+        matches!(e, VolumeError::NoSpace { .. })
     }
 
     /// Frees the places that durable updates moved blocks away from.
@@ -1446,13 +1452,8 @@ impl<D: BlockDevice> LogVolume<D> {
         Ok(())
     }
 
-    fn no_space_error(&self, offset_bytes: u64, why: String) -> VolumeError {
-        VolumeError::Pool {
-            volume: self.name.clone(),
-            source: Box::new(EngineError::NoSpace(format!(
-                "the write at offset {offset_bytes} needs new space: {why}"
-            ))),
-        }
+    fn no_space_error(&self, offset_bytes: u64, len_bytes: u64, why: String) -> VolumeError {
+        VolumeError::NoSpace { volume: self.name.clone(), offset_bytes, len_bytes, why }
     }
 
     async fn write_piece(&self, layer: u16, first: u64, data: IoBytes) -> Result<(), VolumeError> {
@@ -1462,7 +1463,7 @@ impl<D: BlockDevice> LogVolume<D> {
             Err(why) => {
                 // The mover's own reason (what is full, what frees space), not its error text.
                 if let Some(full) = self.no_space.lock().clone() {
-                    return Err(self.no_space_error(first * BLOCK_BYTES, full));
+                    return Err(self.no_space_error(first * BLOCK_BYTES, n * BLOCK_BYTES, full));
                 }
                 return Err(VolumeError::Unrecoverable {
                     volume: self.name.clone(),
@@ -1597,12 +1598,18 @@ impl<D: BlockDevice> LogVolume<D> {
         Ok(())
     }
 
-    /// Every acknowledged write is durable already.
+    /// Every acknowledged write is durable already; the flush still asks the pool for one, which
+    /// (after writes) raises the pool's flush epoch, so a copy of a drive taken before it is
+    /// never trusted again (docs/design/stale-copies.md). With nothing written since the last
+    /// pool flush that costs nothing.
     pub async fn flush(&self) -> Result<(), VolumeError> {
         if self.closed.load(Relaxed) {
             return Err(VolumeError::Closed(self.name.clone()));
         }
-        Ok(())
+        self.pool
+            .flush()
+            .await
+            .map_err(|e| VolumeError::Pool { volume: self.name.clone(), source: Box::new(e) })
     }
 
     /// Allocation map: unallocated and zeroed blocks are holes.
@@ -1655,6 +1662,7 @@ impl<D: BlockDevice> LogVolume<D> {
             &[("meta", &self.meta), ("cache", &self.cache), ("seg", &self.seg)],
         );
         let fast_written = crate::drive_bytes_written(&self.pool, &[&self.meta, &self.cache]);
+        let no_space = self.no_space.lock().clone();
         let host_written = c.host_write_bytes.load(Relaxed);
         let per_host_byte = |drive: u64| (host_written > 0).then(|| drive as f64 / host_written as f64);
         LogStatus {
@@ -1687,7 +1695,8 @@ impl<D: BlockDevice> LogVolume<D> {
             segments_given_back: c.segments_given_back.load(Relaxed),
             snapshot_pool_pages_used: u64::from(self.map.pool_pages().0),
             snapshot_pool_pages: u64::from(self.map.pool_pages().1),
-            no_space: self.no_space.lock().clone(),
+            full: no_space.is_some(),
+            no_space,
             write_amplification_fast: per_host_byte(fast_written),
             write_amplification_capacity: per_host_byte(parts[2].drive_bytes_written),
             parts,

@@ -65,12 +65,50 @@ pub(crate) struct Gc {
     shrink_failed: Option<std::time::Instant>,
 }
 
+/// The "space is full" warning of one volume's mover, rate-limited.
+#[derive(Default)]
+struct FullWarning {
+    /// When it was last logged, and how many times it was due since.
+    last: Option<std::time::Instant>,
+    suppressed: u64,
+}
+
+impl FullWarning {
+    fn warn(&mut self, volume: &str, e: &VolumeError) {
+        match self.last {
+            Some(at) if at.elapsed() < FULL_WARNING_INTERVAL => self.suppressed += 1,
+            _ => {
+                tracing::warn!(
+                    volume,
+                    retries_since_last_warning = self.suppressed,
+                    "writes that need new space fail with ENOSPC: {e}"
+                );
+                self.last = Some(std::time::Instant::now());
+                self.suppressed = 0;
+            }
+        }
+    }
+
+    /// The mover made progress (or has nothing to do): the space is no longer full.
+    fn ended(&mut self, volume: &str) {
+        if self.last.take().is_some() {
+            tracing::info!(volume, "space available again: writes that need new space are accepted");
+            self.suppressed = 0;
+        }
+    }
+}
+
 pub(crate) fn spawn<D: BlockDevice>(vol: &Arc<LogVolume<D>>) {
     tokio::spawn(run(Arc::downgrade(vol)));
 }
 
+/// While the space stays full, the warning that says so (and what frees space) is logged at
+/// most once per this interval; the retries in between are counted in the next one.
+const FULL_WARNING_INTERVAL: Duration = Duration::from_secs(60);
+
 async fn run<D: BlockDevice>(vol: Weak<LogVolume<D>>) {
     let mut draining = false;
+    let mut full = FullWarning::default();
     loop {
         let Some(v) = vol.upgrade() else { return };
         if v.closed.load(Relaxed) || v.failure.lock().is_some() {
@@ -83,6 +121,14 @@ async fn run<D: BlockDevice>(vol: Weak<LogVolume<D>>) {
             }
             v.step(&mut gc, &mut draining).await
         };
+        // TRIM, deletes and GC free segments: once a host batch would find room, the volume
+        // is no longer full (writes that need new space are taken again).
+        if v.no_space.lock().is_some() && v.space.lock().has_batch(Stream::Host) {
+            *v.no_space.lock() = None;
+        }
+        if v.no_space.lock().is_none() {
+            full.ended(v.name());
+        }
         let pause = match result {
             Ok(true) => {
                 v.log.clear_failure();
@@ -91,10 +137,9 @@ async fn run<D: BlockDevice>(vol: Weak<LogVolume<D>>) {
             // Nothing to do: wait for a writer that needs space, or look again soon.
             Ok(false) => Duration::from_millis(50),
             Err(e) => {
-                let no_space = matches!(&e, VolumeError::Pool { source, .. }
-                    if matches!(**source, stria_engine::EngineError::NoSpace(_)));
+                let no_space = e.kind() == stria_engine::ErrorKind::NoSpace;
                 if no_space {
-                    tracing::warn!(volume = %v.name(), "{e}");
+                    full.warn(v.name(), &e);
                 } else {
                     tracing::error!(volume = %v.name(), error = %e, "destage or GC failed; retrying");
                 }
@@ -445,9 +490,11 @@ impl<D: BlockDevice> LogVolume<D> {
                 stria_engine::units::format_size(c.garbage_blocks * BLOCK_BYTES),
             );
             self.no_space.lock().get_or_insert(why.clone());
-            return Err(VolumeError::Pool {
+            return Err(VolumeError::NoSpace {
                 volume: self.name.clone(),
-                source: Box::new(stria_engine::EngineError::NoSpace(format!("destage: {why}"))),
+                offset_bytes: 0,
+                len_bytes: 0,
+                why: format!("destage: {why}"),
             });
         };
         if stream == Stream::Host {

@@ -346,6 +346,12 @@ impl Space {
     /// Hands out the next batch of `stream`'s open segment, opening a free one when needed (the
     /// host stream may not take the last `reserve` free segments), and counts `live` blocks in
     /// it before they are written. `None`: no space for this stream.
+    /// True when [`Space::take_batch`] would find a batch for `stream` now.
+    pub fn has_batch(&self, stream: Stream) -> bool {
+        let floor = if stream == Stream::Host { self.reserve } else { 0 };
+        self.open[Self::stream_index(stream)].is_some() || self.free > floor
+    }
+
     pub fn take_batch(&mut self, stream: Stream, live: u64) -> Option<(usize, u64)> {
         let i = Self::stream_index(stream);
         let (seg, batch) = match self.open[i] {
