@@ -13,24 +13,26 @@ use tokio_rustls::TlsAcceptor;
 ///
 /// A connection is first *handshaking* (from accept to the end of option haggling) and then, if
 /// the client chose an export, *transmitting*. The two phases have separate budgets, so sockets
-/// that never finish a handshake cannot take the places of clients that did, and the handshake
-/// budget is bounded in time by `handshake_timeout`. The per-peer limits apply to TCP clients (one
-/// peer is one IP address); Unix-socket clients have no per-peer limit (the socket file's
-/// permissions decide who may connect, and there is no address to tell local peers apart).
+/// that never finish a handshake cannot take the places of clients that did; a full handshake
+/// budget closes the handshake with the weakest claim rather than refusing the newcomer, so
+/// silent sockets cannot keep clients out either. The per-peer limits apply to TCP clients (one
+/// peer is one IPv4 address or IPv6 /64) and to Unix-socket clients (one peer is one user id,
+/// from `SO_PEERCRED`; root and the server's own user are not limited per peer).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
-    /// Connections in the handshake (accepted, not yet transmitting). More are accepted and
-    /// closed at once.
+    /// Connections in the handshake (accepted, not yet transmitting). A new connection beyond
+    /// it takes the place of the handshake with the weakest claim (silent before talking before
+    /// authenticated; then the peer holding the most; then the longest quiet), which is closed.
     pub max_handshaking: usize,
-    /// Connections in the handshake from one TCP peer (IP address). More from that peer are
-    /// accepted and closed at once.
+    /// Connections in the handshake from one peer. A new connection beyond it takes the place
+    /// of that peer's own weakest handshake.
     pub max_handshaking_per_peer: usize,
     /// Connections in transmission. A handshake that ends while this many are transmitting is
     /// refused: `NBD_OPT_GO` is answered `NBD_REP_ERR_POLICY` (the client may retry within the
     /// handshake timeout), `NBD_OPT_EXPORT_NAME` closes the connection.
     pub max_connections: usize,
-    /// Connections in transmission from one TCP peer (IP address); refused like
-    /// `max_connections`.
+    /// Connections in transmission from one peer (TCP address or Unix-socket user); refused
+    /// like `max_connections`.
     pub max_connections_per_peer: usize,
     /// Requests one connection may have in flight (executing or with replies not yet sent).
     /// Further requests are not read until one finishes.
@@ -130,6 +132,8 @@ pub struct TlsConfig {
     pub mode: TlsMode,
     /// Acceptor built from the certificate and key; required unless `mode` is `Off`.
     pub acceptor: Option<TlsAcceptor>,
+    /// The acceptor requires a client certificate signed by a configured CA.
+    pub client_auth: bool,
 }
 
 impl std::fmt::Debug for TlsConfig {
@@ -137,6 +141,7 @@ impl std::fmt::Debug for TlsConfig {
         f.debug_struct("TlsConfig")
             .field("mode", &self.mode)
             .field("has_cert", &self.acceptor.is_some())
+            .field("client_auth", &self.client_auth)
             .finish()
     }
 }
@@ -144,7 +149,7 @@ impl std::fmt::Debug for TlsConfig {
 impl TlsConfig {
     /// No TLS.
     pub fn off() -> TlsConfig {
-        TlsConfig { mode: TlsMode::Off, acceptor: None }
+        TlsConfig { mode: TlsMode::Off, acceptor: None, client_auth: false }
     }
 
     /// TLS in `mode` with an X.509 certificate chain and private key from PEM files.
@@ -180,7 +185,7 @@ impl TlsConfig {
             .with_no_client_auth()
             .with_single_cert(certs, key)
             .map_err(|err| ConfigError::Tls(err.to_string()))?;
-        Ok(TlsConfig { mode, acceptor: Some(TlsAcceptor::from(Arc::new(config))) })
+        Ok(TlsConfig { mode, acceptor: Some(TlsAcceptor::from(Arc::new(config))), client_auth: false })
     }
 }
 
