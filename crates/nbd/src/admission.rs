@@ -29,11 +29,16 @@ pub struct ServerStats {
     pub refused_connections: u64,
     /// Handshakes closed to make room for a new connection (handshake places full).
     pub evicted_handshakes: u64,
-    /// Bytes taken from the server-wide in-flight budget (`max_total_in_flight_bytes`) now. Always
-    /// at least what connections hold for requests in flight.
+    /// Bytes connections hold or have set aside for their next request now, as taken from the
+    /// server-wide total (`Limits::max_total_in_flight_bytes`): the part of each connection's
+    /// guarantee in use plus what it took from the shared budget. Always at least `held_bytes`.
     pub reserved_bytes: usize,
     /// The most `reserved_bytes` has been since the server started.
     pub peak_reserved_bytes: usize,
+    /// Bytes taken from the shared budget (`max_shared_in_flight_bytes`) now.
+    pub shared_bytes: usize,
+    /// The most `shared_bytes` has been since the server started.
+    pub peak_shared_bytes: usize,
     /// Bytes connections hold for requests in flight now (as counted for `max_in_flight_bytes`),
     /// as of each connection's last poll.
     pub held_bytes: usize,
@@ -50,6 +55,8 @@ pub(crate) struct Gauges {
     evicted: AtomicU64,
     reserved_bytes: AtomicUsize,
     peak_reserved_bytes: AtomicUsize,
+    shared_bytes: AtomicUsize,
+    peak_shared_bytes: AtomicUsize,
     held_bytes: AtomicUsize,
     stalled_closed: AtomicU64,
 }
@@ -63,13 +70,14 @@ fn change(gauge: &AtomicUsize, before: usize, after: usize) -> usize {
 }
 
 impl Gauges {
-    pub(crate) fn reserved(&self, bytes: usize) {
-        let now = self.reserved_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    pub(crate) fn reserved_changed(&self, before: usize, after: usize) {
+        let now = change(&self.reserved_bytes, before, after);
         self.peak_reserved_bytes.fetch_max(now, Ordering::Relaxed);
     }
 
-    pub(crate) fn released(&self, bytes: usize) {
-        self.reserved_bytes.fetch_sub(bytes, Ordering::Relaxed);
+    pub(crate) fn shared_changed(&self, before: usize, after: usize) {
+        let now = change(&self.shared_bytes, before, after);
+        self.peak_shared_bytes.fetch_max(now, Ordering::Relaxed);
     }
 
     pub(crate) fn held_changed(&self, before: usize, after: usize) {
@@ -92,6 +100,8 @@ impl Gauges {
             evicted_handshakes: self.evicted.load(Ordering::Relaxed),
             reserved_bytes: self.reserved_bytes.load(Ordering::Relaxed),
             peak_reserved_bytes: self.peak_reserved_bytes.load(Ordering::Relaxed),
+            shared_bytes: self.shared_bytes.load(Ordering::Relaxed),
+            peak_shared_bytes: self.peak_shared_bytes.load(Ordering::Relaxed),
             held_bytes: self.held_bytes.load(Ordering::Relaxed),
             stalled_connections_closed: self.stalled_closed.load(Ordering::Relaxed),
         }
@@ -257,7 +267,7 @@ impl State {
     }
 }
 
-/// Places in the handshake and in transmission, and the in-flight byte budget.
+/// Places in the handshake and in transmission, and the shared in-flight byte budget.
 #[derive(Debug)]
 pub(crate) struct Admission {
     limits: Limits,
@@ -265,8 +275,8 @@ pub(crate) struct Admission {
     /// Woken when a place is given back (shutdown waits for none to be left) or an evicted
     /// handshake is closed (accepting waits while too many are closing).
     changed: Notify,
-    /// Permits are bytes of `max_total_in_flight_bytes`.
-    pub(crate) bytes: Arc<Semaphore>,
+    /// Permits are bytes of `max_shared_in_flight_bytes`.
+    pub(crate) shared_bytes: Arc<Semaphore>,
     pub(crate) gauges: Arc<Gauges>,
 }
 
@@ -343,7 +353,7 @@ impl Admission {
             limits: limits.clone(),
             state: Mutex::new(State::default()),
             changed: Notify::new(),
-            bytes: Arc::new(Semaphore::new(limits.max_total_in_flight_bytes)),
+            shared_bytes: Arc::new(Semaphore::new(limits.max_shared_in_flight_bytes)),
             gauges: Arc::new(Gauges::default()),
         }
     }

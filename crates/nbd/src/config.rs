@@ -40,14 +40,19 @@ pub struct Limits {
     /// Bytes one connection may hold for requests in flight: write data received, read data to
     /// produce or not yet sent, and each request's largest possible reply. A request that would
     /// go over is not read until enough is sent; a single request is always admitted when the
-    /// connection holds nothing.
+    /// connection holds nothing. At most 4 GiB.
     pub max_in_flight_bytes: usize,
-    /// Bytes all connections together may hold for requests in flight (counted as for
-    /// `max_in_flight_bytes`). A connection that cannot get its next request's bytes from this
-    /// budget stops reading requests until they are free (first come, first served); nothing is
-    /// refused. Must be at least one request's worth (`max_payload_bytes` + 1050).
-    pub max_total_in_flight_bytes: usize,
-    /// Largest read or write payload (advertised as the maximum block size).
+    /// Bytes connections may hold for requests in flight beyond their guarantee, all together
+    /// (counted as for `max_in_flight_bytes`). Every connection in transmission may hold one
+    /// request of any allowed size ([`Limits::guaranteed_in_flight_bytes`]) whatever the others
+    /// hold; beyond that it borrows from this budget, first come, first served, and a connection
+    /// that cannot borrow its next request's bytes stops reading requests until they are free
+    /// (nothing is refused). So a client that reads no replies stalls itself only: the most it
+    /// can take from the others is their share of this budget, never their guarantee.
+    pub max_shared_in_flight_bytes: usize,
+    /// Largest read or write payload (advertised as the maximum block size). It is also what
+    /// every connection is guaranteed (see `max_shared_in_flight_bytes`), so it sizes the
+    /// server's worst-case memory with `max_connections`.
     pub max_payload_bytes: u32,
     /// Largest option payload during the handshake; a larger one closes the connection.
     pub max_option_bytes: u32,
@@ -78,9 +83,9 @@ impl Default for Limits {
             max_connections: 128,
             max_connections_per_peer: 64,
             max_requests_in_flight: 128,
-            max_in_flight_bytes: 64 << 20,
-            max_total_in_flight_bytes: 1 << 30,
-            max_payload_bytes: 32 << 20,
+            max_in_flight_bytes: 16 << 20,
+            max_shared_in_flight_bytes: 64 << 20,
+            max_payload_bytes: 4 << 20,
             max_option_bytes: 64 << 10,
             max_options_per_handshake: 1024,
             handshake_timeout: Duration::from_secs(10),
@@ -98,6 +103,22 @@ impl Limits {
     /// reply with `max_extents_per_reply` extents).
     pub fn max_request_bytes(&self) -> usize {
         crate::transmission::request_cost_bound(self)
+    }
+
+    /// Bytes every connection in transmission may hold whatever the others hold: one request of
+    /// any allowed size ([`Limits::max_request_bytes`]).
+    pub fn guaranteed_in_flight_bytes(&self) -> usize {
+        self.max_request_bytes()
+    }
+
+    /// The most bytes all connections together may hold for requests in flight: every
+    /// connection's guarantee and the shared budget, `max_connections` ×
+    /// [`Limits::guaranteed_in_flight_bytes`] + `max_shared_in_flight_bytes` (saturating; a valid
+    /// configuration does not overflow).
+    pub fn max_total_in_flight_bytes(&self) -> usize {
+        self.max_connections
+            .saturating_mul(self.guaranteed_in_flight_bytes())
+            .saturating_add(self.max_shared_in_flight_bytes)
     }
 }
 
@@ -260,10 +281,16 @@ impl ServerConfig {
                 return Err(ConfigError::BadLimit { name, reason: "must fit in 32 bits" });
             }
         }
-        if limits.max_total_in_flight_bytes > usize::MAX >> 3 {
+        if limits.max_shared_in_flight_bytes > usize::MAX >> 3 {
             return Err(ConfigError::BadLimit {
-                name: "max_total_in_flight_bytes",
+                name: "max_shared_in_flight_bytes",
                 reason: "must be below 2^61",
+            });
+        }
+        if u32::try_from(limits.max_in_flight_bytes).is_err() {
+            return Err(ConfigError::BadLimit {
+                name: "max_in_flight_bytes",
+                reason: "must be at most 4 GiB",
             });
         }
         if limits.max_requests_in_flight == 0 {
@@ -293,10 +320,15 @@ impl ServerConfig {
                 reason: "one request's bytes (payload and largest reply) must fit in 32 bits",
             });
         }
-        if limits.max_total_in_flight_bytes < limits.max_request_bytes() {
+        let total = limits
+            .max_connections
+            .checked_mul(limits.guaranteed_in_flight_bytes())
+            .and_then(|guaranteed| guaranteed.checked_add(limits.max_shared_in_flight_bytes));
+        if total.is_none_or(|total| total > usize::MAX >> 3) {
             return Err(ConfigError::BadLimit {
-                name: "max_total_in_flight_bytes",
-                reason: "must hold at least one request (max_payload_bytes + 1050, or a block status reply)",
+                name: "max_connections",
+                reason: "max_connections guarantees of one request each, plus max_shared_in_flight_bytes, \
+                         must be below 2^61 bytes",
             });
         }
         if limits.warning_interval.is_zero() {
@@ -315,7 +347,7 @@ mod tests {
     }
 
     #[test]
-    fn defaults_are_valid_and_budgets_must_hold_a_request() {
+    fn defaults_are_valid_and_bound_the_total_in_flight() {
         check(Limits::default()).unwrap();
         let bad = |name| Err(ConfigError::BadLimit { name, reason: "must be at least 1" });
         assert_eq!(check(Limits { max_handshaking: 0, ..Limits::default() }), bad("max_handshaking"));
@@ -324,13 +356,11 @@ mod tests {
             bad("max_connections_per_peer")
         );
         let one_request = Limits::default().max_request_bytes();
-        assert_eq!(one_request, (32 << 20) + 1050);
-        check(Limits { max_total_in_flight_bytes: one_request, ..Limits::default() }).unwrap();
-        let too_small = check(Limits { max_total_in_flight_bytes: one_request - 1, ..Limits::default() });
-        assert!(
-            matches!(too_small, Err(ConfigError::BadLimit { name: "max_total_in_flight_bytes", .. })),
-            "{too_small:?}"
-        );
+        assert_eq!(one_request, (4 << 20) + 1050);
+        assert_eq!(Limits::default().guaranteed_in_flight_bytes(), one_request);
+        // 128 guarantees of one request and 64 MiB shared: about 576 MiB.
+        assert_eq!(Limits::default().max_total_in_flight_bytes(), 128 * one_request + (64 << 20));
+        check(Limits { max_shared_in_flight_bytes: 0, ..Limits::default() }).unwrap();
         let status_heavy = Limits { max_extents_per_reply: 8 << 20, ..Limits::default() };
         assert_eq!(status_heavy.max_request_bytes(), (8 << 20) * 8 + 24);
         let oversized = check(Limits { max_payload_bytes: u32::MAX, ..Limits::default() });
@@ -338,5 +368,13 @@ mod tests {
             matches!(oversized, Err(ConfigError::BadLimit { name: "max_payload_bytes", .. })),
             "{oversized:?}"
         );
+        let too_many =
+            check(Limits { max_connections: 1 << 31, max_payload_bytes: 1 << 30, ..Limits::default() });
+        assert!(
+            matches!(too_many, Err(ConfigError::BadLimit { name: "max_connections", .. })),
+            "{too_many:?}"
+        );
+        let huge = check(Limits { max_in_flight_bytes: 1 << 33, ..Limits::default() });
+        assert!(matches!(huge, Err(ConfigError::BadLimit { name: "max_in_flight_bytes", .. })), "{huge:?}");
     }
 }

@@ -422,7 +422,11 @@ impl Server {
         let mut shutdown = self.inner.shutdown.subscribe();
         let limits = &self.inner.config.limits;
         let admission = &self.inner.admission;
-        let budget = ByteBudget::new(Arc::clone(&admission.bytes), Arc::clone(&admission.gauges));
+        let budget = ByteBudget::new(
+            Arc::clone(&admission.shared_bytes),
+            Arc::clone(&admission.gauges),
+            limits.guaranteed_in_flight_bytes(),
+        );
         let shutdown = wait_for_shutdown(&mut shutdown);
         let (end, requests) =
             transmission::run(stream, export.as_ref(), session, limits, budget, shutdown).await;

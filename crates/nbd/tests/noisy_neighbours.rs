@@ -1,11 +1,13 @@
 //! A well-behaved client beside hostile neighbours on the same server (issue finding 5): sockets
-//! that connect and say nothing, from one address, one local user or a continuing flood. The
-//! client must be served within 2 s, with the default limits.
+//! that connect and say nothing, from one address, one local user or a continuing flood; clients
+//! that pipeline reads and never read a reply. The client must be served within 2 s, with the
+//! default limits, and the server must hold well under 512 MiB for the deaf clients.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::common::{Client, fixture_with, round_trip, serve_tcp, tcp_from};
+use stria_nbd::proto::cmd;
 use stria_nbd::{Limits, Server};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::UnixStream;
@@ -13,6 +15,10 @@ use tokio::net::UnixStream;
 /// How long a well-behaved client may take beside the neighbours (the issue's bound).
 const SERVED_WITHIN: Duration = Duration::from_secs(2);
 const SILENT_SOCKETS: usize = 200;
+const DEAF_CLIENTS: usize = 24;
+const MIB: usize = 1 << 20;
+/// The issue's bound on the daemon's memory beside the deaf clients.
+const MEMORY_BOUND_BYTES: usize = 512 * MIB;
 
 fn socket_path(tag: &str) -> PathBuf {
     std::env::temp_dir().join(format!("stria-nbd-neighbours-{}-{tag}.sock", std::process::id()))
@@ -106,5 +112,34 @@ async fn a_client_is_served_during_a_continuing_flood_of_silent_sockets() {
     }
     flood.abort();
     let _ = flood.await;
+    handle.shutdown().await;
+}
+
+/// 24 clients pipeline 1 MiB reads and never read a reply. Before, each could hold 64 MiB (and
+/// 16 of them the whole 1 GiB server-wide budget): the server held 1 GiB for them and a client
+/// that reads waited for `send_timeout` (60 s). Now each holds its guarantee and a share of the
+/// shared budget, and the reader is served from its own guarantee at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_is_served_beside_24_clients_that_never_read() {
+    let fx = fixture_with(Limits::default());
+    let path = socket_path("deaf");
+    let handle = fx.server.serve_unix(&path).unwrap();
+    let mut deaf = Vec::new();
+    for _ in 0..DEAF_CLIENTS {
+        let mut client = Client { stream: UnixStream::connect(&path).await.unwrap() };
+        client.handshake("disk", false, false).await;
+        for cookie in 0..96u64 {
+            client.send_request(cmd::READ, 0, cookie, 0, MIB as u32, &[]).await;
+        }
+        deaf.push(client);
+    }
+    settled(&fx.server).await;
+    let stats = fx.server.stats();
+    assert!(stats.held_bytes > 100 * MIB, "the deaf clients hold their share: {stats:?}");
+    let mut client = Client { stream: UnixStream::connect(&path).await.unwrap() };
+    served(&mut client, "beside 24 clients that never read").await;
+    let stats = fx.server.stats();
+    assert!(stats.peak_reserved_bytes < MEMORY_BOUND_BYTES, "{stats:?}");
+    drop(deaf);
     handle.shutdown().await;
 }

@@ -237,18 +237,20 @@ async fn one_connection_holds_at_most_max_in_flight_bytes() {
 }
 
 /// Issue item 2, server-wide: clients that send large reads and never read the replies hold at
-/// most `max_total_in_flight_bytes` together (each at most `max_in_flight_bytes`). A client that
-/// does read waits for bytes (back-pressure, no error) and is served as soon as they are free.
+/// most their guarantees and the shared budget together (each at most `max_in_flight_bytes`). A
+/// client that does read is served at once from its own guarantee; a connection that needs shared
+/// bytes waits for them (back-pressure, no error) and gets them when they are given back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clients_that_read_nothing_hold_at_most_the_server_wide_cap() {
+async fn clients_that_read_nothing_take_only_the_shared_budget_from_others() {
     let (export, _gate) = GatedExport::new(64 << 20, true);
-    let cap = 40 * MIB;
+    let shared = 8 * MIB;
     let limits = Limits {
         max_in_flight_bytes: 16 * MIB,
-        max_total_in_flight_bytes: cap,
+        max_shared_in_flight_bytes: shared,
         send_timeout: Duration::from_secs(600),
         ..Limits::default()
     };
+    let guaranteed = limits.guaranteed_in_flight_bytes();
     let server = gated_server(limits, export.clone());
     let path = socket_path("cap");
     let handle = server.serve_unix(&path).unwrap();
@@ -264,24 +266,35 @@ async fn clients_that_read_nothing_hold_at_most_the_server_wide_cap() {
     }
     let started_bytes = wait_until_stable(|| export.started_bytes()).await;
     let stats = server.stats();
+    let cap = 3 * guaranteed + shared;
     assert!(stats.peak_reserved_bytes <= cap, "{stats:?}");
-    assert!(stats.held_bytes <= cap, "{stats:?}");
+    assert!(stats.held_bytes <= cap && stats.peak_shared_bytes <= shared, "{stats:?}");
     // Reads produced: what the connections hold plus what fit in the three sockets' buffers.
     assert!(started_bytes <= cap + 3 * MIB, "{} MiB of reads started", started_bytes / MIB);
-    assert!(started_bytes >= cap - 4 * MIB, "the cap is in use: {} MiB", started_bytes / MIB);
+    assert!(stats.shared_bytes >= shared - 2 * MIB, "the shared budget is in use: {stats:?}");
 
+    // A client that reads is served at once: one request is always within its guarantee.
     let mut reader = unix_client(&path).await;
     reader.handshake("gated", false, false).await;
     reader.send_request(cmd::READ, 0, 77, 0, 2 * MIB as u32, &[]).await;
-    let early = tokio::time::timeout(Duration::from_millis(300), reader.read_reply()).await;
-    assert!(early.is_err(), "served while the cap is taken: {early:?}");
-    // The deaf clients leave; their bytes go to the waiting reader.
-    drop(deaf);
-    let reply = tokio::time::timeout(Duration::from_secs(10), reader.read_reply()).await.expect("served");
+    let reply = tokio::time::timeout(Duration::from_secs(2), reader.read_reply()).await.expect("served");
     assert_eq!((reply.cookie(), reply.error()), (77, 0));
     reader.read_exact_data(2 * MIB).await;
-    wait_for_stats(&server, "bytes given back", |stats| stats.reserved_bytes == 0 && stats.held_bytes == 0)
-        .await;
+    // Two requests at once need 2 MiB of shared bytes: the second waits until the deaf clients
+    // leave and their bytes go to the waiting reader.
+    reader.send_request(cmd::READ, 0, 78, 0, 4 * MIB as u32, &[]).await;
+    reader.send_request(cmd::READ, 0, 79, 0, 2 * MIB as u32, &[]).await;
+    drop(deaf);
+    for cookie in [78, 79] {
+        let reply = tokio::time::timeout(Duration::from_secs(10), reader.read_reply()).await.expect("served");
+        assert_eq!((reply.cookie(), reply.error()), (cookie, 0));
+        reader.read_exact_data(if cookie == 78 { 4 } else { 2 } * MIB).await;
+    }
+    drop(reader);
+    wait_for_stats(&server, "bytes given back", |stats| {
+        stats.reserved_bytes == 0 && stats.held_bytes == 0 && stats.shared_bytes == 0
+    })
+    .await;
     handle.shutdown().await;
 }
 
