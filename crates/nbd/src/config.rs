@@ -153,7 +153,8 @@ pub struct TlsConfig {
     pub mode: TlsMode,
     /// Acceptor built from the certificate and key; required unless `mode` is `Off`.
     pub acceptor: Option<TlsAcceptor>,
-    /// The acceptor requires a client certificate signed by a configured CA.
+    /// The acceptor requires a client certificate signed by a configured CA (see
+    /// [`TlsConfig::from_pem_files_with_client_ca`]).
     pub client_auth: bool,
 }
 
@@ -173,41 +174,73 @@ impl TlsConfig {
         TlsConfig { mode: TlsMode::Off, acceptor: None, client_auth: false }
     }
 
-    /// TLS in `mode` with an X.509 certificate chain and private key from PEM files.
+    /// TLS in `mode` with an X.509 certificate chain and private key from PEM files. Clients
+    /// need no certificate.
     pub fn from_pem_files(
         mode: TlsMode,
         cert_path: &Path,
         key_path: &Path,
     ) -> Result<TlsConfig, ConfigError> {
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_path)
-            .map_err(|err| ConfigError::Pem {
-                path: cert_path.display().to_string(),
-                reason: err.to_string(),
-            })?
-            .collect::<Result<_, _>>()
-            .map_err(|err| ConfigError::Pem {
-                path: cert_path.display().to_string(),
-                reason: err.to_string(),
-            })?;
-        if certs.is_empty() {
-            return Err(ConfigError::Pem {
-                path: cert_path.display().to_string(),
-                reason: "no certificate found".to_owned(),
-            });
-        }
+        TlsConfig::from_pem_files_with_client_ca(mode, cert_path, key_path, None)
+    }
+
+    /// As [`TlsConfig::from_pem_files`], and with `client_ca` (a PEM file of one or more CA
+    /// certificates), every client must present a certificate chain to one of those CAs in the
+    /// TLS handshake, or the handshake fails and the connection closes. Only meaningful with
+    /// [`TlsMode::Require`] (validated by [`ServerConfig::validate`]): otherwise a client could
+    /// skip TLS and with it the certificate.
+    pub fn from_pem_files_with_client_ca(
+        mode: TlsMode,
+        cert_path: &Path,
+        key_path: &Path,
+        client_ca: Option<&Path>,
+    ) -> Result<TlsConfig, ConfigError> {
+        let certs = read_certificates(cert_path)?;
         let key = PrivateKeyDer::from_pem_file(key_path).map_err(|err| ConfigError::Pem {
             path: key_path.display().to_string(),
             reason: err.to_string(),
         })?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ServerConfig::builder_with_provider(provider)
+        let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()
-            .map_err(|err| ConfigError::Tls(err.to_string()))?
-            .with_no_client_auth()
-            .with_single_cert(certs, key)
             .map_err(|err| ConfigError::Tls(err.to_string()))?;
-        Ok(TlsConfig { mode, acceptor: Some(TlsAcceptor::from(Arc::new(config))), client_auth: false })
+        let builder = match client_ca {
+            None => builder.with_no_client_auth(),
+            Some(ca_path) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for ca in read_certificates(ca_path)? {
+                    roots.add(ca).map_err(|err| ConfigError::Pem {
+                        path: ca_path.display().to_string(),
+                        reason: format!("not a usable CA certificate: {err}"),
+                    })?;
+                }
+                let verifier =
+                    rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                        .build()
+                        .map_err(|err| ConfigError::Tls(format!("client CA {}: {err}", ca_path.display())))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let config = builder.with_single_cert(certs, key).map_err(|err| ConfigError::Tls(err.to_string()))?;
+        Ok(TlsConfig {
+            mode,
+            acceptor: Some(TlsAcceptor::from(Arc::new(config))),
+            client_auth: client_ca.is_some(),
+        })
     }
+}
+
+/// The certificates in a PEM file (at least one).
+fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
+    let pem_error = |reason: String| ConfigError::Pem { path: path.display().to_string(), reason };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .map_err(|err| pem_error(err.to_string()))?
+        .collect::<Result<_, _>>()
+        .map_err(|err| pem_error(err.to_string()))?;
+    if certs.is_empty() {
+        return Err(pem_error("no certificate found".to_owned()));
+    }
+    Ok(certs)
 }
 
 /// Everything a [`crate::Server`] needs besides its exports.
@@ -234,6 +267,11 @@ pub enum ConfigError {
     /// TLS is on but no certificate was given
     #[error("TLS mode is on or require but no certificate and key were given")]
     MissingCertificate,
+    /// Client certificates are required but TLS is not
+    #[error(
+        "client certificates (a client CA) need TLS mode require: with mode {0:?} a client could skip TLS and its certificate"
+    )]
+    ClientCaWithoutRequire(TlsMode),
     /// A PEM file could not be read
     #[error("cannot read PEM file {path}: {reason}")]
     Pem {
@@ -260,6 +298,9 @@ impl ServerConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.tls.mode != TlsMode::Off && self.tls.acceptor.is_none() {
             return Err(ConfigError::MissingCertificate);
+        }
+        if self.tls.client_auth && self.tls.mode != TlsMode::Require {
+            return Err(ConfigError::ClientCaWithoutRequire(self.tls.mode));
         }
         let limits = &self.limits;
         let at_least_one = [
@@ -344,6 +385,13 @@ mod tests {
 
     fn check(limits: Limits) -> Result<(), ConfigError> {
         ServerConfig { limits, ..ServerConfig::default() }.validate()
+    }
+
+    #[test]
+    fn client_certificates_need_tls_required() {
+        let tls = TlsConfig { client_auth: true, ..TlsConfig::off() };
+        let config = ServerConfig { tls, ..ServerConfig::default() };
+        assert_eq!(config.validate(), Err(ConfigError::ClientCaWithoutRequire(TlsMode::Off)));
     }
 
     #[test]

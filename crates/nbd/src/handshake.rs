@@ -55,6 +55,10 @@ pub(crate) enum HandshakeError {
     TlsRequired,
     #[error("NBD_OPT_EXPORT_NAME refused: {0}")]
     NoPlace(String),
+    /// The TLS handshake after `NBD_OPT_STARTTLS` failed: no or an untrusted client
+    /// certificate, or a client that does not trust the server's.
+    #[error("TLS handshake failed: {0}")]
+    Tls(io::Error),
 }
 
 /// Per-connection handshake state. Reset by STARTTLS, as the spec requires.

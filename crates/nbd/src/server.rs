@@ -379,7 +379,7 @@ impl Server {
             HandshakeEnd::StartTls => {
                 let acceptor =
                     tls.acceptor.as_ref().expect("STARTTLS is acknowledged only with a certificate");
-                let mut stream = acceptor.accept(stream).await?;
+                let mut stream = acceptor.accept(stream).await.map_err(HandshakeError::Tls)?;
                 // With client certificates required, only a verified client gets this far.
                 ticket.progressed(if tls.client_auth { Standing::Authenticated } else { Standing::Talking });
                 state.start_tls();
