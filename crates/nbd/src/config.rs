@@ -134,6 +134,17 @@ pub enum TlsMode {
     Require,
 }
 
+impl std::fmt::Display for TlsMode {
+    /// As written in configurations: `off`, `on` or `require`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TlsMode::Off => "off",
+            TlsMode::On => "on",
+            TlsMode::Require => "require",
+        })
+    }
+}
+
 impl std::str::FromStr for TlsMode {
     type Err = ConfigError;
     fn from_str(text: &str) -> Result<TlsMode, ConfigError> {
@@ -269,7 +280,7 @@ pub enum ConfigError {
     MissingCertificate,
     /// Client certificates are required but TLS is not
     #[error(
-        "client certificates (a client CA) need TLS mode require: with mode {0:?} a client could skip TLS and its certificate"
+        "client certificates (a client CA) need TLS mode require: with mode {0} a client could skip TLS and its certificate"
     )]
     ClientCaWithoutRequire(TlsMode),
     /// A PEM file could not be read
