@@ -20,8 +20,22 @@ const MIB: usize = 1 << 20;
 /// The bound on the daemon's memory beside the deaf clients.
 const MEMORY_BOUND_BYTES: usize = 512 * MIB;
 
-fn socket_path(tag: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("stria-nbd-neighbours-{}-{tag}.sock", std::process::id()))
+/// A Unix socket path for one test, removed when dropped (also when the test fails: the
+/// server's shutdown, which removes it too, is not reached then).
+struct SocketPath(PathBuf);
+
+impl SocketPath {
+    fn new(tag: &str) -> SocketPath {
+        SocketPath(
+            std::env::temp_dir().join(format!("stria-nbd-neighbours-{}-{tag}.sock", std::process::id())),
+        )
+    }
+}
+
+impl Drop for SocketPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// Handshake, a write and a read back, within `SERVED_WITHIN`.
@@ -53,7 +67,8 @@ async fn settled(server: &Server) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_is_served_beside_200_silent_unix_sockets() {
     let fx = fixture_with(Limits::default());
-    let path = socket_path("silent-unix");
+    let socket = SocketPath::new("silent-unix");
+    let path = socket.0.clone();
     let handle = fx.server.serve_unix(&path).unwrap();
     let mut silent = Vec::new();
     for _ in 0..SILENT_SOCKETS {
@@ -88,7 +103,8 @@ async fn a_client_is_served_beside_200_silent_sockets_from_its_own_address() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_is_served_during_a_continuing_flood_of_silent_sockets() {
     let fx = fixture_with(Limits::default());
-    let path = socket_path("silent-flood");
+    let socket = SocketPath::new("silent-flood");
+    let path = socket.0.clone();
     let handle = fx.server.serve_unix(&path).unwrap();
     let flood = {
         let path = path.clone();
@@ -122,7 +138,8 @@ async fn a_client_is_served_during_a_continuing_flood_of_silent_sockets() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_is_served_beside_24_clients_that_never_read() {
     let fx = fixture_with(Limits::default());
-    let path = socket_path("deaf");
+    let socket = SocketPath::new("deaf");
+    let path = socket.0.clone();
     let handle = fx.server.serve_unix(&path).unwrap();
     let mut deaf = Vec::new();
     for _ in 0..DEAF_CLIENTS {
