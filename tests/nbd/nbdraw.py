@@ -23,6 +23,17 @@ class RawClient:
         self.sock.settimeout(timeout)
         self.sock.connect(socket_path)
 
+    @classmethod
+    def tcp(cls, address, source=None, timeout=10.0):
+        """A client over TCP to `address` (host, port), from the local address `source`."""
+        client = cls.__new__(cls)
+        client.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        client.sock.settimeout(timeout)
+        if source:
+            client.sock.bind((source, 0))
+        client.sock.connect(address)
+        return client
+
     def close(self):
         self.sock.close()
 

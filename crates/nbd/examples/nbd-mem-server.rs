@@ -3,11 +3,12 @@
 //! ```text
 //! nbd-mem-server [--unix PATH] [--tcp HOST:PORT] [--size BYTES[K|M|G]] [--export NAME]...
 //!                [--ro-export NAME]... [--faulty-export NAME]... [--slow-zero-export NAME]... [--description TEXT]
-//!                [--tls off|on|require --tls-cert PEM --tls-key PEM] [--threads N]
+//!                [--tls off|on|require --tls-cert PEM --tls-key PEM [--tls-client-ca PEM]] [--threads N]
 //! ```
 //!
 //! A faulty export fails every operation touching bytes [1 MiB, 1 MiB + 4 KiB) with EIO; a
-//! slow-zero export refuses `FAST_ZERO` (ENOTSUP) as if zeroing were as slow as writing.
+//! slow-zero export refuses `FAST_ZERO` (ENOTSUP) as if zeroing were as slow as writing. With
+//! `--tls-client-ca` (and `--tls require`) clients must present a certificate from that CA.
 //! SIGINT or SIGTERM shut the server down gracefully.
 
 use std::path::PathBuf;
@@ -32,6 +33,7 @@ struct Args {
     tls: TlsMode,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
+    tls_client_ca: Option<PathBuf>,
     threads: usize,
 }
 
@@ -60,6 +62,7 @@ fn parse_args() -> Result<Args, String> {
         tls: TlsMode::Off,
         tls_cert: None,
         tls_key: None,
+        tls_client_ca: None,
         threads: 1,
     };
     let mut iter = std::env::args().skip(1);
@@ -77,6 +80,7 @@ fn parse_args() -> Result<Args, String> {
             "--tls" => args.tls = value()?.parse().map_err(|err| format!("{err}"))?,
             "--tls-cert" => args.tls_cert = Some(PathBuf::from(value()?)),
             "--tls-key" => args.tls_key = Some(PathBuf::from(value()?)),
+            "--tls-client-ca" => args.tls_client_ca = Some(PathBuf::from(value()?)),
             "--threads" => args.threads = value()?.parse().map_err(|_| "bad --threads".to_owned())?,
             "--help" | "-h" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
@@ -122,12 +126,16 @@ fn build_exports(args: &Args) -> Result<Arc<ExportMap>, String> {
 
 async fn serve(args: Args) -> Result<(), String> {
     let tls = match args.tls {
+        TlsMode::Off if args.tls_client_ca.is_some() => {
+            return Err("--tls-client-ca needs --tls require".to_owned());
+        }
         TlsMode::Off => TlsConfig::off(),
         mode => {
             let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
                 return Err("--tls on|require needs --tls-cert and --tls-key".to_owned());
             };
-            TlsConfig::from_pem_files(mode, cert, key).map_err(|err| err.to_string())?
+            TlsConfig::from_pem_files_with_client_ca(mode, cert, key, args.tls_client_ca.as_deref())
+                .map_err(|err| err.to_string())?
         }
     };
     let config = ServerConfig { tls, ..ServerConfig::default() };
@@ -166,7 +174,7 @@ fn main() -> ExitCode {
             eprintln!(
                 "usage: nbd-mem-server [--unix PATH] [--tcp HOST:PORT] [--size BYTES[K|M|G]] [--export NAME]... \
                  [--ro-export NAME]... [--faulty-export NAME]... [--slow-zero-export NAME]... [--description TEXT] \
-                 [--tls off|on|require --tls-cert PEM --tls-key PEM] [--threads N]"
+                 [--tls off|on|require --tls-cert PEM --tls-key PEM [--tls-client-ca PEM]] [--threads N]"
             );
             return ExitCode::from(2);
         }

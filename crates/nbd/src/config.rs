@@ -13,24 +13,26 @@ use tokio_rustls::TlsAcceptor;
 ///
 /// A connection is first *handshaking* (from accept to the end of option haggling) and then, if
 /// the client chose an export, *transmitting*. The two phases have separate budgets, so sockets
-/// that never finish a handshake cannot take the places of clients that did, and the handshake
-/// budget is bounded in time by `handshake_timeout`. The per-peer limits apply to TCP clients (one
-/// peer is one IP address); Unix-socket clients have no per-peer limit (the socket file's
-/// permissions decide who may connect, and there is no address to tell local peers apart).
+/// that never finish a handshake cannot take the places of clients that did; a full handshake
+/// budget closes the handshake with the weakest claim rather than refusing the newcomer, so
+/// silent sockets cannot keep clients out either. The per-peer limits apply to TCP clients (one
+/// peer is one IPv4 address or IPv6 /64) and to Unix-socket clients (one peer is one user id,
+/// from `SO_PEERCRED`; root and the server's own user are not limited per peer).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
-    /// Connections in the handshake (accepted, not yet transmitting). More are accepted and
-    /// closed at once.
+    /// Connections in the handshake (accepted, not yet transmitting). A new connection beyond
+    /// it takes the place of the handshake with the weakest claim (silent before talking before
+    /// authenticated; then the peer holding the most; then the longest quiet), which is closed.
     pub max_handshaking: usize,
-    /// Connections in the handshake from one TCP peer (IP address). More from that peer are
-    /// accepted and closed at once.
+    /// Connections in the handshake from one peer. A new connection beyond it takes the place
+    /// of that peer's own weakest handshake.
     pub max_handshaking_per_peer: usize,
     /// Connections in transmission. A handshake that ends while this many are transmitting is
     /// refused: `NBD_OPT_GO` is answered `NBD_REP_ERR_POLICY` (the client may retry within the
     /// handshake timeout), `NBD_OPT_EXPORT_NAME` closes the connection.
     pub max_connections: usize,
-    /// Connections in transmission from one TCP peer (IP address); refused like
-    /// `max_connections`.
+    /// Connections in transmission from one peer (TCP address or Unix-socket user); refused
+    /// like `max_connections`.
     pub max_connections_per_peer: usize,
     /// Requests one connection may have in flight (executing or with replies not yet sent).
     /// Further requests are not read until one finishes.
@@ -38,14 +40,19 @@ pub struct Limits {
     /// Bytes one connection may hold for requests in flight: write data received, read data to
     /// produce or not yet sent, and each request's largest possible reply. A request that would
     /// go over is not read until enough is sent; a single request is always admitted when the
-    /// connection holds nothing.
+    /// connection holds nothing. At most 4 GiB.
     pub max_in_flight_bytes: usize,
-    /// Bytes all connections together may hold for requests in flight (counted as for
-    /// `max_in_flight_bytes`). A connection that cannot get its next request's bytes from this
-    /// budget stops reading requests until they are free (first come, first served); nothing is
-    /// refused. Must be at least one request's worth (`max_payload_bytes` + 1050).
-    pub max_total_in_flight_bytes: usize,
-    /// Largest read or write payload (advertised as the maximum block size).
+    /// Bytes connections may hold for requests in flight beyond their guarantee, all together
+    /// (counted as for `max_in_flight_bytes`). Every connection in transmission may hold one
+    /// request of any allowed size ([`Limits::guaranteed_in_flight_bytes`]) whatever the others
+    /// hold; beyond that it borrows from this budget, first come, first served, and a connection
+    /// that cannot borrow its next request's bytes stops reading requests until they are free
+    /// (nothing is refused). So a client that reads no replies stalls itself only: the most it
+    /// can take from the others is their share of this budget, never their guarantee.
+    pub max_shared_in_flight_bytes: usize,
+    /// Largest read or write payload (advertised as the maximum block size). It is also what
+    /// every connection is guaranteed (see `max_shared_in_flight_bytes`), so it sizes the
+    /// server's worst-case memory with `max_connections`.
     pub max_payload_bytes: u32,
     /// Largest option payload during the handshake; a larger one closes the connection.
     pub max_option_bytes: u32,
@@ -76,9 +83,9 @@ impl Default for Limits {
             max_connections: 128,
             max_connections_per_peer: 64,
             max_requests_in_flight: 128,
-            max_in_flight_bytes: 64 << 20,
-            max_total_in_flight_bytes: 1 << 30,
-            max_payload_bytes: 32 << 20,
+            max_in_flight_bytes: 16 << 20,
+            max_shared_in_flight_bytes: 64 << 20,
+            max_payload_bytes: 4 << 20,
             max_option_bytes: 64 << 10,
             max_options_per_handshake: 1024,
             handshake_timeout: Duration::from_secs(10),
@@ -97,6 +104,22 @@ impl Limits {
     pub fn max_request_bytes(&self) -> usize {
         crate::transmission::request_cost_bound(self)
     }
+
+    /// Bytes every connection in transmission may hold whatever the others hold: one request of
+    /// any allowed size ([`Limits::max_request_bytes`]).
+    pub fn guaranteed_in_flight_bytes(&self) -> usize {
+        self.max_request_bytes()
+    }
+
+    /// The most bytes all connections together may hold for requests in flight: every
+    /// connection's guarantee and the shared budget, `max_connections` ×
+    /// [`Limits::guaranteed_in_flight_bytes`] + `max_shared_in_flight_bytes` (saturating; a valid
+    /// configuration does not overflow).
+    pub fn max_total_in_flight_bytes(&self) -> usize {
+        self.max_connections
+            .saturating_mul(self.guaranteed_in_flight_bytes())
+            .saturating_add(self.max_shared_in_flight_bytes)
+    }
 }
 
 /// Whether and how TLS is offered.
@@ -109,6 +132,17 @@ pub enum TlsMode {
     /// TLS required (the spec's FORCEDTLS): every option other than `STARTTLS` and `ABORT` before
     /// TLS is answered `NBD_REP_ERR_TLS_REQD`, and `NBD_OPT_EXPORT_NAME` closes the connection.
     Require,
+}
+
+impl std::fmt::Display for TlsMode {
+    /// As written in configurations: `off`, `on` or `require`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TlsMode::Off => "off",
+            TlsMode::On => "on",
+            TlsMode::Require => "require",
+        })
+    }
 }
 
 impl std::str::FromStr for TlsMode {
@@ -130,6 +164,9 @@ pub struct TlsConfig {
     pub mode: TlsMode,
     /// Acceptor built from the certificate and key; required unless `mode` is `Off`.
     pub acceptor: Option<TlsAcceptor>,
+    /// The acceptor requires a client certificate signed by a configured CA (see
+    /// [`TlsConfig::from_pem_files_with_client_ca`]).
+    pub client_auth: bool,
 }
 
 impl std::fmt::Debug for TlsConfig {
@@ -137,6 +174,7 @@ impl std::fmt::Debug for TlsConfig {
         f.debug_struct("TlsConfig")
             .field("mode", &self.mode)
             .field("has_cert", &self.acceptor.is_some())
+            .field("client_auth", &self.client_auth)
             .finish()
     }
 }
@@ -144,44 +182,76 @@ impl std::fmt::Debug for TlsConfig {
 impl TlsConfig {
     /// No TLS.
     pub fn off() -> TlsConfig {
-        TlsConfig { mode: TlsMode::Off, acceptor: None }
+        TlsConfig { mode: TlsMode::Off, acceptor: None, client_auth: false }
     }
 
-    /// TLS in `mode` with an X.509 certificate chain and private key from PEM files.
+    /// TLS in `mode` with an X.509 certificate chain and private key from PEM files. Clients
+    /// need no certificate.
     pub fn from_pem_files(
         mode: TlsMode,
         cert_path: &Path,
         key_path: &Path,
     ) -> Result<TlsConfig, ConfigError> {
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_path)
-            .map_err(|err| ConfigError::Pem {
-                path: cert_path.display().to_string(),
-                reason: err.to_string(),
-            })?
-            .collect::<Result<_, _>>()
-            .map_err(|err| ConfigError::Pem {
-                path: cert_path.display().to_string(),
-                reason: err.to_string(),
-            })?;
-        if certs.is_empty() {
-            return Err(ConfigError::Pem {
-                path: cert_path.display().to_string(),
-                reason: "no certificate found".to_owned(),
-            });
-        }
+        TlsConfig::from_pem_files_with_client_ca(mode, cert_path, key_path, None)
+    }
+
+    /// As [`TlsConfig::from_pem_files`], and with `client_ca` (a PEM file of one or more CA
+    /// certificates), every client must present a certificate chain to one of those CAs in the
+    /// TLS handshake, or the handshake fails and the connection closes. Only meaningful with
+    /// [`TlsMode::Require`] (validated by [`ServerConfig::validate`]): otherwise a client could
+    /// skip TLS and with it the certificate.
+    pub fn from_pem_files_with_client_ca(
+        mode: TlsMode,
+        cert_path: &Path,
+        key_path: &Path,
+        client_ca: Option<&Path>,
+    ) -> Result<TlsConfig, ConfigError> {
+        let certs = read_certificates(cert_path)?;
         let key = PrivateKeyDer::from_pem_file(key_path).map_err(|err| ConfigError::Pem {
             path: key_path.display().to_string(),
             reason: err.to_string(),
         })?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ServerConfig::builder_with_provider(provider)
+        let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()
-            .map_err(|err| ConfigError::Tls(err.to_string()))?
-            .with_no_client_auth()
-            .with_single_cert(certs, key)
             .map_err(|err| ConfigError::Tls(err.to_string()))?;
-        Ok(TlsConfig { mode, acceptor: Some(TlsAcceptor::from(Arc::new(config))) })
+        let builder = match client_ca {
+            None => builder.with_no_client_auth(),
+            Some(ca_path) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for ca in read_certificates(ca_path)? {
+                    roots.add(ca).map_err(|err| ConfigError::Pem {
+                        path: ca_path.display().to_string(),
+                        reason: format!("not a usable CA certificate: {err}"),
+                    })?;
+                }
+                let verifier =
+                    rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                        .build()
+                        .map_err(|err| ConfigError::Tls(format!("client CA {}: {err}", ca_path.display())))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let config = builder.with_single_cert(certs, key).map_err(|err| ConfigError::Tls(err.to_string()))?;
+        Ok(TlsConfig {
+            mode,
+            acceptor: Some(TlsAcceptor::from(Arc::new(config))),
+            client_auth: client_ca.is_some(),
+        })
     }
+}
+
+/// The certificates in a PEM file (at least one).
+fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
+    let pem_error = |reason: String| ConfigError::Pem { path: path.display().to_string(), reason };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .map_err(|err| pem_error(err.to_string()))?
+        .collect::<Result<_, _>>()
+        .map_err(|err| pem_error(err.to_string()))?;
+    if certs.is_empty() {
+        return Err(pem_error("no certificate found".to_owned()));
+    }
+    Ok(certs)
 }
 
 /// Everything a [`crate::Server`] needs besides its exports.
@@ -208,6 +278,11 @@ pub enum ConfigError {
     /// TLS is on but no certificate was given
     #[error("TLS mode is on or require but no certificate and key were given")]
     MissingCertificate,
+    /// Client certificates are required but TLS is not
+    #[error(
+        "client certificates (a client CA) need TLS mode require: with mode {0} a client could skip TLS and its certificate"
+    )]
+    ClientCaWithoutRequire(TlsMode),
     /// A PEM file could not be read
     #[error("cannot read PEM file {path}: {reason}")]
     Pem {
@@ -235,6 +310,9 @@ impl ServerConfig {
         if self.tls.mode != TlsMode::Off && self.tls.acceptor.is_none() {
             return Err(ConfigError::MissingCertificate);
         }
+        if self.tls.client_auth && self.tls.mode != TlsMode::Require {
+            return Err(ConfigError::ClientCaWithoutRequire(self.tls.mode));
+        }
         let limits = &self.limits;
         let at_least_one = [
             ("max_handshaking", limits.max_handshaking),
@@ -255,10 +333,16 @@ impl ServerConfig {
                 return Err(ConfigError::BadLimit { name, reason: "must fit in 32 bits" });
             }
         }
-        if limits.max_total_in_flight_bytes > usize::MAX >> 3 {
+        if limits.max_shared_in_flight_bytes > usize::MAX >> 3 {
             return Err(ConfigError::BadLimit {
-                name: "max_total_in_flight_bytes",
+                name: "max_shared_in_flight_bytes",
                 reason: "must be below 2^61",
+            });
+        }
+        if u32::try_from(limits.max_in_flight_bytes).is_err() {
+            return Err(ConfigError::BadLimit {
+                name: "max_in_flight_bytes",
+                reason: "must be at most 4 GiB",
             });
         }
         if limits.max_requests_in_flight == 0 {
@@ -288,10 +372,15 @@ impl ServerConfig {
                 reason: "one request's bytes (payload and largest reply) must fit in 32 bits",
             });
         }
-        if limits.max_total_in_flight_bytes < limits.max_request_bytes() {
+        let total = limits
+            .max_connections
+            .checked_mul(limits.guaranteed_in_flight_bytes())
+            .and_then(|guaranteed| guaranteed.checked_add(limits.max_shared_in_flight_bytes));
+        if total.is_none_or(|total| total > usize::MAX >> 3) {
             return Err(ConfigError::BadLimit {
-                name: "max_total_in_flight_bytes",
-                reason: "must hold at least one request (max_payload_bytes + 1050, or a block status reply)",
+                name: "max_connections",
+                reason: "max_connections guarantees of one request each, plus max_shared_in_flight_bytes, \
+                         must be below 2^61 bytes",
             });
         }
         if limits.warning_interval.is_zero() {
@@ -310,7 +399,14 @@ mod tests {
     }
 
     #[test]
-    fn defaults_are_valid_and_budgets_must_hold_a_request() {
+    fn client_certificates_need_tls_required() {
+        let tls = TlsConfig { client_auth: true, ..TlsConfig::off() };
+        let config = ServerConfig { tls, ..ServerConfig::default() };
+        assert_eq!(config.validate(), Err(ConfigError::ClientCaWithoutRequire(TlsMode::Off)));
+    }
+
+    #[test]
+    fn defaults_are_valid_and_bound_the_total_in_flight() {
         check(Limits::default()).unwrap();
         let bad = |name| Err(ConfigError::BadLimit { name, reason: "must be at least 1" });
         assert_eq!(check(Limits { max_handshaking: 0, ..Limits::default() }), bad("max_handshaking"));
@@ -319,13 +415,11 @@ mod tests {
             bad("max_connections_per_peer")
         );
         let one_request = Limits::default().max_request_bytes();
-        assert_eq!(one_request, (32 << 20) + 1050);
-        check(Limits { max_total_in_flight_bytes: one_request, ..Limits::default() }).unwrap();
-        let too_small = check(Limits { max_total_in_flight_bytes: one_request - 1, ..Limits::default() });
-        assert!(
-            matches!(too_small, Err(ConfigError::BadLimit { name: "max_total_in_flight_bytes", .. })),
-            "{too_small:?}"
-        );
+        assert_eq!(one_request, (4 << 20) + 1050);
+        assert_eq!(Limits::default().guaranteed_in_flight_bytes(), one_request);
+        // 128 guarantees of one request and 64 MiB shared: about 576 MiB.
+        assert_eq!(Limits::default().max_total_in_flight_bytes(), 128 * one_request + (64 << 20));
+        check(Limits { max_shared_in_flight_bytes: 0, ..Limits::default() }).unwrap();
         let status_heavy = Limits { max_extents_per_reply: 8 << 20, ..Limits::default() };
         assert_eq!(status_heavy.max_request_bytes(), (8 << 20) * 8 + 24);
         let oversized = check(Limits { max_payload_bytes: u32::MAX, ..Limits::default() });
@@ -333,5 +427,13 @@ mod tests {
             matches!(oversized, Err(ConfigError::BadLimit { name: "max_payload_bytes", .. })),
             "{oversized:?}"
         );
+        let too_many =
+            check(Limits { max_connections: 1 << 31, max_payload_bytes: 1 << 30, ..Limits::default() });
+        assert!(
+            matches!(too_many, Err(ConfigError::BadLimit { name: "max_connections", .. })),
+            "{too_many:?}"
+        );
+        let huge = check(Limits { max_in_flight_bytes: 1 << 33, ..Limits::default() });
+        assert!(matches!(huge, Err(ConfigError::BadLimit { name: "max_in_flight_bytes", .. })), "{huge:?}");
     }
 }

@@ -55,6 +55,10 @@ pub(crate) enum HandshakeError {
     TlsRequired,
     #[error("NBD_OPT_EXPORT_NAME refused: {0}")]
     NoPlace(String),
+    /// The TLS handshake after `NBD_OPT_STARTTLS` failed: no or an untrusted client
+    /// certificate, or a client that does not trust the server's.
+    #[error("TLS handshake failed: {0}")]
+    Tls(io::Error),
 }
 
 /// Per-connection handshake state. Reset by STARTTLS, as the spec requires.
@@ -85,6 +89,8 @@ pub(crate) struct HandshakeContext<'a> {
     /// Takes a place in transmission for this connection, or says why there is none (the
     /// message for the client; the caller logs the refusal).
     pub(crate) enter_transmission: &'a (dyn Fn() -> Result<Place, String> + Sync),
+    /// The client sent a complete message: its handshake is not idle (see `Standing`).
+    pub(crate) progressed: &'a (dyn Fn() + Sync),
 }
 
 /// Sends the greeting and reads the client flags. Returns whether the client asked for no zeroes.
@@ -239,6 +245,7 @@ where
     }
     let mut data = vec![0u8; header.len_bytes as usize];
     stream.read_exact(&mut data).await?;
+    (ctx.progressed)();
     Ok((header.option, data))
 }
 

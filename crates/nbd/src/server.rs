@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::io;
-use std::net::IpAddr;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,7 +13,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use crate::admission::{Admission, Place, Refusal, ServerStats};
+use crate::admission::{
+    Admission, Eviction, HandshakePlace, HandshakeTicket, Peer, Place, Refusal, ServerStats, Standing,
+};
 use crate::budget::ByteBudget;
 use crate::config::{ConfigError, ServerConfig};
 use crate::export::ExportRegistry;
@@ -107,6 +109,8 @@ impl Server {
     pub fn serve_unix(&self, path: impl AsRef<Path>) -> io::Result<ServerHandle> {
         let path = path.as_ref().to_path_buf();
         let listener = UnixListener::bind(&path)?;
+        // The socket file's owner is the server's user, exempt from the per-peer limits like root.
+        let server_uid = std::fs::metadata(&path)?.uid();
         info!(path = %path.display(), "NBD server listening on a Unix socket");
         lock(&self.inner.unix_paths).push(path.clone());
         let server = self.clone();
@@ -115,8 +119,18 @@ impl Server {
             server
                 .accept_loop(
                     || listener.accept(),
-                    // No per-peer limit: see `Limits`.
-                    |(stream, _addr), id| (stream, format!("unix:{label}#{id}"), None),
+                    |(stream, _addr), id| {
+                        // The user the client's socket was opened with (SO_PEERCRED).
+                        let peer = match stream.peer_cred() {
+                            Ok(cred) => Some(Peer::unix(cred.uid(), server_uid)),
+                            Err(error) => {
+                                debug!(%error, "cannot read the peer's credentials; no per-peer limit");
+                                None
+                            }
+                        };
+                        let uid = peer.map(|peer| peer.key.to_string()).unwrap_or_default();
+                        (stream, format!("unix:{label}#{id} {uid}"), peer)
+                    },
                 )
                 .await;
         });
@@ -138,7 +152,7 @@ impl Server {
                         if let Err(error) = stream.set_nodelay(true) {
                             debug!(%error, "cannot set TCP_NODELAY");
                         }
-                        (stream, addr.to_string(), Some(peer_key(addr.ip())))
+                        (stream, addr.to_string(), Some(Peer::tcp(addr.ip())))
                     },
                 )
                 .await;
@@ -150,7 +164,7 @@ impl Server {
     async fn accept_loop<A, Fut, T, S>(
         &self,
         mut accept: A,
-        prepare: impl Fn(T, u64) -> (S, String, Option<IpAddr>),
+        prepare: impl Fn(T, u64) -> (S, String, Option<Peer>),
     ) where
         A: FnMut() -> Fut,
         Fut: Future<Output = io::Result<T>>,
@@ -166,18 +180,27 @@ impl Server {
                     self.inner.warnings.flush();
                     continue;
                 }
-                accepted = accept() => accepted,
+                // At most `max_handshaking` evicted handshakes still closing: see `Admission`.
+                accepted = async {
+                    self.inner.admission.wait_for_handshake_room().await;
+                    accept().await
+                } => accepted,
             };
             match accepted {
                 Ok(accepted) => {
                     let id = self.inner.next_connection_id.fetch_add(1, Ordering::Relaxed);
-                    let (stream, peer, ip) = prepare(accepted, id);
-                    match self.inner.admission.enter_handshake(ip) {
-                        Ok(place) => {
+                    let (stream, label, peer) = prepare(accepted, id);
+                    match self.inner.admission.enter_handshake(peer) {
+                        Ok((place, eviction)) => {
+                            if let Some(eviction) = eviction {
+                                self.log_eviction(&label, eviction);
+                            }
                             let server = self.clone();
-                            tokio::spawn(async move { server.run_connection(stream, peer, ip, place).await });
+                            tokio::spawn(
+                                async move { server.run_connection(stream, label, peer, place).await },
+                            );
                         }
-                        Err(refusal) => self.log_refusal(&peer, refusal),
+                        Err(refusal) => self.log_refusal(&label, refusal),
                     }
                 }
                 Err(error) => {
@@ -193,12 +216,18 @@ impl Server {
 
     /// Serves one already-connected stream to completion (for tests, fuzzing and socket
     /// activation). Counts against the handshake and transmission limits (not a per-peer one);
-    /// returns at once if the handshake limit is reached.
-    pub async fn serve_stream<S: NbdStream>(&self, stream: S, peer: impl Into<String>) {
-        let peer = peer.into();
+    /// like an accepted connection, it may take the place of the weakest handshake when the
+    /// handshake places are full. Returns at once while the server shuts down.
+    pub async fn serve_stream<S: NbdStream>(&self, stream: S, label: impl Into<String>) {
+        let label = label.into();
         match self.inner.admission.enter_handshake(None) {
-            Ok(place) => self.run_connection(stream, peer, None, place).await,
-            Err(refusal) => self.log_refusal(&peer, refusal),
+            Ok((place, eviction)) => {
+                if let Some(eviction) = eviction {
+                    self.log_eviction(&label, eviction);
+                }
+                self.run_connection(stream, label, None, place).await;
+            }
+            Err(refusal) => self.log_refusal(&label, refusal),
         }
     }
 
@@ -207,20 +236,32 @@ impl Server {
         self.inner.admission.gauges.snapshot()
     }
 
+    /// Logs that a new connection took the place of a handshake (rate-limited).
+    fn log_eviction(&self, peer: &str, eviction: Eviction) {
+        let limits = &self.inner.config.limits;
+        let (kind, limit, what) = match eviction {
+            Eviction::Handshaking => (
+                Kind::HandshakeEvicted,
+                limits.max_handshaking,
+                "handshake limit reached; closing the least active handshake to make room",
+            ),
+            Eviction::PeerHandshaking => (
+                Kind::PeerHandshakeEvicted,
+                limits.max_handshaking_per_peer,
+                "per-peer handshake limit reached; closing that peer's least active handshake to make room",
+            ),
+        };
+        self.inner.warnings.warn(kind, |left_out| warn!(peer, limit, left_out, "{what}"));
+    }
+
     /// Logs a refused connection (rate-limited).
     fn log_refusal(&self, peer: &str, refusal: Refusal) {
         let limits = &self.inner.config.limits;
         let (kind, limit, what) = match refusal {
-            Refusal::Handshaking => (
-                Kind::HandshakeLimit,
-                limits.max_handshaking,
-                "handshake limit reached; closing the new connection",
-            ),
-            Refusal::PeerHandshaking => (
-                Kind::PeerHandshakeLimit,
-                limits.max_handshaking_per_peer,
-                "per-peer handshake limit reached; closing the new connection",
-            ),
+            Refusal::ShuttingDown => {
+                debug!(peer, "refused: the server is shutting down");
+                return;
+            }
             Refusal::Transmitting => (
                 Kind::ConnectionLimit,
                 limits.max_connections,
@@ -237,16 +278,18 @@ impl Server {
 
     /// A place in transmission for a connection ending its handshake, or the message that
     /// refuses it.
-    fn enter_transmission(&self, peer: &str, ip: Option<IpAddr>) -> Result<Place, String> {
-        self.inner.admission.enter_transmission(ip).map_err(|refusal| {
-            self.log_refusal(peer, refusal);
+    fn enter_transmission(&self, label: &str, peer: Option<Peer>) -> Result<Place, String> {
+        self.inner.admission.enter_transmission(peer).map_err(|refusal| {
+            self.log_refusal(label, refusal);
             let limits = &self.inner.config.limits;
             match refusal {
                 Refusal::PeerTransmitting => format!(
-                    "this client address already has {} connections in transmission, the server's \
-                     limit per address; try again later",
+                    "this client ({}) already has {} connections in transmission, the server's \
+                     limit per peer; try again later",
+                    peer.map(|peer| peer.key.to_string()).unwrap_or_default(),
                     limits.max_connections_per_peer
                 ),
+                Refusal::ShuttingDown => "the server is shutting down".to_owned(),
                 _ => format!(
                     "the server already has {} connections in transmission, its limit; try again later",
                     limits.max_connections
@@ -255,21 +298,37 @@ impl Server {
         })
     }
 
-    async fn run_connection<S: NbdStream>(&self, stream: S, peer: String, ip: Option<IpAddr>, place: Place) {
+    /// Runs one connection: the handshake (until it ends, times out, is evicted or the server
+    /// shuts down), then transmission. `peer` is the label for logs, `peer_id` what the per-peer
+    /// limits count.
+    async fn run_connection<S: NbdStream>(
+        &self,
+        stream: S,
+        peer: String,
+        peer_id: Option<Peer>,
+        place: HandshakePlace,
+    ) {
+        let peer = peer.as_str();
         debug!(peer, "client connected");
         let mut shutdown = self.inner.shutdown.subscribe();
         let limits = &self.inner.config.limits;
-        let handshake = tokio::time::timeout(limits.handshake_timeout, self.handshake(stream, &peer, ip));
+        let HandshakePlace { ticket, mut evicted } = place;
+        let handshake =
+            tokio::time::timeout(limits.handshake_timeout, self.handshake(stream, peer, peer_id, &ticket));
         let outcome = tokio::select! {
             _ = wait_for_shutdown(&mut shutdown) => {
                 debug!(peer, "closing a handshaking connection for shutdown");
+                return;
+            }
+            _ = &mut evicted => {
+                debug!(peer, "closing a handshake to make room for a new connection");
                 return;
             }
             outcome = handshake => outcome,
         };
         // The handshake is over: its place is free (a connection entering transmission took a
         // place there during the handshake).
-        drop(place);
+        drop(ticket);
         let upgraded = match outcome {
             Err(_) => {
                 let timeout_ms = limits.handshake_timeout.as_millis();
@@ -279,7 +338,7 @@ impl Server {
                 return;
             }
             Ok(Err(error)) => {
-                handshake::log_handshake_error(&peer, &error, &self.inner.warnings);
+                handshake::log_handshake_error(peer, &error, &self.inner.warnings);
                 return;
             }
             Ok(Ok(None)) => {
@@ -289,34 +348,40 @@ impl Server {
             Ok(Ok(Some(upgraded))) => upgraded,
         };
         match upgraded {
-            Upgraded::Plain(stream, negotiated) => self.transmit(stream, negotiated, &peer, false).await,
-            Upgraded::Tls(stream, negotiated) => self.transmit(*stream, negotiated, &peer, true).await,
+            Upgraded::Plain(stream, negotiated) => self.transmit(stream, negotiated, peer, false).await,
+            Upgraded::Tls(stream, negotiated) => self.transmit(*stream, negotiated, peer, true).await,
         }
     }
 
     async fn handshake<S: NbdStream>(
         &self,
         mut stream: S,
-        peer: &str,
-        ip: Option<IpAddr>,
+        label: &str,
+        peer: Option<Peer>,
+        ticket: &HandshakeTicket,
     ) -> Result<Option<Upgraded<S>>, HandshakeError> {
         let tls = &self.inner.config.tls;
-        let enter_transmission = || self.enter_transmission(peer, ip);
+        let enter_transmission = || self.enter_transmission(label, peer);
+        let progressed = || ticket.progressed(Standing::Talking);
         let ctx = HandshakeContext {
             limits: &self.inner.config.limits,
             tls_mode: tls.mode,
             registry: self.inner.registry.as_ref(),
             enter_transmission: &enter_transmission,
+            progressed: &progressed,
         };
         let mut state =
             NegotiationState { no_zeroes: handshake::greet(&mut stream).await?, ..Default::default() };
+        progressed();
         match handshake::negotiate(&mut stream, &mut state, &ctx).await? {
             HandshakeEnd::Transmission(negotiated) => Ok(Some(Upgraded::Plain(stream, negotiated))),
             HandshakeEnd::Aborted => Ok(None),
             HandshakeEnd::StartTls => {
                 let acceptor =
                     tls.acceptor.as_ref().expect("STARTTLS is acknowledged only with a certificate");
-                let mut stream = acceptor.accept(stream).await?;
+                let mut stream = acceptor.accept(stream).await.map_err(HandshakeError::Tls)?;
+                // With client certificates required, only a verified client gets this far.
+                ticket.progressed(if tls.client_auth { Standing::Authenticated } else { Standing::Talking });
                 state.start_tls();
                 match handshake::negotiate(&mut stream, &mut state, &ctx).await? {
                     HandshakeEnd::Transmission(negotiated) => {
@@ -357,7 +422,11 @@ impl Server {
         let mut shutdown = self.inner.shutdown.subscribe();
         let limits = &self.inner.config.limits;
         let admission = &self.inner.admission;
-        let budget = ByteBudget::new(Arc::clone(&admission.bytes), Arc::clone(&admission.gauges));
+        let budget = ByteBudget::new(
+            Arc::clone(&admission.shared_bytes),
+            Arc::clone(&admission.gauges),
+            limits.guaranteed_in_flight_bytes(),
+        );
         let shutdown = wait_for_shutdown(&mut shutdown);
         let (end, requests) =
             transmission::run(stream, export.as_ref(), session, limits, budget, shutdown).await;
@@ -403,34 +472,6 @@ async fn wait_for_shutdown(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stopping| *stopping).await;
 }
 
-/// The peer a TCP client counts as for the per-peer limits: its IPv4 address, or the /64 prefix of
-/// its IPv6 address (one host or network typically has a whole /64, so single IPv6 addresses
-/// would be no limit at all). IPv4-mapped IPv6 addresses count as the IPv4 address.
-fn peer_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(std::net::Ipv6Addr::from(v6.to_bits() & !u128::from(u64::MAX))),
-        },
-    }
-}
-
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn peers_are_ipv4_addresses_or_ipv6_prefixes() {
-        let key = |text: &str| peer_key(text.parse().unwrap()).to_string();
-        assert_eq!(key("192.0.2.7"), "192.0.2.7");
-        assert_eq!(key("::ffff:192.0.2.7"), "192.0.2.7");
-        assert_eq!(key("2001:db8:1:2:aaaa:bbbb:cccc:dddd"), "2001:db8:1:2::");
-        assert_eq!(key("2001:db8:1:2::1"), "2001:db8:1:2::");
-        assert_ne!(key("2001:db8:1:3::1"), key("2001:db8:1:2::1"));
-    }
 }

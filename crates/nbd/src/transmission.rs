@@ -3,10 +3,10 @@
 //! One task, no spawns: a single poll function reads requests in batches from a buffer, starts
 //! each on the export in a [`Slots`] executor, encodes replies as they complete (in any order)
 //! and sends everything that is ready with one vectored write. Admission stops at the in-flight
-//! limits (request count, the connection's bytes and the server-wide bytes), which is what bounds
-//! the memory clients can make us hold: a request's bytes (its cost: payload plus largest reply)
-//! are counted before it is read off the buffer, and a connection that cannot have them stops
-//! reading requests until they are free. Replies that a client does not take for `send_timeout`
+//! limits (request count, the connection's bytes, and its guarantee plus what it can borrow from
+//! the shared budget), which is what bounds the memory clients can make us hold: a request's
+//! bytes (its cost: payload plus largest reply) are counted before it is read off the buffer, and
+//! a connection that cannot have them stops reading requests until they are free. Replies that a client does not take for `send_timeout`
 //! close the connection.
 //!
 //! Every export future that was started is polled to completion, even when the client went away
@@ -200,12 +200,12 @@ pub(crate) struct Connection<'e> {
     reader: RequestReader,
     slots: Slots<Costed<'e>>,
     replies: Replies,
-    /// This connection's part of the server-wide byte budget.
+    /// This connection's guarantee and what it borrowed from the shared byte budget.
     budget: ByteBudget,
     /// Cost of the write whose payload is arriving (admitted when its header was read).
     pending_cost: usize,
     /// The next request is buffered but not admitted (request slots, the connection's bytes or
-    /// the server-wide bytes are short): read no more until it is.
+    /// the shared bytes are short): read no more until it is.
     blocked: bool,
     /// Started when replies wait for the client to take bytes; `send_timeout` closes the
     /// connection.
@@ -273,7 +273,7 @@ impl<'e> Connection<'e> {
 
     /// Starts every complete buffered request that the limits admit. A request is admitted when
     /// a request slot is free, the connection holds nothing or its cost fits under
-    /// `max_in_flight_bytes` with what it holds, and the server-wide budget has its cost.
+    /// `max_in_flight_bytes` with what it holds, and its guarantee or the shared budget has its cost.
     fn admit(&mut self, cx: &mut Context<'_>) -> bool {
         let mut admitted = false;
         self.blocked = false;
@@ -515,7 +515,7 @@ impl<'e> Connection<'e> {
                 return Poll::Ready(());
             }
             // At end of stream, requests still buffered are answered first (one waiting for
-            // the server-wide budget keeps the connection open until it gets it).
+            // the shared budget keeps the connection open until it gets it).
             let ended = self.disconnecting || self.draining || (self.end_of_stream && !self.blocked);
             if quiet && ended {
                 return Poll::Ready(());

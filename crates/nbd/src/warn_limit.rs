@@ -63,10 +63,11 @@ impl RateLimit {
 /// Kinds of per-connection warnings, each limited separately.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
-    /// A connection closed at accept: the handshake limit was reached.
-    HandshakeLimit,
-    /// A connection closed at accept: its peer's handshake limit was reached.
-    PeerHandshakeLimit,
+    /// A handshake closed to make room for a new connection: the handshake limit was reached.
+    HandshakeEvicted,
+    /// A handshake closed to make room for a new connection of the same peer: that peer's
+    /// handshake limit was reached.
+    PeerHandshakeEvicted,
     /// A handshake refused at its end: the transmission limit was reached.
     ConnectionLimit,
     /// A handshake refused at its end: its peer's transmission limit was reached.
@@ -83,8 +84,8 @@ pub(crate) enum Kind {
 
 impl Kind {
     const ALL: [Kind; 8] = [
-        Kind::HandshakeLimit,
-        Kind::PeerHandshakeLimit,
+        Kind::HandshakeEvicted,
+        Kind::PeerHandshakeEvicted,
         Kind::ConnectionLimit,
         Kind::PeerConnectionLimit,
         Kind::HandshakeTimeout,
@@ -96,8 +97,8 @@ impl Kind {
     /// What the summary line says happened.
     fn summary(self) -> &'static str {
         match self {
-            Kind::HandshakeLimit => "connections refused: handshake limit reached",
-            Kind::PeerHandshakeLimit => "connections refused: per-peer handshake limit reached",
+            Kind::HandshakeEvicted => "handshakes closed to make room: handshake limit reached",
+            Kind::PeerHandshakeEvicted => "handshakes closed to make room: per-peer handshake limit reached",
             Kind::ConnectionLimit => "handshakes refused: connection limit reached",
             Kind::PeerConnectionLimit => "handshakes refused: per-peer connection limit reached",
             Kind::HandshakeTimeout => "handshakes timed out",
@@ -209,10 +210,11 @@ mod tests {
     fn kinds_are_limited_separately() {
         let warnings = Warnings::new(Duration::from_secs(3600));
         let mut logged = Vec::new();
-        for kind in [Kind::HandshakeLimit, Kind::HandshakeLimit, Kind::HandshakeTimeout, Kind::HandshakeLimit]
+        for kind in
+            [Kind::HandshakeEvicted, Kind::HandshakeEvicted, Kind::HandshakeTimeout, Kind::HandshakeEvicted]
         {
             warnings.warn(kind, |left_out| logged.push((kind, left_out)));
         }
-        assert_eq!(logged, vec![(Kind::HandshakeLimit, 0), (Kind::HandshakeTimeout, 0)]);
+        assert_eq!(logged, vec![(Kind::HandshakeEvicted, 0), (Kind::HandshakeTimeout, 0)]);
     }
 }

@@ -40,7 +40,7 @@ async fn go_reports_size_flags_name_description_and_block_sizes() {
     let sizes = &by_type(info::BLOCK_SIZE).unwrap().data[2..];
     assert_eq!(u32::from_be_bytes(sizes[0..4].try_into().unwrap()), 1);
     assert_eq!(u32::from_be_bytes(sizes[4..8].try_into().unwrap()), 4096);
-    assert_eq!(u32::from_be_bytes(sizes[8..12].try_into().unwrap()), 32 << 20);
+    assert_eq!(u32::from_be_bytes(sizes[8..12].try_into().unwrap()), 4 << 20);
     // INFO does not end the handshake: GO still works.
     client.send_option(opt::GO, &info_data("disk", &[])).await;
     assert_eq!(client.read_option_replies().await.last().unwrap().reply_type, rep::ACK);

@@ -120,24 +120,30 @@ async fn in_flight_limits_bound_what_a_client_can_queue() {
     sender.await.unwrap();
 }
 
+/// With the handshake places full, a new connection is not refused: the handshake with the
+/// weakest claim (here the one that sent nothing) is closed to make room, and a handshake whose
+/// client is talking goes on.
 #[tokio::test]
-async fn handshake_limit_refuses_extra_connections() {
-    let fx = fixture_with(Limits { max_handshaking: 1, ..Limits::default() });
-    let mut first = connect(&fx.server);
-    first.greet(stria_nbd::proto::CLIENT_FIXED_NEWSTYLE).await;
-    let mut second = connect(&fx.server);
-    let mut byte = [0u8; 1];
-    assert_eq!(second.stream.read(&mut byte).await.unwrap(), 0, "second connection must be closed");
-    // Entering transmission frees the handshake place.
-    first.send_option(stria_nbd::proto::opt::GO, &crate::common::info_data("disk", &[])).await;
-    let replies = first.read_option_replies().await;
+async fn a_full_handshake_budget_closes_the_silent_handshake_for_a_newcomer() {
+    let fx = fixture_with(Limits { max_handshaking: 2, ..Limits::default() });
+    let mut talking = connect(&fx.server);
+    talking.greet(stria_nbd::proto::CLIENT_FIXED_NEWSTYLE).await;
+    let mut silent = connect(&fx.server);
+    let mut greeting = [0u8; 18];
+    silent.stream.read_exact(&mut greeting).await.unwrap();
+    let mut newcomer = connect(&fx.server);
+    assert!(silent.is_closed().await, "the silent handshake gave way");
+    // The talking one finishes its handshake; entering transmission frees its handshake place.
+    talking.send_option(stria_nbd::proto::opt::GO, &crate::common::info_data("disk", &[])).await;
+    let replies = talking.read_option_replies().await;
     assert_eq!(replies.last().unwrap().reply_type, stria_nbd::proto::rep::ACK);
-    let mut third = connect(&fx.server);
-    third.handshake("disk", false, false).await;
-    first.send_request(cmd::FLUSH, 0, 1, 0, 0, &[]).await;
-    assert_eq!(first.read_reply().await.error(), 0);
-    third.send_request(cmd::FLUSH, 0, 2, 0, 0, &[]).await;
-    assert_eq!(third.read_reply().await.error(), 0);
+    newcomer.handshake("disk", false, false).await;
+    talking.send_request(cmd::FLUSH, 0, 1, 0, 0, &[]).await;
+    assert_eq!(talking.read_reply().await.error(), 0);
+    newcomer.send_request(cmd::FLUSH, 0, 2, 0, 0, &[]).await;
+    assert_eq!(newcomer.read_reply().await.error(), 0);
+    let stats = fx.server.stats();
+    assert_eq!((stats.evicted_handshakes, stats.transmitting), (1, 2), "{stats:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

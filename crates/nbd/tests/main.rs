@@ -6,5 +6,6 @@ mod common;
 mod fuzz_corpus;
 mod handshake_options;
 mod hostile_streams;
+mod noisy_neighbours;
 mod resource_bounds;
 mod transmission_errors;

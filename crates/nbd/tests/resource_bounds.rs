@@ -3,16 +3,18 @@
 //! replies nobody reads, and log lines.
 #![allow(clippy::cast_possible_truncation)] // test inputs are small, known sizes
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::{Client, GatedExport, connect, fixture_with, gated_server, info_data};
+use crate::common::{
+    Client, GatedExport, connect, fixture_with, gated_server, info_data, round_trip, serve_tcp, tcp_from,
+    wait_for_stats,
+};
+use stria_nbd::Limits;
 use stria_nbd::proto::{self, cmd, opt, rep};
-use stria_nbd::{Limits, ListenAddr, Server, ServerHandle, ServerStats};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream, UnixStream};
+use tokio::net::UnixStream;
 
 const MIB: usize = 1 << 20;
 
@@ -22,37 +24,6 @@ fn socket_path(tag: &str) -> PathBuf {
 
 async fn unix_client(path: &Path) -> Client<UnixStream> {
     Client { stream: UnixStream::connect(path).await.unwrap() }
-}
-
-/// A TCP connection to `server` from the loopback address `source` (all of 127.0.0.0/8 is
-/// loopback on Linux, so tests can be several peers).
-async fn tcp_from(source: &str, server: SocketAddr) -> TcpStream {
-    let socket = TcpSocket::new_v4().unwrap();
-    socket.bind(SocketAddr::new(source.parse().unwrap(), 0)).unwrap();
-    socket.connect(server).await.unwrap()
-}
-
-async fn serve_tcp(server: &Server) -> (ServerHandle, SocketAddr) {
-    let handle = server.serve_tcp("127.0.0.1:0").await.unwrap();
-    let ListenAddr::Tcp(addr) = handle.local_addr().clone() else { panic!("tcp address expected") };
-    (handle, addr)
-}
-
-/// Polls `condition` on the server's stats until it holds (panics after 10 s).
-async fn wait_for_stats(
-    server: &Server,
-    what: &str,
-    condition: impl Fn(&ServerStats) -> bool,
-) -> ServerStats {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let stats = server.stats();
-        if condition(&stats) {
-            return stats;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}: {stats:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Waits until `probe` has not changed for 300 ms (panics after 10 s).
@@ -89,21 +60,10 @@ async fn go<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     (last.reply_type, String::from_utf8_lossy(&last.data).into_owned())
 }
 
-/// A write and a read of it back, with simple replies.
-async fn round_trip<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
-    client: &mut Client<S>,
-    tag: u8,
-) {
-    client.send_request(cmd::WRITE, 0, 1, 4096, 512, &[tag; 512]).await;
-    assert_eq!(client.read_reply().await.error(), 0);
-    client.send_request(cmd::READ, 0, 2, 4096, 512, &[]).await;
-    assert_eq!(client.read_reply().await.error(), 0);
-    assert_eq!(client.read_exact_data(512).await, vec![tag; 512]);
-}
-
 /// Issue item 1: more silent sockets than the old single limit (128), all from one peer, with
-/// the default limits. The peer gets `max_handshaking_per_peer` places; a client from another
-/// address still completes its handshake and does I/O, long before the handshake timeout.
+/// the default limits. The peer keeps `max_handshaking_per_peer` places (each new socket takes
+/// the place of its oldest silent one); a client from another address still completes its
+/// handshake and does I/O, long before the handshake timeout.
 #[tokio::test]
 async fn silent_sockets_from_one_peer_leave_room_for_other_peers() {
     let limits = Limits { handshake_timeout: Duration::from_secs(60), ..Limits::default() };
@@ -115,10 +75,11 @@ async fn silent_sockets_from_one_peer_leave_room_for_other_peers() {
         silent.push(tcp_from("127.0.0.1", addr).await);
     }
     let stats = wait_for_stats(&fx.server, "all silent sockets accepted", |stats| {
-        stats.handshaking + stats.refused_connections as usize == 200
+        stats.handshaking + stats.evicted_handshakes as usize == 200
     })
     .await;
     assert_eq!(stats.handshaking, per_peer, "{stats:?}");
+    assert_eq!(stats.refused_connections, 0, "{stats:?}");
 
     let started = Instant::now();
     let mut client = Client { stream: tcp_from("127.0.0.2", addr).await };
@@ -178,10 +139,11 @@ async fn silent_sockets_do_not_take_places_in_transmission() {
 }
 
 /// Issue item 1, per peer: one address gets `max_handshaking_per_peer` places in the handshake
-/// and `max_connections_per_peer` in transmission; the next connection from it is refused while
-/// the server keeps answering that peer's other connections and other peers.
+/// (a new connection from it takes the place of its own oldest silent one) and
+/// `max_connections_per_peer` in transmission (the next handshake from it is refused); the
+/// server keeps answering that peer's other connections and other peers.
 #[tokio::test]
-async fn per_peer_limits_refuse_only_that_peer() {
+async fn per_peer_limits_hold_back_only_that_peer() {
     let limits = Limits {
         max_handshaking_per_peer: 3,
         max_connections_per_peer: 2,
@@ -197,8 +159,11 @@ async fn per_peer_limits_refuse_only_that_peer() {
         assert!(greeted(&mut socket).await);
         silent.push(socket);
     }
-    let mut refused = Client { stream: tcp_from("127.0.0.1", addr).await };
-    assert!(refused.is_closed().await, "a fourth handshake from one peer is refused");
+    let mut fourth = Client { stream: tcp_from("127.0.0.1", addr).await };
+    let mut oldest = Client { stream: silent.remove(0) };
+    assert!(oldest.is_closed().await, "the peer's oldest silent handshake gave way to its fourth");
+    fourth.handshake("disk", false, false).await;
+    drop(fourth);
     let mut other = Client { stream: tcp_from("127.0.0.2", addr).await };
     other.handshake("disk", false, false).await;
     round_trip(&mut other, 1).await;
@@ -213,7 +178,7 @@ async fn per_peer_limits_refuse_only_that_peer() {
     third.greet(proto::CLIENT_FIXED_NEWSTYLE | proto::CLIENT_NO_ZEROES).await;
     let (reply_type, message) = go(&mut third, "disk").await;
     assert_eq!(reply_type, rep::ERR_POLICY, "{message}");
-    assert!(message.contains("this client address"), "{message}");
+    assert!(message.contains("this client (127.0.0.1)"), "{message}");
     let mut other_second = Client { stream: tcp_from("127.0.0.2", addr).await };
     other_second.handshake("disk", false, false).await;
     for (tag, client) in [&mut first, &mut second, &mut other, &mut other_second].into_iter().enumerate() {
@@ -272,18 +237,20 @@ async fn one_connection_holds_at_most_max_in_flight_bytes() {
 }
 
 /// Issue item 2, server-wide: clients that send large reads and never read the replies hold at
-/// most `max_total_in_flight_bytes` together (each at most `max_in_flight_bytes`). A client that
-/// does read waits for bytes (back-pressure, no error) and is served as soon as they are free.
+/// most their guarantees and the shared budget together (each at most `max_in_flight_bytes`). A
+/// client that does read is served at once from its own guarantee; a connection that needs shared
+/// bytes waits for them (back-pressure, no error) and gets them when they are given back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clients_that_read_nothing_hold_at_most_the_server_wide_cap() {
+async fn clients_that_read_nothing_take_only_the_shared_budget_from_others() {
     let (export, _gate) = GatedExport::new(64 << 20, true);
-    let cap = 40 * MIB;
+    let shared = 8 * MIB;
     let limits = Limits {
         max_in_flight_bytes: 16 * MIB,
-        max_total_in_flight_bytes: cap,
+        max_shared_in_flight_bytes: shared,
         send_timeout: Duration::from_secs(600),
         ..Limits::default()
     };
+    let guaranteed = limits.guaranteed_in_flight_bytes();
     let server = gated_server(limits, export.clone());
     let path = socket_path("cap");
     let handle = server.serve_unix(&path).unwrap();
@@ -299,24 +266,35 @@ async fn clients_that_read_nothing_hold_at_most_the_server_wide_cap() {
     }
     let started_bytes = wait_until_stable(|| export.started_bytes()).await;
     let stats = server.stats();
+    let cap = 3 * guaranteed + shared;
     assert!(stats.peak_reserved_bytes <= cap, "{stats:?}");
-    assert!(stats.held_bytes <= cap, "{stats:?}");
+    assert!(stats.held_bytes <= cap && stats.peak_shared_bytes <= shared, "{stats:?}");
     // Reads produced: what the connections hold plus what fit in the three sockets' buffers.
     assert!(started_bytes <= cap + 3 * MIB, "{} MiB of reads started", started_bytes / MIB);
-    assert!(started_bytes >= cap - 4 * MIB, "the cap is in use: {} MiB", started_bytes / MIB);
+    assert!(stats.shared_bytes >= shared - 2 * MIB, "the shared budget is in use: {stats:?}");
 
+    // A client that reads is served at once: one request is always within its guarantee.
     let mut reader = unix_client(&path).await;
     reader.handshake("gated", false, false).await;
     reader.send_request(cmd::READ, 0, 77, 0, 2 * MIB as u32, &[]).await;
-    let early = tokio::time::timeout(Duration::from_millis(300), reader.read_reply()).await;
-    assert!(early.is_err(), "served while the cap is taken: {early:?}");
-    // The deaf clients leave; their bytes go to the waiting reader.
-    drop(deaf);
-    let reply = tokio::time::timeout(Duration::from_secs(10), reader.read_reply()).await.expect("served");
+    let reply = tokio::time::timeout(Duration::from_secs(2), reader.read_reply()).await.expect("served");
     assert_eq!((reply.cookie(), reply.error()), (77, 0));
     reader.read_exact_data(2 * MIB).await;
-    wait_for_stats(&server, "bytes given back", |stats| stats.reserved_bytes == 0 && stats.held_bytes == 0)
-        .await;
+    // Two requests at once need 2 MiB of shared bytes: the second waits until the deaf clients
+    // leave and their bytes go to the waiting reader.
+    reader.send_request(cmd::READ, 0, 78, 0, 4 * MIB as u32, &[]).await;
+    reader.send_request(cmd::READ, 0, 79, 0, 2 * MIB as u32, &[]).await;
+    drop(deaf);
+    for cookie in [78, 79] {
+        let reply = tokio::time::timeout(Duration::from_secs(10), reader.read_reply()).await.expect("served");
+        assert_eq!((reply.cookie(), reply.error()), (cookie, 0));
+        reader.read_exact_data(if cookie == 78 { 4 } else { 2 } * MIB).await;
+    }
+    drop(reader);
+    wait_for_stats(&server, "bytes given back", |stats| {
+        stats.reserved_bytes == 0 && stats.held_bytes == 0 && stats.shared_bytes == 0
+    })
+    .await;
     handle.shutdown().await;
 }
 
@@ -406,9 +384,10 @@ impl Captured {
     }
 }
 
-/// Issue item 3: 500 refused connections log a few warnings, not 500.
+/// Issue item 3: 500 connections that each close a handshake to make room log a few warnings,
+/// not 500.
 #[tokio::test]
-async fn a_flood_of_refused_connections_logs_a_few_warnings() {
+async fn a_flood_of_evictions_logs_a_few_warnings() {
     let (captured, _guard) = Captured::warnings();
     let limits =
         Limits { max_handshaking: 1, handshake_timeout: Duration::from_secs(60), ..Limits::default() };
@@ -417,12 +396,13 @@ async fn a_flood_of_refused_connections_logs_a_few_warnings() {
     let handle = fx.server.serve_unix(&path).unwrap();
     let mut holder = UnixStream::connect(&path).await.unwrap();
     assert!(greeted(&mut holder).await);
+    let mut flood = Vec::new();
     for _ in 0..500 {
-        let mut refused = unix_client(&path).await;
-        assert!(refused.is_closed().await);
+        flood.push(unix_client(&path).await);
     }
-    assert_eq!(fx.server.stats().refused_connections, 500);
-    drop(holder);
+    wait_for_stats(&fx.server, "500 evictions", |stats| stats.evicted_handshakes == 500).await;
+    assert!(holder.read(&mut [0u8; 1]).await.unwrap() == 0, "the first holder gave way");
+    drop((holder, flood));
     handle.shutdown().await;
     let lines = captured.lines();
     assert!((1..=3).contains(&lines.len()), "{} warning lines: {lines:#?}", lines.len());

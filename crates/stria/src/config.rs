@@ -23,7 +23,7 @@ pub(crate) struct ConfigFile {
     pub(crate) log_format: Option<String>,
     /// `--nbd`, each `unix:PATH` or `tcp:HOST:PORT`.
     pub(crate) nbd: Option<Vec<String>>,
-    /// `--tls`, `--tls-cert`, `--tls-key` (NBD).
+    /// `--tls`, `--tls-cert`, `--tls-key`, `--tls-client-ca` (NBD).
     pub(crate) tls: Option<NbdTls>,
     /// `--http`.
     pub(crate) http: Option<String>,
@@ -44,6 +44,7 @@ pub(crate) struct NbdTls {
     pub(crate) mode: Option<String>,
     pub(crate) cert: Option<PathBuf>,
     pub(crate) key: Option<PathBuf>,
+    pub(crate) client_ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -58,6 +59,18 @@ pub(crate) struct HttpTls {
 pub(crate) struct Limits {
     /// `--nbd-connections-max`: NBD connections in transmission at once.
     pub(crate) nbd_connections: Option<usize>,
+    /// `--nbd-connections-per-peer-max`: the same from one TCP address or local user.
+    pub(crate) nbd_connections_per_peer: Option<usize>,
+    /// `--nbd-handshakes-max`: NBD connections in the handshake at once.
+    pub(crate) nbd_handshakes: Option<usize>,
+    /// `--nbd-handshakes-per-peer-max`: the same from one TCP address or local user.
+    pub(crate) nbd_handshakes_per_peer: Option<usize>,
+    /// `--nbd-payload-max`: largest NBD read or write (a size, e.g. `4M`).
+    pub(crate) nbd_payload: Option<String>,
+    /// `--nbd-in-flight-max`: bytes one NBD connection may hold for requests in flight.
+    pub(crate) nbd_in_flight: Option<String>,
+    /// `--nbd-in-flight-shared`: bytes beyond each connection's guaranteed request, together.
+    pub(crate) nbd_in_flight_shared: Option<String>,
 }
 
 /// The file a daemon was started with: to re-read on SIGHUP.
@@ -85,6 +98,7 @@ const KEYS: &[(&str, &str)] = &[
     ("tls.mode", "tls"),
     ("tls.cert", "tls_cert"),
     ("tls.key", "tls_key"),
+    ("tls.client_ca", "tls_client_ca"),
     ("http", "http"),
     ("http_tls.cert", "http_tls_cert"),
     ("http_tls.key", "http_tls_key"),
@@ -92,6 +106,12 @@ const KEYS: &[(&str, &str)] = &[
     ("rebuild_rate", "rebuild_rate"),
     ("metadata_cache", "metadata_cache"),
     ("limits.nbd_connections", "nbd_connections_max"),
+    ("limits.nbd_connections_per_peer", "nbd_connections_per_peer_max"),
+    ("limits.nbd_handshakes", "nbd_handshakes_max"),
+    ("limits.nbd_handshakes_per_peer", "nbd_handshakes_per_peer_max"),
+    ("limits.nbd_payload", "nbd_payload_max"),
+    ("limits.nbd_in_flight", "nbd_in_flight_max"),
+    ("limits.nbd_in_flight_shared", "nbd_in_flight_shared"),
 ];
 
 /// The file's settings as command-line arguments, leaving out those given on the command line
@@ -115,7 +135,10 @@ pub(crate) fn as_args(
     let mut overridden = Vec::new();
     let tls = file.tls.clone().unwrap_or_default();
     let http_tls = file.http_tls.clone().unwrap_or_default();
+    let limits = file.limits.clone().unwrap_or_default();
     let path = |p: &Option<PathBuf>| p.as_ref().map(|p| vec![p.display().to_string()]);
+    let count = |n: Option<usize>| n.map(|n| vec![n.to_string()]);
+    let text = |t: &Option<String>| t.clone().map(|t| vec![t]);
     for (key, id) in KEYS {
         let values: Option<Vec<String>> = match *key {
             "pool" => path(&file.pool),
@@ -125,15 +148,20 @@ pub(crate) fn as_args(
             "tls.mode" => tls.mode.clone().map(|v| vec![v]),
             "tls.cert" => path(&tls.cert),
             "tls.key" => path(&tls.key),
+            "tls.client_ca" => path(&tls.client_ca),
             "http" => file.http.clone().map(|v| vec![v]),
             "http_tls.cert" => path(&http_tls.cert),
             "http_tls.key" => path(&http_tls.key),
             "http_token_file" => path(&file.http_token_file),
             "rebuild_rate" => file.rebuild_rate.clone().map(|v| vec![v]),
             "metadata_cache" => file.metadata_cache.clone().map(|v| vec![v]),
-            "limits.nbd_connections" => {
-                file.limits.as_ref().and_then(|l| l.nbd_connections).map(|n| vec![n.to_string()])
-            }
+            "limits.nbd_connections" => count(limits.nbd_connections),
+            "limits.nbd_connections_per_peer" => count(limits.nbd_connections_per_peer),
+            "limits.nbd_handshakes" => count(limits.nbd_handshakes),
+            "limits.nbd_handshakes_per_peer" => count(limits.nbd_handshakes_per_peer),
+            "limits.nbd_payload" => text(&limits.nbd_payload),
+            "limits.nbd_in_flight" => text(&limits.nbd_in_flight),
+            "limits.nbd_in_flight_shared" => text(&limits.nbd_in_flight_shared),
             _ => unreachable!("every key of KEYS is matched"),
         };
         let Some(values) = values else { continue };
@@ -205,6 +233,16 @@ mod tests {
         )
         .expect("parses");
         assert_eq!(ok.limits.and_then(|l| l.nbd_connections), Some(8));
+        let nbd: ConfigFile = toml::from_str(
+            "[tls]\nclient_ca = \"/etc/ca.pem\"\n[limits]\nnbd_handshakes_per_peer = 4\nnbd_in_flight_shared = \"32M\"\n",
+        )
+        .expect("parses");
+        assert_eq!(nbd.tls.and_then(|t| t.client_ca), Some(PathBuf::from("/etc/ca.pem")));
+        let limits = nbd.limits.expect("limits");
+        assert_eq!(
+            (limits.nbd_handshakes_per_peer, limits.nbd_in_flight_shared.as_deref()),
+            (Some(4), Some("32M"))
+        );
     }
 
     #[test]

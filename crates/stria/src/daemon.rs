@@ -54,14 +54,16 @@ pub(crate) struct ServeOptions {
     pub(crate) tls_mode: TlsMode,
     pub(crate) tls_cert: Option<PathBuf>,
     pub(crate) tls_key: Option<PathBuf>,
+    /// Clients must present a certificate from a CA in this PEM file (`--tls-client-ca`).
+    pub(crate) tls_client_ca: Option<PathBuf>,
     pub(crate) force: bool,
     pub(crate) rebuild_rate_bytes: u64,
     /// Bound on cached checksum pages (`Pool::set_metadata_cache`).
     pub(crate) metadata_cache_bytes: u64,
     /// The HTTP listener (metrics, REST API, dashboard), if any.
     pub(crate) http: Option<crate::http::HttpOptions>,
-    /// NBD connections in transmission at once (`None`: the server's default).
-    pub(crate) nbd_connections_max: Option<usize>,
+    /// The NBD limits given (`--nbd-*`; the rest are the server's defaults).
+    pub(crate) nbd_limits: crate::nbd_limits::NbdLimitArgs,
     /// The configuration file, re-read on SIGHUP.
     pub(crate) config: Option<crate::config::Source>,
 }
@@ -384,21 +386,18 @@ async fn start_nbd(
     opts: &ServeOptions,
     exports: &Arc<VolumeRegistry>,
 ) -> Result<(Vec<ServerHandle>, Vec<String>)> {
+    let client_ca = opts.tls_client_ca.as_deref();
     let tls = match (opts.tls_mode, &opts.tls_cert, &opts.tls_key) {
+        (TlsMode::Off, _, _) if client_ca.is_some() => bail!("--tls-client-ca needs --tls require"),
         (TlsMode::Off, _, _) => TlsConfig::off(),
-        (mode, Some(cert), Some(key)) => TlsConfig::from_pem_files(mode, cert, key)?,
+        (mode, Some(cert), Some(key)) => {
+            TlsConfig::from_pem_files_with_client_ca(mode, cert, key, client_ca)?
+        }
         _ => bail!("--tls on/require needs --tls-cert and --tls-key"),
     };
     let registry: Arc<VolumeRegistry> = Arc::clone(exports);
-    let mut config = ServerConfig { tls, ..ServerConfig::default() };
-    if let Some(n) = opts.nbd_connections_max {
-        if n == 0 {
-            bail!("--nbd-connections-max must be at least 1");
-        }
-        config.limits.max_connections = n;
-        config.limits.max_connections_per_peer = config.limits.max_connections_per_peer.min(n);
-    }
-    let server = Server::new(config, registry)?;
+    let config = ServerConfig { tls, limits: opts.nbd_limits.limits()? };
+    let server = Server::new(config, registry).map_err(crate::nbd_limits::explain)?;
     let mut handles = Vec::new();
     let mut uris = Vec::new();
     let addrs =

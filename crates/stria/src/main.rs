@@ -18,6 +18,7 @@ mod export;
 mod http;
 mod iostat;
 mod jobs;
+mod nbd_limits;
 mod ops;
 mod output;
 mod pooldir;
@@ -442,6 +443,10 @@ struct ServeArgs {
     /// PEM private key for TLS.
     #[arg(long)]
     tls_key: Option<PathBuf>,
+    /// PEM file of CA certificates: NBD clients must present a certificate from one of them
+    /// (needs --tls require). The way to keep strangers off TCP (docs/nbd.md).
+    #[arg(long, value_name = "FILE")]
+    tls_client_ca: Option<PathBuf>,
     /// Open even without a majority of the pool's drives, losing any change recorded only on
     /// the missing ones (docs/on-disk-format.md, commit protocol).
     #[arg(long)]
@@ -460,9 +465,8 @@ struct ServeArgs {
     /// The file as read (set by the parser, not a flag).
     #[arg(skip)]
     config_source: Option<config::Source>,
-    /// NBD connections in transmission at once; more are refused (default 256).
-    #[arg(long, value_name = "N")]
-    nbd_connections_max: Option<usize>,
+    #[command(flatten)]
+    nbd_limits: nbd_limits::NbdLimitArgs,
     /// HTTP listener for the metrics (/metrics), the REST API (/api/v1) and the dashboard (/):
     /// tcp:IP:PORT, e.g. tcp:127.0.0.1:9810 (`stria up` listens there by default). Off the
     /// loopback it needs --http-tls-cert and --http-tls-key.
@@ -1111,10 +1115,11 @@ fn serve_tls_options(args: ServeArgs) -> Result<ServeOptions> {
         tls_mode,
         tls_cert: args.tls_cert,
         tls_key: args.tls_key,
+        tls_client_ca: args.tls_client_ca,
         force: args.force,
         rebuild_rate_bytes: args.rebuild_rate,
         metadata_cache_bytes: args.metadata_cache,
-        nbd_connections_max: args.nbd_connections_max,
+        nbd_limits: args.nbd_limits,
         config: args.config_source,
         http: args.http.map(|addr| http::HttpOptions {
             addr,

@@ -3,13 +3,19 @@
 #![allow(clippy::cast_possible_truncation)] // test inputs are small, known sizes
 #![allow(dead_code, unreachable_pub)] // shared by several test crates, each using part
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use stria_dev::{IoBuf, IoBytes};
-use stria_nbd::proto::{self, opt, rep};
-use stria_nbd::{BoxFuture, Export, ExportError, ExportMap, Extent, Limits, MemExport, Server, ServerConfig};
+use stria_nbd::proto::{self, cmd, opt, rep};
+use stria_nbd::{
+    BoxFuture, Export, ExportError, ExportMap, Extent, Limits, ListenAddr, MemExport, Server, ServerConfig,
+    ServerHandle, ServerStats,
+};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::watch;
 
 /// A server with exports `disk` (1 MiB), `ro` (read-only, 64 KiB), `bad` (EIO at [4096, 8192))
@@ -44,6 +50,47 @@ pub fn connect(server: &Server) -> Client<DuplexStream> {
     let server = server.clone();
     tokio::spawn(async move { server.serve_stream(server_side, "test").await });
     Client { stream: client }
+}
+
+/// A TCP connection to `server` from the loopback address `source` (all of 127.0.0.0/8 is
+/// loopback on Linux, so tests can be several peers).
+pub async fn tcp_from(source: &str, server: SocketAddr) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::new(source.parse().unwrap(), 0)).unwrap();
+    socket.connect(server).await.unwrap()
+}
+
+/// Listens on a free loopback port.
+pub async fn serve_tcp(server: &Server) -> (ServerHandle, SocketAddr) {
+    let handle = server.serve_tcp("127.0.0.1:0").await.unwrap();
+    let ListenAddr::Tcp(addr) = handle.local_addr().clone() else { panic!("tcp address expected") };
+    (handle, addr)
+}
+
+/// Polls `condition` on the server's stats until it holds (panics after 10 s).
+pub async fn wait_for_stats(
+    server: &Server,
+    what: &str,
+    condition: impl Fn(&ServerStats) -> bool,
+) -> ServerStats {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = server.stats();
+        if condition(&stats) {
+            return stats;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}: {stats:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A write and a read of it back, with simple replies.
+pub async fn round_trip<S: AsyncRead + AsyncWrite + Unpin>(client: &mut Client<S>, tag: u8) {
+    client.send_request(cmd::WRITE, 0, 1, 4096, 512, &[tag; 512]).await;
+    assert_eq!(client.read_reply().await.error(), 0);
+    client.send_request(cmd::READ, 0, 2, 4096, 512, &[]).await;
+    assert_eq!(client.read_reply().await.error(), 0);
+    assert_eq!(client.read_exact_data(512).await, vec![tag; 512]);
 }
 
 pub struct Client<S> {

@@ -43,8 +43,20 @@ pub(crate) async fn scrape(State(state): State<AppState>) -> impl IntoResponse {
     out.sample("stria_nbd_requests_in_flight", &[], exports.iter().map(|e| e.in_flight as f64).sum());
     out.family("stria_nbd_in_flight_bytes", "gauge", "Bytes the NBD server holds for requests in flight.");
     out.sample("stria_nbd_in_flight_bytes", &[], nbd.reserved_bytes as f64);
+    out.family(
+        "stria_nbd_shared_in_flight_bytes",
+        "gauge",
+        "Bytes NBD connections borrowed beyond their guarantee.",
+    );
+    out.sample("stria_nbd_shared_in_flight_bytes", &[], nbd.shared_bytes as f64);
     out.family("stria_nbd_refused_connections_total", "counter", "NBD connections refused at a limit.");
     out.sample("stria_nbd_refused_connections_total", &[], nbd.refused_connections as f64);
+    out.family(
+        "stria_nbd_evicted_handshakes_total",
+        "counter",
+        "NBD handshakes closed to make room for a new connection.",
+    );
+    out.sample("stria_nbd_evicted_handshakes_total", &[], nbd.evicted_handshakes as f64);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out.text)
 }
 
