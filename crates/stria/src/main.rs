@@ -14,6 +14,7 @@ macro_rules! outln {
 mod config;
 mod control;
 mod daemon;
+mod drive_check;
 mod export;
 mod http;
 mod iostat;

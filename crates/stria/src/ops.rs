@@ -12,6 +12,7 @@ use stria_dev::{BLOCK_BYTES, FileDevice, IoBytes};
 use stria_engine::units::format_size;
 use stria_engine::{DriveClass, DriveState, Durability, NewDrive, Pool, VolumeState, Zeroing};
 
+use crate::drive_check;
 use crate::pooldir::{Dev, PoolDir};
 
 /// Bytes moved per request by import/export.
@@ -510,7 +511,7 @@ async fn online(ctx: &Ctx<'_>, slot: u32, force: bool) -> Result<u32> {
     }
     check_rebuild_source(pool, slot, force)?;
     let path = PathBuf::from(&rec.path_hint);
-    let dev = FileDevice::open(&path, &stria_dev::FileOptions::default()).with_context(|| {
+    let dev = drive_check::open_drive(&path).with_context(|| {
         format!("drive {slot} was last seen at {}, which cannot be opened; replace it instead (`stria drive replace {slot}`)", path.display())
     })?;
     let nd =
@@ -553,12 +554,11 @@ async fn replace(
     };
     ctx.dir.refuse_member(&path, slot, pool).await?;
     let (dev, fresh) = if path.exists() {
-        let dev = FileDevice::open(&path, &stria_dev::FileOptions::default())
-            .with_context(|| format!("cannot open {}", path.display()))?;
+        let dev = drive_check::open_drive(&path)?;
         // A drive of this pool got here only as the drive being replaced (refuse_member).
         let ours = stria_engine::read_label(&dev).await.is_some_and(|l| l.pool_uuid == pool.meta().pool_uuid);
         if !ours {
-            PoolDir::refuse_labelled(&dev, &path, overwrite, "--overwrite").await?;
+            drive_check::refuse_foreign(&dev, &path, overwrite, "--overwrite").await?;
         }
         (dev, false)
     } else {
@@ -623,15 +623,14 @@ async fn add(
         if size_bytes.is_some() {
             bail!("{} exists: --size is for a new file (give a new path, or no --size)", path.display());
         }
-        let dev = FileDevice::open(&path, &stria_dev::FileOptions::default())
-            .with_context(|| format!("cannot open {}", path.display()))?;
+        let dev = drive_check::open_drive(&path)?;
         let label = stria_engine::read_label(&dev).await;
         // A label of this pool naming a slot the metadata does not know: a crashed add.
         let leftover =
             label.as_ref().filter(|l| l.pool_uuid == meta.pool_uuid && meta.drive(l.slot).is_none());
         ctx.dir.refuse_member(&path, leftover.map_or(u32::MAX, |l| l.slot), pool).await?;
         if leftover.is_none() {
-            PoolDir::refuse_labelled(&dev, &path, overwrite, "--overwrite").await?;
+            drive_check::refuse_foreign(&dev, &path, overwrite, "--overwrite").await?;
         }
         (dev, false)
     } else {

@@ -3,6 +3,7 @@
 
 mod cli_output;
 mod common;
+mod exclusive_drives;
 mod http_api;
 mod operator_safety;
 mod qos;
