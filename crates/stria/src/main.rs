@@ -23,6 +23,7 @@ mod ops;
 mod output;
 mod pooldir;
 mod stats;
+mod transfer;
 
 use std::path::PathBuf;
 
@@ -233,8 +234,16 @@ enum VolumeCmd {
     },
     /// Copy a raw image file into a volume (byte-exact).
     Import { name: String, file: PathBuf },
-    /// Copy a volume out into a raw image file (byte-exact, sparse where the volume is).
-    Export { name: String, file: PathBuf },
+    /// Copy a volume out into a raw image file (byte-exact, sparse where the volume is), or onto
+    /// a device (written in place). Refuses an existing file, a block device and a drive of
+    /// another pool unless --overwrite; never writes a drive of this pool or one in use.
+    Export {
+        name: String,
+        file: PathBuf,
+        /// Replace FILE if it exists, or write over the block device it names.
+        #[arg(long)]
+        overwrite: bool,
+    },
 }
 
 /// QoS settings of `volume create` and `volume set` (docs/design/qos.md).
@@ -869,9 +878,9 @@ async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
             outln!("imported {} bytes into {}", v["bytes"], v["volume"].as_str().unwrap_or(""));
             Ok(())
         }
-        VolumeCmd::Export { name, file } => {
+        VolumeCmd::Export { name, file, overwrite } => {
             let path = pooldir::absolute(&file)?;
-            let v = request(dir, Request::VolumeExport { name, path }).await?;
+            let v = request(dir, Request::VolumeExport { name, path, overwrite }).await?;
             outln!(
                 "exported {} bytes of {} to {}",
                 v["bytes"],

@@ -1,22 +1,18 @@
 //! Pool operations: one implementation, run either in this process (pool opened locally) or in
 //! the daemon (sent over the control socket). Requests and results are JSON.
 
-use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use stria_catalog::{Catalog, CreateVolume, QosUpdate};
-use stria_dev::{BLOCK_BYTES, FileDevice, IoBytes};
-use stria_engine::units::format_size;
-use stria_engine::{DriveClass, DriveState, Durability, NewDrive, Pool, VolumeState, Zeroing};
+use stria_dev::{BLOCK_BYTES, FileDevice};
+use stria_engine::{DriveClass, DriveState, NewDrive, Pool, VolumeState};
 
 use crate::drive_check;
 use crate::pooldir::{Dev, PoolDir};
-
-/// Bytes moved per request by import/export.
-const COPY_STEP_BYTES: usize = 4 << 20;
+use crate::transfer;
 
 /// What a client asks of the pool.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -47,6 +43,10 @@ pub(crate) enum Request {
     VolumeExport {
         name: String,
         path: PathBuf,
+        /// Replace an existing file, or write over a block device (never a drive of this pool,
+        /// nor one another process holds).
+        #[serde(default)]
+        overwrite: bool,
     },
     DriveFail {
         drive: String,
@@ -181,7 +181,7 @@ pub(crate) struct Progress {
 }
 
 /// Where a long operation reports its progress.
-type ProgressFn<'a> = &'a mut (dyn FnMut(Progress) + Send);
+pub(crate) type ProgressFn<'a> = &'a mut (dyn FnMut(Progress) + Send);
 
 /// Where the request runs.
 pub(crate) struct Ctx<'a> {
@@ -300,8 +300,10 @@ pub(crate) async fn execute(
             catalog.delete(&name).await?;
             Ok(json!({ "deleted": name }))
         }
-        Request::VolumeImport { name, path } => import(catalog, &name, &path, progress).await,
-        Request::VolumeExport { name, path } => export(catalog, &name, &path, progress).await,
+        Request::VolumeImport { name, path } => transfer::import(catalog, &name, &path, progress).await,
+        Request::VolumeExport { name, path, overwrite } => {
+            transfer::export(catalog, &name, &path, overwrite, progress).await
+        }
         Request::DriveFail { drive, force } => {
             let slot = find_drive(pool, &drive)?;
             if pool.meta().drive(slot).is_some_and(|d| d.state == DriveState::Failed) {
@@ -650,77 +652,4 @@ async fn add(
     let slot = added?;
     ctx.dir.add_device(&path)?;
     Ok(slot)
-}
-
-/// Why an image does not fit a volume, and what would make it fit.
-fn image_too_large(
-    catalog: &Catalog<Dev>,
-    name: &str,
-    path: &std::path::Path,
-    len: u64,
-    vol_bytes: u64,
-) -> String {
-    let fix = if catalog.resizable(name) {
-        format!("resize the volume first: `stria volume resize {name} --size {len}`")
-    } else {
-        // `volume resize` refuses log-structured volumes (not supported yet).
-        "tiered and log volumes cannot be resized yet; import into a new, larger volume".to_string()
-    };
-    format!(
-        "{} is {} but volume {name} is {}; {fix}",
-        path.display(),
-        format_size(len),
-        format_size(vol_bytes)
-    )
-}
-
-async fn import(catalog: &Catalog<Dev>, name: &str, path: &Path, progress: ProgressFn<'_>) -> Result<Value> {
-    let vol = catalog.lookup(name).ok_or_else(|| anyhow!("no volume named `{name}`"))?;
-    let mut file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let len = file.metadata()?.len();
-    if len > vol.size_bytes() {
-        bail!(image_too_large(catalog, name, path, len, vol.size_bytes()));
-    }
-    let mut buf = vec![0u8; COPY_STEP_BYTES];
-    let mut at = 0u64;
-    let mut zeroed = 0u64;
-    while at < len {
-        let n = usize::try_from(len - at).unwrap_or(usize::MAX).min(COPY_STEP_BYTES);
-        file.read_exact(&mut buf[..n])?;
-        if buf[..n].iter().all(|&b| b == 0) {
-            vol.write_zeroes(at, n as u64, Zeroing::ANY, Durability::Buffered).await?;
-            zeroed += n as u64;
-        } else {
-            vol.write(at, IoBytes::copy_from(&buf[..n]), Durability::Buffered).await?;
-        }
-        at += n as u64;
-        progress(Progress { what: format!("import {name}"), done: at, total: len });
-    }
-    vol.flush().await?;
-    Ok(json!({ "volume": name, "bytes": len, "zero_bytes": zeroed, "volume_bytes": vol.size_bytes() }))
-}
-
-async fn export(catalog: &Catalog<Dev>, name: &str, path: &Path, progress: ProgressFn<'_>) -> Result<Value> {
-    let vol = catalog.lookup(name).ok_or_else(|| anyhow!("no volume named `{name}`"))?;
-    let tmp = path.with_extension("stria-partial");
-    let mut file = std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    let size = vol.size_bytes();
-    let mut at = 0u64;
-    while at < size {
-        let n = usize::try_from(size - at).unwrap_or(usize::MAX).min(COPY_STEP_BYTES);
-        // Holes stay holes in the file (it is sparse where the volume is).
-        let status = vol.block_status(at, n as u64).await?;
-        if status.iter().all(|e| e.unallocated) {
-            file.seek(SeekFrom::Current(n as i64))?;
-        } else {
-            let data = vol.read(at, n).await?;
-            file.write_all(&data)?;
-        }
-        at += n as u64;
-        progress(Progress { what: format!("export {name}"), done: at, total: size });
-    }
-    file.set_len(size)?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    Ok(json!({ "volume": name, "bytes": size, "path": path }))
 }

@@ -5,6 +5,7 @@ mod cli_output;
 mod common;
 mod exclusive_drives;
 mod http_api;
+mod no_clobber;
 mod operator_safety;
 mod qos;
 mod service;
