@@ -195,11 +195,14 @@ enum VolumeCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Grow or shrink a volume (shrinking discards the tail).
+    /// Grow or shrink a volume (shrinking discards the tail, and needs --allow-shrink).
     Resize {
         name: String,
         #[arg(long, value_parser = parse_block_size)]
         size: u64,
+        /// Shrink: discard everything past the new end.
+        #[arg(long)]
+        allow_shrink: bool,
         /// Shrink even while NBD clients have the volume open (they get errors past the new end).
         #[arg(long)]
         force: bool,
@@ -836,8 +839,9 @@ async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
             }
             Ok(())
         }
-        VolumeCmd::Resize { name, size, force } => {
-            let v = request(dir, Request::VolumeResize { name, size_bytes: size, force }).await?;
+        VolumeCmd::Resize { name, size, allow_shrink, force } => {
+            let v =
+                request(dir, Request::VolumeResize { name, size_bytes: size, force, allow_shrink }).await?;
             output::volume(&view(v)?);
             Ok(())
         }

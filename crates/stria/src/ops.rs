@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use stria_catalog::{Catalog, CreateVolume, QosUpdate};
 use stria_dev::{BLOCK_BYTES, FileDevice};
+use stria_engine::units::format_size;
 use stria_engine::{DriveClass, DriveState, NewDrive, Pool, VolumeState};
 
 use crate::drive_check;
@@ -29,6 +30,9 @@ pub(crate) enum Request {
         /// Shrink even with NBD clients attached.
         #[serde(default)]
         force: bool,
+        /// Shrinking discards everything past the new end: it must be asked for.
+        #[serde(default)]
+        allow_shrink: bool,
     },
     VolumeDelete {
         name: String,
@@ -235,6 +239,26 @@ fn check_rebuild_source(pool: &Pool<FileDevice>, slot: u32, force: bool) -> Resu
     })
 }
 
+/// Refuses to shrink volume `name` from `old_bytes` to `new_bytes` unless `allowed`: what lies
+/// past the new end is discarded (as `rbd resize` needs `--allow-shrink` and `lvreduce` asks).
+fn check_shrink(name: &str, old_bytes: u64, new_bytes: u64, allowed: bool) -> Result<()> {
+    let message = format!(
+        "shrinking volume {name} from {} to {} discards its last {} (bytes {new_bytes} to {old_bytes}) and \
+         whatever is stored there",
+        format_size(old_bytes),
+        format_size(new_bytes),
+        format_size(old_bytes - new_bytes)
+    );
+    if allowed {
+        tracing::warn!("{message} (--allow-shrink)");
+        return Ok(());
+    }
+    bail!(
+        "{message}. Shrink the filesystem on it first; then say so with --allow-shrink (`\"allow_shrink\": \
+         true` through the REST API)"
+    )
+}
+
 /// Refuses with `refusal(volumes)` when `lost` names volumes, unless `force` (then it warns).
 fn guard(lost: Vec<String>, force: bool, refusal: impl Fn(&str) -> String) -> Result<()> {
     if lost.is_empty() {
@@ -289,9 +313,15 @@ pub(crate) async fn execute(
         Request::Status => to_json(&catalog.status()),
         Request::VolumeCreate(req) => to_json(&catalog.create(req).await?),
         Request::VolumeShow { name } => to_json(&catalog.show_full(&name).await?),
-        Request::VolumeResize { name, size_bytes, force } => {
-            if catalog.lookup(&name).is_some_and(|v| size_bytes < v.size_bytes()) {
-                ctx.check_clients(&name, "shrinking it", force)?;
+        Request::VolumeResize { name, size_bytes, force, allow_shrink } => {
+            // Volumes that cannot be resized get the catalog's refusal, whatever the size.
+            let resizable = catalog.lookup(&name).filter(|_| catalog.resizable(&name));
+            if let Some(old_bytes) = resizable.map(|v| v.size_bytes()) {
+                let new_bytes = size_bytes.next_multiple_of(BLOCK_BYTES);
+                if new_bytes < old_bytes {
+                    check_shrink(&name, old_bytes, new_bytes, allow_shrink)?;
+                    ctx.check_clients(&name, "shrinking it", force)?;
+                }
             }
             to_json(&catalog.resize(&name, size_bytes).await?)
         }

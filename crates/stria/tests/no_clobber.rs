@@ -165,3 +165,31 @@ fn export_writes_a_device_in_place_and_never_renames_over_its_node() {
     says(&out.stderr, "the volume does not fit");
     drop(lo);
 }
+
+/// The size of volume `name` as `volume show --json` gives it.
+fn volume_bytes(stria: &Stria, name: &str) -> u64 {
+    let out = expect(stria, &["volume", "show", name, "--json"], 0);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("volume JSON");
+    v["size_bytes"].as_u64().unwrap_or_else(|| panic!("no size_bytes in {v}"))
+}
+
+#[test]
+fn shrinking_a_volume_needs_allow_shrink_and_growing_does_not() {
+    let stria = pool_with_data();
+    let out = expect(&stria, &["volume", "resize", "r", "--size", "512K"], 1);
+    says(
+        &out.stderr,
+        "shrinking volume r from 8 MiB to 512 KiB discards its last 7.5 MiB (bytes 524288 to 8388608)",
+    );
+    says(&out.stderr, "--allow-shrink");
+    assert_eq!(volume_bytes(&stria, "r"), 8 << 20, "refused, and nothing changed");
+    expect(&stria, &["volume", "export", "r", "before.raw"], 0);
+    assert!(std::fs::read(stria.dir.path().join("before.raw")).expect("read") == exported_r());
+    // Growing needs no flag; shrinking back to where the data ends, with the flag, keeps it.
+    expect(&stria, &["volume", "resize", "r", "--size", "16M"], 0);
+    assert_eq!(volume_bytes(&stria, "r"), 16 << 20);
+    expect(&stria, &["volume", "resize", "r", "--size", "1M", "--allow-shrink"], 0);
+    assert_eq!(volume_bytes(&stria, "r"), 1 << 20);
+    expect(&stria, &["volume", "export", "r", "after.raw"], 0);
+    assert!(std::fs::read(stria.dir.path().join("after.raw")).expect("read") == image());
+}
