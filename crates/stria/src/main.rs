@@ -490,6 +490,10 @@ struct ServeArgs {
     /// first start). Changes through the API need it, and so do reads off the loopback.
     #[arg(long, requires = "http")]
     http_token_file: Option<PathBuf>,
+    /// The directory the REST API's volume import and export may read images from and write
+    /// them to (paths given to the API are inside it); without it the API refuses both.
+    #[arg(long, value_name = "DIR")]
+    api_transfer_dir: Option<PathBuf>,
     /// Benchmarks only: ignore --pool and serve a new pool of COUNTxSIZE memory drives (e.g.
     /// 6x1G) that vanishes at exit, with the volumes of --bench-volume.
     #[arg(long, hide = true, value_parser = daemon::parse_memory_drives)]
@@ -1119,6 +1123,7 @@ fn serve_tls_options(args: ServeArgs) -> Result<ServeOptions> {
             tls_cert: args.http_tls_cert,
             tls_key: args.http_tls_key,
             token_file: args.http_token_file,
+            transfer_dir: args.api_transfer_dir,
         }),
     })
 }

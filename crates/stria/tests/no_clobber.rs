@@ -193,3 +193,107 @@ fn shrinking_a_volume_needs_allow_shrink_and_growing_does_not() {
     expect(&stria, &["volume", "export", "r", "after.raw"], 0);
     assert!(std::fs::read(stria.dir.path().join("after.raw")).expect("read") == image());
 }
+
+/// Serves `stria`'s pool with the HTTP listener on a free port and `extra` arguments; returns
+/// the daemon, the port and the token.
+fn serve_http(stria: &Stria, extra: &[&str]) -> (Daemon, u16, String) {
+    use crate::http_api::free_port;
+    let port = free_port();
+    let addr = format!("tcp:127.0.0.1:{port}");
+    let mut args = vec!["--http", addr.as_str()];
+    args.extend_from_slice(extra);
+    let daemon = Daemon::start_with(stria, &args);
+    let start = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(start.elapsed() < std::time::Duration::from_secs(30), "the http listener did not come up");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let token = std::fs::read_to_string(stria.dir.path().join(POOL).join("http.token")).expect("token");
+    (daemon, port, token.trim().to_string())
+}
+
+/// Waits for the job an API answer started; returns it when it has ended.
+fn finished_job(port: u16, answer: &str) -> serde_json::Value {
+    use crate::http_api::{http, json};
+    let href = json(answer)["href"].as_str().unwrap_or_else(|| panic!("no job in {answer}")).to_string();
+    let start = std::time::Instant::now();
+    loop {
+        let (_, body) = http(port, "GET", &href, None, "");
+        let job = json(&body);
+        if job["state"] != "running" {
+            return job;
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(60), "the job did not end: {job}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn the_api_reads_and_writes_files_only_inside_its_transfer_directory() {
+    use crate::http_api::{http, json};
+    let stria = pool_with_data();
+    let dir = stria.dir.path().canonicalize().expect("canonical");
+    let (daemon, port, token) = serve_http(&stria, &[]);
+    let t = Some(token.as_str());
+    // No transfer directory set: import and export are refused, naming the setting.
+    let escaped = dir.join("escaped.raw").display().to_string();
+    for (route, body) in [
+        ("/api/v1/volumes/r/import", r#"{"path": "/etc/hostname"}"#.to_string()),
+        ("/api/v1/volumes/r/export", format!(r#"{{"path": "{escaped}"}}"#)),
+    ] {
+        let (status, answer) = http(port, "POST", route, t, &body);
+        assert_eq!(status, 403, "{route} {body}: {answer}");
+        says(&answer, "set `api_transfer_dir`");
+    }
+    assert!(!dir.join("escaped.raw").exists());
+    let (_, jobs) = http(port, "GET", "/api/v1/jobs", None, "");
+    assert_eq!(json(&jobs), serde_json::json!([]), "a refused transfer started a job");
+    // Shrinking needs allow_shrink; growing does not.
+    let (status, answer) = http(port, "POST", "/api/v1/volumes/r/resize", t, r#"{"size_bytes": 4194304}"#);
+    assert_eq!(status, 409, "{answer}");
+    says(&answer, "discards its last 4 MiB");
+    says(&answer, "allow_shrink");
+    let grow = r#"{"size_bytes": 16777216}"#;
+    assert_eq!(http(port, "POST", "/api/v1/volumes/r/resize", t, grow).0, 200);
+    let shrink = r#"{"size_bytes": 4194304, "allow_shrink": true}"#;
+    let (status, answer) = http(port, "POST", "/api/v1/volumes/r/resize", t, shrink);
+    assert_eq!((status, json(&answer)["size_bytes"].as_u64()), (200, Some(4 << 20)), "{answer}");
+    let (code, log) = daemon.stop();
+    assert_eq!(code, Some(0), "{log}");
+
+    // A transfer directory, set in the configuration file: paths inside it only.
+    let xfer = dir.join("xfer");
+    std::fs::create_dir(&xfer).expect("mkdir");
+    std::fs::write(dir.join("stria.toml"), "api_transfer_dir = \"xfer\"\n").expect("config");
+    std::os::unix::fs::symlink("/etc/hostname", xfer.join("link")).expect("symlink");
+    let (daemon, port, token) = serve_http(&stria, &["--config", "stria.toml"]);
+    let t = Some(token.as_str());
+    let (status, answer) = http(port, "POST", "/api/v1/volumes/r/export", t, r#"{"path": "out.raw"}"#);
+    assert_eq!(status, 202, "{answer}");
+    let job = finished_job(port, &answer);
+    assert_eq!(job["state"], "done", "{job}");
+    assert_eq!(std::fs::metadata(xfer.join("out.raw")).expect("exported").len(), 4 << 20);
+    let outside = format!(r#"{{"path": "{escaped}"}}"#);
+    for (route, body, why) in [
+        ("export", r#"{"path": "../escaped.raw"}"#, "`..` is not allowed"),
+        ("export", outside.as_str(), "outside api_transfer_dir"),
+        ("import", r#"{"path": "/etc/hostname"}"#, "outside api_transfer_dir"),
+        ("import", r#"{"path": "link"}"#, "a symbolic link to /etc/hostname, outside"),
+    ] {
+        let (status, answer) = http(port, "POST", &format!("/api/v1/volumes/r/{route}"), t, body);
+        assert_eq!(status, 403, "{route} {body}: {answer}");
+        says(&answer, why);
+    }
+    assert!(!dir.join("escaped.raw").exists());
+    // An existing file in the directory is replaced only when the request says so.
+    let (status, answer) = http(port, "POST", "/api/v1/volumes/r/export", t, r#"{"path": "out.raw"}"#);
+    assert_eq!(status, 202, "{answer}");
+    let job = finished_job(port, &answer);
+    assert_eq!(job["state"], "failed", "{job}");
+    says(&job.to_string(), "exists; exporting would replace it");
+    let (status, answer) = http(port, "POST", "/api/v1/volumes/r/import", t, r#"{"path": "out.raw"}"#);
+    assert_eq!(status, 202, "{answer}");
+    assert_eq!(finished_job(port, &answer)["state"], "done");
+    let (code, log) = daemon.stop();
+    assert_eq!(code, Some(0), "{log}");
+}
