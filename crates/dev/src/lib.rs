@@ -17,5 +17,5 @@ pub use buf::{BUF_ALIGN_BYTES, IoBuf, IoBytes};
 pub use counters::{Counter, DevCounters, DevCountersSnapshot, DevLatency};
 pub use device::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, DevError, check_range};
 pub use fault::{FaultConfig, FaultCounts, FaultDevice, FaultEvent, FaultKind, HostSpace, PowerSwitch};
-pub use file::{FileDevice, FileOptions, IoEngine, OpenError};
+pub use file::{DriveLock, FileDevice, FileOptions, Holder, IoEngine, OpenError};
 pub use histogram::{Histogram, HistogramSnapshot};

@@ -35,6 +35,8 @@ pub(crate) struct ConfigFile {
     pub(crate) rebuild_rate: Option<String>,
     /// `--metadata-cache`.
     pub(crate) metadata_cache: Option<String>,
+    /// `--api-transfer-dir`: where the REST API's import and export may read and write.
+    pub(crate) api_transfer_dir: Option<PathBuf>,
     pub(crate) limits: Option<Limits>,
 }
 
@@ -105,6 +107,7 @@ const KEYS: &[(&str, &str)] = &[
     ("http_token_file", "http_token_file"),
     ("rebuild_rate", "rebuild_rate"),
     ("metadata_cache", "metadata_cache"),
+    ("api_transfer_dir", "api_transfer_dir"),
     ("limits.nbd_connections", "nbd_connections_max"),
     ("limits.nbd_connections_per_peer", "nbd_connections_per_peer_max"),
     ("limits.nbd_handshakes", "nbd_handshakes_max"),
@@ -155,6 +158,7 @@ pub(crate) fn as_args(
             "http_token_file" => path(&file.http_token_file),
             "rebuild_rate" => file.rebuild_rate.clone().map(|v| vec![v]),
             "metadata_cache" => file.metadata_cache.clone().map(|v| vec![v]),
+            "api_transfer_dir" => path(&file.api_transfer_dir),
             "limits.nbd_connections" => count(limits.nbd_connections),
             "limits.nbd_connections_per_peer" => count(limits.nbd_connections_per_peer),
             "limits.nbd_handshakes" => count(limits.nbd_handshakes),
@@ -198,7 +202,7 @@ pub(crate) fn reload(path: &Path, started: &ConfigFile) -> Result<(Reloadable, V
         bail!("{}: log_level is empty", path.display());
     }
     let mut restart = Vec::new();
-    let fixed: [(&str, bool); 8] = [
+    let fixed: [(&str, bool); 9] = [
         ("pool", now.pool != started.pool),
         ("log_format", now.log_format != started.log_format),
         ("nbd", now.nbd != started.nbd),
@@ -206,6 +210,7 @@ pub(crate) fn reload(path: &Path, started: &ConfigFile) -> Result<(Reloadable, V
         ("http", now.http != started.http),
         ("http_tls", now.http_tls != started.http_tls),
         ("metadata_cache", now.metadata_cache != started.metadata_cache),
+        ("api_transfer_dir", now.api_transfer_dir != started.api_transfer_dir),
         ("limits", now.limits != started.limits),
     ];
     for (key, changed) in fixed {

@@ -14,6 +14,7 @@ macro_rules! outln {
 mod config;
 mod control;
 mod daemon;
+mod drive_check;
 mod export;
 mod http;
 mod iostat;
@@ -24,6 +25,7 @@ mod output;
 mod pooldir;
 mod refusal;
 mod stats;
+mod transfer;
 
 use std::path::PathBuf;
 
@@ -195,11 +197,14 @@ enum VolumeCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Grow or shrink a volume (shrinking discards the tail).
+    /// Grow or shrink a volume (shrinking discards the tail, and needs --allow-shrink).
     Resize {
         name: String,
         #[arg(long, value_parser = parse_block_size)]
         size: u64,
+        /// Shrink: discard everything past the new end.
+        #[arg(long)]
+        allow_shrink: bool,
         /// Shrink even while NBD clients have the volume open (they get errors past the new end).
         #[arg(long)]
         force: bool,
@@ -234,8 +239,16 @@ enum VolumeCmd {
     },
     /// Copy a raw image file into a volume (byte-exact).
     Import { name: String, file: PathBuf },
-    /// Copy a volume out into a raw image file (byte-exact, sparse where the volume is).
-    Export { name: String, file: PathBuf },
+    /// Copy a volume out into a raw image file (byte-exact, sparse where the volume is), or onto
+    /// a device (written in place). Refuses an existing file, a block device and a drive of
+    /// another pool unless --overwrite; never writes a drive of this pool or one in use.
+    Export {
+        name: String,
+        file: PathBuf,
+        /// Replace FILE if it exists, or write over the block device it names.
+        #[arg(long)]
+        overwrite: bool,
+    },
 }
 
 /// QoS settings of `volume create` and `volume set` (docs/design/qos.md).
@@ -482,6 +495,10 @@ struct ServeArgs {
     /// first start). Changes through the API need it, and so do reads off the loopback.
     #[arg(long, requires = "http")]
     http_token_file: Option<PathBuf>,
+    /// The directory the REST API's volume import and export may read images from and write
+    /// them to (paths given to the API are inside it); without it the API refuses both.
+    #[arg(long, value_name = "DIR")]
+    api_transfer_dir: Option<PathBuf>,
     /// Benchmarks only: ignore --pool and serve a new pool of COUNTxSIZE memory drives (e.g.
     /// 6x1G) that vanishes at exit, with the volumes of --bench-volume.
     #[arg(long, hide = true, value_parser = daemon::parse_memory_drives)]
@@ -846,8 +863,9 @@ async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
             }
             Ok(())
         }
-        VolumeCmd::Resize { name, size, force } => {
-            let v = request(dir, Request::VolumeResize { name, size_bytes: size, force }).await?;
+        VolumeCmd::Resize { name, size, allow_shrink, force } => {
+            let v =
+                request(dir, Request::VolumeResize { name, size_bytes: size, force, allow_shrink }).await?;
             output::volume(&view(v)?);
             Ok(())
         }
@@ -888,9 +906,9 @@ async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
             outln!("imported {} bytes into {}", v["bytes"], v["volume"].as_str().unwrap_or(""));
             Ok(())
         }
-        VolumeCmd::Export { name, file } => {
+        VolumeCmd::Export { name, file, overwrite } => {
             let path = pooldir::absolute(&file)?;
-            let v = request(dir, Request::VolumeExport { name, path }).await?;
+            let v = request(dir, Request::VolumeExport { name, path, overwrite }).await?;
             outln!(
                 "exported {} bytes of {} to {}",
                 v["bytes"],
@@ -1126,6 +1144,7 @@ fn serve_tls_options(args: ServeArgs) -> Result<ServeOptions> {
             tls_cert: args.http_tls_cert,
             tls_key: args.http_tls_key,
             token_file: args.http_token_file,
+            transfer_dir: args.api_transfer_dir,
         }),
     })
 }

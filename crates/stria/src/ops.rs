@@ -1,22 +1,20 @@
 //! Pool operations: one implementation, run either in this process (pool opened locally) or in
 //! the daemon (sent over the control socket). Requests and results are JSON.
 
-use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use stria_catalog::{Catalog, CreateVolume, QosUpdate};
-use stria_dev::{BLOCK_BYTES, FileDevice, IoBytes};
+use stria_dev::{BLOCK_BYTES, FileDevice};
 use stria_engine::units::format_size;
-use stria_engine::{DriveClass, DriveState, Durability, NewDrive, Pool, VolumeState, Zeroing};
+use stria_engine::{DriveClass, DriveState, NewDrive, Pool, VolumeState};
 
+use crate::drive_check;
 use crate::pooldir::{Dev, PoolDir};
 use crate::refusal;
-
-/// Bytes moved per request by import/export.
-const COPY_STEP_BYTES: usize = 4 << 20;
+use crate::transfer;
 
 /// What a client asks of the pool.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -33,6 +31,9 @@ pub(crate) enum Request {
         /// Shrink even with NBD clients attached.
         #[serde(default)]
         force: bool,
+        /// Shrinking discards everything past the new end: it must be asked for.
+        #[serde(default)]
+        allow_shrink: bool,
     },
     VolumeDelete {
         name: String,
@@ -47,6 +48,10 @@ pub(crate) enum Request {
     VolumeExport {
         name: String,
         path: PathBuf,
+        /// Replace an existing file, or write over a block device (never a drive of this pool,
+        /// nor one another process holds).
+        #[serde(default)]
+        overwrite: bool,
     },
     DriveFail {
         drive: String,
@@ -181,7 +186,7 @@ pub(crate) struct Progress {
 }
 
 /// Where a long operation reports its progress.
-type ProgressFn<'a> = &'a mut (dyn FnMut(Progress) + Send);
+pub(crate) type ProgressFn<'a> = &'a mut (dyn FnMut(Progress) + Send);
 
 /// Where the request runs.
 pub(crate) struct Ctx<'a> {
@@ -235,6 +240,26 @@ fn check_rebuild_source(pool: &Pool<FileDevice>, slot: u32, force: bool) -> Resu
     })
 }
 
+/// Refuses to shrink volume `name` from `old_bytes` to `new_bytes` unless `allowed`: what lies
+/// past the new end is discarded (as `rbd resize` needs `--allow-shrink` and `lvreduce` asks).
+fn check_shrink(name: &str, old_bytes: u64, new_bytes: u64, allowed: bool) -> Result<()> {
+    let message = format!(
+        "shrinking volume {name} from {} to {} discards its last {} (bytes {new_bytes} to {old_bytes}) and \
+         whatever is stored there",
+        format_size(old_bytes),
+        format_size(new_bytes),
+        format_size(old_bytes - new_bytes)
+    );
+    if allowed {
+        tracing::warn!("{message} (--allow-shrink)");
+        return Ok(());
+    }
+    bail!(
+        "{message}. Shrink the filesystem on it first; then say so with --allow-shrink (`\"allow_shrink\": \
+         true` through the REST API)"
+    )
+}
+
 /// Refuses with `refusal(volumes)` when `lost` names volumes, unless `force` (then it warns).
 fn guard(lost: Vec<String>, force: bool, refusal: impl Fn(&str) -> String) -> Result<()> {
     if lost.is_empty() {
@@ -284,9 +309,15 @@ pub(crate) async fn execute(
         Request::Status => to_json(&catalog.status()),
         Request::VolumeCreate(req) => to_json(&catalog.create(req).await?),
         Request::VolumeShow { name } => to_json(&catalog.show_full(&name).await?),
-        Request::VolumeResize { name, size_bytes, force } => {
-            if catalog.lookup(&name).is_some_and(|v| size_bytes < v.size_bytes()) {
-                ctx.check_clients(&name, "shrinking it", force)?;
+        Request::VolumeResize { name, size_bytes, force, allow_shrink } => {
+            // Volumes that cannot be resized get the catalog's refusal, whatever the size.
+            let resizable = catalog.lookup(&name).filter(|_| catalog.resizable(&name));
+            if let Some(old_bytes) = resizable.map(|v| v.size_bytes()) {
+                let new_bytes = size_bytes.next_multiple_of(BLOCK_BYTES);
+                if new_bytes < old_bytes {
+                    check_shrink(&name, old_bytes, new_bytes, allow_shrink)?;
+                    ctx.check_clients(&name, "shrinking it", force)?;
+                }
             }
             to_json(&catalog.resize(&name, size_bytes).await?)
         }
@@ -295,8 +326,10 @@ pub(crate) async fn execute(
             catalog.delete(&name).await?;
             Ok(json!({ "deleted": name }))
         }
-        Request::VolumeImport { name, path } => import(catalog, &name, &path, progress).await,
-        Request::VolumeExport { name, path } => export(catalog, &name, &path, progress).await,
+        Request::VolumeImport { name, path } => transfer::import(catalog, &name, &path, progress).await,
+        Request::VolumeExport { name, path, overwrite } => {
+            transfer::export(catalog, &name, &path, overwrite, progress).await
+        }
         Request::DriveFail { drive, force } => {
             let slot = find_drive(pool, &drive)?;
             if pool.meta().drive(slot).is_some_and(|d| d.state == DriveState::Failed) {
@@ -507,7 +540,7 @@ async fn online(ctx: &Ctx<'_>, slot: u32, force: bool) -> Result<u32> {
     }
     check_rebuild_source(pool, slot, force)?;
     let path = PathBuf::from(&rec.path_hint);
-    let dev = FileDevice::open(&path, &stria_dev::FileOptions::default()).with_context(|| {
+    let dev = drive_check::open_drive(&path).with_context(|| {
         format!("drive {slot} was last seen at {}, which cannot be opened; replace it instead (`stria drive replace {slot}`)", path.display())
     })?;
     let nd =
@@ -550,12 +583,11 @@ async fn replace(
     };
     ctx.dir.refuse_member(&path, slot, pool).await?;
     let (dev, fresh) = if path.exists() {
-        let dev = FileDevice::open(&path, &stria_dev::FileOptions::default())
-            .with_context(|| format!("cannot open {}", path.display()))?;
+        let dev = drive_check::open_drive(&path)?;
         // A drive of this pool got here only as the drive being replaced (refuse_member).
         let ours = stria_engine::read_label(&dev).await.is_some_and(|l| l.pool_uuid == pool.meta().pool_uuid);
         if !ours {
-            PoolDir::refuse_labelled(&dev, &path, overwrite, "--overwrite").await?;
+            drive_check::refuse_foreign(&dev, &path, overwrite, "--overwrite").await?;
         }
         (dev, false)
     } else {
@@ -623,15 +655,14 @@ async fn add(
                 path.display()
             )));
         }
-        let dev = FileDevice::open(&path, &stria_dev::FileOptions::default())
-            .with_context(|| format!("cannot open {}", path.display()))?;
+        let dev = drive_check::open_drive(&path)?;
         let label = stria_engine::read_label(&dev).await;
         // A label of this pool naming a slot the metadata does not know: a crashed add.
         let leftover =
             label.as_ref().filter(|l| l.pool_uuid == meta.pool_uuid && meta.drive(l.slot).is_none());
         ctx.dir.refuse_member(&path, leftover.map_or(u32::MAX, |l| l.slot), pool).await?;
         if leftover.is_none() {
-            PoolDir::refuse_labelled(&dev, &path, overwrite, "--overwrite").await?;
+            drive_check::refuse_foreign(&dev, &path, overwrite, "--overwrite").await?;
         }
         (dev, false)
     } else {
@@ -654,77 +685,4 @@ async fn add(
     let slot = added?;
     ctx.dir.add_device(&path)?;
     Ok(slot)
-}
-
-/// Why an image does not fit a volume, and what would make it fit.
-fn image_too_large(
-    catalog: &Catalog<Dev>,
-    name: &str,
-    path: &std::path::Path,
-    len: u64,
-    vol_bytes: u64,
-) -> String {
-    let fix = if catalog.resizable(name) {
-        format!("resize the volume first: `stria volume resize {name} --size {len}`")
-    } else {
-        // `volume resize` refuses log-structured volumes (not supported yet).
-        "tiered and log volumes cannot be resized yet; import into a new, larger volume".to_string()
-    };
-    format!(
-        "{} is {} but volume {name} is {}; {fix}",
-        path.display(),
-        format_size(len),
-        format_size(vol_bytes)
-    )
-}
-
-async fn import(catalog: &Catalog<Dev>, name: &str, path: &Path, progress: ProgressFn<'_>) -> Result<Value> {
-    let vol = catalog.lookup(name).ok_or_else(|| anyhow!("no volume named `{name}`"))?;
-    let mut file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let len = file.metadata()?.len();
-    if len > vol.size_bytes() {
-        return Err(refusal::invalid(image_too_large(catalog, name, path, len, vol.size_bytes())));
-    }
-    let mut buf = vec![0u8; COPY_STEP_BYTES];
-    let mut at = 0u64;
-    let mut zeroed = 0u64;
-    while at < len {
-        let n = usize::try_from(len - at).unwrap_or(usize::MAX).min(COPY_STEP_BYTES);
-        file.read_exact(&mut buf[..n])?;
-        if buf[..n].iter().all(|&b| b == 0) {
-            vol.write_zeroes(at, n as u64, Zeroing::ANY, Durability::Buffered).await?;
-            zeroed += n as u64;
-        } else {
-            vol.write(at, IoBytes::copy_from(&buf[..n]), Durability::Buffered).await?;
-        }
-        at += n as u64;
-        progress(Progress { what: format!("import {name}"), done: at, total: len });
-    }
-    vol.flush().await?;
-    Ok(json!({ "volume": name, "bytes": len, "zero_bytes": zeroed, "volume_bytes": vol.size_bytes() }))
-}
-
-async fn export(catalog: &Catalog<Dev>, name: &str, path: &Path, progress: ProgressFn<'_>) -> Result<Value> {
-    let vol = catalog.lookup(name).ok_or_else(|| anyhow!("no volume named `{name}`"))?;
-    let tmp = path.with_extension("stria-partial");
-    let mut file = std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    let size = vol.size_bytes();
-    let mut at = 0u64;
-    while at < size {
-        let n = usize::try_from(size - at).unwrap_or(usize::MAX).min(COPY_STEP_BYTES);
-        // Holes stay holes in the file (it is sparse where the volume is).
-        let status = vol.block_status(at, n as u64).await?;
-        if status.iter().all(|e| e.unallocated) {
-            file.seek(SeekFrom::Current(n as i64))?;
-        } else {
-            let data = vol.read(at, n).await?;
-            file.write_all(&data)?;
-        }
-        at += n as u64;
-        progress(Progress { what: format!("export {name}"), done: at, total: size });
-    }
-    file.set_len(size)?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    Ok(json!({ "volume": name, "bytes": size, "path": path }))
 }

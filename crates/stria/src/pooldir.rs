@@ -5,7 +5,8 @@
 //! DIR/pool.json       name and the paths to look for drives at (a hint: drives are
 //!                     recognised by their superblocks, found in any order under any name)
 //! DIR/drives/*.img    sparse-file drives made by `pool create --fast/--capacity`
-//! DIR/.lock           held (flock) by whoever has the pool open
+//! DIR/.lock           held (flock) by whoever has the pool open (each drive is held too, by
+//!                     the process that has it open: stria-dev's DriveLock)
 //! DIR/stria.sock      the daemon's control socket while `stria serve` runs
 //! DIR/nbd.sock        the daemon's default NBD Unix socket
 //! ```
@@ -17,9 +18,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
-use stria_dev::{FileDevice, FileOptions};
+use stria_dev::{FileDevice, FileOptions, Holder, OpenError};
 use stria_engine::units::format_size;
 use stria_engine::{DriveClass, EngineError, FoundDrive, NewDrive, Pool, read_label};
+
+use crate::drive_check;
 
 /// The drives of a pool directory.
 pub(crate) type Dev = FileDevice;
@@ -273,29 +276,6 @@ impl PoolDir {
         Ok(())
     }
 
-    /// Refuses a device that carries a stria superblock (of another pool: a member of this one
-    /// is refused before) unless `allowed`; `flag` is how the command allows it.
-    pub(crate) async fn refuse_labelled(
-        dev: &FileDevice,
-        path: &Path,
-        allowed: bool,
-        flag: &str,
-    ) -> Result<()> {
-        let Some(label) = read_label(dev).await else { return Ok(()) };
-        if allowed {
-            tracing::warn!(path = %path.display(), pool = %label.pool_name, "overwriting a drive of another pool ({flag})");
-            return Ok(());
-        }
-        bail!(
-            "{} is drive {} of pool `{}` ({}); formatting it would take it from that pool. \
-             If that pool is gone for good, say so with {flag}",
-            path.display(),
-            label.slot,
-            label.pool_name,
-            label.pool_uuid,
-        )
-    }
-
     /// Sparse drive files that may still grow by more than their filesystem has free: one
     /// warning per filesystem, with the numbers. When such a filesystem fills, writes to the
     /// drives on it fail.
@@ -308,14 +288,17 @@ impl PoolDir {
     /// refusal names a command that can force the open.
     pub(crate) async fn open_pool(&self, opener: Opener) -> Result<Pool<FileDevice>> {
         let mut found = Vec::new();
+        let mut busy = Vec::new();
         for path in self.candidate_paths()? {
             match FileDevice::open(&path, &FileOptions::default()) {
                 Ok(dev) => found.push(FoundDrive { dev, path: path.display().to_string() }),
+                Err(OpenError::Busy { path, holder }) => busy.push((path, holder)),
                 Err(e) => {
                     tracing::warn!(path = %path.display(), error = %e, "cannot open a drive; leaving it out")
                 }
             }
         }
+        self.refuse_busy(&found, busy).await?;
         if found.is_empty() {
             bail!("no drive of the pool at {} could be opened", self.path.display());
         }
@@ -333,6 +316,44 @@ impl PoolDir {
                     .context(format!("cannot assemble the pool at {}", self.path.display())))
             }
         }
+    }
+
+    /// Refuses to open the pool when a drive of it is held by another process: another daemon
+    /// serves it (from this directory's copy, or a `drives/` that links to its own), or a
+    /// command has it open. A busy path whose label names another pool (a device this pool
+    /// once had, now another pool's) is left out with a warning, as before.
+    async fn refuse_busy(
+        &self,
+        found: &[FoundDrive<FileDevice>],
+        busy: Vec<(PathBuf, Holder)>,
+    ) -> Result<()> {
+        if busy.is_empty() {
+            return Ok(()); // Read no label: the drives' I/O counters show only the pool's reads.
+        }
+        let mut pools = Vec::new();
+        for f in found {
+            if let Some(label) = read_label(&f.dev).await {
+                pools.push(label.pool_uuid);
+            }
+        }
+        for (path, holder) in busy {
+            let label = drive_check::peek_label(&path).await;
+            let ours = label.as_ref().is_some_and(|l| pools.contains(&l.pool_uuid));
+            if ours || found.is_empty() {
+                bail!(
+                    "cannot open the pool at {}: its drive {}. A drive is served by one process at a time: \
+                     stop that one first (or, if this directory is a copy of that pool's, use that pool)",
+                    self.path.display(),
+                    drive_check::in_use(&path, &holder)
+                );
+            }
+            tracing::warn!(
+                path = %path.display(),
+                "leaving out a device held by another process: {}",
+                drive_check::in_use(&path, &holder)
+            );
+        }
+        Ok(())
     }
 
     /// The refusal to open without a quorum, with a way to force it that `opener` has: the
@@ -370,8 +391,8 @@ impl PoolDir {
         let mut seen: HashMap<Identity, PathBuf> = HashMap::new();
         for spec in specs {
             let path = absolute(&spec.path)?;
-            let dev = FileDevice::open(&path, &FileOptions::default())
-                .with_context(|| format!("cannot open {}", spec.path.display()))?;
+            let dev = drive_check::open_drive(&path)
+                .with_context(|| format!("cannot use {} as a drive", spec.path.display()))?;
             let id = identity(&path).with_context(|| format!("cannot stat {}", path.display()))?;
             if let Some(first) = seen.insert(id, path.clone()) {
                 bail!(
@@ -382,7 +403,7 @@ impl PoolDir {
                 );
             }
             let named = overwrite.iter().any(|o| identity(o).ok() == Some(id));
-            PoolDir::refuse_labelled(&dev, &path, named, &format!("--overwrite {}", spec.path.display()))
+            drive_check::refuse_foreign(&dev, &path, named, &format!("--overwrite {}", spec.path.display()))
                 .await?;
             given.push((path, dev, spec));
         }

@@ -13,12 +13,12 @@ use serde_json::Value;
 use crate::common::{Daemon, POOL, Stria, expect};
 
 /// A port that was free a moment ago.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 
 /// One HTTP/1.1 request; returns the status and the body.
-fn http(port: u16, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
+pub(crate) fn http(port: u16, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to the http listener");
     s.set_read_timeout(Some(Duration::from_secs(120))).expect("timeout");
     let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
@@ -35,7 +35,7 @@ fn http(port: u16, method: &str, path: &str, token: Option<&str>, body: &str) ->
     (status, body)
 }
 
-fn json(body: &str) -> Value {
+pub(crate) fn json(body: &str) -> Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
 }
 

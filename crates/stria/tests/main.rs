@@ -4,7 +4,9 @@
 mod cli_output;
 mod common;
 mod error_kinds;
+mod exclusive_drives;
 mod http_api;
+mod no_clobber;
 mod operator_safety;
 mod qos;
 mod service;

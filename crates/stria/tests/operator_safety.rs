@@ -188,7 +188,7 @@ fn item7_delete_and_shrink_of_a_volume_with_clients_need_force() {
     let mut other = attach(&daemon.socket, "gone");
     let out = expect(&stria, &["volume", "delete", "r"], 1);
     says(&out.stderr, "volume r has 1 NBD client(s) attached; deleting it");
-    let out = expect(&stria, &["volume", "resize", "r", "--size", "4M"], 1);
+    let out = expect(&stria, &["volume", "resize", "r", "--size", "4M", "--allow-shrink"], 1);
     says(&out.stderr, "volume r has 1 NBD client(s) attached; shrinking it");
     expect(&stria, &["volume", "resize", "r", "--size", "16M"], 0);
     expect(&stria, &["volume", "delete", "gone", "--force"], 0);

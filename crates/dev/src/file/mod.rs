@@ -4,6 +4,7 @@
 //! See `docs/devices.md` for the design; the `engine` module has the threading details.
 
 mod engine;
+mod exclusive;
 mod op;
 mod sys;
 mod table;
@@ -20,6 +21,7 @@ use crate::buf::{IoBuf, IoBytes};
 use crate::counters::DevCounters;
 use crate::device::{BLOCK_BYTES, BlockDevice, DevError, check_range};
 use engine::Shared;
+pub use exclusive::{DriveLock, Holder};
 use op::OpFuture;
 use table::{OpKind, Payload, Request};
 
@@ -89,6 +91,10 @@ pub enum OpenError {
         #[source]
         source: io::Error,
     },
+    /// Another process (or the kernel: a mount, device-mapper, md, swap) holds the drive; see
+    /// [`DriveLock`].
+    #[error("{path} is in use: {holder}")]
+    Busy { path: PathBuf, holder: Holder },
     /// The path is neither a regular file nor a block device.
     #[error("{path}: not a regular file or block device")]
     NotAFileOrBlockDevice { path: PathBuf },
@@ -109,21 +115,31 @@ pub struct FileDevice {
     engine: IoEngine,
     direct_io: bool,
     counters: DevCounters,
+    /// This process's exclusive hold on the drive, for as long as the device lives.
+    _hold: Arc<DriveLock>,
 }
 
 impl FileDevice {
-    /// Opens an existing regular file or block device as a drive.
+    /// Opens an existing regular file or block device as a drive, held exclusively by this
+    /// process for as long as the device lives (see [`DriveLock`]): fails with
+    /// [`OpenError::Busy`], naming the holder, when another process holds it, or when a block
+    /// device is mounted or used by the kernel.
     pub fn open(path: impl AsRef<Path>, opts: &FileOptions) -> Result<FileDevice, OpenError> {
         let path = path.as_ref();
         validate(opts)?;
+        let hold = DriveLock::take(path)?;
         let (file, direct_io) = open_file(path, opts.direct_io)?;
         let io_err = |op, source| OpenError::Io { path: path.to_path_buf(), op, source };
-        let file_type = file.metadata().map_err(|e| io_err("stat", e))?.file_type();
+        let meta = file.metadata().map_err(|e| io_err("stat", e))?;
+        if !hold.covers(&meta) {
+            return Err(io_err("open", io::Error::other("the path changed while it was being opened")));
+        }
+        let file_type = meta.file_type();
         let is_block_device = file_type.is_block_device();
         let raw_size_bytes = if is_block_device {
             sys::blk_size_bytes(&file).map_err(|e| io_err("ioctl(BLKGETSIZE64)", e))?
         } else if file_type.is_file() {
-            file.metadata().map_err(|e| io_err("stat", e))?.len()
+            meta.len()
         } else {
             return Err(OpenError::NotAFileOrBlockDevice { path: path.to_path_buf() });
         };
@@ -146,7 +162,15 @@ impl FileDevice {
         let shared = Arc::new(Shared::new(name, file, is_block_device, ring, inline, opts.queue_depth));
         let threads =
             engine::spawn_threads(&shared, pool_threads).map_err(|e| io_err("spawn I/O thread", e))?;
-        Ok(FileDevice { shared, threads, size_bytes, engine, direct_io, counters: DevCounters::default() })
+        Ok(FileDevice {
+            shared,
+            threads,
+            size_bytes,
+            engine,
+            direct_io,
+            counters: DevCounters::default(),
+            _hold: hold,
+        })
     }
 
     /// Creates a new sparse file of `size_bytes` (rounded down to whole blocks) and opens it

@@ -242,6 +242,7 @@ fn change(
     move |state, Path(params), Query(query), body| {
         Box::pin(async move {
             let request = build_request(route, &params, &query, &body)?;
+            let request = confine_paths(state.transfer_dir.as_deref().map(|d| d.as_path()), request)?;
             run(state, request, route.mode).await
         })
     }
@@ -285,6 +286,14 @@ fn build_request(
     let known = serde_json::to_value(&request).map_err(|e| bad_request(e.to_string()))?;
     if let Some(field) = unknown_field(&given, &known) {
         return Err(bad_request(format!("unknown field `{field}` for {}", route.op)));
+    }
+    Ok(request)
+}
+
+/// Import and export read and write only inside `api_transfer_dir` (transfer.rs): 403 otherwise.
+fn confine_paths(dir: Option<&std::path::Path>, mut request: Request) -> Result<Request, ApiError> {
+    if let Request::VolumeImport { path, .. } | Request::VolumeExport { path, .. } = &mut request {
+        *path = super::transfer::confine(dir, path).map_err(|m| ApiError(StatusCode::FORBIDDEN, m))?;
     }
     Ok(request)
 }

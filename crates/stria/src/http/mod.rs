@@ -9,6 +9,7 @@
 mod api;
 mod auth;
 mod metrics;
+mod transfer;
 mod ui;
 
 use std::net::SocketAddr;
@@ -46,6 +47,8 @@ pub(crate) struct HttpOptions {
     pub(crate) tls_key: Option<PathBuf>,
     /// The bearer token's file (default `POOL/http.token`, made at the first start).
     pub(crate) token_file: Option<PathBuf>,
+    /// The directory the API's import and export may use (`api_transfer_dir`); none: refused.
+    pub(crate) transfer_dir: Option<PathBuf>,
 }
 
 /// `tcp:HOST:PORT` (or `HOST:PORT`), e.g. `tcp:127.0.0.1:9810`.
@@ -61,6 +64,8 @@ pub(crate) struct AppState {
     pub(crate) token: Arc<parking_lot::RwLock<Token>>,
     /// Reads need the token too when the listener is not on the loopback.
     pub(crate) reads_need_token: bool,
+    /// Where the API's import and export may read and write (resolved; see transfer.rs).
+    pub(crate) transfer_dir: Option<Arc<PathBuf>>,
 }
 
 /// The running listener.
@@ -131,6 +136,7 @@ pub(crate) async fn start(opts: &HttpOptions, daemon: Arc<Daemon>) -> Result<Htt
         ),
         _ => bail!("--http-tls-cert and --http-tls-key go together"),
     };
+    let transfer_dir = opts.transfer_dir.as_deref().map(transfer::resolve_dir).transpose()?.map(Arc::new);
     let token_file = opts.token_file.clone().unwrap_or_else(|| daemon.dir.path.join("http.token"));
     let token = Arc::new(parking_lot::RwLock::new(Token::load_or_create(&token_file)?));
     let listener =
@@ -138,7 +144,8 @@ pub(crate) async fn start(opts: &HttpOptions, daemon: Arc<Daemon>) -> Result<Htt
     let local = listener.local_addr()?;
     let url = format!("{}://{local}/", if tls.is_some() { "https" } else { "http" });
     tracing::info!(url, token_file = %token_file.display(), "http listener: metrics, REST API, dashboard");
-    let app = router(AppState { daemon, token: Arc::clone(&token), reads_need_token: !loopback });
+    let app =
+        router(AppState { daemon, token: Arc::clone(&token), reads_need_token: !loopback, transfer_dir });
     let (stop, stopped) = watch::channel(false);
     let task = tokio::spawn(accept_loop(listener, app, tls, stopped));
     Ok(HttpHandle { url, token, token_file, stop, task })
