@@ -1,14 +1,21 @@
 //! The `stria` command: CLI and daemon in one binary.
 #![forbid(unsafe_code)]
 
-/// `println!` that ends the process quietly when stdout is closed (`stria status | head`).
+/// `println!` that never panics: a closed stdout ends the output, not the command (stdio.rs).
 macro_rules! outln {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        if writeln!(std::io::stdout(), $($arg)*).is_err() {
-            std::process::exit(0);
-        }
-    }};
+    () => {
+        $crate::stdio::out(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::stdio::out(format_args!($($arg)*))
+    };
+}
+
+/// `eprintln!` that never panics: a closed stderr loses the line, nothing else (stdio.rs).
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::stdio::err(format_args!($($arg)*))
+    };
 }
 
 mod config;
@@ -22,6 +29,7 @@ mod ops;
 mod output;
 mod pooldir;
 mod stats;
+mod stdio;
 
 use std::path::PathBuf;
 
@@ -555,7 +563,7 @@ fn main() {
     let filter = match log_filter(&cli.log_level) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("error: {e}");
+            errln!("error: {e}");
             std::process::exit(2);
         }
     };
@@ -585,26 +593,33 @@ fn main() {
         0 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
         n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
     };
-    let pool_path = cli.pool.clone();
-    let result = match runtime {
-        Ok(rt) => rt.block_on(run(cli)),
-        Err(e) => Err(e.into()),
+    let runtime = match runtime {
+        Ok(rt) => rt,
+        Err(e) => {
+            errln!("error: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
     };
-    match result {
-        Ok(code) => std::process::exit(code),
+    let pool_path = cli.pool.clone();
+    let code = match runtime.block_on(run(cli)) {
+        Ok(code) => stdio::exit_code(code),
         Err(e) => {
             let message = format!("{e:#}");
-            eprintln!("error: {message}");
+            errln!("error: {message}");
             // Refused because writes are suspended (the engine's message names no command).
             if message.contains("writes are suspended:") {
-                eprintln!(
+                errln!(
                     "hint: free space on the filesystem holding the drives, then run `stria pool clear --pool {}`",
                     pool_path.display()
                 );
             }
-            std::process::exit(1);
+            1
         }
-    }
+    };
+    // The message is out before the runtime winds down (its tasks are dropped, its threads
+    // joined): whatever happens there, the operator has read why the command failed.
+    drop(runtime);
+    std::process::exit(code);
 }
 
 /// `--log-level`: a level (error, warn, info, debug, trace, off) or a tracing filter with
@@ -721,7 +736,7 @@ async fn run(cli: Cli) -> Result<i32> {
 /// Warns (on stderr) when sparse drive files promise more than their filesystem has.
 fn warn_overcommit(dir: &PoolDir) {
     for w in dir.overcommit_warnings() {
-        eprintln!("warning: {w}");
+        errln!("warning: {w}");
     }
 }
 
@@ -969,7 +984,7 @@ async fn up(dir: PoolDir, args: UpArgs) -> Result<()> {
         };
         catalog.create(vol0).await?;
         catalog.close().await?;
-        eprintln!(
+        errln!(
             "created the default pool in {} (2 fast + 6 capacity drives) with volume vol0 (tiered:ec:4+2)",
             dir.path.display()
         );

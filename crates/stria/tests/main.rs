@@ -5,5 +5,6 @@ mod cli_output;
 mod common;
 mod http_api;
 mod operator_safety;
+mod process_exits;
 mod qos;
 mod service;
