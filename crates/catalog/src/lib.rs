@@ -345,6 +345,10 @@ impl<D: BlockDevice> Catalog<D> {
 
     /// Creates a volume of the kind its layout names; returns what `show` would.
     pub async fn create(&self, req: CreateVolume) -> Result<VolumeView, CatalogError> {
+        // Before anything derives sizes from it (a log volume's space and cache, whole blocks).
+        stria_engine::check_volume_size(
+            req.size_bytes.checked_next_multiple_of(BLOCK_BYTES).unwrap_or(u64::MAX),
+        )?;
         if self.clone_named(&req.name).is_some() {
             return Err(CatalogError::Invalid(format!("a clone named `{}` exists", req.name)));
         }
@@ -434,7 +438,9 @@ impl<D: BlockDevice> Catalog<D> {
             ));
         }
         self.plain(name)?;
-        self.pool.resize_volume(name, size_bytes.next_multiple_of(BLOCK_BYTES)).await?;
+        let size_bytes = size_bytes.checked_next_multiple_of(BLOCK_BYTES).unwrap_or(u64::MAX);
+        stria_engine::check_volume_size(size_bytes)?;
+        self.pool.resize_volume(name, size_bytes).await?;
         self.show(name)
     }
 

@@ -97,8 +97,8 @@ enum Command {
         /// Number of reports (default: until interrupted).
         count: Option<u64>,
     },
-    /// Create the default demo pool if there is none (2 fast + 6 capacity file drives and an
-    /// ec:4+2 volume), then serve it.
+    /// Create the default demo pool if there is none (2 fast + 6 capacity file drives and a
+    /// tiered:ec:4+2 volume vol0), then serve it.
     Up(UpArgs),
 }
 
@@ -153,8 +153,8 @@ enum VolumeCmd {
     /// Create a volume.
     Create {
         name: String,
-        /// Size, e.g. 64G.
-        #[arg(long, value_parser = parse_block_size)]
+        /// Size, e.g. 64G (at most 1024P).
+        #[arg(long, value_parser = parse_volume_size)]
         size: u64,
         /// raid0[:W], raid1[:N], raid10[:WxN], ec:K+M (K+1 is RAID-5, K+2 RAID-6),
         /// tiered:ec:K+M (thin, log-structured: write cache and map on fast drives, whole
@@ -204,7 +204,7 @@ enum VolumeCmd {
     /// Grow or shrink a volume (shrinking discards the tail).
     Resize {
         name: String,
-        #[arg(long, value_parser = parse_block_size)]
+        #[arg(long, value_parser = parse_volume_size)]
         size: u64,
         /// Shrink even while NBD clients have the volume open (they get errors past the new end).
         #[arg(long)]
@@ -286,6 +286,18 @@ impl QosArgs {
         }
         update.apply(stria_engine::QosSpec::default()).map_err(anyhow::Error::msg)
     }
+}
+
+/// A volume's `--size`: whole 4 KiB blocks, and no more than a volume may be.
+fn parse_volume_size(text: &str) -> Result<u64, String> {
+    let bytes = parse_size(text)?;
+    if bytes > stria_engine::VOLUME_BYTES_MAX {
+        return Err(format!(
+            "`{text}` ({bytes} bytes) is too large: a volume is at most {} (2^60 bytes)",
+            stria_engine::units::format_size(stria_engine::VOLUME_BYTES_MAX)
+        ));
+    }
+    parse_block_size(text)
 }
 
 fn parse_interval(text: &str) -> Result<f64, String> {
@@ -502,12 +514,15 @@ struct UpArgs {
     #[arg(long, value_parser = parse_block_size, default_value = "2G")]
     drive_size: u64,
     /// Size of the default volume.
-    #[arg(long, value_parser = parse_block_size, default_value = "4G")]
+    #[arg(long, value_parser = parse_volume_size, default_value = "4G")]
     volume_size: u64,
     /// No HTTP listener (by default `up` serves metrics, API and dashboard on 127.0.0.1:9810).
     #[arg(long, conflicts_with = "http")]
     no_http: bool,
 }
+
+/// The layout of the volume `stria up` makes in a new pool (its help says it).
+const UP_LAYOUT: &str = "tiered:ec:4+2";
 
 /// Where `stria up` serves metrics, the REST API and the dashboard.
 const DEFAULT_HTTP_PORT: u16 = 9810;
@@ -974,7 +989,7 @@ async fn up(dir: PoolDir, args: UpArgs) -> Result<()> {
         let vol0 = CreateVolume {
             name: "vol0".into(),
             size_bytes: args.volume_size,
-            layout: "tiered:ec:4+2".into(),
+            layout: UP_LAYOUT.into(),
             chunk_bytes: None,
             class: None,
             cache_bytes: None,
@@ -985,7 +1000,7 @@ async fn up(dir: PoolDir, args: UpArgs) -> Result<()> {
         catalog.create(vol0).await?;
         catalog.close().await?;
         errln!(
-            "created the default pool in {} (2 fast + 6 capacity drives) with volume vol0 (tiered:ec:4+2)",
+            "created the default pool in {} (2 fast + 6 capacity drives) with volume vol0 ({UP_LAYOUT})",
             dir.path.display()
         );
     }
@@ -1240,6 +1255,15 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn up_says_which_volume_it_makes() {
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        let up = cli.find_subcommand_mut("up").expect("up");
+        let help = up.render_long_help().to_string();
+        assert!(help.contains(&format!("a {UP_LAYOUT} volume vol0")), "{help}");
     }
 
     #[test]

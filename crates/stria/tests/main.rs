@@ -5,6 +5,7 @@ mod cli_output;
 mod common;
 mod http_api;
 mod operator_safety;
+mod operator_truths;
 mod process_exits;
 mod qos;
 mod service;
