@@ -2,10 +2,50 @@
 //! binary: what the command said or did, and what it says and does now. The shipped
 //! configuration and unit file are checked in service.rs, the dashboard by tests/ui/run.sh.
 
-use crate::common::{Stria, expect};
+use std::path::Path;
+
+use crate::common::{POOL, Stria, expect};
 
 fn says(text: &str, part: &str) {
     assert!(text.contains(part), "expected `{part}` in:\n{text}");
+}
+
+/// The files in `dir`, by name (none when it does not exist).
+fn files(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut names: Vec<String> =
+        entries.map(|e| e.expect("entry").file_name().to_string_lossy().into()).collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_failed_pool_create_leaves_no_drive_file_and_a_retry_works() {
+    let stria = Stria::new();
+    let drives = stria.dir.path().join(POOL).join("drives");
+    // A file in the way of the second drive file: the first one made is taken away again.
+    std::fs::create_dir_all(&drives).expect("mkdir");
+    std::fs::write(drives.join("capacity-1.img"), b"not ours").expect("write");
+    let out = expect(&stria, &["pool", "create", "--capacity", "2", "--drive-size", "64M"], 1);
+    says(&out.stderr, "capacity-1.img exists already");
+    says(&out.stderr, "never writes over one");
+    assert_eq!(files(&drives), ["capacity-1.img"], "the refused create left a drive file behind");
+    assert_eq!(std::fs::read(drives.join("capacity-1.img")).expect("read"), b"not ours");
+    std::fs::remove_file(drives.join("capacity-1.img")).expect("rm");
+    expect(&stria, &["pool", "create", "--capacity", "2", "--drive-size", "64M"], 0);
+
+    // A size no file can have: the file made before the size was refused goes too, and the
+    // message names the path and the reason once each.
+    // (In a pool directory that exists already, which a refused create keeps.)
+    let other = Stria::new();
+    let drives = other.dir.path().join(POOL).join("drives");
+    std::fs::create_dir_all(other.dir.path().join(POOL)).expect("mkdir");
+    let out = expect(&other, &["pool", "create", "--capacity", "2", "--drive-size", "16383P"], 1);
+    let error = out.stderr.lines().find(|l| l.starts_with("error: ")).expect("an error line");
+    assert_eq!(error.matches("capacity-0.img").count(), 1, "the path twice: {error}");
+    says(error, "ftruncate failed");
+    assert!(files(&drives).is_empty(), "a 0-byte drive file was left: {:?}", files(&drives));
+    expect(&other, &["pool", "create", "--capacity", "2", "--drive-size", "64M"], 0);
 }
 
 #[test]
