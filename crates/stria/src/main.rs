@@ -428,7 +428,9 @@ enum DriveCmd {
         #[arg(long)]
         overwrite: bool,
     },
-    /// Limit rebuild bandwidth (e.g. 200M per second; 0 = unlimited). Needs the daemon.
+    /// Limit rebuild bandwidth (e.g. 200M per second; 0 = unlimited). Kept in the pool: it
+    /// applies at once and after restarts (a daemon started with --rebuild-rate, or with
+    /// rebuild_rate in its configuration file, uses that instead until it stops).
     RebuildRate {
         #[arg(value_parser = parse_size)]
         rate: u64,
@@ -465,9 +467,10 @@ struct ServeArgs {
     /// the missing ones (docs/on-disk-format.md, commit protocol).
     #[arg(long)]
     force: bool,
-    /// Rebuild bandwidth limit (e.g. 200M per second; 0 = unlimited).
-    #[arg(long, value_parser = parse_size, default_value = "0")]
-    rebuild_rate: u64,
+    /// Rebuild bandwidth limit while this daemon runs (e.g. 200M per second; 0 = unlimited).
+    /// Without it, the rate kept in the pool applies (`stria drive rebuild-rate`; none at first).
+    #[arg(long, value_parser = parse_size)]
+    rebuild_rate: Option<u64>,
     /// Memory for cached checksum pages, split over the drives (each 4 KiB page covers 4 MiB of
     /// a drive; pages are read from the drives on demand beyond this).
     #[arg(long, value_parser = parse_size, default_value = "256M")]
@@ -1087,15 +1090,12 @@ async fn drive(dir: &PoolDir, cmd: DriveCmd) -> Result<()> {
             }
         }
         DriveCmd::RebuildRate { rate } => {
-            if !control::daemon_running(&dir.control_socket()).await {
-                bail!(
-                    "no daemon is running on this pool; give the rate when starting it: \
-                     `stria serve --pool {} --rebuild-rate {rate}`",
-                    dir.path.display()
-                );
-            }
             request(dir, Request::RebuildRate { bytes_per_sec: rate }).await?;
-            outln!("rebuild rate set to {}/s", stria_engine::units::format_size(rate));
+            if rate == 0 {
+                outln!("rebuild rate set to unlimited (kept in the pool)");
+            } else {
+                outln!("rebuild rate set to {}/s (kept in the pool)", stria_engine::units::format_size(rate));
+            }
         }
         DriveCmd::ClearErrors { drive, all: _ } => {
             let v = request(dir, Request::DriveClearErrors { drive }).await?;

@@ -389,7 +389,7 @@ pub(crate) async fn execute(
             Ok(json!({ "rebalance": "done", "report": to_json(&report)? }))
         }
         Request::RebuildRate { bytes_per_sec } => {
-            pool.set_rebuild_rate(bytes_per_sec);
+            pool.store_rebuild_rate(bytes_per_sec).await?;
             Ok(json!({ "rebuild_rate_bytes_per_sec": bytes_per_sec }))
         }
         Request::DriveClearErrors { drive } => {

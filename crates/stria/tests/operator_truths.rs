@@ -4,10 +4,16 @@
 
 use std::path::Path;
 
-use crate::common::{POOL, Stria, expect};
+use serde_json::Value;
+
+use crate::common::{Daemon, Outcome, POOL, Stria, expect};
 
 fn says(text: &str, part: &str) {
     assert!(text.contains(part), "expected `{part}` in:\n{text}");
+}
+
+fn json(out: &Outcome) -> Value {
+    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
 }
 
 /// The files in `dir`, by name (none when it does not exist).
@@ -46,6 +52,34 @@ fn a_failed_pool_create_leaves_no_drive_file_and_a_retry_works() {
     says(error, "ftruncate failed");
     assert!(files(&drives).is_empty(), "a 0-byte drive file was left: {:?}", files(&drives));
     expect(&other, &["pool", "create", "--capacity", "2", "--drive-size", "64M"], 0);
+}
+
+#[test]
+fn the_rebuild_rate_is_kept_in_the_pool() {
+    let stria = Stria::new();
+    expect(&stria, &["pool", "create", "--capacity", "2", "--drive-size", "64M"], 0);
+    let rate = |s: &Stria| json(&expect(s, &["status", "--json"], 0))["rebuild_rate_bytes_per_sec"].as_u64();
+    assert_eq!(rate(&stria), Some(0), "no limit at first");
+    // Without a daemon it is stored for the next one.
+    let out = expect(&stria, &["drive", "rebuild-rate", "7M"], 0);
+    says(&out.stdout, "kept in the pool");
+    assert_eq!(rate(&stria), Some(7 << 20));
+    let daemon = Daemon::start(&stria);
+    assert_eq!(rate(&stria), Some(7 << 20), "the daemon starts with the stored rate");
+    expect(&stria, &["drive", "rebuild-rate", "5M"], 0);
+    assert_eq!(rate(&stria), Some(5 << 20));
+    let (code, log) = daemon.stop();
+    assert_eq!(code, Some(0), "{log}");
+    let daemon = Daemon::start(&stria);
+    assert_eq!(rate(&stria), Some(5 << 20), "the rate set in the last daemon survives its restart");
+    daemon.stop();
+    // A rate given at start wins while that daemon runs, and is not stored.
+    let daemon = Daemon::start_with(&stria, &["--rebuild-rate", "9M"]);
+    assert_eq!(rate(&stria), Some(9 << 20));
+    daemon.stop();
+    assert_eq!(rate(&stria), Some(5 << 20));
+    expect(&stria, &["drive", "rebuild-rate", "0"], 0);
+    assert_eq!(rate(&stria), Some(0));
 }
 
 #[test]

@@ -211,6 +211,7 @@ impl<D: BlockDevice> Pool<D> {
             qos: Default::default(),
             calibration: None,
             rebalance: None,
+            rebuild_rate_bytes_per_sec: None,
         };
         let core = Arc::new(PoolCore::new(meta, opened, 1, 0));
         core.update(|_| Ok(((), true))).await?;
@@ -230,7 +231,7 @@ impl<D: BlockDevice> Pool<D> {
             codecs: parking_lot::Mutex::new(HashMap::new()),
             recovery,
             ignored: Vec::new(),
-            rebuild_rate_bytes: AtomicU64::new(0),
+            rebuild_rate_bytes: AtomicU64::new(meta.rebuild_rate_bytes_per_sec.unwrap_or(0)),
             closed: AtomicBool::new(false),
             clearing: tokio::sync::Mutex::new(()),
             moving: parking_lot::Mutex::new(None),
