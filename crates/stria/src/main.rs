@@ -621,6 +621,10 @@ fn main() {
     let pool_path = cli.pool.clone();
     let code = match runtime.block_on(run(cli)) {
         Ok(code) => stdio::exit_code(code),
+        Err(e) if e.downcast_ref::<Interrupted>().is_some() => {
+            errln!("error: {e:#}");
+            INTERRUPTED
+        }
         Err(e) => {
             let message = format!("{e:#}");
             errln!("error: {message}");
@@ -1180,10 +1184,70 @@ async fn request(dir: &PoolDir, req: Request) -> Result<Value> {
     let _lock = dir.lock()?;
     let catalog = Catalog::open(std::sync::Arc::new(dir.open_pool(Opener::Command).await?)).await?;
     let ctx = Ctx { catalog: &catalog, dir, daemon: false, clients: None };
-    let result = ops::execute(&ctx, req, &mut |p: Progress| bar.update(&p)).await;
-    bar.finish();
-    catalog.close().await?;
-    result
+    let read_only = req.is_read_only();
+    let bar = parking_lot::Mutex::new(bar);
+    let finish = || std::mem::replace(&mut *bar.lock(), output::Bar::new()).finish();
+    let mut on_progress = |p: Progress| bar.lock().update(&p);
+    let work = ops::execute(&ctx, req, &mut on_progress);
+    if read_only {
+        let result = work.await;
+        finish();
+        catalog.close().await?;
+        return result;
+    }
+    // A change may run long (a rebuild, a scrub, an import): Ctrl-C or SIGTERM stops it at its
+    // next safe point and closes the pool cleanly, as the daemon does at shutdown.
+    tokio::pin!(work);
+    let signal = tokio::select! {
+        result = &mut work => {
+            finish();
+            catalog.close().await?;
+            return result;
+        }
+        // (Were the signals not to be had, the operation just runs to its end.)
+        Ok(signal) = interrupt() => signal,
+    };
+    errln!("\n{signal}: stopping at the next safe point and closing the pool (again to exit at once)");
+    tokio::spawn(async {
+        if interrupt().await.is_ok() {
+            errln!("exiting at once: the next open recovers the pool as after a crash");
+            std::process::exit(INTERRUPTED);
+        }
+    });
+    // The close refuses new requests and rebuild or move rows, waits for those in flight and
+    // flushes; the operation, still polled meanwhile, ends at its next step.
+    let (closed, result) = tokio::join!(catalog.close(), work);
+    finish();
+    closed?;
+    if let Err(e) = result {
+        tracing::debug!(error = %format!("{e:#}"), "the interrupted operation ended with an error");
+    }
+    Err(Interrupted(format!(
+        "interrupted by {signal}: the pool was closed cleanly. What the command had not done yet is not \
+         done; a rebuild or rebalance in progress goes on when the daemon starts (`stria serve --pool {}`) \
+         and `stria status` shows what is left",
+        dir.path.display()
+    ))
+    .into())
+}
+
+/// What an offline command ended with when a signal stopped it (exit code [`INTERRUPTED`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Interrupted(String);
+
+/// The exit code of a command stopped by SIGINT or SIGTERM (128 + SIGINT, as shells report).
+const INTERRUPTED: i32 = 130;
+
+/// Waits for SIGINT or SIGTERM; returns which.
+async fn interrupt() -> Result<&'static str> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    Ok(tokio::select! {
+        _ = int.recv() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    })
 }
 
 #[cfg(test)]

@@ -3,10 +3,12 @@
 //! configuration and unit file are checked in service.rs, the dashboard by tests/ui/run.sh.
 
 use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::common::{Daemon, Outcome, POOL, Stria, expect};
+use crate::common::{Daemon, Outcome, POOL, Stria, binary, expect};
 
 fn says(text: &str, part: &str) {
     assert!(text.contains(part), "expected `{part}` in:\n{text}");
@@ -116,4 +118,65 @@ fn up_help_names_the_volume_it_makes() {
     let stria = Stria::new();
     let out = expect(&stria, &["up", "--help"], 0);
     says(&out.stdout, "a tiered:ec:4+2 volume vol0");
+}
+
+#[test]
+fn ctrl_c_stops_an_offline_rebuild_and_closes_the_pool_cleanly() {
+    let stria = Stria::new();
+    expect(&stria, &["pool", "create", "--capacity", "3", "--drive-size", "128M"], 0);
+    expect(&stria, &["volume", "create", "m", "--size", "64M", "--layout", "raid1"], 0);
+    std::fs::write(stria.dir.path().join("m.raw"), vec![0x6d; 64 << 20]).expect("image");
+    expect(&stria, &["volume", "import", "m", "m.raw"], 0);
+    let members = json(&expect(&stria, &["volume", "show", "m", "--json"], 0));
+    let slot = members["segments"][0]["members"][0]["drive"].as_u64().expect("a member's drive").to_string();
+    expect(&stria, &["drive", "fail", &slot], 0);
+    // 64 MiB at 2 MiB/s: half a minute of rebuild, stopped after a second.
+    expect(&stria, &["drive", "rebuild-rate", "2M"], 0);
+    let mut child = Command::new(binary())
+        .args(["--pool", POOL, "drive", "replace", &slot])
+        .current_dir(stria.dir.path())
+        .env("STRIA_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start drive replace");
+    std::thread::sleep(Duration::from_millis(1500));
+    let sent = Command::new("kill").args(["-s", "INT", &child.id().to_string()]).status().expect("kill");
+    assert!(sent.success());
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("`drive replace` still runs 20 s after SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = child.wait_with_output().expect("output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    says(&stderr, "interrupted by SIGINT: the pool was closed cleanly");
+    // Closed cleanly: nothing to recover, and the rebuild is still to do.
+    let status = json(&expect(&stria, &["status", "--json"], 2));
+    assert_eq!(status["recovery"]["journal_txns_replayed"], 0, "{status}");
+    assert_eq!(status["recovery"]["rows_resynced"], 0, "{status}");
+    let m =
+        &status["volumes"].as_array().expect("volumes").iter().find(|v| v["name"] == "m").expect("m").clone();
+    assert_eq!(m["state"], "rebuilding", "{status}");
+    // It goes on (and ends) when asked to: here, a daemon at full speed.
+    expect(&stria, &["drive", "rebuild-rate", "0"], 0);
+    let daemon = Daemon::start(&stria);
+    let start = Instant::now();
+    while expect_code(&stria) != 0 {
+        assert!(start.elapsed() < Duration::from_secs(60), "the rebuild did not finish in the daemon");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    daemon.stop();
+}
+
+fn expect_code(stria: &Stria) -> i32 {
+    stria.run(&["status"]).code.expect("an exit code")
 }
