@@ -28,7 +28,7 @@ pub use layout::{LayoutSpec, PlainLayout, is_log_layout, parse_plain_layout};
 pub use view::{
     CloneTag, CloneView, LogTag, LogView, MAX_WEIGHT, MemberView, PlainView, QosUpdate, QosView,
     RollbackView, SegmentView, Setting, SnapshotDeletedView, SnapshotView, StatusView, ThinView,
-    UnavailableView, VolumeView,
+    UnavailableView, VolumeListEntry, VolumeView,
 };
 
 /// Why a catalog operation failed. Engine and tier errors keep their own messages and sources.

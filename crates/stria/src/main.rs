@@ -848,7 +848,7 @@ async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
         VolumeCmd::List { json } => {
             let v = request(dir, Request::Status).await?;
             if json {
-                print_json(&v["volumes"]);
+                print_json(&serde_json::to_value(view::<StatusView>(v)?.volume_list())?);
             } else {
                 output::volumes(&view(v)?);
             }

@@ -236,55 +236,33 @@ fn example_layout(drives: &[DriveStatus]) -> String {
     }
 }
 
-/// The volume table.
+/// The volume table: the volumes clients see ([`StatusView::volume_list`], as `--json` gives
+/// them).
 pub(crate) fn volumes(v: &StatusView) {
-    let mut rows: Vec<Vec<String>> = v
-        .pool
-        .volumes
-        .iter()
-        .filter(|vol| vol.role == "plain")
-        .map(|vol| {
-            let rebuild = match &vol.rebuild {
+    let dash = || "-".to_string();
+    let rows: Vec<Vec<String>> = v
+        .volume_list()
+        .into_iter()
+        .map(|e| {
+            let rebuild = match &e.rebuild {
                 Some(r) => format!("{}%", r.rows_done * 100 / r.rows_total.max(1)),
-                None => "-".into(),
+                None => dash(),
+            };
+            let layout = match &e.origin {
+                Some(origin) => format!("clone of {origin}"),
+                None => e.layout.unwrap_or_else(dash),
             };
             vec![
-                vol.name.clone(),
-                vol.layout.clone(),
-                size(vol.size_bytes),
-                size(vol.chunk_bytes),
-                vol.class.clone(),
-                state(vol.state),
+                e.name,
+                layout,
+                e.size_bytes.map_or_else(dash, size),
+                e.chunk_bytes.map_or_else(dash, size),
+                e.class.unwrap_or_else(dash),
+                e.state,
                 rebuild,
             ]
         })
         .collect();
-    for l in &v.log {
-        rows.push(vec![
-            l.name.clone(),
-            l.layout.clone(),
-            size(l.size_bytes),
-            "4 KiB".into(),
-            if l.layout.starts_with("tiered:") { "fast+capacity" } else { "capacity" }.into(),
-            state(l.state),
-            "-".into(),
-        ]);
-    }
-    for c in &v.clones {
-        rows.push(vec![
-            c.name.clone(),
-            format!("clone of {}@{}", c.origin, c.snapshot),
-            size(c.size_bytes),
-            "4 KiB".into(),
-            "-".into(),
-            "-".into(),
-            "-".into(),
-        ]);
-    }
-    for u in &v.unavailable {
-        let dash = || "-".to_string();
-        rows.push(vec![u.name.clone(), dash(), dash(), dash(), dash(), "unavailable".into(), dash()]);
-    }
     if rows.is_empty() {
         outln!(
             "no volumes (create one with `stria volume create NAME --size SIZE --layout {}`)",

@@ -85,6 +85,36 @@ fn the_rebuild_rate_is_kept_in_the_pool() {
 }
 
 #[test]
+fn volume_list_shows_the_volumes_clients_see() {
+    let stria = Stria::new();
+    expect(&stria, &["pool", "create", "--fast", "2", "--capacity", "6", "--drive-size", "128M"], 0);
+    expect(&stria, &["volume", "create", "vm", "--size", "32M", "--layout", "tiered:ec:4+2"], 0);
+    expect(&stria, &["volume", "create", "th", "--size", "32M", "--layout", "log:ec:4+2"], 0);
+    expect(&stria, &["volume", "create", "r", "--size", "8M", "--layout", "raid1"], 0);
+    expect(&stria, &["snapshot", "create", "vm", "s"], 0);
+    expect(&stria, &["volume", "clone", "vm@s", "c"], 0);
+    let list = json(&expect(&stria, &["volume", "list", "--json"], 0));
+    let entries = list.as_array().expect("an array");
+    let names: Vec<&str> = entries.iter().map(|e| e["name"].as_str().expect("name")).collect();
+    assert_eq!(names, ["c", "r", "th", "vm"], "{list}");
+    let kind = |n: &str| {
+        entries.iter().find(|e| e["name"] == n).expect(n)["kind"].as_str().expect("kind").to_string()
+    };
+    assert_eq!([kind("c"), kind("r"), kind("th"), kind("vm")], ["clone", "plain", "log", "tiered"]);
+    let vm = entries.iter().find(|e| e["name"] == "vm").expect("vm");
+    assert_eq!(vm["layout"], "tiered:ec:4+2");
+    assert_eq!(vm["parts"], serde_json::json!(["vm.meta", "vm.cache", "vm.seg"]));
+    assert_eq!(entries.iter().find(|e| e["name"] == "c").expect("c")["origin"], "vm@s");
+    // The parts stay where an operator needs them.
+    says(&expect(&stria, &["volume", "show", "vm"], 0).stdout, "vm.cache");
+    expect(&stria, &["volume", "show", "vm.cache"], 0);
+    // The table and the JSON list the same volumes.
+    let table = expect(&stria, &["volume", "list"], 0).stdout;
+    let rows: Vec<&str> = table.lines().skip(1).filter_map(|l| l.split_whitespace().next()).collect();
+    assert_eq!(rows, names, "{table}");
+}
+
+#[test]
 fn a_volume_name_must_start_with_a_letter_or_a_digit() {
     let stria = Stria::new();
     expect(&stria, &["pool", "create", "--capacity", "2", "--drive-size", "64M"], 0);
