@@ -273,7 +273,9 @@ pub(crate) fn volumes(v: &StatusView) {
     table(&["NAME", "LAYOUT", "SIZE", "CHUNK", "CLASS", "STATE", "REBUILD"], &rows);
 }
 
-/// The parts of a log-structured volume, with their drives' counters.
+/// The parts of a log-structured volume: what was written to each, what its writes put on its
+/// drives (TO DRIVES, the write amplification's measure), and its drives' own counters, which
+/// count every volume on those drives.
 fn parts_table(parts: &[PartStatus]) {
     let rows: Vec<Vec<String>> = parts
         .iter()
@@ -285,6 +287,7 @@ fn parts_table(parts: &[PartStatus]) {
                 size(p.size_bytes),
                 state(p.state),
                 size(p.write_bytes),
+                size(p.member_write_bytes),
                 size(p.drive_bytes_written),
                 size(p.drive_bytes_read),
                 format!("{}/{}", p.full_stripe_writes, p.partial_stripe_writes),
@@ -300,8 +303,9 @@ fn parts_table(parts: &[PartStatus]) {
             "SIZE",
             "STATE",
             "WRITTEN",
-            "DRIVE WRITES",
-            "DRIVE READS",
+            "TO DRIVES",
+            "DRIVES' WRITES",
+            "DRIVES' READS",
             "FULL/PARTIAL",
         ],
         &rows,

@@ -27,6 +27,18 @@ fn files(dir: &Path) -> Vec<String> {
     names
 }
 
+/// qemu-io on `volume` through the daemon's socket; panics when a command fails.
+fn qemu_io(daemon: &Daemon, volume: &str, commands: &[&str]) {
+    let mut cmd = Command::new("qemu-io");
+    cmd.args(["-f", "raw"]).arg(format!("nbd+unix:///{volume}?socket={}", daemon.socket.display()));
+    for c in commands {
+        cmd.args(["-c", c]);
+    }
+    let out = cmd.output().expect("qemu-io (package qemu-utils, installed by scripts/test.sh)");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && !text.contains("failed"), "qemu-io {commands:?}:\n{text}");
+}
+
 #[test]
 fn a_failed_pool_create_leaves_no_drive_file_and_a_retry_works() {
     let stria = Stria::new();
@@ -82,6 +94,35 @@ fn the_rebuild_rate_is_kept_in_the_pool() {
     assert_eq!(rate(&stria), Some(5 << 20));
     expect(&stria, &["drive", "rebuild-rate", "0"], 0);
     assert_eq!(rate(&stria), Some(0));
+}
+
+#[test]
+fn write_amplification_counts_each_volume_s_own_writes() {
+    let stria = Stria::new();
+    expect(&stria, &["pool", "create", "--fast", "2", "--capacity", "6", "--drive-size", "256M"], 0);
+    expect(&stria, &["volume", "create", "a", "--size", "64M", "--layout", "tiered:ec:4+2"], 0);
+    expect(&stria, &["volume", "create", "b", "--size", "64M", "--layout", "tiered:ec:4+2"], 0);
+    let daemon = Daemon::start(&stria);
+    // A little to `a`, then much more to `b` on the same drives.
+    qemu_io(&daemon, "a", &["write -P 0xa1 0 1M", "flush"]);
+    qemu_io(&daemon, "b", &["write -P 0xb2 0 32M", "flush"]);
+    let wa = |name: &str, tier: &str| -> Option<f64> {
+        json(&expect(&stria, &["volume", "show", name, "--json"], 0))[format!("write_amplification_{tier}")]
+            .as_f64()
+    };
+    // Its cache and map are mirrored: about 2 drive bytes per host byte, plus the map log.
+    // Counting the drives' writes gave `a` more than 60 (b's 64 MiB of cache copies over its 1).
+    for name in ["a", "b"] {
+        let fast = wa(name, "fast").expect("host writes were made");
+        assert!((1.9..6.0).contains(&fast), "{name}: fast-tier write amplification {fast}");
+        if let Some(capacity) = wa(name, "capacity") {
+            assert!(capacity < 6.0, "{name}: capacity-tier write amplification {capacity}");
+        }
+    }
+    let shown = expect(&stria, &["volume", "show", "a"], 0).stdout;
+    says(&shown, "TO DRIVES");
+    let (code, log) = daemon.stop();
+    assert_eq!(code, Some(0), "{log}");
 }
 
 #[test]

@@ -296,6 +296,7 @@ impl<D: BlockDevice> InFamily<'_, Mirror, D> {
         if written == 0 {
             return Err(self.unrecoverable(&run, "no copy of the chunk could be written"));
         }
+        self.counters.member_write_bytes.fetch_add(written * data.len() as u64, Relaxed);
         Ok(())
     }
 }

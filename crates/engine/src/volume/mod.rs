@@ -105,6 +105,11 @@ pub struct VolumeCounters {
     /// Erasure-coded writes by path.
     pub full_stripe_writes: stria_dev::Counter,
     pub partial_stripe_writes: stria_dev::Counter,
+    /// Bytes this volume's writes put on its drives: data, mirror copies and parity, and the
+    /// journal records of partial-stripe writes (payload and header block). Write amplification
+    /// is measured with it: a drive's own counters also count every other volume on the drive.
+    /// (Rebuild, scrub and repair writes are not counted here.)
+    pub member_write_bytes: stria_dev::Counter,
 }
 
 /// The layout family of a volume, chosen once when the volume is installed: what differs between
