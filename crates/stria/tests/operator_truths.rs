@@ -156,6 +156,32 @@ fn volume_list_shows_the_volumes_clients_see() {
 }
 
 #[test]
+fn a_raid0_member_failed_with_force_is_refused_with_a_way_out_that_is_not_the_same_command() {
+    let stria = Stria::new();
+    expect(&stria, &["pool", "create", "--capacity", "3", "--drive-size", "64M"], 0);
+    expect(&stria, &["volume", "create", "z", "--size", "8M", "--layout", "raid0:3"], 0);
+    expect(&stria, &["volume", "create", "m", "--size", "8M", "--layout", "raid1"], 0);
+    std::fs::write(stria.dir.path().join("z.raw"), vec![0x5a; 1 << 20]).expect("image");
+    expect(&stria, &["volume", "import", "z", "z.raw"], 0);
+    expect(&stria, &["drive", "fail", "1", "--force"], 0);
+    expect(&stria, &["status"], 3);
+    for command in [&["drive", "online", "1"][..], &["drive", "replace", "1"]] {
+        let out = expect(&stria, command, 1);
+        says(&out.stderr, "volume(s) z are raid0");
+        says(&out.stderr, "stria does not take back a failed drive's old contents");
+        says(&out.stderr, "`stria volume delete NAME`");
+        says(&out.stderr, "--force");
+        let circular = format!("`stria {}", command[..2].join(" "));
+        assert!(!out.stderr.contains(&circular), "the refusal suggests the command refused:\n{}", out.stderr);
+    }
+    // The way out it names: give z up, then the drive comes back for m.
+    expect(&stria, &["volume", "delete", "z"], 0);
+    let out = expect(&stria, &["drive", "online", "1"], 0);
+    says(&out.stdout, "is back in service");
+    expect(&stria, &["status"], 0);
+}
+
+#[test]
 fn a_volume_name_must_start_with_a_letter_or_a_digit() {
     let stria = Stria::new();
     expect(&stria, &["pool", "create", "--capacity", "2", "--drive-size", "64M"], 0);
