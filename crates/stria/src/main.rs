@@ -240,8 +240,16 @@ enum VolumeCmd {
     },
     /// Copy a raw image file into a volume (byte-exact).
     Import { name: String, file: PathBuf },
-    /// Copy a volume out into a raw image file (byte-exact, sparse where the volume is).
-    Export { name: String, file: PathBuf },
+    /// Copy a volume out into a raw image file (byte-exact, sparse where the volume is). A block
+    /// that cannot be read (no good copy or parity) stops it, naming the block.
+    Export {
+        name: String,
+        file: PathBuf,
+        /// Go on past blocks that cannot be read: the image gets zeros there, each such range is
+        /// listed, and the command exits 1.
+        #[arg(long)]
+        skip_unreadable: bool,
+    },
 }
 
 /// QoS settings of `volume create` and `volume set` (docs/design/qos.md).
@@ -905,16 +913,34 @@ async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
             outln!("imported {} bytes into {}", v["bytes"], v["volume"].as_str().unwrap_or(""));
             Ok(())
         }
-        VolumeCmd::Export { name, file } => {
+        VolumeCmd::Export { name, file, skip_unreadable } => {
             let path = pooldir::absolute(&file)?;
-            let v = request(dir, Request::VolumeExport { name, path }).await?;
+            let v = request(dir, Request::VolumeExport { name, path, skip_unreadable }).await?;
             outln!(
                 "exported {} bytes of {} to {}",
                 v["bytes"],
                 v["volume"].as_str().unwrap_or(""),
                 file.display()
             );
-            Ok(())
+            let unreadable = v["unreadable"].as_array().cloned().unwrap_or_default();
+            if unreadable.is_empty() {
+                return Ok(());
+            }
+            for r in &unreadable {
+                let (offset, len) =
+                    (r["offset_bytes"].as_u64().unwrap_or(0), r["len_bytes"].as_u64().unwrap_or(0));
+                errln!(
+                    "unreadable: bytes {offset}..{} ({} blocks of 4 KiB) are zeros in {}",
+                    offset + len,
+                    len.div_ceil(4096),
+                    file.display()
+                );
+            }
+            bail!(
+                "{} bytes of {} could not be read (listed above); everything else was copied",
+                v["unreadable_bytes"],
+                v["volume"].as_str().unwrap_or("")
+            )
         }
     }
 }

@@ -46,6 +46,11 @@ pub(crate) enum Request {
     VolumeExport {
         name: String,
         path: PathBuf,
+        /// Go on past blocks that cannot be read (none of their copies or parity is good),
+        /// leaving zeros in the image there and listing them; by default the export stops at
+        /// the first.
+        #[serde(default)]
+        skip_unreadable: bool,
     },
     DriveFail {
         drive: String,
@@ -327,7 +332,9 @@ pub(crate) async fn execute(
             Ok(json!({ "deleted": name }))
         }
         Request::VolumeImport { name, path } => import(catalog, &name, &path, progress).await,
-        Request::VolumeExport { name, path } => export(catalog, &name, &path, progress).await,
+        Request::VolumeExport { name, path, skip_unreadable } => {
+            export(catalog, &name, &path, skip_unreadable, progress).await
+        }
         Request::DriveFail { drive, force } => {
             let slot = find_drive(pool, &drive)?;
             if pool.meta().drive(slot).is_some_and(|d| d.state == DriveState::Failed) {
@@ -728,12 +735,24 @@ async fn import(catalog: &Catalog<Dev>, name: &str, path: &Path, progress: Progr
     Ok(json!({ "volume": name, "bytes": len, "zero_bytes": zeroed, "volume_bytes": vol.size_bytes() }))
 }
 
-async fn export(catalog: &Catalog<Dev>, name: &str, path: &Path, progress: ProgressFn<'_>) -> Result<Value> {
+/// Copies volume `name` into a raw image at `path` (written as `PATH.stria-partial`, renamed
+/// when complete). A block no copy or parity can give back stops it, naming that block; with
+/// `skip_unreadable` the export goes on, leaves zeros in the image for each such block and lists
+/// them in its reply (`unreadable`), so that nothing wrong is written silently.
+async fn export(
+    catalog: &Catalog<Dev>,
+    name: &str,
+    path: &Path,
+    skip_unreadable: bool,
+    progress: ProgressFn<'_>,
+) -> Result<Value> {
     let vol = catalog.lookup(name).ok_or_else(|| anyhow!("no volume named `{name}`"))?;
     let tmp = path.with_extension("stria-partial");
     let mut file = std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     let size = vol.size_bytes();
     let mut at = 0u64;
+    // Unreadable (offset, length) ranges, adjacent blocks merged.
+    let mut unreadable: Vec<(u64, u64)> = Vec::new();
     while at < size {
         let n = usize::try_from(size - at).unwrap_or(usize::MAX).min(COPY_STEP_BYTES);
         // Holes stay holes in the file (it is sparse where the volume is).
@@ -741,8 +760,24 @@ async fn export(catalog: &Catalog<Dev>, name: &str, path: &Path, progress: Progr
         if status.iter().all(|e| e.unallocated) {
             file.seek(SeekFrom::Current(n as i64))?;
         } else {
-            let data = vol.read(at, n).await?;
-            file.write_all(&data)?;
+            match vol.read(at, n).await {
+                Ok(data) => file.write_all(&data)?,
+                Err(e @ stria_engine::VolumeError::Unrecoverable { .. }) if !skip_unreadable => {
+                    drop(file);
+                    let _ = std::fs::remove_file(&tmp);
+                    bail!(
+                        "{e}. The export stopped there and wrote nothing to {}; `stria volume export {name} \
+                         {} --skip-unreadable` copies the rest, with zeros where blocks cannot be read, and \
+                         lists them",
+                        path.display(),
+                        path.display()
+                    );
+                }
+                Err(stria_engine::VolumeError::Unrecoverable { .. }) => {
+                    export_around_unreadable(name, vol.as_ref(), &mut file, at, n, &mut unreadable).await?;
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
         at += n as u64;
         progress(Progress { what: format!("export {name}"), done: at, total: size });
@@ -750,5 +785,51 @@ async fn export(catalog: &Catalog<Dev>, name: &str, path: &Path, progress: Progr
     file.set_len(size)?;
     file.sync_all()?;
     std::fs::rename(&tmp, path)?;
-    Ok(json!({ "volume": name, "bytes": size, "path": path }))
+    let ranges: Vec<Value> =
+        unreadable.iter().map(|(o, l)| json!({ "offset_bytes": o, "len_bytes": l })).collect();
+    let unreadable_bytes: u64 = unreadable.iter().map(|(_, l)| l).sum();
+    Ok(json!({
+        "volume": name,
+        "bytes": size,
+        "path": path,
+        "unreadable": ranges,
+        "unreadable_bytes": unreadable_bytes,
+    }))
+}
+
+/// The `len_bytes` at `at` of volume `name` that did not read in one request, block by block: what
+/// reads goes into `file`, an unreadable block stays zeros there (the file is new, so skipping
+/// leaves a hole) and joins `unreadable` (adjacent blocks merged).
+async fn export_around_unreadable(
+    name: &str,
+    vol: &dyn stria_engine::BlockVolume,
+    file: &mut std::fs::File,
+    at: u64,
+    len_bytes: usize,
+    unreadable: &mut Vec<(u64, u64)>,
+) -> Result<()> {
+    let end = at + len_bytes as u64;
+    let mut off = at;
+    while off < end {
+        let len = usize::try_from((end - off).min(BLOCK_BYTES)).expect("one block");
+        match vol.read(off, len).await {
+            Ok(data) => file.write_all(&data)?,
+            Err(stria_engine::VolumeError::Unrecoverable { .. }) => {
+                file.seek(SeekFrom::Current(len as i64))?;
+                match unreadable.last_mut() {
+                    Some((o, l)) if *o + *l == off => *l += len as u64,
+                    _ => unreadable.push((off, len as u64)),
+                }
+                tracing::warn!(
+                    volume = name,
+                    offset_bytes = off,
+                    len_bytes = len,
+                    "unreadable block: zeros in the image"
+                );
+            }
+            Err(e) => return Err(e.into()),
+        }
+        off += len as u64;
+    }
+    Ok(())
 }

@@ -182,6 +182,45 @@ fn a_raid0_member_failed_with_force_is_refused_with_a_way_out_that_is_not_the_sa
 }
 
 #[test]
+fn an_unreadable_block_is_named_exactly_and_export_can_go_past_it() {
+    let stria = Stria::new();
+    expect(&stria, &["pool", "create", "--capacity", "2", "--drive-size", "64M"], 0);
+    expect(&stria, &["volume", "create", "z", "--size", "4M", "--layout", "raid0:2"], 0);
+    // Every block different, one marked, in the middle of a 64 KiB chunk.
+    let mut image: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8 + 1).collect();
+    let bad_at: usize = 5 * (64 << 10) + 3 * 4096;
+    image[bad_at..bad_at + 16].copy_from_slice(b"stria-bad-block!");
+    std::fs::write(stria.dir.path().join("z.raw"), &image).expect("image");
+    expect(&stria, &["volume", "import", "z", "z.raw"], 0);
+    let drives = stria.dir.path().join(POOL).join("drives");
+    let mut hit = 0;
+    for name in files(&drives) {
+        let path = drives.join(&name);
+        let mut bytes = std::fs::read(&path).expect("read drive");
+        if let Some(at) = bytes.windows(16).position(|w| w == b"stria-bad-block!") {
+            bytes[at..at + 16].copy_from_slice(b"garbage-garbage!");
+            std::fs::write(&path, &bytes).expect("corrupt");
+            hit += 1;
+        }
+    }
+    assert_eq!(hit, 1, "the marked block is on one drive");
+
+    let out = expect(&stria, &["volume", "export", "z", "out.raw"], 1);
+    says(&out.stderr, &format!("data at offset {bad_at} (+4096 bytes) of volume z is unrecoverable"));
+    says(&out.stderr, "--skip-unreadable");
+    assert!(!stria.dir.path().join("out.raw").exists(), "a stopped export wrote its file");
+    assert!(!stria.dir.path().join("out.stria-partial").exists(), "a stopped export left its partial file");
+
+    let out = expect(&stria, &["volume", "export", "z", "out.raw", "--skip-unreadable"], 1);
+    says(&out.stderr, &format!("unreadable: bytes {bad_at}..{} (1 blocks of 4 KiB)", bad_at + 4096));
+    says(&out.stderr, "4096 bytes of z could not be read");
+    let got = std::fs::read(stria.dir.path().join("out.raw")).expect("the image");
+    let mut want = image;
+    want[bad_at..bad_at + 4096].fill(0);
+    assert!(got == want, "the image differs from the volume beyond the unreadable block");
+}
+
+#[test]
 fn a_volume_name_must_start_with_a_letter_or_a_digit() {
     let stria = Stria::new();
     expect(&stria, &["pool", "create", "--capacity", "2", "--drive-size", "64M"], 0);

@@ -97,8 +97,10 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Ec, D> {
         drop(failed_rows); // rows that could not be decoded for other shards just stay unrepaired
         if !reads[target].good.iter().all(|&g| g) {
             self.fail_unrepairable(seg, run.row, &reads).await?;
-            return Err(self.unrecoverable(
+            let lost: Vec<bool> = reads[target].good.iter().map(|&g| !g).collect();
+            return Err(self.unrecoverable_blocks(
                 &run,
+                &lost,
                 "more chunks of the stripe are missing or corrupt than its parity covers",
             ));
         }

@@ -225,7 +225,11 @@ impl<D: BlockDevice> InFamily<'_, Mirror, D> {
             let why =
                 if reads.is_empty() { "no copy is available" } else { "every copy of the block is bad" };
             self.counters.degraded_reads.fetch_add(1, Relaxed);
-            return Err(self.unrecoverable(&run, why));
+            let mut lost = vec![false; n];
+            for &i in &unrecoverable {
+                lost[i] = true;
+            }
+            return Err(self.unrecoverable_blocks(&run, &lost, why));
         }
         if reads.len() < self.geo.copies() as usize || reads.iter().any(|r| r.good.contains(&false)) {
             self.counters.degraded_reads.fetch_add(1, Relaxed);

@@ -594,6 +594,23 @@ impl<D: BlockDevice> Volume<D> {
         }
     }
 
+    /// [`Volume::unrecoverable`] for the blocks of `run` that `lost` marks (one flag per block):
+    /// the error names the first to the last of them, not the whole run, and how many they are
+    /// when readable ones lie between.
+    pub(crate) fn unrecoverable_blocks(&self, run: &ChunkRun, lost: &[bool], reason: &str) -> VolumeError {
+        debug_assert_eq!(lost.len() as u64, run.blocks, "one flag per block of the run");
+        let first = lost.iter().position(|&l| l).unwrap_or(0);
+        let last = lost.iter().rposition(|&l| l).unwrap_or(lost.len().saturating_sub(1));
+        let span = (last + 1 - first) as u64;
+        let count = lost.iter().filter(|&&l| l).count() as u64;
+        let narrowed = ChunkRun { offset_in_chunk: run.offset_in_chunk + first as u64, blocks: span, ..*run };
+        if count == span {
+            self.unrecoverable(&narrowed, reason)
+        } else {
+            self.unrecoverable(&narrowed, format!("{reason} ({count} of these {span} blocks of 4 KiB)"))
+        }
+    }
+
     /// Reads `len_bytes` at `offset_bytes` (any alignment).
     pub async fn read(&self, offset_bytes: u64, len_bytes: usize) -> Result<IoBuf, VolumeError> {
         with_family!(self, |f| f.read_in(offset_bytes, len_bytes).await)
