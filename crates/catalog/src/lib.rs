@@ -506,7 +506,8 @@ impl<D: BlockDevice> Catalog<D> {
         let log: Vec<_> = logs.iter().map(|l| l.status()).collect();
         let clones = logs.iter().flat_map(|lv| lv.clones().into_iter().map(|c| clone_view(lv, &c))).collect();
         let thin = ThinView::of(&log);
-        StatusView { pool: self.pool.status(), log, thin, unavailable, clones }
+        let snapshots = self.snapshots(None).unwrap_or_default();
+        StatusView { pool: self.pool.status(), log, thin, unavailable, clones, snapshots }
     }
 
     /// Any volume by name, parts included (diagnostics show each part).

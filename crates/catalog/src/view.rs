@@ -23,6 +23,10 @@ pub struct StatusView {
     /// Clones of snapshots of log-structured volumes (absent when there are none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clones: Vec<CloneView>,
+    /// Snapshots of log-structured volumes, oldest first per volume, without the bytes only each
+    /// holds (`snapshot list` computes those); absent when there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<SnapshotView>,
 }
 
 impl StatusView {
