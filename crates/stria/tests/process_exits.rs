@@ -6,6 +6,7 @@
 //! A pipe whose read end is closed before the process starts stands in for the reader that left:
 //! every write to it fails, so the outcome does not depend on timing.
 
+use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -29,7 +30,7 @@ fn run(stria: &Stria, args: &[&str], stdout: Sink, stderr: Sink) -> (Option<i32>
         Stdio::from(writer)
     };
     let sink = |s: Sink| if s == Sink::Closed { closed() } else { Stdio::piped() };
-    let child = Command::new(binary())
+    let mut child = Command::new(binary())
         .arg("--pool")
         .arg(POOL)
         .args(args)
@@ -41,8 +42,33 @@ fn run(stria: &Stria, args: &[&str], stdout: Sink, stderr: Sink) -> (Option<i32>
         .stderr(sink(stderr))
         .spawn()
         .expect("spawn the stria binary");
-    let out = child.wait_with_output().expect("wait for stria");
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut text);
+            }
+            String::from_utf8_lossy(&text).into_owned()
+        })
+    };
+    let out = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let err = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    // Bounded: a command that should have ended (a refused serve, iostat without a reader) and
+    // did not is killed, and the test fails instead of hanging.
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for stria") {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("`stria {}` still ran after 60 s", args.join(" "));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    drop(out.join());
+    (status.code(), err.join().expect("stderr reader"))
 }
 
 /// Checks `stria ARGS` ends with `code` for every way of closing its output.
