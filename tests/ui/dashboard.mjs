@@ -1,6 +1,7 @@
 // The dashboard driven in headless Chromium as a person would. Run by tests/ui/run.sh, which sets
-// STRIA (the binary), POOL (a served pool: 2 fast + 6 capacity drives, volumes v ec:4+2 and
-// t tiered:ec:4+2), URL (the dashboard), CHROMIUM and SHOTS (the screenshots' folder).
+// STRIA (the binary), POOL (a served pool: 2 fast + 6 capacity drives, volumes v ec:4+2,
+// t tiered:ec:4+2 with snapshot s1 and clone tc, l log:ec:4+2), URL (the dashboard), CHROMIUM and
+// SHOTS (the screenshots' folder).
 // Prints one line per check and last "dashboard: N passed, M failed"; exits 1 if a check failed.
 import { chromium } from 'playwright-core';
 import { spawn, spawnSync } from 'node:child_process';
@@ -112,7 +113,7 @@ try {
     }
     const plain = st.volumes.filter((v) => v.role !== 'tier-part');
     const logs = st.log || [];
-    const names = [...plain, ...logs].map((v) => v.name).sort();
+    const names = [...plain, ...logs, ...(st.clones || [])].map((v) => v.name).sort();
     const shown = (await page.locator('#volumes article').evaluateAll((a) => a.map((x) => x.dataset.name))).sort();
     eq(shown.join(','), names.join(','), 'client-visible volumes');
     for (const v of [...plain, ...logs]) {
@@ -134,6 +135,27 @@ try {
     eq(Number(await attr(tid('cache-fill-t'), 'data-total')), t.cache_blocks, 't cache blocks');
     assert((await text(tid('wa-fast-t'))).startsWith('fast') && (await text(tid('wa-capacity-t'))).startsWith('capacity'), 'write amplification per tier not shown');
     pageShown = true;
+  });
+
+  // What the operator met: a log volume called "tiered", drive paths cut short, no snapshots or
+  // clones on the page.
+  await check('log volumes, snapshots, clones and whole drive paths as `stria status --json` says', async () => {
+    const st = cliStatus();
+    const info = async (v) => text(`${tid(`volume-card-${v}`)} ${tid('volume-info')}`);
+    assert(/log-structured/.test(await info('l')) && !/tiered/.test(await info('l')), `l (log:ec:4+2) is shown as: ${await info('l')}`);
+    assert(/tiered/.test(await info('t')), `t (tiered:ec:4+2) is shown as: ${await info('t')}`);
+    eq((st.snapshots || []).map((s) => `${s.volume}@${s.name}`).join(), 't@s1', 'snapshots in `stria status --json`');
+    await page.locator(tid('snapshot-t-s1')).waitFor();
+    eq(await attr(tid('snapshot-t-s1'), 'data-export'), 't@s1', 'the snapshot\'s export');
+    await page.locator(tid('clone-t-tc')).waitFor();
+    assert((await info('tc')).includes('clone of t@s1'), `tc is shown as: ${await info('tc')}`);
+    eq(await text(`${tid('volume-card-tc')} ${tid('volume-layout')}`), 'tiered:ec:4+2', 'the clone\'s layout (its origin\'s)');
+    for (const d of st.drives) {
+      const cell = page.locator(`${tid(`drive-row-${d.id}`)} ${tid('drive-path')}`);
+      eq(await cell.innerText(), d.path, `drive ${d.id} path`);
+      const cut = await cell.evaluate((e) => e.scrollWidth > e.clientWidth + 1);
+      assert(!cut, `drive ${d.id}'s path is cut in the page`);
+    }
   });
 
   // 2. the charts receive data while the page is open and NBD clients write
@@ -178,6 +200,9 @@ try {
     eq(j.op, 'scrub', 'job op'); eq(j.state, 'done', 'job state'); eq(j.request && j.request.name, 'v', 'job volume');
     assert(j.progress && j.progress.done === j.progress.total, 'the job did not report its progress to the end');
     await page.locator(`${tid(`job-row-${job}`)}[data-state="done"]`).waitFor();
+    // Once done it is listed as finished, not under "In progress".
+    await page.locator(`${tid('finished-section')} ${tid('scrub-progress-v')}`).waitFor();
+    eq(await page.locator(`${tid('progress-section')} ${tid('scrub-progress-v')}`).count(), 0, 'finished scrub bars under "In progress"');
     console.log(`     job ${job}: states seen in the page ${[...seen].join(' -> ')}, ${total} rows, ${(j.finished_unix_ms - j.started_unix_ms)} ms`);
     await page.screenshot({ path: path.join(SHOTS, 'scrub-progress.png') });
   });

@@ -1,7 +1,9 @@
 #!/bin/bash
 # The web dashboard's test in headless Chromium (issue 15). Usage: tests/ui/run.sh PATH/TO/stria
-# Makes a pool in a temporary folder (2 fast + 6 capacity drives of 1G, volumes v ec:4+2 and
-# t tiered:ec:4+2), serves it over NBD and HTTP, writes through NBD, then runs dashboard.mjs, which
+# Makes a pool in a temporary folder (2 fast + 6 capacity drives of 1G, volumes v ec:4+2,
+# t tiered:ec:4+2 with a snapshot s1 and its clone tc, and l log:ec:4+2 with 3 copies of its
+# cache and map, so that two failed capacity drives leave it readable), serves it over NBD and
+# HTTP, writes through NBD, then runs dashboard.mjs, which
 # drives the page as a person would (see the checks there). Screenshots: target/ui-screenshots/.
 # Needs chromium, node, npm, qemu-io: installs the missing ones with apt-get (Debian 12, as root).
 # The last line is "dashboard: N passed, M failed"; exits non-zero if any check failed.
@@ -50,6 +52,9 @@ trap 'exit 130' INT TERM
 "$STRIA" pool create --pool "$P" --fast 2 --capacity 6 --drive-size 1G >/dev/null
 "$STRIA" volume create v --pool "$P" --size 256M --layout ec:4+2 >/dev/null
 "$STRIA" volume create t --pool "$P" --size 256M --layout tiered:ec:4+2 >/dev/null
+"$STRIA" volume create l --pool "$P" --size 64M --layout log:ec:4+2 --cache-copies 3 >/dev/null
+"$STRIA" snapshot create t s1 --pool "$P" >/dev/null
+"$STRIA" volume clone t@s1 tc --pool "$P" >/dev/null
 
 PORT=$(node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')
 "$STRIA" serve --pool "$P" --nbd "unix:$P/nbd.sock" --http "tcp:127.0.0.1:$PORT" >"$W/serve.log" 2>&1 &

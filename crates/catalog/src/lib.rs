@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use parking_lot::RwLock;
-use stria_dev::{BLOCK_BYTES, BlockDevice};
+use stria_dev::BlockDevice;
 use stria_engine::qos::{CostProfile, QosVolume, admit_reservation};
 use stria_engine::{
     BlockVolume, DEFAULT_CHUNK_BYTES, DriveClass, DriveState, EngineError, Layout, Pool, QosSpec,
@@ -28,7 +28,7 @@ pub use layout::{LayoutSpec, PlainLayout, is_log_layout, parse_plain_layout};
 pub use view::{
     CloneTag, CloneView, LogTag, LogView, MAX_WEIGHT, MemberView, PlainView, QosUpdate, QosView,
     RollbackView, SegmentView, Setting, SnapshotDeletedView, SnapshotView, StatusView, ThinView,
-    UnavailableView, VolumeView,
+    UnavailableView, VolumeListEntry, VolumeView,
 };
 
 /// Why a catalog operation failed. Engine and tier errors keep their own messages and sources.
@@ -45,18 +45,6 @@ pub enum CatalogError {
     /// operation this kind of volume does not support).
     #[error("{0}")]
     Invalid(String),
-}
-
-/// A volume size must be a whole, non-zero number of 4 KiB blocks: nothing is rounded behind the
-/// caller's back (the CLI, the REST API and the control socket all pass here).
-fn check_size(size_bytes: u64) -> Result<(), CatalogError> {
-    if size_bytes == 0 || !size_bytes.is_multiple_of(BLOCK_BYTES) {
-        return Err(CatalogError::Invalid(format!(
-            "a volume size must be a whole, non-zero number of 4 KiB blocks (a multiple of {BLOCK_BYTES} \
-             bytes); {size_bytes} bytes is not"
-        )));
-    }
-    Ok(())
 }
 
 /// What to create (the CLI's `volume create`; also the control socket's request).
@@ -357,7 +345,9 @@ impl<D: BlockDevice> Catalog<D> {
 
     /// Creates a volume of the kind its layout names; returns what `show` would.
     pub async fn create(&self, req: CreateVolume) -> Result<VolumeView, CatalogError> {
-        check_size(req.size_bytes)?;
+        // Before anything derives sizes from it (a log volume's space and cache): whole blocks,
+        // not rounded behind the caller's back, and not too large.
+        stria_engine::check_volume_size(req.size_bytes)?;
         if self.clone_named(&req.name).is_some() {
             return Err(CatalogError::Invalid(format!("a clone named `{}` exists", req.name)));
         }
@@ -438,7 +428,7 @@ impl<D: BlockDevice> Catalog<D> {
 
     /// Grows or shrinks a plain volume.
     pub async fn resize(&self, name: &str, size_bytes: u64) -> Result<VolumeView, CatalogError> {
-        check_size(size_bytes)?;
+        stria_engine::check_volume_size(size_bytes)?;
         if self.clone_named(name).is_some() {
             return Err(CatalogError::Invalid("resizing a clone is not supported yet".into()));
         }
@@ -514,7 +504,8 @@ impl<D: BlockDevice> Catalog<D> {
         let log: Vec<_> = logs.iter().map(|l| l.status()).collect();
         let clones = logs.iter().flat_map(|lv| lv.clones().into_iter().map(|c| clone_view(lv, &c))).collect();
         let thin = ThinView::of(&log);
-        StatusView { pool: self.pool.status(), log, thin, unavailable, clones }
+        let snapshots = self.snapshots(None).unwrap_or_default();
+        StatusView { pool: self.pool.status(), log, thin, unavailable, clones, snapshots }
     }
 
     /// Any volume by name, parts included (diagnostics show each part).

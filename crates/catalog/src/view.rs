@@ -23,6 +23,125 @@ pub struct StatusView {
     /// Clones of snapshots of log-structured volumes (absent when there are none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clones: Vec<CloneView>,
+    /// Snapshots of log-structured volumes, oldest first per volume, without the bytes only each
+    /// holds (`snapshot list` computes those); absent when there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<SnapshotView>,
+}
+
+impl StatusView {
+    /// The volumes clients see, by name: plain volumes, tiered and log volumes (not the engine
+    /// volumes they are made of), clones, and volumes that could not be opened. What `volume
+    /// list --json` and `GET /api/v1/volumes` give.
+    pub fn volume_list(&self) -> Vec<VolumeListEntry> {
+        let mut list: Vec<VolumeListEntry> = Vec::new();
+        for v in self.pool.volumes.iter().filter(|v| v.role == "plain") {
+            list.push(VolumeListEntry {
+                name: v.name.clone(),
+                kind: "plain".into(),
+                layout: Some(v.layout.clone()),
+                size_bytes: Some(v.size_bytes),
+                state: state_name(v.state).into(),
+                class: Some(v.class.clone()),
+                chunk_bytes: Some(v.chunk_bytes),
+                rebuild: v.rebuild.clone(),
+                ..VolumeListEntry::named(&v.name)
+            });
+        }
+        for l in &self.log {
+            let tiered = l.layout.starts_with("tiered:");
+            list.push(VolumeListEntry {
+                kind: if tiered { "tiered" } else { "log" }.into(),
+                layout: Some(l.layout.clone()),
+                size_bytes: Some(l.size_bytes),
+                // `full` beside the redundancy state while writes that need new space fail.
+                state: if l.full { format!("{}, full", state_name(l.state)) } else { state_name(l.state).into() },
+                class: Some(if tiered { "fast+capacity" } else { "capacity" }.into()),
+                chunk_bytes: Some(stria_dev::BLOCK_BYTES),
+                parts: l.parts.iter().map(|p| p.volume.clone()).collect(),
+                ..VolumeListEntry::named(&l.name)
+            });
+        }
+        for c in &self.clones {
+            let origin = self.log.iter().find(|l| l.name == c.origin);
+            list.push(VolumeListEntry {
+                kind: "clone".into(),
+                layout: origin.map(|o| o.layout.clone()),
+                size_bytes: Some(c.size_bytes),
+                state: origin.map_or("unknown", |o| state_name(o.state)).into(),
+                chunk_bytes: Some(stria_dev::BLOCK_BYTES),
+                origin: Some(format!("{}@{}", c.origin, c.snapshot)),
+                ..VolumeListEntry::named(&c.name)
+            });
+        }
+        for u in &self.unavailable {
+            list.push(VolumeListEntry {
+                kind: "unavailable".into(),
+                state: "unavailable".into(),
+                reason: Some(u.reason.clone()),
+                ..VolumeListEntry::named(&u.name)
+            });
+        }
+        list.sort_by(|a, b| a.name.cmp(&b.name));
+        list
+    }
+}
+
+/// One volume of [`StatusView::volume_list`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeListEntry {
+    pub name: String,
+    /// `plain`, `tiered`, `log`, `clone` or `unavailable`.
+    pub kind: String,
+    /// As given at create (`raid1:2`, `tiered:ec:4+2`); a clone's is its origin's. Absent when
+    /// unavailable.
+    pub layout: Option<String>,
+    pub size_bytes: Option<u64>,
+    /// `healthy`, `degraded`, `rebuilding`, `failed` (a clone: its origin's), or `unavailable`.
+    pub state: String,
+    /// Where its data lives: a plain volume's drive class; `fast+capacity` for a tiered volume,
+    /// `capacity` for a log volume.
+    pub class: Option<String>,
+    /// Stripe height (a log-structured volume and its clones map 4 KiB blocks).
+    pub chunk_bytes: Option<u64>,
+    pub rebuild: Option<stria_engine::RebuildProgress>,
+    /// A tiered or log volume: the engine volumes it is made of (`volume show NAME` shows them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<String>,
+    /// A clone: the `VOLUME@SNAPSHOT` it was made of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
+    /// An unavailable volume: why it could not be opened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl VolumeListEntry {
+    fn named(name: &str) -> VolumeListEntry {
+        VolumeListEntry {
+            name: name.to_string(),
+            kind: String::new(),
+            layout: None,
+            size_bytes: None,
+            state: String::new(),
+            class: None,
+            chunk_bytes: None,
+            rebuild: None,
+            parts: Vec::new(),
+            origin: None,
+            reason: None,
+        }
+    }
+}
+
+fn state_name(state: stria_engine::VolumeState) -> &'static str {
+    use stria_engine::VolumeState as S;
+    match state {
+        S::Healthy => "healthy",
+        S::Degraded => "degraded",
+        S::Rebuilding => "rebuilding",
+        S::Failed => "failed",
+    }
 }
 
 /// The segment spaces of a pool's log-structured volumes, summed: what is thin.

@@ -250,6 +250,11 @@ fn open_reports_size_direct_io_and_refuses_bad_paths() {
         drop(dev);
         let again = FileDevice::create(&path, MIB);
         assert!(matches!(again, Err(OpenError::Io { op: "create", .. })), "create never clobbers");
+        // A create that fails after making the file (a size no file can have) removes it.
+        let huge = dir.path().join("huge.img");
+        let refused = FileDevice::create(&huge, u64::MAX - 4095);
+        assert!(matches!(refused, Err(OpenError::Io { op: "ftruncate", .. })), "{refused:?}");
+        assert!(!huge.exists(), "a failed create left its file behind");
         let not_a_file = FileDevice::open(dir.path(), &FileOptions::default());
         assert!(matches!(not_a_file, Err(OpenError::Io { .. } | OpenError::NotAFileOrBlockDevice { .. })));
         let tiny = dir.path().join("tiny.img");

@@ -34,8 +34,8 @@ pub use format::meta::{
 pub use join::join_all_ok;
 pub use pool::{
     BALANCE_SLACK, DEFAULT_CHUNK_BYTES, DriveStatus, FoundDrive, IgnoredDrive, MoveProgress, NewDrive, Pool,
-    PoolStatus, RebalanceReport, RebalanceStatus, RebuildProgress, RecoveryReport, ScrubReport, VolumeSpec,
-    VolumeStatus, check_volume_name,
+    PoolStatus, RebalanceReport, RebalanceStatus, RebuildProgress, RecoveryReport, ScrubReport,
+    VOLUME_BYTES_MAX, VolumeSpec, VolumeStatus, check_volume_name, check_volume_size,
 };
 pub use volume::contract::{BlockVolume, Dealloc, Durability, VolumeFuture, VolumeInfo, ZeroCost, Zeroing};
 pub use volume::{BlockLocation, BlockRole, Extent, Volume, VolumeState};

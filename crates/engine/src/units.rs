@@ -30,10 +30,20 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         }
         other => return Err(format!("`{text}`: unknown size suffix `{other}` (use K, M, G, T or P)")),
     };
+    let out_of_range = || format!("`{text}` is out of range: a size is less than 2^64 bytes (16384P)");
+    if !num.contains('.') {
+        // Whole numbers exactly (a float would round 2^64 - 1 up to 2^64).
+        let n: u64 = num.parse().map_err(|e: std::num::ParseIntError| match e.kind() {
+            std::num::IntErrorKind::PosOverflow => out_of_range(),
+            _ => format!("`{text}` is not a size"),
+        })?;
+        return n.checked_mul(1u64 << shift).ok_or_else(out_of_range);
+    }
     let value: f64 = num.parse().map_err(|_| format!("`{text}` is not a size"))?;
     let bytes = value * (1u64 << shift) as f64;
-    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
-        return Err(format!("`{text}` is out of range"));
+    // `u64::MAX as f64` rounds up to 2^64, which does not fit: the bound is exclusive.
+    if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
+        return Err(out_of_range());
     }
     if bytes.fract() != 0.0 {
         return Err(format!("`{text}` is not a whole number of bytes"));
@@ -50,8 +60,12 @@ pub fn parse_block_size(text: &str) -> Result<u64, String> {
         return Err(format!("`{text}`: the size must be at least one 4 KiB block"));
     }
     if bytes % 4096 != 0 {
-        let (down, up) = (bytes / 4096 * 4096, bytes.next_multiple_of(4096));
-        let hint = if down == 0 { format!("try {up}") } else { format!("try {down} or {up}") };
+        let down = bytes / 4096 * 4096;
+        let hint = match (down, bytes.checked_next_multiple_of(4096)) {
+            (0, Some(up)) => format!("try {up}"),
+            (_, Some(up)) => format!("try {down} or {up}"),
+            (_, None) => format!("try {down}"),
+        };
         return Err(format!("`{text}` is {bytes} bytes, not a whole number of 4 KiB blocks; {hint}"));
     }
     Ok(bytes)
@@ -96,6 +110,14 @@ mod tests {
         assert!(parse_size("G").is_err());
         assert!(parse_size("1.2.3G").is_err());
         assert!(parse_size("99999999999P").is_err());
+        // Whole numbers are exact up to 2^64 - 1; beyond, or as a float near it, out of range.
+        assert_eq!(parse_size("18446744073709551615").unwrap(), u64::MAX);
+        assert!(parse_size("18446744073709551616").unwrap_err().contains("out of range"));
+        assert!(parse_size("16384P").unwrap_err().contains("out of range"));
+        assert!(parse_size("16384.0P").unwrap_err().contains("out of range"));
+        assert_eq!(parse_size("16383P").unwrap(), 16383 << 50);
+        let e = parse_block_size("18446744073709547521").unwrap_err();
+        assert!(e.contains("not a whole number of 4 KiB blocks"), "{e}");
     }
 
     #[test]

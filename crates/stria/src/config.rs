@@ -250,6 +250,34 @@ mod tests {
         );
     }
 
+    /// Every configuration file shipped in contrib/ loads with the daemon's parser, and sets the
+    /// keys it shows outside any table (a key after `[tls]` belongs to that table).
+    #[test]
+    fn the_shipped_configuration_files_load() {
+        let contrib = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../contrib");
+        let mut loaded = 0;
+        for entry in std::fs::read_dir(&contrib).expect("contrib/") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_none_or(|e| e != "toml") {
+                continue;
+            }
+            let file = load(&path).unwrap_or_else(|e| panic!("{e:#}"));
+            let text = std::fs::read_to_string(&path).expect("read");
+            let shown = |key: &str| text.lines().any(|l| l.starts_with(&format!("{key} =")));
+            for (key, set) in [
+                ("pool", file.pool.is_some()),
+                ("http", file.http.is_some()),
+                ("http_token_file", file.http_token_file.is_some()),
+                ("rebuild_rate", file.rebuild_rate.is_some()),
+                ("metadata_cache", file.metadata_cache.is_some()),
+            ] {
+                assert_eq!(shown(key), set, "{}: `{key}` as written and as parsed differ", path.display());
+            }
+            loaded += 1;
+        }
+        assert!(loaded > 0, "no configuration file in {}", contrib.display());
+    }
+
     #[test]
     fn a_reload_reports_what_needs_a_restart() {
         let dir = tempfile::tempdir().expect("tempdir");

@@ -57,7 +57,9 @@ pub(crate) struct ServeOptions {
     /// Clients must present a certificate from a CA in this PEM file (`--tls-client-ca`).
     pub(crate) tls_client_ca: Option<PathBuf>,
     pub(crate) force: bool,
-    pub(crate) rebuild_rate_bytes: u64,
+    /// `--rebuild-rate` (or the configuration file's): overrides the pool's stored rate while
+    /// this daemon runs.
+    pub(crate) rebuild_rate_bytes: Option<u64>,
     /// Bound on cached checksum pages (`Pool::set_metadata_cache`).
     pub(crate) metadata_cache_bytes: u64,
     /// The HTTP listener (metrics, REST API, dashboard), if any.
@@ -235,7 +237,17 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
     let _lock = dir.lock()?;
     let pool = Arc::new(dir.open_pool(Opener::Daemon { force: opts.force }).await?);
     let catalog = Arc::new(Catalog::open(Arc::clone(&pool)).await?);
-    pool.set_rebuild_rate(opts.rebuild_rate_bytes);
+    if let Some(rate) = opts.rebuild_rate_bytes {
+        let stored = pool.rebuild_rate();
+        pool.set_rebuild_rate(rate);
+        if rate != stored {
+            tracing::info!(
+                bytes_per_sec = rate,
+                stored_bytes_per_sec = stored,
+                "rebuild rate from --rebuild-rate or the configuration file, instead of the pool's"
+            );
+        }
+    }
     pool.set_metadata_cache(opts.metadata_cache_bytes);
     let report = pool.recovery_report();
     if report.journal_txns_replayed + report.rows_resynced > 0 {

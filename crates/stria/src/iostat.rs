@@ -138,7 +138,8 @@ where
 {
     let mut before = sample().await?;
     let mut printed = 0;
-    while count.is_none_or(|c| printed < c) {
+    // A closed stdout (`stria iostat | head`) ends it: nobody reads the reports any more.
+    while count.is_none_or(|c| printed < c) && !crate::stdio::stdout_gone() {
         tokio::time::sleep(interval).await;
         let now = sample().await?;
         let secs = (now.time_ms.saturating_sub(before.time_ms) as f64 / 1e3).max(1e-3);

@@ -1,14 +1,21 @@
 //! The `stria` command: CLI and daemon in one binary.
 #![forbid(unsafe_code)]
 
-/// `println!` that ends the process quietly when stdout is closed (`stria status | head`).
+/// `println!` that never panics: a closed stdout ends the output, not the command (stdio.rs).
 macro_rules! outln {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        if writeln!(std::io::stdout(), $($arg)*).is_err() {
-            std::process::exit(0);
-        }
-    }};
+    () => {
+        $crate::stdio::out(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::stdio::out(format_args!($($arg)*))
+    };
+}
+
+/// `eprintln!` that never panics: a closed stderr loses the line, nothing else (stdio.rs).
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::stdio::err(format_args!($($arg)*))
+    };
 }
 
 mod config;
@@ -25,6 +32,7 @@ mod output;
 mod pooldir;
 mod refusal;
 mod stats;
+mod stdio;
 mod transfer;
 
 use std::path::PathBuf;
@@ -93,8 +101,8 @@ enum Command {
         /// Number of reports (default: until interrupted).
         count: Option<u64>,
     },
-    /// Create the default demo pool if there is none (2 fast + 6 capacity file drives and an
-    /// ec:4+2 volume), then serve it.
+    /// Create the default demo pool if there is none (2 fast + 6 capacity file drives and a
+    /// tiered:ec:4+2 volume vol0), then serve it.
     Up(UpArgs),
 }
 
@@ -149,8 +157,8 @@ enum VolumeCmd {
     /// Create a volume.
     Create {
         name: String,
-        /// Size, e.g. 64G.
-        #[arg(long, value_parser = parse_block_size)]
+        /// Size, e.g. 64G (at most 1024P).
+        #[arg(long, value_parser = parse_volume_size)]
         size: u64,
         /// raid0[:W], raid1[:N], raid10[:WxN], ec:K+M (K+1 is RAID-5, K+2 RAID-6),
         /// tiered:ec:K+M (thin, log-structured: write cache and map on fast drives, whole
@@ -200,7 +208,7 @@ enum VolumeCmd {
     /// Grow or shrink a volume (shrinking discards the tail, and needs --allow-shrink).
     Resize {
         name: String,
-        #[arg(long, value_parser = parse_block_size)]
+        #[arg(long, value_parser = parse_volume_size)]
         size: u64,
         /// Shrink: discard everything past the new end.
         #[arg(long)]
@@ -241,13 +249,18 @@ enum VolumeCmd {
     Import { name: String, file: PathBuf },
     /// Copy a volume out into a raw image file (byte-exact, sparse where the volume is), or onto
     /// a device (written in place). Refuses an existing file, a block device and a drive of
-    /// another pool unless --overwrite; never writes a drive of this pool or one in use.
+    /// another pool unless --overwrite; never writes a drive of this pool or one in use. A block
+    /// that cannot be read (no good copy or parity) stops it, naming the block.
     Export {
         name: String,
         file: PathBuf,
         /// Replace FILE if it exists, or write over the block device it names.
         #[arg(long)]
         overwrite: bool,
+        /// Go on past blocks that cannot be read: the image gets zeros there, each such range is
+        /// listed, and the command exits 1.
+        #[arg(long)]
+        skip_unreadable: bool,
     },
 }
 
@@ -293,6 +306,18 @@ impl QosArgs {
         }
         update.apply(stria_engine::QosSpec::default()).map_err(anyhow::Error::msg)
     }
+}
+
+/// A volume's `--size`: whole 4 KiB blocks, and no more than a volume may be.
+fn parse_volume_size(text: &str) -> Result<u64, String> {
+    let bytes = parse_size(text)?;
+    if bytes > stria_engine::VOLUME_BYTES_MAX {
+        return Err(format!(
+            "`{text}` ({bytes} bytes) is too large: a volume is at most {} (2^60 bytes)",
+            stria_engine::units::format_size(stria_engine::VOLUME_BYTES_MAX)
+        ));
+    }
+    parse_block_size(text)
 }
 
 fn parse_interval(text: &str) -> Result<f64, String> {
@@ -423,7 +448,9 @@ enum DriveCmd {
         #[arg(long)]
         overwrite: bool,
     },
-    /// Limit rebuild bandwidth (e.g. 200M per second; 0 = unlimited). Needs the daemon.
+    /// Limit rebuild bandwidth (e.g. 200M per second; 0 = unlimited). Kept in the pool: it
+    /// applies at once and after restarts (a daemon started with --rebuild-rate, or with
+    /// rebuild_rate in its configuration file, uses that instead until it stops).
     RebuildRate {
         #[arg(value_parser = parse_size)]
         rate: u64,
@@ -464,9 +491,10 @@ struct ServeArgs {
     /// the missing ones (docs/on-disk-format.md, commit protocol).
     #[arg(long)]
     force: bool,
-    /// Rebuild bandwidth limit (e.g. 200M per second; 0 = unlimited).
-    #[arg(long, value_parser = parse_size, default_value = "0")]
-    rebuild_rate: u64,
+    /// Rebuild bandwidth limit while this daemon runs (e.g. 200M per second; 0 = unlimited).
+    /// Without it, the rate kept in the pool applies (`stria drive rebuild-rate`; none at first).
+    #[arg(long, value_parser = parse_size)]
+    rebuild_rate: Option<u64>,
     /// Memory for cached checksum pages, split over the drives (each 4 KiB page covers 4 MiB of
     /// a drive; pages are read from the drives on demand beyond this).
     #[arg(long, value_parser = parse_size, default_value = "256M")]
@@ -516,12 +544,15 @@ struct UpArgs {
     #[arg(long, value_parser = parse_block_size, default_value = "2G")]
     drive_size: u64,
     /// Size of the default volume.
-    #[arg(long, value_parser = parse_block_size, default_value = "4G")]
+    #[arg(long, value_parser = parse_volume_size, default_value = "4G")]
     volume_size: u64,
     /// No HTTP listener (by default `up` serves metrics, API and dashboard on 127.0.0.1:9810).
     #[arg(long, conflicts_with = "http")]
     no_http: bool,
 }
+
+/// The layout of the volume `stria up` makes in a new pool (its help says it).
+const UP_LAYOUT: &str = "tiered:ec:4+2";
 
 /// Where `stria up` serves metrics, the REST API and the dashboard.
 const DEFAULT_HTTP_PORT: u16 = 9810;
@@ -577,7 +608,7 @@ fn main() {
     let filter = match log_filter(&cli.log_level) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("error: {e}");
+            errln!("error: {e}");
             std::process::exit(2);
         }
     };
@@ -611,33 +642,47 @@ fn main() {
             .enable_all()
             .build(),
     };
+    let runtime = match runtime {
+        Ok(rt) => rt,
+        Err(e) => {
+            errln!("error: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
     let pool_path = cli.pool.clone();
-    let result = match runtime {
-        // On a thread of its own with a large stack: an unoptimized build polls the commands'
-        // futures with stack frames of several MiB each (the release build needs far less).
-        Ok(rt) => std::thread::Builder::new()
+    // On a thread of its own with a large stack: an unoptimized build polls the commands' futures
+    // with stack frames of several MiB each (the release build needs far less).
+    let result = std::thread::scope(|scope| {
+        std::thread::Builder::new()
             .name("stria-main".into())
             .stack_size(RUNTIME_STACK_BYTES)
-            .spawn(move || rt.block_on(Box::pin(run(cli))))
+            .spawn_scoped(scope, || runtime.block_on(Box::pin(run(cli))))
             .map_err(anyhow::Error::from)
-            .and_then(|t| t.join().unwrap_or_else(|_| Err(anyhow::anyhow!("the main task panicked")))),
-        Err(e) => Err(e.into()),
-    };
-    match result {
-        Ok(code) => std::process::exit(code),
+            .and_then(|t| t.join().unwrap_or_else(|_| Err(anyhow::anyhow!("the command panicked"))))
+    });
+    let code = match result {
+        Ok(code) => stdio::exit_code(code),
+        Err(e) if e.downcast_ref::<Interrupted>().is_some() => {
+            errln!("error: {e:#}");
+            INTERRUPTED
+        }
         Err(e) => {
             let message = format!("{e:#}");
-            eprintln!("error: {message}");
+            errln!("error: {message}");
             // Refused because writes are suspended (the engine's message names no command).
             if refusal::kind_of(&e) == stria_engine::ErrorKind::Suspended {
-                eprintln!(
+                errln!(
                     "hint: free space on the filesystem holding the drives, then run `stria pool clear --pool {}`",
                     pool_path.display()
                 );
             }
-            std::process::exit(1);
+            1
         }
-    }
+    };
+    // The message is out before the runtime winds down (its tasks are dropped, its threads
+    // joined): whatever happens there, the operator has read why the command failed.
+    drop(runtime);
+    std::process::exit(code);
 }
 
 /// Stack of the thread that runs a command and of the runtime's workers (virtual memory: pages
@@ -758,7 +803,7 @@ async fn run(cli: Cli) -> Result<i32> {
 /// Warns (on stderr) when sparse drive files promise more than their filesystem has.
 fn warn_overcommit(dir: &PoolDir) {
     for w in dir.overcommit_warnings() {
-        eprintln!("warning: {w}");
+        errln!("warning: {w}");
     }
 }
 
@@ -848,7 +893,7 @@ async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
         VolumeCmd::List { json } => {
             let v = request(dir, Request::Status).await?;
             if json {
-                print_json(&v["volumes"]);
+                print_json(&serde_json::to_value(view::<StatusView>(v)?.volume_list())?);
             } else {
                 output::volumes(&view(v)?);
             }
@@ -906,16 +951,34 @@ async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
             outln!("imported {} bytes into {}", v["bytes"], v["volume"].as_str().unwrap_or(""));
             Ok(())
         }
-        VolumeCmd::Export { name, file, overwrite } => {
+        VolumeCmd::Export { name, file, overwrite, skip_unreadable } => {
             let path = pooldir::absolute(&file)?;
-            let v = request(dir, Request::VolumeExport { name, path, overwrite }).await?;
+            let v = request(dir, Request::VolumeExport { name, path, overwrite, skip_unreadable }).await?;
             outln!(
                 "exported {} bytes of {} to {}",
                 v["bytes"],
                 v["volume"].as_str().unwrap_or(""),
                 file.display()
             );
-            Ok(())
+            let unreadable = v["unreadable"].as_array().cloned().unwrap_or_default();
+            if unreadable.is_empty() {
+                return Ok(());
+            }
+            for r in &unreadable {
+                let (offset, len) =
+                    (r["offset_bytes"].as_u64().unwrap_or(0), r["len_bytes"].as_u64().unwrap_or(0));
+                errln!(
+                    "unreadable: bytes {offset}..{} ({} blocks of 4 KiB) are zeros in {}",
+                    offset + len,
+                    len.div_ceil(4096),
+                    file.display()
+                );
+            }
+            bail!(
+                "{} bytes of {} could not be read (listed above); everything else was copied",
+                v["unreadable_bytes"],
+                v["volume"].as_str().unwrap_or("")
+            )
         }
     }
 }
@@ -997,7 +1060,7 @@ async fn up(dir: PoolDir, args: UpArgs) -> Result<()> {
         let vol0 = CreateVolume {
             name: "vol0".into(),
             size_bytes: args.volume_size,
-            layout: "tiered:ec:4+2".into(),
+            layout: UP_LAYOUT.into(),
             chunk_bytes: None,
             class: None,
             cache_bytes: None,
@@ -1007,8 +1070,8 @@ async fn up(dir: PoolDir, args: UpArgs) -> Result<()> {
         };
         catalog.create(vol0).await?;
         catalog.close().await?;
-        eprintln!(
-            "created the default pool in {} (2 fast + 6 capacity drives) with volume vol0 (tiered:ec:4+2)",
+        errln!(
+            "created the default pool in {} (2 fast + 6 capacity drives) with volume vol0 ({UP_LAYOUT})",
             dir.path.display()
         );
     }
@@ -1095,15 +1158,12 @@ async fn drive(dir: &PoolDir, cmd: DriveCmd) -> Result<()> {
             }
         }
         DriveCmd::RebuildRate { rate } => {
-            if !control::daemon_running(&dir.control_socket()).await {
-                bail!(
-                    "no daemon is running on this pool; give the rate when starting it: \
-                     `stria serve --pool {} --rebuild-rate {rate}`",
-                    dir.path.display()
-                );
-            }
             request(dir, Request::RebuildRate { bytes_per_sec: rate }).await?;
-            outln!("rebuild rate set to {}/s", stria_engine::units::format_size(rate));
+            if rate == 0 {
+                outln!("rebuild rate set to unlimited (kept in the pool)");
+            } else {
+                outln!("rebuild rate set to {}/s (kept in the pool)", stria_engine::units::format_size(rate));
+            }
         }
         DriveCmd::ClearErrors { drive, all: _ } => {
             let v = request(dir, Request::DriveClearErrors { drive }).await?;
@@ -1190,10 +1250,70 @@ async fn request(dir: &PoolDir, req: Request) -> Result<Value> {
     let _lock = dir.lock()?;
     let catalog = Catalog::open(std::sync::Arc::new(dir.open_pool(Opener::Command).await?)).await?;
     let ctx = Ctx { catalog: &catalog, dir, daemon: false, clients: None };
-    let result = ops::execute(&ctx, req, &mut |p: Progress| bar.update(&p)).await;
-    bar.finish();
-    catalog.close().await?;
-    result
+    let read_only = req.is_read_only();
+    let bar = parking_lot::Mutex::new(bar);
+    let finish = || std::mem::replace(&mut *bar.lock(), output::Bar::new()).finish();
+    let mut on_progress = |p: Progress| bar.lock().update(&p);
+    let work = ops::execute(&ctx, req, &mut on_progress);
+    if read_only {
+        let result = work.await;
+        finish();
+        catalog.close().await?;
+        return result;
+    }
+    // A change may run long (a rebuild, a scrub, an import): Ctrl-C or SIGTERM stops it at its
+    // next safe point and closes the pool cleanly, as the daemon does at shutdown.
+    tokio::pin!(work);
+    let signal = tokio::select! {
+        result = &mut work => {
+            finish();
+            catalog.close().await?;
+            return result;
+        }
+        // (Were the signals not to be had, the operation just runs to its end.)
+        Ok(signal) = interrupt() => signal,
+    };
+    errln!("\n{signal}: stopping at the next safe point and closing the pool (again to exit at once)");
+    tokio::spawn(async {
+        if interrupt().await.is_ok() {
+            errln!("exiting at once: the next open recovers the pool as after a crash");
+            std::process::exit(INTERRUPTED);
+        }
+    });
+    // The close refuses new requests and rebuild or move rows, waits for those in flight and
+    // flushes; the operation, still polled meanwhile, ends at its next step.
+    let (closed, result) = tokio::join!(catalog.close(), work);
+    finish();
+    closed?;
+    if let Err(e) = result {
+        tracing::debug!(error = %format!("{e:#}"), "the interrupted operation ended with an error");
+    }
+    Err(Interrupted(format!(
+        "interrupted by {signal}: the pool was closed cleanly. What the command had not done yet is not \
+         done; a rebuild or rebalance in progress goes on when the daemon starts (`stria serve --pool {}`) \
+         and `stria status` shows what is left",
+        dir.path.display()
+    ))
+    .into())
+}
+
+/// What an offline command ended with when a signal stopped it (exit code [`INTERRUPTED`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Interrupted(String);
+
+/// The exit code of a command stopped by SIGINT or SIGTERM (128 + SIGINT, as shells report).
+const INTERRUPTED: i32 = 130;
+
+/// Waits for SIGINT or SIGTERM; returns which.
+async fn interrupt() -> Result<&'static str> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    Ok(tokio::select! {
+        _ = int.recv() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    })
 }
 
 #[cfg(test)]
@@ -1265,6 +1385,15 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn up_says_which_volume_it_makes() {
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        let up = cli.find_subcommand_mut("up").expect("up");
+        let help = up.render_long_help().to_string();
+        assert!(help.contains(&format!("a {UP_LAYOUT} volume vol0")), "{help}");
     }
 
     #[test]

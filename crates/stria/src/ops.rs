@@ -52,6 +52,11 @@ pub(crate) enum Request {
         /// nor one another process holds).
         #[serde(default)]
         overwrite: bool,
+        /// Go on past blocks that cannot be read (none of their copies or parity is good),
+        /// leaving zeros in the image there and listing them; by default the export stops at
+        /// the first.
+        #[serde(default)]
+        skip_unreadable: bool,
     },
     DriveFail {
         drive: String,
@@ -228,14 +233,41 @@ fn check_not_last_copy(pool: &Pool<FileDevice>, slot: u32, what: &str, force: bo
     })
 }
 
-/// Refuses to rebuild onto a drive when no volume on it has anything to rebuild from.
+/// Refuses to rebuild onto drive `slot` (`drive replace`, `drive online`) when a volume on it has
+/// nothing to rebuild from. Both rebuild the drive in full from the others: stria does not take
+/// back a failed drive's old contents, since it does not know which writes the drive missed while
+/// it was out. So bringing a failed drive back never gives a rebuild a source, and the refusal
+/// does not suggest it; for a raid0 volume (a member on it failed with --force, its bytes still on
+/// the device) nothing inside stria can bring that data back.
 fn check_rebuild_source(pool: &Pool<FileDevice>, slot: u32, force: bool) -> Result<()> {
-    let lost = pool.volumes_lost_without(slot).into_iter().map(|(name, _)| name).collect();
-    guard(lost, force, |volumes| {
+    let lost: Vec<String> = pool.volumes_lost_without(slot).into_iter().map(|(name, _)| name).collect();
+    let meta = pool.meta();
+    let (raid0, other): (Vec<String>, Vec<String>) = lost.iter().cloned().partition(|n| {
+        meta.volume(n).is_some_and(|v| matches!(v.layout, stria_engine::Layout::Raid0 { .. }))
+    });
+    guard(lost, force, |_| {
+        let mut why = Vec::new();
+        if !raid0.is_empty() {
+            why.push(format!(
+                "volume(s) {} are raid0: there is no copy or parity of their part",
+                raid0.join(", ")
+            ));
+        }
+        if !other.is_empty() {
+            why.push(format!(
+                "volume(s) {} have lost more members than their copies or parity cover",
+                other.join(", ")
+            ));
+        }
         format!(
-            "nothing to rebuild drive {slot} from: volume(s) {volumes} have no other copy or parity of \
-             what it held (too many drives failed). Bring a failed drive back first (`stria drive online \
-             ID`), or run the same command again with --force to accept that their data there is lost"
+            "nothing to rebuild drive {slot} from: {}. A drive brought back or replaced is rebuilt in full \
+             from the other drives (stria does not take back a failed drive's old contents: it cannot know \
+             what the drive missed while it was out), so their data on it would be lost. Those volumes \
+             stay failed until deleted, and their data on drive {slot} is left as it is for as long as the \
+             device is not reused. To give it up, delete them (`stria volume delete NAME`) and run this \
+             command again, or run it again with --force: the drive comes back for the other volumes and \
+             those stay failed",
+            why.join("; ")
         )
     })
 }
@@ -327,8 +359,15 @@ pub(crate) async fn execute(
             Ok(json!({ "deleted": name }))
         }
         Request::VolumeImport { name, path } => transfer::import(catalog, &name, &path, progress).await,
-        Request::VolumeExport { name, path, overwrite } => {
-            transfer::export(catalog, &name, &path, overwrite, progress).await
+        Request::VolumeExport { name, path, overwrite, skip_unreadable } => {
+            transfer::export(
+                catalog,
+                &name,
+                &path,
+                transfer::ExportOptions { overwrite, skip_unreadable },
+                progress,
+            )
+            .await
         }
         Request::DriveFail { drive, force } => {
             let slot = find_drive(pool, &drive)?;
@@ -418,7 +457,7 @@ pub(crate) async fn execute(
             Ok(json!({ "rebalance": "done", "report": to_json(&report)? }))
         }
         Request::RebuildRate { bytes_per_sec } => {
-            pool.set_rebuild_rate(bytes_per_sec);
+            pool.store_rebuild_rate(bytes_per_sec).await?;
             Ok(json!({ "rebuild_rate_bytes_per_sec": bytes_per_sec }))
         }
         Request::DriveClearErrors { drive } => {

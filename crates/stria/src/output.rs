@@ -236,55 +236,33 @@ fn example_layout(drives: &[DriveStatus]) -> String {
     }
 }
 
-/// The volume table.
+/// The volume table: the volumes clients see ([`StatusView::volume_list`], as `--json` gives
+/// them).
 pub(crate) fn volumes(v: &StatusView) {
-    let mut rows: Vec<Vec<String>> = v
-        .pool
-        .volumes
-        .iter()
-        .filter(|vol| vol.role == "plain")
-        .map(|vol| {
-            let rebuild = match &vol.rebuild {
+    let dash = || "-".to_string();
+    let rows: Vec<Vec<String>> = v
+        .volume_list()
+        .into_iter()
+        .map(|e| {
+            let rebuild = match &e.rebuild {
                 Some(r) => format!("{}%", r.rows_done * 100 / r.rows_total.max(1)),
-                None => "-".into(),
+                None => dash(),
+            };
+            let layout = match &e.origin {
+                Some(origin) => format!("clone of {origin}"),
+                None => e.layout.unwrap_or_else(dash),
             };
             vec![
-                vol.name.clone(),
-                vol.layout.clone(),
-                size(vol.size_bytes),
-                size(vol.chunk_bytes),
-                vol.class.clone(),
-                state(vol.state),
+                e.name,
+                layout,
+                e.size_bytes.map_or_else(dash, size),
+                e.chunk_bytes.map_or_else(dash, size),
+                e.class.unwrap_or_else(dash),
+                e.state,
                 rebuild,
             ]
         })
         .collect();
-    for l in &v.log {
-        rows.push(vec![
-            l.name.clone(),
-            l.layout.clone(),
-            size(l.size_bytes),
-            "4 KiB".into(),
-            if l.layout.starts_with("tiered:") { "fast+capacity" } else { "capacity" }.into(),
-            log_state(l),
-            "-".into(),
-        ]);
-    }
-    for c in &v.clones {
-        rows.push(vec![
-            c.name.clone(),
-            format!("clone of {}@{}", c.origin, c.snapshot),
-            size(c.size_bytes),
-            "4 KiB".into(),
-            "-".into(),
-            "-".into(),
-            "-".into(),
-        ]);
-    }
-    for u in &v.unavailable {
-        let dash = || "-".to_string();
-        rows.push(vec![u.name.clone(), dash(), dash(), dash(), dash(), "unavailable".into(), dash()]);
-    }
     if rows.is_empty() {
         outln!(
             "no volumes (create one with `stria volume create NAME --size SIZE --layout {}`)",
@@ -301,7 +279,9 @@ fn log_state(l: &stria_tier::lsv::LogStatus) -> String {
     if l.full { format!("{}, full", state(l.state)) } else { state(l.state) }
 }
 
-/// The parts of a log-structured volume, with their drives' counters.
+/// The parts of a log-structured volume: what was written to each, what its writes put on its
+/// drives (TO DRIVES, the write amplification's measure), and its drives' own counters, which
+/// count every volume on those drives.
 fn parts_table(parts: &[PartStatus]) {
     let rows: Vec<Vec<String>> = parts
         .iter()
@@ -313,6 +293,7 @@ fn parts_table(parts: &[PartStatus]) {
                 size(p.size_bytes),
                 state(p.state),
                 size(p.write_bytes),
+                size(p.member_write_bytes),
                 size(p.drive_bytes_written),
                 size(p.drive_bytes_read),
                 format!("{}/{}", p.full_stripe_writes, p.partial_stripe_writes),
@@ -328,8 +309,9 @@ fn parts_table(parts: &[PartStatus]) {
             "SIZE",
             "STATE",
             "WRITTEN",
-            "DRIVE WRITES",
-            "DRIVE READS",
+            "TO DRIVES",
+            "DRIVES' WRITES",
+            "DRIVES' READS",
             "FULL/PARTIAL",
         ],
         &rows,

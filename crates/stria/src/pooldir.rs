@@ -417,8 +417,16 @@ impl PoolDir {
             for _ in 0..n {
                 let path = drives_dir.join(format!("{class}-{slot}.img"));
                 slot += 1;
-                let dev = FileDevice::create(&path, drive_bytes)
-                    .with_context(|| format!("cannot create drive file {}", path.display()))?;
+                let dev = match FileDevice::create(&path, drive_bytes) {
+                    Ok(dev) => dev,
+                    Err(e) => {
+                        // Nothing of this create is left behind: a retry starts clean.
+                        for p in &made {
+                            let _ = fs::remove_file(p);
+                        }
+                        return Err(drive_file_error(&path, drive_bytes, e));
+                    }
+                };
                 made.push(path.clone());
                 drives.push(NewDrive {
                     dev,
@@ -478,6 +486,21 @@ impl PoolDir {
         }
         Ok(())
     }
+}
+
+/// Why `pool create` could not make drive file `path`, said once (the error's own text names the
+/// path, the call and the errno; anyhow's chain would repeat them).
+fn drive_file_error(path: &Path, drive_bytes: u64, e: stria_dev::OpenError) -> anyhow::Error {
+    if let stria_dev::OpenError::Io { op: "create", source, .. } = &e
+        && source.kind() == std::io::ErrorKind::AlreadyExists
+    {
+        return anyhow!(
+            "{} exists already: `pool create` makes new drive files and never writes over one. If it is \
+             left from an earlier attempt, remove it; to use it as a drive, give it with --drive CLASS:PATH",
+            path.display()
+        );
+    }
+    anyhow!("cannot create a drive file of {}: {e}", format_size(drive_bytes))
 }
 
 /// [`PoolDir::overcommit_warnings`] for these drive paths.

@@ -30,9 +30,9 @@ use std::sync::Arc;
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value, json};
 use stria_catalog::Catalog;
-use stria_dev::{DriveLock, IoBytes, OpenError};
+use stria_dev::{BLOCK_BYTES, DriveLock, IoBytes, OpenError};
 use stria_engine::units::format_size;
-use stria_engine::{BlockVolume, Durability, Zeroing};
+use stria_engine::{BlockVolume, Durability, ErrorKind, Zeroing};
 
 use crate::drive_check;
 use crate::ops::{Progress, ProgressFn};
@@ -74,27 +74,51 @@ pub(crate) async fn import(
 }
 
 /// Copies volume `name` out to `path` (see the module's doc for what `overwrite` allows).
+/// How an export may treat what is there and what cannot be read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ExportOptions {
+    /// Replace an existing file, or write over a block device.
+    pub(crate) overwrite: bool,
+    /// Go on past blocks no copy or parity can give back: zeros in the image there, each range
+    /// listed in the reply (`unreadable`). By default the first stops the export, naming it.
+    pub(crate) skip_unreadable: bool,
+}
+
 pub(crate) async fn export(
     catalog: &Catalog<Dev>,
     name: &str,
     path: &Path,
-    overwrite: bool,
+    opts: ExportOptions,
     progress: ProgressFn<'_>,
 ) -> Result<Value> {
     let vol = catalog.lookup(name).ok_or_else(|| refusal::not_found(format!("no volume named `{name}`")))?;
     let size = vol.size_bytes();
-    match Target::open(catalog, name, path, size, overwrite).await? {
-        Target::Replace { replace, _hold } => {
-            export_to_file(vol.as_ref(), name, path, replace, progress).await?
-        }
+    let mut copy = ImageCopy {
+        vol: vol.as_ref(),
+        name,
+        path,
+        skip_unreadable: opts.skip_unreadable,
+        unreadable: Vec::new(),
+    };
+    match Target::open(catalog, name, path, size, opts.overwrite).await? {
+        Target::Replace { replace, _hold } => export_to_file(&mut copy, replace, progress).await?,
         Target::InPlace { mut file, block, _hold } => {
-            copy_out(vol.as_ref(), name, &mut file, false, progress).await?;
+            copy.copy_out(&mut file, false, progress).await?;
             if block {
                 file.sync_all().with_context(|| format!("cannot sync {}", path.display()))?;
             }
         }
     }
-    Ok(json!({ "volume": name, "bytes": size, "path": path }))
+    let ranges: Vec<Value> =
+        copy.unreadable.iter().map(|(o, l)| json!({ "offset_bytes": o, "len_bytes": l })).collect();
+    let unreadable_bytes: u64 = copy.unreadable.iter().map(|(_, l)| l).sum();
+    Ok(json!({
+        "volume": name,
+        "bytes": size,
+        "path": path,
+        "unreadable": ranges,
+        "unreadable_bytes": unreadable_bytes,
+    }))
 }
 
 /// Where an export goes.
@@ -304,13 +328,8 @@ fn partial_path(path: &Path) -> PathBuf {
 
 /// Writes the volume to `PATH.stria-partial`, then renames it to `path`: over an existing file
 /// when `replace`, and only if nothing is at `path` otherwise.
-async fn export_to_file(
-    vol: &dyn BlockVolume,
-    name: &str,
-    path: &Path,
-    replace: bool,
-    progress: ProgressFn<'_>,
-) -> Result<()> {
+async fn export_to_file(copy: &mut ImageCopy<'_>, replace: bool, progress: ProgressFn<'_>) -> Result<()> {
+    let (name, path) = (copy.name, copy.path);
     let partial = partial_path(path);
     let mut file = match OpenOptions::new().write(true).create_new(true).open(&partial) {
         Ok(f) => f,
@@ -322,8 +341,8 @@ async fn export_to_file(
         Err(e) => return Err(e).with_context(|| format!("cannot create {}", partial.display())),
     };
     let written = async {
-        copy_out(vol, name, &mut file, true, progress).await?;
-        file.set_len(vol.size_bytes())?;
+        copy.copy_out(&mut file, true, progress).await?;
+        file.set_len(copy.vol.size_bytes())?;
         file.sync_all()?;
         if replace {
             std::fs::rename(&partial, path)?;
@@ -365,34 +384,95 @@ fn rename_no_replace(from: &Path, to: &Path) -> Result<()> {
     }
 }
 
-/// Copies the whole volume to `out` from where it stands. With `sparse`, unallocated ranges are
-/// skipped (a new file reads zeros there); without, they are written as zeros (a device keeps
-/// what it had, a stream has no holes).
-async fn copy_out(
-    vol: &dyn BlockVolume,
-    name: &str,
-    out: &mut File,
-    sparse: bool,
-    progress: ProgressFn<'_>,
-) -> Result<()> {
-    let size = vol.size_bytes();
-    let zeros = vec![0u8; COPY_STEP_BYTES];
-    let mut at = 0u64;
-    while at < size {
-        let n = usize::try_from(size - at).unwrap_or(usize::MAX).min(COPY_STEP_BYTES);
-        let status = vol.block_status(at, n as u64).await?;
-        if status.iter().all(|e| e.unallocated) {
-            if sparse {
-                out.seek(SeekFrom::Current(n as i64))?;
+/// One export's copy: the volume, and the unreadable ranges met so far.
+struct ImageCopy<'a> {
+    vol: &'a dyn BlockVolume,
+    name: &'a str,
+    path: &'a Path,
+    skip_unreadable: bool,
+    /// Unreadable (offset, length) ranges, adjacent blocks merged.
+    unreadable: Vec<(u64, u64)>,
+}
+
+impl ImageCopy<'_> {
+    /// Copies the volume into `out` from its start; a `sparse` (new, empty) file skips holes
+    /// instead of writing zeros.
+    async fn copy_out(&mut self, out: &mut File, sparse: bool, progress: ProgressFn<'_>) -> Result<()> {
+        let size = self.vol.size_bytes();
+        let zeros = vec![0u8; COPY_STEP_BYTES];
+        let mut at = 0u64;
+        while at < size {
+            let n = usize::try_from(size - at).unwrap_or(usize::MAX).min(COPY_STEP_BYTES);
+            let status = self.vol.block_status(at, n as u64).await?;
+            if status.iter().all(|e| e.unallocated) {
+                skip(out, &zeros[..n], sparse)?;
             } else {
-                out.write_all(&zeros[..n])?;
+                match self.vol.read(at, n).await {
+                    Ok(data) => out.write_all(&data)?,
+                    Err(e) if e.kind() == ErrorKind::Unrecoverable => {
+                        self.around_unreadable(out, at, n, sparse, &zeros).await?;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             }
-        } else {
-            let data = vol.read(at, n).await?;
-            out.write_all(&data)?;
+            at += n as u64;
+            progress(Progress { what: format!("export {}", self.name), done: at, total: size });
         }
-        at += n as u64;
-        progress(Progress { what: format!("export {name}"), done: at, total: size });
+        Ok(())
+    }
+
+    /// The `len_bytes` at `at` that did not read in one request, block by block: what reads goes
+    /// into `out`; an unreadable block stops the export (naming it), or with `skip_unreadable`
+    /// leaves zeros there and joins `unreadable`.
+    async fn around_unreadable(
+        &mut self,
+        out: &mut File,
+        at: u64,
+        len_bytes: usize,
+        sparse: bool,
+        zeros: &[u8],
+    ) -> Result<()> {
+        let end = at + len_bytes as u64;
+        let mut off = at;
+        while off < end {
+            let len = usize::try_from((end - off).min(BLOCK_BYTES)).expect("one block");
+            match self.vol.read(off, len).await {
+                Ok(data) => out.write_all(&data)?,
+                Err(e) if e.kind() == ErrorKind::Unrecoverable && !self.skip_unreadable => {
+                    let (name, path) = (self.name, self.path.display());
+                    return Err(anyhow!(
+                        "{e}. The export stopped there; `stria volume export {name} {path} --skip-unreadable` \
+                         copies the rest, with zeros where blocks cannot be read, and lists them"
+                    ));
+                }
+                Err(e) if e.kind() == ErrorKind::Unrecoverable => {
+                    skip(out, &zeros[..len], sparse)?;
+                    match self.unreadable.last_mut() {
+                        Some((o, l)) if *o + *l == off => *l += len as u64,
+                        _ => self.unreadable.push((off, len as u64)),
+                    }
+                    tracing::warn!(
+                        volume = self.name,
+                        offset_bytes = off,
+                        len_bytes = len,
+                        "unreadable block: zeros in the image"
+                    );
+                }
+                Err(e) => return Err(e.into()),
+            }
+            off += len as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Leaves `zeros.len()` bytes of zeros in `out`: a hole in a sparse (new) file, written zeros
+/// otherwise (a device, or a file that held data).
+fn skip(out: &mut File, zeros: &[u8], sparse: bool) -> Result<()> {
+    if sparse {
+        out.seek(SeekFrom::Current(zeros.len() as i64))?;
+    } else {
+        out.write_all(zeros)?;
     }
     Ok(())
 }

@@ -284,3 +284,32 @@ fn off_the_loopback_the_listener_needs_tls_and_reads_need_the_token() {
     let (code, log) = daemon.stop();
     assert_eq!(code, Some(0), "{log}");
 }
+
+/// `GET /api/v1/volumes` lists the volumes clients see, as `volume list --json` does: a tiered
+/// volume by its name (its parts only as names in its entry), and its clone.
+#[test]
+fn the_volume_list_is_of_client_visible_volumes() {
+    let (stria, daemon, port, _) = served();
+    expect(&stria, &["volume", "create", "vm", "--size", "32M", "--layout", "tiered:ec:4+2"], 0);
+    expect(&stria, &["snapshot", "create", "vm", "s"], 0);
+    expect(&stria, &["volume", "clone", "vm@s", "c"], 0);
+    let (status, body) = http(port, "GET", "/api/v1/volumes", None, "");
+    assert_eq!(status, 200, "{body}");
+    let api = json(&body);
+    let names: Vec<&str> =
+        api.as_array().expect("an array").iter().map(|v| v["name"].as_str().expect("name")).collect();
+    assert_eq!(names, ["c", "e", "r", "vm"], "{api}");
+    let cli = json(&expect(&stria, &["volume", "list", "--json"], 0).stdout);
+    assert_eq!(api, cli, "the API and `volume list --json` differ");
+    let vm = api.as_array().expect("array").iter().find(|v| v["name"] == "vm").expect("vm");
+    assert_eq!(
+        (vm["kind"].as_str(), vm["parts"].as_array().map(Vec::len)),
+        (Some("tiered"), Some(3)),
+        "{vm}"
+    );
+    // A part is still shown by name.
+    let (status, body) = http(port, "GET", "/api/v1/volumes/vm.seg", None, "");
+    assert_eq!(status, 200, "{body}");
+    let (code, log) = daemon.stop();
+    assert_eq!(code, Some(0), "{log}");
+}

@@ -8,5 +8,7 @@ mod exclusive_drives;
 mod http_api;
 mod no_clobber;
 mod operator_safety;
+mod operator_truths;
+mod process_exits;
 mod qos;
 mod service;

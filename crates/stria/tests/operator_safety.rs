@@ -305,13 +305,13 @@ fn item10_names_sizes_logs_signals_and_exit_codes() {
 
 /// A small ext4 filesystem on a loop device, mounted at `at`; unmounted (and the loop device
 /// freed) when dropped, also when the test fails.
-struct SmallFs {
+pub(crate) struct SmallFs {
     at: PathBuf,
 }
 
 impl SmallFs {
     /// `None` when this machine cannot mount one (not root): the caller skips, saying so.
-    fn mount(image: &Path, at: &Path, mib: u64) -> Option<SmallFs> {
+    pub(crate) fn mount(image: &Path, at: &Path, mib: u64) -> Option<SmallFs> {
         let run = |cmd: &mut Command| {
             cmd.stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
         };
@@ -337,7 +337,7 @@ impl SmallFs {
         assert!(ok.success(), "fallocate of the filler failed");
     }
 
-    fn free_space(&self) {
+    pub(crate) fn free_space(&self) {
         std::fs::remove_file(self.at.join("filler")).expect("remove the filler");
     }
 }

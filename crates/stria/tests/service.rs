@@ -197,3 +197,124 @@ fn iostat_reports_volumes_and_drives_from_the_daemon() {
     assert_eq!(out.stdout.matches("capacity, active").count(), 6, "3 drives, 2 reports: {}", out.stdout);
     serve.stop();
 }
+
+/// `KEY=VALUE` lines of a systemd unit, as (section, key, value).
+fn unit_entries(text: &str) -> Vec<(String, String, String)> {
+    let mut section = String::new();
+    let mut out = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = name.to_string();
+            continue;
+        }
+        let (key, value) = line.split_once('=').unwrap_or_else(|| panic!("not KEY=VALUE: {line}"));
+        out.push((section.clone(), key.trim().to_string(), value.trim().to_string()));
+    }
+    out
+}
+
+/// The documented systemd install works: the shipped unit is valid (`systemd-analyze verify`,
+/// where installed), its ExecStart is a `stria serve` command this binary takes, reading the
+/// configuration file the install copies from contrib/stria.toml; that file's paths are ones the
+/// unit lets the daemon write; and the daemon starts from that file as shipped (the test's own
+/// pool and listeners given as flags, which win over it). A file that does not parse made the
+/// unit restart for ever: exit 2 (bad arguments or configuration) now stops it.
+#[test]
+fn the_shipped_unit_and_configuration_file_start_the_daemon() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let unit_path = root.join("contrib/systemd/stria.service");
+    let config_path = root.join("contrib/stria.toml").canonicalize().expect("contrib/stria.toml");
+    let unit_text = std::fs::read_to_string(&unit_path).expect("the unit");
+    let unit = unit_entries(&unit_text);
+    let get = |section: &str, key: &str| -> Vec<String> {
+        unit.iter().filter(|(s, k, _)| s == section && k == key).map(|(_, _, v)| v.clone()).collect()
+    };
+    assert_eq!(get("Service", "Type"), ["notify"], "the daemon tells systemd when it is ready");
+    assert_eq!(get("Service", "Restart"), ["on-failure"]);
+    assert!(
+        get("Service", "RestartPreventExitStatus").iter().any(|v| v.split_whitespace().any(|c| c == "2")),
+        "a configuration error (exit 2) must not restart for ever"
+    );
+    let exec = get("Service", "ExecStart");
+    assert_eq!(exec.len(), 1, "{exec:?}");
+    let words: Vec<&str> = exec[0].split_whitespace().collect();
+    assert_eq!(words[0], "/usr/local/bin/stria", "the path docs/operations.md installs to");
+    let at = words.iter().position(|w| *w == "--config").expect("ExecStart names a configuration file");
+    assert_eq!(
+        words[at + 1],
+        "/etc/stria/stria.toml",
+        "the path docs/operations.md installs contrib/stria.toml to"
+    );
+    // Every flag of ExecStart is one this binary takes.
+    let help = Command::new(binary()).args(&words[1..]).arg("--help").output().expect("run stria");
+    assert!(help.status.success(), "`{}` is refused: {}", exec[0], String::from_utf8_lossy(&help.stderr));
+
+    // What the file writes lies where the unit lets it write (ProtectSystem=strict).
+    let file: toml::Table = toml::from_str(&std::fs::read_to_string(&config_path).expect("read"))
+        .expect("contrib/stria.toml parses");
+    let mut writable: Vec<String> = get("Service", "ReadWritePaths")
+        .iter()
+        .flat_map(|v| v.split_whitespace().map(String::from))
+        .collect();
+    writable.extend(get("Service", "RuntimeDirectory").iter().map(|d| format!("/run/{d}")));
+    writable.extend(get("Service", "StateDirectory").iter().map(|d| format!("/var/lib/{d}")));
+    let mut paths = vec![file["pool"].as_str().expect("pool").to_string()];
+    paths.push(file["http_token_file"].as_str().expect("http_token_file").to_string());
+    for nbd in file["nbd"].as_array().expect("nbd") {
+        if let Some(p) = nbd.as_str().and_then(|a| a.strip_prefix("unix:")) {
+            paths.push(p.to_string());
+        }
+    }
+    for p in paths {
+        assert!(
+            writable.iter().any(|w| std::path::Path::new(&p).starts_with(w)),
+            "{p} is not under the unit's writable paths {writable:?}"
+        );
+    }
+
+    if let Ok(out) = Command::new("systemd-analyze").arg("--version").output()
+        && out.status.success()
+    {
+        // A copy whose ExecStart is this binary (verify checks that it exists).
+        let dir = tempfile::tempdir().expect("tempdir");
+        let copy = dir.path().join("stria.service");
+        let exe = binary().canonicalize().expect("binary").display().to_string();
+        std::fs::write(&copy, unit_text.replace("/usr/local/bin/stria", &exe)).expect("write");
+        let out =
+            Command::new("systemd-analyze").args(["verify", "--man=no"]).arg(&copy).output().expect("verify");
+        let said =
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && said.trim().is_empty(), "systemd-analyze verify:\n{said}");
+    } else {
+        eprintln!("systemd-analyze is not installed: the unit was checked by the parser above only");
+    }
+
+    // The daemon starts from the file as shipped.
+    let stria = Stria::new();
+    expect(&stria, &["pool", "create", "--capacity", "2", "--drive-size", "64M"], 0);
+    let port = free_port();
+    let config = config_path.display().to_string();
+    let http = format!("tcp:127.0.0.1:{port}");
+    let serve = Serve::start(
+        &stria,
+        &[
+            "serve",
+            "--config",
+            &config,
+            "--pool",
+            "pool",
+            "--nbd",
+            "unix:nbd.sock",
+            "--http",
+            &http,
+            "--http-token-file",
+            "token",
+        ],
+    );
+    serve.wait_for("http listener");
+    expect(&stria, &["status"], 0);
+    serve.stop();
+}

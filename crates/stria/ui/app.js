@@ -382,13 +382,23 @@
   }
 
   // ---------- rendering: header, capacity ----------
+  // The volumes clients see (as `stria volume list`): plain ones, tiered and log volumes (not their
+  // parts) and clones, which live in their origin's parts and share its state.
   function clientVolumes(st) {
     const out = [];
     for (const v of st.volumes || []) if (v.role !== 'tier-part') out.push({ kind: 'plain', ...v });
     for (const l of st.log || []) out.push({ kind: 'log', ...l });
+    for (const c of st.clones || []) {
+      const origin = (st.log || []).find((l) => l.name === c.origin);
+      out.push({ ...c, kind: 'clone', layout: origin ? origin.layout : '', state: origin ? origin.state : 'unknown' });
+    }
     out.sort((a, b) => a.name.localeCompare(b.name));
     return out;
   }
+  // What a log-structured volume is, by its layout: tiered (cache and map on fast drives) or log.
+  const logKind = (layout) => (String(layout).startsWith('tiered:')
+    ? 'tiered (cache and map on fast drives, segments on capacity drives)'
+    : 'log-structured (cache, map and segments on capacity drives)');
   function renderHeader(st) {
     $('#pool-name').textContent = st.name || '(pool)';
     document.title = `stria: ${st.name || 'pool'}`;
@@ -505,6 +515,21 @@
       el('div', { class: 'card-body', testid: 'volume-details' }),
       el('div', { class: `charts n${charts.length}` }, charts));
   }
+  // A log-structured volume's snapshots (read-only exports VOLUME@SNAPSHOT) and clones.
+  function familyOf(st, name) {
+    const snaps = (st.snapshots || []).filter((s) => s.volume === name);
+    const clones = (st.clones || []).filter((c) => c.origin === name);
+    const when = (ms) => (ms ? new Date(ms).toLocaleString() : '');
+    return el('div', { class: 'family', testid: `family-${name}` },
+      el('div', { class: 'label', text: `snapshots (${snaps.length})` }),
+      snaps.length === 0 ? el('div', { class: 'muted small', text: 'none' }) :
+        el('ul', { testid: `snapshots-${name}` }, snaps.map((s) => el('li', { testid: `snapshot-${name}-${s.name}`, 'data-export': s.export },
+          el('span', { class: 'mono', text: s.name }), el('span', { class: 'muted', text: ` · export ${s.export} (read-only) · ${when(s.created_ms)}` })))),
+      el('div', { class: 'label', text: `clones (${clones.length})` }),
+      clones.length === 0 ? el('div', { class: 'muted small', text: 'none' }) :
+        el('ul', { testid: `clones-${name}` }, clones.map((c) => el('li', { testid: `clone-${name}-${c.name}` },
+          el('span', { class: 'mono', text: c.name }), el('span', { class: 'muted', text: ` · of snapshot ${c.snapshot} · ${when(c.created_ms)}` })))));
+  }
   function renderVolumes(st) {
     const box = $('#volumes');
     const vols = clientVolumes(st);
@@ -527,7 +552,12 @@
       sb.textContent = v.state;
       sb.className = `badge ${stateClass(v.state)}`;
       const body = $('[data-testid="volume-details"]', card);
-      if (v.kind === 'plain') {
+      if (v.kind === 'clone') {
+        $('[data-testid="volume-info"]', card).textContent =
+          `${fmtBytes(v.size_bytes)} · clone of ${v.origin}@${v.snapshot} (writable; shares its data, lives in ${v.origin}'s space)`;
+        body.replaceChildren();
+        body.hidden = true;
+      } else if (v.kind === 'plain') {
         $('[data-testid="volume-info"]', card).textContent = `${fmtBytes(v.size_bytes)} · ${v.class} drives`;
         const bits = [];
         if (v.degraded_reads) bits.push(`${v.degraded_reads} degraded reads`);
@@ -535,7 +565,7 @@
         body.replaceChildren(el('span', { class: 'muted', text: bits.join(' · ') }));
         body.hidden = bits.length === 0;
       } else {
-        $('[data-testid="volume-info"]', card).textContent = `${fmtBytes(v.size_bytes)} · tiered (cache on fast drives, segments on capacity drives)`;
+        $('[data-testid="volume-info"]', card).textContent = `${fmtBytes(v.size_bytes)} · ${logKind(v.layout)}`;
         body.hidden = false;
         const rows = (v.parts || []).slice().sort((a, b) => ['cache', 'meta', 'seg', 'segments'].indexOf(a.role) - ['cache', 'meta', 'seg', 'segments'].indexOf(b.role))
           .map((p) => {
@@ -563,7 +593,8 @@
                 el('i', { class: 'dot', style: `background:${COLORS.capacity}` }), `capacity ${fmtWa(v.write_amplification_capacity)}`)),
             el('div', { class: 'muted small' },
               `space ${fmtBytes((v.space_bytes || 0) - (v.free_bytes || 0))} used of ${fmtBytes(v.space_bytes)} · ` +
-              `${v.free_segments ?? '–'} of ${v.segments ?? '–'} segments free`)));
+              `${v.free_segments ?? '–'} of ${v.segments ?? '–'} segments free`)),
+          familyOf(st, v.name));
       }
     }
     for (const c of [...box.children]) if (!seen.has(c.dataset.name)) c.remove();
@@ -640,6 +671,7 @@
         bar(p, label, 'info', { testid: 'rebalance-progress', 'data-done': c ? c.rows_done : 0, 'data-total': c ? c.rows_total : 0, 'data-state': 'running' })));
     }
     // the newest scrub of each volume, running or recently finished
+    const finished = [];
     const now = Date.now();
     const scrubs = new Map();
     for (const j of S.jobs) {
@@ -654,12 +686,15 @@
       const label = j.state === 'running' ? `${pr.what || 'scrub'}: ${fmtNum(pr.done)} / ${fmtNum(pr.total)} rows (${p.toFixed(0)}%)`
         : j.state === 'done' ? `done: ${fmtNum(pr.total)} rows, ${j.result ? (j.result.blocks_repaired ?? 0) + ' blocks repaired' : ''}`
           : `failed: ${j.error || ''}`;
-      items.push(el('div', { class: 'prog' }, el('span', { class: 'prog-what', text: `scrub ${name} (job ${j.id})` }),
+      (j.state === 'running' ? items : finished).push(el('div', { class: 'prog' }, el('span', { class: 'prog-what', text: `scrub ${name} (job ${j.id})` }),
         bar(p, label, j.state === 'failed' ? 'failed' : j.state === 'done' ? 'healthy' : 'info',
           { testid: `scrub-progress-${name}`, 'data-state': j.state, 'data-job': j.id, 'data-done': pr.done, 'data-total': pr.total })));
     }
+    // What runs, and apart from it what ended in the last minutes (never "in progress").
     $('#progress-list').replaceChildren(...items);
     $('#progress-section').hidden = items.length === 0;
+    $('#finished-list').replaceChildren(...finished);
+    $('#finished-section').hidden = finished.length === 0;
   }
 
   // ---------- jobs ----------

@@ -48,9 +48,13 @@ pub struct PartStatus {
     pub read_bytes: u64,
     pub full_stripe_writes: u64,
     pub partial_stripe_writes: u64,
-    /// Bytes written to and read from the part's drives (drive counters: exact when the drives
-    /// hold only this part, as in a pool whose fast drives carry cache and metadata and whose
-    /// capacity drives carry the segment space).
+    /// Bytes this part's writes put on its drives (data, copies, parity, journal records): what
+    /// the volume's write amplification is computed from.
+    #[serde(default)]
+    pub member_write_bytes: u64,
+    /// Bytes written to and read from the part's drives (drive counters: they also count every
+    /// other volume on those drives, so they are exact only when the drives hold this part
+    /// alone, as in the benchmarks).
     pub drive_bytes_written: u64,
     pub drive_bytes_read: u64,
     /// Drive writes by size: bucket i counts writes of [2^(12+i), 2^(13+i)) bytes.
@@ -208,12 +212,6 @@ fn slots_of<D: BlockDevice>(pool: &Pool<D>, vols: &[&Arc<Volume<D>>]) -> Vec<u32
         .collect()
 }
 
-/// Bytes written to the drives holding `vols`, each drive counted once.
-pub(crate) fn drive_bytes_written<D: BlockDevice>(pool: &Pool<D>, vols: &[&Arc<Volume<D>>]) -> u64 {
-    let slots = slots_of(pool, vols);
-    pool.status().drives.iter().filter(|d| slots.contains(&d.id)).map(|d| d.bytes_written).sum()
-}
-
 /// Status of the parts of a log-structured volume, with their drives' counters.
 pub(crate) fn parts_status<D: BlockDevice>(
     pool: &Pool<D>,
@@ -247,6 +245,7 @@ pub(crate) fn parts_status<D: BlockDevice>(
                 read_bytes: c.read_bytes.load(Relaxed),
                 full_stripe_writes: c.full_stripe_writes.load(Relaxed),
                 partial_stripe_writes: c.partial_stripe_writes.load(Relaxed),
+                member_write_bytes: c.member_write_bytes.load(Relaxed),
                 drive_bytes_written: written,
                 drive_bytes_read: read,
                 drive_write_size_hist: hist,

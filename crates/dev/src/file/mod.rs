@@ -193,14 +193,22 @@ impl FileDevice {
         }
         let file =
             OpenOptions::new().write(true).create_new(true).open(path).map_err(|e| io_err("create", e))?;
-        file.set_len(size_bytes).map_err(|e| io_err("ftruncate", e))?;
-        file.sync_all().map_err(|e| io_err("fsync", e))?;
-        drop(file);
-        // Make the new directory entry durable too.
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io_err("fsync directory", e))?;
+        // From here on the file is ours: a failure removes it, so that a retry does not meet a
+        // half-made drive file (an empty one, when the size is more than the filesystem takes).
+        let made = (|| {
+            file.set_len(size_bytes).map_err(|e| io_err("ftruncate", e))?;
+            file.sync_all().map_err(|e| io_err("fsync", e))?;
+            drop(file);
+            // Make the new directory entry durable too.
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io_err("fsync directory", e))?;
+            }
+            FileDevice::open(path, opts)
+        })();
+        if made.is_err() {
+            let _ = std::fs::remove_file(path);
         }
-        FileDevice::open(path, opts)
+        made
     }
 
     /// The engine actually in use ([`IoEngine::Uring`], [`IoEngine::Threads`] or

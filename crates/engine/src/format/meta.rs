@@ -309,6 +309,10 @@ pub struct PoolMeta {
     /// A rebalance in progress (absent: none asked for).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rebalance: Option<RebalanceRecord>,
+    /// The rebuild bandwidth limit `drive rebuild-rate` set, bytes per second (absent, or 0: no
+    /// limit). Kept here so that it outlives the daemon that was told.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuild_rate_bytes_per_sec: Option<u64>,
 }
 
 /// A volume's QoS settings (docs/design/qos.md). Rates are per second; absent means none.
@@ -491,7 +495,19 @@ mod tests {
             qos: Default::default(),
             calibration: None,
             rebalance: Some(RebalanceRecord { rate_bytes_per_sec: 1 << 20 }),
+            rebuild_rate_bytes_per_sec: Some(200 << 20),
         }
+    }
+
+    #[test]
+    fn a_document_without_a_rebuild_rate_reads_as_none() {
+        let mut old = serde_json::to_value(sample()).unwrap();
+        old.as_object_mut().unwrap().remove("rebuild_rate_bytes_per_sec");
+        let m: PoolMeta = serde_json::from_value(old).unwrap();
+        assert_eq!(m.rebuild_rate_bytes_per_sec, None);
+        let none = PoolMeta { rebuild_rate_bytes_per_sec: None, ..sample() };
+        let text = serde_json::to_string(&none).unwrap();
+        assert!(!text.contains("rebuild_rate"), "an unset rate is not written: {text}");
     }
 
     #[test]

@@ -228,6 +228,7 @@ pub(crate) mod tests {
             qos: Default::default(),
             calibration: None,
             rebalance: None,
+            rebuild_rate_bytes_per_sec: None,
         }
     }
 

@@ -113,19 +113,45 @@ pub(crate) fn now_unix_secs() -> u64 {
 }
 
 /// Refuses a volume name the pool would not take (clones of log volumes, which are not engine
-/// volumes, are named by the same rule).
+/// volumes, are named by the same rule). A name is an export name and an argument on command
+/// lines, so it must start with a letter or a digit: `-rf` would read as options to `stria` and
+/// to every tool it is passed to, and `.x` as a hidden or relative path. Only new names are
+/// checked: volumes of older pools keep the names they were made with.
 pub fn check_volume_name(name: &str) -> Result<(), EngineError> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        && !name.starts_with('.');
+    let ok = name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
     if ok {
         Ok(())
     } else {
         Err(EngineError::Invalid(format!(
-            "volume name `{name}` is invalid: use 1-64 letters, digits, `-`, `_` or `.` (not starting with `.`)"
+            "volume name `{name}` is invalid: use 1-64 letters, digits, `-`, `_` or `.`, starting with a \
+             letter or a digit (a name starting with `-` reads as an option, one starting with `.` as a \
+             hidden file)"
         )))
     }
+}
+
+/// The largest volume: 2^60 bytes (1024 PiB). Sizes derived from a volume's (a log-structured
+/// volume's segment space, 1.5 times it by default; its map, 1/256 of it) and byte offsets within
+/// it stay far from overflowing a u64.
+pub const VOLUME_BYTES_MAX: u64 = 1 << 60;
+
+/// Refuses a volume size the pool would not take: zero, not whole 4 KiB blocks, or above
+/// [`VOLUME_BYTES_MAX`].
+pub fn check_volume_size(size_bytes: u64) -> Result<(), EngineError> {
+    if size_bytes > VOLUME_BYTES_MAX {
+        return Err(EngineError::Invalid(format!(
+            "volume size {size_bytes} bytes is too large: a volume is at most {} (2^60 bytes)",
+            format_size(VOLUME_BYTES_MAX)
+        )));
+    }
+    if size_bytes == 0 || !size_bytes.is_multiple_of(BLOCK) {
+        return Err(EngineError::Invalid(format!(
+            "volume size {size_bytes} bytes must be a non-zero multiple of 4 KiB"
+        )));
+    }
+    Ok(())
 }
 
 impl<D: BlockDevice> Pool<D> {
@@ -185,6 +211,7 @@ impl<D: BlockDevice> Pool<D> {
             qos: Default::default(),
             calibration: None,
             rebalance: None,
+            rebuild_rate_bytes_per_sec: None,
         };
         let core = Arc::new(PoolCore::new(meta, opened, 1, 0, FlushEpochs::default()));
         core.update(|_| Ok(((), true))).await?;
@@ -204,7 +231,7 @@ impl<D: BlockDevice> Pool<D> {
             codecs: parking_lot::Mutex::new(HashMap::new()),
             recovery,
             ignored: Vec::new(),
-            rebuild_rate_bytes: AtomicU64::new(0),
+            rebuild_rate_bytes: AtomicU64::new(meta.rebuild_rate_bytes_per_sec.unwrap_or(0)),
             closed: AtomicBool::new(false),
             clearing: tokio::sync::Mutex::new(()),
             moving: parking_lot::Mutex::new(None),
@@ -344,12 +371,7 @@ impl<D: BlockDevice> Pool<D> {
                 format_size(MAX_CHUNK_BYTES)
             )));
         }
-        if spec.size_bytes == 0 || !spec.size_bytes.is_multiple_of(BLOCK) {
-            return Err(EngineError::Invalid(format!(
-                "volume size {} must be a non-zero multiple of 4 KiB",
-                spec.size_bytes
-            )));
-        }
+        check_volume_size(spec.size_bytes)?;
         let chunk_blocks = u32::try_from(chunk / BLOCK).expect("bounded");
         let row_blocks = u64::from(spec.layout.data_columns()) * u64::from(chunk_blocks);
         let rows = (spec.size_bytes / BLOCK).div_ceil(row_blocks);
@@ -450,9 +472,7 @@ impl<D: BlockDevice> Pool<D> {
         new_size_bytes: u64,
         zero: bool,
     ) -> Result<(), EngineError> {
-        if new_size_bytes == 0 || !new_size_bytes.is_multiple_of(BLOCK) {
-            return Err(EngineError::Invalid("volume size must be a non-zero multiple of 4 KiB".into()));
-        }
+        check_volume_size(new_size_bytes)?;
         let vol = self.volume(name).ok_or_else(|| EngineError::NoSuchVolume(name.into()))?;
         let rec =
             self.core.meta().volume(name).ok_or_else(|| EngineError::NoSuchVolume(name.into()))?.clone();
@@ -723,4 +743,76 @@ fn rows_after(members: &[MemberRecord], skip_rows: u64, rows: u64, chunk_blocks:
         })
         .collect();
     SegmentRecord { rows, members }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stria_dev::IoBytes;
+    use stria_dev::mem::MemDevice;
+
+    #[test]
+    fn a_volume_name_starts_with_a_letter_or_a_digit() {
+        for bad in ["-rf", "--force", ".hidden", "_x", "", "a/b", "a b", "v@s", &"x".repeat(65)] {
+            assert!(check_volume_name(bad).is_err(), "`{bad}` was taken");
+        }
+        for good in ["vm", "9", "db-1", "a.b_c-d", &"x".repeat(64)] {
+            check_volume_name(good).unwrap_or_else(|e| panic!("`{good}`: {e}"));
+        }
+        let e = check_volume_name("-rf").unwrap_err().to_string();
+        assert!(e.contains("starting with a letter or a digit"), "{e}");
+    }
+
+    #[test]
+    fn a_volume_size_has_a_limit_that_is_named() {
+        check_volume_size(VOLUME_BYTES_MAX).expect("the largest volume");
+        let e = check_volume_size(u64::MAX - 4095).unwrap_err().to_string();
+        assert!(e.contains("too large") && e.contains("1024 PiB"), "{e}");
+        assert!(check_volume_size(0).is_err() && check_volume_size(4097).is_err());
+    }
+
+    /// Names were first checked only for their characters: a pool may hold a volume called
+    /// `-rf`. Such a pool still opens and serves that volume; only new names are refused.
+    #[tokio::test]
+    async fn a_volume_named_before_the_rule_still_opens() {
+        let devs: Vec<Arc<MemDevice>> =
+            (0..2).map(|i| Arc::new(MemDevice::new(&format!("m{i}"), 64 << 20))).collect();
+        let drives = devs
+            .iter()
+            .map(|d| NewDrive {
+                dev: Arc::clone(d),
+                path: d.name().to_string(),
+                class: DriveClass::Capacity,
+                domain: String::new(),
+                fresh: true,
+            })
+            .collect();
+        let pool = Pool::create("t", drives).await.expect("create");
+        let spec = VolumeSpec {
+            name: "rf".into(),
+            size_bytes: 1 << 20,
+            layout: Layout::Raid1 { copies: 2 },
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+            class: DriveClass::Capacity,
+            role: VolumeRole::Plain,
+        };
+        pool.create_volume(spec).await.expect("create volume");
+        // What an older stria wrote when asked for `volume create -- -rf`.
+        pool.core
+            .update(|m| {
+                m.volumes.iter_mut().find(|v| v.name == "rf").expect("rf").name = "-rf".into();
+                Ok(((), true))
+            })
+            .await
+            .expect("rename");
+        pool.close().await.expect("close");
+        drop(pool);
+        let found =
+            devs.iter().map(|d| FoundDrive { dev: Arc::clone(d), path: d.name().to_string() }).collect();
+        let pool = Pool::open(found).await.expect("a pool with a volume named -rf opens");
+        let vol = pool.volume("-rf").expect("the volume keeps its name");
+        vol.write(0, IoBytes::copy_from(&[7u8; 4096]), true).await.expect("write");
+        assert!(vol.read(0, 4096).await.expect("read").iter().all(|&b| b == 7));
+        pool.close().await.expect("close");
+    }
 }

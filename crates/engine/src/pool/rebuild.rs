@@ -160,9 +160,29 @@ impl<D: BlockDevice> Pool<D> {
         Ok(())
     }
 
-    /// Sets the rebuild bandwidth limit (bytes per second of rebuilt data; 0 = unlimited).
+    /// Sets the rebuild bandwidth limit (bytes per second of rebuilt data; 0 = unlimited) for as
+    /// long as the pool is open; the stored one ([`Pool::store_rebuild_rate`]) applies at the next
+    /// open.
     pub fn set_rebuild_rate(&self, bytes_per_sec: u64) {
         self.rebuild_rate_bytes.store(bytes_per_sec, Ordering::Relaxed);
+    }
+
+    /// Sets the rebuild bandwidth limit and keeps it in the pool metadata (one commit), so that
+    /// every later open starts with it.
+    pub async fn store_rebuild_rate(&self, bytes_per_sec: u64) -> Result<(), EngineError> {
+        self.core
+            .update(move |m| {
+                m.rebuild_rate_bytes_per_sec = Some(bytes_per_sec).filter(|&r| r > 0);
+                Ok(((), true))
+            })
+            .await?;
+        self.set_rebuild_rate(bytes_per_sec);
+        Ok(())
+    }
+
+    /// The rebuild bandwidth limit in force (bytes per second; 0 = unlimited).
+    pub fn rebuild_rate(&self) -> u64 {
+        self.rebuild_rate_bytes.load(Ordering::Relaxed)
     }
 
     /// Progress of every volume with members being rebuilt.

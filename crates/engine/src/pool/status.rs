@@ -93,6 +93,9 @@ pub struct PoolStatus {
     /// Extents being moved (`pool rebalance`, `drive remove`); absent when there are none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rebalance: Option<super::RebalanceStatus>,
+    /// The rebuild bandwidth limit in force, bytes per second (0: none).
+    #[serde(default)]
+    pub rebuild_rate_bytes_per_sec: u64,
 }
 
 /// A device left out of the pool at assembly.
@@ -131,6 +134,7 @@ impl<D: BlockDevice> Pool<D> {
             suspended: self.core.suspension(),
             rebalance: Some(self.rebalance_status())
                 .filter(|r| r.requested || !r.draining.is_empty() || r.current.is_some()),
+            rebuild_rate_bytes_per_sec: self.rebuild_rate(),
         }
     }
 

@@ -97,8 +97,10 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Ec, D> {
         drop(failed_rows); // rows that could not be decoded for other shards just stay unrepaired
         if !reads[target].good.iter().all(|&g| g) {
             self.fail_unrepairable(seg, run.row, &reads).await?;
-            return Err(self.unrecoverable(
+            let lost: Vec<bool> = reads[target].good.iter().map(|&g| !g).collect();
+            return Err(self.unrecoverable_blocks(
                 &run,
+                &lost,
                 "more chunks of the stripe are missing or corrupt than its parity covers",
             ));
         }
@@ -549,6 +551,9 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
         let results = join_all(writes).await;
         for (p, result) in pieces.iter().zip(results) {
             let drive = &seg.members[p.member].drive;
+            if result.is_ok() {
+                self.counters.member_write_bytes.fetch_add(p.data.len() as u64, Relaxed);
+            }
             match result {
                 Ok(()) if p.repair => self.note_repair(drive, p.block, p.data.len() as u64 / BLOCK_BYTES),
                 Ok(()) => {}
@@ -810,6 +815,15 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
                 drive.journal_append(piece)
             });
             let results = join_all(appends).await;
+            // Each record written: its header block and the payload (an attempt abandoned below
+            // wrote some too).
+            let journal_bytes: u64 = pieces
+                .iter()
+                .zip(&results)
+                .filter(|(_, r)| r.is_ok())
+                .map(|(p, _)| BLOCK_BYTES + p.data.len() as u64)
+                .sum();
+            self.counters.member_write_bytes.fetch_add(journal_bytes, Relaxed);
             let full = results.iter().any(|r| matches!(r, Err(AppendError::Full)));
             if full {
                 // Abandon this attempt: its records are harmless (an incomplete transaction is

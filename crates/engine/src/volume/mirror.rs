@@ -225,7 +225,11 @@ impl<D: BlockDevice> InFamily<'_, Mirror, D> {
             let why =
                 if reads.is_empty() { "no copy is available" } else { "every copy of the block is bad" };
             self.counters.degraded_reads.fetch_add(1, Relaxed);
-            return Err(self.unrecoverable(&run, why));
+            let mut lost = vec![false; n];
+            for &i in &unrecoverable {
+                lost[i] = true;
+            }
+            return Err(self.unrecoverable_blocks(&run, &lost, why));
         }
         if reads.len() < self.geo.copies() as usize || reads.iter().any(|r| r.good.contains(&false)) {
             self.counters.degraded_reads.fetch_add(1, Relaxed);
@@ -296,6 +300,7 @@ impl<D: BlockDevice> InFamily<'_, Mirror, D> {
         if written == 0 {
             return Err(self.unrecoverable(&run, "no copy of the chunk could be written"));
         }
+        self.counters.member_write_bytes.fetch_add(written * data.len() as u64, Relaxed);
         Ok(())
     }
 }

@@ -105,6 +105,11 @@ pub struct VolumeCounters {
     /// Erasure-coded writes by path.
     pub full_stripe_writes: stria_dev::Counter,
     pub partial_stripe_writes: stria_dev::Counter,
+    /// Bytes this volume's writes put on its drives: data, mirror copies and parity, and the
+    /// journal records of partial-stripe writes (payload and header block). Write amplification
+    /// is measured with it: a drive's own counters also count every other volume on the drive.
+    /// (Rebuild, scrub and repair writes are not counted here.)
+    pub member_write_bytes: stria_dev::Counter,
 }
 
 /// The layout family of a volume, chosen once when the volume is installed: what differs between
@@ -586,6 +591,23 @@ impl<D: BlockDevice> Volume<D> {
             offset_bytes: lb * BLOCK_BYTES,
             len_bytes: run.blocks * BLOCK_BYTES,
             reason: reason.into(),
+        }
+    }
+
+    /// [`Volume::unrecoverable`] for the blocks of `run` that `lost` marks (one flag per block):
+    /// the error names the first to the last of them, not the whole run, and how many they are
+    /// when readable ones lie between.
+    pub(crate) fn unrecoverable_blocks(&self, run: &ChunkRun, lost: &[bool], reason: &str) -> VolumeError {
+        debug_assert_eq!(lost.len() as u64, run.blocks, "one flag per block of the run");
+        let first = lost.iter().position(|&l| l).unwrap_or(0);
+        let last = lost.iter().rposition(|&l| l).unwrap_or(lost.len().saturating_sub(1));
+        let span = (last + 1 - first) as u64;
+        let count = lost.iter().filter(|&&l| l).count() as u64;
+        let narrowed = ChunkRun { offset_in_chunk: run.offset_in_chunk + first as u64, blocks: span, ..*run };
+        if count == span {
+            self.unrecoverable(&narrowed, reason)
+        } else {
+            self.unrecoverable(&narrowed, format!("{reason} ({count} of these {span} blocks of 4 KiB)"))
         }
     }
 

@@ -128,11 +128,7 @@ pub(crate) fn router() -> Router<AppState> {
         ("/stats", get(stats)),
         ("/jobs", get(|State(s): State<AppState>| async move { Json(s.daemon.jobs.list()) })),
         ("/jobs/{id}", get(job_status)),
-        (
-            "/volumes",
-            get(|s: State<AppState>| read(s, Request::Status, Some("volumes")))
-                .post(change(wait("volume-create", NONE))),
-        ),
+        ("/volumes", get(volume_list).post(change(wait("volume-create", NONE)))),
         (
             "/volumes/{name}",
             get(|s: State<AppState>, Path(name): Path<String>| read(s, Request::VolumeShow { name }, None))
@@ -200,6 +196,14 @@ async fn read(
         None => v,
     })
     .into_response())
+}
+
+/// `GET /volumes`: the volumes clients see, as `volume list --json` gives them (a tiered or log
+/// volume by its name, not its parts).
+async fn volume_list(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let v = state.daemon.execute(Request::Status, None).await?;
+    let status: stria_catalog::StatusView = serde_json::from_value(v).map_err(anyhow::Error::from)?;
+    Ok(Json(status.volume_list()).into_response())
 }
 
 async fn stats(State(state): State<AppState>) -> Response {

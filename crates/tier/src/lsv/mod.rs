@@ -1661,7 +1661,8 @@ impl<D: BlockDevice> LogVolume<D> {
             &self.pool,
             &[("meta", &self.meta), ("cache", &self.cache), ("seg", &self.seg)],
         );
-        let fast_written = crate::drive_bytes_written(&self.pool, &[&self.meta, &self.cache]);
+        // This volume's own drive writes, not its drives' (which count every volume on them).
+        let fast_written = parts[0].member_write_bytes + parts[1].member_write_bytes;
         let no_space = self.no_space.lock().clone();
         let host_written = c.host_write_bytes.load(Relaxed);
         let per_host_byte = |drive: u64| (host_written > 0).then(|| drive as f64 / host_written as f64);
@@ -1698,7 +1699,7 @@ impl<D: BlockDevice> LogVolume<D> {
             full: no_space.is_some(),
             no_space,
             write_amplification_fast: per_host_byte(fast_written),
-            write_amplification_capacity: per_host_byte(parts[2].drive_bytes_written),
+            write_amplification_capacity: per_host_byte(parts[2].member_write_bytes),
             parts,
         }
     }
