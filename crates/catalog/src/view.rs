@@ -55,7 +55,11 @@ impl StatusView {
                 layout: Some(l.layout.clone()),
                 size_bytes: Some(l.size_bytes),
                 // `full` beside the redundancy state while writes that need new space fail.
-                state: if l.full { format!("{}, full", state_name(l.state)) } else { state_name(l.state).into() },
+                state: if l.full {
+                    format!("{}, full", state_name(l.state))
+                } else {
+                    state_name(l.state).into()
+                },
                 class: Some(if tiered { "fast+capacity" } else { "capacity" }.into()),
                 chunk_bytes: Some(stria_dev::BLOCK_BYTES),
                 parts: l.parts.iter().map(|p| p.volume.clone()).collect(),
