@@ -61,11 +61,20 @@ impl<D: BlockDevice> Pool<D> {
             }
         }
         let committed = newest_committed(superblocks.iter().filter(|sb| sb.pool_uuid == pool_uuid));
-        let mut epochs = Vec::with_capacity(keep.len());
+        let mut records = Vec::with_capacity(keep.len());
         for (sb, fd) in superblocks.iter().zip(&keep) {
-            epochs.push(read_flush_record(&fd.dev, sb).await.map_or(0, |r| r.epoch));
+            records.push(read_flush_record(&fd.dev, sb).await);
         }
-        let confirmed = newest_confirmed_epoch(&superblocks, &keep, pool_uuid).await;
+        // The highest epoch confirmed by any drive of the pool (a drive without a record confirms
+        // nothing).
+        let confirmed = superblocks
+            .iter()
+            .zip(&records)
+            .filter(|(sb, _)| sb.pool_uuid == pool_uuid)
+            .filter_map(|(_, r)| r.map(|r| r.confirmed))
+            .max()
+            .unwrap_or(0);
+        let epochs = records.iter().map(|r| r.map_or(0, |r| r.epoch));
         let mut accepted = Vec::new();
         let mut stale = Vec::new();
         for ((sb, fd), epoch) in superblocks.into_iter().zip(keep).zip(epochs) {
@@ -332,22 +341,6 @@ async fn open_drives<D: BlockDevice>(
 /// [`Superblock::committed_generation`]), over the superblocks of one pool's drives.
 fn newest_committed<'a>(superblocks: impl Iterator<Item = &'a Superblock>) -> u64 {
     superblocks.map(|sb| sb.committed_generation).max().unwrap_or(0)
-}
-
-/// The highest flush epoch confirmed by any drive of pool `pool_uuid` among those found (their
-/// records; a drive without one confirms nothing).
-async fn newest_confirmed_epoch<D: BlockDevice>(
-    superblocks: &[Superblock],
-    found: &[FoundDrive<D>],
-    pool_uuid: Uuid,
-) -> u64 {
-    let mut confirmed = 0;
-    for (sb, fd) in superblocks.iter().zip(found).filter(|(sb, _)| sb.pool_uuid == pool_uuid) {
-        if let Some(r) = read_flush_record(&fd.dev, sb).await {
-            confirmed = confirmed.max(r.confirmed);
-        }
-    }
-    confirmed
 }
 
 /// Why a drive whose flush epoch is older than the pool's confirmed one is not trusted.
