@@ -148,9 +148,19 @@ fn a_serve_refused_by_a_full_filesystem_exits_1_every_time() {
         eprintln!("skipped: cannot mount a loop filesystem here (needs root)");
         return;
     };
-    // A new pool's first open commits its metadata to a slot never written: with the
-    // filesystem full, the open is refused and nothing is failed.
+    // The first open commits its metadata to slot 1 (generations 1 and 2 were written by the
+    // create and its clean close: slot 1 holds the older one). Its blocks are given back to the
+    // filesystem, so that with the filesystem full that commit cannot be written: the open is
+    // refused and nothing is failed.
     expect(&stria, &["pool", "create", "--capacity", "2", "--drive-size", "64M"], 0);
+    for drive in ["capacity-0.img", "capacity-1.img"] {
+        let punched = Command::new("fallocate")
+            .args(["--punch-hole", "--offset", "2097152", "--length", "1048576"])
+            .arg(at.join("drives").join(drive))
+            .status()
+            .expect("fallocate");
+        assert!(punched.success(), "fallocate --punch-hole of metadata slot 1");
+    }
     // Every block taken: preallocated, then written until ENOSPC (what fallocate leaves).
     let free = rustix::fs::statvfs(&at).map(|s| s.f_bavail * s.f_frsize).expect("statvfs");
     let _ =

@@ -7,6 +7,10 @@ use uuid::Uuid;
 use super::{FormatError, Reader, Writer, crc_of, seal_crc};
 
 const MAGIC: &[u8; 8] = b"STRIA-FE";
+/// The record's version: 1, one pool-wide epoch. (A later version may carry an epoch per drive,
+/// for flushes that touch only a volume's own drives; a reader refuses a version it does not
+/// know, which counts as no record.)
+const VERSION: u32 = 1;
 /// Byte offset of the record on every drive: block 1, in the gap after superblock copy 0, so a
 /// copy made front to back reads it before any data block.
 pub const FLUSH_RECORD_OFFSET_BYTES: u64 = 4096;
@@ -36,6 +40,8 @@ impl FlushRecord {
         );
         let mut w = Writer::new(4096);
         w.bytes(MAGIC);
+        w.u32(VERSION);
+        w.u32(0);
         w.bytes(self.pool_uuid.as_bytes());
         w.bytes(self.drive_uuid.as_bytes());
         w.u64(self.epoch);
@@ -55,6 +61,11 @@ impl FlushRecord {
             return Err(FormatError::BadChecksum("flush record"));
         }
         let mut r = Reader::new(&block[8..]);
+        let version = r.u32();
+        if version != VERSION {
+            return Err(FormatError::UnsupportedVersion(version));
+        }
+        r.skip(4);
         let record =
             FlushRecord { pool_uuid: r.uuid(), drive_uuid: r.uuid(), epoch: r.u64(), confirmed: r.u64() };
         if record.confirmed > record.epoch {
@@ -74,7 +85,7 @@ mod tests {
             FlushRecord { pool_uuid: Uuid::new_v4(), drive_uuid: Uuid::new_v4(), epoch: 42, confirmed: 41 };
         let block = rec.encode();
         assert_eq!(FlushRecord::decode(&block), Ok(rec));
-        for byte in [8, 40, 48, 56, 4000, 4093] {
+        for byte in [8, 16, 48, 56, 64, 4000, 4093] {
             let mut torn = block.clone();
             torn[byte] ^= 0x10;
             assert_eq!(
@@ -90,7 +101,7 @@ mod tests {
     fn a_confirmation_above_the_epoch_is_refused() {
         let rec = FlushRecord { pool_uuid: Uuid::nil(), drive_uuid: Uuid::nil(), epoch: 3, confirmed: 3 };
         let mut block = rec.encode();
-        block[48..56].copy_from_slice(&4u64.to_le_bytes());
+        block[56..64].copy_from_slice(&4u64.to_le_bytes());
         seal_crc(&mut block);
         assert!(matches!(FlushRecord::decode(&block), Err(FormatError::BadField(_))));
     }
