@@ -17,10 +17,12 @@ const _: () = assert!(usize::BITS == 64, "stria needs a 64-bit target");
 pub mod drive;
 mod error;
 pub mod format;
+pub(crate) mod gate;
 mod join;
 pub mod pagecache;
 pub mod pool;
 pub mod qos;
+mod time;
 pub mod units;
 pub mod volume;
 

@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 use super::csum::block_crc;
 use super::errors::{ErrorKind, PendingErrors};
 use crate::format::{crc_of, seal_crc};
-use crate::pool::now_unix_secs;
+use crate::time::now_unix_secs;
 
 const HEADER_MAGIC: &[u8; 8] = b"STRIA-JH";
 const RECORD_MAGIC: &[u8; 8] = b"STRIA-JR";

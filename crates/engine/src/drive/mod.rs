@@ -22,7 +22,7 @@ use crate::format::flush_record::{FLUSH_RECORD_OFFSET_BYTES, FlushRecord};
 use crate::format::layout::{DriveLayout, INTENT_REGION_BLOCKS};
 use crate::format::meta::{DriveClass, DriveErrors, PoolMeta};
 use crate::format::superblock::Superblock;
-use crate::pool::now_unix_secs;
+use crate::time::now_unix_secs;
 use csum::{ChecksumTable, CsumCacheStats, Entry, Pinned, block_crc};
 use errors::{ErrorKind, PendingErrors};
 use intent::IntentMap;

@@ -7,10 +7,10 @@ use arc_swap::ArcSwap;
 use futures::future::join_all;
 use stria_dev::BlockDevice;
 
-use super::gate::OpGate;
 use crate::drive::Drive;
 use crate::error::EngineError;
 use crate::format::meta::{DriveState, PoolMeta};
+use crate::gate::OpGate;
 
 /// Pool flush epochs (docs/design/stale-copies.md), as found at open: the highest epoch any
 /// drive took and the highest confirmed on every drive in use.
@@ -537,5 +537,58 @@ impl<D: BlockDevice> PoolCore<D> {
         let before = self.epoch_confirmed.fetch_max(epoch, Ordering::SeqCst);
         assert!(before < epoch, "flush epoch {epoch} confirmed twice (pool flushes are serialised)");
         Ok(())
+    }
+}
+
+/// The pool hosts its volumes (docs/design/seams.md §2.3).
+impl<D: BlockDevice> crate::volume::host::VolumeHost for PoolCore<D> {
+    fn enter(&self) -> Option<crate::gate::OpPass<'_>> {
+        self.ops.enter()
+    }
+
+    fn check_writable(&self) -> Result<(), EngineError> {
+        PoolCore::check_writable(self)
+    }
+
+    fn failure_committed(&self, slot: u32) -> bool {
+        PoolCore::failure_committed(self, slot)
+    }
+
+    fn fail_member(
+        &self,
+        slot: u32,
+        reason: String,
+    ) -> futures::future::BoxFuture<'_, Result<(), EngineError>> {
+        Box::pin(self.fail_drive(slot, reason))
+    }
+
+    fn member_error<'a>(
+        &'a self,
+        slot: u32,
+        what: &'a str,
+        e: &'a stria_dev::DevError,
+    ) -> futures::future::BoxFuture<'a, Result<(), EngineError>> {
+        Box::pin(self.drive_error(slot, what, e))
+    }
+
+    fn next_txn_id(&self) -> u64 {
+        PoolCore::next_txn_id(self)
+    }
+
+    fn txn_done(&self, id: u64) {
+        PoolCore::txn_done(self, id);
+    }
+
+    fn flush_members<'a>(
+        &'a self,
+        _slots: &'a [u32],
+    ) -> futures::future::BoxFuture<'a, Result<(), EngineError>> {
+        // The flush epoch is pool-wide (on-disk-format §2a, record version 1): every drive takes
+        // part in every flush that follows a write.
+        Box::pin(self.flush_all())
+    }
+
+    fn flush_all(&self) -> futures::future::BoxFuture<'_, Result<(), EngineError>> {
+        Box::pin(PoolCore::flush_all(self))
     }
 }

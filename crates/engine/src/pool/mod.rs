@@ -5,7 +5,6 @@ mod assemble;
 pub(crate) mod core;
 mod csum_cache;
 mod errors;
-pub(crate) mod gate;
 mod moves;
 mod qos;
 mod rebuild;
@@ -17,7 +16,6 @@ mod suspend;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use parking_lot::RwLock;
@@ -34,6 +32,7 @@ use crate::format::meta::{
     TieredRecord, VolumeRecord, VolumeRole,
 };
 use crate::format::superblock::Superblock;
+pub(crate) use crate::time::now_unix_secs;
 use crate::units::format_size;
 use crate::volume::locks::StripeLocks;
 use crate::volume::map::{Geometry, Member, NOT_REBUILDING, Segment, VolumeMap};
@@ -106,10 +105,6 @@ impl<D: BlockDevice> std::fmt::Debug for Pool<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pool").field("core", &self.core).finish()
     }
-}
-
-pub(crate) fn now_unix_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 /// Refuses a volume name the pool would not take (clones of log volumes, which are not engine
@@ -327,7 +322,7 @@ impl<D: BlockDevice> Pool<D> {
             geo: Geometry { layout: rec.layout, chunk_blocks: u64::from(rec.chunk_blocks) },
             map: ArcSwap::from_pointee(map),
             locks: StripeLocks::new(),
-            core: Arc::clone(&self.core),
+            host: Arc::clone(&self.core) as Arc<dyn crate::volume::host::VolumeHost>,
             family: Family::new(rec.layout, self.codec(rec.layout)),
             counters: VolumeCounters::default(),
             closed: AtomicBool::new(false),

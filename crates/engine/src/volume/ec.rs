@@ -798,7 +798,7 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
             pieces.into_iter().filter(|p| seg.members[p.member].usable(sw.row)).collect();
         let mut attempt = 0;
         let outcome = loop {
-            let txn_id = self.core.next_txn_id();
+            let txn_id = self.host.next_txn_id();
             let slots: Vec<u16> = pieces
                 .iter()
                 .map(|p| u16::try_from(seg.members[p.member].drive.slot()).expect("slot fits"))
@@ -828,7 +828,7 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
             if full {
                 // Abandon this attempt: its records are harmless (an incomplete transaction is
                 // never replayed) and become checkpointable at once.
-                self.core.txn_done(txn_id);
+                self.host.txn_done(txn_id);
                 attempt += 1;
                 if attempt > JOURNAL_FULL_RETRIES {
                     let run = ChunkRun {
@@ -840,7 +840,7 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
                     };
                     return Err(self.unrecoverable(&run, "journal stayed full"));
                 }
-                self.core
+                self.host
                     .flush_all()
                     .await
                     .map_err(|e| VolumeError::Pool { volume: self.name.clone(), source: Box::new(e) })?;
@@ -857,7 +857,7 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
                             self.drive_error(&seg.members[p.member].drive, "journal write failed", &e).await
                         {
                             // Nothing was written in place: the transaction is over.
-                            self.core.txn_done(txn_id);
+                            self.host.txn_done(txn_id);
                             return Err(e);
                         }
                     }
@@ -868,14 +868,14 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
         };
         let (txn_id, journaled) = outcome;
         if let Err(e) = self.check_stripe_alive(seg, sw) {
-            self.core.txn_done(txn_id);
+            self.host.txn_done(txn_id);
             return Err(e);
         }
         let live: Vec<Piece> =
             pieces.into_iter().zip(&journaled).filter(|(_, j)| **j).map(|(p, _)| p).collect();
         let result = self.write_pieces(seg, sw, &live, false).await;
         // Every piece is in place (or its drive is failed): the transaction is applied.
-        self.core.txn_done(txn_id);
+        self.host.txn_done(txn_id);
         result
     }
 }

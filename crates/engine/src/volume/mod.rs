@@ -28,6 +28,7 @@ macro_rules! with_family {
 pub mod bytes;
 pub mod contract;
 mod ec;
+pub(crate) mod host;
 pub(crate) mod locks;
 pub(crate) mod maint;
 pub(crate) mod map;
@@ -45,8 +46,8 @@ use stria_ec::ReedSolomon;
 use crate::drive::{Drive, ReadFault};
 use crate::error::{EngineError, VolumeError};
 use crate::format::meta::{DriveClass, Layout};
-use crate::pool::core::PoolCore;
 use bytes::{ExtentRuns, Span, ZeroSplit};
+use host::VolumeHost;
 use locks::StripeLocks;
 use map::{ChunkRun, Geometry, Member, Segment, VolumeMap};
 
@@ -244,7 +245,8 @@ pub struct Volume<D: BlockDevice> {
     pub(crate) geo: Geometry,
     pub(crate) map: ArcSwap<VolumeMap<D>>,
     pub(crate) locks: StripeLocks,
-    pub(crate) core: Arc<PoolCore<D>>,
+    /// Whoever hosts the volume (its pool): the only way to it.
+    pub(crate) host: Arc<dyn VolumeHost>,
     pub(crate) family: Family,
     pub(crate) counters: VolumeCounters,
     pub(crate) closed: AtomicBool,
@@ -341,7 +343,7 @@ where
         let _op = self.enter_op()?;
         let len_bytes = data.len() as u64;
         self.check_range(offset_bytes, len_bytes)?;
-        self.core.check_writable().map_err(|e| self.pool_error(e))?;
+        self.host.check_writable().map_err(|e| self.pool_error(e))?;
         self.counters.write_ops.fetch_add(1, Relaxed);
         self.counters.write_bytes.fetch_add(len_bytes, Relaxed);
         if len_bytes == 0 {
@@ -377,7 +379,7 @@ where
         }
         self.confirm_skipped(&map, &runs).await?;
         if fua && by_pool_flush {
-            self.core.flush_all().await.map_err(|e| self.pool_error(e))?;
+            self.flush_members().await?;
         }
         Ok(())
     }
@@ -446,7 +448,7 @@ where
             let n = (lb + blocks - at).min(step);
             let runs = map.runs(&self.geo, at, n);
             let _guards = self.locks.lock(runs.iter().map(|r| (r.segment, r.row))).await;
-            self.core.check_writable().map_err(|e| self.pool_error(e))?;
+            self.host.check_writable().map_err(|e| self.pool_error(e))?;
             let map = self.map.load_full(); // as in `write_in`
             for run in &runs {
                 self.unmap_run(&map, run).await?;
@@ -555,8 +557,8 @@ impl<D: BlockDevice> Volume<D> {
 
     /// A pass of the pool's operation gate for one request (see pool/gate.rs): a clean close
     /// waits for every request holding one.
-    pub(crate) fn enter_op(&self) -> Result<crate::pool::gate::OpPass<'_>, VolumeError> {
-        match self.core.ops.enter() {
+    pub(crate) fn enter_op(&self) -> Result<crate::gate::OpPass<'_>, VolumeError> {
+        match self.host.enter() {
             Some(pass) if !self.closed.load(Relaxed) => Ok(pass),
             _ => Err(VolumeError::Closed(self.name.clone())),
         }
@@ -637,12 +639,12 @@ impl<D: BlockDevice> Volume<D> {
             }
             last_segment = run.segment;
             for m in &map.segments[run.segment].members {
-                if m.drive.is_failed() && !self.core.failure_committed(m.drive.slot()) {
+                if m.drive.is_failed() && !self.host.failure_committed(m.drive.slot()) {
                     self.fail_drive(&m.drive, "failed while a write was skipping it".into()).await?;
                 }
             }
         }
-        self.core.check_writable().map_err(|e| self.pool_error(e))
+        self.host.check_writable().map_err(|e| self.pool_error(e))
     }
 
     fn pool_error(&self, e: crate::error::EngineError) -> VolumeError {
@@ -711,10 +713,10 @@ impl<D: BlockDevice> Volume<D> {
     pub async fn flush(&self) -> Result<(), VolumeError> {
         let _op = self.enter_op()?;
         self.counters.flush_ops.fetch_add(1, Relaxed);
-        self.core.check_writable().map_err(|e| self.pool_error(e))?;
-        self.core.flush_all().await.map_err(|e| self.pool_error(e))?;
+        self.host.check_writable().map_err(|e| self.pool_error(e))?;
+        self.flush_members().await?;
         // Failed members were left out of the flush (and their failure is committed, see
-        // `flush_all`): the volume must still hold its data.
+        // `PoolCore::flush_drives`): the volume must still hold its data.
         if self.state() == VolumeState::Failed {
             return Err(VolumeError::Unrecoverable {
                 volume: self.name.clone(),
@@ -725,6 +727,23 @@ impl<D: BlockDevice> Volume<D> {
             });
         }
         Ok(())
+    }
+
+    /// Flushes the drives holding the volume's members (and the destinations of members being
+    /// moved), nothing else.
+    async fn flush_members(&self) -> Result<(), VolumeError> {
+        let slots = self.member_slots();
+        self.host.flush_members(&slots).await.map_err(|e| self.pool_error(e))
+    }
+
+    /// The drive slots of the volume's members, sorted, each once.
+    pub(crate) fn member_slots(&self) -> Vec<u32> {
+        let map = self.map.load();
+        let mut slots: Vec<u32> =
+            map.segments.iter().flat_map(|s| s.members.iter().map(|m| m.drive.slot())).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        slots
     }
 
     /// Where the block holding byte `offset_bytes` lives: every copy (mirror layouts), or the
@@ -766,7 +785,7 @@ impl<D: BlockDevice> Volume<D> {
 
     /// Fails `drive` after an error (persisting it) before the request that saw it completes.
     pub(crate) async fn fail_drive(&self, drive: &Arc<Drive<D>>, reason: String) -> Result<(), VolumeError> {
-        self.core.fail_drive(drive.slot(), reason).await.map_err(|e| self.pool_error(e))
+        self.host.fail_member(drive.slot(), reason).await.map_err(|e| self.pool_error(e))
     }
 
     /// Handles an I/O error of `drive` met by `what`: a full host filesystem suspends the pool's
@@ -778,7 +797,7 @@ impl<D: BlockDevice> Volume<D> {
         what: &str,
         e: &stria_dev::DevError,
     ) -> Result<(), VolumeError> {
-        self.core.drive_error(drive.slot(), what, e).await.map_err(|e| self.pool_error(e))
+        self.host.member_error(drive.slot(), what, e).await.map_err(|e| self.pool_error(e))
     }
 
     /// Counts and logs `blocks` blocks at `drive_block` of `drive` rewritten from redundancy.
