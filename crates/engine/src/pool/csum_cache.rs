@@ -53,7 +53,7 @@ impl<D: BlockDevice> Pool<D> {
             return Ok(0);
         }
         for vol in self.volumes() {
-            let map = vol.map.load_full();
+            let map = vol.current_map();
             for (si, row) in dirty_rows(&vol, &map, &ranges) {
                 if let Err(e) = vol.resync_row(&map, si, row).await {
                     // Try again at the next tick.

@@ -17,7 +17,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use arc_swap::ArcSwap;
 use parking_lot::RwLock;
 use stria_dev::{BLOCK_BYTES as BLOCK, BlockDevice};
 use stria_ec::ReedSolomon;
@@ -34,9 +33,8 @@ use crate::format::meta::{
 use crate::format::superblock::Superblock;
 pub(crate) use crate::time::now_unix_secs;
 use crate::units::format_size;
-use crate::volume::locks::StripeLocks;
 use crate::volume::map::{Geometry, Member, NOT_REBUILDING, Segment, VolumeMap};
-use crate::volume::{Family, Volume, VolumeCounters, VolumeState};
+use crate::volume::{Family, Volume, VolumeState};
 
 pub use moves::{BALANCE_SLACK, MoveProgress, RebalanceReport, RebalanceStatus};
 pub use rebuild::RebuildProgress;
@@ -262,7 +260,7 @@ impl<D: BlockDevice> Pool<D> {
 
     /// The volume with id `id`.
     pub fn volume_by_id(&self, id: u64) -> Option<Arc<Volume<D>>> {
-        self.volumes.read().values().find(|v| v.id == id).cloned()
+        self.volumes.read().values().find(|v| v.id() == id).cloned()
     }
 
     /// All volumes, by name.
@@ -315,18 +313,15 @@ impl<D: BlockDevice> Pool<D> {
 
     pub(crate) fn install_volume(&self, rec: &VolumeRecord) -> Result<Arc<Volume<D>>, EngineError> {
         let map = self.build_map(rec)?;
-        let vol = Arc::new(Volume {
-            id: rec.id,
-            name: rec.name.clone(),
-            class: rec.class,
-            geo: Geometry { layout: rec.layout, chunk_blocks: u64::from(rec.chunk_blocks) },
-            map: ArcSwap::from_pointee(map),
-            locks: StripeLocks::new(),
-            host: Arc::clone(&self.core) as Arc<dyn crate::volume::host::VolumeHost>,
-            family: Family::new(rec.layout, self.codec(rec.layout)),
-            counters: VolumeCounters::default(),
-            closed: AtomicBool::new(false),
-        });
+        let vol = Arc::new(Volume::new(
+            rec.id,
+            rec.name.clone(),
+            rec.class,
+            Geometry { layout: rec.layout, chunk_blocks: u64::from(rec.chunk_blocks) },
+            map,
+            Arc::clone(&self.core) as Arc<dyn crate::volume::host::VolumeHost>,
+            Family::new(rec.layout, self.codec(rec.layout)),
+        ));
         self.volumes.write().insert(rec.name.clone(), Arc::clone(&vol));
         Ok(vol)
     }
@@ -336,7 +331,7 @@ impl<D: BlockDevice> Pool<D> {
         let meta = self.core.meta();
         let rec = meta.volume(name).ok_or_else(|| EngineError::NoSuchVolume(name.into()))?;
         let vol = self.volume(name).ok_or_else(|| EngineError::NoSuchVolume(name.into()))?;
-        vol.map.store(Arc::new(self.build_map(rec)?));
+        vol.install_map(self.build_map(rec)?);
         Ok(())
     }
 
@@ -432,7 +427,7 @@ impl<D: BlockDevice> Pool<D> {
                 "volume {name} is part of tiered volume {tiered}; delete {tiered} instead"
             )));
         }
-        vol.closed.store(true, Ordering::Relaxed);
+        vol.close();
         self.drop_shadow_of(name);
         // Journal records of this volume must not be replayed onto a future owner of its extents.
         self.core.flush_all().await?;
@@ -531,7 +526,7 @@ impl<D: BlockDevice> Pool<D> {
             }
             self.core.flush_all().await?;
         }
-        vol.map.store(Arc::new(self.build_map(&next)?));
+        vol.install_map(self.build_map(&next)?);
         Ok(())
     }
 
@@ -639,7 +634,7 @@ impl<D: BlockDevice> Pool<D> {
         self.closed.store(true, Ordering::Relaxed);
         self.core.ops.close().await;
         for v in self.volumes() {
-            v.closed.store(true, Ordering::Relaxed);
+            v.close();
         }
         // Committed before the final flush; a failed commit (no metadata majority) must not keep
         // the pool from closing cleanly, so it is reported after the flush.

@@ -370,7 +370,7 @@ impl<D: BlockDevice> Pool<D> {
         tracing::info!(volume = %p.volume, segment = p.segment, member = p.member, from = src_slot, to = dst.slot, rows, "moving an extent");
         for row in 0..rows {
             let Some(_op) = self.core.ops.enter() else { return Err(Stop::Closing) };
-            if vol.closed.load(Ordering::Relaxed) {
+            if vol.is_closed() {
                 return Err(Stop::Abandon("the volume was deleted".into()));
             }
             self.check_move(p, &shadow, &source)?;
@@ -435,7 +435,7 @@ impl<D: BlockDevice> Pool<D> {
         let at = src_start + row * chunk;
         let to = dst_start + row * chunk;
         for attempt in 0..2 {
-            let guard = vol.locks.lock([(si, row)]).await;
+            let guard = vol.lock_rows([(si, row)]).await;
             let entries =
                 src.csum_entries(at, chunk).await.map_err(|e| Stop::Abandon(format!("source: {e}")))?;
             match src.read_verified(at, IoBuf::zeroed((chunk * BLOCK_BYTES) as usize)).await {
@@ -466,7 +466,7 @@ impl<D: BlockDevice> Pool<D> {
                         row,
                         "bad block in an extent being moved; repairing the row first"
                     );
-                    let map = vol.map.load_full();
+                    let map = vol.current_map();
                     vol.scrub_row(&map, si, row).await?;
                 }
                 Err(_) => {}
@@ -489,7 +489,7 @@ impl<D: BlockDevice> Pool<D> {
         (src_slot, src_start): (u32, u64),
         dst: ExtentRecord,
     ) -> Result<(), Stop> {
-        let _all = vol.locks.lock_all().await;
+        let _all = vol.lock_all_rows().await;
         self.check_move(p, shadow, source)?;
         self.core.flush_all().await?;
         // A write repeated on the destination may have failed during the flush's wait.

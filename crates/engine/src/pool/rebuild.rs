@@ -43,8 +43,7 @@ impl<D: BlockDevice> Pool<D> {
             )));
         }
         if self.volumes().iter().any(|v| {
-            v.map
-                .load()
+            v.current_map()
                 .segments
                 .iter()
                 .any(|s| s.members.iter().any(|m| m.rebuilding() && m.drive.slot() == old_slot))
@@ -222,7 +221,7 @@ impl<D: BlockDevice> Pool<D> {
         vol: &Arc<Volume<D>>,
         report: &mut impl FnMut(&RebuildProgress),
     ) -> Result<(), EngineError> {
-        let map = vol.map.load_full();
+        let map = vol.current_map();
         let started = Instant::now();
         let mut rebuilt_bytes = 0u64;
         let mut last_persist = Instant::now();
@@ -234,7 +233,7 @@ impl<D: BlockDevice> Pool<D> {
                 let mut row = member.rebuild_cursor.load(Ordering::Acquire);
                 while row < seg.rows {
                     let Some(_op) = self.core.ops.enter() else { return Ok(()) };
-                    if vol.closed.load(Ordering::Relaxed) {
+                    if vol.is_closed() {
                         return Ok(());
                     }
                     let turn = self
@@ -272,7 +271,7 @@ impl<D: BlockDevice> Pool<D> {
     /// Makes the rebuilt rows durable, then records the cursors in the metadata.
     async fn persist_cursors(&self, vol: &Arc<Volume<D>>) -> Result<(), EngineError> {
         self.core.flush_all().await?;
-        let map = vol.map.load_full();
+        let map = vol.current_map();
         let cursors: Vec<Vec<Option<u64>>> = map
             .segments
             .iter()
@@ -388,7 +387,7 @@ fn move_extents(
 }
 
 fn volume_progress<D: BlockDevice>(vol: &Volume<D>) -> Option<RebuildProgress> {
-    let map = vol.map.load();
+    let map = vol.current_map();
     let mut done = 0;
     let mut total = 0;
     for seg in &map.segments {

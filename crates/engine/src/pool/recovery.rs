@@ -41,14 +41,14 @@ pub(super) fn dirty_rows<D: BlockDevice>(
 ) -> BTreeSet<(usize, u64)> {
     let mut rows = BTreeSet::new();
     for (si, seg) in map.segments.iter().enumerate() {
-        let extent = seg.rows * vol.geo.chunk_blocks;
+        let extent = seg.rows * vol.geometry().chunk_blocks;
         for m in &seg.members {
             for &(start, len) in dirty.get(&m.drive.slot()).map(Vec::as_slice).unwrap_or(&[]) {
                 let lo = start.max(m.start_block);
                 let hi = (start + len).min(m.start_block + extent);
                 if lo < hi {
-                    let first_row = (lo - m.start_block) / vol.geo.chunk_blocks;
-                    let last_row = (hi - 1 - m.start_block) / vol.geo.chunk_blocks;
+                    let first_row = (lo - m.start_block) / vol.geometry().chunk_blocks;
+                    let last_row = (hi - 1 - m.start_block) / vol.geometry().chunk_blocks;
                     rows.extend((first_row..=last_row).map(|r| (si, r)));
                 }
             }
@@ -92,7 +92,7 @@ impl<D: BlockDevice> Pool<D> {
             return Ok(report);
         }
         for vol in self.volumes() {
-            let map = vol.map.load_full();
+            let map = vol.current_map();
             for (si, row) in dirty_rows(&vol, &map, &dirty) {
                 let stats = vol.resync_row(&map, si, row).await?;
                 report.rows_resynced += 1;

@@ -48,9 +48,9 @@ impl<D: BlockDevice> Pool<D> {
         mut progress: impl FnMut(u64, u64),
     ) -> Result<ScrubReport, EngineError> {
         let vol = self.volume(name).ok_or_else(|| EngineError::NoSuchVolume(name.into()))?;
-        let map = vol.map.load_full();
+        let map = vol.current_map();
         let total: u64 = map.segments.iter().map(|s| s.rows).sum();
-        let repaired_before = vol.counters.repaired_blocks.load(Relaxed);
+        let repaired_before = vol.counters().repaired_blocks.load(Relaxed);
         let mut report = ScrubReport { volume: name.to_string(), rows: total, ..ScrubReport::default() };
         let mut done = 0;
         for (si, seg) in map.segments.iter().enumerate() {
@@ -69,7 +69,7 @@ impl<D: BlockDevice> Pool<D> {
                 progress(done, total);
             }
         }
-        report.blocks_repaired = vol.counters.repaired_blocks.load(Relaxed) - repaired_before;
+        report.blocks_repaired = vol.counters().repaired_blocks.load(Relaxed) - repaired_before;
         // What the scrub found must outlive this process (it may be a one-off `stria scrub`).
         self.core.commit_drive_errors().await?;
         tracing::info!(?report, "scrub done");

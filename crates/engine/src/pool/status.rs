@@ -188,7 +188,7 @@ fn volume_status<D: BlockDevice>(
     v: &Volume<D>,
     rebuild: Option<RebuildProgress>,
 ) -> VolumeStatus {
-    let c = &v.counters;
+    let c = v.counters();
     VolumeStatus {
         name: v.name().to_string(),
         id: v.id(),

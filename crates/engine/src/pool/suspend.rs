@@ -100,7 +100,7 @@ impl<D: BlockDevice> Pool<D> {
             );
         }
         for vol in self.volumes() {
-            let map = vol.map.load_full();
+            let map = vol.current_map();
             for (si, row) in super::recovery::dirty_rows(&vol, &map, &dirty) {
                 let stats = vol.resync_row(&map, si, row).await.map_err(unwrap_host_full)?;
                 report.rows_resynced += 1;

@@ -237,19 +237,92 @@ pub(crate) trait LayoutFamily<D: BlockDevice>: std::ops::Deref<Target = Volume<D
     ) -> impl Future<Output = Result<(), VolumeError>> + Send;
 }
 
-/// A volume of a pool.
+/// A volume of a pool. Its fields are its own: the pool builds it with [`Volume::new`], swaps
+/// its map with [`Volume::install_map`], closes it with [`Volume::close`] and walks its rows under
+/// their stripe locks ([`Volume::lock_rows`], [`Volume::lock_all_rows`]).
 pub struct Volume<D: BlockDevice> {
-    pub(crate) id: u64,
-    pub(crate) name: String,
-    pub(crate) class: DriveClass,
-    pub(crate) geo: Geometry,
-    pub(crate) map: ArcSwap<VolumeMap<D>>,
-    pub(crate) locks: StripeLocks,
+    id: u64,
+    name: String,
+    class: DriveClass,
+    geo: Geometry,
+    map: ArcSwap<VolumeMap<D>>,
+    locks: StripeLocks,
     /// Whoever hosts the volume (its pool): the only way to it.
-    pub(crate) host: Arc<dyn VolumeHost>,
-    pub(crate) family: Family,
-    pub(crate) counters: VolumeCounters,
-    pub(crate) closed: AtomicBool,
+    host: Arc<dyn VolumeHost>,
+    family: Family,
+    counters: VolumeCounters,
+    closed: AtomicBool,
+}
+
+impl<D: BlockDevice> Volume<D> {
+    /// A volume `name` (id `id`, on drives of `class`) of geometry `geo` over `map`, hosted by
+    /// `host`; `family` must be the family of `geo.layout`.
+    pub(crate) fn new(
+        id: u64,
+        name: String,
+        class: DriveClass,
+        geo: Geometry,
+        map: VolumeMap<D>,
+        host: Arc<dyn VolumeHost>,
+        family: Family,
+    ) -> Volume<D> {
+        assert_eq!(
+            matches!(family, Family::Ec(_)),
+            matches!(geo.layout, Layout::Ec { .. }),
+            "volume {name}: layout family chosen for another layout ({})",
+            geo.layout
+        );
+        Volume {
+            id,
+            name,
+            class,
+            geo,
+            map: ArcSwap::from_pointee(map),
+            locks: StripeLocks::new(),
+            host,
+            family,
+            counters: VolumeCounters::default(),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// The volume's map as it is now (members, rebuild cursors, segments).
+    pub(crate) fn current_map(&self) -> Arc<VolumeMap<D>> {
+        self.map.load_full()
+    }
+
+    /// Replaces the volume's map (after a metadata commit changed its members or size).
+    pub(crate) fn install_map(&self, map: VolumeMap<D>) {
+        self.map.store(Arc::new(map));
+    }
+
+    /// Refuses every request from now on (`Closed`).
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Relaxed);
+    }
+
+    /// True once closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Relaxed)
+    }
+
+    /// The volume's geometry.
+    pub(crate) fn geometry(&self) -> Geometry {
+        self.geo
+    }
+
+    /// Holds the stripe locks of the given (segment, row) pairs.
+    pub(crate) async fn lock_rows(
+        &self,
+        rows: impl IntoIterator<Item = (usize, u64)>,
+    ) -> locks::StripeGuards<'_> {
+        self.locks.lock(rows).await
+    }
+
+    /// Holds every stripe lock of the volume (no write runs while it is held).
+    pub(crate) async fn lock_all_rows(&self) -> locks::StripeGuards<'_> {
+        self.locks.lock_all().await
+    }
 }
 
 impl<D: BlockDevice> std::fmt::Debug for Volume<D> {
