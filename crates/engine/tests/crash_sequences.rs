@@ -543,22 +543,23 @@ fn check_no_current_drive_called_stale(world: &World, pool: &Pool<Dev>) {
     }
 }
 
-/// What a live copy of `dev` records: its flush epoch and its superblock generation, as assembly
-/// will read them.
-fn copy_stamps(dev: &Dev) -> (u64, u64) {
+/// What a live copy of `dev` records: its slot, its flush epoch and its superblock generation,
+/// as assembly will read them.
+fn copy_stamps(dev: &Dev) -> (u32, u64, u64) {
     use stria_engine::format::flush_record::{FLUSH_RECORD_OFFSET_BYTES, FlushRecord};
     use stria_engine::format::superblock::Superblock;
     let mut block = vec![0u8; 4096];
     dev.peek(FLUSH_RECORD_OFFSET_BYTES, &mut block);
     let epoch = FlushRecord::decode(&block).map_or(0, |r| r.epoch);
-    let mut generation = 0;
+    let (mut slot, mut generation) = (u32::MAX, 0);
     for offset in [0, DRIVE_BYTES - 4096] {
         dev.peek(offset, &mut block);
         if let Ok(sb) = Superblock::decode(&block) {
             generation = generation.max(sb.generation);
+            slot = sb.slot;
         }
     }
-    (epoch, generation)
+    (slot, epoch, generation)
 }
 
 /// A drive put back from an old copy must not be trusted: the pool leaves it out.
@@ -675,20 +676,21 @@ fn keep_live_copy(
     world: &mut World,
     pool: &Pool<Dev>,
     ending: Ending,
-    copied: Option<(usize, stria_dev::mem::MemDevice, (u64, u64))>,
+    copied: Option<(usize, stria_dev::mem::MemDevice, (u32, u64, u64))>,
 ) {
-    let Some((i, image, (epoch, generation))) = copied else { return };
+    let Some((i, image, (slot, epoch, generation))) = copied else { return };
     count(&COVERAGE.live_copies_taken);
-    let behind = epoch < pool.flush_epoch_confirmed() || generation < pool.confirmed_generation();
+    let confirmed = pool.flush_epoch_confirmed(slot);
+    let behind = epoch < confirmed || generation < pool.confirmed_generation();
     let allowed = match ending {
         Ending::PowerCut => false,
         Ending::Kill => !matches!(world.layout, Layout::Ec { .. }),
         Ending::CleanClose => true,
     };
     world.note(format!(
-        "disk {} copied live (epoch {epoch}, generation {generation}; pool confirmed epoch {}, generation {})",
+        "disk {} copied live (slot {slot}, epoch {epoch}, generation {generation}; the pool confirmed its epoch \
+         {confirmed}, generation {})",
         dev_path(&world.disks[i].dev),
-        pool.flush_epoch_confirmed(),
         pool.confirmed_generation()
     ));
     if behind && allowed && world.active_drives >= 2 {

@@ -181,7 +181,7 @@ impl<D: BlockDevice> Drive<D> {
         let drive = Drive::new(Some(dev), sb, Journal::new(l.journal_offset_bytes, l.journal_bytes));
         // Epoch 0: a pool being created starts there; a drive joining a running pool gets the
         // pool's epoch when it is admitted (`PoolCore::add_drive`).
-        drive.write_flush_record(0, 0, false).await?;
+        drive.write_flush_record(0, &[], false).await?;
         drive.write_superblock(drive.sb.generation, drive.sb.committed_generation).await?;
         drive.dev().flush().await?;
         Ok(drive)
@@ -274,11 +274,15 @@ impl<D: BlockDevice> Drive<D> {
     pub(crate) async fn write_flush_record(
         &self,
         epoch: u64,
-        confirmed: u64,
+        witnessed: &[(u32, u64)],
         fua: bool,
     ) -> Result<(), DevError> {
-        let record =
-            FlushRecord { pool_uuid: self.sb.pool_uuid, drive_uuid: self.sb.drive_uuid, epoch, confirmed };
+        let record = FlushRecord {
+            pool_uuid: self.sb.pool_uuid,
+            drive_uuid: self.sb.drive_uuid,
+            epoch,
+            witnessed: witnessed.to_vec(),
+        };
         let block = IoBytes::copy_from(&record.encode());
         let result = self.dev().write(FLUSH_RECORD_OFFSET_BYTES, block, fua).await;
         self.count_write(result)
@@ -621,15 +625,19 @@ impl<D: BlockDevice> Drive<D> {
         self.flush_inner(None).await
     }
 
-    /// [`Drive::flush`] that also makes the flush record `(epoch, confirmed)` durable, written
-    /// after the data and before the second device flush (docs/design/stale-copies.md): a copy
-    /// that lacks a write this flush covers lacks the record too. Never shares another caller's
-    /// flush.
-    pub(crate) async fn flush_with_record(&self, epoch: u64, confirmed: u64) -> Result<(), DevError> {
-        self.flush_inner(Some((epoch, confirmed))).await
+    /// [`Drive::flush`] that also makes the drive's flush record (its new `epoch`, and what it
+    /// witnessed of others) durable, written after the data and before the second device flush
+    /// (docs/design/stale-copies.md): a copy that lacks a write this flush covers lacks the
+    /// record too. Never shares another caller's flush.
+    pub(crate) async fn flush_with_record(
+        &self,
+        epoch: u64,
+        witnessed: &[(u32, u64)],
+    ) -> Result<(), DevError> {
+        self.flush_inner(Some((epoch, witnessed))).await
     }
 
-    async fn flush_inner(&self, record: Option<(u64, u64)>) -> Result<(), DevError> {
+    async fn flush_inner(&self, record: Option<(u64, &[(u32, u64)])>) -> Result<(), DevError> {
         if self.is_missing() {
             return Ok(());
         }
@@ -652,10 +660,20 @@ impl<D: BlockDevice> Drive<D> {
                 for ((_, slot), &w) in pages.iter().zip(&all_written) {
                     csum::ChecksumTable::before_write_back(slot.page(), w);
                 }
-                self.write_csum_pages(&snapshot).await?;
-                if let Some((flush_epoch, confirmed)) = record {
-                    self.write_flush_record(flush_epoch, confirmed, false).await?;
-                }
+                // The checksum pages and the flush record go out together: both only need the
+                // data durable first (the device flush above) and both are made durable by the
+                // next.
+                let pages_written = self.write_csum_pages(&snapshot);
+                let record_written = async {
+                    match record {
+                        Some((flush_epoch, witnessed)) => {
+                            self.write_flush_record(flush_epoch, witnessed, false).await
+                        }
+                        None => Ok(()),
+                    }
+                };
+                let (pages_written, record_written) = futures::join!(pages_written, record_written);
+                pages_written.and(record_written)?;
                 self.dev().flush().await?;
                 for ((_, slot), &w) in pages.iter().zip(&all_written) {
                     csum::ChecksumTable::after_write_back(slot.page(), w);
@@ -704,12 +722,14 @@ impl<D: BlockDevice> Drive<D> {
         (runs, all_written)
     }
 
+    /// Writes runs of checksum pages, all at once (every write finishes before an error is
+    /// returned).
     async fn write_csum_pages(&self, runs: &[(u64, IoBytes)]) -> Result<(), DevError> {
-        for (first, bytes) in runs {
+        let writes = runs.iter().map(|(first, bytes)| {
             let offset = self.sb.layout.csum_offset_bytes + first * BLOCK;
-            self.dev().write(offset, bytes.clone(), false).await?;
-        }
-        Ok(())
+            self.dev().write(offset, bytes.clone(), false)
+        });
+        crate::join::join_all_ok(writes).await.map(|_| ())
     }
 
     /// Writes the journal checkpoint `seq` (taken with `journal.checkpoint_candidate()` before

@@ -7,11 +7,13 @@ use std::sync::Arc;
 use stria_dev::BlockDevice;
 use uuid::Uuid;
 
-use super::core::{FlushEpochs, PoolCore};
+use super::core::PoolCore;
+use super::epochs::EpochBook;
 use super::{FoundDrive, Pool};
 use crate::drive::{Drive, OpenFindings, read_flush_record, read_metadata, read_superblock};
 use crate::error::EngineError;
 use crate::format::FormatError;
+use crate::format::flush_record::FlushRecord;
 use crate::format::meta::{DriveState, PoolMeta};
 use crate::format::superblock::Superblock;
 
@@ -65,19 +67,20 @@ impl<D: BlockDevice> Pool<D> {
         for (sb, fd) in superblocks.iter().zip(&keep) {
             records.push(read_flush_record(&fd.dev, sb).await);
         }
-        // The highest epoch confirmed by any drive of the pool (a drive without a record confirms
-        // nothing).
-        let confirmed = superblocks
+        let of_pool: Vec<&FlushRecord> = superblocks
             .iter()
             .zip(&records)
             .filter(|(sb, _)| sb.pool_uuid == pool_uuid)
-            .filter_map(|(_, r)| r.map(|r| r.confirmed))
-            .max()
-            .unwrap_or(0);
-        let epochs = records.iter().map(|r| r.map_or(0, |r| r.epoch));
+            .filter_map(|(_, r)| r.as_ref())
+            .collect();
+        let epochs: Vec<(u64, u64)> = superblocks
+            .iter()
+            .zip(&records)
+            .map(|(sb, r)| (r.as_ref().map_or(0, |r| r.epoch), witnessed_of(sb, &of_pool)))
+            .collect();
         let mut accepted = Vec::new();
         let mut stale = Vec::new();
-        for ((sb, fd), epoch) in superblocks.into_iter().zip(keep).zip(epochs) {
+        for ((sb, fd), (epoch, witnessed)) in superblocks.into_iter().zip(keep).zip(epochs) {
             let reason = if sb.pool_uuid != pool_uuid {
                 Some(format!("belongs to another pool ({})", sb.pool_uuid))
             } else {
@@ -92,8 +95,8 @@ impl<D: BlockDevice> Pool<D> {
                         stale.push((sb.drive_uuid, why.clone()));
                         Some(why)
                     }
-                    Some(_) if epoch < confirmed => {
-                        let why = stale_epoch_reason(&sb, epoch, confirmed);
+                    Some(_) if epoch < witnessed => {
+                        let why = stale_epoch_reason(&sb, epoch, witnessed);
                         stale.push((sb.drive_uuid, why.clone()));
                         Some(why)
                     }
@@ -141,12 +144,16 @@ impl<D: BlockDevice> Pool<D> {
         for (sb, fd) in &candidates {
             records.push(read_flush_record(&fd.dev, sb).await);
         }
-        let epochs = FlushEpochs {
-            high: records.iter().flatten().map(|r| r.epoch).max().unwrap_or(0),
-            confirmed: records.iter().flatten().map(|r| r.confirmed).max().unwrap_or(0),
-        };
-        let drive_epochs: Vec<u64> = records.iter().map(|r| r.map_or(0, |r| r.epoch)).collect();
-        check_membership(&meta, &candidates, committed, (&drive_epochs, epochs.confirmed))?;
+        let all: Vec<&FlushRecord> = records.iter().flatten().collect();
+        let drive_epochs: Vec<(u64, u64)> = candidates
+            .iter()
+            .zip(&records)
+            .map(|((sb, _), r)| (r.as_ref().map_or(0, |r| r.epoch), witnessed_of(sb, &all)))
+            .collect();
+        check_membership(&meta, &candidates, committed, &drive_epochs)?;
+        let epochs = EpochBook::from_records(
+            candidates.iter().zip(&records).map(|((sb, _), r)| (sb.slot, r.as_ref())),
+        );
         if let Err(e) = check_quorum(&meta, &candidates) {
             if !force {
                 return Err(e);
@@ -343,13 +350,20 @@ fn newest_committed<'a>(superblocks: impl Iterator<Item = &'a Superblock>) -> u6
     superblocks.map(|sb| sb.committed_generation).max().unwrap_or(0)
 }
 
-/// Why a drive whose flush epoch is older than the pool's confirmed one is not trusted.
-fn stale_epoch_reason(sb: &Superblock, epoch: u64, confirmed: u64) -> String {
+/// What the records of the other drives witnessed of the drive `sb` describes: the highest
+/// flush epoch of it they saw confirmed (docs/design/stale-copies.md).
+fn witnessed_of(sb: &Superblock, records: &[&FlushRecord]) -> u64 {
+    records.iter().filter(|r| r.drive_uuid != sb.drive_uuid).map(|r| r.witnessed(sb.slot)).max().unwrap_or(0)
+}
+
+/// Why a drive whose flush epoch is older than what the other drives witnessed of it is not
+/// trusted.
+fn stale_epoch_reason(sb: &Superblock, epoch: u64, witnessed: u64) -> String {
     format!(
-        "stale: it took part in pool flushes up to epoch {epoch} but epoch {confirmed} reached every drive in use \
-         after that, so this is an old copy of the drive (copied while the pool was in use and put back, or \
-         restored from a backup) and its data is out of date; it is not used. Rebuild it from the other drives \
-         with `stria drive replace {} PATH` (PATH may be this same drive or file)",
+        "stale: it took part in flushes up to its epoch {epoch} but the other drives saw its epoch {witnessed} \
+         reach it after that, so this is an old copy of the drive (copied while the pool was in use and put \
+         back, or restored from a backup) and its data is out of date; it is not used. Rebuild it from the \
+         other drives with `stria drive replace {} PATH` (PATH may be this same drive or file)",
         sb.slot
     )
 }
@@ -372,9 +386,9 @@ fn check_membership<D>(
     meta: &PoolMeta,
     candidates: &[(Superblock, FoundDrive<D>)],
     committed: u64,
-    (drive_epochs, confirmed_epoch): (&[u64], u64),
+    drive_epochs: &[(u64, u64)],
 ) -> Result<(), EngineError> {
-    for ((sb, fd), &epoch) in candidates.iter().zip(drive_epochs) {
+    for ((sb, fd), &(epoch, witnessed)) in candidates.iter().zip(drive_epochs) {
         let Some(rec) = meta.drives.iter().find(|r| r.uuid == sb.drive_uuid) else {
             return Err(EngineError::ForeignDrive {
                 path: fd.path.clone(),
@@ -416,13 +430,13 @@ fn check_membership<D>(
                 reason: stale_reason(sb, committed),
             });
         }
-        if epoch < confirmed_epoch {
+        if epoch < witnessed {
             return Err(EngineError::StaleDrive {
                 path: fd.path.clone(),
                 slot: sb.slot,
                 drive_generation: sb.generation,
                 pool_generation: meta.generation,
-                reason: stale_epoch_reason(sb, epoch, confirmed_epoch),
+                reason: stale_epoch_reason(sb, epoch, witnessed),
             });
         }
     }

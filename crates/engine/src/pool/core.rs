@@ -7,18 +7,11 @@ use arc_swap::ArcSwap;
 use futures::future::join_all;
 use stria_dev::BlockDevice;
 
+use super::epochs::EpochBook;
 use crate::drive::Drive;
 use crate::error::EngineError;
 use crate::format::meta::{DriveState, PoolMeta};
 use crate::gate::OpGate;
-
-/// Pool flush epochs (docs/design/stale-copies.md), as found at open: the highest epoch any
-/// drive took and the highest confirmed on every drive in use.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct FlushEpochs {
-    pub(crate) high: u64,
-    pub(crate) confirmed: u64,
-}
 
 /// The part of a pool that volumes hold on to.
 pub(crate) struct PoolCore<D: BlockDevice> {
@@ -51,11 +44,9 @@ pub(crate) struct PoolCore<D: BlockDevice> {
     committed_high: AtomicU64,
     /// The highest transaction watermark a flush has used (it may only grow).
     watermark_high: AtomicU64,
-    /// The highest flush epoch claimed (a pool flush after writes claims the next one before it
-    /// writes any record, so an epoch abandoned half way is never reused).
-    epoch_high: AtomicU64,
-    /// The highest flush epoch every drive in use holds durably (written into their records).
-    epoch_confirmed: AtomicU64,
+    /// Every drive's flush epochs (docs/design/stale-copies.md): claimed under the flush lock,
+    /// confirmed once the drives hold them.
+    epochs: parking_lot::Mutex<EpochBook>,
     /// Serialises take-commit-settle of the drives' pending error counters (pool/errors.rs), so
     /// that no delta is committed twice.
     pub(super) error_commit: tokio::sync::Mutex<()>,
@@ -78,7 +69,7 @@ impl<D: BlockDevice> PoolCore<D> {
         drives: Vec<Arc<Drive<D>>>,
         txn_next: u64,
         committed_generation: u64,
-        epochs: FlushEpochs,
+        epochs: EpochBook,
     ) -> PoolCore<D> {
         PoolCore {
             snapshot: ArcSwap::from_pointee(meta.clone()),
@@ -95,8 +86,7 @@ impl<D: BlockDevice> PoolCore<D> {
             generation_high: AtomicU64::new(0),
             committed_high: AtomicU64::new(committed_generation),
             watermark_high: AtomicU64::new(0),
-            epoch_high: AtomicU64::new(epochs.high),
-            epoch_confirmed: AtomicU64::new(epochs.confirmed),
+            epochs: parking_lot::Mutex::new(epochs),
             error_commit: tokio::sync::Mutex::new(()),
             publish: parking_lot::Mutex::new(()),
             csum_cache_pages: AtomicU64::new(crate::drive::csum::DEFAULT_CSUM_CACHE_PAGES),
@@ -118,13 +108,17 @@ impl<D: BlockDevice> PoolCore<D> {
         self.drives.load().iter().find(|d| d.slot() == slot).cloned()
     }
 
-    /// Adds a newly formatted drive. It takes the pool's newest flush epoch while no pool flush
-    /// runs, so no confirmation it did not take part in can be above its own epoch (a drive that
-    /// joins is never taken for an old copy; docs/design/stale-copies.md).
+    /// Adds a newly formatted drive, at flush epoch 0 (nothing was ever confirmed of its slot: a
+    /// drive that joins is never taken for an old copy; docs/design/stale-copies.md). Admitted
+    /// while no flush runs.
     pub(crate) async fn add_drive(&self, drive: Arc<Drive<D>>) -> Result<(), EngineError> {
         let _no_flush = self.flush_covered.lock().await;
-        let high = self.epoch_high.load(Ordering::SeqCst);
-        drive.write_flush_record(high, self.epoch_confirmed.load(Ordering::SeqCst).min(high), true).await?;
+        let witnesses = {
+            let mut book = self.epochs.lock();
+            book.admit(drive.slot());
+            book.witnesses()
+        };
+        drive.write_flush_record(0, &witnesses, true).await?;
         drive.set_csum_cache_pages(self.csum_cache_pages.load(std::sync::atomic::Ordering::Relaxed));
         let mut all: Vec<Arc<Drive<D>>> = (**self.drives.load()).clone();
         all.push(drive);
@@ -138,16 +132,14 @@ impl<D: BlockDevice> PoolCore<D> {
         self.committed_high.load(Ordering::SeqCst)
     }
 
-    /// The flush epochs: the highest claimed and the highest confirmed.
-    pub(crate) fn flush_epochs(&self) -> FlushEpochs {
-        FlushEpochs {
-            high: self.epoch_high.load(Ordering::SeqCst),
-            confirmed: self.epoch_confirmed.load(Ordering::SeqCst),
-        }
+    /// The newest flush epoch confirmed of the drive in `slot`.
+    pub(crate) fn flush_epoch_confirmed(&self, slot: u32) -> u64 {
+        self.epochs.lock().confirmed(slot)
     }
 
     /// Forgets a drive that left the pool (replaced).
     pub(crate) fn remove_drive(&self, slot: u32) {
+        self.epochs.lock().forget(slot);
         let all: Vec<Arc<Drive<D>>> =
             self.drives.load().iter().filter(|d| d.slot() != slot).cloned().collect();
         self.drives.store(Arc::new(all));
@@ -427,14 +419,15 @@ impl<D: BlockDevice> PoolCore<D> {
         Ok(())
     }
 
-    /// Flushes every drive, then checkpoints every journal with the pool's transaction watermark
-    /// (two phases: a record is released, and a watermark written, only once the in-place writes
-    /// of the transactions it covers are durable on every drive). After writes it also raises
-    /// the flush epoch (docs/design/stale-copies.md): each drive's flush makes its record of the
-    /// new epoch durable after its data, and once every drive holds it, it is confirmed on each.
-    /// With nothing written and no transaction applied since the last pool flush there is
-    /// nothing to make durable, and nothing is done. A drive whose flush fails is failed.
-    /// Concurrent callers share one flush.
+    /// Flushes every drive written since the last flush, then checkpoints every journal with
+    /// the pool's transaction watermark (two phases: a record is released, and a watermark
+    /// written, only once the in-place writes of the transactions it covers are durable on every
+    /// drive). Each drive written raises its flush epoch (docs/design/stale-copies.md): its flush
+    /// makes its record of the new epoch durable after its data, and once every flushed drive
+    /// holds its record the new epochs are confirmed in the records of every drive in use. With
+    /// nothing written and no transaction applied since the last flush there is nothing to make
+    /// durable, and nothing is done. A drive whose flush fails is failed. Concurrent callers share
+    /// one flush.
     pub(crate) async fn flush_all(&self) -> Result<(), EngineError> {
         let arrival = self.flush_arrivals.fetch_add(1, Ordering::SeqCst) + 1;
         let mut covered = self.flush_covered.lock().await;
@@ -454,16 +447,17 @@ impl<D: BlockDevice> PoolCore<D> {
         // in place before this point, so after phase 1 it is durable everywhere.
         let watermark = self.txn_watermark();
         // Taken before the drives are flushed too: a write that completes after this point sets
-        // its drive's flag again for the next pool flush. Every flag is taken (no short cut).
-        let written = live.iter().fold(false, |any, d| d.take_written() | any);
-        if !written && watermark == self.watermark_high.load(Ordering::SeqCst) {
+        // its drive's flag again for the next flush. A drive not written since the last flush
+        // took its flag holds nothing that flush did not make durable.
+        let written: Vec<&Arc<Drive<D>>> = live.iter().copied().filter(|d| d.take_written()).collect();
+        if written.is_empty() && watermark == self.watermark_high.load(Ordering::SeqCst) {
             *covered = covers;
             return Ok(());
         }
-        let result = self.flush_drives(&live, watermark, written).await;
+        let result = self.flush_drives(&live, &written, watermark).await;
         if result.is_err() {
-            // Whatever was taken is not covered: the next pool flush must not skip it.
-            for d in &live {
+            // Whatever was taken is not covered: the next flush must not skip it.
+            for d in &written {
                 d.mark_written();
             }
         } else {
@@ -472,13 +466,13 @@ impl<D: BlockDevice> PoolCore<D> {
         result
     }
 
-    /// The body of [`PoolCore::flush_all`] over the drives in use, raising the flush epoch
-    /// when `raise_epoch`.
+    /// The body of [`PoolCore::flush_all`]: flushes the `written` drives (raising their epochs),
+    /// checkpoints the journals of the `live` ones, and confirms the new epochs on them.
     async fn flush_drives(
         &self,
         live: &[&Arc<Drive<D>>],
+        written: &[&Arc<Drive<D>>],
         watermark: u64,
-        raise_epoch: bool,
     ) -> Result<(), EngineError> {
         let before = self.watermark_high.fetch_max(watermark, Ordering::SeqCst);
         assert!(
@@ -487,55 +481,72 @@ impl<D: BlockDevice> PoolCore<D> {
              records of transactions not yet applied"
         );
         // Claimed before any record is written, so an epoch abandoned half way is never reused.
-        let confirmed = self.epoch_confirmed.load(Ordering::SeqCst);
-        let epoch = raise_epoch.then(|| self.epoch_high.fetch_add(1, Ordering::SeqCst) + 1);
+        let (claims, witnesses) = {
+            let mut book = self.epochs.lock();
+            let claims: Vec<Option<u64>> = written.iter().map(|d| book.claim(d.slot())).collect();
+            (claims, book.witnesses())
+        };
         let candidates: Vec<u64> = live.iter().map(|d| d.journal.checkpoint_candidate(watermark)).collect();
-        let flushed = join_all(live.iter().map(|d| async move {
-            match epoch {
-                Some(e) => d.flush_with_record(e, confirmed).await,
+        let witnesses = &witnesses;
+        let flushed = join_all(written.iter().zip(&claims).map(|(d, &claim)| async move {
+            match claim {
+                Some(e) => d.flush_with_record(e, witnesses).await,
+                // The drive left the pool meanwhile (a drained drive removed): no epoch.
                 None => d.flush().await,
             }
         }))
         .await;
-        for (d, r) in live.iter().zip(flushed) {
+        for (d, r) in written.iter().zip(flushed) {
             if let Err(e) = r {
                 self.drive_error(d.slot(), "flush failed", &e).await?;
             }
         }
+        // The journal checkpoints and the confirmation go out together: each needs only the
+        // flushes above.
         let checkpoints = live
             .iter()
             .zip(&candidates)
             .filter(|(d, _)| !d.is_failed())
             .map(|(d, &c)| async move { (d.slot(), d.checkpoint_journal(c, watermark).await) });
-        for (slot, r) in join_all(checkpoints).await {
+        let (checkpointed, confirmed) = futures::join!(join_all(checkpoints), async {
+            if written.is_empty() { Ok(()) } else { self.confirm_epochs(live, written).await }
+        });
+        for (slot, r) in checkpointed {
             if let Err(e) = r {
                 self.drive_error(slot, "journal checkpoint failed", &e).await?;
             }
         }
-        if let Some(e) = epoch {
-            self.confirm_epoch(live, e).await?;
-        }
-        Ok(())
+        confirmed
     }
 
-    /// Every drive still in use holds `epoch` durably (a drive that could not take it was failed,
-    /// and its failure committed, above): records that on each. Not flushed: the next epoch's
-    /// records carry it durably; until then a power cut may lose it (docs/design/stale-copies.md,
-    /// "What still cannot be told apart").
-    async fn confirm_epoch(&self, live: &[&Arc<Drive<D>>], epoch: u64) -> Result<(), EngineError> {
+    /// Every `written` drive still in use holds its new epoch durably (a drive that could not
+    /// take it was failed, and its failure committed, above): confirms the epochs and writes
+    /// them as witnesses into the record of every drive of `live` still in use. Not flushed:
+    /// the next flush's records carry them durably; until then a power cut may lose them
+    /// (docs/design/stale-copies.md, "What still cannot be told apart").
+    async fn confirm_epochs(
+        &self,
+        live: &[&Arc<Drive<D>>],
+        written: &[&Arc<Drive<D>>],
+    ) -> Result<(), EngineError> {
         let used: Vec<&&Arc<Drive<D>>> = live.iter().filter(|d| !d.is_failed()).collect();
         assert!(
             used.iter().all(|d| self.meta().drive(d.slot()).is_none_or(|r| r.state != DriveState::Failed)),
-            "flush epoch {epoch} confirmed with a drive the metadata calls failed"
+            "flush epochs confirmed with a drive the metadata calls failed"
         );
-        let written = join_all(used.iter().map(|d| d.write_flush_record(epoch, epoch, false))).await;
-        for (d, r) in used.iter().zip(written) {
+        let (own, witnesses) = {
+            let mut book = self.epochs.lock();
+            let slots: Vec<u32> = written.iter().filter(|d| !d.is_failed()).map(|d| d.slot()).collect();
+            book.confirm(&slots);
+            let own: Vec<u64> = used.iter().map(|d| book.own(d.slot())).collect();
+            (own, book.witnesses())
+        };
+        let records = used.iter().zip(&own).map(|(d, &e)| d.write_flush_record(e, &witnesses, false));
+        for (d, r) in used.iter().zip(join_all(records).await) {
             if let Err(e) = r {
                 self.drive_error(d.slot(), "flush record write failed", &e).await?;
             }
         }
-        let before = self.epoch_confirmed.fetch_max(epoch, Ordering::SeqCst);
-        assert!(before < epoch, "flush epoch {epoch} confirmed twice (pool flushes are serialised)");
         Ok(())
     }
 }

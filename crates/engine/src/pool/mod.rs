@@ -4,6 +4,7 @@ pub(crate) mod alloc;
 mod assemble;
 pub(crate) mod core;
 mod csum_cache;
+mod epochs;
 mod errors;
 mod moves;
 mod qos;
@@ -22,7 +23,8 @@ use stria_dev::{BLOCK_BYTES as BLOCK, BlockDevice};
 use stria_ec::ReedSolomon;
 use uuid::Uuid;
 
-use self::core::{FlushEpochs, PoolCore};
+use self::core::PoolCore;
+use self::epochs::EpochBook;
 use crate::drive::Drive;
 use crate::error::EngineError;
 use crate::format::layout::DriveLayout;
@@ -206,7 +208,8 @@ impl<D: BlockDevice> Pool<D> {
             rebalance: None,
             rebuild_rate_bytes_per_sec: None,
         };
-        let core = Arc::new(PoolCore::new(meta, opened, 1, 0, FlushEpochs::default()));
+        let book = EpochBook::from_records(opened.iter().map(|d| (d.slot(), None)));
+        let core = Arc::new(PoolCore::new(meta, opened, 1, 0, book));
         core.update(|_| Ok(((), true))).await?;
         Ok(Pool::from_core(core, RecoveryReport::default()))
     }
@@ -661,10 +664,10 @@ impl<D: BlockDevice> Pool<D> {
         committed
     }
 
-    /// The newest pool flush epoch confirmed on every drive in use (docs/design/stale-copies.md):
-    /// a copy of a drive taken before the flush that confirmed it is never trusted.
-    pub fn flush_epoch_confirmed(&self) -> u64 {
-        self.core.flush_epochs().confirmed
+    /// The newest flush epoch confirmed of the drive in `slot` (docs/design/stale-copies.md): a
+    /// copy of that drive taken before the flush that confirmed it is never trusted.
+    pub fn flush_epoch_confirmed(&self, slot: u32) -> u64 {
+        self.core.flush_epoch_confirmed(slot)
     }
 
     /// The newest metadata generation confirmed on every drive active in it: a drive whose
