@@ -1,95 +1,11 @@
-//! Errors of the engine: one type for the I/O path, one for pool administration, and the kind
-//! of failure each is ([`ErrorKind`]), which front ends map once per protocol.
+//! Errors of the engine: one type for the I/O path ([`VolumeError`], part of the volume
+//! contract in `stria-volume`), one for pool administration ([`EngineError`]), and the kind of
+//! failure each is ([`ErrorKind`], also the contract's), which front ends map once per protocol.
 
 use stria_dev::DevError;
+pub use stria_volume::{ErrorKind, PoolFailure, VolumeError};
 
 use crate::format::FormatError;
-
-/// What kind of failure an error is, whatever its origin: what a front end tells its client.
-/// Each protocol maps kinds once (NBD errno values in the NBD export, HTTP status codes in the
-/// REST API, later SCSI sense data); nothing chooses a reply by an error's text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorKind {
-    /// A malformed request: a bad size, name, layout or parameter.
-    InvalidInput,
-    /// The volume, drive, snapshot or job named does not exist.
-    NotFound,
-    /// The request conflicts with the state of things: a name taken, a rebuild in progress,
-    /// a guard rail (clients attached, the last copy of some data).
-    Conflict,
-    /// A byte range outside the volume.
-    OutOfRange,
-    /// No space for the request: a thin volume's space is full, or the pool has no room for a
-    /// new volume or extent.
-    NoSpace,
-    /// The volume takes no writes (a snapshot).
-    ReadOnly,
-    /// The data of the range is gone: more members lost or corrupt than the layout tolerates.
-    Unrecoverable,
-    /// A device or metadata write failed for a reason that says nothing about space.
-    Io,
-    /// The pool refuses writes until an operator frees space on the filesystem under the drives
-    /// and clears the suspension (`stria pool clear`); retrying after that succeeds.
-    Suspended,
-    /// The volume was deleted or closed, or the pool is shutting down.
-    Closed,
-    /// Fast zeroing that would have to write data (NBD `FAST_ZERO`).
-    NotCheap,
-    /// The pool cannot be trusted or changed right now: too few drives for a quorum, a
-    /// metadata commit that reached too few of them, a drive failure that could not be recorded
-    /// (writes are refused until a restart).
-    Unavailable,
-}
-
-/// Why a volume request failed. Every variant names the range involved.
-#[derive(Debug, thiserror::Error)]
-pub enum VolumeError {
-    /// The request reaches past the end of the volume.
-    #[error(
-        "request at offset {offset_bytes} (+{len_bytes} bytes) is beyond the end of the volume ({size_bytes} bytes)"
-    )]
-    OutOfRange { offset_bytes: u64, len_bytes: u64, size_bytes: u64 },
-    /// More members are unavailable or corrupt than the layout tolerates for this range.
-    #[error(
-        "data at offset {offset_bytes} (+{len_bytes} bytes) of volume {volume} is unrecoverable: {reason}"
-    )]
-    Unrecoverable { volume: String, offset_bytes: u64, len_bytes: u64, reason: String },
-    /// A fast-zero request could not be served without writing data.
-    #[error("zeroing {len_bytes} bytes at offset {offset_bytes} is not cheap on this layout")]
-    NotCheap { offset_bytes: u64, len_bytes: u64 },
-    /// The pool could not persist a change the request depends on (a drive failure).
-    #[error("volume {volume}: {source}")]
-    Pool {
-        volume: String,
-        #[source]
-        source: Box<EngineError>,
-    },
-    /// The volume was deleted or the pool closed while the request was in flight.
-    #[error("volume {0} is closed")]
-    Closed(String),
-    /// The write needs space that is not there: a thin volume whose space is full.
-    #[error("volume {volume}: no space for {len_bytes} bytes at offset {offset_bytes}: {why}")]
-    NoSpace { volume: String, offset_bytes: u64, len_bytes: u64, why: String },
-    /// The volume takes no writes, zeroing or discards (a snapshot).
-    #[error("volume {volume} is read-only")]
-    ReadOnly { volume: String },
-}
-
-impl VolumeError {
-    /// The kind of failure, for the front ends.
-    pub fn kind(&self) -> ErrorKind {
-        match self {
-            VolumeError::OutOfRange { .. } => ErrorKind::OutOfRange,
-            VolumeError::Unrecoverable { .. } => ErrorKind::Unrecoverable,
-            VolumeError::NotCheap { .. } => ErrorKind::NotCheap,
-            VolumeError::Pool { source, .. } => source.kind(),
-            VolumeError::Closed(_) => ErrorKind::Closed,
-            VolumeError::NoSpace { .. } => ErrorKind::NoSpace,
-            VolumeError::ReadOnly { .. } => ErrorKind::ReadOnly,
-        }
-    }
-}
 
 /// Why a pool operation failed. Messages say what is wrong and, where possible, what would fix it.
 #[derive(Debug, thiserror::Error)]
@@ -184,5 +100,12 @@ impl EngineError {
             EngineError::Volume(v) => v.kind(),
             EngineError::HostFull(_) => ErrorKind::Suspended,
         }
+    }
+}
+
+/// What a volume's [`VolumeError::Pool`] carries: the pool's error, with its kind.
+impl PoolFailure for EngineError {
+    fn kind(&self) -> ErrorKind {
+        EngineError::kind(self)
     }
 }

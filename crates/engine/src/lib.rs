@@ -28,7 +28,7 @@ pub mod volume;
 
 pub use drive::csum::{CsumCacheStats, DEFAULT_CSUM_CACHE_PAGES};
 pub use drive::{Drive, DriveLabel, read_label};
-pub use error::{EngineError, ErrorKind, VolumeError};
+pub use error::{EngineError, ErrorKind, PoolFailure, VolumeError};
 pub use format::meta::{
     Calibration, ClassCalibration, DriveClass, DriveErrors, DriveState, ErrorCount, Layout, PoolMeta,
     QosSpec, TieredRecord, VolumeRole,

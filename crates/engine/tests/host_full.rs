@@ -248,7 +248,7 @@ async fn run_seed(seed: u64) {
                 world.note(format!("suspended: {why}"));
                 // A write is refused before it reaches a drive.
                 let probe = vol.write(0, IoBytes::copy_from(&[7u8; 4096]), false).await;
-                if !matches!(&probe, Err(VolumeError::Pool { source, .. }) if matches!(**source, EngineError::HostFull(_)))
+                if !matches!(&probe, Err(VolumeError::Pool { source, .. }) if matches!(source.downcast_ref::<EngineError>(), Some(EngineError::HostFull(_))))
                 {
                     world.fail(format!("a write to a suspended pool returned {probe:?}"));
                 }

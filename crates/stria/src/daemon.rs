@@ -11,6 +11,7 @@ use stria_dev::BlockDevice;
 use stria_dev::mem::MemDevice;
 use stria_engine::units::parse_size;
 use stria_engine::{DriveClass, NewDrive, Pool};
+use stria_front::Registry;
 use stria_nbd::{Server, ServerConfig, ServerHandle, TlsConfig, TlsMode};
 use tokio::net::UnixListener;
 
@@ -18,7 +19,6 @@ use serde_json::Value;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::control;
-use crate::export::VolumeRegistry;
 use crate::jobs::{self, Jobs};
 use crate::ops::{self, Ctx, Progress, Request};
 use crate::pooldir::{Dev, Opener, PoolDir};
@@ -117,23 +117,15 @@ impl std::str::FromStr for MemoryVolumeSpec {
 
 /// Makes the exports match the pool's volumes (every client-visible volume, by name) and their
 /// snapshots (`VOL@SNAP`, read-only).
-fn sync_exports<D: BlockDevice>(catalog: &Catalog<D>, exports: &VolumeRegistry) {
+fn sync_exports<D: BlockDevice>(catalog: &Catalog<D>, exports: &Registry) {
     let mut wanted = catalog.names();
     wanted.extend(catalog.snapshots(None).unwrap_or_default().into_iter().map(|s| s.export));
-    for name in stria_nbd::ExportRegistry::names(exports) {
-        if !wanted.contains(&name) {
-            exports.remove(&name);
-            tracing::info!(volume = %name, "export removed");
-        }
+    let synced = exports.sync(wanted, |name| catalog.lookup(name));
+    for name in &synced.removed {
+        tracing::info!(volume = %name, "export removed");
     }
-    for name in wanted {
-        if exports.contains(&name) {
-            continue;
-        }
-        if let Some(volume) = catalog.lookup(&name) {
-            exports.insert(&name, volume);
-            tracing::info!(volume = %name, "export added");
-        }
+    for name in &synced.added {
+        tracing::info!(volume = %name, "export added");
     }
 }
 
@@ -152,7 +144,7 @@ fn remove_stale_socket(path: &Path) -> Result<()> {
 pub(crate) struct Daemon {
     pub(crate) catalog: Arc<Catalog<Dev>>,
     pub(crate) dir: PoolDir,
-    pub(crate) exports: Arc<VolumeRegistry>,
+    pub(crate) exports: Arc<Registry>,
     pub(crate) jobs: Jobs,
     /// The NBD server (its connection gauges).
     pub(crate) nbd: Server,
@@ -253,7 +245,7 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
     if report.journal_txns_replayed + report.rows_resynced > 0 {
         tracing::warn!(?report, "recovered from an unclean stop");
     }
-    let exports = Arc::new(VolumeRegistry::default());
+    let exports = Arc::new(Registry::new());
     sync_exports(&catalog, &exports);
 
     let (handles, mut uris) = start_nbd(&opts, &exports).await?;
@@ -394,10 +386,7 @@ async fn housekeeping(
 }
 
 /// Builds the NBD server for `exports` and starts its listeners; returns them with their URIs.
-async fn start_nbd(
-    opts: &ServeOptions,
-    exports: &Arc<VolumeRegistry>,
-) -> Result<(Vec<ServerHandle>, Vec<String>)> {
+async fn start_nbd(opts: &ServeOptions, exports: &Arc<Registry>) -> Result<(Vec<ServerHandle>, Vec<String>)> {
     let client_ca = opts.tls_client_ca.as_deref();
     let tls = match (opts.tls_mode, &opts.tls_cert, &opts.tls_key) {
         (TlsMode::Off, _, _) if client_ca.is_some() => bail!("--tls-client-ca needs --tls require"),
@@ -407,7 +396,7 @@ async fn start_nbd(
         }
         _ => bail!("--tls on/require needs --tls-cert and --tls-key"),
     };
-    let registry: Arc<VolumeRegistry> = Arc::clone(exports);
+    let registry: Arc<Registry> = Arc::clone(exports);
     let config = ServerConfig { tls, limits: opts.nbd_limits.limits()? };
     let server = Server::new(config, registry).map_err(crate::nbd_limits::explain)?;
     let mut handles = Vec::new();
@@ -477,7 +466,7 @@ pub(crate) async fn serve_memory(
         };
         catalog.create(volume).await.with_context(|| format!("cannot create volume {}", v.name))?;
     }
-    let exports = Arc::new(VolumeRegistry::default());
+    let exports = Arc::new(Registry::new());
     sync_exports(&catalog, &exports);
     let (handles, uris) = start_nbd(&opts, &exports).await?;
     on_ready(&uris);

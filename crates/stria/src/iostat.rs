@@ -7,7 +7,9 @@ use std::time::Duration;
 use anyhow::Result;
 use stria_dev::HistogramSnapshot;
 
-use crate::stats::{DriveIo, OpSnapshot, StatsView, VolumeStatsSnapshot};
+use stria_front::{OpSnapshot, VolumeStatsSnapshot};
+
+use crate::stats::{DriveIo, StatsView};
 
 /// The rates of one volume between two samples.
 #[derive(Debug, Clone, PartialEq)]
@@ -153,7 +155,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stats::{Op, VolumeStats};
+    use stria_front::{Op, VolumeStats};
 
     #[tokio::test]
     async fn rates_come_from_the_difference_of_two_samples() {

@@ -22,7 +22,6 @@ mod config;
 mod control;
 mod daemon;
 mod drive_check;
-mod export;
 mod http;
 mod iostat;
 mod jobs;

@@ -121,9 +121,9 @@ impl<D: BlockDevice> Pool<D> {
 fn unwrap_host_full(e: EngineError) -> EngineError {
     match e {
         EngineError::Volume(crate::error::VolumeError::Pool { source, .. })
-            if matches!(*source, EngineError::HostFull(_)) =>
+            if matches!(source.downcast_ref::<EngineError>(), Some(EngineError::HostFull(_))) =>
         {
-            *source
+            *source.downcast::<EngineError>().expect("checked to be the pool's error")
         }
         other => other,
     }

@@ -51,28 +51,8 @@ use host::VolumeHost;
 use locks::StripeLocks;
 use map::{ChunkRun, Geometry, Member, Segment, VolumeMap};
 
-/// Health of a volume.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum VolumeState {
-    /// Every member is present.
-    Healthy,
-    /// Some members are missing; data is served from redundancy.
-    Degraded,
-    /// Members are being rebuilt.
-    Rebuilding,
-    /// More members are missing than the layout tolerates somewhere.
-    Failed,
-}
-
-/// A run of the volume with one allocation state (for NBD `BLOCK_STATUS`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Extent {
-    pub len_bytes: u64,
-    /// True when the range was never written (or was trimmed/zeroed): it reads as zeros and
-    /// uses no space.
-    pub unallocated: bool,
-}
+// The contract's types, defined in `stria-volume`.
+pub use stria_volume::{Extent, VolumeState};
 
 /// What a drive block holds for a logical block (see [`Volume::locate`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

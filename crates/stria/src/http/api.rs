@@ -38,20 +38,10 @@ impl From<anyhow::Error> for ApiError {
     }
 }
 
-/// The one mapping of error kinds to HTTP status codes: 400 for a malformed request, 404 for
-/// something that does not exist, 409 for a request that conflicts with the state of things (a
-/// guard rail, a snapshot written to), 503 while writes are suspended or the pool cannot commit,
-/// 507 when there is no space, 500 for a device or data failure.
+/// The status code of an error kind: the one mapping, `stria_front::errors::http_status`.
 pub(crate) fn status_of(kind: stria_engine::ErrorKind) -> StatusCode {
-    use stria_engine::ErrorKind as K;
-    match kind {
-        K::InvalidInput | K::OutOfRange => StatusCode::BAD_REQUEST,
-        K::NotFound => StatusCode::NOT_FOUND,
-        K::Conflict | K::ReadOnly | K::NotCheap => StatusCode::CONFLICT,
-        K::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
-        K::Suspended | K::Closed | K::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-        K::Unrecoverable | K::Io => StatusCode::INTERNAL_SERVER_ERROR,
-    }
+    let code = stria_front::errors::http_status(kind);
+    StatusCode::from_u16(code).expect("the table holds valid status codes")
 }
 
 fn bad_request(message: impl Into<String>) -> ApiError {

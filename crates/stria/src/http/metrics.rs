@@ -13,8 +13,9 @@ use stria_tier::lsv::LogStatus;
 
 use super::AppState;
 use crate::jobs::{JobState, JobView};
-use crate::stats::{DriveIo, Op, VolumeStatsSnapshot};
+use crate::stats::DriveIo;
 use stria_dev::HistogramSnapshot;
+use stria_front::{Op, VolumeStatsSnapshot};
 
 /// Latency bucket bounds exposed, as powers of two of nanoseconds: 2^13 ns (8.2 µs) to 2^34 ns
 /// (17 s). Each is a bound of the fine histogram, so the cumulative counts are exact.
