@@ -14,6 +14,7 @@
 
 pub mod block_status;
 pub mod cancellation;
+mod catches;
 pub mod durability;
 pub mod errors;
 pub mod model_ops;

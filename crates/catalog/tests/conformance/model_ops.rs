@@ -117,6 +117,7 @@ async fn run_seed(kind: Kind, wrap: Wrap, seed: u64) {
                     expect_kind(res, ErrorKind::ReadOnly, &what);
                 } else if s.zeroing_has_edge(o, l) {
                     expect_kind(res, ErrorKind::NotCheap, &what);
+                    s.check_range(o, l, &format!("refused {what}")).await;
                 } else {
                     res.unwrap_or_else(|e| panic!("{kind:?} {what}: {e}"));
                     s.model.zero(o, l);
