@@ -4,5 +4,6 @@
 #![allow(clippy::cast_possible_truncation)] // 64-bit only, like the engine; test sizes are small
 #![allow(unreachable_pub)] // test modules share helpers with `pub`; nothing leaves the binary
 
+mod catalog_ops;
 mod common;
 mod conformance;
