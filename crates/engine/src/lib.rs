@@ -17,6 +17,8 @@ const _: () = assert!(usize::BITS == 64, "stria needs a 64-bit target");
 pub mod drive;
 mod error;
 pub mod format;
+#[doc(hidden)]
+pub mod fuzzing;
 pub(crate) mod gate;
 mod join;
 pub mod pagecache;

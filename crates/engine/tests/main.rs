@@ -6,6 +6,7 @@ mod common;
 mod corruption_is_detected_and_repaired;
 mod crash_consistency;
 mod crash_sequences;
+mod fuzz_corpus;
 mod host_full;
 mod layouts_survive_drive_failures;
 mod pool_growth;

@@ -72,8 +72,37 @@ impl<D: BlockDevice> SnapshotVolume<D> {
         SnapshotVolume { volume, layer, name }
     }
 
-    fn refused(&self, _offset_bytes: u64, _len_bytes: u64) -> stria_engine::VolumeError {
+    /// Why a change is refused: out of range (contract, "Ranges": every call checks its range
+    /// first), closed (the snapshot was deleted), else read-only.
+    fn refused(&self, offset_bytes: u64, len_bytes: u64) -> stria_engine::VolumeError {
+        if let Err(e) = stria_engine::volume::bytes::check_range(offset_bytes, len_bytes, self.size_bytes()) {
+            return e;
+        }
+        if self.gone() {
+            return stria_engine::VolumeError::Closed(self.name.clone());
+        }
         stria_engine::VolumeError::ReadOnly { volume: self.name.clone() }
+    }
+
+    /// The snapshot was deleted (a handle outlived it).
+    fn gone(&self) -> bool {
+        !self.volume.snapshots().iter().any(|s| s.id == self.layer)
+    }
+}
+
+/// `result`, with an error reported as [`stria_engine::VolumeError::Closed`] when the layer is
+/// gone (deleted while a handle to it was kept): a deleted snapshot or clone is closed, not
+/// damaged. Checked only after an error, so requests that succeed pay nothing.
+fn closed_if_gone<T>(
+    result: Result<T, stria_engine::VolumeError>,
+    gone: impl FnOnce() -> bool,
+    name: &str,
+) -> Result<T, stria_engine::VolumeError> {
+    match result {
+        Err(e) if !matches!(e, stria_engine::VolumeError::OutOfRange { .. }) && gone() => {
+            Err(stria_engine::VolumeError::Closed(name.to_string()))
+        }
+        r => r,
     }
 }
 
@@ -92,7 +121,10 @@ impl<D: BlockDevice> BlockVolume for SnapshotVolume<D> {
     }
 
     fn read(&self, offset_bytes: u64, len_bytes: usize) -> VolumeFuture<'_, IoBuf> {
-        Box::pin(self.volume.read_snapshot(self.layer, offset_bytes, len_bytes))
+        Box::pin(async move {
+            let r = self.volume.read_snapshot(self.layer, offset_bytes, len_bytes).await;
+            closed_if_gone(r, || self.gone(), &self.name)
+        })
     }
 
     fn write(&self, offset_bytes: u64, data: IoBytes, _durability: Durability) -> VolumeFuture<'_, ()> {
@@ -123,12 +155,9 @@ impl<D: BlockDevice> BlockVolume for SnapshotVolume<D> {
     fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> VolumeFuture<'_, Vec<Extent>> {
         // Everything reads as allocated ("allocated" when in doubt, as the contract allows).
         Box::pin(async move {
-            if offset_bytes.checked_add(len_bytes).is_none_or(|end| end > self.volume.size_bytes()) {
-                return Err(stria_engine::VolumeError::OutOfRange {
-                    offset_bytes,
-                    len_bytes,
-                    size_bytes: self.volume.size_bytes(),
-                });
+            stria_engine::volume::bytes::check_range(offset_bytes, len_bytes, self.volume.size_bytes())?;
+            if self.gone() {
+                return Err(stria_engine::VolumeError::Closed(self.name.clone()));
             }
             Ok(if len_bytes == 0 { Vec::new() } else { vec![Extent { len_bytes, unallocated: false }] })
         })
@@ -157,6 +186,19 @@ impl<D: BlockDevice> CloneVolume<D> {
         let origin = format!("{}@{parent}", volume.name());
         CloneVolume { volume, layer: record.id, name: record.name.clone(), origin }
     }
+
+    /// The clone was deleted (a handle outlived it).
+    fn gone(&self) -> bool {
+        !self.volume.clones().iter().any(|c| c.id == self.layer)
+    }
+
+    /// `result`, or `Closed` if it failed because the clone is gone.
+    fn closed_if_gone<T>(
+        &self,
+        result: Result<T, stria_engine::VolumeError>,
+    ) -> Result<T, stria_engine::VolumeError> {
+        closed_if_gone(result, || self.gone(), &self.name)
+    }
 }
 
 impl<D: BlockDevice> BlockVolume for CloneVolume<D> {
@@ -174,11 +216,15 @@ impl<D: BlockDevice> BlockVolume for CloneVolume<D> {
     }
 
     fn read(&self, offset_bytes: u64, len_bytes: usize) -> VolumeFuture<'_, IoBuf> {
-        Box::pin(self.volume.read_snapshot(self.layer, offset_bytes, len_bytes))
+        Box::pin(async move {
+            self.closed_if_gone(self.volume.read_snapshot(self.layer, offset_bytes, len_bytes).await)
+        })
     }
 
     fn write(&self, offset_bytes: u64, data: IoBytes, _durability: Durability) -> VolumeFuture<'_, ()> {
-        Box::pin(self.volume.write_to(self.layer, offset_bytes, data))
+        Box::pin(
+            async move { self.closed_if_gone(self.volume.write_to(self.layer, offset_bytes, data).await) },
+        )
     }
 
     fn write_zeroes(
@@ -188,11 +234,17 @@ impl<D: BlockDevice> BlockVolume for CloneVolume<D> {
         zeroing: Zeroing,
         _durability: Durability,
     ) -> VolumeFuture<'_, ()> {
-        Box::pin(self.volume.write_zeroes_to(self.layer, offset_bytes, len_bytes, zeroing.cheap_only()))
+        Box::pin(async move {
+            let r =
+                self.volume.write_zeroes_to(self.layer, offset_bytes, len_bytes, zeroing.cheap_only()).await;
+            self.closed_if_gone(r)
+        })
     }
 
     fn discard(&self, offset_bytes: u64, len_bytes: u64, _durability: Durability) -> VolumeFuture<'_, ()> {
-        Box::pin(self.volume.trim_in(self.layer, offset_bytes, len_bytes))
+        Box::pin(async move {
+            self.closed_if_gone(self.volume.trim_in(self.layer, offset_bytes, len_bytes).await)
+        })
     }
 
     fn flush(&self) -> VolumeFuture<'_, ()> {
@@ -200,6 +252,8 @@ impl<D: BlockDevice> BlockVolume for CloneVolume<D> {
     }
 
     fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> VolumeFuture<'_, Vec<Extent>> {
-        Box::pin(self.volume.block_status_in(self.layer, offset_bytes, len_bytes))
+        Box::pin(async move {
+            self.closed_if_gone(self.volume.block_status_in(self.layer, offset_bytes, len_bytes).await)
+        })
     }
 }

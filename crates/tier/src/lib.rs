@@ -9,6 +9,8 @@
 
 mod contract;
 pub use contract::{CloneVolume, SnapshotVolume};
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod layers;
 mod log;
 pub mod lsv;

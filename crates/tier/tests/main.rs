@@ -4,5 +4,6 @@
 
 mod common;
 mod crash_sequences;
+mod fuzz_corpus;
 mod log_volume;
 mod map_store;

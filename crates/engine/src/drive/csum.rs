@@ -389,7 +389,7 @@ impl ChecksumTable {
 
 /// Decodes page `id` from its on-disk bytes. An all-zero page is a valid empty page (a freshly
 /// created drive). Returns the entries and whether the page is damaged (then they are unknown).
-fn decode_page(id: u64, bytes: &[u8]) -> (Entries, bool) {
+pub(crate) fn decode_page(id: u64, bytes: &[u8]) -> (Entries, bool) {
     if bytes.iter().all(|&b| b == 0) {
         return (Entries::empty(), false);
     }

@@ -18,10 +18,10 @@ use super::errors::{ErrorKind, PendingErrors};
 use crate::format::{crc_of, seal_crc};
 use crate::time::now_unix_secs;
 
-const HEADER_MAGIC: &[u8; 8] = b"STRIA-JH";
-const RECORD_MAGIC: &[u8; 8] = b"STRIA-JR";
+pub(crate) const HEADER_MAGIC: &[u8; 8] = b"STRIA-JH";
+pub(crate) const RECORD_MAGIC: &[u8; 8] = b"STRIA-JR";
 /// Header copies at the start of the journal area; the ring follows.
-const HEADER_COPIES: u64 = 2;
+pub(crate) const HEADER_COPIES: u64 = 2;
 /// Most payload blocks one record may carry (bounded by the CRC list in its header block).
 pub(crate) const MAX_RECORD_BLOCKS: u64 = 880;
 /// Most drives one transaction may span.
@@ -143,7 +143,7 @@ impl Journal {
     }
 
     /// Encoded header block.
-    fn encode_header(
+    pub(crate) fn encode_header(
         checkpoint_seq: u64,
         next_offset_blocks: u64,
         txn_watermark: u64,
@@ -157,6 +157,16 @@ impl Journal {
         block[32..40].copy_from_slice(&epoch.to_le_bytes());
         seal_crc(&mut block);
         block
+    }
+
+    /// A valid header block's `(checkpoint_seq, next_offset_blocks, txn_watermark, epoch)`.
+    pub(crate) fn decode_header(buf: &[u8]) -> Option<(u64, u64, u64, u64)> {
+        if &buf[..8] != HEADER_MAGIC || crc_of(buf) != u32::from_le_bytes(buf[4092..].try_into().expect("4"))
+        {
+            return None;
+        }
+        let u64_at = |o: usize| u64::from_le_bytes(buf[o..o + 8].try_into().expect("8"));
+        Some((u64_at(8), u64_at(16), u64_at(24), u64_at(32)))
     }
 
     /// Writes a fresh, empty journal (at pool creation).
@@ -180,13 +190,7 @@ impl Journal {
         let mut best: Option<(u64, u64, u64, u64)> = None;
         for copy in 0..HEADER_COPIES {
             let buf = dev.read(offset_bytes + copy * BLOCK, IoBuf::zeroed(BLOCK as usize)).await?;
-            if &buf[..8] == HEADER_MAGIC
-                && crc_of(&buf) == u32::from_le_bytes(buf[4092..].try_into().expect("4"))
-            {
-                let seq = u64::from_le_bytes(buf[8..16].try_into().expect("8"));
-                let pos = u64::from_le_bytes(buf[16..24].try_into().expect("8"));
-                let watermark = u64::from_le_bytes(buf[24..32].try_into().expect("8"));
-                let epoch = u64::from_le_bytes(buf[32..40].try_into().expect("8"));
+            if let Some((seq, pos, watermark, epoch)) = Self::decode_header(&buf) {
                 // Equal checkpoints: the newer session's copy (a crash between the two copies of
                 // `begin_session`).
                 if best.is_none_or(|(s, _, _, e)| (seq, epoch) > (s, e)) {
@@ -544,16 +548,17 @@ fn copy_dev_error(e: &DevError) -> DevError {
     }
 }
 
-struct RecordHeader {
-    txn_id: u64,
-    volume_id: u64,
-    target_block: u64,
-    len_blocks: u64,
-    piece_slots: Vec<u16>,
-    crcs: Vec<u32>,
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct RecordHeader {
+    pub(crate) txn_id: u64,
+    pub(crate) volume_id: u64,
+    pub(crate) target_block: u64,
+    pub(crate) len_blocks: u64,
+    pub(crate) piece_slots: Vec<u16>,
+    pub(crate) crcs: Vec<u32>,
 }
 
-fn encode_record_header(seq: u64, epoch: u64, piece: &JournalPiece) -> Vec<u8> {
+pub(crate) fn encode_record_header(seq: u64, epoch: u64, piece: &JournalPiece) -> Vec<u8> {
     let len_blocks = piece.data.len() as u64 / BLOCK;
     let mut block = vec![0u8; BLOCK as usize];
     block[..8].copy_from_slice(RECORD_MAGIC);
@@ -575,9 +580,9 @@ fn encode_record_header(seq: u64, epoch: u64, piece: &JournalPiece) -> Vec<u8> {
 }
 
 /// Where a record header keeps its session epoch (after the largest CRC list).
-const EPOCH_AT: usize = 560 + 4 * MAX_RECORD_BLOCKS as usize;
+pub(crate) const EPOCH_AT: usize = 560 + 4 * MAX_RECORD_BLOCKS as usize;
 
-fn encode_pad(seq: u64, epoch: u64) -> Vec<u8> {
+pub(crate) fn encode_pad(seq: u64, epoch: u64) -> Vec<u8> {
     let mut block = vec![0u8; BLOCK as usize];
     block[..8].copy_from_slice(RECORD_MAGIC);
     block[8..16].copy_from_slice(&seq.to_le_bytes());
@@ -586,7 +591,7 @@ fn encode_pad(seq: u64, epoch: u64) -> Vec<u8> {
     block
 }
 
-fn decode_record_header(block: &[u8], expect_seq: u64, epoch: u64) -> Option<RecordHeader> {
+pub(crate) fn decode_record_header(block: &[u8], expect_seq: u64, epoch: u64) -> Option<RecordHeader> {
     if &block[..8] != RECORD_MAGIC || crc_of(block) != u32::from_le_bytes(block[4092..].try_into().ok()?) {
         return None;
     }

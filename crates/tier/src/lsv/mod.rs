@@ -20,6 +20,8 @@
 //! So a map entry only ever points at durable data, and a place is reused only after no
 //! durable map entry points at it.
 
+#[doc(hidden)]
+pub mod fuzzing;
 mod mover;
 pub mod space;
 mod table;

@@ -27,6 +27,8 @@
 //!    So the pages on disk are always a state the durable log leads to, and a table written by
 //!    the last checkpoint stays valid while the next one writes pages (see [`CheckpointTable`]).
 
+#[doc(hidden)]
+pub mod fuzzing;
 mod snap;
 
 use std::sync::Arc;

@@ -1,0 +1,383 @@
+//! The catalog's own operations, through `Catalog` as the daemon uses it: create, lookup, show,
+//! status, resize, delete, snapshots, clones and rollback, their refusals (each leaving the pool
+//! as it was), names and sizes, a reopen, and a log-structured volume that cannot be opened.
+
+use stria_catalog::{CatalogError, CreateVolume, VolumeView};
+use stria_dev::{BLOCK_BYTES, IoBytes};
+use stria_engine::{Durability, ErrorKind, VOLUME_BYTES_MAX};
+
+use crate::common::{Rig, catalog_kind, create_req, random_bytes, rng};
+
+const MIB: u64 = 1 << 20;
+
+/// Asserts that `r` failed with a catalog error of `kind`, and returns its message.
+#[track_caller]
+fn refused<T: std::fmt::Debug>(r: Result<T, CatalogError>, kind: ErrorKind, what: &str) -> String {
+    match r {
+        Err(e) => {
+            assert_eq!(catalog_kind(&e), kind, "{what}: refused with {e} ({e:?}), expected {kind:?}");
+            e.to_string()
+        }
+        Ok(v) => panic!("{what}: accepted ({v:?}), expected a refusal of kind {kind:?}"),
+    }
+}
+
+/// Every layout the catalog knows, one volume each.
+const LAYOUTS: [(&str, &str); 6] = [
+    ("r0", "raid0"),
+    ("r1", "raid1"),
+    ("r10", "raid10"),
+    ("ec", "ec:4+2"),
+    ("tv", "tiered:ec:4+2"),
+    ("lv", "log:ec:4+2"),
+];
+
+async fn rig_with_every_layout() -> Rig {
+    let rig = Rig::new(7).await;
+    for (name, layout) in LAYOUTS {
+        let view = rig.catalog.create(create_req(name, 4 * MIB, layout)).await.expect("create");
+        let is_log = matches!(view, VolumeView::Log(_));
+        assert_eq!(is_log, stria_catalog::is_log_layout(layout), "{layout}: create shows the kind made");
+    }
+    rig
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_lookup_show_and_status_for_every_layout() {
+    let rig = rig_with_every_layout().await;
+    let c = &rig.catalog;
+    let mut want: Vec<String> = LAYOUTS.iter().map(|(n, _)| n.to_string()).collect();
+    want.sort();
+    assert_eq!(c.names(), want, "names: every client-visible volume, sorted, no parts");
+    for (name, layout) in LAYOUTS {
+        let v = rig.volume(name);
+        let info = v.info();
+        assert_eq!(info.name, name);
+        assert!(!info.read_only, "{name}");
+        assert_eq!(v.size_bytes(), 4 * MIB, "{name}");
+        let kind = layout.split(':').next().unwrap();
+        assert!(info.layout.starts_with(kind), "{name}: layout {} names {kind}", info.layout);
+        match c.show(name).expect("show") {
+            VolumeView::Plain(p) => {
+                assert!(!stria_catalog::is_log_layout(layout), "{name}");
+                assert_eq!(
+                    (p.status.name.as_str(), p.status.size_bytes, p.status.role.as_str()),
+                    (name, 4 * MIB, "plain")
+                );
+            }
+            VolumeView::Log(l) => {
+                assert!(stria_catalog::is_log_layout(layout), "{name}");
+                assert_eq!((l.status.name.as_str(), l.status.size_bytes), (name, 4 * MIB));
+                assert!(l.snapshots.is_empty() && l.clones.is_empty());
+            }
+            VolumeView::Clone(_) => panic!("{name} shows as a clone"),
+        }
+        assert!(c.resizable(name) != stria_catalog::is_log_layout(layout), "{name}: resizable");
+    }
+    // The parts of log-structured volumes: shown (diagnostics), never looked up or listed.
+    for part in ["tv.meta", "tv.cache", "tv.seg", "lv.meta", "lv.cache", "lv.seg"] {
+        assert!(c.lookup(part).is_none(), "{part} is not client-visible");
+        assert!(matches!(c.show(part), Ok(VolumeView::Plain(_))), "{part} can be shown");
+    }
+    let status = c.status();
+    let mut logs: Vec<&str> = status.log.iter().map(|l| l.name.as_str()).collect();
+    logs.sort_unstable();
+    assert_eq!(logs, ["lv", "tv"], "status: every log-structured volume");
+    assert!(status.unavailable.is_empty() && status.snapshots.is_empty() && status.clones.is_empty());
+    assert!(status.thin.is_some(), "status sums the thin volumes");
+    // Unknown names.
+    assert!(c.lookup("nope").is_none());
+    refused(c.show("nope"), ErrorKind::NotFound, "show of an unknown volume");
+    // A chunk size is kept.
+    let req = CreateVolume { chunk_bytes: Some(16 << 10), ..create_req("small-chunks", MIB, "raid10") };
+    let VolumeView::Plain(p) = c.create(req).await.expect("create with a chunk") else { panic!("plain") };
+    assert_eq!(p.status.chunk_bytes, 16 << 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_leave_the_pool_as_it_was() {
+    let rig = rig_with_every_layout().await;
+    let c = &rig.catalog;
+    let before = c.names();
+
+    // Sizes: whole 4 KiB blocks, not zero, at most VOLUME_BYTES_MAX.
+    for size in [0, 1, BLOCK_BYTES - 1, BLOCK_BYTES + 1, VOLUME_BYTES_MAX + BLOCK_BYTES, u64::MAX] {
+        for layout in ["raid1", "ec:4+2", "tiered:ec:4+2", "log:ec:4+2"] {
+            refused(
+                c.create(create_req("new", size, layout)).await,
+                ErrorKind::InvalidInput,
+                &format!("{layout} of {size} bytes"),
+            );
+        }
+    }
+    // The largest size passes the size check and is refused for want of space, not as invalid.
+    refused(
+        c.create(create_req("new", VOLUME_BYTES_MAX, "raid1")).await,
+        ErrorKind::NoSpace,
+        "a plain volume of 2^60 bytes",
+    );
+    // Nor for a log-structured volume (whose cache, map and space derive from the size).
+    for layout in ["tiered:ec:4+2", "log:ec:4+2"] {
+        assert!(
+            c.create(create_req("new", VOLUME_BYTES_MAX, layout)).await.is_err(),
+            "{layout} of 2^60 bytes"
+        );
+    }
+    // Names.
+    let long = "n".repeat(65);
+    for name in ["", "-x", ".x", "a b", "a/b", "a@b", long.as_str()] {
+        refused(
+            c.create(create_req(name, MIB, "raid1")).await,
+            ErrorKind::InvalidInput,
+            &format!("name {name:?}"),
+        );
+    }
+    // Taken names: a volume of either kind, a part.
+    for (name, layout) in [
+        ("r1", "raid0"),
+        ("r1", "log:ec:4+2"),
+        ("lv", "raid1"),
+        ("lv", "tiered:ec:4+2"),
+        ("tv.meta", "raid1"),
+    ] {
+        let e = c.create(create_req(name, MIB, layout)).await.expect_err(&format!("{layout} over {name}"));
+        assert!(
+            matches!(catalog_kind(&e), ErrorKind::Conflict | ErrorKind::InvalidInput),
+            "{layout} over {name}: {e} ({:?})",
+            catalog_kind(&e)
+        );
+    }
+    // Layouts.
+    for layout in
+        ["raid5", "ec:4", "ec:0+2", "ec:a+b", "raid10:3", "tiered:raid1", "log:ec:4", "tiered:ec:x+2", ""]
+    {
+        refused(
+            c.create(create_req("new", MIB, layout)).await,
+            ErrorKind::InvalidInput,
+            &format!("layout {layout:?}"),
+        );
+    }
+    // More members than drives of the class.
+    let e = c.create(create_req("new", MIB, "ec:8+2")).await.expect_err("ec:8+2 on 6 drives");
+    assert!(matches!(catalog_kind(&e), ErrorKind::Conflict | ErrorKind::InvalidInput), "ec:8+2: {e}");
+    // Options of log-structured layouts on a plain one.
+    let req = CreateVolume { cache_bytes: Some(MIB), ..create_req("new", MIB, "raid1") };
+    refused(c.create(req).await, ErrorKind::InvalidInput, "--cache-size on raid1");
+    let req = CreateVolume { space_bytes: Some(MIB), ..create_req("new", MIB, "ec:4+2") };
+    refused(c.create(req).await, ErrorKind::InvalidInput, "--space on ec");
+    // Resizing: what cannot be resized, sizes, unknown names, parts.
+    refused(c.resize("lv", 8 * MIB).await, ErrorKind::InvalidInput, "resize a log volume");
+    refused(c.resize("r1", 0).await, ErrorKind::InvalidInput, "resize to 0");
+    refused(c.resize("r1", MIB + 1).await, ErrorKind::InvalidInput, "resize to part of a block");
+    refused(
+        c.resize("r1", VOLUME_BYTES_MAX + BLOCK_BYTES).await,
+        ErrorKind::InvalidInput,
+        "resize past the most",
+    );
+    refused(c.resize("nope", MIB).await, ErrorKind::NotFound, "resize an unknown volume");
+    refused(c.resize("tv.seg", MIB).await, ErrorKind::InvalidInput, "resize a part");
+    // Deleting: unknown names, parts.
+    refused(c.delete("nope").await, ErrorKind::NotFound, "delete an unknown volume");
+    refused(c.delete("lv.cache").await, ErrorKind::InvalidInput, "delete a part");
+    // Snapshots and clones of what has none.
+    refused(c.snapshot_create("r1", "s").await, ErrorKind::InvalidInput, "snapshot of a plain volume");
+    refused(c.snapshot_create("nope", "s").await, ErrorKind::NotFound, "snapshot of an unknown volume");
+    refused(c.volume_clone("lv", "c").await, ErrorKind::InvalidInput, "clone of a volume, not a snapshot");
+    assert!(c.volume_clone("lv@nope", "c").await.is_err(), "clone of an unknown snapshot");
+    assert!(c.volume_rollback("lv", "nope").await.is_err(), "rollback to an unknown snapshot");
+    refused(c.volume_rollback("r1", "s").await, ErrorKind::InvalidInput, "rollback of a plain volume");
+
+    assert_eq!(c.names(), before, "a refusal leaves the volumes as they were");
+    assert!(c.pool().meta().volumes.iter().all(|v| !v.name.starts_with("new")), "nor a part behind");
+    assert!(c.snapshots(None).expect("snapshots").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resize_keeps_the_data_it_keeps() {
+    let rig = Rig::new(8).await;
+    let c = &rig.catalog;
+    let mut r = rng(8);
+    for layout in ["raid0", "raid1", "raid10", "ec:4+2"] {
+        c.create(create_req("v", 2 * MIB, layout)).await.expect("create");
+        let data = random_bytes(&mut r, (2 * MIB) as usize);
+        let v = rig.volume("v");
+        v.write(0, IoBytes::copy_from(&data), Durability::Fua).await.expect("write");
+        c.resize("v", 5 * MIB + BLOCK_BYTES).await.expect("grow");
+        let v = rig.volume("v");
+        assert_eq!(v.size_bytes(), 5 * MIB + BLOCK_BYTES, "{layout}: grown");
+        let got = v.read(0, (5 * MIB + BLOCK_BYTES) as usize).await.expect("read");
+        assert!(got[..2 * MIB as usize] == data[..], "{layout}: the old bytes survive growing");
+        assert!(got[2 * MIB as usize..].iter().all(|&b| b == 0), "{layout}: the new bytes read as zeros");
+        c.resize("v", MIB).await.expect("shrink");
+        let v = rig.volume("v");
+        assert_eq!(v.size_bytes(), MIB, "{layout}: shrunk");
+        let got = v.read(0, MIB as usize).await.expect("read");
+        assert!(got[..] == data[..MIB as usize], "{layout}: the kept bytes survive shrinking");
+        c.delete("v").await.expect("delete");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_frees_the_name_and_guards_clones() {
+    let rig = rig_with_every_layout().await;
+    let c = &rig.catalog;
+    for (name, _) in LAYOUTS {
+        if name == "lv" {
+            continue;
+        }
+        c.delete(name).await.unwrap_or_else(|e| panic!("delete {name}: {e}"));
+        assert!(c.lookup(name).is_none() && !c.names().contains(&name.to_string()), "{name} is gone");
+        refused(c.show(name), ErrorKind::NotFound, "show of a deleted volume");
+    }
+    assert!(c.pool().meta().volumes.iter().all(|v| !v.name.starts_with("tv")), "the parts went with tv");
+    // A name is free again once deleted, for either kind.
+    c.create(create_req("tv", MIB, "raid1")).await.expect("a plain volume named as a deleted log volume");
+    c.create(create_req("r1", 4 * MIB, "log:ec:4+2"))
+        .await
+        .expect("a log volume named as a deleted plain one");
+    // A log volume with a clone is not deleted until the clone is.
+    c.snapshot_create("lv", "s").await.expect("snapshot");
+    c.volume_clone("lv@s", "c").await.expect("clone");
+    let message = refused(c.delete("lv").await, ErrorKind::InvalidInput, "delete a volume with a clone");
+    assert!(message.contains("clones"), "the refusal names the clones: {message}");
+    assert!(c.lookup("lv").is_some() && c.lookup("c").is_some() && c.lookup("lv@s").is_some());
+    c.delete("c").await.expect("delete the clone");
+    c.delete("lv").await.expect("delete the volume and its snapshot");
+    assert!(c.lookup("lv@s").is_none() && c.snapshots(None).expect("snapshots").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_clones_and_rollback() {
+    let rig = Rig::new(9).await;
+    let c = &rig.catalog;
+    let mut r = rng(9);
+    c.create(create_req("v", 4 * MIB, "tiered:ec:4+2")).await.expect("create");
+    let v = rig.volume("v");
+    let first = random_bytes(&mut r, (4 * MIB) as usize);
+    v.write(0, IoBytes::copy_from(&first), Durability::Buffered).await.expect("write");
+    let snap = c.snapshot_create("v", "s1").await.expect("snapshot");
+    assert_eq!((snap.volume.as_str(), snap.name.as_str(), snap.export.as_str()), ("v", "s1", "v@s1"));
+    assert_eq!(snap.size_bytes, 4 * MIB);
+    // Names of snapshots.
+    assert!(c.snapshot_create("v", "s1").await.is_err(), "a snapshot name twice");
+    let long = "s".repeat(65);
+    for bad in ["", "a@b", "a/b", "a b", long.as_str()] {
+        assert!(c.snapshot_create("v", bad).await.is_err(), "snapshot name {bad:?}");
+    }
+    // The snapshot reads as the volume did; the volume moves on.
+    let second = random_bytes(&mut r, MIB as usize);
+    v.write(MIB, IoBytes::copy_from(&second), Durability::Fua).await.expect("write after the snapshot");
+    let s1 = rig.volume("v@s1");
+    assert!(s1.info().read_only, "a snapshot is read-only");
+    assert!(
+        s1.read(0, (4 * MIB) as usize).await.expect("read")[..] == first[..],
+        "the snapshot holds the old data"
+    );
+    assert!(c.lookup("v@nope").is_none() && c.lookup("nope@s1").is_none());
+    // Listing.
+    c.snapshot_create("v", "s2").await.expect("second snapshot");
+    let names = |list: Vec<stria_catalog::SnapshotView>| list.into_iter().map(|s| s.name).collect::<Vec<_>>();
+    assert_eq!(names(c.snapshots(Some("v")).expect("list")), ["s1", "s2"], "oldest first");
+    assert_eq!(names(c.snapshots(None).expect("list")), ["s1", "s2"]);
+    let full = c.snapshot_list(Some("v")).await.expect("list with sizes");
+    assert!(full.iter().all(|s| s.exclusive_bytes.is_some()), "snapshot list says what each holds");
+    let VolumeView::Log(l) = c.show("v").expect("show") else { panic!("a log view") };
+    assert_eq!(l.snapshots.len(), 2);
+    c.snapshot_delete("v", "s2").await.expect("delete s2");
+    assert_eq!(names(c.snapshots(Some("v")).expect("list")), ["s1"]);
+    // A clone: readable as its snapshot, writable, its name taken.
+    let clone_view = c.volume_clone("v@s1", "c1").await.expect("clone");
+    assert_eq!((clone_view.origin.as_str(), clone_view.snapshot.as_str()), ("v", "s1"));
+    assert!(c.names().contains(&"c1".to_string()), "a clone is a client-visible volume");
+    let c1 = rig.volume("c1");
+    assert!(!c1.info().read_only);
+    assert!(
+        c1.read(0, (4 * MIB) as usize).await.expect("read")[..] == first[..],
+        "a clone reads as its snapshot"
+    );
+    c1.write(0, IoBytes::copy_from(&[9u8; 4096]), Durability::Fua).await.expect("write to a clone");
+    assert!(s1.read(0, 4096).await.expect("read")[..] == first[..4096], "a clone's write stays in the clone");
+    refused(c.volume_clone("v@s1", "c1").await, ErrorKind::InvalidInput, "a clone name twice");
+    refused(c.volume_clone("v@s1", "v").await, ErrorKind::InvalidInput, "a clone named as a volume");
+    refused(
+        c.create(create_req("c1", MIB, "raid1")).await,
+        ErrorKind::InvalidInput,
+        "a volume named as a clone",
+    );
+    refused(c.snapshot_create("c1", "s").await, ErrorKind::InvalidInput, "a snapshot of a clone");
+    refused(c.resize("c1", 8 * MIB).await, ErrorKind::InvalidInput, "resize a clone");
+    assert!(matches!(c.show("c1"), Ok(VolumeView::Clone(_))));
+    assert_eq!(c.status().clones.len(), 1);
+    // Rollback: the volume reads as the snapshot again.
+    let rolled = c.volume_rollback("v", "s1").await.expect("rollback");
+    assert!(rolled.blocks_changed >= MIB / BLOCK_BYTES, "the rolled back blocks are counted: {rolled:?}");
+    assert!(v.read(0, (4 * MIB) as usize).await.expect("read")[..] == first[..], "rolled back");
+    // Deleting a snapshot a clone reads through keeps it for the clone.
+    let deleted = c.snapshot_delete("v", "s1").await.expect("delete s1");
+    assert!(deleted.kept_for_clones, "s1 is kept for c1: {deleted:?}");
+    assert!(c.lookup("v@s1").is_none(), "a deleted snapshot is not looked up");
+    assert!(
+        c1.read(4096, 4096).await.expect("read")[..] == first[4096..8192],
+        "the clone still reads through it"
+    );
+    refused(c.snapshot_delete("v", "s1").await, ErrorKind::InvalidInput, "a snapshot deleted twice");
+    assert!(c.snapshots(Some("v")).expect("list").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reopen_keeps_every_volume_snapshot_and_clone() {
+    let mut rig = rig_with_every_layout().await;
+    let mut r = rng(10);
+    let mut data = Vec::new();
+    for (name, _) in LAYOUTS {
+        let bytes = random_bytes(&mut r, (4 * MIB) as usize);
+        rig.volume(name).write(0, IoBytes::copy_from(&bytes), Durability::Buffered).await.expect("write");
+        data.push((name.to_string(), bytes));
+    }
+    rig.catalog.snapshot_create("tv", "s").await.expect("snapshot");
+    rig.catalog.volume_clone("tv@s", "c").await.expect("clone");
+    data.push(("tv@s".into(), data[4].1.clone()));
+    data.push(("c".into(), data[4].1.clone()));
+    let names = rig.catalog.names();
+    rig.reopen().await;
+    assert_eq!(rig.catalog.names(), names);
+    for (name, bytes) in &data {
+        let got = rig.volume(name).read(0, bytes.len()).await.expect("read");
+        assert!(got[..] == bytes[..], "{name} reads back after a clean reopen");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unavailable_log_volume_is_listed_refused_and_deletable() {
+    let mut rig = rig_with_every_layout().await;
+    let bytes = random_bytes(&mut rng(12), MIB as usize);
+    rig.volume("r1").write(0, IoBytes::copy_from(&bytes), Durability::Fua).await.expect("write");
+    // Both copies of the header block of lv's metadata part, damaged while the pool is closed.
+    let copies = rig.catalog.pool().volume("lv.meta").expect("lv.meta").locate(0).expect("locate");
+    assert_eq!(copies.len(), 2, "the metadata part has two copies");
+    rig.catalog.close().await.expect("close");
+    for at in copies {
+        rig.devs[at.slot as usize].poke(at.device_offset_bytes, &[0xA5; BLOCK_BYTES as usize]);
+    }
+    rig = Rig::open(rig.devs.clone(), std::sync::Arc::clone(&rig.switch)).await;
+    let c = &rig.catalog;
+    assert!(c.names().contains(&"lv".to_string()), "an unavailable volume is listed");
+    assert!(c.lookup("lv").is_none(), "and not handed out");
+    let status = c.status();
+    assert_eq!(status.unavailable.len(), 1, "status names it");
+    assert_eq!(status.unavailable[0].name, "lv");
+    assert!(!status.unavailable[0].reason.is_empty(), "with why");
+    let message = refused(c.show("lv"), ErrorKind::InvalidInput, "show of an unavailable volume");
+    assert!(message.contains("unavailable"), "{message}");
+    refused(c.snapshot_create("lv", "s").await, ErrorKind::InvalidInput, "snapshot of an unavailable volume");
+    refused(c.resize("lv", MIB).await, ErrorKind::InvalidInput, "resize of an unavailable volume");
+    assert!(c.create(create_req("lv", MIB, "raid1")).await.is_err(), "its name stays taken");
+    // Everything else serves.
+    assert!(rig.volume("r1").read(0, MIB as usize).await.expect("read")[..] == bytes[..]);
+    assert!(c.lookup("tv").is_some());
+    // It can be deleted, with its parts, and its name is free again.
+    c.delete("lv").await.expect("delete an unavailable volume");
+    assert!(!c.names().contains(&"lv".to_string()) && c.status().unavailable.is_empty());
+    assert!(c.pool().meta().volumes.iter().all(|v| !v.name.starts_with("lv")), "its parts are gone");
+    c.create(create_req("lv", MIB, "raid1")).await.expect("the name is free again");
+}
