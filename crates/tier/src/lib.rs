@@ -10,9 +10,9 @@
 mod contract;
 pub use contract::{CloneVolume, SnapshotVolume};
 pub mod layers;
-mod log;
-pub mod lsv;
+pub mod log;
 pub mod map;
+mod ring;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;

@@ -38,9 +38,9 @@ use stria_engine::{
 };
 
 use crate::layers::{LayerKind, LayerRecord};
-use crate::log::CacheLog;
 use crate::map::DeleteStats;
 use crate::map::{ENTRIES_PER_PAGE, MapEntry, MapError, MapLayout, MapStore, Place, Update};
+use crate::ring::CacheRing;
 use crate::{PartStatus, TierError, block_crc};
 use space::{Geometry, Space, SpaceCounts};
 
@@ -234,7 +234,7 @@ pub struct LogVolume<D: BlockDevice> {
     pub(crate) seg: Arc<Volume<D>>,
     pub(crate) geo: Geometry,
     pub(crate) map: MapStore<D>,
-    pub(crate) log: Arc<CacheLog>,
+    pub(crate) ring: Arc<CacheRing>,
     pub(crate) space: Arc<Mutex<Space>>,
     pub(crate) params: Mutex<LogParams>,
     rmw_locks: Box<[tokio::sync::Mutex<()>]>,
@@ -598,13 +598,13 @@ pub async fn open<D: BlockDevice>(
         (map, counts)
     };
     let describe = |b: u64| format!("block {b}");
-    let log = if from_table {
-        CacheLog::restored(header.cache_blocks, &owners, describe)
+    let ring = if from_table {
+        CacheRing::restored(header.cache_blocks, &owners, describe)
     } else {
-        CacheLog::with_owners(header.cache_blocks, &owners, describe)
+        CacheRing::with_owners(header.cache_blocks, &owners, describe)
     };
     if from_table && cfg!(debug_assertions) && layout.pages() <= VERIFY_TABLE_PAGES {
-        verify_table(&map, geo, segments, &live, &log.owners()).await.map_err(corrupt)?;
+        verify_table(&map, geo, segments, &live, &ring.owners()).await.map_err(corrupt)?;
     }
     tracing::info!(
         volume = %rec.name,
@@ -627,7 +627,7 @@ pub async fn open<D: BlockDevice>(
         seg,
         geo,
         map,
-        log: Arc::new(log),
+        ring: Arc::new(ring),
         space: Arc::new(Mutex::new(Space::from_live(geo, live, segments, reserve))),
         params: Mutex::new(params),
         rmw_locks: (0..RMW_LOCKS).map(|_| tokio::sync::Mutex::new(())).collect(),
@@ -651,7 +651,7 @@ pub async fn open<D: BlockDevice>(
         vol.map.set_checkpoint_table(Arc::new(table::Writer {
             at,
             space: Arc::clone(&vol.space),
-            log: Arc::clone(&vol.log),
+            ring: Arc::clone(&vol.ring),
             seq: Arc::clone(&vol.seq),
         }));
     }
@@ -858,7 +858,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// Changes the mover's policy (not persisted).
     pub fn set_params(&self, p: LogParams) {
         *self.params.lock() = p;
-        self.log.hungry.notify_one();
+        self.ring.hungry.notify_one();
     }
 
     /// The map's counters (log writes, deltas, checkpoints, cache).
@@ -904,8 +904,8 @@ impl<D: BlockDevice> LogVolume<D> {
         let why = format!("a map update could not be made durable ({e})");
         tracing::error!(volume = %self.name, "{why}; the volume takes no more writes until it is reopened");
         self.failure.lock().get_or_insert(why.clone());
-        self.log.shut(why);
-        self.log.hungry.notify_one();
+        self.ring.shut(why);
+        self.ring.hungry.notify_one();
     }
 
     fn unrecoverable(&self, block: u64, reason: impl Into<String>) -> VolumeError {
@@ -1036,7 +1036,7 @@ impl<D: BlockDevice> LogVolume<D> {
                 space.lower(s, n);
             }
         }
-        self.log.release(cache_positions);
+        self.ring.release(cache_positions);
     }
 
     // ---------------------------------------------------------------- reads
@@ -1278,7 +1278,7 @@ impl<D: BlockDevice> LogVolume<D> {
             .delete_clone(clone.id, |freed| self.free_places(freed.into_iter().map(|(_, e)| e)))
             .await
             .map_err(|e| self.layer_op_error(&format!("deleting clone {name:?}"), e))?;
-        self.log.hungry.notify_one();
+        self.ring.hungry.notify_one();
         tracing::info!(volume = %self.name, clone = name, ?stats, "clone deleted");
         Ok(stats)
     }
@@ -1340,11 +1340,11 @@ impl<D: BlockDevice> LogVolume<D> {
             }
             let mut bad = Vec::new();
             let (pending_ref, entries_ref) = (&pending, &entries);
-            let reads = runs(&pending, &entries, self.log.ring_blocks()).into_iter().map(|run| async move {
+            let reads = runs(&pending, &entries, self.ring.ring_blocks()).into_iter().map(|run| async move {
                 let buf = match run.place {
                     Place::Cache(p) => {
                         self.counters.blocks_read_from_cache.fetch_add(run.count, Relaxed);
-                        Some(self.cache.read(self.log.block_of(p) * BLOCK_BYTES, run.len_bytes()).await?)
+                        Some(self.cache.read(self.ring.block_of(p) * BLOCK_BYTES, run.len_bytes()).await?)
                     }
                     Place::Segment(a) => {
                         self.counters.blocks_read_from_segments.fetch_add(run.count, Relaxed);
@@ -1441,7 +1441,7 @@ impl<D: BlockDevice> LogVolume<D> {
 
     async fn write_blocks(&self, layer: u16, first: u64, data: IoBytes) -> Result<(), VolumeError> {
         let n = data.len() as u64 / BLOCK_BYTES;
-        let step = (self.log.ring_blocks() / 2).max(1);
+        let step = (self.ring.ring_blocks() / 2).max(1);
         let mut done = 0;
         while done < n {
             let m = (n - done).min(step);
@@ -1458,7 +1458,7 @@ impl<D: BlockDevice> LogVolume<D> {
 
     async fn write_piece(&self, layer: u16, first: u64, data: IoBytes) -> Result<(), VolumeError> {
         let n = data.len() as u64 / BLOCK_BYTES;
-        let start = match self.log.reserve(n).await {
+        let start = match self.ring.reserve(n).await {
             Ok(s) => s,
             Err(why) => {
                 // The mover's own reason (what is full, what frees space), not its error text.
@@ -1474,8 +1474,8 @@ impl<D: BlockDevice> LogVolume<D> {
             }
         };
         // 1. Data into the cache, durably (split where the ring wraps).
-        let phys = self.log.block_of(start);
-        let before_wrap = (self.log.ring_blocks() - phys).min(n);
+        let phys = self.ring.block_of(start);
+        let before_wrap = (self.ring.ring_blocks() - phys).min(n);
         let mut writes = vec![self.cache.write(
             phys * BLOCK_BYTES,
             data.slice(0..(before_wrap * BLOCK_BYTES) as usize),
@@ -1489,7 +1489,7 @@ impl<D: BlockDevice> LogVolume<D> {
             ));
         }
         if let Err(e) = join_all_ok(writes).await {
-            self.log.release(start..start + n);
+            self.ring.release(start..start + n);
             return Err(e);
         }
         // 2. The map, durably. Positions are claimed first: a newer write may free them as soon
@@ -1499,7 +1499,7 @@ impl<D: BlockDevice> LogVolume<D> {
             .chunks_exact(BLOCK_USIZE)
             .zip(0..)
             .map(|(b, k)| {
-                self.log.claim_block(start + k, first + k);
+                self.ring.claim_block(start + k, first + k);
                 Update {
                     block: first + k,
                     entry: MapEntry { place: Place::Cache(start + k), crc: block_crc(b), seq },
@@ -1513,7 +1513,7 @@ impl<D: BlockDevice> LogVolume<D> {
             Err(e) => {
                 if Self::nothing_applied(&e) {
                     // No entry points at the positions: they go back to the ring.
-                    self.log.release(start..start + n);
+                    self.ring.release(start..start + n);
                 }
                 return Err(e);
             }
@@ -1594,7 +1594,7 @@ impl<D: BlockDevice> LogVolume<D> {
             b += m;
         }
         // Freed space may let a stuck destage go on.
-        self.log.hungry.notify_one();
+        self.ring.hungry.notify_one();
         Ok(())
     }
 
@@ -1646,8 +1646,8 @@ impl<D: BlockDevice> LogVolume<D> {
     /// Like [`LogVolume::close`] without waiting (for `Drop`): the mover stops after its batch.
     pub fn stop(&self) {
         self.closed.store(true, Relaxed);
-        self.log.shut(format!("volume {} is closed", self.name));
-        self.log.hungry.notify_one();
+        self.ring.shut(format!("volume {} is closed", self.name));
+        self.ring.hungry.notify_one();
         self.map.wake_checkpoint_task();
     }
 
@@ -1680,8 +1680,8 @@ impl<D: BlockDevice> LogVolume<D> {
             segment_bytes: block(seg_data),
             free_segments: counts.free_segments,
             segments: counts.segments,
-            cache_blocks: self.log.ring_blocks(),
-            cache_live_blocks: self.log.live(),
+            cache_blocks: self.ring.ring_blocks(),
+            cache_live_blocks: self.ring.live(),
             host_write_bytes: host_written,
             host_read_bytes: c.host_read_bytes.load(Relaxed),
             blocks_read_from_cache: c.blocks_read_from_cache.load(Relaxed),

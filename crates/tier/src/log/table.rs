@@ -15,8 +15,8 @@ use parking_lot::Mutex;
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, IoBytes};
 
 use super::space::Space;
-use crate::log::CacheLog;
 use crate::map::CheckpointTable;
+use crate::ring::CacheRing;
 
 const MAGIC: u32 = u32::from_le_bytes(*b"SSTB");
 const VERSION: u32 = 1;
@@ -109,7 +109,7 @@ pub(crate) struct Writer {
     /// Byte offset of the region in the metadata part.
     pub at: u64,
     pub space: Arc<Mutex<Space>>,
-    pub log: Arc<CacheLog>,
+    pub ring: Arc<CacheRing>,
     pub seq: Arc<AtomicU64>,
 }
 
@@ -119,7 +119,7 @@ impl CheckpointTable for Writer {
             stamp,
             next_seq: self.seq.load(Relaxed),
             live: self.space.lock().live_counts(),
-            owners: self.log.owners(),
+            owners: self.ring.owners(),
         };
         (self.at, IoBytes::copy_from(&table.encode()))
     }

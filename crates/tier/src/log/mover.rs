@@ -131,7 +131,7 @@ async fn run<D: BlockDevice>(vol: Weak<LogVolume<D>>) {
         }
         let pause = match result {
             Ok(true) => {
-                v.log.clear_failure();
+                v.ring.clear_failure();
                 continue;
             }
             // Nothing to do: wait for a writer that needs space, or look again soon.
@@ -143,14 +143,14 @@ async fn run<D: BlockDevice>(vol: Weak<LogVolume<D>>) {
                 } else {
                     tracing::error!(volume = %v.name(), error = %e, "destage or GC failed; retrying");
                 }
-                v.log.fail_waiters(e.to_string());
+                v.ring.fail_waiters(e.to_string());
                 Duration::from_millis(if no_space { 50 } else { 1000 })
             }
         };
         // Holding `v` for at most one short wait: the loop still ends soon after the last
         // other reference is dropped.
         tokio::select! {
-            () = v.log.hungry.notified() => {}
+            () = v.ring.hungry.notified() => {}
             () = tokio::time::sleep(pause) => {}
         }
     }
@@ -189,18 +189,18 @@ impl<D: BlockDevice> LogVolume<D> {
     /// One step of the mover: GC when free segments run low and GC can gain space, else
     /// destage when the cache asks for it. Returns whether it did anything.
     async fn step(&self, gc: &mut Gc, draining: &mut bool) -> Result<bool, VolumeError> {
-        if self.params().hold && self.log.waiting() == 0 {
+        if self.params().hold && self.ring.waiting() == 0 {
             return Ok(false);
         }
         if self.gc_wanted(gc).await? {
             return Ok(true);
         }
         let p = self.params();
-        let ring = self.log.ring_blocks();
-        let used = self.log.used();
-        let live = self.log.live();
+        let ring = self.ring.ring_blocks();
+        let used = self.ring.used();
+        let live = self.ring.live();
         let batch = self.geo.batch_data();
-        let waiting = self.log.waiting() > 0;
+        let waiting = self.ring.waiting() > 0;
         let above = |pct: u8| used * 100 > u64::from(pct) * ring;
         if waiting || above(p.start_percent) || (*draining && above(p.stop_percent)) {
             *draining = true;
@@ -361,7 +361,7 @@ impl<D: BlockDevice> LogVolume<D> {
         let mut stale = Vec::new();
         // Positions whose block has moved on (a newer write, being freed) are skipped.
         while moves.len() < want {
-            let oldest = self.log.oldest_live(scanned + want);
+            let oldest = self.ring.oldest_live(scanned + want);
             if oldest.len() <= scanned {
                 break;
             }
@@ -374,7 +374,7 @@ impl<D: BlockDevice> LogVolume<D> {
             for (&(pos, block), e) in chunk.iter().zip(held) {
                 if let Some(e) = e {
                     moves.push(Move { block, from: e.place, entry: e, data: IoBytes::zeroed(0) });
-                } else if self.log.is_restored(pos, block) {
+                } else if self.ring.is_restored(pos, block) {
                     stale.push((pos, block));
                 }
             }
@@ -409,7 +409,7 @@ impl<D: BlockDevice> LogVolume<D> {
                 .await
                 .map_err(|e| super::map_error(&self.name, e))?;
             if held[0].is_none() {
-                self.log.release_if_restored(pos, block);
+                self.ring.release_if_restored(pos, block);
             }
         }
         Ok(())
@@ -418,7 +418,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// Reads the cached blocks of `moves` (contiguous positions in one read) and drops the ones
     /// whose entry changed meanwhile.
     async fn read_cached(&self, moves: &mut Vec<Move>) -> Result<(), VolumeError> {
-        let ring = self.log.ring_blocks();
+        let ring = self.ring.ring_blocks();
         let mut i = 0;
         while i < moves.len() {
             let Place::Cache(p0) = moves[i].from else { unreachable!("destage moves cached blocks") };
@@ -429,7 +429,7 @@ impl<D: BlockDevice> LogVolume<D> {
             {
                 n += 1;
             }
-            let buf = self.cache.read(self.log.block_of(p0) * BLOCK_BYTES, n * BLOCK_USIZE).await?.freeze();
+            let buf = self.cache.read(self.ring.block_of(p0) * BLOCK_BYTES, n * BLOCK_USIZE).await?.freeze();
             for (k, m) in moves[i..i + n].iter_mut().enumerate() {
                 m.data = buf.slice(k * BLOCK_USIZE..(k + 1) * BLOCK_USIZE);
             }
@@ -718,7 +718,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// Destages every cached block (short last batch padded); for tests and benchmarks.
     pub async fn destage_all(&self) -> Result<(), VolumeError> {
         let mut gc = self.moving.lock().await;
-        while self.log.live() > 0 {
+        while self.ring.live() > 0 {
             if !self.gc_wanted(&mut gc).await? && !self.destage_batch(true).await? {
                 tokio::task::yield_now().await;
             }
