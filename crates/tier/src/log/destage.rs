@@ -72,7 +72,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// yet: with every writer out of the map-update-to-free window, what still points elsewhere
     /// is stale (no later update can make a block point at an old position).
     pub(super) async fn release_stale(&self, stale: Vec<(u64, u64)>) -> Result<(), VolumeError> {
-        let _settled = self.settle.write().await;
+        let _settled = self.gates.settle.write().await;
         for (pos, block) in stale {
             let held = self
                 .map
@@ -100,7 +100,8 @@ impl<D: BlockDevice> LogVolume<D> {
             {
                 n += 1;
             }
-            let buf = self.cache.read(self.ring.block_of(p0) * BLOCK_BYTES, n * BLOCK_USIZE).await?.freeze();
+            let buf =
+                self.parts.cache.read(self.ring.block_of(p0) * BLOCK_BYTES, n * BLOCK_USIZE).await?.freeze();
             for (k, m) in moves[i..i + n].iter_mut().enumerate() {
                 m.data = buf.slice(k * BLOCK_USIZE..(k + 1) * BLOCK_USIZE);
             }
@@ -133,7 +134,7 @@ impl<D: BlockDevice> LogVolume<D> {
         let data_slots = geo.batch_data() as usize;
         assert!(moves.len() <= data_slots && !moves.is_empty());
         let mut taken = self.space.lock().take_batch(stream, moves.len() as u64);
-        if taken.is_none() && stream == Stream::Host && self.counts_suspect.load(Relaxed) {
+        if taken.is_none() && stream == Stream::Host && self.space.counts_suspect.load(Relaxed) {
             self.recount().await?;
             taken = self.space.lock().take_batch(stream, moves.len() as u64);
         }
@@ -147,7 +148,7 @@ impl<D: BlockDevice> LogVolume<D> {
             let limit = if c.segments >= c.max_segments {
                 format!("it is at its most ({}, --space)", size(c.max_segments))
             } else {
-                match &*self.growth_failed.lock() {
+                match &*self.space.growth_failed.lock() {
                     Some((why, _)) => format!("it cannot grow ({why})"),
                     None => "it could not grow".to_string(),
                 }
@@ -160,7 +161,7 @@ impl<D: BlockDevice> LogVolume<D> {
                 c.reserve_segments,
                 stria_engine::units::format_size(c.garbage_blocks * BLOCK_BYTES),
             );
-            self.no_space.lock().get_or_insert(why.clone());
+            self.space.no_space.lock().get_or_insert(why.clone());
             return Err(VolumeError::NoSpace {
                 volume: self.name.clone(),
                 offset_bytes: 0,
@@ -169,7 +170,7 @@ impl<D: BlockDevice> LogVolume<D> {
             });
         };
         if stream == Stream::Host {
-            *self.no_space.lock() = None;
+            *self.space.no_space.lock() = None;
         }
         let base = geo.batch_addr(seg, batch);
         let mut buf = IoBuf::zeroed((geo.batch_blocks() * BLOCK_BYTES) as usize);
@@ -181,7 +182,7 @@ impl<D: BlockDevice> LogVolume<D> {
         let batch_seq = self.seq.fetch_add(1, Relaxed);
         encode_summary(batch_seq, &summary, &mut buf[data_slots * BLOCK_USIZE..]);
         self.counters.padded_slots.fetch_add((data_slots - moves.len()) as u64, Relaxed);
-        if let Err(e) = self.seg.write(base * BLOCK_BYTES, buf.freeze(), true).await {
+        if let Err(e) = self.parts.seg.write(base * BLOCK_BYTES, buf.freeze(), true).await {
             self.space.lock().lower(seg, moves.len() as u64);
             return Err(e);
         }

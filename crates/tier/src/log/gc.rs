@@ -72,7 +72,7 @@ impl<D: BlockDevice> LogVolume<D> {
                 gc.unreadable.retain(|&s| space.state(s) == SegState::Sealed);
                 gc.fruitless.retain(|&s| space.state(s) == SegState::Sealed);
             }
-            if !self.counts_suspect.load(Relaxed) {
+            if !self.space.counts_suspect.load(Relaxed) {
                 gc.fruitless.clear();
             }
             let mut carried: std::collections::HashSet<usize> =
@@ -113,7 +113,8 @@ impl<D: BlockDevice> LogVolume<D> {
         }
         let (v, batch) = gc.victim.expect("chosen above");
         let base = self.geo.batch_addr(v, batch);
-        let read = self.seg.read(base * BLOCK_BYTES, (self.geo.batch_blocks() * BLOCK_BYTES) as usize).await;
+        let read =
+            self.parts.seg.read(base * BLOCK_BYTES, (self.geo.batch_blocks() * BLOCK_BYTES) as usize).await;
         let bytes = match read {
             Ok(b) => b.freeze(),
             Err(e) => {
@@ -156,7 +157,7 @@ impl<D: BlockDevice> LogVolume<D> {
         if gc.victim.is_none() {
             if gc.victim_clean {
                 gc.drained.push((v, gc.victim_use));
-            } else if self.counts_suspect.load(Relaxed) {
+            } else if self.space.counts_suspect.load(Relaxed) {
                 gc.fruitless.insert(v);
             }
         }
@@ -183,7 +184,7 @@ impl<D: BlockDevice> LogVolume<D> {
         if ready.is_empty() {
             return;
         }
-        let _settled = self.settle.write().await;
+        let _settled = self.gates.settle.write().await;
         let mut space = self.space.lock();
         for (seg, used) in ready {
             let n = space.forget(seg, used);
@@ -198,7 +199,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// and its lowering: after an open from a persisted table, the counts may be too high, and
     /// this is the last thing tried before a write gets ENOSPC.
     pub(crate) async fn recount(&self) -> Result<(), VolumeError> {
-        let _settled = self.settle.write().await;
+        let _settled = self.gates.settle.write().await;
         let segments = self.space.lock().segments();
         let live = super::scan_map(&self.map, self.geo, segments)
             .await
@@ -206,7 +207,7 @@ impl<D: BlockDevice> LogVolume<D> {
             .live;
         let before = self.space_counts();
         self.space.lock().recount(&live);
-        self.counts_suspect.store(false, Relaxed);
+        self.space.counts_suspect.store(false, Relaxed);
         let after = self.space_counts();
         tracing::info!(
             volume = %self.name,

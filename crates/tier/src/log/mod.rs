@@ -184,46 +184,90 @@ pub struct LogVolume<D: BlockDevice> {
     pub(crate) size_bytes: u64,
     pub(crate) blocks: u64,
     pub(crate) pool: Arc<Pool<D>>,
-    pub(crate) cache: Arc<Volume<D>>,
-    pub(crate) meta: Arc<Volume<D>>,
-    pub(crate) seg: Arc<Volume<D>>,
+    pub(crate) parts: Parts<D>,
     pub(crate) geo: Geometry,
     pub(crate) map: MapStore<D>,
     pub(crate) ring: Arc<CacheRing>,
-    pub(crate) space: Arc<Mutex<Space>>,
+    pub(crate) space: SpaceState,
     pub(crate) params: Mutex<LogParams>,
-    rmw_locks: Box<[tokio::sync::Mutex<()>]>,
     /// Next write sequence (low 32 bits go into map entries and summaries).
     pub(crate) seq: Arc<AtomicU64>,
     pub(crate) counters: LogCounters,
-    pub(crate) started: Instant,
-    pub(crate) last_write_ms: AtomicU64,
+    pub(crate) clock: Clock,
+    pub(crate) health: Health,
+    pub(crate) gates: Gates,
+    /// Whether open used the persisted segment table (else it scanned the map).
+    opened_from_table: bool,
+}
+
+/// The three engine volumes of the pool a log volume is made of.
+pub(crate) struct Parts<D: BlockDevice> {
+    /// `<name>.meta` (mirrored): the header, the map (log and pages), the persisted segment
+    /// table, the layer table and the snapshot page pool.
+    pub(crate) meta: Arc<Volume<D>>,
+    /// `<name>.cache` (mirrored): the blocks of the cache ring.
+    pub(crate) cache: Arc<Volume<D>>,
+    /// `<name>.seg` (ec): the segment space.
+    pub(crate) seg: Arc<Volume<D>>,
+}
+
+/// The segment space: its table, and what the mover learnt about it.
+pub(crate) struct SpaceState {
+    /// The in-memory segment table (shared with the checkpoint's table writer).
+    pub(crate) table: Arc<Mutex<Space>>,
+    /// Set while live counts may be too high (opened from a persisted table, not recounted).
+    pub(crate) counts_suspect: AtomicBool,
+    /// Why the segment space could not grow the last time it tried (cleared when it grows).
+    pub(crate) growth_failed: Mutex<Option<(String, Instant)>>,
+    /// Set while destage cannot find space: writers that must wait for cache space get ENOSPC.
+    pub(crate) no_space: Mutex<Option<String>>,
+}
+
+impl SpaceState {
+    /// The segment table, locked (a leaf lock: never held across an await).
+    pub(crate) fn lock(&self) -> parking_lot::MutexGuard<'_, Space> {
+        self.table.lock()
+    }
+}
+
+/// Whether the volume still takes requests: once closed or failed it stays so until reopened.
+pub(crate) struct Health {
     pub(crate) closed: AtomicBool,
     /// Set when a map update failed: whether it is durable is unknown until the volume is
     /// reopened (replay says), so no place may be freed or reused: no more writes or moves.
     pub(crate) failure: Mutex<Option<String>>,
-    /// Set while destage cannot find space: writers that must wait for cache space get ENOSPC.
-    pub(crate) no_space: Mutex<Option<String>>,
+}
+
+/// Time since open, and when the last host write, zeroing or trim came (compaction waits for
+/// writes to be quiet).
+pub(crate) struct Clock {
+    pub(crate) started: Instant,
+    pub(crate) last_write_ms: AtomicU64,
+}
+
+/// The locks that order a log volume's operations. Lock order, outer first: `snapshot_ops`,
+/// `writes`, `rmw` (an unaligned write's edge blocks), `moving`, `settle`, `pool_growth`; a
+/// path takes a subset in this order (a writer: `writes`, `rmw`, `settle`; the mover: `moving`,
+/// `settle`; a rollback: `snapshot_ops`, `writes`, `moving`). The map's own locks are inside all
+/// of them, and the parking_lot mutexes (the segment table, the params, the health and space
+/// notes) are leaves, never held across an await.
+pub(crate) struct Gates {
+    /// One snapshot create, delete or rollback at a time.
+    pub(crate) snapshot_ops: tokio::sync::Mutex<()>,
+    /// Held shared by every host write, zeroing and trim from start to acknowledgement; making a
+    /// snapshot holds it alone, so the snapshot holds every write acknowledged before, none after.
+    pub(crate) writes: tokio::sync::RwLock<()>,
+    /// Locks taken by unaligned writes around their edge blocks.
+    pub(crate) rmw: Box<[tokio::sync::Mutex<()>]>,
     /// The mover's GC state, held while a destage or GC batch runs (close waits for it).
     pub(crate) moving: tokio::sync::Mutex<gc::Gc>,
-    /// Whether open used the persisted segment table (else it scanned the map).
-    opened_from_table: bool,
     /// Held shared by writers from their map update until they have freed the places it
     /// replaced, exclusively by the mover when it must know that no such free is pending (a
     /// restored cache position found stale: the writer that replaced its entry may still be
     /// about to free it).
     pub(crate) settle: tokio::sync::RwLock<()>,
-    /// One snapshot create, delete or rollback at a time.
-    snapshot_ops: tokio::sync::Mutex<()>,
     /// One growth of the snapshot page pool at a time.
-    pool_growth: tokio::sync::Mutex<()>,
-    /// Set while live counts may be too high (opened from a persisted table, not recounted).
-    pub(crate) counts_suspect: AtomicBool,
-    /// Why the segment space could not grow the last time it tried (cleared when it grows).
-    pub(crate) growth_failed: Mutex<Option<(String, Instant)>>,
-    /// Held shared by every host write, zeroing and trim from start to acknowledgement; making a
-    /// snapshot holds it alone, so the snapshot holds every write acknowledged before, none after.
-    writes: tokio::sync::RwLock<()>,
+    pub(crate) pool_growth: tokio::sync::Mutex<()>,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for LogVolume<D> {
@@ -255,8 +299,9 @@ impl<D: BlockDevice> LogVolume<D> {
 
     /// `tiered:ec:K+M` when cache and map are on fast drives, `log:ec:K+M` otherwise.
     pub fn layout(&self) -> String {
-        let fast = self.pool.meta().volume(self.cache.name()).is_some_and(|r| r.class == DriveClass::Fast);
-        format!("{}:{}", if fast { "tiered" } else { "log" }, self.seg.layout())
+        let fast =
+            self.pool.meta().volume(self.parts.cache.name()).is_some_and(|r| r.class == DriveClass::Fast);
+        format!("{}:{}", if fast { "tiered" } else { "log" }, self.parts.seg.layout())
     }
 
     pub fn counters(&self) -> &LogCounters {
@@ -296,22 +341,22 @@ impl<D: BlockDevice> LogVolume<D> {
 
     /// The three parts: metadata, cache, segment space.
     pub fn parts(&self) -> [&Arc<Volume<D>>; 3] {
-        [&self.meta, &self.cache, &self.seg]
+        [&self.parts.meta, &self.parts.cache, &self.parts.seg]
     }
 
     pub(crate) fn now_ms(&self) -> u64 {
-        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+        u64::try_from(self.clock.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     fn check_range(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
-        if self.closed.load(Relaxed) {
+        if self.health.closed.load(Relaxed) {
             return Err(VolumeError::Closed(self.name.clone()));
         }
         bytes::check_range(offset_bytes, len_bytes, self.size_bytes)
     }
 
     fn check_writable(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
-        match &*self.failure.lock() {
+        match &*self.health.failure.lock() {
             None => Ok(()),
             Some(why) => Err(VolumeError::Unrecoverable {
                 volume: self.name.clone(),
@@ -326,7 +371,7 @@ impl<D: BlockDevice> LogVolume<D> {
     pub(crate) fn map_failed(&self, e: &MapError) {
         let why = format!("a map update could not be made durable ({e})");
         tracing::error!(volume = %self.name, "{why}; the volume takes no more writes until it is reopened");
-        self.failure.lock().get_or_insert(why.clone());
+        self.health.failure.lock().get_or_insert(why.clone());
         self.ring.shut(why);
         self.ring.hungry.notify_one();
     }
@@ -345,7 +390,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// never trusted again (docs/design/stale-copies.md). With nothing written since the last
     /// pool flush that costs nothing.
     pub async fn flush(&self) -> Result<(), VolumeError> {
-        if self.closed.load(Relaxed) {
+        if self.health.closed.load(Relaxed) {
             return Err(VolumeError::Closed(self.name.clone()));
         }
         self.pool
@@ -356,15 +401,15 @@ impl<D: BlockDevice> LogVolume<D> {
 
     /// Worst state of the three parts.
     pub fn state(&self) -> VolumeState {
-        crate::worst_state([self.meta.state(), self.cache.state(), self.seg.state()])
+        crate::worst_state([self.parts.meta.state(), self.parts.cache.state(), self.parts.seg.state()])
     }
 
     /// Stops the mover and waits for the batch it is running; writes a map checkpoint so the next
     /// open replays little. Requests after this fail with `Closed`.
     pub async fn close(&self) {
         self.stop();
-        drop(self.moving.lock().await);
-        if self.failure.lock().is_none()
+        drop(self.gates.moving.lock().await);
+        if self.health.failure.lock().is_none()
             && let Err(e) = self.map.checkpoint().await
         {
             tracing::warn!(volume = %self.name, error = %e, "map checkpoint at close failed; the next open replays the log");
@@ -373,7 +418,7 @@ impl<D: BlockDevice> LogVolume<D> {
 
     /// Like [`LogVolume::close`] without waiting (for `Drop`): the mover stops after its batch.
     pub fn stop(&self) {
-        self.closed.store(true, Relaxed);
+        self.health.closed.store(true, Relaxed);
         self.ring.shut(format!("volume {} is closed", self.name));
         self.ring.hungry.notify_one();
         self.map.wake_checkpoint_task();

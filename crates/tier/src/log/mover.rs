@@ -64,22 +64,22 @@ async fn run<D: BlockDevice>(vol: Weak<LogVolume<D>>) {
     let mut full = FullWarning::default();
     loop {
         let Some(v) = vol.upgrade() else { return };
-        if v.closed.load(Relaxed) || v.failure.lock().is_some() {
+        if v.health.closed.load(Relaxed) || v.health.failure.lock().is_some() {
             return;
         }
         let result = {
-            let mut gc = v.moving.lock().await;
-            if v.closed.load(Relaxed) {
+            let mut gc = v.gates.moving.lock().await;
+            if v.health.closed.load(Relaxed) {
                 return;
             }
             v.step(&mut gc, &mut draining).await
         };
         // TRIM, deletes and GC free segments: once a host batch would find room, the volume
         // is no longer full (writes that need new space are taken again).
-        if v.no_space.lock().is_some() && v.space.lock().has_batch(Stream::Host) {
-            *v.no_space.lock() = None;
+        if v.space.no_space.lock().is_some() && v.space.lock().has_batch(Stream::Host) {
+            *v.space.no_space.lock() = None;
         }
-        if v.no_space.lock().is_none() {
+        if v.space.no_space.lock().is_none() {
             full.ended(v.name());
         }
         let pause = match result {
@@ -119,7 +119,7 @@ pub(crate) fn spawn_checkpoints<D: BlockDevice>(vol: &Arc<LogVolume<D>>) {
 async fn checkpoints<D: BlockDevice>(vol: Weak<LogVolume<D>>) {
     loop {
         let Some(v) = vol.upgrade() else { return };
-        if v.closed.load(Relaxed) || v.failure.lock().is_some() {
+        if v.health.closed.load(Relaxed) || v.health.failure.lock().is_some() {
             return;
         }
         let pause = match v.map.checkpoint_if_due().await {
@@ -174,7 +174,7 @@ impl<D: BlockDevice> LogVolume<D> {
             return Ok(true);
         }
         if !p.eager_compaction
-            && self.now_ms().saturating_sub(self.last_write_ms.load(Relaxed)) < COMPACT_QUIET_MS
+            && self.now_ms().saturating_sub(self.clock.last_write_ms.load(Relaxed)) < COMPACT_QUIET_MS
         {
             return Ok(false);
         }
@@ -200,7 +200,7 @@ impl<D: BlockDevice> LogVolume<D> {
             let s = self.space.lock();
             (s.free(), s.reserve())
         };
-        if free <= reserve && self.counts_suspect.load(Relaxed) {
+        if free <= reserve && self.space.counts_suspect.load(Relaxed) {
             // Counts from a persisted table may be too high: with space critical, GC would chase
             // segments that only look full (and its own padded batches) while destage starves.
             self.recount().await?;
@@ -215,7 +215,7 @@ impl<D: BlockDevice> LogVolume<D> {
 
     /// Destages every cached block (short last batch padded); for tests and benchmarks.
     pub async fn destage_all(&self) -> Result<(), VolumeError> {
-        let mut gc = self.moving.lock().await;
+        let mut gc = self.gates.moving.lock().await;
         while self.ring.live() > 0 {
             if !self.gc_wanted(&mut gc).await? && !self.destage_batch(true).await? {
                 tokio::task::yield_now().await;

@@ -12,7 +12,10 @@ use stria_engine::{DriveClass, EngineError, Layout, Pool, TieredRecord, Volume};
 
 use super::header::{FORMAT_VERSION, Header};
 use super::space::{Geometry, Space};
-use super::{INITIAL_SEGMENTS, LogCounters, LogKind, LogParams, LogSpec, LogVolume, RMW_LOCKS, mover, table};
+use super::{
+    Clock, Gates, Health, INITIAL_SEGMENTS, LogCounters, LogKind, LogParams, LogSpec, LogVolume, Parts,
+    RMW_LOCKS, SpaceState, mover, table,
+};
 use crate::TierError;
 use crate::map::{ENTRIES_PER_PAGE, MapEntry, MapError, MapStore, Place};
 use crate::ring::CacheRing;
@@ -254,35 +257,35 @@ pub async fn open<D: BlockDevice>(
         size_bytes: rec.size_bytes,
         blocks: rec.size_bytes / BLOCK_BYTES,
         pool: Arc::clone(pool),
-        cache,
-        meta,
-        seg,
+        parts: Parts { meta, cache, seg },
         geo,
         map,
         ring: Arc::new(ring),
-        space: Arc::new(Mutex::new(Space::from_live(geo, live, segments, reserve))),
+        space: SpaceState {
+            table: Arc::new(Mutex::new(Space::from_live(geo, live, segments, reserve))),
+            counts_suspect: AtomicBool::new(from_table),
+            growth_failed: Mutex::new(None),
+            no_space: Mutex::new(None),
+        },
         params: Mutex::new(params),
-        rmw_locks: (0..RMW_LOCKS).map(|_| tokio::sync::Mutex::new(())).collect(),
         seq: Arc::new(AtomicU64::new(max_seq)),
         counters: LogCounters::default(),
-        started: Instant::now(),
-        last_write_ms: AtomicU64::new(0),
-        closed: AtomicBool::new(false),
-        failure: Mutex::new(None),
-        no_space: Mutex::new(None),
-        moving: tokio::sync::Mutex::new(super::gc::Gc::default()),
+        clock: Clock { started: Instant::now(), last_write_ms: AtomicU64::new(0) },
+        health: Health { closed: AtomicBool::new(false), failure: Mutex::new(None) },
+        gates: Gates {
+            snapshot_ops: tokio::sync::Mutex::new(()),
+            writes: tokio::sync::RwLock::new(()),
+            rmw: (0..RMW_LOCKS).map(|_| tokio::sync::Mutex::new(())).collect(),
+            moving: tokio::sync::Mutex::new(super::gc::Gc::default()),
+            settle: tokio::sync::RwLock::new(()),
+            pool_growth: tokio::sync::Mutex::new(()),
+        },
         opened_from_table: from_table,
-        settle: tokio::sync::RwLock::new(()),
-        snapshot_ops: tokio::sync::Mutex::new(()),
-        pool_growth: tokio::sync::Mutex::new(()),
-        writes: tokio::sync::RwLock::new(()),
-        counts_suspect: AtomicBool::new(from_table),
-        growth_failed: Mutex::new(None),
     });
     if let Some((at, _)) = header.table_region() {
         vol.map.set_checkpoint_table(Arc::new(table::Writer {
             at,
-            space: Arc::clone(&vol.space),
+            space: Arc::clone(&vol.space.table),
             ring: Arc::clone(&vol.ring),
             seq: Arc::clone(&vol.seq),
         }));

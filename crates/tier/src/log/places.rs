@@ -80,23 +80,25 @@ impl<D: BlockDevice> LogVolume<D> {
     /// between them leaves a larger part and the old count (the tail unused): nothing is lost.
     /// Fails (with why) when the part cannot grow, e.g. its drives are full.
     pub(crate) async fn grow_page_pool(&self, needed: u64) -> Result<(), String> {
-        let _one = self.pool_growth.lock().await;
+        let _one = self.gates.pool_growth.lock().await;
         let (used, total) = self.map.pool_pages();
         if u64::from(total - used) >= needed {
             return Ok(()); // grown meanwhile
         }
-        let mut header = Header::decode(&self.meta.read(0, BLOCK_USIZE).await.map_err(|e| e.to_string())?)?;
+        let mut header =
+            Header::decode(&self.parts.meta.read(0, BLOCK_USIZE).await.map_err(|e| e.to_string())?)?;
         let add = needed.max(u64::from(total) / 4).max(64);
         let pages = (u64::from(total) + add).min(u64::from(u32::MAX));
         header.pool_pages = pages;
         let bytes = header.meta_bytes().next_multiple_of(BLOCK_BYTES);
-        if bytes > self.meta.size_bytes() {
+        if bytes > self.parts.meta.size_bytes() {
             self.pool
-                .resize_volume(self.meta.name(), bytes)
+                .resize_volume(self.parts.meta.name(), bytes)
                 .await
                 .map_err(|e| format!("the metadata part could not grow to {bytes} bytes for it: {e}"))?;
         }
-        self.meta
+        self.parts
+            .meta
             .write(0, IoBytes::copy_from(&header.encode()), true)
             .await
             .map_err(|e| format!("the header could not be written: {e}"))?;

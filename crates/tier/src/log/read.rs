@@ -76,11 +76,16 @@ impl<D: BlockDevice> LogVolume<D> {
                 let buf = match run.place {
                     Place::Cache(p) => {
                         self.counters.blocks_read_from_cache.fetch_add(run.count, Relaxed);
-                        Some(self.cache.read(self.ring.block_of(p) * BLOCK_BYTES, run.len_bytes()).await?)
+                        Some(
+                            self.parts
+                                .cache
+                                .read(self.ring.block_of(p) * BLOCK_BYTES, run.len_bytes())
+                                .await?,
+                        )
                     }
                     Place::Segment(a) => {
                         self.counters.blocks_read_from_segments.fetch_add(run.count, Relaxed);
-                        match self.seg.read(a * BLOCK_BYTES, run.len_bytes()).await {
+                        match self.parts.seg.read(a * BLOCK_BYTES, run.len_bytes()).await {
                             Ok(buf) => Some(buf),
                             // GC may have emptied the segment and given it back to the pool
                             // under this read: its blocks are read again if an entry moved.

@@ -26,7 +26,7 @@ impl<D: BlockDevice> LogVolume<D> {
         if have >= most {
             return false;
         }
-        if self.growth_failed.lock().as_ref().is_some_and(|(_, at)| at.elapsed() < RESIZE_RETRY) {
+        if self.space.growth_failed.lock().as_ref().is_some_and(|(_, at)| at.elapsed() < RESIZE_RETRY) {
             return false;
         }
         // An eighth, or as much as the pool still has room for.
@@ -40,13 +40,13 @@ impl<D: BlockDevice> LogVolume<D> {
         match grown {
             Ok(()) => {
                 self.space.lock().grow(add);
-                *self.growth_failed.lock() = None;
+                *self.space.growth_failed.lock() = None;
                 tracing::info!(volume = %self.name, "the segment space grew to {} segments (at most {most})", have + add);
                 true
             }
             Err(e) => {
                 let why = e.to_string();
-                let mut failed = self.growth_failed.lock();
+                let mut failed = self.space.growth_failed.lock();
                 if failed.as_ref().is_none_or(|(w, _)| *w != why) {
                     tracing::warn!(volume = %self.name, "the segment space could not grow: {why}");
                 }
@@ -96,13 +96,13 @@ impl<D: BlockDevice> LogVolume<D> {
     /// read of the space goes through the map).
     pub(super) async fn resize_space(&self, segments: u64) -> Result<(), EngineError> {
         let bytes = segments * self.geo.segment_blocks() * BLOCK_BYTES;
-        if bytes > self.seg.size_bytes() {
+        if bytes > self.parts.seg.size_bytes() {
             // New rows may be extents another volume gave back, with its stripes and checksums:
             // their checksum entries are cleared (1/1024 of the rows, metadata only), so a scrub
             // sees them as unwritten instead of as parity that disagrees.
-            self.pool.resize_volume(self.seg.name(), bytes).await
+            self.pool.resize_volume(self.parts.seg.name(), bytes).await
         } else {
-            self.pool.resize_volume_unzeroed(self.seg.name(), bytes).await
+            self.pool.resize_volume_unzeroed(self.parts.seg.name(), bytes).await
         }
     }
 }

@@ -25,8 +25,8 @@ impl<D: BlockDevice> LogVolume<D> {
             return Err(refuse("a snapshot of that name exists".into()));
         }
         self.check_writable(0, self.size_bytes)?;
-        let _one = self.snapshot_ops.lock().await;
-        let _drained = self.writes.write().await;
+        let _one = self.gates.snapshot_ops.lock().await;
+        let _drained = self.gates.writes.write().await;
         let record = self.new_record(name, LayerKind::Snapshot);
         let head = LayerRecord::named(&self.name, LayerKind::Head, self.size_bytes);
         let mut made = self.map.create_snapshot(head.clone(), record.clone()).await;
@@ -54,7 +54,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// places no layer holds any more are freed for GC. Writes wait while it runs (it costs a
     /// log record per map page the snapshot owns).
     pub async fn delete_snapshot(&self, name: &str) -> Result<DeleteStats, TierError> {
-        let _one = self.snapshot_ops.lock().await;
+        let _one = self.gates.snapshot_ops.lock().await;
         let Some(snap) = self.map.snapshots().into_iter().find(|s| s.name == name) else {
             return Err(TierError::Invalid(format!("{} has no snapshot {name:?}", self.name)));
         };
@@ -89,7 +89,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// file system mounted from the volume. A crash before it returns leaves it to open to
     /// finish. Returns how many blocks changed.
     pub async fn rollback(&self, name: &str) -> Result<u64, TierError> {
-        let _one = self.snapshot_ops.lock().await;
+        let _one = self.gates.snapshot_ops.lock().await;
         let snaps = self.map.snapshots();
         let Some(snap) = snaps.iter().find(|s| s.name == name).cloned() else {
             return Err(TierError::Invalid(format!("{} has no snapshot {name:?}", self.name)));
@@ -112,8 +112,8 @@ impl<D: BlockDevice> LogVolume<D> {
             )));
         }
         self.check_writable(0, self.size_bytes)?;
-        let _drained = self.writes.write().await;
-        let _moves = self.moving.lock().await;
+        let _drained = self.gates.writes.write().await;
+        let _moves = self.gates.moving.lock().await;
         let failed = |e: MapError| -> TierError {
             self.map_failed(&e);
             map_error(&self.name, e).into()
@@ -207,7 +207,7 @@ impl<D: BlockDevice> LogVolume<D> {
         if let Some(why) = crate::layers::name_problem(name) {
             return Err(refuse(why));
         }
-        let _one = self.snapshot_ops.lock().await;
+        let _one = self.gates.snapshot_ops.lock().await;
         let Some(parent) = self.map.snapshots().into_iter().find(|s| s.name == snap) else {
             return Err(TierError::Invalid(format!("{} has no snapshot {snap:?}", self.name)));
         };
@@ -227,7 +227,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// it held are freed for GC; a deleted snapshot kept only for it goes too. Writes to the
     /// family wait while it runs.
     pub async fn delete_clone(&self, name: &str) -> Result<DeleteStats, TierError> {
-        let _one = self.snapshot_ops.lock().await;
+        let _one = self.gates.snapshot_ops.lock().await;
         let Some(clone) = self.map.clones().into_iter().find(|c| c.name == name) else {
             return Err(TierError::Invalid(format!("{} has no clone {name:?}", self.name)));
         };

@@ -69,11 +69,11 @@ impl<D: BlockDevice> LogVolume<D> {
         let seg_data = self.geo.segment_data();
         let parts = crate::parts_status(
             &self.pool,
-            &[("meta", &self.meta), ("cache", &self.cache), ("seg", &self.seg)],
+            &[("meta", &self.parts.meta), ("cache", &self.parts.cache), ("seg", &self.parts.seg)],
         );
         // This volume's own drive writes, not its drives' (which count every volume on them).
         let fast_written = parts[0].member_write_bytes + parts[1].member_write_bytes;
-        let no_space = self.no_space.lock().clone();
+        let no_space = self.space.no_space.lock().clone();
         let host_written = c.host_write_bytes.load(Relaxed);
         let per_host_byte = |drive: u64| (host_written > 0).then(|| drive as f64 / host_written as f64);
         LogStatus {

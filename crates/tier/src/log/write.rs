@@ -27,16 +27,16 @@ impl<D: BlockDevice> LogVolume<D> {
         self.check_writable(offset_bytes, len)?;
         self.counters.host_write_ops.fetch_add(1, Relaxed);
         self.counters.host_write_bytes.fetch_add(len, Relaxed);
-        self.last_write_ms.store(self.now_ms(), Relaxed);
+        self.clock.last_write_ms.store(self.now_ms(), Relaxed);
         if len == 0 {
             return Ok(());
         }
-        let _write = self.writes.read().await;
+        let _write = self.gates.writes.read().await;
         let span = Span::new(offset_bytes, len);
         crate::write_any_alignment(
             span,
             data,
-            &self.rmw_locks,
+            &self.gates.rmw,
             |b| self.read_view((layer != HEAD).then_some(layer), b, 1),
             |first, d| self.write_blocks(layer, first, d),
         )
@@ -71,7 +71,7 @@ impl<D: BlockDevice> LogVolume<D> {
             Ok(s) => s,
             Err(why) => {
                 // The mover's own reason (what is full, what frees space), not its error text.
-                if let Some(full) = self.no_space.lock().clone() {
+                if let Some(full) = self.space.no_space.lock().clone() {
                     return Err(self.no_space_error(first * BLOCK_BYTES, n * BLOCK_BYTES, full));
                 }
                 return Err(VolumeError::Unrecoverable {
@@ -85,13 +85,13 @@ impl<D: BlockDevice> LogVolume<D> {
         // 1. Data into the cache, durably (split where the ring wraps).
         let phys = self.ring.block_of(start);
         let before_wrap = (self.ring.ring_blocks() - phys).min(n);
-        let mut writes = vec![self.cache.write(
+        let mut writes = vec![self.parts.cache.write(
             phys * BLOCK_BYTES,
             data.slice(0..(before_wrap * BLOCK_BYTES) as usize),
             true,
         )];
         if before_wrap < n {
-            writes.push(self.cache.write(
+            writes.push(self.parts.cache.write(
                 0,
                 data.slice((before_wrap * BLOCK_BYTES) as usize..data.len()),
                 true,
@@ -116,7 +116,7 @@ impl<D: BlockDevice> LogVolume<D> {
                 }
             })
             .collect();
-        let settle = self.settle.read().await;
+        let settle = self.gates.settle.read().await;
         let olds = match self.update_layer(layer, &updates).await {
             Ok(olds) => olds,
             Err(e) => {
@@ -160,7 +160,7 @@ impl<D: BlockDevice> LogVolume<D> {
             return Err(VolumeError::NotCheap { offset_bytes, len_bytes });
         }
         if let Some((first, n)) = split.cheap_blocks() {
-            let _write = self.writes.read().await;
+            let _write = self.gates.writes.read().await;
             self.set_places(layer, first, n, Place::Zero).await?;
         }
         for edge in [split.head, split.tail] {
@@ -180,7 +180,7 @@ impl<D: BlockDevice> LogVolume<D> {
     pub async fn trim_in(&self, layer: u16, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
         self.check_range(offset_bytes, len_bytes)?;
         if let Some((first, n)) = ZeroSplit::new(offset_bytes, len_bytes, BLOCK_BYTES).cheap_blocks() {
-            let _write = self.writes.read().await;
+            let _write = self.gates.writes.read().await;
             self.set_places(layer, first, n, Place::Unallocated).await?;
         }
         Ok(())
@@ -194,7 +194,7 @@ impl<D: BlockDevice> LogVolume<D> {
         place: Place,
     ) -> Result<(), VolumeError> {
         self.check_writable(first * BLOCK_BYTES, n * BLOCK_BYTES)?;
-        self.last_write_ms.store(self.now_ms(), Relaxed);
+        self.clock.last_write_ms.store(self.now_ms(), Relaxed);
         let mut b = first;
         while b < first + n {
             let m = (first + n - b).min(ZERO_STEP);
@@ -202,7 +202,7 @@ impl<D: BlockDevice> LogVolume<D> {
             let updates: Vec<Update> = (b..b + m)
                 .map(|block| Update { block, entry: MapEntry { place, crc: 0, seq }, expect: None })
                 .collect();
-            let settle = self.settle.read().await;
+            let settle = self.gates.settle.read().await;
             let olds = self.update_layer(layer, &updates).await?;
             self.free_places(olds.into_iter().map(|o| o.expect("unconditional")));
             drop(settle);
