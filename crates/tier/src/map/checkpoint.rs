@@ -124,6 +124,14 @@ impl<D: BlockDevice> MapStore<D> {
         self.layers_checkpointed(until);
         {
             let mut log = self.log.lock().await;
+            // One checkpoint at a time (the caller holds `checkpointing`), so the position replay
+            // starts at only rises, and never past what was logged.
+            assert!(
+                log.replay_seq <= until && until <= log.next_seq,
+                "map checkpoint: replay would move from {} to {until} with {} blocks logged",
+                log.replay_seq,
+                log.next_seq
+            );
             log.replay_seq = until;
             log.stats.checkpoints += 1;
             log.stats.pages_written += pages.len() as u64;
@@ -152,6 +160,11 @@ impl<D: BlockDevice> MapStore<D> {
             now
         };
         let pages = &pages[..];
+        // Runs of consecutive pages are found in order: each page once, in key order.
+        assert!(
+            pages.windows(2).all(|w| w[0].0 < w[1].0),
+            "map checkpoint: dirty pages out of order or taken twice"
+        );
         let mut runs: Vec<&[DirtyPage]> = Vec::new();
         let mut start = 0;
         for i in 1..=pages.len() {

@@ -16,6 +16,7 @@ impl<D: BlockDevice> MapStore<D> {
         // in stria-bench-wa (qd 16) a log block carried 6.6 deltas after one pass and 29 this
         // way, at the same IOPS (docs/design/log-structured-volumes.md, "Group commit").
         let (mut seen, mut idle) = (self.pending.lock().queued, 0);
+        assert!(ticket <= seen, "map log: waiting for delta {ticket}, and {seen} were ever queued");
         for _ in 0..GROUP_YIELDS {
             tokio::task::yield_now().await;
             let now = self.pending.lock().queued;
@@ -65,6 +66,12 @@ impl<D: BlockDevice> MapStore<D> {
             let (chunk, copies) = {
                 let p = self.pending.lock();
                 if p.deltas.is_empty() {
+                    assert!(
+                        p.queued >= log.durable,
+                        "map log: {} deltas durable, {} ever queued",
+                        log.durable,
+                        p.queued
+                    );
                     log.durable = p.queued;
                     return Ok(true);
                 }
@@ -86,11 +93,25 @@ impl<D: BlockDevice> MapStore<D> {
                 });
                 stria_engine::join_all_ok(writes).await?;
             }
+            // The block this write overwrites (a lap of the ring ago) is one replay no longer
+            // needs: replay starts at `replay_seq` and reads the ring's blocks from there.
+            assert!(
+                log.replay_seq <= log.next_seq && log.next_seq - log.replay_seq < self.layout.log_blocks,
+                "map log: block {} would overwrite one that replay from {} needs ({} blocks in the ring)",
+                log.next_seq,
+                log.replay_seq,
+                self.layout.log_blocks
+            );
             encode_log_block(log.next_seq, &chunk, &mut buf);
             let bytes = IoBytes::copy_from(&buf);
             self.vol.write(self.layout.log_block_offset(log.next_seq), bytes, true).await?;
             let logged = {
                 let mut p = self.pending.lock();
+                // Only the holder of the log removes deltas: the oldest `taken` are still these.
+                assert!(
+                    p.deltas.len() >= taken,
+                    "map log: queued deltas removed by a task that does not hold the log"
+                );
                 for d in p.deltas.drain(..taken).collect::<Vec<_>>() {
                     if let Some((_, _, pool, _)) = d.preserve {
                         p.copies.remove(&pool);
@@ -101,6 +122,11 @@ impl<D: BlockDevice> MapStore<D> {
             log.next_seq += 1;
             log.stats.log_blocks_written += 1;
             log.stats.deltas_logged += chunk.len() as u64;
+            assert!(
+                logged >= log.durable,
+                "map log: durable deltas went back from {} to {logged}",
+                log.durable
+            );
             log.durable = logged;
             self.note_ring(log);
         }

@@ -14,6 +14,10 @@ pub(super) const POSITION_MASK: u64 = (1 << 62) - 1;
 
 impl Place {
     pub(super) fn encode(self) -> u64 {
+        if let Place::Cache(p) | Place::Segment(p) = self {
+            // Masked, a larger one would alias another place.
+            assert!(p <= POSITION_MASK, "map: {self:?} does not fit the 62 bits of a map entry's place");
+        }
         match self {
             Place::Unallocated => 0,
             Place::Zero => 1 << 62,
@@ -55,6 +59,12 @@ fn page_crc(page: &[u8]) -> u32 {
 
 /// Encodes map page `page` of layer `owner` (0: the head; else a snapshot's copy of it).
 pub(super) fn encode_page(owner: u16, page: u64, entries: &[MapEntry], out: &mut [u8]) {
+    assert_eq!(
+        entries.len() as u64,
+        ENTRIES_PER_PAGE,
+        "map page {page} encoded from {} entries",
+        entries.len()
+    );
     out.fill(0);
     out[0..4].copy_from_slice(&PAGE_MAGIC.to_le_bytes());
     out[4..8].copy_from_slice(&u32::try_from(page).expect("page index fits in 32 bits").to_le_bytes());
@@ -96,6 +106,7 @@ pub(super) fn decode_owned_page(page: u64, b: &[u8]) -> Option<Box<[MapEntry]>> 
 }
 
 pub(super) fn encode_log_block(seq: u64, deltas: &[(u64, [u8; 16])], out: &mut [u8]) {
+    assert!(deltas.len() <= DELTAS_PER_LOG_BLOCK, "map log block {seq}: {} deltas", deltas.len());
     out.fill(0);
     out[0..4].copy_from_slice(&LOG_MAGIC.to_le_bytes());
     out[4..6].copy_from_slice(&u16::try_from(deltas.len()).expect("fits").to_le_bytes());

@@ -248,6 +248,13 @@ impl Delta {
         if let Some(op) = self.table_op {
             return snap::encode_table_op(op);
         }
+        // The layer rides in the top 16 bits: a larger block would change the layer replay sees.
+        assert!(
+            self.block <= snap::BLOCK_MASK && u64::from(self.layer) < snap::CONTROL_TAG,
+            "map log: block {} of layer {} does not fit a log record",
+            self.block,
+            self.layer
+        );
         let mut b = [0u8; 16];
         self.entry.encode(&mut b);
         (u64::from(self.layer) << 48 | self.block, b)
@@ -481,12 +488,24 @@ impl<D: BlockDevice> MapStore<D> {
             return Err(MapError::OutOfRange { block, blocks: self.layout.blocks });
         }
         let page = block / ENTRIES_PER_PAGE;
+        let head = |slot: Arc<Slot<MapPage>>| {
+            // Head pages are cached under their index, pool pages under `POOL_KEY | n`: an
+            // update through the wrong one would change a layer it does not mean to.
+            let mp = slot.page();
+            assert!(
+                mp.page == page && mp.owner() == 0,
+                "map: the page cached for head page {page} is layer {}'s copy of page {}",
+                mp.owner(),
+                mp.page
+            );
+            Ok((page, slot))
+        };
         if let Some(Some(slot)) = self.cache.lookup(page, 1).pop() {
-            return Ok((page, slot));
+            return head(slot);
         }
         let _loading = self.loads[(page % LOAD_STRIPES as u64) as usize].lock().await;
         if let Some(Some(slot)) = self.cache.lookup(page, 1).pop() {
-            return Ok((page, slot));
+            return head(slot);
         }
         let bytes = self.vol.read(self.layout.page_offset(page), BLOCK_USIZE).await?;
         let entries = decode_page(page, &bytes).ok_or(MapError::DamagedPage { page })?;
