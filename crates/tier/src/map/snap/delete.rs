@@ -336,7 +336,13 @@ impl<D: BlockDevice> MapStore<D> {
         };
         if let TableOp::Own { to, table, .. } = op {
             let (key, ts) = self.table_for(to, page, table, replayed.is_some()).await?.expect("known layer");
-            ts.page().entries.lock()[table_slot(page)] = pool;
+            let had = std::mem::replace(&mut ts.page().entries.lock()[table_slot(page)], pool);
+            // Made now, a hand-on goes only to a layer without a copy of the page (replayed, the
+            // table may hold it already: a checkpoint that did not finish wrote it).
+            assert!(
+                replayed.is_some() || had == 0,
+                "snapshot {to} takes over pool page {pool} for map page {page} while it owns pool page {had}"
+            );
             self.snap.tables.mark_dirty(key, &ts);
             if let Some(copy) = self.cache.peek(POOL_KEY | u64::from(pool)) {
                 copy.page().owner.store(to, SeqCst);
@@ -347,9 +353,19 @@ impl<D: BlockDevice> MapStore<D> {
             let l = self.snap.layers.lock();
             l.layer(layer).expect("known layer").dir[table_index(page)]
         };
+        assert!(
+            replayed.is_some() || table != 0,
+            "layer {layer} lets go of pool page {pool} for map page {page} and has no table there"
+        );
         if table != 0 {
             let ts = self.table_page(table, layer, (table_index(page) * INDEX_ENTRIES) as u64).await?;
             let mut entries = ts.page().entries.lock();
+            // Made now, the record lets go of the layer's own copy.
+            assert!(
+                replayed.is_some() || entries[table_slot(page)] == pool,
+                "layer {layer} lets go of pool page {pool} for map page {page}, and its table names {}",
+                entries[table_slot(page)]
+            );
             if entries[table_slot(page)] == pool {
                 entries[table_slot(page)] = 0;
                 drop(entries);
@@ -364,7 +380,12 @@ impl<D: BlockDevice> MapStore<D> {
                 None => self.log.lock().await.next_seq.saturating_sub(1),
             };
             let mut l = self.snap.layers.lock();
-            // Not in use after a checkpoint that did not finish wrote the table without it.
+            // Not in use after a checkpoint that did not finish wrote the table without it; made
+            // now, the copy is in use and released once.
+            assert!(
+                replayed.is_some() || (l.pool.is_used(pool) && !l.pool.is_released(pool)),
+                "layer {layer} lets go of pool page {pool}, which is free or released already"
+            );
             if l.pool.is_used(pool) && !l.pool.is_released(pool) {
                 l.pool.release(pool, after);
             }

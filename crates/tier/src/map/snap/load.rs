@@ -212,6 +212,14 @@ impl<D: BlockDevice> MapStore<D> {
         let key = POOL_KEY | u64::from(pool);
         match self.cache.peek(key) {
             Some(slot) => {
+                // The copy a layer's table names for a head page is a copy of that page: an
+                // update through another would change the wrong blocks of the layer.
+                assert_eq!(
+                    slot.page().page,
+                    page,
+                    "layer {layer}'s table names pool page {pool} for map page {page}, a copy of map page {}",
+                    slot.page().page
+                );
                 held.push(Pin::Map(Arc::clone(&slot)));
                 Some((key, slot))
             }

@@ -213,6 +213,10 @@ impl Layers {
         let id = self
             .next_id
             .max(self.snaps.iter().chain(&self.clones).map(|s| s.record.id).max().unwrap_or(HEAD_LAYER) + 1);
+        assert!(
+            self.snaps.iter().chain(&self.clones).all(|s| s.record.id != id) && id > HEAD_LAYER,
+            "layer id {id} given out twice"
+        );
         if id == CONTROL_TAG as u16 {
             return Err(layers_error("layer ids are used up until the volume is opened again"));
         }

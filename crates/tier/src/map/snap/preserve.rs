@@ -120,6 +120,7 @@ impl<D: BlockDevice> MapStore<D> {
     /// Copies head page `page` (its entries `head`) into a new pool page of the newest snapshot
     /// and queues the preserve record (rule 5).
     pub(super) fn preserve(&self, pending: &mut Pending, layers: &mut Layers, page: u64, head: &[MapEntry]) {
+        assert!(!self.snap.is_preserved(page), "map page {page} preserved twice into the newest snapshot");
         let Layers { snaps, pool, .. } = layers;
         let snap = snaps.last_mut().expect("preserve needs a snapshot");
         self.copy_page(pending, snap, pool, page, head);
@@ -158,6 +159,10 @@ impl<D: BlockDevice> MapStore<D> {
         }
         let table = snap.dir[ti];
         let ts = self.snap.tables.peek(u64::from(table)).expect("table page resident (checked or just made)");
+        // A layer owns at most one copy of a page: a second would leave the first unreachable
+        // (its pool page never freed) and the layer's view of the page split between them.
+        let had = ts.page().entries.lock()[table_slot(page)];
+        assert_eq!(had, 0, "layer {layer} copies map page {page} while it owns a copy (pool page {had})");
         let copy = pool.allocate().expect("room checked");
         let key = POOL_KEY | u64::from(copy);
         let mp = MapPage { entries: parking_lot::Mutex::new(entries.into()), owner: layer.into(), page };

@@ -66,6 +66,7 @@ impl<D: BlockDevice> MapStore<D> {
         // with its record); a page written without a newer entry is written again later.
         let encoded: Vec<(u32, IndexPage)> = {
             let pending = self.pending.lock();
+            let layers = self.snap.layers.lock();
             w.tables
                 .iter()
                 .map(|(key, slot)| {
@@ -73,6 +74,13 @@ impl<D: BlockDevice> MapStore<D> {
                     let mut entries = tp.entries.lock().clone();
                     let mut held_back = false;
                     for e in entries.iter_mut() {
+                        // A table on disk naming a free pool page would give a later copy there
+                        // to this layer too at the next open.
+                        assert!(
+                            *e == 0 || layers.pool.is_used(*e),
+                            "layer {}'s table page {key} names pool page {e}, which is free",
+                            tp.layer
+                        );
                         if *e != 0 && pending.copies.contains_key(e) {
                             *e = 0;
                             held_back = true;
