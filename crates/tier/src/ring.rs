@@ -4,6 +4,11 @@
 //! it, and free otherwise. The tail advances over free positions only, so a reserved or live
 //! block is never reused; the head never passes the tail by more than the ring size. Writers that
 //! find the ring full wait (back-pressure) and wake the mover.
+//!
+//! Asserted: a position is claimed only while reserved, freed only while reserved or live and
+//! only in the ring's current turn, and freed as a block's old place only while it holds that
+//! block ([`CacheRing::release_owned`]); two blocks never hold one position; the live count
+//! stays within the positions between tail and head.
 
 use parking_lot::Mutex;
 use tokio::sync::Notify;
@@ -211,20 +216,49 @@ impl CacheRing {
         assert_eq!(*slot, Slot::Reserved, "cache ring: claiming position {pos} that is not reserved");
         *slot = Slot::Live(block);
         s.live += 1;
+        assert!(
+            s.live <= s.head - s.tail,
+            "cache ring: {} live positions between tail and head {}",
+            s.live,
+            s.head - s.tail
+        );
     }
 
     /// Frees positions (no durable map entry points to them any more) and advances the tail.
     pub(crate) fn release(&self, positions: impl IntoIterator<Item = u64>) {
+        self.release_checked(positions.into_iter().map(|pos| (pos, None)));
+    }
+
+    /// Frees positions that blocks moved away from (`(position, block)`: the map entry of
+    /// `block` pointed at `position` until an update that is durable now): each must still
+    /// hold that block, or a position would be freed under another block's data.
+    pub(crate) fn release_owned(&self, positions: &[(u64, u64)]) {
+        self.release_checked(positions.iter().map(|&(pos, block)| (pos, Some(block))));
+    }
+
+    /// [`Self::release`], each position checked against the block it should hold (if given).
+    fn release_checked(&self, positions: impl IntoIterator<Item = (u64, Option<u64>)>) {
         let mut s = self.state.lock();
         let mut any = false;
-        for pos in positions {
+        for (pos, block) in positions {
             let slot = s.slot_in_turn(pos, self.ring, |tail, head| {
                 format!("releasing {pos} outside [{tail}, {head})")
             });
             // A position released twice could be handed out while a map entry still points to it.
             assert_ne!(*slot, Slot::Free, "cache ring: position {pos} released twice");
+            if let Some(block) = block {
+                assert_eq!(
+                    slot.owner(),
+                    Some(block),
+                    "cache ring: freeing position {pos} as block {block}'s old place, but it holds {slot:?}"
+                );
+            }
             let was_live = slot.owner().is_some();
             *slot = Slot::Free;
+            assert!(
+                s.live >= u64::from(was_live),
+                "cache ring: releasing live position {pos} with none counted live"
+            );
             s.live -= u64::from(was_live);
             any = true;
         }
@@ -370,6 +404,17 @@ mod tests {
         // Position 8 uses the slot of position 0, and is reserved now.
         assert_eq!(cache.reserve(2).await.unwrap(), 8);
         cache.claim_block(0, 1);
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "freeing position 1 as block 9's old place, but it holds Live(8)")]
+    async fn freeing_a_position_another_block_holds_is_a_bug() {
+        let cache = CacheRing::new(8);
+        cache.reserve(2).await.unwrap();
+        cache.claim_block(0, 7);
+        cache.claim_block(1, 8);
+        cache.release_owned(&[(0, 7)]);
+        cache.release_owned(&[(1, 9)]);
     }
 
     #[test]

@@ -133,6 +133,7 @@ impl<D: BlockDevice> LogVolume<D> {
         let geo = self.geo;
         let data_slots = geo.batch_data() as usize;
         assert!(moves.len() <= data_slots && !moves.is_empty());
+        self.check_moves(stream, &moves);
         let mut taken = self.space.lock().take_batch(stream, moves.len() as u64);
         if taken.is_none() && stream == Stream::Host && self.space.counts_suspect.load(Relaxed) {
             self.recount().await?;
@@ -201,7 +202,45 @@ impl<D: BlockDevice> LogVolume<D> {
             self.counters.moves_lost.fetch_add(lost, Relaxed);
             self.space.lock().lower(seg, lost);
         }
-        self.free_places(olds.into_iter().flatten());
+        self.free_places(moves.iter().zip(olds).filter_map(|(m, o)| o.map(|o| (m.block, o))));
         Ok(moves.len() as u64 - lost)
+    }
+
+    /// What a batch carries, checked before it is written: destage moves cached blocks and GC
+    /// segment blocks, each place once, each with the data its entry's checksum names (both
+    /// verified the data when they read it; the data cannot change since, so the checksums are
+    /// computed again only in debug builds).
+    fn check_moves(&self, stream: Stream, moves: &[Move]) {
+        let mut places = std::collections::HashSet::with_capacity(moves.len());
+        for m in moves {
+            assert!(
+                matches!((stream, m.from), (Stream::Host, Place::Cache(_)) | (Stream::Gc, Place::Segment(_))),
+                "volume {}: the {stream:?} stream moves block {} from {:?}",
+                self.name,
+                m.block,
+                m.from
+            );
+            assert!(
+                m.entry.place == m.from && m.data.len() == BLOCK_USIZE,
+                "volume {}: block {}'s move from {:?} carries entry {:?} and {} bytes",
+                self.name,
+                m.block,
+                m.from,
+                m.entry,
+                m.data.len()
+            );
+            // One block may move twice (from the head's place and from an older one a snapshot
+            // holds), one place never: it was read twice.
+            assert!(places.insert(m.from), "volume {}: {:?} moved twice in one batch", self.name, m.from);
+            if cfg!(debug_assertions) {
+                assert_eq!(
+                    block_crc(&m.data),
+                    m.entry.crc,
+                    "volume {}: block {}'s data does not match its checksum before the batch write",
+                    self.name,
+                    m.block
+                );
+            }
+        }
     }
 }

@@ -81,7 +81,7 @@ impl<D: BlockDevice> LogVolume<D> {
             carried.extend(gc.fruitless.iter().copied());
             let victim = {
                 let space = self.space.lock();
-                match pick {
+                let victim = match pick {
                     Pick::Garbage => space.victim(self.geo.batch_data(), &carried),
                     // Any garbage, but only while all there is adds up to a segment and a batch:
                     // with less no segment can come free (GC pads its last batch, and the segment
@@ -95,7 +95,18 @@ impl<D: BlockDevice> LogVolume<D> {
                     }
                     Pick::Critical => None,
                     Pick::Compact(target) => space.compaction_victim(target, &carried),
+                };
+                // Only a sealed segment is collected: an open one still takes batches, a free
+                // one may be opened under GC; and never one whose blocks are carried already.
+                if let Some(v) = victim {
+                    assert!(
+                        space.state(v) == SegState::Sealed && !carried.contains(&v),
+                        "volume {}: GC chose segment {v} ({:?}) as its victim",
+                        self.name,
+                        space.state(v)
+                    );
                 }
+                victim
             };
             match victim {
                 Some(v) => {
@@ -140,6 +151,11 @@ impl<D: BlockDevice> LogVolume<D> {
             let s = SummaryEntry { block, ..SummaryEntry::NONE };
             let at = Place::Segment(base + i as u64);
             let Some(e) = e else { continue };
+            assert_eq!(
+                e.place, at,
+                "volume {}: block {block} is held at {:?}, asked at {at:?}",
+                self.name, e.place
+            );
             let data = &bytes[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE];
             if block_crc(data) != e.crc {
                 return Err(

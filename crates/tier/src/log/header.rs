@@ -27,7 +27,23 @@ pub(super) struct Header {
 }
 
 impl Header {
+    /// The header block. Checked before it is written: a header open would refuse, or read
+    /// back as another, must never reach the disk.
     pub(super) fn encode(&self) -> Vec<u8> {
+        let g = self.geo;
+        assert!(
+            (1..=FORMAT_VERSION).contains(&self.version)
+                && self.volume_bytes > 0
+                && self.volume_bytes.is_multiple_of(BLOCK_BYTES)
+                && g.row_blocks > 0
+                && g.batch_rows > 0
+                && g.segment_batches > 0
+                && g.segments >= 6
+                && self.cache_blocks >= 2 * g.batch_data()
+                && self.map_log_blocks >= 4
+                && u32::try_from(self.pool_pages).is_ok(),
+            "log volume header {self:?} breaks its rules"
+        );
         let mut b = vec![0u8; BLOCK_USIZE];
         b[0..8].copy_from_slice(HEADER_MAGIC);
         b[8..12].copy_from_slice(&self.version.to_le_bytes());
@@ -46,6 +62,11 @@ impl Header {
         }
         let crc = header_crc(&b);
         b[12..16].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(
+            Header::decode(&b).as_ref(),
+            Ok(self),
+            "a log volume header does not read back as written"
+        );
         b
     }
 

@@ -288,6 +288,7 @@ pub async fn open<D: BlockDevice>(
             space: Arc::clone(&vol.space.table),
             ring: Arc::clone(&vol.ring),
             seq: Arc::clone(&vol.seq),
+            last_stamp: AtomicU64::new(0),
         }));
     }
     // A rollback, then a snapshot delete, a crash cut short are finished before the volume is
@@ -300,7 +301,7 @@ pub async fn open<D: BlockDevice>(
     }
     let finished = vol
         .map
-        .finish_deletes(|freed| vol.free_places(freed.into_iter().map(|(_, e)| e)))
+        .finish_deletes(|freed| vol.free_places(freed))
         .await
         .map_err(|e| corrupt(format!("finishing a snapshot delete: {e}")))?;
     if finished > 0 {

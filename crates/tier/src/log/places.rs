@@ -43,6 +43,7 @@ impl<D: BlockDevice> LogVolume<D> {
         layer: u16,
         updates: &[Update],
     ) -> Result<Vec<Option<MapEntry>>, VolumeError> {
+        self.check_updates(layer, updates);
         let mut grown = false;
         let result = loop {
             let result = if layer == HEAD {
@@ -65,6 +66,9 @@ impl<D: BlockDevice> LogVolume<D> {
                 result => break result,
             }
         };
+        if let Ok(olds) = &result {
+            self.check_applied(updates, olds);
+        }
         result.map_err(|e| {
             if matches!(e, MapError::PoolFull { .. }) {
                 let at = updates.first().map_or(0, |u| u.block * BLOCK_BYTES);
@@ -113,12 +117,14 @@ impl<D: BlockDevice> LogVolume<D> {
     }
 
     /// Frees the places that durable updates moved blocks away from.
-    pub(crate) fn free_places(&self, olds: impl IntoIterator<Item = MapEntry>) {
+    /// `(block, old entry)`: a cache position must still hold the block (asserted by the ring),
+    /// a segment's count must not fall below 0 (asserted by the space).
+    pub(crate) fn free_places(&self, olds: impl IntoIterator<Item = (u64, MapEntry)>) {
         let mut cache_positions = Vec::new();
         let mut lowered: Vec<(usize, u64)> = Vec::new();
-        for old in olds {
+        for (block, old) in olds {
             match old.place {
-                Place::Cache(p) => cache_positions.push(p),
+                Place::Cache(p) => cache_positions.push((p, block)),
                 Place::Segment(a) => {
                     let s = self.geo.segment_of(a);
                     match lowered.last_mut() {
@@ -135,6 +141,76 @@ impl<D: BlockDevice> LogVolume<D> {
                 space.lower(s, n);
             }
         }
-        self.ring.release(cache_positions);
+        self.ring.release_owned(&cache_positions);
+    }
+
+    /// What every map update of the volume keeps, checked before it is applied: the block is the
+    /// volume's; an entry has a checksum exactly when it has data (a block's CRC is never 0);
+    /// a segment place lies in a segment that exists; only the head's entries are moved (a move
+    /// changes every layer holding the place through the head's update).
+    fn check_updates(&self, layer: u16, updates: &[Update]) {
+        let mut segment_end = None;
+        for u in updates {
+            assert!(
+                u.block < self.blocks,
+                "volume {}: a map update of block {} past its {} blocks",
+                self.name,
+                u.block,
+                self.blocks
+            );
+            let data = matches!(u.entry.place, Place::Cache(_) | Place::Segment(_));
+            assert_eq!(
+                data,
+                u.entry.crc != 0,
+                "volume {}: block {}'s new entry {:?} (a place with data needs its checksum, one without none)",
+                self.name,
+                u.block,
+                u.entry
+            );
+            if let Place::Segment(a) = u.entry.place {
+                let end = *segment_end
+                    .get_or_insert_with(|| self.space.lock().segments() * self.geo.segment_blocks());
+                assert!(
+                    a < end,
+                    "volume {}: block {} would point at segment address {a}, past the space ({end} blocks)",
+                    self.name,
+                    u.block
+                );
+            }
+            assert!(
+                layer == HEAD || u.expect.is_none(),
+                "volume {}: a move of clone {layer}'s block {} (moves go through the head's update)",
+                self.name,
+                u.block
+            );
+        }
+    }
+
+    /// What a map update returned, checked: one result per update; an unconditional one always
+    /// applied; a move applied only to an entry still at its source (destage and GC never move
+    /// a block whose entry points elsewhere, a newer write wins).
+    fn check_applied(&self, updates: &[Update], olds: &[Option<MapEntry>]) {
+        assert_eq!(
+            olds.len(),
+            updates.len(),
+            "volume {}: a map update answered for {} of {} updates",
+            self.name,
+            olds.len(),
+            updates.len()
+        );
+        for (u, old) in updates.iter().zip(olds) {
+            match (u.expect, old) {
+                (None, None) => panic!(
+                    "volume {}: the unconditional update of block {} was not applied",
+                    self.name, u.block
+                ),
+                (Some(from), Some(old)) => assert_eq!(
+                    old.place, from,
+                    "volume {}: block {} moved from {from:?} while its entry was at {:?}",
+                    self.name, u.block, old.place
+                ),
+                _ => {}
+            }
+        }
     }
 }

@@ -75,6 +75,13 @@ impl<D: BlockDevice> LogVolume<D> {
             let reads = runs(&pending, &entries, self.ring.ring_blocks()).into_iter().map(|run| async move {
                 let buf = match run.place {
                     Place::Cache(p) => {
+                        // One part read: a run never crosses the ring's end.
+                        assert!(
+                            self.ring.block_of(p) + run.count <= self.ring.ring_blocks(),
+                            "volume {}: a read of {} cached blocks from position {p} crosses the ring's end",
+                            self.name,
+                            run.count
+                        );
                         self.counters.blocks_read_from_cache.fetch_add(run.count, Relaxed);
                         Some(
                             self.parts

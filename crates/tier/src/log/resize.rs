@@ -39,7 +39,18 @@ impl<D: BlockDevice> LogVolume<D> {
         };
         match grown {
             Ok(()) => {
-                self.space.lock().grow(add);
+                {
+                    let mut space = self.space.lock();
+                    // Only the mover resizes the space (it holds `moving`).
+                    assert_eq!(
+                        space.segments(),
+                        have,
+                        "volume {}: the segment table changed size during a growth",
+                        self.name
+                    );
+                    self.check_space_size(have + add);
+                    space.grow(add);
+                }
                 *self.space.growth_failed.lock() = None;
                 tracing::info!(volume = %self.name, "the segment space grew to {} segments (at most {most})", have + add);
                 true
@@ -78,6 +89,7 @@ impl<D: BlockDevice> LogVolume<D> {
         }
         match self.resize_space(keep).await {
             Ok(()) => {
+                self.check_space_size(keep);
                 gc.shrink_failed = None;
                 self.counters.segments_given_back.fetch_add(n, Relaxed);
                 tracing::info!(volume = %self.name, "gave {n} free segments back to the pool ({keep} left)");
@@ -90,6 +102,19 @@ impl<D: BlockDevice> LogVolume<D> {
                 false
             }
         }
+    }
+
+    /// The engine volume under the space holds exactly `segments` segments after a resize: open
+    /// takes the segments that exist from its size.
+    fn check_space_size(&self, segments: u64) {
+        let bytes = segments * self.geo.segment_blocks() * BLOCK_BYTES;
+        assert_eq!(
+            self.parts.seg.size_bytes(),
+            bytes,
+            "volume {}: the segment part holds {} bytes after a resize to {segments} segments",
+            self.name,
+            self.parts.seg.size_bytes()
+        );
     }
 
     /// Resizes the engine volume under the space to `segments` segments (not zeroed: every

@@ -36,6 +36,13 @@ impl<D: BlockDevice> LogVolume<D> {
             made = self.map.create_snapshot(head, record).await;
         }
         let id = made.map_err(|e| self.layer_op_error(&format!("snapshot {name:?}"), e))?;
+        // Writes wait for it: every write after it preserves into it, the newest.
+        assert_eq!(
+            self.map.newest_snapshot().map(|s| s.id),
+            Some(id),
+            "volume {}: snapshot {name:?} just made is not the newest",
+            self.name
+        );
         Ok(self.map.snapshots().into_iter().find(|s| s.id == id).expect("just made"))
     }
 
@@ -61,7 +68,7 @@ impl<D: BlockDevice> LogVolume<D> {
         self.check_writable(0, self.size_bytes)?;
         let stats = self
             .map
-            .delete_snapshot(snap.id, |freed| self.free_places(freed.into_iter().map(|(_, e)| e)))
+            .delete_snapshot(snap.id, |freed| self.free_places(freed))
             .await
             .map_err(|e| self.layer_op_error(&format!("deleting snapshot {name:?}"), e))?;
         tracing::info!(volume = %self.name, snapshot = name, ?stats, "snapshot deleted");
@@ -164,7 +171,7 @@ impl<D: BlockDevice> LogVolume<D> {
                 continue;
             }
             let olds = self.update_map(&updates).await?;
-            self.free_places(olds.into_iter().flatten());
+            self.free_places(updates.iter().zip(olds).filter_map(|(u, o)| o.map(|o| (u.block, o))));
             restored += updates.len() as u64;
         }
         Ok(restored)
@@ -234,7 +241,7 @@ impl<D: BlockDevice> LogVolume<D> {
         self.check_writable(0, self.size_bytes)?;
         let stats = self
             .map
-            .delete_clone(clone.id, |freed| self.free_places(freed.into_iter().map(|(_, e)| e)))
+            .delete_clone(clone.id, |freed| self.free_places(freed))
             .await
             .map_err(|e| self.layer_op_error(&format!("deleting clone {name:?}"), e))?;
         self.ring.hungry.notify_one();

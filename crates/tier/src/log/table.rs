@@ -111,16 +111,27 @@ pub(crate) struct Writer {
     pub space: Arc<Mutex<Space>>,
     pub ring: Arc<CacheRing>,
     pub seq: Arc<AtomicU64>,
+    /// The stamp of the last table written: a checkpoint never goes back.
+    pub last_stamp: AtomicU64,
 }
 
 impl CheckpointTable for Writer {
     fn snapshot(&self, stamp: u64) -> (u64, IoBytes) {
+        let last = self.last_stamp.fetch_max(stamp, Relaxed);
+        // Checkpoints run one at a time and their replay positions only rise: a lower stamp
+        // would be an older checkpoint's table written over a newer one's.
+        assert!(stamp >= last, "segment table: a checkpoint at replay position {stamp} after one at {last}");
         let table = Table {
             stamp,
             next_seq: self.seq.load(Relaxed),
             live: self.space.lock().live_counts(),
             owners: self.ring.owners(),
         };
+        // One owner per position (the ring gives them oldest first).
+        assert!(
+            table.owners.windows(2).all(|w| w[0].0 < w[1].0),
+            "segment table: cache positions out of order or named twice"
+        );
         (self.at, IoBytes::copy_from(&table.encode()))
     }
 }

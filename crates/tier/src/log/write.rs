@@ -67,6 +67,13 @@ impl<D: BlockDevice> LogVolume<D> {
 
     pub(super) async fn write_piece(&self, layer: u16, first: u64, data: IoBytes) -> Result<(), VolumeError> {
         let n = data.len() as u64 / BLOCK_BYTES;
+        assert!(
+            data.len() as u64 == n * BLOCK_BYTES && n > 0 && first + n <= self.blocks,
+            "volume {}: a write of {} bytes at block {first} reached the cache (whole blocks of {} only)",
+            self.name,
+            data.len(),
+            self.blocks
+        );
         let start = match self.ring.reserve(n).await {
             Ok(s) => s,
             Err(why) => {
@@ -128,7 +135,7 @@ impl<D: BlockDevice> LogVolume<D> {
             }
         };
         // 3. Acknowledged; free what the blocks no longer use.
-        self.free_places(olds.into_iter().map(|o| o.expect("unconditional")));
+        self.free_places(updates.iter().zip(olds).map(|(u, o)| (u.block, o.expect("unconditional"))));
         drop(settle);
         Ok(())
     }
@@ -193,6 +200,11 @@ impl<D: BlockDevice> LogVolume<D> {
         n: u64,
         place: Place,
     ) -> Result<(), VolumeError> {
+        assert!(
+            matches!(place, Place::Unallocated | Place::Zero),
+            "volume {}: blocks set to {place:?} without data",
+            self.name
+        );
         self.check_writable(first * BLOCK_BYTES, n * BLOCK_BYTES)?;
         self.clock.last_write_ms.store(self.now_ms(), Relaxed);
         let mut b = first;
@@ -204,7 +216,7 @@ impl<D: BlockDevice> LogVolume<D> {
                 .collect();
             let settle = self.gates.settle.read().await;
             let olds = self.update_layer(layer, &updates).await?;
-            self.free_places(olds.into_iter().map(|o| o.expect("unconditional")));
+            self.free_places(updates.iter().zip(olds).map(|(u, o)| (u.block, o.expect("unconditional"))));
             drop(settle);
             b += m;
         }
