@@ -10,8 +10,8 @@ use stria_engine::VolumeError;
 
 use super::LogVolume;
 use super::space::{Stream, SummaryEntry, encode_summary};
-use crate::block_crc;
 use crate::map::{MapEntry, Place, Update};
+use stria_dev::block_crc;
 
 /// A block on its way to a new place: where it is, its map entry there, its data.
 pub(crate) struct Move {

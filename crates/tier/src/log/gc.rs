@@ -10,8 +10,8 @@ use stria_engine::VolumeError;
 use super::LogVolume;
 use super::destage::Move;
 use super::space::{SegState, Stream, SummaryEntry, decode_summary};
-use crate::block_crc;
 use crate::map::Place;
+use stria_dev::block_crc;
 
 /// How GC picks its next victim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,8 +9,8 @@ use stria_engine::volume::bytes::{ExtentRuns, Span};
 use stria_engine::{Extent, VolumeError, join_all_ok};
 
 use super::{LogVolume, map_error};
-use crate::block_crc;
 use crate::map::{MapEntry, Place};
+use stria_dev::block_crc;
 
 /// A read that keeps racing with moves gives up after this many tries (an error, never wrong data).
 pub(super) const READ_ATTEMPTS: usize = 8;

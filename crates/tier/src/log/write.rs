@@ -8,8 +8,8 @@ use stria_engine::volume::bytes::{Span, ZeroSplit};
 use stria_engine::{VolumeError, join_all_ok};
 
 use super::{HEAD, LogVolume};
-use crate::block_crc;
 use crate::map::{MapEntry, Place, Update};
+use stria_dev::block_crc;
 
 /// Blocks per map update of a large zeroing or trim.
 pub(super) const ZERO_STEP: u64 = 4096;
