@@ -1,5 +1,5 @@
 //! `cargo run --release -p stria-bench --bin stria-bench-wa --`: write amplification of
-//! log-structured `tiered:ec:4+2` volumes (`stria_tier::lsv`, issue 12's goals) against a thick
+//! log-structured `tiered:ec:4+2` volumes (`stria_tier::log`, issue 12's goals) against a thick
 //! `ec:4+2` volume measured in the same run, in-process over memory drives (2 fast + 6 capacity, each
 //! wrapped in a tap that splits its writes by region of the drive layout and yields once per
 //! request, as a real drive's completion would, so that concurrent requests can meet).
@@ -34,7 +34,7 @@ use anyhow::{Context, Result, bail};
 use stria_dev::mem::MemDevice;
 use stria_dev::{BLOCK_BYTES, DevCountersSnapshot, IoBytes};
 use stria_engine::{DriveClass, Layout, NewDrive, Pool, VolumeRole, VolumeSpec};
-use stria_tier::lsv::{self, LogSpec, LogVolume};
+use stria_tier::log::{self, LogSpec, LogVolume};
 
 use crate::host::{cpu_model, num_cpus};
 use crate::regions::{REGIONS, Region, RegionCounters, Tap};
@@ -331,7 +331,7 @@ async fn log_run(args: &WaBenchArgs, fill: f64) -> Result<(Vec<Phase>, Vec<Strin
         fast_tier: true,
         ..LogSpec::new("wa", args.volume, DATA_SHARDS, PARITY_SHARDS)
     };
-    let vol: Arc<LogVolume<Dev>> = lsv::create(&rig.pool, spec).await.context("creating the log volume")?;
+    let vol: Arc<LogVolume<Dev>> = log::create(&rig.pool, spec).await.context("creating the log volume")?;
     let geo = vol.geometry();
     println!(
         "{}, fill {:.1}%: {} segments of {} MiB data ({} rows of {} KiB per batch), cache {} MiB",

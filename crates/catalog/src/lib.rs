@@ -22,7 +22,7 @@ use stria_engine::{
 };
 use stria_tier::TierError;
 use stria_tier::layers::LayerRecord;
-use stria_tier::lsv::{self, LogSpec, LogVolume};
+use stria_tier::log::{self, LogSpec, LogVolume};
 
 pub use layout::{LayoutSpec, PlainLayout, is_log_layout, parse_plain_layout};
 pub use view::{
@@ -151,7 +151,7 @@ impl<D: BlockDevice> Catalog<D> {
         let mut logs = BTreeMap::new();
         let mut unavailable = BTreeMap::new();
         for rec in pool.meta().tiered.clone() {
-            match lsv::open(&pool, &rec).await {
+            match log::open(&pool, &rec).await {
                 Ok(v) => drop(logs.insert(rec.name.clone(), v)),
                 Err(e) => {
                     tracing::error!(volume = %rec.name, error = %e, "volume unavailable; the rest of the pool is served");
@@ -364,7 +364,7 @@ impl<D: BlockDevice> Catalog<D> {
                 space_bytes: req.space_bytes,
                 ..LogSpec::new(&req.name, req.size_bytes, data_shards, parity_shards)
             };
-            let lv = lsv::create(&self.pool, spec).await?;
+            let lv = log::create(&self.pool, spec).await?;
             self.logs.write().insert(lv.name().to_string(), lv);
             return self.created(&req).await;
         }

@@ -5,7 +5,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use stria_engine::format::meta::VolumeRecord;
 use stria_engine::qos::FlowRates;
 use stria_engine::{PoolStatus, QosSpec, VolumeStatus};
-use stria_tier::lsv::LogStatus;
+use stria_tier::log::LogStatus;
 
 /// The pool, with its log-structured (tiered and log) volumes.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -6,6 +6,7 @@
 
 pub mod buf;
 pub mod counters;
+pub mod crc;
 pub mod device;
 pub mod exec;
 pub mod fault;
@@ -15,6 +16,7 @@ pub mod mem;
 
 pub use buf::{BUF_ALIGN_BYTES, IoBuf, IoBytes};
 pub use counters::{Counter, DevCounters, DevCountersSnapshot, DevLatency};
+pub use crc::block_crc;
 pub use device::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, DevError, check_range};
 pub use fault::{FaultConfig, FaultCounts, FaultDevice, FaultEvent, FaultKind, HostSpace, PowerSwitch};
 pub use file::{DriveLock, FileDevice, FileOptions, Holder, IoEngine, OpenError};

@@ -275,7 +275,7 @@ pub(crate) fn volumes(v: &StatusView) {
 
 /// The state of a log-structured volume: its redundancy, and `full` while writes that need new
 /// space fail.
-fn log_state(l: &stria_tier::lsv::LogStatus) -> String {
+fn log_state(l: &stria_tier::log::LogStatus) -> String {
     if l.full { format!("{}, full", state(l.state)) } else { state(l.state) }
 }
 

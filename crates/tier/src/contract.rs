@@ -5,7 +5,7 @@
 use stria_dev::{BlockDevice, IoBuf, IoBytes};
 use stria_engine::{BlockVolume, Durability, Extent, VolumeFuture, VolumeInfo, Zeroing};
 
-impl<D: BlockDevice> BlockVolume for crate::lsv::LogVolume<D> {
+impl<D: BlockDevice> BlockVolume for crate::log::LogVolume<D> {
     fn info(&self) -> VolumeInfo {
         VolumeInfo {
             name: self.name().to_string(),
@@ -16,15 +16,15 @@ impl<D: BlockDevice> BlockVolume for crate::lsv::LogVolume<D> {
     }
 
     fn size_bytes(&self) -> u64 {
-        crate::lsv::LogVolume::size_bytes(self)
+        crate::log::LogVolume::size_bytes(self)
     }
 
     fn read(&self, offset_bytes: u64, len_bytes: usize) -> VolumeFuture<'_, IoBuf> {
-        Box::pin(crate::lsv::LogVolume::read(self, offset_bytes, len_bytes))
+        Box::pin(crate::log::LogVolume::read(self, offset_bytes, len_bytes))
     }
 
     fn write(&self, offset_bytes: u64, data: IoBytes, durability: Durability) -> VolumeFuture<'_, ()> {
-        Box::pin(crate::lsv::LogVolume::write(self, offset_bytes, data, durability.is_fua()))
+        Box::pin(crate::log::LogVolume::write(self, offset_bytes, data, durability.is_fua()))
     }
 
     fn write_zeroes(
@@ -34,19 +34,19 @@ impl<D: BlockDevice> BlockVolume for crate::lsv::LogVolume<D> {
         zeroing: Zeroing,
         _durability: Durability,
     ) -> VolumeFuture<'_, ()> {
-        Box::pin(crate::lsv::LogVolume::write_zeroes(self, offset_bytes, len_bytes, zeroing.cheap_only()))
+        Box::pin(crate::log::LogVolume::write_zeroes(self, offset_bytes, len_bytes, zeroing.cheap_only()))
     }
 
     fn discard(&self, offset_bytes: u64, len_bytes: u64, _durability: Durability) -> VolumeFuture<'_, ()> {
-        Box::pin(crate::lsv::LogVolume::trim(self, offset_bytes, len_bytes))
+        Box::pin(crate::log::LogVolume::trim(self, offset_bytes, len_bytes))
     }
 
     fn flush(&self) -> VolumeFuture<'_, ()> {
-        Box::pin(crate::lsv::LogVolume::flush(self))
+        Box::pin(crate::log::LogVolume::flush(self))
     }
 
     fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> VolumeFuture<'_, Vec<Extent>> {
-        Box::pin(crate::lsv::LogVolume::block_status(self, offset_bytes, len_bytes))
+        Box::pin(crate::log::LogVolume::block_status(self, offset_bytes, len_bytes))
     }
 }
 
@@ -55,7 +55,7 @@ impl<D: BlockDevice> BlockVolume for crate::lsv::LogVolume<D> {
 /// read-only, so NBD clients get `EPERM` before asking).
 #[derive(Debug)]
 pub struct SnapshotVolume<D: BlockDevice> {
-    volume: std::sync::Arc<crate::lsv::LogVolume<D>>,
+    volume: std::sync::Arc<crate::log::LogVolume<D>>,
     layer: u16,
     /// `VOL@SNAP`.
     name: String,
@@ -64,7 +64,7 @@ pub struct SnapshotVolume<D: BlockDevice> {
 impl<D: BlockDevice> SnapshotVolume<D> {
     /// Snapshot `layer` (named `snap`) of `volume`.
     pub fn new(
-        volume: std::sync::Arc<crate::lsv::LogVolume<D>>,
+        volume: std::sync::Arc<crate::log::LogVolume<D>>,
         layer: u16,
         snap: &str,
     ) -> SnapshotVolume<D> {
@@ -169,7 +169,7 @@ impl<D: BlockDevice> BlockVolume for SnapshotVolume<D> {
 /// cache, segment space and GC). Like the origin, every acknowledged write is durable already.
 #[derive(Debug)]
 pub struct CloneVolume<D: BlockDevice> {
-    volume: std::sync::Arc<crate::lsv::LogVolume<D>>,
+    volume: std::sync::Arc<crate::log::LogVolume<D>>,
     layer: u16,
     name: String,
     /// `VOL@SNAP` it was made from.
@@ -179,7 +179,7 @@ pub struct CloneVolume<D: BlockDevice> {
 impl<D: BlockDevice> CloneVolume<D> {
     /// Clone `record` of `volume`.
     pub fn new(
-        volume: std::sync::Arc<crate::lsv::LogVolume<D>>,
+        volume: std::sync::Arc<crate::log::LogVolume<D>>,
         record: &crate::layers::LayerRecord,
     ) -> Self {
         let parent = volume.parent_name(record.parent);

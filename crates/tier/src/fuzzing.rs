@@ -12,8 +12,8 @@
 use stria_dev::{BLOCK_USIZE, BlockDevice};
 
 use crate::layers::{self, IndexLevel, IndexPage, LAYER_RECORD_BYTES, LAYER_TABLE_BLOCKS};
-use crate::lsv::LogVolume;
-use crate::lsv::space::{SummaryEntry, decode_summary, encode_summary};
+use crate::log::LogVolume;
+use crate::log::space::{SummaryEntry, decode_summary, encode_summary};
 
 /// Flags bit: seal the structure's checksums before decoding.
 pub const SEAL: u8 = 1;
@@ -99,11 +99,11 @@ pub fn decoders(data: &[u8]) -> Outcome {
         Structure::Summary => summary(body, seal),
         Structure::SegmentTable => {
             let blocks = body.len().div_ceil(BLOCK_USIZE).clamp(1, 16);
-            crate::lsv::fuzzing::table(&sealed(blocks, crate::lsv::fuzzing::seal_table))
+            crate::log::fuzzing::table(&sealed(blocks, crate::log::fuzzing::seal_table))
         }
         Structure::LayerTable => layer_table(&sealed(LAYER_TABLE_BLOCKS, seal_layer_table)),
         Structure::IndexPage => index_page(&sealed(1, seal_index_page)),
-        Structure::VolumeHeader => crate::lsv::fuzzing::header(&sealed(1, crate::lsv::fuzzing::seal_header)),
+        Structure::VolumeHeader => crate::log::fuzzing::header(&sealed(1, crate::log::fuzzing::seal_header)),
     }
     .into()
 }
@@ -196,7 +196,7 @@ fn index_page(b: &[u8]) -> Option<bool> {
 }
 
 /// Seeds: the map's structures made by its encoders, and the structures of `vol` as its parts
-/// hold them (see [`crate::lsv::fuzzing::live_structures`]). Each is `(name, input)`.
+/// hold them (see [`crate::log::fuzzing::live_structures`]). Each is `(name, input)`.
 pub async fn seeds<D: BlockDevice>(vol: &LogVolume<D>) -> Vec<(String, Vec<u8>)> {
     let input = |s: Structure, bytes: &[u8]| {
         let mut v = vec![s.selector(), 0];
@@ -211,6 +211,6 @@ pub async fn seeds<D: BlockDevice>(vol: &LogVolume<D>) -> Vec<(String, Vec<u8>)>
         };
         (format!("made-{name}"), input(s, &b))
     });
-    let live = crate::lsv::fuzzing::live_structures(vol).await;
+    let live = crate::log::fuzzing::live_structures(vol).await;
     made.chain(live.into_iter().map(|(name, s, b)| (format!("live-{name}"), input(s, &b)))).collect()
 }

@@ -15,7 +15,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use stria_dev::{FaultConfig, FaultDevice, IoBytes, PowerSwitch};
 use stria_engine::{DriveClass, DriveState, FoundDrive, NewDrive, Pool};
-use stria_tier::lsv::{LogParams, LogVolume};
+use stria_tier::log::{LogParams, LogVolume};
 
 // ------------------------------------------------------------------------------------------------
 // Sequences of crashes on one pool (the volume's counterpart of crates/engine/tests/crash_sequences.rs).
@@ -587,11 +587,11 @@ async fn run_sequence(seed: u64) {
     let cache_bytes = [256 << 10, 512 << 10, 1 << 20][world.rng.random_range(0..3)];
     {
         let pool = create_pool(&world.disks).await;
-        let spec = stria_tier::lsv::LogSpec {
+        let spec = stria_tier::log::LogSpec {
             cache_bytes: Some(cache_bytes),
             ..small_spec("tv", SEQ_VOLUME_BYTES, small_space(SEQ_BLOCKS as u64))
         };
-        let vol = stria_tier::lsv::create(&pool, spec).await.expect("create the volume");
+        let vol = stria_tier::log::create(&pool, spec).await.expect("create the volume");
         vol.close().await;
         pool.close().await.expect("close");
     }

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 use stria_dev::{BLOCK_USIZE, IoBytes, PowerSwitch};
 use stria_tier::fuzzing::{Outcome, SEAL, Structure, decoders};
-use stria_tier::lsv;
+use stria_tier::log;
 
 use crate::common::{create_pool, drives, random_bytes, rng, small_space, small_spec};
 
@@ -30,7 +30,7 @@ async fn live_seeds() -> Vec<(String, Vec<u8>)> {
     let devs = drives(&switch, 5);
     let pool = create_pool(&devs).await;
     let blocks = 2048;
-    let vol = lsv::create(&pool, small_spec("v", blocks * 4096, small_space(blocks))).await.expect("create");
+    let vol = log::create(&pool, small_spec("v", blocks * 4096, small_space(blocks))).await.expect("create");
     let mut r = rng(5);
     for i in 0..8u64 {
         let data = random_bytes(&mut r, 96 << 10);

@@ -1,4 +1,4 @@
-//! Log-structured volumes (stria_tier::lsv): behaviour (reads see writes through destage and
+//! Log-structured volumes (stria_tier::log): behaviour (reads see writes through destage and
 //! GC, TRIM gives space back, a full segment space gives ENOSPC and loses nothing) and a seeded
 //! simulation of *sequences* of power cuts on one pool (several per seed) during host writes,
 //! destage, GC and map checkpoints, with a failed fast or capacity drive in some seeds. Half the
@@ -22,7 +22,7 @@ use rand_chacha::ChaCha8Rng;
 use stria_dev::{FaultConfig, IoBytes, PowerSwitch};
 use stria_engine::{Pool, VolumeError};
 use stria_tier::layers::LayerKind;
-use stria_tier::lsv::{self, LogParams, LogSpec, LogVolume};
+use stria_tier::log::{self, LogParams, LogSpec, LogVolume};
 
 fn small_spec(size_bytes: u64, space_bytes: u64) -> LogSpec {
     crate::common::small_spec("lv", size_bytes, space_bytes)
@@ -99,7 +99,7 @@ async fn a_full_snapshot_page_pool_grows_and_when_it_cannot_is_enospc_that_loses
     let pool = create_pool(&devs).await;
     // 1.5 MiB: 2 map pages, a pool of 68 pages; a snapshot takes a root, a directory and a
     // table page, then a copy of each map page the volume changes after it.
-    let vol = lsv::create(&pool, small_spec(384 * 4096, 12 * 124 * 4096)).await.unwrap();
+    let vol = log::create(&pool, small_spec(384 * 4096, 12 * 124 * 4096)).await.unwrap();
     let meta_bytes = pool.volume("lv.meta").unwrap().size_bytes();
     let mut rng = rng(3);
     let mut now = random_bytes(&mut rng, 384 * 4096);
@@ -170,7 +170,7 @@ async fn a_rollback_reads_as_the_snapshot_and_one_the_power_cut_is_finished_at_o
         let switch = PowerSwitch::new();
         let devs = drives(&switch, 11);
         let pool = create_pool(&devs).await;
-        let vol = lsv::create(&pool, small_spec(BLOCKS * 4096, 40 * 124 * 4096)).await.unwrap();
+        let vol = log::create(&pool, small_spec(BLOCKS * 4096, 40 * 124 * 4096)).await.unwrap();
         let mut rng = rng(11);
         let a = random_bytes(&mut rng, block(BLOCKS));
         vol.write(0, IoBytes::copy_from(&a), true).await.unwrap();
@@ -247,7 +247,7 @@ async fn a_page_pool_that_cannot_grow_refuses_clones_and_clone_writes_and_loses_
     let pool = create_pool(&devs).await;
     // 1.5 MiB: 2 map pages, a pool of 68 pages. A clone takes a root and a directory page, and
     // a table page and a copy of each map page it changes.
-    let vol = lsv::create(&pool, small_spec(384 * 4096, 12 * 124 * 4096)).await.unwrap();
+    let vol = log::create(&pool, small_spec(384 * 4096, 12 * 124 * 4096)).await.unwrap();
     let mut rng = rng(23);
     let base = random_bytes(&mut rng, 384 * 4096);
     vol.write(0, IoBytes::copy_from(&base), true).await.unwrap();
@@ -321,7 +321,7 @@ async fn clones_read_as_their_snapshot_take_writes_through_gc_and_deleting_them_
     let pool = create_pool(&devs).await;
     // 12 segments of 124 data blocks: the head and two clones overwritten many times need GC,
     // which must move blocks in every layer that holds them.
-    let vol = lsv::create(&pool, small_spec(BLOCKS * 4096, 12 * 124 * 4096)).await.unwrap();
+    let vol = log::create(&pool, small_spec(BLOCKS * 4096, 12 * 124 * 4096)).await.unwrap();
     let mut rng = rng(21);
     let a = random_bytes(&mut rng, 1 << 20);
     vol.write(0, IoBytes::copy_from(&a), true).await.unwrap();
@@ -334,7 +334,7 @@ async fn clones_read_as_their_snapshot_take_writes_through_gc_and_deleting_them_
     assert_eq!(read_layer(&vol, c1.id, BLOCKS).await, a, "a new clone reads as its snapshot");
     set_always(&vol, true, 64);
     let mut models = [a.clone(), a.clone(), a.clone()]; // head, c1, c2
-    let layers = [lsv::HEAD, c1.id, c2.id];
+    let layers = [log::HEAD, c1.id, c2.id];
     for _ in 0..300 {
         let k = rng.random_range(0..3);
         let (o, d) = random_write(&mut rng, 0, 1 << 20);
@@ -434,7 +434,7 @@ async fn overwrites_go_through_destage_and_gc_and_read_back() {
     pool.delete_volume("old").await.unwrap();
     // 1 MiB volume (256 blocks) over 12 segments of 124 data blocks: overwriting it ten times
     // needs GC many times over.
-    let vol = lsv::create(&pool, small_spec(1 << 20, 12 * 124 * 4096)).await.unwrap();
+    let vol = log::create(&pool, small_spec(1 << 20, 12 * 124 * 4096)).await.unwrap();
     assert_eq!(read_all(&vol, 256).await, vec![0u8; 1 << 20], "a new volume reads as zeros");
     set_always(&vol, true, 64);
     let mut rng = rng(7);
@@ -474,7 +474,7 @@ async fn counts_a_crash_leaves_too_high_are_repaired_before_any_write_gets_enosp
     let devs = drives(&switch, 13);
     let pool = create_pool(&devs).await;
     let spec = LogSpec { map_log_blocks: Some(4096), ..small_spec(1 << 20, small_space(256)) };
-    let vol = lsv::create(&pool, spec).await.unwrap();
+    let vol = log::create(&pool, spec).await.unwrap();
     set_always(&vol, true, 64);
     let mut rng = rng(13);
     let mut model = random_bytes(&mut rng, 1 << 20);
@@ -522,7 +522,7 @@ async fn concurrent_sector_writes_into_one_block_all_survive() {
     let switch = PowerSwitch::new();
     let devs = drives(&switch, 5);
     let pool = create_pool(&devs).await;
-    let vol = lsv::create(&pool, small_spec(1 << 20, small_space(256))).await.unwrap();
+    let vol = log::create(&pool, small_spec(1 << 20, small_space(256))).await.unwrap();
     set_always(&vol, true, 64);
     for round in 0..20u8 {
         let writes = (0..4u64).flat_map(|block| {
@@ -554,7 +554,7 @@ async fn wrong_bytes_in_the_segment_space_are_detected_by_the_map_checksum_and_n
     let switch = PowerSwitch::new();
     let devs = drives(&switch, 9);
     let pool = create_pool(&devs).await;
-    let vol = lsv::create(&pool, small_spec(1 << 20, small_space(256))).await.unwrap();
+    let vol = log::create(&pool, small_spec(1 << 20, small_space(256))).await.unwrap();
     let mut rng = rng(11);
     let data = random_bytes(&mut rng, 1 << 20);
     vol.write(0, IoBytes::copy_from(&data), false).await.unwrap();
@@ -592,7 +592,7 @@ async fn an_old_copy_of_a_fast_or_capacity_drive_is_left_out() {
         let switch = PowerSwitch::new();
         let devs = drives(&switch, 20 + victim as u64);
         let pool = create_pool(&devs).await;
-        let vol = lsv::create(&pool, small_spec(1 << 20, small_space(256))).await.unwrap();
+        let vol = log::create(&pool, small_spec(1 << 20, small_space(256))).await.unwrap();
         let size = vol.size_bytes() as usize;
         vol.write(0, IoBytes::copy_from(&vec![0xaa; size]), false).await.unwrap();
         vol.destage_all().await.unwrap();
@@ -646,8 +646,8 @@ async fn a_large_write_waiting_behind_holes_in_the_cache_gets_a_short_batch() {
     let devs = drives(&switch, 12);
     let pool = create_pool(&devs).await;
     // 64-block ring, 31-block batches; no destage unless a writer waits.
-    let vol = lsv::create(&pool, small_spec(1 << 20, small_space(256))).await.unwrap();
-    vol.set_params(stria_tier::lsv::LogParams {
+    let vol = log::create(&pool, small_spec(1 << 20, small_space(256))).await.unwrap();
+    vol.set_params(stria_tier::log::LogParams {
         always: false,
         start_percent: 100,
         stop_percent: 100,
@@ -680,7 +680,7 @@ async fn trim_gives_space_back_and_a_full_space_is_enospc_that_loses_nothing() {
     let devs = drives(&switch, 2);
     let pool = create_pool(&devs).await;
     // Over-committed: a 4 MiB volume over 8 segments of 124 blocks (3.9 MiB, 2 of them GC's).
-    let vol = lsv::create(&pool, small_spec(4 << 20, 8 * 124 * 4096)).await.unwrap();
+    let vol = log::create(&pool, small_spec(4 << 20, 8 * 124 * 4096)).await.unwrap();
     set_always(&vol, true, 64);
     let mut rng = rng(3);
     let mut model = vec![0u8; 4 << 20];
@@ -756,8 +756,8 @@ async fn segment_spaces_grow_from_the_pool_as_they_fill_and_a_full_pool_is_enosp
         ..crate::common::small_spec(name, 80 << 20, 96 << 20)
     };
     // Two volumes that may each grow to 96 MiB of space: more than the pool holds together.
-    let a = lsv::create(&pool, spec("a")).await.unwrap();
-    let b = lsv::create(&pool, spec("b")).await.unwrap();
+    let a = log::create(&pool, spec("a")).await.unwrap();
+    let b = log::create(&pool, spec("b")).await.unwrap();
     for v in [&a, &b] {
         let st = v.status();
         assert_eq!((st.segments, st.space_max_bytes), (6, (96u64 << 20).div_ceil(124 * 4096) * 124 * 4096));
@@ -829,7 +829,7 @@ async fn trimmed_space_is_compacted_and_given_back_to_the_pool_and_reads_stay_ri
         map_cache_pages: 128,
         ..small_spec(48 << 20, 64 << 20)
     };
-    let vol = lsv::create(&pool, spec).await.unwrap();
+    let vol = log::create(&pool, spec).await.unwrap();
     set_always(&vol, true, 64);
     let mut rng = rng(14);
     let mut data = random_bytes(&mut rng, 32 << 20);
@@ -943,7 +943,7 @@ impl Sim {
 /// Writer `w` owns the blocks `b % WRITERS == w`'s 8-block groups: one writer per block, so the
 /// tracker's issue order is the order the volume applies them in.
 async fn sim_writer(vol: &LogVolume<Dev>, t: &RefCell<Tracker>, seed: u64, w: usize) {
-    layer_writer(vol, lsv::HEAD, t, seed, w).await;
+    layer_writer(vol, log::HEAD, t, seed, w).await;
 }
 
 /// The volume's two writers and one per clone (`(layer, tracker)`).
@@ -965,7 +965,7 @@ async fn run_writers(
     futures::future::join_all(all).await;
 }
 
-/// [`sim_writer`] of the head ([`lsv::HEAD`]) or of a clone.
+/// [`sim_writer`] of the head ([`log::HEAD`]) or of a clone.
 async fn layer_writer(vol: &LogVolume<Dev>, layer: u16, t: &RefCell<Tracker>, seed: u64, w: usize) {
     let mut rng = rng(seed * 31 + w as u64);
     let groups = SIM_BLOCKS / 8;
@@ -992,7 +992,7 @@ async fn layer_writer(vol: &LogVolume<Dev>, layer: u16, t: &RefCell<Tracker>, se
             7 => vol.write_zeroes_to(layer, o, len, false).await,
             // A trim of whole blocks reads back as zeros; its unaligned edges stay as they were.
             8 if o % 4096 == 0 && len % 4096 == 0 => vol.trim_in(layer, o, len).await,
-            _ if layer == lsv::HEAD => vol.write(o, IoBytes::copy_from(&data), rng.random_bool(0.3)).await,
+            _ if layer == log::HEAD => vol.write(o, IoBytes::copy_from(&data), rng.random_bool(0.3)).await,
             _ => vol.write_to(layer, o, IoBytes::copy_from(&data)).await,
         };
         match r {
@@ -1196,7 +1196,7 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
             initial_segments: if shrinking { Some(28) } else { (seed % 2 == 1).then_some(segments - 1) },
             ..small_spec(SIM_BLOCKS as u64 * 4096, segments * 124 * 4096)
         };
-        let vol = lsv::create(&pool, spec).await.unwrap();
+        let vol = log::create(&pool, spec).await.unwrap();
         vol.close().await;
         pool.close().await.unwrap();
     }

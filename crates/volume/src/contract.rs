@@ -1,6 +1,6 @@
 //! The contract of a client-visible volume: what the NBD export (and any later front end) may
 //! rely on, whatever kind of volume serves it. Plain engine volumes (`stria_engine::Volume`) and
-//! tiered volumes (`stria_tier::lsv::LogVolume`) implement it; the catalog (`stria-catalog`)
+//! tiered volumes (`stria_tier::log::LogVolume`) implement it; the catalog (`stria-catalog`)
 //! hands out `Arc<dyn BlockVolume>`.
 //!
 //! The semantics are those the code has; where the two kinds differ, the contract promises the

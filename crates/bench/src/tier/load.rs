@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 pub(super) use stria_dev::BLOCK_BYTES as BLOCK;
 use stria_dev::{BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
-use stria_tier::lsv::LogVolume;
+use stria_tier::log::LogVolume;
 
 use crate::engine::hist::Histogram;
 

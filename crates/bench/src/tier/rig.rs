@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use stria_dev::counters::WRITE_SIZE_BUCKETS;
 use stria_dev::{BlockDevice, DevCountersSnapshot};
 use stria_engine::{DriveClass, NewDrive, Pool};
-use stria_tier::lsv::{LogParams, LogSpec, LogStatus, LogVolume};
+use stria_tier::log::{LogParams, LogSpec, LogStatus, LogVolume};
 use stria_tier::map::MapStats;
 
 pub(super) use crate::regions::{REGIONS, Region, RegionCounters, Tap};
@@ -129,7 +129,7 @@ impl<D: BlockDevice> Rig<D> {
             fast_tier: true,
             ..LogSpec::new("bench", shape.volume_bytes, shape.data_shards, shape.parity_shards)
         };
-        let vol = stria_tier::lsv::create(&pool, spec).await.context("creating the tiered volume")?;
+        let vol = stria_tier::log::create(&pool, spec).await.context("creating the tiered volume")?;
         // The seed's proof of concept: "the destage code is tweaked to run all the time".
         vol.set_params(LogParams { always: true, ..vol.params() });
         let housekeeping = {

@@ -34,19 +34,8 @@ pub(crate) const UNWRITTEN: u32 = 0;
 pub const DEFAULT_CSUM_CACHE_PAGES: u64 = 8192;
 
 /// The stored checksum of one 4 KiB block: its CRC32C, with 0 remapped to 1 so that 0 can mean
-/// "unwritten".
-///
-/// Computed with `crc-fast` (VPCLMULQDQ folding on CPUs with AVX-512, ~110 ns per 4 KiB block on
-/// Zen 4 against ~230 ns for the SSE4.2 `crc32c` crate; `target/release/stria-bench-engine`
-/// prints both). Every block read from a drive goes through here, so its speed is a large part
-/// of the read path.
-pub(crate) fn block_crc(block: &[u8]) -> u32 {
-    assert_eq!(block.len(), BLOCK, "a block checksum covers exactly one block");
-    match crc_fast::crc32_iscsi(block) {
-        0 => 1,
-        crc => crc,
-    }
-}
+/// "unwritten" (one function for the engine and the log volumes' maps, in stria-dev).
+pub(crate) use stria_dev::block_crc;
 
 /// What the table says about one block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

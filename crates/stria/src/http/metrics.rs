@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use stria_catalog::StatusView;
-use stria_tier::lsv::LogStatus;
+use stria_tier::log::LogStatus;
 
 use super::AppState;
 use crate::jobs::{JobState, JobView};

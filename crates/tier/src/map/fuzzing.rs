@@ -4,11 +4,12 @@
 
 use stria_dev::BLOCK_USIZE;
 
-use super::snap::{Record, decode_record, encode_preserve, encode_table_op};
-use super::{
-    ENTRIES_PER_PAGE, MapEntry, decode_header, decode_log_block, decode_owned_page, decode_page,
-    encode_header, encode_log_block, encode_page, page_crc,
+use super::format::{
+    decode_header, decode_log_block, decode_owned_page, decode_page, encode_header, encode_log_block,
+    encode_page, page_crc,
 };
+use super::snap::{Record, decode_record, encode_preserve, encode_table_op};
+use super::{ENTRIES_PER_PAGE, MapEntry};
 
 /// Seals a log header (CRC of bytes 0..16 at 16..20).
 pub fn seal_log_header(b: &mut [u8]) {

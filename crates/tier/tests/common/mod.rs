@@ -7,7 +7,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use stria_dev::{BlockDevice, FaultConfig, FaultDevice, PowerSwitch};
 use stria_engine::{DriveClass, FoundDrive, NewDrive, Pool};
-use stria_tier::lsv::{self, LogParams, LogSpec, LogVolume};
+use stria_tier::log::{self, LogParams, LogSpec, LogVolume};
 
 pub type Dev = Arc<FaultDevice>;
 pub const DRIVE_BYTES: u64 = 48 << 20;
@@ -102,7 +102,7 @@ pub async fn open_log(
     name: &str,
 ) -> Result<Arc<LogVolume<Dev>>, stria_tier::TierError> {
     let rec = pool.meta().tiered.iter().find(|t| t.name == name).cloned().expect("volume record");
-    lsv::open(pool, &rec).await
+    log::open(pool, &rec).await
 }
 
 pub fn set_always(vol: &LogVolume<Dev>, always: bool, map_cache_pages: u64) {

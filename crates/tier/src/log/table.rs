@@ -15,8 +15,8 @@ use parking_lot::Mutex;
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, IoBytes};
 
 use super::space::Space;
-use crate::log::CacheLog;
 use crate::map::CheckpointTable;
+use crate::ring::CacheRing;
 
 const MAGIC: u32 = u32::from_le_bytes(*b"SSTB");
 const VERSION: u32 = 1;
@@ -109,18 +109,29 @@ pub(crate) struct Writer {
     /// Byte offset of the region in the metadata part.
     pub at: u64,
     pub space: Arc<Mutex<Space>>,
-    pub log: Arc<CacheLog>,
+    pub ring: Arc<CacheRing>,
     pub seq: Arc<AtomicU64>,
+    /// The stamp of the last table written: a checkpoint never goes back.
+    pub last_stamp: AtomicU64,
 }
 
 impl CheckpointTable for Writer {
     fn snapshot(&self, stamp: u64) -> (u64, IoBytes) {
+        let last = self.last_stamp.fetch_max(stamp, Relaxed);
+        // Checkpoints run one at a time and their replay positions only rise: a lower stamp
+        // would be an older checkpoint's table written over a newer one's.
+        assert!(stamp >= last, "segment table: a checkpoint at replay position {stamp} after one at {last}");
         let table = Table {
             stamp,
             next_seq: self.seq.load(Relaxed),
             live: self.space.lock().live_counts(),
-            owners: self.log.owners(),
+            owners: self.ring.owners(),
         };
+        // One owner per position (the ring gives them oldest first).
+        assert!(
+            table.owners.windows(2).all(|w| w[0].0 < w[1].0),
+            "segment table: cache positions out of order or named twice"
+        );
         (self.at, IoBytes::copy_from(&table.encode()))
     }
 }

@@ -1,9 +1,14 @@
-//! The write-cache log: ever-increasing 64-bit positions over a ring of cache blocks.
+//! The write cache ring: ever-increasing 64-bit positions over a ring of cache blocks.
 //!
 //! A position is *reserved* while its data is being written, *live* while a map entry points to
 //! it, and free otherwise. The tail advances over free positions only, so a reserved or live
 //! block is never reused; the head never passes the tail by more than the ring size. Writers that
 //! find the ring full wait (back-pressure) and wake the mover.
+//!
+//! Asserted: a position is claimed only while reserved, freed only while reserved or live and
+//! only in the ring's current turn, and freed as a block's old place only while it holds that
+//! block ([`CacheRing::release_owned`]); two blocks never hold one position; the live count
+//! stays within the positions between tail and head.
 
 use parking_lot::Mutex;
 use tokio::sync::Notify;
@@ -51,14 +56,14 @@ impl State {
     /// slot may belong to another position, and a claim or release would hit that one.
     /// `message(tail, head)` says what the caller was doing, for the panic.
     fn slot_in_turn(&mut self, pos: u64, ring: u64, message: impl FnOnce(u64, u64) -> String) -> &mut Slot {
-        assert!(pos >= self.tail && pos < self.head, "cache log: {}", message(self.tail, self.head));
+        assert!(pos >= self.tail && pos < self.head, "cache ring: {}", message(self.tail, self.head));
         &mut self.slots[(pos % ring) as usize]
     }
 }
 
-/// The cache log of one volume.
+/// The write cache ring of one volume.
 #[derive(Debug)]
-pub(crate) struct CacheLog {
+pub(crate) struct CacheRing {
     ring: u64,
     state: Mutex<State>,
     space: Notify,
@@ -66,11 +71,11 @@ pub(crate) struct CacheLog {
     pub(crate) hungry: Notify,
 }
 
-impl CacheLog {
+impl CacheRing {
     /// An empty log of `ring` blocks.
-    pub(crate) fn new(ring: u64) -> CacheLog {
+    pub(crate) fn new(ring: u64) -> CacheRing {
         assert!(ring > 0);
-        CacheLog {
+        CacheRing {
             ring,
             state: Mutex::new(State {
                 head: 0,
@@ -88,14 +93,14 @@ impl CacheLog {
 
     /// A log holding the live positions `live` (position, owner), found at open; `describe`
     /// names an owner for the message if two claim one position.
-    pub(crate) fn with_owners(ring: u64, live: &[(u64, u64)], describe: impl Fn(u64) -> String) -> CacheLog {
+    pub(crate) fn with_owners(ring: u64, live: &[(u64, u64)], describe: impl Fn(u64) -> String) -> CacheRing {
         Self::rebuilt(ring, live, describe, Slot::Live)
     }
 
     /// A log holding the positions `owners` (position, owner) of a persisted table and of the
     /// replayed map deltas, as [`Slot::Restored`] ones. Positions a whole ring or more behind
     /// the newest were free when the newest was reserved, and are dropped.
-    pub(crate) fn restored(ring: u64, owners: &[(u64, u64)], describe: impl Fn(u64) -> String) -> CacheLog {
+    pub(crate) fn restored(ring: u64, owners: &[(u64, u64)], describe: impl Fn(u64) -> String) -> CacheRing {
         let newest = owners.iter().map(|o| o.0).max().unwrap_or(0);
         let mut kept: Vec<(u64, u64)> = owners.iter().copied().filter(|o| o.0 + ring > newest).collect();
         kept.sort_unstable();
@@ -108,10 +113,10 @@ impl CacheLog {
         live: &[(u64, u64)],
         describe: impl Fn(u64) -> String,
         slot_of: fn(u64) -> Slot,
-    ) -> CacheLog {
-        let log = CacheLog::new(ring);
+    ) -> CacheRing {
+        let cache = CacheRing::new(ring);
         {
-            let mut s = log.state.lock();
+            let mut s = cache.state.lock();
             if let (Some(min), Some(max)) = (live.iter().map(|l| l.0).min(), live.iter().map(|l| l.0).max()) {
                 assert!(max - min < ring, "live positions span more than the ring");
                 s.tail = min;
@@ -122,7 +127,7 @@ impl CacheLog {
                     assert_eq!(
                         *slot,
                         Slot::Free,
-                        "cache log: position {pos} claimed by {} and by another block",
+                        "cache ring: position {pos} claimed by {} and by another block",
                         describe(owner)
                     );
                     *slot = slot_of(owner);
@@ -130,7 +135,7 @@ impl CacheLog {
                 s.live = live.len() as u64;
             }
         }
-        log
+        cache
     }
 
     /// Blocks in the ring.
@@ -208,23 +213,52 @@ impl CacheLog {
         let slot = s.slot_in_turn(pos, self.ring, |tail, head| {
             format!("claiming {pos} outside [{tail}, {head}) for block {block}")
         });
-        assert_eq!(*slot, Slot::Reserved, "cache log: claiming position {pos} that is not reserved");
+        assert_eq!(*slot, Slot::Reserved, "cache ring: claiming position {pos} that is not reserved");
         *slot = Slot::Live(block);
         s.live += 1;
+        assert!(
+            s.live <= s.head - s.tail,
+            "cache ring: {} live positions between tail and head {}",
+            s.live,
+            s.head - s.tail
+        );
     }
 
     /// Frees positions (no durable map entry points to them any more) and advances the tail.
     pub(crate) fn release(&self, positions: impl IntoIterator<Item = u64>) {
+        self.release_checked(positions.into_iter().map(|pos| (pos, None)));
+    }
+
+    /// Frees positions that blocks moved away from (`(position, block)`: the map entry of
+    /// `block` pointed at `position` until an update that is durable now): each must still
+    /// hold that block, or a position would be freed under another block's data.
+    pub(crate) fn release_owned(&self, positions: &[(u64, u64)]) {
+        self.release_checked(positions.iter().map(|&(pos, block)| (pos, Some(block))));
+    }
+
+    /// [`Self::release`], each position checked against the block it should hold (if given).
+    fn release_checked(&self, positions: impl IntoIterator<Item = (u64, Option<u64>)>) {
         let mut s = self.state.lock();
         let mut any = false;
-        for pos in positions {
+        for (pos, block) in positions {
             let slot = s.slot_in_turn(pos, self.ring, |tail, head| {
                 format!("releasing {pos} outside [{tail}, {head})")
             });
             // A position released twice could be handed out while a map entry still points to it.
-            assert_ne!(*slot, Slot::Free, "cache log: position {pos} released twice");
+            assert_ne!(*slot, Slot::Free, "cache ring: position {pos} released twice");
+            if let Some(block) = block {
+                assert_eq!(
+                    slot.owner(),
+                    Some(block),
+                    "cache ring: freeing position {pos} as block {block}'s old place, but it holds {slot:?}"
+                );
+            }
             let was_live = slot.owner().is_some();
             *slot = Slot::Free;
+            assert!(
+                s.live >= u64::from(was_live),
+                "cache ring: releasing live position {pos} with none counted live"
+            );
             s.live -= u64::from(was_live);
             any = true;
         }
@@ -286,119 +320,130 @@ mod tests {
 
     #[tokio::test]
     async fn tail_waits_for_live_and_reserved_positions() {
-        let log = CacheLog::new(8);
-        let a = log.reserve(3).await.unwrap();
-        let b = log.reserve(3).await.unwrap();
+        let cache = CacheRing::new(8);
+        let a = cache.reserve(3).await.unwrap();
+        let b = cache.reserve(3).await.unwrap();
         assert_eq!((a, b), (0, 3));
         for i in 0..3 {
-            log.claim_block(a + i, 10 + i);
+            cache.claim_block(a + i, 10 + i);
         }
         // b stays reserved (its write is in flight); freeing a advances the tail to b only.
-        log.release([0, 1, 2]);
-        assert_eq!(log.used(), 3);
+        cache.release([0, 1, 2]);
+        assert_eq!(cache.used(), 3);
         for i in 0..3 {
-            log.claim_block(b + i, 20 + i);
+            cache.claim_block(b + i, 20 + i);
         }
-        assert_eq!(log.oldest_live(2), vec![(3, 20), (4, 21)]);
-        log.release([4]);
-        assert_eq!(log.used(), 3, "a hole in the middle does not move the tail");
-        log.release([3, 5]);
-        assert_eq!(log.used(), 0);
+        assert_eq!(cache.oldest_live(2), vec![(3, 20), (4, 21)]);
+        cache.release([4]);
+        assert_eq!(cache.used(), 3, "a hole in the middle does not move the tail");
+        cache.release([3, 5]);
+        assert_eq!(cache.used(), 0);
     }
 
     #[tokio::test]
     async fn a_full_ring_makes_writers_wait_until_space_is_freed() {
-        let log = std::sync::Arc::new(CacheLog::new(4));
-        let first = log.reserve(4).await.unwrap();
+        let cache = std::sync::Arc::new(CacheRing::new(4));
+        let first = cache.reserve(4).await.unwrap();
         let waiter = {
-            let log = log.clone();
-            tokio::spawn(async move { log.reserve(2).await })
+            let cache = cache.clone();
+            tokio::spawn(async move { cache.reserve(2).await })
         };
         tokio::task::yield_now().await;
-        assert_eq!(log.waiting(), 1);
+        assert_eq!(cache.waiting(), 1);
         assert!(!waiter.is_finished());
-        log.release([first, first + 1]);
+        cache.release([first, first + 1]);
         assert_eq!(waiter.await.unwrap(), Ok(4), "positions keep increasing across the wrap");
         // The ring is full again; with destage failing, a writer that would wait gets the reason.
-        assert_eq!(log.used(), 4);
-        log.fail_waiters("drives gone".into());
-        assert_eq!(log.reserve(1).await, Err("drives gone".into()));
+        assert_eq!(cache.used(), 4);
+        cache.fail_waiters("drives gone".into());
+        assert_eq!(cache.reserve(1).await, Err("drives gone".into()));
     }
 
     #[tokio::test]
     #[should_panic(expected = "position 1 released twice")]
     async fn releasing_a_free_position_is_a_bug() {
-        let log = CacheLog::new(8);
-        log.reserve(2).await.unwrap();
-        log.release([1]);
-        log.release([1]);
+        let cache = CacheRing::new(8);
+        cache.reserve(2).await.unwrap();
+        cache.release([1]);
+        cache.release([1]);
     }
 
     #[tokio::test]
     #[should_panic(expected = "releasing 0 outside [2, 2)")]
     async fn releasing_a_position_the_tail_passed_is_a_bug() {
-        let log = CacheLog::new(8);
-        log.reserve(2).await.unwrap();
-        log.release([0, 1]);
-        log.release([0]);
+        let cache = CacheRing::new(8);
+        cache.reserve(2).await.unwrap();
+        cache.release([0, 1]);
+        cache.release([0]);
     }
 
     #[tokio::test]
     async fn a_shut_log_stays_shut_when_destage_works_again() {
-        let log = std::sync::Arc::new(CacheLog::new(4));
-        log.reserve(4).await.unwrap();
+        let cache = std::sync::Arc::new(CacheRing::new(4));
+        cache.reserve(4).await.unwrap();
         let waiter = {
-            let log = log.clone();
-            tokio::spawn(async move { log.reserve(2).await })
+            let cache = cache.clone();
+            tokio::spawn(async move { cache.reserve(2).await })
         };
         tokio::task::yield_now().await;
-        assert_eq!(log.waiting(), 1);
-        log.shut("volume closed".into());
+        assert_eq!(cache.waiting(), 1);
+        cache.shut("volume closed".into());
         // A destage batch that was running at the close finishes well: the close still holds.
-        log.clear_failure();
+        cache.clear_failure();
         assert_eq!(waiter.await.unwrap(), Err("volume closed".into()));
-        log.release([0, 1]);
-        assert_eq!(log.reserve(1).await, Err("volume closed".into()), "even with space");
+        cache.release([0, 1]);
+        assert_eq!(cache.reserve(1).await, Err("volume closed".into()), "even with space");
     }
 
     #[tokio::test]
     #[should_panic(expected = "claiming 0 outside [8, 10)")]
     async fn claiming_a_position_of_an_earlier_turn_of_the_ring_is_a_bug() {
-        let log = CacheLog::new(8);
-        let first = log.reserve(8).await.unwrap();
-        log.release(first..first + 8);
+        let cache = CacheRing::new(8);
+        let first = cache.reserve(8).await.unwrap();
+        cache.release(first..first + 8);
         // Position 8 uses the slot of position 0, and is reserved now.
-        assert_eq!(log.reserve(2).await.unwrap(), 8);
-        log.claim_block(0, 1);
+        assert_eq!(cache.reserve(2).await.unwrap(), 8);
+        cache.claim_block(0, 1);
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "freeing position 1 as block 9's old place, but it holds Live(8)")]
+    async fn freeing_a_position_another_block_holds_is_a_bug() {
+        let cache = CacheRing::new(8);
+        cache.reserve(2).await.unwrap();
+        cache.claim_block(0, 7);
+        cache.claim_block(1, 8);
+        cache.release_owned(&[(0, 7)]);
+        cache.release_owned(&[(1, 9)]);
     }
 
     #[test]
     #[should_panic(expected = "position 100 claimed by block 7 and by another block")]
     fn a_position_two_map_entries_claim_is_a_bug() {
-        CacheLog::with_owners(16, &[(100, 3), (100, 7)], |b| format!("block {b}"));
+        CacheRing::with_owners(16, &[(100, 3), (100, 7)], |b| format!("block {b}"));
     }
 
     #[test]
     fn restored_positions_are_freed_only_when_found_stale() {
         // 3 is a whole ring behind the newest position (40): free when 40 was reserved.
-        let log =
-            CacheLog::restored(16, &[(30, 1), (3, 2), (35, 4), (40, 5), (35, 4)], |b| format!("block {b}"));
-        assert_eq!(log.owners(), vec![(30, 1), (35, 4), (40, 5)]);
-        assert_eq!(log.live(), 3);
-        log.release_if_restored(30, 9);
-        assert_eq!(log.live(), 3, "another block's position stays");
-        log.release_if_restored(30, 1);
-        assert_eq!((log.live(), log.used()), (2, 6), "the tail moves past the freed position");
-        log.release([35]);
-        assert_eq!(log.owners(), vec![(40, 5)]);
+        let cache =
+            CacheRing::restored(16, &[(30, 1), (3, 2), (35, 4), (40, 5), (35, 4)], |b| format!("block {b}"));
+        assert_eq!(cache.owners(), vec![(30, 1), (35, 4), (40, 5)]);
+        assert_eq!(cache.live(), 3);
+        cache.release_if_restored(30, 9);
+        assert_eq!(cache.live(), 3, "another block's position stays");
+        cache.release_if_restored(30, 1);
+        assert_eq!((cache.live(), cache.used()), (2, 6), "the tail moves past the freed position");
+        cache.release([35]);
+        assert_eq!(cache.owners(), vec![(40, 5)]);
     }
 
     #[test]
     fn live_positions_rebuild_the_log() {
-        let log = CacheLog::with_owners(16, &[(100, 3), (103, 7)], |b| format!("block {b}"));
-        assert_eq!(log.used(), 4);
-        assert_eq!(log.live(), 2);
-        assert_eq!(log.oldest_live(8), vec![(100, 3), (103, 7)]);
-        assert_eq!(log.block_of(103), 7);
+        let cache = CacheRing::with_owners(16, &[(100, 3), (103, 7)], |b| format!("block {b}"));
+        assert_eq!(cache.used(), 4);
+        assert_eq!(cache.live(), 2);
+        assert_eq!(cache.oldest_live(8), vec![(100, 3), (103, 7)]);
+        assert_eq!(cache.block_of(103), 7);
     }
 }

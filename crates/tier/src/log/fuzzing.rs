@@ -1,10 +1,11 @@
-//! The volume header and the segment table (private to `lsv`) for [`crate::fuzzing`], and the
+//! The volume header and the segment table (private to `log`) for [`crate::fuzzing`], and the
 //! structures of a live volume read back from its parts, as seeds.
 
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice};
 
+use super::LogVolume;
+use super::header::{Header, header_crc};
 use super::table::Table;
-use super::{Header, LogVolume, header_crc};
 use crate::fuzzing::Structure;
 use crate::layers::{IndexLevel, LAYER_TABLE_BLOCKS};
 

@@ -6,6 +6,14 @@
 //!   *after* the update that replaced such an entry is durable, so it never undercounts.
 //! * A sealed segment whose count reaches 0 is free: no durable or in-flight map entry points
 //!   into it. Open segments are never freed (their batches are being handed out).
+//!
+//! Asserted (a broken rule stops the process before a batch lands where live data is): a
+//! count never goes below 0, nor above the slots handed out in a segment opened since the
+//! volume was opened (a count from a persisted table may be an overcount, never an
+//! undercount); a free segment has no live block and is opened only when free, and only open
+//! segments are sealed; the free count is the number of free segments; the host stream never
+//! takes GC's reserve. The whole table is checked after every change in debug builds (the
+//! tests and simulations), the part a change touches in every build.
 
 use stria_dev::BLOCK_USIZE;
 
@@ -213,7 +221,67 @@ impl Space {
             .collect();
         let free = segs.iter().filter(|s| s.state == SegState::Free).count() as u64;
         let written_slots = (segments - free) * geo.segment_data();
-        Space { geo, segs, free, open: [None, None], reserve, written_slots, uses: 0 }
+        let space = Space { geo, segs, free, open: [None, None], reserve, written_slots, uses: 0 };
+        space.check();
+        space
+    }
+
+    /// Checks the whole table: the free count is the number of free segments, a free segment
+    /// holds no live block, each stream's open segment is open (and the two differ), and a
+    /// segment opened since the volume was opened counts no more live blocks than its slots.
+    /// O(segments): every change calls it in debug builds ([`Self::checked`]); rare changes
+    /// (growth, shrinking, recounts) in every build.
+    pub fn check(&self) {
+        let free = self.segs.iter().filter(|s| s.state == SegState::Free).count() as u64;
+        assert_eq!(
+            free, self.free,
+            "segment table: {free} segments are free, the free count says {}",
+            self.free
+        );
+        assert!(
+            self.segs.len() as u64 <= self.geo.segments,
+            "segment table: {} segments, more than the {} the space may grow to",
+            self.segs.len(),
+            self.geo.segments
+        );
+        for (i, s) in self.segs.iter().enumerate() {
+            assert!(
+                s.state != SegState::Free || s.live == 0,
+                "segment table: free segment {i} counts {} live blocks (a segment reused while a map entry points into it)",
+                s.live
+            );
+            assert!(
+                s.opened == 0 || s.live <= self.geo.segment_data(),
+                "segment table: segment {i} counts {} live blocks in {} slots (a place counted twice)",
+                s.live,
+                self.geo.segment_data()
+            );
+            assert!(
+                s.opened <= self.uses,
+                "segment table: segment {i} has use {}, past the last given ({})",
+                s.opened,
+                self.uses
+            );
+        }
+        for (k, open) in self.open.iter().enumerate() {
+            if let Some((seg, next)) = *open {
+                assert!(
+                    self.segs.get(seg).is_some_and(|s| s.state == SegState::Open)
+                        && next < self.geo.segment_batches,
+                    "segment table: stream {k}'s open segment {seg} (next batch {next}) is not an open segment with that batch"
+                );
+            }
+        }
+        if let [Some((a, _)), Some((b, _))] = self.open {
+            assert_ne!(a, b, "segment table: the host and GC streams write into one segment ({a})");
+        }
+    }
+
+    /// [`Self::check`] in debug builds.
+    fn checked(&self) {
+        if cfg!(debug_assertions) {
+            self.check();
+        }
     }
 
     /// Segments that exist.
@@ -227,6 +295,7 @@ impl Space {
         let free = Seg { state: SegState::Free, live: 0, opened: 0 };
         self.segs.resize(self.segs.len() + n as usize, free);
         self.free += n;
+        self.check();
     }
 
     /// Whether the space should grow rather than collect garbage: it can, and its live blocks
@@ -278,8 +347,14 @@ impl Space {
     pub fn give_back(&mut self, n: u64) {
         let keep = self.segs.len() - n as usize;
         assert!(self.segs[keep..].iter().all(|s| s.state == SegState::Free), "giving back a used segment");
+        assert!(
+            keep as u64 >= self.floor(),
+            "giving back {n} segments leaves {keep}, fewer than the {} a space keeps",
+            self.floor()
+        );
         self.segs.truncate(keep);
         self.free -= n;
+        self.check();
     }
 
     /// Where compaction moves the tail to: `Some(target)` when the live data would fit in a
@@ -312,6 +387,7 @@ impl Space {
                 self.seal(seg);
             }
         }
+        self.checked();
     }
 
     /// Compaction's victim (not in `skip`): while GC's survivors land before `target` (its open
@@ -362,14 +438,37 @@ impl Space {
                     return None;
                 }
                 let seg = self.segs.iter().position(|s| s.state == SegState::Free).expect("free counted");
+                assert_eq!(self.segs[seg].live, 0, "segment {seg} opened while it counts live blocks");
                 self.uses += 1;
                 self.segs[seg].state = SegState::Open;
                 self.segs[seg].opened = self.uses;
                 self.free -= 1;
+                assert!(
+                    stream == Stream::Gc || self.free >= self.reserve,
+                    "the host stream took GC's reserve: {} free segments, {} reserved",
+                    self.free,
+                    self.reserve
+                );
                 (seg, 0)
             }
         };
+        // A batch handed out twice would put two blocks in one slot.
+        assert!(
+            self.segs[seg].state == SegState::Open && batch < self.geo.segment_batches,
+            "segment {seg}: batch {batch} handed out from a segment that is not open at it"
+        );
+        assert!(
+            live <= self.geo.batch_data(),
+            "{live} blocks counted in a batch of {} slots",
+            self.geo.batch_data()
+        );
         self.segs[seg].live += live;
+        assert!(
+            self.segs[seg].live <= (batch + 1) * self.geo.batch_data(),
+            "segment {seg}: {} live blocks in the {} slots handed out (a place counted twice)",
+            self.segs[seg].live,
+            (batch + 1) * self.geo.batch_data()
+        );
         self.written_slots += self.geo.batch_data();
         if batch + 1 == self.geo.segment_batches {
             self.open[i] = None;
@@ -377,10 +476,12 @@ impl Space {
         } else {
             self.open[i] = Some((seg, batch + 1));
         }
+        self.checked();
         Some((seg, batch))
     }
 
     fn seal(&mut self, seg: usize) {
+        assert_eq!(self.segs[seg].state, SegState::Open, "segment {seg}: sealing a segment that is not open");
         self.segs[seg].state = SegState::Sealed;
         self.free_if_empty(seg);
     }
@@ -397,10 +498,21 @@ impl Space {
     /// `n` blocks of `seg` stopped being live (the updates that moved them away are durable, or
     /// a planned move into it did not happen).
     pub fn lower(&mut self, seg: usize, n: u64) {
-        let s = &mut self.segs[seg];
-        assert!(s.live >= n, "segment {seg}: lowering its live count {} by {n}", s.live);
+        let segments = self.segs.len();
+        let Some(s) = self.segs.get_mut(seg) else {
+            panic!("segment {seg}: lowering its live count by {n}, but the space has {segments} segments");
+        };
+        // Below 0: a place freed that was never counted, or freed twice; the segment would be
+        // reused while a map entry points into it.
+        assert!(
+            s.state != SegState::Free && s.live >= n,
+            "segment {seg} ({:?}): lowering its live count {} by {n}",
+            s.state,
+            s.live
+        );
         s.live -= n;
         self.free_if_empty(seg);
+        self.checked();
     }
 
     /// The GC victim: the sealed segment with the fewest live blocks, among those with at least
@@ -449,6 +561,7 @@ impl Space {
         let n = s.live;
         s.live = 0;
         self.free_if_empty(seg);
+        self.checked();
         n
     }
 
@@ -468,6 +581,7 @@ impl Space {
             s.live = l;
             self.free_if_empty(seg);
         }
+        self.check();
     }
 
     /// The live count of every segment the space may grow to (for the persisted table).

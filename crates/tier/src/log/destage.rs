@@ -1,0 +1,246 @@
+//! Destage: the oldest cached blocks, any logical addresses, appended as one batch (whole
+//! stripes and their summary) to the host stream's open segment; and the batch write GC shares:
+//! data and summary durable, then conditional map updates ("still where I read it"), then the
+//! places the moves left freed.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
+use stria_engine::VolumeError;
+
+use super::LogVolume;
+use super::space::{Stream, SummaryEntry, encode_summary};
+use crate::map::{MapEntry, Place, Update};
+use stria_dev::block_crc;
+
+/// A block on its way to a new place: where it is, its map entry there, its data.
+pub(crate) struct Move {
+    pub(super) block: u64,
+    pub(super) from: Place,
+    pub(super) entry: MapEntry,
+    pub(super) data: IoBytes,
+}
+
+impl<D: BlockDevice> LogVolume<D> {
+    /// Destages up to one batch of the oldest cached blocks; `pad` writes a short batch too
+    /// (otherwise only full ones). Returns whether it wrote anything.
+    pub(crate) async fn destage_batch(&self, pad: bool) -> Result<bool, VolumeError> {
+        self.check_writable(0, self.size_bytes)?;
+        let want = self.geo.batch_data() as usize;
+        let mut moves: Vec<Move> = Vec::with_capacity(want);
+        let mut scanned = 0;
+        let mut stale = Vec::new();
+        // Positions whose block has moved on (a newer write, being freed) are skipped.
+        while moves.len() < want {
+            let oldest = self.ring.oldest_live(scanned + want);
+            if oldest.len() <= scanned {
+                break;
+            }
+            // Entries of as many positions as could still fill the batch, read together.
+            let chunk = &oldest[scanned..scanned + (want - moves.len()).min(oldest.len() - scanned)];
+            // The head, or a snapshot that kept the block, may hold the position.
+            let asked: Vec<(u64, Place)> =
+                chunk.iter().map(|&(pos, block)| (block, Place::Cache(pos))).collect();
+            let held = self.map.holding(&asked).await.map_err(|e| super::map_error(&self.name, e))?;
+            for (&(pos, block), e) in chunk.iter().zip(held) {
+                if let Some(e) = e {
+                    moves.push(Move { block, from: e.place, entry: e, data: IoBytes::zeroed(0) });
+                } else if self.ring.is_restored(pos, block) {
+                    stale.push((pos, block));
+                }
+            }
+            scanned += chunk.len();
+        }
+        if !stale.is_empty() {
+            self.release_stale(stale).await?;
+        }
+        if moves.is_empty() || (moves.len() < want && !pad) {
+            return Ok(false);
+        }
+        self.read_cached(&mut moves).await?;
+        if moves.is_empty() {
+            return Ok(false);
+        }
+        let written = self.write_batch(super::space::Stream::Host, moves).await?;
+        self.counters.destage_batches.fetch_add(1, Relaxed);
+        self.counters.destaged_blocks.fetch_add(written, Relaxed);
+        Ok(true)
+    }
+
+    /// Frees restored cache positions (claims of a persisted table) whose block's map entry
+    /// points elsewhere. A writer that replaced such an entry may not have freed the position
+    /// yet: with every writer out of the map-update-to-free window, what still points elsewhere
+    /// is stale (no later update can make a block point at an old position).
+    pub(super) async fn release_stale(&self, stale: Vec<(u64, u64)>) -> Result<(), VolumeError> {
+        let _settled = self.gates.settle.write().await;
+        for (pos, block) in stale {
+            let held = self
+                .map
+                .holding(&[(block, Place::Cache(pos))])
+                .await
+                .map_err(|e| super::map_error(&self.name, e))?;
+            if held[0].is_none() {
+                self.ring.release_if_restored(pos, block);
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the cached blocks of `moves` (contiguous positions in one read) and drops the ones
+    /// whose entry changed meanwhile.
+    pub(super) async fn read_cached(&self, moves: &mut Vec<Move>) -> Result<(), VolumeError> {
+        let ring = self.ring.ring_blocks();
+        let mut i = 0;
+        while i < moves.len() {
+            let Place::Cache(p0) = moves[i].from else { unreachable!("destage moves cached blocks") };
+            let mut n = 1;
+            while i + n < moves.len()
+                && moves[i + n].from == Place::Cache(p0 + n as u64)
+                && !(p0 + n as u64).is_multiple_of(ring)
+            {
+                n += 1;
+            }
+            let buf =
+                self.parts.cache.read(self.ring.block_of(p0) * BLOCK_BYTES, n * BLOCK_USIZE).await?.freeze();
+            for (k, m) in moves[i..i + n].iter_mut().enumerate() {
+                m.data = buf.slice(k * BLOCK_USIZE..(k + 1) * BLOCK_USIZE);
+            }
+            i += n;
+        }
+        let mut kept = Vec::with_capacity(moves.len());
+        for m in moves.drain(..) {
+            if block_crc(&m.data) == m.entry.crc {
+                kept.push(m);
+                continue;
+            }
+            let held =
+                self.map.holding(&[(m.block, m.from)]).await.map_err(|e| super::map_error(&self.name, e))?;
+            if held[0].is_some() {
+                return Err(self.unrecoverable(
+                    m.block,
+                    "a cached block does not match its checksum in the map (both cache copies bad?)",
+                ));
+            }
+        }
+        *moves = kept;
+        Ok(())
+    }
+
+    /// Writes `moves` (at most one batch) with their summary as the next batch of `stream`'s
+    /// segment, then moves their map entries there (each only if the block is still where it
+    /// was read), then frees the places the moves left. Returns the blocks moved.
+    pub(super) async fn write_batch(&self, stream: Stream, moves: Vec<Move>) -> Result<u64, VolumeError> {
+        let geo = self.geo;
+        let data_slots = geo.batch_data() as usize;
+        assert!(moves.len() <= data_slots && !moves.is_empty());
+        self.check_moves(stream, &moves);
+        let mut taken = self.space.lock().take_batch(stream, moves.len() as u64);
+        if taken.is_none() && stream == Stream::Host && self.space.counts_suspect.load(Relaxed) {
+            self.recount().await?;
+            taken = self.space.lock().take_batch(stream, moves.len() as u64);
+        }
+        if taken.is_none() && stream == Stream::Host && self.grow_space().await {
+            taken = self.space.lock().take_batch(stream, moves.len() as u64);
+        }
+        let Some((seg, batch)) = taken else {
+            let c = self.space_counts();
+            let size =
+                |segments: u64| stria_engine::units::format_size(segments * geo.segment_data() * BLOCK_BYTES);
+            let limit = if c.segments >= c.max_segments {
+                format!("it is at its most ({}, --space)", size(c.max_segments))
+            } else {
+                match &*self.space.growth_failed.lock() {
+                    Some((why, _)) => format!("it cannot grow ({why})"),
+                    None => "it could not grow".to_string(),
+                }
+            };
+            let why = format!(
+                "the segment space is full: {} of {} segments free, {} reserved for GC, {} of garbage to collect; \
+                 {limit}; TRIM or delete data to free space",
+                c.free_segments,
+                c.segments,
+                c.reserve_segments,
+                stria_engine::units::format_size(c.garbage_blocks * BLOCK_BYTES),
+            );
+            self.space.no_space.lock().get_or_insert(why.clone());
+            return Err(VolumeError::NoSpace {
+                volume: self.name.clone(),
+                offset_bytes: 0,
+                len_bytes: 0,
+                why: format!("destage: {why}"),
+            });
+        };
+        if stream == Stream::Host {
+            *self.space.no_space.lock() = None;
+        }
+        let base = geo.batch_addr(seg, batch);
+        let mut buf = IoBuf::zeroed((geo.batch_blocks() * BLOCK_BYTES) as usize);
+        let mut summary = Vec::with_capacity(moves.len());
+        for (i, m) in moves.iter().enumerate() {
+            buf[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE].copy_from_slice(&m.data);
+            summary.push(SummaryEntry { block: m.block, seq: m.entry.seq, crc: m.entry.crc });
+        }
+        let batch_seq = self.seq.fetch_add(1, Relaxed);
+        encode_summary(batch_seq, &summary, &mut buf[data_slots * BLOCK_USIZE..]);
+        self.counters.padded_slots.fetch_add((data_slots - moves.len()) as u64, Relaxed);
+        if let Err(e) = self.parts.seg.write(base * BLOCK_BYTES, buf.freeze(), true).await {
+            self.space.lock().lower(seg, moves.len() as u64);
+            return Err(e);
+        }
+        let updates: Vec<Update> = moves
+            .iter()
+            .enumerate()
+            .map(|(i, m)| Update {
+                block: m.block,
+                entry: MapEntry { place: Place::Segment(base + i as u64), ..m.entry },
+                expect: Some(m.from),
+            })
+            .collect();
+        let olds = self.update_map(&updates).await?;
+        let lost = olds.iter().filter(|o| o.is_none()).count() as u64;
+        if lost > 0 {
+            self.counters.moves_lost.fetch_add(lost, Relaxed);
+            self.space.lock().lower(seg, lost);
+        }
+        self.free_places(moves.iter().zip(olds).filter_map(|(m, o)| o.map(|o| (m.block, o))));
+        Ok(moves.len() as u64 - lost)
+    }
+
+    /// What a batch carries, checked before it is written: destage moves cached blocks and GC
+    /// segment blocks, each place once, each with the data its entry's checksum names (both
+    /// verified the data when they read it; the data cannot change since, so the checksums are
+    /// computed again only in debug builds).
+    fn check_moves(&self, stream: Stream, moves: &[Move]) {
+        let mut places = std::collections::HashSet::with_capacity(moves.len());
+        for m in moves {
+            assert!(
+                matches!((stream, m.from), (Stream::Host, Place::Cache(_)) | (Stream::Gc, Place::Segment(_))),
+                "volume {}: the {stream:?} stream moves block {} from {:?}",
+                self.name,
+                m.block,
+                m.from
+            );
+            assert!(
+                m.entry.place == m.from && m.data.len() == BLOCK_USIZE,
+                "volume {}: block {}'s move from {:?} carries entry {:?} and {} bytes",
+                self.name,
+                m.block,
+                m.from,
+                m.entry,
+                m.data.len()
+            );
+            // One block may move twice (from the head's place and from an older one a snapshot
+            // holds), one place never: it was read twice.
+            assert!(places.insert(m.from), "volume {}: {:?} moved twice in one batch", self.name, m.from);
+            if cfg!(debug_assertions) {
+                assert_eq!(
+                    block_crc(&m.data),
+                    m.entry.crc,
+                    "volume {}: block {}'s data does not match its checksum before the batch write",
+                    self.name,
+                    m.block
+                );
+            }
+        }
+    }
+}

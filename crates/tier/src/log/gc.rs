@@ -1,0 +1,250 @@
+//! GC: the live blocks of a victim segment (the emptiest with garbage, or compaction's tail)
+//! read batch by batch through its summaries, carried, and written as whole batches of the GC
+//! stream; overcounts a persisted table left are forgotten on drained victims, or recounted.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice};
+use stria_engine::VolumeError;
+
+use super::LogVolume;
+use super::destage::Move;
+use super::space::{SegState, Stream, SummaryEntry, decode_summary};
+use crate::map::Place;
+use stria_dev::block_crc;
+
+/// How GC picks its next victim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pick {
+    /// The emptiest sealed segment with at least a batch of garbage.
+    Garbage,
+    /// Space is critical: the emptiest with any garbage.
+    Critical,
+    /// Compaction towards the given target ([`super::space::Space::compaction_victim`]).
+    Compact(usize),
+}
+
+/// GC's progress through its victim, and blocks read but not yet written.
+#[derive(Default)]
+pub(crate) struct Gc {
+    victim: Option<(usize, u64)>,
+    /// The victim's use (see [`super::space::Space::opened`]) and whether every summary read
+    /// from it so far was valid.
+    victim_use: u64,
+    victim_clean: bool,
+    /// Victims read to their end with every summary valid, until their moves are resolved:
+    /// then no map entry points into them, and a count left is an overcount to forget.
+    drained: Vec<(usize, u64)>,
+    /// Victims read to their end that could not be forgotten (a summary was not valid): with
+    /// counts that may be too high, not chosen again until they are freed or the counts are
+    /// rebuilt, or GC would read them over and over while destage starves.
+    fruitless: std::collections::HashSet<usize>,
+    carry: Vec<Move>,
+    /// Sealed segments with a batch that could not be read: not chosen again while sealed (a
+    /// batch never written in this volume's life may hold an old volume's rows, which a
+    /// degraded read cannot reconstruct; its live blocks, if any, stay readable one by one).
+    unreadable: std::collections::HashSet<usize>,
+    /// When a shrink last failed (tried again after [`RESIZE_RETRY`]).
+    pub(super) shrink_failed: Option<std::time::Instant>,
+}
+
+impl<D: BlockDevice> LogVolume<D> {
+    /// One step of GC: write a full batch of carried blocks, or read the next batch of the
+    /// victim (chosen by `pick`). Blocks left over when no victim is left are written as a
+    /// short batch only when space is critical or compaction is emptying the tail (padding
+    /// makes garbage). Returns whether it did anything.
+    pub(crate) async fn gc_step(&self, gc: &mut Gc, pick: Pick) -> Result<bool, VolumeError> {
+        self.check_writable(0, self.size_bytes)?;
+        let want = self.geo.batch_data() as usize;
+        self.forget_drained(gc).await;
+        if gc.carry.len() >= want {
+            return self.gc_write(gc, want).await;
+        }
+        if let Some((v, _)) = gc.victim
+            && self.space.lock().state(v) != SegState::Sealed
+        {
+            // Emptied (by overwrites, trims and our moves) and freed: done with it.
+            gc.victim = None;
+        }
+        if gc.victim.is_none() {
+            {
+                let space = self.space.lock();
+                gc.unreadable.retain(|&s| space.state(s) == SegState::Sealed);
+                gc.fruitless.retain(|&s| space.state(s) == SegState::Sealed);
+            }
+            if !self.space.counts_suspect.load(Relaxed) {
+                gc.fruitless.clear();
+            }
+            let mut carried: std::collections::HashSet<usize> =
+                gc.carry.iter().filter_map(|m| self.segment_of_place(m.from)).collect();
+            carried.extend(gc.unreadable.iter().copied());
+            carried.extend(gc.fruitless.iter().copied());
+            let victim = {
+                let space = self.space.lock();
+                let victim = match pick {
+                    Pick::Garbage => space.victim(self.geo.batch_data(), &carried),
+                    // Any garbage, but only while all there is adds up to a segment and a batch:
+                    // with less no segment can come free (GC pads its last batch, and the segment
+                    // it fills takes one), and GC would only swap nearly full segments forever.
+                    // Less is a full space: destage finds none and writes get ENOSPC.
+                    Pick::Critical
+                        if space.counts().garbage_blocks
+                            >= self.geo.segment_data() + self.geo.batch_data() =>
+                    {
+                        space.victim(1, &carried)
+                    }
+                    Pick::Critical => None,
+                    Pick::Compact(target) => space.compaction_victim(target, &carried),
+                };
+                // Only a sealed segment is collected: an open one still takes batches, a free
+                // one may be opened under GC; and never one whose blocks are carried already.
+                if let Some(v) = victim {
+                    assert!(
+                        space.state(v) == SegState::Sealed && !carried.contains(&v),
+                        "volume {}: GC chose segment {v} ({:?}) as its victim",
+                        self.name,
+                        space.state(v)
+                    );
+                }
+                victim
+            };
+            match victim {
+                Some(v) => {
+                    gc.victim = Some((v, 0));
+                    gc.victim_use = self.space.lock().opened(v);
+                    gc.victim_clean = true;
+                    self.counters.gc_victims.fetch_add(1, Relaxed);
+                }
+                None if pick != Pick::Garbage && !gc.carry.is_empty() => {
+                    let n = gc.carry.len();
+                    return self.gc_write(gc, n).await;
+                }
+                None => return Ok(false),
+            }
+        }
+        let (v, batch) = gc.victim.expect("chosen above");
+        let base = self.geo.batch_addr(v, batch);
+        let read =
+            self.parts.seg.read(base * BLOCK_BYTES, (self.geo.batch_blocks() * BLOCK_BYTES) as usize).await;
+        let bytes = match read {
+            Ok(b) => b.freeze(),
+            Err(e) => {
+                tracing::warn!(volume = %self.name, segment = v, batch, error = %e,
+                    "GC could not read a batch; the segment is left for later");
+                gc.unreadable.insert(v);
+                gc.victim = None;
+                return Ok(true);
+            }
+        };
+        let summary = decode_summary(&bytes[want * BLOCK_USIZE..], want);
+        gc.victim_clean &= summary.iter().all(Option::is_some);
+        let named: Vec<(usize, u64)> = summary
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.filter(|s| s.block < self.blocks).map(|s| (i, s.block)))
+            .collect();
+        // Live if the head or a snapshot's copy holds the slot.
+        let asked: Vec<(u64, Place)> =
+            named.iter().map(|&(i, block)| (block, Place::Segment(base + i as u64))).collect();
+        let held = self.map.holding(&asked).await.map_err(|e| super::map_error(&self.name, e))?;
+        for (&(i, block), e) in named.iter().zip(held) {
+            let s = SummaryEntry { block, ..SummaryEntry::NONE };
+            let at = Place::Segment(base + i as u64);
+            let Some(e) = e else { continue };
+            assert_eq!(
+                e.place, at,
+                "volume {}: block {block} is held at {:?}, asked at {at:?}",
+                self.name, e.place
+            );
+            let data = &bytes[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE];
+            if block_crc(data) != e.crc {
+                return Err(
+                    self.unrecoverable(s.block, "GC: a segment block does not match its checksum in the map")
+                );
+            }
+            gc.carry.push(Move {
+                block: s.block,
+                from: at,
+                entry: e,
+                data: bytes.slice(i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE),
+            });
+        }
+        gc.victim = (batch + 1 < self.geo.segment_batches).then_some((v, batch + 1));
+        if gc.victim.is_none() {
+            if gc.victim_clean {
+                gc.drained.push((v, gc.victim_use));
+            } else if self.space.counts_suspect.load(Relaxed) {
+                gc.fruitless.insert(v);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Forgets the counts left on drained victims whose moves are all resolved (an overcount
+    /// from a persisted table: docs/design/log-structured-volumes.md, "Step 3a"), once no
+    /// writer is between a map update and the lowering of the count it replaced.
+    pub(super) async fn forget_drained(&self, gc: &mut Gc) {
+        if gc.drained.is_empty() {
+            return;
+        }
+        let carried: std::collections::HashSet<usize> =
+            gc.carry.iter().filter_map(|m| self.segment_of_place(m.from)).collect();
+        let (ready, waiting): (Vec<_>, Vec<_>) =
+            gc.drained.iter().partition(|(seg, _)| !carried.contains(seg));
+        gc.drained = waiting;
+        let left = |(seg, used): &(usize, u64)| {
+            let s = self.space.lock();
+            s.state(*seg) == SegState::Sealed && s.opened(*seg) == *used && s.live(*seg) > 0
+        };
+        let ready: Vec<(usize, u64)> = ready.into_iter().filter(left).collect();
+        if ready.is_empty() {
+            return;
+        }
+        let _settled = self.gates.settle.write().await;
+        let mut space = self.space.lock();
+        for (seg, used) in ready {
+            let n = space.forget(seg, used);
+            if n > 0 {
+                self.counters.overcount_forgotten.fetch_add(n, Relaxed);
+                tracing::debug!(volume = %self.name, segment = seg, blocks = n, "GC forgot an overcount");
+            }
+        }
+    }
+
+    /// Rebuilds every live count from a scan of the map, with no writer between a map update
+    /// and its lowering: after an open from a persisted table, the counts may be too high, and
+    /// this is the last thing tried before a write gets ENOSPC.
+    pub(crate) async fn recount(&self) -> Result<(), VolumeError> {
+        let _settled = self.gates.settle.write().await;
+        let segments = self.space.lock().segments();
+        let live = super::scan_map(&self.map, self.geo, segments)
+            .await
+            .map_err(|why| self.unrecoverable(0, why))?
+            .live;
+        let before = self.space_counts();
+        self.space.lock().recount(&live);
+        self.space.counts_suspect.store(false, Relaxed);
+        let after = self.space_counts();
+        tracing::info!(
+            volume = %self.name,
+            "segment space nearly full: recounted live blocks from the map ({} -> {} live, {} -> {} free segments)",
+            before.live_blocks, after.live_blocks, before.free_segments, after.free_segments
+        );
+        Ok(())
+    }
+
+    pub(super) async fn gc_write(&self, gc: &mut Gc, n: usize) -> Result<bool, VolumeError> {
+        let moves: Vec<Move> = gc.carry.drain(..n).collect();
+        let moved = self.write_batch(Stream::Gc, moves).await?;
+        self.counters.gc_batches.fetch_add(1, Relaxed);
+        self.counters.gc_moved_blocks.fetch_add(moved, Relaxed);
+        Ok(true)
+    }
+
+    pub(super) fn segment_of_place(&self, p: Place) -> Option<usize> {
+        match p {
+            Place::Segment(a) => Some(self.geo.segment_of(a)),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,428 @@
+//! Log-structured volumes (docs/design/log-structured-volumes.md): data is never overwritten in
+//! place. Host writes land in a mirrored write cache; the mover appends
+//! cached blocks, any logical addresses, as whole stripes to an open *segment* of an ec segment
+//! space, each batch of rows ending with a summary of what it holds; a paged, logged map
+//! ([`crate::map::MapStore`]) says where each logical block lives; GC moves the live blocks of
+//! mostly-dead segments into new whole stripes and frees them. Space is allocated on write and
+//! given back by TRIM / WRITE_ZEROES.
+//!
+//! Parts (engine volumes of the pool): `<name>.meta` (mirrored: header, map log, map pages),
+//! `<name>.cache` (mirrored: the write-cache ring), `<name>.seg` (ec: the segment space). Layout
+//! `tiered:ec:K+M` puts meta and cache on the fast drives, `log:ec:K+M` on the capacity drives.
+//!
+//! Write order, per path (docs/crash-consistency.md, "Log-structured volumes"):
+//! * host write: data to the cache (FUA) -> map update `block -> Cache(pos)` (durable) ->
+//!   acknowledge -> free the block's old place;
+//! * destage and GC: batch (data + summary) to the segment space (FUA) -> conditional map update
+//!   "still where I read it" (durable) -> free the old places of the moves that applied;
+//! * TRIM / zeroing: map update `block -> Unallocated / Zero` (durable) -> free the old places.
+//!
+//! So a map entry only ever points at durable data, and a place is reused only after no
+//! durable map entry points at it.
+//!
+//! Files, by concern: `open` (create, open: replay over the persisted table or a map scan),
+//! `header` (the metadata header), `write` and `read` (the host paths), `places` (map updates
+//! and the freeing of the places they replaced), `mover` (the background tasks) with `destage`,
+//! `gc` and `resize` (growing and shrinking the segment space), `space` (the in-memory segment
+//! table and batch summaries), `table` (the segment table each checkpoint persists),
+//! `snapshots` (snapshots and clones), `status`. The cache ring is `crate::ring`, the map
+//! `crate::map`.
+
+mod destage;
+#[doc(hidden)]
+pub mod fuzzing;
+mod gc;
+mod header;
+mod mover;
+mod open;
+mod places;
+mod read;
+mod resize;
+mod snapshots;
+pub mod space;
+mod status;
+mod table;
+mod write;
+
+pub use open::{create, open};
+pub use status::LogStatus;
+
+use open::scan_map;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use stria_dev::{BLOCK_BYTES, BlockDevice};
+use stria_engine::volume::bytes::{self};
+use stria_engine::{DriveClass, Pool, Volume, VolumeError, VolumeState};
+
+use crate::map::{MapError, MapStore};
+use crate::ring::CacheRing;
+use space::{Geometry, Space, SpaceCounts};
+
+/// The origin's head, as the layer argument of the write functions (a clone is its layer id).
+pub const HEAD: u16 = 0;
+/// Segments a new volume's space starts with (GC needs 6; the space grows as it fills).
+pub(crate) const INITIAL_SEGMENTS: u64 = 16;
+/// Locks taken by unaligned writes around their edge blocks.
+const RMW_LOCKS: usize = 1024;
+
+/// What to create.
+#[derive(Debug, Clone)]
+pub struct LogSpec {
+    pub name: String,
+    /// Logical size (may exceed the segment space: thin, over-committed).
+    pub size_bytes: u64,
+    pub data_shards: u32,
+    pub parity_shards: u32,
+    pub chunk_bytes: u64,
+    /// Data bytes the segment space may grow to (default: 1.5 x the size, so a full volume
+    /// fills 2/3); it is allocated from the pool as it fills.
+    pub space_bytes: Option<u64>,
+    /// Segments allocated at create (default 16, at least 6; the space grows as it fills).
+    pub initial_segments: Option<u64>,
+    /// Write cache (default: an eighth of the size, 64 MiB to 8 GiB).
+    pub cache_bytes: Option<u64>,
+    /// Rows per batch (default: batches of about 2 MiB, less in small volumes).
+    pub batch_rows: Option<u64>,
+    /// Batches per segment (default: segments of 32 MiB of data, or a sixteenth of the space
+    /// when that is less).
+    pub segment_batches: Option<u64>,
+    /// Blocks of the map log ring (default: 1/16 of the volume's blocks, 1024 to 65536: a
+    /// larger ring means fewer checkpoints, each writing every dirty map page).
+    pub map_log_blocks: Option<u64>,
+    /// Map pages kept in memory (default 65536: 256 MiB).
+    pub map_cache_pages: u64,
+    /// Cache and map on the fast drives (`tiered:`; refused without two active fast drives)
+    /// or on the capacity drives (`log:`).
+    pub fast_tier: bool,
+    /// Copies of the cache and the map (2 or 3).
+    pub copies: u32,
+}
+
+impl LogSpec {
+    /// A spec with the defaults.
+    pub fn new(name: &str, size_bytes: u64, data_shards: u32, parity_shards: u32) -> LogSpec {
+        LogSpec {
+            name: name.into(),
+            size_bytes,
+            data_shards,
+            parity_shards,
+            chunk_bytes: crate::DEFAULT_TIER_CHUNK_BYTES,
+            space_bytes: None,
+            initial_segments: None,
+            cache_bytes: None,
+            batch_rows: None,
+            segment_batches: None,
+            map_log_blocks: None,
+            map_cache_pages: 65536,
+            fast_tier: false,
+            copies: 2,
+        }
+    }
+}
+
+/// The mover's policy (kept in the pool record; changeable at run time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogParams {
+    /// Always "log" (what the record describes).
+    pub kind: LogKind,
+    /// Destage starts above this fill of the cache (percent).
+    pub start_percent: u8,
+    /// Destage stops below this fill (percent).
+    pub stop_percent: u8,
+    /// Destage whenever a full batch is cached (tests).
+    pub always: bool,
+    /// Map pages kept in memory.
+    pub map_cache_pages: u64,
+    /// Move nothing unless a writer waits for cache space (tests that want quiet drives between
+    /// phases; not persisted).
+    #[serde(skip)]
+    pub hold: bool,
+    /// Compact the segment space without waiting for writes to be quiet (simulations, whose
+    /// runs are shorter than the wait; not persisted).
+    #[serde(skip)]
+    pub eager_compaction: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogKind {
+    Log,
+}
+
+/// Counters.
+#[derive(Debug, Default)]
+pub struct LogCounters {
+    pub host_write_ops: AtomicU64,
+    pub host_write_bytes: AtomicU64,
+    pub host_read_ops: AtomicU64,
+    pub host_read_bytes: AtomicU64,
+    pub read_retries: AtomicU64,
+    /// Blocks read from the write cache and from the segment space.
+    pub blocks_read_from_cache: AtomicU64,
+    pub blocks_read_from_segments: AtomicU64,
+    pub destage_batches: AtomicU64,
+    pub destaged_blocks: AtomicU64,
+    /// Data slots written without a block (short batches).
+    pub padded_slots: AtomicU64,
+    pub gc_batches: AtomicU64,
+    pub gc_moved_blocks: AtomicU64,
+    pub gc_victims: AtomicU64,
+    /// Moves that lost to a newer write (their slot is garbage at once).
+    pub moves_lost: AtomicU64,
+    /// Blocks of overcount (from a persisted table) forgotten on drained GC victims.
+    pub overcount_forgotten: AtomicU64,
+    /// Free segments given back to the pool.
+    pub segments_given_back: AtomicU64,
+}
+
+/// A log-structured volume.
+pub struct LogVolume<D: BlockDevice> {
+    pub(crate) name: String,
+    pub(crate) size_bytes: u64,
+    pub(crate) blocks: u64,
+    pub(crate) pool: Arc<Pool<D>>,
+    pub(crate) parts: Parts<D>,
+    pub(crate) geo: Geometry,
+    pub(crate) map: MapStore<D>,
+    pub(crate) ring: Arc<CacheRing>,
+    pub(crate) space: SpaceState,
+    pub(crate) params: Mutex<LogParams>,
+    /// Next write sequence (low 32 bits go into map entries and summaries).
+    pub(crate) seq: Arc<AtomicU64>,
+    pub(crate) counters: LogCounters,
+    pub(crate) clock: Clock,
+    pub(crate) health: Health,
+    pub(crate) gates: Gates,
+    /// Whether open used the persisted segment table (else it scanned the map).
+    opened_from_table: bool,
+}
+
+/// The three engine volumes of the pool a log volume is made of.
+pub(crate) struct Parts<D: BlockDevice> {
+    /// `<name>.meta` (mirrored): the header, the map (log and pages), the persisted segment
+    /// table, the layer table and the snapshot page pool.
+    pub(crate) meta: Arc<Volume<D>>,
+    /// `<name>.cache` (mirrored): the blocks of the cache ring.
+    pub(crate) cache: Arc<Volume<D>>,
+    /// `<name>.seg` (ec): the segment space.
+    pub(crate) seg: Arc<Volume<D>>,
+}
+
+/// The segment space: its table, and what the mover learnt about it.
+pub(crate) struct SpaceState {
+    /// The in-memory segment table (shared with the checkpoint's table writer).
+    pub(crate) table: Arc<Mutex<Space>>,
+    /// Set while live counts may be too high (opened from a persisted table, not recounted).
+    pub(crate) counts_suspect: AtomicBool,
+    /// Why the segment space could not grow the last time it tried (cleared when it grows).
+    pub(crate) growth_failed: Mutex<Option<(String, Instant)>>,
+    /// Set while destage cannot find space: writers that must wait for cache space get ENOSPC.
+    pub(crate) no_space: Mutex<Option<String>>,
+}
+
+impl SpaceState {
+    /// The segment table, locked (a leaf lock: never held across an await).
+    pub(crate) fn lock(&self) -> parking_lot::MutexGuard<'_, Space> {
+        self.table.lock()
+    }
+}
+
+/// Whether the volume still takes requests: once closed or failed it stays so until reopened.
+pub(crate) struct Health {
+    pub(crate) closed: AtomicBool,
+    /// Set when a map update failed: whether it is durable is unknown until the volume is
+    /// reopened (replay says), so no place may be freed or reused: no more writes or moves.
+    pub(crate) failure: Mutex<Option<String>>,
+}
+
+/// Time since open, and when the last host write, zeroing or trim came (compaction waits for
+/// writes to be quiet).
+pub(crate) struct Clock {
+    pub(crate) started: Instant,
+    pub(crate) last_write_ms: AtomicU64,
+}
+
+/// The locks that order a log volume's operations. Lock order, outer first: `snapshot_ops`,
+/// `writes`, `rmw` (an unaligned write's edge blocks), `moving`, `settle`, `pool_growth`; a
+/// path takes a subset in this order (a writer: `writes`, `rmw`, `settle`; the mover: `moving`,
+/// `settle`; a rollback: `snapshot_ops`, `writes`, `moving`). The map's own locks are inside all
+/// of them, and the parking_lot mutexes (the segment table, the params, the health and space
+/// notes) are leaves, never held across an await.
+pub(crate) struct Gates {
+    /// One snapshot create, delete or rollback at a time.
+    pub(crate) snapshot_ops: tokio::sync::Mutex<()>,
+    /// Held shared by every host write, zeroing and trim from start to acknowledgement; making a
+    /// snapshot holds it alone, so the snapshot holds every write acknowledged before, none after.
+    pub(crate) writes: tokio::sync::RwLock<()>,
+    /// Locks taken by unaligned writes around their edge blocks.
+    pub(crate) rmw: Box<[tokio::sync::Mutex<()>]>,
+    /// The mover's GC state, held while a destage or GC batch runs (close waits for it).
+    pub(crate) moving: tokio::sync::Mutex<gc::Gc>,
+    /// Held shared by writers from their map update until they have freed the places it
+    /// replaced, exclusively by the mover when it must know that no such free is pending (a
+    /// restored cache position found stale: the writer that replaced its entry may still be
+    /// about to free it).
+    pub(crate) settle: tokio::sync::RwLock<()>,
+    /// One growth of the snapshot page pool at a time.
+    pub(crate) pool_growth: tokio::sync::Mutex<()>,
+}
+
+impl<D: BlockDevice> std::fmt::Debug for LogVolume<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogVolume").field("name", &self.name).field("size_bytes", &self.size_bytes).finish()
+    }
+}
+
+fn map_error(name: &str, e: MapError) -> VolumeError {
+    match e {
+        MapError::Volume(v) => v,
+        other => VolumeError::Unrecoverable {
+            volume: name.into(),
+            offset_bytes: 0,
+            len_bytes: 0,
+            reason: other.to_string(),
+        },
+    }
+}
+
+impl<D: BlockDevice> LogVolume<D> {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    /// `tiered:ec:K+M` when cache and map are on fast drives, `log:ec:K+M` otherwise.
+    pub fn layout(&self) -> String {
+        let fast =
+            self.pool.meta().volume(self.parts.cache.name()).is_some_and(|r| r.class == DriveClass::Fast);
+        format!("{}:{}", if fast { "tiered" } else { "log" }, self.parts.seg.layout())
+    }
+
+    pub fn counters(&self) -> &LogCounters {
+        &self.counters
+    }
+
+    /// Whether open took live counts and cached blocks from the persisted segment table (else it
+    /// scanned the whole map).
+    pub fn opened_from_table(&self) -> bool {
+        self.opened_from_table
+    }
+
+    /// The segment space's geometry.
+    pub fn geometry(&self) -> Geometry {
+        self.geo
+    }
+
+    pub fn params(&self) -> LogParams {
+        *self.params.lock()
+    }
+
+    /// Changes the mover's policy (not persisted).
+    pub fn set_params(&self, p: LogParams) {
+        *self.params.lock() = p;
+        self.ring.hungry.notify_one();
+    }
+
+    /// The map's counters (log writes, deltas, checkpoints, cache).
+    pub async fn map_stats(&self) -> crate::map::MapStats {
+        self.map.stats().await
+    }
+
+    /// The segment space's counts.
+    pub fn space_counts(&self) -> SpaceCounts {
+        self.space.lock().counts()
+    }
+
+    /// The three parts: metadata, cache, segment space.
+    pub fn parts(&self) -> [&Arc<Volume<D>>; 3] {
+        [&self.parts.meta, &self.parts.cache, &self.parts.seg]
+    }
+
+    pub(crate) fn now_ms(&self) -> u64 {
+        u64::try_from(self.clock.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn check_range(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
+        if self.health.closed.load(Relaxed) {
+            return Err(VolumeError::Closed(self.name.clone()));
+        }
+        bytes::check_range(offset_bytes, len_bytes, self.size_bytes)
+    }
+
+    fn check_writable(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
+        match &*self.health.failure.lock() {
+            None => Ok(()),
+            Some(why) => Err(VolumeError::Unrecoverable {
+                volume: self.name.clone(),
+                offset_bytes,
+                len_bytes,
+                reason: format!("the volume takes no writes until it is reopened: {why}"),
+            }),
+        }
+    }
+
+    /// A map update failed: stop writes and moves until reopened (replay decides what is durable).
+    pub(crate) fn map_failed(&self, e: &MapError) {
+        let why = format!("a map update could not be made durable ({e})");
+        tracing::error!(volume = %self.name, "{why}; the volume takes no more writes until it is reopened");
+        self.health.failure.lock().get_or_insert(why.clone());
+        self.ring.shut(why);
+        self.ring.hungry.notify_one();
+    }
+
+    fn unrecoverable(&self, block: u64, reason: impl Into<String>) -> VolumeError {
+        VolumeError::Unrecoverable {
+            volume: self.name.clone(),
+            offset_bytes: block * BLOCK_BYTES,
+            len_bytes: BLOCK_BYTES,
+            reason: reason.into(),
+        }
+    }
+
+    /// Every acknowledged write is durable already; the flush still asks the pool for one, which
+    /// (after writes) raises the pool's flush epoch, so a copy of a drive taken before it is
+    /// never trusted again (docs/design/stale-copies.md). With nothing written since the last
+    /// pool flush that costs nothing.
+    pub async fn flush(&self) -> Result<(), VolumeError> {
+        if self.health.closed.load(Relaxed) {
+            return Err(VolumeError::Closed(self.name.clone()));
+        }
+        self.pool
+            .flush()
+            .await
+            .map_err(|e| VolumeError::Pool { volume: self.name.clone(), source: Box::new(e) })
+    }
+
+    /// Worst state of the three parts.
+    pub fn state(&self) -> VolumeState {
+        crate::worst_state([self.parts.meta.state(), self.parts.cache.state(), self.parts.seg.state()])
+    }
+
+    /// Stops the mover and waits for the batch it is running; writes a map checkpoint so the next
+    /// open replays little. Requests after this fail with `Closed`.
+    pub async fn close(&self) {
+        self.stop();
+        drop(self.gates.moving.lock().await);
+        if self.health.failure.lock().is_none()
+            && let Err(e) = self.map.checkpoint().await
+        {
+            tracing::warn!(volume = %self.name, error = %e, "map checkpoint at close failed; the next open replays the log");
+        }
+    }
+
+    /// Like [`LogVolume::close`] without waiting (for `Drop`): the mover stops after its batch.
+    pub fn stop(&self) {
+        self.health.closed.store(true, Relaxed);
+        self.ring.shut(format!("volume {} is closed", self.name));
+        self.ring.hungry.notify_one();
+        self.map.wake_checkpoint_task();
+    }
+}

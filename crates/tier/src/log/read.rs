@@ -1,0 +1,234 @@
+//! The read path: map entries looked up, runs of blocks read from the cache or the segment
+//! space, every block checked against its map CRC; a block whose entry changed under the read
+//! (moved, rewritten, its segment given back) is read again.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use stria_dev::{BLOCK_BYTES, BlockDevice, IoBuf};
+use stria_engine::volume::bytes::{ExtentRuns, Span};
+use stria_engine::{Extent, VolumeError, join_all_ok};
+
+use super::{LogVolume, map_error};
+use crate::map::{MapEntry, Place};
+use stria_dev::block_crc;
+
+/// A read that keeps racing with moves gives up after this many tries (an error, never wrong data).
+pub(super) const READ_ATTEMPTS: usize = 8;
+
+impl<D: BlockDevice> LogVolume<D> {
+    /// Reads `len_bytes` at `offset_bytes` (any alignment).
+    pub async fn read(&self, offset_bytes: u64, len_bytes: usize) -> Result<IoBuf, VolumeError> {
+        self.check_range(offset_bytes, len_bytes as u64)?;
+        self.counters.host_read_ops.fetch_add(1, Relaxed);
+        self.counters.host_read_bytes.fetch_add(len_bytes as u64, Relaxed);
+        if len_bytes == 0 {
+            return Ok(IoBuf::zeroed(0));
+        }
+        let span = Span::new(offset_bytes, len_bytes as u64);
+        let buf = self.read_blocks(span.first, span.blocks()).await?;
+        Ok(span.clip(buf))
+    }
+
+    /// Reads `len_bytes` at `offset_bytes` of snapshot or clone `layer` (any alignment).
+    pub async fn read_snapshot(
+        &self,
+        layer: u16,
+        offset_bytes: u64,
+        len_bytes: usize,
+    ) -> Result<IoBuf, VolumeError> {
+        self.check_range(offset_bytes, len_bytes as u64)?;
+        if len_bytes == 0 {
+            return Ok(IoBuf::zeroed(0));
+        }
+        let span = Span::new(offset_bytes, len_bytes as u64);
+        let buf = self.read_view(Some(layer), span.first, span.blocks()).await?;
+        Ok(span.clip(buf))
+    }
+
+    /// Reads whole blocks, each verified against its map entry; a block whose entry changed
+    /// under the read (moved, rewritten) is read again.
+    pub(crate) async fn read_blocks(&self, first: u64, n: u64) -> Result<IoBuf, VolumeError> {
+        self.read_view(None, first, n).await
+    }
+
+    /// [`Self::read_blocks`] of the head (`None`) or of a snapshot.
+    pub(super) async fn read_view(
+        &self,
+        view: Option<u16>,
+        first: u64,
+        n: u64,
+    ) -> Result<IoBuf, VolumeError> {
+        let mut out = IoBuf::zeroed((n * BLOCK_BYTES) as usize);
+        let mut pending: Vec<u64> = (0..n).collect();
+        let mut entries = self.entries_in(view, first, n).await?;
+        for attempt in 0..READ_ATTEMPTS {
+            if attempt > 0 {
+                self.counters.read_retries.fetch_add(1, Relaxed);
+                tokio::task::yield_now().await;
+                entries.clear();
+                for &i in &pending {
+                    entries.push(self.entries_in(view, first + i, 1).await?[0]);
+                }
+            }
+            let mut bad = Vec::new();
+            let (pending_ref, entries_ref) = (&pending, &entries);
+            let reads = runs(&pending, &entries, self.ring.ring_blocks()).into_iter().map(|run| async move {
+                let buf = match run.place {
+                    Place::Cache(p) => {
+                        // One part read: a run never crosses the ring's end.
+                        assert!(
+                            self.ring.block_of(p) + run.count <= self.ring.ring_blocks(),
+                            "volume {}: a read of {} cached blocks from position {p} crosses the ring's end",
+                            self.name,
+                            run.count
+                        );
+                        self.counters.blocks_read_from_cache.fetch_add(run.count, Relaxed);
+                        Some(
+                            self.parts
+                                .cache
+                                .read(self.ring.block_of(p) * BLOCK_BYTES, run.len_bytes())
+                                .await?,
+                        )
+                    }
+                    Place::Segment(a) => {
+                        self.counters.blocks_read_from_segments.fetch_add(run.count, Relaxed);
+                        match self.parts.seg.read(a * BLOCK_BYTES, run.len_bytes()).await {
+                            Ok(buf) => Some(buf),
+                            // GC may have emptied the segment and given it back to the pool
+                            // under this read: its blocks are read again if an entry moved.
+                            Err(e) => {
+                                let ks = run.first_k..run.first_k + run.count as usize;
+                                let blocks: Vec<u64> = ks.clone().map(|k| first + pending_ref[k]).collect();
+                                let now = match view {
+                                    None => self.map.get_many(&blocks).await,
+                                    Some(layer) => self.map.get_in(layer, &blocks).await,
+                                }
+                                .map_err(|e| map_error(&self.name, e))?;
+                                if now.iter().zip(&entries_ref[ks]).all(|(a, b)| a == b) {
+                                    return Err(e);
+                                }
+                                return Ok((run, Got::Moved));
+                            }
+                        }
+                    }
+                    Place::Unallocated | Place::Zero => None,
+                };
+                Ok::<_, VolumeError>((run, buf.map_or(Got::Zeros, Got::Data)))
+            });
+            for (run, got) in join_all_ok(reads).await? {
+                for j in 0..run.count {
+                    let k = run.first_k + j as usize;
+                    let i = pending[k];
+                    let dst = &mut out[(i * BLOCK_BYTES) as usize..((i + 1) * BLOCK_BYTES) as usize];
+                    let buf = match &got {
+                        Got::Data(buf) => buf,
+                        Got::Zeros => {
+                            dst.fill(0);
+                            continue;
+                        }
+                        Got::Moved => {
+                            bad.push(i);
+                            continue;
+                        }
+                    };
+                    let data = &buf[(j * BLOCK_BYTES) as usize..((j + 1) * BLOCK_BYTES) as usize];
+                    if block_crc(data) == entries[k].crc {
+                        dst.copy_from_slice(data);
+                    } else if self.entries_in(view, first + i, 1).await?[0] == entries[k] {
+                        return Err(self.unrecoverable(
+                            first + i,
+                            "the block does not match its checksum in the map (corrupt; not returned)",
+                        ));
+                    } else {
+                        bad.push(i);
+                    }
+                }
+            }
+            if bad.is_empty() {
+                return Ok(out);
+            }
+            bad.sort_unstable();
+            pending = bad;
+        }
+        Err(self.unrecoverable(first + pending[0], "the block kept moving under the read"))
+    }
+
+    /// Allocation map: unallocated and zeroed blocks are holes.
+    pub async fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<Extent>, VolumeError> {
+        self.check_range(offset_bytes, len_bytes)?;
+        if len_bytes == 0 {
+            return Ok(Vec::new());
+        }
+        let span = Span::new(offset_bytes, len_bytes);
+        let mut out = ExtentRuns::new();
+        for e in self.entries(span.first, span.blocks()).await? {
+            out.push(matches!(e.place, Place::Unallocated | Place::Zero), 1);
+        }
+        Ok(out.finish(&span))
+    }
+
+    /// Allocation map of clone `layer` (as [`Self::block_status`] of the head).
+    pub async fn block_status_in(
+        &self,
+        layer: u16,
+        offset_bytes: u64,
+        len_bytes: u64,
+    ) -> Result<Vec<Extent>, VolumeError> {
+        self.check_range(offset_bytes, len_bytes)?;
+        if len_bytes == 0 {
+            return Ok(Vec::new());
+        }
+        let span = Span::new(offset_bytes, len_bytes);
+        let mut out = ExtentRuns::new();
+        for e in self.entries_in(Some(layer), span.first, span.blocks()).await? {
+            out.push(matches!(e.place, Place::Unallocated | Place::Zero), 1);
+        }
+        Ok(out.finish(&span))
+    }
+}
+
+/// What a read of one run found.
+pub(super) enum Got {
+    Data(IoBuf),
+    Zeros,
+    /// The read failed and an entry of the run changed meanwhile: read it again.
+    Moved,
+}
+
+/// Consecutive pending blocks that live in one place, contiguously.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Run {
+    /// Index into `pending` of the first block.
+    first_k: usize,
+    count: u64,
+    place: Place,
+}
+
+impl Run {
+    pub(super) fn len_bytes(&self) -> usize {
+        (self.count * BLOCK_BYTES) as usize
+    }
+}
+
+/// Groups `pending` blocks (with their `entries`) into runs readable with one part read: zeros,
+/// consecutive cache positions that do not cross the ring's end, consecutive segment addresses.
+pub(super) fn runs(pending: &[u64], entries: &[MapEntry], ring: u64) -> Vec<Run> {
+    let mut out: Vec<Run> = Vec::new();
+    for (k, (&i, e)) in pending.iter().zip(entries).enumerate() {
+        if let Some(last) = out.last_mut() {
+            let follows = pending[last.first_k] + last.count == i;
+            let joins = match (last.place, e.place) {
+                (Place::Cache(a), Place::Cache(b)) => b == a + last.count && !b.is_multiple_of(ring),
+                (Place::Segment(a), Place::Segment(b)) => b == a + last.count,
+                (Place::Unallocated | Place::Zero, Place::Unallocated | Place::Zero) => true,
+                _ => false,
+            };
+            if follows && joins {
+                last.count += 1;
+                continue;
+            }
+        }
+        out.push(Run { first_k: k, count: 1, place: e.place });
+    }
+    out
+}

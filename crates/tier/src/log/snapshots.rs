@@ -1,0 +1,251 @@
+//! Snapshots and clones of a log volume (docs/design/snapshots.md): making and deleting them,
+//! rolling back, and what they hold; the map keeps the layers (`crate::map`).
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use stria_dev::{BLOCK_BYTES, BlockDevice};
+use stria_engine::VolumeError;
+
+use super::{LogVolume, map_error};
+use crate::TierError;
+use crate::layers::{LayerKind, LayerRecord};
+use crate::map::DeleteStats;
+use crate::map::{ENTRIES_PER_PAGE, MapError, Update};
+
+impl<D: BlockDevice> LogVolume<D> {
+    /// Makes snapshot `name` of the volume (docs/design/snapshots.md): writes in flight finish
+    /// first and new ones wait until it is made; it holds every write acknowledged before it,
+    /// none after. Returns it once durable.
+    pub async fn create_snapshot(&self, name: &str) -> Result<LayerRecord, TierError> {
+        let refuse = |why: String| TierError::Invalid(format!("snapshot {name:?} of {}: {why}", self.name));
+        if let Some(why) = crate::layers::name_problem(name) {
+            return Err(refuse(why));
+        }
+        if self.map.snapshots().iter().any(|s| s.name == name) {
+            return Err(refuse("a snapshot of that name exists".into()));
+        }
+        self.check_writable(0, self.size_bytes)?;
+        let _one = self.gates.snapshot_ops.lock().await;
+        let _drained = self.gates.writes.write().await;
+        let record = self.new_record(name, LayerKind::Snapshot);
+        let head = LayerRecord::named(&self.name, LayerKind::Head, self.size_bytes);
+        let mut made = self.map.create_snapshot(head.clone(), record.clone()).await;
+        if let Err(MapError::PoolFull { needed, .. }) = made
+            && self.grow_page_pool(needed).await.is_ok()
+        {
+            made = self.map.create_snapshot(head, record).await;
+        }
+        let id = made.map_err(|e| self.layer_op_error(&format!("snapshot {name:?}"), e))?;
+        // Writes wait for it: every write after it preserves into it, the newest.
+        assert_eq!(
+            self.map.newest_snapshot().map(|s| s.id),
+            Some(id),
+            "volume {}: snapshot {name:?} just made is not the newest",
+            self.name
+        );
+        Ok(self.map.snapshots().into_iter().find(|s| s.id == id).expect("just made"))
+    }
+
+    /// The record of a layer `name` to be made now (its id and pages are the map's to choose).
+    pub(super) fn new_record(&self, name: &str, kind: LayerKind) -> LayerRecord {
+        let mut record = LayerRecord::named(name, kind, self.size_bytes);
+        record.created_seq = self.seq.load(Relaxed);
+        record.created_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        record
+    }
+
+    /// Deletes snapshot `name` (docs/design/snapshots.md, "Snapshot delete"): no data is
+    /// copied; its map page copies are handed to the next older snapshot or dropped, and the
+    /// places no layer holds any more are freed for GC. Writes wait while it runs (it costs a
+    /// log record per map page the snapshot owns).
+    pub async fn delete_snapshot(&self, name: &str) -> Result<DeleteStats, TierError> {
+        let _one = self.gates.snapshot_ops.lock().await;
+        let Some(snap) = self.map.snapshots().into_iter().find(|s| s.name == name) else {
+            return Err(TierError::Invalid(format!("{} has no snapshot {name:?}", self.name)));
+        };
+        self.check_writable(0, self.size_bytes)?;
+        let stats = self
+            .map
+            .delete_snapshot(snap.id, |freed| self.free_places(freed))
+            .await
+            .map_err(|e| self.layer_op_error(&format!("deleting snapshot {name:?}"), e))?;
+        tracing::info!(volume = %self.name, snapshot = name, ?stats, "snapshot deleted");
+        Ok(stats)
+    }
+
+    /// The error of a snapshot or clone operation `what`: a refusal (nothing changed) for what
+    /// the layers or a full page pool refuse; anything else stops writes (see
+    /// [`Self::map_failed`]).
+    pub(super) fn layer_op_error(&self, what: &str, e: MapError) -> TierError {
+        match e {
+            MapError::Layers(why) => TierError::Invalid(format!("{what} of {}: {why}", self.name)),
+            MapError::PoolFull { .. } => TierError::Invalid(format!("{what} of {}: {e}", self.name)),
+            e => {
+                self.map_failed(&e);
+                map_error(&self.name, e).into()
+            }
+        }
+    }
+
+    /// Rolls the volume back to snapshot `name`, its newest: afterwards it reads as the
+    /// snapshot does, and the snapshots stay as they were. No data is
+    /// copied: the map entries of the pages changed since the snapshot are set to its entries.
+    /// Host writes wait, and destage and GC pause, while it runs; clients should not have a
+    /// file system mounted from the volume. A crash before it returns leaves it to open to
+    /// finish. Returns how many blocks changed.
+    pub async fn rollback(&self, name: &str) -> Result<u64, TierError> {
+        let _one = self.gates.snapshot_ops.lock().await;
+        let snaps = self.map.snapshots();
+        let Some(snap) = snaps.iter().find(|s| s.name == name).cloned() else {
+            return Err(TierError::Invalid(format!("{} has no snapshot {name:?}", self.name)));
+        };
+        // Only to the newest: the head then holds what the newest holds, so every version of a
+        // block is still held by a run of neighbouring layers, which frees rely on (an
+        // overwrite asks only the newest snapshot, a delete only the neighbours). Rolled back
+        // to an older one, the head would share blocks with it past the newer ones, and those
+        // checks would free blocks it still holds (the log simulation found exactly that).
+        if let Some(newer) = snaps.iter().rev().take_while(|s| s.id != snap.id).map(|s| &s.name).next() {
+            return Err(TierError::Invalid(format!(
+                "{} can be rolled back only to its newest snapshot ({newer:?}); delete the newer snapshots first",
+                self.name
+            )));
+        }
+        if let Some(kept) = self.map.newest_snapshot().filter(|s| s.id != snap.id) {
+            return Err(TierError::Invalid(format!(
+                "{} can be rolled back only to its newest snapshot, and {:?}, deleted but kept for its clones, is newer than {name:?}; delete those clones first",
+                self.name, kept.name
+            )));
+        }
+        self.check_writable(0, self.size_bytes)?;
+        let _drained = self.gates.writes.write().await;
+        let _moves = self.gates.moving.lock().await;
+        let failed = |e: MapError| -> TierError {
+            self.map_failed(&e);
+            map_error(&self.name, e).into()
+        };
+        // Room first: each changed page may need a copy in the newest snapshot (and a table
+        // page per 1,016), and a rollback that began must be able to finish at open.
+        let pages = self.map.changed_since(snap.id).await.map_err(failed)?.len() as u64;
+        let needed = pages + pages.div_ceil(crate::layers::INDEX_ENTRIES as u64);
+        let (used, total) = self.map.pool_pages();
+        if needed > u64::from(total - used) {
+            let _ = self.grow_page_pool(needed - u64::from(total - used)).await;
+        }
+        let (used, total) = self.map.pool_pages();
+        if needed > u64::from(total - used) {
+            return Err(TierError::Invalid(format!(
+                "rolling {} back to {name:?} may need {needed} snapshot map pages and {} are free (the pool could not grow): delete snapshots first",
+                self.name,
+                total - used
+            )));
+        }
+        self.map.mark_rollback(snap.id).await.map_err(failed)?;
+        let restored = self.restore(snap.id).await?;
+        self.map.mark_rollback(0).await.map_err(failed)?;
+        tracing::info!(volume = %self.name, snapshot = name, restored, "rolled back");
+        Ok(restored)
+    }
+
+    /// Sets the head's entries of every page changed since snapshot `layer` to the snapshot's
+    /// (as host writes would, so the newest snapshot keeps what they replace, and what none
+    /// holds is freed). The caller keeps host writes, destage and GC out.
+    pub(super) async fn restore(&self, layer: u16) -> Result<u64, VolumeError> {
+        let pages = self.map.changed_since(layer).await.map_err(|e| map_error(&self.name, e))?;
+        let mut restored = 0;
+        for chunk in pages.chunks(16) {
+            let blocks: Vec<u64> = chunk
+                .iter()
+                .flat_map(|&p| p * ENTRIES_PER_PAGE..((p + 1) * ENTRIES_PER_PAGE).min(self.blocks))
+                .collect();
+            let want = self.map.get_in(layer, &blocks).await.map_err(|e| map_error(&self.name, e))?;
+            let now = self.map.get_many(&blocks).await.map_err(|e| map_error(&self.name, e))?;
+            let updates: Vec<Update> = blocks
+                .iter()
+                .zip(want.iter().zip(&now))
+                .filter(|(_, (w, n))| w != n)
+                .map(|(&block, (&entry, _))| Update { block, entry, expect: None })
+                .collect();
+            if updates.is_empty() {
+                continue;
+            }
+            let olds = self.update_map(&updates).await?;
+            self.free_places(updates.iter().zip(olds).filter_map(|(u, o)| o.map(|o| (u.block, o))));
+            restored += updates.len() as u64;
+        }
+        Ok(restored)
+    }
+
+    /// Bytes only snapshot `layer` holds: what deleting it would free.
+    pub async fn exclusive_bytes(&self, layer: u16) -> Result<u64, TierError> {
+        let blocks = self.map.exclusive_blocks(layer).await.map_err(|e| match e {
+            MapError::Layers(why) => TierError::Invalid(format!("{}: {why}", self.name)),
+            e => map_error(&self.name, e).into(),
+        })?;
+        Ok(blocks * BLOCK_BYTES)
+    }
+
+    /// The volume's snapshots, oldest first.
+    pub fn snapshots(&self) -> Vec<LayerRecord> {
+        self.map.snapshots()
+    }
+
+    /// The name of snapshot `id`, with a note if it was deleted and is kept for clones.
+    pub fn parent_name(&self, id: u16) -> String {
+        match self.map.layer_record(id) {
+            Some(r) if r.hidden => format!("{} (deleted, kept for its clones)", r.name),
+            Some(r) => r.name,
+            None => format!("(layer {id}, gone)"),
+        }
+    }
+
+    /// The clones of the volume's snapshots.
+    pub fn clones(&self) -> Vec<LayerRecord> {
+        self.map.clones()
+    }
+
+    /// Makes clone `name` of snapshot `snap` (docs/design/snapshots.md, "Clone"): a writable
+    /// layer that reads as the snapshot until written, sharing its data and this volume's
+    /// cache, segment space and GC. Nothing is copied; it is durable when this returns.
+    pub async fn create_clone(&self, snap: &str, name: &str) -> Result<LayerRecord, TierError> {
+        let refuse =
+            |why: String| TierError::Invalid(format!("clone {name:?} of {}@{snap}: {why}", self.name));
+        if let Some(why) = crate::layers::name_problem(name) {
+            return Err(refuse(why));
+        }
+        let _one = self.gates.snapshot_ops.lock().await;
+        let Some(parent) = self.map.snapshots().into_iter().find(|s| s.name == snap) else {
+            return Err(TierError::Invalid(format!("{} has no snapshot {snap:?}", self.name)));
+        };
+        self.check_writable(0, self.size_bytes)?;
+        let record = self.new_record(name, LayerKind::Clone);
+        let mut made = self.map.create_clone(parent.id, record.clone()).await;
+        if let Err(MapError::PoolFull { needed, .. }) = made
+            && self.grow_page_pool(needed).await.is_ok()
+        {
+            made = self.map.create_clone(parent.id, record).await;
+        }
+        let id = made.map_err(|e| self.layer_op_error(&format!("clone {name:?}"), e))?;
+        Ok(self.map.clones().into_iter().find(|c| c.id == id).expect("just made"))
+    }
+
+    /// Deletes clone `name`: its own map pages are dropped (no data copied) and the places only
+    /// it held are freed for GC; a deleted snapshot kept only for it goes too. Writes to the
+    /// family wait while it runs.
+    pub async fn delete_clone(&self, name: &str) -> Result<DeleteStats, TierError> {
+        let _one = self.gates.snapshot_ops.lock().await;
+        let Some(clone) = self.map.clones().into_iter().find(|c| c.name == name) else {
+            return Err(TierError::Invalid(format!("{} has no clone {name:?}", self.name)));
+        };
+        self.check_writable(0, self.size_bytes)?;
+        let stats = self
+            .map
+            .delete_clone(clone.id, |freed| self.free_places(freed))
+            .await
+            .map_err(|e| self.layer_op_error(&format!("deleting clone {name:?}"), e))?;
+        self.ring.hungry.notify_one();
+        tracing::info!(volume = %self.name, clone = name, ?stats, "clone deleted");
+        Ok(stats)
+    }
+}

@@ -1,0 +1,227 @@
+//! The write path: host writes into the cache ring, then the map (durable before the
+//! acknowledgement), then the old places freed; zeroing and trim as map updates alone.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBytes};
+use stria_engine::volume::bytes::{Span, ZeroSplit};
+use stria_engine::{VolumeError, join_all_ok};
+
+use super::{HEAD, LogVolume};
+use crate::map::{MapEntry, Place, Update};
+use stria_dev::block_crc;
+
+/// Blocks per map update of a large zeroing or trim.
+pub(super) const ZERO_STEP: u64 = 4096;
+
+impl<D: BlockDevice> LogVolume<D> {
+    /// Writes `data` at `offset_bytes` (any alignment). Durable when this returns, FUA or not.
+    pub async fn write(&self, offset_bytes: u64, data: IoBytes, _fua: bool) -> Result<(), VolumeError> {
+        self.write_to(HEAD, offset_bytes, data).await
+    }
+
+    /// [`Self::write`] to the head ([`HEAD`]) or to clone `layer`.
+    pub async fn write_to(&self, layer: u16, offset_bytes: u64, data: IoBytes) -> Result<(), VolumeError> {
+        let len = data.len() as u64;
+        self.check_range(offset_bytes, len)?;
+        self.check_writable(offset_bytes, len)?;
+        self.counters.host_write_ops.fetch_add(1, Relaxed);
+        self.counters.host_write_bytes.fetch_add(len, Relaxed);
+        self.clock.last_write_ms.store(self.now_ms(), Relaxed);
+        if len == 0 {
+            return Ok(());
+        }
+        let _write = self.gates.writes.read().await;
+        let span = Span::new(offset_bytes, len);
+        crate::write_any_alignment(
+            span,
+            data,
+            &self.gates.rmw,
+            |b| self.read_view((layer != HEAD).then_some(layer), b, 1),
+            |first, d| self.write_blocks(layer, first, d),
+        )
+        .await
+    }
+
+    pub(super) async fn write_blocks(
+        &self,
+        layer: u16,
+        first: u64,
+        data: IoBytes,
+    ) -> Result<(), VolumeError> {
+        let n = data.len() as u64 / BLOCK_BYTES;
+        let step = (self.ring.ring_blocks() / 2).max(1);
+        let mut done = 0;
+        while done < n {
+            let m = (n - done).min(step);
+            let piece = data.slice((done * BLOCK_BYTES) as usize..((done + m) * BLOCK_BYTES) as usize);
+            self.write_piece(layer, first + done, piece).await?;
+            done += m;
+        }
+        Ok(())
+    }
+
+    pub(super) fn no_space_error(&self, offset_bytes: u64, len_bytes: u64, why: String) -> VolumeError {
+        VolumeError::NoSpace { volume: self.name.clone(), offset_bytes, len_bytes, why }
+    }
+
+    pub(super) async fn write_piece(&self, layer: u16, first: u64, data: IoBytes) -> Result<(), VolumeError> {
+        let n = data.len() as u64 / BLOCK_BYTES;
+        assert!(
+            data.len() as u64 == n * BLOCK_BYTES && n > 0 && first + n <= self.blocks,
+            "volume {}: a write of {} bytes at block {first} reached the cache (whole blocks of {} only)",
+            self.name,
+            data.len(),
+            self.blocks
+        );
+        let start = match self.ring.reserve(n).await {
+            Ok(s) => s,
+            Err(why) => {
+                // The mover's own reason (what is full, what frees space), not its error text.
+                if let Some(full) = self.space.no_space.lock().clone() {
+                    return Err(self.no_space_error(first * BLOCK_BYTES, n * BLOCK_BYTES, full));
+                }
+                return Err(VolumeError::Unrecoverable {
+                    volume: self.name.clone(),
+                    offset_bytes: first * BLOCK_BYTES,
+                    len_bytes: n * BLOCK_BYTES,
+                    reason: format!("the write cache is full and cannot be emptied: {why}"),
+                });
+            }
+        };
+        // 1. Data into the cache, durably (split where the ring wraps).
+        let phys = self.ring.block_of(start);
+        let before_wrap = (self.ring.ring_blocks() - phys).min(n);
+        let mut writes = vec![self.parts.cache.write(
+            phys * BLOCK_BYTES,
+            data.slice(0..(before_wrap * BLOCK_BYTES) as usize),
+            true,
+        )];
+        if before_wrap < n {
+            writes.push(self.parts.cache.write(
+                0,
+                data.slice((before_wrap * BLOCK_BYTES) as usize..data.len()),
+                true,
+            ));
+        }
+        if let Err(e) = join_all_ok(writes).await {
+            self.ring.release(start..start + n);
+            return Err(e);
+        }
+        // 2. The map, durably. Positions are claimed first: a newer write may free them as soon
+        // as the update is applied.
+        let seq = self.seq.fetch_add(1, Relaxed) as u32;
+        let updates: Vec<Update> = data
+            .chunks_exact(BLOCK_USIZE)
+            .zip(0..)
+            .map(|(b, k)| {
+                self.ring.claim_block(start + k, first + k);
+                Update {
+                    block: first + k,
+                    entry: MapEntry { place: Place::Cache(start + k), crc: block_crc(b), seq },
+                    expect: None,
+                }
+            })
+            .collect();
+        let settle = self.gates.settle.read().await;
+        let olds = match self.update_layer(layer, &updates).await {
+            Ok(olds) => olds,
+            Err(e) => {
+                if Self::nothing_applied(&e) {
+                    // No entry points at the positions: they go back to the ring.
+                    self.ring.release(start..start + n);
+                }
+                return Err(e);
+            }
+        };
+        // 3. Acknowledged; free what the blocks no longer use.
+        self.free_places(updates.iter().zip(olds).map(|(u, o)| (u.block, o.expect("unconditional"))));
+        drop(settle);
+        Ok(())
+    }
+
+    /// Zeroes a range: whole blocks become `Zero` (no data, no space), partial edges are written.
+    pub async fn write_zeroes(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        fast_only: bool,
+    ) -> Result<(), VolumeError> {
+        self.write_zeroes_to(HEAD, offset_bytes, len_bytes, fast_only).await
+    }
+
+    /// [`Self::write_zeroes`] of the head ([`HEAD`]) or of clone `layer`.
+    pub async fn write_zeroes_to(
+        &self,
+        layer: u16,
+        offset_bytes: u64,
+        len_bytes: u64,
+        fast_only: bool,
+    ) -> Result<(), VolumeError> {
+        self.check_range(offset_bytes, len_bytes)?;
+        if len_bytes == 0 {
+            return Ok(());
+        }
+        let split = ZeroSplit::new(offset_bytes, len_bytes, BLOCK_BYTES);
+        if fast_only && split.has_slow_part() {
+            return Err(VolumeError::NotCheap { offset_bytes, len_bytes });
+        }
+        if let Some((first, n)) = split.cheap_blocks() {
+            let _write = self.gates.writes.read().await;
+            self.set_places(layer, first, n, Place::Zero).await?;
+        }
+        for edge in [split.head, split.tail] {
+            if !edge.is_empty() {
+                self.write_to(layer, edge.start, IoBytes::zeroed((edge.end - edge.start) as usize)).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Discards whole blocks (edges are left as they are): they read as zeros and hold no space.
+    pub async fn trim(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
+        self.trim_in(HEAD, offset_bytes, len_bytes).await
+    }
+
+    /// [`Self::trim`] of the head ([`HEAD`]) or of clone `layer`.
+    pub async fn trim_in(&self, layer: u16, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
+        self.check_range(offset_bytes, len_bytes)?;
+        if let Some((first, n)) = ZeroSplit::new(offset_bytes, len_bytes, BLOCK_BYTES).cheap_blocks() {
+            let _write = self.gates.writes.read().await;
+            self.set_places(layer, first, n, Place::Unallocated).await?;
+        }
+        Ok(())
+    }
+
+    pub(super) async fn set_places(
+        &self,
+        layer: u16,
+        first: u64,
+        n: u64,
+        place: Place,
+    ) -> Result<(), VolumeError> {
+        assert!(
+            matches!(place, Place::Unallocated | Place::Zero),
+            "volume {}: blocks set to {place:?} without data",
+            self.name
+        );
+        self.check_writable(first * BLOCK_BYTES, n * BLOCK_BYTES)?;
+        self.clock.last_write_ms.store(self.now_ms(), Relaxed);
+        let mut b = first;
+        while b < first + n {
+            let m = (first + n - b).min(ZERO_STEP);
+            let seq = self.seq.fetch_add(1, Relaxed) as u32;
+            let updates: Vec<Update> = (b..b + m)
+                .map(|block| Update { block, entry: MapEntry { place, crc: 0, seq }, expect: None })
+                .collect();
+            let settle = self.gates.settle.read().await;
+            let olds = self.update_layer(layer, &updates).await?;
+            self.free_places(updates.iter().zip(olds).map(|(u, o)| (u.block, o.expect("unconditional"))));
+            drop(settle);
+            b += m;
+        }
+        // Freed space may let a stuck destage go on.
+        self.ring.hungry.notify_one();
+        Ok(())
+    }
+}

@@ -1,0 +1,506 @@
+//! Snapshot delete (docs/design/snapshots.md, "Snapshot delete"): copies handed on to the next
+//! older snapshot or dropped, table records logged before they apply, places no layer holds
+//! any more handed to the caller to free.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::SeqCst;
+
+use stria_dev::BlockDevice;
+use stria_engine::pagecache::Slot;
+
+use super::{HAND_ON_BATCH, Layers, POOL_KEY, TableOp, layers_error, table_index, table_slot};
+use crate::layers::INDEX_ENTRIES;
+use crate::map::{ENTRIES_PER_PAGE, MapEntry, MapError, MapPage, MapStore};
+
+/// What deleting a snapshot did (docs/design/snapshots.md, "Snapshot delete").
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DeleteStats {
+    /// Copies handed to the next older snapshot (its view of those pages was the copy).
+    pub pages_moved: u64,
+    /// Copies let go of (the next older snapshot has its own copy, or there is none).
+    pub pages_dropped: u64,
+    /// Entries of dropped copies that no other layer held: their places were freed.
+    pub entries_freed: u64,
+    /// A snapshot with clones is only hidden: its pages stay (its clones read through them)
+    /// until its last clone is deleted, and that delete finishes this one.
+    pub kept_for_clones: bool,
+}
+
+impl<D: BlockDevice> MapStore<D> {
+    /// Snapshot `layer`'s own copy of head page `page`, if it has one.
+    pub(super) async fn own_copy(
+        &self,
+        layer: u16,
+        page: u64,
+    ) -> Result<Option<(u32, Arc<Slot<MapPage>>)>, MapError> {
+        let table = {
+            let l = self.snap.layers.lock();
+            let s = l.layer(layer).ok_or_else(|| layers_error(format!("no layer with id {layer}")))?;
+            s.dir[table_index(page)]
+        };
+        if table == 0 {
+            return Ok(None);
+        }
+        let ts = self.table_page(table, layer, (table_index(page) * INDEX_ENTRIES) as u64).await?;
+        let pool = ts.page().entries.lock()[table_slot(page)];
+        if pool == 0 {
+            return Ok(None);
+        }
+        Ok(Some((pool, self.pool_page(pool, layer, page).await?)))
+    }
+
+    /// The entries of head page `page` as the first layer newer than snapshot `layer` sees
+    /// them (a newer snapshot's copy, else the head's page).
+    pub(super) async fn view_after(&self, layer: u16, page: u64) -> Result<Box<[MapEntry]>, MapError> {
+        let newer: Vec<u16> = {
+            let l = self.snap.layers.lock();
+            let k = l.snaps.iter().position(|s| s.record.id == layer).expect("known layer");
+            l.snaps[k + 1..].iter().map(|s| s.record.id).collect()
+        };
+        for id in newer {
+            if let Some((_, copy)) = self.own_copy(id, page).await? {
+                return Ok(copy.page().entries.lock().clone());
+            }
+        }
+        let (_, head) = self.page_of(page * ENTRIES_PER_PAGE).await?;
+        Ok(head.page().entries.lock().clone())
+    }
+
+    /// Deletes snapshot `layer` without copying data: its copies are handed to the next older
+    /// snapshot or dropped, and `on_free` gets, batch by batch once durable, the blocks and
+    /// entries no layer holds any more (their places are the caller's to free). Writes to the volume wait
+    /// until it is done; it costs a table record per page the snapshot owns.
+    pub async fn delete_snapshot(
+        &self,
+        layer: u16,
+        mut on_free: impl FnMut(Vec<(u64, MapEntry)>),
+    ) -> Result<DeleteStats, MapError> {
+        self.pool_layout()?;
+        let _gate = self.snap.gate.write().await;
+        {
+            let mut l = self.snap.layers.lock();
+            if l.head.as_ref().is_some_and(|h| h.rollback_to == layer) {
+                return Err(layers_error("a rollback to it has not finished"));
+            }
+            let s = l
+                .snaps
+                .iter_mut()
+                .find(|s| s.record.id == layer && !s.record.hidden)
+                .ok_or_else(|| layers_error(format!("no snapshot with layer id {layer}")))?;
+            s.record.hidden = true;
+            l.records_dirty = true;
+        }
+        self.snap.generation.fetch_add(1, SeqCst);
+        // The hidden mark is durable before any copy is handed on: the snapshot's own view is
+        // never read again, and open finishes a delete a crash cut short.
+        self.checkpoint().await?;
+        if self.snap.layers.lock().has_clones(layer) {
+            return Ok(DeleteStats { kept_for_clones: true, ..DeleteStats::default() });
+        }
+        self.hand_on(layer, &mut on_free).await
+    }
+
+    /// Finishes the deletes a crash cut short (at open, before the map is used).
+    pub async fn finish_deletes(
+        &self,
+        mut on_free: impl FnMut(Vec<(u64, MapEntry)>),
+    ) -> Result<usize, MapError> {
+        let clones: Vec<u16> =
+            self.snap.layers.lock().clones.iter().filter(|c| c.record.hidden).map(|c| c.record.id).collect();
+        for &layer in &clones {
+            let _gate = self.snap.gate.write().await;
+            self.drop_clone(layer, &mut on_free).await?;
+        }
+        // Deleted snapshots kept for clones stay until their last clone goes.
+        let hidden: Vec<u16> = {
+            let l = self.snap.layers.lock();
+            l.snaps
+                .iter()
+                .filter(|s| s.record.hidden && !l.has_clones(s.record.id))
+                .map(|s| s.record.id)
+                .collect()
+        };
+        for &layer in &hidden {
+            let _gate = self.snap.gate.write().await;
+            self.hand_on(layer, &mut on_free).await?;
+        }
+        Ok(clones.len() + hidden.len())
+    }
+
+    /// Hands on or drops every copy of hidden snapshot `layer`, then removes it (the caller
+    /// holds the gate: no update runs meanwhile).
+    pub(super) async fn hand_on(
+        &self,
+        layer: u16,
+        on_free: &mut impl FnMut(Vec<(u64, MapEntry)>),
+    ) -> Result<DeleteStats, MapError> {
+        let (dir, older) = {
+            let l = self.snap.layers.lock();
+            let k = l.snaps.iter().position(|s| s.record.id == layer).expect("known layer");
+            (l.snaps[k].dir.clone(), k.checked_sub(1).map(|i| l.snaps[i].record.id))
+        };
+        let stats = self.let_go(layer, &dir, LetGo::HandOn { older }, on_free).await?;
+        self.remove_layer(layer).await?;
+        Ok(stats)
+    }
+
+    /// Lets go of every copy snapshot or clone `layer` owns (its directory `dir`), in batches,
+    /// each logged and durable before it applies; `on_free` gets what no other layer holds.
+    pub(super) async fn let_go(
+        &self,
+        layer: u16,
+        dir: &[u32],
+        how: LetGo,
+        on_free: &mut impl FnMut(Vec<(u64, MapEntry)>),
+    ) -> Result<DeleteStats, MapError> {
+        let mut stats = DeleteStats::default();
+        for (ti, &table) in dir.iter().enumerate() {
+            if table == 0 {
+                continue;
+            }
+            let owned = self.owned_in_table(layer, table, ti).await?;
+            for batch in owned.chunks(HAND_ON_BATCH) {
+                let mut ops = Vec::with_capacity(batch.len());
+                let mut freed = Vec::new();
+                for &(page, pool) in batch {
+                    ops.push(match how {
+                        LetGo::HandOn { older } => {
+                            self.hand_on_page(layer, older, page, pool, &mut freed).await?
+                        }
+                        LetGo::DropClone { parent } => {
+                            self.drop_clone_page(layer, parent, page, pool, &mut freed).await?
+                        }
+                    });
+                }
+                self.log_table_ops(&mut ops).await?;
+                for op in &ops {
+                    match op {
+                        TableOp::Own { .. } => stats.pages_moved += 1,
+                        TableOp::Drop { .. } => stats.pages_dropped += 1,
+                    }
+                }
+                stats.entries_freed += freed.len() as u64;
+                on_free(freed);
+            }
+        }
+        Ok(stats)
+    }
+
+    /// The (head page, pool page) pairs of snapshot `layer`'s table page `table`, the `ti`th.
+    pub(super) async fn owned_in_table(
+        &self,
+        layer: u16,
+        table: u32,
+        ti: usize,
+    ) -> Result<Vec<(u64, u32)>, MapError> {
+        let first = (ti * INDEX_ENTRIES) as u64;
+        let ts = self.table_page(table, layer, first).await?;
+        let entries = ts.page().entries.lock();
+        Ok(entries.iter().enumerate().filter(|e| *e.1 != 0).map(|(i, &p)| (first + i as u64, p)).collect())
+    }
+
+    /// What deleting snapshot `layer` does with its copy `pool` of head page `page`: hand it to
+    /// `older` if that one has none (its view of the page was this copy), else drop it, adding
+    /// to `freed` the entries no other layer holds (only a neighbour's view can: the layers
+    /// that see one version of a block are consecutive).
+    pub(super) async fn hand_on_page(
+        &self,
+        layer: u16,
+        older: Option<u16>,
+        page: u64,
+        pool: u32,
+        freed: &mut Vec<(u64, MapEntry)>,
+    ) -> Result<TableOp, MapError> {
+        let older_copy = match older {
+            Some(o) => match self.own_copy(o, page).await? {
+                None => return Ok(TableOp::Own { from: layer, to: o, page, pool, table: 0 }),
+                Some((_, c)) => Some(c.page().entries.lock().clone()),
+            },
+            None => None,
+        };
+        let copy = self.pool_page(pool, layer, page).await?.page().entries.lock().clone();
+        let newer = self.view_after(layer, page).await?;
+        for (i, x) in copy.iter().enumerate() {
+            let physical = matches!(x.place, crate::map::Place::Segment(_) | crate::map::Place::Cache(_));
+            let held =
+                newer[i].place == x.place || older_copy.as_ref().is_some_and(|o| o[i].place == x.place);
+            if physical && !held {
+                freed.push((page * ENTRIES_PER_PAGE + i as u64, *x));
+            }
+        }
+        Ok(TableOp::Drop { layer, page, pool })
+    }
+
+    /// Blocks only snapshot `layer` holds: what deleting it would free. It walks the pages the
+    /// snapshot owns (what changed between it and the next newer), as a delete would, without
+    /// changing anything; writes going on meanwhile make it a moment's figure.
+    pub async fn exclusive_blocks(&self, layer: u16) -> Result<u64, MapError> {
+        let _no_delete = self.snap.gate.read().await;
+        let (dir, older) = {
+            let l = self.snap.layers.lock();
+            let k = l.visible(layer)?;
+            if l.has_clones(layer) {
+                // Deleting it now frees nothing: its clones read through it.
+                return Ok(0);
+            }
+            (l.snaps[k].dir.clone(), k.checked_sub(1).map(|i| l.snaps[i].record.id))
+        };
+        let mut freed = Vec::new();
+        let mut blocks = 0;
+        for (ti, &table) in dir.iter().enumerate() {
+            if table == 0 {
+                continue;
+            }
+            let owned = self.owned_in_table(layer, table, ti).await?;
+            for (page, pool) in owned {
+                self.hand_on_page(layer, older, page, pool, &mut freed).await?;
+                blocks += freed.len() as u64;
+                freed.clear();
+            }
+        }
+        Ok(blocks)
+    }
+
+    /// Logs `ops` (choosing the table pages moves need first) and applies them once durable,
+    /// with no checkpoint between: one that ran between would move replay past records whose
+    /// changes it did not write.
+    pub(super) async fn log_table_ops(&self, ops: &mut [TableOp]) -> Result<(), MapError> {
+        let _one = self.checkpointing.lock().await;
+        {
+            let mut l = self.snap.layers.lock();
+            let Layers { snaps, pool, .. } = &mut *l;
+            let mut made: std::collections::HashMap<(u16, usize), u32> = std::collections::HashMap::new();
+            for op in ops.iter_mut() {
+                if let TableOp::Own { to, page, table, .. } = op {
+                    let ti = table_index(*page);
+                    let s = snaps.iter().find(|s| s.record.id == *to).expect("known layer");
+                    if s.dir[ti] == 0 {
+                        *table = match made.get(&(*to, ti)) {
+                            Some(&t) => t,
+                            None => {
+                                let t = pool.allocate().ok_or(MapError::PoolFull { needed: 1, free: 0 })?;
+                                made.insert((*to, ti), t);
+                                t
+                            }
+                        };
+                    }
+                }
+            }
+        }
+        let deltas = ops
+            .iter()
+            .map(|&op| crate::map::Delta {
+                table_op: Some(op),
+                ..crate::map::Delta::entry(0, 0, 0, MapEntry::UNALLOCATED, MapEntry::UNALLOCATED)
+            })
+            .collect();
+        self.log_held(deltas).await?;
+        for &op in ops.iter() {
+            self.apply_table_op(op, None).await?;
+        }
+        self.snap.generation.fetch_add(1, SeqCst);
+        Ok(())
+    }
+
+    /// Applies a table record: when it is made (`replayed` None) or replayed from log block
+    /// `replayed`. A record of a layer no longer known is skipped: the checkpoint that removed
+    /// the layer wrote the tables the record changed before the layer table.
+    pub(in crate::map) async fn apply_table_op(
+        &self,
+        op: TableOp,
+        replayed: Option<u64>,
+    ) -> Result<(), MapError> {
+        let (layer, page, pool) = match op {
+            TableOp::Own { from, to, page, pool, .. } => {
+                if replayed.is_some() {
+                    self.saw_layer(from);
+                    self.saw_layer(to);
+                    let l = self.snap.layers.lock();
+                    if !l.snaps.iter().any(|s| s.record.id == from)
+                        || !l.snaps.iter().any(|s| s.record.id == to)
+                    {
+                        return Ok(());
+                    }
+                }
+                (from, page, pool)
+            }
+            TableOp::Drop { layer, page, pool } => {
+                if replayed.is_some() {
+                    self.saw_layer(layer);
+                    if self.snap.layers.lock().layer(layer).is_none() {
+                        return Ok(());
+                    }
+                }
+                (layer, page, pool)
+            }
+        };
+        if let TableOp::Own { to, table, .. } = op {
+            let (key, ts) = self.table_for(to, page, table, replayed.is_some()).await?.expect("known layer");
+            let had = std::mem::replace(&mut ts.page().entries.lock()[table_slot(page)], pool);
+            // Made now, a hand-on goes only to a layer without a copy of the page (replayed, the
+            // table may hold it already: a checkpoint that did not finish wrote it).
+            assert!(
+                replayed.is_some() || had == 0,
+                "snapshot {to} takes over pool page {pool} for map page {page} while it owns pool page {had}"
+            );
+            self.snap.tables.mark_dirty(key, &ts);
+            if let Some(copy) = self.cache.peek(POOL_KEY | u64::from(pool)) {
+                copy.page().owner.store(to, SeqCst);
+                self.cache.mark_dirty(POOL_KEY | u64::from(pool), &copy);
+            }
+        }
+        let table = {
+            let l = self.snap.layers.lock();
+            l.layer(layer).expect("known layer").dir[table_index(page)]
+        };
+        assert!(
+            replayed.is_some() || table != 0,
+            "layer {layer} lets go of pool page {pool} for map page {page} and has no table there"
+        );
+        if table != 0 {
+            let ts = self.table_page(table, layer, (table_index(page) * INDEX_ENTRIES) as u64).await?;
+            let mut entries = ts.page().entries.lock();
+            // Made now, the record lets go of the layer's own copy.
+            assert!(
+                replayed.is_some() || entries[table_slot(page)] == pool,
+                "layer {layer} lets go of pool page {pool} for map page {page}, and its table names {}",
+                entries[table_slot(page)]
+            );
+            if entries[table_slot(page)] == pool {
+                entries[table_slot(page)] = 0;
+                drop(entries);
+                self.snap.tables.mark_dirty(u64::from(table), &ts);
+            }
+        }
+        if let TableOp::Drop { .. } = op {
+            // The log block of the record: a checkpoint whose replay starts past it is past
+            // every record naming the copy.
+            let after = match replayed {
+                Some(seq) => seq,
+                None => self.log.lock().await.next_seq.saturating_sub(1),
+            };
+            let mut l = self.snap.layers.lock();
+            // Not in use after a checkpoint that did not finish wrote the table without it; made
+            // now, the copy is in use and released once.
+            assert!(
+                replayed.is_some() || (l.pool.is_used(pool) && !l.pool.is_released(pool)),
+                "layer {layer} lets go of pool page {pool}, which is free or released already"
+            );
+            if l.pool.is_used(pool) && !l.pool.is_released(pool) {
+                l.pool.release(pool, after);
+            }
+            drop(l);
+            self.cache.forget(POOL_KEY | u64::from(pool));
+        }
+        Ok(())
+    }
+
+    /// Queues `deltas` and makes them durable (the caller holds `checkpointing`): a checkpoint
+    /// first if the log ring has no room for them, so none runs between their log write and
+    /// their apply.
+    pub(super) async fn log_held(&self, deltas: Vec<crate::map::Delta>) -> Result<(), MapError> {
+        let n = deltas.len();
+        let mut deltas = Some(deltas);
+        loop {
+            let mut log = self.log.lock().await;
+            if self.failed.load(SeqCst) {
+                return Err(MapError::Failed);
+            }
+            let ticket = {
+                let mut p = self.pending.lock();
+                let blocks = (p.deltas.len() + n).div_ceil(crate::map::DELTAS_PER_LOG_BLOCK) as u64;
+                if log.next_seq - log.replay_seq + blocks <= self.layout.log_blocks {
+                    for d in deltas.take().expect("queued once") {
+                        p.push(d);
+                    }
+                    Some(p.queued)
+                } else if log.next_seq == log.replay_seq {
+                    return Err(layers_error(format!(
+                        "{blocks} log blocks of records do not fit the map log"
+                    )));
+                } else {
+                    None
+                }
+            };
+            let Some(ticket) = ticket else {
+                drop(log);
+                self.write_back().await?;
+                continue;
+            };
+            if let Err(e) = self.write_pending(&mut log).await {
+                self.failed.store(true, SeqCst);
+                return Err(e);
+            }
+            assert!(log.durable >= ticket, "records that fit the ring were logged");
+            return Ok(());
+        }
+    }
+
+    /// Removes hidden snapshot `layer`, whose copies were all handed on or dropped: its index
+    /// pages go back to the pool after the checkpoint that writes the layer table without it.
+    /// If it was the newest, the next older one is now the one preserves go to.
+    pub(super) async fn remove_layer(&self, layer: u16) -> Result<(), MapError> {
+        let (newest, older) = {
+            let l = self.snap.layers.lock();
+            match l.snaps.iter().position(|s| s.record.id == layer) {
+                Some(k) => (
+                    k + 1 == l.snaps.len(),
+                    k.checked_sub(1).map(|i| (l.snaps[i].record.id, l.snaps[i].dir.clone())),
+                ),
+                None => (false, None), // a clone
+            }
+        };
+        let mut bits = vec![0u64; self.snap.preserved.len()];
+        if let (true, Some((id, dir))) = (newest, &older) {
+            for (ti, &t) in dir.iter().enumerate() {
+                if t == 0 {
+                    continue;
+                }
+                let ts = self.table_page(t, *id, (ti * INDEX_ENTRIES) as u64).await?;
+                for (k, &p) in ts.page().entries.lock().iter().enumerate() {
+                    if p != 0 {
+                        let page = ti * INDEX_ENTRIES + k;
+                        bits[page / 64] |= 1 << (page % 64);
+                    }
+                }
+            }
+        }
+        let _one = self.checkpointing.lock().await;
+        // The last log block written: every record naming the layer's pages is in it or before.
+        let after = self.log.lock().await.next_seq.saturating_sub(1);
+        {
+            let mut l = self.snap.layers.lock();
+            let s = match l.snaps.iter().position(|s| s.record.id == layer) {
+                Some(k) => l.snaps.remove(k),
+                None => {
+                    let k = l.clones.iter().position(|c| c.record.id == layer).expect("known layer");
+                    l.clones.remove(k)
+                }
+            };
+            for &t in s.dir.iter().filter(|&&t| t != 0) {
+                self.snap.tables.forget(u64::from(t));
+                l.pool.release(t, after);
+            }
+            for &p in s.dir_pages.iter().chain([&s.record.root_page]) {
+                l.pool.release(p, after);
+            }
+            l.records_dirty = true;
+            if newest {
+                for (w, b) in self.snap.preserved.iter().zip(bits) {
+                    w.store(b, SeqCst);
+                }
+            }
+        }
+        self.snap.generation.fetch_add(1, SeqCst);
+        self.write_back().await
+    }
+}
+
+/// What a delete does with each copy a layer owns.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum LetGo {
+    /// A snapshot's: hand it to `older` (the next older snapshot) if that one has none, else drop it.
+    HandOn { older: Option<u16> },
+    /// A clone's: drop it (what `parent`'s view does not hold is freed).
+    DropClone { parent: u16 },
+}

@@ -1,0 +1,340 @@
+//! Snapshots of the head in the map (docs/design/snapshots.md, "The model: a flat head and
+//! before-image layers"): a snapshot owns a copy of each head page the head changed after the
+//! snapshot was made, taken just before the first change (a *preserve*); its view of any other
+//! page is the next newer snapshot's, and finally the head's.
+//!
+//! Rules on top of the map's (module doc of `map`):
+//! 5. Every change to a head page after the newest snapshot was made is preceded, in memory and
+//!    in the log, by a preserve of that page into the newest snapshot. The copy is written to its
+//!    pool page (FUA) before the log block carrying the preserve record: replay does not copy the
+//!    head page (which a checkpoint may have written with later changes, rule 2), it takes the
+//!    copy. Until the record is durable a checkpoint writes the copy with the head's queued
+//!    changes before the record undone too (rule 4): they are in the copy, durable only with it.
+//! 6. A move (conditional update) changes every holder of the place it moves: the head's entry
+//!    and each snapshot's own entry that equals it. An overwrite returns the place it replaced
+//!    for freeing only when the newest snapshot does not hold it (none older can then).
+//! 7. A checkpoint writes map pages and snapshot pages, flushes, writes table pages, flushes,
+//!    writes directory and root pages, flushes, then the layer table, before the header: no
+//!    table, directory or record on disk names a page whose contents are not durable.
+//!
+//! Files, by concern: `load` (the layer table, directories and tables read at open; table and
+//! pool pages loaded for an update), `preserve` (head updates with snapshots: preserves and
+//! moves of every holder; making a snapshot), `view` (reads through the layers, holders),
+//! `write_back` (what a checkpoint writes for the layers), `replay`, `delete`, `rollback`,
+//! `clone`, `record` (the layers' log records).
+
+mod clone;
+mod delete;
+mod load;
+mod preserve;
+mod record;
+mod replay;
+mod rollback;
+mod view;
+mod write_back;
+
+pub use delete::DeleteStats;
+pub(in crate::map) use record::{Record, TableOp, decode_record, encode_preserve, encode_table_op};
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+
+use stria_dev::{BLOCK_BYTES, BlockDevice};
+use stria_engine::pagecache::{PageCache, Slot};
+
+use super::{MapError, MapPage, MapStore};
+use crate::layers::{INDEX_ENTRIES, LAYER_TABLE_BLOCKS, LayerKind, LayerRecord, MAX_LAYERS, PagePool};
+
+/// Cache keys of snapshot pages in the pool: `POOL_KEY | pool page` (head pages are their index).
+pub(super) const POOL_KEY: u64 = 1 << 62;
+/// Log records that are not entry deltas have this in the top 16 bits of their block field.
+pub(super) const CONTROL_TAG: u64 = 0xFFFF;
+/// Low bits of a log record's block field: the logical block (or a control record's operands).
+pub(super) const BLOCK_MASK: u64 = (1 << 48) - 1;
+const OP_PRESERVE: u64 = 1;
+const OP_OWN: u64 = 2;
+const OP_DROP: u64 = 3;
+/// Pages a snapshot delete hands on per batch of table records (one log block holds 169).
+const HAND_ON_BATCH: usize = 128;
+/// The origin head's layer id in layer records (its deltas carry layer 0 in the log).
+pub const HEAD_LAYER: u16 = 1;
+
+/// Where a family's layer table and page pool are in the map's backing volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolLayout {
+    /// Byte offset of the layer table (`LAYER_TABLE_BLOCKS` blocks).
+    pub layers_at: u64,
+    /// Byte offset of pool page 0 (page 0 itself is never used).
+    pub pages_at: u64,
+    /// Pages of the pool.
+    pub pages: u32,
+}
+
+impl PoolLayout {
+    /// Bytes from `layers_at` to the end of the pool.
+    pub fn bytes(&self) -> u64 {
+        (LAYER_TABLE_BLOCKS as u64 + u64::from(self.pages)) * BLOCK_BYTES
+    }
+
+    pub(super) fn page_offset(&self, page: u64) -> u64 {
+        self.pages_at + page * BLOCK_BYTES
+    }
+}
+
+/// A cached table page of a snapshot.
+#[derive(Debug)]
+pub(super) struct TablePage {
+    layer: u16,
+    first: u64,
+    entries: parking_lot::Mutex<Box<[u32]>>,
+}
+
+/// One snapshot of the head.
+#[derive(Debug)]
+pub(super) struct Snap {
+    record: LayerRecord,
+    /// Table page per `INDEX_ENTRIES` head pages (0: none yet).
+    dir: Vec<u32>,
+    /// Pool pages of its directory level (fixed when it is made).
+    dir_pages: Vec<u32>,
+    dir_dirty: bool,
+    root_dirty: bool,
+}
+
+/// The snapshots of a map and their pool.
+#[derive(Debug)]
+pub(super) struct Layers {
+    head: Option<LayerRecord>,
+    /// Oldest first.
+    snaps: Vec<Snap>,
+    /// Clones: writable layers over a snapshot (their pages are copies, like a snapshot's, of
+    /// their own changed pages; the rest they read through their parent snapshot).
+    clones: Vec<Snap>,
+    pool: PagePool,
+    records_dirty: bool,
+    /// The next layer id to give out: ids are not reused while the log may hold records of a
+    /// deleted layer (past ids seen in the layer table and in replayed records).
+    next_id: u16,
+}
+
+/// Snapshot state of a [`MapStore`].
+#[derive(Debug)]
+pub(super) struct SnapState {
+    pub(super) layers: parking_lot::Mutex<Layers>,
+    pub(super) tables: PageCache<TablePage>,
+    /// Updates hold it shared from finding their pages to applying them; making a snapshot holds
+    /// it alone, so no update is half applied when the snapshot is made.
+    pub(super) gate: tokio::sync::RwLock<()>,
+    /// Bit per head page: the newest snapshot owns a copy of it.
+    preserved: Vec<AtomicU64>,
+    /// Raised when a snapshot is made: a view read that began before re-resolves.
+    generation: AtomicU64,
+}
+
+/// A page an update needs in memory before it can apply.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Need {
+    Table {
+        table: u32,
+        layer: u16,
+        first: u64,
+    },
+    Pool {
+        pool: u32,
+        layer: u16,
+        page: u64,
+    },
+    /// A head page (a clone's view of a page no snapshot has a copy of).
+    Head {
+        page: u64,
+    },
+}
+
+/// A snapshot's directory as a checkpoint writes it.
+struct DirWrite {
+    layer: u16,
+    /// Its pool pages.
+    pages: Vec<u32>,
+    /// Table page per `INDEX_ENTRIES` head pages.
+    dir: Vec<u32>,
+    /// The root page, when it is written too (a new snapshot).
+    root: Option<u32>,
+}
+
+/// What a checkpoint writes for the snapshots, taken with the dirty map pages.
+#[derive(Default)]
+pub(super) struct LayerWrites {
+    tables: Vec<(u64, Arc<Slot<TablePage>>)>,
+    dirs: Vec<DirWrite>,
+    records: Option<Vec<u8>>,
+}
+
+impl LayerWrites {
+    pub(super) fn is_empty(&self) -> bool {
+        self.tables.is_empty() && self.dirs.is_empty() && self.records.is_none()
+    }
+}
+
+fn table_index(page: u64) -> usize {
+    (page / INDEX_ENTRIES as u64) as usize
+}
+
+fn table_slot(page: u64) -> usize {
+    (page % INDEX_ENTRIES as u64) as usize
+}
+
+impl Layers {
+    pub(super) fn has_snapshots(&self) -> bool {
+        !self.snaps.is_empty()
+    }
+
+    /// A new snapshot or clone of `tables` table pages' reach: its id (not given out again in
+    /// one open), root and directory pages taken from the pool; its record to be written.
+    fn new_layer(
+        &mut self,
+        mut record: LayerRecord,
+        kind: LayerKind,
+        parent: u16,
+        tables: usize,
+    ) -> Result<Snap, MapError> {
+        let (what, same) = match kind {
+            LayerKind::Clone => ("clone", &self.clones),
+            _ => ("snapshot", &self.snaps),
+        };
+        if let Some(same) = same.iter().find(|s| s.record.name == record.name && !s.record.hidden) {
+            return Err(layers_error(format!("{what} {:?} exists (layer {})", record.name, same.record.id)));
+        }
+        if self.snaps.len() + self.clones.len() + 2 > MAX_LAYERS {
+            return Err(layers_error(format!(
+                "a volume has at most {} snapshots and clones",
+                MAX_LAYERS - 1
+            )));
+        }
+        let id = self
+            .next_id
+            .max(self.snaps.iter().chain(&self.clones).map(|s| s.record.id).max().unwrap_or(HEAD_LAYER) + 1);
+        assert!(
+            self.snaps.iter().chain(&self.clones).all(|s| s.record.id != id) && id > HEAD_LAYER,
+            "layer id {id} given out twice"
+        );
+        if id == CONTROL_TAG as u16 {
+            return Err(layers_error("layer ids are used up until the volume is opened again"));
+        }
+        let dirs = tables.div_ceil(INDEX_ENTRIES);
+        room_for(&self.pool, dirs + 1)?;
+        self.next_id = id + 1;
+        record.id = id;
+        record.kind = kind;
+        record.parent = parent;
+        record.root_page = self.pool.allocate().expect("room checked");
+        record.region_page = 0;
+        let dir_pages = (0..dirs).map(|_| self.pool.allocate().expect("room checked")).collect();
+        self.records_dirty = true;
+        Ok(Snap { record, dir: vec![0; tables], dir_pages, dir_dirty: true, root_dirty: true })
+    }
+
+    /// Snapshot or clone `id`.
+    fn layer(&self, id: u16) -> Option<&Snap> {
+        self.snaps.iter().chain(&self.clones).find(|s| s.record.id == id)
+    }
+
+    fn layer_mut(&mut self, id: u16) -> Option<&mut Snap> {
+        self.snaps.iter_mut().chain(self.clones.iter_mut()).find(|s| s.record.id == id)
+    }
+
+    /// Whether snapshot `id` has clones (deleted ones whose delete has not finished included).
+    fn has_clones(&self, id: u16) -> bool {
+        self.clones.iter().any(|c| c.record.parent == id)
+    }
+
+    /// The index of snapshot `layer` among `snaps`, unless it is unknown or being deleted.
+    fn visible(&self, layer: u16) -> Result<usize, MapError> {
+        self.snaps
+            .iter()
+            .position(|s| s.record.id == layer && !s.record.hidden)
+            .ok_or_else(|| layers_error(format!("no snapshot with layer id {layer}")))
+    }
+}
+
+impl SnapState {
+    pub(super) fn new(head_pages: u64, cache_pages: u64, pool: Option<PoolLayout>) -> SnapState {
+        SnapState {
+            layers: parking_lot::Mutex::new(Layers {
+                head: None,
+                snaps: Vec::new(),
+                clones: Vec::new(),
+                pool: PagePool::new(pool.map_or(0, |p| p.pages)),
+                records_dirty: false,
+                next_id: HEAD_LAYER + 1,
+            }),
+            tables: PageCache::new((cache_pages / 16).max(4)),
+            gate: tokio::sync::RwLock::new(()),
+            preserved: (0..head_pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    fn is_preserved(&self, page: u64) -> bool {
+        self.preserved[(page / 64) as usize].load(SeqCst) >> (page % 64) & 1 == 1
+    }
+
+    fn set_preserved(&self, page: u64) {
+        self.preserved[(page / 64) as usize].fetch_or(1 << (page % 64), SeqCst);
+    }
+
+    /// Whether a checkpoint has anything of the snapshots to write.
+    pub(super) fn dirty(&self) -> bool {
+        let l = self.layers.lock();
+        l.records_dirty
+            || l.snaps.iter().chain(&l.clones).any(|s| s.dir_dirty || s.root_dirty)
+            || self.tables.dirty_pages() > 0
+    }
+}
+
+/// Refuses, changing nothing, an update that needs `pages` new pool pages the pool does not have.
+fn room_for(pool: &PagePool, pages: usize) -> Result<(), MapError> {
+    let (needed, free) = (pages as u64, u64::from(pool.free()));
+    if needed > free {
+        return Err(MapError::PoolFull { needed, free });
+    }
+    Ok(())
+}
+
+fn layers_error(e: impl std::fmt::Display) -> MapError {
+    MapError::Layers(e.to_string())
+}
+
+impl<D: BlockDevice> MapStore<D> {
+    fn pool_layout(&self) -> Result<PoolLayout, MapError> {
+        self.layout
+            .pool
+            .ok_or_else(|| layers_error("this volume was made without room for snapshots (format version 2)"))
+    }
+
+    /// The snapshots, oldest first.
+    pub fn snapshots(&self) -> Vec<LayerRecord> {
+        self.snap.layers.lock().snaps.iter().filter(|s| !s.record.hidden).map(|s| s.record.clone()).collect()
+    }
+
+    /// Pool pages in use and in all (0, 0 without a pool).
+    pub fn pool_pages(&self) -> (u32, u32) {
+        let l = self.snap.layers.lock();
+        (l.pool.pages() - l.pool.free(), l.pool.pages())
+    }
+
+    /// Grows the page pool to `pages` pages in all. The caller has made the backing volume
+    /// hold them and made the header that says so durable (so a reopen finds them too).
+    pub fn grow_pool(&self, pages: u32) {
+        let mut l = self.snap.layers.lock();
+        if pages > l.pool.pages() {
+            l.pool.grow(pages);
+        }
+    }
+}
+
+/// A page an update holds (only held: a held page cannot be evicted) from when it was loaded
+/// until the update applied.
+pub(super) enum Pin {
+    Table(#[expect(dead_code, reason = "held, never read")] Arc<Slot<TablePage>>),
+    Map(#[expect(dead_code, reason = "held, never read")] Arc<Slot<MapPage>>),
+}

@@ -1,0 +1,215 @@
+//! Reads through the layers: a snapshot's or clone's view of a block, which layer holds a
+//! place (destage and GC ask), and the scan of the copies for live counts at open.
+
+use std::sync::atomic::Ordering::SeqCst;
+
+use stria_dev::BlockDevice;
+
+use super::{layers_error, table_index, table_slot};
+use crate::layers::INDEX_ENTRIES;
+use crate::map::{ENTRIES_PER_PAGE, MapEntry, MapError, MapStore};
+
+impl<D: BlockDevice> MapStore<D> {
+    /// The entries of `blocks` as snapshot or clone `layer` sees them.
+    pub async fn get_in(&self, layer: u16, blocks: &[u64]) -> Result<Vec<MapEntry>, MapError> {
+        let parent = {
+            let l = self.snap.layers.lock();
+            match l.clones.iter().find(|c| c.record.id == layer && !c.record.hidden) {
+                Some(c) => Some(c.record.parent),
+                None => {
+                    l.visible(layer)?;
+                    None
+                }
+            }
+        };
+        let mut out = Vec::with_capacity(blocks.len());
+        for &block in blocks {
+            if block >= self.layout.blocks {
+                return Err(MapError::OutOfRange { block, blocks: self.layout.blocks });
+            }
+            match parent {
+                None => out.push(self.view_entry(layer, block).await?),
+                Some(parent) => {
+                    // Its own copy of the page, else its parent's view. A write racing the read
+                    // may make the copy in between: the read then sees the block before it.
+                    let page = block / ENTRIES_PER_PAGE;
+                    match self.own_copy(layer, page).await? {
+                        Some((_, own)) => {
+                            out.push(own.page().entries.lock()[(block % ENTRIES_PER_PAGE) as usize])
+                        }
+                        None => out.push(self.view_entry(parent, block).await?),
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// [`MapStore::get_in`] for a snapshot, also one deleted and kept for its clones (which
+    /// read through it): for checks and diagnostics.
+    pub async fn get_in_kept(&self, layer: u16, blocks: &[u64]) -> Result<Vec<MapEntry>, MapError> {
+        let mut out = Vec::with_capacity(blocks.len());
+        for &block in blocks {
+            if block >= self.layout.blocks {
+                return Err(MapError::OutOfRange { block, blocks: self.layout.blocks });
+            }
+            out.push(self.view_entry(layer, block).await?);
+        }
+        Ok(out)
+    }
+
+    /// The entry of `block` as snapshot `layer` sees it (a deleted one kept for its clones too).
+    pub(super) async fn view_entry(&self, layer: u16, block: u64) -> Result<MapEntry, MapError> {
+        let page = block / ENTRIES_PER_PAGE;
+        let at = (block % ENTRIES_PER_PAGE) as usize;
+        'resolve: loop {
+            let generation = self.snap.generation.load(SeqCst);
+            let chain: Vec<(u16, u32)> = {
+                let l = self.snap.layers.lock();
+                let k = l
+                    .snaps
+                    .iter()
+                    .position(|s| s.record.id == layer)
+                    .ok_or_else(|| layers_error(format!("no snapshot with layer id {layer}")))?;
+                l.snaps[k..].iter().map(|s| (s.record.id, s.dir[table_index(page)])).collect()
+            };
+            for (id, table) in chain {
+                if table == 0 {
+                    continue;
+                }
+                let ts = self.table_page(table, id, (table_index(page) * INDEX_ENTRIES) as u64).await;
+                if ts.is_err() && self.snap.generation.load(SeqCst) != generation {
+                    continue 'resolve;
+                }
+                let pool = ts?.page().entries.lock()[table_slot(page)];
+                if pool != 0 {
+                    let own = self.pool_page(pool, id, page).await;
+                    if self.snap.generation.load(SeqCst) != generation {
+                        continue 'resolve;
+                    }
+                    return Ok(own?.page().entries.lock()[at]);
+                }
+            }
+            // No snapshot from `layer` on owns the page: the head's is the view, unless the
+            // newest took a copy (or a newer snapshot was made) since the chain was read.
+            let (_, slot) = self.page_of(block).await?;
+            let entries = slot.page().entries.lock();
+            if self.snap.generation.load(SeqCst) == generation && !self.snap.is_preserved(page) {
+                return Ok(entries[at]);
+            }
+        }
+    }
+
+    /// For each `(block, place)`, the entry of a layer that holds `place` for `block` (the head
+    /// first, then the snapshots' copies), or `None` when no layer does: what destage and GC
+    /// ask before they move a block (docs/design/snapshots.md, "Holders").
+    pub async fn holding(
+        &self,
+        items: &[(u64, crate::map::Place)],
+    ) -> Result<Vec<Option<MapEntry>>, MapError> {
+        let blocks: Vec<u64> = items.iter().map(|i| i.0).collect();
+        let heads = self.get_many(&blocks).await?;
+        if !self.snap.layers.lock().has_snapshots() {
+            return Ok(items
+                .iter()
+                .zip(heads)
+                .map(|(&(_, place), h)| (h.place == place).then_some(h))
+                .collect());
+        }
+        let mut out = Vec::with_capacity(items.len());
+        for (&(block, place), head) in items.iter().zip(heads) {
+            if head.place == place {
+                out.push(Some(head));
+                continue;
+            }
+            let page = block / ENTRIES_PER_PAGE;
+            let found = loop {
+                // A delete hands copies between layers (and removes one) under the gate, which
+                // this does not take: a walk that overlapped one is done again.
+                let generation = self.snap.generation.load(SeqCst);
+                let ids: Vec<u16> = {
+                    let l = self.snap.layers.lock();
+                    l.snaps.iter().chain(&l.clones).map(|s| s.record.id).collect()
+                };
+                let mut found = None;
+                let mut walked = true;
+                for id in ids {
+                    match self.own_copy(id, page).await {
+                        Ok(Some((_, own))) => {
+                            let e = own.page().entries.lock()[(block % ENTRIES_PER_PAGE) as usize];
+                            if e.place == place {
+                                found = Some(e);
+                                break;
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(_) if self.snap.generation.load(SeqCst) != generation => {
+                            walked = false;
+                            break;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                if walked && self.snap.generation.load(SeqCst) == generation {
+                    break found;
+                }
+            };
+            out.push(found);
+        }
+        Ok(out)
+    }
+
+    /// Calls `f(block, entry)` for the entries of the snapshots' copies whose place neither the
+    /// head's page nor another copy of the same page names for that block: after a scan of the
+    /// head, every place some layer holds is named exactly once (live counts at open).
+    pub async fn scan_copies(&self, mut f: impl FnMut(u64, &MapEntry)) -> Result<(), MapError> {
+        let snaps: Vec<(u16, Vec<u32>)> = {
+            let l = self.snap.layers.lock();
+            l.snaps.iter().chain(&l.clones).map(|s| (s.record.id, s.dir.clone())).collect()
+        };
+        let Some(tables) = snaps.first().map(|s| s.1.len()) else { return Ok(()) };
+        let pages = self.layout.pages();
+        for ti in 0..tables {
+            let first = (ti * INDEX_ENTRIES) as u64;
+            let mut tabs: Vec<(u16, Box<[u32]>)> = Vec::new();
+            for (layer, dir) in &snaps {
+                if dir[ti] != 0 {
+                    tabs.push((
+                        *layer,
+                        self.table_page(dir[ti], *layer, first).await?.page().entries.lock().clone(),
+                    ));
+                }
+            }
+            for k in 0..INDEX_ENTRIES {
+                let page = first + k as u64;
+                if page >= pages {
+                    break;
+                }
+                let copies: Vec<(u16, u32)> = tabs
+                    .iter()
+                    .filter(|t| t.1[k] != 0)
+                    .map(|(layer, entries)| (*layer, entries[k]))
+                    .collect();
+                if copies.is_empty() {
+                    continue;
+                }
+                let (_, head) = self.page_of(page * ENTRIES_PER_PAGE).await?;
+                let head: Box<[MapEntry]> = head.page().entries.lock().clone();
+                let mut own = Vec::with_capacity(copies.len());
+                for (layer, pool) in copies {
+                    own.push(self.pool_page(pool, layer, page).await?.page().entries.lock().clone());
+                }
+                for (i, h) in head.iter().enumerate() {
+                    let mut named = vec![h.place];
+                    for copy in &own {
+                        if !named.contains(&copy[i].place) {
+                            named.push(copy[i].place);
+                            f(page * ENTRIES_PER_PAGE + i as u64, &copy[i]);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
