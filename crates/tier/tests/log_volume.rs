@@ -546,6 +546,40 @@ async fn concurrent_sector_writes_into_one_block_all_survive() {
     vol.close().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_counters_sum_what_every_worker_counted() {
+    // The per-request counters are sharded per thread: the status sums the shards, so requests
+    // spread over the runtime's workers are each counted once.
+    let switch = PowerSwitch::new();
+    let devs = drives(&switch, 6);
+    let pool = create_pool(&devs).await;
+    let vol = log::create(&pool, small_spec(1 << 20, small_space(256))).await.unwrap();
+    let tasks: Vec<_> = (0..64u64)
+        .map(|block| {
+            let vol = Arc::clone(&vol);
+            tokio::spawn(async move {
+                vol.write(block * 4096, IoBytes::copy_from(&[block as u8; 4096]), false).await.unwrap();
+                let back = vol.read(block * 4096, 4096).await.unwrap();
+                assert!(back.iter().all(|&b| b == block as u8), "block {block} reads back");
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let c = vol.counters();
+    let load = |c: &stria_dev::Counter| c.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!((load(&c.host_write_ops), load(&c.host_read_ops)), (64, 64));
+    let st = vol.status();
+    assert_eq!((st.host_write_bytes, st.host_read_bytes), (64 * 4096, 64 * 4096));
+    let retries = load(&c.read_retries);
+    assert!(
+        st.blocks_read_from_cache + st.blocks_read_from_segments >= 64,
+        "every block read was counted: {st:?} ({retries} retries)"
+    );
+    vol.close().await;
+}
+
 #[tokio::test]
 async fn wrong_bytes_in_the_segment_space_are_detected_by_the_map_checksum_and_never_returned() {
     // The segment space holds the wrong bytes while its own (engine) checksums say they are

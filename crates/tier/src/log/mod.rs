@@ -55,7 +55,7 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use stria_dev::{BLOCK_BYTES, BlockDevice};
+use stria_dev::{BLOCK_BYTES, BlockDevice, Counter};
 use stria_engine::volume::bytes::{self};
 use stria_engine::{DriveClass, Pool, Volume, VolumeError, VolumeState};
 
@@ -154,17 +154,20 @@ pub enum LogKind {
     Log,
 }
 
-/// Counters.
+/// Counters. Those every host request bumps are sharded ([`Counter`]: no cache line shared by
+/// the cores that count); the mover's (destage and GC, bumped once per batch by the one task
+/// that holds `gates.moving`, or once per resize) have a single writer at a time and stay plain
+/// atomics. Both read with `load(Relaxed)`.
 #[derive(Debug, Default)]
 pub struct LogCounters {
-    pub host_write_ops: AtomicU64,
-    pub host_write_bytes: AtomicU64,
-    pub host_read_ops: AtomicU64,
-    pub host_read_bytes: AtomicU64,
-    pub read_retries: AtomicU64,
+    pub host_write_ops: Counter,
+    pub host_write_bytes: Counter,
+    pub host_read_ops: Counter,
+    pub host_read_bytes: Counter,
+    pub read_retries: Counter,
     /// Blocks read from the write cache and from the segment space.
-    pub blocks_read_from_cache: AtomicU64,
-    pub blocks_read_from_segments: AtomicU64,
+    pub blocks_read_from_cache: Counter,
+    pub blocks_read_from_segments: Counter,
     pub destage_batches: AtomicU64,
     pub destaged_blocks: AtomicU64,
     /// Data slots written without a block (short batches).
