@@ -77,6 +77,10 @@ pub enum EngineError {
     /// acknowledged any more (a drive the metadata still calls active would miss it).
     #[error("the pool could not record a drive failure in its metadata; it refuses writes until restarted")]
     WritesRefused,
+    /// A guarded drive workflow refused: going ahead would lose data or makes no sense in the
+    /// drive's state (`crate::maint`). The same request, forced, goes ahead where it can.
+    #[error(transparent)]
+    Refused(#[from] crate::maint::Refusal),
 }
 
 impl EngineError {
@@ -90,7 +94,8 @@ impl EngineError {
             | EngineError::DuplicateDrive { .. }
             | EngineError::VolumeExists(_)
             | EngineError::Placement(_)
-            | EngineError::Busy(_) => ErrorKind::Conflict,
+            | EngineError::Busy(_)
+            | EngineError::Refused(_) => ErrorKind::Conflict,
             EngineError::NoQuorum { .. } | EngineError::CommitFailed { .. } | EngineError::WritesRefused => {
                 ErrorKind::Unavailable
             }

@@ -4,6 +4,8 @@
 //!   replacement, rebuild, scrub, status.
 //! * [`Volume`]: the byte-addressed block interface (read, write with FUA, write-zeroes, trim,
 //!   flush, block status) over raid0/1/10 and erasure-coded layouts, with per-block checksums.
+//! * [`maint`]: the maintenance services of an open pool (tick, rebuild and moves with retries,
+//!   drained drives taken out) and the guarded drive workflows, for whoever owns the pool.
 //!
 //! Design: docs/engine.md. On-disk format: docs/on-disk-format.md. Crash consistency:
 //! docs/crash-consistency.md.
@@ -21,6 +23,7 @@ pub mod format;
 pub mod fuzzing;
 pub(crate) mod gate;
 mod join;
+pub mod maint;
 pub mod pagecache;
 pub mod pool;
 pub mod qos;

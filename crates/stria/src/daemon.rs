@@ -1,14 +1,15 @@
-//! `stria serve`: owns a pool, exports its volumes over NBD, answers the control socket, runs
-//! rebuilds and housekeeping, and shuts down cleanly on SIGTERM/SIGINT.
+//! `stria serve`: owns a pool, exports its volumes over NBD, answers the control socket, starts
+//! the engine's maintenance services (`stria_engine::maint`: rebuilds, moves, drained drives),
+//! and shuts down cleanly on SIGTERM/SIGINT.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use stria_catalog::{Catalog, CreateVolume};
 use stria_dev::BlockDevice;
 use stria_dev::mem::MemDevice;
+use stria_engine::maint;
 use stria_engine::units::parse_size;
 use stria_engine::{DriveClass, NewDrive, Pool};
 use stria_front::Registry;
@@ -279,8 +280,9 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
         None => None,
     };
 
-    let (stop_housekeeping, stopped) = tokio::sync::watch::channel(false);
-    let housekeeping = tokio::spawn(housekeeping(Arc::clone(&pool), dir.clone(), stopped));
+    let removal = Arc::new(ops::DirRemoval(dir.clone()));
+    let services =
+        maint::Services::start(Arc::clone(&pool), maint::Settings::default().on_drive_removed(removal));
 
     on_ready(&uris);
     notify_systemd("READY=1");
@@ -295,94 +297,15 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
     for h in handles {
         h.shutdown().await;
     }
-    // Housekeeping is stopped, not aborted: a task dropped in the middle of a metadata commit
-    // or a rebuild row would leave its work half done. The pool's close refuses new rows, so a
-    // rebuild in progress ends at its next row.
-    let _ = stop_housekeeping.send(true);
+    // The maintenance services are stopped, not aborted: a task dropped in the middle of a
+    // metadata commit or a rebuild row would leave its work half done. The pool's close refuses
+    // new rows, so a rebuild in progress ends at its next row.
+    let stopping = services.stop();
     catalog.close().await.context("flushing the pool on shutdown")?;
-    if let Err(e) = housekeeping.await {
-        tracing::warn!(error = %e, "housekeeping task ended abnormally");
-    }
+    stopping.await;
     let _ = std::fs::remove_file(&control_path);
     tracing::info!("pool closed cleanly");
     Ok(())
-}
-
-/// Every 2 s: clears idle intent bits, runs pending rebuilds (retrying a failed one after a
-/// minute), then pending extent moves (`pool rebalance`, `drive remove`; retried likewise), and
-/// takes drained drives out of the pool. Returns when `stop` turns true (between ticks, or when
-/// a rebuild or a move ends because the pool is closing).
-async fn housekeeping(
-    pool: Arc<Pool<crate::pooldir::Dev>>,
-    dir: PoolDir,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    let mut tick = tokio::time::interval(Duration::from_secs(2));
-    let mut retry_at = tokio::time::Instant::now();
-    let mut moves_retry_at = tokio::time::Instant::now();
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.changed() => return,
-        }
-        if *stop.borrow() {
-            return;
-        }
-        if let Err(e) = pool.tick().await {
-            tracing::error!(error = %e, "housekeeping failed");
-        }
-        if pool.rebuild_pending() && tokio::time::Instant::now() >= retry_at {
-            tracing::info!("rebuild starting");
-            let mut last = std::time::Instant::now();
-            let result = pool
-                .rebuild(|p| {
-                    if last.elapsed() > Duration::from_secs(5) {
-                        tracing::info!(volume = %p.volume, done = p.rows_done, total = p.rows_total, "rebuilding");
-                        last = std::time::Instant::now();
-                    }
-                })
-                .await;
-            match result {
-                Ok(()) if *stop.borrow() => return,
-                Ok(()) => tracing::info!("rebuild finished"),
-                Err(e) => {
-                    tracing::error!(error = %e, "rebuild stopped; retrying in a minute");
-                    retry_at = tokio::time::Instant::now() + Duration::from_secs(60);
-                }
-            }
-        }
-        if pool.rebalance_pending()
-            && !pool.rebuild_pending()
-            && tokio::time::Instant::now() >= moves_retry_at
-        {
-            let mut last = std::time::Instant::now();
-            let result = pool
-                .rebalance(|m| {
-                    if last.elapsed() > Duration::from_secs(5) {
-                        tracing::info!(volume = %m.volume, from = m.from_drive, to = m.to_drive, done = m.rows_done, total = m.rows_total, "moving an extent");
-                        last = std::time::Instant::now();
-                    }
-                })
-                .await;
-            match result {
-                Ok(_) if *stop.borrow() => return,
-                Ok(r) if r.stuck.is_some() || r.abandoned > 0 => {
-                    tracing::warn!(moves = r.moves, abandoned = r.abandoned, stuck = ?r.stuck, "moves stopped; retrying in a minute");
-                    moves_retry_at = tokio::time::Instant::now() + Duration::from_secs(60);
-                }
-                Ok(r) => tracing::info!(moves = r.moves, "moves finished"),
-                Err(e) => {
-                    tracing::error!(error = %e, "moves stopped; retrying in a minute");
-                    moves_retry_at = tokio::time::Instant::now() + Duration::from_secs(60);
-                }
-            }
-        }
-        for slot in pool.drained() {
-            if let Err(e) = ops::finish_remove(&pool, &dir, slot).await {
-                tracing::error!(slot, error = %e, "cannot take the drained drive out of the pool");
-            }
-        }
-    }
 }
 
 /// Builds the NBD server for `exports` and starts its listeners; returns them with their URIs.

@@ -1,15 +1,16 @@
 //! Pool operations: one implementation, run either in this process (pool opened locally) or in
 //! the daemon (sent over the control socket). Requests and results are JSON.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use stria_catalog::{Catalog, CreateVolume, QosUpdate};
 use stria_dev::{BLOCK_BYTES, FileDevice};
+use stria_engine::maint::{self, Refusal, Removal};
 use stria_engine::units::format_size;
-use stria_engine::{DriveClass, DriveState, NewDrive, Pool, VolumeState};
+use stria_engine::{DriveClass, EngineError, NewDrive, Pool};
 
 use crate::drive_check;
 use crate::pooldir::{Dev, PoolDir};
@@ -221,57 +222,6 @@ impl Ctx<'_> {
     }
 }
 
-/// Refuses to take out of service the last copy of some data, unless forced.
-fn check_not_last_copy(pool: &Pool<FileDevice>, slot: u32, what: &str, force: bool) -> Result<()> {
-    let lost = pool.volumes_lost_without(slot).into_iter().filter(|(_, now)| *now != VolumeState::Failed);
-    guard(lost.map(|(name, _)| name).collect(), force, |volumes| {
-        format!(
-            "drive {slot} holds the last in-sync copy of data of volume(s) {volumes}: {what} would make \
-             them unreadable. Replace or bring back another drive first, or run the same command again \
-             with --force"
-        )
-    })
-}
-
-/// Refuses to rebuild onto drive `slot` (`drive replace`, `drive online`) when a volume on it has
-/// nothing to rebuild from. Both rebuild the drive in full from the others: stria does not take
-/// back a failed drive's old contents, since it does not know which writes the drive missed while
-/// it was out. So bringing a failed drive back never gives a rebuild a source, and the refusal
-/// does not suggest it; for a raid0 volume (a member on it failed with --force, its bytes still on
-/// the device) nothing inside stria can bring that data back.
-fn check_rebuild_source(pool: &Pool<FileDevice>, slot: u32, force: bool) -> Result<()> {
-    let lost: Vec<String> = pool.volumes_lost_without(slot).into_iter().map(|(name, _)| name).collect();
-    let meta = pool.meta();
-    let (raid0, other): (Vec<String>, Vec<String>) = lost.iter().cloned().partition(|n| {
-        meta.volume(n).is_some_and(|v| matches!(v.layout, stria_engine::Layout::Raid0 { .. }))
-    });
-    guard(lost, force, |_| {
-        let mut why = Vec::new();
-        if !raid0.is_empty() {
-            why.push(format!(
-                "volume(s) {} are raid0: there is no copy or parity of their part",
-                raid0.join(", ")
-            ));
-        }
-        if !other.is_empty() {
-            why.push(format!(
-                "volume(s) {} have lost more members than their copies or parity cover",
-                other.join(", ")
-            ));
-        }
-        format!(
-            "nothing to rebuild drive {slot} from: {}. A drive brought back or replaced is rebuilt in full \
-             from the other drives (stria does not take back a failed drive's old contents: it cannot know \
-             what the drive missed while it was out), so their data on it would be lost. Those volumes \
-             stay failed until deleted, and their data on drive {slot} is left as it is for as long as the \
-             device is not reused. To give it up, delete them (`stria volume delete NAME`) and run this \
-             command again, or run it again with --force: the drive comes back for the other volumes and \
-             those stay failed",
-            why.join("; ")
-        )
-    })
-}
-
 /// Refuses to shrink volume `name` from `old_bytes` to `new_bytes` unless `allowed`: what lies
 /// past the new end is discarded (as `rbd resize` needs `--allow-shrink` and `lvreduce` asks).
 fn check_shrink(name: &str, old_bytes: u64, new_bytes: u64, allowed: bool) -> Result<()> {
@@ -292,17 +242,22 @@ fn check_shrink(name: &str, old_bytes: u64, new_bytes: u64, allowed: bool) -> Re
     )
 }
 
-/// Refuses with `refusal(volumes)` when `lost` names volumes, unless `force` (then it warns).
-fn guard(lost: Vec<String>, force: bool, refusal: impl Fn(&str) -> String) -> Result<()> {
-    if lost.is_empty() {
-        return Ok(());
-    }
-    let message = refusal(&lost.join(", "));
-    if force {
-        tracing::warn!("going ahead because of --force: {message}");
-        return Ok(());
-    }
-    Err(refusal::conflict(message))
+/// A refusal of the engine's guarded drive workflows as this binary says it: the same message,
+/// with the hint of how to go ahead from the command line (the REST API says so too: its requests
+/// take the same `force`). Other errors pass as they are.
+fn refused(e: EngineError) -> anyhow::Error {
+    let EngineError::Refused(r) = e else { return e.into() };
+    let message = match r {
+        Refusal::LastCopy { .. } => format!(
+            "{r}. Replace or bring back another drive first, or run the same command again with --force"
+        ),
+        Refusal::NoRebuildSource { .. } => format!(
+            "{r}. To give it up, delete them (`stria volume delete NAME`) and run this command again, or run it \
+             again with --force: the drive comes back for the other volumes and those stay failed"
+        ),
+        r => r.to_string(),
+    };
+    refusal::conflict(message)
 }
 
 /// Finds a drive by slot number or by path.
@@ -371,11 +326,9 @@ pub(crate) async fn execute(
         }
         Request::DriveFail { drive, force } => {
             let slot = find_drive(pool, &drive)?;
-            if pool.meta().drive(slot).is_some_and(|d| d.state == DriveState::Failed) {
-                return Err(refusal::conflict(format!("drive {slot} is failed already")));
-            }
-            check_not_last_copy(pool, slot, "failing it", force)?;
-            pool.fail_drive(slot, "failed by the operator (drive fail)").await?;
+            maint::fail_drive(pool, slot, force, "failed by the operator (drive fail)")
+                .await
+                .map_err(refused)?;
             Ok(json!({ "failed": slot }))
         }
         Request::DriveOnline { drive, force } => {
@@ -386,11 +339,8 @@ pub(crate) async fn execute(
         }
         Request::DriveReplace { drive, new_path, domain, force, overwrite } => {
             let slot = find_drive(pool, &drive)?;
-            if pool.meta().drive(slot).is_some_and(|d| d.state == DriveState::Active) {
-                check_not_last_copy(pool, slot, "replacing it", force)?;
-            }
-            check_rebuild_source(pool, slot, force)?;
-            let (new_slot, kept) = replace(ctx, slot, new_path, domain, overwrite).await?;
+            let replacing = maint::Replacement::check(pool, slot, force).map_err(refused)?;
+            let (new_slot, kept) = replace(ctx, replacing, new_path, domain, overwrite).await?;
             rebuild_here(ctx, progress).await?;
             Ok(json!({
                 "replaced": slot,
@@ -418,27 +368,12 @@ pub(crate) async fn execute(
         }
         Request::DriveRemove { drive, rate_bytes_per_sec } => {
             let slot = find_drive(pool, &drive)?;
-            let holds =
-                pool.meta().volumes.iter().flat_map(|v| &v.segments).flat_map(|s| &s.members).any(|m| {
-                    m.slot == slot
-                        || m.move_to.is_some_and(|e| e.slot == slot)
-                        || m.moved_from.is_some_and(|e| e.slot == slot)
-                });
-            if holds {
-                pool.drain_drive(slot).await?;
-                if rate_bytes_per_sec > 0 {
-                    pool.request_rebalance(rate_bytes_per_sec).await?;
-                }
+            if maint::start_remove(pool, slot, rate_bytes_per_sec).await? == Removal::Draining {
                 if ctx.daemon {
                     return Ok(json!({ "draining": slot, "rebalance": "running in the daemon" }));
                 }
                 let report = rebalance_here(ctx, progress).await?;
-                if !pool.drained().contains(&slot) {
-                    bail!(
-                        "drive {slot} is draining but could not be emptied yet: {}",
-                        report.stuck.unwrap_or_else(|| "moves were abandoned".into())
-                    );
-                }
+                maint::check_drained(pool, slot, &report).map_err(refused)?;
             }
             let kept = finish_remove(pool, ctx.dir, slot).await?;
             Ok(json!({ "removed": slot, "file_kept_as": kept }))
@@ -524,23 +459,39 @@ async fn rebalance_here(
 /// drive file of the pool's own renamed to `NAME.img.removed` (a device is left as it is).
 /// Returns where the file went.
 pub(crate) async fn finish_remove(pool: &Pool<Dev>, dir: &PoolDir, slot: u32) -> Result<Option<String>> {
-    let path = PathBuf::from(&pool.meta().drive(slot).map(|d| d.path_hint.clone()).unwrap_or_default());
-    pool.remove_empty_drive(slot).await?;
-    dir.remove_device(&path)?;
+    let path = maint::take_out(pool, slot).await?;
+    let kept = forget_drive(dir, Path::new(&path))?;
+    tracing::info!(slot, "drive removed from the pool");
+    Ok(kept)
+}
+
+/// After a drive at `path` left the pool: its line in `pool.json` goes, and a drive file of the
+/// pool's own is renamed to `NAME.img.removed`. Returns where the file went.
+fn forget_drive(dir: &PoolDir, path: &Path) -> Result<Option<String>> {
+    dir.remove_device(path)?;
     // Renamed, or the pool would list it as "not a member any more" at every open.
     let ours = crate::pooldir::absolute(&dir.drives_dir()).is_ok_and(|d| path.starts_with(d));
     let mut kept = None;
     if ours && path.exists() {
         let to = path.with_extension("img.removed");
-        match std::fs::rename(&path, &to) {
+        match std::fs::rename(path, &to) {
             Ok(()) => kept = Some(to.display().to_string()),
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "cannot rename the removed drive file")
             }
         }
     }
-    tracing::info!(slot, "drive removed from the pool");
     Ok(kept)
+}
+
+/// What the daemon's maintenance services do in the pool directory when they have taken a
+/// drained drive out of the pool (as [`finish_remove`] does after the engine's part).
+pub(crate) struct DirRemoval(pub(crate) PoolDir);
+
+impl maint::DriveRemoved for DirRemoval {
+    fn drive_removed(&self, _slot: u32, path: &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        forget_drive(&self.0, Path::new(path)).map(|_| ()).map_err(Into::into)
+    }
 }
 
 /// Runs the pending rebuilds in the request, unless the daemon runs them in the background.
@@ -569,36 +520,28 @@ fn rebuild_where(ctx: &Ctx<'_>) -> &'static str {
 /// while a drive was out, so nothing on it is trusted).
 async fn online(ctx: &Ctx<'_>, slot: u32, force: bool) -> Result<u32> {
     let pool = ctx.catalog.pool();
-    let rec =
-        pool.meta().drive(slot).cloned().ok_or_else(|| refusal::not_found(format!("no drive {slot}")))?;
-    if rec.state != DriveState::Failed {
-        bail!(
-            "drive {slot} is {}, not failed; there is nothing to bring back",
-            format!("{:?}", rec.state).to_lowercase()
-        );
+    if pool.meta().drive(slot).is_none() {
+        return Err(refusal::not_found(format!("no drive {slot}")));
     }
-    check_rebuild_source(pool, slot, force)?;
-    let path = PathBuf::from(&rec.path_hint);
+    let online = maint::Online::check(pool, slot, force).map_err(refused)?;
+    let path = PathBuf::from(&online.record().path_hint);
     let dev = drive_check::open_drive(&path).with_context(|| {
         format!("drive {slot} was last seen at {}, which cannot be opened; replace it instead (`stria drive replace {slot}`)", path.display())
     })?;
-    let nd =
-        NewDrive { dev, path: rec.path_hint.clone(), class: rec.class, domain: String::new(), fresh: false };
-    let new_slot = pool.replace_drive(slot, nd).await?;
-    tracing::info!(slot, new_slot, path = %path.display(), "drive back online as a new drive id; rebuilding it in full");
-    Ok(new_slot)
+    Ok(online.run(pool, dev).await?)
 }
 
-/// Replaces drive `slot`; returns the new drive's slot and where the old drive file of ours
-/// was kept, if it was.
+/// Replaces the drive the guards allowed to replace; returns the new drive's slot and where the
+/// old drive file of ours was kept, if it was.
 async fn replace(
     ctx: &Ctx<'_>,
-    slot: u32,
+    replacing: maint::Replacement,
     new_path: Option<PathBuf>,
     domain: Option<String>,
     overwrite: bool,
 ) -> Result<(u32, Option<String>)> {
     let pool = ctx.catalog.pool();
+    let slot = replacing.slot();
     let meta = pool.meta();
     let old = meta.drive(slot).ok_or_else(|| anyhow!("no drive {slot}"))?.clone();
     let old_bytes = pool
@@ -641,7 +584,7 @@ async fn replace(
         domain: domain.unwrap_or_default(),
         fresh,
     };
-    let new_slot = pool.replace_drive(slot, nd).await?;
+    let new_slot = replacing.run(pool, nd).await?;
     ctx.dir.add_device(&path)?;
     // A replaced drive file of ours is renamed out of the way (kept, not deleted: it may be
     // all that is left of some data), and the reply says where.
@@ -724,4 +667,70 @@ async fn add(
     let slot = added?;
     ctx.dir.add_device(&path)?;
     Ok(slot)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(r: Refusal) -> (String, stria_engine::ErrorKind) {
+        let e = refused(EngineError::Refused(r));
+        (format!("{e:#}"), refusal::kind_of(&e))
+    }
+
+    /// The engine's refusals as the CLI and the REST API said them before the guards moved into
+    /// the engine, word for word.
+    #[test]
+    fn the_engine_s_refusals_read_as_they_did_with_the_cli_s_hints() {
+        let cases = [
+            (Refusal::AlreadyFailed { slot: 2 }, "drive 2 is failed already".to_string()),
+            (
+                Refusal::NotFailed { slot: 2, state: stria_engine::DriveState::Active },
+                "drive 2 is active, not failed; there is nothing to bring back".to_string(),
+            ),
+            (
+                Refusal::LastCopy {
+                    slot: 1,
+                    action: maint::DriveAction::Fail,
+                    volumes: vec!["r".into(), "s".into()],
+                },
+                "drive 1 holds the last in-sync copy of data of volume(s) r, s: failing it would make them \
+                 unreadable. Replace or bring back another drive first, or run the same command again with \
+                 --force"
+                    .to_string(),
+            ),
+            (
+                Refusal::LastCopy { slot: 1, action: maint::DriveAction::Replace, volumes: vec!["r".into()] },
+                "drive 1 holds the last in-sync copy of data of volume(s) r: replacing it would make them \
+                 unreadable. Replace or bring back another drive first, or run the same command again with \
+                 --force"
+                    .to_string(),
+            ),
+            (
+                Refusal::NoRebuildSource { slot: 0, raid0: vec!["r".into()], other: vec!["e".into()] },
+                "nothing to rebuild drive 0 from: volume(s) r are raid0: there is no copy or parity of their \
+                 part; volume(s) e have lost more members than their copies or parity cover. A drive brought \
+                 back or replaced is rebuilt in full from the other drives (stria does not take back a failed \
+                 drive's old contents: it cannot know what the drive missed while it was out), so their data \
+                 on it would be lost. Those volumes stay failed until deleted, and their data on drive 0 is \
+                 left as it is for as long as the device is not reused. To give it up, delete them (`stria \
+                 volume delete NAME`) and run this command again, or run it again with --force: the drive \
+                 comes back for the other volumes and those stay failed"
+                    .to_string(),
+            ),
+            (
+                Refusal::NotDrained { slot: 3, why: "moves were abandoned".into() },
+                "drive 3 is draining but could not be emptied yet: moves were abandoned".to_string(),
+            ),
+        ];
+        for (r, said) in cases {
+            assert_eq!(message(r), (said, stria_engine::ErrorKind::Conflict));
+        }
+        let other = refused(EngineError::NoSuchDrive("slot 9".into()));
+        assert_eq!(
+            refusal::kind_of(&other),
+            stria_engine::ErrorKind::NotFound,
+            "other errors pass as they are"
+        );
+    }
 }

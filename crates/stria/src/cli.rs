@@ -1,0 +1,655 @@
+//! The command line: clap's definitions of every command and its arguments, their parsers, and
+//! the configuration file's settings added to `serve` and `up` (`parse_cli`).
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use clap::{Args, Parser, Subcommand};
+use stria_catalog::{QosUpdate, Setting};
+use stria_engine::DriveClass;
+use stria_engine::units::{parse_block_size, parse_size};
+
+use crate::daemon::{self, NbdAddr};
+use crate::pooldir::DriveSpec;
+use crate::{config, http, nbd_limits};
+
+/// stria: software-defined block storage for NVMe flash.
+#[derive(Debug, Parser)]
+#[command(name = "stria", version, about, propagate_version = true)]
+pub(crate) struct Cli {
+    /// The pool directory (drive files, config, lock, control socket).
+    #[arg(long, global = true, default_value = "./stria-data", env = "STRIA_POOL")]
+    pub(crate) pool: PathBuf,
+    /// Log level: error, warn, info, debug or trace (or a tracing filter).
+    #[arg(long, global = true, default_value = "info", env = "STRIA_LOG")]
+    pub(crate) log_level: String,
+    /// Log format: text (for people) or json (one object per line, for collectors).
+    #[arg(long, global = true, default_value = "text", env = "STRIA_LOG_FORMAT", value_parser = ["text", "json"])]
+    pub(crate) log_format: String,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Create or inspect the pool.
+    #[command(subcommand)]
+    Pool(PoolCmd),
+    /// Create, list, show, resize, delete, import and export volumes.
+    #[command(subcommand)]
+    Volume(VolumeCmd),
+    /// List, fail and replace drives; clear their error counters.
+    #[command(subcommand)]
+    Drive(DriveCmd),
+    /// Make and list snapshots of tiered and log volumes (exported read-only as VOL@SNAP).
+    #[command(subcommand)]
+    Snapshot(SnapshotCmd),
+    /// Verify every block of a volume, repair what fails, check parity and copies agree.
+    Scrub {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drives, volumes, states and counters.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the daemon: export every volume over NBD until SIGTERM/SIGINT.
+    Serve(ServeArgs),
+    /// Live I/O of each volume (as its NBD clients see it: requests and MB per second, mean and
+    /// p99 latency, requests in flight) and each drive, every INTERVAL seconds. Needs the daemon.
+    Iostat {
+        /// Seconds between reports (fractions allowed).
+        #[arg(default_value = "1", value_parser = parse_interval)]
+        interval: f64,
+        /// Number of reports (default: until interrupted).
+        count: Option<u64>,
+    },
+    /// Create the default demo pool if there is none (2 fast + 6 capacity file drives and a
+    /// tiered:ec:4+2 volume vol0), then serve it.
+    Up(UpArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum PoolCmd {
+    /// Measure what each drive class delivers (a few seconds per class, on scratch space, beside
+    /// client I/O): QoS costs and reservations are counted against it. Run once by the first
+    /// QoS reservation or weight; run again after the drives change.
+    Calibrate {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Resume writes suspended because the filesystem holding the drives filled up (free
+    /// space there first): resynchronises what the failed writes touched, then resumes.
+    Clear,
+    /// Move extents until every drive of a class is within 5 % of even use (after `drive add`),
+    /// copied while I/O goes on; a restart resumes it. In the daemon it runs in the background
+    /// (`status` shows the progress).
+    Rebalance {
+        /// Bytes copied per second at most, e.g. 100M (default: no limit besides QoS).
+        #[arg(long, value_parser = parse_size, default_value = "0")]
+        rate: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Create a pool from sparse files in the pool directory and/or given devices.
+    Create {
+        /// Pool name.
+        #[arg(long, default_value = "stria")]
+        name: String,
+        /// Number of fast drives to create as sparse files.
+        #[arg(long, default_value_t = 0)]
+        fast: usize,
+        /// Number of capacity drives to create as sparse files.
+        #[arg(long, default_value_t = 0)]
+        capacity: usize,
+        /// Size of each sparse-file drive (e.g. 4G, 512M, 1TiB).
+        #[arg(long, value_parser = parse_block_size, default_value = "4G")]
+        drive_size: u64,
+        /// An existing device or file: CLASS:PATH[:DOMAIN] (repeat).
+        #[arg(long = "drive")]
+        drives: Vec<DriveSpec>,
+        /// Format PATH even though it is a drive of another pool (repeat; each such --drive must
+        /// be named: that pool loses the drive).
+        #[arg(long, value_name = "PATH")]
+        overwrite: Vec<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum VolumeCmd {
+    /// Create a volume.
+    Create {
+        name: String,
+        /// Size, e.g. 64G (at most 1024P).
+        #[arg(long, value_parser = parse_volume_size)]
+        size: u64,
+        /// raid0[:W], raid1[:N], raid10[:WxN], ec:K+M (K+1 is RAID-5, K+2 RAID-6),
+        /// tiered:ec:K+M (thin, log-structured: write cache and map on fast drives, whole
+        /// stripes on ec:K+M of the capacity drives) or log:ec:K+M (the same without fast drives).
+        #[arg(long)]
+        layout: String,
+        /// Chunk (stripe height): how much goes to one drive before the next.
+        #[arg(long, value_parser = parse_block_size)]
+        chunk: Option<u64>,
+        /// Drive class to place it on (default: capacity if the pool has capacity drives).
+        #[arg(long)]
+        class: Option<DriveClass>,
+        /// tiered: and log: layouts: size of the write cache (default: 1/8 of the volume).
+        #[arg(long, value_parser = parse_block_size)]
+        cache_size: Option<u64>,
+        /// tiered: and log: layouts: copies of the write cache and the map, 2 or 3 (default 2).
+        #[arg(long)]
+        cache_copies: Option<u32>,
+        /// tiered: and log: layouts: data bytes the segment space may grow to, taken from the pool
+        /// as it fills (default: 1.5 x --size). Less than --size over-commits the volume: writes
+        /// get ENOSPC when the space is full.
+        #[arg(long, value_parser = parse_block_size)]
+        space: Option<u64>,
+        #[command(flatten)]
+        qos: QosArgs,
+    },
+    /// Change a volume's QoS settings while it serves (settings not given are kept; `none`
+    /// removes one).
+    Set {
+        name: String,
+        #[command(flatten)]
+        qos: QosArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List volumes.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one volume.
+    Show {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Grow or shrink a volume (shrinking discards the tail, and needs --allow-shrink).
+    Resize {
+        name: String,
+        #[arg(long, value_parser = parse_volume_size)]
+        size: u64,
+        /// Shrink: discard everything past the new end.
+        #[arg(long)]
+        allow_shrink: bool,
+        /// Shrink even while NBD clients have the volume open (they get errors past the new end).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Delete a volume and free its space.
+    Delete {
+        name: String,
+        /// Delete even while NBD clients have the volume open (they are cut off).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Roll a volume back to its newest snapshot (delete newer ones first to go further back):
+    /// it then reads as the snapshot does, and the snapshot stays. No data is copied. Writes
+    /// wait while it runs; unmount file systems on the volume first.
+    Rollback {
+        name: String,
+        snapshot: String,
+        /// Roll back even while NBD clients have the volume open (their caches go stale).
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make a writable clone of a snapshot of a log-structured volume (SOURCE is VOLUME@SNAPSHOT):
+    /// it reads as the snapshot until written and shares its data; nothing is copied. It is
+    /// exported over NBD as NAME and deleted with `volume delete NAME`.
+    Clone {
+        source: String,
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Copy a raw image file into a volume (byte-exact).
+    Import { name: String, file: PathBuf },
+    /// Copy a volume out into a raw image file (byte-exact, sparse where the volume is), or onto
+    /// a device (written in place). Refuses an existing file, a block device and a drive of
+    /// another pool unless --overwrite; never writes a drive of this pool or one in use. A block
+    /// that cannot be read (no good copy or parity) stops it, naming the block.
+    Export {
+        name: String,
+        file: PathBuf,
+        /// Replace FILE if it exists, or write over the block device it names.
+        #[arg(long)]
+        overwrite: bool,
+        /// Go on past blocks that cannot be read: the image gets zeros there, each such range is
+        /// listed, and the command exits 1.
+        #[arg(long)]
+        skip_unreadable: bool,
+    },
+}
+
+/// QoS settings of `volume create` and `volume set` (docs/design/qos.md).
+#[derive(Debug, Args)]
+pub(crate) struct QosArgs {
+    /// Most requests per second (`none`: no limit).
+    #[arg(long, value_name = "IOPS", value_parser = parse_count_setting)]
+    iops_limit: Option<Setting>,
+    /// Most bytes per second, e.g. 200M (`none`: no limit).
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes_setting)]
+    bw_limit: Option<Setting>,
+    /// Requests per second guaranteed while other volumes load the same drives (`none`:
+    /// none). Refused when the pool cannot deliver it beside the other reservations.
+    #[arg(long, value_name = "IOPS", value_parser = parse_count_setting)]
+    iops_reserve: Option<Setting>,
+    /// Bytes per second guaranteed, e.g. 50M (`none`: none).
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes_setting)]
+    bw_reserve: Option<Setting>,
+    /// Share of what reservations leave, 1-10000 (default 100; `none`: back to the default).
+    #[arg(long, value_parser = parse_count_setting)]
+    weight: Option<Setting>,
+}
+
+impl QosArgs {
+    pub(crate) fn update(&self) -> QosUpdate {
+        QosUpdate {
+            iops_limit: self.iops_limit,
+            bw_limit: self.bw_limit,
+            iops_reserve: self.iops_reserve,
+            bw_reserve: self.bw_reserve,
+            weight: self.weight,
+        }
+    }
+
+    /// The settings of a new volume (`none` means nothing there is to remove).
+    pub(crate) fn spec(&self) -> Result<stria_engine::QosSpec> {
+        let update = self.update();
+        if [update.iops_limit, update.bw_limit, update.iops_reserve, update.bw_reserve, update.weight]
+            .contains(&Some(Setting::Clear))
+        {
+            bail!("`none` removes a setting with `volume set`; a new volume has none to remove");
+        }
+        update.apply(stria_engine::QosSpec::default()).map_err(anyhow::Error::msg)
+    }
+}
+
+/// A volume's `--size`: whole 4 KiB blocks, and no more than a volume may be.
+fn parse_volume_size(text: &str) -> Result<u64, String> {
+    let bytes = parse_size(text)?;
+    if bytes > stria_engine::VOLUME_BYTES_MAX {
+        return Err(format!(
+            "`{text}` ({bytes} bytes) is too large: a volume is at most {} (2^60 bytes)",
+            stria_engine::units::format_size(stria_engine::VOLUME_BYTES_MAX)
+        ));
+    }
+    parse_block_size(text)
+}
+
+fn parse_interval(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if (0.1..=3600.0).contains(&v) => Ok(v),
+        _ => Err(format!("`{text}`: an interval in seconds from 0.1 to 3600")),
+    }
+}
+
+fn parse_count_setting(text: &str) -> Result<Setting, String> {
+    if text == "none" {
+        return Ok(Setting::Clear);
+    }
+    text.parse::<u64>().map(Setting::Set).map_err(|e| format!("`{text}`: {e} (a whole number, or `none`)"))
+}
+
+fn parse_bytes_setting(text: &str) -> Result<Setting, String> {
+    if text == "none" {
+        return Ok(Setting::Clear);
+    }
+    parse_size(text).map(Setting::Set)
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum SnapshotCmd {
+    /// Make a snapshot: writes in flight finish first, new ones wait until it is made; it holds
+    /// every write acknowledged before, none after. Served read-only over NBD as VOLUME@NAME.
+    Create {
+        volume: String,
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List snapshots (of one volume, or of all).
+    List {
+        volume: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a snapshot. No data is copied: its map pages are handed to the next older
+    /// snapshot or dropped, and blocks only it held are freed for garbage collection.
+    Delete {
+        volume: String,
+        name: String,
+        /// Delete it even while NBD clients have VOLUME@NAME open (they are cut off).
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum DriveCmd {
+    /// List drives with their counters.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Take a drive out of service (its volumes run degraded). Refused when it holds the last
+    /// in-sync copy of some data, unless --force.
+    Fail {
+        /// Drive id (slot) or path.
+        drive: String,
+        /// Fail it even if some volume becomes unreadable.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Bring a failed drive whose device is present again back into service: it gets a new id
+    /// and is rebuilt in full from the other drives.
+    Online {
+        /// Drive id (slot) or path of the failed drive.
+        drive: String,
+        /// Bring it back even if some volume has nothing to rebuild it from.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Add a drive to the pool while it serves: new volumes (and new segments of growing ones)
+    /// use it at once; existing data stays where it is (docs/design/pool-growth.md).
+    Add {
+        /// A device or file; with --size and no PATH, a new sparse file in the pool directory.
+        path: Option<PathBuf>,
+        /// Its class.
+        #[arg(long)]
+        class: DriveClass,
+        /// Size of a new sparse file (e.g. 4G).
+        #[arg(long, value_parser = parse_block_size)]
+        size: Option<u64>,
+        /// Failure-domain label.
+        #[arg(long)]
+        domain: Option<String>,
+        /// Format it even though it is a drive of another pool.
+        #[arg(long)]
+        overwrite: bool,
+        /// Leave existing extents where they are (by default a rebalance onto the new drive is
+        /// asked for, as `pool rebalance` does).
+        #[arg(long)]
+        no_rebalance: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Take a drive out of the pool. Its data first moves to the other drives of its class,
+    /// copied while I/O goes on (in the daemon's background: `status` shows the progress, and
+    /// the drive leaves once empty). Refused, with the reason, when the others cannot take it.
+    Remove {
+        /// Drive id (slot) or path.
+        drive: String,
+        /// Bytes copied per second at most, e.g. 100M (default: no limit besides QoS). Also
+        /// asks for a rebalance at that rate once the drive is empty.
+        #[arg(long, value_parser = parse_size, default_value = "0")]
+        rate: u64,
+    },
+    /// Replace a drive and rebuild its data onto the replacement.
+    Replace {
+        /// Drive id (slot) or path of the drive to replace.
+        drive: String,
+        /// The replacement (a device or file; a new sparse file of the old size is created when
+        /// omitted or missing).
+        new: Option<PathBuf>,
+        /// Failure-domain label of the replacement (default: the old drive's).
+        #[arg(long)]
+        domain: Option<String>,
+        /// Replace even when the drive holds the last copy of some data or there is nothing to
+        /// rebuild from (that data is lost).
+        #[arg(long)]
+        force: bool,
+        /// Format the replacement even though it is a drive of another pool.
+        #[arg(long)]
+        overwrite: bool,
+    },
+    /// Limit rebuild bandwidth (e.g. 200M per second; 0 = unlimited). Kept in the pool: it
+    /// applies at once and after restarts (a daemon started with --rebuild-rate, or with
+    /// rebuild_rate in its configuration file, uses that instead until it stops).
+    RebuildRate {
+        #[arg(value_parser = parse_size)]
+        rate: u64,
+    },
+    /// Reset a drive's error counters (read errors, write errors, checksum repairs) to zero.
+    ///
+    /// The counters shown by `stria status` and `stria drive list` are kept in the pool
+    /// metadata and survive restarts until cleared here (like `zpool clear`).
+    #[command(group(clap::ArgGroup::new("which").required(true).args(["drive", "all"])))]
+    ClearErrors {
+        /// Drive id (slot) or path.
+        drive: Option<String>,
+        /// Clear the counters of every drive.
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// NBD listen address: unix:PATH or tcp:HOST:PORT (repeat; default tcp:127.0.0.1:10809).
+    #[arg(long)]
+    pub(crate) nbd: Vec<NbdAddr>,
+    /// TLS: off, on (STARTTLS offered) or require (nothing else is allowed before it).
+    #[arg(long, default_value = "off")]
+    pub(crate) tls: String,
+    /// PEM certificate chain for TLS.
+    #[arg(long)]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// PEM private key for TLS.
+    #[arg(long)]
+    pub(crate) tls_key: Option<PathBuf>,
+    /// PEM file of CA certificates: NBD clients must present a certificate from one of them
+    /// (needs --tls require). The way to keep strangers off TCP (docs/nbd.md).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) tls_client_ca: Option<PathBuf>,
+    /// Open even without a majority of the pool's drives, losing any change recorded only on
+    /// the missing ones (docs/on-disk-format.md, commit protocol).
+    #[arg(long)]
+    pub(crate) force: bool,
+    /// Rebuild bandwidth limit while this daemon runs (e.g. 200M per second; 0 = unlimited).
+    /// Without it, the rate kept in the pool applies (`stria drive rebuild-rate`; none at first).
+    #[arg(long, value_parser = parse_size)]
+    pub(crate) rebuild_rate: Option<u64>,
+    /// Memory for cached checksum pages, split over the drives (each 4 KiB page covers 4 MiB of
+    /// a drive; pages are read from the drives on demand beyond this).
+    #[arg(long, value_parser = parse_size, default_value = "256M")]
+    pub(crate) metadata_cache: u64,
+    /// A TOML file of settings (contrib/stria.toml lists every key); flags given here win over
+    /// it. SIGHUP re-reads it: log_level, rebuild_rate and the token file change at once.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
+    /// The file as read (set by the parser, not a flag).
+    #[arg(skip)]
+    pub(crate) config_source: Option<config::Source>,
+    #[command(flatten)]
+    pub(crate) nbd_limits: nbd_limits::NbdLimitArgs,
+    /// HTTP listener for the metrics (/metrics), the REST API (/api/v1) and the dashboard (/):
+    /// tcp:IP:PORT, e.g. tcp:127.0.0.1:9810 (`stria up` listens there by default). Off the
+    /// loopback it needs --http-tls-cert and --http-tls-key.
+    #[arg(long, value_name = "ADDR", value_parser = http::parse_addr)]
+    pub(crate) http: Option<std::net::SocketAddr>,
+    /// PEM certificate chain for HTTPS.
+    #[arg(long, requires = "http")]
+    pub(crate) http_tls_cert: Option<PathBuf>,
+    /// PEM private key for HTTPS.
+    #[arg(long, requires = "http")]
+    pub(crate) http_tls_key: Option<PathBuf>,
+    /// File holding the API's bearer token (default POOL/http.token, made with mode 0600 at the
+    /// first start). Changes through the API need it, and so do reads off the loopback.
+    #[arg(long, requires = "http")]
+    pub(crate) http_token_file: Option<PathBuf>,
+    /// The directory the REST API's volume import and export may read images from and write
+    /// them to (paths given to the API are inside it); without it the API refuses both.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) api_transfer_dir: Option<PathBuf>,
+    /// Benchmarks only: ignore --pool and serve a new pool of COUNTxSIZE memory drives (e.g.
+    /// 6x1G) that vanishes at exit, with the volumes of --bench-volume.
+    #[arg(long, hide = true, value_parser = daemon::parse_memory_drives)]
+    pub(crate) bench_memory_drives: Option<(usize, u64)>,
+    /// Benchmarks only: a volume of the memory pool, NAME:LAYOUT:SIZE (repeat).
+    #[arg(long, hide = true, requires = "bench_memory_drives")]
+    pub(crate) bench_volume: Vec<daemon::MemoryVolumeSpec>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct UpArgs {
+    #[command(flatten)]
+    pub(crate) serve: ServeArgs,
+    /// Size of each drive file of the default pool.
+    #[arg(long, value_parser = parse_block_size, default_value = "2G")]
+    pub(crate) drive_size: u64,
+    /// Size of the default volume.
+    #[arg(long, value_parser = parse_volume_size, default_value = "4G")]
+    pub(crate) volume_size: u64,
+    /// No HTTP listener (by default `up` serves metrics, API and dashboard on 127.0.0.1:9810).
+    #[arg(long, conflicts_with = "http")]
+    pub(crate) no_http: bool,
+}
+
+/// The layout of the volume `stria up` makes in a new pool (its help says it).
+pub(crate) const UP_LAYOUT: &str = "tiered:ec:4+2";
+
+/// Where `stria up` serves metrics, the REST API and the dashboard.
+pub(crate) const DEFAULT_HTTP_PORT: u16 = 9810;
+
+/// Parses the command line; for `serve` and `up` with `--config FILE`, adds the file's
+/// settings that the command line does not give (see [`config::as_args`]).
+pub(crate) fn parse_cli() -> Result<Cli, clap::Error> {
+    use clap::{CommandFactory, FromArgMatches};
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let matches = Cli::command().try_get_matches_from(&argv)?;
+    let config = match matches.subcommand() {
+        Some(("serve" | "up", sub)) => sub.get_one::<PathBuf>("config").cloned().map(|p| (p, sub.clone())),
+        _ => None,
+    };
+    let Some((path, sub)) = config else { return Cli::from_arg_matches(&matches) };
+    let file = match config::load(&path) {
+        Ok(f) => f,
+        Err(e) => {
+            return Err(
+                Cli::command().error(clap::error::ErrorKind::InvalidValue, format!("--config: {e:#}"))
+            );
+        }
+    };
+    let (extra, overridden) = config::as_args(&file, &matches, &sub);
+    let matches = Cli::command()
+        .try_get_matches_from(argv.into_iter().chain(extra.into_iter().map(Into::into)))
+        .map_err(|e| {
+            Cli::command()
+                .error(e.kind(), format!("in {}: {}", path.display(), e.render().to_string().trim()))
+        })?;
+    let mut cli = Cli::from_arg_matches(&matches)?;
+    if let Command::Serve(a) | Command::Up(UpArgs { serve: a, .. }) = &mut cli.command {
+        a.config_source = Some(config::Source { path, file, overridden });
+    }
+    Ok(cli)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::commands::serve_options;
+    use crate::pooldir::{Opener, PoolDir};
+    use stria_engine::EngineError;
+
+    /// The commands a message quotes between backticks, split into words.
+    fn quoted_commands(message: &str) -> Vec<Vec<String>> {
+        message
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(|c| c.split_whitespace().map(String::from).collect())
+            .collect()
+    }
+
+    /// Parses a quoted command as the shell would hand it to stria.
+    fn parse(words: &[String]) -> Cli {
+        Cli::try_parse_from(words)
+            .unwrap_or_else(|e| panic!("`{}` is not a valid command: {e}", words.join(" ")))
+    }
+
+    fn no_quorum() -> EngineError {
+        EngineError::NoQuorum { present: 1, total: 2, needed: 2, missing: "slot 1 (d1)".into() }
+    }
+
+    #[test]
+    fn the_no_quorum_hint_of_a_command_without_force_names_one_that_takes_it() {
+        // `volume export` opens the pool itself when no daemon runs, and takes no --force.
+        assert!(Cli::try_parse_from(["stria", "volume", "export", "v", "v.raw", "--force"]).is_err());
+        let message = PoolDir::new("/srv/tank").no_quorum_message(&no_quorum(), Opener::Command);
+        let commands = quoted_commands(&message);
+        assert_eq!(commands.len(), 1, "{message}");
+        let cli = parse(&commands[0]);
+        assert!(matches!(cli.command, Command::Serve(ServeArgs { force: true, .. })), "{message}");
+        assert_eq!(cli.pool, PathBuf::from("/srv/tank"), "the hint names the same pool");
+    }
+
+    #[test]
+    fn the_no_quorum_hint_of_the_daemon_names_its_own_flag() {
+        let message = PoolDir::new("p").no_quorum_message(&no_quorum(), Opener::Daemon { force: false });
+        assert!(message.contains("again with --force"), "{message}");
+        // Both commands that open as the daemon take it.
+        for args in [["stria", "serve", "--force"], ["stria", "up", "--force"]] {
+            Cli::try_parse_from(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        }
+    }
+
+    #[test]
+    fn the_missing_pool_hints_name_commands_that_work() {
+        let dir = PoolDir::new("/nonexistent/stria-pool");
+        let missing = format!("{:#}", dir.config().unwrap_err());
+        let Cli { command: Command::Serve(args), .. } = parse(&["stria".into(), "serve".into()]) else {
+            panic!("serve parses as serve");
+        };
+        let serve = format!("{:#}", serve_options(&dir, args).unwrap_err());
+        for message in [missing, serve] {
+            let commands = quoted_commands(&message);
+            assert!(!commands.is_empty(), "{message}");
+            for words in commands {
+                let cli = parse(&words);
+                if let Command::Pool(PoolCmd::Create { fast, capacity, drives, .. }) = cli.command {
+                    assert!(
+                        fast + capacity + drives.len() > 0,
+                        "`{}` would create no drive",
+                        words.join(" ")
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn up_says_which_volume_it_makes() {
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        let up = cli.find_subcommand_mut("up").expect("up");
+        let help = up.render_long_help().to_string();
+        assert!(help.contains(&format!("a {UP_LAYOUT} volume vol0")), "{help}");
+    }
+
+    #[test]
+    fn clear_errors_takes_one_drive_or_all() {
+        let parsed =
+            |args: &[&str]| Cli::try_parse_from(["stria", "drive", "clear-errors"].iter().chain(args));
+        assert!(matches!(
+            parsed(&["3"]).map(|c| c.command),
+            Ok(Command::Drive(DriveCmd::ClearErrors { drive: Some(d), all: false })) if d == "3"
+        ));
+        assert!(matches!(
+            parsed(&["--all"]).map(|c| c.command),
+            Ok(Command::Drive(DriveCmd::ClearErrors { drive: None, all: true }))
+        ));
+        assert!(parsed(&[]).is_err(), "a drive or --all is required");
+        assert!(parsed(&["3", "--all"]).is_err(), "not both");
+    }
+}

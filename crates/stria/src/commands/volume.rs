@@ -1,0 +1,137 @@
+//! `stria volume ...`.
+
+use anyhow::{Result, bail};
+use stria_catalog::{CreateVolume, StatusView};
+
+use super::{print_json, request, view};
+use crate::cli::VolumeCmd;
+use crate::ops::Request;
+use crate::output;
+use crate::pooldir::{self, PoolDir};
+
+/// `stria volume ...`.
+pub(super) async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
+    match cmd {
+        VolumeCmd::Create { name, size, layout, chunk, class, cache_size, cache_copies, space, qos } => {
+            let req = Request::VolumeCreate(CreateVolume {
+                name,
+                size_bytes: size,
+                layout,
+                chunk_bytes: chunk,
+                class,
+                cache_bytes: cache_size,
+                cache_copies,
+                space_bytes: space,
+                qos: qos.spec()?,
+            });
+            let v = request(dir, req).await?;
+            output::volume(&view(v)?);
+            Ok(())
+        }
+        VolumeCmd::Set { name, qos, json } => {
+            let update = qos.update();
+            if update.is_empty() {
+                bail!(
+                    "nothing to set: give --iops-limit, --bw-limit, --iops-reserve, --bw-reserve or --weight"
+                );
+            }
+            let v = request(dir, Request::VolumeSet { name, qos: update }).await?;
+            if json {
+                print_json(&v)
+            } else {
+                output::volume(&view(v)?)
+            }
+            Ok(())
+        }
+        VolumeCmd::List { json } => {
+            let v = request(dir, Request::Status).await?;
+            if json {
+                print_json(&serde_json::to_value(view::<StatusView>(v)?.volume_list())?);
+            } else {
+                output::volumes(&view(v)?);
+            }
+            Ok(())
+        }
+        VolumeCmd::Show { name, json } => {
+            let v = request(dir, Request::VolumeShow { name }).await?;
+            if json {
+                print_json(&v)
+            } else {
+                output::volume(&view(v)?)
+            }
+            Ok(())
+        }
+        VolumeCmd::Resize { name, size, allow_shrink, force } => {
+            let v =
+                request(dir, Request::VolumeResize { name, size_bytes: size, force, allow_shrink }).await?;
+            output::volume(&view(v)?);
+            Ok(())
+        }
+        VolumeCmd::Delete { name, force } => {
+            request(dir, Request::VolumeDelete { name: name.clone(), force }).await?;
+            outln!("deleted volume {name}");
+            Ok(())
+        }
+        VolumeCmd::Clone { source, name, json } => {
+            let v = request(dir, Request::VolumeClone { source, name }).await?;
+            if json {
+                print_json(&v);
+            } else {
+                let c: stria_catalog::CloneView = view(v)?;
+                outln!("made clone {} of {}@{} (export {}, writable)", c.name, c.origin, c.snapshot, c.name);
+            }
+            Ok(())
+        }
+        VolumeCmd::Rollback { name, snapshot, force, json } => {
+            let v = request(dir, Request::VolumeRollback { volume: name, snapshot, force }).await?;
+            if json {
+                print_json(&v);
+            } else {
+                let r: stria_catalog::RollbackView = view(v)?;
+                outln!(
+                    "rolled {} back to snapshot {} in {:.3} s: {} blocks changed",
+                    r.volume,
+                    r.snapshot,
+                    r.seconds,
+                    r.blocks_changed
+                );
+            }
+            Ok(())
+        }
+        VolumeCmd::Import { name, file } => {
+            let path = pooldir::absolute(&file)?;
+            let v = request(dir, Request::VolumeImport { name, path }).await?;
+            outln!("imported {} bytes into {}", v["bytes"], v["volume"].as_str().unwrap_or(""));
+            Ok(())
+        }
+        VolumeCmd::Export { name, file, overwrite, skip_unreadable } => {
+            let path = pooldir::absolute(&file)?;
+            let v = request(dir, Request::VolumeExport { name, path, overwrite, skip_unreadable }).await?;
+            outln!(
+                "exported {} bytes of {} to {}",
+                v["bytes"],
+                v["volume"].as_str().unwrap_or(""),
+                file.display()
+            );
+            let unreadable = v["unreadable"].as_array().cloned().unwrap_or_default();
+            if unreadable.is_empty() {
+                return Ok(());
+            }
+            for r in &unreadable {
+                let (offset, len) =
+                    (r["offset_bytes"].as_u64().unwrap_or(0), r["len_bytes"].as_u64().unwrap_or(0));
+                errln!(
+                    "unreadable: bytes {offset}..{} ({} blocks of 4 KiB) are zeros in {}",
+                    offset + len,
+                    len.div_ceil(4096),
+                    file.display()
+                );
+            }
+            bail!(
+                "{} bytes of {} could not be read (listed above); everything else was copied",
+                v["unreadable_bytes"],
+                v["volume"].as_str().unwrap_or("")
+            )
+        }
+    }
+}
