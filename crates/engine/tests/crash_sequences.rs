@@ -4,7 +4,9 @@
 //!
 //! * A **boot** may itself be cut (a crash during recovery), and is then retried.
 //! * **Work** is three writers (partial- and full-stripe writes, FUA writes, zeroing), a
-//!   flusher, and one maintenance task drawn by the seed: nothing, a scrub, a rebuild of a
+//!   flusher, two writers and a flusher of a second volume `w` on the same drives (flushes are
+//!   per volume: one volume's flush must not vouch for the other's writes or transactions), and
+//!   one maintenance task drawn by the seed: nothing, a scrub, a rebuild of a
 //!   replaced drive, metadata commits (creating and deleting a scratch volume), moving extents
 //!   (a drive added and a member drive drained for `drive remove`, so a member of the volume is
 //!   copied while it is written, and the drive removed once empty), or — on mirror layouts,
@@ -86,6 +88,10 @@ struct World {
     disks: Vec<Disk>,
     spares: usize,
     tracker: Tracker,
+    /// What volume `w` should hold: a second volume of the same layout on the same drives,
+    /// written and flushed by its own writers and flusher, so that a flush of one volume never
+    /// counts the other's transactions or writes durable (docs/crash-consistency.md invariant 4).
+    neighbour: Tracker,
     history: Vec<String>,
     /// A drive was swapped for an old copy of itself at the last boot: its index and the
     /// current drive it replaced.
@@ -204,6 +210,13 @@ impl World {
     }
 
     /// Reads every block: each must be an allowed version; then the read becomes the baseline.
+    /// [`World::verify`] of volume `w`, against its own tracker.
+    async fn verify_neighbour(&mut self, w: &Volume<Dev>, when: &str) {
+        std::mem::swap(&mut self.tracker, &mut self.neighbour);
+        self.verify(w, &format!("{when}, volume w")).await;
+        std::mem::swap(&mut self.tracker, &mut self.neighbour);
+    }
+
     async fn verify(&mut self, vol: &Volume<Dev>, when: &str) {
         let failed = vol.state() == VolumeState::Failed;
         for b in 0..BLOCKS {
@@ -423,6 +436,7 @@ async fn run_seed(seed: u64) {
         disks: Vec::new(),
         spares: 0,
         tracker: Tracker::new(),
+        neighbour: Tracker::new(),
         history: Vec::new(),
         swapped_in: None,
         switch: PowerSwitch::new(),
@@ -440,6 +454,7 @@ async fn run_seed(seed: u64) {
     {
         let pool = create_pool(&world.disks.iter().map(|d| Arc::clone(&d.dev)).collect::<Vec<_>>()).await;
         pool.create_volume(spec("v", VOLUME_BYTES, layout, CHUNK)).await.expect("create volume");
+        pool.create_volume(spec("w", VOLUME_BYTES, layout, CHUNK)).await.expect("create volume w");
         pool.close().await.expect("close");
     }
     let cycles = world.rng.random_range(1..=8);
@@ -450,10 +465,12 @@ async fn run_seed(seed: u64) {
         }
         let pool = world.boot().await;
         let Some(vol) = pool.volume("v") else { world.fail("volume v is gone".into()) };
+        let Some(w) = pool.volume("w") else { world.fail("volume w is gone".into()) };
         check_swapped_drive_kept_out(&mut world, &pool);
         check_no_current_drive_called_stale(&world, &pool);
         world.verify(&vol, &format!("cycle {cycle} after boot")).await;
-        if vol.state() == VolumeState::Failed {
+        world.verify_neighbour(&w, &format!("cycle {cycle} after boot")).await;
+        if vol.state() == VolumeState::Failed || w.state() == VolumeState::Failed {
             count(&COVERAGE.failed_volumes);
             world.note("volume failed: the seed ends".into());
             return;
@@ -476,7 +493,7 @@ async fn run_seed(seed: u64) {
                 _ => Maintenance::None,
             };
         }
-        work(&mut world, &pool, &vol, task, cycle).await;
+        work(&mut world, &pool, [&vol, &w], task, cycle).await;
     }
 }
 
@@ -578,7 +595,14 @@ fn check_swapped_drive_kept_out(world: &mut World, pool: &Pool<Dev>) {
 }
 
 async fn check_scrub(world: &mut World, pool: &Pool<Dev>, cycle: u64) {
-    let report = pool.scrub("v", |_, _| {}).await.unwrap_or_else(|e| world.fail(format!("scrub: {e}")));
+    for name in ["v", "w"] {
+        check_scrub_of(world, pool, cycle, name).await;
+    }
+}
+
+async fn check_scrub_of(world: &mut World, pool: &Pool<Dev>, cycle: u64, name: &str) {
+    let report =
+        pool.scrub(name, |_, _| {}).await.unwrap_or_else(|e| world.fail(format!("scrub of {name}: {e}")));
     if (
         report.unrecoverable_blocks,
         report.parity_blocks_fixed,
@@ -587,11 +611,17 @@ async fn check_scrub(world: &mut World, pool: &Pool<Dev>, cycle: u64) {
         report.inconsistent_blocks,
     ) != (0, 0, 0, 0, 0)
     {
-        world.fail(format!("cycle {cycle}: stripes inconsistent after recovery: {report:?}"));
+        world.fail(format!("cycle {cycle}: stripes of {name} inconsistent after recovery: {report:?}"));
     }
 }
 
-async fn work(world: &mut World, pool: &Pool<Dev>, vol: &Volume<Dev>, task: Maintenance, cycle: u64) {
+async fn work(
+    world: &mut World,
+    pool: &Pool<Dev>,
+    [vol, w]: [&Volume<Dev>; 2],
+    task: Maintenance,
+    cycle: u64,
+) {
     let ending = match world.rng.random_range(0..5) {
         0 | 1 => Ending::PowerCut,
         2 | 3 => Ending::Kill,
@@ -611,6 +641,7 @@ async fn work(world: &mut World, pool: &Pool<Dev>, vol: &Volume<Dev>, task: Main
         "cycle {cycle}: work with {task:?}, ending {ending:?} (cut after {cut_after} requests)"
     ));
     let tracker = RefCell::new(std::mem::replace(&mut world.tracker, Tracker::new()));
+    let neighbour = RefCell::new(std::mem::replace(&mut world.neighbour, Tracker::new()));
     let seed = world.seed * 1000 + cycle;
     // A live copy of one disk, taken at a random moment of the work (a third of the cycles).
     let copy_of = world.rng.random_bool(0.33).then(|| world.rng.random_range(0..world.disks.len()));
@@ -629,21 +660,29 @@ async fn work(world: &mut World, pool: &Pool<Dev>, vol: &Volume<Dev>, task: Main
             }
             let r = pool.close().await;
             tracker.borrow_mut().flushed(u64::MAX);
+            neighbour.borrow_mut().flushed(u64::MAX);
             r
         } else {
             Ok(())
         }
     };
-    let (_, _, _, _, _, closed, copied) = tokio::join!(
+    // Volume w's writers share stripes (partial-stripe ec writes go through the journals of
+    // drives that v's transactions use too); its flusher runs at its own moments.
+    let w_seed = seed ^ 0x5eed_0000;
+    let (_, _, _, _, _, _, _, _, closed, copied) = tokio::join!(
         worker(vol, &tracker, seed, 0, FuaMix::WritesAndZeroing),
         worker(vol, &tracker, seed, 1, FuaMix::WritesAndZeroing),
         worker(vol, &tracker, seed, 2, FuaMix::WritesAndZeroing),
         flusher(vol, &tracker, seed),
+        worker(w, &neighbour, w_seed, 1, FuaMix::WritesAndZeroing),
+        worker(w, &neighbour, w_seed, 2, FuaMix::WritesAndZeroing),
+        flusher(w, &neighbour, w_seed),
         maintenance(pool, task, victim),
         closer,
         copier
     );
     world.tracker = tracker.into_inner();
+    world.neighbour = neighbour.into_inner();
     if let Err(e) = closed {
         world.fail(format!("clean close failed: {e}"));
     }

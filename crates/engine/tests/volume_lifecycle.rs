@@ -214,3 +214,84 @@ async fn concurrent_sector_writes_into_one_block_all_survive() {
         }
     }
 }
+
+/// A flush (and an ec FUA write) of one volume flushes that volume's drives only: on a pool of
+/// eight drives with ten volumes, every drive written, a volume's flush leaves every drive that
+/// holds none of its members unflushed and unwritten; a flush of the pool flushes them all.
+#[tokio::test]
+async fn a_flush_touches_only_the_volumes_own_drives() {
+    use std::collections::BTreeSet;
+    let switch = PowerSwitch::new();
+    let devs = drives(8, &switch, 31);
+    let pool = create_pool(&devs).await;
+    let layouts = [
+        Layout::Raid1 { copies: 2 },
+        Layout::Raid0 { width: 1 },
+        Layout::Ec { data_shards: 2, parity_shards: 1 },
+    ];
+    let mut vols = Vec::new();
+    for i in 0..10 {
+        let v = pool.create_volume(spec(&format!("v{i}"), 1 << 20, layouts[i % 3], 64 << 10)).await.unwrap();
+        vols.push(v);
+    }
+    // The drive slots of each volume's members, from where its blocks live.
+    let members = |v: &stria_engine::Volume<Dev>| -> BTreeSet<u32> {
+        (0..256u64).flat_map(|b| v.locate(b * 4096).unwrap()).map(|l| l.slot).collect()
+    };
+    let counts = |f: fn(&stria_dev::DevCountersSnapshot) -> u64| -> Vec<(u32, u64)> {
+        pool.drives().iter().map(|d| (d.slot(), f(&d.counters()))).collect()
+    };
+    let mut rng = rng(3);
+    let mut strangers_seen = 0;
+    for (i, v) in vols.iter().enumerate() {
+        // Every volume written (partial ec stripes included), so every drive has something to
+        // flush.
+        for u in &vols {
+            u.write(4096, IoBytes::copy_from(&random_bytes(&mut rng, 12 << 10)), false).await.unwrap();
+        }
+        let own = members(v);
+        let flushes = counts(|s| s.flush_ops);
+        let writes = counts(|s| s.write_ops);
+        if i % 2 == 0 {
+            v.flush().await.unwrap();
+        } else {
+            // A FUA write makes the volume's earlier writes durable on its own drives too.
+            v.write(0, IoBytes::copy_from(&random_bytes(&mut rng, 4096)), true).await.unwrap();
+        }
+        for ((slot, f0), (_, w0)) in flushes.iter().zip(&writes) {
+            let (f1, w1) = (
+                counts(|s| s.flush_ops).iter().find(|(s, _)| s == slot).unwrap().1,
+                counts(|s| s.write_ops).iter().find(|(s, _)| s == slot).unwrap().1,
+            );
+            if own.contains(slot) {
+                continue;
+            }
+            strangers_seen += 1;
+            assert_eq!(
+                (f1 - f0, w1 - w0),
+                (0, 0),
+                "v{i} (members {own:?}): drive {slot} was flushed or written"
+            );
+        }
+        if i % 2 == 0 {
+            let flushed: BTreeSet<u32> = counts(|s| s.flush_ops)
+                .iter()
+                .zip(&flushes)
+                .filter(|((_, f1), (_, f0))| f1 > f0)
+                .map(|((s, _), _)| *s)
+                .collect();
+            assert_eq!(flushed, own, "v{i}: the flush did not flush exactly its members");
+        }
+    }
+    assert!(strangers_seen > 40, "the volumes shared every drive: the test proves nothing");
+    // A flush of the pool still reaches every drive written.
+    for u in &vols {
+        u.write(0, IoBytes::copy_from(&random_bytes(&mut rng, 4096)), false).await.unwrap();
+    }
+    let before = counts(|s| s.flush_ops);
+    pool.flush().await.unwrap();
+    for ((slot, f0), (_, f1)) in before.iter().zip(counts(|s| s.flush_ops)) {
+        assert!(f1 > *f0, "the pool flush left drive {slot} unflushed");
+    }
+    pool.close().await.unwrap();
+}

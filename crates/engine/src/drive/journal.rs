@@ -27,6 +27,51 @@ pub(crate) const MAX_RECORD_BLOCKS: u64 = 880;
 /// Most drives one transaction may span.
 pub(crate) const MAX_PIECES: usize = 255;
 
+/// Most volumes a journal header can name with a watermark of their own (format §5).
+pub(crate) const MAX_VOLUME_MARKS: usize = 252;
+/// Where a header's per-volume marks start: 16 bytes each, up to byte 4088.
+const VOLUME_MARKS_OFFSET: usize = 56;
+
+/// What a journal header says is durable (format §5, docs/crash-consistency.md invariant 4):
+/// every stripe transaction with an id up to `all` is applied in place and durable on every drive
+/// it names, except the transactions of the volumes in `except`, each durable up to its own
+/// mark (below `all`). A header from before the per-volume marks says `all` = its one watermark.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Watermarks {
+    pub(crate) all: u64,
+    /// `(volume id, mark)`, sorted by volume id, each volume once, each mark below `all`.
+    pub(crate) except: Vec<(u64, u64)>,
+}
+
+impl Watermarks {
+    /// The mark of `volume`'s transactions.
+    pub(crate) fn of(&self, volume: u64) -> u64 {
+        self.except.iter().find(|&&(v, _)| v == volume).map_or(self.all, |&(_, m)| m)
+    }
+
+    /// The mark of every volume's transactions: the pool-wide watermark (what a checkpoint may
+    /// release up to).
+    pub(crate) fn lowest(&self) -> u64 {
+        self.except.iter().map(|&(_, m)| m).min().unwrap_or(self.all).min(self.all)
+    }
+
+    /// True when no volume's mark is below what `earlier` said: a header may only say more.
+    pub(crate) fn covers(&self, earlier: &Watermarks) -> bool {
+        self.all >= earlier.all
+            && earlier.except.iter().all(|&(v, m)| self.of(v) >= m)
+            && self.except.iter().all(|&(v, m)| m >= earlier.of(v))
+    }
+}
+
+/// A journal header's fields (format §5).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct JournalHeader {
+    pub(crate) checkpoint_seq: u64,
+    pub(crate) next_offset_blocks: u64,
+    pub(crate) marks: Watermarks,
+    pub(crate) epoch: u64,
+}
+
 /// One drive's share of a stripe update.
 #[derive(Debug, Clone)]
 pub(crate) struct JournalPiece {
@@ -96,8 +141,8 @@ struct RingState {
     /// Blocks used by live records (including pads).
     used: u64,
     checkpoint_seq: u64,
-    /// Watermark written with the last checkpoint.
-    txn_watermark: u64,
+    /// Watermarks written with the last checkpoint.
+    marks: Watermarks,
     /// The session epoch (format §5): every record carries it, and a scan accepts only records
     /// of the header's epoch.
     epoch: u64,
@@ -136,42 +181,75 @@ impl Journal {
                 live: VecDeque::new(),
                 used: 0,
                 checkpoint_seq,
-                txn_watermark: 0,
+                marks: Watermarks::default(),
                 epoch,
             }),
         }
     }
 
     /// Encoded header block.
-    pub(crate) fn encode_header(
-        checkpoint_seq: u64,
-        next_offset_blocks: u64,
-        txn_watermark: u64,
-        epoch: u64,
-    ) -> Vec<u8> {
+    pub(crate) fn encode_header(h: &JournalHeader) -> Vec<u8> {
+        let marks = &h.marks;
+        assert!(
+            marks.except.len() <= MAX_VOLUME_MARKS
+                && marks.except.windows(2).all(|w| w[0].0 < w[1].0)
+                && marks.except.iter().all(|&(_, m)| m < marks.all),
+            "journal header watermarks out of shape: {marks:?}"
+        );
         let mut block = vec![0u8; BLOCK as usize];
         block[..8].copy_from_slice(HEADER_MAGIC);
-        block[8..16].copy_from_slice(&checkpoint_seq.to_le_bytes());
-        block[16..24].copy_from_slice(&next_offset_blocks.to_le_bytes());
-        block[24..32].copy_from_slice(&txn_watermark.to_le_bytes());
-        block[32..40].copy_from_slice(&epoch.to_le_bytes());
+        block[8..16].copy_from_slice(&h.checkpoint_seq.to_le_bytes());
+        block[16..24].copy_from_slice(&h.next_offset_blocks.to_le_bytes());
+        block[24..32].copy_from_slice(&marks.lowest().to_le_bytes());
+        block[32..40].copy_from_slice(&h.epoch.to_le_bytes());
+        block[40..48].copy_from_slice(&marks.all.to_le_bytes());
+        let count = u16::try_from(marks.except.len()).expect("at most MAX_VOLUME_MARKS");
+        block[48..50].copy_from_slice(&count.to_le_bytes());
+        for (i, &(v, m)) in marks.except.iter().enumerate() {
+            let o = VOLUME_MARKS_OFFSET + i * 16;
+            block[o..o + 8].copy_from_slice(&v.to_le_bytes());
+            block[o + 8..o + 16].copy_from_slice(&m.to_le_bytes());
+        }
         seal_crc(&mut block);
         block
     }
 
-    /// A valid header block's `(checkpoint_seq, next_offset_blocks, txn_watermark, epoch)`.
-    pub(crate) fn decode_header(buf: &[u8]) -> Option<(u64, u64, u64, u64)> {
+    /// A valid header block's fields; `None` for a block that is not one (bad magic or CRC, or
+    /// watermarks out of shape).
+    pub(crate) fn decode_header(buf: &[u8]) -> Option<JournalHeader> {
         if &buf[..8] != HEADER_MAGIC || crc_of(buf) != u32::from_le_bytes(buf[4092..].try_into().expect("4"))
         {
             return None;
         }
         let u64_at = |o: usize| u64::from_le_bytes(buf[o..o + 8].try_into().expect("8"));
-        Some((u64_at(8), u64_at(16), u64_at(24), u64_at(32)))
+        let lowest = u64_at(24);
+        let count = usize::from(u16::from_le_bytes(buf[48..50].try_into().expect("2")));
+        // A header written before the per-volume marks has zeros here: its one watermark holds
+        // for every volume.
+        let all = match u64_at(40) {
+            0 => lowest,
+            all => all,
+        };
+        if count > MAX_VOLUME_MARKS {
+            return None;
+        }
+        let except: Vec<(u64, u64)> =
+            (0..count).map(|i| VOLUME_MARKS_OFFSET + i * 16).map(|o| (u64_at(o), u64_at(o + 8))).collect();
+        let marks = Watermarks { all, except };
+        let shaped = marks.except.windows(2).all(|w| w[0].0 < w[1].0)
+            && marks.except.iter().all(|&(_, m)| m < marks.all)
+            && marks.lowest() == lowest;
+        shaped.then(|| JournalHeader {
+            checkpoint_seq: u64_at(8),
+            next_offset_blocks: u64_at(16),
+            marks,
+            epoch: u64_at(32),
+        })
     }
 
     /// Writes a fresh, empty journal (at pool creation).
     pub(crate) async fn format<D: BlockDevice>(dev: &D, offset_bytes: u64) -> Result<(), DevError> {
-        let header = IoBytes::copy_from(&Self::encode_header(0, 0, 0, 0));
+        let header = IoBytes::copy_from(&Self::encode_header(&JournalHeader::default()));
         for copy in 0..HEADER_COPIES {
             dev.write(offset_bytes + copy * BLOCK, header.clone(), true).await?;
         }
@@ -180,29 +258,33 @@ impl Journal {
 
     /// Reads the journal of a drive: the newest valid header and every valid record after its
     /// checkpoint, in order. Returns the journal positioned after the last valid record, the
-    /// records, and the header's transaction watermark (every transaction with an id up to it
-    /// was applied and durable when the header was written).
+    /// records, and the header's watermarks (what it says was applied and durable when it was
+    /// written).
     pub(crate) async fn open<D: BlockDevice>(
         dev: &D,
         offset_bytes: u64,
         len_bytes: u64,
-    ) -> Result<(Journal, Vec<RecoveredPiece>, u64), DevError> {
-        let mut best: Option<(u64, u64, u64, u64)> = None;
+    ) -> Result<(Journal, Vec<RecoveredPiece>, Watermarks), DevError> {
+        let mut best: Option<JournalHeader> = None;
         for copy in 0..HEADER_COPIES {
             let buf = dev.read(offset_bytes + copy * BLOCK, IoBuf::zeroed(BLOCK as usize)).await?;
-            if let Some((seq, pos, watermark, epoch)) = Self::decode_header(&buf) {
+            if let Some(h) = Self::decode_header(&buf) {
                 // Equal checkpoints: the newer session's copy (a crash between the two copies of
                 // `begin_session`).
-                if best.is_none_or(|(s, _, _, e)| (seq, epoch) > (s, e)) {
-                    best = Some((seq, pos, watermark, epoch));
+                if best.as_ref().is_none_or(|b| (h.checkpoint_seq, h.epoch) > (b.checkpoint_seq, b.epoch)) {
+                    best = Some(h);
                 }
             }
         }
         let ring_blocks = len_bytes / BLOCK - HEADER_COPIES;
-        let (checkpoint_seq, start, txn_watermark, epoch) = best.unwrap_or_else(|| {
-            tracing::warn!(device = dev.name(), "journal header unreadable; treating the journal as empty");
-            (0, 0, 0, 0)
-        });
+        let JournalHeader { checkpoint_seq, next_offset_blocks: start, marks, epoch } =
+            best.unwrap_or_else(|| {
+                tracing::warn!(
+                    device = dev.name(),
+                    "journal header unreadable; treating the journal as empty"
+                );
+                JournalHeader::default()
+            });
         let start = if start < ring_blocks { start } else { 0 };
 
         let mut pieces = Vec::new();
@@ -259,12 +341,12 @@ impl Journal {
         let journal = Journal::with_state(offset_bytes, len_bytes, checkpoint_seq, pos, epoch);
         {
             let mut ring = journal.ring.lock();
-            ring.txn_watermark = txn_watermark;
+            ring.marks = marks.clone();
             ring.next_seq = expect;
             ring.used = live.iter().map(|l| l.2).sum();
             ring.live = live;
         }
-        Ok((journal, pieces, txn_watermark))
+        Ok((journal, pieces, marks))
     }
 
     /// Appends a piece; returns its sequence number once it is durable. A failed ring write is
@@ -412,15 +494,15 @@ impl Journal {
         ring.next_seq - 1
     }
 
-    /// Writes the checkpoint `seq` with the transaction watermark it was computed from (both
-    /// taken before the flush that made those records' in-place writes durable) and frees ring
-    /// space. The header is written even when `seq` did not move, so that every drive carries
-    /// the newest watermark.
+    /// Writes the checkpoint `seq` with the watermarks it was computed from (both taken after
+    /// the flush that made those records' in-place writes durable) and frees ring space. The
+    /// header is written even when `seq` did not move, so that the drive carries the newest
+    /// watermarks.
     pub(crate) async fn checkpoint<D: BlockDevice>(
         &self,
         dev: &D,
         seq: u64,
-        txn_watermark: u64,
+        marks: &Watermarks,
     ) -> Result<(), DevError> {
         let _writer = self.writer.lock().await;
         let (next_offset, epoch) = {
@@ -428,22 +510,27 @@ impl Journal {
             // Checkpoints are taken under the pool's flush lock, in order: going back would
             // make recovery replay records over newer data.
             assert!(
-                seq >= ring.checkpoint_seq && txn_watermark >= ring.txn_watermark,
-                "journal checkpoint going back: seq {} -> {seq}, watermark {} -> {txn_watermark}",
+                seq >= ring.checkpoint_seq && marks.covers(&ring.marks),
+                "journal checkpoint going back: seq {} -> {seq}, watermarks {:?} -> {marks:?}",
                 ring.checkpoint_seq,
-                ring.txn_watermark
+                ring.marks
             );
             assert!(
                 seq < ring.next_seq,
                 "journal checkpoint {seq} past the last record {}",
                 ring.next_seq - 1
             );
-            if seq == ring.checkpoint_seq && txn_watermark == ring.txn_watermark {
+            if seq == ring.checkpoint_seq && *marks == ring.marks {
                 return Ok(());
             }
             (ring.live.iter().find(|l| l.0 > seq).map_or(ring.head, |l| l.1), ring.epoch)
         };
-        let header = IoBytes::copy_from(&Self::encode_header(seq, next_offset, txn_watermark, epoch));
+        let header = IoBytes::copy_from(&Self::encode_header(&JournalHeader {
+            checkpoint_seq: seq,
+            next_offset_blocks: next_offset,
+            marks: marks.clone(),
+            epoch,
+        }));
         for copy in 0..HEADER_COPIES {
             dev.write(self.offset_bytes + copy * BLOCK, header.clone(), true).await?;
         }
@@ -464,7 +551,7 @@ impl Journal {
             ring.used
         );
         ring.checkpoint_seq = seq;
-        ring.txn_watermark = txn_watermark;
+        ring.marks = marks.clone();
         Ok(())
     }
 
@@ -483,7 +570,13 @@ impl Journal {
                 ring.live.len()
             );
             ring.epoch += 1;
-            (Self::encode_header(ring.checkpoint_seq, ring.head, ring.txn_watermark, ring.epoch), ring.epoch)
+            let header = JournalHeader {
+                checkpoint_seq: ring.checkpoint_seq,
+                next_offset_blocks: ring.head,
+                marks: ring.marks.clone(),
+                epoch: ring.epoch,
+            };
+            (Self::encode_header(&header), ring.epoch)
         };
         let header = IoBytes::copy_from(&header);
         for copy in 0..HEADER_COPIES {
@@ -626,6 +719,53 @@ mod tests {
     use super::*;
     use stria_dev::mem::MemDevice;
 
+    fn marks(all: u64) -> Watermarks {
+        Watermarks { all, except: Vec::new() }
+    }
+
+    /// A header carries per-volume marks below its `all` mark and gives them back; a header
+    /// written before the marks existed (zeros after the epoch) says its one watermark for every
+    /// volume; marks out of shape are no header.
+    #[test]
+    fn headers_carry_per_volume_marks_and_read_old_headers() {
+        let h = JournalHeader {
+            checkpoint_seq: 9,
+            next_offset_blocks: 40,
+            marks: Watermarks { all: 100, except: vec![(3, 41), (7, 99)] },
+            epoch: 2,
+        };
+        let block = Journal::encode_header(&h);
+        assert_eq!(Journal::decode_header(&block), Some(h.clone()));
+        assert_eq!(
+            u64::from_le_bytes(block[24..32].try_into().unwrap()),
+            41,
+            "the old field is the lowest mark"
+        );
+        assert_eq!((h.marks.of(3), h.marks.of(7), h.marks.of(8), h.marks.lowest()), (41, 99, 100, 41));
+        // A header of the format before the marks: bytes 40.. zero.
+        let mut old = block.clone();
+        old[40..4092].fill(0);
+        seal_crc(&mut old);
+        let read = Journal::decode_header(&old).expect("an old header reads");
+        assert_eq!(read.marks, Watermarks { all: 41, except: Vec::new() });
+        // Out of shape: unsorted volumes, a mark not below `all`, a count past the room.
+        for (at, value) in [(56usize, 9u64), (64, 100), (48, 253)] {
+            let mut bad = block.clone();
+            if at == 48 {
+                bad[48..50].copy_from_slice(&(value as u16).to_le_bytes());
+            } else {
+                bad[at..at + 8].copy_from_slice(&value.to_le_bytes());
+            }
+            seal_crc(&mut bad);
+            assert_eq!(Journal::decode_header(&bad), None, "byte {at} = {value}");
+        }
+        // Later marks may only say more.
+        let later = Watermarks { all: 120, except: vec![(7, 110)] };
+        assert!(later.covers(&h.marks));
+        assert!(!Watermarks { all: 120, except: vec![(3, 40)] }.covers(&h.marks));
+        assert!(!Watermarks { all: 99, except: vec![] }.covers(&h.marks));
+    }
+
     fn piece(txn: u64, blocks: usize, fill: u8) -> JournalPiece {
         JournalPiece {
             txn_id: txn,
@@ -653,9 +793,9 @@ mod tests {
 
         let _ = s1;
         assert_eq!(j.checkpoint_candidate(1), 1, "transaction 2 is not applied yet");
-        j.checkpoint(&dev, 1, 1).await.unwrap();
+        j.checkpoint(&dev, 1, &marks(1)).await.unwrap();
         let (j2, found, watermark) = Journal::open(&dev, 0, 1 << 20).await.unwrap();
-        assert_eq!(watermark, 1);
+        assert_eq!(watermark, marks(1));
         assert_eq!(found.iter().map(|p| p.seq).collect::<Vec<_>>(), vec![2]);
         // The reopened journal continues the sequence.
         assert_eq!(j2.append(&dev, piece(3, 1, 1), &PendingErrors::default()).await.unwrap(), 3);
@@ -677,7 +817,7 @@ mod tests {
         ));
         assert_eq!(seqs.len(), 3);
         let c = j.checkpoint_candidate(u64::MAX);
-        j.checkpoint(&dev, c, 3).await.unwrap();
+        j.checkpoint(&dev, c, &marks(3)).await.unwrap();
         assert_eq!(j.used_blocks(), 0);
         // This one must wrap: 12 blocks used from 0, 2 left at the end of the ring.
         let s = j.append(&dev, piece(10, 3, 10), &PendingErrors::default()).await.unwrap();
@@ -719,7 +859,7 @@ mod tests {
         let (j, found, _) = Journal::open(&dev, 0, 1 << 20).await.unwrap();
         assert_eq!(found.iter().map(|p| p.seq).collect::<Vec<_>>(), vec![1]);
         // Recovery checkpoints what it found, then the new session starts.
-        j.checkpoint(&dev, 1, 1).await.unwrap();
+        j.checkpoint(&dev, 1, &marks(1)).await.unwrap();
         j.begin_session(&dev).await.unwrap();
         let s = j.append(&dev, piece(7, 1, 0x77), &errors).await.unwrap();
         assert_eq!(s, 2, "the new session reuses sequence 2 at the same ring position");

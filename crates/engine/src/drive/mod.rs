@@ -26,6 +26,7 @@ use crate::time::now_unix_secs;
 use csum::{ChecksumTable, CsumCacheStats, Entry, Pinned, block_crc};
 use errors::{ErrorKind, PendingErrors};
 use intent::IntentMap;
+pub(crate) use journal::Watermarks;
 use journal::{AppendError, Journal, JournalPiece, RecoveredPiece};
 
 /// Why a verified read did not return data.
@@ -48,8 +49,8 @@ pub(crate) struct OpenFindings {
     pub(crate) bad_csum_pages: Vec<u64>,
     /// Journal records after the checkpoint.
     pub(crate) journal: Vec<RecoveredPiece>,
-    /// The journal header's transaction watermark.
-    pub(crate) txn_watermark: u64,
+    /// What the journal header says is durable.
+    pub(crate) watermarks: Watermarks,
 }
 
 /// One drive of a pool.
@@ -209,10 +210,10 @@ impl<D: BlockDevice> Drive<D> {
     /// bitmap and the journal, and reports what recovery must look at.
     pub(crate) async fn open(dev: D, sb: Superblock) -> Result<(Drive<D>, OpenFindings), DevError> {
         let l = sb.layout;
-        let (journal, pieces, txn_watermark) =
+        let (journal, pieces, watermarks) =
             Journal::open(&dev, l.journal_offset_bytes, l.journal_bytes).await?;
         let mut drive = Drive::new(Some(dev), sb, journal);
-        let mut findings = OpenFindings { journal: pieces, txn_watermark, ..OpenFindings::default() };
+        let mut findings = OpenFindings { journal: pieces, watermarks, ..OpenFindings::default() };
 
         let ipages = drive.intent.pages();
         let buf = drive.dev().read(l.intent_offset_bytes, IoBuf::zeroed((ipages * BLOCK) as usize)).await?;
@@ -734,11 +735,11 @@ impl<D: BlockDevice> Drive<D> {
 
     /// Writes the journal checkpoint `seq` (taken with `journal.checkpoint_candidate()` before
     /// the flush that made those records' in-place writes durable).
-    pub(crate) async fn checkpoint_journal(&self, seq: u64, txn_watermark: u64) -> Result<(), DevError> {
+    pub(crate) async fn checkpoint_journal(&self, seq: u64, marks: &Watermarks) -> Result<(), DevError> {
         if self.is_missing() {
             return Ok(());
         }
-        self.count_write(self.journal.checkpoint(self.dev(), seq, txn_watermark).await)
+        self.count_write(self.journal.checkpoint(self.dev(), seq, marks).await)
     }
 
     /// Starts this session's journal epoch (see `Journal::begin_session`), once every record

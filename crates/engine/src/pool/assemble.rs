@@ -168,7 +168,7 @@ impl<D: BlockDevice> Pool<D> {
         let (drives, findings, missing) = open_drives(candidates, &meta).await?;
         let txn_next = findings
             .iter()
-            .flat_map(|(_, f)| f.journal.iter().map(|p| p.piece.txn_id).chain([f.txn_watermark]))
+            .flat_map(|(_, f)| f.journal.iter().map(|p| p.piece.txn_id).chain([f.watermarks.all]))
             .max()
             .unwrap_or(0)
             + 1;

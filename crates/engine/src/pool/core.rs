@@ -1,5 +1,6 @@
 //! State shared by a pool and its volumes: metadata and its commits, the open drives, flushes.
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -8,10 +9,60 @@ use futures::future::join_all;
 use stria_dev::BlockDevice;
 
 use super::epochs::EpochBook;
-use crate::drive::Drive;
+use crate::drive::journal::MAX_VOLUME_MARKS;
+use crate::drive::{Drive, Watermarks};
 use crate::error::EngineError;
 use crate::format::meta::{DriveState, PoolMeta};
 use crate::gate::OpGate;
+
+/// Stripe transactions on their way to being durable, each with the volume it writes.
+#[derive(Debug, Default)]
+struct Txns {
+    /// Started, not yet applied in place on every drive they name.
+    unapplied: BTreeMap<u64, u64>,
+    /// Applied in place (or abandoned before any in-place write), not yet made durable by a
+    /// flush of their volume's drives.
+    unflushed: BTreeMap<u64, u64>,
+}
+
+impl Txns {
+    /// The volumes with a transaction not yet durable.
+    fn volumes(&self) -> std::collections::BTreeSet<u64> {
+        self.unapplied.values().chain(self.unflushed.values()).copied().collect()
+    }
+}
+
+/// What one flush covers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum FlushScope<'a> {
+    /// Every drive of the pool.
+    Pool,
+    /// The drives of one volume: its id and its members' slots.
+    Volume { id: u64, slots: &'a [u32] },
+}
+
+impl FlushScope<'_> {
+    fn key(self) -> Option<u64> {
+        match self {
+            FlushScope::Pool => None,
+            FlushScope::Volume { id, .. } => Some(id),
+        }
+    }
+
+    fn holds(self, slot: u32) -> bool {
+        match self {
+            FlushScope::Pool => true,
+            FlushScope::Volume { slots, .. } => slots.contains(&slot),
+        }
+    }
+
+    fn holds_volume(self, volume: u64) -> bool {
+        match self {
+            FlushScope::Pool => true,
+            FlushScope::Volume { id, .. } => id == volume,
+        }
+    }
+}
 
 /// The part of a pool that volumes hold on to.
 pub(crate) struct PoolCore<D: BlockDevice> {
@@ -22,8 +73,9 @@ pub(crate) struct PoolCore<D: BlockDevice> {
     /// Every drive the pool knows, open or missing, in slot order.
     drives: ArcSwap<Vec<Arc<Drive<D>>>>,
     txn_next: AtomicU64,
-    /// Erasure-coded stripe transactions started and not yet applied in place.
-    unapplied_txns: parking_lot::Mutex<std::collections::BTreeSet<u64>>,
+    /// Erasure-coded stripe transactions not yet durable in place, with their volumes
+    /// (docs/crash-consistency.md invariant 4).
+    txns: parking_lot::Mutex<Txns>,
     /// Set when a drive failure could not be committed: from then on no write or flush may be
     /// acknowledged (a drive the metadata still calls active would miss it).
     poisoned: AtomicBool,
@@ -31,8 +83,11 @@ pub(crate) struct PoolCore<D: BlockDevice> {
     pub(super) suspended: parking_lot::Mutex<Option<String>>,
     /// Fast check of `suspended.is_some()` on the write path.
     pub(super) suspended_flag: AtomicBool,
-    flush_arrivals: AtomicU64,
-    flush_covered: tokio::sync::Mutex<u64>,
+    /// Flush requests arrived, per scope (`None`: the whole pool; `Some(id)`: one volume).
+    flush_arrivals: parking_lot::Mutex<HashMap<Option<u64>, u64>>,
+    /// Held while a flush runs (flushes run one at a time): the arrivals each scope's flushes
+    /// have covered.
+    flush_covered: tokio::sync::Mutex<HashMap<Option<u64>, u64>>,
     /// Operations in progress (see gate.rs); a clean close waits for them.
     pub(crate) ops: OpGate,
     /// The highest generation any commit has tried to write. A commit that fails (no
@@ -76,12 +131,12 @@ impl<D: BlockDevice> PoolCore<D> {
             meta: tokio::sync::Mutex::new(meta),
             drives: ArcSwap::from_pointee(drives),
             txn_next: AtomicU64::new(txn_next),
-            unapplied_txns: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
+            txns: parking_lot::Mutex::new(Txns::default()),
             poisoned: AtomicBool::new(false),
             suspended: parking_lot::Mutex::new(None),
             suspended_flag: AtomicBool::new(false),
-            flush_arrivals: AtomicU64::new(0),
-            flush_covered: tokio::sync::Mutex::new(0),
+            flush_arrivals: parking_lot::Mutex::new(HashMap::new()),
+            flush_covered: tokio::sync::Mutex::new(HashMap::new()),
             ops: OpGate::default(),
             generation_high: AtomicU64::new(0),
             committed_high: AtomicU64::new(committed_generation),
@@ -145,10 +200,17 @@ impl<D: BlockDevice> PoolCore<D> {
         self.drives.store(Arc::new(all));
     }
 
-    /// Starts an erasure-coded stripe transaction: a fresh id (monotonic across restarts),
-    /// unapplied until [`PoolCore::txn_done`].
-    pub(crate) fn next_txn_id(&self) -> u64 {
-        let mut unapplied = self.unapplied_txns.lock();
+    /// Starts an erasure-coded stripe transaction of `volume`: a fresh id (monotonic across
+    /// restarts), unapplied until [`PoolCore::txn_done`], then not durable until a flush of the
+    /// volume's drives (or of the pool). `None` when as many other volumes have transactions
+    /// not yet durable as a journal header can name (`MAX_VOLUME_MARKS`): a flush of the pool
+    /// makes room.
+    pub(crate) fn next_txn_id(&self, volume: u64) -> Option<u64> {
+        let mut txns = self.txns.lock();
+        let pending = txns.volumes();
+        if pending.len() >= MAX_VOLUME_MARKS && !pending.contains(&volume) {
+            return None;
+        }
         let id = self.txn_next.fetch_add(1, Ordering::Relaxed);
         // An id at or below a watermark already used would count as applied: a checkpoint could
         // release its journal records, and recovery would not replay it.
@@ -157,27 +219,42 @@ impl<D: BlockDevice> PoolCore<D> {
             id > watermark,
             "stripe transaction id {id} at or below the transaction watermark {watermark}"
         );
-        let fresh = unapplied.insert(id);
+        let fresh = txns.unapplied.insert(id, volume).is_none();
         assert!(fresh, "stripe transaction id {id} handed out twice");
-        id
+        Some(id)
     }
 
     /// The transaction is applied in place on every drive (or abandoned before any in-place
-    /// write).
+    /// write); it waits for a flush of its volume's drives.
     pub(crate) fn txn_done(&self, id: u64) {
-        let removed = self.unapplied_txns.lock().remove(&id);
+        let mut txns = self.txns.lock();
         // A transaction completed twice (or never started) would let the watermark pass one
         // still being applied, and recovery would skip its replay.
-        assert!(removed, "stripe transaction {id} completed twice or never started");
+        let volume = txns.unapplied.remove(&id);
+        let volume =
+            volume.unwrap_or_else(|| panic!("stripe transaction {id} completed twice or never started"));
+        txns.unflushed.insert(id, volume);
     }
 
-    /// Every transaction with an id up to this is applied.
-    pub(crate) fn txn_watermark(&self) -> u64 {
-        let unapplied = self.unapplied_txns.lock();
-        match unapplied.first() {
-            Some(&first) => first - 1,
-            None => self.txn_next.load(Ordering::Relaxed) - 1,
+    /// The transaction watermarks (docs/crash-consistency.md invariant 4): every transaction
+    /// handed out so far is applied in place and durable on every drive it names, except those
+    /// of the volumes with one unapplied or waiting for a flush, each durable up to one below its
+    /// first such transaction.
+    pub(crate) fn watermarks(&self) -> Watermarks {
+        let txns = self.txns.lock();
+        let all = self.txn_next.load(Ordering::Relaxed) - 1;
+        let mut first: BTreeMap<u64, u64> = BTreeMap::new();
+        for (&id, &volume) in txns.unapplied.iter().chain(&txns.unflushed) {
+            let f = first.entry(volume).or_insert(id);
+            *f = (*f).min(id);
         }
+        let except: Vec<(u64, u64)> = first.into_iter().map(|(v, id)| (v, id - 1)).collect();
+        assert!(
+            except.len() <= MAX_VOLUME_MARKS,
+            "{} volumes with transactions not yet durable: next_txn_id admits at most {MAX_VOLUME_MARKS}",
+            except.len()
+        );
+        Watermarks { all, except }
     }
 
     /// Applies `change` to a copy of the metadata and commits it. The change returns `false`
@@ -419,74 +496,107 @@ impl<D: BlockDevice> PoolCore<D> {
         Ok(())
     }
 
-    /// Flushes every drive written since the last flush, then checkpoints every journal with
-    /// the pool's transaction watermark (two phases: a record is released, and a watermark
-    /// written, only once the in-place writes of the transactions it covers are durable on every
-    /// drive). Each drive written raises its flush epoch (docs/design/stale-copies.md): its flush
-    /// makes its record of the new epoch durable after its data, and once every flushed drive
-    /// holds its record the new epochs are confirmed in the records of every drive in use. With
-    /// nothing written and no transaction applied since the last flush there is nothing to make
-    /// durable, and nothing is done. A drive whose flush fails is failed. Concurrent callers share
-    /// one flush.
+    /// Flushes every drive of the pool written since the last flush, and checkpoints every
+    /// journal: [`PoolCore::flush`] of the whole pool (what a clean close, recovery, metadata
+    /// changes and a full journal ring need).
     pub(crate) async fn flush_all(&self) -> Result<(), EngineError> {
-        let arrival = self.flush_arrivals.fetch_add(1, Ordering::SeqCst) + 1;
+        self.flush(FlushScope::Pool).await
+    }
+
+    /// Makes every write completed before the call durable on the drives of `scope`.
+    ///
+    /// Flushes each drive of the scope written since the last flush, then checkpoints the
+    /// scope's journals with the pool's transaction watermark (two phases, docs/crash-
+    /// consistency.md invariant 4): the scope's transactions applied before the flush are
+    /// durable once their drives are flushed (a transaction's pieces are on its volume's
+    /// drives), and only then do they stop holding the watermark back; a record is released
+    /// only if its transaction is at or below the watermark, that is applied *and* flushed,
+    /// whichever volume it belongs to. Each drive written raises its flush epoch
+    /// (docs/design/stale-copies.md): its flush makes its record of the new epoch durable after
+    /// its data, and once every flushed drive holds its record the new epochs are confirmed in
+    /// the records of the scope's drives. With nothing written and no transaction of the scope
+    /// applied since the last flush, nothing is done. A drive whose flush fails is failed.
+    /// Flushes run one at a time; concurrent callers of one scope share a flush, and a flush of
+    /// the pool covers every volume's callers that arrived before it.
+    pub(crate) async fn flush(&self, scope: FlushScope<'_>) -> Result<(), EngineError> {
+        let key = scope.key();
+        let arrival = {
+            let mut arrivals = self.flush_arrivals.lock();
+            let n = arrivals.entry(key).or_insert(0);
+            *n += 1;
+            *n
+        };
         let mut covered = self.flush_covered.lock().await;
-        if *covered >= arrival {
+        if covered.get(&key).copied().unwrap_or(0) >= arrival {
             return Ok(());
         }
-        let covers = self.flush_arrivals.load(Ordering::SeqCst);
+        // What this flush will cover: every arrival so far of its scope (of every scope, for the
+        // whole pool).
+        let covers: Vec<(Option<u64>, u64)> = {
+            let arrivals = self.flush_arrivals.lock();
+            match scope {
+                FlushScope::Pool => arrivals.iter().map(|(&k, &n)| (k, n)).collect(),
+                FlushScope::Volume { .. } => vec![(key, arrivals[&key])],
+            }
+        };
         self.check_writable()?;
         let drives = self.drives();
+        let ours: Vec<&Arc<Drive<D>>> = drives.iter().filter(|d| scope.holds(d.slot())).collect();
         // A drive left out of the flush because it failed must be failed in the committed
         // metadata too, or the flush would vouch for data it did not flush.
-        for d in drives.iter().filter(|d| d.is_failed() && !self.failure_committed(d.slot())) {
+        for d in ours.iter().filter(|d| d.is_failed() && !self.failure_committed(d.slot())) {
             self.fail_drive(d.slot(), "failed before a flush".into()).await?;
         }
-        let live: Vec<&Arc<Drive<D>>> = drives.iter().filter(|d| !d.is_failed()).collect();
-        // Taken before the drives are flushed: every transaction up to the watermark was applied
-        // in place before this point, so after phase 1 it is durable everywhere.
-        let watermark = self.txn_watermark();
+        let live: Vec<&Arc<Drive<D>>> = ours.iter().copied().filter(|d| !d.is_failed()).collect();
+        // Taken before the drives are flushed: each was applied in place before this point, so
+        // after the flush below it is durable on its drives.
+        let txns: Vec<u64> = {
+            let txns = self.txns.lock();
+            txns.unflushed.iter().filter(|&(_, &v)| scope.holds_volume(v)).map(|(&id, _)| id).collect()
+        };
         // Taken before the drives are flushed too: a write that completes after this point sets
         // its drive's flag again for the next flush. A drive not written since the last flush
-        // took its flag holds nothing that flush did not make durable.
+        // took its flag holds nothing that flush did not make durable (flushes run one at a
+        // time, so that flush is over).
         let written: Vec<&Arc<Drive<D>>> = live.iter().copied().filter(|d| d.take_written()).collect();
-        if written.is_empty() && watermark == self.watermark_high.load(Ordering::SeqCst) {
-            *covered = covers;
+        if written.is_empty() && txns.is_empty() {
+            Self::mark_covered(&mut covered, &covers);
             return Ok(());
         }
-        let result = self.flush_drives(&live, &written, watermark).await;
+        let result = self.flush_drives(&live, &written, &txns).await;
         if result.is_err() {
             // Whatever was taken is not covered: the next flush must not skip it.
             for d in &written {
                 d.mark_written();
             }
         } else {
-            *covered = covers;
+            Self::mark_covered(&mut covered, &covers);
         }
         result
     }
 
-    /// The body of [`PoolCore::flush_all`]: flushes the `written` drives (raising their epochs),
-    /// checkpoints the journals of the `live` ones, and confirms the new epochs on them.
+    fn mark_covered(covered: &mut HashMap<Option<u64>, u64>, covers: &[(Option<u64>, u64)]) {
+        for &(k, n) in covers {
+            let c = covered.entry(k).or_insert(0);
+            *c = (*c).max(n);
+        }
+    }
+
+    /// The body of [`PoolCore::flush`]: flushes the `written` drives (raising their epochs),
+    /// then counts the transactions `txns` durable, checkpoints the journals of the `live` ones
+    /// with the watermark that follows, and confirms the new epochs on them.
     async fn flush_drives(
         &self,
         live: &[&Arc<Drive<D>>],
         written: &[&Arc<Drive<D>>],
-        watermark: u64,
+        txns: &[u64],
     ) -> Result<(), EngineError> {
-        let before = self.watermark_high.fetch_max(watermark, Ordering::SeqCst);
-        assert!(
-            watermark >= before,
-            "transaction watermark went back from {before} to {watermark}: a journal checkpoint would release \
-             records of transactions not yet applied"
-        );
         // Claimed before any record is written, so an epoch abandoned half way is never reused.
         let (claims, witnesses) = {
             let mut book = self.epochs.lock();
             let claims: Vec<Option<u64>> = written.iter().map(|d| book.claim(d.slot())).collect();
             (claims, book.witnesses())
         };
-        let candidates: Vec<u64> = live.iter().map(|d| d.journal.checkpoint_candidate(watermark)).collect();
         let witnesses = &witnesses;
         let flushed = join_all(written.iter().zip(&claims).map(|(d, &claim)| async move {
             match claim {
@@ -501,13 +611,29 @@ impl<D: BlockDevice> PoolCore<D> {
                 self.drive_error(d.slot(), "flush failed", &e).await?;
             }
         }
+        // Every drive the transactions name is flushed (or failed, committed): they are durable.
+        {
+            let mut t = self.txns.lock();
+            for id in txns {
+                let was = t.unflushed.remove(id);
+                assert!(was.is_some(), "stripe transaction {id} flushed twice");
+            }
+        }
+        let marks = self.watermarks();
+        let watermark = marks.lowest();
+        let before = self.watermark_high.fetch_max(watermark, Ordering::SeqCst);
+        assert!(
+            watermark >= before,
+            "transaction watermark went back from {before} to {watermark}: a journal checkpoint would release \
+             records of transactions not yet durable"
+        );
+        let candidates: Vec<u64> = live.iter().map(|d| d.journal.checkpoint_candidate(watermark)).collect();
         // The journal checkpoints and the confirmation go out together: each needs only the
         // flushes above.
-        let checkpoints = live
-            .iter()
-            .zip(&candidates)
-            .filter(|(d, _)| !d.is_failed())
-            .map(|(d, &c)| async move { (d.slot(), d.checkpoint_journal(c, watermark).await) });
+        let checkpoints = live.iter().zip(&candidates).filter(|(d, _)| !d.is_failed()).map(|(d, &c)| {
+            let marks = &marks;
+            async move { (d.slot(), d.checkpoint_journal(c, marks).await) }
+        });
         let (checkpointed, confirmed) = futures::join!(join_all(checkpoints), async {
             if written.is_empty() { Ok(()) } else { self.confirm_epochs(live, written).await }
         });
@@ -582,8 +708,8 @@ impl<D: BlockDevice> crate::volume::host::VolumeHost for PoolCore<D> {
         Box::pin(self.drive_error(slot, what, e))
     }
 
-    fn next_txn_id(&self) -> u64 {
-        PoolCore::next_txn_id(self)
+    fn next_txn_id(&self, volume: u64) -> Option<u64> {
+        PoolCore::next_txn_id(self, volume)
     }
 
     fn txn_done(&self, id: u64) {
@@ -592,11 +718,10 @@ impl<D: BlockDevice> crate::volume::host::VolumeHost for PoolCore<D> {
 
     fn flush_members<'a>(
         &'a self,
-        _slots: &'a [u32],
+        volume: u64,
+        slots: &'a [u32],
     ) -> futures::future::BoxFuture<'a, Result<(), EngineError>> {
-        // The flush epoch is pool-wide (on-disk-format §2a, record version 1): every drive takes
-        // part in every flush that follows a write.
-        Box::pin(self.flush_all())
+        Box::pin(self.flush(FlushScope::Volume { id: volume, slots }))
     }
 
     fn flush_all(&self) -> futures::future::BoxFuture<'_, Result<(), EngineError>> {

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use stria_dev::BlockDevice;
 
 use super::Pool;
-use crate::drive::OpenFindings;
 use crate::drive::journal::RecoveredPiece;
+use crate::drive::{OpenFindings, Watermarks};
 use crate::error::EngineError;
 use crate::format::layout::{CSUM_ENTRIES_PER_PAGE, INTENT_REGION_BLOCKS};
 use crate::volume::Volume;
@@ -66,9 +66,12 @@ impl<D: BlockDevice> Pool<D> {
         let mut dirty: BTreeMap<u32, Vec<(u64, u64)>> = BTreeMap::new();
         let mut txns: BTreeMap<u64, Vec<(u32, RecoveredPiece)>> = BTreeMap::new();
         let mut bad_pages: Vec<(u32, Vec<u64>)> = Vec::new();
-        // Any drive's watermark is a pool-wide fact (it was written after every drive was
-        // flushed): transactions up to the highest one found are applied and durable.
-        let watermark = findings.iter().map(|(_, f)| f.txn_watermark).max().unwrap_or(0);
+        // Any drive's watermarks are pool-wide facts (written after the drives of the
+        // transactions they cover were flushed): a transaction at or below the highest mark any
+        // drive gives its volume is applied and durable, and is not replayed (it may have been
+        // overwritten since by a durable write that no journal holds).
+        let marks: Vec<Watermarks> = findings.iter().map(|(_, f)| f.watermarks.clone()).collect();
+        let durable_to = |volume: u64| marks.iter().map(|m| m.of(volume)).max().unwrap_or(0);
         for (slot, f) in findings {
             report.dirty_regions += f.dirty_regions.len() as u64;
             report.bad_csum_pages += f.bad_csum_pages.len() as u64;
@@ -84,7 +87,7 @@ impl<D: BlockDevice> Pool<D> {
                 txns.entry(piece.piece.txn_id).or_default().push((slot, piece));
             }
         }
-        txns.retain(|&id, _| id > watermark);
+        txns.retain(|&id, pieces| id > durable_to(pieces[0].1.piece.volume_id));
         self.replay(txns, &mut report).await?;
         let had_work = report.journal_txns_replayed + report.journal_txns_dropped > 0
             || dirty.values().any(|r| !r.is_empty());

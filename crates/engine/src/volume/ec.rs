@@ -798,7 +798,14 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
             pieces.into_iter().filter(|p| seg.members[p.member].usable(sw.row)).collect();
         let mut attempt = 0;
         let outcome = loop {
-            let txn_id = self.host.next_txn_id();
+            let Some(txn_id) = self.host.next_txn_id(self.id) else {
+                // Too many volumes have transactions waiting for a flush: flush them all.
+                self.host
+                    .flush_all()
+                    .await
+                    .map_err(|e| VolumeError::Pool { volume: self.name.clone(), source: Box::new(e) })?;
+                continue;
+            };
             let slots: Vec<u16> = pieces
                 .iter()
                 .map(|p| u16::try_from(seg.members[p.member].drive.slot()).expect("slot fits"))

@@ -35,15 +35,18 @@ pub(crate) trait VolumeHost: Send + Sync {
         e: &'a DevError,
     ) -> BoxFuture<'a, Result<(), EngineError>>;
 
-    /// A stripe transaction id, fresh and above every watermark (see `txn_done`).
-    fn next_txn_id(&self) -> u64;
+    /// A stripe transaction id of volume `volume`, fresh and above every watermark (see
+    /// `txn_done`); `None` until a flush of the host makes room for another volume's
+    /// transactions (a journal header names a bounded number of volumes).
+    fn next_txn_id(&self, volume: u64) -> Option<u64>;
 
     /// Transaction `id` is applied in place on every drive it names (or abandoned before any
-    /// in-place write).
+    /// in-place write); a flush of its volume's members makes it durable.
     fn txn_done(&self, id: u64);
 
-    /// Makes every write completed before the call durable on the member drives in `slots`.
-    fn flush_members<'a>(&'a self, slots: &'a [u32]) -> BoxFuture<'a, Result<(), EngineError>>;
+    /// Makes every write of volume `volume` completed before the call durable on its member
+    /// drives, `slots` (every other drive is left alone), and checkpoints their journals.
+    fn flush_members<'a>(&'a self, volume: u64, slots: &'a [u32]) -> BoxFuture<'a, Result<(), EngineError>>;
 
     /// Makes every write completed before the call durable on every drive of the host, and
     /// checkpoints every journal (what a full journal ring waits for).

@@ -782,11 +782,12 @@ impl<D: BlockDevice> Volume<D> {
         Ok(())
     }
 
-    /// Flushes the drives holding the volume's members (and the destinations of members being
-    /// moved), nothing else.
+    /// Flushes the drives holding the volume's members, nothing else. The destination of a
+    /// member being moved needs no flush here: it is never read before the move's switch, which
+    /// flushes the whole pool first (pool/moves.rs).
     async fn flush_members(&self) -> Result<(), VolumeError> {
         let slots = self.member_slots();
-        self.host.flush_members(&slots).await.map_err(|e| self.pool_error(e))
+        self.host.flush_members(self.id, &slots).await.map_err(|e| self.pool_error(e))
     }
 
     /// The drive slots of the volume's members, sorted, each once.
