@@ -23,12 +23,26 @@ struct Txns {
     /// Applied in place (or abandoned before any in-place write), not yet made durable by a
     /// flush of their volume's drives.
     unflushed: BTreeMap<u64, u64>,
+    /// How many transactions of each volume are in `unapplied` or `unflushed` (no entry at 0).
+    pending: HashMap<u64, usize>,
 }
 
 impl Txns {
-    /// The volumes with a transaction not yet durable.
-    fn volumes(&self) -> std::collections::BTreeSet<u64> {
-        self.unapplied.values().chain(self.unflushed.values()).copied().collect()
+    fn start(&mut self, id: u64, volume: u64) {
+        let fresh = self.unapplied.insert(id, volume).is_none();
+        assert!(fresh, "stripe transaction id {id} handed out twice");
+        *self.pending.entry(volume).or_insert(0) += 1;
+    }
+
+    /// Transaction `id` is durable: it no longer holds its volume's mark back.
+    fn flushed(&mut self, id: u64) {
+        let volume = self.unflushed.remove(&id);
+        let volume = volume.unwrap_or_else(|| panic!("stripe transaction {id} flushed twice"));
+        let n = self.pending.get_mut(&volume).expect("a pending transaction counted");
+        *n -= 1;
+        if *n == 0 {
+            self.pending.remove(&volume);
+        }
     }
 }
 
@@ -207,8 +221,7 @@ impl<D: BlockDevice> PoolCore<D> {
     /// makes room.
     pub(crate) fn next_txn_id(&self, volume: u64) -> Option<u64> {
         let mut txns = self.txns.lock();
-        let pending = txns.volumes();
-        if pending.len() >= MAX_VOLUME_MARKS && !pending.contains(&volume) {
+        if txns.pending.len() >= MAX_VOLUME_MARKS && !txns.pending.contains_key(&volume) {
             return None;
         }
         let id = self.txn_next.fetch_add(1, Ordering::Relaxed);
@@ -219,8 +232,7 @@ impl<D: BlockDevice> PoolCore<D> {
             id > watermark,
             "stripe transaction id {id} at or below the transaction watermark {watermark}"
         );
-        let fresh = txns.unapplied.insert(id, volume).is_none();
-        assert!(fresh, "stripe transaction id {id} handed out twice");
+        txns.start(id, volume);
         Some(id)
     }
 
@@ -248,6 +260,7 @@ impl<D: BlockDevice> PoolCore<D> {
             let f = first.entry(volume).or_insert(id);
             *f = (*f).min(id);
         }
+        assert_eq!(first.len(), txns.pending.len(), "pending transactions counted per volume");
         let except: Vec<(u64, u64)> = first.into_iter().map(|(v, id)| (v, id - 1)).collect();
         assert!(
             except.len() <= MAX_VOLUME_MARKS,
@@ -614,9 +627,8 @@ impl<D: BlockDevice> PoolCore<D> {
         // Every drive the transactions name is flushed (or failed, committed): they are durable.
         {
             let mut t = self.txns.lock();
-            for id in txns {
-                let was = t.unflushed.remove(id);
-                assert!(was.is_some(), "stripe transaction {id} flushed twice");
+            for &id in txns {
+                t.flushed(id);
             }
         }
         let marks = self.watermarks();
