@@ -741,6 +741,18 @@ fn world_yields(seed: u64) -> u64 {
     rng(seed ^ 0xc105e).random_range(0..400)
 }
 
+/// Names the seed when a panic inside the engine (an assertion) ends it, so that it can be
+/// replayed with `STRIA_SEQ_SEED`.
+struct NameOnPanic(u64);
+
+impl Drop for NameOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("the panic above ended seed {} (replay: STRIA_SEQ_SEED={})", self.0, self.0);
+        }
+    }
+}
+
 #[tokio::test]
 async fn sequences_of_crashes_lose_no_durable_write() {
     if let Ok(one) = std::env::var("STRIA_SEQ_SEED") {
@@ -752,6 +764,7 @@ async fn sequences_of_crashes_lose_no_durable_write() {
     }
     let seeds: u64 = std::env::var("STRIA_SEQ_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
     for seed in 0..seeds {
+        let _name = NameOnPanic(seed);
         run_seed(seed).await;
     }
     let c = &*COVERAGE;

@@ -52,6 +52,7 @@ pub(crate) enum FlushScope<'a> {
     /// Every drive of the pool.
     Pool,
     /// The drives of one volume: its id and its members' slots.
+    #[allow(dead_code, reason = "switched off in VolumeHost::flush_members until seed 1744 is understood")]
     Volume { id: u64, slots: &'a [u32] },
 }
 
@@ -572,7 +573,11 @@ impl<D: BlockDevice> PoolCore<D> {
         // took its flag holds nothing that flush did not make durable (flushes run one at a
         // time, so that flush is over).
         let written: Vec<&Arc<Drive<D>>> = live.iter().copied().filter(|d| d.take_written()).collect();
-        if written.is_empty() && txns.is_empty() {
+        // Nothing to make durable, and no checkpoint to move: the watermark is where the last
+        // flush left it (the first flush after an open always moves it, and so checkpoints the
+        // records recovery found; simulation seed 852).
+        let stays = self.watermarks().lowest() == self.watermark_high.load(Ordering::SeqCst);
+        if written.is_empty() && txns.is_empty() && stays {
             Self::mark_covered(&mut covered, &covers);
             return Ok(());
         }
@@ -733,7 +738,13 @@ impl<D: BlockDevice> crate::volume::host::VolumeHost for PoolCore<D> {
         volume: u64,
         slots: &'a [u32],
     ) -> futures::future::BoxFuture<'a, Result<(), EngineError>> {
-        Box::pin(self.flush(FlushScope::Volume { id: volume, slots }))
+        // Switched off: with flushes scoped to the volume, the crash-sequence simulation's long
+        // mode found an old live copy of a drive trusted after a kill (STRIA_SEQ_SEED=1744,
+        // raid1:3, two volumes), not yet understood. Until it is, a volume's flush is the
+        // pool's, as before; the scoped flush (`FlushScope::Volume`) and the per-volume
+        // watermarks stay, and are what a pool flush uses too.
+        let _ = (volume, slots);
+        Box::pin(self.flush(FlushScope::Pool))
     }
 
     fn flush_all(&self) -> futures::future::BoxFuture<'_, Result<(), EngineError>> {
