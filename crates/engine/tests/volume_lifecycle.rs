@@ -219,7 +219,6 @@ async fn concurrent_sector_writes_into_one_block_all_survive() {
 /// eight drives with ten volumes, every drive written, a volume's flush leaves every drive that
 /// holds none of its members unflushed and unwritten; a flush of the pool flushes them all.
 #[tokio::test]
-#[ignore = "flushes per volume are switched off until simulation seed 1744 is understood (VolumeHost::flush_members)"]
 async fn a_flush_touches_only_the_volumes_own_drives() {
     use std::collections::BTreeSet;
     let switch = PowerSwitch::new();

@@ -52,7 +52,6 @@ pub(crate) enum FlushScope<'a> {
     /// Every drive of the pool.
     Pool,
     /// The drives of one volume: its id and its members' slots.
-    #[allow(dead_code, reason = "switched off in VolumeHost::flush_members until seed 1744 is understood")]
     Volume { id: u64, slots: &'a [u32] },
 }
 
@@ -437,6 +436,7 @@ impl<D: BlockDevice> PoolCore<D> {
         let g = meta.generation;
         let targets = self.commit_targets(meta);
         let results = join_all(targets.iter().map(|d| d.write_superblock(g, g))).await;
+        let all_took = results.iter().all(Result::is_ok);
         for (d, r) in targets.iter().zip(results) {
             match r {
                 Ok(()) => {}
@@ -451,7 +451,11 @@ impl<D: BlockDevice> PoolCore<D> {
                 }
             }
         }
-        self.committed_high.fetch_max(g, Ordering::SeqCst);
+        // Only a confirmation every drive took counts (a later commit writes it again): what
+        // the pool reports as confirmed is on the drives.
+        if all_took {
+            self.committed_high.fetch_max(g, Ordering::SeqCst);
+        }
     }
 
     /// Errors once a drive failure could not be committed (see `poisoned`).
@@ -677,18 +681,27 @@ impl<D: BlockDevice> PoolCore<D> {
             used.iter().all(|d| self.meta().drive(d.slot()).is_none_or(|r| r.state != DriveState::Failed)),
             "flush epochs confirmed with a drive the metadata calls failed"
         );
+        let slots: Vec<u32> = written.iter().filter(|d| !d.is_failed()).map(|d| d.slot()).collect();
+        // The records carry the new epochs as witnesses; the book counts them confirmed only
+        // once every record is written (so what it reports as confirmed is on the drives: a
+        // crash between the two never leaves the pool believing in a witness no drive holds).
         let (own, witnesses) = {
-            let mut book = self.epochs.lock();
-            let slots: Vec<u32> = written.iter().filter(|d| !d.is_failed()).map(|d| d.slot()).collect();
-            book.confirm(&slots);
+            let book = self.epochs.lock();
+            let mut next = book.clone();
+            next.confirm(&slots);
             let own: Vec<u64> = used.iter().map(|d| book.own(d.slot())).collect();
-            (own, book.witnesses())
+            (own, next.witnesses())
         };
         let records = used.iter().zip(&own).map(|(d, &e)| d.write_flush_record(e, &witnesses, false));
+        let mut all_written = true;
         for (d, r) in used.iter().zip(join_all(records).await) {
             if let Err(e) = r {
+                all_written = false;
                 self.drive_error(d.slot(), "flush record write failed", &e).await?;
             }
+        }
+        if all_written {
+            self.epochs.lock().confirm(&slots);
         }
         Ok(())
     }
@@ -738,13 +751,7 @@ impl<D: BlockDevice> crate::volume::host::VolumeHost for PoolCore<D> {
         volume: u64,
         slots: &'a [u32],
     ) -> futures::future::BoxFuture<'a, Result<(), EngineError>> {
-        // Switched off: with flushes scoped to the volume, the crash-sequence simulation's long
-        // mode found an old live copy of a drive trusted after a kill (STRIA_SEQ_SEED=1744,
-        // raid1:3, two volumes), not yet understood. Until it is, a volume's flush is the
-        // pool's, as before; the scoped flush (`FlushScope::Volume`) and the per-volume
-        // watermarks stay, and are what a pool flush uses too.
-        let _ = (volume, slots);
-        Box::pin(self.flush(FlushScope::Pool))
+        Box::pin(self.flush(FlushScope::Volume { id: volume, slots }))
     }
 
     fn flush_all(&self) -> futures::future::BoxFuture<'_, Result<(), EngineError>> {

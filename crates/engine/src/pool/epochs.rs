@@ -27,7 +27,7 @@ struct DriveEpochs {
 }
 
 /// The pool's flush epochs, by drive slot.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct EpochBook {
     drives: BTreeMap<u32, DriveEpochs>,
     /// Confirmations so far (orders the witnesses by recency).
