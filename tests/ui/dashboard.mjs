@@ -278,6 +278,8 @@ try {
       }
       await page.locator(`${tid('volume-card-v')}[data-state="healthy"]`).waitFor({ timeout: 30000 });
       await page.locator(`${tid('volume-card-t')}[data-state="healthy"]`).waitFor({ timeout: 30000 });
+      // Every volume (the log volume, the snapshots and clones too), as `stria status` says.
+      await until(() => cliStatus().volumes.every((v) => v.state === 'healthy'), 'every volume healthy in `stria status`', 30000);
     } finally { clearInterval(watch); }
     const st = cliStatus();
     eq(st.drives.filter((d) => d.state === 'active').length, 8, 'active drives in `stria status`');

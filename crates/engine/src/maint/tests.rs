@@ -360,3 +360,25 @@ async fn a_drive_that_did_not_empty_is_refused_with_the_reason() {
     refusal(e, "drive 1 is draining but could not be emptied yet: moves were abandoned");
     rig.pool.close().await.expect("close");
 }
+
+/// A drive replaced while a rebuild runs is rebuilt by that same run: the rebuild follows the
+/// volume's map as it changes, and reports done only when no member is left to rebuild. (The
+/// dashboard's test once saw a volume still degraded after "rebuild finished".)
+#[tokio::test(start_paused = true)]
+async fn a_drive_replaced_during_a_rebuild_is_rebuilt_by_the_same_run() {
+    let rig = rig(3, Layout::Raid1 { copies: 3 }).await;
+    rig.fail_and_replace(1, "new1").await;
+    // One row a second (virtual time), so that the second replacement lands in the middle.
+    rig.pool.set_rebuild_rate(CHUNK_BYTES);
+    let pool = Arc::clone(&rig.pool);
+    let running = tokio::spawn(async move { pool.rebuild(|_| {}).await });
+    let rows_done = || rig.pool.rebuild_progress().first().map_or(0, |p| p.rows_done);
+    until(Duration::from_secs(30), || rows_done() >= 2).await;
+    rig.fail_and_replace(2, "new2").await;
+    rig.pool.set_rebuild_rate(0);
+    running.await.expect("join").expect("rebuild");
+    assert!(!rig.pool.rebuild_pending(), "the rebuild returned with a member left to rebuild");
+    assert_eq!(rig.pool.volume("v").expect("v").state(), VolumeState::Healthy);
+    rig.read_back().await;
+    rig.pool.close().await.expect("close");
+}

@@ -221,46 +221,55 @@ impl<D: BlockDevice> Pool<D> {
         vol: &Arc<Volume<D>>,
         report: &mut impl FnMut(&RebuildProgress),
     ) -> Result<(), EngineError> {
-        let map = vol.current_map();
         let started = Instant::now();
         let mut rebuilt_bytes = 0u64;
         let mut last_persist = Instant::now();
-        for (si, seg) in map.segments.iter().enumerate() {
-            for (mi, member) in seg.members.iter().enumerate() {
-                if !member.rebuilding() || member.drive.is_failed() {
-                    continue;
-                }
-                let mut row = member.rebuild_cursor.load(Ordering::Acquire);
-                while row < seg.rows {
-                    let Some(_op) = self.core.ops.enter() else { return Ok(()) };
-                    if vol.is_closed() {
-                        return Ok(());
+        // A drive replaced while this runs installs a new map with a new member to rebuild: the
+        // pass runs again on the map in force until the map no longer changes under it.
+        let mut map = vol.current_map();
+        loop {
+            for (si, seg) in map.segments.iter().enumerate() {
+                for (mi, member) in seg.members.iter().enumerate() {
+                    if !member.rebuilding() || member.drive.is_failed() {
+                        continue;
                     }
-                    let turn = self
-                        .background_turn(crate::qos::REBUILD_FLOW, vol, crate::qos::OpKind::Rebuild)
-                        .await;
-                    vol.rebuild_row(&map, si, mi, row).await?;
-                    drop(turn);
-                    row += 1;
-                    rebuilt_bytes += vol.chunk_bytes();
-                    if last_persist.elapsed() >= PERSIST_INTERVAL {
-                        self.persist_cursors(vol).await?;
-                        last_persist = Instant::now();
-                    }
-                    if let Some(p) = volume_progress(vol) {
-                        report(&p);
-                    }
-                    let rate = self.rebuild_rate_bytes.load(Ordering::Relaxed);
-                    if rate > 0 {
-                        let due = Duration::from_secs_f64(rebuilt_bytes as f64 / rate as f64);
-                        if let Some(wait) = due.checked_sub(started.elapsed()) {
-                            tokio::time::sleep(wait).await;
+                    let mut row = member.rebuild_cursor.load(Ordering::Acquire);
+                    while row < seg.rows {
+                        let Some(_op) = self.core.ops.enter() else { return Ok(()) };
+                        if vol.is_closed() {
+                            return Ok(());
+                        }
+                        let turn = self
+                            .background_turn(crate::qos::REBUILD_FLOW, vol, crate::qos::OpKind::Rebuild)
+                            .await;
+                        vol.rebuild_row(&map, si, mi, row).await?;
+                        drop(turn);
+                        row += 1;
+                        rebuilt_bytes += vol.chunk_bytes();
+                        if last_persist.elapsed() >= PERSIST_INTERVAL {
+                            self.persist_cursors(vol).await?;
+                            last_persist = Instant::now();
+                        }
+                        if let Some(p) = volume_progress(vol) {
+                            report(&p);
+                        }
+                        let rate = self.rebuild_rate_bytes.load(Ordering::Relaxed);
+                        if rate > 0 {
+                            let due = Duration::from_secs_f64(rebuilt_bytes as f64 / rate as f64);
+                            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                                tokio::time::sleep(wait).await;
+                            }
                         }
                     }
+                    // Done with this member: it is an ordinary member from now on.
+                    member.rebuild_cursor.store(NOT_REBUILDING, Ordering::Release);
                 }
-                // Done with this member: it is an ordinary member from now on.
-                member.rebuild_cursor.store(NOT_REBUILDING, Ordering::Release);
             }
+            let now = vol.current_map();
+            if Arc::ptr_eq(&now, &map) {
+                break;
+            }
+            map = now;
         }
         let Some(_op) = self.core.ops.enter() else { return Ok(()) };
         self.persist_cursors(vol).await?;
