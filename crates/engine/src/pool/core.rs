@@ -676,7 +676,17 @@ impl<D: BlockDevice> PoolCore<D> {
         live: &[&Arc<Drive<D>>],
         written: &[&Arc<Drive<D>>],
     ) -> Result<(), EngineError> {
-        let used: Vec<&&Arc<Drive<D>>> = live.iter().filter(|d| !d.is_failed()).collect();
+        let mut used: Vec<&Arc<Drive<D>>> = live.iter().copied().filter(|d| !d.is_failed()).collect();
+        // A witness is only worth something on another drive: a volume down to one live drive
+        // (a mirror after two failures) has its epoch witnessed by one more drive of the pool,
+        // or an old copy of that drive would find no drive that knows better (simulation seed
+        // 6382).
+        let others = self.drives();
+        if used.len() < 2
+            && let Some(other) = others.iter().find(|d| !d.is_failed() && used.iter().all(|u| u.slot() != d.slot()))
+        {
+            used.push(other);
+        }
         assert!(
             used.iter().all(|d| self.meta().drive(d.slot()).is_none_or(|r| r.state != DriveState::Failed)),
             "flush epochs confirmed with a drive the metadata calls failed"
