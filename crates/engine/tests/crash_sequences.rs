@@ -217,24 +217,49 @@ impl World {
         std::mem::swap(&mut self.tracker, &mut self.neighbour);
     }
 
+    /// For a failure message: which version of block `b` each disk holds at the block's data
+    /// offset (by path; "other" for bytes that are no version of it, parity for instance).
+    async fn raw_versions(&self, vol: &Volume<Dev>, b: usize) -> String {
+        let Ok(locations) = vol.locate(b as u64 * 4096) else { return "unknown".into() };
+        let Some(data) = locations.iter().find(|l| l.role == stria_engine::BlockRole::Data) else {
+            return "no data location".into();
+        };
+        let mut out = Vec::new();
+        for disk in &self.disks {
+            let buf = stria_dev::IoBuf::zeroed(4096);
+            let what = match stria_dev::BlockDevice::read(&*disk.dev, data.device_offset_bytes, buf).await {
+                Ok(got) => match self.tracker.versions[b].iter().position(|v| v[..] == got[..]) {
+                    Some(v) => format!("version {v}"),
+                    None => "other".into(),
+                },
+                Err(e) => format!("unreadable ({e})"),
+            };
+            out.push(format!("{} {what}", dev_path(&disk.dev)));
+        }
+        out.join(", ")
+    }
+
     async fn verify(&mut self, vol: &Volume<Dev>, when: &str) {
         let failed = vol.state() == VolumeState::Failed;
         for b in 0..BLOCKS {
             match vol.read(b as u64 * 4096, 4096).await {
                 Ok(got) => {
                     if !self.tracker.allowed(b).iter().any(|v| v[..] == got[..]) {
+                        let raw = self.raw_versions(vol, b).await;
                         let older = self.tracker.versions[b][..self.tracker.durable[b]]
                             .iter()
                             .position(|v| v[..] == got[..]);
                         self.fail(format!(
-                            "{when}: block {b} (on {:?}) reads {} (durable version {} of {})",
+                            "{when}: block {b} (on {:?}) reads {} (durable version {} of {}; versions written: {}; \
+                             what the disks hold there: {raw})",
                             vol.locate(b as u64 * 4096).ok(),
                             match older {
                                 Some(v) => format!("version {v}, OLDER than the durable one"),
                                 None => "bytes never written".into(),
                             },
                             self.tracker.durable[b],
-                            self.tracker.versions[b].len() - 1
+                            self.tracker.versions[b].len() - 1,
+                            self.tracker.how[b].join(", ")
                         ));
                     }
                     self.tracker.settle(b, got.to_vec());
@@ -753,6 +778,12 @@ impl Drop for NameOnPanic {
     }
 }
 
+/// Seeds of the long mode that found bugs: 453 and 1744 (a confirmation counted before the
+/// records carrying it were written), 852 (the first flush after an open did not checkpoint),
+/// 6382 (a volume down to one drive had no witness of its epochs), 8976 (a flush of a volume's
+/// old members answered a caller whose write went to a moved member's new drive).
+const FOUND_BUGS: [u64; 5] = [453, 852, 1744, 6382, 8976];
+
 #[tokio::test]
 async fn sequences_of_crashes_lose_no_durable_write() {
     if let Ok(one) = std::env::var("STRIA_SEQ_SEED") {
@@ -763,6 +794,11 @@ async fn sequences_of_crashes_lose_no_durable_write() {
         return;
     }
     let seeds: u64 = std::env::var("STRIA_SEQ_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
+    // Seeds beyond the default range that once found a bug, run every time.
+    for seed in FOUND_BUGS.iter().copied().filter(|&s| s >= seeds) {
+        let _name = NameOnPanic(seed);
+        run_seed(seed).await;
+    }
     for seed in 0..seeds {
         let _name = NameOnPanic(seed);
         run_seed(seed).await;

@@ -46,6 +46,28 @@ impl Txns {
     }
 }
 
+/// How far the flushes of one scope have covered its callers: the arrivals up to `upto`, with
+/// the drives `slots` (`None`: every drive) flushed after they arrived. A caller whose volume's
+/// members have changed since (a move switched a member to another drive) is covered only if
+/// its drives are among those (simulation seed 8976: a flush of the old member set answered a
+/// caller whose write had gone to the new member's drive).
+#[derive(Debug, Clone, Default)]
+struct Covered {
+    upto: u64,
+    slots: Option<Vec<u32>>,
+}
+
+impl Covered {
+    fn covers(&self, arrival: u64, slots: Option<&[u32]>) -> bool {
+        self.upto >= arrival
+            && match (&self.slots, slots) {
+                (None, _) => true,
+                (Some(_), None) => false,
+                (Some(flushed), Some(wanted)) => wanted.iter().all(|s| flushed.contains(s)),
+            }
+    }
+}
+
 /// What one flush covers.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum FlushScope<'a> {
@@ -60,6 +82,14 @@ impl FlushScope<'_> {
         match self {
             FlushScope::Pool => None,
             FlushScope::Volume { id, .. } => Some(id),
+        }
+    }
+
+    /// The drives the scope flushes (`None`: every drive).
+    fn slots(self) -> Option<Vec<u32>> {
+        match self {
+            FlushScope::Pool => None,
+            FlushScope::Volume { slots, .. } => Some(slots.to_vec()),
         }
     }
 
@@ -101,7 +131,7 @@ pub(crate) struct PoolCore<D: BlockDevice> {
     flush_arrivals: parking_lot::Mutex<HashMap<Option<u64>, u64>>,
     /// Held while a flush runs (flushes run one at a time): the arrivals each scope's flushes
     /// have covered.
-    flush_covered: tokio::sync::Mutex<HashMap<Option<u64>, u64>>,
+    flush_covered: tokio::sync::Mutex<HashMap<Option<u64>, Covered>>,
     /// Operations in progress (see gate.rs); a clean close waits for them.
     pub(crate) ops: OpGate,
     /// The highest generation any commit has tried to write. A commit that fails (no
@@ -545,7 +575,8 @@ impl<D: BlockDevice> PoolCore<D> {
             *n
         };
         let mut covered = self.flush_covered.lock().await;
-        if covered.get(&key).copied().unwrap_or(0) >= arrival {
+        let slots = scope.slots();
+        if covered.get(&key).is_some_and(|c| c.covers(arrival, slots.as_deref())) {
             return Ok(());
         }
         // What this flush will cover: every arrival so far of its scope (of every scope, for the
@@ -582,7 +613,7 @@ impl<D: BlockDevice> PoolCore<D> {
         // records recovery found; simulation seed 852).
         let stays = self.watermarks().lowest() == self.watermark_high.load(Ordering::SeqCst);
         if written.is_empty() && txns.is_empty() && stays {
-            Self::mark_covered(&mut covered, &covers);
+            Self::mark_covered(&mut covered, &covers, &slots);
             return Ok(());
         }
         let result = self.flush_drives(&live, &written, &txns).await;
@@ -592,15 +623,22 @@ impl<D: BlockDevice> PoolCore<D> {
                 d.mark_written();
             }
         } else {
-            Self::mark_covered(&mut covered, &covers);
+            Self::mark_covered(&mut covered, &covers, &slots);
         }
         result
     }
 
-    fn mark_covered(covered: &mut HashMap<Option<u64>, u64>, covers: &[(Option<u64>, u64)]) {
+    /// Flushes run one at a time and each takes its arrivals after the last one's, so `n` is
+    /// never below what a scope's entry holds.
+    fn mark_covered(
+        covered: &mut HashMap<Option<u64>, Covered>,
+        covers: &[(Option<u64>, u64)],
+        slots: &Option<Vec<u32>>,
+    ) {
         for &(k, n) in covers {
-            let c = covered.entry(k).or_insert(0);
-            *c = (*c).max(n);
+            let c = covered.entry(k).or_default();
+            assert!(n >= c.upto, "flush arrivals went back from {} to {n}", c.upto);
+            *c = Covered { upto: n, slots: slots.clone() };
         }
     }
 
@@ -683,7 +721,8 @@ impl<D: BlockDevice> PoolCore<D> {
         // 6382).
         let others = self.drives();
         if used.len() < 2
-            && let Some(other) = others.iter().find(|d| !d.is_failed() && used.iter().all(|u| u.slot() != d.slot()))
+            && let Some(other) =
+                others.iter().find(|d| !d.is_failed() && used.iter().all(|u| u.slot() != d.slot()))
         {
             used.push(other);
         }
