@@ -104,6 +104,16 @@ impl BlockVolume for Broken {
         }
     }
 
+    fn compare_and_write(
+        &self,
+        offset_bytes: u64,
+        compare: IoBytes,
+        write: IoBytes,
+        d: Durability,
+    ) -> VolumeFuture<'_, ()> {
+        self.inner.compare_and_write(offset_bytes, compare, write, self.durability(d))
+    }
+
     fn write_zeroes(
         &self,
         offset_bytes: u64,

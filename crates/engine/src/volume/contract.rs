@@ -32,6 +32,16 @@ impl<D: BlockDevice> BlockVolume for Volume<D> {
         Box::pin(Volume::write(self, offset_bytes, data, durability.is_fua()))
     }
 
+    fn compare_and_write(
+        &self,
+        offset_bytes: u64,
+        compare: IoBytes,
+        write: IoBytes,
+        durability: Durability,
+    ) -> VolumeFuture<'_, ()> {
+        Box::pin(Volume::compare_and_write(self, offset_bytes, compare, write, durability.is_fua()))
+    }
+
     fn write_zeroes(
         &self,
         offset_bytes: u64,
