@@ -44,5 +44,8 @@ pub use pool::{
     PoolStatus, RebalanceReport, RebalanceStatus, RebuildProgress, RecoveryReport, ScrubReport,
     VOLUME_BYTES_MAX, VolumeSpec, VolumeStatus, check_volume_name, check_volume_size,
 };
-pub use volume::contract::{BlockVolume, Dealloc, Durability, VolumeFuture, VolumeInfo, ZeroCost, Zeroing};
+pub use volume::contract::{
+    BlockVolume, COMPARE_AND_WRITE_ALIGN_BYTES, COMPARE_AND_WRITE_MAX_BYTES, Dealloc, Durability,
+    VolumeFuture, VolumeInfo, ZeroCost, Zeroing,
+};
 pub use volume::{BlockLocation, BlockRole, Extent, Volume, VolumeState};

@@ -18,7 +18,10 @@ pub fn nbd_errno(kind: ErrorKind) -> Errno {
         ErrorKind::Closed => Errno::Shutdown,
         ErrorKind::ReadOnly => Errno::Perm,
         ErrorKind::NoSpace | ErrorKind::Suspended => Errno::NoSpc,
-        ErrorKind::Unrecoverable
+        // NBD has no compare and write: a miscompare cannot reach an NBD client. Were one to, it
+        // would be an I/O error like every other kind NBD has no value for.
+        ErrorKind::Miscompare
+        | ErrorKind::Unrecoverable
         | ErrorKind::Io
         | ErrorKind::NotFound
         | ErrorKind::Conflict
@@ -28,13 +31,13 @@ pub fn nbd_errno(kind: ErrorKind) -> Errno {
 
 /// The HTTP status code of a kind: 400 for a malformed request, 404 for something that does not
 /// exist, 409 for a request that conflicts with the state of things (a guard rail, a snapshot
-/// written to), 503 while writes are suspended or the pool cannot commit, 507 when there is no
+/// written to, a compare and write that found other data), 503 while writes are suspended or the pool cannot commit, 507 when there is no
 /// space, 500 for a device or data failure.
 pub fn http_status(kind: ErrorKind) -> u16 {
     match kind {
         ErrorKind::InvalidInput | ErrorKind::OutOfRange => 400,
         ErrorKind::NotFound => 404,
-        ErrorKind::Conflict | ErrorKind::ReadOnly | ErrorKind::NotCheap => 409,
+        ErrorKind::Conflict | ErrorKind::ReadOnly | ErrorKind::NotCheap | ErrorKind::Miscompare => 409,
         ErrorKind::NoSpace => 507,
         ErrorKind::Suspended | ErrorKind::Closed | ErrorKind::Unavailable => 503,
         ErrorKind::Unrecoverable | ErrorKind::Io => 500,
@@ -96,6 +99,7 @@ impl Sense {
 /// | `Io` | HARDWARE ERROR | 44h/00h | INTERNAL TARGET FAILURE |
 /// | `Closed` | NOT READY | 04h/00h | LOGICAL UNIT NOT READY, CAUSE NOT REPORTABLE |
 /// | `Unavailable` | NOT READY | 04h/03h | LOGICAL UNIT NOT READY, MANUAL INTERVENTION REQUIRED |
+/// | `Miscompare` | MISCOMPARE | 1Dh/00h | MISCOMPARE DURING VERIFY OPERATION |
 ///
 /// Why these: 27h/07h is SBC-4's answer of a thin-provisioned logical unit out of space, which
 /// Linux turns into `ENOSPC` and VMware into a paused VM, as NBD's `ENOSPC` does for qemu (a
@@ -103,8 +107,9 @@ impl Sense {
 /// a rebuild in progress) is not promised to clear by itself, so it is an illegal request that
 /// initiators fail at once, not a NOT READY that Linux retries for 04h/01h, 04h/04h-09h. A closed
 /// volume or pool, and a pool that needs a restart, are NOT READY with qualifiers that Linux does
-/// not retry. A miscompare (when `compare_and_write` joins the contract) will be MISCOMPARE,
-/// 1Dh/00h MISCOMPARE DURING VERIFY OPERATION, with the offset in the INFORMATION field.
+/// not retry. A miscompare of COMPARE AND WRITE is what SBC-4 prescribes for it; the target puts
+/// the offset of the first differing byte ([`stria_volume::VolumeError::Miscompare`]'s
+/// `miscompare_offset_bytes`) in the sense data's INFORMATION field, with VALID set.
 pub fn scsi_sense(kind: ErrorKind) -> Sense {
     let sense = |key, asc, ascq| Sense { key, asc, ascq };
     match kind {
@@ -118,6 +123,7 @@ pub fn scsi_sense(kind: ErrorKind) -> Sense {
         ErrorKind::Io => sense(SenseKey::HardwareError, 0x44, 0x00),
         ErrorKind::Closed => sense(SenseKey::NotReady, 0x04, 0x00),
         ErrorKind::Unavailable => sense(SenseKey::NotReady, 0x04, 0x03),
+        ErrorKind::Miscompare => sense(SenseKey::Miscompare, 0x1D, 0x00),
     }
 }
 
@@ -142,6 +148,7 @@ mod tests {
             (K::Closed, Errno::Shutdown),
             (K::NotCheap, Errno::NotSup),
             (K::Unavailable, Errno::Io),
+            (K::Miscompare, Errno::Io),
         ];
         assert_eq!(table.map(|(k, _)| k), ErrorKind::ALL, "one row per kind, in order");
         for (kind, errno) in table {
@@ -164,6 +171,7 @@ mod tests {
             (K::Closed, 503),
             (K::NotCheap, 409),
             (K::Unavailable, 503),
+            (K::Miscompare, 409),
         ];
         assert_eq!(table.map(|(k, _)| k), ErrorKind::ALL, "one row per kind, in order");
         for (kind, status) in table {
@@ -188,18 +196,24 @@ mod tests {
             (K::Closed, NotReady, 0x04, 0x00),
             (K::NotCheap, IllegalRequest, 0x24, 0x00),
             (K::Unavailable, NotReady, 0x04, 0x03),
+            (K::Miscompare, Miscompare, 0x1D, 0x00),
         ];
         assert_eq!(table.map(|(k, ..)| k), ErrorKind::ALL, "one row per kind, in order");
         for (kind, key, asc, ascq) in table {
             assert_eq!(scsi_sense(kind), Sense { key, asc, ascq }, "{kind:?}");
         }
         // The sense key codes of SPC-5.
-        let codes =
-            [(NotReady, 2), (MediumError, 3), (HardwareError, 4), (IllegalRequest, 5), (DataProtect, 7)];
+        let codes = [
+            (NotReady, 2),
+            (MediumError, 3),
+            (HardwareError, 4),
+            (IllegalRequest, 5),
+            (DataProtect, 7),
+            (Miscompare, 0xE),
+        ];
         for (key, code) in codes {
             assert_eq!(Sense { key, asc: 0, ascq: 0 }.key_code(), code, "{key:?}");
         }
-        assert_eq!(Miscompare as u8, 0xE);
     }
 
     #[test]

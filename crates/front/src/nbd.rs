@@ -47,7 +47,9 @@ pub fn export_error(e: VolumeError) -> ExportError {
         VolumeError::OutOfRange { offset_bytes, len_bytes, .. }
         | VolumeError::Unrecoverable { offset_bytes, len_bytes, .. }
         | VolumeError::NotCheap { offset_bytes, len_bytes }
-        | VolumeError::NoSpace { offset_bytes, len_bytes, .. } => (*offset_bytes, *len_bytes),
+        | VolumeError::NoSpace { offset_bytes, len_bytes, .. }
+        | VolumeError::InvalidRequest { offset_bytes, len_bytes, .. }
+        | VolumeError::Miscompare { offset_bytes, len_bytes, .. } => (*offset_bytes, *len_bytes),
         _ => (0, 0),
     };
     match nbd_errno(e.kind()) {

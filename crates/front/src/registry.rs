@@ -197,6 +197,20 @@ impl Attachment {
         self.stats.count(Op::Write, len, write)
     }
 
+    /// Writes `write` at `offset_bytes` if the range holds `compare` (SCSI COMPARE AND WRITE;
+    /// counted as an [`Op::Write`] of its length, a miscompare as a failed one).
+    pub fn compare_and_write(
+        &self,
+        offset_bytes: u64,
+        compare: IoBytes,
+        write: IoBytes,
+        durability: Durability,
+    ) -> impl Future<Output = Result<(), VolumeError>> + Send + '_ {
+        let len = write.len() as u64;
+        let cas = self.volume.compare_and_write(offset_bytes, compare, write, durability);
+        self.stats.count(Op::Write, len, cas)
+    }
+
     /// Makes `len_bytes` at `offset_bytes` read as zeros (counted as [`Op::Zero`]).
     pub fn write_zeroes(
         &self,
@@ -296,6 +310,11 @@ mod tests {
         let a = r.attach("v").expect("served");
         let b = r.attach("v").expect("served");
         a.write(0, IoBytes::zeroed(8192), Durability::Buffered).await.expect("write");
+        // The test volume reads zeros: a compare with zeros matches, any other miscompares.
+        let (zeros, ones) = (IoBytes::zeroed(512), IoBytes::copy_from(&[1; 512]));
+        b.compare_and_write(512, zeros.clone(), ones.clone(), Durability::Fua).await.expect("cas");
+        let e = b.compare_and_write(0, ones.clone(), zeros, Durability::Fua).await.expect_err("miscompare");
+        assert_eq!(e.kind(), crate::ErrorKind::Miscompare);
         b.read(4096, 4096).await.expect("read");
         b.read(1 << 20, 4096).await.expect_err("beyond the end");
         a.write_zeroes(0, 4096, Zeroing::ANY, Durability::Fua).await.expect("zero");
@@ -306,7 +325,7 @@ mod tests {
         assert_eq!(stats.len(), 1);
         let s = &stats[0];
         assert_eq!(s.name, "v");
-        assert_eq!((s.write.count, s.write.bytes), (1, 8192));
+        assert_eq!((s.write.count, s.write.bytes, s.write.errors), (3, 8192 + 512, 1));
         assert_eq!((s.read.count, s.read.bytes, s.read.errors), (2, 4096, 1));
         assert_eq!((s.write_zeroes.count, s.trim.count, s.flush.count), (1, 1, 1));
         assert_eq!(s.in_flight, 0);

@@ -13,7 +13,7 @@ use stria_dev::{Counter, Histogram, HistogramSnapshot};
 
 /// The operations counted apart. Their names are those of NBD (and of the metrics); the other
 /// protocols' commands count as the one they are (SCSI WRITE SAME of zeros is a `Zero`, UNMAP a
-/// `Trim`).
+/// `Trim`, COMPARE AND WRITE a `Write`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
     /// A read.

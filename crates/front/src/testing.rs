@@ -1,5 +1,6 @@
 //! A volume for the unit tests: reads zeros, takes writes without keeping them, and reports a
-//! fixed allocation map; it records the ranges `block_status` was asked about.
+//! fixed allocation map; it records the ranges `block_status` was asked about. A compare and
+//! write compares with the zeros it reads (and keeps nothing, like a write).
 
 use parking_lot::Mutex;
 use stria_dev::{IoBuf, IoBytes};
@@ -73,6 +74,21 @@ impl BlockVolume for MapVolume {
 
     fn write(&self, offset_bytes: u64, data: IoBytes, _: Durability) -> VolumeFuture<'_, ()> {
         Box::pin(async move { self.check(offset_bytes, data.len() as u64) })
+    }
+
+    fn compare_and_write(
+        &self,
+        offset_bytes: u64,
+        compare: IoBytes,
+        write: IoBytes,
+        _: Durability,
+    ) -> VolumeFuture<'_, ()> {
+        Box::pin(async move {
+            stria_volume::check_compare_and_write(offset_bytes, &compare, &write)?;
+            self.check(offset_bytes, write.len() as u64)?;
+            // Atomic trivially: the contents never change.
+            stria_volume::check_compare("map", offset_bytes, &compare, &vec![0; compare.len()])
+        })
     }
 
     fn write_zeroes(

@@ -1,6 +1,7 @@
 //! [`BlockVolume`] for log-structured volumes: every acknowledged write, zeroing and discard is
 //! already durable (cache blocks and map deltas are written with FUA before the acknowledgement),
-//! so [`Durability`] changes nothing here.
+//! so [`Durability`] changes nothing here. A compare and write holds the range locks of its
+//! range exclusively (`log::ranges`); a snapshot refuses it like any change.
 
 use stria_dev::{BlockDevice, IoBuf, IoBytes};
 use stria_engine::{BlockVolume, Durability, Extent, VolumeFuture, VolumeInfo, Zeroing};
@@ -25,6 +26,16 @@ impl<D: BlockDevice> BlockVolume for crate::log::LogVolume<D> {
 
     fn write(&self, offset_bytes: u64, data: IoBytes, durability: Durability) -> VolumeFuture<'_, ()> {
         Box::pin(crate::log::LogVolume::write(self, offset_bytes, data, durability.is_fua()))
+    }
+
+    fn compare_and_write(
+        &self,
+        offset_bytes: u64,
+        compare: IoBytes,
+        write: IoBytes,
+        _durability: Durability,
+    ) -> VolumeFuture<'_, ()> {
+        Box::pin(crate::log::LogVolume::compare_and_write(self, offset_bytes, compare, write))
     }
 
     fn write_zeroes(
@@ -132,6 +143,22 @@ impl<D: BlockDevice> BlockVolume for SnapshotVolume<D> {
         Box::pin(async move { Err(e) })
     }
 
+    fn compare_and_write(
+        &self,
+        offset_bytes: u64,
+        compare: IoBytes,
+        write: IoBytes,
+        _durability: Durability,
+    ) -> VolumeFuture<'_, ()> {
+        // A request of the wrong shape is refused as such on every kind, then as any change.
+        let e = match stria_engine::volume::contract::check_compare_and_write(offset_bytes, &compare, &write)
+        {
+            Err(e) => e,
+            Ok(()) => self.refused(offset_bytes, write.len() as u64),
+        };
+        Box::pin(async move { Err(e) })
+    }
+
     fn write_zeroes(
         &self,
         offset_bytes: u64,
@@ -225,6 +252,34 @@ impl<D: BlockDevice> BlockVolume for CloneVolume<D> {
         Box::pin(
             async move { self.closed_if_gone(self.volume.write_to(self.layer, offset_bytes, data).await) },
         )
+    }
+
+    fn compare_and_write(
+        &self,
+        offset_bytes: u64,
+        compare: IoBytes,
+        write: IoBytes,
+        _durability: Durability,
+    ) -> VolumeFuture<'_, ()> {
+        Box::pin(async move {
+            let r = self.volume.compare_and_write_to(self.layer, offset_bytes, compare, write).await;
+            // The log volume names itself (the clone's origin): the clone's client is told its name.
+            let r = r.map_err(|e| match e {
+                stria_engine::VolumeError::Miscompare {
+                    volume: _,
+                    offset_bytes,
+                    len_bytes,
+                    miscompare_offset_bytes,
+                } => stria_engine::VolumeError::Miscompare {
+                    volume: self.name.clone(),
+                    offset_bytes,
+                    len_bytes,
+                    miscompare_offset_bytes,
+                },
+                e => e,
+            });
+            self.closed_if_gone(r)
+        })
     }
 
     fn write_zeroes(

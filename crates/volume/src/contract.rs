@@ -148,16 +148,28 @@ pub type VolumeFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, VolumeError
 ///   volume is not healthy. [`Dealloc::Forbidden`] is not honoured yet (see it).
 /// - **Discard** is a hint: afterwards each byte reads as before or as zero (today whole units
 ///   read as zero and edges are untouched). With `Fua` the discard is followed by a flush.
+/// - **Compare and write** ([`BlockVolume::compare_and_write`], SCSI COMPARE AND WRITE, which
+///   VMware's ATS locking uses) reads the range, compares it with `compare` and writes `write`
+///   only when they are equal, atomically against every other write, zeroing, discard and
+///   compare and write that overlaps the range: none lands between the compare and the write.
+///   Plain volumes hold the stripe locks of the range throughout (the locks every write holds);
+///   log-structured volumes hold their range locks exclusively (every host write, zeroing and
+///   discard holds those of its range shared). Both buffers are one length of whole sectors
+///   ([`crate::COMPARE_AND_WRITE_ALIGN_BYTES`]) at a sector offset, at most
+///   [`crate::COMPARE_AND_WRITE_MAX_BYTES`]; otherwise `InvalidRequest` (checked before the
+///   range). A mismatch is [`VolumeError::Miscompare`] with the first differing byte, and writes
+///   nothing. Durability is that of a write. Reads take no lock, so a read may see the range
+///   before or after a compare and write (per block, as with writes).
 /// - **Cancellation.** Callers poll every future to completion: dropping one half way can leave
 ///   a journal batch, intent bit or checksum entry half done (ARCHITECTURE.md).
 /// - **Errors.** `OutOfRange`; `Closed` (volume deleted or closed, pool closing); `NotCheap`
 ///   (`CheapOnly` zeroing only); `Unrecoverable` (more damage than the redundancy covers; a tiered
 ///   volume also stops taking writes after a failed record write until reopened); `NoSpace` (a
 ///   thin volume whose space is full: the write changed nothing that needs new space); `ReadOnly`
-///   (a snapshot); `Pool` (the pool refused: writes suspended on a full host filesystem, a drive
-///   failure that could not be committed). Front ends choose their answer by
-///   [`VolumeError::kind`], never by the text. After a failed write or zeroing the range holds,
-///   per block, the old or the new contents.
+///   (a snapshot); `InvalidRequest` and `Miscompare` (compare and write only); `Pool` (the pool
+///   refused: writes suspended on a full host filesystem, a drive failure that could not be
+///   committed). Front ends choose their answer by [`VolumeError::kind`], never by the text.
+///   After a failed write or zeroing the range holds, per block, the old or the new contents.
 pub trait BlockVolume: Send + Sync + 'static {
     /// Name, layout and preferred I/O size.
     fn info(&self) -> VolumeInfo;
@@ -167,6 +179,21 @@ pub trait BlockVolume: Send + Sync + 'static {
     fn read(&self, offset_bytes: u64, len_bytes: usize) -> VolumeFuture<'_, IoBuf>;
     /// Writes `data` at `offset_bytes`.
     fn write(&self, offset_bytes: u64, data: IoBytes, durability: Durability) -> VolumeFuture<'_, ()>;
+    /// Writes `write` at `offset_bytes` only if the range holds `compare` now, atomically against
+    /// every overlapping write (see the contract, "Compare and write"). `compare` and `write`
+    /// are one length, whole sectors at a sector offset, at most
+    /// [`crate::COMPARE_AND_WRITE_MAX_BYTES`]. On a mismatch it fails with
+    /// [`VolumeError::Miscompare`] and writes nothing.
+    ///
+    /// No default: one that read, compared and wrote through the other calls would not be atomic,
+    /// so every kind of volume implements it under its own locks (or refuses, as a snapshot does).
+    fn compare_and_write(
+        &self,
+        offset_bytes: u64,
+        compare: IoBytes,
+        write: IoBytes,
+        durability: Durability,
+    ) -> VolumeFuture<'_, ()>;
     /// Makes `len_bytes` at `offset_bytes` read as zeros.
     fn write_zeroes(
         &self,

@@ -39,11 +39,14 @@ pub enum ErrorKind {
     /// metadata commit that reached too few of them, a drive failure that could not be recorded
     /// (writes are refused until a restart).
     Unavailable,
+    /// A compare and write ([`crate::BlockVolume::compare_and_write`]) found other data than it
+    /// was to compare with, and wrote nothing (SCSI MISCOMPARE).
+    Miscompare,
 }
 
 impl ErrorKind {
     /// Every kind, for tables and their tests.
-    pub const ALL: [ErrorKind; 12] = [
+    pub const ALL: [ErrorKind; 13] = [
         ErrorKind::InvalidInput,
         ErrorKind::NotFound,
         ErrorKind::Conflict,
@@ -56,6 +59,7 @@ impl ErrorKind {
         ErrorKind::Closed,
         ErrorKind::NotCheap,
         ErrorKind::Unavailable,
+        ErrorKind::Miscompare,
     ];
 }
 
@@ -144,6 +148,28 @@ pub enum VolumeError {
         /// The volume's name.
         volume: String,
     },
+    /// A request of a shape the contract refuses whatever the volume holds (a compare and write
+    /// whose buffers differ in length, are not whole sectors, or are too long): nothing changed.
+    InvalidRequest {
+        /// Start of the request.
+        offset_bytes: u64,
+        /// Length of the request.
+        len_bytes: u64,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A compare and write found other data than it was to compare with: nothing was written.
+    Miscompare {
+        /// The volume's name.
+        volume: String,
+        /// Start of the request.
+        offset_bytes: u64,
+        /// Length of the request.
+        len_bytes: u64,
+        /// Bytes from `offset_bytes` to the first byte that differs (what SCSI reports in the
+        /// INFORMATION field of its MISCOMPARE sense data).
+        miscompare_offset_bytes: u64,
+    },
 }
 
 impl VolumeError {
@@ -157,6 +183,8 @@ impl VolumeError {
             VolumeError::Closed(_) => ErrorKind::Closed,
             VolumeError::NoSpace { .. } => ErrorKind::NoSpace,
             VolumeError::ReadOnly { .. } => ErrorKind::ReadOnly,
+            VolumeError::InvalidRequest { .. } => ErrorKind::InvalidInput,
+            VolumeError::Miscompare { .. } => ErrorKind::Miscompare,
         }
     }
 }
@@ -183,6 +211,13 @@ impl fmt::Display for VolumeError {
                 write!(f, "volume {volume}: no space for {len_bytes} bytes at offset {offset_bytes}: {why}")
             }
             VolumeError::ReadOnly { volume } => write!(f, "volume {volume} is read-only"),
+            VolumeError::InvalidRequest { offset_bytes, len_bytes, why } => {
+                write!(f, "invalid request at offset {offset_bytes} (+{len_bytes} bytes): {why}")
+            }
+            VolumeError::Miscompare { volume, offset_bytes, len_bytes, miscompare_offset_bytes } => write!(
+                f,
+                "volume {volume}: compare and write at offset {offset_bytes} (+{len_bytes} bytes) found other data, first at byte {miscompare_offset_bytes} of the request; nothing was written"
+            ),
         }
     }
 }
@@ -247,7 +282,8 @@ mod tests {
                 | ErrorKind::Suspended
                 | ErrorKind::Closed
                 | ErrorKind::NotCheap
-                | ErrorKind::Unavailable => {}
+                | ErrorKind::Unavailable
+                | ErrorKind::Miscompare => {}
             }
         }
     }

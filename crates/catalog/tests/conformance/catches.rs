@@ -29,6 +29,10 @@ enum Fault {
     ZeroingSkipsEdges,
     /// Block status reports everything unallocated.
     AllHoles,
+    /// Compare and write reads, compares and writes through the other calls, with no lock.
+    UnlockedCompareAndWrite,
+    /// FUA is dropped from compare and writes (only).
+    DroppedCompareAndWriteFua,
 }
 
 impl Broken {
@@ -105,6 +109,28 @@ impl BlockVolume for Broken {
             }
             _ => self.inner.write(offset_bytes, data, d),
         }
+    }
+
+    fn compare_and_write(
+        &self,
+        offset_bytes: u64,
+        compare: IoBytes,
+        write: IoBytes,
+        d: Durability,
+    ) -> VolumeFuture<'_, ()> {
+        let d = match self.fault {
+            Fault::DroppedCompareAndWriteFua => Durability::Buffered,
+            _ => self.durability(d),
+        };
+        if self.fault != Fault::UnlockedCompareAndWrite {
+            return self.inner.compare_and_write(offset_bytes, compare, write, d);
+        }
+        Box::pin(async move {
+            let found = self.inner.read(offset_bytes, compare.len()).await?;
+            stria_engine::volume::contract::check_compare("broken", offset_bytes, &compare, &found)?;
+            tokio::task::yield_now().await;
+            self.inner.write(offset_bytes, write, d).await
+        })
     }
 
     fn write_zeroes(
@@ -217,4 +243,31 @@ async fn zeroing_skips_edges() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_holes() {
     fails(super::block_status::clause, Kind::Clone, broken!(AllHoles), "block status all holes").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlocked_compare_and_write() {
+    for kind in [Kind::Ec, Kind::Tiered] {
+        fails(
+            super::compare_and_write::atomic_counter,
+            kind,
+            broken!(UnlockedCompareAndWrite),
+            "an unlocked compare and write",
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_compare_and_write_fua() {
+    // Plain volumes only: log-structured ones make every write durable anyway.
+    for kind in [Kind::Raid1, Kind::Ec] {
+        fails(
+            super::durability::clause,
+            kind,
+            broken!(DroppedCompareAndWriteFua),
+            "FUA dropped from compare and writes",
+        )
+        .await;
+    }
 }

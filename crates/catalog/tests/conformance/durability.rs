@@ -1,4 +1,5 @@
-//! Contract, "Durability": a `Fua` write (zeroing, discard) is durable when it completes; a
+//! Contract, "Durability": a `Fua` write (zeroing, discard, compare and write) is durable when
+//! it completes; a
 //! `Buffered` one once a later flush completes, and a flush covers every write completed before
 //! it, on any handle. Log-structured kinds make every acknowledged write durable before
 //! completing. Checked by cutting the power of every drive (each unflushed block survives at its
@@ -8,7 +9,7 @@
 
 use rand::Rng;
 use stria_dev::{BLOCK_BYTES, IoBytes};
-use stria_engine::{Durability, Zeroing};
+use stria_engine::{COMPARE_AND_WRITE_ALIGN_BYTES, COMPARE_AND_WRITE_MAX_BYTES, Durability, Zeroing};
 
 use super::{Kind, Subject, Wrap, every_kind, model_ops::pick_range};
 use crate::common::{random_bytes, rng, seeds};
@@ -43,6 +44,22 @@ async fn run_seed(kind: Kind, wrap: Wrap, seed: u64) {
         s.model.zero(3 * unit + 7, unit);
         s.vol.discard(5 * unit, 2 * unit, Durability::Fua).await.expect("FUA discard");
         s.model.discard(5 * unit, 2 * unit);
+        // FUA compare and writes (after the discard, whose flush would make them durable anyway),
+        // each comparing with what its range reads: short ones, and long ones that cover whole
+        // ec rows (a partial row is durable through the journal anyway).
+        let sector = COMPARE_AND_WRITE_ALIGN_BYTES;
+        for i in 0..8 {
+            let o = r.random_range(0..size / sector) * sector;
+            let most = if i % 2 == 0 { 64 } else { COMPARE_AND_WRITE_MAX_BYTES / sector };
+            let l = (r.random_range(1..=most) * sector).min(size - o);
+            let current = s.vol.read(o, l as usize).await.expect("read before a compare and write");
+            let data = random_bytes(&mut r, l as usize);
+            s.vol
+                .compare_and_write(o, current.freeze(), IoBytes::copy_from(&data), Durability::Fua)
+                .await
+                .unwrap_or_else(|e| panic!("{kind:?}: FUA compare and write at {o} +{l}: {e}"));
+            s.model.write(o, &data);
+        }
     }
     let durable = s.model.clone();
     // Then buffered writes never flushed, each block written at most once: after the cut each

@@ -15,6 +15,7 @@
 pub mod block_status;
 pub mod cancellation;
 mod catches;
+pub mod compare_and_write;
 pub mod durability;
 pub mod errors;
 pub mod model_ops;

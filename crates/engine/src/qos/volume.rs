@@ -74,6 +74,20 @@ impl BlockVolume for QosVolume {
         self.gated(OpKind::Write, bytes, move || self.inner.write(offset_bytes, data, durability))
     }
 
+    fn compare_and_write(
+        &self,
+        offset_bytes: u64,
+        compare: IoBytes,
+        write: IoBytes,
+        durability: Durability,
+    ) -> VolumeFuture<'_, ()> {
+        // Costed as the write it may be (its read is of the same range, and short).
+        let bytes = write.len() as u64;
+        self.gated(OpKind::Write, bytes, move || {
+            self.inner.compare_and_write(offset_bytes, compare, write, durability)
+        })
+    }
+
     fn write_zeroes(
         &self,
         offset_bytes: u64,

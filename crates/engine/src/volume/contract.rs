@@ -5,7 +5,10 @@
 use stria_dev::{BlockDevice, IoBuf, IoBytes};
 
 use super::{Extent, Volume};
-pub use stria_volume::{BlockVolume, Dealloc, Durability, VolumeFuture, VolumeInfo, ZeroCost, Zeroing};
+pub use stria_volume::{
+    BlockVolume, COMPARE_AND_WRITE_ALIGN_BYTES, COMPARE_AND_WRITE_MAX_BYTES, Dealloc, Durability,
+    VolumeFuture, VolumeInfo, ZeroCost, Zeroing, check_compare, check_compare_and_write,
+};
 
 impl<D: BlockDevice> BlockVolume for Volume<D> {
     fn info(&self) -> VolumeInfo {
@@ -27,6 +30,16 @@ impl<D: BlockDevice> BlockVolume for Volume<D> {
 
     fn write(&self, offset_bytes: u64, data: IoBytes, durability: Durability) -> VolumeFuture<'_, ()> {
         Box::pin(Volume::write(self, offset_bytes, data, durability.is_fua()))
+    }
+
+    fn compare_and_write(
+        &self,
+        offset_bytes: u64,
+        compare: IoBytes,
+        write: IoBytes,
+        durability: Durability,
+    ) -> VolumeFuture<'_, ()> {
+        Box::pin(Volume::compare_and_write(self, offset_bytes, compare, write, durability.is_fua()))
     }
 
     fn write_zeroes(

@@ -26,6 +26,7 @@ macro_rules! with_family {
 }
 
 pub mod bytes;
+mod cas;
 pub mod contract;
 mod ec;
 pub(crate) mod host;

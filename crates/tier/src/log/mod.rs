@@ -28,6 +28,7 @@
 //! `snapshots` (snapshots and clones), `status`. The cache ring is `crate::ring`, the map
 //! `crate::map`.
 
+mod cas;
 mod destage;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -36,6 +37,7 @@ mod header;
 mod mover;
 mod open;
 mod places;
+mod ranges;
 mod read;
 mod resize;
 mod snapshots;
@@ -251,17 +253,21 @@ pub(crate) struct Clock {
 }
 
 /// The locks that order a log volume's operations. Lock order, outer first: `snapshot_ops`,
-/// `writes`, `rmw` (an unaligned write's edge blocks), `moving`, `settle`, `pool_growth`; a
-/// path takes a subset in this order (a writer: `writes`, `rmw`, `settle`; the mover: `moving`,
-/// `settle`; a rollback: `snapshot_ops`, `writes`, `moving`). The map's own locks are inside all
-/// of them, and the parking_lot mutexes (the segment table, the params, the health and space
-/// notes) are leaves, never held across an await.
+/// `writes`, `ranges`, `rmw` (an unaligned write's edge blocks), `moving`, `settle`,
+/// `pool_growth`; a path takes a subset in this order (a writer: `writes`, `ranges` shared,
+/// `rmw`, `settle`; a compare and write: `writes`, `ranges` exclusive, `settle`; the mover:
+/// `moving`, `settle`; a rollback: `snapshot_ops`, `writes`, `moving`). The map's own locks are
+/// inside all of them, and the parking_lot mutexes (the segment table, the params, the health
+/// and space notes) are leaves, never held across an await.
 pub(crate) struct Gates {
     /// One snapshot create, delete or rollback at a time.
     pub(crate) snapshot_ops: tokio::sync::Mutex<()>,
     /// Held shared by every host write, zeroing and trim from start to acknowledgement; making a
     /// snapshot holds it alone, so the snapshot holds every write acknowledged before, none after.
     pub(crate) writes: tokio::sync::RwLock<()>,
+    /// Held shared over their range by host writes, zeroing and trims, exclusively by a compare
+    /// and write (see `ranges`).
+    pub(crate) ranges: ranges::RangeLocks,
     /// Locks taken by unaligned writes around their edge blocks.
     pub(crate) rmw: Box<[tokio::sync::Mutex<()>]>,
     /// The mover's GC state, held while a destage or GC batch runs (close waits for it).

@@ -275,6 +275,7 @@ pub async fn open<D: BlockDevice>(
         gates: Gates {
             snapshot_ops: tokio::sync::Mutex::new(()),
             writes: tokio::sync::RwLock::new(()),
+            ranges: super::ranges::RangeLocks::new(),
             rmw: (0..RMW_LOCKS).map(|_| tokio::sync::Mutex::new(())).collect(),
             moving: tokio::sync::Mutex::new(super::gc::Gc::default()),
             settle: tokio::sync::RwLock::new(()),

@@ -33,6 +33,8 @@ impl<D: BlockDevice> LogVolume<D> {
         }
         let _write = self.gates.writes.read().await;
         let span = Span::new(offset_bytes, len);
+        // Kept out of the range of a compare and write (see `ranges`), from the edge reads on.
+        let _range = self.gates.ranges.shared(span.first, span.end).await;
         crate::write_any_alignment(
             span,
             data,
@@ -210,6 +212,8 @@ impl<D: BlockDevice> LogVolume<D> {
         let mut b = first;
         while b < first + n {
             let m = (first + n - b).min(ZERO_STEP);
+            // Kept out of the range of a compare and write, one step at a time (see `ranges`).
+            let _range = self.gates.ranges.shared(b, b + m).await;
             let seq = self.seq.fetch_add(1, Relaxed) as u32;
             let updates: Vec<Update> = (b..b + m)
                 .map(|block| Update { block, entry: MapEntry { place, crc: 0, seq }, expect: None })
