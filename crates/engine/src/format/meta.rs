@@ -313,6 +313,11 @@ pub struct PoolMeta {
     /// limit). Kept here so that it outlives the daemon that was told.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rebuild_rate_bytes_per_sec: Option<u64>,
+    /// Per record of the document, the generation of the commit that last changed it
+    /// (pool/store.rs names the records: `pool`, `ids`, `volume/NAME`, `tiered/NAME`,
+    /// `qos/NAME`). A record with no entry has not changed since records got generations.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub record_generations: std::collections::BTreeMap<String, u64>,
 }
 
 /// A volume's QoS settings (docs/design/qos.md). Rates are per second; absent means none.
@@ -444,11 +449,19 @@ impl PoolMeta {
     }
 }
 
+/// A sample document for unit tests elsewhere in the crate.
+#[cfg(test)]
+pub(crate) mod tests_support {
+    pub(crate) fn sample() -> super::PoolMeta {
+        super::tests::sample()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn sample() -> PoolMeta {
+    pub(super) fn sample() -> PoolMeta {
         PoolMeta {
             pool_uuid: Uuid::from_u128(9),
             name: "tank".into(),
@@ -496,6 +509,7 @@ mod tests {
             calibration: None,
             rebalance: Some(RebalanceRecord { rate_bytes_per_sec: 1 << 20 }),
             rebuild_rate_bytes_per_sec: Some(200 << 20),
+            record_generations: Default::default(),
         }
     }
 

@@ -229,6 +229,7 @@ pub(crate) mod tests {
             calibration: None,
             rebalance: None,
             rebuild_rate_bytes_per_sec: None,
+            record_generations: Default::default(),
         }
     }
 

@@ -9,6 +9,7 @@ use futures::future::join_all;
 use stria_dev::BlockDevice;
 
 use super::epochs::EpochBook;
+use super::store::{self, DriveQuorum, MetaStore, Scope};
 use crate::drive::journal::MAX_VOLUME_MARKS;
 use crate::drive::{Drive, Watermarks};
 use crate::error::EngineError;
@@ -114,8 +115,10 @@ pub(crate) struct PoolCore<D: BlockDevice> {
     meta: tokio::sync::Mutex<PoolMeta>,
     /// The last committed metadata, for readers that need no lock.
     snapshot: ArcSwap<PoolMeta>,
-    /// Every drive the pool knows, open or missing, in slot order.
-    drives: ArcSwap<Vec<Arc<Drive<D>>>>,
+    /// Every drive the pool knows, open or missing, in slot order (shared with the store).
+    drives: Arc<ArcSwap<Vec<Arc<Drive<D>>>>>,
+    /// Where commits go (pool/store.rs): the drives themselves today.
+    store: Box<dyn MetaStore>,
     txn_next: AtomicU64,
     /// Erasure-coded stripe transactions not yet durable in place, with their volumes
     /// (docs/crash-consistency.md invariant 4).
@@ -138,9 +141,6 @@ pub(crate) struct PoolCore<D: BlockDevice> {
     /// majority) or is abandoned half way may have left its document on some drives, so its
     /// generation is never used again for different contents.
     generation_high: AtomicU64,
-    /// The newest generation confirmed on every drive active in it (see
-    /// `Superblock::committed_generation`); written into superblocks by later commits.
-    committed_high: AtomicU64,
     /// The highest transaction watermark a flush has used (it may only grow).
     watermark_high: AtomicU64,
     /// Every drive's flush epochs (docs/design/stale-copies.md): claimed under the flush lock,
@@ -170,10 +170,12 @@ impl<D: BlockDevice> PoolCore<D> {
         committed_generation: u64,
         epochs: EpochBook,
     ) -> PoolCore<D> {
+        let drives = Arc::new(ArcSwap::from_pointee(drives));
         PoolCore {
             snapshot: ArcSwap::from_pointee(meta.clone()),
             meta: tokio::sync::Mutex::new(meta),
-            drives: ArcSwap::from_pointee(drives),
+            store: Box::new(DriveQuorum::new(Arc::clone(&drives), committed_generation)),
+            drives,
             txn_next: AtomicU64::new(txn_next),
             txns: parking_lot::Mutex::new(Txns::default()),
             poisoned: AtomicBool::new(false),
@@ -183,7 +185,6 @@ impl<D: BlockDevice> PoolCore<D> {
             flush_covered: tokio::sync::Mutex::new(HashMap::new()),
             ops: OpGate::default(),
             generation_high: AtomicU64::new(0),
-            committed_high: AtomicU64::new(committed_generation),
             watermark_high: AtomicU64::new(0),
             epochs: parking_lot::Mutex::new(epochs),
             error_commit: tokio::sync::Mutex::new(()),
@@ -228,7 +229,7 @@ impl<D: BlockDevice> PoolCore<D> {
 
     /// The newest metadata generation confirmed on every drive active in it.
     pub(crate) fn confirmed_generation(&self) -> u64 {
-        self.committed_high.load(Ordering::SeqCst)
+        self.store.confirmed_generation()
     }
 
     /// The newest flush epoch confirmed of the drive in `slot`.
@@ -306,7 +307,19 @@ impl<D: BlockDevice> PoolCore<D> {
         &self,
         change: impl FnOnce(&mut PoolMeta) -> Result<(T, bool), EngineError>,
     ) -> Result<T, EngineError> {
-        self.update_then(change, || {}).await
+        self.update_then(Scope::Any, change, || {}).await
+    }
+
+    /// [`PoolCore::update`] of the records of one client-visible volume only (its engine
+    /// volumes, tiered record and QoS; pool/store.rs): a change that touches any other record is
+    /// refused and nothing is written. What a coordinator of one volume will be allowed to
+    /// commit.
+    pub(crate) async fn update_volume<T>(
+        &self,
+        volume: &str,
+        change: impl FnOnce(&mut PoolMeta) -> Result<(T, bool), EngineError>,
+    ) -> Result<T, EngineError> {
+        self.update_then(Scope::Volume(volume), change, || {}).await
     }
 
     /// [`PoolCore::update`], running `published` once the change is committed (or at once when
@@ -314,12 +327,19 @@ impl<D: BlockDevice> PoolCore<D> {
     /// document, so readers holding that lock see both or neither. Not run on an error.
     pub(crate) async fn update_then<T>(
         &self,
+        scope: Scope<'_>,
         change: impl FnOnce(&mut PoolMeta) -> Result<(T, bool), EngineError>,
         published: impl FnOnce(),
     ) -> Result<T, EngineError> {
         let mut current = self.meta.lock().await;
         let mut next = current.clone();
         let (out, changed) = change(&mut next)?;
+        let touched = match (changed, current.generation) {
+            (false, _) => Vec::new(),
+            (true, 0) => store::all(&next), // a new pool's first commit
+            (true, _) => store::changed(&current, &next),
+        };
+        store::check_scope(scope, &touched)?;
         if !changed {
             let _publish = self.publish.lock();
             published();
@@ -330,7 +350,10 @@ impl<D: BlockDevice> PoolCore<D> {
         // some drives).
         loop {
             next.generation = self.claim_generation(current.generation);
-            let (result, dead, full) = self.commit(&current, &next).await;
+            store::stamp(&mut next, &touched);
+            let report = self.store.commit(&current, &next).await;
+            let (result, dead) = (report.result, report.dead);
+            let full = report.full.iter().map(|(slot, e)| self.suspend(*slot, "metadata write", e)).last();
             // A drive that missed the document because the host filesystem is full is not
             // failed: the pool suspends writes instead. Missing one generation is what a crash
             // during a commit leaves too, and assembly copes with it (the drive's superblock
@@ -388,103 +411,23 @@ impl<D: BlockDevice> PoolCore<D> {
         claimed
     }
 
-    /// Writes `meta` to every active drive, then their superblocks. Succeeds when it reached a
-    /// majority of the drives active in `meta` *and* a majority of those active both in `prev`
-    /// and in `meta` (a drive this change fails does not count, so a two-way mirror can record
-    /// the loss of one side; a drive this change adds does not either, so a replacement cannot
-    /// help a stale majority). See docs/on-disk-format.md §3 for why assembly then always finds
-    /// the newest acknowledged generation.
-    /// Also returns the drives whose write failed.
-    /// Drives whose write failed because the host filesystem is full are not among them: the
-    /// pool is suspended instead, and the third value is the reason.
-    async fn commit(
-        &self,
-        prev: &PoolMeta,
-        meta: &PoolMeta,
-    ) -> (Result<(), EngineError>, Vec<u32>, Option<String>) {
-        let committed = self.committed_high.load(Ordering::SeqCst);
-        let targets = self.commit_targets(meta);
-        let writes = targets.iter().map(|d| async move {
-            d.write_metadata(meta).await?;
-            d.write_superblock(meta.generation, committed).await?;
-            Ok::<(), EngineError>(())
-        });
-        let results = join_all(writes).await;
-        let mut written = Vec::new();
-        let mut dead = Vec::new();
-        let mut full = None;
-        for (d, r) in targets.iter().zip(results) {
-            match r {
-                Ok(()) => written.push(d.slot()),
-                Err(EngineError::Dev(e)) if e.is_no_space() => {
-                    full = Some(self.suspend(d.slot(), "metadata write", &e));
-                }
-                Err(e) => {
-                    tracing::error!(slot = d.slot(), error = %e, "metadata write failed");
-                    dead.push(d.slot());
-                }
-            }
-        }
-        let active = |m: &PoolMeta, slot: u32| m.drive(slot).is_some_and(|r| r.state != DriveState::Failed);
-        let new_set: Vec<u32> = meta.drives.iter().map(|d| d.slot).filter(|&s| active(meta, s)).collect();
-        let kept: Vec<u32> = new_set.iter().copied().filter(|&s| active(prev, s)).collect();
-        for set in [&new_set, &kept] {
-            if set.is_empty() && set.len() != new_set.len() {
-                continue; // a brand-new pool: nothing was active before
-            }
-            let got = set.iter().filter(|s| written.contains(s)).count();
-            let needed = set.len() / 2 + 1;
-            if got < needed {
-                let e = EngineError::CommitFailed {
-                    generation: meta.generation,
-                    written: got,
-                    total: set.len(),
-                    needed,
-                };
-                return (Err(e), dead, full);
-            }
-        }
-        (Ok(()), dead, full)
-    }
-
-    /// The drives a commit of `meta` writes: open, not failed, and active in `meta`.
-    fn commit_targets(&self, meta: &PoolMeta) -> Vec<Arc<Drive<D>>> {
-        self.drives()
-            .iter()
-            .filter(|d| !d.is_failed())
-            .filter(|d| meta.drive(d.slot()).is_some_and(|r| r.state != DriveState::Failed))
-            .cloned()
-            .collect()
-    }
-
     /// After generation `meta.generation` reached every drive active in it: records that on
     /// those drives (their superblocks' `committed_generation`). From then on a drive whose
     /// superblock is older than this generation can only be an old copy, and assembly keeps it
     /// out (docs/on-disk-format.md §2). A drive that cannot take the confirmation is failed in
     /// memory, like one that cannot take a commit; the rest keep theirs.
     async fn confirm(&self, meta: &PoolMeta) {
-        let g = meta.generation;
-        let targets = self.commit_targets(meta);
-        let results = join_all(targets.iter().map(|d| d.write_superblock(g, g))).await;
-        let all_took = results.iter().all(Result::is_ok);
-        for (d, r) in targets.iter().zip(results) {
-            match r {
-                Ok(()) => {}
-                // The drive holds generation `g` (the commit wrote it); only the confirmation is
-                // missing, which a later commit writes again.
-                Err(e) if e.is_no_space() => {
-                    self.suspend(d.slot(), "superblock confirmation", &e);
-                }
-                Err(e) => {
-                    tracing::error!(slot = d.slot(), error = %e, "superblock confirmation failed; failing the drive");
+        for (slot, e) in self.store.confirm(meta).await {
+            // The drive holds generation `g` (the commit wrote it); only the confirmation is
+            // missing, which a later commit writes again.
+            if e.is_no_space() {
+                self.suspend(slot, "superblock confirmation", &e);
+            } else {
+                tracing::error!(slot, error = %e, "superblock confirmation failed; failing the drive");
+                if let Some(d) = self.drive(slot) {
                     d.set_failed();
                 }
             }
-        }
-        // Only a confirmation every drive took counts (a later commit writes it again): what
-        // the pool reports as confirmed is on the drives.
-        if all_took {
-            self.committed_high.fetch_max(g, Ordering::SeqCst);
         }
     }
 

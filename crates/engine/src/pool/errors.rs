@@ -43,7 +43,7 @@ impl<D: BlockDevice> PoolCore<D> {
                 d.settle_errors(delta);
             }
         };
-        self.update_then(add, settle).await?;
+        self.update_then(super::store::Scope::Any, add, settle).await?;
         Ok(true)
     }
 
@@ -79,7 +79,7 @@ impl<D: BlockDevice> PoolCore<D> {
                 d.settle_errors(pending);
             }
         };
-        self.update_then(reset, forget).await?;
+        self.update_then(super::store::Scope::Any, reset, forget).await?;
         Ok(slots)
     }
 

@@ -12,6 +12,7 @@ mod rebuild;
 mod recovery;
 mod scrub;
 mod status;
+pub(crate) mod store;
 mod suspend;
 
 use std::collections::{BTreeMap, HashMap};
@@ -207,6 +208,7 @@ impl<D: BlockDevice> Pool<D> {
             calibration: None,
             rebalance: None,
             rebuild_rate_bytes_per_sec: None,
+            record_generations: Default::default(),
         };
         let book = EpochBook::from_records(opened.iter().map(|d| (d.slot(), None)));
         let core = Arc::new(PoolCore::new(meta, opened, 1, 0, book));
@@ -371,7 +373,7 @@ impl<D: BlockDevice> Pool<D> {
         let spec2 = spec.clone();
         let rec = self
             .core
-            .update(move |m| {
+            .update_volume(&spec.name, move |m| {
                 if m.volume(&spec2.name).is_some() || m.tiered.iter().any(|t| t.name == spec2.name) {
                     return Err(EngineError::VolumeExists(spec2.name.clone()));
                 }
@@ -438,7 +440,7 @@ impl<D: BlockDevice> Pool<D> {
         self.core.flush_all().await?;
         let name2 = name.to_string();
         self.core
-            .update(move |m| {
+            .update_volume(name, move |m| {
                 m.volumes.retain(|v| v.name != name2);
                 Ok(((), true))
             })
@@ -496,7 +498,7 @@ impl<D: BlockDevice> Pool<D> {
         let (name2, rec2) = (name.to_string(), rec.clone());
         let next = self
             .core
-            .update(move |m| {
+            .update_volume(name, move |m| {
                 if m.volume(&name2) != Some(&rec2) {
                     return Err(EngineError::Busy(format!(
                         "volume {name2} changed while it was being resized; try again"
@@ -535,8 +537,9 @@ impl<D: BlockDevice> Pool<D> {
 
     /// Records a tiered volume (its three parts must exist).
     pub async fn add_tiered(&self, rec: TieredRecord) -> Result<(), EngineError> {
+        let scope = rec.name.clone();
         self.core
-            .update(move |m| {
+            .update_volume(&scope, move |m| {
                 if m.tiered.iter().any(|t| t.name == rec.name) || m.volume(&rec.name).is_some() {
                     return Err(EngineError::VolumeExists(rec.name.clone()));
                 }
@@ -548,9 +551,10 @@ impl<D: BlockDevice> Pool<D> {
 
     /// Updates the parameters of a tiered volume.
     pub async fn update_tiered(&self, name: &str, params: serde_json::Value) -> Result<(), EngineError> {
+        let scope = name;
         let name = name.to_string();
         self.core
-            .update(move |m| {
+            .update_volume(scope, move |m| {
                 let t =
                     m.tiered.iter_mut().find(|t| t.name == name).ok_or(EngineError::NoSuchVolume(name))?;
                 let changed = t.params != params;
@@ -562,9 +566,10 @@ impl<D: BlockDevice> Pool<D> {
 
     /// Removes a tiered volume's record (its parts are deleted separately, after).
     pub async fn remove_tiered(&self, name: &str) -> Result<(), EngineError> {
+        let scope = name;
         let name = name.to_string();
         self.core
-            .update(move |m| {
+            .update_volume(scope, move |m| {
                 let before = m.tiered.len();
                 m.tiered.retain(|t| t.name != name);
                 if m.tiered.len() == before {

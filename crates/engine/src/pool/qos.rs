@@ -52,7 +52,7 @@ impl<D: BlockDevice> Pool<D> {
     pub async fn set_qos(&self, name: &str, spec: QosSpec) -> Result<(), EngineError> {
         let key = name.to_string();
         self.core
-            .update(move |m| {
+            .update_volume(name, move |m| {
                 let changed = if spec.is_empty() {
                     m.qos.remove(&key).is_some()
                 } else {
