@@ -284,10 +284,13 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
     let services =
         maint::Services::start(Arc::clone(&pool), maint::Settings::default().on_drive_removed(removal));
 
+    // The handlers are in place before anyone is told the daemon is ready: a SIGTERM sent as
+    // soon as READY=1 arrives must stop the daemon cleanly, not kill it (the default action).
+    let mut signals = Signals::install()?;
     on_ready(&uris);
     notify_systemd("READY=1");
     let reload = || reload_config(opts.config.as_ref(), &pool, http.as_ref());
-    wait_for_signal(reload).await?;
+    signals.wait(reload).await;
     notify_systemd("STOPPING=1");
     tracing::info!("shutting down: no new connections, finishing requests in flight");
     control_task.abort();
@@ -392,8 +395,9 @@ pub(crate) async fn serve_memory(
     let exports = Arc::new(Registry::new());
     sync_exports(&catalog, &exports);
     let (handles, uris) = start_nbd(&opts, &exports).await?;
+    let mut signals = Signals::install()?;
     on_ready(&uris);
-    wait_for_signal(|| tracing::info!("SIGHUP ignored: a memory pool has no configuration file")).await?;
+    signals.wait(|| tracing::info!("SIGHUP ignored: a memory pool has no configuration file")).await;
     tracing::info!("shutting down: no new connections, finishing requests in flight");
     for h in handles {
         h.shutdown().await;
@@ -468,18 +472,35 @@ fn notify_systemd(state: &str) {
     }
 }
 
-/// Waits for SIGTERM or SIGINT (a clean shutdown follows); SIGHUP calls `reload` (a closed
-/// terminal must not kill the daemon uncleanly).
-async fn wait_for_signal(reload: impl Fn()) -> Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut hup = signal(SignalKind::hangup())?;
-    loop {
-        tokio::select! {
-            _ = term.recv() => { tracing::info!("SIGTERM"); return Ok(()) }
-            _ = int.recv() => { tracing::info!("SIGINT"); return Ok(()) }
-            _ = hup.recv() => reload(),
+/// The signals the daemon answers: SIGTERM and SIGINT stop it (a clean shutdown follows),
+/// SIGHUP reloads its configuration file (a closed terminal must not kill the daemon
+/// uncleanly).
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Installs the handlers: from here on these signals are caught (and kept until
+    /// [`Signals::wait`] looks), never the default action.
+    fn install() -> Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// Returns at SIGTERM or SIGINT; runs `reload` at each SIGHUP.
+    async fn wait(&mut self, reload: impl Fn()) {
+        loop {
+            tokio::select! {
+                _ = self.term.recv() => { tracing::info!("SIGTERM"); return }
+                _ = self.int.recv() => { tracing::info!("SIGINT"); return }
+                _ = self.hup.recv() => reload(),
+            }
         }
     }
 }
