@@ -7,6 +7,7 @@ pub mod csum;
 pub(crate) mod errors;
 pub(crate) mod intent;
 pub(crate) mod journal;
+mod member;
 pub(crate) mod shadow;
 
 use std::sync::Arc;
@@ -410,7 +411,7 @@ impl<D: BlockDevice> Drive<D> {
 
     /// Reads `buf.len()` bytes of the data area at `block` and verifies each block.
     /// Unwritten blocks come back as zeros (without touching the device when all are).
-    pub(crate) async fn read_verified(&self, block: u64, mut buf: IoBuf) -> Result<IoBuf, ReadFault> {
+    async fn read_verified(&self, block: u64, mut buf: IoBuf) -> Result<IoBuf, ReadFault> {
         let blocks = buf.len() as u64 / BLOCK;
         self.check_data_range(block, blocks);
         if self.is_failed() {
@@ -439,7 +440,7 @@ impl<D: BlockDevice> Drive<D> {
     /// by block to find exactly which blocks fail. Returns the data (bad blocks zeroed), which
     /// blocks are good, and whether any block failed with an I/O error; `None` if the drive is
     /// failed.
-    pub(crate) async fn read_isolating(&self, block: u64, blocks: u64) -> Option<(IoBuf, Vec<bool>, bool)> {
+    async fn read_isolating(&self, block: u64, blocks: u64) -> Option<(IoBuf, Vec<bool>, bool)> {
         let n = blocks as usize;
         match self.read_verified(block, IoBuf::zeroed(n * BLOCK_USIZE)).await {
             Ok(buf) => Some((buf, vec![true; n], false)),
@@ -466,13 +467,13 @@ impl<D: BlockDevice> Drive<D> {
     }
 
     /// Reads the data area without verification (recovery and scrub look at raw contents).
-    pub(crate) async fn read_raw(&self, block: u64, buf: IoBuf) -> Result<IoBuf, DevError> {
+    async fn read_raw(&self, block: u64, buf: IoBuf) -> Result<IoBuf, DevError> {
         self.check_data_range(block, buf.len() as u64 / BLOCK);
         self.count_read(self.dev().read(self.data_offset(block), buf).await)
     }
 
     /// Writes `data` at data-area `block` and sets the blocks' checksums.
-    pub(crate) async fn write(&self, block: u64, data: IoBytes, fua: bool) -> Result<(), DevError> {
+    async fn write(&self, block: u64, data: IoBytes, fua: bool) -> Result<(), DevError> {
         self.write_inner(block, data, fua, None).await
     }
 
@@ -547,7 +548,7 @@ impl<D: BlockDevice> Drive<D> {
 
     /// Marks blocks unwritten: they read as zeros from now on (no data is written). Covered by
     /// the intent bitmap like a write, since the on-disk checksums lag until the next flush.
-    pub(crate) async fn zero(&self, block: u64, blocks: u64) -> Result<(), DevError> {
+    async fn zero(&self, block: u64, blocks: u64) -> Result<(), DevError> {
         self.zero_own(block, blocks).await?;
         self.mirror_zero(block, blocks).await;
         Ok(())
@@ -570,7 +571,7 @@ impl<D: BlockDevice> Drive<D> {
 
     /// True when every block of the range is known to be unwritten ("no" when the checksum
     /// pages cannot be read).
-    pub(crate) async fn is_unwritten(&self, block: u64, blocks: u64) -> bool {
+    async fn is_unwritten(&self, block: u64, blocks: u64) -> bool {
         self.check_data_range(block, blocks);
         self.pin_csum(block, blocks).await.is_ok_and(|pin| pin.all_unwritten(block, blocks))
     }
@@ -584,7 +585,7 @@ impl<D: BlockDevice> Drive<D> {
 
     /// The checksum entries of a data-area range (recovery and scrub look at them with the raw
     /// contents).
-    pub(crate) async fn csum_entries(&self, block: u64, blocks: u64) -> Result<Vec<Entry>, DevError> {
+    async fn csum_entries(&self, block: u64, blocks: u64) -> Result<Vec<Entry>, DevError> {
         self.check_data_range(block, blocks);
         let pin = self.pin_csum(block, blocks).await?;
         Ok((block..block + blocks).map(|b| pin.get(b)).collect())
@@ -592,7 +593,7 @@ impl<D: BlockDevice> Drive<D> {
 
     /// Sets the checksum of each block of the range marked in `written` from `data` (resync
     /// trusts what it found).
-    pub(crate) async fn bless(&self, block: u64, data: &[u8], written: &[bool]) -> Result<(), DevError> {
+    async fn bless(&self, block: u64, data: &[u8], written: &[bool]) -> Result<(), DevError> {
         self.check_data_range(block, written.len() as u64);
         self.mirror_bless(block, written.len() as u64);
         let pin = self.pin_csum(block, written.len() as u64).await?;
@@ -752,7 +753,7 @@ impl<D: BlockDevice> Drive<D> {
     }
 
     /// Appends a piece to the journal (see `Journal::append`), counting a failed write.
-    pub(crate) async fn journal_append(&self, piece: JournalPiece) -> Result<u64, AppendError> {
+    async fn journal_append(&self, piece: JournalPiece) -> Result<u64, AppendError> {
         let appended = self.journal.append(self.dev(), piece, &self.errors).await;
         self.note_written();
         appended
@@ -775,7 +776,7 @@ impl<D: BlockDevice> Drive<D> {
 
     /// Counts `blocks` repaired on this drive (in the device's counters of this run and in the
     /// error counters the pool persists).
-    pub(crate) fn record_repairs(&self, blocks: u64) {
+    fn record_repairs(&self, blocks: u64) {
         if let Some(dev) = &self.dev {
             dev.counters().record_repairs(blocks);
         }

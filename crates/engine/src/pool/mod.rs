@@ -15,6 +15,7 @@ mod status;
 pub(crate) mod store;
 mod suspend;
 
+use crate::volume::member::MemberDrive;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -19,6 +19,7 @@
 //! be trusted). A crash after it leaves the member on the destination, which the flush made
 //! hold every write acknowledged before the switch.
 
+use crate::volume::member::MemberDrive;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

@@ -1,5 +1,6 @@
 //! Erasure-coded layout: K data + M parity chunks per stripe, parity rotated per stripe.
 
+use crate::volume::member::MemberDrive;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 

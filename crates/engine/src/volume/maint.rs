@@ -10,6 +10,7 @@
 //! reads, checksum blessing); each family's row algorithms are its `LayoutFamily::resync`,
 //! `scrub_locked` and `rebuild_chunk` (mirror.rs, ec.rs).
 
+use crate::volume::member::MemberDrive;
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, DevError, IoBuf, IoBytes};
 
 use super::map::{Member, VolumeMap};

@@ -1,5 +1,6 @@
 //! raid0 / raid1 / raid10: W columns of N copies.
 
+use crate::volume::member::MemberDrive;
 use std::sync::atomic::Ordering::Relaxed;
 
 use futures::future::join_all;

@@ -33,8 +33,10 @@ pub(crate) mod host;
 pub(crate) mod locks;
 pub(crate) mod maint;
 pub(crate) mod map;
+pub(crate) mod member;
 mod mirror;
 
+use crate::volume::member::MemberDrive;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
