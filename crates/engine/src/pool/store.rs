@@ -115,6 +115,16 @@ pub(crate) fn changed(prev: &PoolMeta, next: &PoolMeta) -> Vec<RecordKey> {
     keys.into_iter().filter(|k| a.get(*k) != b.get(*k)).cloned().collect()
 }
 
+/// True when `meta` holds the record `key`.
+fn exists(meta: &PoolMeta, key: &RecordKey) -> bool {
+    match key {
+        RecordKey::Pool | RecordKey::Ids => true,
+        RecordKey::Volume(n) => meta.volumes.iter().any(|v| &v.name == n),
+        RecordKey::Tiered(n) => meta.tiered.iter().any(|t| &t.name == n),
+        RecordKey::Qos(n) => meta.qos.contains_key(n),
+    }
+}
+
 /// Every record of `meta` (a new pool's first commit stamps them all).
 pub(crate) fn all(meta: &PoolMeta) -> Vec<RecordKey> {
     records(meta).into_keys().collect()
@@ -136,9 +146,8 @@ pub(crate) fn check_scope(scope: Scope<'_>, changed: &[RecordKey]) -> Result<(),
 /// record's generation is what a store compares before it overwrites the record.
 pub(crate) fn stamp(next: &mut PoolMeta, changed: &[RecordKey]) {
     let generation = next.generation;
-    let present = records(next);
     for key in changed {
-        if present.contains_key(key) {
+        if exists(next, key) {
             next.record_generations.insert(key.name(), generation);
         } else {
             next.record_generations.remove(&key.name());
