@@ -3,7 +3,6 @@
 //! zeroing, discard, repair and row-walking maintenance of those rows holds. So nothing that
 //! changes the range lands between the compare and the write.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use stria_dev::{BlockDevice, IoBuf, IoBytes};
@@ -35,17 +34,7 @@ where
             return Ok(());
         }
         let span = Span::new(offset_bytes, len_bytes);
-        let mut map = self.map.load_full();
-        let runs = map.runs(&self.geo, span.first, span.blocks());
-        // As in `write_in`: on ec a FUA write completes with a flush of the volume's members
-        // after the stripe locks are released.
-        let by_pool_flush = self.fua_by_pool_flush();
-        {
-            let _guards = self.locks.lock(runs.iter().map(|r| (r.segment, r.row))).await;
-            // Where the members are now (see `write_in`).
-            if !Arc::ptr_eq(&map, &*self.map.load()) {
-                map = self.map.load_full();
-            }
+        self.write_span_locked(&span, fua, |map| async move {
             // The whole blocks, read with the locks held (the slow path must not take them again).
             let mut whole =
                 self.read_blocks_in(&map, span.first, IoBuf::zeroed(span.whole_len()), true).await?;
@@ -56,15 +45,9 @@ where
             whole[head..head + len].copy_from_slice(&write);
             let data = whole.freeze();
             // The drives take aligned memory; a read's buffer is, unless it was joined by copy.
-            let data = if data.is_aligned() { data } else { IoBytes::copy_from(&data) };
-            Volume::<D>::check_runs_cover(&runs, data.len());
-            self.write_runs_locked(&map, &runs, data, fua && !by_pool_flush).await?;
-        }
-        self.confirm_skipped(&map, &runs).await?;
-        if fua && by_pool_flush {
-            self.flush_members().await?;
-        }
-        Ok(())
+            Ok(if data.is_aligned() { data } else { IoBytes::copy_from(&data) })
+        })
+        .await
     }
 }
 

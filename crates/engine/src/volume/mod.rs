@@ -406,6 +406,33 @@ where
             return Ok(());
         }
         let span = Span::new(offset_bytes, len_bytes);
+        self.write_span_locked(&span, fua, |_map| async {
+            // An aligned range in unaligned memory goes through the merge too: it reads nothing
+            // and only copies.
+            if span.is_aligned() && data.is_aligned() {
+                Ok(data)
+            } else {
+                bytes::merge_unaligned(&span, &data, |b| {
+                    self.read_blocks(b, IoBuf::zeroed(BLOCK_USIZE), true)
+                })
+                .await
+            }
+        })
+        .await
+    }
+
+    /// Writes the whole blocks of `span` while holding the stripe locks of their rows: `data`
+    /// makes them from the volume's map as it is under the locks (an `Err` writes nothing). The
+    /// one sequence of a write and a compare and write.
+    async fn write_span_locked<Fut>(
+        &self,
+        span: &Span,
+        fua: bool,
+        data: impl FnOnce(Arc<VolumeMap<D>>) -> Fut,
+    ) -> Result<(), VolumeError>
+    where
+        Fut: Future<Output = Result<IoBytes, VolumeError>>,
+    {
         let mut map = self.map.load_full();
         let runs = map.runs(&self.geo, span.first, span.blocks());
         // On ec, a FUA write completes with a pool flush instead of per-drive FUA: the flush
@@ -420,16 +447,7 @@ where
             if !Arc::ptr_eq(&map, &*self.map.load()) {
                 map = self.map.load_full();
             }
-            // An aligned range in unaligned memory goes through the merge too: it reads nothing
-            // and only copies.
-            let data = if span.is_aligned() && data.is_aligned() {
-                data
-            } else {
-                bytes::merge_unaligned(&span, &data, |b| {
-                    self.read_blocks(b, IoBuf::zeroed(BLOCK_USIZE), true)
-                })
-                .await?
-            };
+            let data = data(Arc::clone(&map)).await?;
             Volume::<D>::check_runs_cover(&runs, data.len());
             self.write_runs_locked(&map, &runs, data, fua && !by_pool_flush).await?;
         }
