@@ -20,6 +20,11 @@ pub fn block_crc(block: &[u8]) -> u32 {
     }
 }
 
+/// The plain CRC32C (Castagnoli) of any bytes: what headers of stria's wire frames carry.
+pub fn crc32c(bytes: &[u8]) -> u32 {
+    crc_fast::crc32_iscsi(bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -109,12 +109,23 @@ pub enum DevError {
         "{device}: request at offset {offset_bytes} (+{len_bytes} bytes) is not aligned to {BLOCK_BYTES} bytes"
     )]
     Misaligned { device: Arc<str>, offset_bytes: u64, len_bytes: u64 },
+    /// A remote drive refused the request because a newer owner fenced it: the request's
+    /// epoch is below the epoch the drive persisted (docs/design/cluster.md). Not a fault of the
+    /// drive: the caller has lost the right to use it and must stop, not fail the drive.
+    #[error("{device}: fenced: request epoch {epoch} is below the drive's epoch {drive_epoch}")]
+    Fenced { device: Arc<str>, epoch: u64, drive_epoch: u64 },
 }
 
 impl DevError {
     /// True for errors the drive itself reported (a reason to fail the drive), false for caller bugs.
     pub fn is_media_error(&self) -> bool {
         matches!(self, DevError::Io { .. }) && !self.is_no_space()
+    }
+
+    /// True when a newer owner fenced the drive off ([`DevError::Fenced`]): the caller must stop
+    /// using it and must not record it as failed (that is the new owner's decision).
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, DevError::Fenced { .. })
     }
 
     /// True when the host ran out of space under the device (ENOSPC or EDQUOT from the

@@ -77,6 +77,10 @@ pub enum EngineError {
     /// acknowledged any more (a drive the metadata still calls active would miss it).
     #[error("the pool could not record a drive failure in its metadata; it refuses writes until restarted")]
     WritesRefused,
+    /// A drive answered that a newer owner of the pool fenced it (a remote slice whose epoch
+    /// is above this owner's; docs/design/cluster.md): the pool refuses writes and fails no drive.
+    #[error("a newer owner fenced this pool's drives; it refuses writes")]
+    Fenced,
     /// A guarded drive workflow refused: going ahead would lose data or makes no sense in the
     /// drive's state (`crate::maint`). The same request, forced, goes ahead where it can.
     #[error(transparent)]
@@ -87,6 +91,7 @@ impl EngineError {
     /// The kind of failure, for the front ends.
     pub fn kind(&self) -> ErrorKind {
         match self {
+            EngineError::Dev(e) if e.is_fenced() => ErrorKind::Unavailable,
             EngineError::Dev(_) | EngineError::Format(_) => ErrorKind::Io,
             EngineError::ForeignDrive { .. }
             | EngineError::OldFormat { .. }
@@ -96,9 +101,10 @@ impl EngineError {
             | EngineError::Placement(_)
             | EngineError::Busy(_)
             | EngineError::Refused(_) => ErrorKind::Conflict,
-            EngineError::NoQuorum { .. } | EngineError::CommitFailed { .. } | EngineError::WritesRefused => {
-                ErrorKind::Unavailable
-            }
+            EngineError::NoQuorum { .. }
+            | EngineError::CommitFailed { .. }
+            | EngineError::WritesRefused
+            | EngineError::Fenced => ErrorKind::Unavailable,
             EngineError::NoDrives | EngineError::Invalid(_) => ErrorKind::InvalidInput,
             EngineError::NoSuchVolume(_) | EngineError::NoSuchDrive(_) => ErrorKind::NotFound,
             EngineError::NoSpace(_) => ErrorKind::NoSpace,

@@ -638,6 +638,9 @@ fn copy_dev_error(e: &DevError) -> DevError {
             offset_bytes: *offset_bytes,
             len_bytes: *len_bytes,
         },
+        DevError::Fenced { device, epoch, drive_epoch } => {
+            DevError::Fenced { device: device.clone(), epoch: *epoch, drive_epoch: *drive_epoch }
+        }
     }
 }
 

@@ -63,6 +63,9 @@ pub struct Drive<D> {
     pub(crate) intent: IntentMap,
     pub(crate) journal: Journal,
     failed: AtomicBool,
+    /// Set when the device refused a request because a newer owner fenced it
+    /// (`DevError::Fenced`, remote slices only): the pool must stop, not fail the drive.
+    fenced: AtomicBool,
     flush_arrivals: AtomicU64,
     flush_covered: tokio::sync::Mutex<u64>,
     /// Set when a data-area write, zeroing, journal append or bless completes; taken by the
@@ -197,6 +200,7 @@ impl<D: BlockDevice> Drive<D> {
             intent: IntentMap::new(if dev.is_some() { l.intent_regions() } else { 0 }, l.intent_offset_bytes),
             journal,
             failed: AtomicBool::new(dev.is_none()),
+            fenced: AtomicBool::new(false),
             dev,
             sb,
             flush_arrivals: AtomicU64::new(0),
@@ -350,6 +354,11 @@ impl<D: BlockDevice> Drive<D> {
         self.failed.load(Ordering::Acquire)
     }
 
+    /// True once the device refused a request as fenced by a newer owner.
+    pub fn was_fenced(&self) -> bool {
+        self.fenced.load(Ordering::Acquire)
+    }
+
     /// Marks the drive failed in memory (the pool persists it).
     pub(crate) fn set_failed(&self) {
         self.failed.store(true, Ordering::Release);
@@ -381,8 +390,12 @@ impl<D: BlockDevice> Drive<D> {
 
     /// Counts a failed read request, passing the result on.
     fn count_read<T>(&self, result: Result<T, DevError>) -> Result<T, DevError> {
-        if result.is_err() {
-            self.count_error(ErrorKind::Read);
+        if let Err(e) = &result {
+            if e.is_fenced() {
+                self.fenced.store(true, Ordering::Release);
+            } else {
+                self.count_error(ErrorKind::Read);
+            }
         }
         result
     }
@@ -390,8 +403,12 @@ impl<D: BlockDevice> Drive<D> {
     /// Counts a failed write (or flush) request, passing the result on.
     /// A full host filesystem is not the drive's fault and is not counted.
     fn count_write<T>(&self, result: Result<T, DevError>) -> Result<T, DevError> {
-        if result.as_ref().is_err_and(|e| !e.is_no_space()) {
-            self.count_error(ErrorKind::Write);
+        if let Err(e) = &result {
+            if e.is_fenced() {
+                self.fenced.store(true, Ordering::Release);
+            } else if !e.is_no_space() {
+                self.count_error(ErrorKind::Write);
+            }
         }
         result
     }

@@ -126,6 +126,10 @@ pub(crate) struct PoolCore<D: BlockDevice> {
     /// Set when a drive failure could not be committed: from then on no write or flush may be
     /// acknowledged (a drive the metadata still calls active would miss it).
     poisoned: AtomicBool,
+    /// Set when a drive answered that a newer owner fenced it (docs/design/cluster.md): from
+    /// then on the pool refuses writes and fails no drive (which drives are in service is the
+    /// new owner's decision, not this one's).
+    fenced: AtomicBool,
     /// Why writes are suspended (a full host filesystem, see suspend.rs); `None` when not.
     pub(super) suspended: parking_lot::Mutex<Option<String>>,
     /// Fast check of `suspended.is_some()` on the write path.
@@ -179,6 +183,7 @@ impl<D: BlockDevice> PoolCore<D> {
             txn_next: AtomicU64::new(txn_next),
             txns: parking_lot::Mutex::new(Txns::default()),
             poisoned: AtomicBool::new(false),
+            fenced: AtomicBool::new(false),
             suspended: parking_lot::Mutex::new(None),
             suspended_flag: AtomicBool::new(false),
             flush_arrivals: parking_lot::Mutex::new(HashMap::new()),
@@ -422,6 +427,8 @@ impl<D: BlockDevice> PoolCore<D> {
             // missing, which a later commit writes again.
             if e.is_no_space() {
                 self.suspend(slot, "superblock confirmation", &e);
+            } else if e.is_fenced() {
+                self.set_fenced(slot);
             } else {
                 tracing::error!(slot, error = %e, "superblock confirmation failed; failing the drive");
                 if let Some(d) = self.drive(slot) {
@@ -433,6 +440,9 @@ impl<D: BlockDevice> PoolCore<D> {
 
     /// Errors once a drive failure could not be committed (see `poisoned`).
     pub(crate) fn check_writable(&self) -> Result<(), EngineError> {
+        if self.fenced.load(Ordering::Acquire) {
+            return Err(EngineError::Fenced);
+        }
         if self.poisoned.load(Ordering::Acquire) {
             return Err(EngineError::WritesRefused);
         }
@@ -454,6 +464,10 @@ impl<D: BlockDevice> PoolCore<D> {
     /// before this returns (so no write that skipped it is acknowledged before the pool knows).
     /// If the commit fails the pool is poisoned: it refuses writes from then on.
     pub(crate) async fn fail_drive(&self, slot: u32, reason: String) -> Result<(), EngineError> {
+        if self.fenced.load(Ordering::Acquire) || self.drive(slot).is_some_and(|d| d.was_fenced()) {
+            self.set_fenced(slot);
+            return Err(EngineError::Fenced);
+        }
         if let Some(d) = self.drive(slot) {
             d.set_failed();
         }
@@ -462,6 +476,14 @@ impl<D: BlockDevice> PoolCore<D> {
             self.poisoned.store(true, Ordering::Release);
         }
         result
+    }
+
+    /// Records that the drive in `slot` was fenced by a newer owner: the pool stops taking
+    /// writes (see `fenced`).
+    pub(crate) fn set_fenced(&self, slot: u32) {
+        if !self.fenced.swap(true, Ordering::AcqRel) {
+            tracing::error!(slot, "a newer owner fenced this pool's drive; refusing writes from now on");
+        }
     }
 
     async fn fail_drive_commit(&self, slot: u32, reason: String) -> Result<(), EngineError> {

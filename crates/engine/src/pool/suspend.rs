@@ -70,6 +70,10 @@ impl<D: BlockDevice> PoolCore<D> {
         if e.is_no_space() {
             return Err(EngineError::HostFull(self.suspend(slot, what, e)));
         }
+        if e.is_fenced() {
+            self.set_fenced(slot);
+            return Err(EngineError::Fenced);
+        }
         self.fail_drive(slot, format!("{what}: {e}")).await
     }
 }
