@@ -12,7 +12,10 @@ step() { printf '\n==== %s (at %d s) ====\n' "$*" "$SECONDS"; }
 
 step "system packages"
 PKGS=(libnbd-bin qemu-utils fio nbdkit python3-libnbd python3-pytest e2fsprogs fuse3 util-linux openssl
-      procps psmisc curl ca-certificates build-essential pkg-config prometheus chromium)
+      procps psmisc curl ca-certificates build-essential pkg-config prometheus chromium
+      etcd-server etcd-client protobuf-compiler libprotobuf-dev)
+# etcd-server: the cluster tests start their own etcd members; protobuf: the etcd-client crate's
+# build compiles etcd's protos.
 # node and npm: tests/ui/run.sh installs them when the commands are missing (a nodesource
 # nodejs package provides npm and conflicts with Debian's)
 missing=()
@@ -20,7 +23,15 @@ for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  # No service may start from a package's install script (etcd-server's would start a
+  # system-wide etcd): policy-rc.d answers "not allowed" while the packages install.
+  policy=/usr/sbin/policy-rc.d
+  placed=""
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null && $SUDO chmod +x "$policy" && placed=1
+  fi
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  [ -z "$placed" ] || $SUDO rm -f "$policy"
 fi
 
 step "rust toolchain (pinned in rust-toolchain.toml)"

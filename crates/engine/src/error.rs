@@ -81,6 +81,10 @@ pub enum EngineError {
     /// is above this owner's; docs/design/cluster.md): the pool refuses writes and fails no drive.
     #[error("a newer owner fenced this pool's drives; it refuses writes")]
     Fenced,
+    /// The pool's commit guard refused a metadata change (a cluster coordinator that no longer
+    /// owns the volume, or cannot reach etcd to record the change); nothing was written.
+    #[error("the metadata change was refused: {0}")]
+    GuardRefused(String),
     /// A guarded drive workflow refused: going ahead would lose data or makes no sense in the
     /// drive's state (`crate::maint`). The same request, forced, goes ahead where it can.
     #[error(transparent)]
@@ -104,7 +108,8 @@ impl EngineError {
             EngineError::NoQuorum { .. }
             | EngineError::CommitFailed { .. }
             | EngineError::WritesRefused
-            | EngineError::Fenced => ErrorKind::Unavailable,
+            | EngineError::Fenced
+            | EngineError::GuardRefused(_) => ErrorKind::Unavailable,
             EngineError::NoDrives | EngineError::Invalid(_) => ErrorKind::InvalidInput,
             EngineError::NoSuchVolume(_) | EngineError::NoSuchDrive(_) => ErrorKind::NotFound,
             EngineError::NoSpace(_) => ErrorKind::NoSpace,

@@ -40,9 +40,9 @@ pub use format::meta::{
 };
 pub use join::join_all_ok;
 pub use pool::{
-    BALANCE_SLACK, DEFAULT_CHUNK_BYTES, DriveStatus, FoundDrive, IgnoredDrive, MoveProgress, NewDrive, Pool,
-    PoolStatus, RebalanceReport, RebalanceStatus, RebuildProgress, RecoveryReport, ScrubReport,
-    VOLUME_BYTES_MAX, VolumeSpec, VolumeStatus, check_volume_name, check_volume_size,
+    BALANCE_SLACK, CommitGuard, DEFAULT_CHUNK_BYTES, DriveStatus, FoundDrive, IgnoredDrive, MoveProgress,
+    NewDrive, Pool, PoolStatus, RebalanceReport, RebalanceStatus, RebuildProgress, RecoveryReport,
+    ScrubReport, VOLUME_BYTES_MAX, VolumeSpec, VolumeStatus, check_volume_name, check_volume_size,
 };
 pub use volume::contract::{
     BlockVolume, COMPARE_AND_WRITE_ALIGN_BYTES, COMPARE_AND_WRITE_MAX_BYTES, Dealloc, Durability,

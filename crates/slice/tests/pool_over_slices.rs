@@ -92,8 +92,11 @@ async fn a_mirror_over_three_nodes_serves_then_its_old_owner_is_fenced_off() {
     new.close().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_old_owner_cannot_complete_a_write_on_the_one_slice_the_new_owner_could_not_reach() {
+type MemNodes = Vec<(Node<Arc<MemDevice>>, Arc<MemDevice>)>;
+
+/// A pool over three nodes' slices at epoch 1 with a mirror and an ec:2+1 volume written once,
+/// then a new owner fences nodes 0 and 1 only: node 2 still takes the old epoch.
+async fn partly_fenced() -> (MemNodes, Pool<RemoteDevice>) {
     let nodes = nodes().await;
     let drives = remote_drives(&nodes, 1).await;
     let new: Vec<NewDrive<RemoteDevice>> = drives
@@ -120,12 +123,17 @@ async fn an_old_owner_cannot_complete_a_write_on_the_one_slice_the_new_owner_cou
     let ec = old.create_volume(spec("e", Layout::Ec { data_shards: 2, parity_shards: 1 })).await.unwrap();
     mirror.write(0, IoBytes::copy_from(&pattern(1)), true).await.unwrap();
     ec.write(0, IoBytes::copy_from(&pattern(1)), true).await.unwrap();
-
-    // The new owner reaches nodes 0 and 1 only; node 2 still takes the old epoch.
     for (node, _) in &nodes[..2] {
         owner(node.addr, 2).await;
     }
-    for (name, vol) in [("mirror", &mirror), ("ec:2+1", &ec)] {
+    (nodes, old)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_owner_cannot_complete_a_write_on_the_one_slice_the_new_owner_could_not_reach() {
+    let (_nodes, old) = partly_fenced().await;
+    for name in ["m", "e"] {
+        let vol = old.volume(name).unwrap();
         for (offset, fua) in [(0, true), (1 << 20, false), (2 << 20, true)] {
             let err = vol.write(offset, IoBytes::copy_from(&pattern(7)), fua).await.unwrap_err();
             assert_eq!(err.kind(), ErrorKind::Unavailable, "{name}: {err}");
@@ -133,4 +141,22 @@ async fn an_old_owner_cannot_complete_a_write_on_the_one_slice_the_new_owner_cou
     }
     assert!(old.drives().iter().all(|d| !d.is_failed()), "the fenced pool failed a drive");
     assert!(old.meta().drives.iter().all(|d| d.failed_reason.is_none()), "a failure was committed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_owner_cannot_commit_metadata_on_the_slices_left_unfenced() {
+    let (_nodes, old) = partly_fenced().await;
+    // A metadata commit of the old owner (here an operator's `drive fail` of node 2's drive,
+    // before any write met a fence) reaches the fenced slices first. It must not drop them and
+    // commit on the one slice left: that would make node 2 a second pool that acknowledges
+    // writes the new owner never sees.
+    let n2 = old.meta().drives.iter().find(|d| d.path_hint.starts_with("node2")).unwrap().slot;
+    let err = old.fail_drive(n2, "by hand").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    // Only the drive the operator named is out of use, in memory; nothing was committed.
+    let failed: Vec<u32> = old.drives().iter().filter(|d| d.is_failed()).map(|d| d.slot()).collect();
+    assert_eq!(failed, [n2], "the fenced pool failed other drives");
+    assert!(old.meta().drives.iter().all(|d| d.failed_reason.is_none()), "a failure was committed");
+    let err = old.volume("m").unwrap().write(0, IoBytes::copy_from(&pattern(7)), true).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
 }

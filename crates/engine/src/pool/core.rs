@@ -119,6 +119,8 @@ pub(crate) struct PoolCore<D: BlockDevice> {
     drives: Arc<ArcSwap<Vec<Arc<Drive<D>>>>>,
     /// Where commits go (pool/store.rs): the drives themselves today.
     store: Box<dyn MetaStore>,
+    /// Asked before every commit, once set (`Pool::set_commit_guard`).
+    guard: std::sync::OnceLock<Arc<dyn store::CommitGuard>>,
     txn_next: AtomicU64,
     /// Erasure-coded stripe transactions not yet durable in place, with their volumes
     /// (docs/crash-consistency.md invariant 4).
@@ -179,6 +181,7 @@ impl<D: BlockDevice> PoolCore<D> {
             snapshot: ArcSwap::from_pointee(meta.clone()),
             meta: tokio::sync::Mutex::new(meta),
             store: Box::new(DriveQuorum::new(Arc::clone(&drives), committed_generation)),
+            guard: std::sync::OnceLock::new(),
             drives,
             txn_next: AtomicU64::new(txn_next),
             txns: parking_lot::Mutex::new(Txns::default()),
@@ -345,6 +348,9 @@ impl<D: BlockDevice> PoolCore<D> {
             (true, _) => store::changed(&current, &next),
         };
         store::check_scope(scope, &touched)?;
+        if changed && self.fenced.load(Ordering::Acquire) {
+            return Err(EngineError::Fenced);
+        }
         if !changed {
             let _publish = self.publish.lock();
             published();
@@ -356,8 +362,21 @@ impl<D: BlockDevice> PoolCore<D> {
         loop {
             next.generation = self.claim_generation(current.generation);
             store::stamp(&mut next, &touched);
+            if let Some(guard) = self.guard.get()
+                && let Err(why) = guard.allow(&next).await
+            {
+                tracing::error!(generation = next.generation, %why, "the commit guard refused a metadata change");
+                return Err(EngineError::GuardRefused(why));
+            }
             let report = self.store.commit(&current, &next).await;
             let (result, dead) = (report.result, report.dead);
+            // A drive a newer owner fenced is not dead: this owner has lost the pool. Dropping
+            // the fenced drives and committing on the ones left would make a second pool of
+            // them (docs/design/cluster.md §4.3), so stop here, failing nothing.
+            if let Some(&slot) = dead.iter().find(|&&slot| self.drive(slot).is_some_and(|d| d.was_fenced())) {
+                self.set_fenced(slot);
+                return Err(EngineError::Fenced);
+            }
             let full = report.full.iter().map(|(slot, e)| self.suspend(*slot, "metadata write", e)).last();
             // A drive that missed the document because the host filesystem is full is not
             // failed: the pool suspends writes instead. Missing one generation is what a crash
@@ -476,6 +495,11 @@ impl<D: BlockDevice> PoolCore<D> {
             self.poisoned.store(true, Ordering::Release);
         }
         result
+    }
+
+    /// Sets the guard every later commit asks first; false if one is set already.
+    pub(crate) fn set_guard(&self, guard: Arc<dyn store::CommitGuard>) -> bool {
+        self.guard.set(guard).is_ok()
     }
 
     /// Records that the drive in `slot` was fenced by a newer owner: the pool stops taking

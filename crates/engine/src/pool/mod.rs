@@ -45,6 +45,7 @@ pub use rebuild::RebuildProgress;
 pub use recovery::RecoveryReport;
 pub use scrub::ScrubReport;
 pub use status::{DriveStatus, IgnoredDrive, PoolStatus, VolumeStatus};
+pub use store::CommitGuard;
 
 /// Default chunk (stripe height): 64 KiB.
 pub const DEFAULT_CHUNK_BYTES: u64 = 64 << 10;
@@ -590,6 +591,12 @@ impl<D: BlockDevice> Pool<D> {
             .filter(|v| v.uses_drive(slot) && v.state_if_failed(slot) == VolumeState::Failed)
             .map(|v| (v.name().to_string(), v.state()))
             .collect()
+    }
+
+    /// Makes every later metadata commit ask `guard` first (a cluster coordinator's ownership
+    /// check; docs/design/cluster.md §4.1). False if a guard is set already.
+    pub fn set_commit_guard(&self, guard: Arc<dyn CommitGuard>) -> bool {
+        self.core.set_guard(guard)
     }
 
     /// Fails a drive by hand (`stria drive fail`).

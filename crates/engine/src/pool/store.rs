@@ -181,6 +181,15 @@ pub(crate) trait MetaStore: Send + Sync {
     fn confirmed_generation(&self) -> u64;
 }
 
+/// Asked before each metadata commit of a pool, with the document about to be committed. A
+/// cluster coordinator checks there that it still owns the volume and records in etcd which
+/// members are in service, before any drive sees the change (docs/design/cluster.md §4.1: a
+/// member leaves service only after a fenced etcd write). An error refuses the commit:
+/// nothing is written, and the change fails with [`EngineError::GuardRefused`].
+pub trait CommitGuard: Send + Sync {
+    fn allow<'a>(&'a self, next: &'a PoolMeta) -> BoxFuture<'a, Result<(), String>>;
+}
+
 /// Today's store: the pool's own drives. Each commit writes the whole document, then the
 /// superblock, to every active drive; it is committed when a majority of the drives active in
 /// the new document *and* a majority of those active both before and after took it

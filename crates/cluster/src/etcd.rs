@@ -1,0 +1,458 @@
+//! A node's connection to etcd: its lease, kept alive, and the fenced transactions on a
+//! volume's keys (docs/design/cluster.md §2, §4).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+use parking_lot::Mutex;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::task::JoinHandle;
+
+use crate::records::{Keys, MembersRecord, NodeRecord, OutSlice, OwnerRecord, VolumeRecord};
+
+/// Why a cluster operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("etcd: {0}")]
+    Etcd(#[from] etcd_client::Error),
+    #[error("volume {volume} is owned by node {node}")]
+    Owned { volume: String, node: String },
+    #[error("volume {0} already exists")]
+    Exists(String),
+    #[error("no volume {0} in the cluster")]
+    NoSuchVolume(String),
+    #[error(
+        "this node no longer owns volume {volume} at epoch {epoch}: its lease expired or a newer owner took it"
+    )]
+    NotOwner { volume: String, epoch: u64 },
+    #[error("a malformed record at {key}: {why}")]
+    Record { key: String, why: String },
+    #[error(transparent)]
+    Engine(#[from] stria_engine::EngineError),
+    #[error(transparent)]
+    Volume(#[from] stria_engine::VolumeError),
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// Settings of a node's etcd session.
+#[derive(Clone, Debug)]
+pub struct SessionConfig {
+    pub endpoints: Vec<String>,
+    /// The node's name (unique in the cluster).
+    pub node: String,
+    /// Lease time to live. A dead node's volumes can be taken this long after its last renewal.
+    pub ttl: Duration,
+    /// Subtracted from the lease deadline to cover clock-rate drift between this node and
+    /// etcd's leader (docs/design/cluster.md §4.4).
+    pub margin: Duration,
+    pub keys: Keys,
+}
+
+impl SessionConfig {
+    pub fn new(endpoints: Vec<String>, node: &str) -> SessionConfig {
+        SessionConfig {
+            endpoints,
+            node: node.to_string(),
+            ttl: Duration::from_secs(5),
+            margin: Duration::from_millis(500),
+            keys: Keys::default(),
+        }
+    }
+}
+
+/// A node's session: an etcd client and the node's one lease, renewed every third of its TTL.
+pub struct Session {
+    client: Client,
+    config: SessionConfig,
+    lease: i64,
+    /// Until when this node may act on its ownerships: the send time of the last renewal etcd
+    /// acknowledged, plus the TTL, minus the margin (monotonic clock).
+    valid_until: Arc<Mutex<Instant>>,
+    keepalive: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("node", &self.config.node).field("lease", &self.lease).finish()
+    }
+}
+
+fn json<T: Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("records serialize")
+}
+
+fn parse<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, ClusterError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| ClusterError::Record { key: key.to_string(), why: e.to_string() })
+}
+
+impl Session {
+    /// Connects, grants the node's lease and registers the node under it.
+    pub async fn start(config: SessionConfig, record: &NodeRecord) -> Result<Session, ClusterError> {
+        let options = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(3))
+            .with_timeout(Duration::from_secs(5));
+        let mut client = Client::connect(&config.endpoints, Some(options)).await?;
+        let ttl_secs = i64::try_from(config.ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+        let granted_at = Instant::now();
+        let lease = client.lease_grant(ttl_secs, None).await?.id();
+        client
+            .put(config.keys.node(&config.node), json(record), Some(PutOptions::new().with_lease(lease)))
+            .await?;
+        let valid_until = Arc::new(Mutex::new(granted_at + config.ttl.saturating_sub(config.margin)));
+        let session = Session { client, config, lease, valid_until, keepalive: Mutex::new(None) };
+        let task = tokio::spawn(keep_alive(
+            session.client.clone(),
+            lease,
+            session.config.ttl,
+            session.config.margin,
+            Arc::clone(&session.valid_until),
+        ));
+        *session.keepalive.lock() = Some(task);
+        Ok(session)
+    }
+
+    pub fn node(&self) -> &str {
+        &self.config.node
+    }
+
+    pub fn keys(&self) -> &Keys {
+        &self.config.keys
+    }
+
+    pub fn lease(&self) -> i64 {
+        self.lease
+    }
+
+    /// True while the lease deadline holds on this node's clock: the node may serve its volumes.
+    pub fn lease_valid(&self) -> bool {
+        Instant::now() < *self.valid_until.lock()
+    }
+
+    /// Until when the lease is known to hold.
+    pub fn valid_until(&self) -> Instant {
+        *self.valid_until.lock()
+    }
+
+    /// Stops renewing the lease (a clean stop revokes it instead). Tests use it to make a
+    /// node look dead to etcd while its process goes on, as a paused or cut-off node would.
+    pub fn stop_renewing(&self) {
+        if let Some(task) = self.keepalive.lock().take() {
+            task.abort();
+        }
+    }
+
+    /// Revokes the lease: the node's key and every ownership bound to it go at once.
+    pub async fn revoke(&self) -> Result<(), ClusterError> {
+        self.stop_renewing();
+        self.client.clone().lease_revoke(self.lease).await?;
+        Ok(())
+    }
+
+    /// The nodes registered now.
+    pub async fn nodes(&self) -> Result<Vec<NodeRecord>, ClusterError> {
+        let prefix = self.config.keys.nodes();
+        let resp = self
+            .client
+            .clone()
+            .get(prefix.clone(), Some(etcd_client::GetOptions::new().with_prefix()))
+            .await?;
+        resp.kvs().iter().map(|kv| parse(&prefix, kv.value())).collect()
+    }
+
+    /// Creates a volume's spec and takes its ownership in one transaction; returns the epoch.
+    pub async fn create_volume(&self, spec: &VolumeRecord) -> Result<u64, ClusterError> {
+        let keys = &self.config.keys;
+        let (spec_key, owner_key) = (keys.spec(&spec.name), keys.owner(&spec.name));
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(spec_key.clone(), CompareOp::Equal, 0),
+                Compare::create_revision(owner_key.clone(), CompareOp::Equal, 0),
+            ])
+            .and_then([
+                TxnOp::put(spec_key, json(spec), None),
+                TxnOp::put(
+                    owner_key,
+                    json(&OwnerRecord { node: self.config.node.clone() }),
+                    Some(self.lease_put()),
+                ),
+            ]);
+        let resp = self.client.clone().txn(txn).await?;
+        if !resp.succeeded() {
+            return Err(ClusterError::Exists(spec.name.clone()));
+        }
+        Ok(revision(&resp))
+    }
+
+    /// Undoes a create that failed after [`Session::create_volume`]: deletes the volume's keys
+    /// if this node still owns it at `epoch`.
+    pub async fn abandon_create(&self, volume: &str, epoch: u64) -> Result<(), ClusterError> {
+        let keys = &self.config.keys;
+        let txn = Txn::new()
+            .when([Compare::mod_revision(keys.owner(volume), CompareOp::Equal, epoch_rev(epoch))])
+            .and_then([
+                TxnOp::delete(keys.spec(volume), None),
+                TxnOp::delete(keys.members(volume), None),
+                TxnOp::delete(keys.owner(volume), None),
+            ]);
+        self.client.clone().txn(txn).await?;
+        Ok(())
+    }
+
+    /// Takes ownership of `volume` if no live node holds it: one transaction, bound to this
+    /// node's lease. Returns the epoch (the revision of the put), higher than any before.
+    pub async fn take_ownership(&self, volume: &str) -> Result<u64, ClusterError> {
+        let keys = &self.config.keys;
+        let (spec_key, owner_key) = (keys.spec(volume), keys.owner(volume));
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(spec_key, CompareOp::Greater, 0),
+                Compare::create_revision(owner_key.clone(), CompareOp::Equal, 0),
+            ])
+            .and_then([TxnOp::put(
+                owner_key.clone(),
+                json(&OwnerRecord { node: self.config.node.clone() }),
+                Some(self.lease_put()),
+            )])
+            .or_else([TxnOp::get(owner_key.clone(), None)]);
+        let resp = self.client.clone().txn(txn).await?;
+        if resp.succeeded() {
+            return Ok(revision(&resp));
+        }
+        for op in resp.op_responses() {
+            if let TxnOpResponse::Get(get) = op
+                && let Some(kv) = get.kvs().first()
+            {
+                let owner: OwnerRecord = parse(&owner_key, kv.value())?;
+                return Err(ClusterError::Owned { volume: volume.to_string(), node: owner.node });
+            }
+        }
+        Err(ClusterError::NoSuchVolume(volume.to_string()))
+    }
+
+    /// Gives up ownership taken at `epoch` (no-op if a newer owner holds it).
+    pub async fn release(&self, volume: &str, epoch: u64) -> Result<(), ClusterError> {
+        let owner_key = self.config.keys.owner(volume);
+        let txn = Txn::new()
+            .when([Compare::mod_revision(owner_key.clone(), CompareOp::Equal, epoch_rev(epoch))])
+            .and_then([TxnOp::delete(owner_key, None)]);
+        self.client.clone().txn(txn).await?;
+        Ok(())
+    }
+
+    /// Writes the volume's members if this node still owns it at `epoch` (a fenced write:
+    /// an owner superseded, however long it was paused, cannot change them).
+    pub async fn put_members(
+        &self,
+        volume: &str,
+        epoch: u64,
+        members: &MembersRecord,
+    ) -> Result<(), ClusterError> {
+        let keys = &self.config.keys;
+        let owner_key = keys.owner(volume);
+        let txn = Txn::new()
+            .when([Compare::mod_revision(owner_key, CompareOp::Equal, epoch_rev(epoch))])
+            .and_then([TxnOp::put(keys.members(volume), json(members), None)]);
+        let resp = self.client.clone().txn(txn).await?;
+        if !resp.succeeded() {
+            return Err(ClusterError::NotOwner { volume: volume.to_string(), epoch });
+        }
+        Ok(())
+    }
+
+    /// A volume's spec, owner (node and epoch) and members.
+    pub async fn volume(
+        &self,
+        volume: &str,
+    ) -> Result<(VolumeRecord, Option<(OwnerRecord, u64)>, MembersRecord), ClusterError> {
+        let keys = &self.config.keys;
+        let mut client = self.client.clone();
+        let spec_key = keys.spec(volume);
+        let spec = client.get(spec_key.clone(), None).await?;
+        let spec: VolumeRecord = match spec.kvs().first() {
+            Some(kv) => parse(&spec_key, kv.value())?,
+            None => return Err(ClusterError::NoSuchVolume(volume.to_string())),
+        };
+        let owner_key = keys.owner(volume);
+        let owner = client.get(owner_key.clone(), None).await?;
+        let owner = match owner.kvs().first() {
+            Some(kv) => Some((parse(&owner_key, kv.value())?, u64::try_from(kv.mod_revision()).unwrap_or(0))),
+            None => None,
+        };
+        let members_key = keys.members(volume);
+        let members = client.get(members_key.clone(), None).await?;
+        let members = match members.kvs().first() {
+            Some(kv) => parse(&members_key, kv.value())?,
+            None => MembersRecord::default(),
+        };
+        Ok((spec, owner, members))
+    }
+
+    /// The guard of a coordinated volume's pool ([`MembersGuard`]).
+    pub fn members_guard(&self, volume: &str, epoch: u64, members: MembersRecord) -> MembersGuard {
+        MembersGuard {
+            client: self.client.clone(),
+            keys: self.config.keys.clone(),
+            volume: volume.to_string(),
+            epoch,
+            last: Mutex::new(members),
+        }
+    }
+
+    fn lease_put(&self) -> PutOptions {
+        PutOptions::new().with_lease(self.lease)
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.stop_renewing();
+    }
+}
+
+fn revision(resp: &etcd_client::TxnResponse) -> u64 {
+    resp.header().map(|h| u64::try_from(h.revision()).unwrap_or(0)).unwrap_or(0)
+}
+
+fn epoch_rev(epoch: u64) -> i64 {
+    i64::try_from(epoch).unwrap_or(i64::MAX)
+}
+
+/// Renews the lease every third of its TTL. The deadline moves only on an acknowledged
+/// renewal, and then to the time the renewal was *sent* plus the TTL, minus the margin: etcd
+/// cannot let the lease expire before that on its own clock (assuming bounded clock-rate drift).
+async fn keep_alive(
+    client: Client,
+    lease: i64,
+    ttl: Duration,
+    margin: Duration,
+    valid_until: Arc<Mutex<Instant>>,
+) {
+    let period = ttl / 3;
+    let mut stream = None;
+    loop {
+        let sent = Instant::now();
+        let renewed = renew(&client, lease, &mut stream);
+        match tokio::time::timeout(period, renewed).await {
+            Ok(Ok(ttl_left)) if ttl_left > 0 => {
+                let until = sent + ttl.saturating_sub(margin);
+                let mut v = valid_until.lock();
+                if until > *v {
+                    *v = until;
+                }
+            }
+            Ok(Ok(_)) => {
+                tracing::error!(lease, "the node's lease expired; its volumes may be taken by other nodes");
+                return;
+            }
+            Ok(Err(e)) => {
+                stream = None;
+                tracing::warn!(lease, error = %e, "lease renewal failed; retrying");
+            }
+            Err(_) => {
+                stream = None;
+                tracing::warn!(lease, "lease renewal timed out; retrying");
+            }
+        }
+        tokio::time::sleep_until((sent + period).into()).await;
+    }
+}
+
+type KeepAlive = (etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream);
+
+/// One renewal on the lease's keep-alive stream (opened again after an error); the TTL left.
+async fn renew(
+    client: &Client,
+    lease: i64,
+    stream: &mut Option<KeepAlive>,
+) -> Result<i64, etcd_client::Error> {
+    if stream.is_none() {
+        *stream = Some(client.clone().lease_keep_alive(lease).await?);
+    }
+    let (keeper, responses) = stream.as_mut().expect("opened above");
+    keeper.keep_alive().await?;
+    match responses.message().await? {
+        Some(r) => Ok(r.ttl()),
+        None => Err(etcd_client::Error::InvalidArgs("the keep-alive stream ended".into())),
+    }
+}
+
+/// The commit guard of a coordinated volume's pool: before the engine commits a metadata
+/// change, checks in one transaction that this node still owns the volume at its epoch, and
+/// writes the members in service as the new document says (a drive the document fails goes
+/// `out`). So a member leaves service in etcd before any drive records it, and an owner that
+/// was superseded — however long it was paused — commits nothing (docs/design/cluster.md §4.1).
+pub struct MembersGuard {
+    client: Client,
+    keys: Keys,
+    volume: String,
+    epoch: u64,
+    /// The members last written. A slice is matched to its drive by the drive's path hint
+    /// (`node/slice-N`, set when the pool was created or opened).
+    last: Mutex<MembersRecord>,
+}
+
+impl std::fmt::Debug for MembersGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MembersGuard").field("volume", &self.volume).field("epoch", &self.epoch).finish()
+    }
+}
+
+impl MembersGuard {
+    /// The members `next` implies: the slices whose drives it lists as active stay in
+    /// service; the others go out (once, with the reason the document gives).
+    fn members_for(&self, next: &stria_engine::PoolMeta) -> MembersRecord {
+        let last = self.last.lock().clone();
+        let mut members = MembersRecord { epoch: self.epoch, in_service: Vec::new(), out: last.out.clone() };
+        for slice in &last.in_service {
+            let name = slice.to_string();
+            let record = next.drives.iter().find(|d| d.path_hint == name);
+            match record {
+                Some(d) if d.state == stria_engine::DriveState::Failed => members.out.push(OutSlice {
+                    slice: slice.clone(),
+                    epoch: self.epoch,
+                    since_unix: now_unix(),
+                    reason: d.failed_reason.clone().unwrap_or_else(|| "failed".into()),
+                }),
+                _ => members.in_service.push(slice.clone()),
+            }
+        }
+        members
+    }
+
+    async fn check(&self, next: &stria_engine::PoolMeta) -> Result<(), ClusterError> {
+        let members = self.members_for(next);
+        let unchanged = members.in_service == self.last.lock().in_service;
+        let guard =
+            Compare::mod_revision(self.keys.owner(&self.volume), CompareOp::Equal, epoch_rev(self.epoch));
+        let ops = if unchanged {
+            Vec::new()
+        } else {
+            vec![TxnOp::put(self.keys.members(&self.volume), json(&members), None)]
+        };
+        let resp = self.client.clone().txn(Txn::new().when([guard]).and_then(ops)).await?;
+        if !resp.succeeded() {
+            return Err(ClusterError::NotOwner { volume: self.volume.clone(), epoch: self.epoch });
+        }
+        if !unchanged {
+            *self.last.lock() = members;
+        }
+        Ok(())
+    }
+}
+
+impl stria_engine::CommitGuard for MembersGuard {
+    fn allow<'a>(
+        &'a self,
+        next: &'a stria_engine::PoolMeta,
+    ) -> futures::future::BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move { self.check(next).await.map_err(|e| e.to_string()) })
+    }
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}

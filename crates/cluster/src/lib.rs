@@ -1,0 +1,16 @@
+//! stria nodes on etcd (docs/design/cluster.md).
+//!
+//! etcd holds configuration, membership, leases and volume ownership — nothing per I/O. A node
+//! keeps one lease ([`Session`]); the coordinator of a volume owns it with a key bound to that
+//! lease, and the revision of that key is the volume's fencing epoch, which the coordinator
+//! persists on every slice before it serves ([`coordinator`]). Changing which slices are in
+//! service is a transaction that checks the owner key is still the one it created.
+
+pub mod coordinator;
+pub mod etcd;
+pub mod placement;
+pub mod records;
+
+pub use coordinator::{Coordinated, create, take};
+pub use etcd::{ClusterError, Session, SessionConfig};
+pub use records::{Keys, MembersRecord, NodeRecord, OutSlice, OwnerRecord, SliceRef, VolumeRecord};

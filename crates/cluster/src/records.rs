@@ -1,0 +1,112 @@
+//! The values stria keeps in etcd (docs/design/cluster.md §2), as JSON. All small: a handful of
+//! keys per volume and one per node, none written per I/O.
+
+use serde::{Deserialize, Serialize};
+use stria_engine::Layout;
+
+/// Where the keys live: `<prefix>/nodes/<node>`, `<prefix>/owners/<vol>`,
+/// `<prefix>/volumes/<vol>/{spec,members}`.
+#[derive(Clone, Debug)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    /// Keys under `prefix` (`/stria/v1` by default; tests use one prefix each).
+    pub fn new(prefix: &str) -> Keys {
+        Keys { prefix: prefix.trim_end_matches('/').to_string() }
+    }
+
+    pub fn node(&self, node: &str) -> String {
+        format!("{}/nodes/{node}", self.prefix)
+    }
+
+    pub fn nodes(&self) -> String {
+        format!("{}/nodes/", self.prefix)
+    }
+
+    pub fn spec(&self, volume: &str) -> String {
+        format!("{}/volumes/{volume}/spec", self.prefix)
+    }
+
+    /// Owner keys have a prefix of their own, so one watch sees every ownership change and
+    /// nothing else (docs/design/cluster.md §2).
+    pub fn owner(&self, volume: &str) -> String {
+        format!("{}/owners/{volume}", self.prefix)
+    }
+
+    pub fn members(&self, volume: &str) -> String {
+        format!("{}/volumes/{volume}/members", self.prefix)
+    }
+}
+
+impl Default for Keys {
+    fn default() -> Keys {
+        Keys::new("/stria/v1")
+    }
+}
+
+/// `nodes/<node>`: a node process, bound to its lease (gone when the node is).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub name: String,
+    /// Where its slice server listens.
+    pub slice_addr: String,
+    /// Where it serves volumes to clients (NBD), if it does.
+    #[serde(default)]
+    pub nbd_addr: Option<String>,
+}
+
+/// A slice of some node: where a member of a volume lives.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SliceRef {
+    pub node: String,
+    /// The node's slice-server address.
+    pub addr: String,
+    pub slice: u32,
+}
+
+impl std::fmt::Display for SliceRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/slice-{}", self.node, self.slice)
+    }
+}
+
+/// `volumes/<vol>/spec`: what the volume is (written once, at create).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    pub name: String,
+    pub layout: Layout,
+    pub size_bytes: u64,
+    pub chunk_bytes: u64,
+    /// Every slice the volume's pool was made of.
+    pub slices: Vec<SliceRef>,
+}
+
+/// `owners/<vol>`: the node coordinating the volume, bound to that node's lease. The
+/// revision of the put that created it is the volume's epoch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnerRecord {
+    pub node: String,
+}
+
+/// A slice taken out of service, and since when.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutSlice {
+    pub slice: SliceRef,
+    /// The epoch of the owner that took it out.
+    pub epoch: u64,
+    pub since_unix: u64,
+    pub reason: String,
+}
+
+/// `volumes/<vol>/members`: which slices are in service. Written only by the owner, with a
+/// transaction that checks the owner key is still the one it created (a fenced etcd write).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MembersRecord {
+    /// The epoch of the owner that wrote this.
+    pub epoch: u64,
+    pub in_service: Vec<SliceRef>,
+    #[serde(default)]
+    pub out: Vec<OutSlice>,
+}

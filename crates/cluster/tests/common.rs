@@ -1,0 +1,169 @@
+//! A real etcd member per test (its own ports and data directory, stopped with SIGTERM then
+//! SIGKILL), slice servers on 127.0.0.1, and a proxy whose new connections a test can refuse.
+
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use stria_cluster::{Keys, NodeRecord, Session, SessionConfig, SliceRef};
+use stria_dev::mem::MemDevice;
+use stria_slice::{Slice, SliceSet, serve};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// One etcd member, started for a test and stopped when dropped.
+pub(crate) struct Etcd {
+    child: Child,
+    pub(crate) endpoint: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Etcd {
+    pub(crate) async fn start() -> Etcd {
+        let dir = tempfile::tempdir().unwrap();
+        let (client, peer) = (free_port(), free_port());
+        let endpoint = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let log = std::fs::File::create(dir.path().join("etcd.log")).unwrap();
+        let child = Command::new("etcd")
+            .args(["--name", "t", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .args(["--listen-client-urls", &endpoint, "--advertise-client-urls", &endpoint])
+            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("t={peer_url}")])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("etcd is not installed: `apt-get install etcd-server` (scripts/test.sh does)");
+        let etcd = Etcd { child, endpoint, _dir: dir };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ready = async {
+                let mut c = etcd_client::Client::connect([&etcd.endpoint], None).await.ok()?;
+                c.get("ready", None).await.ok()
+            };
+            if tokio::time::timeout(Duration::from_secs(2), ready).await.ok().flatten().is_some() {
+                return etcd;
+            }
+            assert!(Instant::now() < deadline, "etcd did not answer within 20 s");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A node's session on this etcd with a short lease (`ttl`).
+    pub(crate) async fn session(&self, node: &str, ttl: Duration) -> Session {
+        let mut config = SessionConfig::new(vec![self.endpoint.clone()], node);
+        config.ttl = ttl;
+        config.margin = Duration::from_millis(200);
+        config.keys = Keys::new("/stria-test/v1");
+        let record = NodeRecord { name: node.into(), slice_addr: "127.0.0.1:0".into(), nbd_addr: None };
+        Session::start(config, &record).await.unwrap()
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let pid = libc::pid_t::try_from(self.child.id()).unwrap();
+        // SAFETY: kill(2) on our own child's pid, which is not reaped until wait() below.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A node's slice server with memory slices.
+pub(crate) struct SliceNode {
+    pub(crate) name: String,
+    pub(crate) addr: SocketAddr,
+    pub(crate) slices: Arc<SliceSet<Arc<MemDevice>>>,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl SliceNode {
+    pub(crate) async fn start(name: &str, slices: u32, bytes: u64) -> SliceNode {
+        let mut list = Vec::new();
+        for id in 0..slices {
+            let dev = Arc::new(MemDevice::new(&format!("{name}-{id}"), bytes + 4096));
+            list.push(Slice::format(id, dev).await.unwrap());
+        }
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let slices = Arc::new(SliceSet::new(list));
+        let task = tokio::spawn(serve(listener, Arc::clone(&slices)));
+        SliceNode { name: name.into(), addr, slices, task }
+    }
+
+    pub(crate) fn slice(&self, id: u32) -> SliceRef {
+        SliceRef { node: self.name.clone(), addr: self.addr.to_string(), slice: id }
+    }
+}
+
+impl Drop for SliceNode {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A TCP proxy: connections made through it keep working after [`Proxy::refuse_new`], new ones
+/// are refused (a node cut off from one peer but not from another).
+pub(crate) struct Proxy {
+    pub(crate) addr: SocketAddr,
+    accept: JoinHandle<()>,
+    conns: Arc<parking_lot::Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl Proxy {
+    pub(crate) async fn start(to: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let conns: Arc<parking_lot::Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let held = Arc::clone(&conns);
+        let accept = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                held.lock().push(tokio::spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(to).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                }));
+            }
+        });
+        Proxy { addr, accept, conns }
+    }
+
+    pub(crate) fn refuse_new(&self) {
+        self.accept.abort();
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        for c in self.conns.lock().drain(..) {
+            c.abort();
+        }
+    }
+}
+
+/// The bytes of register `block` holding value `(writer, seq)`: unique per write, checkable.
+pub(crate) fn register(block: u64, writer: u8, seq: u32) -> Vec<u8> {
+    let mut b = vec![0u8; 4096];
+    b[0..8].copy_from_slice(&block.to_le_bytes());
+    b[8] = writer;
+    b[9..13].copy_from_slice(&seq.to_le_bytes());
+    for (i, x) in b[16..].iter_mut().enumerate() {
+        *x = (i as u8) ^ writer ^ (seq as u8) ^ (block as u8);
+    }
+    b
+}
