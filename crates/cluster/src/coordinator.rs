@@ -165,7 +165,13 @@ async fn take_at(
     epoch: u64,
 ) -> Result<Coordinated, ClusterError> {
     let (spec, _, old) = session.volume(volume).await?;
-    let in_service = if old.in_service.is_empty() { spec.slices.clone() } else { old.in_service.clone() };
+    if old.epoch == 0 {
+        // No owner ever wrote the members: the volume was only specified (`stria cluster
+        // volume create`), and its first owner makes the pool. No client was served before
+        // the members were written, so a first owner that died half way left nothing to keep.
+        return create_at(session, runtime, &spec, epoch).await;
+    }
+    let in_service = old.in_service.clone();
     let fenced = join_all(in_service.iter().map(|slice| fence_one(runtime, volume, slice, epoch))).await;
     let mut found = Vec::new();
     let mut members = MembersRecord { epoch, in_service: Vec::new(), out: old.out.clone() };
@@ -192,9 +198,12 @@ async fn take_at(
             in_service.len() - tolerance(spec.layout)
         )));
     }
-    // Before anything is served without a slice, etcd must say it is out (a fenced write).
-    session.put_members(volume, epoch, &members).await?;
+    // Assemble first: a pool that cannot open (too few of its drives) changes nothing in etcd,
+    // so the slices not reached stay in service and a later try fences them again. Assembly
+    // may record on the fenced slices that the unreached ones are missing; no client is served
+    // before etcd says the same (a fenced write), just below.
     let pool = Pool::open(found).await?;
+    session.put_members(volume, epoch, &members).await?;
     let volume_handle = pool
         .volume(volume)
         .ok_or_else(|| ClusterError::Unavailable(format!("the pool of {volume} holds no volume {volume}")))?;

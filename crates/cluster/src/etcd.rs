@@ -37,6 +37,120 @@ pub enum ClusterError {
     Unavailable(String),
 }
 
+/// The cluster's records in etcd, read and specified without a lease (what `stria cluster`
+/// uses; a node's [`Session`] derefs to one).
+#[derive(Clone)]
+pub struct Cluster {
+    client: Client,
+    keys: Keys,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster").field("keys", &self.keys).finish()
+    }
+}
+
+impl Cluster {
+    /// Connects to etcd (3 s to connect, 5 s per request).
+    pub async fn connect(endpoints: &[String], keys: Keys) -> Result<Cluster, ClusterError> {
+        let options = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(3))
+            .with_timeout(Duration::from_secs(5));
+        Ok(Cluster { client: Client::connect(endpoints, Some(options)).await?, keys })
+    }
+
+    /// The nodes registered now.
+    pub async fn nodes(&self) -> Result<Vec<NodeRecord>, ClusterError> {
+        let prefix = self.keys.nodes();
+        let resp = self
+            .client
+            .clone()
+            .get(prefix.clone(), Some(etcd_client::GetOptions::new().with_prefix()))
+            .await?;
+        resp.kvs().iter().map(|kv| parse(&prefix, kv.value())).collect()
+    }
+
+    /// Writes a new volume's spec, without taking it: the first node that takes it makes its
+    /// pool (`coordinator::take`).
+    pub async fn put_spec(&self, spec: &VolumeRecord) -> Result<(), ClusterError> {
+        let key = self.keys.spec(&spec.name);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key, json(spec), None)]);
+        if !self.client.clone().txn(txn).await?.succeeded() {
+            return Err(ClusterError::Exists(spec.name.clone()));
+        }
+        Ok(())
+    }
+
+    /// Every volume's spec.
+    pub async fn specs(&self) -> Result<Vec<VolumeRecord>, ClusterError> {
+        let prefix = self.keys.volumes();
+        let resp = self
+            .client
+            .clone()
+            .get(prefix.clone(), Some(etcd_client::GetOptions::new().with_prefix()))
+            .await?;
+        resp.kvs()
+            .iter()
+            .filter(|kv| kv.key().ends_with(b"/spec"))
+            .map(|kv| parse(&prefix, kv.value()))
+            .collect()
+    }
+
+    /// Who owns each owned volume, with its epoch.
+    pub async fn owners(&self) -> Result<Vec<(String, OwnerRecord, u64)>, ClusterError> {
+        let prefix = self.keys.owners();
+        let resp = self
+            .client
+            .clone()
+            .get(prefix.clone(), Some(etcd_client::GetOptions::new().with_prefix()))
+            .await?;
+        let mut out = Vec::new();
+        for kv in resp.kvs() {
+            let volume = String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
+            out.push((volume, parse(&prefix, kv.value())?, u64::try_from(kv.mod_revision()).unwrap_or(0)));
+        }
+        Ok(out)
+    }
+
+    /// A volume's spec, owner (node and epoch) and members.
+    pub async fn volume(
+        &self,
+        volume: &str,
+    ) -> Result<(VolumeRecord, Option<(OwnerRecord, u64)>, MembersRecord), ClusterError> {
+        let keys = &self.keys;
+        let mut client = self.client.clone();
+        let spec_key = keys.spec(volume);
+        let spec = client.get(spec_key.clone(), None).await?;
+        let spec: VolumeRecord = match spec.kvs().first() {
+            Some(kv) => parse(&spec_key, kv.value())?,
+            None => return Err(ClusterError::NoSuchVolume(volume.to_string())),
+        };
+        let owner_key = keys.owner(volume);
+        let owner = client.get(owner_key.clone(), None).await?;
+        let owner = match owner.kvs().first() {
+            Some(kv) => Some((parse(&owner_key, kv.value())?, u64::try_from(kv.mod_revision()).unwrap_or(0))),
+            None => None,
+        };
+        let members_key = keys.members(volume);
+        let members = client.get(members_key.clone(), None).await?;
+        let members = match members.kvs().first() {
+            Some(kv) => parse(&members_key, kv.value())?,
+            None => MembersRecord::default(),
+        };
+        Ok((spec, owner, members))
+    }
+}
+
+impl std::ops::Deref for Session {
+    type Target = Cluster;
+    fn deref(&self) -> &Cluster {
+        &self.cluster
+    }
+}
+
 /// Settings of a node's etcd session.
 #[derive(Clone, Debug)]
 pub struct SessionConfig {
@@ -65,7 +179,7 @@ impl SessionConfig {
 
 /// A node's session: an etcd client and the node's one lease, renewed every third of its TTL.
 pub struct Session {
-    client: Client,
+    cluster: Cluster,
     config: SessionConfig,
     lease: i64,
     /// Until when this node may act on its ownerships: the send time of the last renewal etcd
@@ -103,9 +217,10 @@ impl Session {
             .put(config.keys.node(&config.node), json(record), Some(PutOptions::new().with_lease(lease)))
             .await?;
         let valid_until = Arc::new(Mutex::new(granted_at + config.ttl.saturating_sub(config.margin)));
-        let session = Session { client, config, lease, valid_until, keepalive: Mutex::new(None) };
+        let cluster = Cluster { client, keys: config.keys.clone() };
+        let session = Session { cluster, config, lease, valid_until, keepalive: Mutex::new(None) };
         let task = tokio::spawn(keep_alive(
-            session.client.clone(),
+            session.cluster.client.clone(),
             lease,
             session.config.ttl,
             session.config.margin,
@@ -120,7 +235,12 @@ impl Session {
     }
 
     pub fn keys(&self) -> &Keys {
-        &self.config.keys
+        &self.cluster.keys
+    }
+
+    /// The cluster as this session sees it (also reachable through `Deref`).
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
     }
 
     pub fn lease(&self) -> i64 {
@@ -148,24 +268,13 @@ impl Session {
     /// Revokes the lease: the node's key and every ownership bound to it go at once.
     pub async fn revoke(&self) -> Result<(), ClusterError> {
         self.stop_renewing();
-        self.client.clone().lease_revoke(self.lease).await?;
+        self.cluster.client.clone().lease_revoke(self.lease).await?;
         Ok(())
-    }
-
-    /// The nodes registered now.
-    pub async fn nodes(&self) -> Result<Vec<NodeRecord>, ClusterError> {
-        let prefix = self.config.keys.nodes();
-        let resp = self
-            .client
-            .clone()
-            .get(prefix.clone(), Some(etcd_client::GetOptions::new().with_prefix()))
-            .await?;
-        resp.kvs().iter().map(|kv| parse(&prefix, kv.value())).collect()
     }
 
     /// Creates a volume's spec and takes its ownership in one transaction; returns the epoch.
     pub async fn create_volume(&self, spec: &VolumeRecord) -> Result<u64, ClusterError> {
-        let keys = &self.config.keys;
+        let keys = &self.cluster.keys;
         let (spec_key, owner_key) = (keys.spec(&spec.name), keys.owner(&spec.name));
         let txn = Txn::new()
             .when([
@@ -180,17 +289,22 @@ impl Session {
                     Some(self.lease_put()),
                 ),
             ]);
-        let resp = self.client.clone().txn(txn).await?;
+        let resp = self.cluster.client.clone().txn(txn).await?;
         if !resp.succeeded() {
             return Err(ClusterError::Exists(spec.name.clone()));
         }
         Ok(revision(&resp))
     }
 
+    /// True while the keep-alive task runs (false once the lease expired or renewing stopped).
+    pub fn renewing(&self) -> bool {
+        self.keepalive.lock().as_ref().is_some_and(|t| !t.is_finished())
+    }
+
     /// Undoes a create that failed after [`Session::create_volume`]: deletes the volume's keys
     /// if this node still owns it at `epoch`.
     pub async fn abandon_create(&self, volume: &str, epoch: u64) -> Result<(), ClusterError> {
-        let keys = &self.config.keys;
+        let keys = &self.cluster.keys;
         let txn = Txn::new()
             .when([Compare::mod_revision(keys.owner(volume), CompareOp::Equal, epoch_rev(epoch))])
             .and_then([
@@ -198,14 +312,14 @@ impl Session {
                 TxnOp::delete(keys.members(volume), None),
                 TxnOp::delete(keys.owner(volume), None),
             ]);
-        self.client.clone().txn(txn).await?;
+        self.cluster.client.clone().txn(txn).await?;
         Ok(())
     }
 
     /// Takes ownership of `volume` if no live node holds it: one transaction, bound to this
     /// node's lease. Returns the epoch (the revision of the put), higher than any before.
     pub async fn take_ownership(&self, volume: &str) -> Result<u64, ClusterError> {
-        let keys = &self.config.keys;
+        let keys = &self.cluster.keys;
         let (spec_key, owner_key) = (keys.spec(volume), keys.owner(volume));
         let txn = Txn::new()
             .when([
@@ -218,7 +332,7 @@ impl Session {
                 Some(self.lease_put()),
             )])
             .or_else([TxnOp::get(owner_key.clone(), None)]);
-        let resp = self.client.clone().txn(txn).await?;
+        let resp = self.cluster.client.clone().txn(txn).await?;
         if resp.succeeded() {
             return Ok(revision(&resp));
         }
@@ -235,11 +349,11 @@ impl Session {
 
     /// Gives up ownership taken at `epoch` (no-op if a newer owner holds it).
     pub async fn release(&self, volume: &str, epoch: u64) -> Result<(), ClusterError> {
-        let owner_key = self.config.keys.owner(volume);
+        let owner_key = self.cluster.keys.owner(volume);
         let txn = Txn::new()
             .when([Compare::mod_revision(owner_key.clone(), CompareOp::Equal, epoch_rev(epoch))])
             .and_then([TxnOp::delete(owner_key, None)]);
-        self.client.clone().txn(txn).await?;
+        self.cluster.client.clone().txn(txn).await?;
         Ok(())
     }
 
@@ -251,51 +365,23 @@ impl Session {
         epoch: u64,
         members: &MembersRecord,
     ) -> Result<(), ClusterError> {
-        let keys = &self.config.keys;
+        let keys = &self.cluster.keys;
         let owner_key = keys.owner(volume);
         let txn = Txn::new()
             .when([Compare::mod_revision(owner_key, CompareOp::Equal, epoch_rev(epoch))])
             .and_then([TxnOp::put(keys.members(volume), json(members), None)]);
-        let resp = self.client.clone().txn(txn).await?;
+        let resp = self.cluster.client.clone().txn(txn).await?;
         if !resp.succeeded() {
             return Err(ClusterError::NotOwner { volume: volume.to_string(), epoch });
         }
         Ok(())
     }
 
-    /// A volume's spec, owner (node and epoch) and members.
-    pub async fn volume(
-        &self,
-        volume: &str,
-    ) -> Result<(VolumeRecord, Option<(OwnerRecord, u64)>, MembersRecord), ClusterError> {
-        let keys = &self.config.keys;
-        let mut client = self.client.clone();
-        let spec_key = keys.spec(volume);
-        let spec = client.get(spec_key.clone(), None).await?;
-        let spec: VolumeRecord = match spec.kvs().first() {
-            Some(kv) => parse(&spec_key, kv.value())?,
-            None => return Err(ClusterError::NoSuchVolume(volume.to_string())),
-        };
-        let owner_key = keys.owner(volume);
-        let owner = client.get(owner_key.clone(), None).await?;
-        let owner = match owner.kvs().first() {
-            Some(kv) => Some((parse(&owner_key, kv.value())?, u64::try_from(kv.mod_revision()).unwrap_or(0))),
-            None => None,
-        };
-        let members_key = keys.members(volume);
-        let members = client.get(members_key.clone(), None).await?;
-        let members = match members.kvs().first() {
-            Some(kv) => parse(&members_key, kv.value())?,
-            None => MembersRecord::default(),
-        };
-        Ok((spec, owner, members))
-    }
-
     /// The guard of a coordinated volume's pool ([`MembersGuard`]).
     pub fn members_guard(&self, volume: &str, epoch: u64, members: MembersRecord) -> MembersGuard {
         MembersGuard {
-            client: self.client.clone(),
-            keys: self.config.keys.clone(),
+            client: self.cluster.client.clone(),
+            keys: self.cluster.keys.clone(),
             volume: volume.to_string(),
             epoch,
             last: Mutex::new(members),

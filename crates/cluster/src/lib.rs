@@ -8,9 +8,14 @@
 
 pub mod coordinator;
 pub mod etcd;
+pub mod node;
 pub mod placement;
 pub mod records;
 
 pub use coordinator::{Coordinated, create, take};
 pub use etcd::{ClusterError, Session, SessionConfig};
-pub use records::{Keys, MembersRecord, NodeRecord, OutSlice, OwnerRecord, SliceRef, VolumeRecord};
+pub use node::{Node, NodeConfig, prepare_slices};
+pub use records::{
+    Keys, MembersRecord, NodeRecord, OutSlice, OwnerRecord, SliceInfoRecord, SliceRef, VolumeRecord,
+    parse_layout,
+};

@@ -35,6 +35,14 @@ impl Keys {
         format!("{}/owners/{volume}", self.prefix)
     }
 
+    pub fn volumes(&self) -> String {
+        format!("{}/volumes/", self.prefix)
+    }
+
+    pub fn owners(&self) -> String {
+        format!("{}/owners/", self.prefix)
+    }
+
     pub fn members(&self, volume: &str) -> String {
         format!("{}/volumes/{volume}/members", self.prefix)
     }
@@ -55,6 +63,16 @@ pub struct NodeRecord {
     /// Where it serves volumes to clients (NBD), if it does.
     #[serde(default)]
     pub nbd_addr: Option<String>,
+    /// The slices it serves.
+    #[serde(default)]
+    pub slices: Vec<SliceInfoRecord>,
+}
+
+/// A slice a node serves: its id and usable bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SliceInfoRecord {
+    pub id: u32,
+    pub bytes: u64,
 }
 
 /// A slice of some node: where a member of a volume lives.
@@ -109,4 +127,26 @@ pub struct MembersRecord {
     pub in_service: Vec<SliceRef>,
     #[serde(default)]
     pub out: Vec<OutSlice>,
+}
+
+/// Parses a plain layout as the CLI writes it: `raid0:N`, `raid1:N` (or `mirror:N`),
+/// `raid10:WxC`, `ec:K+M`.
+pub fn parse_layout(text: &str) -> Result<Layout, String> {
+    let bad = || format!("unknown layout {text:?} (raid0:N, raid1:N or mirror:N, raid10:WxC, ec:K+M)");
+    let (kind, rest) = text.split_once(':').ok_or_else(bad)?;
+    let num = |s: &str| s.parse::<u32>().ok().filter(|&n| n > 0).ok_or_else(bad);
+    let layout = match kind {
+        "raid0" => Layout::Raid0 { width: num(rest)? },
+        "raid1" | "mirror" => Layout::Raid1 { copies: num(rest)? },
+        "raid10" => {
+            let (w, c) = rest.split_once('x').ok_or_else(bad)?;
+            Layout::Raid10 { width: num(w)?, copies: num(c)? }
+        }
+        "ec" => {
+            let (k, m) = rest.split_once('+').ok_or_else(bad)?;
+            Layout::Ec { data_shards: num(k)?, parity_shards: num(m)? }
+        }
+        _ => return Err(bad()),
+    };
+    Ok(layout)
 }

@@ -61,7 +61,12 @@ impl Etcd {
         config.ttl = ttl;
         config.margin = Duration::from_millis(200);
         config.keys = Keys::new("/stria-test/v1");
-        let record = NodeRecord { name: node.into(), slice_addr: "127.0.0.1:0".into(), nbd_addr: None };
+        let record = NodeRecord {
+            name: node.into(),
+            slice_addr: "127.0.0.1:0".into(),
+            nbd_addr: None,
+            slices: Vec::new(),
+        };
         Session::start(config, &record).await.unwrap()
     }
 }

@@ -69,6 +69,82 @@ pub(crate) enum Command {
     /// Create the default demo pool if there is none (2 fast + 6 capacity file drives and a
     /// tiered:ec:4+2 volume vol0), then serve it.
     Up(UpArgs),
+    /// Run a cluster node (docs/design/cluster.md): serve its slices to the other nodes, take
+    /// volumes nobody owns, serve the ones it owns over NBD. Needs etcd.
+    #[command(subcommand)]
+    Node(NodeCmd),
+    /// Look at and change the cluster in etcd: status, volumes.
+    #[command(subcommand)]
+    Cluster(ClusterCmd),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum NodeCmd {
+    /// Run the node until SIGTERM or SIGINT (then it closes its volumes and gives them up).
+    Run(NodeRunArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct NodeRunArgs {
+    /// The node's name, unique in the cluster.
+    #[arg(long)]
+    pub(crate) name: String,
+    /// etcd endpoints, comma-separated (http://HOST:PORT).
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub(crate) etcd: Vec<String>,
+    /// The node's directory (its slice files live in DIR/slices).
+    #[arg(long)]
+    pub(crate) dir: PathBuf,
+    /// Where the slice server listens (the other nodes reach this node's slices there).
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    pub(crate) listen: String,
+    /// Where the NBD server listens (clients connect to the owner of a volume).
+    #[arg(long, default_value = "127.0.0.1:10809")]
+    pub(crate) nbd: String,
+    /// Create this many slice files if they do not exist yet (needs --slice-size).
+    #[arg(long)]
+    pub(crate) slices: Option<u32>,
+    /// Usable bytes per new slice, e.g. 1G.
+    #[arg(long, value_parser = parse_size)]
+    pub(crate) slice_size: Option<u64>,
+    /// Lease time to live in seconds: a dead node's volumes move this long after its last renewal.
+    #[arg(long, default_value = "5")]
+    pub(crate) ttl: u64,
+    /// etcd key prefix (one cluster per prefix).
+    #[arg(long, default_value = "/stria/v1")]
+    pub(crate) prefix: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ClusterCmd {
+    /// Nodes (with their slices), volumes (owner, epoch, members in and out).
+    Status {
+        #[arg(long, value_delimiter = ',', required = true)]
+        etcd: Vec<String>,
+        #[arg(long, default_value = "/stria/v1")]
+        prefix: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Specify a new volume: its slices are placed across nodes now; the first node to take it
+    /// makes its pool and serves it.
+    VolumeCreate {
+        name: String,
+        /// raid1:N (mirror:N), raid10:WxC, ec:K+M, raid0:N.
+        #[arg(long)]
+        layout: String,
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+        /// Node losses the volume must survive (members per node are capped to match).
+        #[arg(long, default_value = "1")]
+        tolerate: u32,
+        #[arg(long, value_parser = parse_size, default_value = "64K")]
+        chunk: u64,
+        #[arg(long, value_delimiter = ',', required = true)]
+        etcd: Vec<String>,
+        #[arg(long, default_value = "/stria/v1")]
+        prefix: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -475,7 +475,7 @@ fn notify_systemd(state: &str) {
 /// The signals the daemon answers: SIGTERM and SIGINT stop it (a clean shutdown follows),
 /// SIGHUP reloads its configuration file (a closed terminal must not kill the daemon
 /// uncleanly).
-struct Signals {
+pub(crate) struct Signals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
@@ -484,7 +484,7 @@ struct Signals {
 impl Signals {
     /// Installs the handlers: from here on these signals are caught (and kept until
     /// [`Signals::wait`] looks), never the default action.
-    fn install() -> Result<Signals> {
+    pub(crate) fn install() -> Result<Signals> {
         use tokio::signal::unix::{SignalKind, signal};
         Ok(Signals {
             term: signal(SignalKind::terminate())?,
@@ -494,7 +494,7 @@ impl Signals {
     }
 
     /// Returns at SIGTERM or SIGINT; runs `reload` at each SIGHUP.
-    async fn wait(&mut self, reload: impl Fn()) {
+    pub(crate) async fn wait(&mut self, reload: impl Fn()) {
         loop {
             tokio::select! {
                 _ = self.term.recv() => { tracing::info!("SIGTERM"); return }

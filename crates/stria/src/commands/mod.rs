@@ -1,6 +1,7 @@
 //! What each command does: its request, run through the daemon when one serves the pool or
 //! here otherwise (`request`), and what it prints. One module per group of commands.
 
+mod cluster;
 mod drive;
 mod serve;
 mod snapshot;
@@ -103,6 +104,8 @@ pub(crate) async fn run(cli: Cli) -> Result<i32> {
             iostat::run(std::time::Duration::from_secs_f64(interval), count, sample).await?;
         }
         Command::Up(args) => serve::up(dir, args).await?,
+        Command::Node(crate::cli::NodeCmd::Run(args)) => cluster::node_run(args).await?,
+        Command::Cluster(cmd) => cluster::cluster(cmd).await?,
     }
     Ok(0)
 }

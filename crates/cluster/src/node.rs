@@ -1,0 +1,358 @@
+//! A cluster node (docs/design/cluster.md §1): serves its slices to every coordinator, keeps one
+//! etcd session, takes every volume nobody owns (first come, one winner: the ownership
+//! transaction), serves the volumes it owns through a front-end registry (the NBD server of the
+//! `stria node run` command), and stops serving a volume as soon as it is no longer its own or
+//! its lease deadline passed.
+//!
+//! Not built yet (§13): ranked successors, watches (this polls etcd every `poll`), forwarding
+//! to the owner, the suspend states of §8 (a node past its deadline stops serving at once and
+//! takes a new lease once the old one is gone).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use stria_dev::{FileDevice, FileOptions, IoBuf, IoBytes};
+use stria_engine::{BlockVolume, Durability, Extent, Volume, VolumeError, VolumeFuture, VolumeInfo, Zeroing};
+use stria_front::Registry;
+use stria_slice::{Slice, SliceSet};
+use tokio::net::TcpListener;
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::coordinator::{self, Coordinated};
+use crate::etcd::{ClusterError, Session, SessionConfig};
+use crate::records::{Keys, NodeRecord, SliceInfoRecord};
+
+/// What a node needs to run.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub name: String,
+    pub etcd: Vec<String>,
+    /// Holds `slices/slice-<id>.img`.
+    pub dir: PathBuf,
+    /// Where the slice server listens.
+    pub slice_listen: SocketAddr,
+    /// Where this node's NBD server listens, as clients should dial it (for `status`).
+    pub nbd_addr: Option<String>,
+    pub ttl: Duration,
+    /// How often the node looks for volumes to take and checks its own.
+    pub poll: Duration,
+    pub keys: Keys,
+}
+
+impl NodeConfig {
+    pub fn new(name: &str, etcd: Vec<String>, dir: PathBuf, slice_listen: SocketAddr) -> NodeConfig {
+        NodeConfig {
+            name: name.into(),
+            etcd,
+            dir,
+            slice_listen,
+            nbd_addr: None,
+            ttl: Duration::from_secs(5),
+            poll: Duration::from_millis(500),
+            keys: Keys::default(),
+        }
+    }
+}
+
+fn slice_path(dir: &Path, id: u32) -> PathBuf {
+    dir.join("slices").join(format!("slice-{id}.img"))
+}
+
+/// Creates the slice files `0..count` of `bytes` usable bytes each that do not exist yet.
+pub async fn prepare_slices(dir: &Path, count: u32, bytes: u64) -> Result<(), ClusterError> {
+    std::fs::create_dir_all(dir.join("slices")).map_err(|e| ClusterError::Unavailable(e.to_string()))?;
+    for id in 0..count {
+        let path = slice_path(dir, id);
+        if path.exists() {
+            continue;
+        }
+        let dev = FileDevice::create(&path, bytes + stria_dev::BLOCK_BYTES)
+            .map_err(|e| ClusterError::Unavailable(format!("{}: {e}", path.display())))?;
+        Slice::format(id, dev).await.map_err(|e| ClusterError::Unavailable(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Opens every `slices/slice-<id>.img` under `dir`.
+async fn open_slices(dir: &Path) -> Result<Vec<Slice<FileDevice>>, ClusterError> {
+    let mut out = Vec::new();
+    let entries = std::fs::read_dir(dir.join("slices")).map_err(|e| {
+        ClusterError::Unavailable(format!(
+            "{}: {e} (create slices with --slices)",
+            dir.join("slices").display()
+        ))
+    })?;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(id) =
+            name.strip_prefix("slice-").and_then(|n| n.strip_suffix(".img")).and_then(|n| n.parse().ok())
+        else {
+            continue;
+        };
+        let dev = FileDevice::open(entry.path(), &FileOptions::default())
+            .map_err(|e| ClusterError::Unavailable(format!("{}: {e}", entry.path().display())))?;
+        out.push(Slice::open(id, dev).await.map_err(|e| ClusterError::Unavailable(e.to_string()))?);
+    }
+    out.sort_by_key(|s| s.id());
+    Ok(out)
+}
+
+/// A running node.
+pub struct Node {
+    pub slice_addr: SocketAddr,
+    pub slices: Arc<SliceSet<FileDevice>>,
+    server: JoinHandle<std::io::Result<()>>,
+    agent: JoinHandle<()>,
+    stop: watch::Sender<bool>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node").field("slice_addr", &self.slice_addr).finish()
+    }
+}
+
+impl Node {
+    /// Opens the slices, starts the slice server and the agent that takes and serves volumes.
+    pub async fn start(config: NodeConfig, exports: Arc<Registry>) -> Result<Node, ClusterError> {
+        let slices = open_slices(&config.dir).await?;
+        let infos: Vec<SliceInfoRecord> =
+            slices.iter().map(|s| SliceInfoRecord { id: s.id(), bytes: s.usable_bytes() }).collect();
+        let listener = TcpListener::bind(config.slice_listen).await.map_err(|e| {
+            ClusterError::Unavailable(format!("cannot listen on {}: {e}", config.slice_listen))
+        })?;
+        let slice_addr = listener.local_addr().map_err(|e| ClusterError::Unavailable(e.to_string()))?;
+        let slices = Arc::new(SliceSet::new(slices));
+        let server = tokio::spawn(stria_slice::serve(listener, Arc::clone(&slices)));
+        let record = NodeRecord {
+            name: config.name.clone(),
+            slice_addr: slice_addr.to_string(),
+            nbd_addr: config.nbd_addr.clone(),
+            slices: infos,
+        };
+        let (stop, stopped) = watch::channel(false);
+        let agent = tokio::spawn(run_agent(config, record, exports, stopped));
+        Ok(Node { slice_addr, slices, server, agent, stop })
+    }
+
+    /// Stops serving: closes every owned volume cleanly, gives up its ownership and the lease.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.agent.await;
+        self.server.abort();
+    }
+}
+
+/// A coordinated volume as its clients reach it: every request first checks that the node
+/// still serves it. Clients attached before the node stopped serving (past its lease deadline,
+/// or after losing the volume) get `Closed` from then on, and reconnect to the new owner.
+struct Served {
+    name: String,
+    inner: Arc<Volume<stria_slice::RemoteDevice>>,
+    serving: Arc<AtomicBool>,
+}
+
+impl Served {
+    fn refuse<T: Send + 'static>(&self) -> Option<VolumeFuture<'_, T>> {
+        if self.serving.load(Ordering::Acquire) {
+            None
+        } else {
+            let name = self.name.clone();
+            Some(Box::pin(async move { Err(VolumeError::Closed(name)) }))
+        }
+    }
+}
+
+impl BlockVolume for Served {
+    fn info(&self) -> VolumeInfo {
+        self.inner.info()
+    }
+    fn size_bytes(&self) -> u64 {
+        BlockVolume::size_bytes(&*self.inner)
+    }
+    fn read(&self, offset_bytes: u64, len_bytes: usize) -> VolumeFuture<'_, IoBuf> {
+        self.refuse().unwrap_or_else(|| BlockVolume::read(&*self.inner, offset_bytes, len_bytes))
+    }
+    fn write(&self, offset_bytes: u64, data: IoBytes, durability: Durability) -> VolumeFuture<'_, ()> {
+        self.refuse().unwrap_or_else(|| BlockVolume::write(&*self.inner, offset_bytes, data, durability))
+    }
+    fn compare_and_write(
+        &self,
+        offset_bytes: u64,
+        compare: IoBytes,
+        write: IoBytes,
+        durability: Durability,
+    ) -> VolumeFuture<'_, ()> {
+        self.refuse().unwrap_or_else(|| {
+            BlockVolume::compare_and_write(&*self.inner, offset_bytes, compare, write, durability)
+        })
+    }
+    fn write_zeroes(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        zeroing: Zeroing,
+        durability: Durability,
+    ) -> VolumeFuture<'_, ()> {
+        self.refuse().unwrap_or_else(|| {
+            BlockVolume::write_zeroes(&*self.inner, offset_bytes, len_bytes, zeroing, durability)
+        })
+    }
+    fn discard(&self, offset_bytes: u64, len_bytes: u64, durability: Durability) -> VolumeFuture<'_, ()> {
+        self.refuse()
+            .unwrap_or_else(|| BlockVolume::discard(&*self.inner, offset_bytes, len_bytes, durability))
+    }
+    fn flush(&self) -> VolumeFuture<'_, ()> {
+        self.refuse().unwrap_or_else(|| BlockVolume::flush(&*self.inner))
+    }
+    fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> VolumeFuture<'_, Vec<Extent>> {
+        self.refuse().unwrap_or_else(|| BlockVolume::block_status(&*self.inner, offset_bytes, len_bytes))
+    }
+}
+
+/// A volume this node coordinates, and whether it serves it now.
+struct OwnedVolume {
+    c: Coordinated,
+    serving: Arc<AtomicBool>,
+}
+
+/// The volumes this node coordinates, by name.
+type Owned = BTreeMap<String, OwnedVolume>;
+
+async fn run_agent(
+    config: NodeConfig,
+    record: NodeRecord,
+    exports: Arc<Registry>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let mut session: Option<Session> = None;
+    let mut owned = Owned::new();
+    loop {
+        if *stopped.borrow() {
+            break;
+        }
+        // A session whose lease is gone (or never was) is replaced; what it owned is dropped
+        // without a close: a successor may have fenced its slices already.
+        if session.as_ref().is_some_and(|s| !s.renewing()) {
+            tracing::error!(node = %config.name, "the node's lease is gone; dropping its volumes");
+            drop_all(&mut owned, &exports);
+            session = None;
+        }
+        if session.is_none() {
+            let mut sc = SessionConfig::new(config.etcd.clone(), &config.name);
+            sc.ttl = config.ttl;
+            sc.keys = config.keys.clone();
+            match Session::start(sc, &record).await {
+                Ok(s) => {
+                    tracing::info!(node = %config.name, lease = s.lease(), "joined the cluster");
+                    session = Some(s);
+                }
+                Err(e) => tracing::warn!(node = %config.name, error = %e, "cannot reach etcd; retrying"),
+            }
+        }
+        if let Some(s) = &session
+            && let Err(e) = tick(&config, s, &mut owned, &exports).await
+        {
+            tracing::warn!(node = %config.name, error = %e, "cluster check failed");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(config.poll) => {}
+            _ = stopped.changed() => {}
+        }
+    }
+    // A clean stop: close each volume (flush, checkpoint), then give it back.
+    for (name, OwnedVolume { c, serving }) in std::mem::take(&mut owned) {
+        serving.store(false, Ordering::Release);
+        exports.remove(&name);
+        if let Err(e) = c.pool.close().await {
+            tracing::warn!(volume = %name, error = %e, "closing the volume");
+        }
+        if let Some(s) = &session {
+            let _ = s.release(&name, c.epoch).await;
+        }
+    }
+    if let Some(s) = session {
+        let _ = s.revoke().await;
+    }
+}
+
+fn drop_all(owned: &mut Owned, exports: &Registry) {
+    for (name, o) in std::mem::take(owned) {
+        o.serving.store(false, Ordering::Release);
+        exports.remove(&name);
+    }
+}
+
+/// One look at the cluster: stop serving what is no longer ours, take what nobody owns.
+async fn tick(
+    config: &NodeConfig,
+    session: &Session,
+    owned: &mut Owned,
+    exports: &Arc<Registry>,
+) -> Result<(), ClusterError> {
+    if !session.lease_valid() {
+        // Past the lease deadline another node may own our volumes: serve nothing until a
+        // renewal is acknowledged again (then, if the volumes are still ours, serve again:
+        // nothing needs a restart).
+        for (name, o) in owned.iter() {
+            if o.serving.swap(false, Ordering::AcqRel) {
+                tracing::warn!(node = %config.name, volume = %name, "past the lease deadline; suspended");
+            }
+        }
+        return Ok(());
+    }
+    let owners = session.owners().await?;
+    let mine: BTreeMap<&str, u64> =
+        owners.iter().filter(|(_, o, _)| o.node == config.name).map(|(v, _, e)| (v.as_str(), *e)).collect();
+    let lost: Vec<String> = owned
+        .iter()
+        .filter(|(v, o)| mine.get(v.as_str()) != Some(&o.c.epoch))
+        .map(|(v, _)| v.clone())
+        .collect();
+    for v in lost {
+        tracing::warn!(volume = %v, "no longer the owner; not serving it");
+        exports.remove(&v);
+        if let Some(o) = owned.remove(&v) {
+            o.serving.store(false, Ordering::Release);
+        }
+    }
+    for (name, o) in owned.iter() {
+        if session.lease_valid() && !o.serving.swap(true, Ordering::AcqRel) {
+            tracing::info!(volume = %name, epoch = o.c.epoch, "serving again");
+        }
+    }
+    for spec in session.specs().await? {
+        if owned.contains_key(&spec.name) || owners.iter().any(|(v, _, _)| *v == spec.name) {
+            continue;
+        }
+        match coordinator::take(session, &Handle::current(), &spec.name).await {
+            Ok(c) => {
+                tracing::info!(
+                    volume = %spec.name,
+                    epoch = c.epoch,
+                    took_ms = u64::try_from(c.took.as_millis()).unwrap_or(u64::MAX),
+                    members = c.members.in_service.len(),
+                    "coordinating"
+                );
+                let serving = Arc::new(AtomicBool::new(true));
+                let served = Served {
+                    name: spec.name.clone(),
+                    inner: Arc::clone(&c.volume),
+                    serving: Arc::clone(&serving),
+                };
+                exports.insert(&spec.name, Arc::new(served));
+                owned.insert(spec.name.clone(), OwnedVolume { c, serving });
+            }
+            Err(ClusterError::Owned { .. }) => {}
+            Err(e) => tracing::warn!(volume = %spec.name, error = %e, "cannot take the volume"),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,147 @@
+//! `stria node run` and `stria cluster ...` (docs/design/cluster.md): a cluster node, and what an
+//! operator reads and specifies in etcd.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+use stria_cluster::etcd::Cluster;
+use stria_cluster::placement::place;
+use stria_cluster::{Keys, Node, NodeConfig, SliceRef, VolumeRecord, parse_layout, prepare_slices};
+use stria_front::Registry;
+use stria_nbd::{Server, ServerConfig};
+
+use crate::cli::{ClusterCmd, NodeRunArgs};
+use crate::daemon::Signals;
+
+pub(super) async fn node_run(args: NodeRunArgs) -> Result<()> {
+    let listen: SocketAddr = args
+        .listen
+        .parse()
+        .with_context(|| format!("--listen {}: not an IP address and port", args.listen))?;
+    match (args.slices, args.slice_size) {
+        (Some(n), Some(bytes)) => prepare_slices(&args.dir, n, bytes).await?,
+        (Some(_), None) => bail!("--slices needs --slice-size"),
+        _ => {}
+    }
+    let mut signals = Signals::install()?;
+    let exports = Arc::new(Registry::new());
+    let registry: Arc<Registry> = Arc::clone(&exports);
+    let server = Server::new(ServerConfig::default(), registry).map_err(crate::nbd_limits::explain)?;
+    let nbd = server
+        .serve_tcp(args.nbd.as_str())
+        .await
+        .with_context(|| format!("cannot listen on {}", args.nbd))?;
+    let nbd_addr = match nbd.local_addr() {
+        stria_nbd::ListenAddr::Tcp(sa) => sa.to_string(),
+        other => format!("{other:?}"),
+    };
+    let mut config = NodeConfig::new(&args.name, args.etcd.clone(), args.dir.clone(), listen);
+    config.nbd_addr = Some(nbd_addr.clone());
+    config.ttl = std::time::Duration::from_secs(args.ttl.max(2));
+    config.keys = Keys::new(&args.prefix);
+    let node = Node::start(config, exports).await?;
+    outln!("node {}: slices {:?} on {}, NBD on {}", args.name, node.slices.ids(), node.slice_addr, nbd_addr);
+    signals.wait(|| {}).await;
+    node.stop().await;
+    nbd.shutdown().await;
+    tracing::info!("node stopped cleanly");
+    Ok(())
+}
+
+pub(super) async fn cluster(cmd: ClusterCmd) -> Result<()> {
+    match cmd {
+        ClusterCmd::Status { etcd, prefix, json } => status(&etcd, &prefix, json).await,
+        ClusterCmd::VolumeCreate { name, layout, size, tolerate, chunk, etcd, prefix } => {
+            let layout = parse_layout(&layout).map_err(anyhow::Error::msg)?;
+            stria_engine::check_volume_name(&name)?;
+            let cluster = Cluster::connect(&etcd, Keys::new(&prefix)).await?;
+            let used: Vec<SliceRef> = cluster.specs().await?.into_iter().flat_map(|s| s.slices).collect();
+            // A slice must hold the member's share plus the drive's own metadata (journal,
+            // tables): ask for twice the share plus 80 MiB, which covers it at these sizes.
+            let members = u64::from(match layout {
+                stria_engine::Layout::Raid0 { width } => width,
+                stria_engine::Layout::Raid1 { .. } => 1,
+                stria_engine::Layout::Raid10 { width, .. } => width,
+                stria_engine::Layout::Ec { data_shards, .. } => data_shards,
+            });
+            let need = size.div_ceil(members) * 2 + (80 << 20);
+            let mut free = Vec::new();
+            for node in cluster.nodes().await? {
+                for s in &node.slices {
+                    let r = SliceRef { node: node.name.clone(), addr: node.slice_addr.clone(), slice: s.id };
+                    if s.bytes >= need && !used.iter().any(|u| u.node == r.node && u.slice == r.slice) {
+                        free.push(r);
+                    }
+                }
+            }
+            let slices = place(layout, &free, tolerate)
+                .map_err(|e| anyhow::anyhow!("{e} (free slices of at least {} MiB)", need >> 20))?;
+            let spec =
+                VolumeRecord { name: name.clone(), layout, size_bytes: size, chunk_bytes: chunk, slices };
+            cluster.put_spec(&spec).await?;
+            let on: Vec<String> = spec.slices.iter().map(|s| s.to_string()).collect();
+            outln!(
+                "volume {name} ({layout}) specified on {}; the first node to take it serves it",
+                on.join(", ")
+            );
+            Ok(())
+        }
+    }
+}
+
+async fn status(etcd: &[String], prefix: &str, as_json: bool) -> Result<()> {
+    let cluster = Cluster::connect(etcd, Keys::new(prefix)).await?;
+    let nodes = cluster.nodes().await?;
+    let mut volumes = Vec::new();
+    for spec in cluster.specs().await? {
+        let (spec, owner, members) = cluster.volume(&spec.name).await?;
+        volumes.push(json!({
+            "name": spec.name,
+            "layout": spec.layout.to_string(),
+            "size_bytes": spec.size_bytes,
+            "owner": owner.as_ref().map(|(o, _)| o.node.clone()),
+            "epoch": owner.as_ref().map(|(_, e)| *e),
+            "nbd": owner.as_ref().and_then(|(o, _)| nodes.iter().find(|n| n.name == o.node)).and_then(|n| n.nbd_addr.clone()),
+            "in_service": members.in_service.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+            "out": members.out.iter().map(|o| json!({"slice": o.slice.to_string(), "epoch": o.epoch, "since_unix": o.since_unix, "reason": o.reason})).collect::<Vec<_>>(),
+        }));
+    }
+    let v = json!({ "nodes": nodes, "volumes": volumes });
+    if as_json {
+        outln!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    outln!("{} node(s) alive:", nodes.len());
+    for n in &nodes {
+        let slices: Vec<String> = n.slices.iter().map(|s| format!("{}:{}MiB", s.id, s.bytes >> 20)).collect();
+        outln!(
+            "  {}  slices {} at {}  NBD {}",
+            n.name,
+            slices.join(" "),
+            n.slice_addr,
+            n.nbd_addr.as_deref().unwrap_or("-")
+        );
+    }
+    outln!("{} volume(s):", volumes.len());
+    for v in &volumes {
+        let owner = match (&v["owner"], &v["epoch"]) {
+            (serde_json::Value::String(o), e) => format!(
+                "owner {o} epoch {e} nbd://{}/{}",
+                v["nbd"].as_str().unwrap_or("?"),
+                v["name"].as_str().unwrap_or("")
+            ),
+            _ => "no owner (waiting for a node to take it)".into(),
+        };
+        outln!(
+            "  {} {} {}  in: {}  out: {}",
+            v["name"].as_str().unwrap_or(""),
+            v["layout"].as_str().unwrap_or(""),
+            owner,
+            v["in_service"],
+            v["out"]
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""Real-process cluster scenarios (docs/design/cluster.md §11.2), on one machine.
+
+Starts a three-member etcd cluster and three `stria node run` processes on 127.0.0.1 (distinct
+ports, file-backed slices in a temporary directory), specifies a mirror:3 volume and an ec:2+1
+volume, and runs the register workload of tests/cluster/registers.py against each, with every
+node's NBD address, while a fault is applied to the node that owns the volume:
+
+  kill9  kill -9 of the owner's node, then the node is started again (same directory and ports)
+  stop   kill -STOP of the owner's node for longer than the lease TTL, then kill -CONT: a
+         successor takes the volume, and the paused node must complete no write after it resumes
+  etcd   two of the three etcd members paused for three TTLs, then resumed: the owner suspends
+         I/O past its lease deadline and serves again by itself
+
+Each round ends with `registers.py check` (no acknowledged write lost, every register's history
+linearizable, nothing invented) and prints the failover time: the longest time the client could
+complete no operation. Every PID started is tracked and stopped (SIGTERM, then SIGKILL) even
+when the test fails; the temporary directory is removed.
+
+Usage: scenarios.py PATH/TO/stria [--rounds N] [--scenarios kill9,stop,etcd] [--ttl SECONDS]
+The test command runs one round of each; `--rounds 50` is the long mode quoted in the notes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REGISTERS = os.path.join(HERE, "registers.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Procs:
+    """Every process the test starts, stopped at the end whatever happens."""
+
+    def __init__(self) -> None:
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, argv: list[str], log: str) -> subprocess.Popen:
+        out = open(log, "ab")
+        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = p
+        return p
+
+    def signal(self, name: str, sig: int) -> None:
+        p = self.procs[name]
+        if p.poll() is None:
+            os.kill(p.pid, sig)
+
+    def wait_gone(self, name: str, timeout: float) -> bool:
+        try:
+            self.procs[name].wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+    def stop_all(self) -> None:
+        for name, p in self.procs.items():
+            if p.poll() is None:
+                try:
+                    os.kill(p.pid, signal.SIGCONT)
+                    os.kill(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 10
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+class Cluster:
+    def __init__(self, stria: str, work: str, procs: Procs, ttl: int) -> None:
+        self.stria, self.work, self.procs, self.ttl = stria, work, procs, ttl
+        self.etcd_client = [free_port() for _ in range(3)]
+        self.etcd_peer = [free_port() for _ in range(3)]
+        self.endpoints = ",".join(f"http://127.0.0.1:{p}" for p in self.etcd_client)
+        self.slice_port = [free_port() for _ in range(3)]
+        self.nbd_port = [free_port() for _ in range(3)]
+
+    def start_etcd(self) -> None:
+        initial = ",".join(f"e{i}=http://127.0.0.1:{self.etcd_peer[i]}" for i in range(3))
+        for i in range(3):
+            self.procs.start(f"etcd{i}", [
+                "etcd", "--name", f"e{i}", "--data-dir", f"{self.work}/etcd{i}",
+                "--listen-client-urls", f"http://127.0.0.1:{self.etcd_client[i]}",
+                "--advertise-client-urls", f"http://127.0.0.1:{self.etcd_client[i]}",
+                "--listen-peer-urls", f"http://127.0.0.1:{self.etcd_peer[i]}",
+                "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.etcd_peer[i]}",
+                "--initial-cluster", initial, "--initial-cluster-state", "new",
+            ], f"{self.work}/etcd{i}.log")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            r = subprocess.run(["etcdctl", "--endpoints", self.endpoints, "endpoint", "health"],
+                               capture_output=True, text=True, env={**os.environ, "ETCDCTL_API": "3"})
+            if r.returncode == 0:
+                return
+            time.sleep(0.2)
+        raise SystemExit("etcd did not become healthy in 30 s")
+
+    def start_node(self, i: int, first: bool = False) -> None:
+        argv = [self.stria, "node", "run", "--name", f"n{i}", "--etcd", self.endpoints,
+                "--dir", f"{self.work}/n{i}", "--listen", f"127.0.0.1:{self.slice_port[i]}",
+                "--nbd", f"127.0.0.1:{self.nbd_port[i]}", "--ttl", str(self.ttl)]
+        if first:
+            argv += ["--slices", "2", "--slice-size", "192M"]
+        self.procs.start(f"n{i}", argv, f"{self.work}/n{i}.log")
+
+    def status(self) -> dict:
+        r = subprocess.run([self.stria, "cluster", "status", "--etcd", self.endpoints, "--json"],
+                           capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            raise RuntimeError(r.stderr)
+        return json.loads(r.stdout)
+
+    def owner(self, volume: str) -> str | None:
+        for v in self.status()["volumes"]:
+            if v["name"] == volume:
+                return v["owner"]
+        return None
+
+    def wait_owner(self, volume: str, timeout: float, not_node: str | None = None) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                o = self.owner(volume)
+            except (RuntimeError, subprocess.TimeoutExpired):
+                o = None
+            if o is not None and o != not_node:
+                return o
+            time.sleep(0.2)
+        raise SystemExit(f"volume {volume}: no owner (other than {not_node}) within {timeout} s")
+
+    def uris(self, volume: str) -> str:
+        return ",".join(f"nbd://127.0.0.1:{p}/{volume}" for p in self.nbd_port)
+
+
+def run_round(c: Cluster, scenario: str, volume: str, rnd: int, seconds: float, logs: list[str]) -> dict:
+    """One fault under the register workload; `logs` holds the volume's earlier logs (the
+    registers keep their values across rounds, so every check reads all of them)."""
+    owner = c.wait_owner(volume, 60)
+    victim = int(owner[1:])
+    log = f"{c.work}/reg-{scenario}-{volume}-{rnd}.log"
+    logs.append(log)
+    writer = len(logs)  # unique per volume: one writer id per run
+    client = subprocess.Popen([sys.executable, REGISTERS, "run", "--uris", c.uris(volume), "--blocks", "64",
+                               "--seconds", str(seconds), "--writer", str(writer),
+                               "--log", log, "--timeout", "2", "--seed", str(rnd * 100 + writer)],
+                              stdout=subprocess.PIPE, stderr=open(log + ".stderr", "w"), text=True)
+    time.sleep(2)
+    t_fault = time.monotonic()
+    if scenario == "kill9":
+        c.procs.signal(owner, signal.SIGKILL)
+        c.procs.wait_gone(owner, 10)
+        new_owner = c.wait_owner(volume, 60, not_node=owner)
+        c.start_node(victim)
+    elif scenario == "stop":
+        c.procs.signal(owner, signal.SIGSTOP)
+        new_owner = c.wait_owner(volume, 60, not_node=owner)
+        time.sleep(1)
+        c.procs.signal(owner, signal.SIGCONT)
+        # The paused node, running again, must complete no write: not for a client that was
+        # attached before the pause (the workload's connections get errors) and not for a new one.
+        time.sleep(0.5)
+        w = subprocess.run(["qemu-io", "-f", "raw", "-c", "write -P 0x55 0 4k",
+                            f"nbd://127.0.0.1:{c.nbd_port[victim]}/{volume}"], capture_output=True, text=True, timeout=60)
+        if w.returncode == 0 and "wrote 4096/4096" in w.stdout:
+            raise SystemExit(f"stop on {volume}: the resumed old owner {owner} completed a write")
+    elif scenario == "etcd":
+        # The etcd majority goes away (two of three members paused) and comes back: the owner
+        # suspends I/O past its lease deadline and resumes by itself, nothing restarted.
+        for i in (1, 2):
+            c.procs.signal(f"etcd{i}", signal.SIGSTOP)
+        time.sleep(c.ttl * 3)
+        for i in (1, 2):
+            c.procs.signal(f"etcd{i}", signal.SIGCONT)
+        new_owner = c.wait_owner(volume, 60)
+    else:
+        raise SystemExit(f"unknown scenario {scenario}")
+    t_owner = time.monotonic() - t_fault
+    out, _ = client.communicate(timeout=seconds + 120)
+    summary = json.loads(out.strip().splitlines()[-1])
+    c.wait_owner(volume, 60)
+    check = subprocess.run([sys.executable, REGISTERS, "check", "--log", *logs, "--uris", c.uris(volume),
+                            "--blocks", "64", "--timeout", "2"], capture_output=True, text=True, timeout=180)
+    report = {"scenario": scenario, "volume": volume, "round": rnd, "old_owner": owner, "new_owner": new_owner,
+              "new_owner_after_s": round(t_owner, 2), "longest_gap_s": summary.get("longest_gap_s"),
+              "writes_ok": summary.get("writes_ok"), "writes_info": summary.get("writes_info"),
+              "reads_ok": summary.get("reads_ok"), "check_rc": check.returncode}
+    print(json.dumps(report), flush=True)
+    if check.returncode != 0:
+        print(check.stdout, check.stderr, file=sys.stderr)
+        raise SystemExit(f"{scenario} on {volume}, round {rnd}: the check failed (logs in {c.work})")
+    return report
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("stria")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--scenarios", default="kill9,stop,etcd")
+    ap.add_argument("--ttl", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=16)
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = ap.parse_args()
+    for tool in ("etcd", "etcdctl"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"needs {tool} (apt-get install etcd-server etcd-client; scripts/test.sh does)")
+    work = tempfile.mkdtemp(prefix="stria-cluster.", dir="/var/tmp")
+    procs = Procs()
+    failed = True
+    reports = []
+    try:
+        c = Cluster(os.path.realpath(args.stria), work, procs, args.ttl)
+        c.start_etcd()
+        for i in range(3):
+            c.start_node(i, first=True)
+        time.sleep(2)
+        for name, layout in (("m", "mirror:3"), ("e", "ec:2+1")):
+            subprocess.run([c.stria, "cluster", "volume-create", name, "--layout", layout, "--size", "32M",
+                            "--etcd", c.endpoints], check=True, capture_output=True)
+        logs: dict[str, list[str]] = {"m": [], "e": []}
+        for rnd in range(args.rounds):
+            for scenario in args.scenarios.split(","):
+                for volume in ("m", "e"):
+                    reports.append(run_round(c, scenario, volume, rnd, args.seconds, logs[volume]))
+                    # Let the cluster settle: every node back and serving.
+                    time.sleep(1)
+        for scenario in args.scenarios.split(","):
+            gaps = [r["longest_gap_s"] for r in reports if r["scenario"] == scenario and r["longest_gap_s"] is not None]
+            owners = [r["new_owner_after_s"] for r in reports if r["scenario"] == scenario]
+            if gaps:
+                print(json.dumps({"scenario": scenario, "rounds": len(owners), "ttl_s": args.ttl,
+                                  "failover_gap_median_s": round(statistics.median(gaps), 2),
+                                  "failover_gap_max_s": round(max(gaps), 2),
+                                  "new_owner_median_s": round(statistics.median(owners), 2)}), flush=True)
+        failed = False
+        return 0
+    finally:
+        procs.stop_all()
+        if failed or args.keep:
+            print(f"work directory kept: {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
