@@ -187,15 +187,16 @@ async fn take_at(
             }
         }
     }
-    let unreached = in_service.len() - found.len();
-    if unreached > tolerance(spec.layout) {
+    // Counted against every slice of the volume: those out already are missing too.
+    let missing = spec.slices.len() - found.len();
+    if missing > tolerance(spec.layout) {
         // The slices not reached may hold data no other has: take nothing out, serve nothing.
         return Err(ClusterError::Unavailable(format!(
             "volume {volume} ({}) reached {} of its {} slices; it needs {} to serve",
             spec.layout,
             found.len(),
-            in_service.len(),
-            in_service.len() - tolerance(spec.layout)
+            spec.slices.len(),
+            spec.slices.len() - tolerance(spec.layout)
         )));
     }
     // Assemble first: a pool that cannot open (too few of its drives) changes nothing in etcd,

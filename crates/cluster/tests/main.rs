@@ -6,4 +6,5 @@
 
 mod common;
 mod ownership;
+mod simulation;
 mod takeover;

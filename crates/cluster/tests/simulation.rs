@@ -1,0 +1,680 @@
+//! Deterministic simulation of ownership and fencing (docs/design/cluster.md §11.1), in one
+//! process: three slices (the real `stria_slice::Slice`, over memory), three coordinators (real
+//! engine pools over simulated links to the slices), a simulated etcd (owner key with a lease
+//! on a fake clock, revisions as epochs, the members record, the commit guard), and clients
+//! writing unique values into 4 KiB registers. Each seed runs a random schedule of client
+//! operations and faults, several per seed: a coordinator paused (its requests hang, its lease
+//! is not renewed) and resumed, links between a coordinator and a slice cut and healed, the
+//! clock advanced past leases, takeovers, crashes of a coordinator. Since a slice that leaves
+//! service does not come back yet (no delta resync), at most one link is cut at a time, and
+//! only while every slice is in service. Operations of a paused
+//! coordinator are left in flight and complete, or fail, after its successor took over.
+//!
+//! Checked at the end of each seed, per register, over the whole history and a final read by a
+//! last owner: every value read was written; and the history is linearizable (with unique
+//! values: no read before its write, no read of the initial zeros after a write completed, and
+//! no two values that each must precede the other), which covers lost acknowledged writes.
+//!
+//! `STRIA_CLUSTER_SEEDS=N` runs N seeds (default 150); `STRIA_CLUSTER_SEED=S` replays one.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use stria_dev::mem::MemDevice;
+use stria_dev::{BLOCK_BYTES, BlockDevice, DevCounters, DevError, IoBuf, IoBytes};
+use stria_engine::{
+    CommitGuard, DriveClass, DriveState, FoundDrive, Layout, NewDrive, Pool, PoolMeta, Volume, VolumeRole,
+    VolumeSpec,
+};
+use stria_slice::Slice;
+
+const SLICES: usize = 3;
+const COORDS: usize = 3;
+const REGISTERS: u64 = 16;
+const TTL_MS: u64 = 5000;
+const MARGIN_MS: u64 = 1000;
+const SLICE_BYTES: u64 = 48 << 20;
+
+/// The links of one coordinator to one slice: cut (requests fail as a broken connection does)
+/// or paused (requests wait; the whole coordinator is paused).
+#[derive(Default)]
+struct Link {
+    cut: AtomicBool,
+}
+
+struct Coord {
+    paused: AtomicBool,
+    resumed: tokio::sync::Notify,
+    links: Vec<Link>,
+}
+
+impl Coord {
+    async fn wait_running(&self) {
+        while self.paused.load(SeqCst) {
+            let notified = self.resumed.notified();
+            if !self.paused.load(SeqCst) {
+                break;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// A coordinator's view of one slice, as `RemoteDevice` is over TCP.
+struct SimDevice {
+    name: String,
+    slice: Arc<Slice<Arc<MemDevice>>>,
+    index: usize,
+    coord: Arc<Coord>,
+    epoch: u64,
+    counters: DevCounters,
+}
+
+impl SimDevice {
+    fn io_error(&self, what: &str) -> DevError {
+        DevError::Io {
+            device: self.name.as_str().into(),
+            offset_bytes: 0,
+            len_bytes: 0,
+            source: std::io::Error::new(std::io::ErrorKind::ConnectionAborted, what.to_string()),
+        }
+    }
+
+    async fn run<T>(
+        &self,
+        io: impl AsyncFnOnce(&Arc<MemDevice>, u64) -> Result<T, DevError>,
+    ) -> Result<T, DevError> {
+        self.coord.wait_running().await;
+        if self.coord.links[self.index].cut.load(SeqCst) {
+            return Err(self.io_error("link cut"));
+        }
+        match self.slice.admit(self.epoch, io).await {
+            Ok(r) => r,
+            Err((true, drive_epoch)) => {
+                Err(DevError::Fenced { device: self.name.as_str().into(), epoch: self.epoch, drive_epoch })
+            }
+            Err((false, _)) => Err(self.io_error("not fenced at this epoch")),
+        }
+    }
+}
+
+impl BlockDevice for SimDevice {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn size_bytes(&self) -> u64 {
+        self.slice.usable_bytes()
+    }
+    async fn read(&self, offset_bytes: u64, buf: IoBuf) -> Result<IoBuf, DevError> {
+        self.run(async |d: &Arc<MemDevice>, base: u64| d.read(base + offset_bytes, buf).await).await
+    }
+    async fn write(&self, offset_bytes: u64, data: IoBytes, fua: bool) -> Result<(), DevError> {
+        self.run(async |d: &Arc<MemDevice>, base: u64| d.write(base + offset_bytes, data, fua).await).await
+    }
+    async fn flush(&self) -> Result<(), DevError> {
+        self.run(async |d: &Arc<MemDevice>, _| d.flush().await).await
+    }
+    async fn discard(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), DevError> {
+        self.run(async |d: &Arc<MemDevice>, base: u64| d.discard(base + offset_bytes, len_bytes).await).await
+    }
+    fn counters(&self) -> &DevCounters {
+        &self.counters
+    }
+}
+
+/// The simulated etcd: the owner key (bound to a lease on the fake clock), revisions, members.
+#[derive(Default)]
+struct Etcd {
+    now_ms: AtomicU64,
+    state: Mutex<EtcdState>,
+}
+
+#[derive(Default)]
+struct EtcdState {
+    revision: u64,
+    /// (coordinator, epoch, lease expiry)
+    owner: Option<(usize, u64, u64)>,
+    /// Slices in service (none written yet: all).
+    in_service: Option<Vec<bool>>,
+}
+
+impl Etcd {
+    fn now(&self) -> u64 {
+        self.now_ms.load(SeqCst)
+    }
+    fn owner_alive(&self) -> Option<(usize, u64, u64)> {
+        self.state.lock().owner.filter(|&(_, _, expiry)| self.now() < expiry)
+    }
+}
+
+/// The commit guard of a coordinator's pool: still the owner at its epoch, lease alive; a
+/// drive failed by the commit leaves service here first.
+struct Guard {
+    etcd: Arc<Etcd>,
+    coord: usize,
+    epoch: u64,
+}
+
+impl CommitGuard for Guard {
+    fn allow<'a>(&'a self, next: &'a PoolMeta) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let now = self.etcd.now();
+            let mut st = self.etcd.state.lock();
+            match st.owner {
+                Some((c, e, expiry)) if c == self.coord && e == self.epoch && now < expiry => {}
+                _ => return Err("not the owner".into()),
+            }
+            let mut in_service = st.in_service.clone().unwrap_or_else(|| vec![true; SLICES]);
+            for d in &next.drives {
+                if let Some(i) = d.path_hint.strip_prefix('s').and_then(|s| s.parse::<usize>().ok())
+                    && d.state == DriveState::Failed
+                {
+                    in_service[i] = false;
+                }
+            }
+            st.revision += 1;
+            st.in_service = Some(in_service);
+            Ok(())
+        })
+    }
+}
+
+/// One coordinator's hold on the volume.
+struct Holding {
+    _pool: Pool<SimDevice>,
+    volume: Arc<Volume<SimDevice>>,
+    /// Serve only before this (its lease deadline on its own clock: the last renewal + TTL − margin).
+    deadline: Arc<AtomicU64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    Ok,
+    /// Failed or never completed: may or may not have happened.
+    Unknown,
+}
+
+#[derive(Clone, Debug)]
+struct Op {
+    write: bool,
+    block: u64,
+    /// The value written, or read (None: zeros).
+    value: Option<u64>,
+    invoke: u64,
+    complete: u64,
+    outcome: Outcome,
+}
+
+struct World {
+    rng: ChaCha8Rng,
+    layout: Layout,
+    etcd: Arc<Etcd>,
+    slices: Vec<Arc<Slice<Arc<MemDevice>>>>,
+    coords: Vec<Arc<Coord>>,
+    held: Vec<Option<Holding>>,
+    history: Arc<Mutex<Vec<Op>>>,
+    step: Arc<AtomicU64>,
+    next_value: u64,
+    pending: Vec<tokio::task::JoinHandle<()>>,
+    faults: u64,
+}
+
+fn encode(block: u64, value: u64) -> Vec<u8> {
+    let mut b = vec![0u8; BLOCK_BYTES as usize];
+    b[0..8].copy_from_slice(&value.to_le_bytes());
+    b[8..16].copy_from_slice(&block.to_le_bytes());
+    for (i, x) in b[16..].iter_mut().enumerate() {
+        *x = (i as u64 ^ value ^ block.rotate_left(7)) as u8;
+    }
+    b
+}
+
+fn decode(block: u64, bytes: &[u8]) -> Result<Option<u64>, String> {
+    if bytes.iter().all(|&x| x == 0) {
+        return Ok(None);
+    }
+    let value = u64::from_le_bytes(bytes[0..8].try_into().unwrap());
+    if encode(block, value) == bytes {
+        Ok(Some(value))
+    } else {
+        Err(format!("block {block}: bytes no write wrote"))
+    }
+}
+
+impl World {
+    async fn new(seed: u64) -> World {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let layout = if rng.random_bool(0.5) {
+            Layout::Raid1 { copies: 3 }
+        } else {
+            Layout::Ec { data_shards: 2, parity_shards: 1 }
+        };
+        let mut slices = Vec::new();
+        for i in 0..SLICES {
+            let dev = Arc::new(MemDevice::new(&format!("s{i}"), SLICE_BYTES + BLOCK_BYTES));
+            slices.push(Arc::new(Slice::format(i as u32, dev).await.unwrap()));
+        }
+        let coords = (0..COORDS)
+            .map(|_| {
+                Arc::new(Coord {
+                    paused: AtomicBool::new(false),
+                    resumed: tokio::sync::Notify::new(),
+                    links: (0..SLICES).map(|_| Link::default()).collect(),
+                })
+            })
+            .collect();
+        World {
+            rng,
+            layout,
+            etcd: Arc::default(),
+            slices,
+            coords,
+            held: (0..COORDS).map(|_| None).collect(),
+            history: Arc::default(),
+            step: Arc::new(AtomicU64::new(1)),
+            next_value: 1,
+            pending: Vec::new(),
+            faults: 0,
+        }
+    }
+
+    fn device(&self, coord: usize, slice: usize, epoch: u64) -> SimDevice {
+        SimDevice {
+            name: format!("c{coord}->s{slice}"),
+            slice: Arc::clone(&self.slices[slice]),
+            index: slice,
+            coord: Arc::clone(&self.coords[coord]),
+            epoch,
+            counters: DevCounters::default(),
+        }
+    }
+
+    /// Takeover by `c` (docs/design/cluster.md §4.1), if nobody owns the volume.
+    async fn take(&mut self, c: usize) -> bool {
+        if self.coords[c].paused.load(SeqCst) || self.etcd.owner_alive().is_some() {
+            return false;
+        }
+        let now = self.etcd.now();
+        let (epoch, in_service) = {
+            let mut st = self.etcd.state.lock();
+            st.revision += 1;
+            st.owner = Some((c, st.revision, now + TTL_MS));
+            (st.revision, st.in_service.clone())
+        };
+        let first = in_service.is_none();
+        let in_service = in_service.unwrap_or_else(|| vec![true; SLICES]);
+        let mut reached = Vec::new();
+        for s in 0..SLICES {
+            if in_service[s] && !self.coords[c].links[s].cut.load(SeqCst) {
+                assert_eq!(
+                    self.slices[s].fence(epoch).await.unwrap(),
+                    epoch,
+                    "a fence below a slice's epoch"
+                );
+                reached.push(s);
+            }
+        }
+        let out = SLICES - reached.len();
+        let tolerance = match self.layout {
+            Layout::Raid1 { copies } => copies as usize - 1,
+            Layout::Ec { parity_shards, .. } => parity_shards as usize,
+            _ => 0,
+        };
+        let release = |etcd: &Etcd| {
+            let mut st = etcd.state.lock();
+            if st.owner.is_some_and(|(o, e, _)| o == c && e == epoch) {
+                st.owner = None;
+            }
+        };
+        if first && reached.len() < SLICES || out > tolerance {
+            eprintln!("  coordinator {c} at epoch {epoch}: reached {reached:?} of in-service {in_service:?}");
+            release(&self.etcd);
+            return false;
+        }
+        let pool = if first {
+            let drives = reached
+                .iter()
+                .map(|&s| NewDrive {
+                    dev: self.device(c, s, epoch),
+                    path: format!("s{s}"),
+                    class: DriveClass::Capacity,
+                    domain: format!("s{s}"),
+                    fresh: false,
+                })
+                .collect();
+            let pool = Pool::create("sim", drives).await.unwrap();
+            pool.create_volume(VolumeSpec {
+                name: "v".into(),
+                size_bytes: REGISTERS * BLOCK_BYTES,
+                layout: self.layout,
+                chunk_bytes: 16 << 10,
+                class: DriveClass::Capacity,
+                role: VolumeRole::Plain,
+            })
+            .await
+            .unwrap();
+            pool
+        } else {
+            let found = reached
+                .iter()
+                .map(|&s| FoundDrive { dev: self.device(c, s, epoch), path: format!("s{s}") })
+                .collect();
+            match Pool::open(found).await {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!("  coordinator {c} at epoch {epoch}: the pool did not open: {e}");
+                    release(&self.etcd);
+                    return false;
+                }
+            }
+        };
+        {
+            // Slices not reached go out before anything is served (a fenced write).
+            let mut st = self.etcd.state.lock();
+            if !st.owner.is_some_and(|(o, e, _)| o == c && e == epoch) {
+                return false;
+            }
+            let mut now_in = in_service.clone();
+            for (s, flag) in now_in.iter_mut().enumerate() {
+                *flag = *flag && reached.contains(&s);
+            }
+            st.revision += 1;
+            st.in_service = Some(now_in);
+        }
+        pool.set_commit_guard(Arc::new(Guard { etcd: Arc::clone(&self.etcd), coord: c, epoch }));
+        let volume = pool.volume("v").unwrap();
+        let deadline = Arc::new(AtomicU64::new(now + TTL_MS - MARGIN_MS));
+        // An older holding of this coordinator is dropped (its pool without a close).
+        self.held[c] = Some(Holding { _pool: pool, volume, deadline });
+        true
+    }
+
+    /// The owner renews its lease (unless paused).
+    fn renew(&mut self) {
+        let now = self.etcd.now();
+        let mut st = self.etcd.state.lock();
+        if let Some((c, e, expiry)) = st.owner
+            && now < expiry
+            && !self.coords[c].paused.load(SeqCst)
+        {
+            st.owner = Some((c, e, now + TTL_MS));
+            if let Some(h) = &self.held[c] {
+                h.deadline.store(now + TTL_MS - MARGIN_MS, SeqCst);
+            }
+        }
+    }
+
+    /// A client operation through coordinator `c` (which may not own the volume any more).
+    async fn client_op(&mut self, c: usize) {
+        let Some(h) = &self.held[c] else { return };
+        if self.etcd.now() >= h.deadline.load(SeqCst) {
+            return; // the coordinator serves nothing past its deadline
+        }
+        let block = self.rng.random_range(0..REGISTERS);
+        let write = self.rng.random_bool(0.6);
+        let value = if write {
+            self.next_value += 1;
+            Some(self.next_value)
+        } else {
+            None
+        };
+        let fua = self.rng.random_bool(0.7);
+        let volume = Arc::clone(&h.volume);
+        let history = Arc::clone(&self.history);
+        let step = Arc::clone(&self.step);
+        let invoke = step.fetch_add(1, SeqCst);
+        let op = async move {
+            let (outcome, read) = if let Some(v) = value {
+                let mut r =
+                    volume.write(block * BLOCK_BYTES, IoBytes::copy_from(&encode(block, v)), fua).await;
+                if r.is_ok() && !fua {
+                    r = volume.flush().await;
+                }
+                (if r.is_ok() { Outcome::Ok } else { Outcome::Unknown }, None)
+            } else {
+                match volume.read(block * BLOCK_BYTES, BLOCK_BYTES as usize).await {
+                    Ok(buf) => (Outcome::Ok, Some(decode(block, &buf).unwrap_or_else(|e| panic!("{e}")))),
+                    Err(_) => (Outcome::Unknown, None),
+                }
+            };
+            let complete = step.fetch_add(1, SeqCst);
+            if value.is_some() || outcome == Outcome::Ok {
+                history.lock().push(Op {
+                    write: value.is_some(),
+                    block,
+                    value: value.or(read.flatten()),
+                    invoke,
+                    complete,
+                    outcome,
+                });
+            }
+        };
+        if self.coords[c].paused.load(SeqCst) {
+            self.pending.push(tokio::spawn(op));
+        } else {
+            op.await;
+        }
+    }
+
+    async fn step_once(&mut self) {
+        let c = self.rng.random_range(0..COORDS);
+        match self.rng.random_range(0..100) {
+            0..55 => {
+                // Clients mostly reach the owner of the moment, sometimes an older one.
+                let owner = self.etcd.state.lock().owner.map(|(o, _, _)| o);
+                let to = match owner {
+                    Some(o) if self.rng.random_bool(0.7) => o,
+                    _ => c,
+                };
+                self.client_op(to).await;
+            }
+            55..63 => {
+                self.faults += 1;
+                let paused = !self.coords[c].paused.load(SeqCst);
+                self.coords[c].paused.store(paused, SeqCst);
+                if !paused {
+                    self.coords[c].resumed.notify_waiters();
+                }
+            }
+            63..71 => {
+                // Cut (or heal) a link. Slices that leave service never come back (delta resync is
+                // not built), so a link is cut only while every slice is in service and no other
+                // link is cut: the volume loses at most one member per seed.
+                let s = self.rng.random_range(0..SLICES);
+                let link = &self.coords[c].links[s].cut;
+                let cut_now =
+                    self.coords.iter().flat_map(|k| &k.links).filter(|l| l.cut.load(SeqCst)).count();
+                let all_in = self.etcd.state.lock().in_service.as_ref().is_none_or(|v| v.iter().all(|&x| x));
+                if link.load(SeqCst) {
+                    link.store(false, SeqCst);
+                } else if cut_now == 0 && all_in {
+                    self.faults += 1;
+                    link.store(true, SeqCst);
+                }
+            }
+            71..86 => {
+                let ms = self.rng.random_range(200..3000);
+                self.etcd.now_ms.fetch_add(ms, SeqCst);
+                if self.rng.random_bool(0.85) {
+                    self.renew();
+                }
+            }
+            86..96 => {
+                self.take(c).await;
+            }
+            _ => {
+                // A crash: the coordinator's process and pool are gone (no close); its lease
+                // runs out on its own.
+                self.faults += 1;
+                self.held[c] = None;
+            }
+        }
+    }
+
+    /// Heals everything, lets every operation in flight finish, and has a coordinator take
+    /// over after every lease expired; returns the final value of every register.
+    async fn settle(&mut self) -> Vec<Option<u64>> {
+        for coord in &self.coords {
+            coord.paused.store(false, SeqCst);
+            coord.resumed.notify_waiters();
+            for l in &coord.links {
+                l.cut.store(false, SeqCst);
+            }
+        }
+        for p in std::mem::take(&mut self.pending) {
+            tokio::time::timeout(std::time::Duration::from_secs(30), p)
+                .await
+                .expect("an operation hung")
+                .unwrap();
+        }
+        self.etcd.now_ms.fetch_add(TTL_MS * 2, SeqCst);
+        let c = self.rng.random_range(0..COORDS);
+        // Out slices stay out: the last owner assembles from those in service.
+        assert!(self.take(c).await, "the final takeover failed");
+        let h = self.held[c].as_ref().unwrap();
+        let mut out = Vec::new();
+        for block in 0..REGISTERS {
+            let buf = h.volume.read(block * BLOCK_BYTES, BLOCK_BYTES as usize).await.unwrap_or_else(|e| {
+                panic!(
+                    "the final read of block {block}: {e}; in service {:?}",
+                    self.etcd.state.lock().in_service
+                )
+            });
+            out.push(decode(block, &buf).unwrap());
+        }
+        out
+    }
+}
+
+/// Violations of linearizability of one register's history (unique values; see the module doc).
+fn violations(block: u64, ops: &[Op], written: &BTreeMap<u64, (u64, u64, Outcome)>) -> Vec<String> {
+    const INF: u64 = u64::MAX;
+    let mut out = Vec::new();
+    // Clusters: per value, its write and its reads. min_complete and max_invoke of each.
+    let mut clusters: BTreeMap<Option<u64>, (u64, u64)> = BTreeMap::new();
+    for op in ops.iter().filter(|o| !o.write && o.outcome == Outcome::Ok) {
+        if let Some(v) = op.value {
+            match written.get(&v) {
+                None => {
+                    out.push(format!("block {block}: read value {v}, which no write wrote"));
+                    continue;
+                }
+                Some(&(wi, _, _)) if op.complete < wi => {
+                    out.push(format!("block {block}: read value {v} before its write was invoked"));
+                }
+                _ => {}
+            }
+        }
+        let e = clusters.entry(op.value).or_insert((INF, 0));
+        e.0 = e.0.min(op.complete);
+        e.1 = e.1.max(op.invoke);
+    }
+    for (&v, &(wi, wc, outcome)) in written {
+        let read = clusters.contains_key(&Some(v));
+        if outcome == Outcome::Unknown && !read {
+            continue; // may never have happened
+        }
+        let wc = if outcome == Outcome::Ok { wc } else { INF };
+        let e = clusters.entry(Some(v)).or_insert((INF, 0));
+        e.0 = e.0.min(wc);
+        e.1 = e.1.max(wi);
+    }
+    // Zeros read after some written value's operation completed.
+    if let Some(&(_, zeros_max_invoke)) = clusters.get(&None) {
+        for (v, &(min_c, _)) in clusters.iter().filter(|(v, _)| v.is_some()) {
+            if min_c < zeros_max_invoke {
+                out.push(format!("block {block}: read zeros after value {v:?} was written"));
+            }
+        }
+    }
+    let list: Vec<(Option<u64>, (u64, u64))> = clusters.into_iter().filter(|(v, _)| v.is_some()).collect();
+    for (i, (x, (xc, xi))) in list.iter().enumerate() {
+        for (y, (yc, yi)) in &list[i + 1..] {
+            if xc < yi && yc < xi {
+                out.push(format!("block {block}: values {x:?} and {y:?} each must precede the other"));
+            }
+        }
+    }
+    out
+}
+
+async fn run_seed(seed: u64) -> (u64, usize, u64) {
+    let mut w = World::new(seed).await;
+    assert!(w.take(0).await, "seed {seed}: the first takeover failed");
+    let steps = 60 + w.rng.random_range(0..60);
+    for _ in 0..steps {
+        w.step_once().await;
+    }
+    eprintln!("seed {seed}: {} over {SLICES} slices", w.layout);
+    let fin = w.settle().await;
+    let end = w.step.fetch_add(1, SeqCst);
+    let history = w.history.lock().clone();
+    let mut written: BTreeMap<u64, BTreeMap<u64, (u64, u64, Outcome)>> = BTreeMap::new();
+    for op in history.iter().filter(|o| o.write) {
+        written.entry(op.block).or_default().insert(op.value.unwrap(), (op.invoke, op.complete, op.outcome));
+    }
+    let mut bad = Vec::new();
+    for block in 0..REGISTERS {
+        let mut ops: Vec<Op> = history.iter().filter(|o| o.block == block).cloned().collect();
+        ops.push(Op {
+            write: false,
+            block,
+            value: fin[block as usize],
+            invoke: end,
+            complete: end + 1,
+            outcome: Outcome::Ok,
+        });
+        bad.extend(violations(block, &ops, written.get(&block).unwrap_or(&BTreeMap::new())));
+    }
+    assert!(bad.is_empty(), "seed {seed} ({}): {}", w.layout, bad.join("; "));
+    (steps, history.len(), w.faults)
+}
+
+#[test]
+fn the_checker_finds_what_it_must() {
+    let w = |v, i, c, o| (v, (i, c, o));
+    let written: BTreeMap<u64, (u64, u64, Outcome)> =
+        [w(1, 1, 2, Outcome::Ok), w(2, 3, 4, Outcome::Ok)].into_iter().map(|(v, x)| (v, x)).collect();
+    let read = |value, invoke, complete| Op {
+        write: false,
+        block: 0,
+        value,
+        invoke,
+        complete,
+        outcome: Outcome::Ok,
+    };
+    // Reading 1 after 2 was acknowledged (a lost write).
+    assert!(!violations(0, &[read(Some(1), 5, 6)], &written).is_empty());
+    // Reading 2 then 2: fine.
+    assert!(violations(0, &[read(Some(2), 5, 6)], &written).is_empty());
+    // Zeros after a write completed.
+    assert!(!violations(0, &[read(None, 5, 6)], &written).is_empty());
+    // A value nobody wrote.
+    assert!(!violations(0, &[read(Some(9), 5, 6)], &written).is_empty());
+    // Overlapping with the write of 2: 1 is fine.
+    assert!(violations(0, &[read(Some(1), 3, 6)], &written).is_empty());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn seeded_takeovers_pauses_and_cuts_lose_no_acknowledged_write() {
+    let seeds: Vec<u64> = match std::env::var("STRIA_CLUSTER_SEED") {
+        Ok(s) => vec![s.parse().expect("STRIA_CLUSTER_SEED")],
+        Err(_) => {
+            let n = std::env::var("STRIA_CLUSTER_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(150);
+            (0..n).collect()
+        }
+    };
+    let (mut steps, mut ops, mut faults) = (0, 0, 0);
+    for &seed in &seeds {
+        let (s, o, f) = run_seed(seed).await;
+        steps += s;
+        ops += o;
+        faults += f;
+    }
+    eprintln!("{} seeds: {steps} steps, {ops} client operations recorded, {faults} faults", seeds.len());
+}
