@@ -314,8 +314,8 @@ impl World {
         let first = in_service.is_none();
         let in_service = in_service.unwrap_or_else(|| vec![true; SLICES]);
         let mut reached = Vec::new();
-        for s in 0..SLICES {
-            if in_service[s] && !self.coords[c].links[s].cut.load(SeqCst) {
+        for (s, &serving) in in_service.iter().enumerate() {
+            if serving && !self.coords[c].links[s].cut.load(SeqCst) {
                 assert_eq!(
                     self.slices[s].fence(epoch).await.unwrap(),
                     epoch,
@@ -686,7 +686,7 @@ async fn run_seed(seed: u64) -> (u64, usize, u64) {
 fn the_checker_finds_what_it_must() {
     let w = |v, i, c, o| (v, (i, c, o));
     let written: BTreeMap<u64, (u64, u64, Outcome)> =
-        [w(1, 1, 2, Outcome::Ok), w(2, 3, 4, Outcome::Ok)].into_iter().map(|(v, x)| (v, x)).collect();
+        [w(1, 1, 2, Outcome::Ok), w(2, 3, 4, Outcome::Ok)].into_iter().collect();
     let read = |value, invoke, complete| Op {
         write: false,
         block: 0,
