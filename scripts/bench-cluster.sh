@@ -63,7 +63,7 @@ SP=$(port)
 "$S" pool create --pool "$W/single" --capacity 3 --drive-size 1G >/dev/null
 "$S" volume create m --pool "$W/single" --layout raid1:3 --size 256M >/dev/null
 "$S" volume create e --pool "$W/single" --layout ec:2+1 --size 256M >/dev/null
-"$S" serve --pool "$W/single" --nbd "127.0.0.1:$SP" >"$W/single.log" 2>&1 &
+"$S" serve --pool "$W/single" --nbd "tcp:127.0.0.1:$SP" >"$W/single.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 200); do qemu-io -f raw -r -c 'read 0 4k' "nbd://127.0.0.1:$SP/m" >/dev/null 2>&1 && break; sleep 0.1; done
 URI[single-mirror]="nbd://127.0.0.1:$SP/m"; URI[single-ec]="nbd://127.0.0.1:$SP/e"

@@ -58,15 +58,16 @@ pub(super) async fn cluster(cmd: ClusterCmd) -> Result<()> {
             stria_engine::check_volume_name(&name)?;
             let cluster = Cluster::connect(&etcd, Keys::new(&prefix)).await?;
             let used: Vec<SliceRef> = cluster.specs().await?.into_iter().flat_map(|s| s.slices).collect();
-            // A slice must hold the member's share plus the drive's own metadata (journal,
-            // tables): ask for twice the share plus 80 MiB, which covers it at these sizes.
+            // A slice must hold the member's share plus the drive's own metadata: the journal
+            // (16 MiB under 4 GiB, 64 MiB above), metadata slots, checksum and intent tables.
             let members = u64::from(match layout {
                 stria_engine::Layout::Raid0 { width } => width,
                 stria_engine::Layout::Raid1 { .. } => 1,
                 stria_engine::Layout::Raid10 { width, .. } => width,
                 stria_engine::Layout::Ec { data_shards, .. } => data_shards,
             });
-            let need = size.div_ceil(members) * 2 + (80 << 20);
+            let share = size.div_ceil(members);
+            let need = share + share / 16 + (72 << 20);
             let mut free = Vec::new();
             for node in cluster.nodes().await? {
                 for s in &node.slices {
