@@ -434,6 +434,12 @@ async fn keep_alive(
                 tracing::error!(lease, "the node's lease expired; its volumes may be taken by other nodes");
                 return;
             }
+            // Opening a keep-alive stream for an expired lease answers "lease not found"
+            // (etcd-client reads the first reply's TTL of 0 that way): the lease is gone.
+            Ok(Err(etcd_client::Error::LeaseKeepAliveError(why))) if why.contains("not found") => {
+                tracing::error!(lease, "the node's lease expired; its volumes may be taken by other nodes");
+                return;
+            }
             Ok(Err(e)) => {
                 stream = None;
                 tracing::warn!(lease, error = %e, "lease renewal failed; retrying");

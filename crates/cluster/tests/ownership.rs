@@ -68,3 +68,23 @@ async fn one_owner_at_a_time_and_a_dead_owner_is_superseded_with_a_higher_epoch(
     assert!(e3 > e2);
     assert_eq!(c.nodes().await.unwrap().iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), vec!["c"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_lease_expired_knows_it_and_its_volumes_are_free() {
+    // What a paused etcd leader does when it resumes: its leases' time ran on while it was
+    // frozen, so they expire at once. Here the lease is revoked from outside, which etcd
+    // reports the same way to the node's keep-alive ("lease not found").
+    let etcd = Etcd::start().await;
+    let a = etcd.session("a", Duration::from_secs(2)).await;
+    let epoch = a.create_volume(&spec("v")).await.unwrap();
+    assert!(a.renewing());
+    let mut admin = etcd_client::Client::connect([&etcd.endpoint], None).await.unwrap();
+    admin.lease_revoke(a.lease()).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(6);
+    while a.renewing() {
+        assert!(Instant::now() < deadline, "the node did not notice its lease was gone");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let b = etcd.session("b", Duration::from_secs(2)).await;
+    assert!(b.take_ownership("v").await.unwrap() > epoch);
+}
