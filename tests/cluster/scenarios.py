@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -129,23 +130,28 @@ class Cluster:
             raise RuntimeError(r.stderr)
         return json.loads(r.stdout)
 
-    def owner(self, volume: str) -> str | None:
+    def owner(self, volume: str, not_node: str | None = None) -> str | None:
+        """The node that owns `volume` and serves it now (an owner key alone may belong to a
+        takeover still fencing, or one that will fail and give the volume back)."""
         for v in self.status()["volumes"]:
-            if v["name"] == volume:
-                return v["owner"]
+            if v["name"] == volume and v["owner"] and v["nbd"] and v["owner"] != not_node:
+                r = subprocess.run(["qemu-io", "-f", "raw", "-r", "-c", "read 0 4k", f"nbd://{v['nbd']}/{volume}"],
+                                   capture_output=True, text=True, timeout=10)
+                if r.returncode == 0 and "read 4096/4096" in r.stdout:
+                    return v["owner"]
         return None
 
     def wait_owner(self, volume: str, timeout: float, not_node: str | None = None) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                o = self.owner(volume)
+                o = self.owner(volume, not_node)
             except (RuntimeError, subprocess.TimeoutExpired):
                 o = None
             if o is not None and o != not_node:
                 return o
             time.sleep(0.2)
-        raise SystemExit(f"volume {volume}: no owner (other than {not_node}) within {timeout} s")
+        raise SystemExit(f"volume {volume}: no node serves it (other than {not_node}) within {timeout} s")
 
     def uris(self, volume: str) -> str:
         return ",".join(f"nbd://127.0.0.1:{p}/{volume}" for p in self.nbd_port)
@@ -168,13 +174,27 @@ def run_round(c: Cluster, scenario: str, volume: str, rnd: int, seconds: float, 
     if scenario == "kill9":
         c.procs.signal(owner, signal.SIGKILL)
         c.procs.wait_gone(owner, 10)
-        new_owner = c.wait_owner(volume, 60, not_node=owner)
-        c.start_node(victim)
+        # The node comes back a little after its lease is gone, whether or not another node
+        # serves the volume by then: a volume that already has a slice out (nothing brings it
+        # back yet) and loses another with this node needs it back to assemble (the drive
+        # quorum; docs/design/cluster.md §13).
+        restart = threading.Timer(c.ttl + 4, c.start_node, args=(victim,))
+        restart.start()
+        try:
+            new_owner = c.wait_owner(volume, 90, not_node=owner)
+        finally:
+            restart.join()
     elif scenario == "stop":
         c.procs.signal(owner, signal.SIGSTOP)
-        new_owner = c.wait_owner(volume, 60, not_node=owner)
-        time.sleep(1)
-        c.procs.signal(owner, signal.SIGCONT)
+        # Resumed after its lease is surely gone: at once when a successor serves, or after
+        # TTL + 6 s when none can without the paused node's slice (see kill9).
+        resume = threading.Timer(c.ttl + 6, c.procs.signal, args=(owner, signal.SIGCONT))
+        resume.start()
+        try:
+            new_owner = c.wait_owner(volume, 90, not_node=owner)
+        finally:
+            resume.cancel()
+            c.procs.signal(owner, signal.SIGCONT)
         # The paused node, running again, must complete no write: not for a client that was
         # attached before the pause (the workload's connections get errors) and not for a new one.
         time.sleep(0.5)
