@@ -51,6 +51,16 @@ pub(super) async fn node_run(args: NodeRunArgs) -> Result<()> {
 }
 
 pub(super) async fn cluster(cmd: ClusterCmd) -> Result<()> {
+    let endpoints = match &cmd {
+        ClusterCmd::Status { etcd, .. } | ClusterCmd::VolumeCreate { etcd, .. } => etcd.join(","),
+    };
+    cluster_at(cmd).await.map_err(|e| match e.downcast_ref::<stria_cluster::ClusterError>() {
+        Some(stria_cluster::ClusterError::Etcd(_)) => e.context(format!("cannot reach etcd at {endpoints}")),
+        _ => e,
+    })
+}
+
+async fn cluster_at(cmd: ClusterCmd) -> Result<()> {
     match cmd {
         ClusterCmd::Status { etcd, prefix, json } => status(&etcd, &prefix, json).await,
         ClusterCmd::VolumeCreate { name, layout, size, tolerate, chunk, etcd, prefix } => {
