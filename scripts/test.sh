@@ -83,4 +83,7 @@ step "cluster: three stria nodes and a three-member etcd, kill -9 / kill -STOP o
 # The long run (--rounds 50) is quoted in the notes.
 tests/cluster/run.sh target/release/stria --rounds 1
 
+step "cluster: the owner's node cut off by a partition (network namespaces the test makes and deletes)"
+tests/cluster/run.sh target/release/stria --rounds 1 --netns --scenarios partition
+
 step "all tests passed"
