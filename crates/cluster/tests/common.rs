@@ -1,5 +1,5 @@
 //! A real etcd member per test (its own ports and data directory, stopped with SIGTERM then
-//! SIGKILL), slice servers on 127.0.0.1, and a proxy whose new connections a test can refuse.
+//! SIGKILL) and slice servers on 127.0.0.1 (the fault proxy is `stria_slice::testing::Proxy`).
 
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::process::{Child, Command, Stdio};
@@ -118,46 +118,6 @@ impl SliceNode {
 impl Drop for SliceNode {
     fn drop(&mut self) {
         self.task.abort();
-    }
-}
-
-/// A TCP proxy: connections made through it keep working after [`Proxy::refuse_new`], new ones
-/// are refused (a node cut off from one peer but not from another).
-pub(crate) struct Proxy {
-    pub(crate) addr: SocketAddr,
-    accept: JoinHandle<()>,
-    conns: Arc<parking_lot::Mutex<Vec<JoinHandle<()>>>>,
-}
-
-impl Proxy {
-    pub(crate) async fn start(to: SocketAddr) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let conns: Arc<parking_lot::Mutex<Vec<JoinHandle<()>>>> = Arc::default();
-        let held = Arc::clone(&conns);
-        let accept = tokio::spawn(async move {
-            while let Ok((mut client, _)) = listener.accept().await {
-                held.lock().push(tokio::spawn(async move {
-                    if let Ok(mut server) = tokio::net::TcpStream::connect(to).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                    }
-                }));
-            }
-        });
-        Proxy { addr, accept, conns }
-    }
-
-    pub(crate) fn refuse_new(&self) {
-        self.accept.abort();
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.accept.abort();
-        for c in self.conns.lock().drain(..) {
-            c.abort();
-        }
     }
 }
 

@@ -12,6 +12,8 @@ use stria_dev::IoBytes;
 use stria_engine::{ErrorKind, Layout};
 use tokio::runtime::Handle;
 
+use stria_slice::testing::Proxy;
+
 use crate::common::*;
 
 const SLICE_BYTES: u64 = 48 << 20;
@@ -126,7 +128,7 @@ async fn a_slice_the_successor_cannot_reach_leaves_service_in_etcd_before_it_ser
     ];
     // n2 is reached through a proxy that will refuse new connections: a keeps its connection
     // to n2, b cannot make one (n2 is cut off from b, not from a).
-    let proxy = Proxy::start(nodes[2].addr).await;
+    let proxy = Proxy::start(nodes[2].addr).await.unwrap();
     let mut slices: Vec<_> = nodes.iter().map(|n| n.slice(0)).collect();
     slices[2].addr = proxy.addr.to_string();
     let ttl = Duration::from_secs(2);

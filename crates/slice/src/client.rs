@@ -102,7 +102,7 @@ impl RemoteDevice {
 
     /// Asks the slice's size and persisted epoch.
     pub async fn info(&self) -> io::Result<SliceInfo> {
-        let (reply, payload) = self.call(Op::Info, 0, 0, false, None).await?;
+        let (reply, payload) = self.call_at(self.epoch(), Op::Info, 0, 0, false, None).await?;
         check_status(&reply)?;
         let p = payload.filter(|p| p.len() == INFO_BYTES as usize).ok_or_else(|| lost("short INFO reply"))?;
         let usable_bytes = u64::from_le_bytes(p[0..8].try_into().expect("8 bytes"));
@@ -119,17 +119,6 @@ impl RemoteDevice {
         self.result(&reply, epoch, 0, 0)?;
         self.epoch.fetch_max(epoch, Ordering::AcqRel);
         Ok(())
-    }
-
-    async fn call(
-        &self,
-        op: Op,
-        offset: u64,
-        len: u32,
-        fua: bool,
-        payload: Option<IoBytes>,
-    ) -> io::Result<(Reply, Option<IoBuf>)> {
-        self.call_at(self.epoch(), op, offset, len, fua, payload).await
     }
 
     async fn call_at(

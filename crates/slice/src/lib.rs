@@ -14,6 +14,7 @@ pub mod client;
 pub mod fuzzing;
 pub mod server;
 pub mod slice;
+pub mod testing;
 pub mod wire;
 
 pub use client::{RemoteDevice, SliceInfo};

@@ -29,15 +29,9 @@ async fn remote_drives(nodes: &[(Node<Arc<MemDevice>>, Arc<MemDevice>)], epoch: 
     out
 }
 
-fn pattern(seed: u8) -> Vec<u8> {
-    (0..64 * 1024).map(|i| (i as u8).wrapping_mul(seed) ^ seed).collect()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_mirror_over_three_nodes_serves_then_its_old_owner_is_fenced_off() {
-    let nodes = nodes().await;
-    let drives = remote_drives(&nodes, 1).await;
-    let new: Vec<NewDrive<RemoteDevice>> = drives
+/// Slice 0 of node i as a new pool drive in failure domain `node{i}`.
+fn new_drives(drives: Vec<RemoteDevice>) -> Vec<NewDrive<RemoteDevice>> {
+    drives
         .into_iter()
         .enumerate()
         .map(|(i, dev)| NewDrive {
@@ -47,7 +41,18 @@ async fn a_mirror_over_three_nodes_serves_then_its_old_owner_is_fenced_off() {
             domain: format!("node{i}"),
             fresh: true,
         })
-        .collect();
+        .collect()
+}
+
+fn pattern(seed: u8) -> Vec<u8> {
+    (0..64 * 1024).map(|i| (i as u8).wrapping_mul(seed) ^ seed).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_over_three_nodes_serves_then_its_old_owner_is_fenced_off() {
+    let nodes = nodes().await;
+    let drives = remote_drives(&nodes, 1).await;
+    let new = new_drives(drives);
     let old = Pool::create("cluster", new).await.unwrap();
     let vol = old
         .create_volume(VolumeSpec {
@@ -99,17 +104,7 @@ type MemNodes = Vec<(Node<Arc<MemDevice>>, Arc<MemDevice>)>;
 async fn partly_fenced() -> (MemNodes, Pool<RemoteDevice>) {
     let nodes = nodes().await;
     let drives = remote_drives(&nodes, 1).await;
-    let new: Vec<NewDrive<RemoteDevice>> = drives
-        .into_iter()
-        .enumerate()
-        .map(|(i, dev)| NewDrive {
-            path: format!("node{i}/slice-0"),
-            dev,
-            class: DriveClass::Capacity,
-            domain: format!("node{i}"),
-            fresh: true,
-        })
-        .collect();
+    let new = new_drives(drives);
     let old = Pool::create("cluster", new).await.unwrap();
     let spec = |name: &str, layout| VolumeSpec {
         name: name.into(),

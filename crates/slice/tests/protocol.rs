@@ -4,6 +4,8 @@ use std::sync::Arc;
 
 use stria_dev::{BlockDevice, DevError, IoBuf, IoBytes};
 
+use stria_slice::testing::Proxy;
+
 use crate::common::*;
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -66,7 +68,7 @@ async fn requests_outside_the_slice_are_refused_before_they_are_sent() {
 #[tokio::test]
 async fn a_broken_connection_fails_its_requests_then_the_device_connects_again() {
     let (node, _mem) = mem_node("s", 1 << 20).await;
-    let proxy = Proxy::start(node.addr).await;
+    let proxy = Proxy::start(node.addr).await.unwrap();
     let dev = owner(proxy.addr, 1).await;
     dev.write(0, IoBytes::copy_from(&[5u8; 4096]), true).await.unwrap();
     proxy.cut();
