@@ -11,7 +11,7 @@ use stria_engine::{DriveClass, FoundDrive, Layout, NewDrive, Pool, Volume, Volum
 use stria_slice::RemoteDevice;
 use tokio::runtime::Handle;
 
-use crate::etcd::{ClusterError, Session};
+use crate::etcd::{ClusterError, MembersGuard, Session};
 use crate::records::{MembersRecord, OutSlice, SliceRef, VolumeRecord};
 
 /// How long one slice may take to connect and to answer its FENCE before it counts as
@@ -31,10 +31,13 @@ fn tolerance(layout: Layout) -> usize {
 
 /// A volume this node coordinates.
 pub struct Coordinated {
-    pub pool: Pool<RemoteDevice>,
+    pub pool: Arc<Pool<RemoteDevice>>,
     pub volume: Arc<Volume<RemoteDevice>>,
     pub epoch: u64,
+    /// The members as the takeover wrote them (later ones: `guard.members()`).
     pub members: MembersRecord,
+    /// The pool's commit guard, and the one writer of the volume's members.
+    pub guard: Arc<MembersGuard>,
     /// From the ownership transaction to the pool open (the takeover time, without the wait
     /// for the old owner's lease).
     pub took: Duration,
@@ -52,7 +55,7 @@ fn now_unix() -> u64 {
 
 /// Connects to `slice` and fences it at `epoch`. `Err` says why it is unreachable; a slice
 /// already at a higher epoch means a newer owner exists: [`ClusterError::NotOwner`].
-async fn fence_one(
+pub(crate) async fn fence_one(
     runtime: &Handle,
     volume: &str,
     slice: &SliceRef,
@@ -121,7 +124,7 @@ async fn create_at(
             }
         }
     }
-    let pool = Pool::create(&spec.name, drives).await?;
+    let pool = Arc::new(Pool::create(&spec.name, drives).await?);
     let volume = pool
         .create_volume(VolumeSpec {
             name: spec.name.clone(),
@@ -132,10 +135,11 @@ async fn create_at(
             role: VolumeRole::Plain,
         })
         .await?;
-    let members = MembersRecord { epoch, in_service: spec.slices.clone(), out: Vec::new() };
+    let members = MembersRecord { epoch, in_service: spec.slices.clone(), ..MembersRecord::default() };
     session.put_members(&spec.name, epoch, &members).await?;
-    pool.set_commit_guard(Arc::new(session.members_guard(&spec.name, epoch, members.clone())));
-    Ok(Coordinated { pool, volume, epoch, members, took: Duration::ZERO })
+    let guard = Arc::new(session.members_guard(&spec.name, epoch, members.clone()));
+    pool.set_commit_guard(Arc::clone(&guard) as Arc<dyn stria_engine::CommitGuard>);
+    Ok(Coordinated { pool, volume, epoch, members, guard, took: Duration::ZERO })
 }
 
 /// Takes over `volume`: ownership (refused while another live node holds it), fences, the
@@ -174,7 +178,8 @@ async fn take_at(
     let in_service = old.in_service.clone();
     let fenced = join_all(in_service.iter().map(|slice| fence_one(runtime, volume, slice, epoch))).await;
     let mut found = Vec::new();
-    let mut members = MembersRecord { epoch, in_service: Vec::new(), out: old.out.clone() };
+    let mut members =
+        MembersRecord { epoch, in_service: Vec::new(), out: old.out.clone(), joining: old.joining.clone() };
     for (slice, result) in in_service.iter().zip(fenced) {
         match result? {
             Ok(dev) => {
@@ -187,14 +192,15 @@ async fn take_at(
             }
         }
     }
-    // Counted against every slice of the volume: those out already are missing too.
-    let missing = spec.slices.len() - found.len();
+    // Counted against every slice of the volume: those out already are missing too, and so
+    // are those still being rebuilt (their data is incomplete).
+    let complete = members.complete().count();
+    let missing = spec.slices.len().saturating_sub(complete);
     if missing > tolerance(spec.layout) {
         // The slices not reached may hold data no other has: take nothing out, serve nothing.
         return Err(ClusterError::Unavailable(format!(
-            "volume {volume} ({}) reached {} of its {} slices; it needs {} to serve",
+            "volume {volume} ({}) reached {complete} of its {} slices with complete data; it needs {} to serve",
             spec.layout,
-            found.len(),
             spec.slices.len(),
             spec.slices.len() - tolerance(spec.layout)
         )));
@@ -202,15 +208,27 @@ async fn take_at(
     // Assemble first: a pool that cannot open (too few of its drives) changes nothing in etcd,
     // so the slices not reached stay in service and a later try fences them again. Assembly
     // may record on the fenced slices that the unreached ones are missing; no client is served
-    // before etcd says the same (a fenced write), just below.
-    let pool = Pool::open(found).await?;
+    // before etcd says the same (a fenced write), just below. A slice the pool does not list
+    // (a replacement whose addition never committed) or lists as failed is left out of the pool
+    // and out of service.
+    let pool = Arc::new(Pool::open_skipping(found, false).await?);
+    for (path, why) in pool.ignored_drives() {
+        if let Some(i) = members.in_service.iter().position(|s| s.to_string() == *path) {
+            let slice = members.in_service.remove(i);
+            tracing::warn!(volume, %slice, %why, "a slice left out of the pool");
+            if !members.out.iter().any(|o| o.slice.same(&slice)) {
+                members.out.push(OutSlice { slice, epoch, since_unix: now_unix(), reason: why.clone() });
+            }
+        }
+    }
     session.put_members(volume, epoch, &members).await?;
     let volume_handle = pool
         .volume(volume)
         .ok_or_else(|| ClusterError::Unavailable(format!("the pool of {volume} holds no volume {volume}")))?;
-    pool.set_commit_guard(Arc::new(session.members_guard(volume, epoch, members.clone())));
+    let guard = Arc::new(session.members_guard(volume, epoch, members.clone()));
+    pool.set_commit_guard(Arc::clone(&guard) as Arc<dyn stria_engine::CommitGuard>);
     if !session.lease_valid() {
         return Err(ClusterError::Unavailable("the node's lease lapsed during the takeover".into()));
     }
-    Ok(Coordinated { pool, volume: volume_handle, epoch, members, took: Duration::ZERO })
+    Ok(Coordinated { pool, volume: volume_handle, epoch, members, guard, took: Duration::ZERO })
 }

@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 
-use crate::records::{Keys, MembersRecord, NodeRecord, OutSlice, OwnerRecord, VolumeRecord};
+use crate::records::{Keys, MembersRecord, NodeRecord, OutSlice, OwnerRecord, SliceRef, VolumeRecord};
 
 /// Why a cluster operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +33,8 @@ pub enum ClusterError {
     Engine(#[from] stria_engine::EngineError),
     #[error(transparent)]
     Volume(#[from] stria_engine::VolumeError),
+    #[error("slice {slice} is claimed by volume {by}")]
+    Claimed { slice: String, by: String },
     #[error("{0}")]
     Unavailable(String),
 }
@@ -75,13 +77,53 @@ impl Cluster {
     /// pool (`coordinator::take`).
     pub async fn put_spec(&self, spec: &VolumeRecord) -> Result<(), ClusterError> {
         let key = self.keys.spec(&spec.name);
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key, json(spec), None)]);
-        if !self.client.clone().txn(txn).await?.succeeded() {
-            return Err(ClusterError::Exists(spec.name.clone()));
+        let mut when = vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)];
+        let mut ops = vec![TxnOp::put(key, json(spec), None)];
+        self.claim_ops(spec, &mut when, &mut ops);
+        if !self.client.clone().txn(Txn::new().when(when).and_then(ops)).await?.succeeded() {
+            return Err(self.why_not_created(spec).await);
         }
         Ok(())
+    }
+
+    /// The compares and puts that claim every slice of `spec` for it.
+    fn claim_ops(&self, spec: &VolumeRecord, when: &mut Vec<Compare>, ops: &mut Vec<TxnOp>) {
+        for slice in &spec.slices {
+            let key = self.keys.claim(slice);
+            when.push(Compare::create_revision(key.clone(), CompareOp::Equal, 0));
+            ops.push(TxnOp::put(key, spec.name.as_bytes().to_vec(), None));
+        }
+    }
+
+    /// Why a create transaction failed: the name is taken, or one of its slices is.
+    async fn why_not_created(&self, spec: &VolumeRecord) -> ClusterError {
+        if let Ok(claims) = self.claims().await {
+            for slice in &spec.slices {
+                if let Some((_, by)) = claims.iter().find(|(s, _)| s.same(slice)) {
+                    return ClusterError::Claimed { slice: slice.to_string(), by: by.clone() };
+                }
+            }
+        }
+        ClusterError::Exists(spec.name.clone())
+    }
+
+    /// Every claimed slice (node and id; no address) and the volume it belongs to.
+    pub async fn claims(&self) -> Result<Vec<(SliceRef, String)>, ClusterError> {
+        let prefix = self.keys.claims();
+        let resp = self
+            .client
+            .clone()
+            .get(prefix.clone(), Some(etcd_client::GetOptions::new().with_prefix()))
+            .await?;
+        let mut out = Vec::new();
+        for kv in resp.kvs() {
+            let rest = String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
+            let Some((node, slice)) = rest.rsplit_once('/') else { continue };
+            let Ok(slice) = slice.parse() else { continue };
+            let volume = String::from_utf8_lossy(kv.value()).into_owned();
+            out.push((SliceRef { node: node.to_string(), addr: String::new(), slice }, volume));
+        }
+        Ok(out)
     }
 
     /// Every volume's spec.
@@ -276,22 +318,22 @@ impl Session {
     pub async fn create_volume(&self, spec: &VolumeRecord) -> Result<u64, ClusterError> {
         let keys = &self.cluster.keys;
         let (spec_key, owner_key) = (keys.spec(&spec.name), keys.owner(&spec.name));
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(spec_key.clone(), CompareOp::Equal, 0),
-                Compare::create_revision(owner_key.clone(), CompareOp::Equal, 0),
-            ])
-            .and_then([
-                TxnOp::put(spec_key, json(spec), None),
-                TxnOp::put(
-                    owner_key,
-                    json(&OwnerRecord { node: self.config.node.clone() }),
-                    Some(self.lease_put()),
-                ),
-            ]);
-        let resp = self.cluster.client.clone().txn(txn).await?;
+        let mut when = vec![
+            Compare::create_revision(spec_key.clone(), CompareOp::Equal, 0),
+            Compare::create_revision(owner_key.clone(), CompareOp::Equal, 0),
+        ];
+        let mut ops = vec![
+            TxnOp::put(spec_key, json(spec), None),
+            TxnOp::put(
+                owner_key,
+                json(&OwnerRecord { node: self.config.node.clone() }),
+                Some(self.lease_put()),
+            ),
+        ];
+        self.cluster.claim_ops(spec, &mut when, &mut ops);
+        let resp = self.cluster.client.clone().txn(Txn::new().when(when).and_then(ops)).await?;
         if !resp.succeeded() {
-            return Err(ClusterError::Exists(spec.name.clone()));
+            return Err(self.cluster.why_not_created(spec).await);
         }
         Ok(revision(&resp))
     }
@@ -305,13 +347,19 @@ impl Session {
     /// if this node still owns it at `epoch`.
     pub async fn abandon_create(&self, volume: &str, epoch: u64) -> Result<(), ClusterError> {
         let keys = &self.cluster.keys;
+        let mut ops = vec![
+            TxnOp::delete(keys.spec(volume), None),
+            TxnOp::delete(keys.members(volume), None),
+            TxnOp::delete(keys.owner(volume), None),
+        ];
+        for (slice, by) in self.cluster.claims().await? {
+            if by == volume {
+                ops.push(TxnOp::delete(keys.claim(&slice), None));
+            }
+        }
         let txn = Txn::new()
             .when([Compare::mod_revision(keys.owner(volume), CompareOp::Equal, epoch_rev(epoch))])
-            .and_then([
-                TxnOp::delete(keys.spec(volume), None),
-                TxnOp::delete(keys.members(volume), None),
-                TxnOp::delete(keys.owner(volume), None),
-            ]);
+            .and_then(ops);
         self.cluster.client.clone().txn(txn).await?;
         Ok(())
     }
@@ -384,7 +432,7 @@ impl Session {
             keys: self.cluster.keys.clone(),
             volume: volume.to_string(),
             epoch,
-            last: Mutex::new(members),
+            last: tokio::sync::Mutex::new(members),
         }
     }
 
@@ -472,19 +520,22 @@ async fn renew(
     }
 }
 
-/// The commit guard of a coordinated volume's pool: before the engine commits a metadata
-/// change, checks in one transaction that this node still owns the volume at its epoch, and
-/// writes the members in service as the new document says (a drive the document fails goes
-/// `out`). So a member leaves service in etcd before any drive records it, and an owner that
-/// was superseded — however long it was paused — commits nothing (docs/design/cluster.md §4.1).
+/// The commit guard of a coordinated volume's pool, and the one writer of its members: before
+/// the engine commits a metadata change, checks in one transaction that this node still owns the
+/// volume at its epoch, and writes the members as the new document says (a drive the document
+/// fails goes `out`; a joining slice the document holds goes in service; an out slice whose drive
+/// the document no longer lists is released, its claim deleted). So a member leaves service in
+/// etcd before any drive records it, and an owner that was superseded — however long it was
+/// paused — commits nothing (docs/design/cluster.md §4.1, §7).
 pub struct MembersGuard {
     client: Client,
     keys: Keys,
     volume: String,
     epoch: u64,
-    /// The members last written. A slice is matched to its drive by the drive's path hint
-    /// (`node/slice-N`, set when the pool was created or opened).
-    last: Mutex<MembersRecord>,
+    /// The members last written, locked across each write so writes apply in order. A slice is
+    /// matched to its drive by the drive's path hint (`node/slice-N`, set when the pool was
+    /// created or opened, or the drive added).
+    last: tokio::sync::Mutex<MembersRecord>,
 }
 
 impl std::fmt::Debug for MembersGuard {
@@ -493,44 +544,160 @@ impl std::fmt::Debug for MembersGuard {
     }
 }
 
-impl MembersGuard {
-    /// The members `next` implies: the slices whose drives it lists as active stay in
-    /// service; the others go out (once, with the reason the document gives).
-    fn members_for(&self, next: &stria_engine::PoolMeta) -> MembersRecord {
-        let last = self.last.lock().clone();
-        let mut members = MembersRecord { epoch: self.epoch, in_service: Vec::new(), out: last.out.clone() };
-        for slice in &last.in_service {
-            let name = slice.to_string();
-            let record = next.drives.iter().find(|d| d.path_hint == name);
-            match record {
-                Some(d) if d.state == stria_engine::DriveState::Failed => members.out.push(OutSlice {
-                    slice: slice.clone(),
-                    epoch: self.epoch,
-                    since_unix: now_unix(),
-                    reason: d.failed_reason.clone().unwrap_or_else(|| "failed".into()),
-                }),
-                _ => members.in_service.push(slice.clone()),
-            }
+/// The members `next` implies after `last`, and the slices it lets go.
+fn members_for(
+    last: &MembersRecord,
+    epoch: u64,
+    next: &stria_engine::PoolMeta,
+) -> (MembersRecord, Vec<SliceRef>) {
+    // Every slice the volume knows of, once each; a joining one first (its address is the newest).
+    let mut known: Vec<&SliceRef> = Vec::new();
+    for s in last.joining.iter().chain(&last.in_service).chain(last.out.iter().map(|o| &o.slice)) {
+        if !known.iter().any(|k| k.same(s)) {
+            known.push(s);
         }
-        members
+    }
+    let mut members =
+        MembersRecord { epoch, in_service: Vec::new(), out: Vec::new(), joining: last.joining.clone() };
+    let mut released = Vec::new();
+    for slice in known {
+        let name = slice.to_string();
+        match next.drives.iter().find(|d| d.path_hint == name) {
+            Some(d) if d.state == stria_engine::DriveState::Failed => {
+                let out =
+                    last.out.iter().find(|o| o.slice.same(slice)).cloned().unwrap_or_else(|| OutSlice {
+                        slice: slice.clone(),
+                        epoch,
+                        since_unix: now_unix(),
+                        reason: d.failed_reason.clone().unwrap_or_else(|| "failed".into()),
+                    });
+                members.out.push(out);
+            }
+            Some(_) => members.in_service.push(slice.clone()),
+            // Not in the pool: still in service as it was (the pool never dropped it), claimed
+            // but not added yet (joining), or an out slice whose drive was replaced: let go.
+            None if last.in_service.iter().any(|s| s.same(slice)) => members.in_service.push(slice.clone()),
+            None if last.joining.iter().any(|s| s.same(slice)) => {}
+            None => released.push(slice.clone()),
+        }
+    }
+    (members, released)
+}
+
+impl MembersGuard {
+    /// The members as last written.
+    pub async fn members(&self) -> MembersRecord {
+        self.last.lock().await.clone()
+    }
+
+    /// One fenced write of the members: `change` applied to the last ones, with `when` and
+    /// `ops` in the same transaction (claims). Refused as [`ClusterError::NotOwner`] when the
+    /// volume is no longer this owner's, and as [`ClusterError::Claimed`] when a `when` failed.
+    pub async fn update(
+        &self,
+        change: impl FnOnce(&mut MembersRecord),
+        when: Vec<Compare>,
+        ops: Vec<TxnOp>,
+    ) -> Result<MembersRecord, ClusterError> {
+        let mut last = self.last.lock().await;
+        let mut members = last.clone();
+        change(&mut members);
+        members.epoch = self.epoch;
+        let owner =
+            Compare::mod_revision(self.keys.owner(&self.volume), CompareOp::Equal, epoch_rev(self.epoch));
+        let mut all = vec![owner];
+        all.extend(when);
+        let mut puts = vec![TxnOp::put(self.keys.members(&self.volume), json(&members), None)];
+        puts.extend(ops);
+        let resp = self.client.clone().txn(Txn::new().when(all).and_then(puts)).await?;
+        if !resp.succeeded() {
+            return Err(self.why_refused().await);
+        }
+        *last = members.clone();
+        Ok(members)
+    }
+
+    async fn why_refused(&self) -> ClusterError {
+        let owner = self.keys.owner(&self.volume);
+        let ours = match self.client.clone().get(owner, None).await {
+            Ok(r) => {
+                r.kvs().first().is_some_and(|kv| u64::try_from(kv.mod_revision()).ok() == Some(self.epoch))
+            }
+            Err(e) => return ClusterError::Etcd(e),
+        };
+        if ours {
+            ClusterError::Claimed { slice: "the slice asked for".into(), by: "another volume".into() }
+        } else {
+            ClusterError::NotOwner { volume: self.volume.clone(), epoch: self.epoch }
+        }
+    }
+
+    /// Claims `slice` (free, or this volume's already) as joining.
+    pub async fn claim(&self, slice: &SliceRef) -> Result<(), ClusterError> {
+        let key = self.keys.claim(slice);
+        let mine = self.volume.as_bytes().to_vec();
+        // Free, or claimed by this very volume (a slice of its own that comes back, or a claim
+        // an earlier owner made and did not finish).
+        let current = self.client.clone().get(key.clone(), None).await?;
+        let when = match current.kvs().first() {
+            None => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+            Some(kv) if kv.value() == mine.as_slice() => {
+                Compare::value(key.clone(), CompareOp::Equal, mine.clone())
+            }
+            Some(kv) => {
+                return Err(ClusterError::Claimed {
+                    slice: slice.to_string(),
+                    by: String::from_utf8_lossy(kv.value()).into_owned(),
+                });
+            }
+        };
+        let joining = slice.clone();
+        self.update(
+            move |m| {
+                m.joining.retain(|j| !j.same(&joining));
+                m.joining.push(joining);
+            },
+            vec![when],
+            vec![TxnOp::put(key, mine, None)],
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// The claim key of `slice`.
+    pub fn claim_key(&self, slice: &SliceRef) -> String {
+        self.keys.claim(slice)
+    }
+
+    /// `slice` is complete (rebuilt) or given up: no longer joining.
+    pub async fn joined(&self, slice: &SliceRef) -> Result<(), ClusterError> {
+        let s = slice.clone();
+        self.update(move |m| m.joining.retain(|j| !j.same(&s)), Vec::new(), Vec::new()).await.map(|_| ())
     }
 
     async fn check(&self, next: &stria_engine::PoolMeta) -> Result<(), ClusterError> {
-        let members = self.members_for(next);
-        let unchanged = members.in_service == self.last.lock().in_service;
+        let mut last = self.last.lock().await;
+        let (members, released) = members_for(&last, self.epoch, next);
+        let unchanged =
+            members.in_service == last.in_service && members.out == last.out && released.is_empty();
         let guard =
             Compare::mod_revision(self.keys.owner(&self.volume), CompareOp::Equal, epoch_rev(self.epoch));
-        let ops = if unchanged {
-            Vec::new()
-        } else {
-            vec![TxnOp::put(self.keys.members(&self.volume), json(&members), None)]
-        };
+        let mut ops = Vec::new();
+        if !unchanged {
+            ops.push(TxnOp::put(self.keys.members(&self.volume), json(&members), None));
+        }
+        for slice in &released {
+            ops.push(TxnOp::delete(self.keys.claim(slice), None));
+        }
         let resp = self.client.clone().txn(Txn::new().when([guard]).and_then(ops)).await?;
         if !resp.succeeded() {
             return Err(ClusterError::NotOwner { volume: self.volume.clone(), epoch: self.epoch });
         }
+        for slice in &released {
+            tracing::info!(volume = %self.volume, %slice, "slice released: its member was rebuilt elsewhere");
+        }
         if !unchanged {
-            *self.last.lock() = members;
+            *last = members;
         }
         Ok(())
     }

@@ -11,6 +11,7 @@ pub mod etcd;
 pub mod node;
 pub mod placement;
 pub mod records;
+pub mod repair;
 
 pub use coordinator::{Coordinated, create, take};
 pub use etcd::{ClusterError, Session, SessionConfig};

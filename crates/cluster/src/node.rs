@@ -4,17 +4,18 @@
 //! `stria node run` command), and stops serving a volume as soon as it is no longer its own or
 //! its lease deadline passed.
 //!
+//! Past its lease deadline a node holds its volumes' requests (suspended, §8) for at most
+//! `suspend`, then fails them; it serves again by itself when a renewal comes back and the
+//! volume is still its own, and fails held requests at once when the volume is lost.
+//!
 //! Not built yet (§13): ranked successors, watches (this polls etcd every `poll`), forwarding
-//! to the owner, the suspend states of §8 (a node past its deadline stops serving at once and
-//! takes a new lease once the old one is gone).
+//! to the owner (held requests of a lost volume fail; the client reconnects to the new owner).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
-
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use stria_dev::{FileDevice, FileOptions, IoBuf, IoBytes};
 use stria_engine::{BlockVolume, Durability, Extent, Volume, VolumeError, VolumeFuture, VolumeInfo, Zeroing};
@@ -43,6 +44,11 @@ pub struct NodeConfig {
     pub ttl: Duration,
     /// How often the node looks for volumes to take and checks its own.
     pub poll: Duration,
+    /// How long an out member's node may stay away before the member is rebuilt on another
+    /// node (docs/design/cluster.md §7); a node back sooner gets its member rebuilt in place.
+    pub out_time: Duration,
+    /// How long requests are held past the lease deadline before they fail (§8).
+    pub suspend: Duration,
     pub keys: Keys,
 }
 
@@ -56,6 +62,8 @@ impl NodeConfig {
             nbd_addr: None,
             ttl: Duration::from_secs(5),
             poll: Duration::from_millis(500),
+            out_time: Duration::from_secs(600),
+            suspend: Duration::from_secs(60),
             keys: Keys::default(),
         }
     }
@@ -150,23 +158,51 @@ impl Node {
     }
 }
 
-/// A coordinated volume as its clients reach it: every request first checks that the node
-/// still serves it. Clients attached before the node stopped serving (past its lease deadline,
-/// or after losing the volume) get `Closed` from then on, and reconnect to the new owner.
+/// Whether a node serves a volume it coordinates (docs/design/cluster.md §8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Gate {
+    Serving,
+    /// Past the lease deadline: requests wait for a renewal until `until`, then fail.
+    Suspended {
+        until: Instant,
+    },
+    /// No longer this node's: requests fail at once (clients go to the new owner).
+    Lost,
+}
+
+/// A coordinated volume as its clients reach it: every request first passes the gate. Clients
+/// attached before the node stopped serving (past its lease deadline, or after losing the
+/// volume) are held or refused from then on, and a refused client reconnects to the new owner.
 struct Served {
     name: String,
     inner: Arc<Volume<stria_slice::RemoteDevice>>,
-    serving: Arc<AtomicBool>,
+    gate: watch::Receiver<Gate>,
 }
 
 impl Served {
-    fn refuse<T: Send + 'static>(&self) -> Option<VolumeFuture<'_, T>> {
-        if self.serving.load(Ordering::Acquire) {
-            None
-        } else {
-            let name = self.name.clone();
-            Some(Box::pin(async move { Err(VolumeError::Closed(name)) }))
+    /// Waits while the volume is suspended; `Err` once it is lost or suspended too long.
+    async fn admit(&self) -> Result<(), VolumeError> {
+        let mut gate = self.gate.clone();
+        loop {
+            let state = *gate.borrow_and_update();
+            match state {
+                Gate::Serving => return Ok(()),
+                Gate::Lost => return Err(VolumeError::Closed(self.name.clone())),
+                Gate::Suspended { until } => {
+                    match tokio::time::timeout_at(until.into(), gate.changed()).await {
+                        Ok(Ok(())) => {}
+                        _ => return Err(VolumeError::Closed(self.name.clone())),
+                    }
+                }
+            }
         }
+    }
+
+    fn gated<'a, T: Send + 'static>(&'a self, op: VolumeFuture<'a, T>) -> VolumeFuture<'a, T> {
+        Box::pin(async move {
+            self.admit().await?;
+            op.await
+        })
     }
 }
 
@@ -178,10 +214,10 @@ impl BlockVolume for Served {
         BlockVolume::size_bytes(&*self.inner)
     }
     fn read(&self, offset_bytes: u64, len_bytes: usize) -> VolumeFuture<'_, IoBuf> {
-        self.refuse().unwrap_or_else(|| BlockVolume::read(&*self.inner, offset_bytes, len_bytes))
+        self.gated(BlockVolume::read(&*self.inner, offset_bytes, len_bytes))
     }
     fn write(&self, offset_bytes: u64, data: IoBytes, durability: Durability) -> VolumeFuture<'_, ()> {
-        self.refuse().unwrap_or_else(|| BlockVolume::write(&*self.inner, offset_bytes, data, durability))
+        self.gated(BlockVolume::write(&*self.inner, offset_bytes, data, durability))
     }
     fn compare_and_write(
         &self,
@@ -190,9 +226,7 @@ impl BlockVolume for Served {
         write: IoBytes,
         durability: Durability,
     ) -> VolumeFuture<'_, ()> {
-        self.refuse().unwrap_or_else(|| {
-            BlockVolume::compare_and_write(&*self.inner, offset_bytes, compare, write, durability)
-        })
+        self.gated(BlockVolume::compare_and_write(&*self.inner, offset_bytes, compare, write, durability))
     }
     fn write_zeroes(
         &self,
@@ -201,26 +235,71 @@ impl BlockVolume for Served {
         zeroing: Zeroing,
         durability: Durability,
     ) -> VolumeFuture<'_, ()> {
-        self.refuse().unwrap_or_else(|| {
-            BlockVolume::write_zeroes(&*self.inner, offset_bytes, len_bytes, zeroing, durability)
-        })
+        self.gated(BlockVolume::write_zeroes(&*self.inner, offset_bytes, len_bytes, zeroing, durability))
     }
     fn discard(&self, offset_bytes: u64, len_bytes: u64, durability: Durability) -> VolumeFuture<'_, ()> {
-        self.refuse()
-            .unwrap_or_else(|| BlockVolume::discard(&*self.inner, offset_bytes, len_bytes, durability))
+        self.gated(BlockVolume::discard(&*self.inner, offset_bytes, len_bytes, durability))
     }
     fn flush(&self) -> VolumeFuture<'_, ()> {
-        self.refuse().unwrap_or_else(|| BlockVolume::flush(&*self.inner))
+        self.gated(BlockVolume::flush(&*self.inner))
     }
     fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> VolumeFuture<'_, Vec<Extent>> {
-        self.refuse().unwrap_or_else(|| BlockVolume::block_status(&*self.inner, offset_bytes, len_bytes))
+        self.gated(BlockVolume::block_status(&*self.inner, offset_bytes, len_bytes))
     }
 }
 
-/// A volume this node coordinates, and whether it serves it now.
+/// A volume this node coordinates, whether it serves it now, and its repair task.
 struct OwnedVolume {
-    c: Coordinated,
-    serving: Arc<AtomicBool>,
+    c: Arc<Coordinated>,
+    gate: watch::Sender<Gate>,
+    repair: Option<JoinHandle<()>>,
+}
+
+impl Drop for OwnedVolume {
+    fn drop(&mut self) {
+        // A rebuild stopped here resumes from its last persisted cursor under the next owner.
+        if let Some(task) = self.repair.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Rebuilds what is pending, then replaces out members that can be replaced now, until nothing
+/// more can be done (docs/design/cluster.md §7).
+async fn repair(session: Arc<Session>, c: Arc<Coordinated>, out_time: Duration) {
+    let name = c.volume.name().to_string();
+    loop {
+        if c.pool.rebuild_pending() {
+            let started = std::time::Instant::now();
+            let mut rows = 0;
+            if let Err(e) = c.pool.rebuild(|p| rows = p.rows_total).await {
+                tracing::warn!(volume = %name, error = %e, "rebuild stopped");
+                return;
+            }
+            tracing::info!(
+                volume = %name,
+                rebuilt_bytes = rows * c.volume.chunk_bytes(),
+                ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                "rebuild done"
+            );
+        }
+        if let Err(e) = crate::repair::finish(&c).await {
+            tracing::warn!(volume = %name, error = %e, "cannot record the rebuilt members");
+            return;
+        }
+        match crate::repair::step(&session, &Handle::current(), &c, out_time).await {
+            Ok(crate::repair::Repair::Replaced { .. }) => continue,
+            Ok(crate::repair::Repair::Waiting(why)) => {
+                tracing::debug!(volume = %name, %why, "an out member waits");
+                return;
+            }
+            Ok(crate::repair::Repair::Nothing) => return,
+            Err(e) => {
+                tracing::warn!(volume = %name, error = %e, "repair failed; retrying later");
+                return;
+            }
+        }
+    }
 }
 
 /// The volumes this node coordinates, by name.
@@ -232,7 +311,7 @@ async fn run_agent(
     exports: Arc<Registry>,
     mut stopped: watch::Receiver<bool>,
 ) {
-    let mut session: Option<Session> = None;
+    let mut session: Option<Arc<Session>> = None;
     let mut owned = Owned::new();
     loop {
         if *stopped.borrow() {
@@ -252,7 +331,7 @@ async fn run_agent(
             match Session::start(sc, &record).await {
                 Ok(s) => {
                     tracing::info!(node = %config.name, lease = s.lease(), "joined the cluster");
-                    session = Some(s);
+                    session = Some(Arc::new(s));
                 }
                 Err(e) => tracing::warn!(node = %config.name, error = %e, "cannot reach etcd; retrying"),
             }
@@ -268,8 +347,13 @@ async fn run_agent(
         }
     }
     // A clean stop: close each volume (flush, checkpoint), then give it back.
-    for (name, OwnedVolume { c, serving }) in std::mem::take(&mut owned) {
-        serving.store(false, Ordering::Release);
+    for (name, mut o) in std::mem::take(&mut owned) {
+        if let Some(task) = o.repair.take() {
+            task.abort();
+        }
+        o.gate.send_replace(Gate::Lost);
+        let c = Arc::clone(&o.c);
+        drop(o);
         exports.remove(&name);
         if let Err(e) = c.pool.close().await {
             tracing::warn!(volume = %name, error = %e, "closing the volume");
@@ -285,7 +369,7 @@ async fn run_agent(
 
 fn drop_all(owned: &mut Owned, exports: &Registry) {
     for (name, o) in std::mem::take(owned) {
-        o.serving.store(false, Ordering::Release);
+        o.gate.send_replace(Gate::Lost);
         exports.remove(&name);
     }
 }
@@ -293,7 +377,7 @@ fn drop_all(owned: &mut Owned, exports: &Registry) {
 /// One look at the cluster: stop serving what is no longer ours, take what nobody owns.
 async fn tick(
     config: &NodeConfig,
-    session: &Session,
+    session: &Arc<Session>,
     owned: &mut Owned,
     exports: &Arc<Registry>,
 ) -> Result<(), ClusterError> {
@@ -302,8 +386,9 @@ async fn tick(
         // renewal is acknowledged again (then, if the volumes are still ours, serve again:
         // nothing needs a restart).
         for (name, o) in owned.iter() {
-            if o.serving.swap(false, Ordering::AcqRel) {
-                tracing::warn!(node = %config.name, volume = %name, "past the lease deadline; suspended");
+            if *o.gate.borrow() == Gate::Serving {
+                o.gate.send_replace(Gate::Suspended { until: Instant::now() + config.suspend });
+                tracing::warn!(node = %config.name, volume = %name, "past the lease deadline; requests held");
             }
         }
         return Ok(());
@@ -320,12 +405,16 @@ async fn tick(
         tracing::warn!(volume = %v, "no longer the owner; not serving it");
         exports.remove(&v);
         if let Some(o) = owned.remove(&v) {
-            o.serving.store(false, Ordering::Release);
+            o.gate.send_replace(Gate::Lost);
         }
     }
-    for (name, o) in owned.iter() {
-        if session.lease_valid() && !o.serving.swap(true, Ordering::AcqRel) {
+    for (name, o) in owned.iter_mut() {
+        if session.lease_valid() && *o.gate.borrow() != Gate::Serving {
+            o.gate.send_replace(Gate::Serving);
             tracing::info!(volume = %name, epoch = o.c.epoch, "serving again");
+        }
+        if o.repair.as_ref().is_none_or(|t| t.is_finished()) {
+            o.repair = Some(tokio::spawn(repair(Arc::clone(session), Arc::clone(&o.c), config.out_time)));
         }
     }
     for spec in session.specs().await? {
@@ -341,14 +430,10 @@ async fn tick(
                     members = c.members.in_service.len(),
                     "coordinating"
                 );
-                let serving = Arc::new(AtomicBool::new(true));
-                let served = Served {
-                    name: spec.name.clone(),
-                    inner: Arc::clone(&c.volume),
-                    serving: Arc::clone(&serving),
-                };
+                let (gate, gated) = watch::channel(Gate::Serving);
+                let served = Served { name: spec.name.clone(), inner: Arc::clone(&c.volume), gate: gated };
                 exports.insert(&spec.name, Arc::new(served));
-                owned.insert(spec.name.clone(), OwnedVolume { c, serving });
+                owned.insert(spec.name.clone(), OwnedVolume { c: Arc::new(c), gate, repair: None });
             }
             Err(ClusterError::Owned { .. }) => {}
             Err(e) => tracing::warn!(volume = %spec.name, error = %e, "cannot take the volume"),

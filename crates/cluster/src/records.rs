@@ -46,6 +46,17 @@ impl Keys {
     pub fn members(&self, volume: &str) -> String {
         format!("{}/volumes/{volume}/members", self.prefix)
     }
+
+    /// `claims/<node>/<slice>`: which volume a slice belongs to. Created in the same transaction
+    /// as the spec (or, for a replacement, as the owner's claim), deleted when the volume lets the
+    /// slice go; a slice without a claim is free.
+    pub fn claim(&self, slice: &SliceRef) -> String {
+        format!("{}/claims/{}/{}", self.prefix, slice.node, slice.slice)
+    }
+
+    pub fn claims(&self) -> String {
+        format!("{}/claims/", self.prefix)
+    }
 }
 
 impl Default for Keys {
@@ -82,6 +93,13 @@ pub struct SliceRef {
     /// The node's slice-server address.
     pub addr: String,
     pub slice: u32,
+}
+
+impl SliceRef {
+    /// The same slice (node and id; the address may have changed with a restart).
+    pub fn same(&self, other: &SliceRef) -> bool {
+        self.node == other.node && self.slice == other.slice
+    }
 }
 
 impl std::fmt::Display for SliceRef {
@@ -127,6 +145,19 @@ pub struct MembersRecord {
     pub in_service: Vec<SliceRef>,
     #[serde(default)]
     pub out: Vec<OutSlice>,
+    /// Slices claimed to replace an out member (docs/design/cluster.md §7): listed here from the
+    /// claim on, in service too once the pool holds them, and here until their rebuild is done.
+    /// Their data is incomplete until then, so a takeover does not count them as members it can
+    /// read from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub joining: Vec<SliceRef>,
+}
+
+impl MembersRecord {
+    /// In service with complete data (not being rebuilt).
+    pub fn complete(&self) -> impl Iterator<Item = &SliceRef> {
+        self.in_service.iter().filter(|s| !self.joining.iter().any(|j| j.same(s)))
+    }
 }
 
 /// Parses a plain layout as the CLI writes it: `raid0:N`, `raid1:N` (or `mirror:N`),

@@ -6,10 +6,15 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use stria_cluster::{Keys, NodeRecord, Session, SessionConfig, SliceRef};
+use stria_cluster::{
+    ClusterError, Coordinated, Keys, NodeRecord, Session, SessionConfig, SliceInfoRecord, SliceRef,
+    coordinator,
+};
+use stria_dev::IoBytes;
 use stria_dev::mem::MemDevice;
 use stria_slice::{Slice, SliceSet, serve};
 use tokio::net::TcpListener;
+use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
 fn free_port() -> u16 {
@@ -57,16 +62,21 @@ impl Etcd {
 
     /// A node's session on this etcd with a short lease (`ttl`).
     pub(crate) async fn session(&self, node: &str, ttl: Duration) -> Session {
-        let mut config = SessionConfig::new(vec![self.endpoint.clone()], node);
-        config.ttl = ttl;
-        config.margin = Duration::from_millis(200);
-        config.keys = Keys::new("/stria-test/v1");
         let record = NodeRecord {
             name: node.into(),
             slice_addr: "127.0.0.1:0".into(),
             nbd_addr: None,
             slices: Vec::new(),
         };
+        self.session_as(record, ttl).await
+    }
+
+    /// A session that registers `record` (a node with slices other nodes can find).
+    pub(crate) async fn session_as(&self, record: NodeRecord, ttl: Duration) -> Session {
+        let mut config = SessionConfig::new(vec![self.endpoint.clone()], &record.name);
+        config.ttl = ttl;
+        config.margin = Duration::from_millis(200);
+        config.keys = Keys::new("/stria-test/v1");
         Session::start(config, &record).await.unwrap()
     }
 }
@@ -113,6 +123,21 @@ impl SliceNode {
     pub(crate) fn slice(&self, id: u32) -> SliceRef {
         SliceRef { node: self.name.clone(), addr: self.addr.to_string(), slice: id }
     }
+
+    /// The node's record as its own session registers it, its slices reached at `addr`.
+    pub(crate) fn record(&self, addr: SocketAddr) -> NodeRecord {
+        NodeRecord {
+            name: self.name.clone(),
+            slice_addr: addr.to_string(),
+            nbd_addr: None,
+            slices: self
+                .slices
+                .ids()
+                .into_iter()
+                .map(|id| SliceInfoRecord { id, bytes: self.slices.get(id).unwrap().usable_bytes() })
+                .collect(),
+        }
+    }
 }
 
 impl Drop for SliceNode {
@@ -131,4 +156,36 @@ pub(crate) fn register(block: u64, writer: u8, seq: u32) -> Vec<u8> {
         *x = (i as u8) ^ writer ^ (seq as u8) ^ (block as u8);
     }
     b
+}
+
+pub(crate) const REGISTERS: u64 = 64;
+
+pub(crate) async fn take_when_free(session: &Session, volume: &str, limit: Duration) -> Coordinated {
+    let start = Instant::now();
+    loop {
+        match coordinator::take(session, &Handle::current(), volume).await {
+            Ok(c) => return c,
+            Err(ClusterError::Owned { .. }) if start.elapsed() < limit => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("takeover of {volume}: {e}"),
+        }
+    }
+}
+
+/// Writes every register once as `writer` (FUA: acknowledged means durable).
+pub(crate) async fn write_registers(c: &Coordinated, writer: u8, seq: u32) {
+    for block in 0..REGISTERS {
+        c.volume.write(block * 4096, IoBytes::copy_from(&register(block, writer, seq)), true).await.unwrap();
+    }
+}
+
+pub(crate) async fn check_registers(c: &Coordinated, writer: u8, seq: u32) {
+    for block in 0..REGISTERS {
+        let got = c.volume.read(block * 4096, 4096).await.unwrap();
+        assert!(
+            got[..] == register(block, writer, seq)[..],
+            "register {block} lost writer {writer} seq {seq}"
+        );
+    }
 }

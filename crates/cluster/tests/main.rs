@@ -6,5 +6,6 @@
 
 mod common;
 mod ownership;
+mod repair;
 mod simulation;
 mod takeover;

@@ -7,7 +7,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use stria_cluster::{ClusterError, Coordinated, MembersRecord, Session, VolumeRecord, coordinator};
+use stria_cluster::{ClusterError, MembersRecord, VolumeRecord, coordinator};
 use stria_dev::IoBytes;
 use stria_engine::{ErrorKind, Layout};
 use tokio::runtime::Handle;
@@ -17,38 +17,6 @@ use stria_slice::testing::Proxy;
 use crate::common::*;
 
 const SLICE_BYTES: u64 = 48 << 20;
-const REGISTERS: u64 = 64;
-
-async fn take_when_free(session: &Session, volume: &str, limit: Duration) -> Coordinated {
-    let start = Instant::now();
-    loop {
-        match coordinator::take(session, &Handle::current(), volume).await {
-            Ok(c) => return c,
-            Err(ClusterError::Owned { .. }) if start.elapsed() < limit => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("takeover of {volume}: {e}"),
-        }
-    }
-}
-
-/// Writes every register once as `writer` (FUA: acknowledged means durable).
-async fn write_registers(c: &Coordinated, writer: u8, seq: u32) {
-    for block in 0..REGISTERS {
-        c.volume.write(block * 4096, IoBytes::copy_from(&register(block, writer, seq)), true).await.unwrap();
-    }
-}
-
-async fn check_registers(c: &Coordinated, writer: u8, seq: u32) {
-    for block in 0..REGISTERS {
-        let got = c.volume.read(block * 4096, 4096).await.unwrap();
-        assert!(
-            got[..] == register(block, writer, seq)[..],
-            "register {block} lost writer {writer} seq {seq}"
-        );
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_owner_is_fenced_by_its_successor_and_no_acknowledged_write_is_lost() {
     let etcd = Etcd::start().await;

@@ -21,7 +21,23 @@ pub struct Proxy {
 
 impl Proxy {
     pub async fn start(to: SocketAddr) -> io::Result<Proxy> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        Proxy::start_at(SocketAddr::from(([127, 0, 0, 1], 0)), to).await
+    }
+
+    /// A proxy listening on `listen`: a node that comes back at the address it had (tries for
+    /// a second while the old listener is being dropped).
+    pub async fn start_at(listen: SocketAddr, to: SocketAddr) -> io::Result<Proxy> {
+        let mut tries = 0;
+        let listener = loop {
+            match TcpListener::bind(listen).await {
+                Ok(l) => break l,
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse && tries < 20 => {
+                    tries += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
         let addr = listener.local_addr()?;
         let conns: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
         let held = Arc::clone(&conns);

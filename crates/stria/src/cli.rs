@@ -110,6 +110,13 @@ pub(crate) struct NodeRunArgs {
     /// Lease time to live in seconds: a dead node's volumes move this long after its last renewal.
     #[arg(long, default_value = "5")]
     pub(crate) ttl: u64,
+    /// Seconds an out member's node may stay away before the member is rebuilt on another
+    /// node's free slice (a node back sooner has its member rebuilt in place).
+    #[arg(long, default_value = "600")]
+    pub(crate) out_time: u64,
+    /// Seconds requests are held past the lease deadline (etcd lost or slow) before they fail.
+    #[arg(long, default_value = "60")]
+    pub(crate) suspend: u64,
     /// etcd key prefix (one cluster per prefix).
     #[arg(long, default_value = "/stria/v1")]
     pub(crate) prefix: String,

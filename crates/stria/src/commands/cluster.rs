@@ -40,6 +40,8 @@ pub(super) async fn node_run(args: NodeRunArgs) -> Result<()> {
     let mut config = NodeConfig::new(&args.name, args.etcd.clone(), args.dir.clone(), listen);
     config.nbd_addr = Some(nbd_addr.clone());
     config.ttl = std::time::Duration::from_secs(args.ttl.max(2));
+    config.out_time = std::time::Duration::from_secs(args.out_time);
+    config.suspend = std::time::Duration::from_secs(args.suspend);
     config.keys = Keys::new(&args.prefix);
     let node = Node::start(config, exports).await?;
     outln!("node {}: slices {:?} on {}, NBD on {}", args.name, node.slices.ids(), node.slice_addr, nbd_addr);
@@ -67,7 +69,9 @@ async fn cluster_at(cmd: ClusterCmd) -> Result<()> {
             let layout = parse_layout(&layout).map_err(anyhow::Error::msg)?;
             stria_engine::check_volume_name(&name)?;
             let cluster = Cluster::connect(&etcd, Keys::new(&prefix)).await?;
-            let used: Vec<SliceRef> = cluster.specs().await?.into_iter().flat_map(|s| s.slices).collect();
+            // Claimed slices belong to a volume (the claims are made with the spec, in one
+            // transaction that fails if another create took one of them meanwhile).
+            let used: Vec<SliceRef> = cluster.claims().await?.into_iter().map(|(s, _)| s).collect();
             // A slice must hold the member's share plus the drive's own metadata: the journal
             // (16 MiB under 4 GiB, 64 MiB above), metadata slots, checksum and intent tables.
             let members = u64::from(match layout {
@@ -82,7 +86,7 @@ async fn cluster_at(cmd: ClusterCmd) -> Result<()> {
             for node in cluster.nodes().await? {
                 for s in &node.slices {
                     let r = SliceRef { node: node.name.clone(), addr: node.slice_addr.clone(), slice: s.id };
-                    if s.bytes >= need && !used.iter().any(|u| u.node == r.node && u.slice == r.slice) {
+                    if s.bytes >= need && !used.iter().any(|u| u.same(&r)) {
                         free.push(r);
                     }
                 }
@@ -116,6 +120,7 @@ async fn status(etcd: &[String], prefix: &str, as_json: bool) -> Result<()> {
             "epoch": owner.as_ref().map(|(_, e)| *e),
             "nbd": owner.as_ref().and_then(|(o, _)| nodes.iter().find(|n| n.name == o.node)).and_then(|n| n.nbd_addr.clone()),
             "in_service": members.in_service.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+            "rebuilding": members.joining.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
             "out": members.out.iter().map(|o| json!({"slice": o.slice.to_string(), "epoch": o.epoch, "since_unix": o.since_unix, "reason": o.reason})).collect::<Vec<_>>(),
         }));
     }
@@ -146,11 +151,12 @@ async fn status(etcd: &[String], prefix: &str, as_json: bool) -> Result<()> {
             _ => "no owner (waiting for a node to take it)".into(),
         };
         outln!(
-            "  {} {} {}  in: {}  out: {}",
+            "  {} {} {}  in: {}  rebuilding: {}  out: {}",
             v["name"].as_str().unwrap_or(""),
             v["layout"].as_str().unwrap_or(""),
             owner,
             v["in_service"],
+            v["rebuilding"],
             v["out"]
         );
     }
