@@ -78,8 +78,9 @@ step "crash loop: kill -9 of stria serve under a verifying client, every layout 
 # The long run (tests/crash/run.sh target/release/stria --rounds 200) is quoted in the notes.
 tests/crash/run.sh target/release/stria --rounds 2 --jobs 2
 
-step "cluster: three stria nodes and a three-member etcd, kill -9 / kill -STOP of an owner, etcd majority paused"
-# Register workload checked for lost acknowledged writes and linearizability (tests/cluster/).
+step "cluster: four stria nodes and a three-member etcd, kill -9 / kill -STOP of an owner, a node away past the out-time, etcd majority paused"
+# Register workload checked for lost acknowledged writes and linearizability, then every member
+# back in service (rebuilt in place or on the free node) with no operator (tests/cluster/).
 # The long run (--rounds 50) is quoted in the notes.
 tests/cluster/run.sh target/release/stria --rounds 1
 

@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """Real-process cluster scenarios (docs/design/cluster.md §11.2), on one machine.
 
-Starts a three-member etcd cluster and three `stria node run` processes on 127.0.0.1 (distinct
-ports, file-backed slices in a temporary directory), specifies a mirror:3 volume and an ec:2+1
-volume, and runs the register workload of tests/cluster/registers.py against each, with every
-node's NBD address, while a fault is applied to the node that owns the volume:
+Starts a three-member etcd cluster and four `stria node run` processes on 127.0.0.1 (distinct
+ports, file-backed slices in a temporary directory; the fourth node has no etcd member and
+starts with no volume on it), specifies a mirror:3 volume and an ec:2+1 volume, and runs the
+register workload of tests/cluster/registers.py against each, with every node's NBD address,
+while a fault is applied to the node that owns the volume:
 
   kill9  kill -9 of the owner's node, then the node is started again (same directory and ports)
+         before the out-time: its member is rebuilt in place
+  outtime  kill -9 of the owner's node, started again only once its member was rebuilt on
+         another node's free slice, past the out-time (`--out-time`, 8 s here)
   stop   kill -STOP of the owner's node for longer than the lease TTL, then kill -CONT: a
          successor takes the volume, and the paused node must complete no write after it resumes
   etcd   two of the three etcd members paused for three TTLs, then resumed: the owner suspends
@@ -17,15 +21,18 @@ node's NBD address, while a fault is applied to the node that owns the volume:
          old ownership completes no write
 
 Each round ends with `registers.py check` (no acknowledged write lost, every register's history
-linearizable, nothing invented) and prints the failover time: the longest time the client could
-complete no operation. Every PID started is tracked and stopped (SIGTERM, then SIGKILL) even
+linearizable, nothing invented), then waits until the volume has every member in service again
+with none rebuilding (redundancy back, with no operator), and prints the failover time (the
+longest time the client could complete no operation), the time to full redundancy, and the
+bytes the nodes rebuilt (their logs' `rebuild done` lines). Every PID started is tracked and stopped (SIGTERM, then SIGKILL) even
 when the test fails; the temporary directory is removed.
 
-With --netns each node and its etcd member run in a network namespace of their own and the
-clients in a fourth, joined by a bridge in a fifth; the test makes them and deletes them.
+With --netns three nodes, each with its etcd member, run in a network namespace of their own
+and the clients in a fourth, joined by a bridge in a fifth; the test makes them and deletes
+them (no fourth node there, so no outtime scenario).
 
-Usage: scenarios.py PATH/TO/stria [--rounds N] [--scenarios kill9,stop,etcd,partition] [--netns]
-                    [--ttl SECONDS]
+Usage: scenarios.py PATH/TO/stria [--rounds N] [--scenarios kill9,outtime,stop,etcd,partition]
+                    [--netns] [--ttl SECONDS]
 The test command runs one round of each; `--rounds 50` is the long mode quoted in the notes.
 """
 from __future__ import annotations
@@ -33,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -44,6 +52,9 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Seconds a node may stay away before its members are rebuilt elsewhere (the kill9 restart comes
+# back well within it; the outtime scenario waits past it).
+OUT_TIME = 8
 REGISTERS = os.path.join(HERE, "registers.py")
 
 
@@ -146,12 +157,14 @@ class Netns:
 class Cluster:
     def __init__(self, stria: str, work: str, procs: Procs, ttl: int, netns: Netns | None = None) -> None:
         self.stria, self.work, self.procs, self.ttl, self.netns = stria, work, procs, ttl, netns
+        # Nodes: four on the loopback, three with namespaces (etcd members: always three).
+        self.n = 4 if netns is None else 3
         if netns is None:
-            self.host = ["127.0.0.1"] * 3
+            self.host = ["127.0.0.1"] * self.n
             self.etcd_client = [free_port() for _ in range(3)]
             self.etcd_peer = [free_port() for _ in range(3)]
-            self.slice_port = [free_port() for _ in range(3)]
-            self.nbd_port = [free_port() for _ in range(3)]
+            self.slice_port = [free_port() for _ in range(self.n)]
+            self.nbd_port = [free_port() for _ in range(self.n)]
         else:
             self.host = list(netns.ip)
             self.etcd_client, self.etcd_peer = [2379] * 3, [2380] * 3
@@ -196,7 +209,8 @@ class Cluster:
     def start_node(self, i: int, first: bool = False) -> None:
         argv = [self.stria, "node", "run", "--name", f"n{i}", "--etcd", self.endpoints,
                 "--dir", f"{self.work}/n{i}", "--listen", f"{self.host[i]}:{self.slice_port[i]}",
-                "--nbd", f"{self.host[i]}:{self.nbd_port[i]}", "--ttl", str(self.ttl)]
+                "--nbd", f"{self.host[i]}:{self.nbd_port[i]}", "--ttl", str(self.ttl),
+                "--out-time", str(OUT_TIME)]
         if first:
             argv += ["--slices", "2", "--slice-size", "192M"]
         self.procs.start(f"n{i}", self.node_cmd(i, argv), f"{self.work}/n{i}.log")
@@ -235,7 +249,41 @@ class Cluster:
         raise SystemExit(f"volume {volume}: not served at a new epoch (after {old_epoch}) within {timeout} s")
 
     def uris(self, volume: str) -> str:
-        return ",".join(self.nbd_uri(i, volume) for i in range(3))
+        return ",".join(self.nbd_uri(i, volume) for i in range(self.n))
+
+    def redundant(self, volume: str) -> dict | None:
+        """The volume's status when it is served with all its members in service and complete."""
+        for v in self.status()["volumes"]:
+            if v["name"] == volume and v["owner"] and not v["out"] and not v["rebuilding"] and len(v["in_service"]) == 3:
+                return v
+        return None
+
+    def wait_redundant(self, volume: str, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                v = self.redundant(volume)
+            except (RuntimeError, subprocess.TimeoutExpired):
+                v = None
+            if v is not None:
+                return v
+            time.sleep(0.3)
+        raise SystemExit(f"volume {volume}: redundancy not back within {timeout} s ({self.status()})")
+
+    def log_marks(self) -> list[int]:
+        return [os.path.getsize(f"{self.work}/n{i}.log") for i in range(self.n)]
+
+    def rebuilt_since(self, marks: list[int]) -> int:
+        """Bytes the nodes logged as rebuilt since `marks`."""
+        total = 0
+        for i, mark in enumerate(marks):
+            with open(f"{self.work}/n{i}.log", "rb") as f:
+                f.seek(mark)
+                for line in f.read().decode(errors="replace").splitlines():
+                    if "rebuild done" in line:
+                        m = re.search(r"rebuilt_bytes=(\d+)", line)
+                        total += int(m.group(1)) if m else 0
+        return total
 
 
 def run_round(c: Cluster, scenario: str, volume: str, rnd: int, seconds: float, logs: list[str]) -> dict:
@@ -251,21 +299,32 @@ def run_round(c: Cluster, scenario: str, volume: str, rnd: int, seconds: float, 
                                "--log", log, "--timeout", "2", "--seed", str(rnd * 100 + writer)]),
                               stdout=subprocess.PIPE, stderr=open(log + ".stderr", "w"), text=True)
     time.sleep(2)
+    marks = c.log_marks()
     t_fault = time.monotonic()
     print(f"{time.strftime('%H:%M:%S', time.gmtime())} {scenario} on {volume}: fault on {owner}", file=sys.stderr, flush=True)
     if scenario == "kill9":
         c.procs.signal(owner, signal.SIGKILL)
         c.procs.wait_gone(owner, 10)
-        # The node comes back a little after its lease is gone, whether or not another node
-        # serves the volume by then: a volume that already has a slice out (nothing brings it
-        # back yet) and loses another with this node needs it back to assemble (the drive
-        # quorum; docs/design/cluster.md §13).
+        # The node comes back a little after its lease is gone, well within the out-time:
+        # the new owner rebuilds its member in place.
         restart = threading.Timer(c.ttl + 4, c.start_node, args=(victim,))
         restart.start()
         try:
             new_owner, _ = c.wait_owner(volume, 90, old_epoch=epoch)
         finally:
             restart.join()
+    elif scenario == "outtime":
+        if c.n < 4:
+            raise SystemExit("the outtime scenario needs the fourth node (no --netns)")
+        c.procs.signal(owner, signal.SIGKILL)
+        c.procs.wait_gone(owner, 10)
+        new_owner, _ = c.wait_owner(volume, 90, old_epoch=epoch)
+        # Past the out-time the member is rebuilt on the free node; the dead node is started
+        # again only after that (its slice released, free for later rounds).
+        v = c.wait_redundant(volume, OUT_TIME + 120)
+        if any(s.startswith(f"{owner}/") for s in v["in_service"]):
+            raise SystemExit(f"outtime on {volume}: a member stayed on the dead node {owner}: {v}")
+        c.start_node(victim)
     elif scenario == "stop":
         c.procs.signal(owner, signal.SIGSTOP)
         # Resumed after its lease is surely gone: at once when a successor serves, or after
@@ -318,13 +377,33 @@ def run_round(c: Cluster, scenario: str, volume: str, rnd: int, seconds: float, 
     else:
         raise SystemExit(f"unknown scenario {scenario}")
     t_owner = time.monotonic() - t_fault
-    out, _ = client.communicate(timeout=seconds + 120)
+    # From here (a new ownership serves, the members it could not reach are out) the volume
+    # must get every member back by itself; timed from the fault, while the workload runs.
+    back: dict = {}
+
+    def watch_redundant() -> None:
+        try:
+            back["v"] = c.wait_redundant(volume, OUT_TIME + 120)
+            back["t"] = time.monotonic() - t_fault
+        except SystemExit as e:
+            back["error"] = str(e)
+
+    watcher = threading.Thread(target=watch_redundant)
+    watcher.start()
+    out, _ = client.communicate(timeout=seconds + 180)
     summary = json.loads(out.strip().splitlines()[-1])
     c.wait_owner(volume, 60)
     check = subprocess.run(c.client_cmd([sys.executable, REGISTERS, "check", "--log", *logs, "--uris", c.uris(volume),
                                          "--blocks", "64", "--timeout", "2"]), capture_output=True, text=True, timeout=180)
+    watcher.join()
+    if "error" in back:
+        raise SystemExit(f"{scenario} on {volume}, round {rnd}: {back['error']}")
+    # The nodes log a rebuild when it ends: let a last one land.
+    time.sleep(1)
     report = {"scenario": scenario, "volume": volume, "round": rnd, "old_owner": owner, "new_owner": new_owner,
               "new_owner_after_s": round(t_owner, 2), "longest_gap_s": summary.get("longest_gap_s"),
+              "redundant_after_s": round(back["t"], 2), "rebuilt_bytes": c.rebuilt_since(marks),
+              "members": back["v"]["in_service"],
               "writes_ok": summary.get("writes_ok"), "writes_info": summary.get("writes_info"),
               "reads_ok": summary.get("reads_ok"), "check_rc": check.returncode}
     print(json.dumps(report), flush=True)
@@ -338,7 +417,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("stria")
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--scenarios", default="kill9,stop,etcd")
+    ap.add_argument("--scenarios", default="kill9,outtime,stop,etcd")
     ap.add_argument("--ttl", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=16)
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -360,7 +439,7 @@ def main() -> int:
             netns.setup()
         c = Cluster(os.path.realpath(args.stria), work, procs, args.ttl, netns)
         c.start_etcd()
-        for i in range(3):
+        for i in range(c.n):
             c.start_node(i, first=True)
         time.sleep(2)
         for name, layout in (("m", "mirror:3"), ("e", "ec:2+1")):
@@ -376,11 +455,15 @@ def main() -> int:
         for scenario in args.scenarios.split(","):
             gaps = [r["longest_gap_s"] for r in reports if r["scenario"] == scenario and r["longest_gap_s"] is not None]
             owners = [r["new_owner_after_s"] for r in reports if r["scenario"] == scenario]
+            redundant = [r["redundant_after_s"] for r in reports if r["scenario"] == scenario]
+            rebuilt = [r["rebuilt_bytes"] for r in reports if r["scenario"] == scenario]
             if gaps:
                 print(json.dumps({"scenario": scenario, "rounds": len(owners), "ttl_s": args.ttl,
                                   "failover_gap_median_s": round(statistics.median(gaps), 2),
                                   "failover_gap_max_s": round(max(gaps), 2),
-                                  "new_owner_median_s": round(statistics.median(owners), 2)}), flush=True)
+                                  "new_owner_median_s": round(statistics.median(owners), 2),
+                                  "redundant_median_s": round(statistics.median(redundant), 2),
+                                  "rebuilt_bytes_median": int(statistics.median(rebuilt))}), flush=True)
         failed = False
         return 0
     finally:
