@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use stria_dev::{FileDevice, FileOptions, IoBuf, IoBytes};
-use stria_engine::{BlockVolume, Durability, Extent, Volume, VolumeError, VolumeFuture, VolumeInfo, Zeroing};
+use stria_engine::{BlockVolume, Durability, Extent, VolumeError, VolumeFuture, VolumeInfo, Zeroing};
 use stria_front::Registry;
 use stria_slice::{Slice, SliceSet};
 use tokio::net::TcpListener;
@@ -173,13 +173,13 @@ enum Gate {
 /// A coordinated volume as its clients reach it: every request first passes the gate. Clients
 /// attached before the node stopped serving (past its lease deadline, or after losing the
 /// volume) are held or refused from then on, and a refused client reconnects to the new owner.
-struct Served {
+struct Served<V: ?Sized> {
     name: String,
-    inner: Arc<Volume<stria_slice::RemoteDevice>>,
+    inner: Arc<V>,
     gate: watch::Receiver<Gate>,
 }
 
-impl Served {
+impl<V: BlockVolume + ?Sized> Served<V> {
     /// Waits while the volume is suspended; `Err` once it is lost or suspended too long.
     async fn admit(&self) -> Result<(), VolumeError> {
         let mut gate = self.gate.clone();
@@ -206,7 +206,7 @@ impl Served {
     }
 }
 
-impl BlockVolume for Served {
+impl<V: BlockVolume + ?Sized> BlockVolume for Served<V> {
     fn info(&self) -> VolumeInfo {
         self.inner.info()
     }
@@ -440,4 +440,80 @@ async fn tick(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use stria_dev::IoBytes;
+    use stria_dev::mem::MemDevice;
+    use stria_engine::{
+        BlockVolume, DriveClass, Durability, Layout, NewDrive, Pool, VolumeError, VolumeRole, VolumeSpec,
+    };
+    use tokio::sync::watch;
+
+    use super::{Gate, Served};
+
+    async fn volume() -> Arc<stria_engine::Volume<Arc<MemDevice>>> {
+        let dev = Arc::new(MemDevice::new("m", 64 << 20));
+        let drive = NewDrive {
+            dev,
+            path: "m".into(),
+            class: DriveClass::Capacity,
+            domain: String::new(),
+            fresh: true,
+        };
+        let pool = Pool::create("t", vec![drive]).await.unwrap();
+        let spec = VolumeSpec {
+            name: "v".into(),
+            size_bytes: 1 << 20,
+            layout: Layout::Raid0 { width: 1 },
+            chunk_bytes: 64 << 10,
+            class: DriveClass::Capacity,
+            role: VolumeRole::Plain,
+        };
+        pool.create_volume(spec).await.unwrap()
+    }
+
+    fn write(
+        v: &Arc<Served<stria_engine::Volume<Arc<MemDevice>>>>,
+    ) -> tokio::task::JoinHandle<Result<(), VolumeError>> {
+        let v = Arc::clone(v);
+        tokio::spawn(async move { v.write(0, IoBytes::copy_from(&[7u8; 4096]), Durability::Fua).await })
+    }
+
+    /// Past the lease deadline requests wait (not fail) for a renewal, for at most the suspend
+    /// time; a volume lost fails them at once (docs/design/cluster.md §8).
+    #[tokio::test]
+    async fn requests_are_held_while_suspended_then_served_or_failed() {
+        let (gate, rx) = watch::channel(Gate::Serving);
+        let served = Arc::new(Served { name: "v".into(), inner: volume().await, gate: rx });
+        write(&served).await.unwrap().unwrap();
+
+        // Suspended, then renewed: the held write completes.
+        gate.send_replace(Gate::Suspended { until: Instant::now() + Duration::from_secs(30) });
+        let held = write(&served);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(!held.is_finished(), "a request past the deadline was not held");
+        gate.send_replace(Gate::Serving);
+        held.await.unwrap().unwrap();
+
+        // Suspended too long: it fails when the bound passes, not before.
+        let start = Instant::now();
+        gate.send_replace(Gate::Suspended { until: start + Duration::from_millis(300) });
+        let err = write(&served).await.unwrap().unwrap_err();
+        assert!(matches!(err, VolumeError::Closed(_)), "{err}");
+        assert!(start.elapsed() >= Duration::from_millis(290), "failed after {:?}", start.elapsed());
+
+        // Lost while held: fails at once.
+        gate.send_replace(Gate::Suspended { until: Instant::now() + Duration::from_secs(30) });
+        let held = write(&served);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let lost = Instant::now();
+        gate.send_replace(Gate::Lost);
+        assert!(matches!(held.await.unwrap(), Err(VolumeError::Closed(_))));
+        assert!(lost.elapsed() < Duration::from_secs(5));
+    }
 }
