@@ -686,15 +686,18 @@ impl MembersGuard {
         if !unchanged {
             ops.push(TxnOp::put(self.keys.members(&self.volume), json(&members), None));
         }
-        for slice in &released {
-            ops.push(TxnOp::delete(self.keys.claim(slice), None));
-        }
-        let resp = self.client.clone().txn(Txn::new().when([guard]).and_then(ops)).await?;
+        let resp = self.client.clone().txn(Txn::new().when([guard.clone()]).and_then(ops)).await?;
         if !resp.succeeded() {
             return Err(ClusterError::NotOwner { volume: self.volume.clone(), epoch: self.epoch });
         }
+        // A released slice's claim is deleted only while it is still this volume's (never
+        // another volume's claim of the same slice).
         for slice in &released {
-            tracing::info!(volume = %self.volume, %slice, "slice released: its member was rebuilt elsewhere");
+            let key = self.keys.claim(slice);
+            let ours = Compare::value(key.clone(), CompareOp::Equal, self.volume.as_bytes().to_vec());
+            let txn = Txn::new().when([guard.clone(), ours]).and_then([TxnOp::delete(key, None)]);
+            let done = self.client.clone().txn(txn).await?.succeeded();
+            tracing::info!(volume = %self.volume, %slice, claim_deleted = done, "slice released: its member was rebuilt elsewhere");
         }
         if !unchanged {
             *last = members;

@@ -5,10 +5,15 @@
 //! writing unique values into 4 KiB registers. Each seed runs a random schedule of client
 //! operations and faults, several per seed: a coordinator paused (its requests hang, its lease
 //! is not renewed) and resumed, links between a coordinator and a slice cut and healed, the
-//! clock advanced past leases, takeovers, crashes of a coordinator. Since a slice that leaves
-//! service does not come back yet (no delta resync), at most one link is cut at a time, and
-//! only while every slice is in service. Operations of a paused
-//! coordinator are left in flight and complete, or fail, after its successor took over.
+//! clock advanced past leases, takeovers, crashes of a coordinator, and the repair of
+//! docs/design/cluster.md §7 in two steps that other faults may separate: the owner claims an
+//! out slice (joining), fences it and has the pool replace the failed drive by it; later an owner
+//! (the same or a successor) runs the pool's rebuild and records the slice complete. A link is
+//! cut only while every slice is in service (a replacement may still be joining: a takeover
+//! must then not count it as complete), one at a time (two members lost at once can leave an
+//! ec:2+1 volume without its data, which is not what this checks). Operations
+//! of a paused coordinator are left in flight and complete, or fail, after its successor took
+//! over.
 //!
 //! Checked at the end of each seed, per register, over the whole history and a final read by a
 //! last owner: every value read was written; and the history of acknowledged writes and the
@@ -146,6 +151,8 @@ struct EtcdState {
     owner: Option<(usize, u64, u64)>,
     /// Slices in service (none written yet: all).
     in_service: Option<Vec<bool>>,
+    /// Slices claimed to replace an out member, until their rebuild is recorded done.
+    joining: [bool; SLICES],
 }
 
 impl Etcd {
@@ -174,12 +181,12 @@ impl CommitGuard for Guard {
                 Some((c, e, expiry)) if c == self.coord && e == self.epoch && now < expiry => {}
                 _ => return Err("not the owner".into()),
             }
+            // A failed drive's slice leaves service; a drive the pool holds otherwise (a
+            // replacement that joined) is in service.
             let mut in_service = st.in_service.clone().unwrap_or_else(|| vec![true; SLICES]);
             for d in &next.drives {
-                if let Some(i) = d.path_hint.strip_prefix('s').and_then(|s| s.parse::<usize>().ok())
-                    && d.state == DriveState::Failed
-                {
-                    in_service[i] = false;
+                if let Some(i) = d.path_hint.strip_prefix('s').and_then(|s| s.parse::<usize>().ok()) {
+                    in_service[i] = d.state != DriveState::Failed;
                 }
             }
             st.revision += 1;
@@ -191,7 +198,7 @@ impl CommitGuard for Guard {
 
 /// One coordinator's hold on the volume.
 struct Holding {
-    _pool: Pool<SimDevice>,
+    pool: Pool<SimDevice>,
     volume: Arc<Volume<SimDevice>>,
     /// Serve only before this (its lease deadline on its own clock: the last renewal + TTL − margin).
     deadline: Arc<AtomicU64>,
@@ -324,7 +331,9 @@ impl World {
                 reached.push(s);
             }
         }
-        let out = SLICES - reached.len();
+        // Joining slices are reached but incomplete: they count as missing.
+        let joining = self.etcd.state.lock().joining;
+        let out = SLICES - reached.iter().filter(|&&s| !joining[s]).count();
         let tolerance = match self.layout {
             Layout::Raid1 { copies } => copies as usize - 1,
             Layout::Ec { parity_shards, .. } => parity_shards as usize,
@@ -369,8 +378,16 @@ impl World {
                 .iter()
                 .map(|&s| FoundDrive { dev: self.device(c, s, epoch), path: format!("s{s}") })
                 .collect();
-            match Pool::open(found).await {
-                Ok(p) => p,
+            // A slice the pool does not list (a replacement that never joined) is left out.
+            match Pool::open_skipping(found, false).await {
+                Ok(p) => {
+                    for (path, why) in p.ignored_drives() {
+                        let s: usize = path[1..].parse().unwrap();
+                        eprintln!("  coordinator {c} at epoch {epoch}: s{s} left out: {why}");
+                        reached.retain(|&r| r != s);
+                    }
+                    p
+                }
                 Err(e) => {
                     eprintln!("  coordinator {c} at epoch {epoch}: the pool did not open: {e}");
                     release(&self.etcd);
@@ -395,7 +412,7 @@ impl World {
         let volume = pool.volume("v").unwrap();
         let deadline = Arc::new(AtomicU64::new(now + TTL_MS - MARGIN_MS));
         // An older holding of this coordinator is dropped (its pool without a close).
-        self.held[c] = Some(Holding { _pool: pool, volume, deadline });
+        self.held[c] = Some(Holding { pool, volume, deadline });
         true
     }
 
@@ -486,7 +503,7 @@ impl World {
     async fn step_once(&mut self) {
         let c = self.rng.random_range(0..COORDS);
         match self.rng.random_range(0..100) {
-            0..55 => {
+            0..50 => {
                 // Clients mostly reach the owner of the moment, sometimes an older one.
                 let owner = self.etcd.state.lock().owner.map(|(o, _, _)| o);
                 let to = match owner {
@@ -495,7 +512,7 @@ impl World {
                 };
                 self.client_op(to).await;
             }
-            55..63 => {
+            50..58 => {
                 self.faults += 1;
                 let paused = !self.coords[c].paused.load(SeqCst);
                 self.trace(format!("coordinator {c} paused={paused}"));
@@ -504,15 +521,37 @@ impl World {
                     self.coords[c].resumed.notify_waiters();
                 }
             }
-            63..71 => {
-                // Cut (or heal) a link. Slices that leave service never come back (delta resync is
-                // not built), so a link is cut only while every slice is in service and no other
-                // link is cut: the volume loses at most one member per seed.
-                let s = self.rng.random_range(0..SLICES);
+            58..66 => {
+                // Cut (or heal) a link, only while every slice is in service (a replacement may
+                // still be joining) and no other link is cut: the volume loses at most one
+                // member at a time.
+                let mut s = self.rng.random_range(0..SLICES);
+                let mut c = c;
+                // A cut link is healed more often than another is picked: a slice that went out
+                // comes back within a seed, and the repair has something to do.
+                let cut: Vec<(usize, usize)> = (0..COORDS)
+                    .flat_map(|k| (0..SLICES).map(move |l| (k, l)))
+                    .filter(|&(k, l)| self.coords[k].links[l].cut.load(SeqCst))
+                    .collect();
+                if let Some(&(k, l)) = cut.first()
+                    && self.rng.random_bool(0.6)
+                {
+                    (c, s) = (k, l);
+                }
                 let link = &self.coords[c].links[s].cut;
-                let cut_now =
-                    self.coords.iter().flat_map(|k| &k.links).filter(|l| l.cut.load(SeqCst)).count();
-                let all_in = self.etcd.state.lock().in_service.as_ref().is_none_or(|v| v.iter().all(|&x| x));
+                let cut_now = cut.len();
+                // While a replacement is joining, a volume that tolerates one lost member
+                // (ec:2+1) would lose its data with another: then only a link of a coordinator
+                // that does not own the volume is cut (its takeover must refuse: one slice
+                // unreached and one incomplete).
+                let owner = self.etcd.owner_alive().map(|(o, _, _)| o);
+                let all_in = {
+                    let st = self.etcd.state.lock();
+                    let joining = st.joining.iter().any(|&j| j);
+                    let one = matches!(self.layout, Layout::Ec { parity_shards: 1, .. });
+                    st.in_service.as_ref().is_none_or(|v| v.iter().all(|&x| x))
+                        && (!joining || !one || owner != Some(c))
+                };
                 if link.load(SeqCst) {
                     link.store(false, SeqCst);
                     self.trace(format!("link {c}->{s} healed"));
@@ -522,7 +561,7 @@ impl World {
                     self.trace(format!("link {c}->{s} cut"));
                 }
             }
-            71..86 => {
+            66..80 => {
                 let ms = self.rng.random_range(200..3000);
                 self.etcd.now_ms.fetch_add(ms, SeqCst);
                 if self.rng.random_bool(0.85) {
@@ -530,10 +569,11 @@ impl World {
                 }
                 self.trace(format!("clock +{ms}"));
             }
-            86..96 => {
+            80..88 => {
                 let took = self.take(c).await;
                 self.trace(format!("coordinator {c} takeover: {took}"));
             }
+            88..96 => self.repair().await,
             _ => {
                 // A crash: the coordinator's process and pool are gone (no close); its lease
                 // runs out on its own.
@@ -542,6 +582,76 @@ impl World {
                 self.trace(format!("coordinator {c} crashed"));
             }
         }
+    }
+
+    /// One repair step by the owner of the moment (running, within its deadline): rebuild what
+    /// is pending and record the joining slices complete, or else claim an out slice it reaches,
+    /// fence it, and have the pool replace the failed drive by it.
+    async fn repair(&mut self) {
+        let Some((c, epoch, _)) = self.etcd.owner_alive() else { return };
+        let Some(h) = &self.held[c] else { return };
+        if self.coords[c].paused.load(SeqCst) || self.etcd.now() >= h.deadline.load(SeqCst) {
+            return;
+        }
+        let owner_now = |etcd: &Etcd| etcd.owner_alive().is_some_and(|(o, e, _)| o == c && e == epoch);
+        if h.pool.rebuild_pending() {
+            let r = h.pool.rebuild(|_| {}).await;
+            self.trace(format!("coordinator {c} rebuilt: {r:?}"));
+            if r.is_err() || h.pool.rebuild_pending() {
+                return;
+            }
+        }
+        // (Checked before taking the state's lock: `owner_alive` takes it too.)
+        if owner_now(&self.etcd) {
+            let mut st = self.etcd.state.lock();
+            let in_service = st.in_service.clone().unwrap_or_else(|| vec![true; SLICES]);
+            if st.joining.iter().any(|&j| j) {
+                for s in 0..SLICES {
+                    st.joining[s] &= !in_service[s];
+                }
+                st.revision += 1;
+                drop(st);
+                self.trace(format!("coordinator {c}: joining slices complete"));
+                return;
+            }
+        }
+        let in_service = self.etcd.state.lock().in_service.clone().unwrap_or_else(|| vec![true; SLICES]);
+        let Some(s) = (0..SLICES).find(|&s| !in_service[s] && !self.coords[c].links[s].cut.load(SeqCst))
+        else {
+            return;
+        };
+        let meta = h.pool.meta();
+        let Some(slot) = meta
+            .drives
+            .iter()
+            .find(|d| d.path_hint == format!("s{s}") && d.state == DriveState::Failed)
+            .map(|d| d.slot)
+        else {
+            return;
+        };
+        if !owner_now(&self.etcd) {
+            return;
+        }
+        {
+            let mut st = self.etcd.state.lock();
+            st.joining[s] = true;
+            st.revision += 1;
+        }
+        self.faults += 1;
+        assert_eq!(
+            self.slices[s].fence(epoch).await.unwrap(),
+            epoch,
+            "the owner's fence of a returning slice"
+        );
+        let new = NewDrive {
+            dev: self.device(c, s, epoch),
+            path: format!("s{s}"),
+            class: DriveClass::Capacity,
+            domain: format!("s{s}"),
+            fresh: false,
+        };
+        let r = h.pool.replace_drive(slot, new).await;
+        self.trace(format!("coordinator {c}: s{s} replaces its failed drive: {r:?}"));
     }
 
     /// Heals everything, lets every operation in flight finish, and has a coordinator take

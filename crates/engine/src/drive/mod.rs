@@ -167,11 +167,16 @@ impl<D: BlockDevice> Drive<D> {
     pub(crate) async fn format(dev: D, sb: Superblock, fresh: bool) -> Result<Drive<D>, DevError> {
         let l = sb.layout;
         if !fresh {
-            // Old bytes in the tables would be read back as structures: zero them.
+            // Old bytes in the tables would be read back as structures: zero them. The journal
+            // too: a new journal starts at sequence 1 in session 1 at the ring's start, as the
+            // old one did, so records of a pool the device served before (with their pieces on
+            // other drives that also came from that pool) would be taken for this pool's and
+            // replayed into its volumes.
             let zeros = IoBytes::zeroed(1 << 20);
             for (offset, len) in [
                 (l.metadata_offset_bytes, 2 * l.metadata_slot_bytes),
                 (l.intent_offset_bytes, l.intent_bytes),
+                (l.journal_offset_bytes, l.journal_bytes),
                 (l.csum_offset_bytes, l.csum_bytes),
             ] {
                 let mut at = 0;
