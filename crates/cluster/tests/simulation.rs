@@ -606,8 +606,8 @@ impl World {
             let mut st = self.etcd.state.lock();
             let in_service = st.in_service.clone().unwrap_or_else(|| vec![true; SLICES]);
             if st.joining.iter().any(|&j| j) {
-                for s in 0..SLICES {
-                    st.joining[s] &= !in_service[s];
+                for (joining, &serving) in st.joining.iter_mut().zip(&in_service) {
+                    *joining &= !serving;
                 }
                 st.revision += 1;
                 drop(st);

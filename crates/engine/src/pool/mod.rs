@@ -809,11 +809,11 @@ mod tests {
         vb.write(0, IoBytes::copy_from(&vec![0x22; 1 << 20]), true).await.unwrap();
         // Two of a's drives replace two of b's, one after the other (each rebuilt before the next
         // goes): a's transactions then have all their pieces in b.
-        for i in 1..3 {
+        for (i, joining) in a.iter().enumerate().skip(1) {
             let name = format!("b{i}");
             let slot = pb.meta().drives.iter().find(|d| d.path_hint == name).unwrap().slot;
             pb.fail_drive(slot, "test").await.unwrap();
-            pb.replace_drive(slot, new_drive(&a[i], false)).await.unwrap();
+            pb.replace_drive(slot, new_drive(joining, false)).await.unwrap();
             pb.rebuild(|_| {}).await.unwrap();
         }
         drop(vb);
