@@ -155,3 +155,46 @@ async fn an_old_owner_cannot_commit_metadata_on_the_slices_left_unfenced() {
     let err = old.volume("m").unwrap().write(0, IoBytes::copy_from(&pattern(7)), true).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
 }
+
+/// A member behind a slow link (the in-process fault proxy: 40 ms each way) slows the writes
+/// that wait for it and is not failed for it; what the pool acknowledged reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_member_slows_writes_and_is_not_failed() {
+    let nodes = nodes().await;
+    let proxy = stria_slice::testing::Proxy::start(nodes[2].0.addr).await.unwrap();
+    let mut drives = Vec::new();
+    for (i, (node, _)) in nodes.iter().enumerate() {
+        drives.push(owner(if i == 2 { proxy.addr } else { node.addr }, 1).await);
+    }
+    let pool = Pool::create("slow", new_drives(drives)).await.unwrap();
+    let spec = VolumeSpec {
+        name: "v".into(),
+        size_bytes: 4 << 20,
+        layout: Layout::Raid1 { copies: 3 },
+        chunk_bytes: 64 << 10,
+        class: DriveClass::Capacity,
+        role: VolumeRole::Plain,
+    };
+    let vol = pool.create_volume(spec).await.unwrap();
+    let fast = std::time::Instant::now();
+    vol.write(0, IoBytes::copy_from(&[1u8; 4096]), true).await.unwrap();
+    let fast = fast.elapsed();
+    proxy.set_delay(std::time::Duration::from_millis(40));
+    for block in 0..8u8 {
+        let start = std::time::Instant::now();
+        vol.write(u64::from(block) * 4096, IoBytes::copy_from(&[block + 10; 4096]), true).await.unwrap();
+        let took = start.elapsed();
+        assert!(
+            took >= std::time::Duration::from_millis(80),
+            "a FUA write waited {took:?} for the slow copy"
+        );
+    }
+    proxy.set_delay(std::time::Duration::ZERO);
+    for block in 0..8u8 {
+        let got = vol.read(u64::from(block) * 4096, 4096).await.unwrap();
+        assert!(got.iter().all(|&b| b == block + 10), "block {block}");
+    }
+    assert!(pool.drives().iter().all(|d| !d.is_failed()), "the slow member was failed");
+    eprintln!("FUA write: {fast:?} without the delay");
+    pool.close().await.unwrap();
+}
