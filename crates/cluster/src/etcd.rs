@@ -56,10 +56,7 @@ impl std::fmt::Debug for Cluster {
 impl Cluster {
     /// Connects to etcd (3 s to connect, 5 s per request).
     pub async fn connect(endpoints: &[String], keys: Keys) -> Result<Cluster, ClusterError> {
-        let options = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(3))
-            .with_timeout(Duration::from_secs(5));
-        Ok(Cluster { client: Client::connect(endpoints, Some(options)).await?, keys })
+        Ok(Cluster { client: Client::connect(endpoints, Some(connect_options())).await?, keys })
     }
 
     /// The nodes registered now.
@@ -236,6 +233,18 @@ impl std::fmt::Debug for Session {
     }
 }
 
+/// 3 s to connect, 5 s per request, and HTTP/2 pings every second (answered within a second,
+/// idle or not): a connection to an etcd member that a partition cut off drops packets rather than
+/// closing, and without the pings the balanced channel would keep sending a node's keep-alives
+/// into it until its lease lapsed (the partition long run: docs/design/cluster.md §13).
+fn connect_options() -> ConnectOptions {
+    ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(3))
+        .with_timeout(Duration::from_secs(5))
+        .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1))
+        .with_keep_alive_while_idle(true)
+}
+
 fn json<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("records serialize")
 }
@@ -248,10 +257,7 @@ fn parse<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, ClusterError
 impl Session {
     /// Connects, grants the node's lease and registers the node under it.
     pub async fn start(config: SessionConfig, record: &NodeRecord) -> Result<Session, ClusterError> {
-        let options = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(3))
-            .with_timeout(Duration::from_secs(5));
-        let mut client = Client::connect(&config.endpoints, Some(options)).await?;
+        let mut client = Client::connect(&config.endpoints, Some(connect_options())).await?;
         let ttl_secs = i64::try_from(config.ttl.as_secs().max(1)).unwrap_or(i64::MAX);
         let granted_at = Instant::now();
         let lease = client.lease_grant(ttl_secs, None).await?.id();
