@@ -62,12 +62,15 @@ impl Cluster {
     /// The nodes registered now.
     pub async fn nodes(&self) -> Result<Vec<NodeRecord>, ClusterError> {
         let prefix = self.keys.nodes();
-        let resp = self
-            .client
-            .clone()
-            .get(prefix.clone(), Some(etcd_client::GetOptions::new().with_prefix()))
-            .await?;
-        resp.kvs().iter().map(|kv| parse(&prefix, kv.value())).collect()
+        let kvs = self.list(&prefix).await?;
+        kvs.iter().map(|kv| parse(&prefix, kv.value())).collect()
+    }
+
+    /// Every key under `prefix`, with its value and revisions.
+    async fn list(&self, prefix: &str) -> Result<Vec<etcd_client::KeyValue>, ClusterError> {
+        let mut resp =
+            self.client.clone().get(prefix, Some(etcd_client::GetOptions::new().with_prefix())).await?;
+        Ok(resp.take_kvs())
     }
 
     /// Writes a new volume's spec, without taking it: the first node that takes it makes its
@@ -107,13 +110,9 @@ impl Cluster {
     /// Every claimed slice (node and id; no address) and the volume it belongs to.
     pub async fn claims(&self) -> Result<Vec<(SliceRef, String)>, ClusterError> {
         let prefix = self.keys.claims();
-        let resp = self
-            .client
-            .clone()
-            .get(prefix.clone(), Some(etcd_client::GetOptions::new().with_prefix()))
-            .await?;
+        let kvs = self.list(&prefix).await?;
         let mut out = Vec::new();
-        for kv in resp.kvs() {
+        for kv in &kvs {
             let rest = String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
             let Some((node, slice)) = rest.rsplit_once('/') else { continue };
             let Ok(slice) = slice.parse() else { continue };
@@ -126,28 +125,16 @@ impl Cluster {
     /// Every volume's spec.
     pub async fn specs(&self) -> Result<Vec<VolumeRecord>, ClusterError> {
         let prefix = self.keys.volumes();
-        let resp = self
-            .client
-            .clone()
-            .get(prefix.clone(), Some(etcd_client::GetOptions::new().with_prefix()))
-            .await?;
-        resp.kvs()
-            .iter()
-            .filter(|kv| kv.key().ends_with(b"/spec"))
-            .map(|kv| parse(&prefix, kv.value()))
-            .collect()
+        let kvs = self.list(&prefix).await?;
+        kvs.iter().filter(|kv| kv.key().ends_with(b"/spec")).map(|kv| parse(&prefix, kv.value())).collect()
     }
 
     /// Who owns each owned volume, with its epoch.
     pub async fn owners(&self) -> Result<Vec<(String, OwnerRecord, u64)>, ClusterError> {
         let prefix = self.keys.owners();
-        let resp = self
-            .client
-            .clone()
-            .get(prefix.clone(), Some(etcd_client::GetOptions::new().with_prefix()))
-            .await?;
+        let kvs = self.list(&prefix).await?;
         let mut out = Vec::new();
-        for kv in resp.kvs() {
+        for kv in &kvs {
             let volume = String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
             out.push((volume, parse(&prefix, kv.value())?, u64::try_from(kv.mod_revision()).unwrap_or(0)));
         }
