@@ -182,6 +182,10 @@ struct Served<V: ?Sized> {
 impl<V: BlockVolume + ?Sized> Served<V> {
     /// Waits while the volume is suspended; `Err` once it is lost or suspended too long.
     async fn admit(&self) -> Result<(), VolumeError> {
+        // The common case, serving, without a receiver of its own.
+        if *self.gate.borrow() == Gate::Serving {
+            return Ok(());
+        }
         let mut gate = self.gate.clone();
         loop {
             let state = *gate.borrow_and_update();
