@@ -275,14 +275,16 @@ async fn repair(session: Arc<Session>, c: Arc<Coordinated>, out_time: Duration) 
     loop {
         if c.pool.rebuild_pending() {
             let started = std::time::Instant::now();
-            let mut rows = 0;
-            if let Err(e) = c.pool.rebuild(|p| rows = p.rows_total).await {
+            let before = c.pool.rebuild_counters();
+            if let Err(e) = c.pool.rebuild(|_| {}).await {
                 tracing::warn!(volume = %name, error = %e, "rebuild stopped");
                 return;
             }
+            let after = c.pool.rebuild_counters();
             tracing::info!(
                 volume = %name,
-                rebuilt_bytes = rows * c.volume.chunk_bytes(),
+                rebuilt_bytes = after.copied_bytes - before.copied_bytes,
+                skipped_bytes = after.skipped_bytes - before.skipped_bytes,
                 ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
                 "rebuild done"
             );

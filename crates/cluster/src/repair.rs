@@ -6,8 +6,10 @@
 //! through the pool's rebuild, paced by the QoS rebuild class. The slice stays `joining` until the
 //! rebuild is done, so a takeover meanwhile does not count it as a complete copy.
 //!
-//! Not built: the delta resync of §7 (out bitmaps): a slice that comes back within the out-time
-//! is rebuilt in full, like one that comes back after it.
+//! A slice that comes back to its own node gets a delta resync (docs/design/delta-resync.md):
+//! `Pool::online_drive` puts it back in its slot and the rebuild copies only the rows written
+//! while it was out, unless it is not the very slice that went out or the pool did not keep what
+//! it missed; then it is rebuilt in full.
 
 use std::time::Duration;
 
@@ -157,18 +159,26 @@ pub async fn step(
             }
             Err(e) => return Err(e),
         };
-        let new = NewDrive {
-            dev,
-            path: slice.to_string(),
-            class: DriveClass::Capacity,
-            domain: slice.node.clone(),
-            fresh: false,
+        let joined = if slice.same(&out.slice) {
+            c.pool.online_drive(slot, dev, &slice.to_string()).await.map(|comeback| {
+                tracing::info!(volume = c.volume.name(), %slice, ?comeback, "an out member is back");
+            })
+        } else {
+            let new = NewDrive {
+                dev,
+                path: slice.to_string(),
+                class: DriveClass::Capacity,
+                domain: slice.node.clone(),
+                fresh: false,
+            };
+            c.pool.replace_drive(slot, new).await.map(|_| {
+                tracing::info!(volume = c.volume.name(), %slice, replaces = %out.slice, "a replacement member joined; rebuilding it");
+            })
         };
-        if let Err(e) = c.pool.replace_drive(slot, new).await {
+        if let Err(e) = joined {
             unclaim(c, &slice, &members).await;
             return Err(e.into());
         }
-        tracing::info!(volume = c.volume.name(), %slice, replaces = %out.slice, "a replacement member joined; rebuilding it");
         return Ok(Repair::Replaced { slice, replaces: out.slice.clone() });
     }
     Ok(if waiting.is_empty() { Repair::Nothing } else { Repair::Waiting(waiting.join("; ")) })

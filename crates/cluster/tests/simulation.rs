@@ -234,6 +234,8 @@ struct World {
     next_value: u64,
     pending: Vec<tokio::task::JoinHandle<()>>,
     faults: u64,
+    /// Slices back by a delta resync.
+    deltas: u64,
 }
 
 fn encode(block: u64, value: u64) -> Vec<u8> {
@@ -292,6 +294,7 @@ impl World {
             next_value: 1,
             pending: Vec::new(),
             faults: 0,
+            deltas: 0,
         }
     }
 
@@ -650,8 +653,19 @@ impl World {
             domain: format!("s{s}"),
             fresh: false,
         };
-        let r = h.pool.replace_drive(slot, new).await;
-        self.trace(format!("coordinator {c}: s{s} replaces its failed drive: {r:?}"));
+        // The slice coming back to its node: a delta resync (docs/design/delta-resync.md) when
+        // the pool kept what it missed, else in full; or, as after the out-time, a replacement
+        // rebuilt in full (here the same slice, formatted anew).
+        if self.rng.random_bool(0.75) {
+            let r = h.pool.online_drive(slot, new.dev, &new.path).await;
+            if matches!(r, Ok(stria_engine::Comeback::Delta { .. })) {
+                self.deltas += 1;
+            }
+            self.trace(format!("coordinator {c}: s{s} back online: {r:?}"));
+        } else {
+            let r = h.pool.replace_drive(slot, new).await;
+            self.trace(format!("coordinator {c}: s{s} replaces its failed drive: {r:?}"));
+        }
     }
 
     /// Heals everything, lets every operation in flight finish, and has a coordinator take
@@ -754,7 +768,7 @@ fn violations(block: u64, ops: &[Op], written: &BTreeMap<u64, (u64, u64, Outcome
     out
 }
 
-async fn run_seed(seed: u64) -> (u64, usize, u64) {
+async fn run_seed(seed: u64) -> (u64, usize, u64, u64) {
     let mut w = World::new(seed).await;
     assert!(w.take(0).await, "seed {seed}: the first takeover failed");
     let steps = 60 + w.rng.random_range(0..60);
@@ -789,7 +803,7 @@ async fn run_seed(seed: u64) -> (u64, usize, u64) {
         bad.extend(found);
     }
     assert!(bad.is_empty(), "seed {seed} ({}): {}", w.layout, bad.join("; "));
-    (steps, history.len(), w.faults)
+    (steps, history.len(), w.faults, w.deltas)
 }
 
 #[test]
@@ -836,14 +850,19 @@ fn seeded_takeovers_pauses_and_cuts_lose_no_acknowledged_write() {
             (first..first + n).collect()
         }
     };
-    let (mut steps, mut ops, mut faults) = (0, 0, 0);
+    let (mut steps, mut ops, mut faults, mut deltas) = (0, 0, 0, 0);
     for &seed in &seeds {
         // A runtime per seed: nothing of one seed (a task still in flight) reaches the next.
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let (s, o, f) = runtime.block_on(run_seed(seed));
+        let (s, o, f, d) = runtime.block_on(run_seed(seed));
         steps += s;
         ops += o;
         faults += f;
+        deltas += d;
     }
-    eprintln!("{} seeds: {steps} steps, {ops} client operations recorded, {faults} faults", seeds.len());
+    eprintln!(
+        "{} seeds: {steps} steps, {ops} client operations recorded, {faults} faults, {deltas} slices back by a \
+         delta resync",
+        seeds.len()
+    );
 }

@@ -35,14 +35,15 @@ pub use drive::csum::{CsumCacheStats, DEFAULT_CSUM_CACHE_PAGES};
 pub use drive::{Drive, DriveLabel, read_label};
 pub use error::{EngineError, ErrorKind, PoolFailure, VolumeError};
 pub use format::meta::{
-    Calibration, ClassCalibration, DriveClass, DriveErrors, DriveState, ErrorCount, Layout, PoolMeta,
-    QosSpec, TieredRecord, VolumeRole,
+    Calibration, ClassCalibration, DriveClass, DriveErrors, DriveState, ErrorCount, Layout, OutRecord,
+    PoolMeta, QosSpec, TieredRecord, VolumeRole,
 };
 pub use join::join_all_ok;
 pub use pool::{
-    BALANCE_SLACK, CommitGuard, DEFAULT_CHUNK_BYTES, DriveStatus, FoundDrive, IgnoredDrive, MoveProgress,
-    NewDrive, Pool, PoolStatus, RebalanceReport, RebalanceStatus, RebuildProgress, RecoveryReport,
-    ScrubReport, VOLUME_BYTES_MAX, VolumeSpec, VolumeStatus, check_volume_name, check_volume_size,
+    BALANCE_SLACK, Comeback, CommitGuard, DEFAULT_CHUNK_BYTES, DriveStatus, FoundDrive, IgnoredDrive,
+    MoveProgress, NewDrive, Pool, PoolStatus, RebalanceReport, RebalanceStatus, RebuildCounters,
+    RebuildProgress, RecoveryReport, ScrubReport, VOLUME_BYTES_MAX, VolumeSpec, VolumeStatus,
+    check_volume_name, check_volume_size,
 };
 pub use volume::contract::{
     BlockVolume, COMPARE_AND_WRITE_ALIGN_BYTES, COMPARE_AND_WRITE_MAX_BYTES, Dealloc, Durability,

@@ -288,6 +288,8 @@ struct Coverage {
     failed_volumes: std::sync::atomic::AtomicU64,
     moves_done: std::sync::atomic::AtomicU64,
     drives_removed: std::sync::atomic::AtomicU64,
+    onlines_delta: std::sync::atomic::AtomicU64,
+    onlines_full: std::sync::atomic::AtomicU64,
 }
 
 static COVERAGE: std::sync::LazyLock<Coverage> = std::sync::LazyLock::new(Coverage::default);
@@ -427,6 +429,34 @@ async fn drive_event(world: &mut World, pool: &Pool<Dev>) -> Maintenance {
                 Err(e) => world.fail(format!("drain of slot {slot} refused with an empty drive added: {e}")),
             }
             Maintenance::Rebalance
+        }
+        6 | 7 if !failed.is_empty() => {
+            // `drive online`: a failed drive comes back on its own disk (which may hold an old
+            // copy by now): a delta resync when the pool kept what it missed, else a full one.
+            let slot = failed[world.rng.random_range(0..failed.len())];
+            let rec = pool.meta().drive(slot).cloned().expect("failed drive listed");
+            let Some(disk) = world.disks.iter().find(|d| dev_path(&d.dev) == rec.path_hint) else {
+                return Maintenance::None;
+            };
+            let dev = Arc::clone(&disk.dev);
+            if stria_engine::maint::Online::check(pool, slot, false).is_err() {
+                return Maintenance::None;
+            }
+            match pool.online_drive(slot, dev, &rec.path_hint).await {
+                Ok(c) => {
+                    count(if matches!(c, stria_engine::Comeback::Delta { .. }) {
+                        &COVERAGE.onlines_delta
+                    } else {
+                        &COVERAGE.onlines_full
+                    });
+                    world.note(format!("drive in slot {slot} back online: {c:?}"));
+                }
+                Err(stria_engine::EngineError::Busy(why)) => {
+                    world.note(format!("bringing slot {slot} back refused: {why}"));
+                }
+                Err(e) => world.fail(format!("online: {e}")),
+            }
+            Maintenance::Rebuild
         }
         4 if world.disks.iter().all(|d| matches!(d.backup, Backup::None)) => {
             let i = world.rng.random_range(0..world.disks.len());
@@ -808,7 +838,8 @@ async fn sequences_of_crashes_lose_no_durable_write() {
     eprintln!(
         "{seeds} seeds: {} cycles ({} power cuts, {} kills, {} clean closes), {} boots cut during recovery, \
          {} old copies left out, {} refused for lack of quorum ({} live copies taken, {} put back), \
-         {} seeds ended with a failed volume, {} extents moved, {} drained drives removed",
+         {} seeds ended with a failed volume, {} extents moved, {} drained drives removed, \
+         {} drives back by a delta resync, {} by a full one",
         n(&c.cycles),
         n(&c.power_cuts),
         n(&c.kills),
@@ -820,6 +851,8 @@ async fn sequences_of_crashes_lose_no_durable_write() {
         n(&c.live_copies_put_back),
         n(&c.failed_volumes),
         n(&c.moves_done),
-        n(&c.drives_removed)
+        n(&c.drives_removed),
+        n(&c.onlines_delta),
+        n(&c.onlines_full)
     );
 }

@@ -333,9 +333,14 @@ pub(crate) async fn execute(
         }
         Request::DriveOnline { drive, force } => {
             let slot = find_drive(pool, &drive)?;
-            let new_slot = online(ctx, slot, force).await?;
+            let (new_slot, resync) = match online(ctx, slot, force).await? {
+                stria_engine::Comeback::Delta { slot, .. } => (slot, "delta".to_string()),
+                stria_engine::Comeback::Full { slot, why } => (slot, format!("full ({why})")),
+            };
             rebuild_here(ctx, progress).await?;
-            Ok(json!({ "online": slot, "new_drive": new_slot, "rebuild": rebuild_where(ctx) }))
+            Ok(
+                json!({ "online": slot, "new_drive": new_slot, "resync": resync, "rebuild": rebuild_where(ctx) }),
+            )
         }
         Request::DriveReplace { drive, new_path, domain, force, overwrite } => {
             let slot = find_drive(pool, &drive)?;
@@ -515,10 +520,10 @@ fn rebuild_where(ctx: &Ctx<'_>) -> &'static str {
     if ctx.daemon { "running in the daemon" } else { "done" }
 }
 
-/// `drive online`: a failed drive whose device is there again comes back as a new drive id on
-/// the same device, rebuilt in full from the others (the pool does not record what changed
-/// while a drive was out, so nothing on it is trusted).
-async fn online(ctx: &Ctx<'_>, slot: u32, force: bool) -> Result<u32> {
+/// `drive online`: a failed drive whose device is there again comes back, in its own slot with
+/// a delta resync of what it missed when it can, else as a new drive id on the same device,
+/// rebuilt in full (docs/design/delta-resync.md).
+async fn online(ctx: &Ctx<'_>, slot: u32, force: bool) -> Result<stria_engine::Comeback> {
     let pool = ctx.catalog.pool();
     if pool.meta().drive(slot).is_none() {
         return Err(refusal::not_found(format!("no drive {slot}")));

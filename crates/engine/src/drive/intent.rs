@@ -145,6 +145,36 @@ impl IntentMap {
         }
     }
 
+    /// Holds the regions of `count` blocks from `first_block` as if a write were in flight there
+    /// (rule R2, docs/design/delta-resync.md): their bits are not cleared, and an out generation
+    /// opened meanwhile seeds them. Paired with [`IntentMap::release`].
+    pub(crate) fn hold(&self, first_block: u64, count: u64) {
+        for r in Self::regions(first_block, count) {
+            if let Some(n) = self.inflight.get(r as usize) {
+                n.fetch_add(1, SeqCst);
+            }
+        }
+    }
+
+    /// Ends a [`IntentMap::hold`].
+    pub(crate) fn release(&self, first_block: u64, count: u64) {
+        for r in Self::regions(first_block, count) {
+            if let Some(n) = self.inflight.get(r as usize) {
+                let before = n.fetch_sub(1, SeqCst);
+                assert!(before > 0, "intent region {r}: hold released twice");
+            }
+        }
+    }
+
+    /// Regions with a write (or a hold) in flight or their bit set: what an out generation
+    /// opened now must start with.
+    pub(crate) fn busy_regions(&self) -> Vec<u64> {
+        (0..self.state.len())
+            .filter(|&r| self.inflight[r].load(SeqCst) > 0 || self.state[r].load(SeqCst) != CLEAN)
+            .map(|r| r as u64)
+            .collect()
+    }
+
     /// Starts a flush: returns its epoch.
     pub(crate) fn flush_started(&self) -> u64 {
         self.epoch.fetch_add(1, SeqCst) + 1

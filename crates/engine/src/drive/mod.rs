@@ -8,6 +8,7 @@ pub(crate) mod errors;
 pub(crate) mod intent;
 pub(crate) mod journal;
 mod member;
+pub(crate) mod out;
 pub(crate) mod shadow;
 
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use errors::{ErrorKind, PendingErrors};
 use intent::IntentMap;
 pub(crate) use journal::Watermarks;
 use journal::{AppendError, Journal, JournalPiece, RecoveredPiece};
+use out::OutMap;
 
 /// Why a verified read did not return data.
 #[derive(Debug)]
@@ -52,6 +54,9 @@ pub(crate) struct OpenFindings {
     pub(crate) journal: Vec<RecoveredPiece>,
     /// What the journal header says is durable.
     pub(crate) watermarks: Watermarks,
+    /// The out generation every out page carries, if they all carry one (the pool keeps it open
+    /// only if a failed drive's record names it).
+    pub(crate) out_generation: Option<u64>,
 }
 
 /// One drive of a pool.
@@ -61,6 +66,7 @@ pub struct Drive<D> {
     sb: Superblock,
     pub(crate) csum: ChecksumTable,
     pub(crate) intent: IntentMap,
+    pub(crate) out: OutMap,
     pub(crate) journal: Journal,
     failed: AtomicBool,
     /// Set when the device refused a request because a newer owner fenced it
@@ -203,6 +209,7 @@ impl<D: BlockDevice> Drive<D> {
         Drive {
             csum: ChecksumTable::new(blocks, l.csum_offset_bytes),
             intent: IntentMap::new(if dev.is_some() { l.intent_regions() } else { 0 }, l.intent_offset_bytes),
+            out: OutMap::new(if dev.is_some() { l.intent_regions() } else { 0 }),
             journal,
             failed: AtomicBool::new(dev.is_none()),
             fenced: AtomicBool::new(false),
@@ -241,13 +248,57 @@ impl<D: BlockDevice> Drive<D> {
             }
         }
         findings.bad_csum_pages = drive.csum.take_damaged();
+        findings.out_generation = drive.out.load(drive.dev()).await?;
         Ok((drive, findings))
+    }
+
+    /// Opens a member that was out and comes back for a delta resync
+    /// (docs/design/delta-resync.md): its journal is zeroed and restarted (its records are from
+    /// before it went out), its intent and out bitmaps are read. Returns the drive, its dirty
+    /// intent regions (bytes may have reached it that the others lack) and whether every
+    /// checksum page of those regions is sound (if not, the caller rebuilds it in full).
+    pub(crate) async fn rejoin(
+        dev: D,
+        sb: Superblock,
+    ) -> Result<(Drive<D>, Vec<u64>, Option<u64>, bool), DevError> {
+        let l = sb.layout;
+        let zeros = IoBytes::zeroed(1 << 20);
+        let mut at = 0;
+        while at < l.journal_bytes {
+            let n = (l.journal_bytes - at).min(1 << 20);
+            dev.write(l.journal_offset_bytes + at, zeros.slice(0..n as usize), false).await?;
+            at += n;
+        }
+        Journal::format(&dev, l.journal_offset_bytes).await?;
+        let mut drive = Drive::new(Some(dev), sb, Journal::new(l.journal_offset_bytes, l.journal_bytes));
+        let ipages = drive.intent.pages();
+        let buf = drive.dev().read(l.intent_offset_bytes, IoBuf::zeroed((ipages * BLOCK) as usize)).await?;
+        let mut dirty = Vec::new();
+        for (i, bytes) in buf.chunks_exact(BLOCK_USIZE).enumerate() {
+            dirty.extend(drive.intent.load_page(i as u64, bytes));
+        }
+        for &r in &dirty {
+            let first = r * INTENT_REGION_BLOCKS;
+            let blocks = INTENT_REGION_BLOCKS.min(drive.data_blocks().saturating_sub(first));
+            if blocks > 0 {
+                drive.csum.pin(drive.dev(), first, blocks).await?;
+            }
+        }
+        let sound = drive.csum.take_damaged().is_empty();
+        let out_generation = drive.out.load(drive.dev()).await?;
+        drive.dev().flush().await?;
+        Ok((drive, dirty, out_generation, sound))
     }
 
     /// A stand-in for a pool member that was not found: permanently failed, no device.
     pub(crate) fn missing(sb: Superblock) -> Drive<D> {
         let l = sb.layout;
         Drive::new(None, sb, Journal::new(l.journal_offset_bytes, l.journal_bytes))
+    }
+
+    /// The device, given back (a drive opened for a delta resync that needs a full rebuild).
+    pub(crate) fn into_device(self) -> Option<D> {
+        self.dev
     }
 
     /// True when the drive was not found at assembly.
@@ -366,7 +417,7 @@ impl<D: BlockDevice> Drive<D> {
 
     /// Marks the drive failed in memory (the pool persists it).
     pub(crate) fn set_failed(&self) {
-        self.failed.store(true, Ordering::Release);
+        self.failed.store(true, Ordering::SeqCst);
     }
 
     /// Counters of the underlying device.
@@ -541,6 +592,10 @@ impl<D: BlockDevice> Drive<D> {
         // there leaves the blocks as they were.
         let pin = self.pin_csum(block, blocks).await?;
         self.count_write(self.intent.begin(self.dev(), block, blocks).await)?;
+        if let Err(e) = self.count_write(self.out.mark(self.dev(), block, blocks).await) {
+            self.intent.end(block, blocks);
+            return Err(e);
+        }
         let written = self.dev().write(self.data_offset(block), data.clone(), fua).await;
         let mut result = self.count_write(written);
         if result.is_ok() {
@@ -581,6 +636,10 @@ impl<D: BlockDevice> Drive<D> {
         self.check_data_range(block, blocks);
         let pin = self.pin_csum(block, blocks).await?;
         self.count_write(self.intent.begin(self.dev(), block, blocks).await)?;
+        if let Err(e) = self.count_write(self.out.mark(self.dev(), block, blocks).await) {
+            self.intent.end(block, blocks);
+            return Err(e);
+        }
         self.csum.clear(&pin, block, blocks);
         drop(pin);
         self.intent.end(block, blocks);

@@ -9,6 +9,13 @@ const MIB: u64 = 1 << 20;
 pub const INTENT_REGION_BLOCKS: u64 = 1024;
 /// Intent bits per bitmap page (4080 bytes of bits).
 pub const INTENT_BITS_PER_PAGE: u64 = 4080 * 8;
+/// Where the out bitmap's pages start (format §4a): the gap between the flush record and the
+/// first metadata slot.
+pub const OUT_OFFSET_BYTES: u64 = 8192;
+/// Out bitmap pages that fit the gap (8 KiB .. 1 MiB).
+pub const OUT_PAGES_MAX: u64 = (MIB - OUT_OFFSET_BYTES) / BLOCK;
+/// Out bits per page (4072 bytes of bits).
+pub const OUT_BITS_PER_PAGE: u64 = 4072 * 8;
 /// Checksum entries per checksum page.
 pub const CSUM_ENTRIES_PER_PAGE: u64 = 1020;
 /// Smallest data area a drive may have.

@@ -75,6 +75,26 @@ pub struct DriveRecord {
     /// members to the other drives of its class (docs/design/pool-growth.md). Otherwise active.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub draining: bool,
+    /// Set when the drive went out through the pool's failure path, until it is back and
+    /// resynchronised (docs/design/delta-resync.md): what its delta resync needs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out: Option<OutRecord>,
+}
+
+/// The outage of a drive, for its delta resync (docs/design/delta-resync.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutRecord {
+    /// The out generation the other drives mark while it is out.
+    pub generation: u64,
+    /// Unix time it went out.
+    pub since_unix_secs: u64,
+    /// The flush epoch the pool had confirmed of it: a device that comes back with an older one
+    /// is an old copy.
+    pub epoch: u64,
+    /// Its own intent regions found dirty when it came back (bytes may have reached it that the
+    /// others lack); resynchronised like the regions the others marked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub regions: Vec<u64>,
 }
 
 /// One persistent error counter: how many events, and when the last one happened.
@@ -483,6 +503,7 @@ mod tests {
                     ..DriveErrors::default()
                 },
                 draining: true,
+                out: Some(OutRecord { generation: 9, since_unix_secs: 4, epoch: 7, regions: vec![1, 5] }),
             }],
             volumes: vec![VolumeRecord {
                 id: 1,

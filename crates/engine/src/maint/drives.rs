@@ -13,7 +13,7 @@ use stria_dev::BlockDevice;
 
 use crate::error::EngineError;
 use crate::format::meta::{DriveRecord, DriveState, Layout};
-use crate::pool::{NewDrive, Pool, RebalanceReport};
+use crate::pool::{Comeback, NewDrive, Pool, RebalanceReport};
 use crate::volume::VolumeState;
 
 /// Which workflow would take a drive out of service (the last-copy guard names it).
@@ -197,9 +197,10 @@ impl Replacement {
 }
 
 /// Bringing a failed drive back that the guards allowed: the caller opens its device where it
-/// was last seen ([`Online::record`]'s `path_hint`), then [`Online::run`] takes it back as a new
-/// drive, rebuilt in full from the others (nothing on it is trusted: the pool does not record what
-/// changed while a drive was out).
+/// was last seen ([`Online::record`]'s `path_hint`), then [`Online::run`] takes it back: in its
+/// own slot with a delta resync of what it missed when the pool kept that and the device is the
+/// very drive, no older than when it went out; otherwise as a new drive, rebuilt in full
+/// (docs/design/delta-resync.md).
 #[derive(Debug)]
 #[must_use = "bringing the drive back is only checked; `run` does it"]
 pub struct Online {
@@ -227,24 +228,12 @@ impl Online {
         &self.record
     }
 
-    /// Takes the drive back on `dev` (its device, opened again); returns its new slot.
-    pub async fn run<D: BlockDevice>(self, pool: &Pool<D>, dev: D) -> Result<u32, EngineError> {
+    /// Takes the drive back on `dev` (its device, opened again).
+    pub async fn run<D: BlockDevice>(self, pool: &Pool<D>, dev: D) -> Result<Comeback, EngineError> {
         let rec = self.record;
-        let new = NewDrive {
-            dev,
-            path: rec.path_hint.clone(),
-            class: rec.class,
-            domain: String::new(),
-            fresh: false,
-        };
-        let new_slot = pool.replace_drive(rec.slot, new).await?;
-        tracing::info!(
-            slot = rec.slot,
-            new_slot,
-            path = %rec.path_hint,
-            "drive back online as a new drive id; rebuilding it in full"
-        );
-        Ok(new_slot)
+        let comeback = pool.online_drive(rec.slot, dev, &rec.path_hint).await?;
+        tracing::info!(slot = rec.slot, path = %rec.path_hint, ?comeback, "drive back online");
+        Ok(comeback)
     }
 }
 

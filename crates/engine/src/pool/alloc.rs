@@ -221,6 +221,7 @@ pub(crate) mod tests {
                     data_blocks: 1000,
                     errors: DriveErrors::default(),
                     draining: false,
+                    out: None,
                 })
                 .collect(),
             volumes: vec![],

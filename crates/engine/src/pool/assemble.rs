@@ -173,6 +173,9 @@ impl<D: BlockDevice> Pool<D> {
             .unwrap_or(0)
             + 1;
         let core = Arc::new(PoolCore::new(meta.clone(), drives, txn_next, committed, epochs));
+        // Before anything is written (recovery included): the drives that carry the out
+        // generation a failed drive's record names go on marking (docs/design/delta-resync.md).
+        core.adopt_out_generation(&findings.iter().map(|(slot, f)| (*slot, f.out_generation)).collect());
         // Bring lagging drives (a crash during a commit) up to date, and record the missing and
         // stale ones as failed before anything is written (a stale drive is never written to,
         // so its superblock keeps the evidence).
@@ -185,7 +188,8 @@ impl<D: BlockDevice> Pool<D> {
                     format!("not found when the pool was opened (last seen at {})", rec.path_hint)
                 }
             };
-            core.fail_drive(slot, reason).await?;
+            let witnessed = all.iter().map(|r| r.witnessed(slot)).max().unwrap_or(0);
+            core.fail_missing_drive(slot, reason, witnessed).await?;
         }
         core.update(move |m| {
             for (slot, path) in found_at {

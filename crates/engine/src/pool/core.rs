@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 use futures::future::join_all;
 use stria_dev::BlockDevice;
+use uuid::Uuid;
 
 use super::epochs::EpochBook;
 use super::store::{self, DriveQuorum, MetaStore, Scope};
@@ -160,6 +161,13 @@ pub(crate) struct PoolCore<D: BlockDevice> {
     pub(super) publish: parking_lot::Mutex<()>,
     /// Checksum pages each drive keeps cached (see pool/csum_cache.rs).
     pub(super) csum_cache_pages: AtomicU64,
+    /// The open out generation (docs/design/delta-resync.md; 0: none). Changed only under its
+    /// lock, which `fail_drive` holds while it opens and seeds it.
+    out_generation: parking_lot::Mutex<u64>,
+    /// Held by `fail_drive` from before it marks the drive failed until its commit: a caller
+    /// that finds the drive failed in memory waits for that commit (which carries the drive's
+    /// out record) instead of committing the failure without one.
+    failing: tokio::sync::Mutex<()>,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for PoolCore<D> {
@@ -198,7 +206,111 @@ impl<D: BlockDevice> PoolCore<D> {
             error_commit: tokio::sync::Mutex::new(()),
             publish: parking_lot::Mutex::new(()),
             csum_cache_pages: AtomicU64::new(crate::drive::csum::DEFAULT_CSUM_CACHE_PAGES),
+            out_generation: parking_lot::Mutex::new(0),
+            failing: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// At open: the out generation the failed drives' records name (if any) stays open on the
+    /// drives whose pages carry it (`loaded` by slot); the others do not have it.
+    pub(crate) fn adopt_out_generation(&self, loaded: &HashMap<u32, Option<u64>>) {
+        let open = self.meta().drives.iter().find_map(|d| d.out.as_ref().map(|o| o.generation));
+        *self.out_generation.lock() = open.unwrap_or(0);
+        for d in self.drives.load().iter() {
+            d.out.adopt(loaded.get(&d.slot()).copied().flatten(), open);
+        }
+    }
+
+    /// The open out generation, if any.
+    pub(crate) fn out_generation(&self) -> Option<u64> {
+        Some(*self.out_generation.lock()).filter(|&g| g != 0)
+    }
+
+    /// Opens the out generation (a new one when none is open) on the drives that may carry it
+    /// and seeds it with every region they have a write or hold in flight in, or an intent bit
+    /// set; in memory only ([`PoolCore::persist_out_generation`] writes it). Must run before
+    /// `slot` is marked failed (docs/design/delta-resync.md, rule R2).
+    fn open_out_generation(&self, slot: u32) -> u64 {
+        let mut open = self.out_generation.lock();
+        let fresh = *open == 0;
+        if fresh {
+            *open = Uuid::new_v4().as_u64_pair().0 | 1;
+        }
+        let g = *open;
+        for d in self.drives.load().iter() {
+            if d.slot() == slot || d.is_failed() || d.is_missing() {
+                continue;
+            }
+            // A drive that joined after the generation opened missed its start: it never gets it.
+            if fresh {
+                d.out.open(g);
+            } else if d.out.generation() != Some(g) {
+                continue;
+            }
+            for r in d.intent.busy_regions() {
+                d.out.seed(r);
+            }
+        }
+        g
+    }
+
+    /// Writes the out generation `g` to every drive that has it (but `slot`); a drive that
+    /// cannot take it loses it (it is then no source of a delta), nothing else.
+    async fn persist_out_generation(&self, g: u64, slot: u32) {
+        for d in self.drives.load().iter() {
+            if d.slot() == slot || d.is_failed() || d.out.generation() != Some(g) {
+                continue;
+            }
+            if let Err(e) = d.out.persist(d.device()).await {
+                tracing::warn!(slot = d.slot(), error = %e, "out bitmap not written; the drive is no delta source");
+            }
+        }
+    }
+
+    /// Closes the out generation once no drive record is out any more.
+    pub(crate) fn close_out_generation_if_done(&self) {
+        let mut open = self.out_generation.lock();
+        if *open == 0 || self.meta().drives.iter().any(|d| d.out.is_some()) {
+            return;
+        }
+        *open = 0;
+        for d in self.drives.load().iter() {
+            d.out.close();
+        }
+        tracing::info!("no drive is out any more: out bitmaps closed");
+    }
+
+    /// Puts `drive` in the place of the failed drive object of its slot (a drive back for a
+    /// delta resync) and commits `change` (which makes it active), with no flush in between (a
+    /// flush must not confirm the epoch of a drive the metadata still calls failed): the flush
+    /// epochs of the slot restart at `epoch`, what its flush record holds, and its record is
+    /// rewritten with the witnesses. If the commit fails the drive is failed again in memory.
+    pub(crate) async fn readmit_drive(
+        &self,
+        drive: Arc<Drive<D>>,
+        epoch: u64,
+        change: impl FnOnce(&mut PoolMeta) -> Result<((), bool), EngineError>,
+    ) -> Result<(), EngineError> {
+        let _no_flush = self.flush_covered.lock().await;
+        let slot = drive.slot();
+        let witnesses = {
+            let mut book = self.epochs.lock();
+            book.forget(slot);
+            book.admit_at(slot, epoch);
+            book.witnesses()
+        };
+        drive.write_flush_record(epoch, &witnesses, true).await?;
+        drive.set_csum_cache_pages(self.csum_cache_pages.load(std::sync::atomic::Ordering::Relaxed));
+        let mut all: Vec<Arc<Drive<D>>> =
+            self.drives.load().iter().filter(|d| d.slot() != slot).cloned().collect();
+        all.push(Arc::clone(&drive));
+        all.sort_by_key(|d| d.slot());
+        self.drives.store(Arc::new(all));
+        let committed = self.update(change).await;
+        if committed.is_err() {
+            drive.set_failed();
+        }
+        committed
     }
 
     /// The last committed metadata.
@@ -487,10 +599,51 @@ impl<D: BlockDevice> PoolCore<D> {
             self.set_fenced(slot);
             return Err(EngineError::Fenced);
         }
+        let _failing = self.failing.lock().await;
+        // A drive failed here (not already by the commit machinery) may come back by a delta
+        // resync: the other drives start marking what it misses before it is marked failed.
+        let delta = self
+            .drive(slot)
+            .filter(|d| !d.is_failed() && !d.is_missing())
+            .map(|_| self.open_out_generation(slot));
         if let Some(d) = self.drive(slot) {
             d.set_failed();
         }
-        let result = self.fail_drive_commit(slot, reason).await;
+        let delta = match delta {
+            Some(g) => {
+                self.persist_out_generation(g, slot).await;
+                Some((g, self.flush_epoch_confirmed(slot)))
+            }
+            None => None,
+        };
+        let result = self.fail_drive_commit(slot, reason, delta).await;
+        if result.is_err() {
+            self.poisoned.store(true, Ordering::Release);
+        }
+        result
+    }
+
+    /// At open, before anything is written: records the drive of `slot`, active in the metadata
+    /// but not found (or found stale), as failed, with an out record so that the very drive can
+    /// come back by a delta resync. Nothing runs yet, so every write it may have missed is one
+    /// the others have an intent bit set for (rule R2 kept them set), which seed the generation.
+    /// `witnessed` is the flush epoch the other drives' records saw of it: with none, an old
+    /// copy could not be told apart, and it gets no out record.
+    pub(crate) async fn fail_missing_drive(
+        &self,
+        slot: u32,
+        reason: String,
+        witnessed: u64,
+    ) -> Result<(), EngineError> {
+        let _failing = self.failing.lock().await;
+        let delta = if witnessed > 0 {
+            let g = self.open_out_generation(slot);
+            self.persist_out_generation(g, slot).await;
+            Some((g, witnessed))
+        } else {
+            None
+        };
+        let result = self.fail_drive_commit(slot, reason, delta).await;
         if result.is_err() {
             self.poisoned.store(true, Ordering::Release);
         }
@@ -510,7 +663,12 @@ impl<D: BlockDevice> PoolCore<D> {
         }
     }
 
-    async fn fail_drive_commit(&self, slot: u32, reason: String) -> Result<(), EngineError> {
+    async fn fail_drive_commit(
+        &self,
+        slot: u32,
+        reason: String,
+        delta: Option<(u64, u64)>,
+    ) -> Result<(), EngineError> {
         let logged = reason.clone();
         let changed = self
             .update(|m| {
@@ -524,6 +682,17 @@ impl<D: BlockDevice> PoolCore<D> {
                 }
                 rec.state = DriveState::Failed;
                 rec.failed_reason = Some(reason);
+                rec.out = match (delta, rec.out.take()) {
+                    // Failed again during its resync: the same outage goes on.
+                    (Some((g, _)), Some(out)) if out.generation == g => Some(out),
+                    (Some((generation, epoch)), _) => Some(crate::format::meta::OutRecord {
+                        generation,
+                        since_unix_secs: crate::time::now_unix_secs(),
+                        epoch,
+                        regions: Vec::new(),
+                    }),
+                    (None, _) => None,
+                };
                 Ok((true, true))
             })
             .await?;

@@ -54,6 +54,14 @@ impl EpochBook {
         assert!(previous.is_none(), "drive slot {slot} admitted twice to the flush epochs");
     }
 
+    /// A drive that comes back to its slot with `epoch` durable in its record.
+    pub(crate) fn admit_at(&mut self, slot: u32, epoch: u64) {
+        let previous = self
+            .drives
+            .insert(slot, DriveEpochs { claimed: epoch, confirmed: epoch, confirmed_at: self.confirmations });
+        assert!(previous.is_none(), "drive slot {slot} admitted twice to the flush epochs");
+    }
+
     /// Claims the next epoch of the drive in `slot` (written since its last one); `None` for a
     /// drive that left the pool meanwhile.
     pub(crate) fn claim(&mut self, slot: u32) -> Option<u64> {

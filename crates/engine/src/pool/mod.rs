@@ -10,6 +10,7 @@ mod moves;
 mod qos;
 mod rebuild;
 mod recovery;
+mod resync;
 mod scrub;
 mod status;
 pub(crate) mod store;
@@ -43,6 +44,7 @@ use crate::volume::{Family, Volume, VolumeState};
 pub use moves::{BALANCE_SLACK, MoveProgress, RebalanceReport, RebalanceStatus};
 pub use rebuild::RebuildProgress;
 pub use recovery::RecoveryReport;
+pub use resync::{Comeback, RebuildCounters};
 pub use scrub::ScrubReport;
 pub use status::{DriveStatus, IgnoredDrive, PoolStatus, VolumeStatus};
 pub use store::CommitGuard;
@@ -102,6 +104,10 @@ pub struct Pool<D: BlockDevice> {
     moving: parking_lot::Mutex<Option<moves::ActiveMove<D>>>,
     /// Extent moves finished since the pool was opened.
     moves_done: AtomicU64,
+    /// Bytes of members the rebuilds copied, and bytes a delta resync found unchanged and
+    /// skipped, since the pool was opened.
+    rebuild_copied_bytes: AtomicU64,
+    rebuild_skipped_bytes: AtomicU64,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for Pool<D> {
@@ -193,6 +199,7 @@ impl<D: BlockDevice> Pool<D> {
                 data_blocks: layout.data_blocks(),
                 errors: DriveErrors::default(),
                 draining: false,
+                out: None,
             });
             opened.push(Arc::new(Drive::format(nd.dev, sb, nd.fresh).await?));
         }
@@ -236,6 +243,8 @@ impl<D: BlockDevice> Pool<D> {
             clearing: tokio::sync::Mutex::new(()),
             moving: parking_lot::Mutex::new(None),
             moves_done: AtomicU64::new(0),
+            rebuild_copied_bytes: AtomicU64::new(0),
+            rebuild_skipped_bytes: AtomicU64::new(0),
         }
     }
 

@@ -77,6 +77,7 @@ impl<D: BlockDevice> Pool<D> {
             })
             .await?;
         self.core.remove_drive(old_slot);
+        self.core.close_out_generation_if_done();
         for v in self.volumes() {
             self.refresh_volume(v.name())?;
         }
@@ -234,10 +235,19 @@ impl<D: BlockDevice> Pool<D> {
                         continue;
                     }
                     let mut row = member.rebuild_cursor.load(Ordering::Acquire);
+                    // A drive back from an outage copies only what it missed (delta-resync.md).
+                    let delta = self.delta_of(member.drive.slot());
                     while row < seg.rows {
                         let Some(_op) = self.core.ops.enter() else { return Ok(()) };
                         if vol.is_closed() {
                             return Ok(());
+                        }
+                        if let Some(delta) = &delta
+                            && vol.skip_unchanged_row(&map, si, mi, row, delta.generation, &delta.own).await
+                        {
+                            row += 1;
+                            self.count_rebuilt(vol.chunk_bytes(), false);
+                            continue;
                         }
                         let turn = self
                             .background_turn(crate::qos::REBUILD_FLOW, vol, crate::qos::OpKind::Rebuild)
@@ -245,6 +255,7 @@ impl<D: BlockDevice> Pool<D> {
                         vol.rebuild_row(&map, si, mi, row).await?;
                         drop(turn);
                         row += 1;
+                        self.count_rebuilt(vol.chunk_bytes(), true);
                         rebuilt_bytes += vol.chunk_bytes();
                         if last_persist.elapsed() >= PERSIST_INTERVAL {
                             self.persist_cursors(vol).await?;
@@ -309,9 +320,26 @@ impl<D: BlockDevice> Pool<D> {
                         }
                     }
                 }
+                // A drive back from an outage whose members are all resynchronised is no
+                // longer out (its cursors and this go in one commit).
+                let resyncing: Vec<u32> = m
+                    .volumes
+                    .iter()
+                    .flat_map(|v| &v.segments)
+                    .flat_map(|s| &s.members)
+                    .filter(|mem| mem.rebuild_cursor_rows.is_some())
+                    .map(|mem| mem.slot)
+                    .collect();
+                for d in m.drives.iter_mut() {
+                    if d.state == DriveState::Active && d.out.is_some() && !resyncing.contains(&d.slot) {
+                        d.out = None;
+                        changed = true;
+                    }
+                }
                 Ok(((), changed))
             })
             .await?;
+        self.core.close_out_generation_if_done();
         // Committed: rows below these cursors are now trusted after a crash too.
         for (seg, cs) in map.segments.iter().zip(&committed) {
             for (member, c) in seg.members.iter().zip(cs) {
@@ -355,6 +383,7 @@ fn joining<D: BlockDevice>(
         data_blocks: layout.data_blocks(),
         errors: DriveErrors::default(),
         draining: false,
+        out: None,
     };
     Ok((sb, record))
 }

@@ -171,6 +171,52 @@ impl<D: BlockDevice> Volume<D> {
 }
 
 impl<D: BlockDevice> Volume<D> {
+    /// For the delta resync of member `mi` of segment `si` (docs/design/delta-resync.md): when
+    /// row `row` was not written while the member was out — no other non-failed member marked
+    /// the row's region in out generation `generation`, each of them has that generation, at
+    /// least one was asked, and the member's own region is not in `own` — advances its cursor
+    /// past the row without I/O and returns true. Decided under the row's stripe lock, so no
+    /// write of the row falls between the check and the cursor.
+    pub(crate) async fn skip_unchanged_row(
+        &self,
+        map: &VolumeMap<D>,
+        si: usize,
+        mi: usize,
+        row: u64,
+        generation: u64,
+        own: &std::collections::BTreeSet<u64>,
+    ) -> bool {
+        use crate::format::layout::INTENT_REGION_BLOCKS as REGION;
+        let _guard = self.locks.lock([(si, row)]).await;
+        let seg = &map.segments[si];
+        let chunk = self.geo.chunk_blocks;
+        let regions = |start: u64| {
+            let first = start + row * chunk;
+            first / REGION..=(first + chunk - 1) / REGION
+        };
+        let member = &seg.members[mi];
+        if regions(member.start_block).any(|r| own.contains(&r)) {
+            return false;
+        }
+        let mut asked = 0;
+        for (j, other) in seg.members.iter().enumerate() {
+            if j == mi || other.drive.is_failed() {
+                continue;
+            }
+            if other.drive.out.generation() != Some(generation)
+                || regions(other.start_block).any(|r| other.drive.out.is_marked(r))
+            {
+                return false;
+            }
+            asked += 1;
+        }
+        if asked == 0 {
+            return false;
+        }
+        member.rebuild_cursor.store(row + 1, std::sync::atomic::Ordering::Release);
+        true
+    }
+
     /// Rebuilds row `row` of member `mi` of segment `si` from the other members, writes it to the
     /// member and advances its cursor, all under the stripe lock.
     pub(crate) async fn rebuild_row(

@@ -308,6 +308,41 @@ impl<D: BlockDevice> Volume<D> {
     }
 }
 
+/// Rule R2 (docs/design/delta-resync.md): while a write runs, the intent regions of every
+/// member of the rows it writes count as in flight, on every member, until the whole write (and
+/// any drive failure it causes) is over. So a drive that fails under the write finds the regions
+/// the write touched elsewhere still held, and the out generation its failure opens seeds them.
+struct RegionHolds<D: BlockDevice> {
+    parts: Vec<(Arc<Drive<D>>, u64, u64)>,
+}
+
+impl<D: BlockDevice> RegionHolds<D> {
+    fn new(map: &VolumeMap<D>, geo: &Geometry, runs: &[ChunkRun]) -> RegionHolds<D> {
+        let mut parts: Vec<(Arc<Drive<D>>, u64, u64)> = Vec::new();
+        let mut last = None;
+        for run in runs {
+            if last == Some((run.segment, run.row)) {
+                continue;
+            }
+            last = Some((run.segment, run.row));
+            for m in &map.segments[run.segment].members {
+                let first = m.start_block + geo.member_block(run.row, 0);
+                m.drive.intent.hold(first, geo.chunk_blocks);
+                parts.push((Arc::clone(&m.drive), first, geo.chunk_blocks));
+            }
+        }
+        RegionHolds { parts }
+    }
+}
+
+impl<D: BlockDevice> Drop for RegionHolds<D> {
+    fn drop(&mut self) {
+        for (drive, first, blocks) in &self.parts {
+            drive.intent.release(*first, *blocks);
+        }
+    }
+}
+
 impl<D: BlockDevice> std::fmt::Debug for Volume<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Volume").field("name", &self.name).field("layout", &self.geo.layout).finish()
@@ -439,7 +474,7 @@ where
         // raises the transaction watermark past every older journaled write to these stripes,
         // so recovery can never replay one over this (durable) write.
         let by_pool_flush = self.fua_by_pool_flush();
-        {
+        let holds = {
             let _guards = self.locks.lock(runs.iter().map(|r| (r.segment, r.row))).await;
             // Members may have moved while this waited (a move ends under every stripe lock):
             // write where they are now. Runs do not change (segments only ever get appended).
@@ -449,9 +484,12 @@ where
             }
             let data = data(Arc::clone(&map)).await?;
             Volume::<D>::check_runs_cover(&runs, data.len());
+            let holds = RegionHolds::new(&map, &self.geo, &runs);
             self.write_runs_locked(&map, &runs, data, fua && !by_pool_flush).await?;
-        }
+            holds
+        };
         self.confirm_skipped(&map, &runs).await?;
+        drop(holds);
         if fua && by_pool_flush {
             self.flush_members().await?;
         }
@@ -524,6 +562,7 @@ where
             let _guards = self.locks.lock(runs.iter().map(|r| (r.segment, r.row))).await;
             self.host.check_writable().map_err(|e| self.pool_error(e))?;
             let map = self.map.load_full(); // as in `write_in`
+            let _holds = RegionHolds::new(&map, &self.geo, &runs);
             for run in &runs {
                 self.unmap_run(&map, run).await?;
             }

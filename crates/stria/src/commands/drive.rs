@@ -28,9 +28,10 @@ pub(super) async fn drive(dir: &PoolDir, cmd: DriveCmd) -> Result<()> {
         DriveCmd::Online { drive, force } => {
             let v = request(dir, Request::DriveOnline { drive, force }).await?;
             outln!(
-                "drive {} is back in service as drive {}; rebuild {}",
+                "drive {} is back in service as drive {}; resync: {}; rebuild {}",
                 v["online"],
                 v["new_drive"],
+                v["resync"].as_str().unwrap_or(""),
                 v["rebuild"].as_str().unwrap_or("")
             );
         }
