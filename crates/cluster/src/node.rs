@@ -257,12 +257,24 @@ struct OwnedVolume {
     c: Arc<Coordinated>,
     gate: watch::Sender<Gate>,
     repair: Option<JoinHandle<()>>,
+    /// The pool's housekeeping (`Pool::tick`: flush dirty drives, clear idle intent bits,
+    /// commit error counters), run every [`HOUSEKEEPING`] while serving.
+    housekeeping: Option<JoinHandle<()>>,
+    last_housekeeping: Instant,
 }
+
+/// How often an owner runs its pool's housekeeping (as the single-node daemon does). Without it
+/// the intent bits of every region ever written stay set: a takeover resynchronises them all,
+/// and a returning member's delta resync copies them all.
+const HOUSEKEEPING: Duration = Duration::from_secs(2);
 
 impl Drop for OwnedVolume {
     fn drop(&mut self) {
         // A rebuild stopped here resumes from its last persisted cursor under the next owner.
         if let Some(task) = self.repair.take() {
+            task.abort();
+        }
+        if let Some(task) = self.housekeeping.take() {
             task.abort();
         }
     }
@@ -422,6 +434,19 @@ async fn tick(
         if o.repair.as_ref().is_none_or(|t| t.is_finished()) {
             o.repair = Some(tokio::spawn(repair(Arc::clone(session), Arc::clone(&o.c), config.out_time)));
         }
+        if *o.gate.borrow() == Gate::Serving
+            && o.last_housekeeping.elapsed() >= HOUSEKEEPING
+            && o.housekeeping.as_ref().is_none_or(|t| t.is_finished())
+        {
+            o.last_housekeeping = Instant::now();
+            let c = Arc::clone(&o.c);
+            let name = name.clone();
+            o.housekeeping = Some(tokio::spawn(async move {
+                if let Err(e) = c.pool.tick().await {
+                    tracing::warn!(volume = %name, error = %e, "housekeeping failed");
+                }
+            }));
+        }
     }
     for spec in session.specs().await? {
         if owned.contains_key(&spec.name) || owners.iter().any(|(v, _, _)| *v == spec.name) {
@@ -439,7 +464,19 @@ async fn tick(
                 let (gate, gated) = watch::channel(Gate::Serving);
                 let served = Served { name: spec.name.clone(), inner: Arc::clone(&c.volume), gate: gated };
                 exports.insert(&spec.name, Arc::new(served));
-                owned.insert(spec.name.clone(), OwnedVolume { c: Arc::new(c), gate, repair: None });
+                owned.insert(
+                    spec.name.clone(),
+                    OwnedVolume {
+                        c: Arc::new(c),
+                        gate,
+                        repair: None,
+                        housekeeping: None,
+                        // At once: what the takeover's recovery left set is cleared early.
+                        last_housekeeping: Instant::now()
+                            .checked_sub(HOUSEKEEPING)
+                            .unwrap_or_else(Instant::now),
+                    },
+                );
             }
             Err(ClusterError::Owned { .. }) => {}
             Err(e) => tracing::warn!(volume = %spec.name, error = %e, "cannot take the volume"),

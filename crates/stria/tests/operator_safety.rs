@@ -118,9 +118,10 @@ fn item4_the_last_copy_is_not_failed_and_a_failed_drive_comes_back() {
     says(&out.stderr, "drive 1 holds the last in-sync copy of data of volume(s) r");
     says(&out.stderr, "--force");
     expect(&stria, &["status"], 2);
-    // The mistaken failure is undone: drive 0 is rebuilt from drive 1 and the volume is healthy.
+    // The mistaken failure is undone: drive 0 comes back in its own slot and copies only what
+    // was written while it was out (nothing: a delta resync), and the volume is healthy.
     let out = expect(&stria, &["drive", "online", "0"], 0);
-    says(&out.stdout, "drive 0 is back in service as drive 6; rebuild done");
+    says(&out.stdout, "drive 0 is back in service as drive 0; resync: delta; rebuild done");
     let status = expect(&stria, &["status"], 0);
     assert!(status.stdout.lines().any(|l| l.starts_with("r ") && l.contains("healthy")), "{}", status.stdout);
     let out = expect(&stria, &["drive", "online", "1"], 1);

@@ -69,6 +69,9 @@ pub struct Drive<D> {
     pub(crate) out: OutMap,
     pub(crate) journal: Journal,
     failed: AtomicBool,
+    /// Set on a failed drive's object when the drive came back to its slot as a new object
+    /// (a delta resync): errors met through it are about the old outage, already committed.
+    pub(crate) retired: AtomicBool,
     /// Set when the device refused a request because a newer owner fenced it
     /// (`DevError::Fenced`, remote slices only): the pool must stop, not fail the drive.
     fenced: AtomicBool,
@@ -212,6 +215,7 @@ impl<D: BlockDevice> Drive<D> {
             out: OutMap::new(if dev.is_some() { l.intent_regions() } else { 0 }),
             journal,
             failed: AtomicBool::new(dev.is_none()),
+            retired: AtomicBool::new(false),
             fenced: AtomicBool::new(false),
             dev,
             sb,
@@ -413,6 +417,11 @@ impl<D: BlockDevice> Drive<D> {
     /// True once the device refused a request as fenced by a newer owner.
     pub fn was_fenced(&self) -> bool {
         self.fenced.load(Ordering::Acquire)
+    }
+
+    /// True once the drive came back to its slot as another object (see `retired`).
+    pub(crate) fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::SeqCst)
     }
 
     /// Marks the drive failed in memory (the pool persists it).

@@ -301,6 +301,10 @@ impl<D: BlockDevice> PoolCore<D> {
         };
         drive.write_flush_record(epoch, &witnesses, true).await?;
         drive.set_csum_cache_pages(self.csum_cache_pages.load(std::sync::atomic::Ordering::Relaxed));
+        if let Some(old) = self.drive(slot) {
+            old.set_failed();
+            old.retired.store(true, Ordering::SeqCst);
+        }
         let mut all: Vec<Arc<Drive<D>>> =
             self.drives.load().iter().filter(|d| d.slot() != slot).cloned().collect();
         all.push(Arc::clone(&drive));

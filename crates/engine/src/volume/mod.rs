@@ -899,6 +899,11 @@ impl<D: BlockDevice> Volume<D> {
 
     /// Fails `drive` after an error (persisting it) before the request that saw it completes.
     pub(crate) async fn fail_drive(&self, drive: &Arc<Drive<D>>, reason: String) -> Result<(), VolumeError> {
+        if drive.is_retired() {
+            // Failed and committed long ago; its slot now holds the drive back from that
+            // outage, which this request's map predates (pool/resync.rs).
+            return Ok(());
+        }
         self.host.fail_member(drive.slot(), reason).await.map_err(|e| self.pool_error(e))
     }
 
@@ -911,6 +916,9 @@ impl<D: BlockDevice> Volume<D> {
         what: &str,
         e: &stria_dev::DevError,
     ) -> Result<(), VolumeError> {
+        if drive.is_retired() {
+            return Ok(()); // as in `fail_drive`
+        }
         self.host.member_error(drive.slot(), what, e).await.map_err(|e| self.pool_error(e))
     }
 
