@@ -212,7 +212,7 @@ impl<D: BlockDevice> Drive<D> {
         Drive {
             csum: ChecksumTable::new(blocks, l.csum_offset_bytes),
             intent: IntentMap::new(if dev.is_some() { l.intent_regions() } else { 0 }, l.intent_offset_bytes),
-            out: OutMap::new(if dev.is_some() { l.intent_regions() } else { 0 }),
+            out: OutMap::new(if dev.is_some() { l.intent_regions() } else { 0 }, l.metadata_offset_bytes),
             journal,
             failed: AtomicBool::new(dev.is_none()),
             retired: AtomicBool::new(false),

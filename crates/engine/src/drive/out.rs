@@ -37,13 +37,15 @@ pub(crate) struct OutMap {
 }
 
 impl OutMap {
-    /// A map of `regions` regions with no generation. A drive too large for the gap never gets
-    /// one (every delta through it is a full copy).
-    pub(crate) fn new(regions: u64) -> OutMap {
+    /// A map of `regions` regions with no generation, whose pages may use the first
+    /// `metadata_offset` bytes of the drive from [`OUT_OFFSET_BYTES`]. A drive too large for the
+    /// gap (or whose layout leaves no gap) never gets one: every delta through it is a full copy.
+    pub(crate) fn new(regions: u64, metadata_offset: u64) -> OutMap {
         let n = usize::try_from(regions).expect("region count fits");
+        let gap_pages = (metadata_offset.saturating_sub(OUT_OFFSET_BYTES) / BLOCK as u64).min(OUT_PAGES_MAX);
         OutMap {
             generation: AtomicU64::new(0),
-            broken: AtomicBool::new(regions > OUT_PAGES_MAX * OUT_BITS_PER_PAGE),
+            broken: AtomicBool::new(regions.div_ceil(OUT_BITS_PER_PAGE).max(1) > gap_pages),
             state: (0..n).map(|_| AtomicU8::new(CLEAR)).collect(),
             pages_lock: tokio::sync::Mutex::new(()),
         }
@@ -224,7 +226,7 @@ mod tests {
     #[tokio::test]
     async fn marks_survive_a_reload_only_under_their_generation() {
         let dev = MemDevice::new("o", 64 << 20);
-        let map = OutMap::new(100);
+        let map = OutMap::new(100, 1 << 20);
         assert_eq!(map.load(&dev).await.unwrap(), None, "a fresh device has no generation");
         map.open(7);
         map.seed(3);
@@ -232,14 +234,14 @@ mod tests {
         map.mark(&dev, 50 * INTENT_REGION_BLOCKS + 10, 2).await.unwrap();
         assert_eq!(map.marked(), 2);
 
-        let again = OutMap::new(100);
+        let again = OutMap::new(100, 1 << 20);
         let loaded = again.load(&dev).await.unwrap();
         assert_eq!(loaded, Some(7));
         again.adopt(loaded, Some(7));
         assert!(again.is_marked(3) && again.is_marked(50) && !again.is_marked(4));
         assert_eq!(again.generation(), Some(7));
 
-        let other = OutMap::new(100);
+        let other = OutMap::new(100, 1 << 20);
         let loaded = other.load(&dev).await.unwrap();
         other.adopt(loaded, Some(8));
         assert_eq!((other.generation(), other.marked()), (None, 0), "another generation is not this one");
@@ -248,17 +250,17 @@ mod tests {
     #[tokio::test]
     async fn a_damaged_page_means_no_generation() {
         let dev = MemDevice::new("o", 64 << 20);
-        let map = OutMap::new(100);
+        let map = OutMap::new(100, 1 << 20);
         map.open(9);
         map.persist(&dev).await.unwrap();
         dev.write_at(OUT_OFFSET_BYTES + 100, &[1u8; 8]);
-        assert_eq!(OutMap::new(100).load(&dev).await.unwrap(), None);
+        assert_eq!(OutMap::new(100, 1 << 20).load(&dev).await.unwrap(), None);
     }
 
     #[tokio::test]
     async fn with_no_generation_open_writes_mark_nothing() {
         let dev = MemDevice::new("o", 64 << 20);
-        let map = OutMap::new(100);
+        let map = OutMap::new(100, 1 << 20);
         map.mark(&dev, 0, 1).await.unwrap();
         assert_eq!(map.marked(), 0);
         map.open(5);
