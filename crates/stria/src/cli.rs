@@ -434,8 +434,9 @@ pub(crate) enum DriveCmd {
         #[arg(long)]
         force: bool,
     },
-    /// Bring a failed drive whose device is present again back into service: it gets a new id
-    /// and is rebuilt in full from the other drives.
+    /// Bring a failed drive whose device is present again back into service: in its own slot,
+    /// copying only what was written while it was out, when the pool recorded that and the device
+    /// is that very drive; otherwise under a new id, rebuilt in full from the other drives.
     Online {
         /// Drive id (slot) or path of the failed drive.
         drive: String,

@@ -715,9 +715,9 @@ mod tests {
                 Refusal::NoRebuildSource { slot: 0, raid0: vec!["r".into()], other: vec!["e".into()] },
                 "nothing to rebuild drive 0 from: volume(s) r are raid0: there is no copy or parity of their \
                  part; volume(s) e have lost more members than their copies or parity cover. A drive brought \
-                 back or replaced is rebuilt in full from the other drives (stria does not take back a failed \
-                 drive's old contents: it cannot know what the drive missed while it was out), so their data \
-                 on it would be lost. Those volumes stay failed until deleted, and their data on drive 0 is \
+                 back or replaced is rebuilt from the other drives (stria does not take back a failed drive's \
+                 old contents where it cannot know what the drive missed while it was out), so their data on \
+                 it would be lost. Those volumes stay failed until deleted, and their data on drive 0 is \
                  left as it is for as long as the device is not reused. To give it up, delete them (`stria \
                  volume delete NAME`) and run this command again, or run it again with --force: the drive \
                  comes back for the other volumes and those stay failed"

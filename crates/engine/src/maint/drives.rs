@@ -87,8 +87,8 @@ impl std::fmt::Display for Refusal {
                 write!(
                     f,
                     "nothing to rebuild drive {slot} from: {}. A drive brought back or replaced is rebuilt \
-                     in full from the other drives (stria does not take back a failed drive's old contents: \
-                     it cannot know what the drive missed while it was out), so their data on it would be \
+                     from the other drives (stria does not take back a failed drive's old contents where it \
+                     cannot know what the drive missed while it was out), so their data on it would be \
                      lost. Those volumes stay failed until deleted, and their data on drive {slot} is left \
                      as it is for as long as the device is not reused",
                     why.join("; ")
@@ -133,11 +133,11 @@ fn check_not_last_copy<D: BlockDevice>(
 }
 
 /// The rebuild-source guard: refuses to rebuild onto drive `slot` (replace, online) when a volume
-/// on it has nothing to rebuild from. Both rebuild the drive in full from the others: the pool
-/// does not take back a failed drive's old contents, since it does not know which writes the
-/// drive missed while it was out. So bringing a failed drive back never gives a rebuild a
-/// source; for a raid0 volume (a member on it failed by force, its bytes still on the device)
-/// nothing inside the pool can bring that data back.
+/// on it has nothing to rebuild from. Both rebuild the drive from the others: a replacement in
+/// full, a drive brought back in full or (docs/design/delta-resync.md) only where it missed
+/// writes, which for a volume that lost more than it tolerates still needs a source. So bringing
+/// a failed drive back never gives a rebuild a source; for a raid0 volume (a member on it failed
+/// by force, its bytes still on the device) nothing inside the pool can bring that data back.
 fn check_rebuild_source<D: BlockDevice>(pool: &Pool<D>, slot: u32, force: bool) -> Result<(), EngineError> {
     let lost: Vec<String> = pool.volumes_lost_without(slot).into_iter().map(|(name, _)| name).collect();
     if lost.is_empty() {

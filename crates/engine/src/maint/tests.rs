@@ -309,8 +309,8 @@ async fn rebuilding_with_nothing_to_rebuild_from_is_refused_unless_forced() {
     let rig = rig(2, Layout::Raid0 { width: 2 }).await;
     fail_drive(&rig.pool, 0, true, "test").await.expect("forced");
     let message = "nothing to rebuild drive 0 from: volume(s) v are raid0: there is no copy or parity of \
-        their part. A drive brought back or replaced is rebuilt in full from the other drives (stria does \
-        not take back a failed drive's old contents: it cannot know what the drive missed while it was \
+        their part. A drive brought back or replaced is rebuilt from the other drives (stria does not \
+        take back a failed drive's old contents where it cannot know what the drive missed while it was \
         out), so their data on it would be lost. Those volumes stay failed until deleted, and their data \
         on drive 0 is left as it is for as long as the device is not reused";
     let expected = Refusal::NoRebuildSource { slot: 0, raid0: vec!["v".into()], other: vec![] };
