@@ -170,6 +170,18 @@ pub(crate) async fn read_flush_record<D: BlockDevice>(dev: &D, sb: &Superblock) 
     FlushRecord::decode(&block).ok().filter(|r| r.pool_uuid == sb.pool_uuid && r.drive_uuid == sb.drive_uuid)
 }
 
+/// Writes zeros over `len` bytes of `dev` from `offset`, a MiB at a time.
+async fn zero_range<D: BlockDevice>(dev: &D, offset: u64, len: u64) -> Result<(), DevError> {
+    let zeros = IoBytes::zeroed(1 << 20);
+    let mut at = 0;
+    while at < len {
+        let n = (len - at).min(1 << 20);
+        dev.write(offset + at, zeros.slice(0..n as usize), false).await?;
+        at += n;
+    }
+    Ok(())
+}
+
 impl<D: BlockDevice> Drive<D> {
     /// Formats `dev` as a new pool member and returns it open. `fresh` says the device is known
     /// to read as zeros (a new sparse file), so the tables need not be written out.
@@ -181,19 +193,13 @@ impl<D: BlockDevice> Drive<D> {
             // old one did, so records of a pool the device served before (with their pieces on
             // other drives that also came from that pool) would be taken for this pool's and
             // replayed into its volumes.
-            let zeros = IoBytes::zeroed(1 << 20);
             for (offset, len) in [
                 (l.metadata_offset_bytes, 2 * l.metadata_slot_bytes),
                 (l.intent_offset_bytes, l.intent_bytes),
                 (l.journal_offset_bytes, l.journal_bytes),
                 (l.csum_offset_bytes, l.csum_bytes),
             ] {
-                let mut at = 0;
-                while at < len {
-                    let n = (len - at).min(1 << 20);
-                    dev.write(offset + at, zeros.slice(0..n as usize), false).await?;
-                    at += n;
-                }
+                zero_range(&dev, offset, len).await?;
             }
         }
         Journal::format(&dev, l.journal_offset_bytes).await?;
@@ -235,25 +241,31 @@ impl<D: BlockDevice> Drive<D> {
             Journal::open(&dev, l.journal_offset_bytes, l.journal_bytes).await?;
         let mut drive = Drive::new(Some(dev), sb, journal);
         let mut findings = OpenFindings { journal: pieces, watermarks, ..OpenFindings::default() };
-
-        let ipages = drive.intent.pages();
-        let buf = drive.dev().read(l.intent_offset_bytes, IoBuf::zeroed((ipages * BLOCK) as usize)).await?;
-        for (i, bytes) in buf.chunks_exact(BLOCK_USIZE).enumerate() {
-            findings.dirty_regions.extend(drive.intent.load_page(i as u64, bytes));
-        }
-        // Only the checksum pages of dirty regions can have been torn by a crash: load (and
-        // check) those now. The others are paged in when first used; one found damaged then is
-        // repaired by the pool (`Pool::tick`).
-        for &r in &findings.dirty_regions {
-            let first = r * INTENT_REGION_BLOCKS;
-            let blocks = INTENT_REGION_BLOCKS.min(drive.data_blocks().saturating_sub(first));
-            if blocks > 0 {
-                drive.csum.pin(drive.dev(), first, blocks).await?;
-            }
-        }
-        findings.bad_csum_pages = drive.csum.take_damaged();
+        (findings.dirty_regions, findings.bad_csum_pages) = drive.load_intent().await?;
         findings.out_generation = drive.out.load(drive.dev()).await?;
         Ok((drive, findings))
+    }
+
+    /// Reads the intent bitmap; returns the dirty regions and the checksum pages of those
+    /// regions that fail their CRC. Only the checksum pages of dirty regions can have been torn
+    /// by a crash: those are loaded (and checked) now; the others are paged in when first used,
+    /// and one found damaged then is repaired by the pool (`Pool::tick`).
+    async fn load_intent(&mut self) -> Result<(Vec<u64>, Vec<u64>), DevError> {
+        let l = self.sb.layout;
+        let ipages = self.intent.pages();
+        let buf = self.dev().read(l.intent_offset_bytes, IoBuf::zeroed((ipages * BLOCK) as usize)).await?;
+        let mut dirty = Vec::new();
+        for (i, bytes) in buf.chunks_exact(BLOCK_USIZE).enumerate() {
+            dirty.extend(self.intent.load_page(i as u64, bytes));
+        }
+        for &r in &dirty {
+            let first = r * INTENT_REGION_BLOCKS;
+            let blocks = INTENT_REGION_BLOCKS.min(self.data_blocks().saturating_sub(first));
+            if blocks > 0 {
+                self.csum.pin(self.dev(), first, blocks).await?;
+            }
+        }
+        Ok((dirty, self.csum.take_damaged()))
     }
 
     /// Opens a member that was out and comes back for a delta resync
@@ -266,29 +278,11 @@ impl<D: BlockDevice> Drive<D> {
         sb: Superblock,
     ) -> Result<(Drive<D>, Vec<u64>, Option<u64>, bool), DevError> {
         let l = sb.layout;
-        let zeros = IoBytes::zeroed(1 << 20);
-        let mut at = 0;
-        while at < l.journal_bytes {
-            let n = (l.journal_bytes - at).min(1 << 20);
-            dev.write(l.journal_offset_bytes + at, zeros.slice(0..n as usize), false).await?;
-            at += n;
-        }
+        zero_range(&dev, l.journal_offset_bytes, l.journal_bytes).await?;
         Journal::format(&dev, l.journal_offset_bytes).await?;
         let mut drive = Drive::new(Some(dev), sb, Journal::new(l.journal_offset_bytes, l.journal_bytes));
-        let ipages = drive.intent.pages();
-        let buf = drive.dev().read(l.intent_offset_bytes, IoBuf::zeroed((ipages * BLOCK) as usize)).await?;
-        let mut dirty = Vec::new();
-        for (i, bytes) in buf.chunks_exact(BLOCK_USIZE).enumerate() {
-            dirty.extend(drive.intent.load_page(i as u64, bytes));
-        }
-        for &r in &dirty {
-            let first = r * INTENT_REGION_BLOCKS;
-            let blocks = INTENT_REGION_BLOCKS.min(drive.data_blocks().saturating_sub(first));
-            if blocks > 0 {
-                drive.csum.pin(drive.dev(), first, blocks).await?;
-            }
-        }
-        let sound = drive.csum.take_damaged().is_empty();
+        let (dirty, damaged) = drive.load_intent().await?;
+        let sound = damaged.is_empty();
         let out_generation = drive.out.load(drive.dev()).await?;
         drive.dev().flush().await?;
         Ok((drive, dirty, out_generation, sound))
