@@ -42,8 +42,9 @@ sleep 3
 "$STRIA" cluster status --etcd $ETCD
 cat <<EOT
 
-Clients connect to a volume's owner (the status names its NBD address), for example:
-  qemu-io -f raw -c 'write -P 0xab 0 1M' nbd://127.0.0.1:10810/m   # if n0 owns m
+Clients connect to any node (the owner, which the status names, saves a hop), for example:
+  qemu-io -f raw -c 'write -P 0xab 0 1M' nbd://127.0.0.1:10810/m
+  $STRIA cluster volume-move m n1 --etcd $ETCD    # a planned move: no error at the clients
   $STRIA cluster status --etcd $ETCD
 Stop with Ctrl-C.
 EOT

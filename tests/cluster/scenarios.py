@@ -15,6 +15,8 @@ while a fault is applied to the node that owns the volume:
          successor takes the volume, and the paused node must complete no write after it resumes
   etcd   two of the three etcd members paused for three TTLs, then resumed: the owner suspends
          I/O past its lease deadline and serves again by itself
+  move   planned moves (`stria cluster volume-move`) to every other node and back, while the
+         client talks to one node only, which forwards to the owner: no error at the client
   partition (with --netns) the owner's namespace, its etcd member included, cut off the bridge:
          the majority side takes over (or, when no other node can assemble the volume without
          the cut node's slice, the healed node takes it again at a new epoch); after the heal the
@@ -31,7 +33,7 @@ With --netns three nodes, each with its etcd member, run in a network namespace 
 and the clients in a fourth, joined by a bridge in a fifth; the test makes them and deletes
 them (no fourth node there, so no outtime scenario).
 
-Usage: scenarios.py PATH/TO/stria [--rounds N] [--scenarios kill9,outtime,stop,etcd,partition]
+Usage: scenarios.py PATH/TO/stria [--rounds N] [--scenarios kill9,outtime,stop,etcd,move,partition]
                     [--netns] [--ttl SECONDS]
 The test command runs one round of each; `--rounds 50` is the long mode quoted in the notes.
 """
@@ -184,6 +186,11 @@ class Cluster:
     def nbd_uri(self, i: int, volume: str) -> str:
         return f"nbd://{self.host[i]}:{self.nbd_port[i]}/{volume}"
 
+    def direct_uri(self, i: int, volume: str) -> str:
+        """Node i's own service of `volume` as its owner (what forwarders use; `volume` itself
+        is forwarded to the owner by any node, so a write there may succeed through another)."""
+        return f"nbd://{self.host[i]}:{self.nbd_port[i]}/owner/{volume}"
+
     def start_etcd(self) -> None:
         h = self.host
         initial = ",".join(f"e{i}=http://{h[i]}:{self.etcd_peer[i]}" for i in range(3))
@@ -230,7 +237,7 @@ class Cluster:
         for v in self.status()["volumes"]:
             if v["name"] == volume and v["owner"] and v["nbd"]:
                 r = subprocess.run(self.client_cmd(["qemu-io", "-f", "raw", "-r", "-c", "read 0 4k",
-                                                    f"nbd://{v['nbd']}/{volume}"]),
+                                                    f"nbd://{v['nbd']}/owner/{volume}"]),
                                    capture_output=True, text=True, timeout=10)
                 if r.returncode == 0 and "read 4096/4096" in r.stdout:
                     return v["owner"], v["epoch"]
@@ -299,13 +306,18 @@ def run_round(c: Cluster, scenario: str, volume: str, rnd: int, seconds: float, 
     log = f"{c.work}/reg-{scenario}-{volume}-{rnd}.log"
     logs.append(log)
     writer = len(logs)  # unique per volume: one writer id per run
-    client = subprocess.Popen(c.client_cmd([sys.executable, REGISTERS, "run", "--uris", c.uris(volume), "--blocks", "64",
+    # The move scenario's client talks to one node that does not own the volume (forwarding),
+    # and must see no error at all.
+    via = (victim + 1) % c.n
+    uris = c.nbd_uri(via, volume) if scenario == "move" else c.uris(volume)
+    client = subprocess.Popen(c.client_cmd([sys.executable, REGISTERS, "run", "--uris", uris, "--blocks", "64",
                                "--seconds", str(seconds), "--writer", str(writer),
                                "--log", log, "--timeout", "2", "--seed", str(rnd * 100 + writer)]),
                               stdout=subprocess.PIPE, stderr=open(log + ".stderr", "w"), text=True)
     time.sleep(2)
     marks = c.log_marks()
     t_fault = time.monotonic()
+    moves_ms: list[int] = []
     print(f"{time.strftime('%H:%M:%S', time.gmtime())} {scenario} on {volume}: fault on {owner}", file=sys.stderr, flush=True)
     if scenario == "kill9":
         c.procs.signal(owner, signal.SIGKILL)
@@ -346,7 +358,7 @@ def run_round(c: Cluster, scenario: str, volume: str, rnd: int, seconds: float, 
         time.sleep(0.5)
         # (Only when another node took over: the paused node may also have taken the volume
         # again itself, at a new epoch, once it ran again.)
-        w = None if new_owner == owner else subprocess.run(c.client_cmd(["qemu-io", "-f", "raw", "-c", "write -P 0x55 0 4k", c.nbd_uri(victim, volume)]),
+        w = None if new_owner == owner else subprocess.run(c.client_cmd(["qemu-io", "-f", "raw", "-c", "write -P 0x55 0 4k", c.direct_uri(victim, volume)]),
                            capture_output=True, text=True, timeout=60)
         if w is not None and w.returncode == 0 and "wrote 4096/4096" in w.stdout:
             raise SystemExit(f"stop on {volume}: the resumed old owner {owner} completed a write")
@@ -366,10 +378,24 @@ def run_round(c: Cluster, scenario: str, volume: str, rnd: int, seconds: float, 
             c.netns.cut(victim, False)
         # Healed, the old owner serves nothing: its lease is gone.
         time.sleep(1)
-        w = None if new_owner == owner else subprocess.run(c.client_cmd(["qemu-io", "-f", "raw", "-c", "write -P 0x55 0 4k", c.nbd_uri(victim, volume)]),
+        w = None if new_owner == owner else subprocess.run(c.client_cmd(["qemu-io", "-f", "raw", "-c", "write -P 0x55 0 4k", c.direct_uri(victim, volume)]),
                            capture_output=True, text=True, timeout=60)
         if w is not None and w.returncode == 0 and "wrote 4096/4096" in w.stdout:
             raise SystemExit(f"partition on {volume}: the old owner {owner} completed a write after the heal")
+    elif scenario == "move":
+        # Planned moves (`stria cluster volume-move`): to every other node in turn, the client's
+        # own node included, then back where the volume was.
+        targets = [i for i in range(c.n) if i != victim] + [victim]
+        for i in targets:
+            r = subprocess.run(c.client_cmd([c.stria, "cluster", "volume-move", volume, f"n{i}",
+                                             "--etcd", c.endpoints, "--wait", "60"]),
+                               capture_output=True, text=True, timeout=90)
+            m = re.search(r"in (\d+) ms", r.stdout)
+            if r.returncode != 0 or m is None:
+                raise SystemExit(f"move of {volume} to n{i}: {r.stdout} {r.stderr}")
+            moves_ms.append(int(m.group(1)))
+            time.sleep(1)
+        new_owner, _ = c.wait_owner(volume, 60)
     elif scenario == "etcd":
         # The etcd majority goes away (two of three members paused) and comes back: the owner
         # suspends I/O past its lease deadline and resumes by itself, nothing restarted.
@@ -412,10 +438,15 @@ def run_round(c: Cluster, scenario: str, volume: str, rnd: int, seconds: float, 
               "members": back["v"]["in_service"],
               "writes_ok": summary.get("writes_ok"), "writes_info": summary.get("writes_info"),
               "reads_ok": summary.get("reads_ok"), "check_rc": check.returncode}
+    if moves_ms:
+        report["moves_ms"] = moves_ms
     print(json.dumps(report), flush=True)
     if check.returncode != 0:
         print(check.stdout, check.stderr, file=sys.stderr)
         raise SystemExit(f"{scenario} on {volume}, round {rnd}: the check failed (logs in {c.work})")
+    # A planned move is not a failure: the client, on a node that forwards, sees no error.
+    if scenario == "move" and (summary.get("writes_info") or summary.get("reads_fail") or summary.get("connects") != 1):
+        raise SystemExit(f"move on {volume}, round {rnd}: the client saw errors: {summary} (logs in {c.work})")
     # A member back within the out-time gets a delta resync (docs/design/delta-resync.md): the
     # workload writes one 4 MiB region, so far less than a member's share may be copied.
     member = MEMBER_BYTES[volume]
@@ -429,7 +460,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("stria")
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--scenarios", default="kill9,outtime,stop,etcd")
+    ap.add_argument("--scenarios", default="kill9,outtime,stop,etcd,move")
     ap.add_argument("--ttl", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=16)
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -469,6 +500,10 @@ def main() -> int:
             owners = [r["new_owner_after_s"] for r in reports if r["scenario"] == scenario]
             redundant = [r["redundant_after_s"] for r in reports if r["scenario"] == scenario]
             rebuilt = [r["rebuilt_bytes"] for r in reports if r["scenario"] == scenario]
+            moves = [ms for r in reports if r["scenario"] == scenario for ms in r.get("moves_ms", [])]
+            if moves:
+                print(json.dumps({"scenario": scenario, "moves": len(moves),
+                                  "move_median_ms": statistics.median(moves), "move_max_ms": max(moves)}), flush=True)
             if gaps:
                 print(json.dumps({"scenario": scenario, "rounds": len(owners), "ttl_s": args.ttl,
                                   "failover_gap_median_s": round(statistics.median(gaps), 2),

@@ -10,7 +10,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 
-use crate::records::{Keys, MembersRecord, NodeRecord, OutSlice, OwnerRecord, SliceRef, VolumeRecord};
+use crate::records::{
+    Keys, MembersRecord, MoveRecord, NodeRecord, OutSlice, OwnerRecord, SliceRef, VolumeRecord,
+};
 
 /// Why a cluster operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -127,6 +129,47 @@ impl Cluster {
         let prefix = self.keys.volumes();
         let kvs = self.list(&prefix).await?;
         kvs.iter().filter(|kv| kv.key().ends_with(b"/spec")).map(|kv| parse(&prefix, kv.value())).collect()
+    }
+
+    /// Asks for `volume` to move to `node` (a planned move, docs/design/cluster.md §6.3). Refused
+    /// when a move of it is pending already or the volume does not exist.
+    pub async fn request_move(&self, volume: &str, node: &str) -> Result<(), ClusterError> {
+        let (spec_key, move_key) = (self.keys.spec(volume), self.keys.moving(volume));
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(spec_key, CompareOp::Greater, 0),
+                Compare::create_revision(move_key.clone(), CompareOp::Equal, 0),
+            ])
+            .and_then([TxnOp::put(move_key, json(&MoveRecord { to: node.to_string() }), None)]);
+        if self.client.clone().txn(txn).await?.succeeded() {
+            return Ok(());
+        }
+        match self.moves().await?.into_iter().find(|(v, _)| v == volume) {
+            Some((_, m)) => Err(ClusterError::Unavailable(format!(
+                "a move of {volume} to {} is pending already (`stria cluster volume-move {volume} --cancel` ends it)",
+                m.to
+            ))),
+            None => Err(ClusterError::NoSuchVolume(volume.to_string())),
+        }
+    }
+
+    /// Every pending move: the volume and where it goes.
+    pub async fn moves(&self) -> Result<Vec<(String, MoveRecord)>, ClusterError> {
+        let prefix = self.keys.volumes();
+        let kvs = self.list(&prefix).await?;
+        let mut out = Vec::new();
+        for kv in kvs.iter().filter(|kv| kv.key().ends_with(b"/move")) {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let volume = key[prefix.len()..key.len() - "/move".len()].to_string();
+            out.push((volume, parse(&key, kv.value())?));
+        }
+        Ok(out)
+    }
+
+    /// Ends a pending move of `volume` (done, or given up).
+    pub async fn end_move(&self, volume: &str) -> Result<(), ClusterError> {
+        self.client.clone().delete(self.keys.moving(volume), None).await?;
+        Ok(())
     }
 
     /// Who owns each owned volume, with its epoch.

@@ -8,6 +8,7 @@
 
 pub mod coordinator;
 pub mod etcd;
+pub mod forward;
 pub mod node;
 pub mod placement;
 pub mod records;
@@ -17,6 +18,6 @@ pub use coordinator::{Coordinated, create, take};
 pub use etcd::{ClusterError, Session, SessionConfig};
 pub use node::{Node, NodeConfig, prepare_slices};
 pub use records::{
-    Keys, MembersRecord, NodeRecord, OutSlice, OwnerRecord, SliceInfoRecord, SliceRef, VolumeRecord,
-    parse_layout,
+    Keys, MembersRecord, MoveRecord, NodeRecord, OutSlice, OwnerRecord, SliceInfoRecord, SliceRef,
+    VolumeRecord, parse_layout,
 };

@@ -1,15 +1,19 @@
 //! A cluster node (docs/design/cluster.md §1): serves its slices to every coordinator, keeps one
 //! etcd session, takes every volume nobody owns (first come, one winner: the ownership
-//! transaction), serves the volumes it owns through a front-end registry (the NBD server of the
-//! `stria node run` command), and stops serving a volume as soon as it is no longer its own or
-//! its lease deadline passed.
+//! transaction), and serves every volume through a front-end registry (the NBD server of the
+//! `stria node run` command): those it owns itself, the others by forwarding each request to
+//! their owner ([`crate::forward`], §6.2). It stops serving a volume itself as soon as it is no
+//! longer its own or its lease deadline passed.
 //!
 //! Past its lease deadline a node holds its volumes' requests (suspended, §8) for at most
 //! `suspend`, then fails them; it serves again by itself when a renewal comes back and the
-//! volume is still its own, and fails held requests at once when the volume is lost.
+//! volume is still its own. Requests of a volume it lost go to the new owner.
 //!
-//! Not built yet (§13): ranked successors, watches (this polls etcd every `poll`), forwarding
-//! to the owner (held requests of a lost volume fail; the client reconnects to the new owner).
+//! A planned move (§6.3): the owner of a volume with a pending move to another live node stops
+//! admitting requests (they wait, then go to the new owner), lets those running finish, closes
+//! the volume and gives up its ownership; while the target is alive only the target takes it.
+//!
+//! Not built yet (§13): ranked successors, watches (this polls etcd every `poll`).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -28,6 +32,7 @@ use tokio::task::JoinHandle;
 
 use crate::coordinator::{self, Coordinated};
 use crate::etcd::{ClusterError, Session, SessionConfig};
+use crate::forward::{Route, Routed, direct_name};
 use crate::records::{Keys, NodeRecord, SliceInfoRecord};
 
 /// What a node needs to run.
@@ -177,9 +182,22 @@ struct Served<V: ?Sized> {
     name: String,
     inner: Arc<V>,
     gate: watch::Receiver<Gate>,
+    /// Held shared by every request from before its admission to its end: a move closes the
+    /// gate, then takes it exclusively, so it waits for every admitted request and no request is
+    /// admitted after.
+    running: tokio::sync::RwLock<()>,
 }
 
 impl<V: BlockVolume + ?Sized> Served<V> {
+    fn new(name: &str, inner: Arc<V>, gate: watch::Receiver<Gate>) -> Served<V> {
+        Served { name: name.to_string(), inner, gate, running: tokio::sync::RwLock::new(()) }
+    }
+
+    /// Waits until no admitted request runs; the gate must be closed first.
+    async fn drain(&self) {
+        drop(self.running.write().await);
+    }
+
     /// Waits while the volume is suspended; `Err` once it is lost or suspended too long.
     async fn admit(&self) -> Result<(), VolumeError> {
         // The common case, serving, without a receiver of its own.
@@ -204,6 +222,7 @@ impl<V: BlockVolume + ?Sized> Served<V> {
 
     fn gated<'a, T: Send + 'static>(&'a self, op: VolumeFuture<'a, T>) -> VolumeFuture<'a, T> {
         Box::pin(async move {
+            let _running = self.running.read().await;
             self.admit().await?;
             op.await
         })
@@ -256,6 +275,7 @@ impl<V: BlockVolume + ?Sized> BlockVolume for Served<V> {
 struct OwnedVolume {
     c: Arc<Coordinated>,
     gate: watch::Sender<Gate>,
+    served: Arc<Served<stria_engine::Volume<stria_slice::RemoteDevice>>>,
     repair: Option<JoinHandle<()>>,
     /// The pool's housekeeping (`Pool::tick`: flush dirty drives, clear idle intent bits,
     /// commit error counters), run every [`HOUSEKEEPING`] while serving.
@@ -323,6 +343,9 @@ async fn repair(session: Arc<Session>, c: Arc<Coordinated>, out_time: Duration) 
 /// The volumes this node coordinates, by name.
 type Owned = BTreeMap<String, OwnedVolume>;
 
+/// Every volume's route on this node (what its [`Routed`] export follows), by name.
+type Routes = BTreeMap<String, watch::Sender<Route>>;
+
 async fn run_agent(
     config: NodeConfig,
     record: NodeRecord,
@@ -331,6 +354,7 @@ async fn run_agent(
 ) {
     let mut session: Option<Arc<Session>> = None;
     let mut owned = Owned::new();
+    let mut routes = Routes::new();
     loop {
         if *stopped.borrow() {
             break;
@@ -339,7 +363,7 @@ async fn run_agent(
         // without a close: a successor may have fenced its slices already.
         if session.as_ref().is_some_and(|s| !s.renewing()) {
             tracing::error!(node = %config.name, "the node's lease is gone; dropping its volumes");
-            drop_all(&mut owned, &exports);
+            drop_all(&mut owned, &exports, &routes);
             session = None;
         }
         if session.is_none() {
@@ -355,7 +379,7 @@ async fn run_agent(
             }
         }
         if let Some(s) = &session
-            && let Err(e) = tick(&config, s, &mut owned, &exports).await
+            && let Err(e) = tick(&config, s, &mut owned, &exports, &mut routes).await
         {
             tracing::warn!(node = %config.name, error = %e, "cluster check failed");
         }
@@ -371,8 +395,10 @@ async fn run_agent(
         }
         o.gate.send_replace(Gate::Lost);
         let c = Arc::clone(&o.c);
+        let served = Arc::clone(&o.served);
         drop(o);
-        exports.remove(&name);
+        exports.remove(&direct_name(&name));
+        served.drain().await;
         if let Err(e) = c.pool.close().await {
             tracing::warn!(volume = %name, error = %e, "closing the volume");
         }
@@ -380,24 +406,75 @@ async fn run_agent(
             let _ = s.release(&name, c.epoch).await;
         }
     }
+    for name in routes.keys() {
+        exports.remove(name);
+    }
     if let Some(s) = session {
         let _ = s.revoke().await;
     }
 }
 
-fn drop_all(owned: &mut Owned, exports: &Registry) {
+fn drop_all(owned: &mut Owned, exports: &Registry, routes: &Routes) {
     for (name, o) in std::mem::take(owned) {
         o.gate.send_replace(Gate::Lost);
-        exports.remove(&name);
+        exports.remove(&direct_name(&name));
+        if let Some(route) = routes.get(&name) {
+            route.send_replace(Route::Between);
+        }
     }
 }
 
-/// One look at the cluster: stop serving what is no longer ours, take what nobody owns.
+/// Sets `name`'s route unless it is that already (a change wakes the requests waiting).
+fn set_route(routes: &Routes, name: &str, route: Route) {
+    if let Some(tx) = routes.get(name)
+        && !tx.borrow().same(&route)
+    {
+        tracing::debug!(volume = %name, ?route, "route");
+        tx.send_replace(route);
+    }
+}
+
+/// Closes an owned volume for a planned move and gives up its ownership: requests already
+/// admitted finish, later ones wait and then go to the next owner (docs/design/cluster.md §6.3).
+async fn hand_over(
+    session: &Session,
+    name: &str,
+    o: OwnedVolume,
+    to: &str,
+    exports: &Registry,
+    routes: &Routes,
+) {
+    let started = Instant::now();
+    set_route(routes, name, Route::Between);
+    o.gate.send_replace(Gate::Lost);
+    exports.remove(&direct_name(name));
+    o.served.drain().await;
+    let c = Arc::clone(&o.c);
+    drop(o);
+    if let Err(e) = c.pool.close().await {
+        // The pool's state is what a crash leaves; the next owner recovers it.
+        tracing::warn!(volume = %name, error = %e, "closing the volume for its move");
+    }
+    match session.release(name, c.epoch).await {
+        Ok(()) => tracing::info!(
+            volume = %name,
+            to,
+            ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            "handed over for a move"
+        ),
+        // The key then goes with this node's lease; the target takes the volume after that.
+        Err(e) => tracing::warn!(volume = %name, error = %e, "cannot give up the volume for its move"),
+    }
+}
+
+/// One look at the cluster: stop serving what is no longer ours, hand over what moves, take
+/// what nobody owns, and route every volume's requests to its owner.
 async fn tick(
     config: &NodeConfig,
     session: &Arc<Session>,
     owned: &mut Owned,
     exports: &Arc<Registry>,
+    routes: &mut Routes,
 ) -> Result<(), ClusterError> {
     if !session.lease_valid() {
         // Past the lease deadline another node may own our volumes: serve nothing until a
@@ -411,7 +488,21 @@ async fn tick(
         }
         return Ok(());
     }
+    let specs = session.specs().await?;
+    // Every volume is served here, by this node or through its owner.
+    for spec in &specs {
+        if !routes.contains_key(&spec.name) {
+            let (tx, rx) = watch::channel(Route::Between);
+            let routed =
+                Routed::new(&spec.name, spec.layout.to_string(), spec.size_bytes, rx, config.suspend);
+            exports.insert(&spec.name, Arc::new(routed));
+            routes.insert(spec.name.clone(), tx);
+        }
+    }
     let owners = session.owners().await?;
+    let nodes = session.nodes().await?;
+    let moves = session.moves().await?;
+    let live = |node: &str| nodes.iter().any(|n| n.name == node);
     let mine: BTreeMap<&str, u64> =
         owners.iter().filter(|(_, o, _)| o.node == config.name).map(|(v, _, e)| (v.as_str(), *e)).collect();
     let lost: Vec<String> = owned
@@ -421,9 +512,22 @@ async fn tick(
         .collect();
     for v in lost {
         tracing::warn!(volume = %v, "no longer the owner; not serving it");
-        exports.remove(&v);
+        exports.remove(&direct_name(&v));
+        set_route(routes, &v, Route::Between);
         if let Some(o) = owned.remove(&v) {
             o.gate.send_replace(Gate::Lost);
+        }
+    }
+    // Planned moves: hand over what moves elsewhere; a move to where the volume is already is done.
+    for (v, m) in &moves {
+        if m.to == config.name && owned.contains_key(v) {
+            session.end_move(v).await?;
+        } else if m.to != config.name
+            && live(&m.to)
+            && owned.get(v).is_some_and(|o| *o.gate.borrow() == Gate::Serving)
+            && let Some(o) = owned.remove(v)
+        {
+            hand_over(session, v, o, &m.to, exports, routes).await;
         }
     }
     for (name, o) in owned.iter_mut() {
@@ -448,8 +552,13 @@ async fn tick(
             }));
         }
     }
-    for spec in session.specs().await? {
+    for spec in &specs {
         if owned.contains_key(&spec.name) || owners.iter().any(|(v, _, _)| *v == spec.name) {
+            continue;
+        }
+        // A volume moving to another live node is that node's to take.
+        let moving_to = moves.iter().find(|(v, _)| *v == spec.name).map(|(_, m)| m.to.as_str());
+        if moving_to.is_some_and(|to| to != config.name && live(to)) {
             continue;
         }
         match coordinator::take(session, &Handle::current(), &spec.name).await {
@@ -462,13 +571,14 @@ async fn tick(
                     "coordinating"
                 );
                 let (gate, gated) = watch::channel(Gate::Serving);
-                let served = Served { name: spec.name.clone(), inner: Arc::clone(&c.volume), gate: gated };
-                exports.insert(&spec.name, Arc::new(served));
+                let served = Arc::new(Served::new(&spec.name, Arc::clone(&c.volume), gated));
+                exports.insert(&direct_name(&spec.name), Arc::clone(&served) as Arc<dyn BlockVolume>);
                 owned.insert(
                     spec.name.clone(),
                     OwnedVolume {
                         c: Arc::new(c),
                         gate,
+                        served,
                         repair: None,
                         housekeeping: None,
                         // At once: what the takeover's recovery left set is cleared early.
@@ -477,16 +587,40 @@ async fn tick(
                             .unwrap_or_else(Instant::now),
                     },
                 );
+                if moving_to.is_some() {
+                    session.end_move(&spec.name).await?;
+                }
             }
             Err(ClusterError::Owned { .. }) => {}
-            Err(e) => tracing::warn!(volume = %spec.name, error = %e, "cannot take the volume"),
+            Err(e) => {
+                tracing::warn!(volume = %spec.name, error = %e, "cannot take the volume");
+                // A move this node cannot complete is given up, so that any node may take it.
+                if moving_to == Some(config.name.as_str()) {
+                    session.end_move(&spec.name).await?;
+                }
+            }
         }
+    }
+    // Routes: here, at the owner's NBD server, or nowhere yet (a volume this node just took is
+    // in `owned`; one it just gave up still names it in `owners`).
+    for spec in &specs {
+        let route = match (owned.get(&spec.name), owners.iter().find(|(v, _, _)| *v == spec.name)) {
+            (Some(o), _) => Route::Local(Arc::clone(&o.served) as Arc<dyn BlockVolume>),
+            (None, Some((_, owner, _))) if owner.node != config.name => {
+                match nodes.iter().find(|n| n.name == owner.node).and_then(|n| n.nbd_addr.clone()) {
+                    Some(addr) => Route::Remote { node: owner.node.clone(), addr },
+                    None => Route::Between,
+                }
+            }
+            _ => Route::Between,
+        };
+        set_route(routes, &spec.name, route);
     }
     Ok(())
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
@@ -498,8 +632,10 @@ mod tests {
     use tokio::sync::watch;
 
     use super::{Gate, Served};
+    use crate::forward::{Route, Routed};
 
-    async fn volume() -> Arc<stria_engine::Volume<Arc<MemDevice>>> {
+    /// A 1 MiB volume on one memory drive.
+    pub(crate) async fn volume() -> Arc<stria_engine::Volume<Arc<MemDevice>>> {
         let dev = Arc::new(MemDevice::new("m", 64 << 20));
         let drive = NewDrive {
             dev,
@@ -532,7 +668,7 @@ mod tests {
     #[tokio::test]
     async fn requests_are_held_while_suspended_then_served_or_failed() {
         let (gate, rx) = watch::channel(Gate::Serving);
-        let served = Arc::new(Served { name: "v".into(), inner: volume().await, gate: rx });
+        let served = Arc::new(Served::new("v", volume().await, rx));
         write(&served).await.unwrap().unwrap();
 
         // Suspended, then renewed: the held write completes.
@@ -558,5 +694,27 @@ mod tests {
         gate.send_replace(Gate::Lost);
         assert!(matches!(held.await.unwrap(), Err(VolumeError::Closed(_))));
         assert!(lost.elapsed() < Duration::from_secs(5));
+    }
+
+    /// A volume this node lost (or handed over) refuses requests before they run; the node's
+    /// export holds them and sends them to the next route, so the client sees no error.
+    #[tokio::test]
+    async fn a_request_refused_by_a_lost_volume_goes_to_the_next_route() {
+        let (gate, rx) = watch::channel(Gate::Lost);
+        let old: Arc<dyn BlockVolume> = Arc::new(Served::new("v", volume().await, rx));
+        let (route, routes) = watch::channel(Route::Local(old));
+        let v = Arc::new(Routed::new("v", "raid0:1".into(), 1 << 20, routes, Duration::from_secs(30)));
+        let held = {
+            let v = Arc::clone(&v);
+            tokio::spawn(async move { v.write(0, IoBytes::copy_from(&[5u8; 4096]), Durability::Fua).await })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!held.is_finished(), "a request refused by a lost volume was not held");
+        let (_serving, rx) = watch::channel(Gate::Serving);
+        let next = volume().await;
+        route.send_replace(Route::Local(Arc::new(Served::new("v", Arc::clone(&next), rx))));
+        held.await.unwrap().unwrap();
+        assert_eq!(&next.read(0, 4096).await.unwrap()[..], &[5u8; 4096][..]);
+        drop(gate);
     }
 }

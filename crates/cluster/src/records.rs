@@ -47,6 +47,12 @@ impl Keys {
         format!("{}/volumes/{volume}/members", self.prefix)
     }
 
+    /// `volumes/<vol>/move`: a planned move to another node (docs/design/cluster.md §6.3), one at
+    /// a time, deleted by the node that takes the volume.
+    pub fn moving(&self, volume: &str) -> String {
+        format!("{}/volumes/{volume}/move", self.prefix)
+    }
+
     /// `claims/<node>/<slice>`: which volume a slice belongs to. Created in the same transaction
     /// as the spec (or, for a replacement, as the owner's claim), deleted when the volume lets the
     /// slice go; a slice without a claim is free.
@@ -124,6 +130,13 @@ pub struct VolumeRecord {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OwnerRecord {
     pub node: String,
+}
+
+/// `volumes/<vol>/move`: the owner closes the volume and gives it up, and only `to` takes it
+/// while `to` is alive.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveRecord {
+    pub to: String,
 }
 
 /// A slice taken out of service, and since when.

@@ -5,6 +5,7 @@
 #![allow(clippy::cast_possible_truncation)]
 
 mod common;
+mod forward;
 mod ownership;
 mod repair;
 mod simulation;

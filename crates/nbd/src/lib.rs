@@ -8,7 +8,8 @@
 //! Layout: [`proto`] holds the protocol's numbers, [`wire`] its pure parsers and encoders (what
 //! the fuzzer drives), `handshake` the option haggling, `transmission` the per-connection request
 //! engine, `server` listeners and shutdown. [`MemExport`] is a sparse in-memory export for tests
-//! and the `nbd-mem-server` example.
+//! and the `nbd-mem-server` example. [`NbdClient`] is a small pipelined client (what a cluster
+//! node forwards a volume's requests with).
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -29,6 +30,7 @@
 
 mod admission;
 mod budget;
+pub mod client;
 mod config;
 mod conn_io;
 mod export;
@@ -45,6 +47,7 @@ mod warn_limit;
 pub mod wire;
 
 pub use admission::ServerStats;
+pub use client::{ClientError, NbdClient};
 pub use config::{ConfigError, Limits, ServerConfig, TlsConfig, TlsMode};
 pub use export::{
     BoxFuture, Export, ExportError, ExportMap, ExportRegistry, Extent, NamedExport, RegistryError,

@@ -98,7 +98,8 @@ pub(crate) struct NodeRunArgs {
     /// Where the slice server listens (the other nodes reach this node's slices there).
     #[arg(long, default_value = "127.0.0.1:7700")]
     pub(crate) listen: String,
-    /// Where the NBD server listens (clients connect to the owner of a volume).
+    /// Where the NBD server listens. Every node serves every volume: the owner itself, the
+    /// others by forwarding each request to the owner (one hop more).
     #[arg(long, default_value = "127.0.0.1:10809")]
     pub(crate) nbd: String,
     /// Create this many slice files if they do not exist yet (needs --slice-size).
@@ -132,6 +133,25 @@ pub(crate) enum ClusterCmd {
         prefix: String,
         #[arg(long)]
         json: bool,
+    },
+    /// Move a volume's coordination to another node with no error at its clients: the owner
+    /// stops admitting requests (they wait), finishes those running, closes the volume and gives
+    /// it up; NODE takes it, and the waiting requests go there. Waits for the move to finish.
+    VolumeMove {
+        name: String,
+        /// The node to move it to (a live node; `stria cluster status` lists them).
+        #[arg(required_unless_present = "cancel")]
+        node: Option<String>,
+        /// End a pending move instead (one the target could not finish).
+        #[arg(long)]
+        cancel: bool,
+        /// Seconds to wait for the target to take the volume (the move stays pending after).
+        #[arg(long, default_value = "60")]
+        wait: u64,
+        #[arg(long, value_delimiter = ',', required = true)]
+        etcd: Vec<String>,
+        #[arg(long, default_value = "/stria/v1")]
+        prefix: String,
     },
     /// Specify a new volume: its slices are placed across nodes now; the first node to take it
     /// makes its pool and serves it.

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;
@@ -54,7 +55,9 @@ pub(super) async fn node_run(args: NodeRunArgs) -> Result<()> {
 
 pub(super) async fn cluster(cmd: ClusterCmd) -> Result<()> {
     let endpoints = match &cmd {
-        ClusterCmd::Status { etcd, .. } | ClusterCmd::VolumeCreate { etcd, .. } => etcd.join(","),
+        ClusterCmd::Status { etcd, .. }
+        | ClusterCmd::VolumeCreate { etcd, .. }
+        | ClusterCmd::VolumeMove { etcd, .. } => etcd.join(","),
     };
     cluster_at(cmd).await.map_err(|e| match e.downcast_ref::<stria_cluster::ClusterError>() {
         Some(stria_cluster::ClusterError::Etcd(_)) => e.context(format!("cannot reach etcd at {endpoints}")),
@@ -65,6 +68,18 @@ pub(super) async fn cluster(cmd: ClusterCmd) -> Result<()> {
 async fn cluster_at(cmd: ClusterCmd) -> Result<()> {
     match cmd {
         ClusterCmd::Status { etcd, prefix, json } => status(&etcd, &prefix, json).await,
+        ClusterCmd::VolumeMove { name, node, cancel, wait, etcd, prefix } => {
+            let cluster = Cluster::connect(&etcd, Keys::new(&prefix)).await?;
+            if cancel {
+                let pending = cluster.moves().await?.into_iter().find(|(v, _)| *v == name);
+                let Some((_, m)) = pending else { bail!("no move of {name} is pending") };
+                cluster.end_move(&name).await?;
+                outln!("the move of {name} to {} is given up", m.to);
+                return Ok(());
+            }
+            let node = node.expect("clap requires NODE without --cancel");
+            volume_move(&cluster, &name, &node, Duration::from_secs(wait)).await
+        }
         ClusterCmd::VolumeCreate { name, layout, size, tolerate, chunk, etcd, prefix } => {
             let layout = parse_layout(&layout).map_err(anyhow::Error::msg)?;
             stria_engine::check_volume_name(&name)?;
@@ -106,9 +121,51 @@ async fn cluster_at(cmd: ClusterCmd) -> Result<()> {
     }
 }
 
+/// Asks for a planned move and waits until `node` serves the volume (docs/design/cluster.md §6.3).
+async fn volume_move(cluster: &Cluster, name: &str, node: &str, wait: Duration) -> Result<()> {
+    let (_, owner, _) = cluster.volume(name).await?;
+    let nodes = cluster.nodes().await?;
+    if !nodes.iter().any(|n| n.name == node) {
+        let alive: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+        bail!("node {node} is not alive in the cluster (alive: {})", alive.join(", "));
+    }
+    if owner.as_ref().is_some_and(|(o, _)| o.node == node) {
+        outln!("volume {name} is served by {node} already");
+        return Ok(());
+    }
+    let started = Instant::now();
+    cluster.request_move(name, node).await?;
+    loop {
+        let (_, owner, _) = cluster.volume(name).await?;
+        let pending = cluster.moves().await?.into_iter().any(|(v, _)| v == name);
+        match owner {
+            Some((o, epoch)) if o.node == node => {
+                outln!(
+                    "volume {name} moved to {node} (epoch {epoch}) in {} ms",
+                    started.elapsed().as_millis()
+                );
+                return Ok(());
+            }
+            Some((o, _)) if !pending => {
+                bail!("the move was given up: {} serves volume {name} (see the nodes' logs)", o.node)
+            }
+            _ => {}
+        }
+        if started.elapsed() >= wait {
+            bail!(
+                "volume {name} is not on {node} after {} s; the move stays pending \
+                 (`stria cluster volume-move {name} --cancel` ends it)",
+                wait.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn status(etcd: &[String], prefix: &str, as_json: bool) -> Result<()> {
     let cluster = Cluster::connect(etcd, Keys::new(prefix)).await?;
     let nodes = cluster.nodes().await?;
+    let moves = cluster.moves().await?;
     let mut volumes = Vec::new();
     for spec in cluster.specs().await? {
         let (spec, owner, members) = cluster.volume(&spec.name).await?;
@@ -119,6 +176,7 @@ async fn status(etcd: &[String], prefix: &str, as_json: bool) -> Result<()> {
             "owner": owner.as_ref().map(|(o, _)| o.node.clone()),
             "epoch": owner.as_ref().map(|(_, e)| *e),
             "nbd": owner.as_ref().and_then(|(o, _)| nodes.iter().find(|n| n.name == o.node)).and_then(|n| n.nbd_addr.clone()),
+            "moving_to": moves.iter().find(|(v, _)| *v == spec.name).map(|(_, m)| m.to.clone()),
             "in_service": members.in_service.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
             "rebuilding": members.joining.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
             "out": members.out.iter().map(|o| json!({"slice": o.slice.to_string(), "epoch": o.epoch, "since_unix": o.since_unix, "reason": o.reason})).collect::<Vec<_>>(),
@@ -149,6 +207,10 @@ async fn status(etcd: &[String], prefix: &str, as_json: bool) -> Result<()> {
                 v["name"].as_str().unwrap_or("")
             ),
             _ => "no owner (waiting for a node to take it)".into(),
+        };
+        let owner = match v["moving_to"].as_str() {
+            Some(to) => format!("{owner} (moving to {to})"),
+            None => owner,
         };
         outln!(
             "  {} {} {}  in: {}  rebuilding: {}  out: {}",

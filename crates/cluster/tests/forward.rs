@@ -1,0 +1,234 @@
+//! Three whole nodes (`Node`: slice server, agent, NBD server) on one etcd: every node serves
+//! every volume, forwarding to the owner (docs/design/cluster.md §6.2), and planned moves and a
+//! node's clean stop hand the volume over with no error at clients connected to any node (§6.3).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use stria_cluster::etcd::Cluster;
+use stria_cluster::placement::place;
+use stria_cluster::{Keys, Node, NodeConfig, SliceRef, VolumeRecord, prepare_slices};
+use stria_dev::IoBytes;
+use stria_engine::Layout;
+use stria_front::Registry;
+use stria_nbd::{NbdClient, Server, ServerConfig, ServerHandle};
+
+use crate::common::*;
+
+const PREFIX: &str = "/stria-test-forward/v1";
+
+/// A node with its own directory (one 48 MiB slice file) and NBD server on 127.0.0.1.
+struct WholeNode {
+    name: String,
+    nbd: String,
+    node: Option<Node>,
+    server: Option<ServerHandle>,
+    _dir: tempfile::TempDir,
+}
+
+impl WholeNode {
+    async fn start(name: &str, etcd: &Etcd) -> WholeNode {
+        let dir = tempfile::tempdir().unwrap();
+        prepare_slices(dir.path(), 1, 48 << 20).await.unwrap();
+        let exports = Arc::new(Registry::new());
+        let registry: Arc<Registry> = Arc::clone(&exports);
+        let server = Server::new(ServerConfig::default(), registry).unwrap();
+        let server = server.serve_tcp("127.0.0.1:0").await.unwrap();
+        let nbd = match server.local_addr() {
+            stria_nbd::ListenAddr::Tcp(sa) => sa.to_string(),
+            other => panic!("{other:?}"),
+        };
+        let mut config = NodeConfig::new(
+            name,
+            vec![etcd.endpoint.clone()],
+            dir.path().into(),
+            "127.0.0.1:0".parse().unwrap(),
+        );
+        config.nbd_addr = Some(nbd.clone());
+        config.ttl = Duration::from_secs(2);
+        config.poll = Duration::from_millis(100);
+        config.suspend = Duration::from_secs(30);
+        config.keys = Keys::new(PREFIX);
+        let node = Node::start(config, exports).await.unwrap();
+        WholeNode { name: name.into(), nbd, node: Some(node), server: Some(server), _dir: dir }
+    }
+
+    async fn stop(&mut self) {
+        if let Some(node) = self.node.take() {
+            node.stop().await;
+        }
+    }
+}
+
+async fn owner(cluster: &Cluster, volume: &str) -> Option<String> {
+    cluster.volume(volume).await.unwrap().1.map(|(o, _)| o.node)
+}
+
+async fn wait_owner(cluster: &Cluster, volume: &str, pred: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(o) = owner(cluster, volume).await
+            && pred(&o)
+        {
+            return o;
+        }
+        assert!(Instant::now() < deadline, "no owner as wanted for {volume} within 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Writes register `block` again and again (FUA), each a new value, until `stop`; every write
+/// must succeed. `last` is the last sequence number acknowledged.
+async fn writer(
+    client: Arc<NbdClient>,
+    id: u8,
+    block: u64,
+    stop: Arc<AtomicBool>,
+    last: Arc<AtomicU32>,
+) -> Result<(), String> {
+    let mut seq = 0;
+    while !stop.load(Relaxed) {
+        seq += 1;
+        let data = IoBytes::copy_from(&register(block, id, seq));
+        if let Err(e) = client.write(block * 4096, data, true).await {
+            return Err(format!("writer {id}: write {seq} failed: {e}"));
+        }
+        last.store(seq, Relaxed);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_node_serves_every_volume_and_moves_lose_no_request() {
+    let etcd = Etcd::start().await;
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        nodes.push(WholeNode::start(&format!("n{i}"), &etcd).await);
+    }
+    let cluster = Cluster::connect(std::slice::from_ref(&etcd.endpoint), Keys::new(PREFIX)).await.unwrap();
+    // Wait for the three nodes to register, then specify a mirror over them.
+    let records = loop {
+        let r = cluster.nodes().await.unwrap();
+        if r.len() == 3 {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let free: Vec<SliceRef> = records
+        .iter()
+        .map(|n| SliceRef { node: n.name.clone(), addr: n.slice_addr.clone(), slice: 0 })
+        .collect();
+    let layout = Layout::Raid1 { copies: 3 };
+    let spec = VolumeRecord {
+        name: "m".into(),
+        layout,
+        size_bytes: 4 << 20,
+        chunk_bytes: 64 << 10,
+        slices: place(layout, &free, 1).unwrap(),
+    };
+    cluster.put_spec(&spec).await.unwrap();
+    let first = wait_owner(&cluster, "m", |_| true).await;
+    eprintln!("m is owned by {first}");
+
+    // A client on every node: the owner serves it, the others forward. Each writes its own
+    // register throughout; none may see an error.
+    let mut clients = Vec::new();
+    for n in &nodes {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let client = loop {
+            match NbdClient::connect(&n.nbd, "m").await {
+                Ok(c) => break c,
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("{}: {e}; retrying", n.name);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("{}: {e}", n.name),
+            }
+        };
+        assert_eq!(client.size_bytes(), 4 << 20);
+        clients.push(Arc::new(client));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writers = Vec::new();
+    let mut lasts = Vec::new();
+    for (i, c) in clients.iter().enumerate() {
+        let last = Arc::new(AtomicU32::new(0));
+        lasts.push(Arc::clone(&last));
+        writers.push(tokio::spawn(writer(Arc::clone(c), i as u8 + 1, i as u64, Arc::clone(&stop), last)));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Two planned moves, each to a node that does not own the volume.
+    let mut at = first.clone();
+    for _ in 0..2 {
+        let to = nodes.iter().map(|n| n.name.clone()).find(|n| *n != at).unwrap();
+        let before = lasts.iter().map(|l| l.load(Relaxed)).collect::<Vec<_>>();
+        let started = Instant::now();
+        cluster.request_move("m", &to).await.unwrap();
+        wait_owner(&cluster, "m", |o| o == to).await;
+        eprintln!("moved {at} -> {to} in {:?}", started.elapsed());
+        at = to;
+        // Writes go on through every node after the move.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while lasts.iter().zip(&before).any(|(l, b)| l.load(Relaxed) <= *b + 2) {
+            assert!(Instant::now() < deadline, "writes did not go on after the move");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The target ends the move just after it takes the volume.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !cluster.moves().await.unwrap().is_empty() {
+            assert!(Instant::now() < deadline, "the move record was left behind");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    // The owner's node stops (cleanly): another node takes the volume, clients on the other
+    // nodes see no error.
+    let owner_index = nodes.iter().position(|n| n.name == at).unwrap();
+    let before = lasts.iter().map(|l| l.load(Relaxed)).collect::<Vec<_>>();
+    nodes[owner_index].stop().await;
+    let next = wait_owner(&cluster, "m", |o| o != at).await;
+    eprintln!("{at} stopped; {next} took m");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while lasts.iter().enumerate().any(|(i, l)| i != owner_index && l.load(Relaxed) <= before[i] + 2) {
+        assert!(Instant::now() < deadline, "writes did not go on after the owner's node stopped");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Relaxed);
+    for (i, w) in writers.into_iter().enumerate() {
+        let ended = w.await.unwrap();
+        // The stopped node's own client loses its server (not a forwarding error).
+        if i != owner_index {
+            ended.unwrap();
+        }
+    }
+
+    // Every acknowledged write is there, read through a node that does not own the volume.
+    let reader = nodes.iter().find(|n| n.node.is_some() && n.name != next).unwrap();
+    let client = NbdClient::connect(&reader.nbd, "m").await.unwrap();
+    for (i, last) in lasts.iter().enumerate() {
+        let seq = last.load(Relaxed);
+        let got = client.read(i as u64 * 4096, 4096).await.unwrap();
+        let want = register(i as u64, i as u8 + 1, seq);
+        // The stopped node's writer may have had one more write applied but not acknowledged.
+        let next_one = register(i as u64, i as u8 + 1, seq + 1);
+        assert!(
+            got[..] == want[..] || (i == owner_index && got[..] == next_one[..]),
+            "register {i}: not the last acknowledged write {seq}"
+        );
+    }
+    // A pending move to a node that is not alive is ignored by the owner (the CLI refuses to
+    // ask for one).
+    cluster.request_move("m", "nobody").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(owner(&cluster, "m").await.as_deref(), Some(next.as_str()));
+    cluster.end_move("m").await.unwrap();
+
+    for n in &mut nodes {
+        n.stop().await;
+        if let Some(server) = n.server.take() {
+            server.shutdown().await;
+        }
+    }
+}
