@@ -31,9 +31,9 @@ PIDS+=($!)
 for _ in $(seq 100); do ETCDCTL_API=3 etcdctl --endpoints $ETCD endpoint health >/dev/null 2>&1 && break; sleep 0.1; done
 for i in 0 1 2; do
   "$STRIA" node run --name "n$i" --etcd $ETCD --dir "$W/n$i" --listen "127.0.0.1:770$i" \
-    --nbd "127.0.0.1:1081$i" --slices 2 --slice-size 512M >"$W/n$i.log" 2>&1 &
+    --nbd "127.0.0.1:1081$i" --http "tcp:127.0.0.1:982$i" --slices 2 --slice-size 512M >"$W/n$i.log" 2>&1 &
   PIDS+=($!)
-  echo "node n$i: pid $!, slices on 127.0.0.1:770$i, NBD on 127.0.0.1:1081$i, log $W/n$i.log"
+  echo "node n$i: pid $!, slices on 127.0.0.1:770$i, NBD on 127.0.0.1:1081$i, page and metrics on http://127.0.0.1:982$i/, log $W/n$i.log"
 done
 sleep 2
 "$STRIA" cluster volume-create m --layout mirror:3 --size 128M --etcd $ETCD 2>/dev/null || true

@@ -174,6 +174,8 @@ class Cluster:
             self.etcd_client, self.etcd_peer = [2379] * 3, [2380] * 3
             self.slice_port, self.nbd_port = [7700] * 3, [10809] * 3
         self.endpoints = ",".join(f"http://{self.host[i]}:{self.etcd_client[i]}" for i in range(3))
+        # Each node's metrics, status API and page, on its own loopback.
+        self.http_port = [free_port() for _ in range(self.n)]
 
     def node_cmd(self, i: int, argv: list[str]) -> list[str]:
         """`argv` run in node i's namespace (as it is when there are none)."""
@@ -219,7 +221,7 @@ class Cluster:
         argv = [self.stria, "node", "run", "--name", f"n{i}", "--etcd", self.endpoints,
                 "--dir", f"{self.work}/n{i}", "--listen", f"{self.host[i]}:{self.slice_port[i]}",
                 "--nbd", f"{self.host[i]}:{self.nbd_port[i]}", "--ttl", str(self.ttl),
-                "--out-time", str(OUT_TIME)]
+                "--out-time", str(OUT_TIME), "--http", f"127.0.0.1:{self.http_port[i]}"]
         if first:
             argv += ["--slices", "2", "--slice-size", "192M"]
         self.procs.start(f"n{i}", self.node_cmd(i, argv), f"{self.work}/n{i}.log")
@@ -256,6 +258,59 @@ class Cluster:
                 return o
             time.sleep(0.2)
         raise SystemExit(f"volume {volume}: not served at a new epoch (after {old_epoch}) within {timeout} s")
+
+    def http_get(self, i: int, path: str) -> str | None:
+        """GET `path` from node i's HTTP listener (None when it does not answer)."""
+        r = subprocess.run(self.node_cmd(i, ["curl", "-sf", "--max-time", "5", f"http://127.0.0.1:{self.http_port[i]}{path}"]),
+                           capture_output=True, text=True, timeout=30)
+        return r.stdout if r.returncode == 0 else None
+
+    def check_http(self, volume: str) -> None:
+        """Every running node's metrics say whether it owns `volume`, as etcd does; its status API
+        names the owner etcd names; `promtool check metrics` passes on the owner's scrape."""
+        deadline = time.monotonic() + 10
+        while True:
+            owner = next(v["owner"] for v in self.status()["volumes"] if v["name"] == volume)
+            wrong = []
+            scrapes = {}
+            for i in range(self.n):
+                if self.procs.procs[f"n{i}"].poll() is not None:
+                    continue
+                text = self.http_get(i, "/metrics")
+                m = re.search(rf'^stria_node_volume_owned{{volume="{volume}"}} (\d+)$', text or "", re.M)
+                scrapes[f"n{i}"] = text
+                if m is None or (m.group(1) == "1") != (f"n{i}" == owner):
+                    wrong.append(f"n{i}: {m.group(0) if m else 'no owned sample'}")
+                api = self.http_get(i, "/api/v1/cluster")
+                api_owner = next((v["owner"] for v in json.loads(api)["volumes"] if v["name"] == volume), "?") if api else "?"
+                if api_owner != owner:
+                    wrong.append(f"n{i}: /api/v1/cluster names owner {api_owner}")
+            if not wrong:
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"node metrics or API disagree with etcd on {volume}'s owner {owner}: {wrong}")
+            time.sleep(0.5)
+        if shutil.which("promtool") and scrapes.get(owner):
+            r = subprocess.run(["promtool", "check", "metrics"], input=scrapes[owner], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise SystemExit(f"promtool check metrics on {owner}'s scrape: {r.stdout} {r.stderr}")
+
+    def check_page(self) -> None:
+        """Node 0's page, rendered by headless Chromium, lists every node and each volume's owner."""
+        chromium = shutil.which("chromium")
+        if chromium is None or self.netns is not None:
+            return
+        status = self.status()
+        r = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
+                            "--dump-dom", f"http://127.0.0.1:{self.http_port[0]}/"],
+                           capture_output=True, text=True, timeout=120)
+        cells = re.findall(r"<td>([^<]*)</td>", r.stdout)
+        missing = [n["name"] for n in status["nodes"] if n["name"] not in cells]
+        missing += [f"{v['name']} owned by {v['owner']}" for v in status["volumes"]
+                    if v["name"] not in cells or (v["owner"] or "none") not in cells]
+        if r.returncode != 0 or missing:
+            raise SystemExit(f"the node page (headless Chromium) lacks {missing}: rc {r.returncode}, {r.stderr[-500:]}")
+        print(f"node page: {len(status['nodes'])} nodes and {len(status['volumes'])} volumes shown", file=sys.stderr)
 
     def uris(self, volume: str) -> str:
         return ",".join(self.nbd_uri(i, volume) for i in range(self.n))
@@ -444,6 +499,7 @@ def run_round(c: Cluster, scenario: str, volume: str, rnd: int, seconds: float, 
     if check.returncode != 0:
         print(check.stdout, check.stderr, file=sys.stderr)
         raise SystemExit(f"{scenario} on {volume}, round {rnd}: the check failed (logs in {c.work})")
+    c.check_http(volume)
     # A planned move is not a failure: the client, on a node that forwards, sees no error.
     if scenario == "move" and (summary.get("writes_info") or summary.get("reads_fail") or summary.get("connects") != 1):
         raise SystemExit(f"move on {volume}, round {rnd}: the client saw errors: {summary} (logs in {c.work})")
@@ -488,6 +544,9 @@ def main() -> int:
         for name, layout in (("m", "mirror:3"), ("e", "ec:2+1")):
             subprocess.run(c.client_cmd([c.stria, "cluster", "volume-create", name, "--layout", layout, "--size", "32M",
                                          "--etcd", c.endpoints]), check=True, capture_output=True)
+        for volume in ("m", "e"):
+            c.wait_owner(volume, 60)
+        c.check_page()
         logs: dict[str, list[str]] = {"m": [], "e": []}
         for rnd in range(args.rounds):
             for scenario in args.scenarios.split(","):

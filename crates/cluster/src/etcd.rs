@@ -131,6 +131,42 @@ impl Cluster {
         kvs.iter().filter(|kv| kv.key().ends_with(b"/spec")).map(|kv| parse(&prefix, kv.value())).collect()
     }
 
+    /// Nodes and volumes as `stria cluster status` and a node's `/api/v1/cluster` show them.
+    pub async fn status(&self) -> Result<ClusterStatus, ClusterError> {
+        let nodes = self.nodes().await?;
+        let moves = self.moves().await?;
+        let mut volumes = Vec::new();
+        for spec in self.specs().await? {
+            let (spec, owner, members) = self.volume(&spec.name).await?;
+            let nbd = owner
+                .as_ref()
+                .and_then(|(o, _)| nodes.iter().find(|n| n.name == o.node))
+                .and_then(|n| n.nbd_addr.clone());
+            volumes.push(VolumeStatus {
+                layout: spec.layout.to_string(),
+                size_bytes: spec.size_bytes,
+                owner: owner.as_ref().map(|(o, _)| o.node.clone()),
+                epoch: owner.as_ref().map(|(_, e)| *e),
+                nbd,
+                moving_to: moves.iter().find(|(v, _)| *v == spec.name).map(|(_, m)| m.to.clone()),
+                in_service: members.in_service.iter().map(ToString::to_string).collect(),
+                rebuilding: members.joining.iter().map(ToString::to_string).collect(),
+                out: members
+                    .out
+                    .iter()
+                    .map(|o| OutStatus {
+                        slice: o.slice.to_string(),
+                        epoch: o.epoch,
+                        since_unix: o.since_unix,
+                        reason: o.reason.clone(),
+                    })
+                    .collect(),
+                name: spec.name,
+            });
+        }
+        Ok(ClusterStatus { nodes, volumes })
+    }
+
     /// Asks for `volume` to move to `node` (a planned move, docs/design/cluster.md §6.3). Refused
     /// when a move of it is pending already or the volume does not exist.
     pub async fn request_move(&self, volume: &str, node: &str) -> Result<(), ClusterError> {
@@ -211,6 +247,39 @@ impl Cluster {
         };
         Ok((spec, owner, members))
     }
+}
+
+/// The cluster as an operator reads it (`stria cluster status --json`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ClusterStatus {
+    pub nodes: Vec<NodeRecord>,
+    pub volumes: Vec<VolumeStatus>,
+}
+
+/// One volume: where it is served and which of its members are in service.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct VolumeStatus {
+    pub name: String,
+    pub layout: String,
+    pub size_bytes: u64,
+    pub owner: Option<String>,
+    pub epoch: Option<u64>,
+    /// The owner's NBD address.
+    pub nbd: Option<String>,
+    /// A pending planned move's target.
+    pub moving_to: Option<String>,
+    pub in_service: Vec<String>,
+    pub rebuilding: Vec<String>,
+    pub out: Vec<OutStatus>,
+}
+
+/// A member out of service.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct OutStatus {
+    pub slice: String,
+    pub epoch: u64,
+    pub since_unix: u64,
+    pub reason: String,
 }
 
 impl std::ops::Deref for Session {

@@ -15,6 +15,7 @@
 //! allowed by the block contract; a compare and write is never forwarded (NBD has none).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use stria_dev::{IoBuf, IoBytes};
@@ -108,6 +109,20 @@ pub struct Routed {
     /// The connection to the remote owner, and that owner's address.
     client: tokio::sync::Mutex<Option<(String, Arc<NbdClient>)>>,
     hold: Duration,
+    /// Requests sent to a remote owner (tries, retries included).
+    forwarded: AtomicU64,
+    /// Tries that were not answered by an owner and were made again.
+    retried: AtomicU64,
+}
+
+/// What a node's export of a volume has counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RouteCounters {
+    /// Requests sent to a remote owner (retries included).
+    pub forwarded: u64,
+    /// Tries not answered by an owner (between owners, refused before running, a broken
+    /// connection), made again.
+    pub retried: u64,
 }
 
 impl std::fmt::Debug for Routed {
@@ -138,6 +153,16 @@ impl Routed {
             route,
             client: tokio::sync::Mutex::new(None),
             hold,
+            forwarded: AtomicU64::new(0),
+            retried: AtomicU64::new(0),
+        }
+    }
+
+    /// What this export has counted since it was made.
+    pub fn counters(&self) -> RouteCounters {
+        RouteCounters {
+            forwarded: self.forwarded.load(Ordering::Relaxed),
+            retried: self.retried.load(Ordering::Relaxed),
         }
     }
 
@@ -150,6 +175,7 @@ impl Routed {
                 Try::Answered(answer) => return answer,
                 Try::Again(why) => why,
             };
+            self.retried.fetch_add(1, Ordering::Relaxed);
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(VolumeError::Closed(format!(
@@ -183,6 +209,7 @@ impl Routed {
                     Ok(c) => c,
                     Err(e) => return Try::Again(format!("owner {node}: {e}")),
                 };
+                self.forwarded.fetch_add(1, Ordering::Relaxed);
                 match remote(&client, request).await {
                     Ok(answer) => Try::Answered(Ok(answer)),
                     Err(ClientError::Server(108)) => {

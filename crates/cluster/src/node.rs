@@ -32,7 +32,7 @@ use tokio::task::JoinHandle;
 
 use crate::coordinator::{self, Coordinated};
 use crate::etcd::{ClusterError, Session, SessionConfig};
-use crate::forward::{Route, Routed, direct_name};
+use crate::forward::{Route, RouteCounters, Routed, direct_name};
 use crate::records::{Keys, NodeRecord, SliceInfoRecord};
 
 /// What a node needs to run.
@@ -121,6 +121,7 @@ async fn open_slices(dir: &Path) -> Result<Vec<Slice<FileDevice>>, ClusterError>
 pub struct Node {
     pub slice_addr: SocketAddr,
     pub slices: Arc<SliceSet<FileDevice>>,
+    report: Reported,
     server: JoinHandle<std::io::Result<()>>,
     agent: JoinHandle<()>,
     stop: watch::Sender<bool>,
@@ -151,8 +152,22 @@ impl Node {
             slices: infos,
         };
         let (stop, stopped) = watch::channel(false);
-        let agent = tokio::spawn(run_agent(config, record, exports, stopped));
-        Ok(Node { slice_addr, slices, server, agent, stop })
+        let report: Reported = Arc::new(parking_lot::Mutex::new(NodeReport {
+            node: config.name.clone(),
+            ..NodeReport::default()
+        }));
+        let agent = tokio::spawn(run_agent(config, record, exports, Arc::clone(&report), stopped));
+        Ok(Node { slice_addr, slices, report, server, agent, stop })
+    }
+
+    /// What the node's agent saw at its last look at the cluster (for metrics and the API).
+    pub fn report(&self) -> NodeReport {
+        self.report.lock().clone()
+    }
+
+    /// A handle that reads the report while the node runs (what an HTTP listener keeps).
+    pub fn reporter(&self) -> Reporter {
+        Reporter(Arc::clone(&self.report))
     }
 
     /// Stops serving: closes every owned volume cleanly, gives up its ownership and the lease.
@@ -160,6 +175,50 @@ impl Node {
         let _ = self.stop.send(true);
         let _ = self.agent.await;
         self.server.abort();
+    }
+}
+
+/// A node as its agent last saw it: its lease, and every volume of the cluster as this node
+/// serves it (owned here, forwarded, or waiting for an owner).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct NodeReport {
+    pub node: String,
+    /// True while the node's lease deadline holds (its owned volumes are served).
+    pub lease_valid: bool,
+    pub volumes: Vec<VolumeReport>,
+}
+
+/// One volume on one node.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct VolumeReport {
+    pub name: String,
+    /// `local` (this node owns it), `remote` (forwarded to `owner`), `between` (held).
+    pub route: &'static str,
+    pub owner: Option<String>,
+    /// The epoch of this node's ownership (owned volumes only).
+    pub epoch: Option<u64>,
+    /// Owned and serving (not suspended).
+    pub serving: bool,
+    /// Owned volumes: members in service, out, and being rebuilt.
+    pub members_in: usize,
+    pub members_out: usize,
+    pub members_rebuilding: usize,
+    /// Owned volumes: bytes this ownership rebuilt, and bytes a delta resync skipped.
+    pub rebuilt_bytes: u64,
+    pub resync_skipped_bytes: u64,
+    #[serde(flatten)]
+    pub counters: RouteCounters,
+}
+
+type Reported = Arc<parking_lot::Mutex<NodeReport>>;
+
+/// Reads a running node's [`NodeReport`].
+#[derive(Clone, Debug)]
+pub struct Reporter(Reported);
+
+impl Reporter {
+    pub fn report(&self) -> NodeReport {
+        self.0.lock().clone()
     }
 }
 
@@ -343,13 +402,14 @@ async fn repair(session: Arc<Session>, c: Arc<Coordinated>, out_time: Duration) 
 /// The volumes this node coordinates, by name.
 type Owned = BTreeMap<String, OwnedVolume>;
 
-/// Every volume's route on this node (what its [`Routed`] export follows), by name.
-type Routes = BTreeMap<String, watch::Sender<Route>>;
+/// Every volume's route on this node and the export that follows it, by name.
+type Routes = BTreeMap<String, (watch::Sender<Route>, Arc<Routed>)>;
 
 async fn run_agent(
     config: NodeConfig,
     record: NodeRecord,
     exports: Arc<Registry>,
+    report: Reported,
     mut stopped: watch::Receiver<bool>,
 ) {
     let mut session: Option<Arc<Session>> = None;
@@ -383,6 +443,8 @@ async fn run_agent(
         {
             tracing::warn!(node = %config.name, error = %e, "cluster check failed");
         }
+        let lease_valid = session.as_ref().is_some_and(|s| s.lease_valid());
+        *report.lock() = reported(&config.name, lease_valid, &owned, &routes).await;
         tokio::select! {
             _ = tokio::time::sleep(config.poll) => {}
             _ = stopped.changed() => {}
@@ -409,6 +471,8 @@ async fn run_agent(
     for name in routes.keys() {
         exports.remove(name);
     }
+    report.lock().volumes.clear();
+    report.lock().lease_valid = false;
     if let Some(s) = session {
         let _ = s.revoke().await;
     }
@@ -418,15 +482,53 @@ fn drop_all(owned: &mut Owned, exports: &Registry, routes: &Routes) {
     for (name, o) in std::mem::take(owned) {
         o.gate.send_replace(Gate::Lost);
         exports.remove(&direct_name(&name));
-        if let Some(route) = routes.get(&name) {
+        if let Some((route, _)) = routes.get(&name) {
             route.send_replace(Route::Between);
         }
     }
 }
 
+/// The node's report from its agent's state.
+async fn reported(node: &str, lease_valid: bool, owned: &Owned, routes: &Routes) -> NodeReport {
+    let mut volumes = Vec::new();
+    for (name, (route, routed)) in routes {
+        let (kind, owner) = match &*route.borrow() {
+            Route::Local(_) => ("local", Some(node.to_string())),
+            Route::Remote { node, .. } => ("remote", Some(node.clone())),
+            Route::Between => ("between", None),
+        };
+        let mut v = VolumeReport {
+            name: name.clone(),
+            route: kind,
+            owner,
+            epoch: None,
+            serving: false,
+            members_in: 0,
+            members_out: 0,
+            members_rebuilding: 0,
+            rebuilt_bytes: 0,
+            resync_skipped_bytes: 0,
+            counters: routed.counters(),
+        };
+        if let Some(o) = owned.get(name) {
+            let members = o.c.guard.members().await;
+            let rebuild = o.c.pool.rebuild_counters();
+            v.epoch = Some(o.c.epoch);
+            v.serving = *o.gate.borrow() == Gate::Serving;
+            v.members_in = members.in_service.len();
+            v.members_out = members.out.len();
+            v.members_rebuilding = members.joining.len();
+            v.rebuilt_bytes = rebuild.copied_bytes;
+            v.resync_skipped_bytes = rebuild.skipped_bytes;
+        }
+        volumes.push(v);
+    }
+    NodeReport { node: node.to_string(), lease_valid, volumes }
+}
+
 /// Sets `name`'s route unless it is that already (a change wakes the requests waiting).
 fn set_route(routes: &Routes, name: &str, route: Route) {
-    if let Some(tx) = routes.get(name)
+    if let Some((tx, _)) = routes.get(name)
         && !tx.borrow().same(&route)
     {
         tracing::debug!(volume = %name, ?route, "route");
@@ -493,10 +595,15 @@ async fn tick(
     for spec in &specs {
         if !routes.contains_key(&spec.name) {
             let (tx, rx) = watch::channel(Route::Between);
-            let routed =
-                Routed::new(&spec.name, spec.layout.to_string(), spec.size_bytes, rx, config.suspend);
-            exports.insert(&spec.name, Arc::new(routed));
-            routes.insert(spec.name.clone(), tx);
+            let routed = Arc::new(Routed::new(
+                &spec.name,
+                spec.layout.to_string(),
+                spec.size_bytes,
+                rx,
+                config.suspend,
+            ));
+            exports.insert(&spec.name, Arc::clone(&routed) as Arc<dyn BlockVolume>);
+            routes.insert(spec.name.clone(), (tx, routed));
         }
     }
     let owners = session.owners().await?;

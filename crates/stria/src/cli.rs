@@ -102,6 +102,11 @@ pub(crate) struct NodeRunArgs {
     /// others by forwarding each request to the owner (one hop more).
     #[arg(long, default_value = "127.0.0.1:10809")]
     pub(crate) nbd: String,
+    /// Serve the node's metrics (`/metrics`), the cluster's status (`/api/v1/cluster`), the
+    /// node's report (`/api/v1/node`) and a page showing them (`/`) here: tcp:127.0.0.1:PORT
+    /// (the loopback only).
+    #[arg(long, value_name = "ADDR", value_parser = crate::http::parse_addr)]
+    pub(crate) http: Option<std::net::SocketAddr>,
     /// Create this many slice files if they do not exist yet (needs --slice-size).
     #[arg(long)]
     pub(crate) slices: Option<u32>,

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use serde_json::json;
 use stria_cluster::etcd::Cluster;
 use stria_cluster::placement::place;
 use stria_cluster::{Keys, Node, NodeConfig, SliceRef, VolumeRecord, parse_layout, prepare_slices};
@@ -44,9 +43,33 @@ pub(super) async fn node_run(args: NodeRunArgs) -> Result<()> {
     config.out_time = std::time::Duration::from_secs(args.out_time);
     config.suspend = std::time::Duration::from_secs(args.suspend);
     config.keys = Keys::new(&args.prefix);
-    let node = Node::start(config, exports).await?;
-    outln!("node {}: slices {:?} on {}, NBD on {}", args.name, node.slices.ids(), node.slice_addr, nbd_addr);
+    let node = Node::start(config, Arc::clone(&exports)).await?;
+    let http = match args.http {
+        Some(addr) => {
+            let keys = Keys::new(&args.prefix);
+            match crate::http::node::start(addr, node.reporter(), exports, args.etcd.clone(), keys).await {
+                Ok(http) => Some(http),
+                Err(e) => {
+                    node.stop().await;
+                    nbd.shutdown().await;
+                    return Err(e);
+                }
+            }
+        }
+        None => None,
+    };
+    outln!(
+        "node {}: slices {:?} on {}, NBD on {}{}",
+        args.name,
+        node.slices.ids(),
+        node.slice_addr,
+        nbd_addr,
+        http.as_ref().map(|h| format!(", HTTP on {}", h.url)).unwrap_or_default()
+    );
     signals.wait(|| {}).await;
+    if let Some(http) = http {
+        http.shutdown().await;
+    }
     node.stop().await;
     nbd.shutdown().await;
     tracing::info!("node stopped cleanly");
@@ -164,31 +187,13 @@ async fn volume_move(cluster: &Cluster, name: &str, node: &str, wait: Duration) 
 
 async fn status(etcd: &[String], prefix: &str, as_json: bool) -> Result<()> {
     let cluster = Cluster::connect(etcd, Keys::new(prefix)).await?;
-    let nodes = cluster.nodes().await?;
-    let moves = cluster.moves().await?;
-    let mut volumes = Vec::new();
-    for spec in cluster.specs().await? {
-        let (spec, owner, members) = cluster.volume(&spec.name).await?;
-        volumes.push(json!({
-            "name": spec.name,
-            "layout": spec.layout.to_string(),
-            "size_bytes": spec.size_bytes,
-            "owner": owner.as_ref().map(|(o, _)| o.node.clone()),
-            "epoch": owner.as_ref().map(|(_, e)| *e),
-            "nbd": owner.as_ref().and_then(|(o, _)| nodes.iter().find(|n| n.name == o.node)).and_then(|n| n.nbd_addr.clone()),
-            "moving_to": moves.iter().find(|(v, _)| *v == spec.name).map(|(_, m)| m.to.clone()),
-            "in_service": members.in_service.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
-            "rebuilding": members.joining.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
-            "out": members.out.iter().map(|o| json!({"slice": o.slice.to_string(), "epoch": o.epoch, "since_unix": o.since_unix, "reason": o.reason})).collect::<Vec<_>>(),
-        }));
-    }
-    let v = json!({ "nodes": nodes, "volumes": volumes });
+    let status = cluster.status().await?;
     if as_json {
-        outln!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&status)?);
         return Ok(());
     }
-    outln!("{} node(s) alive:", nodes.len());
-    for n in &nodes {
+    outln!("{} node(s) alive:", status.nodes.len());
+    for n in &status.nodes {
         let slices: Vec<String> = n.slices.iter().map(|s| format!("{}:{}MiB", s.id, s.bytes >> 20)).collect();
         outln!(
             "  {}  slices {} at {}  NBD {}",
@@ -198,28 +203,26 @@ async fn status(etcd: &[String], prefix: &str, as_json: bool) -> Result<()> {
             n.nbd_addr.as_deref().unwrap_or("-")
         );
     }
-    outln!("{} volume(s):", volumes.len());
-    for v in &volumes {
-        let owner = match (&v["owner"], &v["epoch"]) {
-            (serde_json::Value::String(o), e) => format!(
-                "owner {o} epoch {e} nbd://{}/{}",
-                v["nbd"].as_str().unwrap_or("?"),
-                v["name"].as_str().unwrap_or("")
-            ),
+    outln!("{} volume(s):", status.volumes.len());
+    for v in &status.volumes {
+        let mut owner = match (&v.owner, v.epoch) {
+            (Some(o), Some(e)) => {
+                format!("owner {o} epoch {e} nbd://{}/{}", v.nbd.as_deref().unwrap_or("?"), v.name)
+            }
             _ => "no owner (waiting for a node to take it)".into(),
         };
-        let owner = match v["moving_to"].as_str() {
-            Some(to) => format!("{owner} (moving to {to})"),
-            None => owner,
-        };
+        if let Some(to) = &v.moving_to {
+            owner = format!("{owner} (moving to {to})");
+        }
+        let out: Vec<String> = v.out.iter().map(|o| format!("{} ({})", o.slice, o.reason)).collect();
         outln!(
             "  {} {} {}  in: {}  rebuilding: {}  out: {}",
-            v["name"].as_str().unwrap_or(""),
-            v["layout"].as_str().unwrap_or(""),
+            v.name,
+            v.layout,
             owner,
-            v["in_service"],
-            v["rebuilding"],
-            v["out"]
+            v.in_service.join(","),
+            if v.rebuilding.is_empty() { "-".into() } else { v.rebuilding.join(",") },
+            if out.is_empty() { "-".into() } else { out.join(",") }
         );
     }
     Ok(())

@@ -250,7 +250,7 @@ fn volumes(out: &mut Exposition, status: &StatusView, jobs: &[JobView]) {
 }
 
 /// What NBD clients see, per export and operation.
-fn requests(out: &mut Exposition, exports: &[VolumeStatsSnapshot]) {
+pub(super) fn requests(out: &mut Exposition, exports: &[VolumeStatsSnapshot]) {
     for (name, kind, help) in [
         ("stria_volume_ops_total", "counter", "NBD requests completed (failed ones too)."),
         ("stria_volume_bytes_total", "counter", "Bytes of NBD requests completed without error."),

@@ -9,6 +9,7 @@
 mod api;
 mod auth;
 mod metrics;
+pub(crate) mod node;
 mod transfer;
 mod ui;
 
