@@ -373,6 +373,7 @@ def run_round(c: Cluster, scenario: str, volume: str, rnd: int, seconds: float, 
     marks = c.log_marks()
     t_fault = time.monotonic()
     moves_ms: list[int] = []
+    t_owner: float | None = None
     print(f"{time.strftime('%H:%M:%S', time.gmtime())} {scenario} on {volume}: fault on {owner}", file=sys.stderr, flush=True)
     if scenario == "kill9":
         c.procs.signal(owner, signal.SIGKILL)
@@ -383,6 +384,8 @@ def run_round(c: Cluster, scenario: str, volume: str, rnd: int, seconds: float, 
         restart.start()
         try:
             new_owner, _ = c.wait_owner(volume, 90, old_epoch=epoch)
+            # (Timed here: the restart below may come later than the new owner.)
+            t_owner = time.monotonic() - t_fault
         finally:
             restart.join()
     elif scenario == "outtime":
@@ -462,7 +465,8 @@ def run_round(c: Cluster, scenario: str, volume: str, rnd: int, seconds: float, 
         new_owner, _ = c.wait_owner(volume, 60)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
-    t_owner = time.monotonic() - t_fault
+    if t_owner is None:
+        t_owner = time.monotonic() - t_fault
     # From here (a new ownership serves, the members it could not reach are out) the volume
     # must get every member back by itself; timed from the fault, while the workload runs.
     back: dict = {}

@@ -131,6 +131,13 @@ impl Cluster {
         kvs.iter().filter(|kv| kv.key().ends_with(b"/spec")).map(|kv| parse(&prefix, kv.value())).collect()
     }
 
+    /// A stream of every change under the cluster's prefix (a node's agent looks at the
+    /// cluster again at each one instead of waiting for its next poll).
+    pub async fn watch(&self) -> Result<etcd_client::WatchStream, ClusterError> {
+        let options = etcd_client::WatchOptions::new().with_prefix();
+        Ok(self.client.clone().watch(self.keys.all(), Some(options)).await?)
+    }
+
     /// Nodes and volumes as `stria cluster status` and a node's `/api/v1/cluster` show them.
     pub async fn status(&self) -> Result<ClusterStatus, ClusterError> {
         let nodes = self.nodes().await?;

@@ -13,7 +13,8 @@
 //! admitting requests (they wait, then go to the new owner), lets those running finish, closes
 //! the volume and gives up its ownership; while the target is alive only the target takes it.
 //!
-//! Not built yet (§13): ranked successors, watches (this polls etcd every `poll`).
+//! The agent looks at the cluster at every change etcd reports (a watch of the cluster's
+//! prefix) and at least every `poll`. Not built yet (§13): ranked successors.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -415,6 +416,9 @@ async fn run_agent(
     let mut session: Option<Arc<Session>> = None;
     let mut owned = Owned::new();
     let mut routes = Routes::new();
+    // Changes in etcd wake the agent at once; the poll is the fallback (and the only clock of
+    // lease deadlines and housekeeping).
+    let mut changes: Option<etcd_client::WatchStream> = None;
     loop {
         if *stopped.borrow() {
             break;
@@ -425,6 +429,7 @@ async fn run_agent(
             tracing::error!(node = %config.name, "the node's lease is gone; dropping its volumes");
             drop_all(&mut owned, &exports, &routes);
             session = None;
+            changes = None;
         }
         if session.is_none() {
             let mut sc = SessionConfig::new(config.etcd.clone(), &config.name);
@@ -445,9 +450,19 @@ async fn run_agent(
         }
         let lease_valid = session.as_ref().is_some_and(|s| s.lease_valid());
         *report.lock() = reported(&config.name, lease_valid, &owned, &routes).await;
+        if changes.is_none()
+            && let Some(s) = &session
+        {
+            changes = s.watch().await.ok();
+        }
         tokio::select! {
             _ = tokio::time::sleep(config.poll) => {}
             _ = stopped.changed() => {}
+            event = next_change(&mut changes) => {
+                if !event {
+                    changes = None;
+                }
+            }
         }
     }
     // A clean stop: close each volume (flush, checkpoint), then give it back.
@@ -475,6 +490,15 @@ async fn run_agent(
     report.lock().lease_valid = false;
     if let Some(s) = session {
         let _ = s.revoke().await;
+    }
+}
+
+/// Waits for the next change in etcd; false when the watch ended (it is made again). Never
+/// returns without a watch.
+async fn next_change(changes: &mut Option<etcd_client::WatchStream>) -> bool {
+    match changes {
+        Some(stream) => matches!(stream.message().await, Ok(Some(_))),
+        None => std::future::pending().await,
     }
 }
 

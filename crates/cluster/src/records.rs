@@ -17,6 +17,11 @@ impl Keys {
         Keys { prefix: prefix.trim_end_matches('/').to_string() }
     }
 
+    /// Every key of the cluster (what a node watches).
+    pub fn all(&self) -> String {
+        format!("{}/", self.prefix)
+    }
+
     pub fn node(&self, node: &str) -> String {
         format!("{}/nodes/{node}", self.prefix)
     }
