@@ -4,7 +4,10 @@
 # ec:2+1. The cluster is one etcd and three `stria node` processes on 127.0.0.1 (every member a
 # slice file of another node process, reached over TCP); the reference is `stria serve` with three
 # file drives in one process. Drive files of both live on the same filesystem ($BENCH_DIR, default
-# /var/tmp). Runs alternate (cluster, single, single, cluster, ...); medians of --reps runs.
+# /var/tmp). "forwarded" is the cluster volume through a node that does not own it (one hop
+# more). Runs alternate (cluster, forwarded, single, single, forwarded, cluster, ...); medians of
+# --reps runs. Then ten planned moves of the mirror under a fio write load through a forwarding
+# node: their median time, and fio's error (must be 0).
 # Usage: scripts/bench-cluster.sh [--reps N] [--runtime S]   (needs etcd-server, fio, nbdcopy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,13 +55,19 @@ sleep 2
 owner_uri() { # volume -> nbd URI of its owner, once it serves
   for _ in $(seq 200); do
     local a; a=$("$S" cluster status --etcd $ETCD --json | python3 -c "import json,sys; v=[x for x in json.load(sys.stdin)['volumes'] if x['name']=='$1'][0]; print(v['nbd'] or '')")
-    if [ -n "$a" ] && qemu-io -f raw -r -c 'read 0 4k' "nbd://$a/$1" >/dev/null 2>&1; then echo "nbd://$a/$1"; return; fi
+    if [ -n "$a" ] && qemu-io -f raw -r -c 'read 0 4k' "nbd://$a/owner/$1" >/dev/null 2>&1; then echo "nbd://$a/$1"; return; fi
     sleep 0.1
   done
   echo "volume $1 is not served" >&2; exit 1
 }
+other_uri() { # volume owner-URI -> the URI of the same volume on another node (which forwards)
+  for np in "${NBD[@]}"; do
+    case $2 in *":$np/"*) ;; *) echo "nbd://127.0.0.1:$np/$1"; return ;; esac
+  done
+}
 declare -A URI
 URI[cluster-mirror]=$(owner_uri m); URI[cluster-ec]=$(owner_uri e)
+URI[forwarded-mirror]=$(other_uri m "${URI[cluster-mirror]}"); URI[forwarded-ec]=$(other_uri e "${URI[cluster-ec]}")
 SP=$(port)
 "$S" pool create --pool "$W/single" --capacity 3 --drive-size 1G >/dev/null
 "$S" volume create m --pool "$W/single" --layout raid1:3 --size 256M >/dev/null
@@ -78,7 +87,7 @@ for rep in $(seq "$REPS"); do
   for w in "randread 1" "randread 16" "randwrite 1" "randwrite 16"; do
     read -r rw qd <<<"$w"
     for layout in mirror ec; do
-      order=(cluster single); [ $((n % 2)) = 1 ] && order=(single cluster); n=$((n + 1))
+      order=(cluster forwarded single); [ $((n % 2)) = 1 ] && order=(single forwarded cluster); n=$((n + 1))
       for side in "${order[@]}"; do
         fio --name=b --ioengine=nbd --uri="${URI[$side-$layout]}" --rw="$rw" --bs=4k --iodepth="$qd" --size=256M \
           --time_based --runtime="$RUNTIME" --ramp_time=1 --output-format=json --output="$W/fio.json" >/dev/null
@@ -99,14 +108,39 @@ rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
 med = {}
 for side, layout, rw, qd, iops, p99 in rows:
     med.setdefault((layout, rw, qd, side), []).append((float(iops), float(p99)))
-print(f"{'layout':8} {'workload':16} {'cluster IOPS':>13} {'single IOPS':>12} {'ratio':>6} {'cluster p99 us':>15} {'single p99 us':>14}")
+print(f"{'layout':8} {'workload':16} {'cluster IOPS':>13} {'single IOPS':>12} {'ratio':>6} {'cluster p99 us':>15} {'single p99 us':>14}"
+      f" {'forwarded IOPS':>15} {'fwd/cluster':>11} {'fwd p99 us':>11}")
 for layout in ("mirror", "ec"):
     for rw in ("randread", "randwrite"):
         for qd in ("1", "16"):
-            c = med[(layout, rw, qd, "cluster")]; s = med[(layout, rw, qd, "single")]
+            c = med[(layout, rw, qd, "cluster")]; s = med[(layout, rw, qd, "single")]; f = med[(layout, rw, qd, "forwarded")]
             ci = statistics.median(x[0] for x in c); si = statistics.median(x[0] for x in s)
             cp = statistics.median(x[1] for x in c); sp = statistics.median(x[1] for x in s)
+            fi = statistics.median(x[0] for x in f); fp = statistics.median(x[1] for x in f)
             name = f"{rw} 4k qd{qd}"
-            print(f"{layout:8} {name:16} {ci:13.0f} {si:12.0f} {ci / si:6.2f} {cp:15.0f} {sp:14.0f}")
+            print(f"{layout:8} {name:16} {ci:13.0f} {si:12.0f} {ci / si:6.2f} {cp:15.0f} {sp:14.0f}"
+                  f" {fi:15.0f} {fi / ci:11.2f} {fp:11.0f}")
+PY
+# Planned moves (`stria cluster volume-move`) of the mirror, each to another node, while fio
+# writes to it through a node that forwards: the move times, and fio must see no error.
+fio --name=mv --ioengine=nbd --uri="${URI[forwarded-mirror]}" --rw=randwrite --bs=4k --iodepth=16 --size=256M \
+  --time_based --runtime=600 --output-format=json --output="$W/fio-move.json" >/dev/null 2>"$W/fio-move.err" &
+FIO=$!
+sleep 1
+MOVES=()
+for i in $(seq 10); do
+  to=n$((i % 3))
+  out=$("$S" cluster volume-move m "$to" --etcd $ETCD)
+  case $out in *" in "*" ms") MOVES+=("$(echo "$out" | sed 's/.* in \([0-9]*\) ms/\1/')") ;; *"already"*) ;; *) echo "move: $out" >&2 ;; esac
+  sleep 0.5
+done
+kill -INT $FIO; fio_rc=0; wait $FIO || fio_rc=$?
+errors=$(python3 -c "import json,sys; j=json.load(open(sys.argv[1]))['jobs'][0]; print(j['error'], j['write']['total_ios'])" "$W/fio-move.json" 2>/dev/null || echo "? ?")
+python3 - "$errors" "${MOVES[@]}" <<'PY'
+import statistics, sys
+err, ios = sys.argv[1].split()
+ms = [int(x) for x in sys.argv[2:]]
+print(f"planned moves under load (randwrite qd16 through a forwarding node): {len(ms)} moves, "
+      f"median {statistics.median(ms):.0f} ms, max {max(ms)} ms; fio error {err} over {ios} writes")
 PY
 echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)"

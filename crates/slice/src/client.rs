@@ -9,6 +9,9 @@
 //! on the tokio runtime whose handle the device was connected with. One connection per device,
 //! pipelined: requests are tagged and their replies may come in any order. When the connection
 //! breaks, every request in flight fails with an I/O error and the next request connects again.
+//! A device that has fenced claims the slice again on its new connection before anything else
+//! (INFO, then FENCE at its own epoch only if the slice has that very epoch: a reconnection never
+//! raises an epoch), because a slice serves only the connection that fenced it last.
 
 use std::collections::HashMap;
 use std::io;
@@ -47,7 +50,7 @@ pub struct RemoteDevice {
     name: Arc<str>,
     slice: u32,
     size_bytes: u64,
-    epoch: AtomicU64,
+    epoch: Arc<AtomicU64>,
     tx: mpsc::Sender<Outgoing>,
     counters: DevCounters,
 }
@@ -82,12 +85,13 @@ impl RemoteDevice {
         epoch: u64,
     ) -> io::Result<RemoteDevice> {
         let (tx, rx) = mpsc::channel(crate::server::MAX_IN_FLIGHT);
-        runtime.spawn(run_connection(addr, rx));
+        let epoch = Arc::new(AtomicU64::new(epoch));
+        runtime.spawn(run_connection(addr, slice, Arc::clone(&epoch), rx));
         let mut dev = RemoteDevice {
             name: format!("{addr}/slice-{slice}").into(),
             slice,
             size_bytes: 0,
-            epoch: AtomicU64::new(epoch),
+            epoch,
             tx,
             counters: DevCounters::default(),
         };
@@ -259,9 +263,15 @@ impl BlockDevice for RemoteDevice {
 
 /// Owns the socket of one device: connects when a request comes and no connection is up,
 /// writes requests in order, and lets a reader task answer them by tag.
-async fn run_connection(addr: SocketAddr, mut rx: mpsc::Receiver<Outgoing>) {
+async fn run_connection(
+    addr: SocketAddr,
+    slice: u32,
+    epoch: Arc<AtomicU64>,
+    mut rx: mpsc::Receiver<Outgoing>,
+) {
     let mut next_tag = 1u64;
     let mut conn: Option<(BufWriter<OwnedWriteHalf>, Arc<Mutex<Pending>>)> = None;
+    let mut connected_before = false;
     while let Some(out) = rx.recv().await {
         if conn.as_ref().is_some_and(|(_, p)| p.lock().dead) {
             conn = None;
@@ -273,7 +283,24 @@ async fn run_connection(addr: SocketAddr, mut rx: mpsc::Receiver<Outgoing>) {
                     let (rd, wr) = stream.into_split();
                     let pending = Arc::new(Mutex::new(Pending::default()));
                     tokio::spawn(read_replies(rd, Arc::clone(&pending)));
-                    conn = Some((BufWriter::with_capacity(256 * 1024, wr), pending));
+                    let mut c = (BufWriter::with_capacity(256 * 1024, wr), pending);
+                    let e = epoch.load(Ordering::Acquire);
+                    if connected_before && e > 0 {
+                        match claim(&mut c, &mut next_tag, slice, e).await {
+                            Ok(None) => {}
+                            Ok(Some(refused)) => {
+                                let reply = Reply { tag: out.req.tag, len: 0, ..refused };
+                                let _ = out.answer.send(Ok((reply, None)));
+                                continue;
+                            }
+                            Err(err) => {
+                                let _ = out.answer.send(Err(err));
+                                continue;
+                            }
+                        }
+                    }
+                    connected_before = true;
+                    conn = Some(c);
                 }
                 Err(e) => {
                     let _ = out.answer.send(Err(e));
@@ -305,6 +332,55 @@ async fn run_connection(addr: SocketAddr, mut rx: mpsc::Receiver<Outgoing>) {
             conn = None;
         }
     }
+}
+
+/// Claims the slice on a new connection for a device fenced at `epoch`: INFO, and FENCE at
+/// `epoch` only when the slice is at that very epoch. `Ok(None)`: claimed; `Ok(Some(reply))`: the
+/// slice answered with another epoch (FENCED or UNFENCED, for the waiting request).
+async fn claim(
+    conn: &mut (BufWriter<OwnedWriteHalf>, Arc<Mutex<Pending>>),
+    next_tag: &mut u64,
+    slice: u32,
+    epoch: u64,
+) -> io::Result<Option<Reply>> {
+    let info = round_trip(
+        conn,
+        next_tag,
+        Request { op: Op::Info, fua: false, tag: 0, epoch, slice, offset: 0, len: 0 },
+    )
+    .await?;
+    check_status(&info)?;
+    if info.epoch != epoch {
+        let status = if info.epoch > epoch { Status::Fenced } else { Status::Unfenced };
+        return Ok(Some(Reply { status, ..info }));
+    }
+    let fence = round_trip(
+        conn,
+        next_tag,
+        Request { op: Op::Fence, fua: false, tag: 0, epoch, slice, offset: 0, len: 0 },
+    )
+    .await?;
+    match fence.status {
+        Status::Ok => Ok(None),
+        _ => Ok(Some(fence)),
+    }
+}
+
+/// Sends one request with no payload on `conn` and waits for its reply.
+async fn round_trip(
+    conn: &mut (BufWriter<OwnedWriteHalf>, Arc<Mutex<Pending>>),
+    next_tag: &mut u64,
+    mut req: Request,
+) -> io::Result<Reply> {
+    let (wr, pending) = conn;
+    req.tag = *next_tag;
+    *next_tag += 1;
+    let (answer, rx) = oneshot::channel();
+    pending.lock().waiting.insert(req.tag, (req.op, answer));
+    wr.write_all(&req.encode()).await?;
+    wr.flush().await?;
+    let (reply, _) = rx.await.map_err(|_| lost("the connection to the slice server broke"))??;
+    Ok(reply)
 }
 
 fn fail_all(pending: &Mutex<Pending>, why: &str) {

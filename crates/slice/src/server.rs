@@ -4,7 +4,9 @@
 //! of its own, so requests are pipelined and complete in any order. At most
 //! [`MAX_IN_FLIGHT`] requests of one connection run at once: past that the reader stops reading
 //! (TCP pushes back on the client). A malformed header gets an INVALID reply and ends the
-//! connection, since the stream can no longer be trusted to be in step.
+//! connection, since the stream can no longer be trusted to be in step. A FENCE makes its
+//! connection the slice's: requests of the slice's other connections are refused (UNFENCED)
+//! from then on, so one still unread in an old connection cannot run after it.
 
 use std::collections::HashMap;
 use std::io;
@@ -15,7 +17,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc};
 
-use crate::slice::Slice;
+use crate::slice::{ConnectionId, Slice};
+
+/// The id of the next connection (ids start at 1: 0 means none).
+static NEXT_CONNECTION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 use crate::wire::{INFO_BYTES, Op, REQUEST_BYTES, Reply, Request, Status};
 
 /// Requests of one connection running at once.
@@ -65,6 +70,7 @@ pub async fn serve_connection<D: BlockDevice, S>(stream: S, slices: Arc<SliceSet
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
+    let conn: ConnectionId = NEXT_CONNECTION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let (mut rd, wr) = tokio::io::split(stream);
     let (tx, rx) = mpsc::channel::<Outgoing>(MAX_IN_FLIGHT);
     let writer = tokio::spawn(write_replies(wr, rx));
@@ -96,7 +102,7 @@ where
         let slices = Arc::clone(&slices);
         let tx = tx.clone();
         tokio::spawn(async move {
-            let out = execute(&slices, req, payload).await;
+            let out = execute(&slices, conn, req, payload).await;
             let _ = tx.send(out).await;
             drop(permit);
         });
@@ -132,13 +138,18 @@ fn status_of(e: &DevError) -> Status {
     }
 }
 
-async fn execute<D: BlockDevice>(slices: &SliceSet<D>, req: Request, payload: Option<IoBuf>) -> Outgoing {
+async fn execute<D: BlockDevice>(
+    slices: &SliceSet<D>,
+    conn: ConnectionId,
+    req: Request,
+    payload: Option<IoBuf>,
+) -> Outgoing {
     let reply = |status, epoch, len| Reply { status, tag: req.tag, epoch, len };
     let Some(slice) = slices.get(req.slice) else {
         return (reply(Status::NoSuchSlice, 0, 0), None);
     };
     if req.op == Op::Fence {
-        return match slice.fence(req.epoch).await {
+        return match slice.fence_by(conn, req.epoch).await {
             Ok(now) if now == req.epoch => (reply(Status::Ok, now, 0), None),
             Ok(now) => (reply(Status::Fenced, now, 0), None),
             Err(e) => {
@@ -160,7 +171,7 @@ async fn execute<D: BlockDevice>(slices: &SliceSet<D>, req: Request, payload: Op
     }
     let offset = req.offset;
     let admitted = slice
-        .admit(req.epoch, async |dev: &D, base: u64| -> Result<Option<IoBuf>, DevError> {
+        .admit_by(conn, req.epoch, async |dev: &D, base: u64| -> Result<Option<IoBuf>, DevError> {
             match req.op {
                 Op::Read => Ok(Some(dev.read(base + offset, IoBuf::for_overwrite(len as usize)).await?)),
                 Op::Write => {

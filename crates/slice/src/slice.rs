@@ -94,6 +94,8 @@ pub struct SliceCounters {
     pub unfenced: AtomicU64,
     /// FENCE requests that raised the epoch.
     pub fences: AtomicU64,
+    /// Requests refused because another connection fenced the slice since (at the same epoch).
+    pub superseded: AtomicU64,
 }
 
 /// One slice served by this node.
@@ -107,8 +109,16 @@ pub struct Slice<D> {
     /// exclusively, so it waits for the requests of the old epoch and no request of a lower
     /// epoch starts after it.
     epoch: tokio::sync::RwLock<u64>,
+    /// The connection that fenced the slice last (0: none since the server started, or a caller
+    /// without one): requests of any other connection are refused, so a request still unread in
+    /// an old connection cannot run after a newer FENCE, even one at the same epoch. Changed only
+    /// under the epoch lock held exclusively.
+    holder: AtomicU64,
     pub counters: SliceCounters,
 }
+
+/// Who sends a request: the slice server's id of the connection it came on (never 0).
+pub type ConnectionId = u64;
 
 impl<D: BlockDevice> Slice<D> {
     /// Formats `dev` as a new slice at epoch 0 (its data is left as it is: unwritten blocks of a
@@ -148,6 +158,7 @@ impl<D: BlockDevice> Slice<D> {
             uuid: h.uuid,
             usable_bytes: h.usable_bytes,
             epoch: tokio::sync::RwLock::new(h.epoch),
+            holder: AtomicU64::new(0),
             counters: SliceCounters::default(),
         }
     }
@@ -179,6 +190,13 @@ impl<D: BlockDevice> Slice<D> {
     /// FUA, and only then returns. Returns the slice's epoch after the call; a lower `epoch` than
     /// the slice's changes nothing (the caller was fenced: compare the result).
     pub async fn fence(&self, epoch: u64) -> Result<u64, DevError> {
+        self.fence_by(0, epoch).await
+    }
+
+    /// [`Slice::fence`] sent on connection `conn`: a FENCE that succeeds (raises the epoch or
+    /// finds it equal) makes `conn` the slice's connection, and every other connection's requests
+    /// are refused from then on (`0`: any connection's).
+    pub async fn fence_by(&self, conn: ConnectionId, epoch: u64) -> Result<u64, DevError> {
         let mut current = self.epoch.write().await;
         if epoch > *current {
             let header = SliceHeader { uuid: self.uuid, epoch, usable_bytes: self.usable_bytes };
@@ -186,18 +204,37 @@ impl<D: BlockDevice> Slice<D> {
             *current = epoch;
             self.counters.fences.fetch_add(1, Relaxed);
         }
+        if epoch == *current {
+            self.holder.store(conn, Relaxed);
+        }
         Ok(*current)
     }
 
     /// Runs `io` on the data area if `epoch` is the slice's epoch, holding the epoch shared
     /// while it runs. `Err(slice_epoch)` when it is not.
     pub async fn admit<T>(&self, epoch: u64, io: impl AsyncFnOnce(&D, u64) -> T) -> Result<T, (bool, u64)> {
+        self.admit_by(0, epoch, io).await
+    }
+
+    /// [`Slice::admit`] for a request of connection `conn`: refused as not fenced
+    /// (`Err((false, epoch))`) when another connection fenced the slice last.
+    pub async fn admit_by<T>(
+        &self,
+        conn: ConnectionId,
+        epoch: u64,
+        io: impl AsyncFnOnce(&D, u64) -> T,
+    ) -> Result<T, (bool, u64)> {
         let current = self.epoch.read().await;
         if epoch != *current {
             let below = epoch < *current;
             let counter = if below { &self.counters.fenced } else { &self.counters.unfenced };
             counter.fetch_add(1, Relaxed);
             return Err((below, *current));
+        }
+        let holder = self.holder.load(Relaxed);
+        if holder != 0 && holder != conn {
+            self.counters.superseded.fetch_add(1, Relaxed);
+            return Err((false, *current));
         }
         let out = io(&self.dev, BLOCK_BYTES).await;
         self.counters.executed.fetch_add(1, Relaxed);

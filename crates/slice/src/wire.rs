@@ -188,7 +188,8 @@ pub enum Status {
     Io,
     /// The request's epoch is below the slice's: a newer owner fenced it.
     Fenced,
-    /// The request's epoch is above the slice's persisted epoch: FENCE first.
+    /// The request's epoch is above the slice's persisted epoch (FENCE first), or another
+    /// connection fenced the slice since this one did.
     Unfenced,
     /// The range reaches past the end of the slice.
     OutOfRange,

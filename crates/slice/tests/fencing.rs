@@ -145,3 +145,26 @@ async fn a_fence_waits_for_the_old_owners_requests_already_running() {
     assert!(new.read(4096, IoBuf::zeroed(4096)).await.unwrap().iter().all(|&b| b == 7));
     assert!(new.read(8192, IoBuf::zeroed(4096)).await.unwrap().iter().all(|&b| b == 0));
 }
+
+/// A FENCE makes its connection the slice's, even at the epoch the slice has: a request that
+/// comes later on an older connection (one still unread in its buffer when the owner connected
+/// again) is refused, not as fenced (its sender is the owner), and changes nothing.
+#[tokio::test]
+async fn a_fence_on_a_new_connection_refuses_the_old_connections_requests() {
+    let (node, _mem) = mem_node("s", 1 << 20).await;
+    let first = owner(node.addr, 1).await;
+    first.write(0, IoBytes::copy_from(&[1u8; 4096]), true).await.unwrap();
+
+    // The same owner, on a new connection, fences at the same epoch.
+    let second = owner(node.addr, 1).await;
+    let err = first.write(0, IoBytes::copy_from(&[2u8; 4096]), true).await.unwrap_err();
+    assert!(!err.is_fenced() && err.to_string().contains("not fenced"), "{err}");
+    assert!(first.read(0, IoBuf::zeroed(4096)).await.is_err(), "the old connection still reads");
+    second.write(4096, IoBytes::copy_from(&[3u8; 4096]), true).await.unwrap();
+    let got = second.read(0, IoBuf::zeroed(4096)).await.unwrap();
+    assert!(got.iter().all(|&b| b == 1), "the old connection's refused write changed the data");
+
+    let c = &node.slices.get(0).unwrap().counters;
+    assert_eq!(c.superseded.load(Relaxed), 2, "the old connection's write and read");
+    assert_eq!(c.fences.load(Relaxed), 1, "the second fence raised nothing");
+}

@@ -65,6 +65,29 @@ async fn requests_outside_the_slice_are_refused_before_they_are_sent() {
     assert_eq!(dev.info().await.unwrap().epoch, 1, "the header still holds the epoch");
 }
 
+/// A device that connects again claims its slice at its own epoch and never raises one: behind
+/// the same address now is a slice at an older epoch (an old copy put back), and the device's
+/// requests are refused as not fenced while that slice keeps its epoch.
+#[tokio::test]
+async fn a_reconnection_claims_the_slice_but_never_raises_its_epoch() {
+    let (node, _mem) = mem_node("s", 1 << 20).await;
+    let (old_copy, _old_mem) = mem_node("old", 1 << 20).await;
+    let proxy = Proxy::start(node.addr).await.unwrap();
+    let listen = proxy.addr;
+    let dev = owner(listen, 1).await;
+    dev.write(0, IoBytes::copy_from(&[5u8; 4096]), true).await.unwrap();
+    drop(proxy);
+    let _swapped = Proxy::start_at(listen, old_copy.addr).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let err = dev.read(0, IoBuf::zeroed(4096)).await.unwrap_err();
+    assert!(!err.is_fenced() && err.to_string().contains("not fenced"), "{err}");
+    assert_eq!(
+        old_copy.slices.get(0).unwrap().epoch().await,
+        0,
+        "the reconnection raised the old copy's epoch"
+    );
+}
+
 #[tokio::test]
 async fn a_broken_connection_fails_its_requests_then_the_device_connects_again() {
     let (node, _mem) = mem_node("s", 1 << 20).await;
