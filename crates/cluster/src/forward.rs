@@ -213,6 +213,9 @@ impl Routed {
                 match remote(&client, request).await {
                     Ok(answer) => Try::Answered(Ok(answer)),
                     Err(ClientError::Server(108)) => {
+                        // The export this connection is attached to was closed (the volume was
+                        // lost or moved, or the node took it again at a new epoch): connect again.
+                        self.forget(&client).await;
                         Try::Again(format!("owner {node} refused it (ESHUTDOWN)"))
                     }
                     Err(ClientError::Server(code)) => Try::Answered(Err(self.error(request, code))),

@@ -827,6 +827,38 @@ pub(crate) mod tests {
         assert!(lost.elapsed() < Duration::from_secs(5));
     }
 
+    /// An owner that closed the export a forwarder's connection is attached to (it lost the
+    /// volume and took it again at a new epoch) answers ESHUTDOWN there: the forwarder connects
+    /// again and reaches the new export, though the route did not change.
+    #[tokio::test]
+    async fn a_forwarder_connects_again_when_the_owner_closed_its_export() {
+        let registry = Arc::new(stria_front::Registry::new());
+        let (_lost, rx) = watch::channel(Gate::Lost);
+        let old: Arc<dyn BlockVolume> = Arc::new(Served::new("v", volume().await, rx));
+        registry.insert(&crate::forward::direct_name("v"), old);
+        let exports: Arc<stria_front::Registry> = Arc::clone(&registry);
+        let server = stria_nbd::Server::new(stria_nbd::ServerConfig::default(), exports).unwrap();
+        let server = server.serve_tcp("127.0.0.1:0").await.unwrap();
+        let addr = match server.local_addr() {
+            stria_nbd::ListenAddr::Tcp(sa) => sa.to_string(),
+            other => panic!("{other:?}"),
+        };
+        let (_route, routes) = watch::channel(Route::Remote { node: "n1".into(), addr });
+        let v = Arc::new(Routed::new("v", "raid0:1".into(), 1 << 20, routes, Duration::from_secs(30)));
+        let held = {
+            let v = Arc::clone(&v);
+            tokio::spawn(async move { v.write(0, IoBytes::copy_from(&[6u8; 4096]), Durability::Fua).await })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!held.is_finished(), "a request refused by a closed export was not held");
+        let (_serving, rx) = watch::channel(Gate::Serving);
+        let next = volume().await;
+        registry.insert(&crate::forward::direct_name("v"), Arc::new(Served::new("v", Arc::clone(&next), rx)));
+        tokio::time::timeout(Duration::from_secs(10), held).await.expect("still held").unwrap().unwrap();
+        assert_eq!(&next.read(0, 4096).await.unwrap()[..], &[6u8; 4096][..]);
+        server.shutdown().await;
+    }
+
     /// A volume this node lost (or handed over) refuses requests before they run; the node's
     /// export holds them and sends them to the next route, so the client sees no error.
     #[tokio::test]
