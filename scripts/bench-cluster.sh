@@ -124,9 +124,9 @@ PY
 # Planned moves (`stria cluster volume-move`) of the mirror, each to another node, while fio
 # writes to it through a node that forwards: the move times, and fio must see no error.
 fio --name=mv --ioengine=nbd --uri="${URI[forwarded-mirror]}" --rw=randwrite --bs=4k --iodepth=16 --size=256M \
-  --time_based --runtime=600 --output-format=json --output="$W/fio-move.json" >/dev/null 2>"$W/fio-move.err" &
+  --time_based --runtime=20 --output-format=json --output="$W/fio-move.json" >/dev/null 2>"$W/fio-move.err" &
 FIO=$!
-sleep 1
+sleep 2
 MOVES=()
 for i in $(seq 10); do
   to=n$((i % 3))
@@ -134,13 +134,14 @@ for i in $(seq 10); do
   case $out in *" in "*" ms") MOVES+=("$(echo "$out" | sed 's/.* in \([0-9]*\) ms/\1/')") ;; *"already"*) ;; *) echo "move: $out" >&2 ;; esac
   sleep 0.5
 done
-kill -INT $FIO; fio_rc=0; wait $FIO || fio_rc=$?
+fio_rc=0; wait $FIO || fio_rc=$?
 errors=$(python3 -c "import json,sys; j=json.load(open(sys.argv[1]))['jobs'][0]; print(j['error'], j['write']['total_ios'])" "$W/fio-move.json" 2>/dev/null || echo "? ?")
-python3 - "$errors" "${MOVES[@]}" <<'PY'
+python3 - "$errors" "$fio_rc" "${MOVES[@]}" <<'PY'
 import statistics, sys
 err, ios = sys.argv[1].split()
-ms = [int(x) for x in sys.argv[2:]]
+rc = sys.argv[2]
+ms = [int(x) for x in sys.argv[3:]]
 print(f"planned moves under load (randwrite qd16 through a forwarding node): {len(ms)} moves, "
-      f"median {statistics.median(ms):.0f} ms, max {max(ms)} ms; fio error {err} over {ios} writes")
+      f"median {statistics.median(ms):.0f} ms, max {max(ms)} ms; fio exit {rc}, error {err}, {ios} writes")
 PY
 echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)"
