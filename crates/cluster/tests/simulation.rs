@@ -8,7 +8,8 @@
 //! clock advanced past leases, takeovers, crashes of a coordinator, and the repair of
 //! docs/design/cluster.md §7 in two steps that other faults may separate: the owner claims an
 //! out slice (joining), fences it and has the pool replace the failed drive by it; later an owner
-//! (the same or a successor) runs the pool's rebuild and records the slice complete. A link is
+//! (the same or a successor) runs the pool's rebuild and records the slice complete; and planned
+//! moves (the owner closes its pool and gives up the volume, another takes it). A link is
 //! cut only while every slice is in service (a replacement may still be joining: a takeover
 //! must then not count it as complete), one at a time (two members lost at once can leave an
 //! ec:2+1 volume without its data, which is not what this checks). Operations
@@ -236,6 +237,8 @@ struct World {
     faults: u64,
     /// Slices back by a delta resync.
     deltas: u64,
+    /// Planned moves made.
+    moves: u64,
 }
 
 fn encode(block: u64, value: u64) -> Vec<u8> {
@@ -295,6 +298,7 @@ impl World {
             pending: Vec::new(),
             faults: 0,
             deltas: 0,
+            moves: 0,
         }
     }
 
@@ -577,6 +581,7 @@ impl World {
                 self.trace(format!("coordinator {c} takeover: {took}"));
             }
             88..96 => self.repair().await,
+            96..98 => self.planned_move(c).await,
             _ => {
                 // A crash: the coordinator's process and pool are gone (no close); its lease
                 // runs out on its own.
@@ -585,6 +590,32 @@ impl World {
                 self.trace(format!("coordinator {c} crashed"));
             }
         }
+    }
+
+    /// A planned move (docs/design/cluster.md §6.3) to coordinator `to`: the owner of the moment
+    /// (running, within its deadline) closes its pool, gives up its ownership (a guarded delete)
+    /// and `to` takes the volume by the ordinary takeover.
+    async fn planned_move(&mut self, to: usize) {
+        let Some((c, epoch, _)) = self.etcd.owner_alive() else { return };
+        if c == to || self.coords[c].paused.load(SeqCst) {
+            return;
+        }
+        let Some(h) = self.held[c].take() else { return };
+        if self.etcd.now() >= h.deadline.load(SeqCst) {
+            self.held[c] = Some(h);
+            return;
+        }
+        let closed = h.pool.close().await;
+        {
+            let mut st = self.etcd.state.lock();
+            if st.owner.is_some_and(|(o, e, _)| o == c && e == epoch) {
+                st.owner = None;
+                st.revision += 1;
+            }
+        }
+        let took = self.take(to).await;
+        self.moves += 1;
+        self.trace(format!("planned move {c} -> {to}: closed {closed:?}, taken {took}"));
     }
 
     /// One repair step by the owner of the moment (running, within its deadline): rebuild what
@@ -768,7 +799,7 @@ fn violations(block: u64, ops: &[Op], written: &BTreeMap<u64, (u64, u64, Outcome
     out
 }
 
-async fn run_seed(seed: u64) -> (u64, usize, u64, u64) {
+async fn run_seed(seed: u64) -> (u64, usize, u64, u64, u64) {
     let mut w = World::new(seed).await;
     assert!(w.take(0).await, "seed {seed}: the first takeover failed");
     let steps = 60 + w.rng.random_range(0..60);
@@ -803,7 +834,7 @@ async fn run_seed(seed: u64) -> (u64, usize, u64, u64) {
         bad.extend(found);
     }
     assert!(bad.is_empty(), "seed {seed} ({}): {}", w.layout, bad.join("; "));
-    (steps, history.len(), w.faults, w.deltas)
+    (steps, history.len(), w.faults, w.deltas, w.moves)
 }
 
 #[test]
@@ -850,19 +881,20 @@ fn seeded_takeovers_pauses_and_cuts_lose_no_acknowledged_write() {
             (first..first + n).collect()
         }
     };
-    let (mut steps, mut ops, mut faults, mut deltas) = (0, 0, 0, 0);
+    let (mut steps, mut ops, mut faults, mut deltas, mut moves) = (0, 0, 0, 0, 0);
     for &seed in &seeds {
         // A runtime per seed: nothing of one seed (a task still in flight) reaches the next.
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let (s, o, f, d) = runtime.block_on(run_seed(seed));
+        let (s, o, f, d, m) = runtime.block_on(run_seed(seed));
         steps += s;
         ops += o;
         faults += f;
         deltas += d;
+        moves += m;
     }
     eprintln!(
         "{} seeds: {steps} steps, {ops} client operations recorded, {faults} faults, {deltas} slices back by a \
-         delta resync",
+         delta resync, {moves} planned moves",
         seeds.len()
     );
 }
