@@ -787,11 +787,19 @@ pub(crate) mod tests {
         pool.create_volume(spec).await.unwrap()
     }
 
+    /// A FUA write of 4 KiB of `byte` at 0, running on its own.
+    fn write_of<V: BlockVolume + ?Sized + 'static>(
+        v: &Arc<V>,
+        byte: u8,
+    ) -> tokio::task::JoinHandle<Result<(), VolumeError>> {
+        let v = Arc::clone(v);
+        tokio::spawn(async move { v.write(0, IoBytes::copy_from(&[byte; 4096]), Durability::Fua).await })
+    }
+
     fn write(
         v: &Arc<Served<stria_engine::Volume<Arc<MemDevice>>>>,
     ) -> tokio::task::JoinHandle<Result<(), VolumeError>> {
-        let v = Arc::clone(v);
-        tokio::spawn(async move { v.write(0, IoBytes::copy_from(&[7u8; 4096]), Durability::Fua).await })
+        write_of(v, 7)
     }
 
     /// Past the lease deadline requests wait (not fail) for a renewal, for at most the suspend
@@ -845,10 +853,7 @@ pub(crate) mod tests {
         };
         let (_route, routes) = watch::channel(Route::Remote { node: "n1".into(), addr });
         let v = Arc::new(Routed::new("v", "raid0:1".into(), 1 << 20, routes, Duration::from_secs(30)));
-        let held = {
-            let v = Arc::clone(&v);
-            tokio::spawn(async move { v.write(0, IoBytes::copy_from(&[6u8; 4096]), Durability::Fua).await })
-        };
+        let held = write_of(&v, 6);
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(!held.is_finished(), "a request refused by a closed export was not held");
         let (_serving, rx) = watch::channel(Gate::Serving);
@@ -867,10 +872,7 @@ pub(crate) mod tests {
         let old: Arc<dyn BlockVolume> = Arc::new(Served::new("v", volume().await, rx));
         let (route, routes) = watch::channel(Route::Local(old));
         let v = Arc::new(Routed::new("v", "raid0:1".into(), 1 << 20, routes, Duration::from_secs(30)));
-        let held = {
-            let v = Arc::clone(&v);
-            tokio::spawn(async move { v.write(0, IoBytes::copy_from(&[5u8; 4096]), Durability::Fua).await })
-        };
+        let held = write_of(&v, 5);
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(!held.is_finished(), "a request refused by a lost volume was not held");
         let (_serving, rx) = watch::channel(Gate::Serving);
