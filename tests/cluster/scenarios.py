@@ -270,7 +270,11 @@ class Cluster:
         names the owner etcd names; `promtool check metrics` passes on the owner's scrape."""
         deadline = time.monotonic() + 10
         while True:
-            owner = next(v["owner"] for v in self.status()["volumes"] if v["name"] == volume)
+            st = self.status()
+            # The status names etcd's three members and a leader (a quorum).
+            if len(st["etcd"]["members"]) != 3 or not st["etcd"]["leader"]:
+                raise SystemExit(f"cluster status shows etcd as {st['etcd']}")
+            owner = next(v["owner"] for v in st["volumes"] if v["name"] == volume)
             wrong = []
             scrapes = {}
             for i in range(self.n):

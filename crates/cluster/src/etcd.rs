@@ -171,7 +171,20 @@ impl Cluster {
                 name: spec.name,
             });
         }
-        Ok(ClusterStatus { nodes, volumes })
+        Ok(ClusterStatus { etcd: self.etcd_status().await?, nodes, volumes })
+    }
+
+    /// etcd's members and the leader the answering member knows (none: no quorum there).
+    async fn etcd_status(&self) -> Result<EtcdStatus, ClusterError> {
+        let mut client = self.client.clone();
+        let members = client.member_list().await?;
+        let status = client.status().await?;
+        let name = |id: u64| members.members().iter().find(|m| m.id() == id).map(|m| m.name().to_string());
+        Ok(EtcdStatus {
+            members: members.members().iter().map(|m| m.name().to_string()).collect(),
+            leader: if status.leader() == 0 { None } else { name(status.leader()) },
+            raft_term: status.raft_term(),
+        })
     }
 
     /// Asks for `volume` to move to `node` (a planned move, docs/design/cluster.md §6.3). Refused
@@ -259,8 +272,18 @@ impl Cluster {
 /// The cluster as an operator reads it (`stria cluster status --json`).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ClusterStatus {
+    pub etcd: EtcdStatus,
     pub nodes: Vec<NodeRecord>,
     pub volumes: Vec<VolumeStatus>,
+}
+
+/// etcd's members, and its leader as the member that answered knows it (a member cut off from
+/// the majority knows none: no quorum).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct EtcdStatus {
+    pub members: Vec<String>,
+    pub leader: Option<String>,
+    pub raft_term: u64,
 }
 
 /// One volume: where it is served and which of its members are in service.

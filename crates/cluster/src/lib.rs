@@ -15,7 +15,7 @@ pub mod records;
 pub mod repair;
 
 pub use coordinator::{Coordinated, create, take};
-pub use etcd::{ClusterError, ClusterStatus, OutStatus, Session, SessionConfig, VolumeStatus};
+pub use etcd::{ClusterError, ClusterStatus, EtcdStatus, OutStatus, Session, SessionConfig, VolumeStatus};
 pub use node::{Node, NodeConfig, NodeReport, Reporter, VolumeReport, prepare_slices};
 pub use records::{
     Keys, MembersRecord, MoveRecord, NodeRecord, OutSlice, OwnerRecord, SliceInfoRecord, SliceRef,

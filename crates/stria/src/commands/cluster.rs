@@ -192,6 +192,14 @@ async fn status(etcd: &[String], prefix: &str, as_json: bool) -> Result<()> {
         outln!("{}", serde_json::to_string_pretty(&status)?);
         return Ok(());
     }
+    let e = &status.etcd;
+    outln!(
+        "etcd: {} member(s) ({}), leader {} (raft term {})",
+        e.members.len(),
+        e.members.join(", "),
+        e.leader.as_deref().unwrap_or("none: no quorum"),
+        e.raft_term
+    );
     outln!("{} node(s) alive:", status.nodes.len());
     for n in &status.nodes {
         let slices: Vec<String> = n.slices.iter().map(|s| format!("{}:{}MiB", s.id, s.bytes >> 20)).collect();
