@@ -457,6 +457,11 @@ def run_round(c: Cluster, scenario: str, volume: str, rnd: int, seconds: float, 
                 raise SystemExit(f"move of {volume} to n{i}: {r.stdout} {r.stderr}")
             moves_ms.append(int(m.group(1)))
             time.sleep(1)
+        # A move to a node that is not alive is refused with a clear error, and nothing moves.
+        r = subprocess.run(c.client_cmd([c.stria, "cluster", "volume-move", volume, "nobody", "--etcd", c.endpoints]),
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode == 0 or "not alive" not in r.stderr:
+            raise SystemExit(f"a move of {volume} to a node that is not alive: rc {r.returncode}, {r.stdout} {r.stderr}")
         new_owner, _ = c.wait_owner(volume, 60)
     elif scenario == "etcd":
         # The etcd majority goes away (two of three members paused) and comes back: the owner

@@ -588,7 +588,7 @@ async fn hand_over(
             ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
             "handed over for a move"
         ),
-        // The key then goes with this node's lease; the target takes the volume after that.
+        // The next look at the cluster gives up the key of a volume this node does not hold.
         Err(e) => tracing::warn!(volume = %name, error = %e, "cannot give up the volume for its move"),
     }
 }
@@ -647,6 +647,14 @@ async fn tick(
         set_route(routes, &v, Route::Between);
         if let Some(o) = owned.remove(&v) {
             o.gate.send_replace(Gate::Lost);
+        }
+    }
+    // An owner key of this node for a volume it does not hold (a hand-over whose release did not
+    // reach etcd) would keep the volume from every node while this node's lease lives: give it up.
+    for (v, o, epoch) in &owners {
+        if o.node == config.name && !owned.contains_key(v) {
+            tracing::warn!(volume = %v, epoch, "owned in etcd but not held here; giving it up");
+            session.release(v, *epoch).await?;
         }
     }
     // Planned moves: hand over what moves elsewhere; a move to where the volume is already is done.
