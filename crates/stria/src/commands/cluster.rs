@@ -20,6 +20,9 @@ pub(super) async fn node_run(args: NodeRunArgs) -> Result<()> {
         .listen
         .parse()
         .with_context(|| format!("--listen {}: not an IP address and port", args.listen))?;
+    if let Some(addr) = args.http {
+        crate::http::node::check_addr(addr)?;
+    }
     match (args.slices, args.slice_size) {
         (Some(n), Some(bytes)) => prepare_slices(&args.dir, n, bytes).await?,
         (Some(_), None) => bail!("--slices needs --slice-size"),

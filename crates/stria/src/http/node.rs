@@ -48,6 +48,17 @@ impl NodeHttp {
     }
 }
 
+/// Refuses an address off the loopback (nodes have no TLS or token yet).
+pub(crate) fn check_addr(addr: SocketAddr) -> Result<()> {
+    if !addr.ip().is_loopback() {
+        bail!(
+            "--http {addr}: a node's HTTP listener serves the loopback only (it has no TLS or \
+             token yet); publish it through a proxy"
+        );
+    }
+    Ok(())
+}
+
 /// Binds `addr` (the loopback only) and serves until [`NodeHttp::shutdown`].
 pub(crate) async fn start(
     addr: SocketAddr,
@@ -56,12 +67,7 @@ pub(crate) async fn start(
     etcd: Vec<String>,
     keys: Keys,
 ) -> Result<NodeHttp> {
-    if !addr.ip().is_loopback() {
-        bail!(
-            "--http {addr}: a node's HTTP listener serves the loopback only (it has no TLS or \
-             token yet); publish it through a proxy"
-        );
-    }
+    check_addr(addr)?;
     let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
     let url = format!("http://{}/", listener.local_addr()?);
     let app = Router::new()
