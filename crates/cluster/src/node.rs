@@ -458,7 +458,7 @@ async fn run_agent(
         tokio::select! {
             _ = tokio::time::sleep(config.poll) => {}
             _ = stopped.changed() => {}
-            event = next_change(&mut changes) => {
+            event = next_change(&mut changes, &config.keys) => {
                 if !event {
                     changes = None;
                 }
@@ -493,12 +493,28 @@ async fn run_agent(
     }
 }
 
-/// Waits for the next change in etcd; false when the watch ended (it is made again). Never
-/// returns without a watch.
-async fn next_change(changes: &mut Option<etcd_client::WatchStream>) -> bool {
-    match changes {
-        Some(stream) => matches!(stream.message().await, Ok(Some(_))),
-        None => std::future::pending().await,
+/// Waits for the next change in etcd that can change what this node serves: a node, an owner,
+/// a spec or a move (not a volume's members or a slice's claim, which change often and concern
+/// only the owner). False when the watch ended (it is made again); never returns without one.
+async fn next_change(changes: &mut Option<etcd_client::WatchStream>, keys: &Keys) -> bool {
+    let Some(stream) = changes else { return std::future::pending().await };
+    let (owners, nodes) = (keys.owners(), keys.nodes());
+    let relevant = |key: &[u8]| {
+        key.starts_with(owners.as_bytes())
+            || key.starts_with(nodes.as_bytes())
+            || key.ends_with(b"/spec")
+            || key.ends_with(b"/move")
+    };
+    loop {
+        match stream.message().await {
+            Ok(Some(resp)) if resp.canceled() => return false,
+            Ok(Some(resp)) => {
+                if resp.events().iter().any(|e| e.kv().is_some_and(|kv| relevant(kv.key()))) {
+                    return true;
+                }
+            }
+            _ => return false,
+        }
     }
 }
 
