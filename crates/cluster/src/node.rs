@@ -161,12 +161,8 @@ impl Node {
         Ok(Node { slice_addr, slices, report, server, agent, stop })
     }
 
-    /// What the node's agent saw at its last look at the cluster (for metrics and the API).
-    pub fn report(&self) -> NodeReport {
-        self.report.lock().clone()
-    }
-
-    /// A handle that reads the report while the node runs (what an HTTP listener keeps).
+    /// A handle that reads what the node's agent saw at its last look at the cluster, while the
+    /// node runs (what the HTTP listener keeps for its metrics and API).
     pub fn reporter(&self) -> Reporter {
         Reporter(Arc::clone(&self.report))
     }
