@@ -582,6 +582,14 @@ pub(crate) struct ServeArgs {
     pub(crate) config_source: Option<config::Source>,
     #[command(flatten)]
     pub(crate) nbd_limits: nbd_limits::NbdLimitArgs,
+    /// iSCSI listen address: tcp:HOST:PORT (repeat; none by default; 3260 is iSCSI's port).
+    /// Every volume is a target of its own, iqn.2026-11.io.stria:POOL:VOLUME, LUN 0
+    /// (docs/iscsi.md).
+    #[arg(long, value_name = "ADDR", value_parser = daemon::parse_iscsi_addr)]
+    pub(crate) iscsi: Vec<String>,
+    /// iSCSI connections at once (more are closed when they connect).
+    #[arg(long, value_name = "N", default_value_t = 128)]
+    pub(crate) iscsi_connections_max: usize,
     /// HTTP listener for the metrics (/metrics), the REST API (/api/v1) and the dashboard (/):
     /// tcp:IP:PORT, e.g. tcp:127.0.0.1:9810 (`stria up` listens there by default). Off the
     /// loopback it needs --http-tls-cert and --http-tls-key.

@@ -67,6 +67,10 @@ pub(crate) struct ServeOptions {
     pub(crate) http: Option<crate::http::HttpOptions>,
     /// The NBD limits given (`--nbd-*`; the rest are the server's defaults).
     pub(crate) nbd_limits: crate::nbd_limits::NbdLimitArgs,
+    /// iSCSI listeners (`--iscsi`, `HOST:PORT`).
+    pub(crate) iscsi: Vec<String>,
+    /// `--iscsi-connections-max`.
+    pub(crate) iscsi_connections_max: usize,
     /// The configuration file, re-read on SIGHUP.
     pub(crate) config: Option<crate::config::Source>,
 }
@@ -250,6 +254,8 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
     sync_exports(&catalog, &exports);
 
     let (handles, mut uris) = start_nbd(&opts, &exports).await?;
+    let (iscsi, iscsi_uris) = start_iscsi(&opts, &exports, &pool.status().name).await?;
+    uris.extend(iscsi_uris);
     let nbd = handles.first().map(|h| h.server().clone()).context("no NBD listener")?;
     let daemon = Arc::new(Daemon {
         catalog: Arc::clone(&catalog),
@@ -294,6 +300,9 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
     notify_systemd("STOPPING=1");
     tracing::info!("shutting down: no new connections, finishing requests in flight");
     control_task.abort();
+    for t in iscsi {
+        t.abort();
+    }
     if let Some(h) = http {
         h.shutdown().await;
     }
@@ -354,6 +363,49 @@ async fn start_nbd(opts: &ServeOptions, exports: &Arc<Registry>) -> Result<(Vec<
     Ok((handles, uris))
 }
 
+/// `--iscsi`: `tcp:HOST:PORT` (or `HOST:PORT`), as `HOST:PORT`.
+pub(crate) fn parse_iscsi_addr(s: &str) -> Result<String, String> {
+    let a = s.strip_prefix("tcp:").unwrap_or(s);
+    match a.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(a.to_string()),
+        _ => Err(format!("`{s}`: expected tcp:HOST:PORT, e.g. tcp:127.0.0.1:3260")),
+    }
+}
+
+/// Starts the iSCSI target's listeners (`--iscsi`), if any: their tasks and URIs (one
+/// `iscsi://` URI per listener, with VOLUME to replace).
+async fn start_iscsi(
+    opts: &ServeOptions,
+    exports: &Arc<Registry>,
+    pool: &str,
+) -> Result<(Vec<tokio::task::JoinHandle<()>>, Vec<String>)> {
+    let (mut tasks, mut uris) = (Vec::new(), Vec::new());
+    if opts.iscsi.is_empty() {
+        return Ok((tasks, uris));
+    }
+    let config = stria_iscsi::TargetConfig {
+        pool: pool.to_string(),
+        max_connections: opts.iscsi_connections_max,
+        ..Default::default()
+    };
+    let target = stria_iscsi::Target::new(Arc::clone(exports), config);
+    for addr in &opts.iscsi {
+        let listener = tokio::net::TcpListener::bind(addr.as_str())
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr()?;
+        uris.push(format!("iscsi://{local}/{}:VOLUME/0", stria_iscsi::target::name_prefix(pool)));
+        tracing::info!(%local, "iscsi: listening");
+        let target = Arc::clone(&target);
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = target.serve(listener).await {
+                tracing::error!(error = %e, "iscsi: listener stopped");
+            }
+        }));
+    }
+    Ok((tasks, uris))
+}
+
 /// Serves a pool of memory drives (see [`MemoryPoolSpec`]) until SIGTERM or SIGINT. There is no
 /// pool directory, control socket or rebuild: only the NBD exports of the volumes asked for.
 pub(crate) async fn serve_memory(
@@ -394,11 +446,16 @@ pub(crate) async fn serve_memory(
     }
     let exports = Arc::new(Registry::new());
     sync_exports(&catalog, &exports);
-    let (handles, uris) = start_nbd(&opts, &exports).await?;
+    let (handles, mut uris) = start_nbd(&opts, &exports).await?;
+    let (iscsi, iscsi_uris) = start_iscsi(&opts, &exports, "bench-memory").await?;
+    uris.extend(iscsi_uris);
     let mut signals = Signals::install()?;
     on_ready(&uris);
     signals.wait(|| tracing::info!("SIGHUP ignored: a memory pool has no configuration file")).await;
     tracing::info!("shutting down: no new connections, finishing requests in flight");
+    for t in iscsi {
+        t.abort();
+    }
     for h in handles {
         h.shutdown().await;
     }

@@ -83,6 +83,8 @@ fn serve_tls_options(args: ServeArgs) -> Result<ServeOptions> {
         rebuild_rate_bytes: args.rebuild_rate,
         metadata_cache_bytes: args.metadata_cache,
         nbd_limits: args.nbd_limits,
+        iscsi: args.iscsi,
+        iscsi_connections_max: args.iscsi_connections_max,
         config: args.config_source,
         http: args.http.map(|addr| http::HttpOptions {
             addr,
@@ -99,6 +101,9 @@ fn print_ready(uris: &[String], examples: Option<&str>) {
     outln!("stria is serving; NBD URIs (replace VOLUME by a volume name):");
     for u in uris.iter().filter(|u| u.starts_with("nbd")) {
         outln!("  {u}");
+    }
+    for u in uris.iter().filter(|u| u.starts_with("iscsi")) {
+        outln!("iSCSI: {u}");
     }
     for u in uris.iter().filter(|u| u.starts_with("http")) {
         outln!("dashboard: {u}   metrics: {u}metrics   REST API: {u}api/v1/status");
