@@ -663,8 +663,11 @@ impl Conn<'_> {
         let need = LogicalUnit::data_out_bytes(&cdb).unwrap_or(0);
         let sent = if write { u64::from(edtl) } else { 0 };
         // COMPARE AND WRITE and WRITE SAME cannot run on part of their data: a transfer of
-        // another length is refused before any of it is held (its Data-Out is dropped).
-        if matches!(cdb[0], 0x89 | 0x41 | 0x93) && need != sent {
+        // another length is refused before any of it is held (its Data-Out is dropped). On a
+        // write-protected unit the protection is what the initiator hears about (libiscsi's
+        // ReadOnly suite sends WRITE SAME with UNMAP and no data).
+        let read_only = self.session.is_some_and(|s| s.attachment.info().read_only);
+        if matches!(cdb[0], 0x89 | 0x41 | 0x93) && need != sent && !read_only {
             let response = if cdb[0] == 0x89 {
                 // The NUMBER OF LOGICAL BLOCKS disagrees with the data sent.
                 answer(scsi::CHECK_CONDITION, scsi::fixed_sense(0x05, 0x24, 0x00, None, None))

@@ -384,7 +384,12 @@ impl LogicalUnit {
         }
         let cdb = Cdb::new(raw)?;
         cdb.check_control()?;
+        // A command that would write a write-protected unit hears about the protection, whatever
+        // data came with it (libiscsi's ReadOnly suite sends WRITE SAME with UNMAP and no data).
+        let protected_write = volume.info().read_only
+            && matches!(opcode, 0x0A | 0x2A | 0xAA | 0x8A | 0x2E | 0xAE | 0x8E | 0x41 | 0x93 | 0x89 | 0x42);
         if let Some(needed) = cdb::data_out_bytes(raw)
+            && !protected_write
             && u64::try_from(data_out.len()).is_ok_and(|have| have < needed)
         {
             return Err(Check::data_out_mismatch().into());
