@@ -128,11 +128,11 @@ fi
 grep -qi "permission denied\|read-only\|protected" "$W/snapw.txt" || { cat "$W/snapw.txt"; fail "the snapshot's refusal is not a write protection"; }
 cat "$W/snapw.txt"
 # libiscsi's read-only suite on the snapshot's LUN: every write-like command DATA PROTECT.
-iscsi-test-cu --dataloss --verbose --test=SCSI.ReadOnly "$SNAP" >"$W/cu-ro.log" 2>&1 || true
+iscsi-test-cu --dataloss --verbose --Verbose-scsi --test=SCSI.ReadOnly "$SNAP" >"$W/cu-ro.log" 2>&1 || true
 grep -E '^\s+tests\s+' "$W/cu-ro.log"
 grep -q "had failures" "$W/cu-ro.log" && { cat "$W/cu-ro.log"; fail "iscsi-test-cu SCSI.ReadOnly on the snapshot"; }
 # (The suite skips itself on a writable unit: its write checks must have run.)
-grep -q "WRITE_SAME10 fails with WRITE_PROTECTED" "$W/cu-ro.log" \
+grep -q "WRITESAME10 returned CHECK_CONDITION DATA PROTECTION(0x07) WRITE_PROTECTED" "$W/cu-ro.log" \
   || { cat "$W/cu-ro.log"; fail "SCSI.ReadOnly did not run its write checks: the LUN does not look write-protected"; }
 
 log "clean stop"
