@@ -13,7 +13,7 @@ step() { printf '\n==== %s (at %d s) ====\n' "$*" "$SECONDS"; }
 step "system packages"
 PKGS=(libnbd-bin qemu-utils fio nbdkit python3-libnbd python3-pytest e2fsprogs fuse3 util-linux openssl
       procps psmisc curl ca-certificates build-essential pkg-config prometheus chromium
-      etcd-server etcd-client protobuf-compiler libprotobuf-dev)
+      etcd-server etcd-client protobuf-compiler libprotobuf-dev libiscsi-bin qemu-block-extra)
 # etcd-server: the cluster tests start their own etcd members; protobuf: the etcd-client crate's
 # build compiles etcd's protos.
 # node and npm: tests/ui/run.sh installs them when the commands are missing (a nodesource
@@ -64,6 +64,9 @@ CARGO_TARGET_DIR=$PWD/target tests/nbd/run.sh
 step "real clients against stria serve"
 cargo build --release --locked -p stria
 tests/clients/run.sh target/release/stria
+
+step "iSCSI: libiscsi's iscsi-test-cu (raid1, thin tiered), qemu's iscsi:// driver, ext4 and fsck, a snapshot's LUN"
+tests/iscsi/run.sh target/release/stria
 
 step "metrics: promtool on a scrape, a real Prometheus scraping the daemon"
 tests/metrics/run.sh target/release/stria
