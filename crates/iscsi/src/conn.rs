@@ -9,16 +9,13 @@
 //! order it sends it and splits read data into Data-In PDUs.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use parking_lot::Mutex;
 use stria_dev::{IoBuf, IoBytes};
 use stria_front::Attachment;
-use tokio::io::{AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, ReadHalf, WriteHalf};
 use tokio::sync::mpsc;
 
 use crate::login::{Login, Params, SessionType, Step};
@@ -54,16 +51,23 @@ pub enum ConnError {
     Login(String),
 }
 
-/// Serves one accepted connection to its end. `portal` is the address it was accepted on (what
-/// SendTargets reports).
-pub(crate) async fn run(
+/// The reading half of a connection.
+type Rd<S> = BufReader<ReadHalf<S>>;
+/// The writing half of a connection.
+type Wr<S> = WriteHalf<S>;
+
+/// Serves one accepted connection (TCP, or a pipe in the fuzzer) to its end. `portal` is the
+/// address it was accepted on (what SendTargets reports).
+pub(crate) async fn run<S>(
     target: Arc<Target>,
-    stream: TcpStream,
-    peer: SocketAddr,
+    stream: S,
+    peer: String,
     portal: String,
-) -> Result<(), ConnError> {
-    stream.set_nodelay(true)?;
-    let (rd, mut wr) = stream.into_split();
+) -> Result<(), ConnError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (rd, mut wr) = tokio::io::split(stream);
     let mut rd = BufReader::with_capacity(256 * 1024, rd);
     let Ok(permit) = Arc::clone(&target.logins).try_acquire_owned() else {
         target.counters.failed_logins.fetch_add(1, Ordering::Relaxed);
@@ -116,10 +120,10 @@ pub(crate) async fn run(
 
 /// The login phase: `Some` with the parameters, the next StatSN and the ExpCmdSN when it
 /// succeeded, `None` when it failed (the failure was answered).
-async fn login(
+async fn login<S: AsyncRead + AsyncWrite + Send + 'static>(
     target: &Target,
-    rd: &mut BufReader<OwnedReadHalf>,
-    wr: &mut OwnedWriteHalf,
+    rd: &mut Rd<S>,
+    wr: &mut Wr<S>,
 ) -> Result<Option<(Params, u32, u32)>, ConnError> {
     let mut login = Login::new(target.config.offer, WINDOW);
     loop {
@@ -237,8 +241,8 @@ impl Residual {
 
 /// Sends what the connection's loop and the command tasks give it, numbered, until every
 /// sender is gone.
-async fn writer(
-    mut wr: OwnedWriteHalf,
+async fn writer<W: AsyncWrite + Unpin>(
+    mut wr: W,
     mut rx: mpsc::Receiver<Out>,
     window: Arc<Mutex<Window>>,
     params: Params,
@@ -437,10 +441,10 @@ struct Conn<'a> {
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn full_feature(
+async fn full_feature<S: AsyncRead + AsyncWrite + Send + 'static>(
     target: &Target,
-    rd: BufReader<OwnedReadHalf>,
-    wr: OwnedWriteHalf,
+    rd: Rd<S>,
+    wr: Wr<S>,
     params: Params,
     stat_sn: u32,
     exp_cmd_sn: u32,

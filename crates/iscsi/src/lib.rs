@@ -12,10 +12,14 @@
 #![warn(missing_docs)]
 
 pub(crate) mod conn;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod login;
 pub mod pdu;
 pub mod scsi;
 pub mod target;
+#[doc(hidden)]
+pub mod testing;
 pub mod text;
 
 pub use conn::{ConnError, DATA_BUDGET_BYTES, TRANSFER_MAX_BYTES, WINDOW};

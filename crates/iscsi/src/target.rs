@@ -188,7 +188,10 @@ impl Target {
             tokio::spawn(async move {
                 let _permit = permit;
                 let portal = stream.local_addr().map(portal).unwrap_or_default();
-                if let Err(e) = crate::conn::run(target, stream, peer, portal).await {
+                if let Err(e) = stream.set_nodelay(true) {
+                    tracing::debug!(%peer, error = %e, "iscsi: TCP_NODELAY not set");
+                }
+                if let Err(e) = crate::conn::run(target, stream, peer.to_string(), portal).await {
                     tracing::info!(%peer, error = %e, "iscsi: connection ended");
                 }
             });
