@@ -3,7 +3,8 @@
 # libiscsi's conformance suite (iscsi-test-cu --dataloss --test=ALL) on a raid1 and a thin
 # tiered:ec:4+2 volume, judged by its CUnit summary, qemu-io patterns and qemu-img convert and
 # compare through qemu's iscsi:// driver, ext4 made and checked through qemu's driver (qemu-nbd
-# bridges the LUN to nbdfuse and a loop device), and a snapshot's LUN refusing writes.
+# bridges the LUN to nbdfuse and a loop device), a snapshot's LUN refusing writes, and CHAP
+# (one-way and mutual) with libiscsi and qemu.
 # Usage: tests/iscsi/run.sh PATH/TO/stria
 # Needs root (losetup, mount) and libiscsi-bin, qemu-utils, qemu-block-extra, nbdfuse.
 # Cleans up after itself, also on failure.
@@ -140,4 +141,28 @@ kill -TERM "$PID"
 rc=0; wait "$PID" || rc=$?
 PID=
 [ "$rc" = 0 ] || { cat "$W/serve.log" >&2; fail "stria serve exited with $rc after SIGTERM"; }
+log "CHAP, one-way and mutual: the right secrets log in, anything else is refused"
+printf 'initiator-secret-1\n' >"$W/initiator.secret"
+printf 'target-secret-22\n' >"$W/target.secret"
+"$STRIA" serve --pool "$POOL" --nbd "unix:$SOCK" --iscsi "tcp:127.0.0.1:$PORT" \
+  --iscsi-chap-user alice --iscsi-chap-secret-file "$W/initiator.secret" \
+  --iscsi-chap-mutual-user stria --iscsi-chap-mutual-secret-file "$W/target.secret" >"$W/serve-chap.log" 2>&1 &
+PID=$!
+for _ in $(seq 400); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.025; done
+refused() { ! "$@" >"$W/chap.txt" 2>&1 || { cat "$W/chap.txt"; fail "CHAP: $* logged in"; }; }
+refused iscsi-ls "iscsi://127.0.0.1:$PORT"
+grep -q "Authentication failure" "$W/chap.txt" || { cat "$W/chap.txt"; fail "no credentials: not an authentication failure"; }
+refused iscsi-ls "iscsi://alice%wrong-secret-xx@127.0.0.1:$PORT"
+refused iscsi-ls "iscsi://mallory%initiator-secret-1@127.0.0.1:$PORT"
+iscsi-ls "iscsi://alice%initiator-secret-1@127.0.0.1:$PORT" | grep -q "$IQN:r1 " || fail "CHAP: the right secret did not log in"
+MUTUAL="iscsi://alice%initiator-secret-1@127.0.0.1:$PORT/$IQN:r1/0?target_user=stria&target_password"
+iscsi-inq "$MUTUAL=target-secret-22" | grep -q "Peripheral Device Type:DIRECT_ACCESS" || fail "mutual CHAP did not log in"
+refused iscsi-inq "$MUTUAL=target-secret-XX"
+grep -q "Invalid CHAP_R response from the target" "$W/chap.txt" || { cat "$W/chap.txt"; fail "mutual CHAP with a wrong target secret"; }
+qemu-io -f raw -c 'write -P 0x3c 0 64k' -c 'read -P 0x3c 0 64k' "iscsi://alice%initiator-secret-1@127.0.0.1:$PORT/$IQN:ec/0" | grep -q "read 65536/65536" \
+  || fail "qemu through CHAP did not write and read back"
+kill -TERM "$PID"
+rc=0; wait "$PID" || rc=$?
+PID=
+[ "$rc" = 0 ] || { cat "$W/serve-chap.log" >&2; fail "stria serve (CHAP) exited with $rc after SIGTERM"; }
 echo "iscsi: all passed"

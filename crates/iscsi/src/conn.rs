@@ -125,7 +125,7 @@ async fn login<S: AsyncRead + AsyncWrite + Send + 'static>(
     rd: &mut Rd<S>,
     wr: &mut Wr<S>,
 ) -> Result<Option<(Params, u32, u32)>, ConnError> {
-    let mut login = Login::new(target.config.offer, WINDOW);
+    let mut login = Login::new(target.config.offer, WINDOW).with_chap(target.config.chap.clone());
     loop {
         let req = pdu::read_pdu(rd, Digests::default(), text::TEXT_MAX_BYTES).await?;
         let step = login.step(&req, |name| target.volume_of(name).is_some(), || target.new_tsih());

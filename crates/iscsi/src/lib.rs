@@ -23,4 +23,5 @@ pub mod testing;
 pub mod text;
 
 pub use conn::{ConnError, DATA_BUDGET_BYTES, TRANSFER_MAX_BYTES, WINDOW};
+pub use login::Chap;
 pub use target::{Target, TargetConfig, target_name};

@@ -2,8 +2,86 @@
 //! the session parameters it leaves. Pure: the connection feeds it login requests and sends
 //! what it answers. docs/design/iscsi.md §3 has the table of keys.
 
+use std::sync::Arc;
+
+use md5::{Digest, Md5};
+
 use crate::pdu::{Bhs, Pdu, op};
 use crate::text;
+
+/// CHAP credentials the target requires of every login (RFC 7143 §12.1.3 over RFC 1994, MD5).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Chap {
+    /// The name initiators give (CHAP_N).
+    pub user: String,
+    /// The secret they prove they know (at least 12 bytes).
+    pub secret: Vec<u8>,
+    /// Mutual CHAP: the name and secret the target proves to an initiator that asks.
+    pub mutual: Option<(String, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for Chap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mutual = self.mutual.as_ref().map(|(user, _)| user);
+        f.debug_struct("Chap").field("user", &self.user).field("mutual_user", &mutual).finish_non_exhaustive()
+    }
+}
+
+/// Shortest secret accepted (RFC 7143 §12.1.3: at least 96 bits).
+pub const CHAP_SECRET_MIN_BYTES: usize = 12;
+
+/// Where CHAP stands in a login.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Auth {
+    /// Not asked for yet.
+    Start,
+    /// AuthMethod=CHAP agreed; CHAP_A expected.
+    Method,
+    /// A challenge sent; CHAP_N and CHAP_R expected.
+    Challenged { id: u8, challenge: [u8; 16] },
+    /// The initiator proved its secret (and the target its own, when asked).
+    Done,
+}
+
+/// The CHAP keys of one request.
+#[derive(Debug, Default)]
+struct ChapKeys {
+    name: Option<String>,
+    response: Option<String>,
+    id: Option<String>,
+    challenge: Option<String>,
+}
+
+/// MD5 over the identifier, the secret and the challenge (RFC 1994's response).
+fn chap_response(id: u8, secret: &[u8], challenge: &[u8]) -> [u8; 16] {
+    let mut h = Md5::new();
+    h.update([id]);
+    h.update(secret);
+    h.update(challenge);
+    h.finalize().into()
+}
+
+/// `0x`-prefixed hex as bytes (CHAP values; base64 is not taken).
+fn unhex(value: &str) -> Option<Vec<u8>> {
+    let hex = value.strip_prefix("0x").or_else(|| value.strip_prefix("0X"))?;
+    if hex.is_empty() || hex.len() % 2 != 0 || hex.len() > 2048 {
+        return None;
+    }
+    (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok()).collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    let mut out = String::from("0x");
+    for b in bytes {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+/// Equal bytes, in a time that does not depend on where they differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
 
 /// Login status classes and details (RFC 7143 §11.13.5), as `class << 8 | detail`.
 pub mod status {
@@ -137,6 +215,10 @@ pub struct Login {
     stat_sn: u32,
     exp_cmd_sn: u32,
     window: u32,
+    /// CHAP credentials required, if any, and where the exchange stands.
+    chap: Option<Arc<Chap>>,
+    auth: Auth,
+    chap_keys: ChapKeys,
 }
 
 /// Keys that mean nothing in a discovery session (RFC 7143 §13: "Irrelevant" there).
@@ -163,7 +245,16 @@ impl Login {
             stat_sn: 0,
             exp_cmd_sn: 0,
             window,
+            chap: None,
+            auth: Auth::Start,
+            chap_keys: ChapKeys::default(),
         }
+    }
+
+    /// Requires CHAP of this login (`None`: no authentication).
+    pub fn with_chap(mut self, chap: Option<Arc<Chap>>) -> Login {
+        self.chap = chap;
+        self
     }
 
     /// The parameters negotiated (final once [`Step::Done`] was returned).
@@ -209,6 +300,10 @@ impl Login {
         let (csg, nsg) = ((flags >> 2) & 3, flags & 3);
         // The first request may skip the security stage (no authentication asked for).
         if !self.target_declared && self.partial.is_empty() && csg == OPERATIONAL {
+            if self.chap.is_some() {
+                // Not without proving the secret.
+                return Step::Fail(self.response(bhs, 0, status::AUTH_FAILED));
+            }
             self.stage = OPERATIONAL;
         }
         if csg != self.stage || csg == 2 || csg == FULL_FEATURE || (transit && cont) {
@@ -252,7 +347,12 @@ impl Login {
             }
             self.target_declared = true;
         }
-        // Security needs nothing more: AuthMethod None is the only method.
+        if let Err(fail) = self.authenticate(&mut answer) {
+            return Step::Fail(self.response(bhs, 0, fail));
+        }
+        // The security stage ends only once CHAP is done, when it is required: until then the
+        // target answers without the T bit (RFC 7143 §6.2) and the exchange goes on.
+        let transit = transit && !(csg == SECURITY && self.chap.is_some() && self.auth != Auth::Done);
         let next = if transit {
             match (csg, nsg) {
                 (SECURITY, OPERATIONAL | FULL_FEATURE) | (OPERATIONAL, FULL_FEATURE) => nsg,
@@ -301,6 +401,8 @@ impl Login {
         let discovery = self.params.session_type == SessionType::Discovery;
         let offer = self.offer;
         let p = &mut self.params;
+        // Keys the target adds after its answer to this one (CHAP_I and CHAP_C after CHAP_A).
+        let mut extra: Vec<(String, String)> = Vec::new();
         let mut reply = |v: &str| answer.push((key.to_string(), v.to_string()));
         match key {
             "InitiatorName" => p.initiator_name = value.to_string(),
@@ -312,12 +414,36 @@ impl Login {
                 _ => return Err(status::SESSION_TYPE_NOT_SUPPORTED),
             },
             "AuthMethod" => {
-                if value.split(',').any(|m| m == "None") {
-                    reply("None");
-                } else {
-                    return Err(status::AUTH_FAILED);
+                let offered = |m: &str| value.split(',').any(|o| o == m);
+                match &self.chap {
+                    Some(_) if offered("CHAP") => {
+                        self.auth = Auth::Method;
+                        reply("CHAP");
+                    }
+                    None if offered("None") => reply("None"),
+                    _ => return Err(status::AUTH_FAILED),
                 }
             }
+            "CHAP_A" => {
+                if self.chap.is_none() || self.auth != Auth::Method {
+                    return Err(status::AUTH_FAILED);
+                }
+                if !value.split(',').any(|a| a == "5") {
+                    return Err(status::AUTH_FAILED);
+                }
+                let mut random = [0u8; 17];
+                getrandom::fill(&mut random).map_err(|_| status::TARGET_ERROR)?;
+                let (id, challenge) =
+                    (random[0], <[u8; 16]>::try_from(&random[1..]).map_err(|_| status::TARGET_ERROR)?);
+                self.auth = Auth::Challenged { id, challenge };
+                reply("5");
+                extra.push(("CHAP_I".into(), id.to_string()));
+                extra.push(("CHAP_C".into(), hex(&challenge)));
+            }
+            "CHAP_N" => self.chap_keys.name = Some(value.to_string()),
+            "CHAP_R" => self.chap_keys.response = Some(value.to_string()),
+            "CHAP_I" => self.chap_keys.id = Some(value.to_string()),
+            "CHAP_C" => self.chap_keys.challenge = Some(value.to_string()),
             "HeaderDigest" | "DataDigest" => {
                 let chosen = value.split(',').find(|d| *d == "None" || *d == "CRC32C");
                 match chosen {
@@ -397,6 +523,44 @@ impl Login {
             },
             _ => reply("NotUnderstood"),
         }
+        answer.extend(extra);
+        Ok(())
+    }
+}
+
+impl Login {
+    /// Checks the initiator's CHAP response once it came, and answers its own challenge for
+    /// mutual CHAP.
+    fn authenticate(&mut self, answer: &mut Vec<(String, String)>) -> Result<(), u16> {
+        let keys = std::mem::take(&mut self.chap_keys);
+        let (Some(chap), Auth::Challenged { id, challenge }) = (&self.chap, self.auth) else {
+            if keys.name.is_some() || keys.response.is_some() {
+                // CHAP keys out of turn.
+                return Err(status::AUTH_FAILED);
+            }
+            return Ok(());
+        };
+        let (Some(name), Some(response)) = (keys.name, keys.response) else { return Ok(()) };
+        let expected = chap_response(id, &chap.secret, &challenge);
+        let proved = unhex(&response).is_some_and(|r| same(&r, &expected));
+        if name != chap.user || !proved {
+            return Err(status::AUTH_FAILED);
+        }
+        match (keys.id, keys.challenge) {
+            (None, None) => {}
+            (Some(i), Some(c)) => {
+                let Some((user, secret)) = &chap.mutual else { return Err(status::AUTH_FAILED) };
+                let (Ok(i), Some(c)) = (i.parse::<u8>(), unhex(&c)) else { return Err(status::AUTH_FAILED) };
+                // The target's own challenge sent back is a reflection attack.
+                if c == challenge {
+                    return Err(status::AUTH_FAILED);
+                }
+                answer.push(("CHAP_N".into(), user.clone()));
+                answer.push(("CHAP_R".into(), hex(&chap_response(i, secret, &c))));
+            }
+            _ => return Err(status::AUTH_FAILED),
+        }
+        self.auth = Auth::Done;
         Ok(())
     }
 }
@@ -506,5 +670,67 @@ mod tests {
         let Step::Done(_, data) = login.step(&rest, |_| false, || 1) else { panic!("done") };
         assert_eq!(keys(&data)[0], ("MaxBurstLength".into(), "Irrelevant".into()));
         assert_eq!(login.params().session_type, SessionType::Discovery);
+    }
+
+    fn chap() -> Arc<Chap> {
+        Arc::new(Chap {
+            user: "alice".into(),
+            secret: b"twelve-bytes-or-more".to_vec(),
+            mutual: Some(("target".into(), b"the-target-secret".to_vec())),
+        })
+    }
+
+    /// Runs the CHAP exchange up to the initiator's response; what it answers to that.
+    fn chap_login(user: &str, secret: &[u8], mutual: Option<(u8, &[u8])>) -> Step {
+        let mut login = Login::new(Offer::default(), 32).with_chap(Some(chap()));
+        let exists = |t: &str| t == "iqn.t";
+        let first = request(0x81, "InitiatorName=i;TargetName=iqn.t;AuthMethod=None,CHAP");
+        let Step::Continue(bhs, data) = login.step(&first, exists, || 1) else { panic!("continue") };
+        assert_eq!(bhs.flags() & 0x80, 0, "no transit before CHAP is done");
+        assert!(keys(&data).contains(&("AuthMethod".into(), "CHAP".into())));
+        let Step::Continue(_, data) = login.step(&request(0x81, "CHAP_A=7,5"), exists, || 1) else {
+            panic!("challenge")
+        };
+        let k = keys(&data);
+        let get = |name: &str| k.iter().find(|(key, _)| key == name).map(|(_, v)| v.clone()).expect(name);
+        assert_eq!(get("CHAP_A"), "5");
+        let id: u8 = get("CHAP_I").parse().expect("id");
+        let challenge = unhex(&get("CHAP_C")).expect("challenge");
+        assert_eq!(challenge.len(), 16);
+        let mut answer = format!("CHAP_N={user};CHAP_R={}", hex(&chap_response(id, secret, &challenge)));
+        if let Some((i, c)) = mutual {
+            answer.push_str(&format!(";CHAP_I={i};CHAP_C={}", hex(c)));
+        }
+        login.step(&request(0x81, &answer), exists, || 1)
+    }
+
+    #[test]
+    fn chap_admits_the_secret_and_refuses_everything_else() {
+        let Step::Continue(bhs, data) = chap_login("alice", b"twelve-bytes-or-more", None) else {
+            panic!("admitted")
+        };
+        assert_eq!(bhs.flags(), 0x81, "on to the operational stage");
+        assert!(keys(&data).is_empty());
+        for (user, secret) in [("alice", &b"wrong-secret-here"[..]), ("mallory", b"twelve-bytes-or-more")] {
+            let Step::Fail(bhs) = chap_login(user, secret, None) else { panic!("{user} admitted") };
+            assert_eq!(bhs.u16_at(36), status::AUTH_FAILED);
+        }
+        // Mutual: the target proves its own secret on the initiator's challenge...
+        let c = [7u8; 16];
+        let Step::Continue(_, data) = chap_login("alice", b"twelve-bytes-or-more", Some((9, &c))) else {
+            panic!("admitted")
+        };
+        let want = hex(&chap_response(9, b"the-target-secret", &c));
+        assert_eq!(keys(&data), [("CHAP_N".into(), "target".into()), ("CHAP_R".into(), want)]);
+        // ...and skipping the security stage, or answering without a challenge, gets nowhere.
+        let mut login = Login::new(Offer::default(), 32).with_chap(Some(chap()));
+        let skip = request(0x87, "InitiatorName=i;TargetName=iqn.t");
+        let Step::Fail(bhs) = login.step(&skip, |_| true, || 1) else { panic!("skipped") };
+        assert_eq!(bhs.u16_at(36), status::AUTH_FAILED);
+        let mut login = Login::new(Offer::default(), 32).with_chap(Some(chap()));
+        let early =
+            request(0x81, "InitiatorName=i;TargetName=iqn.t;AuthMethod=CHAP;CHAP_N=alice;CHAP_R=0x00");
+        let Step::Fail(bhs) = login.step(&early, |_| true, || 1) else { panic!("no challenge") };
+        assert_eq!(bhs.u16_at(36), status::AUTH_FAILED);
     }
 }

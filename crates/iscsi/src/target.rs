@@ -12,7 +12,7 @@ use stria_front::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::login::Offer;
+use crate::login::{Chap, Offer};
 use crate::scsi::LogicalUnit;
 
 /// The naming authority of every stria target name.
@@ -31,6 +31,8 @@ pub struct TargetConfig {
     pub login_timeout: Duration,
     /// What the target offers in negotiation.
     pub offer: Offer,
+    /// CHAP credentials every login must prove (`None`: no authentication).
+    pub chap: Option<Arc<Chap>>,
 }
 
 impl Default for TargetConfig {
@@ -41,6 +43,7 @@ impl Default for TargetConfig {
             max_logins: 16,
             login_timeout: Duration::from_secs(15),
             offer: Offer::default(),
+            chap: None,
         }
     }
 }

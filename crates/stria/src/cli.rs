@@ -590,6 +590,20 @@ pub(crate) struct ServeArgs {
     /// iSCSI connections at once (more are closed when they connect).
     #[arg(long, value_name = "N", default_value_t = 128)]
     pub(crate) iscsi_connections_max: usize,
+    /// iSCSI CHAP: every login must give this name and prove the secret of
+    /// --iscsi-chap-secret-file (without it, logins need no authentication).
+    #[arg(long, value_name = "NAME", requires = "iscsi_chap_secret_file")]
+    pub(crate) iscsi_chap_user: Option<String>,
+    /// The file holding the CHAP secret: 12 to 256 bytes (a final newline is not part of it).
+    #[arg(long, value_name = "FILE", requires = "iscsi_chap_user")]
+    pub(crate) iscsi_chap_secret_file: Option<PathBuf>,
+    /// Mutual CHAP: the name the target answers an initiator's challenge with, proving the
+    /// secret of --iscsi-chap-mutual-secret-file.
+    #[arg(long, value_name = "NAME", requires_all = ["iscsi_chap_mutual_secret_file", "iscsi_chap_user"])]
+    pub(crate) iscsi_chap_mutual_user: Option<String>,
+    /// The file holding the target's mutual CHAP secret (12 to 256 bytes, not the initiators').
+    #[arg(long, value_name = "FILE", requires = "iscsi_chap_mutual_user")]
+    pub(crate) iscsi_chap_mutual_secret_file: Option<PathBuf>,
     /// HTTP listener for the metrics (/metrics), the REST API (/api/v1) and the dashboard (/):
     /// tcp:IP:PORT, e.g. tcp:127.0.0.1:9810 (`stria up` listens there by default). Off the
     /// loopback it needs --http-tls-cert and --http-tls-key.

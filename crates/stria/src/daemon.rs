@@ -71,6 +71,8 @@ pub(crate) struct ServeOptions {
     pub(crate) iscsi: Vec<String>,
     /// `--iscsi-connections-max`.
     pub(crate) iscsi_connections_max: usize,
+    /// `--iscsi-chap-*`: CHAP every iSCSI login must pass.
+    pub(crate) iscsi_chap: Option<Arc<stria_iscsi::Chap>>,
     /// The configuration file, re-read on SIGHUP.
     pub(crate) config: Option<crate::config::Source>,
 }
@@ -386,6 +388,7 @@ async fn start_iscsi(
     let config = stria_iscsi::TargetConfig {
         pool: pool.to_string(),
         max_connections: opts.iscsi_connections_max,
+        chap: opts.iscsi_chap.clone(),
         ..Default::default()
     };
     let target = stria_iscsi::Target::new(Arc::clone(exports), config);

@@ -1,6 +1,6 @@
 //! `stria serve` and `stria up`: their options, and where the daemon says it serves.
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use stria_catalog::{Catalog, CreateVolume};
 
 use super::warn_overcommit;
@@ -72,6 +72,7 @@ pub(crate) fn serve_options(dir: &PoolDir, args: ServeArgs) -> Result<ServeOptio
 
 /// The options of `stria serve` that do not depend on the pool directory.
 fn serve_tls_options(args: ServeArgs) -> Result<ServeOptions> {
+    let iscsi_chap = iscsi_chap(&args)?;
     let tls_mode = args.tls.parse().map_err(|e| anyhow::anyhow!("--tls: {e}"))?;
     Ok(ServeOptions {
         nbd: args.nbd,
@@ -83,6 +84,7 @@ fn serve_tls_options(args: ServeArgs) -> Result<ServeOptions> {
         rebuild_rate_bytes: args.rebuild_rate,
         metadata_cache_bytes: args.metadata_cache,
         nbd_limits: args.nbd_limits,
+        iscsi_chap,
         iscsi: args.iscsi,
         iscsi_connections_max: args.iscsi_connections_max,
         config: args.config_source,
@@ -94,6 +96,38 @@ fn serve_tls_options(args: ServeArgs) -> Result<ServeOptions> {
             transfer_dir: args.api_transfer_dir,
         }),
     })
+}
+
+/// `--iscsi-chap-*`: the CHAP credentials, their secrets read from their files.
+fn iscsi_chap(args: &ServeArgs) -> Result<Option<std::sync::Arc<stria_iscsi::Chap>>> {
+    let read = |path: &std::path::Path, flag: &str| -> Result<Vec<u8>> {
+        let mut secret =
+            std::fs::read(path).with_context(|| format!("{flag}: cannot read {}", path.display()))?;
+        if secret.ends_with(b"\n") {
+            secret.pop();
+        }
+        let min = stria_iscsi::login::CHAP_SECRET_MIN_BYTES;
+        if !(min..=256).contains(&secret.len()) {
+            bail!(
+                "{flag}: the secret in {} is {} bytes; CHAP needs {min} to 256",
+                path.display(),
+                secret.len()
+            );
+        }
+        Ok(secret)
+    };
+    let (Some(user), Some(file)) = (&args.iscsi_chap_user, &args.iscsi_chap_secret_file) else {
+        return Ok(None);
+    };
+    let secret = read(file, "--iscsi-chap-secret-file")?;
+    let mutual = match (&args.iscsi_chap_mutual_user, &args.iscsi_chap_mutual_secret_file) {
+        (Some(user), Some(file)) => Some((user.clone(), read(file, "--iscsi-chap-mutual-secret-file")?)),
+        _ => None,
+    };
+    if mutual.as_ref().is_some_and(|(_, s)| *s == secret) {
+        bail!("--iscsi-chap-mutual-secret-file: the target's secret must differ from the initiators'");
+    }
+    Ok(Some(std::sync::Arc::new(stria_iscsi::Chap { user: user.clone(), secret, mutual })))
 }
 
 /// Where to connect; with `examples` (the pool directory), client commands to try.
