@@ -45,7 +45,8 @@ log "pool: 2 fast + 6 capacity sparse drives on tmpfs"
 "$STRIA" volume create ec --pool "$POOL" --size 512M --layout ec:4+2 >/dev/null
 "$STRIA" volume create tv --pool "$POOL" --size 256M --layout tiered:ec:4+2 --cache-size 48M >/dev/null
 PORT=$(free_port)
-"$STRIA" serve --pool "$POOL" --nbd "unix:$SOCK" --iscsi "tcp:127.0.0.1:$PORT" >"$W/serve.log" 2>&1 &
+HTTP=$(free_port)
+"$STRIA" serve --pool "$POOL" --nbd "unix:$SOCK" --iscsi "tcp:127.0.0.1:$PORT" --http "tcp:127.0.0.1:$HTTP" >"$W/serve.log" 2>&1 &
 PID=$!
 for _ in $(seq 400); do
   [ -S "$POOL/stria.sock" ] && (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break
@@ -81,6 +82,14 @@ log "libiscsi's iscsi-test-cu --dataloss --test=ALL on raid1"
 conformance r1
 log "libiscsi's iscsi-test-cu --dataloss --test=ALL on tiered:ec:4+2 (thin)"
 conformance tv
+
+log "metrics: the target's counters and the volumes' requests (shared with NBD), promtool"
+curl -sf "http://127.0.0.1:$HTTP/metrics" >"$W/metrics.txt"
+grep -E '^stria_iscsi_connections\{phase="full_feature"\} 0$' "$W/metrics.txt" || fail "no iSCSI session gauge at 0"
+# The suite's login tests refuse some logins on purpose.
+awk '/^stria_iscsi_failed_logins_total / { exit !($2 > 0) }' "$W/metrics.txt" || fail "no failed logins counted"
+grep -E '^stria_volume_ops_total\{volume="r1",op="read"\} [1-9]' "$W/metrics.txt" || fail "the LUN's reads are not counted"
+if command -v promtool >/dev/null; then promtool check metrics <"$W/metrics.txt" || fail "promtool"; fi
 
 log "qemu-io patterns through iscsi:// on ec:4+2"
 qemu-io -f raw -c 'write -P 0xa5 0 4M' -c 'write -P 0x5a 7M 512' -c 'write -z 9M 1M' \

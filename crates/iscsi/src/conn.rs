@@ -108,7 +108,9 @@ where
     };
     tracing::info!(%peer, initiator = %params.initiator_name, target = %params.target_name,
         kind = ?params.session_type, "iscsi: logged in");
+    target.counters.sessions.fetch_add(1, Ordering::Relaxed);
     let result = full_feature(&target, rd, wr, params, stat_sn, exp_cmd_sn, session.as_ref(), portal).await;
+    target.counters.sessions.fetch_sub(1, Ordering::Relaxed);
     if let Some(s) = &session {
         s.unit.nexus_removed(&s.nexus);
     }

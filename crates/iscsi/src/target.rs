@@ -98,6 +98,8 @@ pub struct TargetCounters {
     pub failed_logins: AtomicU64,
     /// Connections closed for a protocol error.
     pub protocol_errors: AtomicU64,
+    /// Sessions in the full feature phase now.
+    pub sessions: AtomicU64,
 }
 
 /// An iSCSI target serving the volumes of a registry.
@@ -130,6 +132,11 @@ impl Target {
             next_tsih: AtomicU16::new(1),
             counters: TargetCounters::default(),
         })
+    }
+
+    /// Connections in the login phase now.
+    pub fn logins_in_progress(&self) -> usize {
+        self.config.max_logins.saturating_sub(self.logins.available_permits())
     }
 
     /// The target name of a served volume.

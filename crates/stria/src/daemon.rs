@@ -155,6 +155,8 @@ pub(crate) struct Daemon {
     pub(crate) jobs: Jobs,
     /// The NBD server (its connection gauges).
     pub(crate) nbd: Server,
+    /// The iSCSI target, when `--iscsi` listens (its counters).
+    pub(crate) iscsi: Option<Arc<stria_iscsi::Target>>,
 }
 
 impl Daemon {
@@ -256,7 +258,7 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
     sync_exports(&catalog, &exports);
 
     let (handles, mut uris) = start_nbd(&opts, &exports).await?;
-    let (iscsi, iscsi_uris) = start_iscsi(&opts, &exports, &pool.status().name).await?;
+    let (iscsi, iscsi_uris, iscsi_target) = start_iscsi(&opts, &exports, &pool.status().name).await?;
     uris.extend(iscsi_uris);
     let nbd = handles.first().map(|h| h.server().clone()).context("no NBD listener")?;
     let daemon = Arc::new(Daemon {
@@ -265,6 +267,7 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
         exports,
         jobs: Jobs::default(),
         nbd,
+        iscsi: iscsi_target,
     });
 
     let control_path = dir.control_socket();
@@ -374,16 +377,12 @@ pub(crate) fn parse_iscsi_addr(s: &str) -> Result<String, String> {
     }
 }
 
-/// Starts the iSCSI target's listeners (`--iscsi`), if any: their tasks and URIs (one
-/// `iscsi://` URI per listener, with VOLUME to replace).
-async fn start_iscsi(
-    opts: &ServeOptions,
-    exports: &Arc<Registry>,
-    pool: &str,
-) -> Result<(Vec<tokio::task::JoinHandle<()>>, Vec<String>)> {
+/// Starts the iSCSI target's listeners (`--iscsi`), if any: their tasks, their URIs (one
+/// `iscsi://` URI per listener, with VOLUME to replace) and the target.
+async fn start_iscsi(opts: &ServeOptions, exports: &Arc<Registry>, pool: &str) -> Result<IscsiStarted> {
     let (mut tasks, mut uris) = (Vec::new(), Vec::new());
     if opts.iscsi.is_empty() {
-        return Ok((tasks, uris));
+        return Ok((tasks, uris, None));
     }
     let config = stria_iscsi::TargetConfig {
         pool: pool.to_string(),
@@ -406,8 +405,11 @@ async fn start_iscsi(
             }
         }));
     }
-    Ok((tasks, uris))
+    Ok((tasks, uris, Some(target)))
 }
+
+/// What [`start_iscsi`] started: the listeners' tasks, their URIs, and the target.
+type IscsiStarted = (Vec<tokio::task::JoinHandle<()>>, Vec<String>, Option<Arc<stria_iscsi::Target>>);
 
 /// Serves a pool of memory drives (see [`MemoryPoolSpec`]) until SIGTERM or SIGINT. There is no
 /// pool directory, control socket or rebuild: only the NBD exports of the volumes asked for.
@@ -450,7 +452,7 @@ pub(crate) async fn serve_memory(
     let exports = Arc::new(Registry::new());
     sync_exports(&catalog, &exports);
     let (handles, mut uris) = start_nbd(&opts, &exports).await?;
-    let (iscsi, iscsi_uris) = start_iscsi(&opts, &exports, "bench-memory").await?;
+    let (iscsi, iscsi_uris, _) = start_iscsi(&opts, &exports, "bench-memory").await?;
     uris.extend(iscsi_uris);
     let mut signals = Signals::install()?;
     on_ready(&uris);

@@ -50,6 +50,31 @@ pub(crate) async fn scrape(State(state): State<AppState>) -> impl IntoResponse {
         "Bytes NBD connections borrowed beyond their guarantee.",
     );
     out.sample("stria_nbd_shared_in_flight_bytes", &[], nbd.shared_bytes as f64);
+    if let Some(target) = &state.daemon.iscsi {
+        let c = &target.counters;
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed) as f64;
+        out.family("stria_iscsi_connections", "gauge", "iSCSI connections by phase.");
+        out.sample("stria_iscsi_connections", &[("phase", "login")], target.logins_in_progress() as f64);
+        out.sample("stria_iscsi_connections", &[("phase", "full_feature")], load(&c.sessions));
+        out.family(
+            "stria_iscsi_refused_connections_total",
+            "counter",
+            "iSCSI connections refused at the limit.",
+        );
+        out.sample("stria_iscsi_refused_connections_total", &[], load(&c.refused_connections));
+        out.family(
+            "stria_iscsi_failed_logins_total",
+            "counter",
+            "iSCSI logins refused, failed or timed out.",
+        );
+        out.sample("stria_iscsi_failed_logins_total", &[], load(&c.failed_logins));
+        out.family(
+            "stria_iscsi_protocol_errors_total",
+            "counter",
+            "iSCSI connections closed for a protocol error.",
+        );
+        out.sample("stria_iscsi_protocol_errors_total", &[], load(&c.protocol_errors));
+    }
     out.family("stria_nbd_refused_connections_total", "counter", "NBD connections refused at a limit.");
     out.sample("stria_nbd_refused_connections_total", &[], nbd.refused_connections as f64);
     out.family(
@@ -249,12 +274,16 @@ fn volumes(out: &mut Exposition, status: &StatusView, jobs: &[JobView]) {
     }
 }
 
-/// What NBD clients see, per export and operation.
+/// What clients (NBD and iSCSI) see, per volume and operation.
 pub(super) fn requests(out: &mut Exposition, exports: &[VolumeStatsSnapshot]) {
     for (name, kind, help) in [
-        ("stria_volume_ops_total", "counter", "NBD requests completed (failed ones too)."),
-        ("stria_volume_bytes_total", "counter", "Bytes of NBD requests completed without error."),
-        ("stria_volume_errors_total", "counter", "NBD requests answered with an error."),
+        ("stria_volume_ops_total", "counter", "Client requests completed, NBD and iSCSI (failed ones too)."),
+        (
+            "stria_volume_bytes_total",
+            "counter",
+            "Bytes of client requests (NBD and iSCSI) completed without error.",
+        ),
+        ("stria_volume_errors_total", "counter", "Client requests (NBD and iSCSI) answered with an error."),
     ] {
         out.family(name, kind, help);
         for e in exports {
