@@ -24,4 +24,5 @@ pub mod text;
 
 pub use conn::{ConnError, DATA_BUDGET_BYTES, TRANSFER_MAX_BYTES, WINDOW};
 pub use login::Chap;
+pub use scsi::{FileReservationStore, ReservationStore};
 pub use target::{Target, TargetConfig, target_name};

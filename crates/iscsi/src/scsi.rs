@@ -290,6 +290,66 @@ pub struct LogicalUnit {
     /// The NAA locally assigned identifier (VPD page 83h).
     naa: [u8; 8],
     state: Mutex<State>,
+    /// Where persistent reservations with APTPL are kept, if anywhere.
+    store: Option<Box<dyn ReservationStore>>,
+}
+
+/// Where a logical unit keeps its persistent reservations while APTPL is on, so that they
+/// survive a restart of the daemon (SPC-5 "persist through power loss").
+pub trait ReservationStore: Send + Sync + 'static {
+    /// The state saved last, if any.
+    fn load(&self) -> std::io::Result<Option<Vec<u8>>>;
+    /// Saves `state` durably before returning (None: removes what was saved).
+    fn save(&self, state: Option<&[u8]>) -> std::io::Result<()>;
+}
+
+/// A [`ReservationStore`] in one file: written to a temporary file, synced, renamed over the
+/// old one and the directory synced, so a crash leaves the old state or the new one.
+#[derive(Debug)]
+pub struct FileReservationStore {
+    path: std::path::PathBuf,
+}
+
+impl FileReservationStore {
+    /// Keeps the state in `path` (its directory must exist).
+    pub fn new(path: std::path::PathBuf) -> FileReservationStore {
+        FileReservationStore { path }
+    }
+
+    fn sync_dir(&self) -> std::io::Result<()> {
+        match self.path.parent() {
+            Some(dir) => std::fs::File::open(dir)?.sync_all(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl ReservationStore for FileReservationStore {
+    fn load(&self) -> std::io::Result<Option<Vec<u8>>> {
+        match std::fs::read(&self.path) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn save(&self, state: Option<&[u8]>) -> std::io::Result<()> {
+        use std::io::Write;
+        match state {
+            Some(bytes) => {
+                let tmp = self.path.with_extension("tmp");
+                let mut f = std::fs::File::create(&tmp)?;
+                f.write_all(bytes)?;
+                f.sync_all()?;
+                std::fs::rename(&tmp, &self.path)?;
+            }
+            None => match std::fs::remove_file(&self.path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            },
+        }
+        self.sync_dir()
+    }
 }
 
 impl std::fmt::Debug for LogicalUnit {
@@ -312,7 +372,28 @@ impl LogicalUnit {
             serial: inquiry::printable(serial),
             naa: inquiry::naa_locally_assigned(target_name, serial),
             state: Mutex::new(State::default()),
+            store: None,
         }
+    }
+
+    /// Keeps persistent reservations made with APTPL in `store`, and takes back what it holds
+    /// (registrations and the reservation made before a restart). A store that cannot be read,
+    /// or holds what this version did not write, is logged and the unit starts with none.
+    pub fn with_store(mut self, store: Box<dyn ReservationStore>) -> LogicalUnit {
+        match store.load() {
+            Ok(Some(bytes)) => match pr::Persistent::decode(&bytes) {
+                Some(pr) => self.state.get_mut().pr = pr,
+                None => {
+                    tracing::error!(unit = %self.target_name, "iscsi: saved reservations unreadable: ignored")
+                }
+            },
+            Ok(None) => {}
+            Err(e) => {
+                tracing::error!(unit = %self.target_name, error = %e, "iscsi: saved reservations: cannot read")
+            }
+        }
+        self.store = Some(store);
+        self
     }
 
     /// A new I_T nexus logged in: a unit attention POWER ON, RESET, OR BUS DEVICE RESET

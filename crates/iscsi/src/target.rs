@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::login::{Chap, Offer};
-use crate::scsi::LogicalUnit;
+use crate::scsi::{FileReservationStore, LogicalUnit};
 
 /// The naming authority of every stria target name.
 pub const IQN_PREFIX: &str = "iqn.2026-11.io.stria";
@@ -33,6 +33,9 @@ pub struct TargetConfig {
     pub offer: Offer,
     /// CHAP credentials every login must prove (`None`: no authentication).
     pub chap: Option<Arc<Chap>>,
+    /// Where persistent reservations made with APTPL are kept, a file per volume (`None`:
+    /// APTPL is refused).
+    pub reservations_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for TargetConfig {
@@ -44,6 +47,7 @@ impl Default for TargetConfig {
             login_timeout: Duration::from_secs(15),
             offer: Offer::default(),
             chap: None,
+            reservations_dir: None,
         }
     }
 }
@@ -160,9 +164,18 @@ impl Target {
         let mut units = self.units.lock();
         units.retain(|name, _| self.registry.contains(name));
         let name = self.name_of(volume);
-        Arc::clone(
-            units.entry(volume.to_string()).or_insert_with(|| Arc::new(LogicalUnit::new(&name, &name))),
-        )
+        let dir = self.config.reservations_dir.as_ref();
+        Arc::clone(units.entry(volume.to_string()).or_insert_with(|| {
+            let unit = LogicalUnit::new(&name, &name);
+            Arc::new(match dir {
+                // One file per volume, named by the name's bytes in hex (snapshot names hold `@`).
+                Some(dir) => {
+                    let file: String = volume.bytes().map(|b| format!("{b:02x}")).collect();
+                    unit.with_store(Box::new(FileReservationStore::new(dir.join(format!("{file}.pr")))))
+                }
+                None => unit,
+            })
+        }))
     }
 
     /// A TSIH for a new session (never 0).

@@ -258,7 +258,9 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
     sync_exports(&catalog, &exports);
 
     let (handles, mut uris) = start_nbd(&opts, &exports).await?;
-    let (iscsi, iscsi_uris, iscsi_target) = start_iscsi(&opts, &exports, &pool.status().name).await?;
+    let reservations = dir.path.join("iscsi-reservations");
+    let (iscsi, iscsi_uris, iscsi_target) =
+        start_iscsi(&opts, &exports, &pool.status().name, Some(reservations)).await?;
     uris.extend(iscsi_uris);
     let nbd = handles.first().map(|h| h.server().clone()).context("no NBD listener")?;
     let daemon = Arc::new(Daemon {
@@ -379,15 +381,24 @@ pub(crate) fn parse_iscsi_addr(s: &str) -> Result<String, String> {
 
 /// Starts the iSCSI target's listeners (`--iscsi`), if any: their tasks, their URIs (one
 /// `iscsi://` URI per listener, with VOLUME to replace) and the target.
-async fn start_iscsi(opts: &ServeOptions, exports: &Arc<Registry>, pool: &str) -> Result<IscsiStarted> {
+async fn start_iscsi(
+    opts: &ServeOptions,
+    exports: &Arc<Registry>,
+    pool: &str,
+    reservations_dir: Option<std::path::PathBuf>,
+) -> Result<IscsiStarted> {
     let (mut tasks, mut uris) = (Vec::new(), Vec::new());
     if opts.iscsi.is_empty() {
         return Ok((tasks, uris, None));
+    }
+    if let Some(dir) = &reservations_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot make {}", dir.display()))?;
     }
     let config = stria_iscsi::TargetConfig {
         pool: pool.to_string(),
         max_connections: opts.iscsi_connections_max,
         chap: opts.iscsi_chap.clone(),
+        reservations_dir,
         ..Default::default()
     };
     let target = stria_iscsi::Target::new(Arc::clone(exports), config);
@@ -452,7 +463,7 @@ pub(crate) async fn serve_memory(
     let exports = Arc::new(Registry::new());
     sync_exports(&catalog, &exports);
     let (handles, mut uris) = start_nbd(&opts, &exports).await?;
-    let (iscsi, iscsi_uris, _) = start_iscsi(&opts, &exports, "bench-memory").await?;
+    let (iscsi, iscsi_uris, _) = start_iscsi(&opts, &exports, "bench-memory", None).await?;
     uris.extend(iscsi_uris);
     let mut signals = Signals::install()?;
     on_ready(&uris);

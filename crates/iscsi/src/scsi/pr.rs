@@ -140,12 +140,74 @@ struct Reservation {
 }
 
 /// Persistent reservation state of a logical unit.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(super) struct Persistent {
     /// PRGENERATION: counts the PERSISTENT RESERVE OUT commands that changed registrations.
     generation: u32,
     registrations: Vec<Registration>,
     reservation: Option<Reservation>,
+    /// Activate Persist Through Power Loss: the last REGISTER asked for it, so every change is
+    /// kept in the unit's store (when it has one) and survives a restart of the daemon.
+    aptpl: bool,
+}
+
+impl Persistent {
+    /// The state as text, for the unit's store: a line per fact (`generation N`, `reg KEY
+    /// PORT RTP`, `res TYPE PORT|*`), names last so that they may hold spaces.
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut out = format!("stria-pr 1\ngeneration {}\n", self.generation);
+        for r in &self.registrations {
+            out.push_str(&format!(
+                "reg {:016x} {} {}\n",
+                r.key, r.nexus.relative_target_port, r.nexus.initiator_port
+            ));
+        }
+        if let Some(r) = &self.reservation {
+            let holder = r
+                .holder
+                .as_ref()
+                .map_or("*".to_string(), |h| format!("{} {}", h.relative_target_port, h.initiator_port));
+            out.push_str(&format!("res {} {holder}\n", r.kind as u8));
+        }
+        out.into_bytes()
+    }
+
+    /// The state [`Persistent::encode`] wrote (with APTPL on), or None for text it did not
+    /// write.
+    pub(super) fn decode(bytes: &[u8]) -> Option<Persistent> {
+        let text = std::str::from_utf8(bytes).ok()?;
+        let mut lines = text.lines();
+        if lines.next()? != "stria-pr 1" {
+            return None;
+        }
+        let mut pr = Persistent { aptpl: true, ..Persistent::default() };
+        let nexus = |rtp: &str, port: &str| -> Option<Nexus> {
+            Some(Nexus { initiator_port: port.to_string(), relative_target_port: rtp.parse().ok()? })
+        };
+        for line in lines {
+            let mut f = line.splitn(4, ' ');
+            match (f.next()?, f.next(), f.next(), f.next()) {
+                ("generation", Some(n), None, None) => pr.generation = n.parse().ok()?,
+                ("reg", Some(key), Some(rtp), Some(port)) => {
+                    if pr.registrations.len() >= MAX_REGISTRATIONS {
+                        return None;
+                    }
+                    let key = u64::from_str_radix(key, 16).ok()?;
+                    pr.registrations.push(Registration { nexus: nexus(rtp, port)?, key });
+                }
+                ("res", Some(kind), Some("*"), None) => {
+                    let kind = PrType::from_code(kind.parse().ok()?)?;
+                    pr.reservation = Some(Reservation { kind, holder: None });
+                }
+                ("res", Some(kind), Some(rtp), Some(port)) => {
+                    let kind = PrType::from_code(kind.parse().ok()?)?;
+                    pr.reservation = Some(Reservation { kind, holder: Some(nexus(rtp, port)?) });
+                }
+                _ => return None,
+            }
+        }
+        Some(pr)
+    }
 }
 
 impl Persistent {
@@ -271,7 +333,9 @@ impl LogicalUnit {
             0x02 => {
                 // LENGTH 8; CRH (RESERVE/RELEASE(6) may run beside registrations: no);
                 // TMV, ALLOW COMMANDS 001b; the six types supported.
-                d = vec![0, 8, 0x00, 0x90, 0xEA, 0x01, 0, 0];
+                // PTPL_C when the unit has a store; PTPL_A when APTPL is on.
+                let ptpl_c = u8::from(self.store.is_some());
+                d = vec![0, 8, ptpl_c, 0x90 | u8::from(pr.aptpl), 0xEA, 0x01, 0, 0];
             }
             0x03 => {
                 let mut descriptors = Vec::new();
@@ -298,13 +362,46 @@ impl LogicalUnit {
         if p.spec_i_pt || p.all_tg_pt {
             return Err(Check::invalid_param(20, Some(if p.spec_i_pt { 3 } else { 2 })).into());
         }
-        if p.aptpl {
+        if p.aptpl && self.store.is_none() {
+            // Nowhere to keep them: persistence through a restart cannot be promised.
             return Err(Check::invalid_param(20, Some(0)).into());
         }
         let mut state = self.state.lock();
+        let before = state.pr.clone();
+        let outcome = self.prout_action(&mut state, nexus, action, scope, kind_code, &p);
+        if outcome.is_ok() && (action == sa::REGISTER || action == sa::REGISTER_AND_IGNORE) {
+            // The APTPL bit of the last REGISTER decides (SPC-5 5.13.5).
+            state.pr.aptpl = p.aptpl;
+        }
+        // With APTPL (or when it was just turned off) the store follows every change; a store
+        // that fails leaves the state as it was and the command fails.
+        if let Some(store) = &self.store
+            && outcome.is_ok()
+            && (state.pr.aptpl || before.aptpl)
+        {
+            let saved = if state.pr.aptpl { store.save(Some(&state.pr.encode())) } else { store.save(None) };
+            if let Err(e) = saved {
+                tracing::error!(error = %e, "iscsi: persistent reservations could not be kept: change undone");
+                state.pr = before;
+                return Err(Check::of_kind(stria_volume::ErrorKind::Io).into());
+            }
+        }
+        outcome
+    }
+
+    /// One PERSISTENT RESERVE OUT service action on the state.
+    fn prout_action(
+        &self,
+        state: &mut State,
+        nexus: &Nexus,
+        action: u8,
+        scope: u8,
+        kind_code: u8,
+        p: &ProutParams,
+    ) -> Outcome {
         let registered = state.pr.key_of(nexus);
         if action == sa::REGISTER || action == sa::REGISTER_AND_IGNORE {
-            return register(&mut state, nexus, &p, action == sa::REGISTER_AND_IGNORE);
+            return register(state, nexus, p, action == sa::REGISTER_AND_IGNORE);
         }
         // Every other service action needs the nexus registered under the key it gives.
         if registered != Some(p.key) {
@@ -317,8 +414,8 @@ impl LogicalUnit {
             PrType::from_code(kind_code).ok_or_else(|| Check::invalid_cdb(2, Some(3)).into())
         };
         match action {
-            sa::RESERVE => reserve(&mut state, nexus, typed()?),
-            sa::RELEASE => release(&mut state, nexus, typed()?),
+            sa::RESERVE => reserve(state, nexus, typed()?),
+            sa::RELEASE => release(state, nexus, typed()?),
             sa::CLEAR => {
                 let others: Vec<Nexus> =
                     state.pr.registered_nexuses().into_iter().filter(|n| n != nexus).collect();
@@ -330,7 +427,7 @@ impl LogicalUnit {
                 }
                 Ok(None)
             }
-            sa::PREEMPT | sa::PREEMPT_AND_ABORT => preempt(&mut state, nexus, p.service_action_key, typed()?),
+            sa::PREEMPT | sa::PREEMPT_AND_ABORT => preempt(state, nexus, p.service_action_key, typed()?),
             _ => Err(Check::invalid_cdb(1, Some(4)).into()),
         }
     }

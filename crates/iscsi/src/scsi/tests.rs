@@ -699,3 +699,83 @@ async fn no_cdb_makes_the_layer_panic_or_answer_malformed() {
         }
     }
 }
+
+/// A store in memory that can be made to fail.
+#[derive(Default)]
+struct MemStore {
+    saved: Arc<parking_lot::Mutex<Option<Vec<u8>>>>,
+    fail: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ReservationStore for MemStore {
+    fn load(&self) -> std::io::Result<Option<Vec<u8>>> {
+        Ok(self.saved.lock().clone())
+    }
+
+    fn save(&self, state: Option<&[u8]>) -> std::io::Result<()> {
+        if self.fail.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(std::io::Error::other("disk full"));
+        }
+        *self.saved.lock() = state.map(<[u8]>::to_vec);
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn registrations_with_aptpl_survive_a_restart_and_a_failed_save_changes_nothing() {
+    let store = MemStore::default();
+    let (saved, fail) = (Arc::clone(&store.saved), Arc::clone(&store.fail));
+    let mut f = fixture();
+    f.lu = LogicalUnit::new("iqn.2024-01.io.stria:v", "serial-v").with_store(Box::new(store));
+    let (a, b) = (nexus("a"), nexus("b"));
+    for n in [&a, &b] {
+        f.lu.nexus_added(n);
+        f.run(n, &[0, 0, 0, 0, 0, 0], &[]).await;
+    }
+    // REGISTERs with APTPL (the last REGISTER's APTPL decides), then a Write Exclusive
+    // reservation: all saved.
+    for (who, key) in [(&a, 0xA), (&b, 0xB)] {
+        let (cdb, mut data) = prout(0, 0, 0, key);
+        data[20] = 1;
+        assert_eq!(f.run(who, &cdb, &data).await.status, GOOD);
+    }
+    assert_eq!(pr_out(&f, &a, 1, 0x01, 0xA, 0).await.status, GOOD);
+    let caps = f.good(&a, &[0x5E, 2, 0, 0, 0, 0, 0, 0, 8, 0], &[]).await;
+    assert_eq!((caps[2] & 1, caps[3] & 1), (1, 1), "PTPL_C and PTPL_A");
+    // A save that fails undoes the change and fails the command.
+    fail.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(sense_of(&pr_out(&f, &b, 6, 0, 0, 0xC).await).0, 0x04, "HARDWARE ERROR");
+    fail.store(false, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(read_keys(&f).await.1, vec![0xA, 0xB]);
+
+    // The daemon restarts: a new unit over the same store has the registrations and the
+    // reservation, so b still cannot write.
+    let restored = MemStore { saved: Arc::clone(&saved), ..MemStore::default() };
+    f.lu = LogicalUnit::new("iqn.2024-01.io.stria:v", "serial-v").with_store(Box::new(restored));
+    for n in [&a, &b] {
+        f.lu.nexus_added(n);
+        f.run(n, &[0, 0, 0, 0, 0, 0], &[]).await;
+    }
+    assert_eq!(read_keys(&f).await.1, vec![0xA, 0xB]);
+    assert_eq!(f.run(&b, &write10(0, 1, false), &[0; 512]).await.status, RESERVATION_CONFLICT);
+    f.good(&a, &write10(0, 1, false), &[0; 512]).await;
+    // A REGISTER without APTPL turns persistence off: the store is emptied.
+    assert_eq!(pr_out(&f, &b, 0, 0, 0xB, 0xD).await.status, GOOD);
+    assert!(saved.lock().is_none(), "APTPL off: nothing kept");
+}
+
+#[test]
+fn the_file_store_replaces_its_file_whole_and_removes_it() {
+    let dir = std::env::temp_dir().join(format!("stria-pr-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let store = FileReservationStore::new(dir.join("v.pr"));
+    assert_eq!(store.load().expect("load"), None);
+    store.save(Some(b"one")).expect("save");
+    store.save(Some(b"two")).expect("save again");
+    assert_eq!(store.load().expect("load").as_deref(), Some(&b"two"[..]));
+    assert!(!dir.join("v.tmp").exists(), "no temporary file left");
+    store.save(None).expect("remove");
+    store.save(None).expect("remove what is gone");
+    assert_eq!(store.load().expect("load"), None);
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
