@@ -634,6 +634,11 @@ impl Conn<'_> {
             return self.protocol_error(&bhs, "a SCSI command in a discovery session".into()).await;
         };
         if !self.take_cmd_sn(&bhs, true) {
+            if bhs.immediate() {
+                // Too many immediate commands at once: refused, so the initiator is not left
+                // waiting (RFC 7143 §11.17.1, reason 0x06).
+                return self.reject(reject::IMMEDIATE_REJECTED, &bhs).await;
+            }
             return Ok(());
         }
         let itt = bhs.itt();

@@ -53,6 +53,8 @@ pub mod reject {
     pub const PROTOCOL_ERROR: u8 = 0x04;
     /// Command not supported.
     pub const NOT_SUPPORTED: u8 = 0x05;
+    /// Immediate command rejected: too many immediate commands.
+    pub const IMMEDIATE_REJECTED: u8 = 0x06;
     /// Invalid PDU field.
     pub const INVALID_FIELD: u8 = 0x09;
     /// Out of resources.
