@@ -699,14 +699,16 @@ impl Conn<'_> {
             cdb,
             edtl,
             want,
-            buf: IoBuf::zeroed(want),
+            // Only the `filled` prefix is ever handed on (`start` splits off the rest), so the
+            // buffer need not be zeroed first.
+            buf: IoBuf::for_overwrite(want),
             filled: 0,
             received: 0,
             unsolicited: write && !bhs.final_bit(),
             r2t: None,
             r2ts: 0,
             data_sn: 0,
-            residual: if write || need > 0 { residual } else { None },
+            residual,
             budget: 0,
             queued: false,
         };
