@@ -73,7 +73,11 @@ where
         target.counters.failed_logins.fetch_add(1, Ordering::Relaxed);
         return Err(ConnError::Login(format!("more than {} logins in progress", target.config.max_logins)));
     };
-    let login = tokio::time::timeout(target.config.login_timeout, login(&target, &mut rd, &mut wr)).await;
+    let mut stopping = target.stopping.subscribe();
+    let login = tokio::select! {
+        login = tokio::time::timeout(target.config.login_timeout, login(&target, &mut rd, &mut wr)) => login,
+        _ = crate::target::stopped(&mut stopping) => return Ok(()),
+    };
     drop(permit);
     let (params, stat_sn, exp_cmd_sn) = match login {
         Ok(Ok(Some(done))) => done,
@@ -488,6 +492,8 @@ async fn full_feature<S: AsyncRead + AsyncWrite + Send + 'static>(
         logout: None,
         closed: false,
     };
+    let mut stopping = target.stopping.subscribe();
+    let mut draining = false;
     let result: Result<(), ConnError> = loop {
         tokio::select! {
             biased;
@@ -496,7 +502,12 @@ async fn full_feature<S: AsyncRead + AsyncWrite + Send + 'static>(
                     break Err(e);
                 }
             }
-            read = pdus.recv(), if conn.logout.is_none() => match read {
+            // The target stops: no more commands are read; those running answer first.
+            _ = crate::target::stopped(&mut stopping), if !draining => {
+                draining = true;
+                conn.tasks.retain(|_, t| matches!(t, Task::Running { .. }));
+            }
+            read = pdus.recv(), if conn.logout.is_none() && !draining => match read {
                 Some(Ok(pdu)) => {
                     if let Err(e) = conn.on_pdu(pdu).await {
                         break Err(e);
@@ -507,7 +518,7 @@ async fn full_feature<S: AsyncRead + AsyncWrite + Send + 'static>(
                 None => break Ok(()),
             },
         }
-        if conn.closed {
+        if conn.closed || (draining && conn.tasks.is_empty()) {
             break Ok(());
         }
     };

@@ -116,6 +116,8 @@ pub struct Target {
     pub(crate) logins: Arc<Semaphore>,
     /// What was refused.
     pub counters: TargetCounters,
+    /// Set by [`Target::shutdown`]: listeners stop accepting, connections stop taking commands.
+    pub(crate) stopping: tokio::sync::watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for Target {
@@ -135,6 +137,7 @@ impl Target {
             units: Mutex::default(),
             next_tsih: AtomicU16::new(1),
             counters: TargetCounters::default(),
+            stopping: tokio::sync::watch::Sender::new(false),
         })
     }
 
@@ -188,10 +191,33 @@ impl Target {
         }
     }
 
-    /// Accepts connections on `listener` until the task is dropped.
+    /// Stops the target: the listeners close, logins in progress end, every session stops
+    /// reading commands, answers those it runs and closes, so that nothing runs on the volumes
+    /// once it returns (a session that takes longer than `grace` is left to end by itself).
+    pub async fn shutdown(&self, grace: Duration) {
+        self.stopping.send_replace(true);
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.connections.available_permits() < self.config.max_connections {
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    left = self.config.max_connections - self.connections.available_permits(),
+                    "iscsi: connections still open after the grace period"
+                );
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Accepts connections on `listener` until [`Target::shutdown`] (or the task is dropped).
     pub async fn serve(self: Arc<Self>, listener: TcpListener) -> std::io::Result<()> {
+        let mut stopping = self.stopping.subscribe();
         loop {
-            let (stream, peer) = match listener.accept().await {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                _ = crate::target::stopped(&mut stopping) => return Ok(()),
+            };
+            let (stream, peer) = match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of descriptors and the like: wait a little rather than spin.
@@ -220,6 +246,12 @@ impl Target {
             });
         }
     }
+}
+
+/// Returns once the target is stopping (or its sender is gone).
+pub(crate) async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
+    // The guard wait_for returns is dropped at once: it must not live across an await.
+    let _ = rx.wait_for(|stop| *stop).await.map(|_| ());
 }
 
 /// `HOST:PORT` as a TargetAddress (IPv6 in brackets).

@@ -153,3 +153,21 @@ async fn writes_through_r2ts_read_back() {
     assert_eq!(r.status, 0);
     assert!(r.data == data, "the data read back differs");
 }
+
+#[tokio::test]
+async fn shutdown_closes_sessions_logins_and_the_listener() {
+    let (addr, target) = serve(TargetConfig::default()).await;
+    let mut session = Client::connect(addr).await;
+    session.login(TARGET, &[]).await.expect("login");
+    let mut logging_in = Client::connect(addr).await;
+    logging_in.stream.write_all(&[0x43]).await.expect("one byte of a login");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    target.shutdown(Duration::from_secs(5)).await;
+    assert!(started.elapsed() < Duration::from_secs(2), "shutdown waited {:?}", started.elapsed());
+    assert!(session.closed_within(Duration::from_secs(1)).await, "the session was not closed");
+    assert!(logging_in.closed_within(Duration::from_secs(1)).await, "the login was not ended");
+    assert_eq!(target.counters.sessions.load(Ordering::Relaxed), 0);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "the listener still accepts");
+}

@@ -307,6 +307,11 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
     notify_systemd("STOPPING=1");
     tracing::info!("shutting down: no new connections, finishing requests in flight");
     control_task.abort();
+    // iSCSI sessions answer the commands they run, then close (NBD's shutdown below does the
+    // same for its connections), before the pool closes.
+    if let Some(target) = &daemon.iscsi {
+        target.shutdown(std::time::Duration::from_secs(10)).await;
+    }
     for t in iscsi {
         t.abort();
     }
@@ -463,12 +468,15 @@ pub(crate) async fn serve_memory(
     let exports = Arc::new(Registry::new());
     sync_exports(&catalog, &exports);
     let (handles, mut uris) = start_nbd(&opts, &exports).await?;
-    let (iscsi, iscsi_uris, _) = start_iscsi(&opts, &exports, "bench-memory", None).await?;
+    let (iscsi, iscsi_uris, iscsi_target) = start_iscsi(&opts, &exports, "bench-memory", None).await?;
     uris.extend(iscsi_uris);
     let mut signals = Signals::install()?;
     on_ready(&uris);
     signals.wait(|| tracing::info!("SIGHUP ignored: a memory pool has no configuration file")).await;
     tracing::info!("shutting down: no new connections, finishing requests in flight");
+    if let Some(target) = &iscsi_target {
+        target.shutdown(std::time::Duration::from_secs(10)).await;
+    }
     for t in iscsi {
         t.abort();
     }
