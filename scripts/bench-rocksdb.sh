@@ -15,7 +15,11 @@
 #    so on the same filesystem as the drives); `nbdkit-file` (`nbdkit file` serving another such
 #    file, through nbdfuse like the volumes: the same client path with a minimal server, so the
 #    cost of nbdfuse and the NBD round trip shows apart from stria's); then each stria volume
-#    exposed as a file by nbdfuse. Each gets a loop device (--direct-io=on), mkfs.ext4 (inode
+#    exposed as a file by nbdfuse; then the raid10 volume again over iSCSI (`raid10-iscsi`: stria
+#    serves it with --iscsi and qemu-nbd bridges qemu's iscsi:// driver to the NBD socket nbdfuse
+#    reads, since this machine has no kernel iSCSI initiator: one more process and hop than the
+#    NBD targets), and, to tell the bridge's cost from iSCSI's, the raid10 volume's NBD export
+#    through the same kind of qemu-nbd bridge (`raid10-nbd-bridge`). Each gets a loop device (--direct-io=on), mkfs.ext4 (inode
 #    tables and journal written up front, no discard) and a mount (noatime);
 #  * db_bench (Debian rocksdb-tools; installed if missing), 16-byte keys, 400-byte values, no
 #    compression, O_DIRECT for reads and for flush/compaction (so the page cache does not hide the
@@ -59,6 +63,8 @@ command -v nbdfuse >/dev/null || need+=(libnbd-bin)
 command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
 command -v fusermount3 >/dev/null || need+=(fuse3)
 command -v nbdkit >/dev/null || need+=(nbdkit)
+command -v qemu-nbd >/dev/null || need+=(qemu-utils)
+dpkg -s qemu-block-extra >/dev/null 2>&1 || need+=(qemu-block-extra)
 command -v python3 >/dev/null || need+=(python3)
 if ((${#need[@]})); then
   echo "installing ${need[*]} ..."
@@ -77,7 +83,7 @@ REPORT=$CARGO_TARGET_DIR/release/stria-report
 
 mkdir -p "$DIR" "$(dirname "$OUT")" "$REPORT_DIR"
 W=$(mktemp -d "$DIR/stria-bench-rocksdb.XXXXXX")
-SERVER_PID= NBDKIT_PID=
+SERVER_PID= NBDKIT_PID= BRIDGE_PID= BRIDGE2_PID=
 cleanup() {
   set +e
   for m in "$W"/mnt-*; do mountpoint -q "$m" 2>/dev/null && umount "$m"; done
@@ -86,7 +92,7 @@ cleanup() {
     for l in $(losetup -j "$f" -O NAME -n 2>/dev/null); do losetup -d "$l"; done
   done
   for m in "$W"/fuse-*; do mountpoint -q "$m" 2>/dev/null && umount "$m"; done
-  for p in $SERVER_PID $NBDKIT_PID; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  for p in $BRIDGE_PID $BRIDGE2_PID $SERVER_PID $NBDKIT_PID; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
   rm -rf "$W"
 }
 trap cleanup EXIT
@@ -98,10 +104,22 @@ echo "pool and volumes in $W ..."
 "$STRIA" volume create raid10 --pool "$POOL" --size "$SIZE" --layout raid10 --log-level warn >/dev/null
 "$STRIA" volume create ec --pool "$POOL" --size "$SIZE" --layout ec:4+2 --log-level warn >/dev/null
 "$STRIA" volume create tiered --pool "$POOL" --size "$SIZE" --layout tiered:ec:4+2 --log-level warn >/dev/null
-"$STRIA" serve --pool "$POOL" --nbd "unix:$SOCK" --log-level warn >"$W/serve.log" 2>&1 &
+IPORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$STRIA" serve --pool "$POOL" --nbd "unix:$SOCK" --iscsi "tcp:127.0.0.1:$IPORT" --log-level warn >"$W/serve.log" 2>&1 &
 SERVER_PID=$!
 for _ in $(seq 200); do [ -S "$SOCK" ] && break; sleep 0.05; done
 [ -S "$SOCK" ] || { cat "$W/serve.log" >&2; echo "stria serve did not start" >&2; exit 1; }
+IQN=$(sed -n "s|^iSCSI: iscsi://127.0.0.1:$IPORT/\(.*\):VOLUME/0\$|\1|p" "$W/serve.log")
+qemu-nbd -f raw --cache=none --socket="$W/iscsi-bridge.sock" --persistent \
+  "iscsi://127.0.0.1:$IPORT/$IQN:raid10/0" >"$W/qemu-nbd.log" 2>&1 &
+BRIDGE_PID=$!
+for _ in $(seq 200); do [ -S "$W/iscsi-bridge.sock" ] && break; sleep 0.05; done
+[ -S "$W/iscsi-bridge.sock" ] || { cat "$W/qemu-nbd.log" >&2; echo "qemu-nbd (iSCSI bridge) did not start" >&2; exit 1; }
+qemu-nbd -f raw --cache=none --socket="$W/nbd-bridge.sock" --persistent \
+  "nbd+unix:///raid10?socket=$SOCK" >"$W/qemu-nbd2.log" 2>&1 &
+BRIDGE2_PID=$!
+for _ in $(seq 200); do [ -S "$W/nbd-bridge.sock" ] && break; sleep 0.05; done
+[ -S "$W/nbd-bridge.sock" ] || { cat "$W/qemu-nbd2.log" >&2; echo "qemu-nbd (NBD bridge) did not start" >&2; exit 1; }
 truncate -s "$SIZE" "$W/nbdkit.img"
 nbdkit -f -U "$W/nbdkit.sock" file "$W/nbdkit.img" >"$W/nbdkit.log" 2>&1 &
 NBDKIT_PID=$!
@@ -109,11 +127,14 @@ for _ in $(seq 200); do [ -S "$W/nbdkit.sock" ] && break; sleep 0.05; done
 [ -S "$W/nbdkit.sock" ] || { cat "$W/nbdkit.log" >&2; echo "nbdkit did not start" >&2; exit 1; }
 
 # target name -> short name (folders) and NBD URI (none: the local file)
-TARGETS=("local-file" "nbdkit-file" "raid10" "ec:4+2" "tiered:ec:4+2")
-declare -A SHORT=([local-file]=local [nbdkit-file]=nbdkit [raid10]=raid10 [ec:4+2]=ec [tiered:ec:4+2]=tiered)
+TARGETS=("local-file" "nbdkit-file" "raid10" "ec:4+2" "tiered:ec:4+2" "raid10-iscsi" "raid10-nbd-bridge")
+declare -A SHORT=([local-file]=local [nbdkit-file]=nbdkit [raid10]=raid10 [ec:4+2]=ec [tiered:ec:4+2]=tiered
+                  [raid10-iscsi]=raid10i [raid10-nbd-bridge]=raid10b)
 declare -A URI=([local-file]="" [nbdkit-file]="nbd+unix:///?socket=$W/nbdkit.sock"
                 [raid10]="nbd+unix:///raid10?socket=$SOCK" [ec:4+2]="nbd+unix:///ec?socket=$SOCK"
-                [tiered:ec:4+2]="nbd+unix:///tiered?socket=$SOCK")
+                [tiered:ec:4+2]="nbd+unix:///tiered?socket=$SOCK"
+                [raid10-iscsi]="nbd+unix:///?socket=$W/iscsi-bridge.sock"
+                [raid10-nbd-bridge]="nbd+unix:///?socket=$W/nbd-bridge.sock")
 WORKLOADS=(fillseq overwrite readrandom readwhilewriting)
 COMMON=(--key_size=16 --value_size=400 --compression_type=none --num="$KEYS" --threads=1 --histogram=1
         --use_direct_reads=1 --use_direct_io_for_flush_and_compaction=1 --seed=1 --statistics=0)
