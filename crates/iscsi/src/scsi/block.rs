@@ -378,11 +378,17 @@ async fn get_lba_status(volume: &Attachment, cdb: &Cdb<'_>) -> Outcome {
         return Err(Check::lba_out_of_range().into());
     }
     let offset = lba * LOGICAL_BLOCK_BYTES;
-    let extents = volume
-        .block_status(offset, (capacity - lba) * LOGICAL_BLOCK_BYTES)
-        .await
-        .map_err(|e| Check::of_volume(&e))?;
     let max_descriptors = (alloc.saturating_sub(8) / 16).clamp(1, MAX_LBA_STATUS_DESCRIPTORS);
+    // An initiator that takes one descriptor wants the status of where it is about to read
+    // (qemu's iscsi driver asks before every read of a region it has not seen): the first look
+    // of the block-status chunking answers it. Looking further costs the volume a scan of up to
+    // 64 MiB per read (measured: random 4 KiB reads through qemu fell from about 6,000 to 500
+    // per second).
+    let mut look = (capacity - lba) * LOGICAL_BLOCK_BYTES;
+    if max_descriptors == 1 {
+        look = look.min(stria_front::status::FIRST_LOOK_BYTES);
+    }
+    let extents = volume.block_status(offset, look).await.map_err(|e| Check::of_volume(&e))?;
     // Runs of at most 2^31 blocks, so that each fits the 32-bit block count.
     let runs = split(extents, (1u64 << 31) * LOGICAL_BLOCK_BYTES);
     let mut descriptors: Vec<(u64, u64, bool)> = Vec::new();

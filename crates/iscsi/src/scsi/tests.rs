@@ -779,3 +779,22 @@ fn the_file_store_replaces_its_file_whole_and_removes_it() {
     assert_eq!(store.load().expect("load"), None);
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
+
+#[tokio::test]
+async fn one_descriptor_of_lba_status_looks_only_at_the_first_mebibyte() {
+    let f = fixture();
+    let a = nexus("a");
+    f.good(&a, &[0, 0, 0, 0, 0, 0], &[]).await;
+    // The whole volume written: one allocated run of 4 MiB.
+    for mib in 0..4u32 {
+        let cdb = write10(mib * 2048, 2048, false);
+        f.good(&a, &cdb, &vec![1; 1 << 20]).await;
+    }
+    let descriptor = |d: &[u8]| (u32::from_be_bytes(d[16..20].try_into().unwrap()), d[20]);
+    // Room for one descriptor (qemu's question before a read): the first 1 MiB only.
+    let one = f.good(&a, &cdb16(0x9E, 0x12, 0, 24), &[]).await;
+    assert_eq!(descriptor(&one), (2048, 0));
+    // Room for more: the run as far as the chunking looks.
+    let many = f.good(&a, &cdb16(0x9E, 0x12, 0, 4096), &[]).await;
+    assert_eq!(descriptor(&many), (VOLUME_BLOCKS as u32, 0));
+}
