@@ -370,6 +370,10 @@ fn read_capacity_16(volume: &Attachment, cdb: &Cdb<'_>) -> Outcome {
 /// GET LBA STATUS: the provisioning status of blocks from the starting LBA on, from the
 /// volume's allocation map (a prefix of the rest of the volume, as the front ends' block-status
 /// chunking gives it): mapped (0) or deallocated (1).
+/// How far GET LBA STATUS looks when the initiator has room for one descriptor: a little more
+/// than a large read (a volume's block status costs in proportion to the range).
+const ONE_DESCRIPTOR_LOOK_BYTES: u64 = 128 << 10;
+
 async fn get_lba_status(volume: &Attachment, cdb: &Cdb<'_>) -> Outcome {
     let lba = cdb.be64(2)?;
     let alloc = buffer_len(u64::from(cdb.be32(10)?));
@@ -380,13 +384,13 @@ async fn get_lba_status(volume: &Attachment, cdb: &Cdb<'_>) -> Outcome {
     let offset = lba * LOGICAL_BLOCK_BYTES;
     let max_descriptors = (alloc.saturating_sub(8) / 16).clamp(1, MAX_LBA_STATUS_DESCRIPTORS);
     // An initiator that takes one descriptor wants the status of where it is about to read
-    // (qemu's iscsi driver asks before every read of a region it has not seen): the first look
-    // of the block-status chunking answers it. Looking further costs the volume a scan of up to
-    // 64 MiB per read (measured: random 4 KiB reads through qemu fell from about 6,000 to 500
-    // per second).
+    // (qemu's iscsi driver asks before every read of a region it has not seen), so the answer
+    // covers a little more than a read. Looking further costs the volume a scan of up to 64 MiB
+    // per read (measured: random 4 KiB reads through qemu fell from about 6,000 to 500 per
+    // second); a shorter answer only means the initiator reads instead of assuming zeros.
     let mut look = (capacity - lba) * LOGICAL_BLOCK_BYTES;
     if max_descriptors == 1 {
-        look = look.min(stria_front::status::FIRST_LOOK_BYTES);
+        look = look.min(ONE_DESCRIPTOR_LOOK_BYTES);
     }
     let extents = volume.block_status(offset, look).await.map_err(|e| Check::of_volume(&e))?;
     // Runs of at most 2^31 blocks, so that each fits the 32-bit block count.

@@ -781,7 +781,7 @@ fn the_file_store_replaces_its_file_whole_and_removes_it() {
 }
 
 #[tokio::test]
-async fn one_descriptor_of_lba_status_looks_only_at_the_first_mebibyte() {
+async fn one_descriptor_of_lba_status_looks_only_a_little_ahead() {
     let f = fixture();
     let a = nexus("a");
     f.good(&a, &[0, 0, 0, 0, 0, 0], &[]).await;
@@ -791,9 +791,9 @@ async fn one_descriptor_of_lba_status_looks_only_at_the_first_mebibyte() {
         f.good(&a, &cdb, &vec![1; 1 << 20]).await;
     }
     let descriptor = |d: &[u8]| (u32::from_be_bytes(d[16..20].try_into().unwrap()), d[20]);
-    // Room for one descriptor (qemu's question before a read): the first 1 MiB only.
+    // Room for one descriptor (qemu's question before a read): the first 128 KiB only.
     let one = f.good(&a, &cdb16(0x9E, 0x12, 0, 24), &[]).await;
-    assert_eq!(descriptor(&one), (2048, 0));
+    assert_eq!(descriptor(&one), (256, 0));
     // Room for more: the run as far as the chunking looks.
     let many = f.good(&a, &cdb16(0x9E, 0x12, 0, 4096), &[]).await;
     assert_eq!(descriptor(&many), (VOLUME_BLOCKS as u32, 0));
