@@ -48,7 +48,7 @@ export STRIA_LOG=warn
 SP=$(free_port)
 "$STRIA" serve --pool "$W/pool" --nbd "unix:$W/nbd.sock" --iscsi "tcp:127.0.0.1:$SP" >"$W/stria.log" 2>&1 &
 SPID=$!
-TP=$(free_port) CTL=$((20000 + RANDOM % 20000))
+TP=$(free_port) CTL=$((1000 + RANDOM % 9000))  # tgtadm takes control ports up to 32767
 truncate -s 1G "$W/tgt.img"
 tgtd -f -C "$CTL" --iscsi "portal=127.0.0.1:$TP" >"$W/tgt.log" 2>&1 &
 TPID=$!
