@@ -49,8 +49,34 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn discard(&self, offset_bytes: u64, len_bytes: u64)
     -> impl Future<Output = Result<(), DevError>> + Send;
 
+    /// Makes the range read as zeros, durably after the next `flush`. The default writes zeros
+    /// a MiB at a time; a device that can do it without writing the bytes (a hole punched in
+    /// a file, a block device's WRITE ZEROES) overrides it, so that formatting a large drive
+    /// writes almost nothing and a sparse drive file stays sparse.
+    fn zero(&self, offset_bytes: u64, len_bytes: u64) -> impl Future<Output = Result<(), DevError>> + Send {
+        write_zeros(self, offset_bytes, len_bytes)
+    }
+
     /// Operation and byte counters of this device.
     fn counters(&self) -> &DevCounters;
+}
+
+/// Writes zeros over `len_bytes` of `dev` from `offset_bytes`, a MiB at a time: what
+/// [`BlockDevice::zero`] does on a device with no better way.
+pub async fn write_zeros<D: BlockDevice + ?Sized>(
+    dev: &D,
+    offset_bytes: u64,
+    len_bytes: u64,
+) -> Result<(), DevError> {
+    const CHUNK: usize = 1 << 20;
+    let zeros = IoBytes::zeroed(CHUNK);
+    let mut at = 0;
+    while at < len_bytes {
+        let n = usize::try_from(len_bytes - at).map_or(CHUNK, |rest| rest.min(CHUNK));
+        dev.write(offset_bytes + at, zeros.slice(0..n), false).await?;
+        at += n as u64;
+    }
+    Ok(())
 }
 
 /// A shared device is a device: lets a test keep a handle to a drive a pool owns.
@@ -81,6 +107,9 @@ impl<T: BlockDevice> BlockDevice for Arc<T> {
         len_bytes: u64,
     ) -> impl Future<Output = Result<(), DevError>> + Send {
         (**self).discard(offset_bytes, len_bytes)
+    }
+    fn zero(&self, offset_bytes: u64, len_bytes: u64) -> impl Future<Output = Result<(), DevError>> + Send {
+        (**self).zero(offset_bytes, len_bytes)
     }
     fn counters(&self) -> &DevCounters {
         (**self).counters()

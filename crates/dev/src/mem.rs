@@ -174,6 +174,14 @@ impl BlockDevice for MemDevice {
         ready(result)
     }
 
+    fn zero(&self, offset_bytes: u64, len_bytes: u64) -> impl Future<Output = Result<(), DevError>> + Send {
+        let result = check_range(&self.name, self.size_bytes, offset_bytes, len_bytes).map(|()| {
+            self.zero_at(offset_bytes, len_bytes);
+            self.counters.record_discard();
+        });
+        ready(result)
+    }
+
     fn counters(&self) -> &DevCounters {
         &self.counters
     }

@@ -87,6 +87,35 @@ fn threads_round_trip_on_tmpfs_and_ext4() {
     round_trip(IoEngine::Threads, "/tmp");
 }
 
+/// `zero` makes a range read as zeros without writing it: the drive file gives the space back
+/// (a large range of an existing file costs no writes and stays sparse).
+fn zero_punches_a_hole(engine: IoEngine, root: &str) {
+    use std::os::unix::fs::MetadataExt;
+    let (dir, dev) = new_drive(root, engine, 8, 64 * MIB);
+    let allocated = || std::fs::metadata(dir.path().join("drive.img")).expect("stat").blocks() * 512;
+    block_on(dev.write(0, IoBytes::copy_from(&vec![0xEE; 32 << 20]), false)).unwrap();
+    block_on(dev.flush()).unwrap();
+    assert!(allocated() >= 32 * MIB, "{root}: the data is allocated ({})", allocated());
+    let writes = dev.counters().snapshot().write_bytes;
+    block_on(dev.zero(4096, 32 * MIB - 8192)).unwrap();
+    block_on(dev.flush()).unwrap();
+    const END: usize = 32 << 20;
+    let back = read_back(&dev, 0, END);
+    assert!(back[..4096].iter().all(|&b| b == 0xEE) && back[END - 4096..].iter().all(|&b| b == 0xEE));
+    assert!(back[4096..END - 4096].iter().all(|&b| b == 0), "{root}: zeroed");
+    assert_eq!(dev.counters().snapshot().write_bytes, writes, "{root}: no bytes written");
+    assert!(allocated() < 2 * MIB, "{root}: the space is given back ({} bytes left)", allocated());
+    assert!(block_on(dev.zero(60 * MIB, 8 * MIB)).is_err(), "past the end");
+}
+
+#[test]
+fn zero_punches_a_hole_with_every_engine() {
+    for engine in [IoEngine::Uring, IoEngine::Threads, IoEngine::Inline] {
+        zero_punches_a_hole(engine, "/dev/shm");
+        zero_punches_a_hole(engine, "/tmp");
+    }
+}
+
 /// 256 requests through a queue of 8: most wait for a slot, all complete in whatever order the
 /// kernel finishes them, and each future gets its own result.
 fn many_concurrent(engine: IoEngine, root: &str) {
@@ -280,7 +309,7 @@ fn data_survives_close_and_reopen() {
 
 /// Destructive: runs only when `STRIA_TEST_BLOCK_DEVICE` names a scratch block device (for
 /// example a loop device: `losetup -f --show scratch.img`). Both engines; discard goes through
-/// BLKDISCARD.
+/// BLKDISCARD, zero through BLKZEROOUT.
 #[test]
 fn block_device_round_trip_when_one_is_given() {
     let Some(path) = std::env::var_os("STRIA_TEST_BLOCK_DEVICE") else { return };
@@ -294,5 +323,8 @@ fn block_device_round_trip_when_one_is_given() {
         assert_eq!(&read_back(&dev, last, 8192)[..], &pattern(2, 3, 8192)[..]);
         block_on(dev.discard(last, 8192)).unwrap();
         assert_eq!(dev.counters().snapshot().discard_ops, 1);
+        block_on(dev.write(last, pattern(2, 4, 8192), true)).unwrap();
+        block_on(dev.zero(last, 8192)).unwrap();
+        assert!(read_back(&dev, last, 8192).iter().all(|&b| b == 0), "BLKZEROOUT zeroes");
     }
 }

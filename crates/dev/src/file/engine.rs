@@ -95,7 +95,7 @@ impl Shared {
     pub(super) fn dispatch(&self, table: &mut Table, ticket: Ticket) -> Kick {
         let kind = table.request(ticket).kind;
         match &self.ring {
-            Some(ring) if !(kind == OpKind::Discard && self.is_block_device) => {
+            Some(ring) if !(matches!(kind, OpKind::Discard | OpKind::Zero) && self.is_block_device) => {
                 let entry = self.sqe(table.syscall(ticket)).user_data(ticket.user_data());
                 // SAFETY: the SQ is only ever touched with the table lock held, which the caller
                 // holds, so this is the only `SubmissionQueue` in existence.
@@ -157,10 +157,12 @@ impl Shared {
                 opcode::Write::new(fd, ptr, sqe_len(len)).offset(offset_bytes).rw_flags(rw_flags).build()
             }
             Syscall::Flush => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
-            Syscall::Discard { offset_bytes, len_bytes } => opcode::Fallocate::new(fd, len_bytes)
-                .offset(offset_bytes)
-                .mode(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
-                .build(),
+            Syscall::Discard { offset_bytes, len_bytes } | Syscall::Zero { offset_bytes, len_bytes } => {
+                opcode::Fallocate::new(fd, len_bytes)
+                    .offset(offset_bytes)
+                    .mode(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
+                    .build()
+            }
         }
     }
 
@@ -196,7 +198,10 @@ impl Shared {
             Syscall::Discard { offset_bytes, len_bytes } if self.is_block_device => {
                 sys::blk_discard(&self.file, offset_bytes, len_bytes)
             }
-            Syscall::Discard { offset_bytes, len_bytes } => {
+            Syscall::Zero { offset_bytes, len_bytes } if self.is_block_device => {
+                sys::blk_zeroout(&self.file, offset_bytes, len_bytes)
+            }
+            Syscall::Discard { offset_bytes, len_bytes } | Syscall::Zero { offset_bytes, len_bytes } => {
                 sys::punch_hole(&self.file, offset_bytes, len_bytes)
             }
         }

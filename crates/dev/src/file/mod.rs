@@ -418,6 +418,31 @@ impl BlockDevice for FileDevice {
         }
     }
 
+    fn zero(&self, offset_bytes: u64, len_bytes: u64) -> impl Future<Output = Result<(), DevError>> + Send {
+        let checked = check_range(&self.shared.name, self.size_bytes, offset_bytes, len_bytes);
+        async move {
+            checked?;
+            if len_bytes == 0 {
+                return Ok(());
+            }
+            let request = FileDevice::request(OpKind::Zero, offset_bytes, len_bytes);
+            match self.submit(request, Payload::None).await {
+                Ok(_) => Ok(()),
+                // A filesystem that cannot punch holes, a device without the ioctl: the zeros
+                // are written.
+                Err(DevError::Io { source, .. })
+                    if matches!(
+                        source.raw_os_error(),
+                        Some(libc::EOPNOTSUPP | libc::ENOTTY | libc::EINVAL)
+                    ) =>
+                {
+                    crate::device::write_zeros(self, offset_bytes, len_bytes).await
+                }
+                Err(e) => Err(e),
+            }
+        }
+    }
+
     fn counters(&self) -> &DevCounters {
         &self.counters
     }

@@ -80,7 +80,7 @@ impl<'a> OpFuture<'a> {
                 self.counters.record_write_latency(ns());
             }
             OpKind::Flush => self.counters.record_flush(),
-            OpKind::Discard => self.counters.record_discard(),
+            OpKind::Discard | OpKind::Zero => self.counters.record_discard(),
         }
     }
 }

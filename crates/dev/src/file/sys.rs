@@ -12,6 +12,8 @@ use std::os::fd::AsRawFd;
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 /// `_IO(0x12, 119)`: discard a byte range `[start, len]` of a block device.
 const BLKDISCARD: libc::c_ulong = 0x1277;
+/// `_IO(0x12, 127)`: make a byte range `[start, len]` of a block device read as zeros.
+const BLKZEROOUT: libc::c_ulong = 0x127F;
 
 /// `-errno` of the last failed call, as an `i32` completion result.
 fn last_errno_result() -> i32 {
@@ -79,6 +81,14 @@ pub(super) fn blk_discard(file: &File, offset_bytes: u64, len_bytes: u64) -> i32
     let range: [u64; 2] = [offset_bytes, len_bytes];
     // SAFETY: BLKDISCARD reads two u64 (start, length) from the pointer, which points at `range`.
     status_result(unsafe { libc::ioctl(file.as_raw_fd(), BLKDISCARD, range.as_ptr()) })
+}
+
+/// `ioctl(BLKZEROOUT)`: makes the range of a block device read as zeros (the kernel uses the
+/// device's WRITE ZEROES or unmap when it has one, and writes zeros when not).
+pub(super) fn blk_zeroout(file: &File, offset_bytes: u64, len_bytes: u64) -> i32 {
+    let range: [u64; 2] = [offset_bytes, len_bytes];
+    // SAFETY: BLKZEROOUT reads two u64 (start, length) from the pointer, which points at `range`.
+    status_result(unsafe { libc::ioctl(file.as_raw_fd(), BLKZEROOUT, range.as_ptr()) })
 }
 
 /// Size in bytes of an open block device (`ioctl(BLKGETSIZE64)`).

@@ -18,9 +18,13 @@ pub(super) const MAX_IO_BYTES: usize = 1 << 30;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum OpKind {
     Read,
-    Write { fua: bool },
+    Write {
+        fua: bool,
+    },
     Flush,
     Discard,
+    /// Make the range read as zeros without writing it (a punched hole, BLKZEROOUT).
+    Zero,
 }
 
 /// The buffer a request owns while it is in flight.
@@ -50,6 +54,7 @@ pub(super) enum Syscall {
     Write { ptr: *const u8, len: usize, offset_bytes: u64, fua: bool },
     Flush,
     Discard { offset_bytes: u64, len_bytes: u64 },
+    Zero { offset_bytes: u64, len_bytes: u64 },
 }
 
 #[derive(Debug)]
@@ -186,6 +191,7 @@ impl Table {
             }
             (OpKind::Flush, _) => Syscall::Flush,
             (OpKind::Discard, _) => Syscall::Discard { offset_bytes, len_bytes },
+            (OpKind::Zero, _) => Syscall::Zero { offset_bytes, len_bytes },
             (kind, payload) => panic!("request {kind:?} carries the wrong payload {payload:?}"),
         }
     }

@@ -170,16 +170,10 @@ pub(crate) async fn read_flush_record<D: BlockDevice>(dev: &D, sb: &Superblock) 
     FlushRecord::decode(&block).ok().filter(|r| r.pool_uuid == sb.pool_uuid && r.drive_uuid == sb.drive_uuid)
 }
 
-/// Writes zeros over `len` bytes of `dev` from `offset`, a MiB at a time.
+/// Makes `len` bytes of `dev` from `offset` read as zeros: a hole punched in a drive file, a
+/// block device's WRITE ZEROES, or zeros written where neither exists.
 async fn zero_range<D: BlockDevice>(dev: &D, offset: u64, len: u64) -> Result<(), DevError> {
-    let zeros = IoBytes::zeroed(1 << 20);
-    let mut at = 0;
-    while at < len {
-        let n = (len - at).min(1 << 20);
-        dev.write(offset + at, zeros.slice(0..n as usize), false).await?;
-        at += n;
-    }
-    Ok(())
+    dev.zero(offset, len).await
 }
 
 impl<D: BlockDevice> Drive<D> {
