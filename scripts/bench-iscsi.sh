@@ -4,7 +4,7 @@
 # reads) and qemu-img bench through qemu's iscsi:// driver (4 KiB reads and writes, offsets
 # stepping by 4 KiB), at queue depths 1 and 32.
 #
-# Usage: scripts/bench-iscsi.sh [PATH/TO/stria] [--reps N] [--seconds S]
+# Usage: scripts/bench-iscsi.sh [PATH/TO/stria] [--reps N] [--seconds S] [--baseline PATH/TO/stria]
 #
 #  * stria: a pool of 2 fast + 6 capacity file drives in /dev/shm, volumes r0 (raid0, 1 GiB) and
 #    r1 (raid1, 1 GiB), `stria serve --iscsi`; tgt: `tgtd` with one target whose LUN is a 1 GiB
@@ -12,15 +12,18 @@
 #  * every LUN is filled with the same random data first (unwritten blocks would read as zeros
 #    without touching anything);
 #  * each workload runs on every LUN back to back, `--reps` times (default 3, 4 s each); the
-#    script prints the CPU model, the median IOPS of each, and stria/tgt ratios.
+#    script prints the CPU model, the median IOPS of each, and stria/tgt ratios;
+#  * --baseline: another stria build (an earlier commit) serves its own raid0 volume `base-r0`
+#    from a pool of its own beside them, in the same rounds, and r0/base-r0 is printed too.
 # Both servers run unpinned at the same priority; docs/benchmarks.md ("iSCSI") quotes results.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-STRIA=$ROOT/target/release/stria REPS=3 SECS=4
+STRIA=$ROOT/target/release/stria REPS=3 SECS=4 BASE=
 while (($#)); do
   case $1 in
     --reps) REPS=$2; shift 2 ;;
     --seconds) SECS=$2; shift 2 ;;
+    --baseline) BASE=$(realpath "$2"); shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed 's/^# \{0,1\}//;$d'; exit 0 ;;
     *) STRIA=$(realpath "$1"); shift ;;
   esac
@@ -29,10 +32,11 @@ for tool in tgtd tgtadm iscsi-perf qemu-img; do
   command -v "$tool" >/dev/null || { echo "needs $tool (apt-get install tgt libiscsi-bin qemu-utils qemu-block-extra)" >&2; exit 1; }
 done
 W=$(mktemp -d /dev/shm/stria-bench-iscsi.XXXX)
-SPID= TPID=
+SPID= TPID= BPID=
 cleanup() {
   set +e
   [ -z "$SPID" ] || kill "$SPID" 2>/dev/null
+  [ -z "$BPID" ] || kill "$BPID" 2>/dev/null
   # tgtd does not stop on SIGTERM while it has targets.
   [ -z "$TPID" ] || kill -9 "$TPID" 2>/dev/null
   wait 2>/dev/null
@@ -66,6 +70,17 @@ declare -A LUN=(
   [tgt]="iscsi://127.0.0.1:$TP/iqn.2026-11.bench:tgt/1"
 )
 NAMES=(stria-r0 stria-r1 tgt)
+if [ -n "$BASE" ]; then
+  "$BASE" pool create --pool "$W/base" --fast 2 --capacity 6 --drive-size 2G >/dev/null
+  "$BASE" volume create r0 --pool "$W/base" --size 1G --layout raid0 >/dev/null
+  BP=$(free_port)
+  "$BASE" serve --pool "$W/base" --nbd "unix:$W/base-nbd.sock" --iscsi "tcp:127.0.0.1:$BP" >"$W/base.log" 2>&1 &
+  BPID=$!
+  for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$BP") 2>/dev/null && break; sleep 0.05; done
+  BIQN=$(sed -n "s|^iSCSI: iscsi://127.0.0.1:$BP/\\(.*\\):VOLUME/0\$|\\1|p" "$W/base.log")
+  LUN[base-r0]="iscsi://127.0.0.1:$BP/$BIQN:r0/0"
+  NAMES+=(base-r0)
+fi
 
 head -c 1G /dev/urandom >"$W/fill.raw"
 for n in "${NAMES[@]}"; do qemu-img convert -n -f raw -O raw "$W/fill.raw" "${LUN[$n]}"; done
@@ -108,11 +123,19 @@ samples = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     workload, depth, name, iops = line.split()
     samples[(workload, int(depth), name)].append(int(iops))
-print(f"{'workload':<14} {'qd':>3} {'stria-r0':>10} {'stria-r1':>10} {'tgt':>10} {'r0/tgt':>7} {'r1/tgt':>7}   (median IOPS of {len(next(iter(samples.values())))})")
+base = any(k[2] == "base-r0" for k in samples)
+head = f"{'workload':<14} {'qd':>3} {'stria-r0':>10} {'stria-r1':>10} {'tgt':>10} {'r0/tgt':>7} {'r1/tgt':>7}"
+if base:
+    head += f" {'base-r0':>10} {'r0/base':>7}"
+print(f"{head}   (median IOPS of {len(next(iter(samples.values())))})")
 for workload in ("randread-perf", "read-bench", "write-bench"):
     for depth in (1, 32):
-        m = {n: statistics.median(samples[(workload, depth, n)]) for n in ("stria-r0", "stria-r1", "tgt")}
+        names = ("stria-r0", "stria-r1", "tgt") + (("base-r0",) if base else ())
+        m = {n: statistics.median(samples[(workload, depth, n)]) for n in names}
         t = m["tgt"] or 1
-        print(f"{workload:<14} {depth:>3} {m['stria-r0']:>10.0f} {m['stria-r1']:>10.0f} {m['tgt']:>10.0f} "
-              f"{m['stria-r0'] / t:>7.2f} {m['stria-r1'] / t:>7.2f}")
+        line = (f"{workload:<14} {depth:>3} {m['stria-r0']:>10.0f} {m['stria-r1']:>10.0f} {m['tgt']:>10.0f} "
+                f"{m['stria-r0'] / t:>7.2f} {m['stria-r1'] / t:>7.2f}")
+        if base:
+            line += f" {m['base-r0']:>10.0f} {m['stria-r0'] / (m['base-r0'] or 1):>7.2f}"
+        print(line)
 EOF
