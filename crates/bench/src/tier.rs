@@ -341,11 +341,11 @@ pub fn run(args: &TierBenchArgs) -> Result<()> {
 
 /// Bytes the drives will hold once the volume is filled: the segment space's stripes and the
 /// mirrored cache and map, plus the engine's own regions (a guess on the high side).
-fn memory_needed(shape: &Shape) -> u64 {
+fn memory_needed(shape: &Shape) -> Result<u64> {
     let k = u64::from(shape.data_shards);
     let capacity = shape.volume_bytes * 3 / 2 / k * (k + u64::from(shape.parity_shards));
-    let fast = 2 * (shape.cache_bytes + rig::map_bytes(shape.volume_bytes));
-    capacity + fast + (256 << 20)
+    let fast = 2 * (shape.cache_bytes + shape.meta_bytes()?);
+    Ok(capacity + fast + (256 << 20))
 }
 
 /// Whether `dir` is on a tmpfs (its longest mount point prefix in /proc/mounts).
@@ -374,7 +374,7 @@ fn check_memory(args: &TierBenchArgs, shape: &Shape) -> Result<()> {
         let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
         line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib << 10)
     });
-    let need = memory_needed(shape);
+    let need = memory_needed(shape)?;
     if let Some(available) = available
         && need + (1 << 30) > available
     {

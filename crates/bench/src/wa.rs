@@ -34,7 +34,7 @@ use anyhow::{Context, Result, bail};
 use stria_dev::mem::MemDevice;
 use stria_dev::{BLOCK_BYTES, DevCountersSnapshot, IoBytes};
 use stria_engine::{DriveClass, Layout, NewDrive, Pool, VolumeRole, VolumeSpec};
-use stria_tier::log::{self, LogSpec, LogVolume};
+use stria_tier::log::{self, GcPolicy, LogParams, LogSpec, LogVolume};
 
 use crate::host::{cpu_model, num_cpus};
 use crate::regions::{REGIONS, Region, RegionCounters, Tap};
@@ -75,6 +75,91 @@ pub struct WaBenchArgs {
     /// Seed of the random offsets and data.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Where the random overwrites go: `uniform`, `80/20` (80 % of the writes to 20 % of the
+    /// blocks) or `zipf` (Zipf's law with exponent 1.1 over the blocks' ranks); the hot blocks
+    /// are scattered over the volume.
+    #[arg(long, value_delimiter = ',', default_value = "uniform")]
+    pub workloads: Vec<Workload>,
+    /// GC victim policies, each run on the same writes (same seed), with cost over greedy's.
+    #[arg(long, value_delimiter = ',', default_value = "cost-benefit,greedy", value_parser = parse_policy)]
+    pub gc: Vec<GcPolicy>,
+}
+
+fn parse_policy(s: &str) -> Result<GcPolicy, String> {
+    match s {
+        "greedy" => Ok(GcPolicy::Greedy),
+        "cost-benefit" => Ok(GcPolicy::CostBenefit),
+        _ => Err(format!("{s}: expected greedy or cost-benefit")),
+    }
+}
+
+/// Where random overwrites go.
+#[derive(Clone, Copy, Debug, PartialEq, clap::ValueEnum)]
+pub enum Workload {
+    /// Every block alike.
+    Uniform,
+    /// 80 % of the writes to 20 % of the blocks.
+    #[value(name = "80/20")]
+    Hot80,
+    /// Zipf 1.1 over the blocks' ranks.
+    Zipf,
+}
+
+impl std::fmt::Display for Workload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Workload::Uniform => "uniform",
+            Workload::Hot80 => "80/20",
+            Workload::Zipf => "zipf 1.1",
+        })
+    }
+}
+
+/// Draws the blocks of a [`Workload`]: a rank (0 the hottest), scattered over the volume by a
+/// multiplication that permutes the blocks.
+struct Picker {
+    workload: Workload,
+    blocks: u64,
+    /// Zipf: the cumulative weight of ranks 0..=i, normalised to 1.
+    cdf: Vec<f64>,
+}
+
+impl Picker {
+    /// A prime: coprime with any block count below it, so `rank * SCATTER % blocks` permutes.
+    const SCATTER: u64 = 2_654_435_761;
+
+    fn new(workload: Workload, blocks: u64) -> Picker {
+        let cdf = if workload == Workload::Zipf {
+            let mut acc = 0.0;
+            let mut cdf: Vec<f64> = (1..=blocks)
+                .map(|r| {
+                    acc += (r as f64).powf(-1.1);
+                    acc
+                })
+                .collect();
+            cdf.iter_mut().for_each(|c| *c /= acc);
+            cdf
+        } else {
+            Vec::new()
+        };
+        Picker { workload, blocks, cdf }
+    }
+
+    fn next(&self, rand: &mut Rand) -> u64 {
+        let r = rand.next();
+        let rank = match self.workload {
+            Workload::Uniform => return r % self.blocks,
+            Workload::Hot80 => {
+                let hot = (self.blocks / 5).max(1);
+                if r % 100 < 80 { (r >> 8) % hot } else { hot + (r >> 8) % (self.blocks - hot).max(1) }
+            }
+            Workload::Zipf => {
+                let u = (r >> 11) as f64 / (1u64 << 53) as f64;
+                self.cdf.partition_point(|&c| c < u).min(self.cdf.len() - 1) as u64
+            }
+        };
+        (rank % self.blocks) * (Self::SCATTER % self.blocks) % self.blocks
+    }
 }
 
 /// Drive-write counters of one moment, by class and region.
@@ -244,6 +329,7 @@ async fn random_writes<F, Fut>(
     count: u64,
     qd: usize,
     rand: &mut Rand,
+    picker: &Picker,
     versions: &mut [u32],
     first_only: bool,
     write: F,
@@ -252,14 +338,13 @@ where
     F: Fn(u64, IoBytes) -> Fut,
     Fut: std::future::Future<Output = Result<(), stria_engine::VolumeError>>,
 {
-    let blocks = versions.len() as u64;
     let mut done = 0;
     let mut latencies = Vec::with_capacity(count as usize);
     while done < count {
         let n = (count - done).min(qd as u64);
         let mut batch = Vec::with_capacity(n as usize);
         for _ in 0..n {
-            let b = rand.next() % blocks;
+            let b = picker.next(rand);
             // Two writes of one block in one round would race: skip the duplicate.
             if batch.iter().any(|&(x, _)| x == b) || (first_only && versions[b as usize] != 0) {
                 continue;
@@ -319,11 +404,14 @@ const WARM: &str = "random 4 KiB (warm-up)";
 const MEASURED: &str = "random 4 KiB (measured)";
 
 /// Runs the volume of one fill; returns its phases and the summary lines (printed after them).
-async fn log_run(args: &WaBenchArgs, fill: f64) -> Result<(Vec<Phase>, Vec<String>)> {
+async fn log_run(
+    args: &WaBenchArgs,
+    fill: f64,
+    workload: Workload,
+    policy: GcPolicy,
+) -> Result<(Vec<Phase>, Vec<String>)> {
     let space = (args.volume as f64 / fill) as u64;
     let raw_per_drive = space / u64::from(DATA_SHARDS) + (64 << 20);
-    let map_bytes = args.volume / BLOCK_BYTES * 16 + (80 << 20);
-    let rig = Rig::build(args.cache + map_bytes + SLACK, raw_per_drive + SLACK).await?;
     let spec = LogSpec {
         chunk_bytes: CHUNK,
         space_bytes: Some(space),
@@ -331,10 +419,14 @@ async fn log_run(args: &WaBenchArgs, fill: f64) -> Result<(Vec<Phase>, Vec<Strin
         fast_tier: true,
         ..LogSpec::new("wa", args.volume, DATA_SHARDS, PARITY_SHARDS)
     };
+    // The fast drives hold the metadata part and the cache, sized as `create` sizes them.
+    let meta_bytes = log::plan(&spec).context("sizing the log volume")?.meta_bytes;
+    let rig = Rig::build(args.cache + meta_bytes + SLACK, raw_per_drive + SLACK).await?;
     let vol: Arc<LogVolume<Dev>> = log::create(&rig.pool, spec).await.context("creating the log volume")?;
+    vol.set_params(LogParams { gc: policy, ..vol.params() });
     let geo = vol.geometry();
     println!(
-        "{}, fill {:.1}%: {} segments of {} MiB data ({} rows of {} KiB per batch), cache {} MiB",
+        "{}, fill {:.1}%, {workload} overwrites, GC {policy:?}: {} segments of {} MiB data ({} rows of {} KiB per batch), cache {} MiB",
         vol.layout(),
         fill * 100.0,
         geo.segments,
@@ -348,14 +440,16 @@ async fn log_run(args: &WaBenchArgs, fill: f64) -> Result<(Vec<Phase>, Vec<Strin
     let mut phases = Vec::new();
     let gc = |v: &LogVolume<Dev>| v.status().gc_moved_blocks;
     let mut rand = Rand(args.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let (uniform, picker) = (Picker::new(Workload::Uniform, blocks), Picker::new(workload, blocks));
     // 0. First writes: random 4 KiB writes to never-written blocks of the new volume (a quarter
     // of it), against the overwrites below: a thin volume should have no first-write cliff.
     {
         let count = blocks / 4;
         let (before, gc0, t) = (rig.bytes(), gc(&vol), Instant::now());
-        let lat =
-            random_writes(count, args.qd, &mut rand, &mut versions, true, |o, d| vol.write(o, d, false))
-                .await?;
+        let lat = random_writes(count, args.qd, &mut rand, &uniform, &mut versions, true, |o, d| {
+            vol.write(o, d, false)
+        })
+        .await?;
         let secs = t.elapsed().as_secs_f64();
         vol.destage_all().await.context("destage")?;
         phases.push(
@@ -412,9 +506,10 @@ async fn log_run(args: &WaBenchArgs, fill: f64) -> Result<(Vec<Phase>, Vec<Strin
         (MEASURED, (blocks as f64 * args.turns) as u64),
     ] {
         let (before, gc0, t) = (rig.bytes(), gc(&vol), Instant::now());
-        let lat =
-            random_writes(count, args.qd, &mut rand, &mut versions, false, |o, d| vol.write(o, d, false))
-                .await?;
+        let lat = random_writes(count, args.qd, &mut rand, &picker, &mut versions, false, |o, d| {
+            vol.write(o, d, false)
+        })
+        .await?;
         let secs = t.elapsed().as_secs_f64();
         vol.destage_all().await.context("destage")?;
         phases.push(
@@ -485,8 +580,16 @@ async fn reference_run(args: &WaBenchArgs) -> Result<Phase> {
     let mut rand = Rand(args.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let count = args.reference / BLOCK_BYTES;
     let (before, t) = (rig.bytes(), Instant::now());
-    let lat =
-        random_writes(count, args.qd, &mut rand, &mut versions, false, |o, d| vol.write(o, d, false)).await?;
+    let lat = random_writes(
+        count,
+        args.qd,
+        &mut rand,
+        &Picker::new(Workload::Uniform, blocks),
+        &mut versions,
+        false,
+        |o, d| vol.write(o, d, false),
+    )
+    .await?;
     vol.flush().await.context("flush")?;
     let secs = t.elapsed().as_secs_f64();
     let phase =
@@ -496,6 +599,46 @@ async fn reference_run(args: &WaBenchArgs) -> Result<Phase> {
     drop(vol);
     rig.pool.close().await.context("closing the pool")?;
     Ok(phase)
+}
+
+/// Greedy GC's capacity bytes per host byte for uniform random writes at `fill` (the live
+/// fraction x of its victims solves (1 - x) / (-ln x) = fill; each victim frees 1 - x of a
+/// segment), times the parity of ec:K+M.
+fn greedy_limit(fill: f64) -> f64 {
+    let (mut lo, mut hi) = (1e-9, 1.0 - 1e-9);
+    for _ in 0..100 {
+        let x = f64::midpoint(lo, hi);
+        if (1.0 - x) / -x.ln() < fill { lo = x } else { hi = x }
+    }
+    let x = f64::midpoint(lo, hi);
+    1.0 / (1.0 - x) * f64::from(DATA_SHARDS + PARITY_SHARDS) / f64::from(DATA_SHARDS)
+}
+
+/// The measured phases side by side: each policy's capacity bytes per host byte (data region),
+/// over greedy's on the same writes, and greedy's limit for uniform writes.
+fn print_costs(costs: &[(f64, Workload, GcPolicy, f64)]) {
+    println!("\nmeasured phase, capacity bytes per host byte (data region):");
+    println!(
+        "  {:<6} {:<10} {:<13} {:>7} {:>10} {:>15}",
+        "fill", "workload", "GC", "cost", "/ greedy", "greedy's limit"
+    );
+    for &(fill, workload, policy, cost) in costs {
+        let greedy = costs
+            .iter()
+            .find(|c| c.0 == fill && c.1 == workload && c.2 == GcPolicy::Greedy)
+            .map_or(String::from("-"), |g| format!("{:.2}", cost / g.3));
+        let limit =
+            if workload == Workload::Uniform { format!("{:.2}", greedy_limit(fill)) } else { "-".into() };
+        println!(
+            "  {:<6} {:<10} {:<13} {:>7.3} {:>10} {:>15}",
+            format!("{:.1}%", fill * 100.0),
+            workload.to_string(),
+            format!("{policy:?}"),
+            cost,
+            greedy,
+            limit
+        );
+    }
 }
 
 /// Runs the benchmark.
@@ -523,15 +666,25 @@ pub fn run(args: &WaBenchArgs) -> Result<()> {
             println!("reference (thick ec:{DATA_SHARDS}+{PARITY_SHARDS} on the capacity drives, same size):");
             reference_run(args).await?.print();
         }
+        // Capacity bytes per host byte of each measured phase: (fill, workload, policy, cost).
+        let mut costs: Vec<(f64, Workload, GcPolicy, f64)> = Vec::new();
         for &fill in &args.fills {
-            let (phases, summary) = log_run(args, fill).await?;
-            for p in phases {
-                p.print();
-            }
-            for line in summary {
-                println!("{line}");
+            for &workload in &args.workloads {
+                for &policy in &args.gc {
+                    let (phases, summary) = log_run(args, fill, workload, policy).await?;
+                    if let Some(m) = phases.iter().find(|p| p.name == MEASURED) {
+                        costs.push((fill, workload, policy, m.cap_data as f64 / m.host_bytes.max(1) as f64));
+                    }
+                    for p in phases {
+                        p.print();
+                    }
+                    for line in summary {
+                        println!("{line}");
+                    }
+                }
             }
         }
+        print_costs(&costs);
         Ok(())
     })
 }

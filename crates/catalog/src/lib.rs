@@ -612,14 +612,55 @@ impl<D: BlockDevice> Catalog<D> {
 
     /// Rolls `volume` back to its snapshot `snap` (see [`LogVolume::rollback`]).
     pub async fn volume_rollback(&self, volume: &str, snap: &str) -> Result<RollbackView, CatalogError> {
+        self.volume_rollback_with(volume, snap, false).await
+    }
+
+    /// [`Catalog::volume_rollback`]; with `destroy_newer`, the snapshots newer than `snap` are
+    /// deleted first, newest first (as `zfs rollback -r` does), so any snapshot can be rolled
+    /// back to. Refused before anything is deleted when a clone was made of one of them (the
+    /// snapshot would stay, hidden, for the clone, and still stand in the way). A crash in the
+    /// middle leaves some of them deleted and the volume not rolled back: the same command
+    /// finishes it.
+    pub async fn volume_rollback_with(
+        &self,
+        volume: &str,
+        snap: &str,
+        destroy_newer: bool,
+    ) -> Result<RollbackView, CatalogError> {
         let lv = self.with_snapshots(volume)?;
         let started = std::time::Instant::now();
+        let mut deleted = Vec::new();
+        if destroy_newer {
+            let list = self.snapshots(Some(volume))?;
+            let Some(at) = list.iter().position(|s| s.name == snap) else {
+                return Err(CatalogError::Invalid(format!("`{volume}` has no snapshot `{snap}`")));
+            };
+            let newer: Vec<String> = list[at + 1..].iter().map(|s| s.name.clone()).collect();
+            let blocking: Vec<String> = lv
+                .clones()
+                .iter()
+                .map(|c| clone_view(&lv, c))
+                .filter(|c| newer.contains(&c.snapshot))
+                .map(|c| format!("{} (of {}@{})", c.name, volume, c.snapshot))
+                .collect();
+            if !blocking.is_empty() {
+                return Err(CatalogError::Invalid(format!(
+                    "cannot roll `{volume}` back to {snap}: clones were made of newer snapshots: {}; delete them first",
+                    blocking.join(", ")
+                )));
+            }
+            for name in newer.iter().rev() {
+                lv.delete_snapshot(name).await?;
+                deleted.push(name.clone());
+            }
+        }
         let blocks_changed = lv.rollback(snap).await?;
         Ok(RollbackView {
             volume: volume.to_string(),
             snapshot: snap.to_string(),
             blocks_changed,
             seconds: started.elapsed().as_secs_f64(),
+            snapshots_deleted: deleted,
         })
     }
 

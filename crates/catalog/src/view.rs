@@ -472,6 +472,9 @@ pub struct RollbackView {
     /// Blocks whose map entry changed to the snapshot's.
     pub blocks_changed: u64,
     pub seconds: f64,
+    /// The newer snapshots deleted first (`--destroy-newer`), newest first.
+    #[serde(default)]
+    pub snapshots_deleted: Vec<String>,
 }
 
 /// What `snapshot delete` did.

@@ -324,6 +324,40 @@ async fn snapshots_clones_and_rollback() {
     assert!(c.snapshots(Some("v")).expect("list").is_empty());
 }
 
+/// `volume rollback --destroy-newer`: any snapshot, the newer ones deleted first; refused,
+/// with nothing deleted, while a clone was made of a newer one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback_to_an_older_snapshot_deletes_the_newer_ones_first() {
+    let rig = rig_with_every_layout().await;
+    let c = &rig.catalog;
+    let mut r = rng(11);
+    let v = rig.volume("lv");
+    let mut versions = Vec::new();
+    for name in ["a", "b", "c"] {
+        let data = random_bytes(&mut r, MIB as usize);
+        v.write(0, IoBytes::copy_from(&data), Durability::Fua).await.expect("write");
+        c.snapshot_create("lv", name).await.expect("snapshot");
+        versions.push(data);
+    }
+    v.write(0, IoBytes::copy_from(&random_bytes(&mut r, MIB as usize)), Durability::Fua)
+        .await
+        .expect("write");
+    let names = || c.snapshots(Some("lv")).expect("list").into_iter().map(|s| s.name).collect::<Vec<_>>();
+    refused(c.volume_rollback("lv", "a").await, ErrorKind::InvalidInput, "an older snapshot, plainly");
+    c.volume_clone("lv@b", "cb").await.expect("clone of b");
+    let e = c.volume_rollback_with("lv", "a", true).await.expect_err("a clone of b stands in the way");
+    assert!(e.to_string().contains("cb (of lv@b)"), "{e}");
+    assert_eq!(names(), ["a", "b", "c"], "nothing deleted");
+    c.delete("cb").await.expect("delete the clone");
+    let rolled = c.volume_rollback_with("lv", "a", true).await.expect("rollback to a");
+    assert_eq!(rolled.snapshots_deleted, ["c", "b"], "newest first");
+    assert_eq!(names(), ["a"]);
+    assert!(v.read(0, MIB as usize).await.expect("read")[..] == versions[0][..], "reads as a");
+    // To the newest, the flag deletes nothing.
+    let again = c.volume_rollback_with("lv", "a", true).await.expect("rollback to a again");
+    assert!(again.snapshots_deleted.is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reopen_keeps_every_volume_snapshot_and_clone() {
     let mut rig = rig_with_every_layout().await;

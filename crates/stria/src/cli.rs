@@ -297,15 +297,19 @@ pub(crate) enum VolumeCmd {
         #[arg(long)]
         force: bool,
     },
-    /// Roll a volume back to its newest snapshot (delete newer ones first to go further back):
-    /// it then reads as the snapshot does, and the snapshot stays. No data is copied. Writes
-    /// wait while it runs; unmount file systems on the volume first.
+    /// Roll a volume back to a snapshot: it then reads as the snapshot does, and the snapshot
+    /// stays. No data is copied. Writes wait while it runs; unmount file systems on the volume
+    /// first. Only the newest snapshot, unless --destroy-newer.
     Rollback {
         name: String,
         snapshot: String,
         /// Roll back even while NBD clients have the volume open (their caches go stale).
         #[arg(long)]
         force: bool,
+        /// Delete the snapshots newer than SNAPSHOT first (their data is lost), so that any
+        /// snapshot can be rolled back to. Refused if a clone was made of one of them.
+        #[arg(long)]
+        destroy_newer: bool,
         #[arg(long)]
         json: bool,
     },

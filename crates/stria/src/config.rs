@@ -25,6 +25,11 @@ pub(crate) struct ConfigFile {
     pub(crate) nbd: Option<Vec<String>>,
     /// `--tls`, `--tls-cert`, `--tls-key`, `--tls-client-ca` (NBD).
     pub(crate) tls: Option<NbdTls>,
+    /// `--iscsi`, each `tcp:HOST:PORT`.
+    pub(crate) iscsi: Option<Vec<String>>,
+    /// `--iscsi-chap-user`, `--iscsi-chap-secret-file`, `--iscsi-chap-mutual-user`,
+    /// `--iscsi-chap-mutual-secret-file`.
+    pub(crate) iscsi_chap: Option<IscsiChap>,
     /// `--http`.
     pub(crate) http: Option<String>,
     /// `--http-tls-cert`, `--http-tls-key`.
@@ -51,6 +56,15 @@ pub(crate) struct NbdTls {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub(crate) struct IscsiChap {
+    pub(crate) user: Option<String>,
+    pub(crate) secret_file: Option<PathBuf>,
+    pub(crate) mutual_user: Option<String>,
+    pub(crate) mutual_secret_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct HttpTls {
     pub(crate) cert: Option<PathBuf>,
     pub(crate) key: Option<PathBuf>,
@@ -73,6 +87,8 @@ pub(crate) struct Limits {
     pub(crate) nbd_in_flight: Option<String>,
     /// `--nbd-in-flight-shared`: bytes beyond each connection's guaranteed request, together.
     pub(crate) nbd_in_flight_shared: Option<String>,
+    /// `--iscsi-connections-max`: iSCSI connections at once.
+    pub(crate) iscsi_connections: Option<usize>,
 }
 
 /// The file a daemon was started with: to re-read on SIGHUP.
@@ -101,6 +117,11 @@ const KEYS: &[(&str, &str)] = &[
     ("tls.cert", "tls_cert"),
     ("tls.key", "tls_key"),
     ("tls.client_ca", "tls_client_ca"),
+    ("iscsi", "iscsi"),
+    ("iscsi_chap.user", "iscsi_chap_user"),
+    ("iscsi_chap.secret_file", "iscsi_chap_secret_file"),
+    ("iscsi_chap.mutual_user", "iscsi_chap_mutual_user"),
+    ("iscsi_chap.mutual_secret_file", "iscsi_chap_mutual_secret_file"),
     ("http", "http"),
     ("http_tls.cert", "http_tls_cert"),
     ("http_tls.key", "http_tls_key"),
@@ -115,6 +136,7 @@ const KEYS: &[(&str, &str)] = &[
     ("limits.nbd_payload", "nbd_payload_max"),
     ("limits.nbd_in_flight", "nbd_in_flight_max"),
     ("limits.nbd_in_flight_shared", "nbd_in_flight_shared"),
+    ("limits.iscsi_connections", "iscsi_connections_max"),
 ];
 
 /// The file's settings as command-line arguments, leaving out those given on the command line
@@ -138,6 +160,7 @@ pub(crate) fn as_args(
     let mut overridden = Vec::new();
     let tls = file.tls.clone().unwrap_or_default();
     let http_tls = file.http_tls.clone().unwrap_or_default();
+    let chap = file.iscsi_chap.clone().unwrap_or_default();
     let limits = file.limits.clone().unwrap_or_default();
     let path = |p: &Option<PathBuf>| p.as_ref().map(|p| vec![p.display().to_string()]);
     let count = |n: Option<usize>| n.map(|n| vec![n.to_string()]);
@@ -152,6 +175,11 @@ pub(crate) fn as_args(
             "tls.cert" => path(&tls.cert),
             "tls.key" => path(&tls.key),
             "tls.client_ca" => path(&tls.client_ca),
+            "iscsi" => file.iscsi.clone(),
+            "iscsi_chap.user" => text(&chap.user),
+            "iscsi_chap.secret_file" => path(&chap.secret_file),
+            "iscsi_chap.mutual_user" => text(&chap.mutual_user),
+            "iscsi_chap.mutual_secret_file" => path(&chap.mutual_secret_file),
             "http" => file.http.clone().map(|v| vec![v]),
             "http_tls.cert" => path(&http_tls.cert),
             "http_tls.key" => path(&http_tls.key),
@@ -166,6 +194,7 @@ pub(crate) fn as_args(
             "limits.nbd_payload" => text(&limits.nbd_payload),
             "limits.nbd_in_flight" => text(&limits.nbd_in_flight),
             "limits.nbd_in_flight_shared" => text(&limits.nbd_in_flight_shared),
+            "limits.iscsi_connections" => count(limits.iscsi_connections),
             _ => unreachable!("every key of KEYS is matched"),
         };
         let Some(values) = values else { continue };
@@ -202,11 +231,13 @@ pub(crate) fn reload(path: &Path, started: &ConfigFile) -> Result<(Reloadable, V
         bail!("{}: log_level is empty", path.display());
     }
     let mut restart = Vec::new();
-    let fixed: [(&str, bool); 9] = [
+    let fixed: [(&str, bool); 11] = [
         ("pool", now.pool != started.pool),
         ("log_format", now.log_format != started.log_format),
         ("nbd", now.nbd != started.nbd),
         ("tls", now.tls != started.tls),
+        ("iscsi", now.iscsi != started.iscsi),
+        ("iscsi_chap", now.iscsi_chap != started.iscsi_chap),
         ("http", now.http != started.http),
         ("http_tls", now.http_tls != started.http_tls),
         ("metadata_cache", now.metadata_cache != started.metadata_cache),
@@ -238,6 +269,16 @@ mod tests {
         )
         .expect("parses");
         assert_eq!(ok.limits.and_then(|l| l.nbd_connections), Some(8));
+        let iscsi: ConfigFile = toml::from_str(
+            "iscsi = [\"tcp:0.0.0.0:3260\"]\n[iscsi_chap]\nuser = \"u\"\nsecret_file = \"/etc/s\"\n\
+             [limits]\niscsi_connections = 9\n",
+        )
+        .expect("parses");
+        assert_eq!(iscsi.iscsi.as_deref(), Some(&["tcp:0.0.0.0:3260".to_string()][..]));
+        assert_eq!(iscsi.iscsi_chap.and_then(|c| c.secret_file), Some(PathBuf::from("/etc/s")));
+        assert_eq!(iscsi.limits.and_then(|l| l.iscsi_connections), Some(9));
+        let e = toml::from_str::<ConfigFile>("[iscsi_chap]\nsecret = \"x\"\n").expect_err("unknown");
+        assert!(e.to_string().contains("secret"), "{e}");
         let nbd: ConfigFile = toml::from_str(
             "[tls]\nclient_ca = \"/etc/ca.pem\"\n[limits]\nnbd_handshakes_per_peer = 4\nnbd_in_flight_shared = \"32M\"\n",
         )

@@ -142,6 +142,9 @@ pub(crate) enum Request {
         /// Roll back even with NBD clients attached.
         #[serde(default)]
         force: bool,
+        /// Delete the snapshots newer than `snapshot` first.
+        #[serde(default)]
+        destroy_newer: bool,
     },
     VolumeClone {
         /// `VOL@SNAP`.
@@ -422,9 +425,9 @@ pub(crate) async fn execute(
         Request::Stats => {
             bail!("request counters live in the daemon: start `stria serve` (or `stria up`) and ask again")
         }
-        Request::VolumeRollback { volume, snapshot, force } => {
+        Request::VolumeRollback { volume, snapshot, force, destroy_newer } => {
             ctx.check_clients(&volume, "rolling it back (its data changes under them)", force)?;
-            to_json(&catalog.volume_rollback(&volume, &snapshot).await?)
+            to_json(&catalog.volume_rollback_with(&volume, &snapshot, destroy_newer).await?)
         }
         Request::Scrub { name } => {
             let report = catalog

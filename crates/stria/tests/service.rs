@@ -94,11 +94,13 @@ fn the_configuration_file_sets_the_daemon_and_sighup_reloads_it() {
     expect(&stria, &["pool", "create", "--fast", "0", "--capacity", "3", "--drive-size", "64M"], 0);
     expect(&stria, &["volume", "create", "v", "--size", "16M", "--layout", "raid1"], 0);
     let dir = stria.dir.path();
-    let port = free_port();
+    let (port, iscsi_port) = (free_port(), free_port());
     let config = |rate: &str, nbd: &str| {
         format!(
             "pool = \"pool\"\nlog_level = \"info\"\nlog_format = \"json\"\nnbd = [\"unix:{nbd}\"]\n\
-             http = \"tcp:127.0.0.1:{port}\"\nrebuild_rate = \"{rate}\"\n[limits]\nnbd_connections = 4\n"
+             iscsi = [\"tcp:127.0.0.1:{iscsi_port}\"]\n\
+             http = \"tcp:127.0.0.1:{port}\"\nrebuild_rate = \"{rate}\"\n[limits]\nnbd_connections = 4\n\
+             iscsi_connections = 4\n"
         )
     };
     std::fs::write(dir.join("stria.toml"), config("100M", "nbd.sock")).expect("write");
@@ -112,6 +114,10 @@ fn the_configuration_file_sets_the_daemon_and_sighup_reloads_it() {
     let serve = Serve::start(&stria, &["serve", "--config", "stria.toml"]);
     serve.wait_for("http listener");
     assert!(dir.join("nbd.sock").exists(), "the NBD listener of the file");
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", iscsi_port)).is_ok(),
+        "the iSCSI listener of the file"
+    );
     // The pool of the file is the one served: the control socket answers.
     let status = expect(&stria, &["status", "--json"], 0);
     assert!(status.stdout.contains("\"name\": \"v\""), "{}", status.stdout);

@@ -84,28 +84,38 @@ pub(super) struct Rig<D: BlockDevice> {
     housekeeping: tokio::task::JoinHandle<()>,
 }
 
-/// Bytes of the map part for a volume of `volume_bytes` (header, log ring of at most 64 Ki
-/// blocks, pages of 255 entries): on the high side.
-pub(super) fn map_bytes(volume_bytes: u64) -> u64 {
-    let blocks = volume_bytes / 4096;
-    4096 + blocks.div_ceil(16).clamp(1024, 65536) * 4096 + blocks.div_ceil(255) * 4096
+impl Shape {
+    /// The volume's spec.
+    pub(super) fn spec(&self) -> LogSpec {
+        LogSpec {
+            chunk_bytes: self.chunk_bytes,
+            cache_bytes: Some(self.cache_bytes),
+            fast_tier: true,
+            ..LogSpec::new("bench", self.volume_bytes, self.data_shards, self.parity_shards)
+        }
+    }
+
+    /// Bytes of the volume's metadata part (one copy), as `create` will size it.
+    pub(super) fn meta_bytes(&self) -> Result<u64> {
+        Ok(stria_tier::log::plan(&self.spec()).context("sizing the volume")?.meta_bytes)
+    }
 }
 
 /// Sizes of the fast and the capacity drives for `shape` (the segment space is 1.5 x the
 /// volume, the default).
-fn drive_sizes(shape: &Shape) -> (u64, u64) {
-    let fast = shape.cache_bytes + map_bytes(shape.volume_bytes) + DRIVE_SLACK_BYTES;
+fn drive_sizes(shape: &Shape) -> Result<(u64, u64)> {
+    let fast = shape.cache_bytes + shape.meta_bytes()? + DRIVE_SLACK_BYTES;
     let member = shape.volume_bytes * 3 / 2 / u64::from(shape.data_shards) + (64 << 20);
     let cap = member + DRIVE_SLACK_BYTES;
     let mib = 1 << 20;
-    (fast.next_multiple_of(mib), cap.next_multiple_of(mib))
+    Ok((fast.next_multiple_of(mib), cap.next_multiple_of(mib)))
 }
 
 impl<D: BlockDevice> Rig<D> {
     /// Makes the drives with `make(name, size)` (slots 0-1 fast, the rest capacity), the pool, and
     /// the `tiered:ec:K+M` volume, with destage set to run whenever a batch is cached.
     pub(super) async fn build(shape: &Shape, make: impl Fn(&str, u64) -> Result<D>) -> Result<Rig<D>> {
-        let (fast_bytes, cap_bytes) = drive_sizes(shape);
+        let (fast_bytes, cap_bytes) = drive_sizes(shape)?;
         let capacity = (shape.data_shards + shape.parity_shards) as usize;
         let mut drives = Vec::new();
         let mut taps = Vec::new();
@@ -123,13 +133,7 @@ impl<D: BlockDevice> Rig<D> {
             });
         }
         let pool = Arc::new(Pool::create("bench-tier", drives).await.context("creating the pool")?);
-        let spec = LogSpec {
-            chunk_bytes: shape.chunk_bytes,
-            cache_bytes: Some(shape.cache_bytes),
-            fast_tier: true,
-            ..LogSpec::new("bench", shape.volume_bytes, shape.data_shards, shape.parity_shards)
-        };
-        let vol = stria_tier::log::create(&pool, spec).await.context("creating the tiered volume")?;
+        let vol = stria_tier::log::create(&pool, shape.spec()).await.context("creating the tiered volume")?;
         // The seed's proof of concept: "the destage code is tweaked to run all the time".
         vol.set_params(LogParams { always: true, ..vol.params() });
         let housekeeping = {

@@ -82,12 +82,16 @@ pub(super) async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
             }
             Ok(())
         }
-        VolumeCmd::Rollback { name, snapshot, force, json } => {
-            let v = request(dir, Request::VolumeRollback { volume: name, snapshot, force }).await?;
+        VolumeCmd::Rollback { name, snapshot, force, destroy_newer, json } => {
+            let v = request(dir, Request::VolumeRollback { volume: name, snapshot, force, destroy_newer })
+                .await?;
             if json {
                 print_json(&v);
             } else {
                 let r: stria_catalog::RollbackView = view(v)?;
+                for name in &r.snapshots_deleted {
+                    outln!("deleted snapshot {}@{name} (newer than {})", r.volume, r.snapshot);
+                }
                 outln!(
                     "rolled {} back to snapshot {} in {:.3} s: {} blocks changed",
                     r.volume,

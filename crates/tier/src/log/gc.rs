@@ -16,7 +16,7 @@ use stria_dev::block_crc;
 /// How GC picks its next victim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pick {
-    /// The emptiest sealed segment with at least a batch of garbage.
+    /// A sealed segment with at least a batch of garbage, by the volume's [`GcPolicy`].
     Garbage,
     /// Space is critical: the emptiest with any garbage.
     Critical,
@@ -82,7 +82,7 @@ impl<D: BlockDevice> LogVolume<D> {
             let victim = {
                 let space = self.space.lock();
                 let victim = match pick {
-                    Pick::Garbage => space.victim(self.geo.batch_data(), &carried),
+                    Pick::Garbage => space.victim_by(self.params().gc, self.geo.batch_data(), &carried),
                     // Any garbage, but only while all there is adds up to a segment and a batch:
                     // with less no segment can come free (GC pads its last batch, and the segment
                     // it fills takes one), and GC would only swap nearly full segments forever.

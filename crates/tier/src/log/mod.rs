@@ -46,7 +46,8 @@ mod status;
 mod table;
 mod write;
 
-pub use open::{create, open};
+pub use open::{LogPlan, create, open, plan};
+pub use space::GcPolicy;
 pub use status::LogStatus;
 
 use open::scan_map;
@@ -140,6 +141,9 @@ pub struct LogParams {
     pub always: bool,
     /// Map pages kept in memory.
     pub map_cache_pages: u64,
+    /// How GC picks its victims (records written before it existed: the default).
+    #[serde(default)]
+    pub gc: GcPolicy,
     /// Move nothing unless a writer waits for cache space (tests that want quiet drives between
     /// phases; not persisted).
     #[serde(skip)]

@@ -24,11 +24,38 @@ use crate::ring::CacheRing;
 /// it (debug builds: the tests).
 pub(super) const VERIFY_TABLE_PAGES: u64 = 65536;
 
-/// Creates a log-structured volume: its three parts, its header, its pool record.
-pub async fn create<D: BlockDevice>(
-    pool: &Arc<Pool<D>>,
-    spec: LogSpec,
-) -> Result<Arc<LogVolume<D>>, TierError> {
+/// What a log volume of a given spec is made of, before it is created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogPlan {
+    /// Bytes of the metadata part (header, map log, map pages, segment table, snapshot page
+    /// pool), mirrored on the fast drives (or capacity drives for `log:`).
+    pub meta_bytes: u64,
+    /// Bytes of the write cache, mirrored likewise.
+    pub cache_bytes: u64,
+    /// Bytes of the segment space at most (its data; parity comes on top).
+    pub space_bytes: u64,
+}
+
+/// The sizes [`create`] would give a volume of `spec`, or why it would refuse it (checked as
+/// `create` checks the spec itself, not against a pool): for tools and benchmarks that size
+/// drives for a volume.
+pub fn plan(spec: &LogSpec) -> Result<LogPlan, TierError> {
+    let p = plan_header(spec)?;
+    Ok(LogPlan {
+        meta_bytes: p.header.meta_bytes(),
+        cache_bytes: p.cache_bytes,
+        space_bytes: p.header.geo.segments * p.header.geo.segment_data() * BLOCK_BYTES,
+    })
+}
+
+struct Planned {
+    header: Header,
+    ec: Layout,
+    cache_bytes: u64,
+}
+
+/// The header and parts of a new volume of `spec`.
+fn plan_header(spec: &LogSpec) -> Result<Planned, TierError> {
     let ec = Layout::Ec { data_shards: spec.data_shards, parity_shards: spec.parity_shards };
     ec.validate().map_err(TierError::Invalid)?;
     let invalid = |s: String| Err(TierError::Invalid(s));
@@ -83,6 +110,17 @@ pub async fn create<D: BlockDevice>(
         map_log_blocks,
         pool_pages,
     };
+    Ok(Planned { header, ec, cache_bytes })
+}
+
+/// Creates a log-structured volume: its three parts, its header, its pool record.
+pub async fn create<D: BlockDevice>(
+    pool: &Arc<Pool<D>>,
+    spec: LogSpec,
+) -> Result<Arc<LogVolume<D>>, TierError> {
+    let invalid = |s: String| Err(TierError::Invalid(s));
+    let Planned { header, ec, cache_bytes } = plan_header(&spec)?;
+    let (size_bytes, geo) = (header.volume_bytes, header.geo);
     let name = spec.name.clone();
     if pool.volume(&name).is_some() || pool.meta().tiered.iter().any(|t| t.name == name) {
         return Err(EngineError::VolumeExists(name).into());
@@ -154,6 +192,7 @@ pub async fn create<D: BlockDevice>(
         stop_percent: 25,
         always: false,
         map_cache_pages: spec.map_cache_pages.max(4),
+        gc: super::GcPolicy::default(),
         hold: false,
         eager_compaction: false,
     };
