@@ -98,10 +98,16 @@ fn plan_header(spec: &LogSpec) -> Result<Planned, TierError> {
             stria_engine::units::format_size(geo.batch_bytes_data())
         ));
     }
-    let map_log_blocks = spec.map_log_blocks.unwrap_or_else(|| (blocks / 16).clamp(1024, 65536));
-    // Snapshot copies of map pages: room for every page of the map to be copied twice (at most
-    // 4 GiB; a write that needs a copy when it is full gets ENOSPC: docs/design/snapshots.md).
-    let pool_pages = (2 * blocks.div_ceil(ENTRIES_PER_PAGE) + 64).min(1 << 20);
+    // Metadata sized by use, not by the logical size alone (issue 39). The map log: twice the
+    // map's pages, so that a checkpoint (which starts at half the ring) writes at most as many
+    // pages as log blocks were written since the last one, even when every page is dirty
+    // (4 MiB at least, 256 MiB at most; it was a sixteenth of the blocks, 256 MiB for 4 GiB).
+    let map_pages = blocks.div_ceil(ENTRIES_PER_PAGE);
+    let map_log_blocks = spec.map_log_blocks.unwrap_or_else(|| (2 * map_pages).clamp(1024, 65536));
+    // Snapshot copies of map pages: an eighth of the map to start with; the pool grows when a
+    // write or a snapshot needs more (`grow_page_pool`: the part first, then the header), up to
+    // 2^32 pages (it was made for every page copied twice: 32 MiB for 4 GiB before a snapshot).
+    let pool_pages = (map_pages / 8 + 64).min(1 << 20);
     let header = Header {
         version: FORMAT_VERSION,
         volume_bytes: size_bytes,
