@@ -31,6 +31,7 @@ mod block;
 mod cdb;
 mod inquiry;
 mod mode;
+mod opcodes;
 mod pr;
 mod sense;
 #[cfg(test)]
@@ -500,7 +501,7 @@ impl LogicalUnit {
             }
             op::PERSISTENT_RESERVE_IN => self.persistent_reserve_in(cdb),
             op::PERSISTENT_RESERVE_OUT => self.persistent_reserve_out(nexus, cdb, &data_out),
-            op::MAINTENANCE_IN => Err(Check::invalid_cdb(1, Some(4)).into()),
+            op::MAINTENANCE_IN => opcodes::maintenance_in(cdb),
             _ => self.block_command(volume, cdb, data_out).await,
         }
     }

@@ -798,3 +798,58 @@ async fn one_descriptor_of_lba_status_looks_only_a_little_ahead() {
     let many = f.good(&a, &cdb16(0x9E, 0x12, 0, 4096), &[]).await;
     assert_eq!(descriptor(&many), (VOLUME_BLOCKS as u32, 0));
 }
+
+#[tokio::test]
+async fn report_supported_operation_codes_lists_every_command_and_answers_for_one() {
+    let f = fixture();
+    let a = nexus("a");
+    let rsoc = |options: u8, opcode: u8, action: u16| {
+        let mut c = [0u8; 12];
+        c[0] = 0xA3;
+        c[1] = 0x0C;
+        c[2] = options;
+        c[3] = opcode;
+        c[4..6].copy_from_slice(&action.to_be_bytes());
+        c[6..10].copy_from_slice(&4096u32.to_be_bytes());
+        c
+    };
+    // All commands: 8-byte descriptors, a service action's own flagged.
+    let all = f.good(&a, &rsoc(0, 0, 0), &[]).await;
+    let len = u32::from_be_bytes([all[0], all[1], all[2], all[3]]) as usize;
+    assert_eq!(len, all.len() - 4);
+    assert_eq!(len % 8, 0);
+    let descriptors: Vec<&[u8]> = all[4..].chunks(8).collect();
+    let find = |opcode: u8, action: u16| {
+        descriptors.iter().find(|d| d[0] == opcode && u16::from_be_bytes([d[2], d[3]]) == action).copied()
+    };
+    let read10 = find(0x28, 0).expect("READ(10) listed");
+    assert_eq!((read10[5], u16::from_be_bytes([read10[6], read10[7]])), (0, 10));
+    let rc16 = find(0x9E, 0x10).expect("READ CAPACITY(16) listed");
+    assert_eq!((rc16[5], u16::from_be_bytes([rc16[6], rc16[7]])), (1, 16), "service action valid");
+    assert!(find(0xA3, 0x0C).is_some(), "itself");
+    assert!(find(0x9E, 0x11).is_none() && find(0xC0, 0).is_none());
+    // With timeouts: 20-byte descriptors, CTDP set, a descriptor of length 0Ah.
+    let with = f.good(&a, &rsoc(0x80, 0, 0), &[]).await;
+    assert_eq!(with.len() - 4, descriptors.len() * 20);
+    assert_eq!((with[4 + 5] & 0x02, with[4 + 8], with[4 + 9]), (0x02, 0, 0x0A));
+    // One command by operation code: supported, its CDB size and usage map.
+    let one = f.good(&a, &rsoc(1, 0x28, 0), &[]).await;
+    assert_eq!((one[1] & 0x07, u16::from_be_bytes([one[2], one[3]])), (3, 10));
+    assert_eq!((one.len(), one[4], one[13]), (14, 0x28, 0), "opcode first, control byte last");
+    // A command with service actions is asked for with one (options 2 or 3).
+    assert_eq!(sense_of(&f.run(&a, &rsoc(1, 0x9E, 0), &[]).await), (ILLEGAL, 0x24, 0));
+    let sa = f.good(&a, &rsoc(2, 0x9E, 0x12), &[]).await;
+    assert_eq!((sa[1] & 0x07, sa[4], sa[5]), (3, 0x9E, 0x12), "GET LBA STATUS");
+    assert_eq!(f.good(&a, &rsoc(3, 0x9E, 0x10), &[]).await[1] & 0x07, 3);
+    assert_eq!(sense_of(&f.run(&a, &rsoc(2, 0x28, 0), &[]).await), (ILLEGAL, 0x24, 0), "READ(10) has none");
+    // Not supported: SUPPORT 001b and nothing more.
+    assert_eq!(f.good(&a, &rsoc(1, 0xC0, 0), &[]).await, [0, 1, 0, 0]);
+    assert_eq!(f.good(&a, &rsoc(2, 0x9E, 0x11), &[]).await, [0, 1, 0, 0]);
+    // Timeouts for one command; an unknown reporting option; another MAINTENANCE IN action.
+    let timed = f.good(&a, &rsoc(0x81, 0x2A, 0), &[]).await;
+    assert_eq!((timed[1] & 0x80, timed.len()), (0x80, 4 + 10 + 12));
+    assert_eq!(sense_of(&f.run(&a, &rsoc(7, 0, 0), &[]).await), (ILLEGAL, 0x24, 0));
+    let mut tpg = rsoc(0, 0, 0);
+    tpg[1] = 0x0A;
+    assert_eq!(sense_of(&f.run(&a, &tpg, &[]).await), (ILLEGAL, 0x24, 0), "REPORT TARGET PORT GROUPS");
+}
