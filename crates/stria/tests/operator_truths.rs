@@ -316,3 +316,25 @@ fn ctrl_c_stops_an_offline_rebuild_and_closes_the_pool_cleanly() {
 fn expect_code(stria: &Stria) -> i32 {
     stria.run(&["status"]).code.expect("an exit code")
 }
+
+/// `volume rollback` to an older snapshot is refused, naming the way; with `--destroy-newer`
+/// the newer snapshots are deleted first and each is said.
+#[test]
+fn rollback_to_an_older_snapshot_needs_destroy_newer_and_says_what_it_deleted() {
+    let stria = Stria::new();
+    expect(&stria, &["pool", "create", "--fast", "2", "--capacity", "6", "--drive-size", "128M"], 0);
+    expect(&stria, &["volume", "create", "vm", "--size", "32M", "--layout", "tiered:ec:4+2"], 0);
+    for s in ["a", "b", "c"] {
+        expect(&stria, &["snapshot", "create", "vm", s], 0);
+    }
+    let refused = expect(&stria, &["volume", "rollback", "vm", "a"], 1);
+    says(&refused.stderr, "newest snapshot");
+    let done = expect(&stria, &["volume", "rollback", "vm", "a", "--destroy-newer"], 0);
+    says(&done.stdout, "deleted snapshot vm@c (newer than a)");
+    says(&done.stdout, "deleted snapshot vm@b (newer than a)");
+    says(&done.stdout, "rolled vm back to snapshot a");
+    let list = json(&expect(&stria, &["snapshot", "list", "vm", "--json"], 0));
+    let names: Vec<&str> =
+        list.as_array().expect("an array").iter().map(|s| s["name"].as_str().expect("name")).collect();
+    assert_eq!(names, ["a"], "{list}");
+}
