@@ -170,12 +170,6 @@ pub(crate) async fn read_flush_record<D: BlockDevice>(dev: &D, sb: &Superblock) 
     FlushRecord::decode(&block).ok().filter(|r| r.pool_uuid == sb.pool_uuid && r.drive_uuid == sb.drive_uuid)
 }
 
-/// Makes `len` bytes of `dev` from `offset` read as zeros: a hole punched in a drive file, a
-/// block device's WRITE ZEROES, or zeros written where neither exists.
-async fn zero_range<D: BlockDevice>(dev: &D, offset: u64, len: u64) -> Result<(), DevError> {
-    dev.zero(offset, len).await
-}
-
 impl<D: BlockDevice> Drive<D> {
     /// Formats `dev` as a new pool member and returns it open. `fresh` says the device is known
     /// to read as zeros (a new sparse file), so the tables need not be written out.
@@ -193,7 +187,9 @@ impl<D: BlockDevice> Drive<D> {
                 (l.journal_offset_bytes, l.journal_bytes),
                 (l.csum_offset_bytes, l.csum_bytes),
             ] {
-                zero_range(&dev, offset, len).await?;
+                // A hole punched in a drive file, a block device's WRITE ZEROES, or zeros
+                // written where neither exists (`BlockDevice::zero`).
+                dev.zero(offset, len).await?;
             }
         }
         Journal::format(&dev, l.journal_offset_bytes).await?;
@@ -272,7 +268,7 @@ impl<D: BlockDevice> Drive<D> {
         sb: Superblock,
     ) -> Result<(Drive<D>, Vec<u64>, Option<u64>, bool), DevError> {
         let l = sb.layout;
-        zero_range(&dev, l.journal_offset_bytes, l.journal_bytes).await?;
+        dev.zero(l.journal_offset_bytes, l.journal_bytes).await?;
         Journal::format(&dev, l.journal_offset_bytes).await?;
         let mut drive = Drive::new(Some(dev), sb, Journal::new(l.journal_offset_bytes, l.journal_bytes));
         let (dirty, damaged) = drive.load_intent().await?;
