@@ -23,7 +23,7 @@ cleanup() {
   if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then kill -9 "$PID"; wait "$PID" 2>/dev/null; fi
   # Anything the recipe left mounted or attached under our directory.
   for m in $(grep -o "$W[^ ]*" /proc/mounts | sort -r); do umount -l "$m" 2>/dev/null; done
-  for f in fuse sfuse s1fuse cfuse; do
+  for f in fuse sfuse s1fuse cfuse gfuse; do
     for l in $(losetup -j "$W/$f/nbd" -O NAME -n 2>/dev/null); do losetup -d "$l"; done
   done
   rm -rf "$W"
@@ -256,6 +256,74 @@ qemu-img compare -f raw -F raw "$W/sv-at-s1.img" "$(uri sv)"
 qemu-img compare -f raw -F raw "$W/sv-at-s1.img" "$(uri sv)"
 rm -f "$W/sv-at-s1.img" "$W/svc-now.img"
 "$STRIA" scrub sv --pool "$POOL"
+
+log "ext4 on tiered:ec:4+2 grown online under fio, then grown with resize2fs; shrunk after resize2fs -M"
+# The volume grows while a client has it mounted and fio writes and verifies on it; the file
+# system then grows with resize2fs over a new NBD connection (this VM's kernel has neither nbd
+# nor device-mapper, so the loop device over nbdfuse cannot see a new size while mounted: the
+# file system's own growth is offline here, the volume's is online). Then the file system is
+# shrunk (resize2fs -M) and the volume after it (--allow-shrink); fsck and the files' sums hold.
+"$STRIA" volume create gv --pool "$POOL" --size 256M --layout tiered:ec:4+2 --cache-size 48M >/dev/null
+mkdir -p "$W/gfuse" "$W/gmnt"
+gv_attach() {
+  nbdfuse "$W/gfuse" "$(uri gv)" &
+  GFUSE=$!
+  for _ in $(seq 50); do [ -e "$W/gfuse/nbd" ] && break; sleep 0.1; done
+  GL=$(losetup -f --show --direct-io=on "$W/gfuse/nbd")
+}
+gv_detach() { losetup -d "$GL"; umount "$W/gfuse"; wait "$GFUSE"; }
+gv_attach
+mkfs.ext4 -q -F "$GL"
+mount "$GL" "$W/gmnt"
+mkdir "$W/gmnt/a"; cp -r /usr/share/doc/bash "$W/gmnt/a/" 2>/dev/null || true
+dd if=/dev/urandom of="$W/gmnt/a/big" bs=1M count=48 status=none
+fio --name=grow --directory="$W/gmnt" --size=64M --rw=randwrite --bs=4k --ioengine=libaio --iodepth=16 --direct=1 \
+  --verify=crc32c --verify_fatal=1 --verify_backlog=512 >"$W/fio-grow.log" 2>&1 &
+FIO=$!
+sleep 1
+"$STRIA" volume resize gv --size 768M --pool "$POOL" >/dev/null
+wait "$FIO" || { cat "$W/fio-grow.log" >&2; echo "fio verify failed across gv's growth" >&2; exit 1; }
+rm "$W/gmnt/grow.0.0"
+(cd "$W/gmnt" && find a -type f -print0 | sort -z | xargs -0 sha256sum) >"$W/sums-g"
+umount "$W/gmnt"; gv_detach
+[ "$(nbdinfo --size "$(uri gv)")" = $((768 << 20)) ] || { echo "gv: a new connection does not see 768 MiB" >&2; exit 1; }
+gv_attach
+fsck.ext4 -fn "$GL"
+resize2fs "$GL" >"$W/resize2fs.log" 2>&1 || { cat "$W/resize2fs.log" >&2; exit 1; }
+mount "$GL" "$W/gmnt"
+blocks=$(df -B1M --output=size "$W/gmnt" | tail -1 | tr -d ' ')
+[ "$blocks" -gt 600 ] || { echo "gv: ext4 is $blocks MiB after resize2fs to 768 MiB" >&2; exit 1; }
+(cd "$W/gmnt" && sha256sum --quiet -c "$W/sums-g") || { echo "gv: files changed across the growth" >&2; exit 1; }
+# 400 MiB more: most of it lands past the old end.
+mkdir "$W/gmnt/b"; dd if=/dev/urandom of="$W/gmnt/b/past-the-old-end" bs=1M count=400 status=none
+dd if=/dev/urandom of="$W/gmnt/b/kept" bs=1M count=32 status=none
+(cd "$W/gmnt" && sha256sum b/past-the-old-end) >"$W/sums-big"
+(cd "$W/gmnt" && sha256sum b/kept) >>"$W/sums-g"
+umount "$W/gmnt"; fsck.ext4 -fn "$GL"; gv_detach
+stop; start
+gv_attach
+fsck.ext4 -fn "$GL"
+mount "$GL" "$W/gmnt"
+(cd "$W/gmnt" && sha256sum --quiet -c "$W/sums-g" "$W/sums-big") || { echo "gv: files changed across a restart" >&2; exit 1; }
+rm "$W/gmnt/b/past-the-old-end"
+umount "$W/gmnt"
+# Shrink: the file system first, then the volume (refused without --allow-shrink).
+e2fsck -fy "$GL" >/dev/null
+resize2fs -M "$GL" >"$W/resize2fs.log" 2>&1 || { cat "$W/resize2fs.log" >&2; exit 1; }
+fs_bytes=$(dumpe2fs -h "$GL" 2>/dev/null | awk -F: '/^Block count/ {c=$2} /^Block size/ {s=$2} END {print c * s}')
+gv_detach
+new=$(( (fs_bytes / 1048576 + 16) ))M
+! "$STRIA" volume resize gv --size "$new" --pool "$POOL" 2>"$W/shrink.err" || { echo "a shrink without --allow-shrink was taken" >&2; exit 1; }
+grep -q "allow-shrink" "$W/shrink.err" || { cat "$W/shrink.err" >&2; exit 1; }
+"$STRIA" volume resize gv --size "$new" --allow-shrink --pool "$POOL" >/dev/null
+echo "gv: 256 MiB -> 768 MiB online under fio, ext4 grown; ext4 shrunk to $((fs_bytes >> 20)) MiB, the volume to $new"
+gv_attach
+fsck.ext4 -fn "$GL"
+mount -o ro "$GL" "$W/gmnt"
+(cd "$W/gmnt" && sha256sum --quiet -c "$W/sums-g") || { echo "gv: files changed across the shrink" >&2; exit 1; }
+umount "$W/gmnt"; gv_detach
+"$STRIA" scrub gv --pool "$POOL"
+"$STRIA" volume delete gv --pool "$POOL"
 
 log "log: space a client TRIMs goes back to the pool (compaction, then a resize down)"
 # 960 MiB written sequentially grow lv's space past the 16 segments (32 MiB each) it starts

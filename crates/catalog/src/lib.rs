@@ -317,7 +317,7 @@ impl<D: BlockDevice> Catalog<D> {
 
     /// Whether `name` can be resized (plain volumes; log-structured ones and clones cannot yet).
     pub fn resizable(&self, name: &str) -> bool {
-        !matches!(self.entry(name), Some(Entry::Log(_) | Entry::Clone(..)))
+        !matches!(self.entry(name), Some(Entry::Clone(..)))
     }
 
     /// Refuses a new volume or clone name that a volume, a clone or a part has already.
@@ -426,16 +426,16 @@ impl<D: BlockDevice> Catalog<D> {
         }
     }
 
-    /// Grows or shrinks a plain volume.
+    /// Grows or shrinks a volume, online (a log-structured one without snapshots or clones).
     pub async fn resize(&self, name: &str, size_bytes: u64) -> Result<VolumeView, CatalogError> {
         stria_engine::check_volume_size(size_bytes)?;
         if self.clone_named(name).is_some() {
             return Err(CatalogError::Invalid("resizing a clone is not supported yet".into()));
         }
-        if self.logs.read().contains_key(name) {
-            return Err(CatalogError::Invalid(
-                "resizing a log-structured volume is not supported yet".into(),
-            ));
+        let log = self.logs.read().get(name).cloned();
+        if let Some(lv) = log {
+            lv.resize(size_bytes).await?;
+            return self.show(name);
         }
         self.plain(name)?;
         self.pool.resize_volume(name, size_bytes).await?;

@@ -379,7 +379,7 @@ fn cli_output_matches_the_golden_files() {
         &["volume", "create", "x", "--size", "16M", "--layout", "raid1", "--cache-size", "8M"],
         1,
     );
-    check("mistake_resize_tiered", &["volume", "resize", "tv", "--size", "64M"], 1);
+    check("mistake_shrink_tiered", &["volume", "resize", "tv", "--size", "16M"], 1);
     check("mistake_resize_missing", &["volume", "resize", "nope", "--size", "64M"], 1);
     check("mistake_delete_missing", &["volume", "delete", "nope"], 1);
     check("mistake_show_missing", &["volume", "show", "nope"], 1);
@@ -395,6 +395,7 @@ fn cli_output_matches_the_golden_files() {
 
     // A clone of a snapshot is a volume of its own; mistakes around it are refused.
     check("snapshot_create", &["snapshot", "create", "tv", "s1"], 0);
+    check("mistake_resize_tiered_with_snapshot", &["volume", "resize", "tv", "--size", "64M"], 1);
     check("volume_clone", &["volume", "clone", "tv@s1", "tvc"], 0);
     check("volume_show_clone", &["volume", "show", "tvc"], 0);
     check("volume_show_with_snapshot_and_clone", &["volume", "show", "tv"], 0);

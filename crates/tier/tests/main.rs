@@ -7,3 +7,4 @@ mod crash_sequences;
 mod fuzz_corpus;
 mod log_volume;
 mod map_store;
+mod resize;

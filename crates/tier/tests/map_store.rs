@@ -345,13 +345,13 @@ async fn run_seed(seed: u64) {
     // everything between rare checkpoints.
     let log_blocks = if rng.random_bool(0.5) { rng.random_range(4..24) } else { rng.random_range(64..256) };
     let mut layout =
-        MapLayout { base: 4096 * rng.random_range(0..4), log_blocks, blocks: BLOCKS, pool: None };
+        MapLayout { base: 4096 * rng.random_range(0..4), log_blocks, blocks: BLOCKS, pool: None, head: None };
     let snapshots = rng.random_bool(0.5);
     if snapshots {
         // Room for every snapshot and clone a seed makes (at most 10 and 6: 15 pages each).
         let layers_at = layout.end();
         let pages_at = layers_at + LAYER_TABLE_BLOCKS as u64 * 4096;
-        layout.pool = Some(PoolLayout { layers_at, pages_at, pages: 320 });
+        layout.pool = Some(PoolLayout { layers_at, pages_at, pages: 320, runs: None });
     }
     {
         let pool = create_pool(&devs).await;

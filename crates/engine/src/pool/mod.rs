@@ -575,6 +575,22 @@ impl<D: BlockDevice> Pool<D> {
             .await
     }
 
+    /// Sets the size a tiered volume's record says (its own header has it first: the tier
+    /// resizes, then records).
+    pub async fn set_tiered_size(&self, name: &str, size_bytes: u64) -> Result<(), EngineError> {
+        let scope = name;
+        let name = name.to_string();
+        self.core
+            .update_volume(scope, move |m| {
+                let t =
+                    m.tiered.iter_mut().find(|t| t.name == name).ok_or(EngineError::NoSuchVolume(name))?;
+                let changed = t.size_bytes != size_bytes;
+                t.size_bytes = size_bytes;
+                Ok(((), changed))
+            })
+            .await
+    }
+
     /// Removes a tiered volume's record (its parts are deleted separately, after).
     pub async fn remove_tiered(&self, name: &str) -> Result<(), EngineError> {
         let scope = name;

@@ -25,7 +25,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// Destages up to one batch of the oldest cached blocks; `pad` writes a short batch too
     /// (otherwise only full ones). Returns whether it wrote anything.
     pub(crate) async fn destage_batch(&self, pad: bool) -> Result<bool, VolumeError> {
-        self.check_writable(0, self.size_bytes)?;
+        self.check_writable(0, self.size_bytes())?;
         let want = self.geo.batch_data() as usize;
         let mut moves: Vec<Move> = Vec::with_capacity(want);
         let mut scanned = 0;

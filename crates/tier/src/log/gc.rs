@@ -54,7 +54,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// short batch only when space is critical or compaction is emptying the tail (padding
     /// makes garbage). Returns whether it did anything.
     pub(crate) async fn gc_step(&self, gc: &mut Gc, pick: Pick) -> Result<bool, VolumeError> {
-        self.check_writable(0, self.size_bytes)?;
+        self.check_writable(0, self.size_bytes())?;
         let want = self.geo.batch_data() as usize;
         self.forget_drained(gc).await;
         if gc.carry.len() >= want {
@@ -141,7 +141,7 @@ impl<D: BlockDevice> LogVolume<D> {
         let named: Vec<(usize, u64)> = summary
             .iter()
             .enumerate()
-            .filter_map(|(i, s)| s.filter(|s| s.block < self.blocks).map(|s| (i, s.block)))
+            .filter_map(|(i, s)| s.filter(|s| s.block < self.blocks()).map(|s| (i, s.block)))
             .collect();
         // Live if the head or a snapshot's copy holds the slot.
         let asked: Vec<(u64, Place)> =
@@ -217,7 +217,7 @@ impl<D: BlockDevice> LogVolume<D> {
     pub(crate) async fn recount(&self) -> Result<(), VolumeError> {
         let _settled = self.gates.settle.write().await;
         let segments = self.space.lock().segments();
-        let live = super::scan_map(&self.map, self.geo, segments)
+        let live = super::scan_map(&self.map, self.geometry(), segments)
             .await
             .map_err(|why| self.unrecoverable(0, why))?
             .live;

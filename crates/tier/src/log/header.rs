@@ -6,17 +6,41 @@ use stria_dev::{BLOCK_BYTES, BLOCK_USIZE};
 
 use super::space::Geometry;
 use super::table;
-use crate::map::MapLayout;
+use crate::map::{ENTRIES_PER_PAGE, MAX_RUNS, MapLayout, Runs};
 
-/// Version 2 adds the persisted segment table after the map region; version 1 headers (no
-/// table: open scans the map) are still read.
-pub(super) const FORMAT_VERSION: u32 = 3;
+/// Version 2 adds the persisted segment table after the map region; version 3 a layer table
+/// and page pool after it; version 4 says where each region lies (head pages and pool pages in
+/// runs), so a volume's map can grow (`LogVolume::resize`). Versions 1 to 3 are still read (their
+/// regions follow one another); a resize writes version 4.
+pub(super) const FORMAT_VERSION: u32 = 4;
 pub(super) const HEADER_MAGIC: &[u8; 8] = b"STRIA-LV";
+/// Byte offsets of the version 4 fields past the eight of version 3.
+const V4_TABLE_AT: usize = 80;
+const V4_LAYERS_AT: usize = 88;
+const V4_HEAD_CAP: usize = 96;
+const V4_HEAD_RUNS: usize = 104;
+const V4_POOL_RUNS: usize = 108;
+const V4_RUNS_AT: usize = 112;
+
+/// Where the regions of the metadata part lie (explicit in version 4; derived for 1 to 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Regions {
+    /// Byte offset of the persisted segment table (versions 2 on).
+    pub(super) table_at: u64,
+    /// Byte offset of the layer table (versions 3 on).
+    pub(super) layers_at: u64,
+    /// Head pages the runs hold (at least the map's pages; more after a shrink).
+    pub(super) head_cap: u64,
+    pub(super) head: Runs,
+    /// The snapshot pool's pages (page 0 at `layers_at` + the layer table).
+    pub(super) pool: Runs,
+}
+
 /// The metadata header (block 0 of `<name>.meta`); byte table in docs/on-disk-format.md §8.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Header {
     /// 1: no persisted segment table; 2: the table follows the map region; 3: a layer table and
-    /// a page pool for snapshots follow the table.
+    /// a page pool for snapshots follow the table; 4: the regions are where `regions` says.
     pub(super) version: u32,
     pub(super) volume_bytes: u64,
     pub(super) geo: Geometry,
@@ -24,26 +48,112 @@ pub(super) struct Header {
     pub(super) map_log_blocks: u64,
     /// Pages of the snapshot page pool (version 3).
     pub(super) pool_pages: u64,
+    pub(super) regions: Regions,
 }
 
 impl Header {
+    /// A header whose regions follow one another (as versions 1 to 3 lay them out, and as a new
+    /// volume starts).
+    pub(super) fn packed(
+        version: u32,
+        volume_bytes: u64,
+        geo: Geometry,
+        cache_blocks: u64,
+        map_log_blocks: u64,
+        pool_pages: u64,
+    ) -> Header {
+        let pages = (volume_bytes / BLOCK_BYTES).div_ceil(ENTRIES_PER_PAGE);
+        let map_bytes = (1 + map_log_blocks + pages) * BLOCK_BYTES;
+        let table_at = BLOCK_BYTES + map_bytes;
+        let layers_at = table_at + table::region_bytes(geo.segments, cache_blocks);
+        let regions = Regions {
+            table_at,
+            layers_at,
+            head_cap: pages,
+            head: Runs::one(BLOCK_BYTES + (1 + map_log_blocks) * BLOCK_BYTES),
+            pool: Runs::one(layers_at + crate::layers::LAYER_TABLE_BLOCKS as u64 * BLOCK_BYTES),
+        };
+        Header { version, volume_bytes, geo, cache_blocks, map_log_blocks, pool_pages, regions }
+    }
+
+    /// Head pages of the map.
+    pub(super) fn map_pages(&self) -> u64 {
+        (self.volume_bytes / BLOCK_BYTES).div_ceil(ENTRIES_PER_PAGE)
+    }
+
+    /// The byte ranges `[start, end)` of every region, named, in offset order.
+    pub(super) fn spans(&self) -> Vec<(u64, u64, &'static str)> {
+        let r = &self.regions;
+        let mut v = vec![
+            (0, BLOCK_BYTES, "header"),
+            (BLOCK_BYTES, BLOCK_BYTES + (1 + self.map_log_blocks) * BLOCK_BYTES, "map log"),
+        ];
+        v.extend(r.head.spans(r.head_cap).into_iter().map(|(a, b)| (a, b, "map pages")));
+        if let Some((at, len)) = self.table_region() {
+            v.push((at, at + len, "segment table"));
+        }
+        if self.version >= 3 {
+            let table_end = r.layers_at + crate::layers::LAYER_TABLE_BLOCKS as u64 * BLOCK_BYTES;
+            v.push((r.layers_at, table_end, "layer table"));
+            v.extend(r.pool.spans(self.pool_pages).into_iter().map(|(a, b)| (a, b, "page pool")));
+        }
+        v.retain(|s| s.1 > s.0);
+        v.sort_unstable();
+        v
+    }
+
+    /// Whether the header keeps its rules (checked before it is written, and when it is read).
+    fn check(&self) -> Result<(), String> {
+        let g = self.geo;
+        if !((1..=FORMAT_VERSION).contains(&self.version)
+            && self.volume_bytes > 0
+            && self.volume_bytes.is_multiple_of(BLOCK_BYTES)
+            && g.row_blocks > 0
+            && g.batch_rows > 0
+            && g.segment_batches > 0
+            && g.segments >= 6
+            && self.cache_blocks >= 2 * g.batch_data()
+            && self.map_log_blocks >= 4
+            && u32::try_from(self.pool_pages).is_ok())
+        {
+            return Err(format!("header fields break their rules: {self:?}"));
+        }
+        if self.regions.head_cap < self.map_pages() {
+            return Err(format!(
+                "the map needs {} pages; its runs hold {}",
+                self.map_pages(),
+                self.regions.head_cap
+            ));
+        }
+        let spans = self.spans();
+        if let Some(w) = spans.windows(2).find(|w| w[1].0 < w[0].1) {
+            return Err(format!("the {} and the {} overlap", w[0].2, w[1].2));
+        }
+        Ok(())
+    }
+
     /// The header block. Checked before it is written: a header open would refuse, or read
     /// back as another, must never reach the disk.
     pub(super) fn encode(&self) -> Vec<u8> {
-        let g = self.geo;
-        assert!(
-            (1..=FORMAT_VERSION).contains(&self.version)
-                && self.volume_bytes > 0
-                && self.volume_bytes.is_multiple_of(BLOCK_BYTES)
-                && g.row_blocks > 0
-                && g.batch_rows > 0
-                && g.segment_batches > 0
-                && g.segments >= 6
-                && self.cache_blocks >= 2 * g.batch_data()
-                && self.map_log_blocks >= 4
-                && u32::try_from(self.pool_pages).is_ok(),
-            "log volume header {self:?} breaks its rules"
-        );
+        if let Err(why) = self.check() {
+            panic!("log volume header {self:?} breaks its rules: {why}");
+        }
+        if self.version < 4 {
+            assert_eq!(
+                self.regions,
+                Header::packed(
+                    self.version,
+                    self.volume_bytes,
+                    self.geo,
+                    self.cache_blocks,
+                    self.map_log_blocks,
+                    self.pool_pages
+                )
+                .regions,
+                "a version {} header cannot say where its regions moved",
+                self.version
+            );
+        }
         let mut b = vec![0u8; BLOCK_USIZE];
         b[0..8].copy_from_slice(HEADER_MAGIC);
         b[8..12].copy_from_slice(&self.version.to_le_bytes());
@@ -59,6 +169,19 @@ impl Header {
         ];
         for (i, f) in fields.iter().enumerate() {
             b[16 + 8 * i..24 + 8 * i].copy_from_slice(&f.to_le_bytes());
+        }
+        if self.version >= 4 {
+            let r = &self.regions;
+            b[V4_TABLE_AT..V4_TABLE_AT + 8].copy_from_slice(&r.table_at.to_le_bytes());
+            b[V4_LAYERS_AT..V4_LAYERS_AT + 8].copy_from_slice(&r.layers_at.to_le_bytes());
+            b[V4_HEAD_CAP..V4_HEAD_CAP + 8].copy_from_slice(&r.head_cap.to_le_bytes());
+            b[V4_HEAD_RUNS..V4_HEAD_RUNS + 4].copy_from_slice(&(r.head.pairs().len() as u32).to_le_bytes());
+            b[V4_POOL_RUNS..V4_POOL_RUNS + 4].copy_from_slice(&(r.pool.pairs().len() as u32).to_le_bytes());
+            for (i, &(first, off)) in r.head.pairs().iter().chain(r.pool.pairs()).enumerate() {
+                let at = V4_RUNS_AT + 16 * i;
+                b[at..at + 8].copy_from_slice(&first.to_le_bytes());
+                b[at + 8..at + 16].copy_from_slice(&off.to_le_bytes());
+            }
         }
         let crc = header_crc(&b);
         b[12..16].copy_from_slice(&crc.to_le_bytes());
@@ -81,51 +204,74 @@ impl Header {
         if u32::from_le_bytes(b[12..16].try_into().expect("4")) != header_crc(b) {
             return Err("header checksum mismatch".into());
         }
-        let f = |i: usize| u64::from_le_bytes(b[16 + 8 * i..24 + 8 * i].try_into().expect("8"));
-        Ok(Header {
+        let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8"));
+        let f = |i: usize| u64_at(16 + 8 * i);
+        // Bounds first, so that no size below overflows (a damaged header is refused, never a
+        // panic): counts below 2^44, byte sizes and offsets below 2^56.
+        if (0..8).any(|i| f(i) >= 1 << 56) || (1..8).any(|i| f(i) >= 1 << 44) {
+            return Err("a header field is out of range".into());
+        }
+        let mut h = Header::packed(
             version,
-            volume_bytes: f(0),
-            geo: Geometry { row_blocks: f(1), batch_rows: f(2), segment_batches: f(3), segments: f(4) },
-            cache_blocks: f(5),
-            map_log_blocks: f(6),
-            pool_pages: if version >= 3 { f(7) } else { 0 },
-        })
+            f(0),
+            Geometry { row_blocks: f(1), batch_rows: f(2), segment_batches: f(3), segments: f(4) },
+            f(5),
+            f(6),
+            if version >= 3 { f(7) } else { 0 },
+        );
+        if version >= 4 {
+            let count = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4")) as usize;
+            let (nh, np) = (count(V4_HEAD_RUNS), count(V4_POOL_RUNS));
+            if nh > MAX_RUNS || np > MAX_RUNS {
+                return Err(format!("{nh} head and {np} pool page runs (at most {MAX_RUNS} each)"));
+            }
+            let pairs: Vec<(u64, u64)> = (0..nh + np)
+                .map(|i| (u64_at(V4_RUNS_AT + 16 * i), u64_at(V4_RUNS_AT + 16 * i + 8)))
+                .collect();
+            let offsets = [V4_TABLE_AT, V4_LAYERS_AT].map(u64_at);
+            if offsets.iter().chain(pairs.iter().map(|p| &p.1)).any(|&o| o >= 1 << 56)
+                || pairs.iter().map(|p| p.0).chain([u64_at(V4_HEAD_CAP)]).any(|n| n >= 1 << 44)
+            {
+                return Err("a region of the header is out of range".into());
+            }
+            h.regions = Regions {
+                table_at: u64_at(V4_TABLE_AT),
+                layers_at: u64_at(V4_LAYERS_AT),
+                head_cap: u64_at(V4_HEAD_CAP),
+                head: Runs::from_pairs(&pairs[..nh]).map_err(|e| format!("map pages: {e}"))?,
+                pool: Runs::from_pairs(&pairs[nh..]).map_err(|e| format!("page pool: {e}"))?,
+            };
+        }
+        h.check()?;
+        Ok(h)
     }
 
     /// Byte offset and size of the persisted segment table in the metadata part, if it has one.
     pub(super) fn table_region(&self) -> Option<(u64, u64)> {
-        (self.version >= 2).then(|| {
-            (
-                BLOCK_BYTES + self.map_layout().bytes(),
-                table::region_bytes(self.geo.segments, self.cache_blocks),
-            )
-        })
+        (self.version >= 2)
+            .then(|| (self.regions.table_at, table::region_bytes(self.geo.segments, self.cache_blocks)))
     }
 
-    /// Bytes of the metadata part.
+    /// Bytes of the metadata part (where its last region ends).
     pub(super) fn meta_bytes(&self) -> u64 {
-        let map = self.map_layout();
-        map.end().max(BLOCK_BYTES + map.bytes() + self.table_region().map_or(0, |r| r.1))
+        self.spans().iter().map(|s| s.1).max().expect("the header block")
     }
 
     pub(super) fn map_layout(&self) -> MapLayout {
-        let plain = MapLayout {
+        let r = &self.regions;
+        let pool = (self.version >= 3).then(|| crate::map::PoolLayout {
+            layers_at: r.layers_at,
+            pages_at: r.pool.offset(0),
+            pages: u32::try_from(self.pool_pages).expect("pool pages fit in 32 bits"),
+            runs: (self.version >= 4).then_some(r.pool),
+        });
+        MapLayout {
             base: BLOCK_BYTES,
             log_blocks: self.map_log_blocks,
             blocks: self.volume_bytes / BLOCK_BYTES,
-            pool: None,
-        };
-        // Version 3: the layer table and the page pool follow the segment table.
-        let pool = (self.version >= 3).then(|| {
-            let layers_at =
-                BLOCK_BYTES + plain.bytes() + table::region_bytes(self.geo.segments, self.cache_blocks);
-            crate::map::PoolLayout {
-                layers_at,
-                pages_at: layers_at + crate::layers::LAYER_TABLE_BLOCKS as u64 * BLOCK_BYTES,
-                pages: u32::try_from(self.pool_pages).expect("pool pages fit in 32 bits"),
-            }
-        });
-        MapLayout { pool, ..plain }
+            pool,
+            head: (self.version >= 4).then_some(r.head),
+        }
     }
 }
 

@@ -40,6 +40,7 @@ mod places;
 mod ranges;
 mod read;
 mod resize;
+mod size;
 mod snapshots;
 pub mod space;
 mod status;
@@ -192,10 +193,13 @@ pub struct LogCounters {
 /// A log-structured volume.
 pub struct LogVolume<D: BlockDevice> {
     pub(crate) name: String,
-    pub(crate) size_bytes: u64,
-    pub(crate) blocks: u64,
+    /// Changes only in [`LogVolume::resize`].
+    pub(crate) size_bytes: AtomicU64,
     pub(crate) pool: Arc<Pool<D>>,
     pub(crate) parts: Parts<D>,
+    /// The geometry at open: its `segments` (the bound the space may grow to) rises when the
+    /// volume grows, and the live bound is the space's (`Space::max_segments`, or
+    /// [`LogVolume::geometry`]); every other field is fixed.
     pub(crate) geo: Geometry,
     pub(crate) map: MapStore<D>,
     pub(crate) ring: Arc<CacheRing>,
@@ -209,6 +213,9 @@ pub struct LogVolume<D: BlockDevice> {
     pub(crate) gates: Gates,
     /// Whether open used the persisted segment table (else it scanned the map).
     opened_from_table: bool,
+    /// Byte offset of the persisted segment table in the metadata part (shared with the
+    /// checkpoint's table writer; moves when the volume grows).
+    pub(crate) table_at: Arc<AtomicU64>,
 }
 
 /// The three engine volumes of the pool a log volume is made of.
@@ -287,7 +294,7 @@ pub(crate) struct Gates {
 
 impl<D: BlockDevice> std::fmt::Debug for LogVolume<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LogVolume").field("name", &self.name).field("size_bytes", &self.size_bytes).finish()
+        f.debug_struct("LogVolume").field("name", &self.name).field("size_bytes", &self.size_bytes()).finish()
     }
 }
 
@@ -309,7 +316,12 @@ impl<D: BlockDevice> LogVolume<D> {
     }
 
     pub fn size_bytes(&self) -> u64 {
-        self.size_bytes
+        self.size_bytes.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Logical blocks.
+    pub(crate) fn blocks(&self) -> u64 {
+        self.size_bytes() / BLOCK_BYTES
     }
 
     /// `tiered:ec:K+M` when cache and map are on fast drives, `log:ec:K+M` otherwise.
@@ -329,9 +341,9 @@ impl<D: BlockDevice> LogVolume<D> {
         self.opened_from_table
     }
 
-    /// The segment space's geometry.
+    /// The segment space's geometry (with the segments it may grow to now).
     pub fn geometry(&self) -> Geometry {
-        self.geo
+        Geometry { segments: self.space.lock().max_segments(), ..self.geo }
     }
 
     pub fn params(&self) -> LogParams {
@@ -367,7 +379,7 @@ impl<D: BlockDevice> LogVolume<D> {
         if self.health.closed.load(Relaxed) {
             return Err(VolumeError::Closed(self.name.clone()));
         }
-        bytes::check_range(offset_bytes, len_bytes, self.size_bytes)
+        bytes::check_range(offset_bytes, len_bytes, self.size_bytes())
     }
 
     fn check_writable(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {

@@ -108,14 +108,7 @@ fn plan_header(spec: &LogSpec) -> Result<Planned, TierError> {
     // write or a snapshot needs more (`grow_page_pool`: the part first, then the header), up to
     // 2^32 pages (it was made for every page copied twice: 32 MiB for 4 GiB before a snapshot).
     let pool_pages = (map_pages / 8 + 64).min(1 << 20);
-    let header = Header {
-        version: FORMAT_VERSION,
-        volume_bytes: size_bytes,
-        geo,
-        cache_blocks,
-        map_log_blocks,
-        pool_pages,
-    };
+    let header = Header::packed(FORMAT_VERSION, size_bytes, geo, cache_blocks, map_log_blocks, pool_pages);
     Ok(Planned { header, ec, cache_bytes })
 }
 
@@ -237,7 +230,10 @@ pub async fn open<D: BlockDevice>(
         serde_json::from_value(rec.params.clone()).map_err(|e| corrupt(format!("bad parameters: {e}")))?;
     let header = Header::decode(&meta.read(0, BLOCK_USIZE).await?).map_err(corrupt)?;
     let segment_bytes = header.geo.segment_blocks() * BLOCK_BYTES;
-    if header.volume_bytes != rec.size_bytes
+    // The header decides the size: a resize writes it first and the pool record after it, so a
+    // crash between them leaves a version 4 header and the record of the old size (corrected
+    // below, once open succeeds).
+    if (header.volume_bytes != rec.size_bytes && header.version < 4)
         || seg.size_bytes() > header.geo.space_blocks() * BLOCK_BYTES
         || !seg.size_bytes().is_multiple_of(segment_bytes)
         || header.meta_bytes() > meta.size_bytes()
@@ -299,8 +295,7 @@ pub async fn open<D: BlockDevice>(
     let reserve = 2;
     let vol = Arc::new(LogVolume {
         name: rec.name.clone(),
-        size_bytes: rec.size_bytes,
-        blocks: rec.size_bytes / BLOCK_BYTES,
+        size_bytes: AtomicU64::new(header.volume_bytes),
         pool: Arc::clone(pool),
         parts: Parts { meta, cache, seg },
         geo,
@@ -327,10 +322,14 @@ pub async fn open<D: BlockDevice>(
             pool_growth: tokio::sync::Mutex::new(()),
         },
         opened_from_table: from_table,
+        table_at: Arc::new(AtomicU64::new(header.table_region().map_or(0, |r| r.0))),
     });
     if let Some((at, _)) = header.table_region() {
         vol.map.set_checkpoint_table(Arc::new(table::Writer {
-            at,
+            at: {
+                debug_assert_eq!(vol.table_at.load(std::sync::atomic::Ordering::Relaxed), at);
+                Arc::clone(&vol.table_at)
+            },
             space: Arc::clone(&vol.space.table),
             ring: Arc::clone(&vol.ring),
             seq: Arc::clone(&vol.seq),
@@ -352,6 +351,16 @@ pub async fn open<D: BlockDevice>(
         .map_err(|e| corrupt(format!("finishing a snapshot delete: {e}")))?;
     if finished > 0 {
         tracing::info!(volume = %rec.name, finished, "finished snapshot deletes a crash interrupted");
+    }
+    if header.volume_bytes != rec.size_bytes {
+        // A resize wrote its header and crashed before the pool record followed.
+        tracing::warn!(
+            volume = %rec.name,
+            header = header.volume_bytes,
+            record = rec.size_bytes,
+            "finishing a resize a crash interrupted: the pool record takes the header's size"
+        );
+        pool.set_tiered_size(&rec.name, header.volume_bytes).await?;
     }
     mover::spawn(&vol);
     mover::spawn_checkpoints(&vol);

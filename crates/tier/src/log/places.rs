@@ -93,6 +93,16 @@ impl<D: BlockDevice> LogVolume<D> {
             Header::decode(&self.parts.meta.read(0, BLOCK_USIZE).await.map_err(|e| e.to_string())?)?;
         let add = needed.max(u64::from(total) / 4).max(64);
         let pages = (u64::from(total) + add).min(u64::from(u32::MAX));
+        // The pool grows in place when it is the last region (always, before format 4); else
+        // its new pages are a run where the metadata part ends (a volume that grew put its map
+        // pages after the pool).
+        let end = header.meta_bytes();
+        let pool_end = header.regions.pool.spans(header.pool_pages).last().map_or(0, |s| s.1);
+        if header.version >= 4 && pool_end < end {
+            header.regions.pool.push(header.pool_pages, end).map_err(|e| {
+                format!("its page pool has grown in pieces as often as the header can say ({e})")
+            })?;
+        }
         header.pool_pages = pages;
         let bytes = header.meta_bytes().next_multiple_of(BLOCK_BYTES);
         if bytes > self.parts.meta.size_bytes() {
@@ -106,7 +116,8 @@ impl<D: BlockDevice> LogVolume<D> {
             .write(0, IoBytes::copy_from(&header.encode()), true)
             .await
             .map_err(|e| format!("the header could not be written: {e}"))?;
-        self.map.grow_pool(u32::try_from(pages).expect("capped"));
+        let runs = header.map_layout().pool.and_then(|p| p.runs);
+        self.map.grow_pool(u32::try_from(pages).expect("capped"), runs);
         tracing::info!(volume = %self.name, from = total, to = pages, "snapshot page pool grown");
         Ok(())
     }
@@ -151,12 +162,14 @@ impl<D: BlockDevice> LogVolume<D> {
     fn check_updates(&self, layer: u16, updates: &[Update]) {
         let mut segment_end = None;
         for u in updates {
+            // The map's end, not the volume's: a shrink discards its tail after the volume's end
+            // moved and before the map's does.
             assert!(
-                u.block < self.blocks,
+                u.block < self.map.blocks(),
                 "volume {}: a map update of block {} past its {} blocks",
                 self.name,
                 u.block,
-                self.blocks
+                self.map.blocks()
             );
             let data = matches!(u.entry.place, Place::Cache(_) | Place::Segment(_));
             assert_eq!(

@@ -22,7 +22,10 @@ impl<D: BlockDevice> LogVolume<D> {
     /// [`RESIZE_RETRY`]). The engine refuses a resize while the segment part rebuilds: until
     /// then the space cannot grow.
     pub(crate) async fn grow_space(&self) -> bool {
-        let (have, most) = (self.space.lock().segments(), self.geo.segments);
+        let (have, most) = {
+            let space = self.space.lock();
+            (space.segments(), space.max_segments())
+        };
         if have >= most {
             return false;
         }

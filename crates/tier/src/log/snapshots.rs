@@ -24,11 +24,11 @@ impl<D: BlockDevice> LogVolume<D> {
         if self.map.snapshots().iter().any(|s| s.name == name) {
             return Err(refuse("a snapshot of that name exists".into()));
         }
-        self.check_writable(0, self.size_bytes)?;
+        self.check_writable(0, self.size_bytes())?;
         let _one = self.gates.snapshot_ops.lock().await;
         let _drained = self.gates.writes.write().await;
         let record = self.new_record(name, LayerKind::Snapshot);
-        let head = LayerRecord::named(&self.name, LayerKind::Head, self.size_bytes);
+        let head = LayerRecord::named(&self.name, LayerKind::Head, self.size_bytes());
         let mut made = self.map.create_snapshot(head.clone(), record.clone()).await;
         if let Err(MapError::PoolFull { needed, .. }) = made
             && self.grow_page_pool(needed).await.is_ok()
@@ -48,7 +48,7 @@ impl<D: BlockDevice> LogVolume<D> {
 
     /// The record of a layer `name` to be made now (its id and pages are the map's to choose).
     pub(super) fn new_record(&self, name: &str, kind: LayerKind) -> LayerRecord {
-        let mut record = LayerRecord::named(name, kind, self.size_bytes);
+        let mut record = LayerRecord::named(name, kind, self.size_bytes());
         record.created_seq = self.seq.load(Relaxed);
         record.created_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -65,7 +65,7 @@ impl<D: BlockDevice> LogVolume<D> {
         let Some(snap) = self.map.snapshots().into_iter().find(|s| s.name == name) else {
             return Err(TierError::Invalid(format!("{} has no snapshot {name:?}", self.name)));
         };
-        self.check_writable(0, self.size_bytes)?;
+        self.check_writable(0, self.size_bytes())?;
         let stats = self
             .map
             .delete_snapshot(snap.id, |freed| self.free_places(freed))
@@ -118,7 +118,7 @@ impl<D: BlockDevice> LogVolume<D> {
                 self.name, kept.name
             )));
         }
-        self.check_writable(0, self.size_bytes)?;
+        self.check_writable(0, self.size_bytes())?;
         let _drained = self.gates.writes.write().await;
         let _moves = self.gates.moving.lock().await;
         let failed = |e: MapError| -> TierError {
@@ -157,7 +157,7 @@ impl<D: BlockDevice> LogVolume<D> {
         for chunk in pages.chunks(16) {
             let blocks: Vec<u64> = chunk
                 .iter()
-                .flat_map(|&p| p * ENTRIES_PER_PAGE..((p + 1) * ENTRIES_PER_PAGE).min(self.blocks))
+                .flat_map(|&p| p * ENTRIES_PER_PAGE..((p + 1) * ENTRIES_PER_PAGE).min(self.blocks()))
                 .collect();
             let want = self.map.get_in(layer, &blocks).await.map_err(|e| map_error(&self.name, e))?;
             let now = self.map.get_many(&blocks).await.map_err(|e| map_error(&self.name, e))?;
@@ -218,7 +218,7 @@ impl<D: BlockDevice> LogVolume<D> {
         let Some(parent) = self.map.snapshots().into_iter().find(|s| s.name == snap) else {
             return Err(TierError::Invalid(format!("{} has no snapshot {snap:?}", self.name)));
         };
-        self.check_writable(0, self.size_bytes)?;
+        self.check_writable(0, self.size_bytes())?;
         let record = self.new_record(name, LayerKind::Clone);
         let mut made = self.map.create_clone(parent.id, record.clone()).await;
         if let Err(MapError::PoolFull { needed, .. }) = made
@@ -238,7 +238,7 @@ impl<D: BlockDevice> LogVolume<D> {
         let Some(clone) = self.map.clones().into_iter().find(|c| c.name == name) else {
             return Err(TierError::Invalid(format!("{} has no clone {name:?}", self.name)));
         };
-        self.check_writable(0, self.size_bytes)?;
+        self.check_writable(0, self.size_bytes())?;
         let stats = self
             .map
             .delete_clone(clone.id, |freed| self.free_places(freed))

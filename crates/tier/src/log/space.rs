@@ -332,6 +332,18 @@ impl Space {
 
     /// Segments a growth adds (before the pool's room and the most are applied), and the least
     /// a shrink gives back: an eighth of the space, at least 4.
+    /// Segments the space may grow to.
+    pub fn max_segments(&self) -> u64 {
+        self.geo.segments
+    }
+
+    /// Lets the space grow to `most` segments (a volume that grew; never fewer than before).
+    pub fn set_max_segments(&mut self, most: u64) {
+        assert!(most >= self.geo.segments, "the segment space's bound only rises");
+        self.geo.segments = most;
+        self.check();
+    }
+
     pub fn step(&self) -> u64 {
         (self.segments() / 8).max(4)
     }

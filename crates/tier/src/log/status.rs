@@ -79,7 +79,7 @@ impl<D: BlockDevice> LogVolume<D> {
         LogStatus {
             name: self.name.clone(),
             layout: self.layout(),
-            size_bytes: self.size_bytes,
+            size_bytes: self.size_bytes(),
             state: self.state(),
             allocated_bytes: block(counts.live_blocks),
             space_bytes: block(counts.segments * seg_data),

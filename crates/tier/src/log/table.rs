@@ -106,8 +106,8 @@ impl Table {
 
 /// Writes the table of a volume with every map checkpoint.
 pub(crate) struct Writer {
-    /// Byte offset of the region in the metadata part.
-    pub at: u64,
+    /// Byte offset of the region in the metadata part (moves when the volume grows).
+    pub at: Arc<AtomicU64>,
     pub space: Arc<Mutex<Space>>,
     pub ring: Arc<CacheRing>,
     pub seq: Arc<AtomicU64>,
@@ -132,7 +132,7 @@ impl CheckpointTable for Writer {
             table.owners.windows(2).all(|w| w[0].0 < w[1].0),
             "segment table: cache positions out of order or named twice"
         );
-        (self.at, IoBytes::copy_from(&table.encode()))
+        (self.at.load(Relaxed), IoBytes::copy_from(&table.encode()))
     }
 }
 

@@ -70,11 +70,11 @@ impl<D: BlockDevice> LogVolume<D> {
     pub(super) async fn write_piece(&self, layer: u16, first: u64, data: IoBytes) -> Result<(), VolumeError> {
         let n = data.len() as u64 / BLOCK_BYTES;
         assert!(
-            data.len() as u64 == n * BLOCK_BYTES && n > 0 && first + n <= self.blocks,
+            data.len() as u64 == n * BLOCK_BYTES && n > 0 && first + n <= self.blocks(),
             "volume {}: a write of {} bytes at block {first} reached the cache (whole blocks of {} only)",
             self.name,
             data.len(),
-            self.blocks
+            self.blocks()
         );
         let start = match self.ring.reserve(n).await {
             Ok(s) => s,

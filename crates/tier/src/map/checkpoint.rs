@@ -38,7 +38,7 @@ impl<D: BlockDevice> MapStore<D> {
     /// is dirty, or the cache is over its budget with dirty pages.
     pub(super) fn due(&self) -> bool {
         let budget = self.cache.stats().budget_pages;
-        self.ring_used.load(std::sync::atomic::Ordering::Relaxed) >= self.layout.log_blocks / 2
+        self.ring_used.load(std::sync::atomic::Ordering::Relaxed) >= self.layout().log_blocks / 2
             || self.cache.dirty_pages() >= budget.div_ceil(2)
             || self.cache.over_budget()
     }
@@ -112,7 +112,7 @@ impl<D: BlockDevice> MapStore<D> {
             }
             let mut buf = IoBuf::zeroed(BLOCK_USIZE);
             encode_header(until, &mut buf);
-            self.vol.write(self.layout.base, IoBytes::copy_from(&buf), true).await?;
+            self.vol.write(self.layout().base, IoBytes::copy_from(&buf), true).await?;
             Ok::<(), MapError>(())
         }
         .await;
@@ -165,11 +165,14 @@ impl<D: BlockDevice> MapStore<D> {
             pages.windows(2).all(|w| w[0].0 < w[1].0),
             "map checkpoint: dirty pages out of order or taken twice"
         );
+        let layout = self.layout();
         let mut runs: Vec<&[DirtyPage]> = Vec::new();
         let mut start = 0;
         for i in 1..=pages.len() {
-            let ends =
-                i == pages.len() || pages[i].0 != pages[i - 1].0 + 1 || (i - start) as u64 == WRITE_BACK_RUN;
+            let ends = i == pages.len()
+                || pages[i].0 != pages[i - 1].0 + 1
+                || !layout.key_follows(pages[i - 1].0)
+                || (i - start) as u64 == WRITE_BACK_RUN;
             if ends {
                 runs.push(&pages[start..i]);
                 start = i;
@@ -184,7 +187,7 @@ impl<D: BlockDevice> MapStore<D> {
             let writes = group
                 .iter()
                 .zip(bufs)
-                .map(|(run, buf)| self.vol.write(self.layout.key_offset(run[0].0), buf.freeze(), false));
+                .map(|(run, buf)| self.vol.write(layout.key_offset(run[0].0), buf.freeze(), false));
             stria_engine::join_all_ok(writes).await?;
         }
         Ok(())

@@ -43,7 +43,7 @@ impl<D: BlockDevice> MapStore<D> {
                     log.stats.checkpoint_waits += 1;
                     drop(log);
                     let _one = self.checkpointing.lock().await;
-                    if self.ring_used.load(std::sync::atomic::Ordering::Relaxed) >= self.layout.log_blocks {
+                    if self.ring_used.load(std::sync::atomic::Ordering::Relaxed) >= self.layout().log_blocks {
                         self.write_back().await?;
                     }
                 }
@@ -75,7 +75,7 @@ impl<D: BlockDevice> MapStore<D> {
                     log.durable = p.queued;
                     return Ok(true);
                 }
-                if log.next_seq - log.replay_seq >= self.layout.log_blocks {
+                if log.next_seq - log.replay_seq >= self.layout().log_blocks {
                     return Ok(false);
                 }
                 let chunk: Vec<(u64, [u8; 16])> =
@@ -87,7 +87,7 @@ impl<D: BlockDevice> MapStore<D> {
             // after it, and no checkpoint writes a page any more. A preserve's copy is durable
             // before its record (replay takes the copy from its pool page).
             if !copies.is_empty() {
-                let pl = self.layout.pool.expect("preserves need a pool");
+                let pl = self.layout().pool.expect("preserves need a pool");
                 let writes = copies.into_iter().map(|(pool, bytes)| {
                     self.vol.write(pl.page_offset(u64::from(pool)), bytes.freeze(), true)
                 });
@@ -96,15 +96,15 @@ impl<D: BlockDevice> MapStore<D> {
             // The block this write overwrites (a lap of the ring ago) is one replay no longer
             // needs: replay starts at `replay_seq` and reads the ring's blocks from there.
             assert!(
-                log.replay_seq <= log.next_seq && log.next_seq - log.replay_seq < self.layout.log_blocks,
+                log.replay_seq <= log.next_seq && log.next_seq - log.replay_seq < self.layout().log_blocks,
                 "map log: block {} would overwrite one that replay from {} needs ({} blocks in the ring)",
                 log.next_seq,
                 log.replay_seq,
-                self.layout.log_blocks
+                self.layout().log_blocks
             );
             encode_log_block(log.next_seq, &chunk, &mut buf);
             let bytes = IoBytes::copy_from(&buf);
-            self.vol.write(self.layout.log_block_offset(log.next_seq), bytes, true).await?;
+            self.vol.write(self.layout().log_block_offset(log.next_seq), bytes, true).await?;
             let logged = {
                 let mut p = self.pending.lock();
                 // Only the holder of the log removes deltas: the oldest `taken` are still these.

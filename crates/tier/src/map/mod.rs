@@ -32,6 +32,7 @@ mod commit;
 mod format;
 #[doc(hidden)]
 pub mod fuzzing;
+mod runs;
 mod snap;
 #[cfg(test)]
 mod tests;
@@ -47,6 +48,7 @@ use format::{
     DELTA_BYTES, LOG_HEADER_BYTES, decode_header, decode_log_block, decode_owned_page, decode_page,
     encode_header, encode_log_block, encode_page,
 };
+pub use runs::{MAX_RUNS, Runs};
 use snap::POOL_KEY;
 pub use snap::{DeleteStats, HEAD_LAYER, PoolLayout};
 
@@ -138,6 +140,9 @@ pub struct MapLayout {
     pub blocks: u64,
     /// The layer table and page pool of snapshots (format version 3), if the map has them.
     pub pool: Option<PoolLayout>,
+    /// Where the head pages lie when they are not right after the log ring (a map that grew:
+    /// log volume format 4).
+    pub head: Option<Runs>,
 }
 
 impl MapLayout {
@@ -154,8 +159,12 @@ impl MapLayout {
     /// Byte offset in the backing volume where the last thing of the map ends (the region, or
     /// the snapshot pool when it lies after it).
     pub fn end(&self) -> u64 {
-        let region = self.base + self.bytes();
-        self.pool.map_or(region, |p| region.max(p.layers_at + p.bytes()))
+        let ring = self.base + (1 + self.log_blocks) * BLOCK_BYTES;
+        let head = match &self.head {
+            Some(runs) => runs.spans(self.pages()).iter().map(|s| s.1).max().unwrap_or(ring),
+            None => self.base + self.bytes(),
+        };
+        ring.max(head).max(self.pool.map_or(0, |p| p.end()))
     }
 
     fn log_block_offset(&self, ring_index: u64) -> u64 {
@@ -163,7 +172,24 @@ impl MapLayout {
     }
 
     fn page_offset(&self, page: u64) -> u64 {
-        self.base + (1 + self.log_blocks + page) * BLOCK_BYTES
+        match &self.head {
+            Some(runs) => runs.offset(page),
+            None => self.base + (1 + self.log_blocks + page) * BLOCK_BYTES,
+        }
+    }
+
+    /// How many head pages from `page` on (at most `most`) lie one after another.
+    fn head_contiguous(&self, page: u64, most: u64) -> u64 {
+        self.head.as_ref().map_or(most, |r| r.contiguous(page, most))
+    }
+
+    /// Whether the page cached under `key + 1` lies right after the one under `key`.
+    fn key_follows(&self, key: u64) -> bool {
+        if key & POOL_KEY != 0 {
+            self.pool.is_some_and(|p| p.contiguous(key & !POOL_KEY, 2) == 2)
+        } else {
+            self.head_contiguous(key, 2) == 2
+        }
     }
 
     /// Where the page cached under `key` lives: a head page, or a pool page (`POOL_KEY | n`).
@@ -308,7 +334,10 @@ pub trait CheckpointTable: Send + Sync {
 /// The map of one log-structured volume.
 pub struct MapStore<D: BlockDevice> {
     vol: Arc<Volume<D>>,
-    layout: MapLayout,
+    /// Changes only when the map grows or shrinks ([`MapStore::resize`]) or its pool grows in
+    /// a new run; `blocks` is its block count, read without the lock.
+    layout: parking_lot::RwLock<MapLayout>,
+    blocks: std::sync::atomic::AtomicU64,
     cache: PageCache<MapPage>,
     pending: parking_lot::Mutex<Pending>,
     log: tokio::sync::Mutex<LogState>,
@@ -336,7 +365,7 @@ pub struct MapStore<D: BlockDevice> {
 
 impl<D: BlockDevice> std::fmt::Debug for MapStore<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MapStore").field("layout", &self.layout).finish()
+        f.debug_struct("MapStore").field("layout", &self.layout()).finish()
     }
 }
 
@@ -373,7 +402,8 @@ impl<D: BlockDevice> MapStore<D> {
         let replay_seq = Self::replay_position(&vol, layout).await?;
         let store = MapStore {
             vol,
-            layout,
+            layout: parking_lot::RwLock::new(layout),
+            blocks: layout.blocks.into(),
             cache: PageCache::new(cache_pages),
             pending: parking_lot::Mutex::new(Pending::default()),
             log: tokio::sync::Mutex::new(LogState {
@@ -405,8 +435,8 @@ impl<D: BlockDevice> MapStore<D> {
     async fn replay(&self, mut on_replay: impl FnMut(u64, &MapEntry)) -> Result<(), MapError> {
         let mut log = self.log.lock().await;
         let mut seq = log.replay_seq;
-        while seq < log.replay_seq + self.layout.log_blocks {
-            let bytes = self.vol.read(self.layout.log_block_offset(seq), BLOCK_USIZE).await?;
+        while seq < log.replay_seq + self.layout().log_blocks {
+            let bytes = self.vol.read(self.layout().log_block_offset(seq), BLOCK_USIZE).await?;
             let Some(records) = decode_log_block(&bytes, seq) else { break };
             for (field, raw) in records {
                 match snap::decode_record(field, &raw) {
@@ -449,7 +479,12 @@ impl<D: BlockDevice> MapStore<D> {
 
     /// Logical blocks mapped.
     pub fn blocks(&self) -> u64 {
-        self.layout.blocks
+        self.blocks.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Where the map lives now.
+    pub fn layout(&self) -> MapLayout {
+        *self.layout.read()
     }
 
     /// The entry of `block`.
@@ -486,8 +521,9 @@ impl<D: BlockDevice> MapStore<D> {
 
     /// The cached page holding `block` (read from the volume on a miss).
     async fn page_of(&self, block: u64) -> Result<(u64, Arc<Slot<MapPage>>), MapError> {
-        if block >= self.layout.blocks {
-            return Err(MapError::OutOfRange { block, blocks: self.layout.blocks });
+        let blocks = self.blocks();
+        if block >= blocks {
+            return Err(MapError::OutOfRange { block, blocks });
         }
         let page = block / ENTRIES_PER_PAGE;
         let head = |slot: Arc<Slot<MapPage>>| {
@@ -509,7 +545,7 @@ impl<D: BlockDevice> MapStore<D> {
         if let Some(Some(slot)) = self.cache.lookup(page, 1).pop() {
             return head(slot);
         }
-        let bytes = self.vol.read(self.layout.page_offset(page), BLOCK_USIZE).await?;
+        let bytes = self.vol.read(self.layout().page_offset(page), BLOCK_USIZE).await?;
         let entries = decode_page(page, &bytes).ok_or(MapError::DamagedPage { page })?;
         let (slot, _) = self.cache.insert(vec![(page, MapPage::head(page, entries), false)]).remove(0);
         Ok((page, slot))
@@ -571,15 +607,16 @@ impl<D: BlockDevice> MapStore<D> {
     /// scan does not flush the cache.
     pub async fn scan(&self, mut f: impl FnMut(u64, &[MapEntry])) -> Result<(), MapError> {
         const RUN: u64 = 64;
-        let pages = self.layout.pages();
+        let layout = self.layout();
+        let pages = layout.pages();
         let mut first = 0;
         while first < pages {
-            let n = RUN.min(pages - first);
+            let n = layout.head_contiguous(first, RUN.min(pages - first));
             let cached = self.cache.lookup(first, n);
             let mut disk: Option<IoBuf> = None;
             if cached.iter().any(Option::is_none) {
                 let len = (n * BLOCK_BYTES) as usize;
-                disk = Some(self.vol.read(self.layout.page_offset(first), len).await?);
+                disk = Some(self.vol.read(layout.page_offset(first), len).await?);
             }
             for (k, c) in cached.into_iter().enumerate() {
                 let page = first + k as u64;

@@ -82,7 +82,7 @@ impl BlockDevice for WriteGate {
 
 #[tokio::test]
 async fn updates_go_on_while_a_checkpoint_writes_pages() {
-    let layout = MapLayout { base: 0, log_blocks: 64, blocks: 5000, pool: None };
+    let layout = MapLayout { base: 0, log_blocks: 64, blocks: 5000, pool: None, head: None };
     let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let opened = Arc::new(tokio::sync::Notify::new());
     let devs: Vec<WriteGate> = (0..2)
@@ -131,10 +131,10 @@ fn layer(name: &str, kind: crate::layers::LayerKind) -> crate::layers::LayerReco
 
 /// A 600-block map (3 pages) with a pool of `pool_pages` after it.
 fn snapshot_layout(pool_pages: u32) -> MapLayout {
-    let plain = MapLayout { base: 0, log_blocks: 16, blocks: 600, pool: None };
+    let plain = MapLayout { base: 0, log_blocks: 16, blocks: 600, pool: None, head: None };
     let layers_at = plain.bytes();
     let pages_at = layers_at + crate::layers::LAYER_TABLE_BLOCKS as u64 * BLOCK_BYTES;
-    MapLayout { pool: Some(PoolLayout { layers_at, pages_at, pages: pool_pages }), ..plain }
+    MapLayout { pool: Some(PoolLayout { layers_at, pages_at, pages: pool_pages, runs: None }), ..plain }
 }
 
 async fn snapshot(map: &MapStore<Arc<MemDevice>>, name: &str) -> u16 {
@@ -409,7 +409,7 @@ fn places_round_trip_through_their_encoding() {
 
 #[tokio::test]
 async fn updates_survive_reopen_through_the_log_and_through_checkpoints() {
-    let layout = MapLayout { base: 8192, log_blocks: 4, blocks: 5000, pool: None };
+    let layout = MapLayout { base: 8192, log_blocks: 4, blocks: 5000, pool: None, head: None };
     let (devs, vol) = pool_with_map_volume(layout).await;
     let map = MapStore::open(vol, layout, 2).await.unwrap();
     // No task runs the checkpoints handed to it: only the bounds (a full ring, a cache past
@@ -462,7 +462,7 @@ async fn updates_survive_reopen_through_the_log_and_through_checkpoints() {
 
 #[tokio::test]
 async fn a_conditional_update_loses_to_a_newer_write() {
-    let layout = MapLayout { base: 0, log_blocks: 8, blocks: 600, pool: None };
+    let layout = MapLayout { base: 0, log_blocks: 8, blocks: 600, pool: None, head: None };
     let (_devs, vol) = pool_with_map_volume(layout).await;
     let map = MapStore::open(vol, layout, 16).await.unwrap();
     let cached = MapEntry { place: Place::Cache(5), crc: 1, seq: 1 };
@@ -489,7 +489,7 @@ async fn a_conditional_update_loses_to_a_newer_write() {
 
 #[tokio::test]
 async fn a_damaged_header_or_page_is_an_error_not_an_empty_map() {
-    let layout = MapLayout { base: 0, log_blocks: 4, blocks: 600, pool: None };
+    let layout = MapLayout { base: 0, log_blocks: 4, blocks: 600, pool: None, head: None };
     let (devs, vol) = pool_with_map_volume(layout).await;
     let map = MapStore::open(Arc::clone(&vol), layout, 16).await.unwrap();
     map.update(&[Update { block: 300, entry: entry(1), expect: None }]).await.unwrap();

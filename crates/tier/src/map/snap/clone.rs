@@ -42,7 +42,7 @@ impl<D: BlockDevice> MapStore<D> {
     pub async fn create_clone(&self, parent: u16, record: LayerRecord) -> Result<u16, MapError> {
         self.pool_layout()?;
         let _gate = self.snap.gate.write().await;
-        let tables = self.layout.pages().div_ceil(INDEX_ENTRIES as u64) as usize;
+        let tables = self.layout().pages().div_ceil(INDEX_ENTRIES as u64) as usize;
         let id = {
             let mut l = self.snap.layers.lock();
             l.visible(parent)?;
@@ -66,8 +66,8 @@ impl<D: BlockDevice> MapStore<D> {
         updates: &[Update],
     ) -> Result<Vec<Option<MapEntry>>, MapError> {
         assert!(updates.iter().all(|u| u.expect.is_none()), "a clone's own updates are host writes");
-        if let Some(u) = updates.iter().find(|u| u.block >= self.layout.blocks) {
-            return Err(MapError::OutOfRange { block: u.block, blocks: self.layout.blocks });
+        if let Some(u) = updates.iter().find(|u| u.block >= self.blocks()) {
+            return Err(MapError::OutOfRange { block: u.block, blocks: self.blocks() });
         }
         let gate = self.snap.gate.read().await;
         let mut pins = Vec::new();

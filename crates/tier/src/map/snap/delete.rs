@@ -409,7 +409,7 @@ impl<D: BlockDevice> MapStore<D> {
             let ticket = {
                 let mut p = self.pending.lock();
                 let blocks = (p.deltas.len() + n).div_ceil(crate::map::DELTAS_PER_LOG_BLOCK) as u64;
-                if log.next_seq - log.replay_seq + blocks <= self.layout.log_blocks {
+                if log.next_seq - log.replay_seq + blocks <= self.layout().log_blocks {
                     for d in deltas.take().expect("queued once") {
                         p.push(d);
                     }
@@ -450,7 +450,7 @@ impl<D: BlockDevice> MapStore<D> {
                 None => (false, None), // a clone
             }
         };
-        let mut bits = vec![0u64; self.snap.preserved.len()];
+        let mut bits = vec![0u64; self.snap.preserved.read().len()];
         if let (true, Some((id, dir))) = (newest, &older) {
             for (ti, &t) in dir.iter().enumerate() {
                 if t == 0 {
@@ -486,7 +486,7 @@ impl<D: BlockDevice> MapStore<D> {
             }
             l.records_dirty = true;
             if newest {
-                for (w, b) in self.snap.preserved.iter().zip(bits) {
+                for (w, b) in self.snap.preserved.read().iter().zip(bits) {
                     w.store(b, SeqCst);
                 }
             }

@@ -20,7 +20,7 @@ impl<D: BlockDevice> MapStore<D> {
     /// before replay), rebuilding which pool pages are in use and which head pages the newest
     /// snapshot owns.
     pub(in crate::map) async fn load_layers(&self) -> Result<(), MapError> {
-        let Some(pl) = self.layout.pool else { return Ok(()) };
+        let Some(pl) = self.layout().pool else { return Ok(()) };
         let bytes = self.vol.read(pl.layers_at, LAYER_TABLE_BLOCKS * BLOCK_USIZE).await?;
         let records = decode_layer_table(&bytes).map_err(layers_error)?;
         let head = records.iter().find(|r| r.kind == LayerKind::Head).cloned();
@@ -89,7 +89,7 @@ impl<D: BlockDevice> MapStore<D> {
         used: &mut Vec<u32>,
         copies: &mut Vec<u32>,
     ) -> Result<Snap, MapError> {
-        let tables_per_snap = self.layout.pages().div_ceil(INDEX_ENTRIES as u64) as usize;
+        let tables_per_snap = self.layout().pages().div_ceil(INDEX_ENTRIES as u64) as usize;
         let id = record.id;
         let root = self.read_index(record.root_page, IndexLevel::Root, id, 0).await?;
         used.push(record.root_page);

@@ -68,6 +68,9 @@ pub struct PoolLayout {
     pub pages_at: u64,
     /// Pages of the pool.
     pub pages: u32,
+    /// Where the pages lie when the pool grew in pieces (log volume format 4); else from
+    /// `pages_at` on.
+    pub runs: Option<super::Runs>,
 }
 
 impl PoolLayout {
@@ -76,8 +79,27 @@ impl PoolLayout {
         (LAYER_TABLE_BLOCKS as u64 + u64::from(self.pages)) * BLOCK_BYTES
     }
 
+    /// Byte offset where the last of the layer table and the pages ends.
+    pub fn end(&self) -> u64 {
+        let table = self.layers_at + LAYER_TABLE_BLOCKS as u64 * BLOCK_BYTES;
+        match &self.runs {
+            Some(runs) => {
+                runs.spans(u64::from(self.pages)).iter().map(|s| s.1).max().unwrap_or(table).max(table)
+            }
+            None => self.layers_at + self.bytes(),
+        }
+    }
+
     pub(super) fn page_offset(&self, page: u64) -> u64 {
-        self.pages_at + page * BLOCK_BYTES
+        match &self.runs {
+            Some(runs) => runs.offset(page),
+            None => self.pages_at + page * BLOCK_BYTES,
+        }
+    }
+
+    /// How many pool pages from `page` on (at most `most`) lie one after another.
+    pub(super) fn contiguous(&self, page: u64, most: u64) -> u64 {
+        self.runs.as_ref().map_or(most, |r| r.contiguous(page, most))
     }
 }
 
@@ -125,8 +147,8 @@ pub(super) struct SnapState {
     /// Updates hold it shared from finding their pages to applying them; making a snapshot holds
     /// it alone, so no update is half applied when the snapshot is made.
     pub(super) gate: tokio::sync::RwLock<()>,
-    /// Bit per head page: the newest snapshot owns a copy of it.
-    preserved: Vec<AtomicU64>,
+    /// Bit per head page: the newest snapshot owns a copy of it (longer when the map grows).
+    preserved: parking_lot::RwLock<Vec<AtomicU64>>,
     /// Raised when a snapshot is made: a view read that began before re-resolves.
     generation: AtomicU64,
 }
@@ -269,17 +291,19 @@ impl SnapState {
             }),
             tables: PageCache::new((cache_pages / 16).max(4)),
             gate: tokio::sync::RwLock::new(()),
-            preserved: (0..head_pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            preserved: parking_lot::RwLock::new(
+                (0..head_pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            ),
             generation: AtomicU64::new(0),
         }
     }
 
     fn is_preserved(&self, page: u64) -> bool {
-        self.preserved[(page / 64) as usize].load(SeqCst) >> (page % 64) & 1 == 1
+        self.preserved.read()[(page / 64) as usize].load(SeqCst) >> (page % 64) & 1 == 1
     }
 
     fn set_preserved(&self, page: u64) {
-        self.preserved[(page / 64) as usize].fetch_or(1 << (page % 64), SeqCst);
+        self.preserved.read()[(page / 64) as usize].fetch_or(1 << (page % 64), SeqCst);
     }
 
     /// Whether a checkpoint has anything of the snapshots to write.
@@ -306,7 +330,7 @@ fn layers_error(e: impl std::fmt::Display) -> MapError {
 
 impl<D: BlockDevice> MapStore<D> {
     fn pool_layout(&self) -> Result<PoolLayout, MapError> {
-        self.layout
+        self.layout()
             .pool
             .ok_or_else(|| layers_error("this volume was made without room for snapshots (format version 2)"))
     }
@@ -324,11 +348,46 @@ impl<D: BlockDevice> MapStore<D> {
 
     /// Grows the page pool to `pages` pages in all. The caller has made the backing volume
     /// hold them and made the header that says so durable (so a reopen finds them too).
-    pub fn grow_pool(&self, pages: u32) {
+    pub fn grow_pool(&self, pages: u32, runs: Option<super::Runs>) {
         let mut l = self.snap.layers.lock();
         if pages > l.pool.pages() {
+            let mut layout = self.layout.write();
+            if let Some(pl) = layout.pool.as_mut() {
+                pl.pages = pages;
+                pl.runs = runs;
+            }
             l.pool.grow(pages);
         }
+    }
+
+    /// Whether the map has snapshots or clones (hidden ones too).
+    pub fn has_layers(&self) -> bool {
+        let l = self.snap.layers.lock();
+        !l.snaps.is_empty() || !l.clones.is_empty()
+    }
+
+    /// Maps `blocks` blocks from now on, its head pages where `head` says (pages past the old
+    /// end read as never written until written). Only for a map without snapshots or clones
+    /// (their tables are sized by the head's pages); the caller has made the backing volume
+    /// hold the pages and the header that says where they are durable, and holds
+    /// [`MapStore::hold_checkpoints`] across both. A map that shrinks keeps its pages past the
+    /// new end (the caller cleared their blocks and checkpointed first: no delta names them).
+    pub fn resize(&self, blocks: u64, head: Option<super::Runs>) {
+        assert!(!self.has_layers(), "a map with snapshots or clones cannot be resized");
+        let mut layout = self.layout.write();
+        layout.blocks = blocks;
+        layout.head = head;
+        let words = layout.pages().div_ceil(64) as usize;
+        let mut preserved = self.snap.preserved.write();
+        while preserved.len() < words {
+            preserved.push(AtomicU64::new(0));
+        }
+        self.blocks.store(blocks, SeqCst);
+    }
+
+    /// Holds off checkpoints (one runs at a time) until the guard drops.
+    pub async fn hold_checkpoints(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.checkpointing.lock().await
     }
 }
 

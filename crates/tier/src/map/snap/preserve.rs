@@ -224,7 +224,7 @@ impl<D: BlockDevice> MapStore<D> {
         let gate = self.snap.gate.write().await;
         let queued = self.pending.lock().queued;
         self.commit(queued).await?;
-        let tables = self.layout.pages().div_ceil(INDEX_ENTRIES as u64) as usize;
+        let tables = self.layout().pages().div_ceil(INDEX_ENTRIES as u64) as usize;
         let id = {
             let mut l = self.snap.layers.lock();
             let snap = l.new_layer(record, LayerKind::Snapshot, HEAD_LAYER, tables)?;
@@ -239,7 +239,7 @@ impl<D: BlockDevice> MapStore<D> {
                     ..head
                 });
             }
-            for w in &self.snap.preserved {
+            for w in self.snap.preserved.read().iter() {
                 w.store(0, SeqCst);
             }
             self.snap.generation.fetch_add(1, SeqCst);

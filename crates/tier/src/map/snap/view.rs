@@ -24,8 +24,8 @@ impl<D: BlockDevice> MapStore<D> {
         };
         let mut out = Vec::with_capacity(blocks.len());
         for &block in blocks {
-            if block >= self.layout.blocks {
-                return Err(MapError::OutOfRange { block, blocks: self.layout.blocks });
+            if block >= self.blocks() {
+                return Err(MapError::OutOfRange { block, blocks: self.blocks() });
             }
             match parent {
                 None => out.push(self.view_entry(layer, block).await?),
@@ -50,8 +50,8 @@ impl<D: BlockDevice> MapStore<D> {
     pub async fn get_in_kept(&self, layer: u16, blocks: &[u64]) -> Result<Vec<MapEntry>, MapError> {
         let mut out = Vec::with_capacity(blocks.len());
         for &block in blocks {
-            if block >= self.layout.blocks {
-                return Err(MapError::OutOfRange { block, blocks: self.layout.blocks });
+            if block >= self.blocks() {
+                return Err(MapError::OutOfRange { block, blocks: self.blocks() });
             }
             out.push(self.view_entry(layer, block).await?);
         }
@@ -107,6 +107,17 @@ impl<D: BlockDevice> MapStore<D> {
         &self,
         items: &[(u64, crate::map::Place)],
     ) -> Result<Vec<Option<MapEntry>>, MapError> {
+        // A block past the map's end (the volume shrank; a summary or cache position may still
+        // name it) is held by nobody.
+        let end = self.blocks();
+        if items.iter().any(|i| i.0 >= end) {
+            let inside: Vec<(u64, crate::map::Place)> = items.iter().copied().filter(|i| i.0 < end).collect();
+            let mut found = Box::pin(self.holding(&inside)).await?.into_iter();
+            return Ok(items
+                .iter()
+                .map(|i| if i.0 < end { found.next().expect("one per item") } else { None })
+                .collect());
+        }
         let blocks: Vec<u64> = items.iter().map(|i| i.0).collect();
         let heads = self.get_many(&blocks).await?;
         if !self.snap.layers.lock().has_snapshots() {
@@ -168,7 +179,7 @@ impl<D: BlockDevice> MapStore<D> {
             l.snaps.iter().chain(&l.clones).map(|s| (s.record.id, s.dir.clone())).collect()
         };
         let Some(tables) = snaps.first().map(|s| s.1.len()) else { return Ok(()) };
-        let pages = self.layout.pages();
+        let pages = self.layout().pages();
         for ti in 0..tables {
             let first = (ti * INDEX_ENTRIES) as u64;
             let mut tabs: Vec<(u16, Box<[u32]>)> = Vec::new();

@@ -1,0 +1,193 @@
+//! Growing and shrinking a log volume's logical size, online (docs/design/
+//! log-structured-volumes.md, "Resize"; crash argument in docs/crash-consistency.md, "Resizing a
+//! log volume").
+//!
+//! A grow adds what the larger map needs where the metadata part ends (a new run of head pages,
+//! and a larger segment table when the segment space may grow further), so nothing written moves;
+//! one FUA write of a version 4 header makes it the volume's, then the pool record follows. A
+//! shrink refuses I/O past the new end, waits for writes in flight, discards the tail through
+//! the map, checkpoints (so replay never meets a delta past the new end), then writes the header.
+
+use std::sync::atomic::Ordering::{AcqRel, Relaxed};
+
+use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBytes};
+
+use super::LogVolume;
+use super::header::Header;
+use super::table;
+use super::write::ZERO_STEP;
+use crate::TierError;
+use crate::map::{MapEntry, Place, Update};
+
+impl<D: BlockDevice> LogVolume<D> {
+    /// Resizes the volume to `new_bytes` (rounded up to 4 KiB) while it serves I/O. A shrink
+    /// discards everything past the new end (the caller asked for that explicitly). Refused for a
+    /// volume with snapshots or clones (their tables are sized by the volume), for volumes of
+    /// format 1 and 2, and for a volume that takes no writes.
+    pub async fn resize(&self, new_bytes: u64) -> Result<(), TierError> {
+        let new_bytes = new_bytes.next_multiple_of(BLOCK_BYTES);
+        stria_engine::check_volume_size(new_bytes)?;
+        let _one = self.gates.snapshot_ops.lock().await;
+        if self.map.has_layers() {
+            return Err(TierError::Invalid(format!(
+                "volume {} has snapshots or clones; a log-structured volume with them cannot be resized yet \
+                 (delete them first, or copy the volume into a new one of the size wanted)",
+                self.name
+            )));
+        }
+        self.check_writable(0, 0)?;
+        let old_bytes = self.size_bytes();
+        if new_bytes == old_bytes {
+            return Ok(());
+        }
+        let header = self.read_header().await?;
+        if header.version < 3 {
+            return Err(TierError::Invalid(format!(
+                "volume {} was made by an older stria (metadata format {}); it cannot be resized: copy it into a new volume",
+                self.name, header.version
+            )));
+        }
+        if new_bytes > old_bytes {
+            self.grow_to(new_bytes).await?;
+        } else {
+            self.shrink_to(new_bytes).await?;
+        }
+        // The header decides the size; the record follows (open corrects it if a crash came
+        // between the two).
+        self.pool.set_tiered_size(&self.name, new_bytes).await?;
+        tracing::info!(volume = %self.name, from = old_bytes, to = new_bytes, "resized");
+        Ok(())
+    }
+
+    async fn read_header(&self) -> Result<Header, TierError> {
+        let bytes = self.parts.meta.read(0, BLOCK_USIZE).await?;
+        Header::decode(&bytes).map_err(|reason| TierError::Corrupt { name: self.name.clone(), reason })
+    }
+
+    /// Grows to `new_bytes`: the header's regions grow where the metadata part ends.
+    async fn grow_to(&self, new_bytes: u64) -> Result<(), TierError> {
+        // Header writers: the page pool's growth, and this.
+        let _pool = self.gates.pool_growth.lock().await;
+        let old = self.read_header().await?;
+        let mut h = old;
+        h.version = 4;
+        h.volume_bytes = new_bytes;
+        let mut end = old.meta_bytes();
+        let pages = h.map_pages();
+        if pages > h.regions.head_cap {
+            h.regions.head.push(h.regions.head_cap, end).map_err(|e| {
+                TierError::Invalid(format!(
+                    "volume {}: its map has grown as often as its header can say ({e}); copy it into a new volume",
+                    self.name
+                ))
+            })?;
+            end += (pages - h.regions.head_cap) * BLOCK_BYTES;
+            h.regions.head_cap = pages;
+        }
+        // The segment space may grow in proportion (the bound `--space` or 1.5x the size set).
+        let most = u64::try_from(
+            (u128::from(old.geo.segments) * u128::from(new_bytes)).div_ceil(u128::from(old.volume_bytes)),
+        )
+        .unwrap_or(u64::MAX)
+        .min(1 << 32);
+        let mut moved_table = None;
+        if most > old.geo.segments {
+            h.geo.segments = most;
+            h.regions.table_at = end;
+            end += table::region_bytes(most, h.cache_blocks);
+            moved_table = Some(h.regions.table_at);
+        }
+        let bytes = h.meta_bytes();
+        debug_assert!(bytes <= end.max(old.meta_bytes()));
+        let encoded = h.encode();
+        if bytes > self.parts.meta.size_bytes() {
+            // New rows read as zeros: new head pages are empty pages.
+            self.pool.resize_volume(self.parts.meta.name(), bytes).await?;
+        }
+        let _held = self.map.hold_checkpoints().await;
+        if let Some(at) = moved_table {
+            // The last checkpoint's table, longer, where the new header says: after a crash open
+            // takes it as it would have the old one (without it, open scans the map).
+            if let Some(t) = self.read_table(&old).await? {
+                let mut t = t;
+                t.live.resize(most as usize, 0);
+                self.parts.meta.write(at, IoBytes::copy_from(&t.encode()), true).await?;
+            }
+        }
+        self.parts.meta.write(0, IoBytes::copy_from(&encoded), true).await?;
+        // Durable: the memory follows (no checkpoint can run in between).
+        self.map.resize(new_bytes / BLOCK_BYTES, h.map_layout().head);
+        if let Some(at) = moved_table {
+            self.space.lock().set_max_segments(most);
+            self.table_at.store(at, Relaxed);
+        }
+        self.size_bytes.store(new_bytes, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+
+    /// The persisted segment table `h` points to, if valid.
+    async fn read_table(&self, h: &Header) -> Result<Option<table::Table>, TierError> {
+        let Some((at, len)) = h.table_region() else { return Ok(None) };
+        let bytes = self.parts.meta.read(at, len as usize).await?;
+        Ok(table::Table::decode_header(&bytes[..BLOCK_USIZE])
+            .and_then(|th| table::Table::decode_body(th, &bytes[BLOCK_USIZE..])))
+    }
+
+    /// Shrinks to `new_bytes`: I/O past it is refused from now on, the tail is discarded, a
+    /// checkpoint puts every delta naming it behind replay's start, and the header follows.
+    async fn shrink_to(&self, new_bytes: u64) -> Result<(), TierError> {
+        let old_bytes = self.size_bytes.swap(new_bytes, AcqRel);
+        // Writes in flight (which checked the old size) are done once this is had.
+        drop(self.gates.writes.write().await);
+        if let Err(e) = self.discard(new_bytes / BLOCK_BYTES, old_bytes / BLOCK_BYTES).await {
+            // The tail may be partly discarded: the caller asked for it. The size stays.
+            self.size_bytes.store(old_bytes, std::sync::atomic::Ordering::Release);
+            return Err(e);
+        }
+        self.map.checkpoint().await.map_err(|e| {
+            self.map_failed(&e);
+            super::map_error(&self.name, e)
+        })?;
+        let _pool = self.gates.pool_growth.lock().await;
+        let mut h = self.read_header().await?;
+        h.version = 4;
+        h.volume_bytes = new_bytes;
+        let encoded = h.encode();
+        let _held = self.map.hold_checkpoints().await;
+        self.parts.meta.write(0, IoBytes::copy_from(&encoded), true).await?;
+        self.map.resize(new_bytes / BLOCK_BYTES, h.map_layout().head);
+        Ok(())
+    }
+
+    /// Makes blocks `first..end` unallocated (those that are not), freeing their places.
+    async fn discard(&self, first: u64, end: u64) -> Result<(), TierError> {
+        let mut b = first;
+        while b < end {
+            let n = (end - b).min(ZERO_STEP);
+            let held = self
+                .map
+                .get_many(&(b..b + n).collect::<Vec<_>>())
+                .await
+                .map_err(|e| super::map_error(&self.name, e))?;
+            let seq = self.seq.fetch_add(1, Relaxed) as u32;
+            let updates: Vec<Update> = (b..b + n)
+                .zip(held)
+                .filter(|(_, e)| e.place != Place::Unallocated)
+                .map(|(block, _)| Update {
+                    block,
+                    entry: MapEntry { place: Place::Unallocated, crc: 0, seq },
+                    expect: None,
+                })
+                .collect();
+            if !updates.is_empty() {
+                let settle = self.gates.settle.read().await;
+                let olds = self.update_map(&updates).await?;
+                self.free_places(updates.iter().zip(olds).map(|(u, o)| (u.block, o.expect("unconditional"))));
+                drop(settle);
+            }
+            b += n;
+        }
+        self.ring.hungry.notify_one();
+        Ok(())
+    }
+}

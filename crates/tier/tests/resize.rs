@@ -1,0 +1,255 @@
+//! Resizing log-structured volumes online (issue 39): a grow while writes go on keeps every byte
+//! and the new blocks read as zeros, a shrink discards only the tail and gives its space back, a
+//! volume grown and shrunk many times reopens with the same contents, and a power cut at any
+//! device request of a grow or a shrink leaves the old size or the new one, never a volume that
+//! does not open or a byte lost below the smaller of the two.
+
+use std::sync::Arc;
+
+use crate::common::*;
+use stria_dev::{IoBytes, PowerSwitch};
+use stria_engine::Pool;
+use stria_tier::log::{self, LogVolume};
+
+const BLOCKS: u64 = 384;
+const B: usize = 4096;
+
+async fn new_volume(switch: &Arc<PowerSwitch>, seed: u64) -> (Vec<Dev>, Arc<Pool<Dev>>, Arc<LogVolume<Dev>>) {
+    let devs = drives(switch, seed);
+    let pool = create_pool(&devs).await;
+    let vol = log::create(&pool, small_spec("lv", BLOCKS * 4096, small_space(BLOCKS))).await.unwrap();
+    (devs, pool, vol)
+}
+
+fn record_size(pool: &Pool<Dev>) -> u64 {
+    pool.meta().tiered.iter().find(|t| t.name == "lv").expect("record").size_bytes
+}
+
+async fn reopen_clean(
+    pool: Arc<Pool<Dev>>,
+    vol: Arc<LogVolume<Dev>>,
+    devs: &[Dev],
+) -> (Arc<Pool<Dev>>, Arc<LogVolume<Dev>>) {
+    vol.close().await;
+    drop(vol);
+    pool.close().await.unwrap();
+    drop(pool);
+    let pool = open_pool(devs).await;
+    let vol = open_log(&pool, "lv").await.unwrap();
+    (pool, vol)
+}
+
+async fn write_random(vol: &LogVolume<Dev>, model: &mut [u8], seed: u64, n: usize) {
+    let mut rng = rng(seed);
+    for _ in 0..n {
+        let (o, data) = random_write(&mut rng, 0, model.len() as u64);
+        vol.write(o, IoBytes::copy_from(&data), false).await.unwrap();
+        model[o as usize..o as usize + data.len()].copy_from_slice(&data);
+    }
+}
+
+#[tokio::test]
+async fn a_log_volume_grows_and_shrinks_online_and_keeps_every_byte() {
+    let switch = PowerSwitch::new();
+    let (devs, pool, vol) = new_volume(&switch, 1).await;
+    let mut model = random_bytes(&mut rng(1), BLOCKS as usize * B);
+    vol.write(0, IoBytes::copy_from(&model), true).await.unwrap();
+    // Grow to 1024 blocks while writes to the old blocks go on.
+    let space_max = vol.status().space_max_bytes;
+    let mut during = model.clone();
+    let (grown, ()) = tokio::join!(vol.resize(1024 * 4096), write_random(&vol, &mut during, 2, 200));
+    grown.unwrap();
+    model = during;
+    assert_eq!(vol.size_bytes(), 1024 * 4096);
+    assert_eq!(record_size(&pool), 1024 * 4096, "the pool record follows the header");
+    assert!(
+        vol.status().space_max_bytes >= space_max * 1024 / BLOCKS,
+        "the segment space's bound grew with the volume"
+    );
+    model.resize(1024 * B, 0);
+    check(&vol, &model).await;
+    // The whole larger volume takes data (past what the segment space was bounded by before).
+    let fill = random_bytes(&mut rng(3), 1024 * B);
+    vol.write(0, IoBytes::copy_from(&fill), true).await.unwrap();
+    model.copy_from_slice(&fill);
+    write_random(&vol, &mut model, 4, 300).await;
+    vol.flush().await.unwrap();
+    check(&vol, &model).await;
+    let (pool, vol) = reopen_clean(pool, vol, &devs).await;
+    assert_eq!(vol.size_bytes(), 1024 * 4096);
+    assert!(vol.opened_from_table(), "the segment table moved with the growth and was written there");
+    check(&vol, &model).await;
+
+    // Shrink: the tail is discarded and its space given back; reads past the end are refused.
+    let live_before = vol.status().allocated_bytes / 4096;
+    vol.resize(600 * 4096).await.unwrap();
+    assert_eq!(vol.size_bytes(), 600 * 4096);
+    assert_eq!(record_size(&pool), 600 * 4096);
+    model.truncate(600 * B);
+    check(&vol, &model).await;
+    assert!(vol.read(600 * 4096, 4096).await.is_err(), "a read past the new end is refused");
+    let st = vol.status();
+    let live = st.allocated_bytes / 4096;
+    assert!(
+        live < live_before && live <= 600,
+        "{live} live blocks after the shrink (were {live_before}): {st:?}"
+    );
+    let (pool, vol) = reopen_clean(pool, vol, &devs).await;
+    assert_eq!(vol.size_bytes(), 600 * 4096);
+    check(&vol, &model).await;
+
+    // Grow back: what was discarded reads as zeros.
+    vol.resize(1000 * 4096).await.unwrap();
+    model.resize(1000 * B, 0);
+    check(&vol, &model).await;
+    write_random(&vol, &mut model, 5, 100).await;
+    let (pool, vol) = reopen_clean(pool, vol, &devs).await;
+    check(&vol, &model).await;
+
+    // With a snapshot the volume cannot be resized (its tables are sized by the volume).
+    vol.create_snapshot("s").await.unwrap();
+    let refused = vol.resize(2000 * 4096).await.unwrap_err().to_string();
+    assert!(refused.contains("snapshots or clones"), "{refused}");
+    assert_eq!(vol.size_bytes(), 1000 * 4096);
+    vol.delete_snapshot("s").await.unwrap();
+    vol.resize(1100 * 4096).await.unwrap();
+    vol.close().await;
+    pool.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_map_grown_in_many_runs_reopens_and_refuses_a_growth_its_header_cannot_say() {
+    let switch = PowerSwitch::new();
+    let (devs, pool, vol) = new_volume(&switch, 7).await;
+    let mut model = vec![0u8; BLOCKS as usize * B];
+    let mut size = BLOCKS;
+    let mut refused = None;
+    for i in 0..20u64 {
+        // A page and a bit more each time: a new run of map pages and a larger segment table.
+        match vol.resize((size + 300) * 4096).await {
+            Ok(()) => {
+                size += 300;
+                model.resize(size as usize * B, 0);
+                write_random(&vol, &mut model, 100 + i, 20).await;
+            }
+            Err(e) => {
+                refused = Some((i, e.to_string()));
+                break;
+            }
+        }
+    }
+    let (i, why) = refused.expect("a header holds a bounded number of runs");
+    assert!(i >= 10, "refused after {i} growths: {why}");
+    assert!(why.contains("grown as often as its header can say"), "{why}");
+    assert_eq!(vol.size_bytes(), size * 4096, "a refused growth changes nothing");
+    check(&vol, &model).await;
+    let (pool, vol) = reopen_clean(pool, vol, &devs).await;
+    check(&vol, &model).await;
+    // A shrink needs no run: it still works.
+    vol.resize(500 * 4096).await.unwrap();
+    model.truncate(500 * B);
+    let (pool, vol) = reopen_clean(pool, vol, &devs).await;
+    check(&vol, &model).await;
+    vol.close().await;
+    pool.close().await.unwrap();
+}
+
+/// A power cut at every device request of a resize (found by counting a dry run's): the volume
+/// opens at the old size or the new, its record agrees, every byte below the smaller size is
+/// the model's, a grown tail reads as zeros and a shrunk tail that stayed reads as it was or as
+/// zeros (a shrink asked for its discard). Then it takes writes across its size and reopens.
+#[tokio::test]
+async fn a_power_cut_at_any_request_of_a_resize_leaves_the_old_or_the_new_size_and_loses_nothing() {
+    let mut checked = 0;
+    for (from, to) in [(BLOCKS, 900), (BLOCKS, 300)] {
+        // The dry run: how many device requests the resize takes (the mover adds some).
+        let ops = {
+            let switch = PowerSwitch::new();
+            let (_devs, pool, vol) = new_volume(&switch, 11).await;
+            let model = random_bytes(&mut rng(11), from as usize * B);
+            vol.write(0, IoBytes::copy_from(&model), true).await.unwrap();
+            let before = switch.ops_passed();
+            vol.resize(to * 4096).await.unwrap();
+            let ops = switch.ops_passed() - before;
+            vol.close().await;
+            pool.close().await.unwrap();
+            ops
+        };
+        let mut outcomes = [0u32; 2];
+        for cut in 0..=ops + 2 {
+            let seed = 1000 + cut;
+            let switch = PowerSwitch::new();
+            let (devs, pool, vol) = new_volume(&switch, 11).await;
+            let model = random_bytes(&mut rng(11), from as usize * B);
+            vol.write(0, IoBytes::copy_from(&model), true).await.unwrap();
+            switch.trip_after_ops(cut);
+            let result = vol.resize(to * 4096).await;
+            let (devs, _switch, pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, seed).await;
+            let size = vol.size_bytes() / 4096;
+            assert!(
+                size == from || size == to,
+                "cut after {cut} requests ({result:?}): the volume has {size} blocks, neither {from} nor {to}"
+            );
+            assert_eq!(record_size(&pool), size * 4096, "cut after {cut}: the record agrees with the header");
+            if result.is_ok() {
+                assert_eq!(size, to, "cut after {cut}: a resize that returned is durable");
+            }
+            let got = vol.read(0, size as usize * B).await.unwrap();
+            let low = from.min(to).min(size) as usize * B;
+            if got[..low] != model[..low] {
+                let i = (0..low).find(|&i| got[i] != model[i]).unwrap();
+                panic!(
+                    "{from} -> {to}, cut after {cut} ({result:?}, size {size}): byte {i} (block {}) changed",
+                    i / B
+                );
+            }
+            for b in (low / B)..size as usize {
+                let blk = &got[b * B..(b + 1) * B];
+                let was = model.get(b * B..(b + 1) * B);
+                assert!(
+                    blk.iter().all(|&x| x == 0) || Some(blk) == was,
+                    "cut after {cut}: block {b} past the smaller size is neither zeros nor what it held"
+                );
+            }
+            // It takes writes everywhere and keeps them.
+            let mut now = got.to_vec();
+            write_random(&vol, &mut now, seed, 50).await;
+            let (pool, vol) = reopen_clean(pool, vol, &devs).await;
+            check(&vol, &now).await;
+            vol.close().await;
+            pool.close().await.unwrap();
+            checked += 1;
+            outcomes[usize::from(size == to)] += 1;
+        }
+        // The cuts landed on both sides of the header write.
+        assert!(
+            outcomes[0] > 0 && outcomes[1] > 0,
+            "{from} -> {to}: old/new sizes after the cuts {outcomes:?}"
+        );
+        println!(
+            "{from} -> {to} blocks: {} cut points ({ops} requests), old size after {}, new after {}",
+            ops + 3,
+            outcomes[0],
+            outcomes[1]
+        );
+    }
+    assert!(checked > 10, "{checked} cut points");
+}
+
+/// Cuts the power under `vol` and opens the pool and the volume again from what survived.
+async fn cut_and_reopen(
+    switch: &PowerSwitch,
+    vol: Arc<LogVolume<Dev>>,
+    pool: Arc<Pool<Dev>>,
+    devs: &[Dev],
+    seed: u64,
+) -> (Vec<Dev>, Arc<PowerSwitch>, Arc<Pool<Dev>>, Arc<LogVolume<Dev>>) {
+    switch.trip();
+    vol.stop();
+    drop(vol);
+    drop(pool);
+    let (devs, switch) = power_cycle(devs, seed);
+    let pool = open_pool(&devs).await;
+    let vol = open_log(&pool, "lv").await.unwrap();
+    (devs, switch, pool, vol)
+}
