@@ -277,6 +277,8 @@ mkfs.ext4 -q -F "$GL"
 mount "$GL" "$W/gmnt"
 mkdir "$W/gmnt/a"; cp -r /usr/share/doc/bash "$W/gmnt/a/" 2>/dev/null || true
 dd if=/dev/urandom of="$W/gmnt/a/big" bs=1M count=48 status=none
+sync -f "$W/gmnt"
+"$STRIA" snapshot create gv g0 --pool "$POOL" >/dev/null   # it keeps its 256 MiB through the growth
 fio --name=grow --directory="$W/gmnt" --size=64M --rw=randwrite --bs=4k --ioengine=libaio --iodepth=16 --direct=1 \
   --verify=crc32c --verify_fatal=1 --verify_backlog=512 >"$W/fio-grow.log" 2>&1 &
 FIO=$!
@@ -287,6 +289,7 @@ rm "$W/gmnt/grow.0.0"
 (cd "$W/gmnt" && find a -type f -print0 | sort -z | xargs -0 sha256sum) >"$W/sums-g"
 umount "$W/gmnt"; gv_detach
 [ "$(nbdinfo --size "$(uri gv)")" = $((768 << 20)) ] || { echo "gv: a new connection does not see 768 MiB" >&2; exit 1; }
+[ "$(nbdinfo --size "$(uri gv@g0)")" = $((256 << 20)) ] || { echo "gv@g0 does not keep its 256 MiB" >&2; exit 1; }
 gv_attach
 fsck.ext4 -fn "$GL"
 resize2fs "$GL" >"$W/resize2fs.log" 2>&1 || { cat "$W/resize2fs.log" >&2; exit 1; }
@@ -307,7 +310,11 @@ mount "$GL" "$W/gmnt"
 (cd "$W/gmnt" && sha256sum --quiet -c "$W/sums-g" "$W/sums-big") || { echo "gv: files changed across a restart" >&2; exit 1; }
 rm "$W/gmnt/b/past-the-old-end"
 umount "$W/gmnt"
-# Shrink: the file system first, then the volume (refused without --allow-shrink).
+# Shrink: the file system first, then the volume (refused without --allow-shrink, and while it
+# has a snapshot).
+! "$STRIA" volume resize gv --size 512M --allow-shrink --pool "$POOL" 2>"$W/shrink.err" || { echo "a volume with a snapshot shrank" >&2; exit 1; }
+grep -q "only grows" "$W/shrink.err" || { cat "$W/shrink.err" >&2; exit 1; }
+"$STRIA" snapshot delete gv g0 --pool "$POOL" >/dev/null
 e2fsck -fy "$GL" >/dev/null
 resize2fs -M "$GL" >"$W/resize2fs.log" 2>&1 || { cat "$W/resize2fs.log" >&2; exit 1; }
 fs_bytes=$(dumpe2fs -h "$GL" 2>/dev/null | awk -F: '/^Block count/ {c=$2} /^Block size/ {s=$2} END {print c * s}')

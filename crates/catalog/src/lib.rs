@@ -630,6 +630,8 @@ impl<D: BlockDevice> Catalog<D> {
         let lv = self.with_snapshots(volume)?;
         let started = std::time::Instant::now();
         let mut deleted = Vec::new();
+        // Refused before any newer snapshot is deleted.
+        lv.check_rollback_size(snap)?;
         if destroy_newer {
             let list = self.snapshots(Some(volume))?;
             let Some(at) = list.iter().position(|s| s.name == snap) else {

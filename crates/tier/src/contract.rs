@@ -128,7 +128,7 @@ impl<D: BlockDevice> BlockVolume for SnapshotVolume<D> {
     }
 
     fn size_bytes(&self) -> u64 {
-        self.volume.size_bytes()
+        self.volume.layer_bytes(self.layer)
     }
 
     fn read(&self, offset_bytes: u64, len_bytes: usize) -> VolumeFuture<'_, IoBuf> {
@@ -182,7 +182,7 @@ impl<D: BlockDevice> BlockVolume for SnapshotVolume<D> {
     fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> VolumeFuture<'_, Vec<Extent>> {
         // Everything reads as allocated ("allocated" when in doubt, as the contract allows).
         Box::pin(async move {
-            stria_engine::volume::bytes::check_range(offset_bytes, len_bytes, self.volume.size_bytes())?;
+            stria_engine::volume::bytes::check_range(offset_bytes, len_bytes, self.size_bytes())?;
             if self.gone() {
                 return Err(stria_engine::VolumeError::Closed(self.name.clone()));
             }
@@ -239,7 +239,7 @@ impl<D: BlockDevice> BlockVolume for CloneVolume<D> {
     }
 
     fn size_bytes(&self) -> u64 {
-        self.volume.size_bytes()
+        self.volume.layer_bytes(self.layer)
     }
 
     fn read(&self, offset_bytes: u64, len_bytes: usize) -> VolumeFuture<'_, IoBuf> {

@@ -15,9 +15,18 @@ const BLOCKS: u64 = 384;
 const B: usize = 4096;
 
 async fn new_volume(switch: &Arc<PowerSwitch>, seed: u64) -> (Vec<Dev>, Arc<Pool<Dev>>, Arc<LogVolume<Dev>>) {
+    new_volume_with_space(switch, seed, small_space(BLOCKS)).await
+}
+
+/// A volume whose segment space may hold `space` bytes (snapshots need more than 1.5x).
+async fn new_volume_with_space(
+    switch: &Arc<PowerSwitch>,
+    seed: u64,
+    space: u64,
+) -> (Vec<Dev>, Arc<Pool<Dev>>, Arc<LogVolume<Dev>>) {
     let devs = drives(switch, seed);
     let pool = create_pool(&devs).await;
-    let vol = log::create(&pool, small_spec("lv", BLOCKS * 4096, small_space(BLOCKS))).await.unwrap();
+    let vol = log::create(&pool, small_spec("lv", BLOCKS * 4096, space)).await.unwrap();
     (devs, pool, vol)
 }
 
@@ -106,15 +115,92 @@ async fn a_log_volume_grows_and_shrinks_online_and_keeps_every_byte() {
     let (pool, vol) = reopen_clean(pool, vol, &devs).await;
     check(&vol, &model).await;
 
-    // With a snapshot the volume cannot be resized (its tables are sized by the volume).
+    // With a snapshot it grows but does not shrink.
     vol.create_snapshot("s").await.unwrap();
-    let refused = vol.resize(2000 * 4096).await.unwrap_err().to_string();
-    assert!(refused.contains("snapshots or clones"), "{refused}");
+    let refused = vol.resize(900 * 4096).await.unwrap_err().to_string();
+    assert!(refused.contains("only grows"), "{refused}");
     assert_eq!(vol.size_bytes(), 1000 * 4096);
     vol.delete_snapshot("s").await.unwrap();
     vol.resize(1100 * 4096).await.unwrap();
     vol.close().await;
     pool.close().await.unwrap();
+}
+
+async fn read_layer(vol: &LogVolume<Dev>, layer: u16) -> Vec<u8> {
+    vol.read_snapshot(layer, 0, vol.layer_bytes(layer) as usize).await.expect("read the layer").to_vec()
+}
+
+/// Snapshots and clones keep their sizes when their volume grows: each reads as it did, only up
+/// to its own end; a clone of an older snapshot has that snapshot's size; a rollback to a
+/// snapshot of another size is refused with nothing changed, one to a snapshot made after the
+/// growth works; all of it across a reopen.
+#[tokio::test]
+async fn snapshots_and_clones_keep_their_sizes_when_their_volume_grows() {
+    let switch = PowerSwitch::new();
+    let (devs, pool, vol) = new_volume_with_space(&switch, 21, small_space(3 * BLOCKS)).await;
+    let a = random_bytes(&mut rng(21), BLOCKS as usize * B);
+    vol.write(0, IoBytes::copy_from(&a), true).await.unwrap();
+    let s1 = vol.create_snapshot("s1").await.unwrap().id;
+    let c1 = vol.create_clone("s1", "c1").await.unwrap().id;
+    let mut c1_model = a.clone();
+    write_random_to(&vol, c1, &mut c1_model, 22, 30).await;
+    // The head changes some of the old blocks, then grows while writes go on.
+    let mut head = a.clone();
+    write_random(&vol, &mut head, 23, 50).await;
+    let (grown, ()) = tokio::join!(vol.resize(900 * 4096), write_random(&vol, &mut head, 24, 100));
+    grown.unwrap();
+    head.resize(900 * B, 0);
+    write_random(&vol, &mut head, 25, 300).await;
+    check(&vol, &head).await;
+    assert_eq!(vol.layer_bytes(s1), BLOCKS * 4096, "the snapshot keeps its size");
+    assert!(read_layer(&vol, s1).await == a, "s1 reads as it was made");
+    assert!(vol.read_snapshot(s1, BLOCKS * 4096, 4096).await.is_err(), "nothing past the snapshot's end");
+    assert_eq!(vol.layer_bytes(c1), BLOCKS * 4096, "the clone keeps its size");
+    assert!(read_layer(&vol, c1).await == c1_model);
+    assert!(vol.write_to(c1, BLOCKS * 4096, IoBytes::copy_from(&[1u8; 4096])).await.is_err(), "nor writes");
+    // A clone of s1 made now has s1's size; a snapshot made now has the new size.
+    let c2 = vol.create_clone("s1", "c2").await.unwrap().id;
+    assert_eq!(vol.layer_bytes(c2), BLOCKS * 4096);
+    assert!(read_layer(&vol, c2).await == a);
+    // A rollback to s1 (the newest, of another size) is refused, nothing changed.
+    let refused = vol.rollback("s1").await.unwrap_err().to_string();
+    assert!(refused.contains("does not change a volume's size"), "{refused}");
+    check(&vol, &head).await;
+    let s2 = vol.create_snapshot("s2").await.unwrap().id;
+    let at_s2 = head.clone();
+    assert_eq!(vol.layer_bytes(s2), 900 * 4096);
+    write_random(&vol, &mut head, 26, 200).await;
+    let refused = vol.resize(800 * 4096).await.unwrap_err().to_string();
+    assert!(refused.contains("only grows"), "{refused}");
+    // Across a reopen (the snapshots' indexes reach the grown map), and a second growth.
+    let (pool, vol) = reopen_clean(pool, vol, &devs).await;
+    check(&vol, &head).await;
+    assert!(read_layer(&vol, s1).await == a && read_layer(&vol, c1).await == c1_model);
+    assert!(read_layer(&vol, s2).await == at_s2);
+    vol.rollback("s2").await.unwrap();
+    check(&vol, &at_s2).await;
+    // A second growth; s1 deleted (kept hidden for its clones); the rest as they were.
+    vol.resize(1200 * 4096).await.unwrap();
+    head = at_s2.clone();
+    head.resize(1200 * B, 0);
+    write_random(&vol, &mut head, 27, 200).await;
+    vol.delete_snapshot("s1").await.unwrap_or_else(|e| panic!("delete s1 (kept for clones): {e}"));
+    assert!(read_layer(&vol, c1).await == c1_model && read_layer(&vol, c2).await == a);
+    let (pool, vol) = reopen_clean(pool, vol, &devs).await;
+    check(&vol, &head).await;
+    assert!(read_layer(&vol, s2).await == at_s2 && read_layer(&vol, c1).await == c1_model);
+    assert!(read_layer(&vol, c2).await == a);
+    vol.close().await;
+    pool.close().await.unwrap();
+}
+
+async fn write_random_to(vol: &LogVolume<Dev>, layer: u16, model: &mut [u8], seed: u64, n: usize) {
+    let mut rng = rng(seed);
+    for _ in 0..n {
+        let (o, data) = random_write(&mut rng, 0, model.len() as u64);
+        vol.write_to(layer, o, IoBytes::copy_from(&data)).await.unwrap();
+        model[o as usize..o as usize + data.len()].copy_from_slice(&data);
+    }
 }
 
 #[tokio::test]
@@ -161,13 +247,16 @@ async fn a_map_grown_in_many_runs_reopens_and_refuses_a_growth_its_header_cannot
 #[tokio::test]
 async fn a_power_cut_at_any_request_of_a_resize_leaves_the_old_or_the_new_size_and_loses_nothing() {
     let mut checked = 0;
-    for (from, to) in [(BLOCKS, 900), (BLOCKS, 300)] {
+    for (from, to, snap) in [(BLOCKS, 900, false), (BLOCKS, 300, false), (BLOCKS, 900, true)] {
         // The dry run: how many device requests the resize takes (the mover adds some).
         let ops = {
             let switch = PowerSwitch::new();
-            let (_devs, pool, vol) = new_volume(&switch, 11).await;
+            let (_devs, pool, vol) = new_volume_with_space(&switch, 11, small_space(3 * BLOCKS)).await;
             let model = random_bytes(&mut rng(11), from as usize * B);
             vol.write(0, IoBytes::copy_from(&model), true).await.unwrap();
+            if snap {
+                vol.create_snapshot("s").await.unwrap();
+            }
             let before = switch.ops_passed();
             vol.resize(to * 4096).await.unwrap();
             let ops = switch.ops_passed() - before;
@@ -179,9 +268,10 @@ async fn a_power_cut_at_any_request_of_a_resize_leaves_the_old_or_the_new_size_a
         for cut in 0..=ops + 2 {
             let seed = 1000 + cut;
             let switch = PowerSwitch::new();
-            let (devs, pool, vol) = new_volume(&switch, 11).await;
+            let (devs, pool, vol) = new_volume_with_space(&switch, 11, small_space(3 * BLOCKS)).await;
             let model = random_bytes(&mut rng(11), from as usize * B);
             vol.write(0, IoBytes::copy_from(&model), true).await.unwrap();
+            let snap_id = if snap { Some(vol.create_snapshot("s").await.unwrap().id) } else { None };
             switch.trip_after_ops(cut);
             let result = vol.resize(to * 4096).await;
             let (devs, _switch, pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, seed).await;
@@ -210,6 +300,9 @@ async fn a_power_cut_at_any_request_of_a_resize_leaves_the_old_or_the_new_size_a
                     blk.iter().all(|&x| x == 0) || Some(blk) == was,
                     "cut after {cut}: block {b} past the smaller size is neither zeros nor what it held"
                 );
+            }
+            if let Some(id) = snap_id {
+                assert!(read_layer(&vol, id).await == model, "cut after {cut}: the snapshot changed");
             }
             // It takes writes everywhere and keeps them.
             let mut now = got.to_vec();

@@ -38,7 +38,7 @@ impl<D: BlockDevice> LogVolume<D> {
     ) -> Result<(), VolumeError> {
         check_compare_and_write(offset_bytes, &compare, &write)?;
         let len = write.len() as u64;
-        self.check_range(offset_bytes, len)?;
+        self.check_range_of(layer, offset_bytes, len)?;
         self.check_writable(offset_bytes, len)?;
         self.counters.host_read_ops.fetch_add(1, Relaxed);
         self.counters.host_read_bytes.fetch_add(len, Relaxed);

@@ -376,10 +376,26 @@ impl<D: BlockDevice> LogVolume<D> {
     }
 
     fn check_range(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
+        self.check_range_of(HEAD, offset_bytes, len_bytes)
+    }
+
+    /// [`Self::check_range`] against the size of the head ([`HEAD`]) or of snapshot or clone
+    /// `layer`.
+    fn check_range_of(&self, layer: u16, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
         if self.health.closed.load(Relaxed) {
             return Err(VolumeError::Closed(self.name.clone()));
         }
-        bytes::check_range(offset_bytes, len_bytes, self.size_bytes())
+        bytes::check_range(offset_bytes, len_bytes, self.layer_bytes(layer))
+    }
+
+    /// The logical size of the head ([`HEAD`]), or of snapshot or clone `layer` (its size when
+    /// it was made: a volume that grew since keeps its snapshots at their sizes). A layer that
+    /// is gone answers the head's size (what reads of it then find says it is gone).
+    pub fn layer_bytes(&self, layer: u16) -> u64 {
+        if layer == HEAD {
+            return self.size_bytes();
+        }
+        self.map.layer_record(layer).map_or_else(|| self.size_bytes(), |r| r.logical_bytes)
     }
 
     fn check_writable(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {

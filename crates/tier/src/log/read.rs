@@ -36,7 +36,7 @@ impl<D: BlockDevice> LogVolume<D> {
         offset_bytes: u64,
         len_bytes: usize,
     ) -> Result<IoBuf, VolumeError> {
-        self.check_range(offset_bytes, len_bytes as u64)?;
+        self.check_range_of(layer, offset_bytes, len_bytes as u64)?;
         if len_bytes == 0 {
             return Ok(IoBuf::zeroed(0));
         }
@@ -174,7 +174,7 @@ impl<D: BlockDevice> LogVolume<D> {
         offset_bytes: u64,
         len_bytes: u64,
     ) -> Result<Vec<Extent>, VolumeError> {
-        self.check_range(offset_bytes, len_bytes)?;
+        self.check_range_of(layer, offset_bytes, len_bytes)?;
         if len_bytes == 0 {
             return Ok(Vec::new());
         }

@@ -21,24 +21,32 @@ use crate::map::{MapEntry, Place, Update};
 
 impl<D: BlockDevice> LogVolume<D> {
     /// Resizes the volume to `new_bytes` (rounded up to 4 KiB) while it serves I/O. A shrink
-    /// discards everything past the new end (the caller asked for that explicitly). Refused for a
-    /// volume with snapshots or clones (their tables are sized by the volume), for volumes of
+    /// discards everything past the new end (the caller asked for that explicitly). A volume
+    /// with snapshots or clones only grows (they keep their sizes). Refused for volumes of
     /// format 1 and 2, and for a volume that takes no writes.
     pub async fn resize(&self, new_bytes: u64) -> Result<(), TierError> {
         let new_bytes = new_bytes.next_multiple_of(BLOCK_BYTES);
         stria_engine::check_volume_size(new_bytes)?;
         let _one = self.gates.snapshot_ops.lock().await;
-        if self.map.has_layers() {
-            return Err(TierError::Invalid(format!(
-                "volume {} has snapshots or clones; a log-structured volume with them cannot be resized yet \
-                 (delete them first, or copy the volume into a new one of the size wanted)",
-                self.name
-            )));
-        }
         self.check_writable(0, 0)?;
         let old_bytes = self.size_bytes();
         if new_bytes == old_bytes {
             return Ok(());
+        }
+        if self.map.has_layers() {
+            // Snapshots and clones keep their sizes; the head's growth reaches their indexes.
+            let refused = if new_bytes < old_bytes {
+                Err("a volume with snapshots or clones only grows (they would read past its end)".to_string())
+            } else {
+                self.map.can_grow_to(new_bytes / BLOCK_BYTES)
+            };
+            if let Err(why) = refused {
+                return Err(TierError::Invalid(format!(
+                    "volume {} has snapshots or clones and cannot be resized to {} bytes: {why} \
+                     (delete them first, or copy the volume into a new one of the size wanted)",
+                    self.name, new_bytes
+                )));
+            }
         }
         let header = self.read_header().await?;
         if header.version < 3 {

@@ -89,6 +89,22 @@ impl<D: BlockDevice> LogVolume<D> {
         }
     }
 
+    /// Refuses a rollback to snapshot `name` made when the volume had another size (it grew
+    /// since): a rollback does not change a volume's size.
+    pub fn check_rollback_size(&self, name: &str) -> Result<(), TierError> {
+        match self.map.snapshots().into_iter().find(|s| s.name == name) {
+            Some(snap) if snap.logical_bytes != self.size_bytes() => Err(TierError::Invalid(format!(
+                "{name:?} was made when {} held {} bytes; it holds {} now, and a rollback does not change a volume's size \
+                 (clone the snapshot instead: `stria volume clone {}@{name} NEW`)",
+                self.name,
+                snap.logical_bytes,
+                self.size_bytes(),
+                self.name
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// Rolls the volume back to snapshot `name`, its newest: afterwards it reads as the
     /// snapshot does, and the snapshots stay as they were. No data is
     /// copied: the map entries of the pages changed since the snapshot are set to its entries.
@@ -118,6 +134,7 @@ impl<D: BlockDevice> LogVolume<D> {
                 self.name, kept.name
             )));
         }
+        self.check_rollback_size(name)?;
         self.check_writable(0, self.size_bytes())?;
         let _drained = self.gates.writes.write().await;
         let _moves = self.gates.moving.lock().await;
@@ -219,7 +236,9 @@ impl<D: BlockDevice> LogVolume<D> {
             return Err(TierError::Invalid(format!("{} has no snapshot {snap:?}", self.name)));
         };
         self.check_writable(0, self.size_bytes())?;
-        let record = self.new_record(name, LayerKind::Clone);
+        // The clone has its snapshot's size (the volume may have grown since).
+        let record =
+            LayerRecord { logical_bytes: parent.logical_bytes, ..self.new_record(name, LayerKind::Clone) };
         let mut made = self.map.create_clone(parent.id, record.clone()).await;
         if let Err(MapError::PoolFull { needed, .. }) = made
             && self.grow_page_pool(needed).await.is_ok()

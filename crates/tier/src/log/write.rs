@@ -23,7 +23,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// [`Self::write`] to the head ([`HEAD`]) or to clone `layer`.
     pub async fn write_to(&self, layer: u16, offset_bytes: u64, data: IoBytes) -> Result<(), VolumeError> {
         let len = data.len() as u64;
-        self.check_range(offset_bytes, len)?;
+        self.check_range_of(layer, offset_bytes, len)?;
         self.check_writable(offset_bytes, len)?;
         self.counters.host_write_ops.fetch_add(1, Relaxed);
         self.counters.host_write_bytes.fetch_add(len, Relaxed);
@@ -160,7 +160,7 @@ impl<D: BlockDevice> LogVolume<D> {
         len_bytes: u64,
         fast_only: bool,
     ) -> Result<(), VolumeError> {
-        self.check_range(offset_bytes, len_bytes)?;
+        self.check_range_of(layer, offset_bytes, len_bytes)?;
         if len_bytes == 0 {
             return Ok(());
         }
@@ -187,7 +187,7 @@ impl<D: BlockDevice> LogVolume<D> {
 
     /// [`Self::trim`] of the head ([`HEAD`]) or of clone `layer`.
     pub async fn trim_in(&self, layer: u16, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
-        self.check_range(offset_bytes, len_bytes)?;
+        self.check_range_of(layer, offset_bytes, len_bytes)?;
         if let Some((first, n)) = ZeroSplit::new(offset_bytes, len_bytes, BLOCK_BYTES).cheap_blocks() {
             let _write = self.gates.writes.read().await;
             self.set_places(layer, first, n, Place::Unallocated).await?;

@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use stria_dev::{BLOCK_BYTES, BlockDevice};
 use stria_engine::pagecache::{PageCache, Slot};
 
-use super::{MapError, MapPage, MapStore};
+use super::{ENTRIES_PER_PAGE, MapError, MapPage, MapStore};
 use crate::layers::{INDEX_ENTRIES, LAYER_TABLE_BLOCKS, LayerKind, LayerRecord, MAX_LAYERS, PagePool};
 
 /// Cache keys of snapshot pages in the pool: `POOL_KEY | pool page` (head pages are their index).
@@ -366,14 +366,46 @@ impl<D: BlockDevice> MapStore<D> {
         !l.snaps.is_empty() || !l.clones.is_empty()
     }
 
+    /// Whether the map can grow to `blocks` with the snapshots and clones it has: each one's
+    /// directory pages (fixed when it was made) must reach the table pages of the new head
+    /// pages (one directory page reaches 1,016 x 1,016 head pages: 263 M blocks, about 1 TiB).
+    pub fn can_grow_to(&self, blocks: u64) -> Result<(), String> {
+        let tables = blocks.div_ceil(ENTRIES_PER_PAGE).div_ceil(INDEX_ENTRIES as u64);
+        let l = self.snap.layers.lock();
+        match l.snaps.iter().chain(&l.clones).find(|s| (s.dir_pages.len() * INDEX_ENTRIES) < tables as usize)
+        {
+            Some(s) => Err(format!(
+                "snapshot or clone {:?} was made with an index that reaches {} blocks",
+                s.record.name,
+                s.dir_pages.len() as u64 * INDEX_ENTRIES as u64 * INDEX_ENTRIES as u64 * ENTRIES_PER_PAGE
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// Maps `blocks` blocks from now on, its head pages where `head` says (pages past the old
-    /// end read as never written until written). Only for a map without snapshots or clones
-    /// (their tables are sized by the head's pages); the caller has made the backing volume
+    /// end read as never written until written). With snapshots or clones only a growth
+    /// ([`MapStore::can_grow_to`] checked first): their directories reach the new pages (no
+    /// table yet: a change to a new page preserves it, empty, into the newest snapshot, and
+    /// each layer still reads only up to its own size). The caller has made the backing volume
     /// hold the pages and the header that says where they are durable, and holds
     /// [`MapStore::hold_checkpoints`] across both. A map that shrinks keeps its pages past the
     /// new end (the caller cleared their blocks and checkpointed first: no delta names them).
     pub fn resize(&self, blocks: u64, head: Option<super::Runs>) {
-        assert!(!self.has_layers(), "a map with snapshots or clones cannot be resized");
+        let tables = blocks.div_ceil(ENTRIES_PER_PAGE).div_ceil(INDEX_ENTRIES as u64) as usize;
+        {
+            let mut l = self.snap.layers.lock();
+            if !l.snaps.is_empty() || !l.clones.is_empty() {
+                assert!(blocks >= self.blocks(), "a map with snapshots or clones only grows");
+                let Layers { snaps, clones, .. } = &mut *l;
+                for s in snaps.iter_mut().chain(clones.iter_mut()) {
+                    assert!(s.dir_pages.len() * INDEX_ENTRIES >= tables, "growth checked by can_grow_to");
+                    if s.dir.len() < tables {
+                        s.dir.resize(tables, 0);
+                    }
+                }
+            }
+        }
         let mut layout = self.layout.write();
         layout.blocks = blocks;
         layout.head = head;
