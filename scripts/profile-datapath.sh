@@ -62,17 +62,24 @@ for l in $LAYOUTS; do
     perf record -q -F 1999 -g -p "$PID" -o "$W/perf.data" -- sleep "$SECONDS_RUN" 2>/dev/null &
     PERF=$!
     taskset -c 0 fio --name=p --ioengine=nbd --uri="nbd+unix:///${NAME[$l]}?socket=$W/nbd.sock" --rw="$rw" \
-      --bs=4k --iodepth=16 --size=1G --time_based --runtime="$SECONDS_RUN" --output-format=json >"$W/fio.json" 2>/dev/null
+      --bs=4k --iodepth=16 --size=1G --time_based --runtime="$SECONDS_RUN" --output-format=json >"$W/fio.json" 2>"$W/fio.err" || { cat "$W/fio.err" "$W/serve.log" >&2; exit 1; }
     wait "$PERF" || true
     t1=$(cpu_ticks)
     perf report -i "$W/perf.data" --no-children --sort sym --stdio --percent-limit 0.3 2>/dev/null \
       | grep -v '^$' >"$OUT/$tag.txt" || true
     perf report -i "$W/perf.data" --no-children --sort dso,sym --stdio -g none 2>/dev/null \
       | grep -E '^ +[0-9.]+%' >"$W/all.txt" || true
+    # Who calls the three busiest kernel symbols (the user-space frames that lead there).
+    for sym in $(grep -F '[k]' "$W/all.txt" | head -3 | awk '{print $NF}'); do
+      echo "==== $sym"
+      perf report -i "$W/perf.data" --no-children --symbols "$sym" -g caller,2,callee,function,percent --stdio 2>/dev/null \
+        | grep -v '^#' | grep -v '^$' | head -60
+    done >"$OUT/$tag-kernel-callers.txt"
     python3 - "$W/fio.json" "$W/all.txt" "$l" "$rw" "$t0" "$t1" "$HZ" "$SECONDS_RUN" >>"$OUT/summary.tsv" <<'EOF'
 import json, re, sys
 fio, rows, layout, rw, t0, t1, hz, secs = sys.argv[1:]
-job = json.load(open(fio))["jobs"][0]
+text = open(fio).read()
+job = json.loads(text[text.index("{"):])["jobs"][0]  # fio's nbd engine prints a line first
 iops = job["read" if rw == "randread" else "write"]["iops"]
 cpu_us = (int(t1) - int(t0)) / int(hz) * 1e6
 per_req = cpu_us / (iops * float(secs)) if iops else 0

@@ -312,7 +312,7 @@ rm "$W/gmnt/b/past-the-old-end"
 umount "$W/gmnt"
 # Shrink: the file system first, then the volume (refused without --allow-shrink, and while it
 # has a snapshot).
-! "$STRIA" volume resize gv --size 512M --allow-shrink --pool "$POOL" 2>"$W/shrink.err" || { echo "a volume with a snapshot shrank" >&2; exit 1; }
+! "$STRIA" volume resize gv --size 512M --allow-shrink --force --pool "$POOL" 2>"$W/shrink.err" || { echo "a volume with a snapshot shrank" >&2; exit 1; }
 grep -q "only grows" "$W/shrink.err" || { cat "$W/shrink.err" >&2; exit 1; }
 "$STRIA" snapshot delete gv g0 --pool "$POOL" >/dev/null
 e2fsck -fy "$GL" >/dev/null
