@@ -375,6 +375,10 @@ def scrub_clean(daemon, volume, label):
         raise Violation(f"{label}: scrub found inconsistent stripes after recovery: {bad}")
 
 
+def volume_size(daemon, volume):
+    return json.loads(daemon.cli("volume", "show", volume, "--json").stdout)["size_bytes"]
+
+
 def volume_state(daemon, volume):
     return json.loads(daemon.cli("volume", "show", volume, "--json").stdout)["state"]
 
@@ -418,6 +422,10 @@ def main():
                     help="with --snapshots: clone each new snapshot when no clone lives and write to the clone "
                          "beside the volume (its own model, checked after every restart); in some rounds delete "
                          "the clone while the volume's load runs (the kill -9 may land in the delete)")
+    ap.add_argument("--resize", action="store_true",
+                    help="grow the volume by 8 MiB in every round while the load runs (the kill -9 may land in "
+                         "the resize): after the restart its size is the old one or the new one, the new one if "
+                         "the command returned, and every snapshot keeps its size")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
@@ -462,6 +470,8 @@ def run(args, rng, daemon, tag):
         create += ["--cache-size", "32M" if args.scenario == "destaging" else "64M"]
     daemon.cli(*create)
     model = Model(sectors)
+    size = args.volume_mib << 20  # what the volume holds now (--resize grows it)
+    snap_sizes = {}  # snapshot name -> the volume's size when it was made
     snaps = []  # (name, CRC32 per MiB of the region when it was made)
     clone = None  # {"name", "model"} of the live clone (--clones)
     if args.scenario == "degraded":
@@ -487,6 +497,7 @@ def run(args, rng, daemon, tag):
             digest = region_digest(h, sectors, f"round {rnd} before snapshot")
             daemon.cli("snapshot", "create", vol, f"r{rnd}")
             snaps.append((f"r{rnd}", digest))
+            snap_sizes[f"r{rnd}"] = size
             if args.clones and clone is None:
                 # The clone reads as the snapshot, which is the volume as `verify` just settled it.
                 daemon.cli("volume", "clone", f"{vol}@r{rnd}", f"k{rnd}")
@@ -538,6 +549,19 @@ def run(args, rng, daemon, tag):
             clone_thread = threading.Thread(target=write_clone)
             clone_thread.start()
 
+        # The growth (--resize): in a thread, started while the load runs; the kill may cut it.
+        resizing = None
+        if args.resize:
+            grow = {"to": size + (8 << 20), "after": rng.uniform(0, 1.0)}
+
+            def resize(grow=grow):
+                time.sleep(grow["after"])
+                r = daemon.cli("volume", "resize", vol, "--size", str(grow["to"]), check=False)
+                grow["ok"] = r.returncode == 0
+
+            resizing = (threading.Thread(target=resize), grow)
+            resizing[0].start()
+
         def kill():
             clone_stop.set()
             daemon.kill9()
@@ -548,6 +572,8 @@ def run(args, rng, daemon, tag):
         acked = load.acked
         if deleting:
             deleting[1].join()
+        if resizing:
+            resizing[0].join()
         if clone_thread:
             clone_thread.join()
             if clone_errors:
@@ -558,6 +584,15 @@ def run(args, rng, daemon, tag):
         daemon.start()
         h = connect(daemon, vol)
         verify(h, model, sectors, f"round {rnd} after kill -9")
+        if resizing:
+            grow = resizing[1]
+            now = volume_size(daemon, vol)
+            if now not in (size, grow["to"]) or (grow.get("ok") and now != grow["to"]):
+                raise Violation(f"round {rnd}: the volume holds {now} bytes after a resize from {size} to "
+                                f"{grow['to']} that {'returned' if grow.get('ok') else 'the kill cut'}")
+            print(f"{tag} round {rnd}: resize to {grow['to'] >> 20} MiB "
+                  f"{'returned' if grow.get('ok') else 'cut by the kill'}, size {now >> 20} MiB", flush=True)
+            size = now
         if deleting:
             name, _, result = deleting
             listed = [s["name"] for s in json.loads(daemon.cli("snapshot", "list", vol, "--json").stdout)]
@@ -568,6 +603,13 @@ def run(args, rng, daemon, tag):
             if name not in listed:
                 snaps = [s for s in snaps if s[0] != name]
         verify_snapshots(daemon, snaps, sectors, f"round {rnd} after kill -9")
+        if resizing:
+            for name, _ in snaps:
+                snap_size = int(subprocess.run(["nbdinfo", "--size", daemon.uri(f"{vol}@{name}")],
+                                               check=True, capture_output=True, text=True).stdout)
+                if snap_size != snap_sizes[name]:
+                    raise Violation(f"round {rnd}: snapshot {name} exports {snap_size} bytes, was made at "
+                                    f"{snap_sizes[name]} (the volume holds {size} now)")
         if clone is not None:
             listed = [v["name"] for v in json.loads(daemon.cli("status", "--json", check=False).stdout).get("clones", [])]
             there = clone["name"] in listed
