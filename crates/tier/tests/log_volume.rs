@@ -11,7 +11,9 @@
 //! `STRIA_LOG_SEEDS=N` sets the number of simulated seeds (default 60); `STRIA_LOG_SEED=S` runs
 //! one and prints its history. Those seeds also make clones of snapshots, which writers write
 //! to beside the volume's (each clone is checked after every boot against its own model), and
-//! delete some of them (a cut may land in the delete).
+//! delete some of them (a cut may land in the delete). In about a third of the cycles the volume
+//! is resized online while the writers go on (grown, or shrunk towards the blocks they use when
+//! it has no snapshots or clones): after every boot its size is the old or the new one.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -962,6 +964,9 @@ struct Sim {
     clones: Vec<CloneSim>,
     history: Vec<String>,
     verbose: bool,
+    /// The volume's size, and the size of a resize a cut may have cut short.
+    size: u64,
+    resizing: Option<u64>,
 }
 
 /// A clone the simulation made (or began to make).
@@ -1223,6 +1228,8 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
         clones: Vec::new(),
         history: Vec::new(),
         verbose,
+        size: SIM_BLOCKS as u64 * 4096,
+        resizing: None,
     };
     let mut clones_made = 0;
     let mut snapshots_checked = 0;
@@ -1281,6 +1288,14 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
             if vol.opened_from_table() { "from the segment table" } else { "by a map scan" }
         ));
         verify(&mut sim, &vol, &format!("cycle {cycle} after boot")).await;
+        let size = vol.size_bytes();
+        if size != sim.size && Some(size) != sim.resizing {
+            sim.fail(format!(
+                "cycle {cycle}: the volume holds {size} bytes after boot; it held {} (resizing to {:?})",
+                sim.size, sim.resizing
+            ));
+        }
+        (sim.size, sim.resizing) = (size, None);
         if cycle > 0 {
             snapshots_checked += verify_snapshots(&mut sim, &vol, &format!("cycle {cycle} after boot")).await;
             let n = verify_clones(&mut sim, &vol, &format!("cycle {cycle} after boot")).await;
@@ -1309,6 +1324,34 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
             .collect();
         let seed_c = seed * 1000 + cycle;
         run_writers(&vol, &tracker, &work, seed_c, None).await;
+        if sim.rng.random_bool(0.3)
+            && settle_live(&mut sim, &vol, &tracker, cycle).await
+            && settle_clones(&sim, &vol, &work, cycle).await
+        {
+            // An online resize while the writers go on: a growth of up to 600 blocks, or (without
+            // snapshots or clones) a shrink towards the blocks the writers use. After the next
+            // boot the size is the old or the new one; the new one if it returned. (Settled
+            // first, as before every phase: a write the last phase had refused changed nothing.)
+            let now = vol.size_bytes();
+            let base = SIM_BLOCKS as u64 * 4096;
+            let plain = vol.snapshots().is_empty() && vol.clones().is_empty();
+            let to = if plain && now > base && sim.rng.random_bool(0.4) {
+                base + sim.rng.random_range(0..=(now - base) / 4096 / 2) * 4096
+            } else {
+                now + sim.rng.random_range(1..=600u64) * 4096
+            };
+            sim.resizing = Some(to);
+            let (r, ()) =
+                tokio::join!(vol.resize(to), run_writers(&vol, &tracker, &work, seed_c + 900, None));
+            sim.note(format!(
+                "  resize {now} -> {to}: {}",
+                r.as_ref().map_or_else(|e| e.to_string(), |_| "done".into())
+            ));
+            if r.is_ok() {
+                (sim.size, sim.resizing) = (to, None);
+                RESIZES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
         if layered
             && sim.snaps.len() < 8
             && settle_live(&mut sim, &vol, &tracker, cycle).await
@@ -1476,6 +1519,8 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
     (opens.0, opens.1, given_back, snapshots_checked)
 }
 
+/// Resizes that returned, over the seeds of one run.
+static RESIZES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// Snapshot deletes and rollbacks that returned, over the seeds of one run.
 static SNAPSHOT_DELETES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static SNAPSHOT_ROLLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -1500,15 +1545,20 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
     }
     eprintln!(
         "{n} seeds: {} opens from the segment table, {} by a map scan; {given_back} segments given back; \
-         {snapshots} snapshot checks after a boot, {} snapshot deletes, {} rollbacks; {} clone checks after a boot, {} clone deletes",
+         {snapshots} snapshot checks after a boot, {} snapshot deletes, {} rollbacks; {} clone checks after a boot, {} clone deletes; {} resizes",
         opens.0,
         opens.1,
         deletes(),
         SNAPSHOT_ROLLBACKS.load(std::sync::atomic::Ordering::Relaxed),
         CLONE_CHECKS.load(std::sync::atomic::Ordering::Relaxed),
-        CLONE_DELETES.load(std::sync::atomic::Ordering::Relaxed)
+        CLONE_DELETES.load(std::sync::atomic::Ordering::Relaxed),
+        RESIZES.load(std::sync::atomic::Ordering::Relaxed)
     );
     if n >= 20 {
+        assert!(
+            RESIZES.load(std::sync::atomic::Ordering::Relaxed) > 0,
+            "volumes were resized amid writes and cuts"
+        );
         assert!(opens.0 > 0 && opens.1 > 0, "both ways to open were exercised: {opens:?}");
         assert!(given_back > 0, "spaces were compacted and given back amid the cuts");
         assert!(snapshots > 0, "snapshots were checked after cuts");

@@ -504,6 +504,39 @@ impl<D: BlockDevice> Pool<D> {
             // Journal records of the tail must not be replayed onto a later owner of its extents.
             self.core.flush_all().await?;
         }
+        // A growth that must read as zeros: rows first (the size unchanged, so nothing reads
+        // them), cleared, flushed, and only then the size. Every row past those the old size
+        // uses is cleared, also rows a growth a crash cut short left (allocated, uncleared):
+        // with the size committed first, such a crash left the new tail reading whatever its
+        // extents held before (another volume's stripes, a log volume's given-back segments).
+        let old_rows = (rec.size_bytes / BLOCK).div_ceil(row_blocks);
+        let rec = if zero && need_rows > old_rows {
+            let staged = if need_rows > have_rows {
+                let (name2, rec2) = (name.to_string(), rec.clone());
+                self.core
+                    .update_volume(name, move |m| {
+                        if m.volume(&name2) != Some(&rec2) {
+                            return Err(EngineError::Busy(format!(
+                                "volume {name2} changed while it was being resized; try again"
+                            )));
+                        }
+                        let mut grown = rec2.clone();
+                        grow_rows(m, &mut grown, need_rows - have_rows)?;
+                        let slot = m.volumes.iter_mut().find(|v| v.name == name2).expect("checked above");
+                        *slot = grown.clone();
+                        Ok((grown, true))
+                    })
+                    .await?
+            } else {
+                rec
+            };
+            self.clear_rows(&staged, old_rows, need_rows).await?;
+            self.core.flush_all().await?;
+            staged
+        } else {
+            rec
+        };
+        let have_rows: u64 = rec.segments.iter().map(|s| s.rows).sum();
         // New extents are placed under the metadata lock, against the free space of the moment
         // (two growths at once must not take the same extents).
         let (name2, rec2) = (name.to_string(), rec.clone());
@@ -520,29 +553,35 @@ impl<D: BlockDevice> Pool<D> {
                     grown.size_bytes = new_size_bytes;
                     grow_rows(m, &mut grown, need_rows - have_rows)?;
                     grown
-                } else {
+                } else if need_rows < have_rows {
                     shrunk
+                } else {
+                    // The rows are there (a growth staged them above): only the size changes.
+                    let mut same = rec2.clone();
+                    same.size_bytes = new_size_bytes;
+                    same
                 };
                 let slot = m.volumes.iter_mut().find(|v| v.name == name2).expect("checked above");
                 *slot = next.clone();
                 Ok((next, true))
             })
             .await?;
-        if zero {
-            let grown: Vec<SegmentRecord> = next.segments.iter().skip(rec.segments.len()).cloned().collect();
-            for seg in &grown {
-                self.clear_segment(&next, seg).await?;
-            }
-            // A segment extended in place: clear its new rows.
-            if let (Some(old), Some(new)) = (rec.segments.last(), next.segments.get(rec.segments.len() - 1))
-                && new.rows > old.rows
-            {
-                let tail = rows_after(&new.members, old.rows, new.rows - old.rows, rec.chunk_blocks);
-                self.clear_segment(&next, &tail).await?;
-            }
-            self.core.flush_all().await?;
-        }
         vol.install_map(self.build_map(&next)?);
+        Ok(())
+    }
+
+    /// Clears rows `from..to` of volume `rec` (counted over its segments in order): their
+    /// checksum entries say unwritten, so they read as zeros once flushed.
+    async fn clear_rows(&self, rec: &VolumeRecord, from: u64, to: u64) -> Result<(), EngineError> {
+        let mut at = 0;
+        for seg in &rec.segments {
+            let (lo, hi) = (at, at + seg.rows);
+            let (a, b) = (from.max(lo), to.min(hi));
+            if a < b {
+                self.clear_segment(rec, &rows_after(&seg.members, a - lo, b - a, rec.chunk_blocks)).await?;
+            }
+            at = hi;
+        }
         Ok(())
     }
 

@@ -109,19 +109,34 @@ impl<D: BlockDevice> LogVolume<D> {
         debug_assert!(bytes <= end.max(old.meta_bytes()));
         let encoded = h.encode();
         if bytes > self.parts.meta.size_bytes() {
-            // New rows read as zeros: new head pages are empty pages.
             self.pool.resize_volume(self.parts.meta.name(), bytes).await?;
+        }
+        // The new head pages are made empty (a page of zeros) by zeroing them, not by trusting
+        // the part's tail: rows a resize added read as zeros only once it cleared them, which a
+        // crash may have cut short, and an earlier growth cut short may have written there.
+        // Whole blocks of a mirror are zeroed by marking them unwritten (no data written).
+        if let Some(&(first, at)) = h.regions.head.pairs().last().filter(|r| r.0 >= old.regions.head_cap) {
+            self.parts
+                .meta
+                .write_zeroes(at, (h.regions.head_cap - first) * BLOCK_BYTES, false, false)
+                .await?;
         }
         let _held = self.map.hold_checkpoints().await;
         if let Some(at) = moved_table {
             // The last checkpoint's table, longer, where the new header says: after a crash open
-            // takes it as it would have the old one (without it, open scans the map).
-            if let Some(t) = self.read_table(&old).await? {
-                let mut t = t;
-                t.live.resize(most as usize, 0);
-                self.parts.meta.write(at, IoBytes::copy_from(&t.encode()), true).await?;
-            }
+            // takes it as it would have the old one. Without a valid one, a zero block there:
+            // open then finds no table and scans the map (never an older table left there).
+            let bytes = match self.read_table(&old).await? {
+                Some(mut t) => {
+                    t.live.resize(most as usize, 0);
+                    t.encode()
+                }
+                None => vec![0; BLOCK_USIZE],
+            };
+            self.parts.meta.write(at, IoBytes::copy_from(&bytes), false).await?;
         }
+        // The zeros and the table before the header that names them.
+        self.parts.meta.flush().await?;
         self.parts.meta.write(0, IoBytes::copy_from(&encoded), true).await?;
         // Durable: the memory follows (no checkpoint can run in between).
         self.map.resize(new_bytes / BLOCK_BYTES, h.map_layout().head);
