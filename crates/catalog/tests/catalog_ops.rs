@@ -72,7 +72,7 @@ async fn create_lookup_show_and_status_for_every_layout() {
             }
             VolumeView::Clone(_) => panic!("{name} shows as a clone"),
         }
-        assert!(c.resizable(name) != stria_catalog::is_log_layout(layout), "{name}: resizable");
+        assert!(c.resizable(name), "{name}: resizable (every kind; clones are not)");
     }
     // The parts of log-structured volumes: shown (diagnostics), never looked up or listed.
     for part in ["tv.meta", "tv.cache", "tv.seg", "lv.meta", "lv.cache", "lv.seg"] {
@@ -166,7 +166,8 @@ async fn refusals_leave_the_pool_as_it_was() {
     let req = CreateVolume { space_bytes: Some(MIB), ..create_req("new", MIB, "ec:4+2") };
     refused(c.create(req).await, ErrorKind::InvalidInput, "--space on ec");
     // Resizing: what cannot be resized, sizes, unknown names, parts.
-    refused(c.resize("lv", 8 * MIB).await, ErrorKind::InvalidInput, "resize a log volume");
+    refused(c.resize("lv", MIB + 1).await, ErrorKind::InvalidInput, "resize a log volume to part of a block");
+    refused(c.resize("lv", 0).await, ErrorKind::InvalidInput, "resize a log volume to 0");
     refused(c.resize("r1", 0).await, ErrorKind::InvalidInput, "resize to 0");
     refused(c.resize("r1", MIB + 1).await, ErrorKind::InvalidInput, "resize to part of a block");
     refused(
@@ -414,4 +415,29 @@ async fn an_unavailable_log_volume_is_listed_refused_and_deletable() {
     assert!(!c.names().contains(&"lv".to_string()) && c.status().unavailable.is_empty());
     assert!(c.pool().meta().volumes.iter().all(|v| !v.name.starts_with("lv")), "its parts are gone");
     c.create(create_req("lv", MIB, "raid1")).await.expect("the name is free again");
+}
+
+/// Tiered and log volumes resize through the catalog like plain ones: what `show` and a looked-up
+/// volume say follows, the data stays, and a snapshot keeps its size (a shrink is then refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_volumes_resize_through_the_catalog_and_their_snapshots_keep_their_size() {
+    let rig = rig_with_every_layout().await;
+    let c = &rig.catalog;
+    for name in ["tv", "lv"] {
+        let data = vec![0x5a; 64 << 10];
+        let v = c.lookup(name).expect("looked up");
+        v.write(0, stria_dev::IoBytes::copy_from(&data), stria_engine::Durability::Fua).await.unwrap();
+        c.resize(name, 12 * MIB).await.unwrap();
+        assert_eq!(c.lookup(name).expect("looked up").size_bytes(), 12 * MIB, "{name}");
+        match c.show(name).unwrap() {
+            VolumeView::Log(l) => assert_eq!(l.status.size_bytes, 12 * MIB, "{name}"),
+            other => panic!("{name} shows as {other:?}"),
+        }
+        c.snapshot_create(name, "s").await.unwrap();
+        c.resize(name, 16 * MIB).await.unwrap();
+        assert_eq!(c.lookup(&format!("{name}@s")).expect("the snapshot").size_bytes(), 12 * MIB);
+        refused(c.resize(name, 8 * MIB).await, ErrorKind::InvalidInput, "shrink with a snapshot");
+        let got = c.lookup(name).unwrap().read(0, 64 << 10).await.unwrap();
+        assert!(got[..] == data[..], "{name}: the data stays");
+    }
 }

@@ -75,25 +75,6 @@ async fn read_all(vol: &LogVolume<Dev>, blocks: u64) -> Vec<u8> {
     vol.read(0, (blocks * 4096) as usize).await.expect("read the whole volume").to_vec()
 }
 
-/// Cuts the power under `vol` and opens the pool and the volume again from what survived (on new
-/// drives and a new power switch, returned).
-async fn cut_and_reopen(
-    switch: &PowerSwitch,
-    vol: Arc<LogVolume<Dev>>,
-    pool: Arc<Pool<Dev>>,
-    devs: &[Dev],
-    seed: u64,
-) -> (Vec<Dev>, Arc<PowerSwitch>, Arc<Pool<Dev>>, Arc<LogVolume<Dev>>) {
-    switch.trip();
-    vol.stop();
-    drop(vol);
-    drop(pool);
-    let (devs, switch) = power_cycle(devs, seed);
-    let pool = open_pool(&devs).await;
-    let vol = open_log(&pool).await.unwrap();
-    (devs, switch, pool, vol)
-}
-
 /// Metadata sized by use (issue 39): a thin 4 GiB volume's metadata part (map log, map pages,
 /// segment table, layer table, the snapshot page pool's start) is under 64 MiB at create; it was
 /// 305 MiB (a map log of a sixteenth of the blocks, a pool for every map page copied twice).

@@ -328,21 +328,3 @@ async fn a_power_cut_at_any_request_of_a_resize_leaves_the_old_or_the_new_size_a
     }
     assert!(checked > 10, "{checked} cut points");
 }
-
-/// Cuts the power under `vol` and opens the pool and the volume again from what survived.
-async fn cut_and_reopen(
-    switch: &PowerSwitch,
-    vol: Arc<LogVolume<Dev>>,
-    pool: Arc<Pool<Dev>>,
-    devs: &[Dev],
-    seed: u64,
-) -> (Vec<Dev>, Arc<PowerSwitch>, Arc<Pool<Dev>>, Arc<LogVolume<Dev>>) {
-    switch.trip();
-    vol.stop();
-    drop(vol);
-    drop(pool);
-    let (devs, switch) = power_cycle(devs, seed);
-    let pool = open_pool(&devs).await;
-    let vol = open_log(&pool, "lv").await.unwrap();
-    (devs, switch, pool, vol)
-}

@@ -601,15 +601,28 @@ impl<D: BlockDevice> Pool<D> {
 
     /// Updates the parameters of a tiered volume.
     pub async fn update_tiered(&self, name: &str, params: serde_json::Value) -> Result<(), EngineError> {
+        self.change_tiered(name, move |t| {
+            let changed = t.params != params;
+            t.params = params;
+            changed
+        })
+        .await
+    }
+
+    /// Changes tiered volume `name`'s record with `f` (which says whether it changed anything:
+    /// nothing is committed otherwise).
+    async fn change_tiered(
+        &self,
+        name: &str,
+        f: impl FnOnce(&mut TieredRecord) -> bool + Send + 'static,
+    ) -> Result<(), EngineError> {
         let scope = name;
         let name = name.to_string();
         self.core
             .update_volume(scope, move |m| {
                 let t =
                     m.tiered.iter_mut().find(|t| t.name == name).ok_or(EngineError::NoSuchVolume(name))?;
-                let changed = t.params != params;
-                t.params = params;
-                Ok(((), changed))
+                Ok(((), f(t)))
             })
             .await
     }
@@ -617,17 +630,12 @@ impl<D: BlockDevice> Pool<D> {
     /// Sets the size a tiered volume's record says (its own header has it first: the tier
     /// resizes, then records).
     pub async fn set_tiered_size(&self, name: &str, size_bytes: u64) -> Result<(), EngineError> {
-        let scope = name;
-        let name = name.to_string();
-        self.core
-            .update_volume(scope, move |m| {
-                let t =
-                    m.tiered.iter_mut().find(|t| t.name == name).ok_or(EngineError::NoSuchVolume(name))?;
-                let changed = t.size_bytes != size_bytes;
-                t.size_bytes = size_bytes;
-                Ok(((), changed))
-            })
-            .await
+        self.change_tiered(name, move |t| {
+            let changed = t.size_bytes != size_bytes;
+            t.size_bytes = size_bytes;
+            changed
+        })
+        .await
     }
 
     /// Removes a tiered volume's record (its parts are deleted separately, after).

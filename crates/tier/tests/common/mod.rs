@@ -216,3 +216,23 @@ impl Tracker {
             .collect()
     }
 }
+
+/// Cuts the power under `vol` and opens the pool and the volume again from what survived (on
+/// new drives and a new power switch, returned).
+pub async fn cut_and_reopen(
+    switch: &PowerSwitch,
+    vol: Arc<LogVolume<Dev>>,
+    pool: Arc<Pool<Dev>>,
+    devs: &[Dev],
+    seed: u64,
+) -> (Vec<Dev>, Arc<PowerSwitch>, Arc<Pool<Dev>>, Arc<LogVolume<Dev>>) {
+    let name = vol.name().to_string();
+    switch.trip();
+    vol.stop();
+    drop(vol);
+    drop(pool);
+    let (devs, switch) = power_cycle(devs, seed);
+    let pool = open_pool(&devs).await;
+    let vol = open_log(&pool, &name).await.unwrap();
+    (devs, switch, pool, vol)
+}
