@@ -2,7 +2,7 @@
 # NBD benchmark: fio against `stria serve` and against `nbdkit memory` in the same run.
 #
 # Usage: scripts/bench-nbd.sh [--drives memory|tmpfs] [--reps N] [--runtime S] [--modes "pinned unpinned"]
-#                             [--out FILE.json] [--quick]
+#                             [--out FILE.json] [--quick] [--only REGEX]
 #
 # What it does (docs/benchmarks.md, section "NBD", explains the choices and lists results):
 #  * builds `stria` in release (CARGO_TARGET_DIR, default target/);
@@ -26,9 +26,10 @@
 #    REPORT.md and PNG plots (IOPS and latency against queue depth, latency CDFs) beside it.
 # Servers and fio run at nice -10 (NICE=..., root only) so that other work on a shared machine
 # disturbs both sides alike. Takes about 8 minutes with the defaults (--quick: about 1).
+# --only REGEX runs the workloads whose name matches (e.g. 'randwrite-4k-qd(1|16)$').
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-DRIVES=memory REPS=3 RUNTIME=2 RAMP=0.5 MODES="pinned unpinned" OUT=$ROOT/target/bench-reports/nbd/bench-nbd.json
+DRIVES=memory REPS=3 RUNTIME=2 RAMP=0.5 MODES="pinned unpinned" ONLY=. OUT=$ROOT/target/bench-reports/nbd/bench-nbd.json
 while (($#)); do
   case $1 in
     --drives) DRIVES=$2; shift 2 ;;
@@ -36,6 +37,7 @@ while (($#)); do
     --runtime) RUNTIME=$2; shift 2 ;;
     --modes) MODES=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
+    --only) ONLY=$2; shift 2 ;;
     --quick) REPS=1 RUNTIME=1 RAMP=0.3 MODES=pinned; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed 's/^# \{0,1\}//;$d'; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -120,6 +122,10 @@ WORKLOADS=(
   "randwrite-4k-qd1 randwrite 4k 1" "randwrite-4k-qd16 randwrite 4k 16" "randwrite-4k-qd64 randwrite 4k 64"
   "seqread-128k-qd16 read 128k 16" "seqwrite-128k-qd16 write 128k 16"
 )
+KEPT=()
+for w in "${WORKLOADS[@]}"; do [[ ${w%% *} =~ $ONLY ]] && KEPT+=("$w"); done
+((${#KEPT[@]})) || { echo "--only $ONLY matches no workload" >&2; exit 2; }
+WORKLOADS=("${KEPT[@]}")
 SAMPLES=$W/samples.tsv; : >"$SAMPLES"
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 START=$(date +%s)

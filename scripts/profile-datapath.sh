@@ -11,6 +11,7 @@
 # CPU time), and the share of samples in each part of the path (kernel, socket and NBD, engine,
 # tier, checksums, erasure code, copies, allocator, runtime), classified by symbol name.
 # Needs root (perf), fio, nbdcopy, perf. Takes about 2 minutes with the defaults.
+# STRIA=PATH profiles that binary instead of building one (to compare two builds back to back).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SECONDS_RUN=8 LAYOUTS="raid0 ec:4+2 tiered:ec:4+2" OUT=$ROOT/target/profile
@@ -27,8 +28,10 @@ for tool in fio nbdcopy perf python3 taskset; do
   command -v "$tool" >/dev/null || { echo "needs $tool" >&2; exit 1; }
 done
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-cargo build -q --release -p stria --manifest-path "$ROOT/Cargo.toml"
-STRIA=$CARGO_TARGET_DIR/release/stria
+if [ -z "${STRIA:-}" ]; then
+  cargo build -q --release -p stria --manifest-path "$ROOT/Cargo.toml"
+  STRIA=$CARGO_TARGET_DIR/release/stria
+fi
 mkdir -p "$OUT"
 W=$(mktemp -d /dev/shm/stria-profile.XXXXXX)
 PID=
