@@ -3,6 +3,7 @@
 #
 # Usage: scripts/bench-nbd.sh [--drives memory|tmpfs] [--reps N] [--runtime S] [--modes "pinned unpinned"]
 #                             [--out FILE.json] [--quick] [--only REGEX]
+#                             [--serve-args "ARGS"]
 #
 # What it does (docs/benchmarks.md, section "NBD", explains the choices and lists results):
 #  * builds `stria` in release (CARGO_TARGET_DIR, default target/);
@@ -26,10 +27,11 @@
 #    REPORT.md and PNG plots (IOPS and latency against queue depth, latency CDFs) beside it.
 # Servers and fio run at nice -10 (NICE=..., root only) so that other work on a shared machine
 # disturbs both sides alike. Takes about 8 minutes with the defaults (--quick: about 1).
-# --only REGEX runs the workloads whose name matches (e.g. 'randwrite-4k-qd(1|16)$').
+# --only REGEX runs the workloads whose name matches (e.g. 'randwrite-4k-qd(1|16)$');
+# --serve-args "ARGS" adds flags to `stria serve` (e.g. "--nbd-busy-poll 50").
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-DRIVES=memory REPS=3 RUNTIME=2 RAMP=0.5 MODES="pinned unpinned" ONLY=. OUT=$ROOT/target/bench-reports/nbd/bench-nbd.json
+DRIVES=memory REPS=3 RUNTIME=2 RAMP=0.5 MODES="pinned unpinned" ONLY=. SERVE_ARGS= OUT=$ROOT/target/bench-reports/nbd/bench-nbd.json
 while (($#)); do
   case $1 in
     --drives) DRIVES=$2; shift 2 ;;
@@ -38,6 +40,7 @@ while (($#)); do
     --modes) MODES=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --only) ONLY=$2; shift 2 ;;
+    --serve-args) SERVE_ARGS=$2; shift 2 ;;
     --quick) REPS=1 RUNTIME=1 RAMP=0.3 MODES=pinned; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed 's/^# \{0,1\}//;$d'; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -83,12 +86,12 @@ STRIA_PID=
 start_stria() { # CPU list
   if [ -n "$STRIA_PID" ]; then kill "$STRIA_PID"; wait "$STRIA_PID" 2>/dev/null || true; rm -f "$W/stria.sock"; fi
   if [ "$DRIVES" = memory ]; then
-    nice -n "$NICE" taskset -c "$1" "$STRIA" serve --log-level warn --nbd "unix:$W/stria.sock" \
+    nice -n "$NICE" taskset -c "$1" "$STRIA" serve --log-level warn --nbd "unix:$W/stria.sock" $SERVE_ARGS \
       --bench-memory-drives 6x1G --bench-volume r0:raid0:1G --bench-volume ec:ec:4+2:1G \
       >>"$W/stria.log" 2>&1 &
   else
     nice -n "$NICE" taskset -c "$1" "$STRIA" serve --pool "$W/pool" --log-level warn \
-      --nbd "unix:$W/stria.sock" >>"$W/stria.log" 2>&1 &
+      --nbd "unix:$W/stria.sock" $SERVE_ARGS >>"$W/stria.log" 2>&1 &
   fi
   STRIA_PID=$!; PIDS+=("$STRIA_PID")
   wait_socket "$W/stria.sock"

@@ -73,6 +73,12 @@ pub struct Limits {
     /// timeouts and failures, protocol errors) are logged at most once per this interval and
     /// kind; the ones in between are counted and reported in one summary line.
     pub warning_interval: Duration,
+    /// How long a connection keeps polling for its next request, without sleeping, after it
+    /// last did something (a bounded busy poll; zero sleeps at once). It trades server CPU for
+    /// latency: a busy client's next request is picked up without the runtime going to sleep
+    /// and being woken for it. The window halves each time it passes with nothing arriving, so
+    /// a client that pauses stops costing CPU after a few pauses.
+    pub busy_poll: Duration,
 }
 
 impl Default for Limits {
@@ -93,6 +99,7 @@ impl Default for Limits {
             shutdown_grace: Duration::from_secs(10),
             max_extents_per_reply: 4096,
             warning_interval: Duration::from_secs(10),
+            busy_poll: Duration::from_micros(100),
         }
     }
 }

@@ -87,6 +87,8 @@ pub(crate) struct Limits {
     pub(crate) nbd_in_flight: Option<String>,
     /// `--nbd-in-flight-shared`: bytes beyond each connection's guaranteed request, together.
     pub(crate) nbd_in_flight_shared: Option<String>,
+    /// `--nbd-busy-poll`: microseconds an NBD connection polls for its next request.
+    pub(crate) nbd_busy_poll: Option<u64>,
     /// `--iscsi-connections-max`: iSCSI connections at once.
     pub(crate) iscsi_connections: Option<usize>,
 }
@@ -136,6 +138,7 @@ const KEYS: &[(&str, &str)] = &[
     ("limits.nbd_payload", "nbd_payload_max"),
     ("limits.nbd_in_flight", "nbd_in_flight_max"),
     ("limits.nbd_in_flight_shared", "nbd_in_flight_shared"),
+    ("limits.nbd_busy_poll", "nbd_busy_poll"),
     ("limits.iscsi_connections", "iscsi_connections_max"),
 ];
 
@@ -194,6 +197,7 @@ pub(crate) fn as_args(
             "limits.nbd_payload" => text(&limits.nbd_payload),
             "limits.nbd_in_flight" => text(&limits.nbd_in_flight),
             "limits.nbd_in_flight_shared" => text(&limits.nbd_in_flight_shared),
+            "limits.nbd_busy_poll" => limits.nbd_busy_poll.map(|v| vec![v.to_string()]),
             "limits.iscsi_connections" => count(limits.iscsi_connections),
             _ => unreachable!("every key of KEYS is matched"),
         };

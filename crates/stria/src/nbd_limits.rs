@@ -37,6 +37,11 @@ pub(crate) struct NbdLimitArgs {
     /// guaranteed, all together (default 64M).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub(crate) nbd_in_flight_shared: Option<u64>,
+    /// Microseconds an NBD connection keeps polling for its next request without sleeping,
+    /// after it last did something: server CPU traded for latency (default 100; 0 sleeps at
+    /// once; the window halves while a client pauses; docs/nbd.md).
+    #[arg(long, value_name = "MICROSECONDS")]
+    pub(crate) nbd_busy_poll: Option<u64>,
 }
 
 /// The flag that sets a field of [`Limits`], for error messages.
@@ -80,6 +85,12 @@ impl NbdLimitArgs {
         if let Some(bytes) = self.nbd_in_flight_shared {
             limits.max_shared_in_flight_bytes =
                 usize::try_from(bytes).map_err(|_| anyhow!("--nbd-in-flight-shared is too large"))?;
+        }
+        if let Some(us) = self.nbd_busy_poll {
+            if us > 1_000_000 {
+                return Err(anyhow!("--nbd-busy-poll is at most 1000000 microseconds (1 s)"));
+            }
+            limits.busy_poll = std::time::Duration::from_micros(us);
         }
         Ok(limits)
     }
