@@ -57,7 +57,7 @@ trap cleanup EXIT
 
 SIZE_BYTES=$(numfmt --from=iec "$SIZE")
 QUARTER=$((SIZE_BYTES / 4))
-"$STRIA" pool create --pool "$W/pool" --fast 2 --capacity 6 --drive-size "$(numfmt --to=iec $((SIZE_BYTES * 2)))" \
+"$STRIA" pool create --pool "$W/pool" --fast 2 --capacity 6 --drive-size "$SIZE" \
   --log-level warn >/dev/null
 "$STRIA" volume create tv --pool "$W/pool" --size "$SIZE" --layout tiered:ec:4+2 --log-level warn >/dev/null
 "$STRIA" serve --pool "$W/pool" --log-level warn --nbd "unix:$W/stria.sock" >"$W/stria.log" 2>&1 &
