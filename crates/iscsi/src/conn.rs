@@ -10,11 +10,12 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use stria_dev::{IoBuf, IoBytes};
 use stria_front::Attachment;
+use stria_poll::BusyPoll;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, ReadHalf, WriteHalf};
 use tokio::sync::mpsc;
 
@@ -253,6 +254,7 @@ async fn writer<W: AsyncWrite + Unpin>(
     window: Arc<Mutex<Window>>,
     params: Params,
     mut stat_sn: u32,
+    sent: Arc<AtomicU64>,
 ) -> std::io::Result<()> {
     let digests = Digests { header: params.header_digest, data: params.data_digest };
     let segment = usize::try_from(params.send_data_segment).unwrap_or(8192).max(512);
@@ -270,6 +272,7 @@ async fn writer<W: AsyncWrite + Unpin>(
         }
         if !buf.is_empty() {
             wr.write_all(&buf).await?;
+            sent.fetch_add(1, Ordering::Relaxed);
         }
         // A large read's copy is not kept for the connection's life.
         if buf.capacity() > 4 << 20 {
@@ -459,14 +462,30 @@ async fn full_feature<S: AsyncRead + AsyncWrite + Send + 'static>(
 ) -> Result<(), ConnError> {
     let window = Arc::new(Mutex::new(Window { exp_cmd_sn, in_progress: 0, immediate: 0 }));
     let (out, out_rx) = mpsc::channel(2 * WINDOW as usize);
-    let writer = tokio::spawn(writer(wr, out_rx, Arc::clone(&window), params.clone(), stat_sn));
+    // Writes the writer made: with the reads, the activity the reader's busy poll watches.
+    let sent = Arc::new(AtomicU64::new(0));
+    let writer =
+        tokio::spawn(writer(wr, out_rx, Arc::clone(&window), params.clone(), stat_sn, Arc::clone(&sent)));
     let digests = Digests { header: params.header_digest, data: params.data_digest };
     let max_data = usize::try_from(params.recv_data_segment).unwrap_or(8192);
     let (pdu_tx, mut pdus) = mpsc::channel(4);
+    let mut spin = BusyPoll::new(target.config.busy_poll);
     let reader = tokio::spawn(async move {
         let mut rd = rd;
+        let mut read_pdus = 0u64;
         loop {
-            let read = pdu::read_pdu(&mut rd, digests, max_data).await;
+            let read = {
+                let mut reading = std::pin::pin!(pdu::read_pdu(&mut rd, digests, max_data));
+                std::future::poll_fn(|cx| {
+                    let poll = reading.as_mut().poll(cx);
+                    if poll.is_pending() {
+                        spin.after_pending(cx, read_pdus.wrapping_add(sent.load(Ordering::Relaxed)));
+                    }
+                    poll
+                })
+                .await
+            };
+            read_pdus += 1;
             let stop = read.is_err();
             if pdu_tx.send(read).await.is_err() || stop {
                 break;

@@ -36,6 +36,10 @@ pub struct TargetConfig {
     /// Where persistent reservations made with APTPL are kept, a file per volume (`None`:
     /// APTPL is refused).
     pub reservations_dir: Option<std::path::PathBuf>,
+    /// How long a connection's reader keeps polling for the next PDU without sleeping after
+    /// the connection last read or sent one (zero: sleep at once). Adaptive: the window halves
+    /// while an initiator pauses (`stria_poll::BusyPoll`, docs/iscsi.md).
+    pub busy_poll: Duration,
 }
 
 impl Default for TargetConfig {
@@ -48,6 +52,7 @@ impl Default for TargetConfig {
             offer: Offer::default(),
             chap: None,
             reservations_dir: None,
+            busy_poll: Duration::from_micros(100),
         }
     }
 }

@@ -16,9 +16,9 @@ use std::future::{Future, poll_fn};
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
 
 use stria_dev::IoBuf;
+use stria_poll::BusyPoll;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::time::Sleep;
 use tracing::{debug, warn};
@@ -549,58 +549,6 @@ impl<'e> Connection<'e> {
     }
 }
 
-/// A bounded, adaptive busy poll. For a window after the connection last did something (took a
-/// request, completed one, sent a reply), a poll that finds nothing to do asks to be polled
-/// again once the runtime has looked at its sockets without sleeping, instead of sleeping until
-/// woken: a busy client's next request is then picked up without the runtime going to sleep in
-/// `epoll_wait` and being woken for it, which on a VM costs tens of microseconds per request
-/// (docs/design/datapath.md §3). The window adapts, as NAPI's busy polling does: each window
-/// that passes with nothing arriving halves it (a client that pauses stops costing CPU after a
-/// few pauses), and work that arrives within the largest window, while polling or after a sleep
-/// that polling would have covered, restores it.
-struct BusyPoll {
-    max: Duration,
-    window: Duration,
-    /// `Connection::busy_rounds` when last seen, and when it last changed.
-    seen: u64,
-    at: Instant,
-    polling: bool,
-}
-
-impl BusyPoll {
-    fn new(max: Duration) -> Self {
-        BusyPoll { max, window: max, seen: 0, at: Instant::now(), polling: false }
-    }
-
-    /// Called when the connection's poll returned `Pending` after `busy_rounds` rounds with work:
-    /// arranges to be polled again without sleeping while within the window.
-    fn after_pending(&mut self, cx: &mut Context<'_>, busy_rounds: u64) {
-        if self.max.is_zero() || !self.keep_polling(Instant::now(), busy_rounds) {
-            return;
-        }
-        // `yield_now` defers its wake until the runtime has polled its I/O driver without
-        // blocking; this poll's registrations (socket readiness, timers) stay as they were.
-        let mut yielded = std::pin::pin!(tokio::task::yield_now());
-        let _ = yielded.as_mut().poll(cx);
-    }
-
-    /// Whether to poll again at `now`, having seen `busy_rounds` rounds with work.
-    fn keep_polling(&mut self, now: Instant, busy_rounds: u64) -> bool {
-        if busy_rounds != self.seen {
-            if self.polling || now.duration_since(self.at) < self.max {
-                self.window = self.max;
-            }
-            self.seen = busy_rounds;
-            self.at = now;
-        } else if self.polling && now.duration_since(self.at) >= self.window {
-            // Nothing came while polling: poll half as long after the next piece of work.
-            self.window /= 2;
-        }
-        self.polling = now.duration_since(self.at) < self.window;
-        self.polling
-    }
-}
-
 /// Runs the transmission phase on `stream` until the client leaves, the stream breaks or
 /// `shutdown` completes; on shutdown, in-flight requests finish (within `limits.shutdown_grace`)
 /// and the export is flushed.
@@ -649,40 +597,4 @@ where
     // Best effort: a TLS stream sends close_notify here; a plain socket shuts down its write side.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stream.shutdown()).await;
     (end, requests)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_busy_poll_window_halves_while_a_client_pauses_and_comes_back_when_it_is_busy() {
-        let us = Duration::from_micros;
-        let t0 = Instant::now();
-        let mut spin = BusyPoll::new(us(100));
-        spin.at = t0;
-        // Work, then polling until the window has passed with nothing arriving.
-        assert!(spin.keep_polling(t0 + us(1), 1));
-        assert!(spin.keep_polling(t0 + us(60), 1));
-        assert!(!spin.keep_polling(t0 + us(102), 1), "the window has passed");
-        assert_eq!(spin.window, us(50), "halved after a window with nothing");
-        // The client pauses (1 ms) each time: the window keeps halving, then nothing is polled.
-        let mut t = t0 + us(102);
-        for round in 2..20u64 {
-            t += us(1000);
-            let polled = spin.keep_polling(t, round);
-            t += spin.window + us(1);
-            assert!(!spin.keep_polling(t, round));
-            assert!(polled || spin.window.is_zero(), "polls while its window lasts");
-        }
-        assert!(spin.window < us(1), "a pausing client costs no polling: {:?}", spin.window);
-        // Requests that follow each other within the largest window restore it.
-        t += us(1000);
-        spin.keep_polling(t, 100);
-        t += us(40);
-        assert!(spin.keep_polling(t, 101));
-        assert_eq!(spin.window, us(100), "work within the largest window restores it");
-        assert!(spin.keep_polling(t + us(99), 101));
-        assert!(!spin.keep_polling(t + us(101), 101));
-    }
 }

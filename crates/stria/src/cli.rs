@@ -594,6 +594,12 @@ pub(crate) struct ServeArgs {
     /// iSCSI connections at once (more are closed when they connect).
     #[arg(long, value_name = "N", default_value_t = 128)]
     pub(crate) iscsi_connections_max: usize,
+    /// Microseconds an iSCSI connection keeps polling for its next PDU without sleeping, after
+    /// it last read or sent one: server CPU traded for latency (0 sleeps at once; the window
+    /// halves while an initiator pauses; docs/iscsi.md).
+    #[arg(long, value_name = "MICROSECONDS", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    pub(crate) iscsi_busy_poll: u64,
     /// iSCSI CHAP: every login must give this name and prove the secret of
     /// --iscsi-chap-secret-file (without it, logins need no authentication).
     #[arg(long, value_name = "NAME", requires = "iscsi_chap_secret_file")]

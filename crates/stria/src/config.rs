@@ -91,6 +91,8 @@ pub(crate) struct Limits {
     pub(crate) nbd_busy_poll: Option<u64>,
     /// `--iscsi-connections-max`: iSCSI connections at once.
     pub(crate) iscsi_connections: Option<usize>,
+    /// `--iscsi-busy-poll`: microseconds an iSCSI connection polls for its next PDU.
+    pub(crate) iscsi_busy_poll: Option<u64>,
 }
 
 /// The file a daemon was started with: to re-read on SIGHUP.
@@ -140,6 +142,7 @@ const KEYS: &[(&str, &str)] = &[
     ("limits.nbd_in_flight_shared", "nbd_in_flight_shared"),
     ("limits.nbd_busy_poll", "nbd_busy_poll"),
     ("limits.iscsi_connections", "iscsi_connections_max"),
+    ("limits.iscsi_busy_poll", "iscsi_busy_poll"),
 ];
 
 /// The file's settings as command-line arguments, leaving out those given on the command line
@@ -199,6 +202,7 @@ pub(crate) fn as_args(
             "limits.nbd_in_flight_shared" => text(&limits.nbd_in_flight_shared),
             "limits.nbd_busy_poll" => limits.nbd_busy_poll.map(|v| vec![v.to_string()]),
             "limits.iscsi_connections" => count(limits.iscsi_connections),
+            "limits.iscsi_busy_poll" => limits.iscsi_busy_poll.map(|v| vec![v.to_string()]),
             _ => unreachable!("every key of KEYS is matched"),
         };
         let Some(values) = values else { continue };

@@ -71,6 +71,8 @@ pub(crate) struct ServeOptions {
     pub(crate) iscsi: Vec<String>,
     /// `--iscsi-connections-max`.
     pub(crate) iscsi_connections_max: usize,
+    /// `--iscsi-busy-poll`, microseconds.
+    pub(crate) iscsi_busy_poll: u64,
     /// `--iscsi-chap-*`: CHAP every iSCSI login must pass.
     pub(crate) iscsi_chap: Option<Arc<stria_iscsi::Chap>>,
     /// The configuration file, re-read on SIGHUP.
@@ -402,6 +404,7 @@ async fn start_iscsi(
     let config = stria_iscsi::TargetConfig {
         pool: pool.to_string(),
         max_connections: opts.iscsi_connections_max,
+        busy_poll: std::time::Duration::from_micros(opts.iscsi_busy_poll),
         chap: opts.iscsi_chap.clone(),
         reservations_dir,
         ..Default::default()

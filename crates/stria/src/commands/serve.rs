@@ -87,6 +87,7 @@ fn serve_tls_options(args: ServeArgs) -> Result<ServeOptions> {
         iscsi_chap,
         iscsi: args.iscsi,
         iscsi_connections_max: args.iscsi_connections_max,
+        iscsi_busy_poll: args.iscsi_busy_poll,
         config: args.config_source,
         http: args.http.map(|addr| http::HttpOptions {
             addr,
