@@ -279,12 +279,16 @@ mod tests {
         assert_eq!(ok.limits.and_then(|l| l.nbd_connections), Some(8));
         let iscsi: ConfigFile = toml::from_str(
             "iscsi = [\"tcp:0.0.0.0:3260\"]\n[iscsi_chap]\nuser = \"u\"\nsecret_file = \"/etc/s\"\n\
-             [limits]\niscsi_connections = 9\n",
+             [limits]\niscsi_connections = 9\niscsi_busy_poll = 0\nnbd_busy_poll = 250\n",
         )
         .expect("parses");
         assert_eq!(iscsi.iscsi.as_deref(), Some(&["tcp:0.0.0.0:3260".to_string()][..]));
         assert_eq!(iscsi.iscsi_chap.and_then(|c| c.secret_file), Some(PathBuf::from("/etc/s")));
-        assert_eq!(iscsi.limits.and_then(|l| l.iscsi_connections), Some(9));
+        let limits = iscsi.limits.expect("limits");
+        assert_eq!(
+            (limits.iscsi_connections, limits.iscsi_busy_poll, limits.nbd_busy_poll),
+            (Some(9), Some(0), Some(250))
+        );
         let e = toml::from_str::<ConfigFile>("[iscsi_chap]\nsecret = \"x\"\n").expect_err("unknown");
         assert!(e.to_string().contains("secret"), "{e}");
         let nbd: ConfigFile = toml::from_str(
