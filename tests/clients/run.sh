@@ -243,19 +243,29 @@ qemu-img compare -f raw -F raw "$W/sv-at-s1.img" "$(uri sv)"
 qemu-img compare -f raw -F raw "$W/sv-at-s1.img" "$(uri sv@s1)"
 nbdcopy "$(uri svc)" "$W/svc-now.img"
 ! qemu-img compare -q -f raw -F raw "$W/sv-at-s1.img" "$W/svc-now.img" || { echo "the clone's writes are not in it" >&2; exit 1; }
-# Deleting the snapshot keeps it (hidden) for the clone; the origin cannot go while it has one.
+# Deleting the snapshot keeps it (hidden) for the clone; so does deleting the origin: sv is no
+# longer exported, listed as a volume or free as a name, and the clone reads as before, also
+# after a restart; the clone's delete then takes sv's parts.
 "$STRIA" snapshot delete sv s1 --pool "$POOL" --json | grep -q '"kept_for_clones": true'
 [ "$("$STRIA" snapshot list sv --pool "$POOL" --json | tr -d ' \n')" = "[]" ] || { echo "a deleted snapshot is listed" >&2; exit 1; }
-! "$STRIA" volume delete sv --pool "$POOL" 2>"$W/delete.err" || { echo "a volume with a clone was deleted" >&2; exit 1; }
-grep -q "has clones (svc)" "$W/delete.err" || { cat "$W/delete.err" >&2; exit 1; }
+"$STRIA" scrub sv --pool "$POOL"
+"$STRIA" volume delete sv --pool "$POOL" | tee "$W/delete.out"
+grep -q "kept for its clones (svc)" "$W/delete.out" || { echo "the delete does not say what keeps sv" >&2; exit 1; }
+check_sv_kept() {
+  "$STRIA" volume list --pool "$POOL" | grep -q "^sv .*deleted (kept for svc)" || { "$STRIA" volume list --pool "$POOL" >&2; exit 1; }
+  ! qemu-img info -f raw "$(uri sv)" >/dev/null 2>&1 || { echo "a deleted origin is still exported" >&2; exit 1; }
+  ! "$STRIA" volume create sv --pool "$POOL" --size 16M --layout raid1 2>"$W/create.err" || { echo "a kept origin's name was reused" >&2; exit 1; }
+  grep -q "kept, hidden, for its clones (svc)" "$W/create.err" || { cat "$W/create.err" >&2; exit 1; }
+  qemu-img compare -f raw -F raw "$W/svc-now.img" "$(uri svc)"
+}
+check_sv_kept
 stop; start
-qemu-img compare -f raw -F raw "$W/svc-now.img" "$(uri svc)"
-qemu-img compare -f raw -F raw "$W/sv-at-s1.img" "$(uri sv)"
+check_sv_kept
 "$STRIA" volume delete svc --pool "$POOL"
 ! "$STRIA" volume show svc --pool "$POOL" 2>/dev/null || { echo "a deleted clone is still there" >&2; exit 1; }
-qemu-img compare -f raw -F raw "$W/sv-at-s1.img" "$(uri sv)"
+! "$STRIA" volume list --pool "$POOL" | grep -q "^sv " || { echo "sv outlived its last clone" >&2; exit 1; }
+! "$STRIA" volume show sv.seg --pool "$POOL" >/dev/null 2>&1 || { echo "sv's parts outlived its last clone" >&2; exit 1; }
 rm -f "$W/sv-at-s1.img" "$W/svc-now.img"
-"$STRIA" scrub sv --pool "$POOL"
 
 log "ext4 on tiered:ec:4+2 grown online under fio, then grown with resize2fs; shrunk after resize2fs -M"
 # The volume grows while a client has it mounted and fio writes and verifies on it; the file

@@ -421,7 +421,9 @@ def main():
     ap.add_argument("--clones", action="store_true",
                     help="with --snapshots: clone each new snapshot when no clone lives and write to the clone "
                          "beside the volume (its own model, checked after every restart); in some rounds delete "
-                         "the clone while the volume's load runs (the kill -9 may land in the delete)")
+                         "the clone while the volume's load runs (the kill -9 may land in the delete); at the end, "
+                         "if a clone lives, delete the volume (kept, hidden, for its clone) while the clone's load "
+                         "runs, with a kill -9 before, in or after the delete")
     ap.add_argument("--resize", action="store_true",
                     help="grow the volume by 8 MiB in every round while the load runs (the kill -9 may land in "
                          "the resize): after the restart its size is the old one or the new one, the new one if "
@@ -643,6 +645,64 @@ def run(args, rng, daemon, tag):
               f"{inflight} in flight at the kill"
               f"{f', {cload.acked} acknowledged by the clone' if cload else ''} "
               f"({time.time() - started:.0f} s)", flush=True)
+    if clone is not None:
+        delete_origin(args, rng, daemon, tag, vol, model, snaps, sectors, clone)
+
+
+def listed_volume(daemon, name):
+    """The `volume list --json` entry of `name`, or None."""
+    entries = json.loads(daemon.cli("volume", "list", "--json").stdout)
+    return next((e for e in entries if e["name"] == name), None)
+
+
+def delete_origin(args, rng, daemon, tag, vol, model, snaps, sectors, clone):
+    """Last (--clones, a clone living): the origin's delete while the clone's load runs, the kill -9
+    landing before, in or after it. After the restart the origin is deleted (kept, hidden, for the
+    clone: not exported, no snapshot listed) if the command returned, else deleted or whole; the
+    clone reads as its model either way; the clone's delete then takes the origin's parts."""
+    daemon.start()
+    hc = connect(daemon, clone["name"])
+    verify(hc, clone["model"], sectors, f"origin delete: clone {clone['name']} before")
+    cload = Load(hc, clone["model"], sectors, random.Random(rng.random()), (args.rounds + 1) * SEQ_PER_ROUND, True)
+    result, delay = {}, rng.uniform(0, 0.6)
+
+    def delete():
+        time.sleep(delay)
+        r = daemon.cli("volume", "delete", vol, check=False)
+        result["ok"] = r.returncode == 0
+
+    thread = threading.Thread(target=delete)
+    thread.start()
+    inflight = cload.run(rng.uniform(0.2, 1.2), kill=daemon.kill9)
+    close(hc)
+    thread.join()
+    daemon.start()
+    entry = listed_volume(daemon, vol)
+    deleted = entry is not None and entry["kind"] == "deleted"
+    if result.get("ok") and not deleted:
+        raise Violation(f"the origin's delete returned and {vol} is listed as {entry}")
+    if deleted:
+        if json.loads(daemon.cli("snapshot", "list", "--json").stdout):
+            raise Violation("the origin is deleted and its snapshots are listed")
+        if subprocess.run(["nbdinfo", "--size", daemon.uri(vol)], capture_output=True).returncode == 0:
+            raise Violation("the origin is deleted and still exported")
+    else:
+        h = connect(daemon, vol)
+        verify(h, model, sectors, "origin delete cut before its mark: the volume")
+        close(h)
+        verify_snapshots(daemon, snaps, sectors, "origin delete cut before its mark")
+    hc = connect(daemon, clone["name"])
+    verify(hc, clone["model"], sectors, f"origin delete: clone {clone['name']} after kill -9")
+    close(hc)
+    print(f"{tag} origin delete {'returned' if result.get('ok') else 'cut by the kill'}: "
+          f"{vol} {'kept for its clone' if deleted else 'whole'}; {cload.acked} clone writes acknowledged, "
+          f"{inflight} in flight at the kill; the clone reads back", flush=True)
+    daemon.cli("volume", "delete", clone["name"])
+    if not deleted:
+        daemon.cli("volume", "delete", vol)
+    if listed_volume(daemon, vol) is not None:
+        raise Violation(f"{vol} is listed after its last clone's delete")
+    daemon.stop()
 
 
 if __name__ == "__main__":

@@ -152,12 +152,34 @@ impl<D: BlockDevice> Catalog<D> {
         let mut unavailable = BTreeMap::new();
         for rec in pool.meta().tiered.clone() {
             match log::open(&pool, &rec).await {
+                // An origin deleted for its clones whose last clone's delete a crash cut short.
+                Ok(v) if v.origin_deleted() && v.clones().is_empty() => {
+                    v.close().await;
+                    stria_tier::delete(&pool, &rec.name).await?;
+                    tracing::info!(volume = %rec.name, "finished deleting an origin whose last clone was deleted");
+                }
                 Ok(v) => drop(logs.insert(rec.name.clone(), v)),
                 Err(e) => {
                     tracing::error!(volume = %rec.name, error = %e, "volume unavailable; the rest of the pool is served");
                     unavailable.insert(rec.name.clone(), e.to_string());
                 }
             }
+        }
+        // Parts of a log-structured volume whose delete a crash cut short (the pool record went
+        // first, then the parts one by one).
+        let orphans: Vec<String> = {
+            let meta = pool.meta();
+            meta.volumes
+                .iter()
+                .filter(|v| {
+                    matches!(&v.role, VolumeRole::TierPart { tiered, .. } if !meta.tiered.iter().any(|t| &t.name == tiered))
+                })
+                .map(|v| v.name.clone())
+                .collect()
+        };
+        for part in orphans {
+            pool.delete_volume(&part).await?;
+            tracing::info!(part = %part, "finished deleting a part of a deleted log-structured volume");
         }
         let catalog = Catalog {
             pool,
@@ -182,8 +204,8 @@ impl<D: BlockDevice> Catalog<D> {
 
     /// The client-visible volume `name`, if there is one (parts are not).
     fn entry(&self, name: &str) -> Option<Entry<D>> {
-        if let Some(l) = self.logs.read().get(name) {
-            return Some(Entry::Log(Arc::clone(l)));
+        if let Some(l) = self.live_log(name) {
+            return Some(Entry::Log(l));
         }
         if let Some((lv, rec)) = self.clone_named(name) {
             return Some(Entry::Clone(lv, rec));
@@ -192,6 +214,11 @@ impl<D: BlockDevice> Catalog<D> {
             return None;
         }
         self.pool.volume(name).map(Entry::Plain)
+    }
+
+    /// Log-structured volume `name`, unless it was deleted and is kept for its clones.
+    fn live_log(&self, name: &str) -> Option<Arc<LogVolume<D>>> {
+        self.logs.read().get(name).filter(|l| !l.origin_deleted()).cloned()
     }
 
     /// The clone named `name` and the log-structured volume whose family it lives in.
@@ -229,7 +256,9 @@ impl<D: BlockDevice> Catalog<D> {
         let mut names: Vec<String> =
             meta.volumes.iter().filter(|v| v.role == VolumeRole::Plain).map(|v| v.name.clone()).collect();
         for lv in self.logs.read().values() {
-            names.push(lv.name().to_string());
+            if !lv.origin_deleted() {
+                names.push(lv.name().to_string());
+            }
             names.extend(lv.clones().into_iter().map(|c| c.name));
         }
         names.extend(self.unavailable.read().keys().cloned());
@@ -242,7 +271,7 @@ impl<D: BlockDevice> Catalog<D> {
     pub fn lookup(&self, name: &str) -> Option<Arc<dyn BlockVolume>> {
         let (volume, profile): (Arc<dyn BlockVolume>, CostProfile) =
             if let Some((vol, snap)) = name.split_once('@') {
-                let lv = self.logs.read().get(vol).cloned()?;
+                let lv = self.live_log(vol)?;
                 let id = lv.snapshots().into_iter().find(|s| s.name == snap)?.id;
                 let profile = log_profile(&lv);
                 (Arc::new(stria_tier::SnapshotVolume::new(lv, id, snap)), profile)
@@ -320,8 +349,27 @@ impl<D: BlockDevice> Catalog<D> {
         !matches!(self.entry(name), Some(Entry::Clone(..)))
     }
 
+    /// The clones log-structured volume `name` was deleted and is kept for, if it was.
+    pub fn kept_for_clones(&self, name: &str) -> Option<Vec<String>> {
+        let logs = self.logs.read();
+        let kept = logs.get(name).filter(|l| l.origin_deleted())?;
+        Some(kept.clones().into_iter().map(|c| c.name).collect())
+    }
+
+    /// Refuses the name of a log-structured volume deleted and kept for its clones.
+    fn check_not_kept(&self, name: &str) -> Result<(), CatalogError> {
+        if let Some(clones) = self.kept_for_clones(name) {
+            return Err(CatalogError::Invalid(format!(
+                "`{name}` was deleted and is kept, hidden, for its clones ({}): the name is free again once they are deleted",
+                clones.join(", ")
+            )));
+        }
+        Ok(())
+    }
+
     /// Refuses a new volume or clone name that a volume, a clone or a part has already.
     fn check_name_free(&self, name: &str) -> Result<(), CatalogError> {
+        self.check_not_kept(name)?;
         if self.entry(name).is_some()
             || self.pool.volume(name).is_some()
             || self.unavailable.read().contains_key(name)
@@ -351,6 +399,7 @@ impl<D: BlockDevice> Catalog<D> {
         if self.clone_named(&req.name).is_some() {
             return Err(CatalogError::Invalid(format!("a clone named `{}` exists", req.name)));
         }
+        self.check_not_kept(&req.name)?;
         let parsed = req.layout.parse::<LayoutSpec>();
         if is_log_layout(&req.layout) {
             let LayoutSpec::Log { data_shards, parity_shards, fast_tier } = parsed? else {
@@ -432,8 +481,7 @@ impl<D: BlockDevice> Catalog<D> {
         if self.clone_named(name).is_some() {
             return Err(CatalogError::Invalid("resizing a clone is not supported yet".into()));
         }
-        let log = self.logs.read().get(name).cloned();
-        if let Some(lv) = log {
+        if let Some(lv) = self.live_log(name) {
             lv.resize(size_bytes).await?;
             return self.show(name);
         }
@@ -451,24 +499,49 @@ impl<D: BlockDevice> Catalog<D> {
             return Ok(());
         }
         match self.entry_or_err(name)? {
+            // With clones: the origin is deleted, its snapshots too (those with clones are kept,
+            // hidden, for them), and its parts stay for the clones until the last one goes.
+            Entry::Log(lv) if !lv.clones().is_empty() => {
+                let (deleted, kept) = lv.delete_origin().await?;
+                tracing::info!(
+                    volume = name,
+                    ?deleted,
+                    ?kept,
+                    "volume deleted; its parts are kept for its clones"
+                );
+            }
             Entry::Log(lv) => {
-                let clones: Vec<String> = lv.clones().into_iter().map(|c| c.name).collect();
-                if !clones.is_empty() {
-                    return Err(CatalogError::Invalid(format!(
-                        "`{name}` has clones ({}); they live in its cache and segment space, so delete them first",
-                        clones.join(", ")
-                    )));
-                }
                 lv.close().await;
                 stria_tier::delete(&self.pool, name).await?;
                 self.logs.write().remove(name);
             }
             Entry::Plain(_) => self.pool.delete_volume(name).await?,
-            Entry::Clone(lv, _) => drop(lv.delete_clone(name).await?),
+            Entry::Clone(lv, _) => {
+                lv.delete_clone(name).await?;
+                self.delete_if_kept_for_none(&lv).await?;
+            }
         }
         if self.pool.meta().qos.contains_key(name) {
             self.pool.set_qos(name, QosSpec::default()).await?;
         }
+        Ok(())
+    }
+
+    /// Deletes the family of `lv` when its origin was deleted and its last clone is gone (a
+    /// crash before this finishes is finished at open).
+    async fn delete_if_kept_for_none(&self, lv: &Arc<LogVolume<D>>) -> Result<(), CatalogError> {
+        if !lv.origin_deleted() || !lv.clones().is_empty() {
+            return Ok(());
+        }
+        let name = lv.name().to_string();
+        let Some(lv) = self.logs.write().remove(&name) else { return Ok(()) };
+        lv.close().await;
+        if let Err(e) = stria_tier::delete(&self.pool, &name).await {
+            // Kept listed (as deleted, with no clones): the next open finishes the delete.
+            self.logs.write().insert(name, lv);
+            return Err(e.into());
+        }
+        tracing::info!(volume = %name, "deleted an origin's parts with its last clone");
         Ok(())
     }
 
@@ -513,10 +586,10 @@ impl<D: BlockDevice> Catalog<D> {
         if let Some(why) = self.unavailable.read().get(name) {
             return Err(unavailable(name, why));
         }
-        if let Some(lv) = self.logs.read().get(name) {
+        if let Some(lv) = self.live_log(name) {
             let snapshots =
                 lv.snapshots().iter().map(|r| SnapshotView::of(name, lv.size_bytes(), r)).collect();
-            let clones = lv.clones().iter().map(|c| clone_view(lv, c)).collect();
+            let clones = lv.clones().iter().map(|c| clone_view(&lv, c)).collect();
             let qos = self.qos_view(name);
             return Ok(VolumeView::Log(LogView {
                 status: lv.status(),

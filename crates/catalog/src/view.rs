@@ -50,6 +50,23 @@ impl StatusView {
         }
         for l in &self.log {
             let tiered = l.layout.starts_with("tiered:");
+            if l.deleted_for_clones {
+                let clones: Vec<&str> =
+                    self.clones.iter().filter(|c| c.origin == l.name).map(|c| c.name.as_str()).collect();
+                list.push(VolumeListEntry {
+                    kind: "deleted".into(),
+                    layout: Some(l.layout.clone()),
+                    size_bytes: Some(l.size_bytes),
+                    state: format!("{}, deleted (kept for {})", state_name(l.state), clones.join(", ")),
+                    parts: l.parts.iter().map(|p| p.volume.clone()).collect(),
+                    reason: Some(format!(
+                        "deleted; its cache and segment space are kept for its clones ({}) until the last is deleted",
+                        clones.join(", ")
+                    )),
+                    ..VolumeListEntry::named(&l.name)
+                });
+                continue;
+            }
             list.push(VolumeListEntry {
                 kind: if tiered { "tiered" } else { "log" }.into(),
                 layout: Some(l.layout.clone()),
@@ -95,7 +112,8 @@ impl StatusView {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeListEntry {
     pub name: String,
-    /// `plain`, `tiered`, `log`, `clone` or `unavailable`.
+    /// `plain`, `tiered`, `log`, `clone`, `unavailable`, or `deleted` (a log-structured volume
+    /// deleted while clones of its snapshots live: kept, not usable, until the last is deleted).
     pub kind: String,
     /// As given at create (`raid1:2`, `tiered:ec:4+2`); a clone's is its origin's. Absent when
     /// unavailable.
@@ -115,7 +133,7 @@ pub struct VolumeListEntry {
     /// A clone: the `VOLUME@SNAPSHOT` it was made of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<String>,
-    /// An unavailable volume: why it could not be opened.
+    /// An unavailable volume: why it could not be opened; a deleted one: what keeps it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }

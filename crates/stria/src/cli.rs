@@ -290,7 +290,9 @@ pub(crate) enum VolumeCmd {
         #[arg(long)]
         force: bool,
     },
-    /// Delete a volume and free its space.
+    /// Delete a volume and free its space. A tiered or log volume whose snapshots have clones
+    /// is deleted with its snapshots and kept, hidden, until its last clone is deleted (the
+    /// clones' data lives in its cache and segment space); its space comes back then.
     Delete {
         name: String,
         /// Delete even while NBD clients have the volume open (they are cut off).

@@ -314,7 +314,10 @@ pub(crate) async fn execute(
         Request::VolumeDelete { name, force } => {
             ctx.check_clients(&name, "deleting it", force)?;
             catalog.delete(&name).await?;
-            Ok(json!({ "deleted": name }))
+            match catalog.kept_for_clones(&name) {
+                Some(clones) => Ok(json!({ "deleted": name, "kept_for_clones": clones })),
+                None => Ok(json!({ "deleted": name })),
+            }
         }
         Request::VolumeImport { name, path } => transfer::import(catalog, &name, &path, progress).await,
         Request::VolumeExport { name, path, overwrite, skip_unreadable } => {

@@ -237,6 +237,103 @@ async fn a_rollback_reads_as_the_snapshot_and_one_the_power_cut_is_finished_at_o
     assert!(finished_at_open > 0 && not_begun > 0, "cuts landed before and after the rollback's mark");
 }
 
+/// Writes `n` random blocks from block `from` of the head, durably, and into `head`, its model.
+async fn overwrite(vol: &LogVolume<Dev>, head: &mut [u8], rng: &mut ChaCha8Rng, from: u64, n: u64) {
+    let new = random_bytes(rng, (n * 4096) as usize);
+    head[(from * 4096) as usize..((from + n) * 4096) as usize].copy_from_slice(&new);
+    vol.write(from * 4096, IoBytes::copy_from(&new), true).await.unwrap();
+}
+
+/// Deleting an origin whose snapshots have clones (issue 39): its head takes no more writes and
+/// keeps what it held (the kept snapshot reads through it), its snapshots go (the clone's parent
+/// is kept, hidden), and the clone reads and writes as before, through reopens. A power cut
+/// anywhere in the delete leaves it finished at open (the mark was durable) or not begun (every
+/// snapshot still there).
+#[tokio::test]
+async fn an_origin_deleted_for_its_clone_keeps_the_clone_and_a_cut_delete_is_finished_at_open() {
+    const BLOCKS: u64 = 1024; // 4 MiB: 5 map pages
+    let block = |b: u64| (b * 4096) as usize;
+    let (mut finished_at_open, mut not_begun) = (0, 0);
+    for cut in [None, Some(0), Some(2), Some(5), Some(10), Some(20), Some(40), Some(80), Some(160)] {
+        let switch = PowerSwitch::new();
+        let devs = drives(&switch, 12);
+        let pool = create_pool(&devs).await;
+        let vol = log::create(&pool, small_spec(BLOCKS * 4096, 40 * 124 * 4096)).await.unwrap();
+        let mut rng = rng(12);
+        let mut head = random_bytes(&mut rng, block(BLOCKS));
+        vol.write(0, IoBytes::copy_from(&head), true).await.unwrap();
+        vol.create_snapshot("s1").await.unwrap();
+        overwrite(&vol, &mut head, &mut rng, 0, 300).await;
+        vol.create_snapshot("s2").await.unwrap();
+        let s2 = head.clone();
+        overwrite(&vol, &mut head, &mut rng, 100, 64).await;
+        vol.create_snapshot("s3").await.unwrap();
+        overwrite(&vol, &mut head, &mut rng, 500, 10).await;
+        let k = vol.create_clone("s2", "k").await.unwrap().id;
+        let mut clone = s2.clone();
+        let new = random_bytes(&mut rng, block(20));
+        vol.write_to(k, block(700) as u64, IoBytes::copy_from(&new)).await.unwrap();
+        clone[block(700)..block(720)].copy_from_slice(&new);
+        let what = format!("origin delete cut after {cut:?} requests");
+        let (devs, pool, vol) = match cut {
+            None => {
+                let (deleted, kept) = vol.delete_origin().await.unwrap();
+                assert_eq!((deleted, kept), (vec!["s1".to_string(), "s3".into()], vec!["s2".to_string()]));
+                (devs, pool, vol)
+            }
+            Some(n) => {
+                switch.trip_after_ops(n);
+                let returned = vol.delete_origin().await.is_ok();
+                let (devs, _switch, pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, n).await;
+                if vol.origin_deleted() {
+                    finished_at_open += u32::from(!returned);
+                } else {
+                    assert!(!returned, "{what}: the delete returned and the origin is back");
+                    let names: Vec<String> = vol.snapshots().into_iter().map(|s| s.name).collect();
+                    assert_eq!(names, ["s1", "s2", "s3"], "{what}: a delete that never began took snapshots");
+                    not_begun += 1;
+                    vol.delete_origin().await.unwrap();
+                }
+                (devs, pool, vol)
+            }
+        };
+        assert!(vol.origin_deleted() && vol.snapshots().is_empty(), "{what}: deleted, with its snapshots");
+        assert_eq!(vol.clones().iter().map(|c| c.id).collect::<Vec<_>>(), [k], "{what}: the clone lives");
+        assert!(read_all(&vol, BLOCKS).await == head, "{what}: the head keeps what it held");
+        assert!(vol.read_snapshot(k, 0, block(BLOCKS)).await.unwrap().to_vec() == clone, "{what}: the clone");
+        // The head takes nothing more; the family's other operations on it are refused.
+        let one = IoBytes::copy_from(&[7u8; 4096]);
+        assert!(
+            matches!(vol.write(0, one.clone(), true).await, Err(VolumeError::Closed(_))),
+            "{what}: write"
+        );
+        assert!(matches!(vol.trim(0, 4096).await, Err(VolumeError::Closed(_))), "{what}: trim");
+        assert!(
+            matches!(vol.write_zeroes(0, 4096, false).await, Err(VolumeError::Closed(_))),
+            "{what}: zeroes"
+        );
+        assert!(vol.create_snapshot("s4").await.is_err(), "{what}: a snapshot of a deleted origin");
+        assert!(vol.resize(BLOCKS * 8192).await.is_err(), "{what}: a resize of a deleted origin");
+        // The clone goes on: written, through a reopen, then deleted.
+        vol.write_to(k, 0, one).await.unwrap();
+        clone[..4096].fill(7);
+        vol.close().await;
+        drop(vol);
+        let vol = open_log(&pool).await.unwrap();
+        assert!(vol.origin_deleted(), "{what}: still deleted after a reopen");
+        assert!(read_all(&vol, BLOCKS).await == head, "{what}: the head after a reopen");
+        assert!(
+            vol.read_snapshot(k, 0, block(BLOCKS)).await.unwrap().to_vec() == clone,
+            "{what}: the clone after"
+        );
+        vol.delete_clone("k").await.unwrap();
+        assert!(vol.clones().is_empty() && vol.origin_deleted(), "{what}: left for its parts' delete");
+        vol.close().await;
+        drop(devs);
+    }
+    assert!(finished_at_open > 0 && not_begun > 0, "cuts landed before and after the delete's mark");
+}
+
 #[tokio::test]
 async fn a_page_pool_that_cannot_grow_refuses_clones_and_clone_writes_and_loses_nothing() {
     let switch = PowerSwitch::new();
@@ -948,6 +1045,9 @@ struct Sim {
     /// The volume's size, and the size of a resize a cut may have cut short.
     size: u64,
     resizing: Option<u64>,
+    /// The origin's delete (it had clones) began, and whether it returned: its head then takes
+    /// no writes and keeps what it held, its snapshots are gone (kept, hidden, for clones).
+    origin_delete: Option<bool>,
 }
 
 /// A clone the simulation made (or began to make).
@@ -989,8 +1089,12 @@ async fn run_writers(
     seed: u64,
     skip: Option<usize>,
 ) {
-    let mut all: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>>> =
-        vec![Box::pin(sim_writer(vol, t, seed, 0)), Box::pin(sim_writer(vol, t, seed, 1))];
+    let mut all: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>>> = Vec::new();
+    // A deleted origin's head takes no writes (those racing its delete fail, changing nothing).
+    if !vol.origin_deleted() {
+        all.push(Box::pin(sim_writer(vol, t, seed, 0)));
+        all.push(Box::pin(sim_writer(vol, t, seed, 1)));
+    }
     for (k, (layer, ct)) in clones.iter().enumerate() {
         if let (Some(layer), false) = (layer, skip == Some(k)) {
             all.push(Box::pin(layer_writer(vol, *layer, ct, seed + 97 * (k as u64 + 1), k % WRITERS)));
@@ -1211,6 +1315,7 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
         verbose,
         size: SIM_BLOCKS as u64 * 4096,
         resizing: None,
+        origin_delete: None,
     };
     let mut clones_made = 0;
     let mut snapshots_checked = 0;
@@ -1277,6 +1382,21 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
             ));
         }
         (sim.size, sim.resizing) = (size, None);
+        match (sim.origin_delete, vol.origin_deleted()) {
+            (Some(true), false) => {
+                sim.fail(format!("cycle {cycle}: the origin's delete returned and it is back"))
+            }
+            (None, true) => sim.fail(format!("cycle {cycle}: the origin is deleted and no delete began")),
+            (_, true) if !vol.snapshots().is_empty() => {
+                sim.fail(format!("cycle {cycle}: the origin is deleted and its snapshots are not"))
+            }
+            (cut, deleted) => {
+                if cut == Some(false) && deleted {
+                    ORIGIN_DELETES_FINISHED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                sim.origin_delete = deleted.then_some(true);
+            }
+        }
         if cycle > 0 {
             snapshots_checked += verify_snapshots(&mut sim, &vol, &format!("cycle {cycle} after boot")).await;
             let n = verify_clones(&mut sim, &vol, &format!("cycle {cycle} after boot")).await;
@@ -1306,6 +1426,7 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
         let seed_c = seed * 1000 + cycle;
         run_writers(&vol, &tracker, &work, seed_c, None).await;
         if sim.rng.random_bool(0.3)
+            && sim.origin_delete.is_none()
             && settle_live(&mut sim, &vol, &tracker, cycle).await
             && settle_clones(&sim, &vol, &work, cycle).await
         {
@@ -1335,6 +1456,7 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
         }
         if layered
             && sim.snaps.len() < 8
+            && sim.origin_delete.is_none()
             && settle_live(&mut sim, &vol, &tracker, cycle).await
             && settle_clones(&sim, &vol, &work, cycle).await
         {
@@ -1443,7 +1565,53 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
                 sim.snaps.retain(|s| s.0 != name);
             }
         }
-        if layered && sim.snaps.last().is_some_and(|s| s.2) && sim.rng.random_bool(0.25) {
+        if layered
+            && sim.origin_delete.is_none()
+            && vol.clones().is_empty()
+            && !vol.snapshots().is_empty()
+            && sim.rng.random_bool(0.15)
+        {
+            // No clone lives (none made, or all deleted): nothing to keep the origin for; the
+            // delete is refused and changes nothing.
+            let refused = vol.delete_origin().await;
+            if refused.is_ok() || vol.origin_deleted() {
+                sim.fail(format!("cycle {cycle}: an origin without clones was deleted and kept"));
+            }
+        }
+        if layered
+            && sim.origin_delete.is_none()
+            && work.iter().any(|w| w.0.is_some())
+            && sim.rng.random_bool(0.3)
+            && settle_live(&mut sim, &vol, &tracker, cycle).await
+            && settle_clones(&sim, &vol, &work, cycle).await
+        {
+            // The origin's delete while its head and clones are written: the head then takes no
+            // writes and keeps what it held (the hidden snapshots read through it), its snapshots
+            // go; one the power cut is finished at the next open, or never began.
+            for s in &mut sim.snaps {
+                s.2 = false;
+            }
+            sim.origin_delete = Some(false);
+            let (deleted, ()) =
+                tokio::join!(vol.delete_origin(), run_writers(&vol, &tracker, &work, seed_c + 950, None));
+            sim.note(format!(
+                "  delete the origin: {}",
+                deleted.as_ref().map_or_else(|e| e.to_string(), |d| format!("{d:?}"))
+            ));
+            if deleted.is_ok() {
+                ORIGIN_DELETES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                sim.origin_delete = Some(true);
+                sim.snaps.clear();
+                if !vol.snapshots().is_empty() {
+                    sim.fail(format!("cycle {cycle}: the origin's delete returned and left snapshots"));
+                }
+            }
+        }
+        if layered
+            && sim.origin_delete.is_none()
+            && sim.snaps.last().is_some_and(|s| s.2)
+            && sim.rng.random_bool(0.25)
+        {
             // A rollback to the newest snapshot between phases: the volume then reads as the
             // snapshot. One the power cut is finished at the next open, or never began: each
             // block reads as either.
@@ -1508,6 +1676,9 @@ static SNAPSHOT_ROLLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::Ato
 /// Clone checks after a boot, and clone deletes that returned.
 static CLONE_CHECKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static CLONE_DELETES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Deletes of an origin with clones that returned, and that a cut left to open to finish.
+static ORIGIN_DELETES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static ORIGIN_DELETES_FINISHED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 #[tokio::test(start_paused = true)]
 async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_no_write() {
@@ -1526,13 +1697,15 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
     }
     eprintln!(
         "{n} seeds: {} opens from the segment table, {} by a map scan; {given_back} segments given back; \
-         {snapshots} snapshot checks after a boot, {} snapshot deletes, {} rollbacks; {} clone checks after a boot, {} clone deletes; {} resizes",
+         {snapshots} snapshot checks after a boot, {} snapshot deletes, {} rollbacks; {} clone checks after a boot, {} clone deletes; {} deletes of an origin with clones (and {} a cut left to open); {} resizes",
         opens.0,
         opens.1,
         deletes(),
         SNAPSHOT_ROLLBACKS.load(std::sync::atomic::Ordering::Relaxed),
         CLONE_CHECKS.load(std::sync::atomic::Ordering::Relaxed),
         CLONE_DELETES.load(std::sync::atomic::Ordering::Relaxed),
+        ORIGIN_DELETES.load(std::sync::atomic::Ordering::Relaxed),
+        ORIGIN_DELETES_FINISHED.load(std::sync::atomic::Ordering::Relaxed),
         RESIZES.load(std::sync::atomic::Ordering::Relaxed)
     );
     if n >= 20 {
@@ -1552,6 +1725,10 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
             CLONE_CHECKS.load(std::sync::atomic::Ordering::Relaxed) > 0
                 && CLONE_DELETES.load(std::sync::atomic::Ordering::Relaxed) > 0,
             "clones were written, checked after cuts and deleted"
+        );
+        assert!(
+            ORIGIN_DELETES.load(std::sync::atomic::Ordering::Relaxed) > 0,
+            "origins with clones were deleted amid writes and cuts"
         );
     }
 }

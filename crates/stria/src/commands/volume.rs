@@ -68,8 +68,17 @@ pub(super) async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
             Ok(())
         }
         VolumeCmd::Delete { name, force } => {
-            request(dir, Request::VolumeDelete { name: name.clone(), force }).await?;
-            outln!("deleted volume {name}");
+            let v = request(dir, Request::VolumeDelete { name: name.clone(), force }).await?;
+            match v["kept_for_clones"].as_array() {
+                Some(clones) => {
+                    let clones: Vec<&str> = clones.iter().filter_map(|c| c.as_str()).collect();
+                    outln!(
+                        "deleted volume {name}; its cache and segment space are kept for its clones ({}) until the last of them is deleted",
+                        clones.join(", ")
+                    );
+                }
+                None => outln!("deleted volume {name}"),
+            }
             Ok(())
         }
         VolumeCmd::Clone { source, name, json } => {

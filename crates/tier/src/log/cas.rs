@@ -46,6 +46,7 @@ impl<D: BlockDevice> LogVolume<D> {
             return Ok(());
         }
         let _write = self.gates.writes.read().await;
+        self.check_layer_takes_writes(layer)?;
         let span = Span::new(offset_bytes, len);
         let _range = self.gates.ranges.exclusive(span.first, span.end).await;
         let view = (layer != HEAD).then_some(layer);

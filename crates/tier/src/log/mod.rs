@@ -398,6 +398,16 @@ impl<D: BlockDevice> LogVolume<D> {
         self.map.layer_record(layer).map_or_else(|| self.size_bytes(), |r| r.logical_bytes)
     }
 
+    /// Refuses writes to the head of an origin deleted while clones live (kept, hidden, for
+    /// them). Called with the writes gate held, so that none passes it once the delete marked
+    /// the head (the delete takes the gate alone to mark it).
+    fn check_layer_takes_writes(&self, layer: u16) -> Result<(), VolumeError> {
+        if layer == HEAD && self.map.head_deleted() {
+            return Err(VolumeError::Closed(self.name.clone()));
+        }
+        Ok(())
+    }
+
     fn check_writable(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), VolumeError> {
         match &*self.health.failure.lock() {
             None => Ok(()),

@@ -352,6 +352,13 @@ pub async fn open<D: BlockDevice>(
     if finished > 0 {
         tracing::info!(volume = %rec.name, finished, "finished snapshot deletes a crash interrupted");
     }
+    if vol.map.head_deleted() && !vol.map.snapshots().is_empty() {
+        let (deleted, _) = vol
+            .delete_origin_snapshots()
+            .await
+            .map_err(|e| corrupt(format!("finishing the delete of the origin: {e}")))?;
+        tracing::info!(volume = %rec.name, ?deleted, "finished the delete of an origin a crash interrupted");
+    }
     if header.volume_bytes != rec.size_bytes {
         // A resize wrote its header and crashed before the pool record followed.
         tracing::warn!(

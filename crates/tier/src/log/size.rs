@@ -28,6 +28,12 @@ impl<D: BlockDevice> LogVolume<D> {
         let new_bytes = new_bytes.next_multiple_of(BLOCK_BYTES);
         stria_engine::check_volume_size(new_bytes)?;
         let _one = self.gates.snapshot_ops.lock().await;
+        if self.origin_deleted() {
+            return Err(TierError::Invalid(format!(
+                "{} was deleted (it is kept only for its clones)",
+                self.name
+            )));
+        }
         self.check_writable(0, 0)?;
         let old_bytes = self.size_bytes();
         if new_bytes == old_bytes {

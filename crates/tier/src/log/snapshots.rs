@@ -26,6 +26,9 @@ impl<D: BlockDevice> LogVolume<D> {
         }
         self.check_writable(0, self.size_bytes())?;
         let _one = self.gates.snapshot_ops.lock().await;
+        if self.origin_deleted() {
+            return Err(refuse("the volume was deleted (it is kept only for its clones)".into()));
+        }
         let _drained = self.gates.writes.write().await;
         let record = self.new_record(name, LayerKind::Snapshot);
         let head = LayerRecord::named(&self.name, LayerKind::Head, self.size_bytes());
@@ -65,14 +68,61 @@ impl<D: BlockDevice> LogVolume<D> {
         let Some(snap) = self.map.snapshots().into_iter().find(|s| s.name == name) else {
             return Err(TierError::Invalid(format!("{} has no snapshot {name:?}", self.name)));
         };
+        self.delete_snapshot_held(&snap).await
+    }
+
+    /// [`Self::delete_snapshot`] of `snap`, the caller holding `snapshot_ops`.
+    async fn delete_snapshot_held(&self, snap: &LayerRecord) -> Result<DeleteStats, TierError> {
         self.check_writable(0, self.size_bytes())?;
+        let name = &snap.name;
         let stats = self
             .map
             .delete_snapshot(snap.id, |freed| self.free_places(freed))
             .await
             .map_err(|e| self.layer_op_error(&format!("deleting snapshot {name:?}"), e))?;
-        tracing::info!(volume = %self.name, snapshot = name, ?stats, "snapshot deleted");
+        tracing::info!(volume = %self.name, snapshot = %name, ?stats, "snapshot deleted");
         Ok(stats)
+    }
+
+    /// Whether the origin was deleted while clones lived ([`Self::delete_origin`]): its head
+    /// takes no writes and the family is kept, hidden, until its last clone is deleted.
+    pub fn origin_deleted(&self) -> bool {
+        self.map.head_deleted()
+    }
+
+    /// Deletes the origin of a family whose snapshots have clones (docs/design/snapshots.md,
+    /// "Deleting an origin that has clones"): its head is marked deleted, durably, and takes no
+    /// more writes (those in flight finish first); then each of its snapshots is deleted, oldest
+    /// first: one with clones is kept, hidden, for them, as `snapshot delete` keeps it. The
+    /// family (cache, segment space, map) stays for the clones; the caller deletes it with the
+    /// last clone. A crash after the mark leaves open to delete the snapshots. Returns the
+    /// snapshots deleted and those kept for clones.
+    pub async fn delete_origin(&self) -> Result<(Vec<String>, Vec<String>), TierError> {
+        let _one = self.gates.snapshot_ops.lock().await;
+        if self.map.clones().is_empty() {
+            return Err(TierError::Invalid(format!(
+                "{} has no clones: it is deleted with its parts, not kept",
+                self.name
+            )));
+        }
+        self.check_writable(0, self.size_bytes())?;
+        {
+            let _drained = self.gates.writes.write().await;
+            self.map.mark_head_deleted().await.map_err(|e| self.layer_op_error("deleting the origin", e))?;
+        }
+        tracing::info!(volume = %self.name, "origin deleted; kept, hidden, for its clones");
+        self.delete_origin_snapshots().await
+    }
+
+    /// Deletes every snapshot of a deleted origin, oldest first (the caller holds
+    /// `snapshot_ops`, or the volume is being opened).
+    pub(super) async fn delete_origin_snapshots(&self) -> Result<(Vec<String>, Vec<String>), TierError> {
+        let (mut deleted, mut kept) = (Vec::new(), Vec::new());
+        for snap in self.map.snapshots() {
+            let stats = self.delete_snapshot_held(&snap).await?;
+            if stats.kept_for_clones { &mut kept } else { &mut deleted }.push(snap.name);
+        }
+        Ok((deleted, kept))
     }
 
     /// The error of a snapshot or clone operation `what`: a refusal (nothing changed) for what

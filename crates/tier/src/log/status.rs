@@ -55,6 +55,10 @@ pub struct LogStatus {
     /// redundancy state (`healthy, full`).
     #[serde(default)]
     pub full: bool,
+    /// The volume was deleted while clones of its snapshots lived: it takes no I/O and is not
+    /// listed as a volume; its parts stay for the clones until the last one is deleted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleted_for_clones: bool,
     pub write_amplification_fast: Option<f64>,
     pub write_amplification_capacity: Option<f64>,
     pub parts: Vec<PartStatus>,
@@ -107,6 +111,7 @@ impl<D: BlockDevice> LogVolume<D> {
             snapshot_pool_pages_used: u64::from(self.map.pool_pages().0),
             snapshot_pool_pages: u64::from(self.map.pool_pages().1),
             full: no_space.is_some(),
+            deleted_for_clones: self.origin_deleted(),
             no_space,
             write_amplification_fast: per_host_byte(fast_written),
             write_amplification_capacity: per_host_byte(parts[2].member_write_bytes),

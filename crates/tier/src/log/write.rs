@@ -32,6 +32,7 @@ impl<D: BlockDevice> LogVolume<D> {
             return Ok(());
         }
         let _write = self.gates.writes.read().await;
+        self.check_layer_takes_writes(layer)?;
         let span = Span::new(offset_bytes, len);
         // Kept out of the range of a compare and write (see `ranges`), from the edge reads on.
         let _range = self.gates.ranges.shared(span.first, span.end).await;
@@ -170,6 +171,7 @@ impl<D: BlockDevice> LogVolume<D> {
         }
         if let Some((first, n)) = split.cheap_blocks() {
             let _write = self.gates.writes.read().await;
+            self.check_layer_takes_writes(layer)?;
             self.set_places(layer, first, n, Place::Zero).await?;
         }
         for edge in [split.head, split.tail] {
@@ -190,6 +192,7 @@ impl<D: BlockDevice> LogVolume<D> {
         self.check_range_of(layer, offset_bytes, len_bytes)?;
         if let Some((first, n)) = ZeroSplit::new(offset_bytes, len_bytes, BLOCK_BYTES).cheap_blocks() {
             let _write = self.gates.writes.read().await;
+            self.check_layer_takes_writes(layer)?;
             self.set_places(layer, first, n, Place::Unallocated).await?;
         }
         Ok(())

@@ -100,6 +100,32 @@ impl<D: BlockDevice> MapStore<D> {
         self.hand_on(layer, &mut on_free).await
     }
 
+    /// Whether the origin's head was deleted while clones lived: it is kept, hidden, for them
+    /// (their parent snapshots read through it) until the last one is deleted.
+    pub fn head_deleted(&self) -> bool {
+        self.snap.layers.lock().head.as_ref().is_some_and(|h| h.hidden)
+    }
+
+    /// Marks the origin's head deleted, durably (docs/design/snapshots.md, "Deleting an origin
+    /// that has clones"): from here on it takes no writes and is not shown, and open deletes
+    /// its snapshots if a crash cut the delete short. Refused without a live clone (then the
+    /// whole family is deleted instead) or with a rollback unfinished.
+    pub async fn mark_head_deleted(&self) -> Result<(), MapError> {
+        {
+            let mut l = self.snap.layers.lock();
+            if l.clones.iter().all(|c| c.record.hidden) {
+                return Err(layers_error("the volume has no clones"));
+            }
+            let head = l.head.as_mut().ok_or_else(|| layers_error("the volume has no snapshot"))?;
+            if head.rollback_to != 0 {
+                return Err(layers_error("a rollback has not finished"));
+            }
+            head.hidden = true;
+            l.records_dirty = true;
+        }
+        self.checkpoint().await
+    }
+
     /// Finishes the deletes a crash cut short (at open, before the map is used).
     pub async fn finish_deletes(
         &self,
