@@ -408,7 +408,6 @@ fn cli_output_matches_the_golden_files() {
     check("mistake_clone_plain", &["volume", "clone", "r1@s1", "x"], 1);
     check("mistake_clone_name_taken", &["volume", "clone", "tv@s1", "r1"], 1);
     check("mistake_clone_bad_name", &["volume", "clone", "tv@s1", "no/slash"], 1);
-    check("mistake_delete_with_clone", &["volume", "delete", "tv"], 1);
     check("mistake_snapshot_of_clone", &["snapshot", "create", "tvc", "s"], 1);
     check("snapshot_delete_kept_for_clone", &["snapshot", "delete", "tv", "s1"], 0);
     check("volume_list_with_clone", &["volume", "list"], 0);
@@ -464,6 +463,22 @@ fn cli_output_matches_the_golden_files() {
     check("drive_list_after_remove", &["drive", "list"], 0);
     check("pool_rebalance", &["pool", "rebalance"], 0);
     check("drive_list_after_rebalance", &["drive", "list"], 0);
+
+    // A tiered volume whose snapshot has a clone is deleted for the user and kept, hidden, for
+    // the clone; the clone's delete takes it.
+    check("snapshot_create_for_clone", &["snapshot", "create", "tv", "s2"], 0);
+    check("volume_clone_for_origin_delete", &["volume", "clone", "tv@s2", "tvk"], 0);
+    check("volume_delete_origin_with_clone", &["volume", "delete", "tv"], 0);
+    check("volume_list_origin_kept_for_clone", &["volume", "list"], 0);
+    check(
+        "mistake_reuse_kept_origin_name",
+        &["volume", "create", "tv", "--size", "16M", "--layout", "raid1"],
+        1,
+    );
+    check("mistake_show_deleted_origin", &["volume", "show", "tv"], 1);
+    check("mistake_snapshot_of_deleted_origin", &["snapshot", "create", "tv", "s3"], 1);
+    check("volume_delete_last_clone", &["volume", "delete", "tvk"], 0);
+    check("volume_list_after_last_clone", &["volume", "list"], 0);
 
     // A directory without a pool.
     let empty = Stria::new();
