@@ -155,8 +155,15 @@ impl<D: BlockDevice> Catalog<D> {
                 // An origin deleted for its clones whose last clone's delete a crash cut short.
                 Ok(v) if v.origin_deleted() && v.clones().is_empty() => {
                     v.close().await;
-                    stria_tier::delete(&pool, &rec.name).await?;
-                    tracing::info!(volume = %rec.name, "finished deleting an origin whose last clone was deleted");
+                    match stria_tier::delete(&pool, &rec.name).await {
+                        Ok(()) => {
+                            tracing::info!(volume = %rec.name, "finished deleting an origin whose last clone was deleted")
+                        }
+                        // The rest of the pool still opens; the next open tries again.
+                        Err(e) => {
+                            tracing::warn!(volume = %rec.name, error = %e, "could not finish deleting an origin whose last clone was deleted")
+                        }
+                    }
                 }
                 Ok(v) => drop(logs.insert(rec.name.clone(), v)),
                 Err(e) => {
@@ -178,8 +185,15 @@ impl<D: BlockDevice> Catalog<D> {
                 .collect()
         };
         for part in orphans {
-            pool.delete_volume(&part).await?;
-            tracing::info!(part = %part, "finished deleting a part of a deleted log-structured volume");
+            match pool.delete_volume(&part).await {
+                Ok(()) => {
+                    tracing::info!(part = %part, "finished deleting a part of a deleted log-structured volume")
+                }
+                // The rest of the pool still opens; the next open tries again.
+                Err(e) => {
+                    tracing::warn!(part = %part, error = %e, "could not finish deleting a part of a deleted log-structured volume")
+                }
+            }
         }
         let catalog = Catalog {
             pool,
