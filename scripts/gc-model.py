@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""A model of a log-structured volume's write cache and segment GC, for choosing a GC policy
+before building one (issue 39: "GC that knows temperature"). Not stria: a few hundred lines
+of stria's log (docs/design/log-structured-volumes.md) reduced to what decides the bytes GC
+moves. Blocks are 1 unit; the write cache is a FIFO in which a rewrite of a cached block replaces
+it (the ring); destage takes the oldest cached block into a stream's open segment; segments hold
+`--segment` blocks; GC runs when fewer than 3 segments are free and moves a victim's live blocks
+into a GC stream. Printed: destaged and GC-moved blocks per host write in the measured phase
+(one volume's worth of writes after a sequential fill and `--warm` volumes' worth); stria's
+capacity bytes per host byte are about 1.5x the total for ec:4+2.
+
+Streams (`--modes`):
+  base    one host stream, one GC stream (what stria does)
+  sep     host writes split hot/cold by the rewrite interval of the version they replace
+          (shorter than the running mean: hot), one GC stream
+  chain   as sep, and GC survivors go one generation older (hot -> g1, cold/g1 -> g2, g2 -> g3)
+  oracle  as chain, hot/cold told by the workload's true hot set (80/20 only)
+Victims (`--policies`): greedy (fewest live blocks), cost-benefit (LFS's (1-u)*age/(1+u), age of a
+segment = host writes since the newest block it holds was written).
+
+Usage: scripts/gc-model.py --workload 80/20 --fill 0.8 --modes base,chain --policies greedy,cost-benefit
+(64 Ki blocks: about a minute per run on one core).
+"""
+import argparse
+import bisect
+import random
+from collections import OrderedDict
+
+
+def picker(workload, n, rng):
+    """Draws block numbers: uniform, 80/20 (80 % of writes to a scattered 20 %), or Zipf 1.1."""
+    perm = list(range(n))
+    rng.shuffle(perm)
+    hot = set(perm[: n // 5])
+    if workload == "uniform":
+        return (lambda: rng.randrange(n)), hot
+    if workload == "80/20":
+        h = n // 5
+        return (lambda: perm[rng.randrange(h)] if rng.random() < 0.8 else perm[h + rng.randrange(n - h)]), hot
+    cdf, acc = [], 0.0
+    for r in range(1, n + 1):
+        acc += r ** -1.1
+        cdf.append(acc)
+    cdf = [c / acc for c in cdf]
+    return (lambda: perm[min(bisect.bisect_left(cdf, rng.random()), n - 1)]), hot
+
+
+def run(workload, fill, mode, policy, n, seg, cache, warm, seed):
+    draw, hot = picker(workload, n, random.Random(seed))
+    segments = int(n / fill / seg)
+    live = [0] * segments
+    blocks = [[] for _ in range(segments)]  # blocks written into each segment (some dead since)
+    newest = [0] * segments  # host write clock of the newest block a segment holds
+    stream_of = [None] * segments
+    free = list(range(segments))
+    home = {}  # block -> segment
+    open_seg = {}  # stream -> segment
+    cached = OrderedDict()  # block -> rewrite interval of the version it replaced
+    last = {}  # block -> host write clock of its current version
+    clock, mean = [0], [float(n)]
+    moved, destaged = [0], [0]
+
+    def append(stream, b):
+        s = open_seg.get(stream)
+        if s is None:
+            s = free.pop(0)
+            blocks[s], newest[s], stream_of[s] = [], 0, stream
+            open_seg[stream] = s
+        old = home.get(b)
+        if old is not None:
+            live[old] -= 1
+            if live[old] == 0 and old not in open_seg.values():
+                free.append(old)
+        blocks[s].append(b)
+        home[b] = s
+        live[s] += 1
+        newest[s] = max(newest[s], last[b])
+        if len(blocks[s]) == seg:
+            del open_seg[stream]
+
+    def victim():
+        sealed = [s for s in range(segments) if s not in free and s not in open_seg.values()]
+        if policy == "greedy":
+            return min(sealed, key=lambda s: live[s])
+        return max(sealed, key=lambda s: (seg - live[s]) * (clock[0] - newest[s] + 1) / (seg + live[s]))
+
+    def gc():
+        while len(free) < 3:
+            v = victim()
+            for b in list(blocks[v]):
+                if home.get(b) == v:
+                    if mode in ("chain", "oracle"):
+                        to = {"hot": "g1", "cold": "g2", "g1": "g2", "g2": "g3", "g3": "g3"}[stream_of[v]]
+                    else:
+                        to = "gc"
+                    append(to, b)
+                    moved[0] += 1
+
+    def destage():
+        b, interval = cached.popitem(last=False)
+        if mode == "base":
+            stream = "host"
+        elif mode == "oracle":
+            stream = "hot" if b in hot else "cold"
+        else:
+            stream = "hot" if interval < mean[0] else "cold"
+        if len(free) < 3:
+            gc()
+        append(stream, b)
+        destaged[0] += 1
+
+    def write(b):
+        clock[0] += 1
+        prev = last.get(b)
+        interval = clock[0] - prev if prev is not None else float("inf")
+        if prev is not None:
+            mean[0] += (interval - mean[0]) / 4096
+        last[b] = clock[0]
+        cached.pop(b, None)
+        cached[b] = interval
+        while len(cached) > cache:
+            destage()
+
+    for b in range(n):
+        write(b)
+    for _ in range(int(warm * n)):
+        write(draw())
+    d0, m0 = destaged[0], moved[0]
+    for _ in range(n):
+        write(draw())
+    return (destaged[0] - d0) / n, (moved[0] - m0) / n
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", default="80/20", choices=["uniform", "80/20", "zipf"])
+    ap.add_argument("--fill", type=float, default=0.8)
+    ap.add_argument("--modes", default="base,chain")
+    ap.add_argument("--policies", default="greedy,cost-benefit")
+    ap.add_argument("--blocks", type=int, default=65536)
+    ap.add_argument("--segment", type=int, default=1024)
+    ap.add_argument("--cache", type=int, default=4096)
+    ap.add_argument("--warm", type=float, default=2.0)
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    for mode in a.modes.split(","):
+        for policy in a.policies.split(","):
+            d, m = run(a.workload, a.fill, mode, policy, a.blocks, a.segment, a.cache, a.warm, a.seed)
+            print(f"{a.workload} fill {a.fill} {mode:6} {policy:12}: destaged {d:.3f}, GC moved {m:.3f}, "
+                  f"total {d + m:.3f} per host write", flush=True)
+
+
+if __name__ == "__main__":
+    main()
