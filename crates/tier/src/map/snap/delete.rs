@@ -103,7 +103,7 @@ impl<D: BlockDevice> MapStore<D> {
     /// Whether the origin's head was deleted while clones lived: it is kept, hidden, for them
     /// (their parent snapshots read through it) until the last one is deleted.
     pub fn head_deleted(&self) -> bool {
-        self.snap.layers.lock().head.as_ref().is_some_and(|h| h.hidden)
+        self.snap.head_deleted.load(SeqCst)
     }
 
     /// Marks the origin's head deleted, durably (docs/design/snapshots.md, "Deleting an origin
@@ -122,6 +122,7 @@ impl<D: BlockDevice> MapStore<D> {
             }
             head.hidden = true;
             l.records_dirty = true;
+            self.snap.head_deleted.store(true, SeqCst);
         }
         self.checkpoint().await
     }

@@ -2,6 +2,7 @@
 //! pool pages an update or a read needs (cached in the map's caches).
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering::SeqCst;
 
 use stria_dev::{BLOCK_USIZE, BlockDevice};
 use stria_engine::pagecache::Slot;
@@ -77,6 +78,7 @@ impl<D: BlockDevice> MapStore<D> {
         }
         let next_id = snaps.iter().chain(&clones).map(|s| s.record.id).max().unwrap_or(HEAD_LAYER) + 1;
         let mut l = self.snap.layers.lock();
+        self.snap.head_deleted.store(head.as_ref().is_some_and(|h| h.hidden), SeqCst);
         *l = Layers { head, snaps, clones, pool, records_dirty: false, next_id };
         Ok(())
     }

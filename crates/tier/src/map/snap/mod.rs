@@ -151,6 +151,9 @@ pub(super) struct SnapState {
     preserved: parking_lot::RwLock<Vec<AtomicU64>>,
     /// Raised when a snapshot is made: a view read that began before re-resolves.
     generation: AtomicU64,
+    /// The head's record is hidden (the origin was deleted for its clones): kept apart from the
+    /// record so that every host write can ask without taking the layers' lock.
+    pub(super) head_deleted: std::sync::atomic::AtomicBool,
 }
 
 /// A page an update needs in memory before it can apply.
@@ -295,6 +298,7 @@ impl SnapState {
                 (0..head_pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
             ),
             generation: AtomicU64::new(0),
+            head_deleted: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
