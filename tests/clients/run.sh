@@ -21,11 +21,15 @@ export STRIA_LOG=${STRIA_LOG:-warn}
 cleanup() {
   set +e
   if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then kill -9 "$PID"; wait "$PID" 2>/dev/null; fi
-  # Anything the recipe left mounted or attached under our directory.
-  for m in $(grep -o "$W[^ ]*" /proc/mounts | sort -r); do umount -l "$m" 2>/dev/null; done
+  # Anything the recipe left mounted or attached under our directory: file systems first, then
+  # the loop devices (found by their backing file, so before the fuse mounts under them go),
+  # then the fuse mounts and any nbdfuse still serving one.
+  for m in $(grep -o "$W/[a-z0-9]*mnt" /proc/mounts | sort -r); do umount -l "$m" 2>/dev/null; done
   for f in fuse sfuse s1fuse cfuse gfuse; do
     for l in $(losetup -j "$W/$f/nbd" -O NAME -n 2>/dev/null); do losetup -d "$l"; done
   done
+  for m in $(grep -o "$W[^ ]*" /proc/mounts | sort -r); do umount -l "$m" 2>/dev/null; done
+  pkill -f "nbdfuse .*$W/" 2>/dev/null
   rm -rf "$W"
 }
 trap cleanup EXIT INT TERM
