@@ -126,6 +126,21 @@ echo "4 KiB random reads, qd 16, median of $REPS x ${RUNTIME} s:"
 printf '  a (no snapshot) %s IOPS [%s]\n  b (16 snapshots) %s IOPS [%s]  b/a = %.3f\n  b@s1 (oldest of 16) %s IOPS [%s]  b@s1/a = %.3f\n' \
   "$ma" "${iops[a]% }" "$mb" "${iops[b]% }" "$(echo "$mb / $ma" | bc -l)" "$ms" "${iops[b@s1]% }" "$(echo "$ms / $ma" | bc -l)"
 
+# `snapshot list` counts, per snapshot, the data it references (a pass over the whole map) and
+# the bytes only it holds (a walk of its own pages); `volume list` beside it is the command's
+# floor (a round trip to the daemon).
+list_times() {  # list_times ARGS...: 5 runs of `stria ARGS`, their times
+  for k in 1 2 3 4 5; do
+    t0=$(now)
+    st "$@" >/dev/null
+    echo "$(now) - $t0" | bc
+  done
+}
+lt=$(list_times snapshot list b)
+vt=$(list_times volume list)
+printf '  snapshot list b (16 snapshots of %s): median %.3f s [%s]; volume list: median %.3f s\n' \
+  "$SIZE" "$(median <<<"$lt")" "$(echo $lt)" "$(median <<<"$vt")"
+
 create_times() {  # create_times VOLUME PREFIX: 5 creates, their times
   for k in 1 2 3 4 5; do
     t0=$(now)

@@ -25,7 +25,7 @@ cleanup() {
   # the loop devices (found by their backing file, so before the fuse mounts under them go),
   # then the fuse mounts and any nbdfuse still serving one.
   for m in $(grep -o "$W/[a-z0-9]*mnt" /proc/mounts | sort -r); do umount -l "$m" 2>/dev/null; done
-  for f in fuse sfuse s1fuse cfuse gfuse; do
+  for f in fuse sfuse s1fuse cfuse gfuse gcfuse; do
     for l in $(losetup -j "$W/$f/nbd" -O NAME -n 2>/dev/null); do losetup -d "$l"; done
   done
   for m in $(grep -o "$W[^ ]*" /proc/mounts | sort -r); do umount -l "$m" 2>/dev/null; done
@@ -149,9 +149,18 @@ check_rest() {  # s2 (if there) reads B then A; the volume C, B, A
   out=$(qemu-io -f raw "$(uri tv)" -c 'read -P 0x44 0 16M' -c 'read -P 0x22 16M 16M' -c 'read -P 0x11 32M 32M' 2>&1)
   ! grep -q -i "verification failed\|error" <<<"$out" || { echo "tv ($1): $out" >&2; exit 1; }
 }
-# What `snapshot list` says only s1 holds is what its delete frees.
-excl=$("$STRIA" snapshot list tv --pool "$POOL" --json |
-  python3 -c 'import json, sys; print([s for s in json.load(sys.stdin) if s["name"] == "s1"][0]["exclusive_bytes"])')
+# What `snapshot list` says only s1 holds is what its delete frees; s1 references its 64 MiB of
+# 0x11 at least, and shares 32M..64M with s2 and the volume.
+"$STRIA" snapshot list tv --pool "$POOL" --json >"$W/snaps.json"
+excl=$(python3 -c 'import json, sys; print([s for s in json.load(sys.stdin) if s["name"] == "s1"][0]["exclusive_bytes"])' <"$W/snaps.json")
+python3 - "$W/snaps.json" <<'PY' || { cat "$W/snaps.json" >&2; exit 1; }
+import json, sys
+s1 = [s for s in json.load(open(sys.argv[1])) if s["name"] == "s1"][0]
+assert s1["referenced_bytes"] >= 64 << 20, s1
+assert s1["shared_bytes"] >= 32 << 20, s1
+assert s1["referenced_bytes"] == s1["shared_bytes"] + s1["exclusive_bytes"], s1
+print(f"tv@s1: {s1['referenced_bytes']} bytes of data, {s1['shared_bytes']} shared")
+PY
 freed=$("$STRIA" snapshot delete tv s1 --pool "$POOL" --json |
   python3 -c 'import json, sys; print(json.load(sys.stdin)["blocks_freed"] * 4096)')
 echo "tv@s1: $excl bytes only in it, $freed freed by its delete"
@@ -301,9 +310,13 @@ sleep 1
 wait "$FIO" || { cat "$W/fio-grow.log" >&2; echo "fio verify failed across gv's growth" >&2; exit 1; }
 rm "$W/gmnt/grow.0.0"
 (cd "$W/gmnt" && find a -type f -print0 | sort -z | xargs -0 sha256sum) >"$W/sums-g"
+cp "$W/sums-g" "$W/sums-g0"   # files A, unchanged since g0
 umount "$W/gmnt"; gv_detach
 [ "$(nbdinfo --size "$(uri gv)")" = $((768 << 20)) ] || { echo "gv: a new connection does not see 768 MiB" >&2; exit 1; }
 [ "$(nbdinfo --size "$(uri gv@g0)")" = $((256 << 20)) ] || { echo "gv@g0 does not keep its 256 MiB" >&2; exit 1; }
+"$STRIA" snapshot list gv --pool "$POOL" --json |
+  python3 -c 'import json, sys; assert [s for s in json.load(sys.stdin) if s["name"] == "g0"][0]["size_bytes"] == 256 << 20' ||
+  { "$STRIA" snapshot list gv --pool "$POOL" --json >&2; echo "snapshot list: gv@g0 is not 256 MiB" >&2; exit 1; }
 gv_attach
 # e2fsck -fy, not -n: resize2fs wants a check recorded since the last mount (-n records none, so
 # the step passed only when mkfs and the mount fell in one second); a repair exits 1 and fails.
@@ -326,6 +339,53 @@ mount "$GL" "$W/gmnt"
 (cd "$W/gmnt" && sha256sum --quiet -c "$W/sums-g" "$W/sums-big") || { echo "gv: files changed across a restart" >&2; exit 1; }
 rm "$W/gmnt/b/past-the-old-end"
 umount "$W/gmnt"
+# A clone of g0 (256 MiB) grows to gv's 768 MiB (not past it): the blocks it gains read as zeros
+# although gv holds data there; its ext4 grows with resize2fs and keeps files A; then it shrinks
+# after resize2fs -M (--allow-shrink) and still holds them.
+"$STRIA" volume clone gv@g0 gvc --pool "$POOL" >/dev/null
+! "$STRIA" volume resize gvc --size 1G --pool "$POOL" 2>"$W/clone-grow.err" || { echo "a clone grew past its origin" >&2; exit 1; }
+grep -q "grow gv first" "$W/clone-grow.err" || { cat "$W/clone-grow.err" >&2; exit 1; }
+"$STRIA" volume list --pool "$POOL" --json |
+  python3 -c 'import json, sys; assert [v for v in json.load(sys.stdin) if v["name"] == "gvc"][0]["size_bytes"] == 256 << 20' ||
+  { "$STRIA" volume list --pool "$POOL" --json >&2; echo "volume list: gvc is not 256 MiB" >&2; exit 1; }
+"$STRIA" volume resize gvc --size 768M --pool "$POOL" >/dev/null
+[ "$(nbdinfo --size "$(uri gvc)")" = $((768 << 20)) ] || { echo "gvc: a new connection does not see 768 MiB" >&2; exit 1; }
+out=$(qemu-io -f raw -r "$(uri gvc)" -c 'read -P 0 256M 512M' 2>&1)
+! grep -q -i "verification failed\|error" <<<"$out" || { echo "gvc's new blocks are not zeros: $out" >&2; exit 1; }
+mkdir -p "$W/gcfuse"
+gvc_attach() {
+  nbdfuse "$W/gcfuse" "$(uri gvc)" &
+  GCFUSE=$!
+  for _ in $(seq 50); do [ -e "$W/gcfuse/nbd" ] && break; sleep 0.1; done
+  GCL=$(losetup -f --show --direct-io=on "$W/gcfuse/nbd")
+}
+gvc_detach() { losetup -d "$GCL"; umount "$W/gcfuse"; wait "$GCFUSE"; }
+gvc_attach
+# g0 was taken with the file system mounted (crash-consistent): the check may replay its journal
+# and fix what a mount would have (exit status 1); anything worse (2 and up) fails.
+rc=0; e2fsck -fy "$GCL" >"$W/e2fsck.log" 2>&1 || rc=$?
+[ "$rc" -le 1 ] || { cat "$W/e2fsck.log" >&2; exit 1; }
+resize2fs "$GCL" >"$W/resize2fs.log" 2>&1 || { cat "$W/resize2fs.log" >&2; exit 1; }
+mount "$GCL" "$W/gmnt"
+blocks=$(df -B1M --output=size "$W/gmnt" | tail -1 | tr -d ' ')
+[ "$blocks" -gt 600 ] || { echo "gvc: ext4 is $blocks MiB after resize2fs to 768 MiB" >&2; exit 1; }
+(cd "$W/gmnt" && sha256sum --quiet -c "$W/sums-g0") || { echo "gvc does not hold g0's files" >&2; exit 1; }
+dd if=/dev/urandom of="$W/gmnt/a/clone-only" bs=1M count=120 status=none
+rm "$W/gmnt/a/clone-only"
+umount "$W/gmnt"
+e2fsck -fy "$GCL" >/dev/null
+resize2fs -M "$GCL" >"$W/resize2fs.log" 2>&1 || { cat "$W/resize2fs.log" >&2; exit 1; }
+fs_bytes=$(dumpe2fs -h "$GCL" 2>/dev/null | awk -F: '/^Block count/ {c=$2} /^Block size/ {s=$2} END {print c * s}')
+gvc_detach
+! "$STRIA" volume resize gvc --size $(( fs_bytes / 1048576 + 16 ))M --pool "$POOL" 2>/dev/null || { echo "a clone shrank without --allow-shrink" >&2; exit 1; }
+"$STRIA" volume resize gvc --size $(( fs_bytes / 1048576 + 16 ))M --allow-shrink --pool "$POOL" >/dev/null
+gvc_attach
+fsck.ext4 -fn "$GCL"
+mount -o ro "$GCL" "$W/gmnt"
+(cd "$W/gmnt" && sha256sum --quiet -c "$W/sums-g0") || { echo "gvc: files changed across its shrink" >&2; exit 1; }
+umount "$W/gmnt"; gvc_detach
+echo "gvc: clone of gv@g0 grown 256 MiB -> 768 MiB, ext4 grown; shrunk to $(( fs_bytes / 1048576 + 16 )) MiB after resize2fs -M"
+"$STRIA" volume delete gvc --pool "$POOL"
 # Shrink: the file system first, then the volume (refused without --allow-shrink, and while it
 # has a snapshot).
 ! "$STRIA" volume resize gv --size 512M --allow-shrink --force --pool "$POOL" 2>"$W/shrink.err" || { echo "a volume with a snapshot shrank" >&2; exit 1; }

@@ -480,6 +480,14 @@ pub struct SnapshotView {
     /// not asked for).
     #[serde(default)]
     pub exclusive_bytes: Option<u64>,
+    /// Bytes of data its view maps (its whole content less zeros and holes), computed with
+    /// `exclusive_bytes`.
+    #[serde(default)]
+    pub referenced_bytes: Option<u64>,
+    /// Bytes it references that another layer (the volume, another snapshot, a clone) holds
+    /// too: `referenced_bytes - exclusive_bytes`, freed only when all of them go.
+    #[serde(default)]
+    pub shared_bytes: Option<u64>,
 }
 
 /// What `volume rollback` did.
@@ -514,6 +522,17 @@ pub struct SnapshotDeletedView {
 }
 
 impl SnapshotView {
+    /// Sets the byte counts from the bytes only it holds and what each layer of its volume
+    /// references (by layer id). Computed one after the other while writes go on, the shared
+    /// figure is kept from going below zero.
+    pub fn fill_bytes(&mut self, exclusive: u64, referenced: &[(u16, u64)]) {
+        self.exclusive_bytes = Some(exclusive);
+        if let Some(&(_, r)) = referenced.iter().find(|(id, _)| *id == self.id) {
+            self.referenced_bytes = Some(r);
+            self.shared_bytes = Some(r.saturating_sub(exclusive));
+        }
+    }
+
     pub fn of(volume: &str, size_bytes: u64, rec: &stria_tier::layers::LayerRecord) -> SnapshotView {
         SnapshotView {
             volume: volume.to_string(),
@@ -523,6 +542,8 @@ impl SnapshotView {
             size_bytes,
             created_ms: rec.created_ms,
             exclusive_bytes: None,
+            referenced_bytes: None,
+            shared_bytes: None,
         }
     }
 }

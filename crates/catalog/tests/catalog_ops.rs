@@ -72,7 +72,7 @@ async fn create_lookup_show_and_status_for_every_layout() {
             }
             VolumeView::Clone(_) => panic!("{name} shows as a clone"),
         }
-        assert!(c.resizable(name), "{name}: resizable (every kind; clones are not)");
+        assert!(c.resizable(name), "{name}: resizable (every kind)");
     }
     // The parts of log-structured volumes: shown (diagnostics), never looked up or listed.
     for part in ["tv.meta", "tv.cache", "tv.seg", "lv.meta", "lv.cache", "lv.seg"] {

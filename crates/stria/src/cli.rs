@@ -278,7 +278,8 @@ pub(crate) enum VolumeCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Grow or shrink a volume (shrinking discards the tail, and needs --allow-shrink).
+    /// Grow or shrink a volume or a clone (shrinking discards the tail, and needs
+    /// --allow-shrink). A clone grows up to the size its origin has now.
     Resize {
         name: String,
         #[arg(long, value_parser = parse_volume_size)]

@@ -512,13 +512,24 @@ pub(crate) fn snapshots(list: &[stria_catalog::SnapshotView]) {
                 s.name.clone(),
                 s.export.clone(),
                 format_size(s.size_bytes),
+                s.referenced_bytes.map_or_else(|| "-".into(), format_size),
+                s.shared_bytes.map_or_else(|| "-".into(), format_size),
                 s.exclusive_bytes.map_or_else(|| "-".into(), format_size),
                 s.id.to_string(),
             ]
         })
         .collect();
     table(
-        &["VOLUME", "SNAPSHOT", "EXPORT (read-only)", "SIZE", "ONLY IN IT (freed by delete)", "LAYER"],
+        &[
+            "VOLUME",
+            "SNAPSHOT",
+            "EXPORT (read-only)",
+            "SIZE",
+            "DATA",
+            "SHARED",
+            "ONLY IN IT (freed by delete)",
+            "LAYER",
+        ],
         &rows,
     );
 }

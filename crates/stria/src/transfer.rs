@@ -308,8 +308,7 @@ fn image_too_large(catalog: &Catalog<Dev>, name: &str, path: &Path, len: u64, vo
     let fix = if catalog.resizable(name) {
         format!("resize the volume first: `stria volume resize {name} --size {len}`")
     } else {
-        // `volume resize` refuses clones (not supported yet).
-        "clones cannot be resized yet; import into a new, larger volume".to_string()
+        "it cannot be resized; import into a new, larger volume".to_string()
     };
     format!(
         "{} is {} but volume {name} is {}; {fix}",

@@ -409,6 +409,11 @@ fn cli_output_matches_the_golden_files() {
     check("mistake_clone_name_taken", &["volume", "clone", "tv@s1", "r1"], 1);
     check("mistake_clone_bad_name", &["volume", "clone", "tv@s1", "no/slash"], 1);
     check("mistake_snapshot_of_clone", &["snapshot", "create", "tvc", "s"], 1);
+    check("snapshot_list", &["snapshot", "list"], 0);
+    check("mistake_grow_clone_past_origin", &["volume", "resize", "tvc", "--size", "64M"], 1);
+    check("mistake_shrink_clone", &["volume", "resize", "tvc", "--size", "16M"], 1);
+    check("volume_resize_clone", &["volume", "resize", "tvc", "--size", "16M", "--allow-shrink"], 0);
+    check("volume_resize_clone_back", &["volume", "resize", "tvc", "--size", "32M"], 0);
     check("snapshot_delete_kept_for_clone", &["snapshot", "delete", "tv", "s1"], 0);
     check("volume_list_with_clone", &["volume", "list"], 0);
     check("volume_delete_clone", &["volume", "delete", "tvc"], 0);

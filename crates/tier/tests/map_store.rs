@@ -34,6 +34,7 @@ static CLONE_VIEWS_CHECKED: AtomicU64 = AtomicU64::new(0);
 static CLONE_WRITES: AtomicU64 = AtomicU64::new(0);
 static CLONE_DELETES: AtomicU64 = AtomicU64::new(0);
 static SNAPSHOTS_KEPT_FOR_CLONES: AtomicU64 = AtomicU64::new(0);
+static REFERENCED_CHECKED: AtomicU64 = AtomicU64::new(0);
 
 use rand::Rng;
 use stria_dev::{BlockDevice, FaultConfig, PowerSwitch};
@@ -648,6 +649,25 @@ async fn run_seed(seed: u64) {
                         (m.snaps[i].id.expect("live"), m.clones.iter().any(|c| c.parent == name))
                     };
                     let mut freed = Vec::new();
+                    // What every snapshot references (its view's data), as the model has it.
+                    if let Ok(refs) = store.referenced_blocks().await {
+                        let m = model.borrow();
+                        for s in m.snaps.iter().filter(|s| s.id.is_some() && !s.deleting) {
+                            let want = (0..BLOCKS)
+                                .filter(|&b| {
+                                    matches!(s.view.latest(b).place, Place::Segment(_) | Place::Cache(_))
+                                })
+                                .count() as u64;
+                            let got = refs.iter().find(|r| Some(r.0) == s.id).map(|r| r.1);
+                            assert_eq!(
+                                got,
+                                Some(want),
+                                "seed {seed} cycle {cycle}: blocks {} references",
+                                s.name
+                            );
+                            REFERENCED_CHECKED.fetch_add(1, Relaxed);
+                        }
+                    }
                     // What it says deleting would free, asked before (the delete must free as much).
                     let exclusive = store.exclusive_blocks(id).await;
                     if !clean && rng.random_bool(0.3) {
@@ -754,11 +774,13 @@ async fn map_updates_survive_any_sequence_of_power_cuts() {
         CLONE_DELETES.load(Relaxed),
         SNAPSHOTS_KEPT_FOR_CLONES.load(Relaxed),
     );
+    let referenced = REFERENCED_CHECKED.load(Relaxed);
     eprintln!(
-        "{seeds} seeds: {views} snapshot views checked after a reopen, {held} overwrites kept a place another layer holds, {moves} moves of blocks only snapshots or clones hold, {deletes} snapshot deletes ({handed} pages handed on, {kept} kept for clones), {cut} deletes cut by the power; {clone_views} clone views checked after a reopen, {clone_writes} clone block writes, {clone_deletes} clone deletes"
+        "{seeds} seeds: {views} snapshot views checked after a reopen, {held} overwrites kept a place another layer holds, {moves} moves of blocks only snapshots or clones hold, {deletes} snapshot deletes ({handed} pages handed on, {kept} kept for clones), {cut} deletes cut by the power, {referenced} referenced counts checked; {clone_views} clone views checked after a reopen, {clone_writes} clone block writes, {clone_deletes} clone deletes"
     );
     assert!(
-        seeds < 20 || (views > 0 && held > 0 && moves > 0 && deletes > 0 && handed > 0 && cut > 0),
+        seeds < 20
+            || (views > 0 && held > 0 && moves > 0 && deletes > 0 && handed > 0 && cut > 0 && referenced > 0),
         "the snapshot paths did not run"
     );
     assert!(

@@ -328,3 +328,166 @@ async fn a_power_cut_at_any_request_of_a_resize_leaves_the_old_or_the_new_size_a
     }
     assert!(checked > 10, "{checked} cut points");
 }
+
+fn clone_id(vol: &LogVolume<Dev>, name: &str) -> u16 {
+    vol.clones().into_iter().find(|c| c.name == name).expect("the clone").id
+}
+
+/// A clone grows (up to its volume's size) and shrinks online: the blocks a growth adds read as
+/// zeros although the volume holds data there, writes go on during the growth, a growth past
+/// the volume's size is refused with nothing changed, a shrink discards the tail (a growth
+/// after it shows zeros, neither the clone's old bytes nor its parent's), and the parent
+/// snapshot and the volume keep theirs; all of it across reopens.
+#[tokio::test]
+async fn a_clone_grows_and_shrinks_online_and_the_blocks_it_gains_read_as_zeros() {
+    let switch = PowerSwitch::new();
+    let (devs, pool, vol) = new_volume_with_space(&switch, 31, small_space(4 * BLOCKS)).await;
+    let a = random_bytes(&mut rng(31), BLOCKS as usize * B);
+    vol.write(0, IoBytes::copy_from(&a), true).await.unwrap();
+    let s1 = vol.create_snapshot("s1").await.unwrap().id;
+    let c = vol.create_clone("s1", "c").await.unwrap().id;
+    let mut cm = a.clone();
+    write_random_to(&vol, c, &mut cm, 32, 30).await;
+    // The volume grows and fills its new blocks: a clone's growth must not show them.
+    vol.resize(900 * 4096).await.unwrap();
+    let mut head = a.clone();
+    head.resize(900 * B, 0);
+    write_random(&vol, &mut head, 33, 400).await;
+    let more = random_bytes(&mut rng(34), 516 * B);
+    vol.write(BLOCKS * 4096, IoBytes::copy_from(&more), true).await.unwrap();
+    head[BLOCKS as usize * B..].copy_from_slice(&more);
+    let (grown, ()) =
+        tokio::join!(vol.resize_clone("c", 700 * 4096), write_random_to(&vol, c, &mut cm, 35, 60));
+    grown.unwrap();
+    cm.resize(700 * B, 0);
+    assert_eq!(vol.layer_bytes(c), 700 * 4096);
+    assert!(read_layer(&vol, c).await == cm, "the clone after its growth (a tail of zeros)");
+    write_random_to(&vol, c, &mut cm, 36, 200).await;
+    assert!(read_layer(&vol, c).await == cm);
+    let refused = vol.resize_clone("c", 1000 * 4096).await.unwrap_err().to_string();
+    assert!(refused.contains("grow lv first"), "{refused}");
+    assert_eq!(vol.layer_bytes(c), 700 * 4096, "a refused growth changes nothing");
+    let (pool, vol) = reopen_clean(pool, vol, &devs).await;
+    assert_eq!((vol.layer_bytes(c), vol.layer_bytes(s1)), (700 * 4096, BLOCKS * 4096));
+    assert!(read_layer(&vol, c).await == cm, "the grown clone after a reopen");
+    // A shrink below its parent's size while it is written, then a growth: zeros past the cut.
+    let (shrunk, ()) = tokio::join!(vol.resize_clone("c", 200 * 4096), async {
+        for i in 0..50u64 {
+            // Writes below the new end succeed; those past it may be refused once it shrank.
+            let o = (i * 37 % 650) * 4096;
+            let data = [i as u8 + 1; B];
+            if vol.write_to(c, o, IoBytes::copy_from(&data)).await.is_ok() && o < 200 * 4096 {
+                cm[o as usize..o as usize + B].copy_from_slice(&data);
+            }
+        }
+    });
+    shrunk.unwrap();
+    cm.truncate(200 * B);
+    assert!(vol.read_snapshot(c, 200 * 4096, 4096).await.is_err(), "nothing past the new end");
+    assert!(vol.write_to(c, 200 * 4096, IoBytes::copy_from(&[1u8; B])).await.is_err());
+    assert!(read_layer(&vol, c).await == cm);
+    let (pool, vol) = reopen_clean(pool, vol, &devs).await;
+    assert_eq!(vol.layer_bytes(c), 200 * 4096);
+    assert!(read_layer(&vol, c).await == cm, "the shrunk clone after a reopen");
+    vol.resize_clone("c", 500 * 4096).await.unwrap();
+    cm.resize(500 * B, 0);
+    assert!(read_layer(&vol, c).await == cm, "grown again: zeros where the tail was cut");
+    // The parent and the volume kept theirs; the clone's delete frees what only it held.
+    assert!(read_layer(&vol, s1).await == a);
+    check(&vol, &head).await;
+    let (pool, vol) = reopen_clean(pool, vol, &devs).await;
+    assert!(read_layer(&vol, c).await == cm && read_layer(&vol, s1).await == a);
+    check(&vol, &head).await;
+    vol.delete_clone("c").await.unwrap();
+    check(&vol, &head).await;
+    vol.close().await;
+    pool.close().await.unwrap();
+}
+
+/// A power cut at every device request of a clone's growth and of its shrink: the clone opens
+/// at the old size or the new, a resize that returned is durable, every byte below the smaller
+/// size is the model's, a shrunk tail that stayed reads as it was or as zeros, and a growth to
+/// the volume's size afterwards shows zeros past whatever size the clone came back with.
+#[tokio::test]
+async fn a_power_cut_at_any_request_of_a_clone_resize_leaves_the_old_or_the_new_size() {
+    let mut checked = 0;
+    for (to, writes) in [(700u64, 0u64), (200, 40)] {
+        let setup = |switch: Arc<PowerSwitch>| async move {
+            let (devs, pool, vol) = new_volume_with_space(&switch, 41, small_space(4 * BLOCKS)).await;
+            let a = random_bytes(&mut rng(41), BLOCKS as usize * B);
+            vol.write(0, IoBytes::copy_from(&a), true).await.unwrap();
+            vol.create_snapshot("s1").await.unwrap();
+            let c = vol.create_clone("s1", "c").await.unwrap().id;
+            let mut cm = a.clone();
+            write_random_to(&vol, c, &mut cm, 42, writes as usize).await;
+            vol.resize(900 * 4096).await.unwrap();
+            let more = random_bytes(&mut rng(43), 516 * B);
+            vol.write(BLOCKS * 4096, IoBytes::copy_from(&more), true).await.unwrap();
+            (devs, pool, vol, cm)
+        };
+        let ops = {
+            let switch = PowerSwitch::new();
+            let (_devs, pool, vol, _) = setup(Arc::clone(&switch)).await;
+            let before = switch.ops_passed();
+            vol.resize_clone("c", to * 4096).await.unwrap();
+            let ops = switch.ops_passed() - before;
+            vol.close().await;
+            pool.close().await.unwrap();
+            ops
+        };
+        let mut outcomes = [0u32; 2];
+        for cut in 0..=ops + 2 {
+            let switch = PowerSwitch::new();
+            let (devs, pool, vol, cm) = setup(Arc::clone(&switch)).await;
+            switch.trip_after_ops(cut);
+            let result = vol.resize_clone("c", to * 4096).await;
+            let (devs, _switch, pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, 2000 + cut).await;
+            let c = clone_id(&vol, "c");
+            let size = vol.layer_bytes(c) / 4096;
+            assert!(
+                size == BLOCKS || size == to,
+                "cut after {cut} ({result:?}): the clone has {size} blocks"
+            );
+            if result.is_ok() {
+                assert_eq!(size, to, "cut after {cut}: a resize that returned is durable");
+            }
+            let got = read_layer(&vol, c).await;
+            let low = BLOCKS.min(to) as usize * B;
+            assert!(
+                got[..low] == cm[..low],
+                "cut after {cut} ({result:?}, size {size}): a byte below {low} changed"
+            );
+            for b in (low / B)..size as usize {
+                let blk = &got[b * B..(b + 1) * B];
+                assert!(
+                    blk.iter().all(|&x| x == 0) || cm.get(b * B..(b + 1) * B) == Some(blk),
+                    "cut after {cut}: block {b} is neither zeros nor what the clone held"
+                );
+            }
+            // Grown to the volume's size: zeros past the size it came back with.
+            vol.resize_clone("c", 900 * 4096).await.unwrap();
+            let all = read_layer(&vol, c).await;
+            assert!(all[..size as usize * B] == got[..], "cut after {cut}: the growth changed a byte");
+            assert!(
+                all[size as usize * B..].iter().all(|&x| x == 0),
+                "cut after {cut}: the growth from {size} blocks shows bytes past them"
+            );
+            vol.close().await;
+            pool.close().await.unwrap();
+            drop(devs);
+            checked += 1;
+            outcomes[usize::from(size == to)] += 1;
+        }
+        assert!(
+            outcomes[0] > 0 && outcomes[1] > 0,
+            "{BLOCKS} -> {to}: old/new sizes after the cuts {outcomes:?}"
+        );
+        println!(
+            "clone {BLOCKS} -> {to} blocks: {} cut points ({ops} requests), old size after {}, new after {}",
+            ops + 3,
+            outcomes[0],
+            outcomes[1]
+        );
+    }
+    assert!(checked > 10, "{checked} cut points");
+}

@@ -47,6 +47,7 @@ impl<D: BlockDevice> LogVolume<D> {
         }
         let _write = self.gates.writes.read().await;
         self.check_layer_takes_writes(layer)?;
+        self.check_range_of(layer, offset_bytes, len)?;
         let span = Span::new(offset_bytes, len);
         let _range = self.gates.ranges.exclusive(span.first, span.end).await;
         let view = (layer != HEAD).then_some(layer);

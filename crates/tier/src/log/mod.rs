@@ -290,6 +290,10 @@ pub(crate) struct Gates {
     pub(crate) settle: tokio::sync::RwLock<()>,
     /// One growth of the snapshot page pool at a time.
     pub(crate) pool_growth: tokio::sync::Mutex<()>,
+    /// A clone being shrunk and its new size: I/O past it is refused before the size is
+    /// durable (a checkpoint may write the record at any time, so the record changes only once
+    /// the tail is discarded).
+    pub(crate) clone_shrinking: parking_lot::Mutex<Option<(u16, u64)>>,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for LogVolume<D> {
@@ -395,7 +399,11 @@ impl<D: BlockDevice> LogVolume<D> {
         if layer == HEAD {
             return self.size_bytes();
         }
-        self.map.layer_record(layer).map_or_else(|| self.size_bytes(), |r| r.logical_bytes)
+        let bytes = self.map.layer_record(layer).map_or_else(|| self.size_bytes(), |r| r.logical_bytes);
+        match *self.gates.clone_shrinking.lock() {
+            Some((id, to)) if id == layer => bytes.min(to),
+            _ => bytes,
+        }
     }
 
     /// Refuses writes to the head of an origin deleted while clones live (kept, hidden, for

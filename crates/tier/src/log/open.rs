@@ -320,6 +320,7 @@ pub async fn open<D: BlockDevice>(
             moving: tokio::sync::Mutex::new(super::gc::Gc::default()),
             settle: tokio::sync::RwLock::new(()),
             pool_growth: tokio::sync::Mutex::new(()),
+            clone_shrinking: parking_lot::Mutex::new(None),
         },
         opened_from_table: from_table,
         table_at: Arc::new(AtomicU64::new(header.table_region().map_or(0, |r| r.0))),

@@ -12,12 +12,12 @@ use std::sync::atomic::Ordering::{AcqRel, Relaxed};
 
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBytes};
 
-use super::LogVolume;
 use super::header::Header;
 use super::table;
 use super::write::ZERO_STEP;
+use super::{HEAD, LogVolume};
 use crate::TierError;
-use crate::map::{MapEntry, Place, Update};
+use crate::map::{MapEntry, MapError, Place, Update};
 
 impl<D: BlockDevice> LogVolume<D> {
     /// Resizes the volume to `new_bytes` (rounded up to 4 KiB) while it serves I/O. A shrink
@@ -70,6 +70,69 @@ impl<D: BlockDevice> LogVolume<D> {
         // between the two).
         self.pool.set_tiered_size(&self.name, new_bytes).await?;
         tracing::info!(volume = %self.name, from = old_bytes, to = new_bytes, "resized");
+        Ok(())
+    }
+
+    /// Resizes clone `name` to `new_bytes` (rounded up to 4 KiB) while it serves I/O, up to the
+    /// volume's own size (the family's map ends there; docs/design/snapshots.md, "Resizing a
+    /// clone"). Blocks a growth adds read as zeros: a layer's view past its size is empty (the
+    /// head's by [`LogVolume::resize`], a snapshot's as the head was, a clone's from its parent
+    /// and by the discard below). A growth makes the new size durable while writes wait, so no
+    /// write past the old end is acknowledged before it. A shrink (asked for explicitly by the
+    /// caller) refuses I/O past the new end, waits for the writes that checked the old one,
+    /// discards the tail of the clone's view, then makes the size durable: a crash before that
+    /// leaves the old size with the tail partly or wholly discarded.
+    pub async fn resize_clone(&self, name: &str, new_bytes: u64) -> Result<(), TierError> {
+        let new_bytes = new_bytes.next_multiple_of(BLOCK_BYTES);
+        stria_engine::check_volume_size(new_bytes)?;
+        let _one = self.gates.snapshot_ops.lock().await;
+        let Some(clone) = self.map.clones().into_iter().find(|c| c.name == name) else {
+            return Err(TierError::Invalid(format!("{} has no clone {name:?}", self.name)));
+        };
+        self.check_writable(0, 0)?;
+        let old_bytes = clone.logical_bytes;
+        if new_bytes == old_bytes {
+            return Ok(());
+        }
+        let most = self.size_bytes();
+        if new_bytes > most {
+            let how = if self.origin_deleted() {
+                format!("{} was deleted (it is kept for its clones) and cannot grow", self.name)
+            } else {
+                format!("grow {} first", self.name)
+            };
+            return Err(TierError::Invalid(format!(
+                "clone {name} can grow to {most} bytes, the size of {} whose data it shares (its map ends \
+                 there), not to {new_bytes}: {how}",
+                self.name
+            )));
+        }
+        let failed = |e: MapError| {
+            self.map_failed(&e);
+            TierError::from(super::map_error(&self.name, e))
+        };
+        if new_bytes > old_bytes {
+            let _drained = self.gates.writes.write().await;
+            self.map.set_clone_bytes(clone.id, new_bytes).map_err(|e| super::map_error(&self.name, e))?;
+            if let Err(e) = self.map.checkpoint().await {
+                let _ = self.map.set_clone_bytes(clone.id, old_bytes);
+                return Err(failed(e));
+            }
+        } else {
+            *self.gates.clone_shrinking.lock() = Some((clone.id, new_bytes));
+            // Writes in flight that checked the old size are done once this is had; later ones
+            // check the new size under the gate.
+            drop(self.gates.writes.write().await);
+            let shrunk = async {
+                self.discard(clone.id, new_bytes / BLOCK_BYTES, old_bytes / BLOCK_BYTES).await?;
+                self.map.set_clone_bytes(clone.id, new_bytes).map_err(|e| super::map_error(&self.name, e))?;
+                self.map.checkpoint().await.map_err(failed)
+            }
+            .await;
+            *self.gates.clone_shrinking.lock() = None;
+            shrunk?;
+        }
+        tracing::info!(volume = %self.name, clone = name, from = old_bytes, to = new_bytes, "clone resized");
         Ok(())
     }
 
@@ -168,7 +231,7 @@ impl<D: BlockDevice> LogVolume<D> {
         let old_bytes = self.size_bytes.swap(new_bytes, AcqRel);
         // Writes in flight (which checked the old size) are done once this is had.
         drop(self.gates.writes.write().await);
-        if let Err(e) = self.discard(new_bytes / BLOCK_BYTES, old_bytes / BLOCK_BYTES).await {
+        if let Err(e) = self.discard(HEAD, new_bytes / BLOCK_BYTES, old_bytes / BLOCK_BYTES).await {
             // The tail may be partly discarded: the caller asked for it. The size stays.
             self.size_bytes.store(old_bytes, std::sync::atomic::Ordering::Release);
             return Err(e);
@@ -188,16 +251,19 @@ impl<D: BlockDevice> LogVolume<D> {
         Ok(())
     }
 
-    /// Makes blocks `first..end` unallocated (those that are not), freeing their places.
-    async fn discard(&self, first: u64, end: u64) -> Result<(), TierError> {
+    /// Makes blocks `first..end` of the head ([`HEAD`]) or of clone `layer` unallocated (those
+    /// that are not), freeing their places.
+    async fn discard(&self, layer: u16, first: u64, end: u64) -> Result<(), TierError> {
         let mut b = first;
         while b < end {
             let n = (end - b).min(ZERO_STEP);
-            let held = self
-                .map
-                .get_many(&(b..b + n).collect::<Vec<_>>())
-                .await
-                .map_err(|e| super::map_error(&self.name, e))?;
+            let blocks: Vec<u64> = (b..b + n).collect();
+            let held = if layer == HEAD {
+                self.map.get_many(&blocks).await
+            } else {
+                self.map.get_in(layer, &blocks).await
+            }
+            .map_err(|e| super::map_error(&self.name, e))?;
             let seq = self.seq.fetch_add(1, Relaxed) as u32;
             let updates: Vec<Update> = (b..b + n)
                 .zip(held)
@@ -210,7 +276,7 @@ impl<D: BlockDevice> LogVolume<D> {
                 .collect();
             if !updates.is_empty() {
                 let settle = self.gates.settle.read().await;
-                let olds = self.update_map(&updates).await?;
+                let olds = self.update_layer(layer, &updates).await?;
                 self.free_places(updates.iter().zip(olds).map(|(u, o)| (u.block, o.expect("unconditional"))));
                 drop(settle);
             }

@@ -253,6 +253,17 @@ impl<D: BlockDevice> LogVolume<D> {
         Ok(blocks * BLOCK_BYTES)
     }
 
+    /// Bytes each snapshot's view maps to data, by layer id (one pass over the map: see
+    /// [`MapStore::referenced_blocks`](crate::map::MapStore::referenced_blocks)); a snapshot
+    /// shares with other layers what it references and does not hold alone.
+    pub async fn referenced_bytes(&self) -> Result<Vec<(u16, u64)>, TierError> {
+        let blocks = self.map.referenced_blocks().await.map_err(|e| match e {
+            MapError::Layers(why) => TierError::Invalid(format!("{}: {why}", self.name)),
+            e => map_error(&self.name, e).into(),
+        })?;
+        Ok(blocks.into_iter().map(|(id, b)| (id, b * BLOCK_BYTES)).collect())
+    }
+
     /// The volume's snapshots, oldest first.
     pub fn snapshots(&self) -> Vec<LayerRecord> {
         self.map.snapshots()

@@ -33,6 +33,8 @@ impl<D: BlockDevice> LogVolume<D> {
         }
         let _write = self.gates.writes.read().await;
         self.check_layer_takes_writes(layer)?;
+        // Again under the gate: a shrink that lowered the size drained the writes that had it.
+        self.check_range_of(layer, offset_bytes, len)?;
         let span = Span::new(offset_bytes, len);
         // Kept out of the range of a compare and write (see `ranges`), from the edge reads on.
         let _range = self.gates.ranges.shared(span.first, span.end).await;
@@ -172,6 +174,7 @@ impl<D: BlockDevice> LogVolume<D> {
         if let Some((first, n)) = split.cheap_blocks() {
             let _write = self.gates.writes.read().await;
             self.check_layer_takes_writes(layer)?;
+            self.check_range_of(layer, offset_bytes, len_bytes)?;
             self.set_places(layer, first, n, Place::Zero).await?;
         }
         for edge in [split.head, split.tail] {
@@ -193,6 +196,7 @@ impl<D: BlockDevice> LogVolume<D> {
         if let Some((first, n)) = ZeroSplit::new(offset_bytes, len_bytes, BLOCK_BYTES).cheap_blocks() {
             let _write = self.gates.writes.read().await;
             self.check_layer_takes_writes(layer)?;
+            self.check_range_of(layer, offset_bytes, len_bytes)?;
             self.set_places(layer, first, n, Place::Unallocated).await?;
         }
         Ok(())

@@ -226,6 +226,63 @@ fn versions(v: impl Fn(u64) -> u64) -> Vec<MapEntry> {
     (0..600).map(|b| entry(v(b) * 1000 + b)).collect()
 }
 
+async fn set(map: &MapStore<Arc<MemDevice>>, blocks: std::ops::Range<u64>, e: impl Fn(u64) -> MapEntry) {
+    let updates: Vec<Update> = blocks.map(|b| Update { block: b, entry: e(b), expect: None }).collect();
+    map.update(&updates).await.unwrap();
+}
+
+/// (referenced, exclusive) blocks of `layer`.
+async fn held(map: &MapStore<Arc<MemDevice>>, layer: u16) -> (u64, u64) {
+    let refs = map.referenced_blocks().await.unwrap();
+    let r = refs.iter().find(|r| r.0 == layer).expect("listed").1;
+    (r, map.exclusive_blocks(layer).await.unwrap())
+}
+
+#[tokio::test]
+async fn each_snapshot_references_the_data_in_its_view_and_shares_what_it_does_not_hold_alone() {
+    let layout = snapshot_layout(64);
+    let (devs, vol) = pool_with_map_volume(layout).await;
+    let map = MapStore::open(vol, layout, 4).await.unwrap();
+    assert!(map.referenced_blocks().await.unwrap().is_empty(), "no snapshots");
+    // Pages 0 and 1 mostly written; page 2 (blocks 510..) has 10 blocks no write changes later.
+    set(&map, 0..400, |b| entry(1000 + b)).await;
+    set(&map, 550..560, |b| entry(1000 + b)).await;
+    let s1 = snapshot(&map, "s1").await;
+    assert_eq!(held(&map, s1).await, (410, 0), "all shared with the head");
+    // Overwritten, trimmed, zeroed and new blocks.
+    set(&map, 0..100, |b| entry(2000 + b)).await;
+    set(&map, 100..200, |_| MapEntry::UNALLOCATED).await;
+    set(&map, 200..250, |b| MapEntry { place: Place::Zero, crc: 0, seq: b as u32 }).await;
+    set(&map, 400..430, |b| entry(2000 + b)).await;
+    let s2 = snapshot(&map, "s2").await;
+    // s1 alone holds its versions of 0..250; it shares 250..400 and 550..560 with s2 and the head.
+    assert_eq!(held(&map, s1).await, (410, 250));
+    // s2: 0..100, 250..430, 550..560; the head holds all of it.
+    assert_eq!(held(&map, s2).await, (290, 0));
+    set(&map, 0..50, |b| entry(3000 + b)).await;
+    assert_eq!(held(&map, s2).await, (290, 50), "0..50 are its own now");
+    assert_eq!(held(&map, s1).await, (410, 250), "unchanged by writes after s2");
+    // A snapshot of a smaller size counts only its blocks (a volume that grew keeps it so).
+    use crate::layers::{LayerKind, LayerRecord};
+    let small = LayerRecord::named("small", LayerKind::Snapshot, 300 * 4096);
+    let s3 = map.create_snapshot(layer("vol", LayerKind::Head), small).await.unwrap();
+    assert_eq!(map.referenced_blocks().await.unwrap().iter().find(|r| r.0 == s3).unwrap().1, 100 + 50);
+    // The same after a reopen (copies read back from the pool), and after a delete hands on.
+    map.checkpoint().await.unwrap();
+    drop(map);
+    let found = devs.iter().map(|d| FoundDrive { dev: Arc::clone(d), path: d.name().into() }).collect();
+    let vol = Pool::open(found).await.unwrap().volume("map").unwrap();
+    let map = MapStore::open(vol, layout, 4).await.unwrap();
+    let refs = map.referenced_blocks().await.unwrap();
+    assert_eq!(refs, vec![(s1, 410), (s2, 290), (s3, 150)]);
+    map.delete_snapshot(s2, |_| {}).await.unwrap();
+    assert_eq!(map.referenced_blocks().await.unwrap(), vec![(s1, 410), (s3, 150)]);
+    // s2's own versions of 0..50 were freed, those of 50..100 are s3's (made after them).
+    assert_eq!(held(&map, s1).await, (410, 250));
+    set(&map, 0..300, |b| entry(4000 + b)).await;
+    assert_eq!(held(&map, s3).await, (150, 100), "0..100 are its own now; 250..300 are s1's too");
+}
+
 #[tokio::test]
 async fn deleting_snapshots_hands_copies_on_and_frees_only_what_no_layer_holds() {
     let layout = snapshot_layout(64);

@@ -13,7 +13,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use stria_dev::BlockDevice;
+use stria_dev::{BLOCK_BYTES, BlockDevice};
 use stria_engine::pagecache::Slot;
 
 use super::delete::{DeleteStats, LetGo};
@@ -35,6 +35,23 @@ impl<D: BlockDevice> MapStore<D> {
     /// The clones (deleted ones whose delete has not finished are left out).
     pub fn clones(&self) -> Vec<LayerRecord> {
         self.snap.layers.lock().clones.iter().filter(|c| !c.record.hidden).map(|c| c.record.clone()).collect()
+    }
+
+    /// Sets clone `layer`'s size in memory (the next checkpoint makes it durable) and returns
+    /// the size it had: at most the map's blocks (a clone grows up to its family's size).
+    pub fn set_clone_bytes(&self, layer: u16, bytes: u64) -> Result<u64, MapError> {
+        if bytes.div_ceil(BLOCK_BYTES) > self.blocks() {
+            return Err(MapError::OutOfRange { block: bytes / BLOCK_BYTES, blocks: self.blocks() });
+        }
+        let mut l = self.snap.layers.lock();
+        let c = l
+            .clones
+            .iter_mut()
+            .find(|c| c.record.id == layer && !c.record.hidden)
+            .ok_or_else(|| layers_error(format!("no clone with layer id {layer}")))?;
+        let old = std::mem::replace(&mut c.record.logical_bytes, bytes);
+        l.records_dirty = true;
+        Ok(old)
     }
 
     /// Makes clone `record` of snapshot `parent` and returns its id once durable. It reads as

@@ -1,15 +1,83 @@
 //! Reads through the layers: a snapshot's or clone's view of a block, which layer holds a
-//! place (destage and GC ask), and the scan of the copies for live counts at open.
+//! place (destage and GC ask), the scan of the copies for live counts at open, and the blocks
+//! each snapshot references.
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering::SeqCst;
 
-use stria_dev::BlockDevice;
+use stria_dev::{BLOCK_BYTES, BlockDevice};
 
 use super::{layers_error, table_index, table_slot};
 use crate::layers::INDEX_ENTRIES;
 use crate::map::{ENTRIES_PER_PAGE, MapEntry, MapError, MapStore};
 
 impl<D: BlockDevice> MapStore<D> {
+    /// Blocks each snapshot's view maps to data (a segment block or a cache position: not
+    /// zeros, not unallocated) within its size, by layer id, oldest first, those deleted and
+    /// kept for clones included: what it references. One pass over the head's pages (read in
+    /// runs, not cached) and one read of each copy the snapshots own, whatever their number.
+    /// Writes going on meanwhile make it a moment's figure, as [`MapStore::exclusive_blocks`].
+    pub async fn referenced_blocks(&self) -> Result<Vec<(u16, u64)>, MapError> {
+        let _no_delete = self.snap.gate.read().await;
+        // (id, blocks in its size, directory), oldest first.
+        let snaps: Vec<(u16, u64, Vec<u32>)> = {
+            let l = self.snap.layers.lock();
+            l.snaps
+                .iter()
+                .map(|s| (s.record.id, s.record.logical_bytes / BLOCK_BYTES, s.dir.clone()))
+                .collect()
+        };
+        if snaps.is_empty() {
+            return Ok(Vec::new());
+        }
+        // The pages some snapshot owns a copy of, with (snapshot index, pool page) per owner.
+        let mut owned: BTreeMap<u64, Vec<(usize, u32)>> = BTreeMap::new();
+        for (k, (id, _, dir)) in snaps.iter().enumerate() {
+            for (ti, &table) in dir.iter().enumerate() {
+                if table != 0 {
+                    for (page, pool) in self.owned_in_table(*id, table, ti).await? {
+                        owned.entry(page).or_default().push((k, pool));
+                    }
+                }
+            }
+        }
+        let data = |entries: &[MapEntry], first: u64, end: u64| {
+            let within = end.saturating_sub(first).min(entries.len() as u64) as usize;
+            entries[..within]
+                .iter()
+                .filter(|e| matches!(e.place, crate::map::Place::Segment(_) | crate::map::Place::Cache(_)))
+                .count() as u64
+        };
+        let mut refs = vec![0u64; snaps.len()];
+        // Every snapshot sees a page no snapshot owns as the head has it.
+        let mut heads: HashMap<u64, Box<[MapEntry]>> = HashMap::new();
+        self.scan(|first, entries| {
+            let page = first / ENTRIES_PER_PAGE;
+            if owned.contains_key(&page) {
+                heads.insert(page, entries.into());
+            } else {
+                for (k, s) in snaps.iter().enumerate() {
+                    refs[k] += data(entries, first, s.1);
+                }
+            }
+        })
+        .await?;
+        // A page some own: newest to oldest, each sees its own copy, else the next newer's view.
+        for (&page, owners) in &owned {
+            let first = page * ENTRIES_PER_PAGE;
+            let mut view = heads
+                .remove(&page)
+                .ok_or_else(|| layers_error(format!("a snapshot owns page {page}, past the head's end")))?;
+            for k in (0..snaps.len()).rev() {
+                if let Some(&(_, pool)) = owners.iter().find(|o| o.0 == k) {
+                    view = self.pool_page(pool, snaps[k].0, page).await?.page().entries.lock().clone();
+                }
+                refs[k] += data(&view, first, snaps[k].1);
+            }
+        }
+        Ok(snaps.iter().zip(refs).map(|(s, r)| (s.0, r)).collect())
+    }
+
     /// The entries of `blocks` as snapshot or clone `layer` sees them.
     pub async fn get_in(&self, layer: u16, blocks: &[u64]) -> Result<Vec<MapEntry>, MapError> {
         let parent = {
