@@ -13,7 +13,10 @@
 //! to beside the volume's (each clone is checked after every boot against its own model), and
 //! delete some of them (a cut may land in the delete). In about a third of the cycles the volume
 //! is resized online while the writers go on (grown, or shrunk towards the blocks they use when
-//! it has no snapshots or clones): after every boot its size is the old or the new one.
+//! it has no snapshots or clones): after every boot its size is the old or the new one. Clones
+//! are grown to the volume's size and shrunk back amid the writers: the blocks a growth adds read
+//! as zeros, and after every boot a clone has its old or new size and zeros past its writers'
+//! blocks (or the one block written there before a shrink that did not return).
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -1059,6 +1062,12 @@ struct CloneSim {
     durable: bool,
     /// Its delete began and did not return.
     deleting: bool,
+    /// Its size as last known (0: not known) and that of a resize a cut may have cut short.
+    size: u64,
+    resizing: Option<u64>,
+    /// A block written past the writers' blocks (at `SIM_BLOCKS`) while it was grown: it may
+    /// read so until a shrink past it returned (a cut shrink may have discarded it or not).
+    tail: Option<Vec<u8>>,
 }
 
 impl Sim {
@@ -1230,8 +1239,83 @@ async fn verify_clones(sim: &mut Sim, vol: &LogVolume<Dev>, when: &str) -> u64 {
             }
             sim.clones[i].tracker.settle(b, &got);
         }
+        // Its size is the last one known or that of a resize a cut stopped; past the writers'
+        // blocks it reads as zeros (no writer writes there; a block written while it was grown
+        // may be there if no shrink past it returned).
+        let size = vol.layer_bytes(id);
+        let c = &sim.clones[i];
+        if c.size != 0 && size != c.size && Some(size) != c.resizing {
+            sim.fail(format!(
+                "{when}: clone {:?} holds {size} bytes; it held {} (resizing to {:?})",
+                c.name, c.size, c.resizing
+            ));
+        }
+        for b in SIM_BLOCKS as u64..size / 4096 {
+            let got = vol.read_snapshot(id, b * 4096, 4096).await;
+            let ok = got.as_ref().is_ok_and(|g| {
+                g.iter().all(|&x| x == 0) || (b == SIM_BLOCKS as u64 && c.tail.as_deref() == Some(&g[..]))
+            });
+            if !ok {
+                sim.fail(format!(
+                    "{when}: clone {:?} block {b} past the writers' blocks is not zeros",
+                    c.name
+                ));
+            }
+        }
+        (sim.clones[i].size, sim.clones[i].resizing) = (size, None);
     }
     sim.clones.len() as u64
+}
+
+/// The clone resizes of the simulation (see where it is called).
+async fn resize_clone(
+    sim: &mut Sim,
+    vol: &LogVolume<Dev>,
+    tracker: &RefCell<Tracker>,
+    work: &[(Option<u16>, RefCell<Tracker>)],
+    i: usize,
+    seed_c: u64,
+) {
+    let (name, id) = (sim.clones[i].name.clone(), work[i].0.expect("a live clone"));
+    let (before, to) = (vol.layer_bytes(id), vol.size_bytes());
+    sim.clones[i].resizing = Some(to);
+    let (grown, ()) =
+        tokio::join!(vol.resize_clone(&name, to), run_writers(vol, tracker, work, seed_c + 960, None));
+    sim.note(format!(
+        "  grow clone {name} {before} -> {to}: {}",
+        grown.as_ref().map_or_else(|e| e.to_string(), |_| "done".into())
+    ));
+    if grown.is_err() {
+        return;
+    }
+    (sim.clones[i].size, sim.clones[i].resizing) = (to, None);
+    CLONE_RESIZES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    for b in (before / 4096).max(SIM_BLOCKS as u64)..to / 4096 {
+        match vol.read_snapshot(id, b * 4096, 4096).await {
+            Ok(g) if g.iter().all(|&x| x == 0) => {}
+            Ok(_) => {
+                sim.fail(format!("clone {name} grown {before} -> {to}: block {b} it gained is not zeros"))
+            }
+            Err(_) => return, // the power went out
+        }
+    }
+    let block = random_bytes(&mut sim.rng, 4096);
+    sim.clones[i].tail = Some(block.clone());
+    if vol.write_to(id, SIM_BLOCKS as u64 * 4096, IoBytes::copy_from(&block)).await.is_err() {
+        return;
+    }
+    let small = SIM_BLOCKS as u64 * 4096;
+    sim.clones[i].resizing = Some(small);
+    let (shrunk, ()) =
+        tokio::join!(vol.resize_clone(&name, small), run_writers(vol, tracker, work, seed_c + 970, None));
+    sim.note(format!(
+        "  shrink clone {name} {to} -> {small}: {}",
+        shrunk.as_ref().map_or_else(|e| e.to_string(), |_| "done".into())
+    ));
+    if shrunk.is_ok() {
+        (sim.clones[i].size, sim.clones[i].resizing, sim.clones[i].tail) = (small, None, None);
+        CLONE_RESIZES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// [`settle_live`] of the clones being written (`(layer, tracker)`).
@@ -1503,6 +1587,9 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
                 tracker: Tracker::new(0),
                 durable: id.is_some(),
                 deleting: false,
+                size: made.as_ref().map_or(0, |r| r.logical_bytes),
+                resizing: None,
+                tail: None,
             });
             work.push((id, RefCell::new(t)));
             // Settled first: the snapshot's model may allow more than one version of a block,
@@ -1513,6 +1600,22 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
             {
                 run_writers(&vol, &tracker, &work, seed_c + 600, None).await;
             }
+        }
+        let live: Vec<usize> =
+            work.iter().enumerate().filter(|(_, w)| w.0.is_some()).map(|(i, _)| i).collect();
+        if layered
+            && !live.is_empty()
+            && vol.size_bytes() > SIM_BLOCKS as u64 * 4096
+            && sim.rng.random_bool(0.3)
+            && settle_live(&mut sim, &vol, &tracker, cycle).await
+            && settle_clones(&sim, &vol, &work, cycle).await
+        {
+            let pick = live[sim.rng.random_range(0..live.len())];
+            // A clone grown to its volume's size while the writers go on: the blocks it gains
+            // read as zeros (its parent's view there is empty, whatever the volume holds); a
+            // block is written past the writers' blocks, then it shrinks back to them (the
+            // block discarded), again amid the writers. A cut leaves the old size or the new.
+            resize_clone(&mut sim, &vol, &tracker, &work, pick, seed_c).await;
         }
         let live: Vec<usize> =
             work.iter().enumerate().filter(|(_, w)| w.0.is_some()).map(|(i, _)| i).collect();
@@ -1670,6 +1773,7 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
 
 /// Resizes that returned, over the seeds of one run.
 static RESIZES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static CLONE_RESIZES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// Snapshot deletes and rollbacks that returned, over the seeds of one run.
 static SNAPSHOT_DELETES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static SNAPSHOT_ROLLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -1697,7 +1801,7 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
     }
     eprintln!(
         "{n} seeds: {} opens from the segment table, {} by a map scan; {given_back} segments given back; \
-         {snapshots} snapshot checks after a boot, {} snapshot deletes, {} rollbacks; {} clone checks after a boot, {} clone deletes; {} deletes of an origin with clones (and {} a cut left to open); {} resizes",
+         {snapshots} snapshot checks after a boot, {} snapshot deletes, {} rollbacks; {} clone checks after a boot, {} clone deletes; {} deletes of an origin with clones (and {} a cut left to open); {} resizes, {} clone resizes",
         opens.0,
         opens.1,
         deletes(),
@@ -1706,12 +1810,17 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
         CLONE_DELETES.load(std::sync::atomic::Ordering::Relaxed),
         ORIGIN_DELETES.load(std::sync::atomic::Ordering::Relaxed),
         ORIGIN_DELETES_FINISHED.load(std::sync::atomic::Ordering::Relaxed),
-        RESIZES.load(std::sync::atomic::Ordering::Relaxed)
+        RESIZES.load(std::sync::atomic::Ordering::Relaxed),
+        CLONE_RESIZES.load(std::sync::atomic::Ordering::Relaxed)
     );
     if n >= 20 {
         assert!(
             RESIZES.load(std::sync::atomic::Ordering::Relaxed) > 0,
             "volumes were resized amid writes and cuts"
+        );
+        assert!(
+            CLONE_RESIZES.load(std::sync::atomic::Ordering::Relaxed) > 0,
+            "clones were resized amid writes and cuts"
         );
         assert!(opens.0 > 0 && opens.1 > 0, "both ways to open were exercised: {opens:?}");
         assert!(given_back > 0, "spaces were compacted and given back amid the cuts");
