@@ -427,7 +427,8 @@ def main():
     ap.add_argument("--resize", action="store_true",
                     help="grow the volume by 8 MiB in every round while the load runs (the kill -9 may land in "
                          "the resize): after the restart its size is the old one or the new one, the new one if "
-                         "the command returned, and every snapshot keeps its size")
+                         "the command returned, and every snapshot keeps its size; with --clones a live clone "
+                         "then grows to the new size too (old or new size after the restart, zeros in what it gained)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
@@ -503,7 +504,7 @@ def run(args, rng, daemon, tag):
             if args.clones and clone is None:
                 # The clone reads as the snapshot, which is the volume as `verify` just settled it.
                 daemon.cli("volume", "clone", f"{vol}@r{rnd}", f"k{rnd}")
-                clone = {"name": f"k{rnd}", "model": copy.deepcopy(model)}
+                clone = {"name": f"k{rnd}", "model": copy.deepcopy(model), "size": size}
                 print(f"{tag} round {rnd}: clone k{rnd} of {vol}@r{rnd}", flush=True)
         if args.scenario == "rebuilding" and volume_state(daemon, vol) == "healthy":
             # A new failure only once the last rebuild finished: the kill lands during the
@@ -552,14 +553,22 @@ def run(args, rng, daemon, tag):
             clone_thread.start()
 
         # The growth (--resize): in a thread, started while the load runs; the kill may cut it.
+        # With a clone (--clones) not being deleted, the clone then grows to the volume's new size
+        # while its load runs: the blocks it gains must read as zeros after the restart.
         resizing = None
         if args.resize:
             grow = {"to": size + (8 << 20), "after": rng.uniform(0, 1.0)}
+            if clone is not None and not clone_delete:
+                grow["clone"] = clone["name"]
 
             def resize(grow=grow):
                 time.sleep(grow["after"])
                 r = daemon.cli("volume", "resize", vol, "--size", str(grow["to"]), check=False)
                 grow["ok"] = r.returncode == 0
+                if grow["ok"] and "clone" in grow:
+                    grow["clone_began"] = True
+                    r = daemon.cli("volume", "resize", grow["clone"], "--size", str(grow["to"]), check=False)
+                    grow["clone_ok"] = r.returncode == 0
 
             resizing = (threading.Thread(target=resize), grow)
             resizing[0].start()
@@ -626,6 +635,8 @@ def run(args, rng, daemon, tag):
             if there:
                 hc = connect(daemon, clone["name"])
                 verify(hc, clone["model"], sectors, f"round {rnd} after kill -9: clone {clone['name']}")
+                if resizing and "clone" in resizing[1]:
+                    check_clone_growth(daemon, hc, clone, resizing[1], tag, rnd)
                 close(hc)
             else:
                 clone = None
@@ -647,6 +658,24 @@ def run(args, rng, daemon, tag):
               f"({time.time() - started:.0f} s)", flush=True)
     if clone is not None:
         delete_origin(args, rng, daemon, tag, vol, model, snaps, sectors, clone)
+
+
+def check_clone_growth(daemon, hc, clone, grow, tag, rnd):
+    """After a restart: the clone holds its old size or (if its growth began) the new one, the new
+    one if the growth returned, and the bytes it gained (past every load's region) read as zeros."""
+    now = volume_size(daemon, clone["name"])
+    allowed = {clone["size"]} | ({grow["to"]} if grow.get("clone_began") else set())
+    if now not in allowed or (grow.get("clone_ok") and now != grow["to"]):
+        raise Violation(f"round {rnd}: clone {clone['name']} holds {now} bytes after a growth from {clone['size']} "
+                        f"to {grow['to']} that {'returned' if grow.get('clone_ok') else 'did not return'}")
+    for at in range(clone["size"], now, 1 << 20):
+        n = min(1 << 20, now - at)
+        if hc.pread(n, at) != bytes(n):
+            raise Violation(f"round {rnd}: clone {clone['name']} grown from {clone['size']} reads data at {at}")
+    if grow.get("clone_began"):
+        print(f"{tag} round {rnd}: clone {clone['name']} growth to {grow['to'] >> 20} MiB "
+              f"{'returned' if grow.get('clone_ok') else 'cut by the kill'}, size {now >> 20} MiB", flush=True)
+    clone["size"] = now
 
 
 def listed_volume(daemon, name):

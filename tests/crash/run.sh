@@ -54,7 +54,7 @@ SCENARIOS=(
   "tiered-snapshots|--layout tiered:ec:4+2 --snapshots 3 --delete-snapshots"
   "log-snapshots|--layout log:ec:4+2 --scenario destaging --snapshots 3 --delete-snapshots"
   "tiered-clones|--layout tiered:ec:4+2 --scenario destaging --snapshots 3 --delete-snapshots --clones"
-  "tiered-resize|--layout tiered:ec:4+2 --scenario destaging --snapshots 2 --delete-snapshots --resize"
+  "tiered-resize|--layout tiered:ec:4+2 --scenario destaging --snapshots 2 --delete-snapshots --resize --clones"
 )
 
 OUT=$(mktemp -d /tmp/stria-crashrun.XXXX)

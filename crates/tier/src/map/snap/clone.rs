@@ -44,12 +44,7 @@ impl<D: BlockDevice> MapStore<D> {
             return Err(MapError::OutOfRange { block: bytes / BLOCK_BYTES, blocks: self.blocks() });
         }
         let mut l = self.snap.layers.lock();
-        let c = l
-            .clones
-            .iter_mut()
-            .find(|c| c.record.id == layer && !c.record.hidden)
-            .ok_or_else(|| layers_error(format!("no clone with layer id {layer}")))?;
-        let old = std::mem::replace(&mut c.record.logical_bytes, bytes);
+        let old = std::mem::replace(&mut l.live_clone(layer)?.record.logical_bytes, bytes);
         l.records_dirty = true;
         Ok(old)
     }
@@ -216,12 +211,7 @@ impl<D: BlockDevice> MapStore<D> {
         let _gate = self.snap.gate.write().await;
         {
             let mut l = self.snap.layers.lock();
-            let c = l
-                .clones
-                .iter_mut()
-                .find(|c| c.record.id == layer && !c.record.hidden)
-                .ok_or_else(|| layers_error(format!("no clone with layer id {layer}")))?;
-            c.record.hidden = true;
+            l.live_clone(layer)?.record.hidden = true;
             l.records_dirty = true;
         }
         // Durable before any copy is dropped: open finishes a delete a crash cut short.

@@ -272,6 +272,14 @@ impl Layers {
         self.clones.iter().any(|c| c.record.parent == id)
     }
 
+    /// Clone `layer`, unless it is unknown or being deleted.
+    fn live_clone(&mut self, layer: u16) -> Result<&mut Snap, MapError> {
+        self.clones
+            .iter_mut()
+            .find(|c| c.record.id == layer && !c.record.hidden)
+            .ok_or_else(|| layers_error(format!("no clone with layer id {layer}")))
+    }
+
     /// The index of snapshot `layer` among `snaps`, unless it is unknown or being deleted.
     fn visible(&self, layer: u16) -> Result<usize, MapError> {
         self.snaps
