@@ -491,3 +491,46 @@ async fn a_power_cut_at_any_request_of_a_clone_resize_leaves_the_old_or_the_new_
     }
     assert!(checked > 10, "{checked} cut points");
 }
+
+/// A clone of a snapshot made before its volume grew, grown past that size, reads zeros there
+/// although a snapshot made after the growth holds what the volume wrote there: the older
+/// snapshot took its own copies of those pages (empty past its end) when the volume first changed
+/// them, so its view never falls through to the newer one's there. Before and after the clone's
+/// first writes to those pages, and across a reopen.
+#[tokio::test]
+async fn a_clone_grown_past_its_parent_reads_zeros_though_a_newer_snapshot_holds_data_there() {
+    let switch = PowerSwitch::new();
+    let (devs, pool, vol) = new_volume_with_space(&switch, 51, small_space(5 * BLOCKS)).await;
+    let a = random_bytes(&mut rng(51), BLOCKS as usize * B);
+    vol.write(0, IoBytes::copy_from(&a), true).await.unwrap();
+    vol.create_snapshot("s1").await.unwrap();
+    vol.resize(900 * 4096).await.unwrap();
+    let past = random_bytes(&mut rng(52), 516 * B);
+    vol.write(BLOCKS * 4096, IoBytes::copy_from(&past), true).await.unwrap();
+    vol.create_snapshot("s2").await.unwrap();
+    // Every page past s1's end changes again: s2 (the newest) takes copies holding `past`.
+    let again = random_bytes(&mut rng(53), 516 * B);
+    vol.write(BLOCKS * 4096, IoBytes::copy_from(&again), true).await.unwrap();
+    let c = vol.create_clone("s1", "c").await.unwrap().id;
+    vol.resize_clone("c", 900 * 4096).await.unwrap();
+    let mut cm = a.clone();
+    cm.resize(900 * B, 0);
+    assert!(read_layer(&vol, c).await == cm, "the grown clone shows zeros past s1's end");
+    // A write in the boundary page and one past it copy pages: still zeros around them.
+    write_random_to(&vol, c, &mut cm, 54, 40).await;
+    for at in [BLOCKS - 1, BLOCKS + 1, 700] {
+        let data = [at as u8 | 1; B];
+        vol.write_to(c, at * 4096, IoBytes::copy_from(&data)).await.unwrap();
+        cm[at as usize * B..(at as usize + 1) * B].copy_from_slice(&data);
+    }
+    assert!(read_layer(&vol, c).await == cm);
+    let (pool, vol) = reopen_clean(pool, vol, &devs).await;
+    let c = clone_id(&vol, "c");
+    assert!(read_layer(&vol, c).await == cm, "after a reopen");
+    vol.delete_clone("c").await.unwrap();
+    let mut head = a.clone();
+    head.extend_from_slice(&again);
+    check(&vol, &head).await;
+    vol.close().await;
+    pool.close().await.unwrap();
+}
