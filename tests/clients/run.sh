@@ -288,12 +288,16 @@ log "ext4 on tiered:ec:4+2 grown online under fio, then grown with resize2fs; sh
 # shrunk (resize2fs -M) and the volume after it (--allow-shrink); fsck and the files' sums hold.
 "$STRIA" volume create gv --pool "$POOL" --size 256M --layout tiered:ec:4+2 --cache-size 48M >/dev/null
 mkdir -p "$W/gfuse" "$W/gmnt"
-gv_attach() {
-  nbdfuse "$W/gfuse" "$(uri gv)" &
-  GFUSE=$!
-  for _ in $(seq 50); do [ -e "$W/gfuse/nbd" ] && break; sleep 0.1; done
-  GL=$(losetup -f --show --direct-io=on "$W/gfuse/nbd")
+# nbd_loop EXPORT DIR PID_VAR LOOP_VAR: EXPORT through nbdfuse at DIR and a loop device over it
+# (their pid and device in the variables named).
+nbd_loop() {
+  local -n nl_pid=$3 nl_dev=$4
+  nbdfuse "$2" "$(uri "$1")" &
+  nl_pid=$!
+  for _ in $(seq 50); do [ -e "$2/nbd" ] && break; sleep 0.1; done
+  nl_dev=$(losetup -f --show --direct-io=on "$2/nbd")
 }
+gv_attach() { nbd_loop gv "$W/gfuse" GFUSE GL; }
 gv_detach() { losetup -d "$GL"; umount "$W/gfuse"; wait "$GFUSE"; }
 gv_attach
 mkfs.ext4 -q -F "$GL"
@@ -353,12 +357,7 @@ grep -q "grow gv first" "$W/clone-grow.err" || { cat "$W/clone-grow.err" >&2; ex
 out=$(qemu-io -f raw -r "$(uri gvc)" -c 'read -P 0 256M 512M' 2>&1)
 ! grep -q -i "verification failed\|error" <<<"$out" || { echo "gvc's new blocks are not zeros: $out" >&2; exit 1; }
 mkdir -p "$W/gcfuse"
-gvc_attach() {
-  nbdfuse "$W/gcfuse" "$(uri gvc)" &
-  GCFUSE=$!
-  for _ in $(seq 50); do [ -e "$W/gcfuse/nbd" ] && break; sleep 0.1; done
-  GCL=$(losetup -f --show --direct-io=on "$W/gcfuse/nbd")
-}
+gvc_attach() { nbd_loop gvc "$W/gcfuse" GCFUSE GCL; }
 gvc_detach() { losetup -d "$GCL"; umount "$W/gcfuse"; wait "$GCFUSE"; }
 gvc_attach
 # g0 was taken with the file system mounted (crash-consistent): the check may replay its journal
