@@ -247,6 +247,82 @@ async fn overwrite(vol: &LogVolume<Dev>, head: &mut [u8], rng: &mut ChaCha8Rng, 
     vol.write(from * 4096, IoBytes::copy_from(&new), true).await.unwrap();
 }
 
+/// A recount of the live counts (the mover's, when space runs low) while a snapshot or a clone
+/// is deleted: the delete changes the map batch by batch and frees each batch's places after,
+/// so a recount that scanned between the two and the free that followed would both take those
+/// places off, and GC would free and write over a segment the map still points into (the crash
+/// loop found it: a recount that found a segment's count below the map's). Requests complete a
+/// poll or two late, so the recounts land at every point of the deletes.
+#[tokio::test]
+async fn a_recount_amid_snapshot_and_clone_deletes_leaves_every_live_count_exact() {
+    // 256 map pages, one block written in each per version, a map cache of 16 pages: the
+    // deletes load pages as they go, so recounts run between their steps.
+    const PAGES: u64 = 256;
+    let at = |page: u64, v: u64| (page * 255 + v) * 4096;
+    for seed in 0..4u64 {
+        let switch = PowerSwitch::new();
+        let devs = drives(&switch, seed);
+        for d in &devs {
+            d.set_config(FaultConfig { completion_polls_max: 2, ..FaultConfig::default() });
+        }
+        let pool = create_pool(&devs).await;
+        let vol = log::create(&pool, small_spec(PAGES * 255 * 4096, 40 * 124 * 4096)).await.unwrap();
+        vol.set_params(LogParams { map_cache_pages: 16, ..vol.params() });
+        let mut rng = rng(seed);
+        let mut head = std::collections::BTreeMap::new();
+        let mut version = async |vol: &LogVolume<Dev>, layer: Option<u16>, v: u64| {
+            for page in 0..PAGES {
+                let data = random_bytes(&mut rng, 4096);
+                match layer {
+                    None => {
+                        vol.write(at(page, v % 2), IoBytes::copy_from(&data), false).await.unwrap();
+                        head.insert(at(page, v % 2), data);
+                    }
+                    Some(k) => vol.write_to(k, at(page, 2), IoBytes::copy_from(&data)).await.unwrap(),
+                }
+            }
+            vol.destage_all().await.unwrap();
+        };
+        version(&vol, None, 0).await;
+        vol.create_snapshot("s1").await.unwrap();
+        version(&vol, None, 1).await;
+        vol.create_snapshot("s2").await.unwrap();
+        version(&vol, None, 2).await;
+        let k = vol.create_clone("s1", "k").await.unwrap().id;
+        version(&vol, Some(k), 3).await;
+        assert!(vol.audit_live_counts().await.is_ok(), "seed {seed}: counts before");
+        let recounts = async {
+            for _ in 0..200 {
+                vol.recount_live_counts().await.unwrap();
+                tokio::task::yield_now().await;
+            }
+        };
+        let (deleted, ()) = tokio::join!(vol.delete_snapshot("s2"), recounts);
+        deleted.unwrap();
+        vol.audit_live_counts()
+            .await
+            .unwrap_or_else(|why| panic!("seed {seed}, after a snapshot delete: {why}"));
+        let recounts = async {
+            for _ in 0..200 {
+                vol.recount_live_counts().await.unwrap();
+                tokio::task::yield_now().await;
+            }
+        };
+        let (deleted, ()) =
+            tokio::join!(async { (vol.delete_snapshot("s1").await, vol.delete_clone("k").await) }, recounts);
+        deleted.0.unwrap();
+        deleted.1.unwrap();
+        vol.audit_live_counts()
+            .await
+            .unwrap_or_else(|why| panic!("seed {seed}, after a clone delete: {why}"));
+        for (&offset, data) in &head {
+            assert!(vol.read(offset, 4096).await.unwrap().to_vec() == *data, "seed {seed}: byte {offset}");
+        }
+        vol.close().await;
+        pool.close().await.unwrap();
+    }
+}
+
 /// Deleting an origin whose snapshots have clones (issue 39): its head takes no more writes and
 /// keeps what it held (the kept snapshot reads through it), its snapshots go (the clone's parent
 /// is kept, hidden), and the clone reads and writes as before, through reopens. A power cut
@@ -1358,6 +1434,14 @@ async fn settle_live(sim: &mut Sim, vol: &LogVolume<Dev>, tracker: &RefCell<Trac
             Err(_) => return false,
         }
     }
+    // The live counts match the map (a read failing is the power going out).
+    match vol.audit_live_counts().await {
+        Err(why) if why.contains("live blocks") => sim.fail(format!("cycle {cycle} between phases: {why}")),
+        Err(_) => return false,
+        Ok(exact) => {
+            COUNT_AUDITS[usize::from(exact)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
     let mut t = tracker.borrow_mut();
     for (b, got) in now.iter().enumerate() {
         if !t.allowed(b).iter().any(|v| v[..] == got[..]) {
@@ -1783,6 +1867,10 @@ static CLONE_DELETES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 /// Deletes of an origin with clones that returned, and that a cut left to open to finish.
 static ORIGIN_DELETES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static ORIGIN_DELETES_FINISHED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Live counts checked against the map between phases: at least the map's (counts from a
+/// persisted table), and exactly the map's (after a scan or a recount).
+static COUNT_AUDITS: [std::sync::atomic::AtomicU64; 2] =
+    [std::sync::atomic::AtomicU64::new(0), std::sync::atomic::AtomicU64::new(0)];
 
 #[tokio::test(start_paused = true)]
 async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_no_write() {
@@ -1793,6 +1881,7 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
     let n: u64 = std::env::var("STRIA_LOG_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
     let (mut opens, mut given_back, mut snapshots) = ((0, 0), 0, 0);
     let deletes = || SNAPSHOT_DELETES.load(std::sync::atomic::Ordering::Relaxed);
+    let audits = |exact: usize| COUNT_AUDITS[exact].load(std::sync::atomic::Ordering::Relaxed);
     for seed in 0..n {
         let (table, scan, back, snaps) = run_log_sequence(seed, false).await;
         opens = (opens.0 + table, opens.1 + scan);
@@ -1801,7 +1890,7 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
     }
     eprintln!(
         "{n} seeds: {} opens from the segment table, {} by a map scan; {given_back} segments given back; \
-         {snapshots} snapshot checks after a boot, {} snapshot deletes, {} rollbacks; {} clone checks after a boot, {} clone deletes; {} deletes of an origin with clones (and {} a cut left to open); {} resizes, {} clone resizes",
+         {snapshots} snapshot checks after a boot, {} snapshot deletes, {} rollbacks; {} clone checks after a boot, {} clone deletes; {} deletes of an origin with clones (and {} a cut left to open); {} resizes, {} clone resizes; live counts checked against the map {} times ({} exactly)",
         opens.0,
         opens.1,
         deletes(),
@@ -1811,7 +1900,9 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
         ORIGIN_DELETES.load(std::sync::atomic::Ordering::Relaxed),
         ORIGIN_DELETES_FINISHED.load(std::sync::atomic::Ordering::Relaxed),
         RESIZES.load(std::sync::atomic::Ordering::Relaxed),
-        CLONE_RESIZES.load(std::sync::atomic::Ordering::Relaxed)
+        CLONE_RESIZES.load(std::sync::atomic::Ordering::Relaxed),
+        audits(0) + audits(1),
+        audits(1)
     );
     if n >= 20 {
         assert!(
@@ -1823,6 +1914,7 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
             "clones were resized amid writes and cuts"
         );
         assert!(opens.0 > 0 && opens.1 > 0, "both ways to open were exercised: {opens:?}");
+        assert!(audits(0) > 0 && audits(1) > 0, "live counts were checked, from a table and exact");
         assert!(given_back > 0, "spaces were compacted and given back amid the cuts");
         assert!(snapshots > 0, "snapshots were checked after cuts");
         assert!(deletes() > 0, "snapshots were deleted amid writes and cuts");

@@ -312,7 +312,7 @@ async fn move_some(
         }
         (block, from, to)
     };
-    match store.update(&[Update { block, entry: to, expect: Some(from.place) }]).await {
+    match store.update(&[Update { block, entry: to, expect: Some(from) }]).await {
         Ok(applied) => {
             assert_eq!(applied, vec![Some(from)], "seed {seed}: moving block {block} from {from:?}");
             let mut m = model.borrow_mut();

@@ -14,6 +14,7 @@ use crate::map::{MapEntry, Place, Update};
 use stria_dev::block_crc;
 
 /// A block on its way to a new place: where it is, its map entry there, its data.
+#[derive(Clone)]
 pub(crate) struct Move {
     pub(super) block: u64,
     pub(super) from: Place,
@@ -193,7 +194,7 @@ impl<D: BlockDevice> LogVolume<D> {
             .map(|(i, m)| Update {
                 block: m.block,
                 entry: MapEntry { place: Place::Segment(base + i as u64), ..m.entry },
-                expect: Some(m.from),
+                expect: Some(m.entry),
             })
             .collect();
         let olds = self.update_map(&updates).await?;

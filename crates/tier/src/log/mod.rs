@@ -267,7 +267,8 @@ pub(crate) struct Clock {
 /// `writes`, `ranges`, `rmw` (an unaligned write's edge blocks), `moving`, `settle`,
 /// `pool_growth`; a path takes a subset in this order (a writer: `writes`, `ranges` shared,
 /// `rmw`, `settle`; a compare and write: `writes`, `ranges` exclusive, `settle`; the mover:
-/// `moving`, `settle`; a rollback: `snapshot_ops`, `writes`, `moving`). The map's own locks are
+/// `moving`, `settle`; a rollback: `snapshot_ops`, `writes`, `moving`; a snapshot or clone
+/// delete: `snapshot_ops`, `settle` shared). The map's own locks are
 /// inside all of them, and the parking_lot mutexes (the segment table, the params, the health
 /// and space notes) are leaves, never held across an await.
 pub(crate) struct Gates {
@@ -283,10 +284,10 @@ pub(crate) struct Gates {
     pub(crate) rmw: Box<[tokio::sync::Mutex<()>]>,
     /// The mover's GC state, held while a destage or GC batch runs (close waits for it).
     pub(crate) moving: tokio::sync::Mutex<gc::Gc>,
-    /// Held shared by writers from their map update until they have freed the places it
-    /// replaced, exclusively by the mover when it must know that no such free is pending (a
-    /// restored cache position found stale: the writer that replaced its entry may still be
-    /// about to free it).
+    /// Held shared by writers (and snapshot and clone deletes) from their map update until
+    /// they have freed the places it replaced, exclusively by the mover when it must know that
+    /// no such free is pending (a restored cache position found stale: the writer that replaced
+    /// its entry may still be about to free it; a recount; an overcount forgotten).
     pub(crate) settle: tokio::sync::RwLock<()>,
     /// One growth of the snapshot page pool at a time.
     pub(crate) pool_growth: tokio::sync::Mutex<()>,

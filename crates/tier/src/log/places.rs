@@ -218,9 +218,9 @@ impl<D: BlockDevice> LogVolume<D> {
                     self.name, u.block
                 ),
                 (Some(from), Some(old)) => assert_eq!(
-                    old.place, from,
-                    "volume {}: block {} moved from {from:?} while its entry was at {:?}",
-                    self.name, u.block, old.place
+                    *old, from,
+                    "volume {}: block {} moved from {from:?} while its entry was {old:?}",
+                    self.name, u.block
                 ),
                 _ => {}
             }

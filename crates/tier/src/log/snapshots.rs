@@ -75,6 +75,10 @@ impl<D: BlockDevice> LogVolume<D> {
     async fn delete_snapshot_held(&self, snap: &LayerRecord) -> Result<DeleteStats, TierError> {
         self.check_writable(0, self.size_bytes())?;
         let name = &snap.name;
+        // Settle is held shared from each batch's map change to its free (as writers do): a
+        // recount or a forgotten overcount between the two would see the places gone and then
+        // be lowered again, below what the map holds.
+        let _settle = self.gates.settle.read().await;
         let stats = self
             .map
             .delete_snapshot(snap.id, |freed| self.free_places(freed))
@@ -319,11 +323,14 @@ impl<D: BlockDevice> LogVolume<D> {
             return Err(TierError::Invalid(format!("{} has no clone {name:?}", self.name)));
         };
         self.check_writable(0, self.size_bytes())?;
+        // As a snapshot's delete (see there): no recount between a map change and its free.
+        let settle = self.gates.settle.read().await;
         let stats = self
             .map
             .delete_clone(clone.id, |freed| self.free_places(freed))
             .await
             .map_err(|e| self.layer_op_error(&format!("deleting clone {name:?}"), e))?;
+        drop(settle);
         self.ring.hungry.notify_one();
         tracing::info!(volume = %self.name, clone = name, ?stats, "clone deleted");
         Ok(stats)

@@ -99,13 +99,15 @@ impl MapEntry {
     pub const UNALLOCATED: MapEntry = MapEntry { place: Place::Unallocated, crc: 0, seq: 0 };
 }
 
-/// A change to one block: set `entry`, if the block's place is `expect` (when given).
+/// A change to one block: set `entry`, if the block's entry is `expect` (when given).
 #[derive(Debug, Clone, Copy)]
 pub struct Update {
     pub block: u64,
     pub entry: MapEntry,
-    /// Apply only if the block still lives here (a move that a newer write must win over).
-    pub expect: Option<Place>,
+    /// Apply only if the block still has this entry (a move that a newer write must win over).
+    /// The whole entry, not only its place: a place freed and written again between a move's
+    /// read and its update holds other data, with another checksum and sequence number.
+    pub expect: Option<MapEntry>,
 }
 
 /// Why a map operation failed.
@@ -580,7 +582,7 @@ impl<D: BlockDevice> MapStore<D> {
                         let mut entries = slot.page().entries.lock();
                         let at = (u.block % ENTRIES_PER_PAGE) as usize;
                         let before = entries[at];
-                        let ok = u.expect.is_none_or(|p| before.place == p);
+                        let ok = u.expect.is_none_or(|e| before == e);
                         if ok {
                             entries[at] = u.entry;
                             drop(entries);

@@ -179,11 +179,11 @@ async fn snapshots_keep_their_view_through_overwrites_moves_and_reopens() {
     // GC moves a block only s1 holds (odd blocks are shared by s1 and s2 through s2's copy).
     let old = entry(1000 + 4);
     let moved = MapEntry { place: Place::Segment(999_999), ..old };
-    let r = map.update(&[Update { block: 4, entry: moved, expect: Some(old.place) }]).await.unwrap();
+    let r = map.update(&[Update { block: 4, entry: moved, expect: Some(old) }]).await.unwrap();
     assert_eq!(r, vec![Some(old)], "the move applied (to s1 only) and its old place is free");
     let shared = entry(1000 + 5);
     let moved5 = MapEntry { place: Place::Segment(888_888), ..shared };
-    map.update(&[Update { block: 5, entry: moved5, expect: Some(shared.place) }]).await.unwrap();
+    map.update(&[Update { block: 5, entry: moved5, expect: Some(shared) }]).await.unwrap();
     let mut want_s1 = want_s1;
     let mut want_s2 = want_s2;
     want_s1[4] = moved;
@@ -380,19 +380,17 @@ async fn a_clone_reads_through_its_snapshot_writes_only_its_own_pages_and_keeps_
     assert_eq!(view(&map, s1).await, versions(|_| 1), "the snapshot keeps its view");
     assert_eq!(view(&map, 0).await, versions(|_| 2), "the volume keeps its own");
     // A move (GC) of a block the clone and its parent share changes both.
-    let mv = [Update { block: 1, entry: entry(5001), expect: Some(entry(1001).place) }];
-    assert_eq!(
-        map.update(&mv).await.unwrap(),
-        vec![Some(MapEntry { place: entry(1001).place, ..entry(5001) })]
-    );
-    assert_eq!(map.get_in(c, &[1]).await.unwrap(), vec![entry(5001)]);
-    assert_eq!(map.get_in(s1, &[1]).await.unwrap(), vec![entry(5001)]);
+    let moved = MapEntry { place: entry(5001).place, ..entry(1001) };
+    let mv = [Update { block: 1, entry: moved, expect: Some(entry(1001)) }];
+    assert_eq!(map.update(&mv).await.unwrap(), vec![Some(entry(1001))]);
+    assert_eq!(map.get_in(c, &[1]).await.unwrap(), vec![moved]);
+    assert_eq!(map.get_in(s1, &[1]).await.unwrap(), vec![moved]);
     // Deleting the snapshot keeps it, hidden, for the clone: nothing is freed.
     let (stats, freed) = delete(&map, s1).await;
     assert!(stats.kept_for_clones && freed.is_empty(), "{stats:?}");
     assert!(map.snapshots().is_empty());
     let mut want_c = want_c;
-    want_c[1] = entry(5001);
+    want_c[1] = moved;
     assert_eq!(view(&map, c).await, want_c);
     drop(map);
     let map = MapStore::open(reopen(&devs).await, layout, 4).await.unwrap();
@@ -404,7 +402,7 @@ async fn a_clone_reads_through_its_snapshot_writes_only_its_own_pages_and_keeps_
     map.delete_clone(c, |f| freed.extend(f.into_iter().map(|(_, e)| e))).await.unwrap();
     freed.sort_by_key(|e| e.seq);
     let mut want: Vec<MapEntry> = (0..600)
-        .map(|b| if b == 1 { entry(5001) } else { entry(1000 + b) })
+        .map(|b| if b == 1 { moved } else { entry(1000 + b) })
         .chain((0..300).map(|b| if b == 2 { entry(9999) } else { entry(9000 + b * 2) }))
         .collect();
     want.sort_by_key(|e| e.seq);
@@ -530,8 +528,8 @@ async fn a_conditional_update_loses_to_a_newer_write() {
     let moved = MapEntry { place: Place::Segment(100), crc: 1, seq: 1 };
     let applied = map
         .update(&[
-            Update { block: 3, entry: moved, expect: Some(Place::Cache(5)) },
-            Update { block: 4, entry: moved, expect: Some(Place::Unallocated) },
+            Update { block: 3, entry: moved, expect: Some(cached) },
+            Update { block: 4, entry: moved, expect: Some(MapEntry::UNALLOCATED) },
         ])
         .await
         .unwrap();
@@ -542,6 +540,14 @@ async fn a_conditional_update_loses_to_a_newer_write() {
     );
     assert_eq!(map.get(3).await.unwrap(), newer);
     assert_eq!(map.get(4).await.unwrap(), moved);
+    // A place freed and written again between a move's read and its update: the entry there
+    // has the same place and other data (checksum, sequence): the stale move loses too.
+    let again = MapEntry { place: Place::Cache(5), crc: 3, seq: 3 };
+    map.update(&[Update { block: 3, entry: again, expect: None }]).await.unwrap();
+    let stale = MapEntry { place: Place::Segment(101), ..cached };
+    let applied = map.update(&[Update { block: 3, entry: stale, expect: Some(cached) }]).await.unwrap();
+    assert_eq!(applied, vec![None], "the stale move loses to the block written at its old place");
+    assert_eq!(map.get(3).await.unwrap(), again);
 }
 
 #[tokio::test]

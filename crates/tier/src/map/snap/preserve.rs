@@ -83,7 +83,7 @@ impl<D: BlockDevice> MapStore<D> {
                 }
                 Some(from) => {
                     let mut moved = false;
-                    if before.place == from {
+                    if before == from {
                         entries[at] = u.entry;
                         self.cache.mark_dirty(*page, slot);
                         pending.push(crate::map::Delta::entry(0, *page, u.block, u.entry, before));
@@ -93,7 +93,7 @@ impl<D: BlockDevice> MapStore<D> {
                     for s in layers.snaps.iter().chain(&layers.clones) {
                         if let Some((key, own)) = self.own_page_now(s, *page, &mut needs, &mut held) {
                             let mut e = own.page().entries.lock();
-                            if e[at].place == from {
+                            if e[at] == from {
                                 let was = e[at];
                                 e[at] = u.entry;
                                 drop(e);
@@ -109,7 +109,7 @@ impl<D: BlockDevice> MapStore<D> {
                             }
                         }
                     }
-                    applied.push(moved.then_some(MapEntry { place: from, ..u.entry }));
+                    applied.push(moved.then_some(from));
                 }
             }
         }
