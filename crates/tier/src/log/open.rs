@@ -359,6 +359,12 @@ pub async fn open<D: BlockDevice>(
             .await
             .map_err(|e| corrupt(format!("finishing the delete of the origin: {e}")))?;
         tracing::info!(volume = %rec.name, ?deleted, "finished the delete of an origin a crash interrupted");
+    } else if vol.map.head_deleted() {
+        // A clone's delete cut before the deleted origin's head let go of what the snapshot it
+        // kept held (cheap when nothing changed: the newest snapshot's pages are compared).
+        vol.free_deleted_head()
+            .await
+            .map_err(|e| corrupt(format!("freeing a deleted origin's blocks: {e}")))?;
     }
     if header.volume_bytes != rec.size_bytes {
         // A resize wrote its header and crashed before the pool record followed.

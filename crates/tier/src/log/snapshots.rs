@@ -118,15 +118,42 @@ impl<D: BlockDevice> LogVolume<D> {
         self.delete_origin_snapshots().await
     }
 
-    /// Deletes every snapshot of a deleted origin, oldest first (the caller holds
-    /// `snapshot_ops`, or the volume is being opened).
+    /// Deletes every snapshot of a deleted origin, oldest first, then frees the blocks only its
+    /// head held (the caller holds `snapshot_ops`, or the volume is being opened).
     pub(super) async fn delete_origin_snapshots(&self) -> Result<(Vec<String>, Vec<String>), TierError> {
         let (mut deleted, mut kept) = (Vec::new(), Vec::new());
         for snap in self.map.snapshots() {
             let stats = self.delete_snapshot_held(&snap).await?;
             if stats.kept_for_clones { &mut kept } else { &mut deleted }.push(snap.name);
         }
+        self.free_deleted_head().await?;
         Ok((deleted, kept))
+    }
+
+    /// Frees what only a deleted origin's head holds (docs/design/snapshots.md, "Deleting an
+    /// origin that has clones"): no one reads the head any more, only the snapshots kept for
+    /// the clones read through it, so it is rolled back to the newest of them (whose view it
+    /// then is, page for page: the older ones read through that one or through pages the head
+    /// never changed since). The rollback's own argument holds: every place the head shares
+    /// with another layer the newest snapshot holds too, so only the head's own are freed.
+    /// Durable as a rollback is (a mark, finished at open). Clone writes wait while it runs.
+    /// Returns the blocks changed. The caller holds `snapshot_ops` (or the volume is opening).
+    pub(super) async fn free_deleted_head(&self) -> Result<u64, TierError> {
+        let Some(newest) = self.map.newest_snapshot().filter(|_| self.origin_deleted()) else { return Ok(0) };
+        let _drained = self.gates.writes.write().await;
+        let _moves = self.gates.moving.lock().await;
+        let failed = |e: MapError| -> TierError {
+            self.map_failed(&e);
+            map_error(&self.name, e).into()
+        };
+        // The pages changed since the newest are its own already: restoring them copies none.
+        self.map.mark_rollback(newest.id).await.map_err(failed)?;
+        let restored = self.restore(newest.id).await?;
+        self.map.mark_rollback(0).await.map_err(failed)?;
+        if restored > 0 {
+            tracing::info!(volume = %self.name, restored, "freed the blocks only the deleted origin held");
+        }
+        Ok(restored)
     }
 
     /// The error of a snapshot or clone operation `what`: a refusal (nothing changed) for what
@@ -230,7 +257,7 @@ impl<D: BlockDevice> LogVolume<D> {
                 .iter()
                 .flat_map(|&p| p * ENTRIES_PER_PAGE..((p + 1) * ENTRIES_PER_PAGE).min(self.blocks()))
                 .collect();
-            let want = self.map.get_in(layer, &blocks).await.map_err(|e| map_error(&self.name, e))?;
+            let want = self.map.get_in_kept(layer, &blocks).await.map_err(|e| map_error(&self.name, e))?;
             let now = self.map.get_many(&blocks).await.map_err(|e| map_error(&self.name, e))?;
             let updates: Vec<Update> = blocks
                 .iter()
@@ -331,6 +358,9 @@ impl<D: BlockDevice> LogVolume<D> {
             .await
             .map_err(|e| self.layer_op_error(&format!("deleting clone {name:?}"), e))?;
         drop(settle);
+        // The snapshot kept for it may have gone with it: what the deleted origin's head holds
+        // for that one alone is freed.
+        self.free_deleted_head().await?;
         self.ring.hungry.notify_one();
         tracing::info!(volume = %self.name, clone = name, ?stats, "clone deleted");
         Ok(stats)

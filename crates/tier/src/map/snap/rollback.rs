@@ -11,10 +11,16 @@ use crate::map::{MapError, MapStore};
 impl<D: BlockDevice> MapStore<D> {
     /// The head pages changed since snapshot `layer` was made: those it or a newer snapshot
     /// owns a copy of (every change after it was made copied the page into the newest first).
+    /// A deleted snapshot kept for its clones is one too (a deleted origin's head goes back to
+    /// the newest, [`Self::mark_rollback`]).
     pub async fn changed_since(&self, layer: u16) -> Result<Vec<u64>, MapError> {
         let snaps: Vec<(u16, Vec<u32>)> = {
             let l = self.snap.layers.lock();
-            let k = l.visible(layer)?;
+            let k = l
+                .snaps
+                .iter()
+                .position(|s| s.record.id == layer)
+                .ok_or_else(|| layers_error(format!("no snapshot with layer id {layer}")))?;
             l.snaps[k..].iter().map(|s| (s.record.id, s.dir.clone())).collect()
         };
         let mut pages = BTreeSet::new();
@@ -35,11 +41,14 @@ impl<D: BlockDevice> MapStore<D> {
     }
 
     /// Records durably that the head is being rolled back to snapshot `layer` (0: that it is
-    /// done): open finishes a rollback a crash cut short.
+    /// done): open finishes a rollback a crash cut short. The head of a deleted origin goes back
+    /// to its newest snapshot, deleted and kept for its clones, to free the blocks only the
+    /// head held (no one reads the head itself any more).
     pub async fn mark_rollback(&self, layer: u16) -> Result<(), MapError> {
         {
             let mut l = self.snap.layers.lock();
-            if layer != 0 && !l.snaps.iter().any(|s| s.record.id == layer && !s.record.hidden) {
+            let deleted = self.head_deleted();
+            if layer != 0 && !l.snaps.iter().any(|s| s.record.id == layer && (deleted || !s.record.hidden)) {
                 return Err(layers_error(format!("no snapshot with layer id {layer}")));
             }
             if layer != 0 && l.snaps.last().is_some_and(|s| s.record.id != layer) {
