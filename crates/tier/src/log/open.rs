@@ -361,7 +361,8 @@ pub async fn open<D: BlockDevice>(
         tracing::info!(volume = %rec.name, ?deleted, "finished the delete of an origin a crash interrupted");
     } else if vol.map.head_deleted() {
         // A clone's delete cut before the deleted origin's head let go of what the snapshot it
-        // kept held (cheap when nothing changed: the newest snapshot's pages are compared).
+        // kept held (when nothing changed: a walk of the newest snapshot's pages, two
+        // checkpoints).
         vol.free_deleted_head()
             .await
             .map_err(|e| corrupt(format!("freeing a deleted origin's blocks: {e}")))?;
