@@ -361,8 +361,8 @@ pub async fn open<D: BlockDevice>(
         tracing::info!(volume = %rec.name, ?deleted, "finished the delete of an origin a crash interrupted");
     } else if vol.map.head_deleted() {
         // A clone's delete cut before the deleted origin's head let go of what the snapshot it
-        // kept held (when nothing changed: a walk of the newest snapshot's pages, two
-        // checkpoints).
+        // kept held (when nothing changed: a walk of the newest snapshot's pages, nothing
+        // written).
         vol.free_deleted_head()
             .await
             .map_err(|e| corrupt(format!("freeing a deleted origin's blocks: {e}")))?;

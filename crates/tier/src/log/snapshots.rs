@@ -146,6 +146,10 @@ impl<D: BlockDevice> LogVolume<D> {
             self.map_failed(&e);
             map_error(&self.name, e).into()
         };
+        // Nothing to free (done before, at an open or an earlier delete): no marks written.
+        if self.restore_or_look(newest.id, true).await? == 0 {
+            return Ok(0);
+        }
         // The pages changed since the newest are its own already: restoring them copies none.
         self.map.mark_rollback(newest.id).await.map_err(failed)?;
         let restored = self.restore(newest.id).await?;
@@ -250,6 +254,12 @@ impl<D: BlockDevice> LogVolume<D> {
     /// (as host writes would, so the newest snapshot keeps what they replace, and what none
     /// holds is freed). The caller keeps host writes, destage and GC out.
     pub(super) async fn restore(&self, layer: u16) -> Result<u64, VolumeError> {
+        self.restore_or_look(layer, false).await
+    }
+
+    /// [`Self::restore`], or (`look`) only whether it would change a block: the number of
+    /// blocks of the first pages found changed, 0 if none is.
+    async fn restore_or_look(&self, layer: u16, look: bool) -> Result<u64, VolumeError> {
         let pages = self.map.changed_since(layer).await.map_err(|e| map_error(&self.name, e))?;
         let mut restored = 0;
         for chunk in pages.chunks(16) {
@@ -267,6 +277,9 @@ impl<D: BlockDevice> LogVolume<D> {
                 .collect();
             if updates.is_empty() {
                 continue;
+            }
+            if look {
+                return Ok(updates.len() as u64);
             }
             let olds = self.update_map(&updates).await?;
             self.free_places(updates.iter().zip(olds).filter_map(|(u, o)| o.map(|o| (u.block, o))));
