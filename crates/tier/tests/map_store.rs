@@ -391,6 +391,8 @@ async fn run_seed(seed: u64) {
         let store = MapStore::open(vol, layout, cache_pages)
             .await
             .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: map open: {e}"));
+        // Deletes in batches of a few pages: a cut may fall between any two.
+        store.set_delete_batch(if rng.random_bool(0.7) { rng.random_range(1..=3) } else { 128 });
         // A delete a cut interrupted is finished before anything else.
         let mut freed = Vec::new();
         store
@@ -604,7 +606,7 @@ async fn run_seed(seed: u64) {
                     if !clean && rng.random_bool(0.3) {
                         switch.trip_after_ops(rng.random_range(0..40));
                     }
-                    let deleted = store.delete_clone(id, |f| freed.extend(f)).await;
+                    let deleted = store.delete_clone(id, None, |f| freed.extend(f)).await;
                     let what = format!("seed {seed} cycle {cycle}: deleting clone {id}");
                     let mut m = model.borrow_mut();
                     m.check_freed(&freed, &gone, &what);
@@ -674,7 +676,7 @@ async fn run_seed(seed: u64) {
                         // A cut inside the delete (it writes a checkpoint and a few log blocks).
                         switch.trip_after_ops(rng.random_range(0..40));
                     }
-                    let deleted = store.delete_snapshot(id, |f| freed.extend(f)).await;
+                    let deleted = store.delete_snapshot(id, None, |f| freed.extend(f)).await;
                     let what = format!("seed {seed} cycle {cycle}: deleting snapshot {id}");
                     let mut m = model.borrow_mut();
                     m.check_freed(&freed, &[Gone::Snap(i)], &what);

@@ -268,7 +268,7 @@ pub(crate) struct Clock {
 /// `pool_growth`; a path takes a subset in this order (a writer: `writes`, `ranges` shared,
 /// `rmw`, `settle`; a compare and write: `writes`, `ranges` exclusive, `settle`; the mover:
 /// `moving`, `settle`; a rollback: `snapshot_ops`, `writes`, `moving`; a snapshot or clone
-/// delete: `snapshot_ops`, `settle` shared). The map's own locks are
+/// delete: `snapshot_ops`, then per batch `settle` shared). The map's own locks are
 /// inside all of them, and the parking_lot mutexes (the segment table, the params, the health
 /// and space notes) are leaves, never held across an await.
 pub(crate) struct Gates {
@@ -359,6 +359,14 @@ impl<D: BlockDevice> LogVolume<D> {
     pub fn set_params(&self, p: LogParams) {
         *self.params.lock() = p;
         self.ring.hungry.notify_one();
+    }
+
+    /// Map pages a snapshot or clone delete lets go of per batch (128 unless set): host writes
+    /// wait for one batch, not the delete. For tests, which set it small so that writes land
+    /// between batches.
+    #[doc(hidden)]
+    pub fn set_delete_batch(&self, pages: usize) {
+        self.map.set_delete_batch(pages);
     }
 
     /// The map's counters (log writes, deltas, checkpoints, cache).

@@ -61,8 +61,9 @@ impl<D: BlockDevice> LogVolume<D> {
 
     /// Deletes snapshot `name` (docs/design/snapshots.md, "Snapshot delete"): no data is
     /// copied; its map page copies are handed to the next older snapshot or dropped, and the
-    /// places no layer holds any more are freed for GC. Writes wait while it runs (it costs a
-    /// log record per map page the snapshot owns).
+    /// places no layer holds any more are freed for GC. It costs a log record per map page the
+    /// snapshot owns, written in batches; writes go on between them, each waiting for one batch
+    /// at most.
     pub async fn delete_snapshot(&self, name: &str) -> Result<DeleteStats, TierError> {
         let _one = self.gates.snapshot_ops.lock().await;
         let Some(snap) = self.map.snapshots().into_iter().find(|s| s.name == name) else {
@@ -77,11 +78,11 @@ impl<D: BlockDevice> LogVolume<D> {
         let name = &snap.name;
         // Settle is held shared from each batch's map change to its free (as writers do): a
         // recount or a forgotten overcount between the two would see the places gone and then
-        // be lowered again, below what the map holds.
-        let _settle = self.gates.settle.read().await;
+        // be lowered again, below what the map holds. Per batch, not for the whole delete: the
+        // destager takes it alone, and host writes queue behind a waiting destager.
         let stats = self
             .map
-            .delete_snapshot(snap.id, |freed| self.free_places(freed))
+            .delete_snapshot(snap.id, Some(&self.gates.settle), |freed| self.free_places(freed))
             .await
             .map_err(|e| self.layer_op_error(&format!("deleting snapshot {name:?}"), e))?;
         tracing::info!(volume = %self.name, snapshot = %name, ?stats, "snapshot deleted");
@@ -363,14 +364,13 @@ impl<D: BlockDevice> LogVolume<D> {
             return Err(TierError::Invalid(format!("{} has no clone {name:?}", self.name)));
         };
         self.check_writable(0, self.size_bytes())?;
-        // As a snapshot's delete (see there): no recount between a map change and its free.
-        let settle = self.gates.settle.read().await;
+        // As a snapshot's delete (see there): no recount between a batch's map change and its
+        // free.
         let stats = self
             .map
-            .delete_clone(clone.id, |freed| self.free_places(freed))
+            .delete_clone(clone.id, Some(&self.gates.settle), |freed| self.free_places(freed))
             .await
             .map_err(|e| self.layer_op_error(&format!("deleting clone {name:?}"), e))?;
-        drop(settle);
         // The snapshot kept for it may have gone with it: what the deleted origin's head holds
         // for that one alone is freed.
         self.free_deleted_head().await?;

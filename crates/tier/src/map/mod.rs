@@ -245,6 +245,8 @@ pub struct MapStats {
     pub deltas_replayed: u64,
     /// Head pages copied into snapshots before their first change (since open).
     pub pages_preserved: u64,
+    /// Of those, copied into the next older snapshot while the newest was being deleted.
+    pub pages_preserved_past_a_delete: u64,
 }
 
 /// A change applied in memory whose log write is not done.
@@ -363,6 +365,7 @@ pub struct MapStore<D: BlockDevice> {
     /// Snapshots of the head (docs/design/snapshots.md).
     snap: snap::SnapState,
     stats_preserved: std::sync::atomic::AtomicU64,
+    stats_preserved_past_delete: std::sync::atomic::AtomicU64,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for MapStore<D> {
@@ -423,6 +426,7 @@ impl<D: BlockDevice> MapStore<D> {
             loads: (0..LOAD_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
             snap: snap::SnapState::new(layout.pages(), cache_pages, layout.pool),
             stats_preserved: std::sync::atomic::AtomicU64::new(0),
+            stats_preserved_past_delete: std::sync::atomic::AtomicU64::new(0),
         };
         store.load_layers().await?;
         store.replay(on_replay).await?;
@@ -643,6 +647,9 @@ impl<D: BlockDevice> MapStore<D> {
         MapStats {
             cache: self.cache.stats(),
             pages_preserved: self.stats_preserved.load(std::sync::atomic::Ordering::Relaxed),
+            pages_preserved_past_a_delete: self
+                .stats_preserved_past_delete
+                .load(std::sync::atomic::Ordering::Relaxed),
             ..log.stats
         }
     }

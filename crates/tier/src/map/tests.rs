@@ -217,7 +217,8 @@ async fn snapshots_keep_their_view_through_overwrites_moves_and_reopens() {
 
 async fn delete(map: &MapStore<Arc<MemDevice>>, layer: u16) -> (DeleteStats, Vec<MapEntry>) {
     let mut freed = Vec::new();
-    let stats = map.delete_snapshot(layer, |f| freed.extend(f.into_iter().map(|(_, e)| e))).await.unwrap();
+    let stats =
+        map.delete_snapshot(layer, None, |f| freed.extend(f.into_iter().map(|(_, e)| e))).await.unwrap();
     freed.sort_by_key(|e| e.seq);
     (stats, freed)
 }
@@ -275,7 +276,7 @@ async fn each_snapshot_references_the_data_in_its_view_and_shares_what_it_does_n
     let map = MapStore::open(vol, layout, 4).await.unwrap();
     let refs = map.referenced_blocks().await.unwrap();
     assert_eq!(refs, vec![(s1, 410), (s2, 290), (s3, 150)]);
-    map.delete_snapshot(s2, |_| {}).await.unwrap();
+    map.delete_snapshot(s2, None, |_| {}).await.unwrap();
     assert_eq!(map.referenced_blocks().await.unwrap(), vec![(s1, 410), (s3, 150)]);
     // s2's own versions of 0..50 were freed, those of 50..100 are s3's (made after them).
     assert_eq!(held(&map, s1).await, (410, 250));
@@ -399,7 +400,7 @@ async fn a_clone_reads_through_its_snapshot_writes_only_its_own_pages_and_keeps_
     // The clone's delete frees its own blocks, then finishes the snapshot's: all of the
     // snapshot's blocks but none of the volume's.
     let mut freed = Vec::new();
-    map.delete_clone(c, |f| freed.extend(f.into_iter().map(|(_, e)| e))).await.unwrap();
+    map.delete_clone(c, None, |f| freed.extend(f.into_iter().map(|(_, e)| e))).await.unwrap();
     freed.sort_by_key(|e| e.seq);
     let mut want: Vec<MapEntry> = (0..600)
         .map(|b| if b == 1 { moved } else { entry(1000 + b) })

@@ -201,29 +201,34 @@ impl<D: BlockDevice> MapStore<D> {
     /// Deletes clone `layer`: its copies are dropped (a table record each, 128 to a log write)
     /// and `on_free` gets the entries its parent's view does not hold. If its parent was
     /// deleted and kept only for clones and this was the last, the parent's delete is finished
-    /// too. No data is copied; writes to the family wait while it runs.
+    /// too. No data is copied; writes to the family wait for one batch at a time, and `hold`
+    /// is taken shared around each, as [`MapStore::delete_snapshot`] does.
     pub async fn delete_clone(
         &self,
         layer: u16,
+        hold: Option<&tokio::sync::RwLock<()>>,
         mut on_free: impl FnMut(Vec<(u64, MapEntry)>),
     ) -> Result<DeleteStats, MapError> {
         self.pool_layout()?;
-        let _gate = self.snap.gate.write().await;
         {
-            let mut l = self.snap.layers.lock();
-            l.live_clone(layer)?.record.hidden = true;
-            l.records_dirty = true;
+            let _gate = self.snap.gate.write().await;
+            {
+                let mut l = self.snap.layers.lock();
+                l.live_clone(layer)?.record.hidden = true;
+                l.records_dirty = true;
+            }
+            // Durable before any copy is dropped: open finishes a delete a crash cut short.
+            self.checkpoint().await?;
         }
-        // Durable before any copy is dropped: open finishes a delete a crash cut short.
-        self.checkpoint().await?;
-        self.drop_clone(layer, &mut on_free).await
+        self.drop_clone(layer, hold, &mut on_free).await
     }
 
-    /// Drops every copy of hidden clone `layer`, removes it, and finishes its parent's delete if
-    /// that waited for it (the caller holds the gate).
+    /// Drops every copy of hidden clone `layer` (it takes no writes: hidden), removes it, and
+    /// finishes its parent's delete if that waited for it (the caller does not hold the gate).
     pub(super) async fn drop_clone(
         &self,
         layer: u16,
+        hold: Option<&tokio::sync::RwLock<()>>,
         on_free: &mut impl FnMut(Vec<(u64, MapEntry)>),
     ) -> Result<DeleteStats, MapError> {
         let (dir, parent) = {
@@ -231,14 +236,15 @@ impl<D: BlockDevice> MapStore<D> {
             let c = l.clones.iter().find(|c| c.record.id == layer).expect("known clone");
             (c.dir.clone(), c.record.parent)
         };
-        let mut stats = self.let_go(layer, &dir, LetGo::DropClone { parent }, on_free).await?;
-        self.remove_layer(layer).await?;
+        let mut stats = self.let_go(layer, &dir, LetGo::DropClone { parent }, hold, on_free).await?;
         let finish_parent = {
+            let _gate = self.snap.gate.write().await;
+            self.remove_layer(layer).await?;
             let l = self.snap.layers.lock();
             l.snaps.iter().any(|s| s.record.id == parent && s.record.hidden) && !l.has_clones(parent)
         };
         if finish_parent {
-            let more = self.hand_on(parent, on_free).await?;
+            let more = self.hand_on(parent, hold, on_free).await?;
             stats.pages_moved += more.pages_moved;
             stats.pages_dropped += more.pages_dropped;
             stats.entries_freed += more.entries_freed;

@@ -68,36 +68,50 @@ impl<D: BlockDevice> MapStore<D> {
 
     /// Deletes snapshot `layer` without copying data: its copies are handed to the next older
     /// snapshot or dropped, and `on_free` gets, batch by batch once durable, the blocks and
-    /// entries no layer holds any more (their places are the caller's to free). Writes to the volume wait
-    /// until it is done; it costs a table record per page the snapshot owns.
+    /// entries no layer holds any more (their places are the caller's to free). It costs a
+    /// table record per page the snapshot owns; writes to the volume wait for one batch at a
+    /// time (see [`MapStore::set_delete_batch`]), not for the delete. `hold`, if given, is
+    /// taken shared around each batch, from its map change to its frees (the log volume's
+    /// barrier that a recount takes alone).
     pub async fn delete_snapshot(
         &self,
         layer: u16,
+        hold: Option<&tokio::sync::RwLock<()>>,
         mut on_free: impl FnMut(Vec<(u64, MapEntry)>),
     ) -> Result<DeleteStats, MapError> {
         self.pool_layout()?;
-        let _gate = self.snap.gate.write().await;
         {
-            let mut l = self.snap.layers.lock();
-            if l.head.as_ref().is_some_and(|h| h.rollback_to == layer) {
-                return Err(layers_error("a rollback to it has not finished"));
+            let _gate = self.snap.gate.write().await;
+            {
+                let mut l = self.snap.layers.lock();
+                if l.head.as_ref().is_some_and(|h| h.rollback_to == layer) {
+                    return Err(layers_error("a rollback to it has not finished"));
+                }
+                let s = l
+                    .snaps
+                    .iter_mut()
+                    .find(|s| s.record.id == layer && !s.record.hidden)
+                    .ok_or_else(|| layers_error(format!("no snapshot with layer id {layer}")))?;
+                s.record.hidden = true;
+                l.records_dirty = true;
             }
-            let s = l
-                .snaps
-                .iter_mut()
-                .find(|s| s.record.id == layer && !s.record.hidden)
-                .ok_or_else(|| layers_error(format!("no snapshot with layer id {layer}")))?;
-            s.record.hidden = true;
-            l.records_dirty = true;
+            self.snap.generation.fetch_add(1, SeqCst);
+            // The hidden mark is durable before any copy is handed on: the snapshot's own view
+            // is never read again, and open finishes a delete a crash cut short.
+            self.checkpoint().await?;
+            if self.snap.layers.lock().has_clones(layer) {
+                return Ok(DeleteStats { kept_for_clones: true, ..DeleteStats::default() });
+            }
         }
-        self.snap.generation.fetch_add(1, SeqCst);
-        // The hidden mark is durable before any copy is handed on: the snapshot's own view is
-        // never read again, and open finishes a delete a crash cut short.
-        self.checkpoint().await?;
-        if self.snap.layers.lock().has_clones(layer) {
-            return Ok(DeleteStats { kept_for_clones: true, ..DeleteStats::default() });
-        }
-        self.hand_on(layer, &mut on_free).await
+        self.hand_on(layer, hold, &mut on_free).await
+    }
+
+    /// Pages a snapshot or clone delete hands on or drops per batch, one log write each (128
+    /// unless set; at least 1): the longest a host write waits for a delete. For tests, which
+    /// set it small so that writes land between batches.
+    #[doc(hidden)]
+    pub fn set_delete_batch(&self, pages: usize) {
+        self.snap.delete_batch.store(pages.clamp(1, HAND_ON_BATCH), SeqCst);
     }
 
     /// Whether the origin's head was deleted while clones lived: it is kept, hidden, for them
@@ -135,8 +149,7 @@ impl<D: BlockDevice> MapStore<D> {
         let clones: Vec<u16> =
             self.snap.layers.lock().clones.iter().filter(|c| c.record.hidden).map(|c| c.record.id).collect();
         for &layer in &clones {
-            let _gate = self.snap.gate.write().await;
-            self.drop_clone(layer, &mut on_free).await?;
+            self.drop_clone(layer, None, &mut on_free).await?;
         }
         // Deleted snapshots kept for clones stay until their last clone goes.
         let hidden: Vec<u16> = {
@@ -148,36 +161,74 @@ impl<D: BlockDevice> MapStore<D> {
                 .collect()
         };
         for &layer in &hidden {
-            let _gate = self.snap.gate.write().await;
-            self.hand_on(layer, &mut on_free).await?;
+            self.hand_on(layer, None, &mut on_free).await?;
         }
         Ok(clones.len() + hidden.len())
     }
 
-    /// Hands on or drops every copy of hidden snapshot `layer`, then removes it (the caller
-    /// holds the gate: no update runs meanwhile).
+    /// Hands on or drops every copy of hidden snapshot `layer`, then removes it. Writes go on
+    /// between its batches (the caller does not hold the gate): while `layer` is the newest,
+    /// they preserve into the next older snapshot instead ([`Layers::preserve_target`]), so
+    /// the pages marked preserved are from the start those either owns.
     pub(super) async fn hand_on(
         &self,
         layer: u16,
+        hold: Option<&tokio::sync::RwLock<()>>,
         on_free: &mut impl FnMut(Vec<(u64, MapEntry)>),
     ) -> Result<DeleteStats, MapError> {
         let (dir, older) = {
-            let l = self.snap.layers.lock();
-            let k = l.snaps.iter().position(|s| s.record.id == layer).expect("known layer");
-            (l.snaps[k].dir.clone(), k.checked_sub(1).map(|i| l.snaps[i].record.id))
+            let _gate = self.snap.gate.write().await;
+            let (newest, dir, older) = {
+                let l = self.snap.layers.lock();
+                let k = l.snaps.iter().position(|s| s.record.id == layer).expect("known layer");
+                let older = k.checked_sub(1).map(|i| (l.snaps[i].record.id, l.snaps[i].dir.clone()));
+                (k + 1 == l.snaps.len(), l.snaps[k].dir.clone(), older)
+            };
+            if newest {
+                if let Some((id, older_dir)) = &older {
+                    let bits = self.owned_bits(*id, older_dir).await?;
+                    for (w, b) in self.snap.preserved.read().iter().zip(bits) {
+                        w.fetch_or(b, SeqCst);
+                    }
+                }
+                self.snap.layers.lock().deleting = Some(layer);
+            }
+            (dir, older.map(|o| o.0))
         };
-        let stats = self.let_go(layer, &dir, LetGo::HandOn { older }, on_free).await?;
+        let stats = self.let_go(layer, &dir, LetGo::HandOn { older }, hold, on_free).await?;
+        let _gate = self.snap.gate.write().await;
         self.remove_layer(layer).await?;
         Ok(stats)
     }
 
+    /// The bitmap (a bit per head page) of the pages snapshot `id` (directory `dir`) owns.
+    async fn owned_bits(&self, id: u16, dir: &[u32]) -> Result<Vec<u64>, MapError> {
+        let mut bits = vec![0u64; self.snap.preserved.read().len()];
+        for (ti, &t) in dir.iter().enumerate() {
+            if t == 0 {
+                continue;
+            }
+            let ts = self.table_page(t, id, (ti * INDEX_ENTRIES) as u64).await?;
+            for (k, &p) in ts.page().entries.lock().iter().enumerate() {
+                if p != 0 {
+                    let page = ti * INDEX_ENTRIES + k;
+                    bits[page / 64] |= 1 << (page % 64);
+                }
+            }
+        }
+        Ok(bits)
+    }
+
     /// Lets go of every copy snapshot or clone `layer` owns (its directory `dir`), in batches,
     /// each logged and durable before it applies; `on_free` gets what no other layer holds.
+    /// Each batch holds the gate alone (and `hold` shared) from reading the pages it lets go of
+    /// to its frees; updates run between batches, and each batch reads the layer's table again.
     pub(super) async fn let_go(
         &self,
         layer: u16,
         dir: &[u32],
         how: LetGo,
+        hold: Option<&tokio::sync::RwLock<()>>,
         on_free: &mut impl FnMut(Vec<(u64, MapEntry)>),
     ) -> Result<DeleteStats, MapError> {
         let mut stats = DeleteStats::default();
@@ -185,8 +236,17 @@ impl<D: BlockDevice> MapStore<D> {
             if table == 0 {
                 continue;
             }
-            let owned = self.owned_in_table(layer, table, ti).await?;
-            for batch in owned.chunks(HAND_ON_BATCH) {
+            loop {
+                let _held = match hold {
+                    Some(h) => Some(h.read().await),
+                    None => None,
+                };
+                let _gate = self.snap.gate.write().await;
+                let owned = self.owned_in_table(layer, table, ti).await?;
+                if owned.is_empty() {
+                    break;
+                }
+                let batch = &owned[..owned.len().min(self.snap.delete_batch.load(SeqCst))];
                 let mut ops = Vec::with_capacity(batch.len());
                 let mut freed = Vec::new();
                 for &(page, pool) in batch {
@@ -200,6 +260,17 @@ impl<D: BlockDevice> MapStore<D> {
                     });
                 }
                 self.log_table_ops(&mut ops).await?;
+                // The newest snapshot, deleted with no older one to preserve into: a page it
+                // dropped is owned by no snapshot now, and a write to it preserves nothing.
+                if matches!(how, LetGo::HandOn { older: None })
+                    && self.snap.layers.lock().deleting == Some(layer)
+                {
+                    for op in &ops {
+                        if let TableOp::Drop { page, .. } = op {
+                            self.snap.clear_preserved(*page);
+                        }
+                    }
+                }
                 for op in &ops {
                     match op {
                         TableOp::Own { .. } => stats.pages_moved += 1,
@@ -465,7 +536,8 @@ impl<D: BlockDevice> MapStore<D> {
 
     /// Removes hidden snapshot `layer`, whose copies were all handed on or dropped: its index
     /// pages go back to the pool after the checkpoint that writes the layer table without it.
-    /// If it was the newest, the next older one is now the one preserves go to.
+    /// If it was the newest, the next older one is now the one preserves go to. The caller
+    /// holds the gate.
     pub(super) async fn remove_layer(&self, layer: u16) -> Result<(), MapError> {
         let (newest, older) = {
             let l = self.snap.layers.lock();
@@ -477,21 +549,10 @@ impl<D: BlockDevice> MapStore<D> {
                 None => (false, None), // a clone
             }
         };
-        let mut bits = vec![0u64; self.snap.preserved.read().len()];
-        if let (true, Some((id, dir))) = (newest, &older) {
-            for (ti, &t) in dir.iter().enumerate() {
-                if t == 0 {
-                    continue;
-                }
-                let ts = self.table_page(t, *id, (ti * INDEX_ENTRIES) as u64).await?;
-                for (k, &p) in ts.page().entries.lock().iter().enumerate() {
-                    if p != 0 {
-                        let page = ti * INDEX_ENTRIES + k;
-                        bits[page / 64] |= 1 << (page % 64);
-                    }
-                }
-            }
-        }
+        let bits = match (newest, &older) {
+            (true, Some((id, dir))) => self.owned_bits(*id, dir).await?,
+            _ => vec![0u64; self.snap.preserved.read().len()],
+        };
         let _one = self.checkpointing.lock().await;
         // The last log block written: every record naming the layer's pages is in it or before.
         let after = self.log.lock().await.next_seq.saturating_sub(1);
@@ -512,6 +573,9 @@ impl<D: BlockDevice> MapStore<D> {
                 l.pool.release(p, after);
             }
             l.records_dirty = true;
+            if l.deleting == Some(layer) {
+                l.deleting = None;
+            }
             if newest {
                 for (w, b) in self.snap.preserved.read().iter().zip(bits) {
                     w.store(b, SeqCst);

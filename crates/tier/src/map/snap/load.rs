@@ -79,7 +79,7 @@ impl<D: BlockDevice> MapStore<D> {
         let next_id = snaps.iter().chain(&clones).map(|s| s.record.id).max().unwrap_or(HEAD_LAYER) + 1;
         let mut l = self.snap.layers.lock();
         self.snap.head_deleted.store(head.as_ref().is_some_and(|h| h.hidden), SeqCst);
-        *l = Layers { head, snaps, clones, pool, records_dirty: false, next_id };
+        *l = Layers { head, snaps, clones, pool, records_dirty: false, next_id, deleting: None };
         Ok(())
     }
 

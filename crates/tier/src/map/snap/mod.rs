@@ -137,6 +137,10 @@ pub(super) struct Layers {
     /// The next layer id to give out: ids are not reused while the log may hold records of a
     /// deleted layer (past ids seen in the layer table and in replayed records).
     next_id: u16,
+    /// The snapshot whose copies a delete is handing on, batch by batch, while writes go on
+    /// (in memory only: open finishes a cut delete before any write). While it is the newest,
+    /// head writes preserve into the next older one instead ([`Layers::preserve_target`]).
+    deleting: Option<u16>,
 }
 
 /// Snapshot state of a [`MapStore`].
@@ -145,10 +149,14 @@ pub(super) struct SnapState {
     pub(super) layers: parking_lot::Mutex<Layers>,
     pub(super) tables: PageCache<TablePage>,
     /// Updates hold it shared from finding their pages to applying them; making a snapshot holds
-    /// it alone, so no update is half applied when the snapshot is made.
+    /// it alone, so no update is half applied when the snapshot is made, and so does each batch
+    /// of a snapshot or clone delete.
     pub(super) gate: tokio::sync::RwLock<()>,
-    /// Bit per head page: the newest snapshot owns a copy of it (longer when the map grows).
+    /// Bit per head page: the newest snapshot owns a copy of it, or, while the newest is being
+    /// deleted, it or the snapshot preserves go to meanwhile does (longer when the map grows).
     preserved: parking_lot::RwLock<Vec<AtomicU64>>,
+    /// Pages a delete hands on or drops per batch: writes wait for one batch, not the delete.
+    pub(super) delete_batch: std::sync::atomic::AtomicUsize,
     /// Raised when a snapshot is made: a view read that began before re-resolves.
     generation: AtomicU64,
     /// The head's record is hidden (the origin was deleted for its clones): kept apart from the
@@ -211,6 +219,15 @@ fn table_slot(page: u64) -> usize {
 impl Layers {
     pub(super) fn has_snapshots(&self) -> bool {
         !self.snaps.is_empty()
+    }
+
+    /// The index of the snapshot a head write preserves a page into before its first change:
+    /// the newest; while the newest is being deleted, the next older one (whose view the page
+    /// then is, exactly: neither owns it, so both read the head); `None` when no snapshot would
+    /// see the change.
+    pub(super) fn preserve_target(&self) -> Option<usize> {
+        let newest = self.snaps.len().checked_sub(1)?;
+        if self.deleting == Some(self.snaps[newest].record.id) { newest.checked_sub(1) } else { Some(newest) }
     }
 
     /// A new snapshot or clone of `tables` table pages' reach: its id (not given out again in
@@ -299,6 +316,7 @@ impl SnapState {
                 pool: PagePool::new(pool.map_or(0, |p| p.pages)),
                 records_dirty: false,
                 next_id: HEAD_LAYER + 1,
+                deleting: None,
             }),
             tables: PageCache::new((cache_pages / 16).max(4)),
             gate: tokio::sync::RwLock::new(()),
@@ -307,6 +325,7 @@ impl SnapState {
             ),
             generation: AtomicU64::new(0),
             head_deleted: std::sync::atomic::AtomicBool::new(false),
+            delete_batch: std::sync::atomic::AtomicUsize::new(HAND_ON_BATCH),
         }
     }
 
@@ -316,6 +335,10 @@ impl SnapState {
 
     fn set_preserved(&self, page: u64) {
         self.preserved.read()[(page / 64) as usize].fetch_or(1 << (page % 64), SeqCst);
+    }
+
+    fn clear_preserved(&self, page: u64) {
+        self.preserved.read()[(page / 64) as usize].fetch_and(!(1 << (page % 64)), SeqCst);
     }
 
     /// Whether a checkpoint has anything of the snapshots to write.

@@ -28,26 +28,31 @@ impl<D: BlockDevice> MapStore<D> {
         let mut held = Vec::new();
         let mut new_pages = BTreeSet::new();
         let mut new_tables = BTreeSet::new();
+        let target = layers.preserve_target();
+        // The snapshots whose copy of a preserved page says whether the head's entry is held:
+        // the newest; while it is being deleted, the target too (a page the newest no longer
+        // owns was handed to it, or it owned the page before).
         let newest = layers.snaps.len() - 1;
+        let holders: Vec<usize> = std::iter::once(newest).chain(target.filter(|&t| t != newest)).collect();
         for u in updates {
             let page = u.block / ENTRIES_PER_PAGE;
             if u.expect.is_none() {
                 if self.snap.is_preserved(page) {
                     let had = needs.len();
-                    if self.own_page_now(&layers.snaps[newest], page, &mut needs, &mut held).is_none()
+                    if self.holder_copy_now(layers, &holders, page, &mut needs, &mut held).is_none()
                         && needs.len() == had
                     {
                         return Err(layers_error(format!(
                             "map page {page} is marked preserved but has no copy"
                         )));
                     }
-                } else {
+                } else if let Some(t) = target {
                     new_pages.insert(page);
-                    let table = layers.snaps[newest].dir[table_index(page)];
+                    let table = layers.snaps[t].dir[table_index(page)];
                     if table == 0 {
                         new_tables.insert(table_index(page));
                     } else {
-                        self.own_page_now(&layers.snaps[newest], page, &mut needs, &mut held);
+                        self.own_page_now(&layers.snaps[t], page, &mut needs, &mut held);
                     }
                 }
             } else {
@@ -68,18 +73,22 @@ impl<D: BlockDevice> MapStore<D> {
             let before = entries[at];
             match u.expect {
                 None => {
-                    if !self.snap.is_preserved(*page) {
-                        self.preserve(pending, layers, *page, &entries);
+                    if let (false, Some(t)) = (self.snap.is_preserved(*page), target) {
+                        self.preserve(pending, layers, t, *page, &entries);
                     }
-                    let (_, own) = self
-                        .own_page_now(&layers.snaps[newest], *page, &mut needs, &mut held)
-                        .expect("the newest snapshot owns a page just preserved");
-                    let held = own.page().entries.lock()[at] == before;
+                    // No snapshot sees the page when none is preserved into (the only one is
+                    // being deleted and owns no copy of it): the entry is held by no snapshot.
+                    let kept = self.snap.is_preserved(*page) && {
+                        let (_, own) = self
+                            .holder_copy_now(layers, &holders, *page, &mut needs, &mut held)
+                            .expect("a snapshot owns a page marked preserved (resident, checked above)");
+                        own.page().entries.lock()[at] == before
+                    };
                     entries[at] = u.entry;
                     drop(entries);
                     self.cache.mark_dirty(*page, slot);
                     pending.push(crate::map::Delta::entry(0, *page, u.block, u.entry, before));
-                    applied.push(Some(if held { MapEntry::UNALLOCATED } else { before }));
+                    applied.push(Some(if kept { MapEntry::UNALLOCATED } else { before }));
                 }
                 Some(from) => {
                     let mut moved = false;
@@ -117,12 +126,45 @@ impl<D: BlockDevice> MapStore<D> {
         Ok(Ok(applied))
     }
 
-    /// Copies head page `page` (its entries `head`) into a new pool page of the newest snapshot
-    /// and queues the preserve record (rule 5).
-    pub(super) fn preserve(&self, pending: &mut Pending, layers: &mut Layers, page: u64, head: &[MapEntry]) {
+    /// The resident copy of head page `page` that the first of snapshots `holders` (indexes)
+    /// owning one has; `None` when none does, or with what to load in `needs`.
+    fn holder_copy_now(
+        &self,
+        layers: &Layers,
+        holders: &[usize],
+        page: u64,
+        needs: &mut Vec<Need>,
+        held: &mut Vec<super::Pin>,
+    ) -> Option<(u64, std::sync::Arc<stria_engine::pagecache::Slot<MapPage>>)> {
+        for &h in holders {
+            let had = needs.len();
+            if let Some(own) = self.own_page_now(&layers.snaps[h], page, needs, held) {
+                return Some(own);
+            }
+            if needs.len() > had {
+                return None;
+            }
+        }
+        None
+    }
+
+    /// Copies head page `page` (its entries `head`) into a new pool page of snapshot
+    /// `snaps[target]` (the newest, or the one [`Layers::preserve_target`] names) and queues
+    /// the preserve record (rule 5).
+    pub(super) fn preserve(
+        &self,
+        pending: &mut Pending,
+        layers: &mut Layers,
+        target: usize,
+        page: u64,
+        head: &[MapEntry],
+    ) {
         assert!(!self.snap.is_preserved(page), "map page {page} preserved twice into the newest snapshot");
+        if target + 1 != layers.snaps.len() {
+            self.stats_preserved_past_delete.fetch_add(1, SeqCst);
+        }
         let Layers { snaps, pool, .. } = layers;
-        let snap = snaps.last_mut().expect("preserve needs a snapshot");
+        let snap = &mut snaps[target];
         self.copy_page(pending, snap, pool, page, head);
         self.snap.set_preserved(page);
         self.stats_preserved.fetch_add(1, SeqCst);
