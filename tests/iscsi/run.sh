@@ -73,10 +73,21 @@ conformance() {  # VOLUME: runs the suite, checks its summary against the known 
   for f in $failures; do
     case " $KNOWN_FAILURES " in
       *" $f "*) echo "  known failure: $f" ;;
-      *) grep -A12 "Test: ${f#*.} " "$out" | head -30; fail "iscsi-test-cu on $v: $f failed" ;;
+      *)
+        # The suite's own words on it (kept: the working directory goes at exit).
+        { grep -A12 "Test: ${f#*.} " "$out" | head -30; } || true
+        cp "$out" "${TMPDIR:-/tmp}/stria-iscsi-test-cu-$v.log" 2>/dev/null || true
+        fail "iscsi-test-cu on $v: $f failed (whole output: ${TMPDIR:-/tmp}/stria-iscsi-test-cu-$v.log)" ;;
     esac
   done
   [ "$ran" = "$total" ] || fail "iscsi-test-cu on $v ran $ran of $total tests"
+  # Every failure named above: a test that failed without the suite's "had failures" line is
+  # not taken for a known one.
+  [ "$failed" = "$(wc -w <<<"$failures")" ] || {
+    cp "$out" "${TMPDIR:-/tmp}/stria-iscsi-test-cu-$v.log" 2>/dev/null || true
+    grep -B2 -A12 -iE 'fail|error' "$out" | head -60 || true
+    fail "iscsi-test-cu on $v: $failed failed, $(wc -w <<<"$failures") named (whole output: ${TMPDIR:-/tmp}/stria-iscsi-test-cu-$v.log)"
+  }
 }
 log "libiscsi's iscsi-test-cu --dataloss --test=ALL on raid1"
 conformance r1
