@@ -5,10 +5,10 @@
 #   scripts/bench-snapshot-delete.sh [--stria BIN] [--size 1G] [--reps 3] [--dir /dev/shm]
 #
 # A pool of 2 fast + 6 capacity sparse drive files in DIR (tmpfs by default) and one
-# tiered:ec:4+2 volume `v` of SIZE, filled sequentially. Each rep: a snapshot `s`, the whole volume
-# rewritten sequentially (so `s` owns a copy of every map page: SIZE / 4 KiB / 255 pages), then two
-# fio runs of 4 KiB random writes, qd 16, 6 s each over NBD: one alone (the reference) and one
-# with `snapshot delete v s` started 2 s in. Prints, per rep and as medians: the delete's time and
+# tiered:ec:4+2 volume `v` of SIZE, filled sequentially. Each rep: a snapshot `s`, one block of
+# every map page rewritten (so `s` owns a copy of every map page: SIZE / 4 KiB / 255 pages), then
+# fio's 4 KiB random writes, qd 16, 4,000 a second for 6 s over NBD; then the same again with
+# `snapshot delete v s` started 2 s in. Prints, per rep and as medians: the delete's time and
 # pages, and each fio run's completion latency p99, p99.9 and maximum. With `--stria` pointing at
 # an older build, the same run measures that build (the script uses only its CLI).
 # Needs fio and nbdinfo (scripts/test.sh installs both) and bc. Everything it makes is removed at exit.
@@ -42,11 +42,12 @@ st() { "$STRIA" --pool "$POOL" --log-level warn "$@" 2> >(grep -v 'sparse drive 
 uri() { echo "nbd+unix:///$1?socket=$SOCK"; }
 median() { sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 
-# fio_lat OUT: 4 KiB random writes, qd 16, 6 s; writes "p99 p99.9 max" completion latency in
+# fio_lat OUT: 4 KiB random writes, qd 16, 4,000 a second for 6 s (the snapshot holds what they
+# overwrite: unlimited, they would fill the space); writes "p99 p99.9 max" completion latency in
 # microseconds to OUT.
 fio_lat() {
-  fio --name=w --ioengine=nbd --uri="$(uri v)" --rw=randwrite --bs=4k --iodepth=16 --time_based \
-    --runtime=6 --norandommap --randrepeat=0 --percentile_list=99:99.9 --output-format=json 2>/dev/null |
+  fio --name=w --ioengine=nbd --uri="$(uri v)" --rw=randwrite --bs=4k --iodepth=16 --rate_iops=4000 \
+    --time_based --runtime=6 --norandommap --randrepeat=0 --percentile_list=99:99.9 --output-format=json 2>/dev/null |
     python3 -c '
 import json, sys
 t = sys.stdin.read()
@@ -61,18 +62,28 @@ st volume create v --size "$SIZE" --layout tiered:ec:4+2 --cache-size 256M >/dev
 "$STRIA" --pool "$POOL" --log-level warn serve --nbd "unix:$SOCK" >/dev/null 2>&1 &
 SERVE_PID=$!
 for _ in $(seq 600); do nbdinfo --size "$(uri v)" >/dev/null 2>&1 && break; sleep 0.1; done
-fio --name=fill --ioengine=nbd --uri="$(uri v)" --rw=write --bs=1M --iodepth=8 --size="$SIZE" >/dev/null 2>&1
+fio --name=fill --ioengine=nbd --uri="$(uri v)" --rw=write --bs=1M --iodepth=8 --size="$SIZE" >"$POOL/fill.log" 2>&1 || { tail "$POOL/fill.log"; exit 1; }
+
+# A snapshot `s`, then one block of each map page (255 blocks) rewritten: `s` owns a copy of
+# every page and holds only those blocks' old versions.
+snapshot_owning_every_page() {
+  st snapshot create v s >/dev/null
+  fio --name=touch --ioengine=nbd --uri="$(uri v)" --rw=write:1016k --bs=4k --iodepth=8 --size="$SIZE" \
+    >"$POOL/touch.log" 2>&1 || { tail "$POOL/touch.log"; exit 1; }
+}
 
 declare -a del_s alone99 alone999 alonemax amid99 amid999 amidmax
 for rep in $(seq "$REPS"); do
-  st snapshot create v s >/dev/null
-  fio --name=rewrite --ioengine=nbd --uri="$(uri v)" --rw=write --bs=1M --iodepth=8 --size="$SIZE" >/dev/null 2>&1
+  # The reference: the same writes with the snapshot there and no delete (deleted after).
+  snapshot_owning_every_page
   fio_lat "$POOL/alone"
+  st snapshot delete v s >/dev/null
+  snapshot_owning_every_page
   fio_lat "$POOL/amid" &
   FIO_PID=$!
   sleep 2
   out=$(st snapshot delete v s --json)
-  wait "$FIO_PID"
+  wait "$FIO_PID" || { echo "fio failed amid the delete" >&2; exit 1; }
   FIO_PID=
   read -r a99 a999 amax <"$POOL/alone"
   read -r m99 m999 mmax <"$POOL/amid"

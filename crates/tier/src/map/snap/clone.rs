@@ -212,14 +212,13 @@ impl<D: BlockDevice> MapStore<D> {
         self.pool_layout()?;
         {
             let _gate = self.snap.gate.write().await;
-            {
-                let mut l = self.snap.layers.lock();
-                l.live_clone(layer)?.record.hidden = true;
-                l.records_dirty = true;
-            }
-            // Durable before any copy is dropped: open finishes a delete a crash cut short.
-            self.checkpoint().await?;
+            let mut l = self.snap.layers.lock();
+            l.live_clone(layer)?.record.hidden = true;
+            l.records_dirty = true;
         }
+        // Durable before any copy is dropped: open finishes a delete a crash cut short. (The
+        // clone takes no writes once hidden; the family's others go on.)
+        self.checkpoint().await?;
         self.drop_clone(layer, hold, &mut on_free).await
     }
 
@@ -243,6 +242,7 @@ impl<D: BlockDevice> MapStore<D> {
             let l = self.snap.layers.lock();
             l.snaps.iter().any(|s| s.record.id == parent && s.record.hidden) && !l.has_clones(parent)
         };
+        self.checkpoint().await?;
         if finish_parent {
             let more = self.hand_on(parent, hold, on_free).await?;
             stats.pages_moved += more.pages_moved;

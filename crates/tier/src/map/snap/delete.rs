@@ -82,26 +82,25 @@ impl<D: BlockDevice> MapStore<D> {
         self.pool_layout()?;
         {
             let _gate = self.snap.gate.write().await;
-            {
-                let mut l = self.snap.layers.lock();
-                if l.head.as_ref().is_some_and(|h| h.rollback_to == layer) {
-                    return Err(layers_error("a rollback to it has not finished"));
-                }
-                let s = l
-                    .snaps
-                    .iter_mut()
-                    .find(|s| s.record.id == layer && !s.record.hidden)
-                    .ok_or_else(|| layers_error(format!("no snapshot with layer id {layer}")))?;
-                s.record.hidden = true;
-                l.records_dirty = true;
+            let mut l = self.snap.layers.lock();
+            if l.head.as_ref().is_some_and(|h| h.rollback_to == layer) {
+                return Err(layers_error("a rollback to it has not finished"));
             }
+            let s = l
+                .snaps
+                .iter_mut()
+                .find(|s| s.record.id == layer && !s.record.hidden)
+                .ok_or_else(|| layers_error(format!("no snapshot with layer id {layer}")))?;
+            s.record.hidden = true;
+            l.records_dirty = true;
             self.snap.generation.fetch_add(1, SeqCst);
-            // The hidden mark is durable before any copy is handed on: the snapshot's own view
-            // is never read again, and open finishes a delete a crash cut short.
-            self.checkpoint().await?;
-            if self.snap.layers.lock().has_clones(layer) {
-                return Ok(DeleteStats { kept_for_clones: true, ..DeleteStats::default() });
-            }
+        }
+        // The hidden mark is durable before any copy is handed on: the snapshot's own view is
+        // never read again, and open finishes a delete a crash cut short. (Writes go on during
+        // this checkpoint, preserving into the snapshot, still the newest, as before the mark.)
+        self.checkpoint().await?;
+        if self.snap.layers.lock().has_clones(layer) {
+            return Ok(DeleteStats { kept_for_clones: true, ..DeleteStats::default() });
         }
         self.hand_on(layer, hold, &mut on_free).await
     }
@@ -196,8 +195,11 @@ impl<D: BlockDevice> MapStore<D> {
             (dir, older.map(|o| o.0))
         };
         let stats = self.let_go(layer, &dir, LetGo::HandOn { older }, hold, on_free).await?;
-        let _gate = self.snap.gate.write().await;
-        self.remove_layer(layer).await?;
+        {
+            let _gate = self.snap.gate.write().await;
+            self.remove_layer(layer).await?;
+        }
+        self.checkpoint().await?;
         Ok(stats)
     }
 
@@ -537,7 +539,7 @@ impl<D: BlockDevice> MapStore<D> {
     /// Removes hidden snapshot `layer`, whose copies were all handed on or dropped: its index
     /// pages go back to the pool after the checkpoint that writes the layer table without it.
     /// If it was the newest, the next older one is now the one preserves go to. The caller
-    /// holds the gate.
+    /// holds the gate, and then writes the checkpoint (without the gate: writes go on).
     pub(super) async fn remove_layer(&self, layer: u16) -> Result<(), MapError> {
         let (newest, older) = {
             let l = self.snap.layers.lock();
@@ -583,7 +585,7 @@ impl<D: BlockDevice> MapStore<D> {
             }
         }
         self.snap.generation.fetch_add(1, SeqCst);
-        self.write_back().await
+        Ok(())
     }
 }
 
