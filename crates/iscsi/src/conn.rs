@@ -108,7 +108,12 @@ where
                 relative_target_port: 1,
             };
             unit.nexus_added(&nexus);
-            Some(SessionCtx { attachment: Arc::new(attachment), unit, nexus })
+            Some(SessionCtx {
+                attachment: Arc::new(attachment),
+                unit,
+                nexus,
+                ended: std::sync::atomic::AtomicBool::new(false),
+            })
         }
     };
     tracing::info!(%peer, initiator = %params.initiator_name, target = %params.target_name,
@@ -117,7 +122,7 @@ where
     let result = full_feature(&target, rd, wr, params, stat_sn, exp_cmd_sn, session.as_ref(), portal).await;
     target.counters.sessions.fetch_sub(1, Ordering::Relaxed);
     if let Some(s) = &session {
-        s.unit.nexus_removed(&s.nexus);
+        s.end_nexus();
     }
     if matches!(result, Err(ConnError::Protocol(_))) {
         target.counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
@@ -163,6 +168,18 @@ struct SessionCtx {
     attachment: Arc<Attachment>,
     unit: Arc<LogicalUnit>,
     nexus: Nexus,
+    /// The nexus was removed from the unit (at logout, before the response; else when the
+    /// connection ends): once only, so a later session of the same nexus keeps its state.
+    ended: std::sync::atomic::AtomicBool,
+}
+
+impl SessionCtx {
+    /// Ends the I_T nexus at the unit (its SPC-2 reservation released), once.
+    fn end_nexus(&self) {
+        if !self.ended.swap(true, Ordering::SeqCst) {
+            self.unit.nexus_removed(&self.nexus);
+        }
+    }
 }
 
 /// The command window, shared by the connection's loop (which takes commands in) and the
@@ -1149,6 +1166,12 @@ impl Conn<'_> {
         let Some(req) = self.logout else { return Ok(()) };
         if !self.tasks.is_empty() {
             return Ok(());
+        }
+        // The nexus ends before the response: an initiator that logs out and then, from
+        // another session, takes the reservation this one held must find it released (libiscsi's
+        // Reserve6.Logout; once failed under load when the release waited for the teardown).
+        if let Some(s) = self.session {
+            s.end_nexus();
         }
         let mut r = Bhs::new(op::LOGOUT_RESPONSE);
         r.0[1] = 0x80;
