@@ -7,6 +7,7 @@
 //! volume is one more [`Entry`] variant and one more arm in each operation below.
 #![forbid(unsafe_code)]
 
+mod convert;
 mod layout;
 mod view;
 
@@ -24,6 +25,7 @@ use stria_tier::TierError;
 use stria_tier::layers::LayerRecord;
 use stria_tier::log::{self, LogSpec, LogVolume};
 
+pub use convert::{ConvertView, ConvertVolume};
 pub use layout::{LayoutSpec, PlainLayout, is_log_layout, parse_plain_layout};
 pub use view::{
     CloneTag, CloneView, LogTag, LogView, MAX_WEIGHT, MemberView, PlainView, QosUpdate, QosView,
@@ -152,6 +154,21 @@ impl<D: BlockDevice> Catalog<D> {
         let mut logs = BTreeMap::new();
         let mut unavailable = BTreeMap::new();
         for rec in pool.meta().tiered.clone() {
+            // The copy of a conversion a crash cut short: the plain volume it was to replace is
+            // still the volume (docs/design/convert.md).
+            if let Some(plain) = &rec.replaces
+                && pool.meta().volume(plain).is_some_and(|v| v.role == VolumeRole::Plain)
+            {
+                match stria_tier::delete(&pool, &rec.name).await {
+                    Ok(()) => {
+                        tracing::info!(volume = %plain, copy = %rec.name, "deleted the copy of a conversion a crash cut short; the volume is as it was")
+                    }
+                    Err(e) => {
+                        tracing::warn!(volume = %plain, copy = %rec.name, error = %e, "could not delete the copy of a conversion a crash cut short")
+                    }
+                }
+                continue;
+            }
             match log::open(&pool, &rec).await {
                 // An origin deleted for its clones whose last clone's delete a crash cut short.
                 Ok(v) if v.origin_deleted() && v.clones().is_empty() => {

@@ -7,3 +7,4 @@
 mod catalog_ops;
 mod common;
 mod conformance;
+mod convert;

@@ -32,6 +32,9 @@ pub(crate) struct OpGate {
     epoch: AtomicU64,
     closing: AtomicBool,
     idle: Notify,
+    /// Graces one at a time: a second flip of the epoch while a first grace waits would make
+    /// it wait for operations that entered after it began.
+    graces: tokio::sync::Mutex<()>,
 }
 
 /// Held by an operation while it runs.
@@ -66,8 +69,9 @@ impl OpGate {
     }
 
     /// Waits until every operation that entered before this call has left (later ones are not
-    /// waited for). The caller must not hold a pass. One grace at a time.
+    /// waited for). The caller must not hold a pass. Graces run one at a time.
     pub(crate) async fn grace(&self) {
+        let _one = self.graces.lock().await;
         let old = (self.epoch.fetch_add(1, SeqCst) & 1) as usize;
         let started = std::time::Instant::now();
         let mut warned = false;
@@ -84,7 +88,7 @@ impl OpGate {
                 _ = idle => {}
                 _ = tick => {
                     if !warned {
-                        tracing::warn!(waited_s = started.elapsed().as_secs(), "still waiting for operations that started before an extent move ended");
+                        tracing::warn!(waited_s = started.elapsed().as_secs(), "still waiting for operations that started before an extent move or a volume close ended");
                         warned = true;
                     }
                 }

@@ -316,6 +316,34 @@ pub(crate) enum VolumeCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Convert a plain volume (raid0/1/10, ec) into a log-structured one (tiered: or log:) of
+    /// the same name, size and bytes, so that it takes snapshots and clones: its data is copied
+    /// within the pool (blocks of zeros skipped), then it is switched over in one step. It takes
+    /// no requests while it is copied; a crash leaves it as it was or converted.
+    Convert {
+        name: String,
+        /// tiered:ec:K+M or log:ec:K+M.
+        #[arg(long)]
+        layout: String,
+        /// Chunk of the segment space.
+        #[arg(long, value_parser = parse_block_size)]
+        chunk: Option<u64>,
+        /// Size of the write cache (default: 1/8 of the volume).
+        #[arg(long, value_parser = parse_block_size)]
+        cache_size: Option<u64>,
+        /// Copies of the write cache and the map, 2 or 3 (default 2).
+        #[arg(long)]
+        cache_copies: Option<u32>,
+        /// Data bytes the segment space may grow to (default: 1.5 x the volume's size).
+        #[arg(long, value_parser = parse_block_size)]
+        space: Option<u64>,
+        /// Convert even while NBD clients have the volume open (their requests fail until the
+        /// conversion ends; they must reconnect).
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Make a writable clone of a snapshot of a log-structured volume (SOURCE is VOLUME@SNAPSHOT):
     /// it reads as the snapshot until written and shares its data; nothing is copied. It is
     /// exported over NBD as NAME and deleted with `volume delete NAME`.

@@ -212,9 +212,15 @@ impl Daemon {
             return Ok(serde_json::to_value(self.stats())?);
         }
         let resync = request.changes_volumes();
+        // A name whose volume the request replaces by another (a conversion, or a failed one's
+        // handle opened again): served anew, not kept as it was.
+        let replaced = request.replaces_volume().map(str::to_string);
         let clients = |name: &str| self.exports.clients(name);
         let ctx = Ctx { catalog: &self.catalog, dir: &self.dir, daemon: true, clients: Some(&clients) };
         let result = ops::execute(&ctx, request, progress).await;
+        if let Some(name) = replaced {
+            self.exports.remove(&name);
+        }
         if resync {
             sync_exports(&self.catalog, &self.exports);
         }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use stria_catalog::{Catalog, CreateVolume, QosUpdate};
+use stria_catalog::{Catalog, ConvertVolume, CreateVolume, QosUpdate};
 use stria_dev::{BLOCK_BYTES, FileDevice};
 use stria_engine::maint::{self, Refusal, Removal};
 use stria_engine::units::format_size;
@@ -146,6 +146,14 @@ pub(crate) enum Request {
         #[serde(default)]
         destroy_newer: bool,
     },
+    /// Makes a plain volume log-structured, in place of it (docs/design/convert.md).
+    VolumeConvert {
+        #[serde(flatten)]
+        volume: ConvertVolume,
+        /// Convert even with NBD clients attached (their requests fail meanwhile).
+        #[serde(default)]
+        force: bool,
+    },
     VolumeClone {
         /// `VOL@SNAP`.
         source: String,
@@ -171,6 +179,15 @@ impl Request {
         )
     }
 
+    /// The volume whose name the request gives to another volume object (the daemon serves the
+    /// name anew afterwards, whether the request succeeded or not).
+    pub(crate) fn replaces_volume(&self) -> Option<&str> {
+        match self {
+            Request::VolumeConvert { volume, .. } => Some(&volume.name),
+            _ => None,
+        }
+    }
+
     /// True when the request changes which volumes exist (the daemon re-syncs its exports).
     pub(crate) fn changes_volumes(&self) -> bool {
         matches!(
@@ -181,6 +198,7 @@ impl Request {
                 | Request::SnapshotCreate { .. }
                 | Request::SnapshotDelete { .. }
                 | Request::VolumeRollback { .. }
+                | Request::VolumeConvert { .. }
                 | Request::VolumeClone { .. }
         )
     }
@@ -421,6 +439,15 @@ pub(crate) async fn execute(
         Request::SnapshotDelete { volume, name, force } => {
             ctx.check_clients(&format!("{volume}@{name}"), "deleting the snapshot", force)?;
             to_json(&catalog.snapshot_delete(&volume, &name).await?)
+        }
+        Request::VolumeConvert { volume, force } => {
+            let name = volume.name.clone();
+            ctx.check_clients(&name, "converting it (its requests fail until the conversion ends)", force)?;
+            let what = format!("convert {name}");
+            let done = catalog
+                .convert(volume, &mut |done, total| progress(Progress { what: what.clone(), done, total }))
+                .await?;
+            to_json(&done)
         }
         Request::VolumeClone { source, name } => to_json(&catalog.volume_clone(&source, &name).await?),
         Request::VolumeSet { name, qos } => to_json(&catalog.set_qos(&name, &qos).await?),

@@ -418,6 +418,21 @@ fn cli_output_matches_the_golden_files() {
     check("volume_list_with_clone", &["volume", "list"], 0);
     check("volume_delete_clone", &["volume", "delete", "tvc"], 0);
 
+    // A plain volume made log-structured, so that it takes snapshots (docs/design/convert.md).
+    check("volume_create_to_convert", &["volume", "create", "pc", "--size", "16M", "--layout", "raid1"], 0);
+    check(
+        "volume_convert",
+        &["volume", "convert", "pc", "--layout", "tiered:ec:4+2", "--cache-size", "4M"],
+        0,
+    );
+    check("volume_show_converted", &["volume", "show", "pc"], 0);
+    check("snapshot_create_converted", &["snapshot", "create", "pc", "s"], 0);
+    check("mistake_convert_log_volume", &["volume", "convert", "pc", "--layout", "log:ec:4+2"], 1);
+    check("mistake_convert_to_plain_layout", &["volume", "convert", "r1", "--layout", "raid10"], 1);
+    check("mistake_convert_missing", &["volume", "convert", "nope", "--layout", "log:ec:4+2"], 1);
+    check("mistake_convert_no_layout", &["volume", "convert", "r1"], 2);
+    check("volume_delete_converted", &["volume", "delete", "pc"], 0);
+
     // QoS settings (limits need no calibration; what reservations need is in tests/qos.rs).
     check(
         "volume_set_limits",

@@ -304,6 +304,12 @@ pub struct TieredRecord {
     /// Parameters owned by the tiering code (kept opaque here so it can evolve on its own).
     #[serde(default)]
     pub params: serde_json::Value,
+    /// Set while this volume is being made to replace plain volume `replaces` (`volume
+    /// convert`, docs/design/convert.md): until [`crate::Pool::adopt_tiered`] commits, the plain
+    /// volume is the real one, and open deletes this one if it finds the plain volume still
+    /// there (absent: an ordinary volume).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaces: Option<String>,
 }
 
 /// The whole pool metadata document.

@@ -328,6 +328,14 @@ impl<D: BlockDevice> Pool<D> {
     }
 
     pub(crate) fn install_volume(&self, rec: &VolumeRecord) -> Result<Arc<Volume<D>>, EngineError> {
+        let vol = self.new_handle(rec)?;
+        self.volumes.write().insert(rec.name.clone(), Arc::clone(&vol));
+        Ok(vol)
+    }
+
+    /// A handle of the volume `rec` describes, not installed (the pool hands out the installed
+    /// one).
+    fn new_handle(&self, rec: &VolumeRecord) -> Result<Arc<Volume<D>>, EngineError> {
         let map = self.build_map(rec)?;
         let vol = Arc::new(Volume::new(
             rec.id,
@@ -338,7 +346,6 @@ impl<D: BlockDevice> Pool<D> {
             Arc::clone(&self.core) as Arc<dyn crate::volume::host::VolumeHost>,
             Family::new(rec.layout, self.codec(rec.layout)),
         ));
-        self.volumes.write().insert(rec.name.clone(), Arc::clone(&vol));
         Ok(vol)
     }
 
@@ -457,6 +464,85 @@ impl<D: BlockDevice> Pool<D> {
             })
             .await?;
         self.volumes.write().remove(name);
+        Ok(())
+    }
+
+    /// Closes plain volume `name` for a conversion (docs/design/convert.md): new requests are
+    /// refused (`Closed`), every request that got past the check before is waited for, and the
+    /// pool is flushed, so everything acknowledged to it is on its drives and nothing changes
+    /// it any more. Returns the one handle that still reads it (not handed out by
+    /// [`Pool::volume`]: the caller's, to copy it). [`Pool::reopen_volume`] undoes it.
+    pub async fn close_volume(&self, name: &str) -> Result<Arc<Volume<D>>, EngineError> {
+        let vol = self.volume(name).ok_or_else(|| EngineError::NoSuchVolume(name.into()))?;
+        vol.close();
+        // A request that entered before the close may not have seen it: wait for all of those.
+        self.core.ops.grace().await;
+        self.core.flush_all().await?;
+        let meta = self.core.meta();
+        self.new_handle(meta.volume(name).ok_or_else(|| EngineError::NoSuchVolume(name.into()))?)
+    }
+
+    /// Opens volume `name` again after [`Pool::close_volume`] (a conversion that failed): a
+    /// new handle from its record; the closed one keeps refusing.
+    pub fn reopen_volume(&self, name: &str) -> Result<Arc<Volume<D>>, EngineError> {
+        let meta = self.core.meta();
+        let rec = meta.volume(name).ok_or_else(|| EngineError::NoSuchVolume(name.into()))?;
+        self.install_volume(rec)
+    }
+
+    /// Makes tiered volume `temp` take the place of plain volume `plain`, in one metadata
+    /// commit (docs/design/convert.md, step 5): `plain`'s record goes (its extents become
+    /// free, not cleared), `temp`'s record becomes `plain`'s with its `replaces` mark removed,
+    /// and its parts `temp.P` are renamed `plain.P`. `temp` must have been made with
+    /// `replaces: Some(plain)`, `plain` closed by [`Pool::close_volume`], and the tiered
+    /// volume's owner closed (its parts are installed again under their new names).
+    pub async fn adopt_tiered(&self, temp: &str, plain: &str) -> Result<(), EngineError> {
+        let (temp2, plain2) = (temp.to_string(), plain.to_string());
+        let renamed = self
+            .core
+            .update(move |m| {
+                let (temp, plain) = (temp2, plain2);
+                let t = m
+                    .tiered
+                    .iter()
+                    .position(|t| t.name == temp)
+                    .ok_or(EngineError::NoSuchVolume(temp.clone()))?;
+                if m.tiered[t].replaces.as_deref() != Some(plain.as_str()) {
+                    return Err(EngineError::Invalid(format!(
+                        "tiered volume {temp} was not made to replace {plain}"
+                    )));
+                }
+                if !m.volume(&plain).is_some_and(|v| v.role == VolumeRole::Plain) {
+                    return Err(EngineError::NoSuchVolume(plain));
+                }
+                m.volumes.retain(|v| v.name != plain);
+                m.tiered[t].name = plain.clone();
+                m.tiered[t].replaces = None;
+                let mut renamed = Vec::new();
+                for v in &mut m.volumes {
+                    if let VolumeRole::TierPart { tiered, part } = &mut v.role
+                        && *tiered == temp
+                    {
+                        let suffix = v.name.strip_prefix(&temp).unwrap_or(&format!(".{part}")).to_string();
+                        let name = format!("{plain}{suffix}");
+                        renamed.push((std::mem::replace(&mut v.name, name.clone()), name));
+                        tiered.clone_from(&plain);
+                    }
+                }
+                Ok((renamed, true))
+            })
+            .await?;
+        self.drop_shadow_of(plain);
+        self.volumes.write().remove(plain);
+        let meta = self.core.meta();
+        for (old, new) in renamed {
+            self.drop_shadow_of(&old);
+            if let Some(v) = self.volumes.write().remove(&old) {
+                v.close();
+            }
+            let rec = meta.volume(&new).ok_or_else(|| EngineError::NoSuchVolume(new.clone()))?;
+            self.install_volume(rec)?;
+        }
         Ok(())
     }
 

@@ -39,7 +39,7 @@ mod mirror;
 use crate::volume::member::MemberDrive;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed, Ordering::SeqCst};
 
 use crate::join::join_all_ok;
 use arc_swap::ArcSwap;
@@ -279,14 +279,16 @@ impl<D: BlockDevice> Volume<D> {
         self.map.store(Arc::new(map));
     }
 
-    /// Refuses every request from now on (`Closed`).
+    /// Refuses every request from now on (`Closed`). Sequentially consistent with the operation
+    /// gate: a request that enters after a grace begun after this sees it
+    /// ([`crate::Pool::close_volume`]).
     pub(crate) fn close(&self) {
-        self.closed.store(true, Relaxed);
+        self.closed.store(true, SeqCst);
     }
 
     /// True once closed.
     pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(Relaxed)
+        self.closed.load(SeqCst)
     }
 
     /// The volume's geometry.
@@ -672,7 +674,7 @@ impl<D: BlockDevice> Volume<D> {
     /// waits for every request holding one.
     pub(crate) fn enter_op(&self) -> Result<crate::gate::OpPass<'_>, VolumeError> {
         match self.host.enter() {
-            Some(pass) if !self.closed.load(Relaxed) => Ok(pass),
+            Some(pass) if !self.closed.load(SeqCst) => Ok(pass),
             _ => Err(VolumeError::Closed(self.name.clone())),
         }
     }
@@ -689,7 +691,7 @@ impl<D: BlockDevice> Volume<D> {
         offset_bytes: u64,
         len_bytes: u64,
     ) -> Result<(), VolumeError> {
-        if self.closed.load(Relaxed) {
+        if self.closed.load(SeqCst) {
             return Err(VolumeError::Closed(self.name.clone()));
         }
         bytes::check_range(offset_bytes, len_bytes, map.total_blocks * BLOCK_BYTES)

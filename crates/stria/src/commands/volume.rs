@@ -1,7 +1,8 @@
 //! `stria volume ...`.
 
 use anyhow::{Result, bail};
-use stria_catalog::{CreateVolume, StatusView};
+use stria_catalog::{ConvertVolume, CreateVolume, StatusView};
+use stria_engine::units::format_size;
 
 use super::{print_json, request, view};
 use crate::cli::VolumeCmd;
@@ -78,6 +79,32 @@ pub(super) async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
                     );
                 }
                 None => outln!("deleted volume {name}"),
+            }
+            Ok(())
+        }
+        VolumeCmd::Convert { name, layout, chunk, cache_size, cache_copies, space, force, json } => {
+            let volume = ConvertVolume {
+                name,
+                layout,
+                chunk_bytes: chunk,
+                cache_bytes: cache_size,
+                cache_copies,
+                space_bytes: space,
+            };
+            let v = request(dir, Request::VolumeConvert { volume, force }).await?;
+            if json {
+                print_json(&v);
+            } else {
+                let c: stria_catalog::ConvertView = view(v)?;
+                outln!(
+                    "converted {} from {} to {} in {:.2}s: {} copied, {} of zeros skipped",
+                    c.name,
+                    c.from_layout,
+                    c.layout,
+                    c.seconds,
+                    format_size(c.data_bytes),
+                    format_size(c.zero_bytes)
+                );
             }
             Ok(())
         }

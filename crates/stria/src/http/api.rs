@@ -94,6 +94,7 @@ pub(crate) const ROUTES: &[(&str, &str)] = &[
     ("/volumes/{name}/import", "post"),
     ("/volumes/{name}/export", "post"),
     ("/volumes/{name}/rollback", "post"),
+    ("/volumes/{name}/convert", "post"),
     ("/volumes/{name}/snapshots", "get post"),
     ("/volumes/{name}/snapshots/{snap}", "delete"),
     ("/volumes/{name}/snapshots/{snap}/clone", "post"),
@@ -130,6 +131,7 @@ pub(crate) fn router() -> Router<AppState> {
         ("/volumes/{name}/import", axum::routing::post(change(job("volume-import", NAME)))),
         ("/volumes/{name}/export", axum::routing::post(change(job("volume-export", NAME)))),
         ("/volumes/{name}/rollback", axum::routing::post(change(wait("volume-rollback", VOLUME)))),
+        ("/volumes/{name}/convert", axum::routing::post(change(job("volume-convert", NAME)))),
         (
             "/volumes/{name}/snapshots",
             get(|s: State<AppState>, Path(name): Path<String>| {
@@ -443,6 +445,7 @@ mod tests {
             job("scrub", NAME),
             job("volume-import", NAME),
             wait("volume-rollback", VOLUME),
+            job("volume-convert", NAME),
             wait("snapshot-create", VOLUME),
             wait("snapshot-delete", &[("name", "volume"), ("snap", "name")]),
             wait("drive-add", NONE),

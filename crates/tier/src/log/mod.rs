@@ -105,6 +105,9 @@ pub struct LogSpec {
     pub fast_tier: bool,
     /// Copies of the cache and the map (2 or 3).
     pub copies: u32,
+    /// The plain volume this one is made to replace (`volume convert`; the pool record's
+    /// `replaces`, docs/design/convert.md), if any.
+    pub replaces: Option<String>,
 }
 
 impl LogSpec {
@@ -125,6 +128,7 @@ impl LogSpec {
             map_cache_pages: 65536,
             fast_tier: false,
             copies: 2,
+            replaces: None,
         }
     }
 }

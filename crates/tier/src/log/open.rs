@@ -202,6 +202,7 @@ pub async fn create<D: BlockDevice>(
         meta_volume: meta.id(),
         capacity_volume: seg.id(),
         params: serde_json::to_value(params).expect("params serialize"),
+        replaces: spec.replaces.clone(),
     })
     .await?;
     let rec = pool.meta().tiered.iter().find(|t| t.name == name).cloned().expect("just added");
