@@ -321,6 +321,31 @@ qemu-img compare -f raw -F raw "$W/pv-at-s.img" "$(uri pv)"
 "$STRIA" volume delete pv --pool "$POOL"
 rm -f "$W/pv-before.img" "$W/pv-at-s.img"
 
+log "kill -9 of stria serve amid a conversion: the volume comes back plain or converted, with its bytes"
+# Four rounds, each killed at a random moment of a 384 MiB conversion (about 1 s here) or just
+# before it: after the restart the volume equals the data written to it, of either kind, and no
+# copy (`kv.convert`) is left behind.
+head -c 384M /dev/urandom >"$W/kv.img"
+for round in 1 2 3 4; do
+  "$STRIA" volume create kv --pool "$POOL" --size 384M --layout ec:4+2 >/dev/null
+  nbdcopy "$W/kv.img" "$(uri kv)"
+  delay=$(awk -v r="$RANDOM" 'BEGIN { printf "%.2f", r % 120 / 100 }')
+  "$STRIA" volume convert kv --layout tiered:ec:4+2 --pool "$POOL" >/dev/null 2>&1 &
+  CONV=$!
+  sleep "$delay"
+  kill -9 "$PID"; wait "$PID" 2>/dev/null || true; PID=
+  # (Killed before it connected, the command found no server and converted in its own process.)
+  wait "$CONV" 2>/dev/null || true
+  rm -f "$SOCK" "$POOL/stria.sock"
+  start
+  kind=$("$STRIA" volume show kv --pool "$POOL" | awk 'NR == 1 { print ($1 == "volume") ? "plain" : $1 }')
+  qemu-img compare -q -f raw -F raw "$W/kv.img" "$(uri kv)" || { echo "kv lost data in a conversion killed after $delay s ($kind)" >&2; exit 1; }
+  ! "$STRIA" volume show kv.convert.meta --pool "$POOL" >/dev/null 2>&1 || { echo "a killed conversion left its copy" >&2; exit 1; }
+  echo "round $round: killed $delay s into the conversion; back as a $kind volume with its bytes"
+  "$STRIA" volume delete kv --pool "$POOL" >/dev/null
+done
+rm -f "$W/kv.img"
+
 log "ext4 on tiered:ec:4+2 grown online under fio, then grown with resize2fs; shrunk after resize2fs -M"
 # The volume grows while a client has it mounted and fio writes and verifies on it; the file
 # system then grows with resize2fs over a new NBD connection (this VM's kernel has neither nbd
