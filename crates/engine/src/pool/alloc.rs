@@ -12,6 +12,33 @@ use crate::error::EngineError;
 use crate::format::meta::{DriveClass, DriveState, Layout, MemberRecord, PoolMeta};
 use crate::units::format_size;
 
+/// A volume is placed in units (docs/design/pool-growth.md, "Placement units"): segments whose
+/// member extents are at most a this-many-th of the mean drive of their class ...
+pub(crate) const UNITS_PER_DRIVE: u64 = 256;
+/// ... and at least this many bytes (smaller units would only grow the metadata).
+pub(crate) const UNIT_MIN_BYTES: u64 = 16 << 20;
+
+/// Member blocks of one placement unit on `class` drives: a [`UNITS_PER_DRIVE`]-th of the mean
+/// size of the class's active drives, at least [`UNIT_MIN_BYTES`]. So a drive holds a few
+/// hundred units at most, whatever the number of volumes, and the rebalance can even out use to
+/// within a unit.
+pub(crate) fn unit_blocks(meta: &PoolMeta, class: DriveClass) -> u64 {
+    let sizes: Vec<u64> = meta
+        .drives
+        .iter()
+        .filter(|d| d.class == class && d.state == DriveState::Active && d.data_blocks > 0)
+        .map(|d| d.data_blocks)
+        .collect();
+    let mean = if sizes.is_empty() { 0 } else { sizes.iter().sum::<u64>() / sizes.len() as u64 };
+    (mean / UNITS_PER_DRIVE).max(UNIT_MIN_BYTES / BLOCK)
+}
+
+/// `rows` rows in units of at most `unit_rows`, as equal as can be (the first ones a row longer).
+pub(crate) fn unit_rows(rows: u64, unit_rows: u64) -> impl Iterator<Item = u64> {
+    let units = rows.div_ceil(unit_rows.max(1));
+    (0..units).map(move |i| rows / units + u64::from(i < rows % units))
+}
+
 /// Used extents of drive `slot`, sorted: (start_block, len_blocks).
 pub(crate) fn used_extents(meta: &PoolMeta, slot: u32) -> Vec<(u64, u64)> {
     let mut used: Vec<(u64, u64)> = Vec::new();

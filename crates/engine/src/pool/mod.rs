@@ -395,9 +395,10 @@ impl<D: BlockDevice> Pool<D> {
                 if m.volume(&spec2.name).is_some() || m.tiered.iter().any(|t| t.name == spec2.name) {
                     return Err(EngineError::VolumeExists(spec2.name.clone()));
                 }
-                let members =
-                    alloc::place(m, spec2.layout, spec2.class, rows * u64::from(chunk_blocks), &[])?;
-                let rec = VolumeRecord {
+                // In placement units, each placed against the free space the ones before left
+                // (docs/design/pool-growth.md, "Placement units").
+                let unit = (alloc::unit_blocks(m, spec2.class) / u64::from(chunk_blocks)).max(1);
+                m.volumes.push(VolumeRecord {
                     id: m.next_volume_id,
                     name: spec2.name.clone(),
                     size_bytes: spec2.size_bytes,
@@ -405,10 +406,16 @@ impl<D: BlockDevice> Pool<D> {
                     chunk_blocks,
                     class: spec2.class,
                     role: spec2.role.clone(),
-                    segments: vec![SegmentRecord { rows, members }],
-                };
+                    segments: Vec::new(),
+                });
                 m.next_volume_id += 1;
-                m.volumes.push(rec.clone());
+                for unit_rows in alloc::unit_rows(rows, unit) {
+                    let members =
+                        alloc::place(m, spec2.layout, spec2.class, unit_rows * u64::from(chunk_blocks), &[])?;
+                    let rec = m.volumes.last_mut().expect("just pushed");
+                    rec.segments.push(SegmentRecord { rows: unit_rows, members });
+                }
+                let rec = m.volumes.last().expect("just pushed").clone();
                 Ok((rec, true))
             })
             .await?;
@@ -848,30 +855,43 @@ impl<D: BlockDevice> Pool<D> {
     }
 }
 
-/// Adds `extra` rows at the end of volume `next`: in place when every member of its last
-/// segment can grow where it is, otherwise as a new segment placed like the volume.
-fn grow_rows(meta: &PoolMeta, next: &mut VolumeRecord, extra: u64) -> Result<(), EngineError> {
+/// Adds `extra` rows at the end of volume `next`: its last segment grown in place up to a
+/// placement unit when every member can grow where it is, the rest as new segments of a unit at
+/// most, placed like the volume's. `meta` holds `next`'s record as the placement goes.
+fn grow_rows(meta: &mut PoolMeta, next: &mut VolumeRecord, mut extra: u64) -> Result<(), EngineError> {
     let chunk = u64::from(next.chunk_blocks);
     let (layout, class) = (next.layout, next.class);
+    let unit = (alloc::unit_blocks(meta, class) / chunk).max(1);
+    // The last segment grows in place while it stays within a unit (docs/design/pool-growth.md,
+    // "Placement units"); the rest comes in new units.
     let last = next.segments.last_mut().expect("a volume has a segment");
-    let extend_in_place = last.members.iter().all(|m| {
-        meta.drive(m.slot).is_some_and(|d| {
-            d.state == DriveState::Active
-                && alloc::can_extend(
-                    meta,
-                    m.slot,
-                    d.data_blocks,
-                    m.start_block,
-                    last.rows * chunk,
-                    extra * chunk,
-                )
-        })
-    });
+    let room = unit.saturating_sub(last.rows).min(extra);
+    let extend_in_place = room > 0
+        && last.members.iter().all(|m| {
+            meta.drive(m.slot).is_some_and(|d| {
+                d.state == DriveState::Active
+                    && alloc::can_extend(
+                        meta,
+                        m.slot,
+                        d.data_blocks,
+                        m.start_block,
+                        last.rows * chunk,
+                        room * chunk,
+                    )
+            })
+        });
     if extend_in_place {
-        last.rows += extra;
-    } else {
-        let members = alloc::place(meta, layout, class, extra * chunk, &[])?;
-        next.segments.push(SegmentRecord { rows: extra, members });
+        last.rows += room;
+        extra -= room;
+    }
+    for rows in alloc::unit_rows(extra, unit) {
+        // Placed against the units placed before it: the record as it grows stands in the
+        // document (the caller stores it there in the end anyway).
+        if let Some(slot) = meta.volumes.iter_mut().find(|v| v.name == next.name) {
+            *slot = next.clone();
+        }
+        let members = alloc::place(meta, layout, class, rows * chunk, &[])?;
+        next.segments.push(SegmentRecord { rows, members });
     }
     Ok(())
 }
