@@ -322,14 +322,21 @@ qemu-img compare -f raw -F raw "$W/pv-at-s.img" "$(uri pv)"
 rm -f "$W/pv-before.img" "$W/pv-at-s.img"
 
 log "kill -9 of stria serve amid a conversion: the volume comes back plain or converted, with its bytes"
-# Four rounds, each killed at a random moment of a 384 MiB conversion (about 1 s here) or just
-# before it: after the restart the volume equals the data written to it, of either kind, and no
-# copy (`kv.convert`) is left behind.
+# A conversion of 384 MiB is timed first (T); then four rounds, each killed 0.3, 0.6, 0.9 and
+# 1.2 x T (and a random 0-99 ms) into one, so that kills land before and after its commit on a
+# quiet or a loaded machine alike: after the restart the volume equals the data written to it,
+# of either kind, and no copy (`kv.convert`) is left behind.
 head -c 384M /dev/urandom >"$W/kv.img"
-for round in 1 2 3 4; do
+"$STRIA" volume create kv --pool "$POOL" --size 384M --layout ec:4+2 >/dev/null
+nbdcopy "$W/kv.img" "$(uri kv)"
+t0=$(date +%s.%N)
+"$STRIA" volume convert kv --layout tiered:ec:4+2 --pool "$POOL"
+T=$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { printf "%.3f", a - b }')
+"$STRIA" volume delete kv --pool "$POOL" >/dev/null
+for share in 0.3 0.6 0.9 1.2; do
   "$STRIA" volume create kv --pool "$POOL" --size 384M --layout ec:4+2 >/dev/null
   nbdcopy "$W/kv.img" "$(uri kv)"
-  delay=$(awk -v r="$RANDOM" 'BEGIN { printf "%.2f", r % 120 / 100 }')
+  delay=$(awk -v t="$T" -v s="$share" -v r="$RANDOM" 'BEGIN { printf "%.3f", t * s + r % 100 / 1000 }')
   "$STRIA" volume convert kv --layout tiered:ec:4+2 --pool "$POOL" >/dev/null 2>&1 &
   CONV=$!
   sleep "$delay"
@@ -341,7 +348,7 @@ for round in 1 2 3 4; do
   kind=$("$STRIA" volume show kv --pool "$POOL" | awk 'NR == 1 { print ($1 == "volume") ? "plain" : $1 }')
   qemu-img compare -q -f raw -F raw "$W/kv.img" "$(uri kv)" || { echo "kv lost data in a conversion killed after $delay s ($kind)" >&2; exit 1; }
   ! "$STRIA" volume show kv.convert.meta --pool "$POOL" >/dev/null 2>&1 || { echo "a killed conversion left its copy" >&2; exit 1; }
-  echo "round $round: killed $delay s into the conversion; back as a $kind volume with its bytes"
+  echo "killed $delay s into a conversion that took $T s uncut: back as a $kind volume with its bytes"
   "$STRIA" volume delete kv --pool "$POOL" >/dev/null
 done
 rm -f "$W/kv.img"
