@@ -10,7 +10,7 @@ use stria_engine::{BlockVolume, Pool};
 use stria_tier::TierError;
 use stria_tier::log::{self, LogSpec, LogVolume};
 
-use crate::{Catalog, CatalogError, LayoutSpec, VolumeView, is_log_layout};
+use crate::{Catalog, CatalogError, LayoutSpec, LogOptions, VolumeView, is_log_layout, log_spec};
 use stria_dev::BlockDevice;
 
 /// What `volume convert` takes: the plain volume and the log layout it becomes (the options
@@ -82,10 +82,7 @@ impl<D: BlockDevice> Catalog<D> {
                 req.layout
             )));
         }
-        let LayoutSpec::Log { data_shards, parity_shards, fast_tier } = req.layout.parse::<LayoutSpec>()?
-        else {
-            unreachable!("a tiered: or log: layout text parses as a log layout or not at all")
-        };
+        let layout = req.layout.parse::<LayoutSpec>()?;
         if name.len() > NAME_MAX {
             return Err(CatalogError::Invalid(format!(
                 "volume `{name}` has a name of {} characters: a conversion needs one of at most {NAME_MAX} (it \
@@ -105,15 +102,13 @@ impl<D: BlockDevice> Catalog<D> {
             )));
         }
         let size = plain.size_bytes();
-        let spec = LogSpec {
-            chunk_bytes: req.chunk_bytes.unwrap_or(stria_tier::DEFAULT_TIER_CHUNK_BYTES),
+        let options = LogOptions {
+            chunk_bytes: req.chunk_bytes,
             cache_bytes: req.cache_bytes,
-            fast_tier,
-            copies: req.cache_copies.unwrap_or(2),
+            cache_copies: req.cache_copies,
             space_bytes: req.space_bytes,
-            replaces: Some(name.to_string()),
-            ..LogSpec::new(&temp, size, data_shards, parity_shards)
         };
+        let spec = LogSpec { replaces: Some(name.to_string()), ..log_spec(&temp, size, layout, options) };
         let lv = log::create(&self.pool, spec).await?;
         drop(plain);
         let copied = match self.pool.close_volume(name).await {

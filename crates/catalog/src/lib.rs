@@ -118,6 +118,30 @@ fn log_profile<D: BlockDevice>(lv: &LogVolume<D>) -> CostProfile {
     }
 }
 
+/// The options `volume create` and `volume convert` take for log layouts (absent: defaults).
+pub(crate) struct LogOptions {
+    pub(crate) chunk_bytes: Option<u64>,
+    pub(crate) cache_bytes: Option<u64>,
+    pub(crate) cache_copies: Option<u32>,
+    pub(crate) space_bytes: Option<u64>,
+}
+
+/// The spec of log volume `name` of `size_bytes` in `layout` (a parsed `tiered:` or `log:`
+/// layout) with `options` and their defaults.
+pub(crate) fn log_spec(name: &str, size_bytes: u64, layout: LayoutSpec, options: LogOptions) -> LogSpec {
+    let LayoutSpec::Log { data_shards, parity_shards, fast_tier } = layout else {
+        unreachable!("a tiered: or log: layout text parses as a log layout or not at all")
+    };
+    LogSpec {
+        chunk_bytes: options.chunk_bytes.unwrap_or(stria_tier::DEFAULT_TIER_CHUNK_BYTES),
+        cache_bytes: options.cache_bytes,
+        fast_tier,
+        copies: options.cache_copies.unwrap_or(2),
+        space_bytes: options.space_bytes,
+        ..LogSpec::new(name, size_bytes, data_shards, parity_shards)
+    }
+}
+
 /// The refusal of an operation on a log-structured volume that could not be opened.
 fn unavailable(name: &str, why: &str) -> CatalogError {
     CatalogError::Invalid(format!(
@@ -435,17 +459,13 @@ impl<D: BlockDevice> Catalog<D> {
         self.check_not_kept(&req.name)?;
         let parsed = req.layout.parse::<LayoutSpec>();
         if is_log_layout(&req.layout) {
-            let LayoutSpec::Log { data_shards, parity_shards, fast_tier } = parsed? else {
-                unreachable!("a tiered: or log: layout text parses as a log layout or not at all")
-            };
-            let spec = LogSpec {
-                chunk_bytes: req.chunk_bytes.unwrap_or(stria_tier::DEFAULT_TIER_CHUNK_BYTES),
+            let options = LogOptions {
+                chunk_bytes: req.chunk_bytes,
                 cache_bytes: req.cache_bytes,
-                fast_tier,
-                copies: req.cache_copies.unwrap_or(2),
+                cache_copies: req.cache_copies,
                 space_bytes: req.space_bytes,
-                ..LogSpec::new(&req.name, req.size_bytes, data_shards, parity_shards)
             };
+            let spec = log_spec(&req.name, req.size_bytes, parsed?, options);
             let lv = log::create(&self.pool, spec).await?;
             self.logs.write().insert(lv.name().to_string(), lv);
             return self.created(&req).await;
