@@ -216,11 +216,22 @@ impl<D: BlockDevice> LogVolume<D> {
     /// this is the last thing tried before a write gets ENOSPC.
     pub(crate) async fn recount(&self) -> Result<(), VolumeError> {
         let _settled = self.gates.settle.write().await;
-        let segments = self.space.lock().segments();
-        let live = super::scan_map(&self.map, self.geometry(), segments)
-            .await
-            .map_err(|why| self.unrecoverable(0, why))?
-            .live;
+        // A resize may raise the space's bound while the scan runs (it does not take settle):
+        // the counts must then be taken again for the new bound (the crash loop's
+        // tiered-resize scenario hit it: 28 counts for 29 segments).
+        let live = loop {
+            let (segments, most) = {
+                let s = self.space.lock();
+                (s.segments(), s.max_segments())
+            };
+            let live = super::scan_map(&self.map, self.geometry(), segments)
+                .await
+                .map_err(|why| self.unrecoverable(0, why))?
+                .live;
+            if live.len() as u64 == most && self.space.lock().max_segments() == most {
+                break live;
+            }
+        };
         let before = self.space_counts();
         self.space.lock().recount(&live);
         self.space.counts_suspect.store(false, Relaxed);
