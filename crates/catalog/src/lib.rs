@@ -84,10 +84,13 @@ enum Entry<D: BlockDevice> {
 
 /// What `volume show` says of clone `rec` of `lv`.
 fn clone_view<D: BlockDevice>(lv: &LogVolume<D>, rec: &LayerRecord) -> CloneView {
+    let (of_clone, snapshot) = lv.clone_source(rec);
     CloneView {
         name: rec.name.clone(),
         origin: lv.name().to_string(),
-        snapshot: lv.parent_name(rec.parent),
+        of_clone,
+        snapshots: lv.clone_snapshots(&rec.name).into_iter().map(|s| s.name).collect(),
+        snapshot,
         // Its own size (its snapshot's, or what a resize made it), not its origin's.
         size_bytes: lv.layer_bytes(rec.id),
         id: rec.id,
@@ -327,10 +330,16 @@ impl<D: BlockDevice> Catalog<D> {
     pub fn lookup(&self, name: &str) -> Option<Arc<dyn BlockVolume>> {
         let (volume, profile): (Arc<dyn BlockVolume>, CostProfile) =
             if let Some((vol, snap)) = name.split_once('@') {
-                let lv = self.live_log(vol)?;
-                let id = lv.snapshots().into_iter().find(|s| s.name == snap)?.id;
-                let profile = log_profile(&lv);
-                (Arc::new(stria_tier::SnapshotVolume::new(lv, id, snap)), profile)
+                if let Some(lv) = self.live_log(vol) {
+                    let id = lv.snapshots().into_iter().find(|s| s.name == snap)?.id;
+                    let profile = log_profile(&lv);
+                    (Arc::new(stria_tier::SnapshotVolume::new(lv, id, snap)), profile)
+                } else {
+                    let (lv, _) = self.clone_named(vol)?;
+                    let id = lv.clone_snapshots(vol).into_iter().find(|s| s.name == snap)?.id;
+                    let profile = log_profile(&lv);
+                    (Arc::new(stria_tier::SnapshotVolume::of_clone(lv, id, vol, snap)), profile)
+                }
             } else {
                 let entry = self.entry(name)?;
                 let profile = Self::profile(&entry);
@@ -683,24 +692,28 @@ impl<D: BlockDevice> Catalog<D> {
         Ok(view)
     }
 
-    /// Log-structured volume `volume`, the kind that has snapshots.
-    fn with_snapshots(&self, volume: &str) -> Result<Arc<LogVolume<D>>, CatalogError> {
+    /// Log-structured volume `volume`, the kind that has snapshots, or the family of clone
+    /// `volume` with its record (a clone has snapshots of its own).
+    fn with_snapshots(&self, volume: &str) -> Result<(Arc<LogVolume<D>>, Option<LayerRecord>), CatalogError> {
         match self.entry_or_err(volume)? {
-            Entry::Log(lv) => Ok(lv),
-            Entry::Clone(..) => Err(CatalogError::Invalid(format!(
-                "`{volume}` is a clone: snapshots, rollback and clones of clones are not supported yet"
-            ))),
+            Entry::Log(lv) => Ok((lv, None)),
+            Entry::Clone(lv, rec) => Ok((lv, Some(rec))),
             Entry::Plain(_) => Err(CatalogError::Invalid(format!(
-                "`{volume}` is not log-structured: snapshots are for tiered:ec:K+M and log:ec:K+M volumes"
+                "`{volume}` is not log-structured: snapshots are for tiered:ec:K+M and log:ec:K+M volumes \
+                 (`stria volume convert {volume} --layout tiered:ec:K+M` makes it one, with its data)"
             ))),
         }
     }
 
-    /// Makes snapshot `snap` of log-structured volume `volume` (docs/design/snapshots.md):
-    /// writes in flight finish first, new ones wait; it is durable when this returns.
+    /// Makes snapshot `snap` of log-structured volume or clone `volume`
+    /// (docs/design/snapshots.md): writes in flight finish first, new ones wait; it is durable
+    /// when this returns.
     pub async fn snapshot_create(&self, volume: &str, snap: &str) -> Result<SnapshotView, CatalogError> {
-        let lv = self.with_snapshots(volume)?;
-        let rec = lv.create_snapshot(snap).await?;
+        let (lv, clone) = self.with_snapshots(volume)?;
+        let rec = match clone {
+            None => lv.create_snapshot(snap).await?,
+            Some(_) => lv.create_clone_snapshot(volume, snap).await?,
+        };
         Ok(SnapshotView::of(volume, lv.layer_bytes(rec.id), &rec))
     }
 
@@ -711,9 +724,12 @@ impl<D: BlockDevice> Catalog<D> {
         volume: &str,
         snap: &str,
     ) -> Result<SnapshotDeletedView, CatalogError> {
-        let lv = self.with_snapshots(volume)?;
+        let (lv, clone) = self.with_snapshots(volume)?;
         let started = std::time::Instant::now();
-        let stats = lv.delete_snapshot(snap).await?;
+        let stats = match clone {
+            None => lv.delete_snapshot(snap).await?,
+            Some(_) => lv.delete_clone_snapshot(volume, snap).await?,
+        };
         Ok(SnapshotDeletedView {
             volume: volume.to_string(),
             name: snap.to_string(),
@@ -735,8 +751,11 @@ impl<D: BlockDevice> Catalog<D> {
         };
         stria_engine::check_volume_name(name)?;
         self.check_name_free(name)?;
-        let lv = self.with_snapshots(volume)?;
-        let rec = lv.create_clone(snap, name).await?;
+        let (lv, clone) = self.with_snapshots(volume)?;
+        let rec = match clone {
+            None => lv.create_clone(snap, name).await?,
+            Some(_) => lv.create_clone_of_clone(volume, snap, name).await?,
+        };
         Ok(clone_view(&lv, &rec))
     }
 
@@ -757,7 +776,10 @@ impl<D: BlockDevice> Catalog<D> {
         snap: &str,
         destroy_newer: bool,
     ) -> Result<RollbackView, CatalogError> {
-        let lv = self.with_snapshots(volume)?;
+        let (lv, clone) = self.with_snapshots(volume)?;
+        if clone.is_some() {
+            return self.clone_rollback(&lv, volume, snap, destroy_newer).await;
+        }
         let started = std::time::Instant::now();
         let mut deleted = Vec::new();
         // Refused before any newer snapshot is deleted.
@@ -796,24 +818,85 @@ impl<D: BlockDevice> Catalog<D> {
         })
     }
 
-    /// The snapshots of `volume`, or of every log-structured volume; oldest first per volume.
-    pub fn snapshots(&self, volume: Option<&str>) -> Result<Vec<SnapshotView>, CatalogError> {
-        let logs: Vec<Arc<LogVolume<D>>> = match volume {
-            Some(name) => match self.entry_or_err(name)? {
-                Entry::Log(lv) => vec![lv],
-                Entry::Plain(_) | Entry::Clone(..) => Vec::new(),
-            },
-            None => self.logs.read().values().cloned().collect(),
+    /// [`Catalog::volume_rollback_with`] of clone `clone` of `lv`'s family: to its newest
+    /// snapshot, or (`destroy_newer`) to an older one after deleting the newer ones, newest
+    /// first; refused before anything is deleted when a clone was made of one of them.
+    async fn clone_rollback(
+        &self,
+        lv: &Arc<LogVolume<D>>,
+        clone: &str,
+        snap: &str,
+        destroy_newer: bool,
+    ) -> Result<RollbackView, CatalogError> {
+        let started = std::time::Instant::now();
+        let list = lv.clone_snapshots(clone);
+        let Some(at) = list.iter().position(|s| s.name == snap) else {
+            return Err(CatalogError::Invalid(format!("clone `{clone}` has no snapshot `{snap}`")));
         };
-        Ok(logs
-            .iter()
-            .flat_map(|lv| {
-                lv.snapshots()
-                    .into_iter()
-                    .map(|r| SnapshotView::of(lv.name(), lv.layer_bytes(r.id), &r))
-                    .collect::<Vec<_>>()
-            })
-            .collect())
+        let newer: Vec<String> = list[at + 1..].iter().map(|s| s.name.clone()).collect();
+        let mut deleted = Vec::new();
+        if destroy_newer && !newer.is_empty() {
+            let blocking: Vec<String> = lv
+                .clones()
+                .iter()
+                .map(|c| clone_view(lv, c))
+                .filter(|c| c.of_clone.as_deref() == Some(clone) && newer.contains(&c.snapshot))
+                .map(|c| format!("{} (of {clone}@{})", c.name, c.snapshot))
+                .collect();
+            if !blocking.is_empty() {
+                return Err(CatalogError::Invalid(format!(
+                    "cannot roll `{clone}` back to {snap}: clones were made of newer snapshots: {}; delete them first",
+                    blocking.join(", ")
+                )));
+            }
+            for name in newer.iter().rev() {
+                lv.delete_clone_snapshot(clone, name).await?;
+                deleted.push(name.clone());
+            }
+        }
+        let blocks_changed = lv.rollback_clone(clone, snap).await?;
+        Ok(RollbackView {
+            volume: clone.to_string(),
+            snapshot: snap.to_string(),
+            blocks_changed,
+            seconds: started.elapsed().as_secs_f64(),
+            snapshots_deleted: deleted,
+        })
+    }
+
+    /// The snapshots of `volume` (a log-structured volume or a clone), or of every
+    /// log-structured volume and clone; oldest first per volume.
+    pub fn snapshots(&self, volume: Option<&str>) -> Result<Vec<SnapshotView>, CatalogError> {
+        let of_volume = |lv: &LogVolume<D>| -> Vec<SnapshotView> {
+            lv.snapshots()
+                .into_iter()
+                .map(|r| SnapshotView::of(lv.name(), lv.layer_bytes(r.id), &r))
+                .collect()
+        };
+        let of_clone = |lv: &LogVolume<D>, clone: &str| -> Vec<SnapshotView> {
+            lv.clone_snapshots(clone)
+                .into_iter()
+                .map(|r| SnapshotView::of(clone, lv.layer_bytes(r.id), &r))
+                .collect()
+        };
+        Ok(match volume {
+            Some(name) => match self.entry_or_err(name)? {
+                Entry::Log(lv) => of_volume(&lv),
+                Entry::Clone(lv, rec) => of_clone(&lv, &rec.name),
+                Entry::Plain(_) => Vec::new(),
+            },
+            None => {
+                let logs: Vec<Arc<LogVolume<D>>> = self.logs.read().values().cloned().collect();
+                let mut all = Vec::new();
+                for lv in &logs {
+                    all.extend(of_volume(lv));
+                    for c in lv.clones() {
+                        all.extend(of_clone(lv, &c.name));
+                    }
+                }
+                all
+            }
+        })
     }
 
     /// [`Catalog::snapshots`] with the bytes only each snapshot holds (a walk of the map pages
@@ -823,11 +906,16 @@ impl<D: BlockDevice> Catalog<D> {
         let mut list = self.snapshots(volume)?;
         let mut referenced: HashMap<String, Vec<(u16, u64)>> = HashMap::new();
         for s in &mut list {
-            if let Some(Entry::Log(lv)) = self.entry(&s.volume) {
-                if !referenced.contains_key(&s.volume) {
-                    referenced.insert(s.volume.clone(), lv.referenced_bytes().await?);
+            match self.entry(&s.volume) {
+                Some(Entry::Log(lv)) => {
+                    if !referenced.contains_key(&s.volume) {
+                        referenced.insert(s.volume.clone(), lv.referenced_bytes().await?);
+                    }
+                    s.fill_bytes(lv.exclusive_bytes(s.id).await?, &referenced[&s.volume]);
                 }
-                s.fill_bytes(lv.exclusive_bytes(s.id).await?, &referenced[&s.volume]);
+                // A clone's snapshot: what only it holds (what it references is not counted).
+                Some(Entry::Clone(lv, _)) => s.exclusive_bytes = Some(lv.exclusive_bytes(s.id).await?),
+                _ => {}
             }
         }
         Ok(list)

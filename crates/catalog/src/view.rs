@@ -248,6 +248,13 @@ pub struct CloneView {
     /// Absent when it has no settings and the dispatcher is off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qos: Option<QosView>,
+    /// The clone whose snapshot it was made of (`snapshot` is then that clone's); absent for a
+    /// clone of a snapshot of `origin`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub of_clone: Option<String>,
+    /// Its own snapshots, oldest first (`CLONE@NAME`: `snapshot list CLONE`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<String>,
 }
 
 /// A log-structured volume (`tiered:` or `log:`; its `layout` says which).

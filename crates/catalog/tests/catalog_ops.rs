@@ -2,7 +2,7 @@
 //! status, resize, delete, snapshots, clones and rollback, their refusals (each leaving the pool
 //! as it was), names and sizes, a reopen, and a log-structured volume that cannot be opened.
 
-use stria_catalog::{CatalogError, CreateVolume, VolumeView};
+use stria_catalog::{Catalog, CatalogError, CreateVolume, VolumeView};
 use stria_dev::{BLOCK_BYTES, IoBytes};
 use stria_engine::{Durability, ErrorKind, VOLUME_BYTES_MAX};
 
@@ -461,6 +461,95 @@ async fn rollback_to_an_older_snapshot_deletes_the_newer_ones_first() {
     // To the newest, the flag deletes nothing.
     let again = c.volume_rollback_with("lv", "a", true).await.expect("rollback to a again");
     assert!(again.snapshots_deleted.is_empty());
+}
+
+/// A clone takes snapshots (served read-only as `CLONE@SNAP`), clones of them, rollbacks (with
+/// `--destroy-newer` too) and deletes, through the catalog's names; `volume delete` of the
+/// clone takes its snapshots but one a clone was made of.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clones_take_snapshots_rollbacks_and_clones_of_their_own() {
+    let mut rig = rig_with_every_layout().await;
+    let mut r = rng(14);
+    let base = random_bytes(&mut r, MIB as usize);
+    rig.volume("lv").write(0, IoBytes::copy_from(&base), Durability::Fua).await.expect("write");
+    rig.catalog.snapshot_create("lv", "s").await.expect("snapshot");
+    rig.catalog.volume_clone("lv@s", "c").await.expect("clone");
+    let c = &rig.catalog;
+    let mut versions = Vec::new();
+    for name in ["a", "b", "z"] {
+        let data = random_bytes(&mut r, MIB as usize);
+        rig.volume("c").write(0, IoBytes::copy_from(&data), Durability::Fua).await.expect("write c");
+        let snap = c.snapshot_create("c", name).await.expect("snapshot of the clone");
+        assert_eq!((snap.volume.as_str(), snap.export.as_str()), ("c", format!("c@{name}").as_str()));
+        versions.push(data);
+    }
+    let names = |c: &Catalog<_>| {
+        c.snapshots(Some("c")).expect("list").into_iter().map(|s| s.name).collect::<Vec<_>>()
+    };
+    assert_eq!(names(c), ["a", "b", "z"]);
+    assert_eq!(c.snapshots(Some("lv")).expect("list").len(), 1, "the volume's own are apart");
+    assert_eq!(c.snapshots(None).expect("all").len(), 4, "every volume's and clone's");
+    for (name, data) in ["a", "b", "z"].iter().zip(&versions) {
+        let snap = rig.volume(&format!("c@{name}"));
+        assert!(snap.info().read_only, "c@{name} is read-only");
+        assert!(snap.read(0, MIB as usize).await.expect("read")[..] == data[..], "c@{name}");
+    }
+    assert!(rig.volume("lv@s").read(0, MIB as usize).await.expect("read")[..] == base[..], "lv@s");
+    // A clone of a clone's snapshot; its view says what it was made of.
+    let d = c.volume_clone("c@a", "d").await.expect("clone of c@a");
+    assert_eq!((d.of_clone.as_deref(), d.snapshot.as_str()), (Some("c"), "a"));
+    let shown = match c.show("c").expect("show c") {
+        VolumeView::Clone(v) => v,
+        other => panic!("c is a clone: {other:?}"),
+    };
+    assert_eq!(
+        (shown.of_clone, shown.snapshot.as_str(), shown.snapshots),
+        (None, "s", vec!["a".to_string(), "b".into(), "z".into()])
+    );
+    assert!(
+        rig.volume("d").read(0, MIB as usize).await.expect("read")[..] == versions[0][..],
+        "d reads as c@a"
+    );
+    // Rollback: to the newest, else with --destroy-newer (refused while a clone of a newer one lives).
+    rig.volume("c")
+        .write(0, IoBytes::copy_from(&random_bytes(&mut r, MIB as usize)), Durability::Fua)
+        .await
+        .expect("write c");
+    refused(
+        c.volume_rollback("c", "b").await,
+        ErrorKind::InvalidInput,
+        "an older snapshot of the clone, plainly",
+    );
+    c.volume_clone("c@z", "e").await.expect("clone of c@z");
+    let e = c.volume_rollback_with("c", "b", true).await.expect_err("a clone of z stands in the way");
+    assert!(e.to_string().contains("e (of c@z)"), "{e}");
+    assert_eq!(names(c), ["a", "b", "z"], "nothing deleted");
+    c.delete("e").await.expect("delete e");
+    let rolled = c.volume_rollback_with("c", "b", true).await.expect("rollback to b");
+    assert_eq!(rolled.snapshots_deleted, ["z"]);
+    assert!(
+        rig.volume("c").read(0, MIB as usize).await.expect("read")[..] == versions[1][..],
+        "c reads as b"
+    );
+    refused(c.snapshot_create("c", "a").await, ErrorKind::InvalidInput, "a taken name");
+    refused(c.snapshot_delete("c", "nope").await, ErrorKind::InvalidInput, "an unknown snapshot");
+    // Through a reopen.
+    rig.reopen().await;
+    let c = &rig.catalog;
+    assert_eq!(names(c), ["a", "b"]);
+    assert!(
+        rig.volume("c@a").read(0, MIB as usize).await.expect("read")[..] == versions[0][..],
+        "c@a reopened"
+    );
+    // Deleting c takes b, keeps a (d was made of it) hidden; d reads as before.
+    c.delete("c").await.expect("delete c");
+    assert!(c.lookup("c@a").is_none() && c.lookup("c").is_none(), "c and its snapshots are gone");
+    assert!(
+        rig.volume("d").read(0, MIB as usize).await.expect("read")[..] == versions[0][..],
+        "d after c went"
+    );
+    c.delete("d").await.expect("delete d");
+    assert!(rig.volume("lv@s").read(0, MIB as usize).await.expect("read")[..] == base[..], "lv@s at the end");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -486,7 +486,10 @@ pub(crate) fn volume(v: &VolumeView) {
 /// `stria volume show` of a clone, and `volume clone`.
 pub(crate) fn clone_volume(c: &stria_catalog::CloneView) {
     outln!("volume {} (clone)", c.name);
-    outln!("  {:<14} {}@{}", "made from", c.origin, c.snapshot);
+    outln!("  {:<14} {}@{}", "made from", c.of_clone.as_deref().unwrap_or(&c.origin), c.snapshot);
+    if !c.snapshots.is_empty() {
+        outln!("  {:<14} {}", "snapshots", c.snapshots.join(", "));
+    }
     outln!("  {:<14} {}", "size", size(c.size_bytes));
     outln!("  {:<14} {} (its layer in {}'s map)", "layer", c.id, c.origin);
     outln!(

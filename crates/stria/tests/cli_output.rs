@@ -54,8 +54,8 @@ fn ended(s: &str) -> String {
 
 /// Replaces what varies between runs by placeholders: the temporary directory (`<TMP>`), ANSI
 /// colour codes (removed), uuids (`<UUID>`), RFC 3339 and `YYYY-MM-DD HH:MM:SS UTC` times
-/// (`<TIME>`), unix times in `*_unix_secs` fields (`<UNIX_SECS>`), durations such as `12ms` or
-/// `1.5s` (`<DURATION>`) and `pid N` (`pid <PID>`).
+/// (`<TIME>`), unix times in `*_unix_secs` fields (`<UNIX_SECS>`), durations such as `12ms`,
+/// `1.5s` or `0.004 s` (`<DURATION>`) and `pid N` (`pid <PID>`).
 fn mask(text: &str, tmp_paths: &[String]) -> String {
     let mut text = text.to_string();
     for p in tmp_paths {
@@ -185,7 +185,8 @@ fn duration(s: &[char]) -> Option<usize> {
         }
         n += 1 + fraction;
     }
-    let unit = ["ns", "µs", "us", "ms", "s"].iter().find_map(|u| literal(&s[n..], u))?;
+    // Seconds are also printed with a space before the unit ("in 0.004 s").
+    let unit = ["ns", "µs", "us", "ms", "s", " s"].iter().find_map(|u| literal(&s[n..], u))?;
     n += unit;
     if s.get(n).is_some_and(|c| c.is_alphanumeric()) {
         return None;
@@ -408,7 +409,15 @@ fn cli_output_matches_the_golden_files() {
     check("mistake_clone_plain", &["volume", "clone", "r1@s1", "x"], 1);
     check("mistake_clone_name_taken", &["volume", "clone", "tv@s1", "r1"], 1);
     check("mistake_clone_bad_name", &["volume", "clone", "tv@s1", "no/slash"], 1);
-    check("mistake_snapshot_of_clone", &["snapshot", "create", "tvc", "s"], 1);
+    // A clone's own snapshots, a clone of one, a rollback, deletes.
+    check("snapshot_of_clone", &["snapshot", "create", "tvc", "s"], 0);
+    check("volume_clone_of_clone", &["volume", "clone", "tvc@s", "tvcc"], 0);
+    check("volume_show_clone_with_snapshot", &["volume", "show", "tvc"], 0);
+    check("snapshot_list_of_clone", &["snapshot", "list", "tvc"], 0);
+    check("volume_rollback_clone", &["volume", "rollback", "tvc", "s"], 0);
+    check("mistake_snapshot_of_clone_taken", &["snapshot", "create", "tvc", "s"], 1);
+    check("volume_delete_clone_of_clone", &["volume", "delete", "tvcc"], 0);
+    check("snapshot_delete_of_clone", &["snapshot", "delete", "tvc", "s"], 0);
     check("snapshot_list", &["snapshot", "list"], 0);
     check("mistake_grow_clone_past_origin", &["volume", "resize", "tvc", "--size", "64M"], 1);
     check("mistake_shrink_clone", &["volume", "resize", "tvc", "--size", "16M"], 1);

@@ -95,9 +95,19 @@ impl<D: BlockDevice> SnapshotVolume<D> {
         stria_engine::VolumeError::ReadOnly { volume: self.name.clone() }
     }
 
+    /// Snapshot `layer` (named `snap`) of clone `clone` of `volume`'s family (`CLONE@SNAP`).
+    pub fn of_clone(
+        volume: std::sync::Arc<crate::log::LogVolume<D>>,
+        layer: u16,
+        clone: &str,
+        snap: &str,
+    ) -> SnapshotVolume<D> {
+        SnapshotVolume { volume, layer, name: format!("{clone}@{snap}") }
+    }
+
     /// The snapshot was deleted (a handle outlived it).
     fn gone(&self) -> bool {
-        !self.volume.snapshots().iter().any(|s| s.id == self.layer)
+        !self.volume.snapshot_shown(self.layer)
     }
 }
 

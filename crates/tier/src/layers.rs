@@ -38,8 +38,11 @@ pub enum LayerKind {
     Head,
     /// A read-only before-image layer of a head.
     Snapshot,
-    /// A clone's writable head: its own flat region over a parent snapshot.
+    /// A clone's writable head: its own copied pages over a parent snapshot or frozen layer.
     Clone,
+    /// A snapshot of a clone: the clone's pages as they were, read-only (docs/design/snapshots.md,
+    /// "Snapshots, rollback and clones of a clone"); the clone goes on as a new layer over it.
+    Frozen,
 }
 
 impl LayerKind {
@@ -48,6 +51,7 @@ impl LayerKind {
             LayerKind::Head => 1,
             LayerKind::Snapshot => 2,
             LayerKind::Clone => 3,
+            LayerKind::Frozen => 4,
         }
     }
 
@@ -56,6 +60,7 @@ impl LayerKind {
             1 => Some(LayerKind::Head),
             2 => Some(LayerKind::Snapshot),
             3 => Some(LayerKind::Clone),
+            4 => Some(LayerKind::Frozen),
             _ => None,
         }
     }
@@ -85,8 +90,11 @@ pub struct LayerRecord {
     /// Logical size of a head or clone (a snapshot has its head's size when it was made).
     pub logical_bytes: u64,
     pub name: String,
-    /// A head's rollback to this snapshot began and has not finished (0: none); open finishes it.
+    /// A head's or clone's rollback to this snapshot began and has not finished (0: none);
+    /// open finishes it.
     pub rollback_to: u16,
+    /// A frozen layer's clone (the clone it is a snapshot of); 0 for other kinds.
+    pub of_clone: u16,
 }
 
 impl LayerRecord {
@@ -106,6 +114,7 @@ impl LayerRecord {
             logical_bytes,
             name: name.into(),
             rollback_to: 0,
+            of_clone: 0,
         }
     }
 }
@@ -128,6 +137,8 @@ pub fn name_problem(name: &str) -> Option<String> {
 
 /// Where a head's pending rollback target is (in what was reserved space before it).
 const ROLLBACK_AT: usize = 112;
+/// Where a frozen layer's clone is.
+const OF_CLONE_AT: usize = 114;
 
 fn record_crc(b: &[u8]) -> u32 {
     crc32c::crc32c(&b[..RECORD_CRC_AT])
@@ -152,6 +163,7 @@ impl LayerRecord {
         out[40..48].copy_from_slice(&self.logical_bytes.to_le_bytes());
         out[NAME_AT..NAME_AT + self.name.len()].copy_from_slice(self.name.as_bytes());
         out[ROLLBACK_AT..ROLLBACK_AT + 2].copy_from_slice(&self.rollback_to.to_le_bytes());
+        out[OF_CLONE_AT..OF_CLONE_AT + 2].copy_from_slice(&self.of_clone.to_le_bytes());
         let crc = record_crc(out);
         out[RECORD_CRC_AT..].copy_from_slice(&crc.to_le_bytes());
     }
@@ -195,6 +207,7 @@ impl LayerRecord {
             logical_bytes: u64_at(40),
             name: name.to_owned(),
             rollback_to: u16_at(ROLLBACK_AT),
+            of_clone: u16_at(OF_CLONE_AT),
         }))
     }
 }
@@ -218,14 +231,19 @@ pub fn decode_layer_table(b: &[u8]) -> Result<Vec<LayerRecord>, String> {
             if records.iter().any(|o| o.id == r.id) {
                 return Err(format!("layer table record {i}: layer id {} appears twice", r.id));
             }
-            if records
-                .iter()
-                .any(|o| o.name == r.name && o.kind != LayerKind::Snapshot && r.kind != LayerKind::Snapshot)
-            {
+            // Names are unique among the layers shown (a deleted one kept for clones may share
+            // its name with a newer one): heads and clones among themselves, a snapshot among
+            // its head's, a frozen layer among its clone's.
+            let volume = |k: LayerKind| matches!(k, LayerKind::Head | LayerKind::Clone);
+            let shown = |o: &LayerRecord| !o.hidden && !r.hidden && o.name == r.name;
+            if records.iter().any(|o| shown(o) && volume(o.kind) && volume(r.kind)) {
                 return Err(format!("layer table record {i}: volume name {:?} appears twice", r.name));
             }
             if records.iter().any(|o| {
-                o.name == r.name && o.kind == r.kind && r.kind == LayerKind::Snapshot && o.parent == r.parent
+                shown(o)
+                    && o.kind == r.kind
+                    && ((r.kind == LayerKind::Snapshot && o.parent == r.parent)
+                        || (r.kind == LayerKind::Frozen && o.of_clone == r.of_clone))
             }) {
                 return Err(format!(
                     "layer table record {i}: snapshot {:?} of layer {} appears twice",
@@ -490,6 +508,7 @@ mod tests {
             logical_bytes: 1 << 40,
             name: name.into(),
             rollback_to: if kind == LayerKind::Head { 7 } else { 0 },
+            of_clone: if kind == LayerKind::Frozen { 6 } else { 0 },
         }
     }
 
@@ -527,6 +546,7 @@ mod tests {
             record(5, LayerKind::Snapshot, 1, "s2"),
             record(6, LayerKind::Clone, 2, "vol-clone"),
             record(7, LayerKind::Snapshot, 6, "s1"),
+            record(8, LayerKind::Frozen, 2, "s1"),
         ];
         let b = encode_layer_table(&records);
         assert_eq!(b.len(), LAYER_TABLE_BLOCKS * BLOCK_USIZE);
@@ -545,10 +565,21 @@ mod tests {
                 .unwrap_err()
                 .contains("snapshot \"s1\" of layer 1")
         );
-        let mut same = records;
+        let mut same = records.clone();
         same[3].name = "vol".into();
         assert!(
             decode_layer_table(&encode_layer_table(&same)).unwrap_err().contains("\"vol\" appears twice")
+        );
+        // A deleted snapshot kept for its clones may share its name with a newer one.
+        let mut kept = records.clone();
+        kept[1].hidden = true;
+        kept[2].name = "s1".into();
+        assert_eq!(decode_layer_table(&encode_layer_table(&kept)).unwrap(), kept);
+        // Snapshots of one clone (frozen layers) have names of their own.
+        let mut frozen_twice = records;
+        frozen_twice.push(record(9, LayerKind::Frozen, 8, "s1"));
+        assert!(
+            decode_layer_table(&encode_layer_table(&frozen_twice)).unwrap_err().contains("appears twice")
         );
         assert_eq!(MAX_LAYERS, 256);
     }

@@ -2,6 +2,7 @@
 //! module (one link of the dependency graph instead of one per file).
 #![allow(clippy::cast_possible_truncation)] // 64-bit only, like the engine; test inputs are small
 
+mod clone_snapshots;
 mod common;
 mod crash_sequences;
 mod fuzz_corpus;

@@ -114,7 +114,8 @@ pub(super) async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
                 print_json(&v);
             } else {
                 let c: stria_catalog::CloneView = view(v)?;
-                outln!("made clone {} of {}@{} (export {}, writable)", c.name, c.origin, c.snapshot, c.name);
+                let of = c.of_clone.as_deref().unwrap_or(&c.origin);
+                outln!("made clone {} of {of}@{} (export {}, writable)", c.name, c.snapshot, c.name);
             }
             Ok(())
         }

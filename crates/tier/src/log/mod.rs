@@ -426,6 +426,14 @@ impl<D: BlockDevice> LogVolume<D> {
         if layer == HEAD && self.map.head_deleted() {
             return Err(VolumeError::Closed(self.name.clone()));
         }
+        if layer != HEAD {
+            match self.map.layer_record(layer) {
+                Some(r) if r.kind == crate::layers::LayerKind::Clone && !r.hidden => {}
+                // A snapshot, of the volume or of a clone: read-only.
+                Some(r) if !r.hidden => return Err(VolumeError::ReadOnly { volume: r.name }),
+                _ => return Err(VolumeError::Closed(format!("{} (layer {layer})", self.name))),
+            }
+        }
         Ok(())
     }
 

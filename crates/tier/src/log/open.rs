@@ -346,6 +346,14 @@ pub async fn open<D: BlockDevice>(
         vol.map.mark_rollback(0).await.map_err(|e| corrupt(format!("finishing a rollback: {e}")))?;
         tracing::info!(volume = %rec.name, restored, "finished a rollback a crash interrupted");
     }
+    let rolled = vol
+        .map
+        .finish_clone_rollbacks(|freed| vol.free_places(freed))
+        .await
+        .map_err(|e| corrupt(format!("finishing a clone's rollback: {e}")))?;
+    if rolled > 0 {
+        tracing::info!(volume = %rec.name, rolled, "finished clone rollbacks a crash interrupted");
+    }
     let finished = vol
         .map
         .finish_deletes(|freed| vol.free_places(freed))

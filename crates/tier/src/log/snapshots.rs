@@ -341,6 +341,30 @@ impl<D: BlockDevice> LogVolume<D> {
         let Some(parent) = self.map.snapshots().into_iter().find(|s| s.name == snap) else {
             return Err(TierError::Invalid(format!("{} has no snapshot {snap:?}", self.name)));
         };
+        self.make_clone(parent, name).await
+    }
+
+    /// Makes clone `name` of snapshot `snap` of clone `clone` (`CLONE@SNAP`; a frozen layer):
+    /// as [`Self::create_clone`] of a snapshot of the volume.
+    pub async fn create_clone_of_clone(
+        &self,
+        clone: &str,
+        snap: &str,
+        name: &str,
+    ) -> Result<LayerRecord, TierError> {
+        if let Some(why) = crate::layers::name_problem(name) {
+            return Err(TierError::Invalid(format!("clone {name:?} of {clone}@{snap}: {why}")));
+        }
+        let _one = self.gates.snapshot_ops.lock().await;
+        let c = self.live_clone_named(clone)?;
+        let Some(parent) = self.map.clone_snapshots(c.id).into_iter().find(|s| s.name == snap) else {
+            return Err(TierError::Invalid(format!("clone {clone} has no snapshot {snap:?}")));
+        };
+        self.make_clone(parent, name).await
+    }
+
+    /// Makes clone `name` of snapshot or frozen layer `parent` (the caller holds `snapshot_ops`).
+    async fn make_clone(&self, parent: LayerRecord, name: &str) -> Result<LayerRecord, TierError> {
         self.check_writable(0, self.size_bytes())?;
         // The clone has its snapshot's size (the volume may have grown since).
         let record =
@@ -377,5 +401,142 @@ impl<D: BlockDevice> LogVolume<D> {
         self.ring.hungry.notify_one();
         tracing::info!(volume = %self.name, clone = name, ?stats, "clone deleted");
         Ok(stats)
+    }
+
+    /// Clone `name`, unless it is unknown or being deleted.
+    fn live_clone_named(&self, name: &str) -> Result<LayerRecord, TierError> {
+        self.map
+            .clones()
+            .into_iter()
+            .find(|c| c.name == name)
+            .ok_or_else(|| TierError::Invalid(format!("{} has no clone {name:?}", self.name)))
+    }
+
+    /// The snapshots of clone `clone`, oldest first (none if it is not a clone of this volume).
+    pub fn clone_snapshots(&self, clone: &str) -> Vec<LayerRecord> {
+        self.map
+            .clones()
+            .into_iter()
+            .find(|c| c.name == clone)
+            .map_or_else(Vec::new, |c| self.map.clone_snapshots(c.id))
+    }
+
+    /// What clone `rec` was made of, past its own snapshots: `(None, snapshot)` for a snapshot
+    /// of the volume, `(Some(clone), snapshot)` for a snapshot of another clone (a deleted one
+    /// kept for this clone says so).
+    pub fn clone_source(&self, rec: &LayerRecord) -> (Option<String>, String) {
+        let mut id = rec.parent;
+        loop {
+            let Some(r) = self.map.layer_record(id) else { return (None, self.parent_name(id)) };
+            match r.kind {
+                LayerKind::Frozen if r.of_clone == rec.id => id = r.parent,
+                LayerKind::Frozen => {
+                    let clone = self
+                        .map
+                        .layer_record(r.of_clone)
+                        .filter(|c| !c.hidden)
+                        .map_or_else(|| format!("(deleted clone, layer {})", r.of_clone), |c| c.name);
+                    let name =
+                        if r.hidden { format!("{} (deleted, kept for its clones)", r.name) } else { r.name };
+                    return (Some(clone), name);
+                }
+                _ => return (None, self.parent_name(id)),
+            }
+        }
+    }
+
+    /// Whether layer `id` is a snapshot (of the volume or of a clone) that has not been deleted.
+    pub fn snapshot_shown(&self, id: u16) -> bool {
+        self.map
+            .layer_record(id)
+            .is_some_and(|r| !r.hidden && matches!(r.kind, LayerKind::Snapshot | LayerKind::Frozen))
+    }
+
+    /// Makes snapshot `name` of clone `clone` (docs/design/snapshots.md, "Snapshots, rollback
+    /// and clones of a clone"): writes to the family in flight finish first and new ones wait
+    /// until it is made; it holds every write to the clone acknowledged before it, none after.
+    /// The clone is frozen into it (its table pages copied, one per 1,016 map pages it changed;
+    /// no map page, no data) and goes on over it. Returns it once durable.
+    pub async fn create_clone_snapshot(&self, clone: &str, name: &str) -> Result<LayerRecord, TierError> {
+        let refuse = |why: String| TierError::Invalid(format!("snapshot {name:?} of clone {clone}: {why}"));
+        if let Some(why) = crate::layers::name_problem(name) {
+            return Err(refuse(why));
+        }
+        let _one = self.gates.snapshot_ops.lock().await;
+        let c = self.live_clone_named(clone)?;
+        if self.map.clone_snapshots(c.id).iter().any(|s| s.name == name) {
+            return Err(refuse("a snapshot of that name exists".into()));
+        }
+        self.check_writable(0, self.size_bytes())?;
+        let _drained = self.gates.writes.write().await;
+        let record =
+            LayerRecord { logical_bytes: c.logical_bytes, ..self.new_record(name, LayerKind::Frozen) };
+        let mut made = self.map.freeze_clone(c.id, record.clone()).await;
+        if let Err(MapError::PoolFull { needed, .. }) = made
+            && self.grow_page_pool(needed).await.is_ok()
+        {
+            made = self.map.freeze_clone(c.id, record).await;
+        }
+        let id =
+            made.map_err(|e| self.layer_op_error(&format!("snapshot {name:?} of clone {clone:?}"), e))?;
+        tracing::info!(volume = %self.name, clone, snapshot = name, "snapshot of a clone made");
+        Ok(self.map.layer_record(id).expect("just made"))
+    }
+
+    /// Deletes snapshot `name` of clone `clone`: its map page copies are handed up to the next
+    /// newer snapshot of the clone (or the clone) or dropped, and what no layer holds any more
+    /// is freed; one that clones were made of is kept, hidden, until they are deleted. No data
+    /// is copied; writes wait for one batch of 128 pages at a time.
+    pub async fn delete_clone_snapshot(&self, clone: &str, name: &str) -> Result<DeleteStats, TierError> {
+        let _one = self.gates.snapshot_ops.lock().await;
+        let c = self.live_clone_named(clone)?;
+        let Some(snap) = self.map.clone_snapshots(c.id).into_iter().find(|s| s.name == name) else {
+            return Err(TierError::Invalid(format!("clone {clone} has no snapshot {name:?}")));
+        };
+        self.check_writable(0, self.size_bytes())?;
+        let stats = self
+            .map
+            .delete_frozen(snap.id, Some(&self.gates.settle), |freed| self.free_places(freed))
+            .await
+            .map_err(|e| self.layer_op_error(&format!("deleting snapshot {name:?} of clone {clone:?}"), e))?;
+        self.ring.hungry.notify_one();
+        tracing::info!(volume = %self.name, clone, snapshot = name, ?stats, "snapshot of a clone deleted");
+        Ok(stats)
+    }
+
+    /// Rolls clone `clone` back to its newest snapshot `name`: its own map pages are dropped
+    /// (no data copied; what the snapshot does not hold is freed), so it reads as the snapshot
+    /// again. Writes to the family wait while it runs. A crash before it returns leaves open
+    /// to finish it. Returns how many map pages the clone let go of.
+    pub async fn rollback_clone(&self, clone: &str, name: &str) -> Result<u64, TierError> {
+        let _one = self.gates.snapshot_ops.lock().await;
+        let c = self.live_clone_named(clone)?;
+        let snaps = self.map.clone_snapshots(c.id);
+        let Some(snap) = snaps.iter().find(|s| s.name == name) else {
+            return Err(TierError::Invalid(format!("clone {clone} has no snapshot {name:?}")));
+        };
+        if snap.id != c.parent {
+            let newest = snaps.last().map_or_else(String::new, |s| s.name.clone());
+            return Err(TierError::Invalid(format!(
+                "{clone} can be rolled back only to its newest snapshot ({newest:?}); delete the newer snapshots first"
+            )));
+        }
+        if snap.logical_bytes != c.logical_bytes {
+            return Err(TierError::Invalid(format!(
+                "{name:?} was made when {clone} held {} bytes; it holds {} now, and a rollback does not change a volume's size",
+                snap.logical_bytes, c.logical_bytes
+            )));
+        }
+        self.check_writable(0, self.size_bytes())?;
+        let _drained = self.gates.writes.write().await;
+        let _moves = self.gates.moving.lock().await;
+        let stats = self
+            .map
+            .rollback_clone(c.id, Some(&self.gates.settle), |freed| self.free_places(freed))
+            .await
+            .map_err(|e| self.layer_op_error(&format!("rolling clone {clone:?} back"), e))?;
+        self.ring.hungry.notify_one();
+        tracing::info!(volume = %self.name, clone, snapshot = name, ?stats, "clone rolled back");
+        Ok(stats.pages_dropped)
     }
 }

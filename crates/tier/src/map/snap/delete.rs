@@ -9,7 +9,7 @@ use stria_dev::BlockDevice;
 use stria_engine::pagecache::Slot;
 
 use super::{HAND_ON_BATCH, Layers, POOL_KEY, TableOp, layers_error, table_index, table_slot};
-use crate::layers::INDEX_ENTRIES;
+use crate::layers::{INDEX_ENTRIES, LayerKind};
 use crate::map::{ENTRIES_PER_PAGE, MapEntry, MapError, MapPage, MapStore};
 
 /// What deleting a snapshot did (docs/design/snapshots.md, "Snapshot delete").
@@ -126,7 +126,7 @@ impl<D: BlockDevice> MapStore<D> {
     pub async fn mark_head_deleted(&self) -> Result<(), MapError> {
         {
             let mut l = self.snap.layers.lock();
-            if l.clones.iter().all(|c| c.record.hidden) {
+            if l.clones.iter().all(|c| c.record.hidden || c.record.kind != LayerKind::Clone) {
                 return Err(layers_error("the volume has no clones"));
             }
             let head = l.head.as_mut().ok_or_else(|| layers_error("the volume has no snapshot"))?;
@@ -145,10 +145,27 @@ impl<D: BlockDevice> MapStore<D> {
         &self,
         mut on_free: impl FnMut(Vec<(u64, MapEntry)>),
     ) -> Result<usize, MapError> {
-        let clones: Vec<u16> =
-            self.snap.layers.lock().clones.iter().filter(|c| c.record.hidden).map(|c| c.record.id).collect();
+        let clones: Vec<u16> = {
+            let l = self.snap.layers.lock();
+            let hidden = |c: &&super::Snap| c.record.hidden && c.record.kind == LayerKind::Clone;
+            l.clones.iter().filter(hidden).map(|c| c.record.id).collect()
+        };
         for &layer in &clones {
             self.drop_clone(layer, None, &mut on_free).await?;
+        }
+        // Deleted snapshots of clones (frozen layers) with at most one layer over them.
+        let frozen: Vec<u16> = {
+            let l = self.snap.layers.lock();
+            l.clones
+                .iter()
+                .filter(|c| c.record.hidden && c.record.kind == LayerKind::Frozen)
+                .map(|c| c.record.id)
+                .collect()
+        };
+        for &layer in &frozen {
+            if self.snap.layers.lock().layer(layer).is_some() {
+                self.finish_hidden(layer, None, &mut on_free).await?;
+            }
         }
         // Deleted snapshots kept for clones stay until their last clone goes.
         let hidden: Vec<u16> = {
@@ -163,6 +180,175 @@ impl<D: BlockDevice> MapStore<D> {
             self.hand_on(layer, None, &mut on_free).await?;
         }
         Ok(clones.len() + hidden.len())
+    }
+
+    /// Deletes frozen layer `layer`, a snapshot of a clone (docs/design/snapshots.md,
+    /// "Snapshots, rollback and clones of a clone"): hidden first, durably; then, with one layer
+    /// over it (the clone or its next snapshot), its copies are handed up to that one or
+    /// dropped; with more (clones were made of it), it is kept, hidden, until they are deleted.
+    /// No data is copied; writes wait for one batch at a time.
+    pub async fn delete_frozen(
+        &self,
+        layer: u16,
+        hold: Option<&tokio::sync::RwLock<()>>,
+        mut on_free: impl FnMut(Vec<(u64, MapEntry)>),
+    ) -> Result<DeleteStats, MapError> {
+        self.pool_layout()?;
+        {
+            let _gate = self.snap.gate.write().await;
+            let mut l = self.snap.layers.lock();
+            let f = l
+                .clones
+                .iter_mut()
+                .find(|c| c.record.id == layer && c.record.kind == LayerKind::Frozen && !c.record.hidden)
+                .ok_or_else(|| layers_error(format!("no snapshot of a clone with layer id {layer}")))?;
+            f.record.hidden = true;
+            l.records_dirty = true;
+            self.snap.generation.fetch_add(1, SeqCst);
+        }
+        self.checkpoint().await?;
+        self.finish_hidden(layer, hold, &mut on_free).await
+    }
+
+    /// Marks deleted, durably, clone `layer` and every snapshot of it (its frozen layers): the
+    /// snapshots first, then the clone, so that a crash between leaves no frozen layer nothing
+    /// is over that is not marked (open drops such a one untouched, as a freeze cut short).
+    pub(super) async fn hide_clone_and_snapshots(&self, layer: u16) -> Result<(), MapError> {
+        for step in [LayerKind::Frozen, LayerKind::Clone] {
+            {
+                let _gate = self.snap.gate.write().await;
+                let mut l = self.snap.layers.lock();
+                if step == LayerKind::Clone {
+                    l.live_clone(layer)?;
+                }
+                for c in l.clones.iter_mut() {
+                    let ours = match step {
+                        LayerKind::Frozen => c.record.kind == LayerKind::Frozen && c.record.of_clone == layer,
+                        _ => c.record.id == layer,
+                    };
+                    if ours && !c.record.hidden {
+                        c.record.hidden = true;
+                    }
+                }
+                l.records_dirty = true;
+                self.snap.generation.fetch_add(1, SeqCst);
+            }
+            self.checkpoint().await?;
+        }
+        Ok(())
+    }
+
+    /// Finishes the delete of hidden layer `layer` if nothing keeps it any more, and then of
+    /// the hidden layers under it that this leaves without a reason to stay: a frozen layer
+    /// with no layer over it drops its copies (freeing what its parent's view does not hold),
+    /// one with a single layer over it hands its copies up to that one; a snapshot of the head
+    /// with no clone is handed on ([`Self::hand_on`]). Anything else stays.
+    pub(super) async fn finish_hidden(
+        &self,
+        layer: u16,
+        hold: Option<&tokio::sync::RwLock<()>>,
+        on_free: &mut impl FnMut(Vec<(u64, MapEntry)>),
+    ) -> Result<DeleteStats, MapError> {
+        enum Step {
+            Keep,
+            HandOn,
+            Drop { parent: u16, dir: Vec<u32> },
+            HandUp { child: u16, parent: u16, dir: Vec<u32> },
+        }
+        let mut stats = DeleteStats::default();
+        let mut next = Some(layer);
+        while let Some(id) = next.take() {
+            let step = {
+                let l = self.snap.layers.lock();
+                match l.clones.iter().find(|c| c.record.id == id) {
+                    Some(f) if f.record.hidden && f.record.kind == LayerKind::Frozen => {
+                        let (parent, dir) = (f.record.parent, f.dir.clone());
+                        match l.children(id)[..] {
+                            [] => Step::Drop { parent, dir },
+                            [child] => Step::HandUp { child, parent, dir },
+                            _ => Step::Keep,
+                        }
+                    }
+                    Some(_) => Step::Keep,
+                    None => match l.snaps.iter().find(|s| s.record.id == id) {
+                        Some(s) if s.record.hidden && !l.has_clones(id) => Step::HandOn,
+                        _ => Step::Keep,
+                    },
+                }
+            };
+            let done = match step {
+                Step::Keep => {
+                    if id == layer {
+                        stats.kept_for_clones = true;
+                    }
+                    continue;
+                }
+                Step::HandOn => self.hand_on(id, hold, on_free).await?,
+                Step::Drop { parent, dir } => {
+                    let done = self.let_go(id, &dir, LetGo::DropClone { parent }, hold, on_free).await?;
+                    {
+                        let _gate = self.snap.gate.write().await;
+                        self.remove_layer(id).await?;
+                    }
+                    self.checkpoint().await?;
+                    next = Some(parent);
+                    done
+                }
+                Step::HandUp { child, parent, dir } => {
+                    let done = self.let_go(id, &dir, LetGo::HandUp { child, parent }, hold, on_free).await?;
+                    // The layer over it reads through its parent now: durable before the layer
+                    // goes from the table (a torn table write must not leave a parent unknown).
+                    {
+                        let _gate = self.snap.gate.write().await;
+                        let mut l = self.snap.layers.lock();
+                        l.layer_mut(child).expect("the layer over it is kept").record.parent = parent;
+                        l.records_dirty = true;
+                        self.snap.generation.fetch_add(1, SeqCst);
+                    }
+                    self.checkpoint().await?;
+                    {
+                        let _gate = self.snap.gate.write().await;
+                        self.remove_layer(id).await?;
+                    }
+                    self.checkpoint().await?;
+                    next = Some(parent);
+                    done
+                }
+            };
+            stats.pages_moved += done.pages_moved;
+            stats.pages_dropped += done.pages_dropped;
+            stats.entries_freed += done.entries_freed;
+        }
+        Ok(stats)
+    }
+
+    /// What deleting frozen layer `layer` does with its copy `pool` of head page `page` when
+    /// `child` is the one layer over it: hands it up if `child` has no copy (its view of the
+    /// page was this one), else drops it, adding to `freed` the entries neither `child`'s copy
+    /// nor `parent`'s view holds (a place in the copy came from the parent's view or was
+    /// written after it by the clone, and then only layers over this one hold it).
+    pub(super) async fn hand_up_page(
+        &self,
+        layer: u16,
+        child: u16,
+        parent: u16,
+        page: u64,
+        pool: u32,
+        freed: &mut Vec<(u64, MapEntry)>,
+    ) -> Result<TableOp, MapError> {
+        let child_copy = match self.own_copy(child, page).await? {
+            None => return Ok(TableOp::Own { from: layer, to: child, page, pool, table: 0 }),
+            Some((_, c)) => c.page().entries.lock().clone(),
+        };
+        let copy = self.pool_page(pool, layer, page).await?.page().entries.lock().clone();
+        let below = self.view_from(parent, page).await?;
+        for (i, x) in copy.iter().enumerate() {
+            let physical = matches!(x.place, crate::map::Place::Segment(_) | crate::map::Place::Cache(_));
+            if physical && child_copy[i].place != x.place && below[i].place != x.place {
+                freed.push((page * ENTRIES_PER_PAGE + i as u64, *x));
+            }
+        }
+        Ok(TableOp::Drop { layer, page, pool })
     }
 
     /// Hands on or drops every copy of hidden snapshot `layer`, then removes it. Writes go on
@@ -259,6 +445,9 @@ impl<D: BlockDevice> MapStore<D> {
                         LetGo::DropClone { parent } => {
                             self.drop_clone_page(layer, parent, page, pool, &mut freed).await?
                         }
+                        LetGo::HandUp { child, parent } => {
+                            self.hand_up_page(layer, child, parent, page, pool, &mut freed).await?
+                        }
                     });
                 }
                 self.log_table_ops(&mut ops).await?;
@@ -336,14 +525,32 @@ impl<D: BlockDevice> MapStore<D> {
     /// changing anything; writes going on meanwhile make it a moment's figure.
     pub async fn exclusive_blocks(&self, layer: u16) -> Result<u64, MapError> {
         let _no_delete = self.snap.gate.read().await;
-        let (dir, older) = {
+        let (dir, how) = {
             let l = self.snap.layers.lock();
-            let k = l.visible(layer)?;
-            if l.has_clones(layer) {
-                // Deleting it now frees nothing: its clones read through it.
-                return Ok(0);
+            let frozen = l
+                .clones
+                .iter()
+                .find(|c| c.record.id == layer && c.record.kind == LayerKind::Frozen && !c.record.hidden);
+            if let Some(f) = frozen {
+                let parent = f.record.parent;
+                let how = match l.children(layer)[..] {
+                    [] => LetGo::DropClone { parent },
+                    [child] => LetGo::HandUp { child, parent },
+                    // Clones were made of it: deleting it now frees nothing.
+                    _ => return Ok(0),
+                };
+                (f.dir.clone(), how)
+            } else {
+                let k = l.visible(layer)?;
+                if l.has_clones(layer) {
+                    // Deleting it now frees nothing: its clones read through it.
+                    return Ok(0);
+                }
+                (
+                    l.snaps[k].dir.clone(),
+                    LetGo::HandOn { older: k.checked_sub(1).map(|i| l.snaps[i].record.id) },
+                )
             }
-            (l.snaps[k].dir.clone(), k.checked_sub(1).map(|i| l.snaps[i].record.id))
         };
         let mut freed = Vec::new();
         let mut blocks = 0;
@@ -353,7 +560,17 @@ impl<D: BlockDevice> MapStore<D> {
             }
             let owned = self.owned_in_table(layer, table, ti).await?;
             for (page, pool) in owned {
-                self.hand_on_page(layer, older, page, pool, &mut freed).await?;
+                match how {
+                    LetGo::HandOn { older } => {
+                        self.hand_on_page(layer, older, page, pool, &mut freed).await?
+                    }
+                    LetGo::DropClone { parent } => {
+                        self.drop_clone_page(layer, parent, page, pool, &mut freed).await?
+                    }
+                    LetGo::HandUp { child, parent } => {
+                        self.hand_up_page(layer, child, parent, page, pool, &mut freed).await?
+                    }
+                };
                 blocks += freed.len() as u64;
                 freed.clear();
             }
@@ -368,12 +585,13 @@ impl<D: BlockDevice> MapStore<D> {
         let _one = self.checkpointing.lock().await;
         {
             let mut l = self.snap.layers.lock();
-            let Layers { snaps, pool, .. } = &mut *l;
+            let Layers { snaps, clones, pool, .. } = &mut *l;
             let mut made: std::collections::HashMap<(u16, usize), u32> = std::collections::HashMap::new();
             for op in ops.iter_mut() {
                 if let TableOp::Own { to, page, table, .. } = op {
                     let ti = table_index(*page);
-                    let s = snaps.iter().find(|s| s.record.id == *to).expect("known layer");
+                    let s =
+                        snaps.iter().chain(clones.iter()).find(|s| s.record.id == *to).expect("known layer");
                     if s.dir[ti] == 0 {
                         *table = match made.get(&(*to, ti)) {
                             Some(&t) => t,
@@ -395,6 +613,9 @@ impl<D: BlockDevice> MapStore<D> {
             })
             .collect();
         self.log_held(deltas).await?;
+        // Raised before and after: a read that walks the layers while copies change hands (the
+        // applies await page loads) sees the generation change and looks again.
+        self.snap.generation.fetch_add(1, SeqCst);
         for &op in ops.iter() {
             self.apply_table_op(op, None).await?;
         }
@@ -416,9 +637,7 @@ impl<D: BlockDevice> MapStore<D> {
                     self.saw_layer(from);
                     self.saw_layer(to);
                     let l = self.snap.layers.lock();
-                    if !l.snaps.iter().any(|s| s.record.id == from)
-                        || !l.snaps.iter().any(|s| s.record.id == to)
-                    {
+                    if l.layer(from).is_none() || l.layer(to).is_none() {
                         return Ok(());
                     }
                 }
@@ -594,6 +813,10 @@ impl<D: BlockDevice> MapStore<D> {
 pub(super) enum LetGo {
     /// A snapshot's: hand it to `older` (the next older snapshot) if that one has none, else drop it.
     HandOn { older: Option<u16> },
-    /// A clone's: drop it (what `parent`'s view does not hold is freed).
+    /// A clone's, or a frozen layer's with nothing over it: drop it (what `parent`'s view does
+    /// not hold is freed).
     DropClone { parent: u16 },
+    /// A frozen layer's with `child` alone over it: hand it up to `child` if that one has none,
+    /// else drop it (what neither `child`'s copy nor `parent`'s view holds is freed).
+    HandUp { child: u16, parent: u16 },
 }

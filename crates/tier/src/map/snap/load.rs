@@ -31,8 +31,21 @@ impl<D: BlockDevice> MapStore<D> {
             .cloned()
             .collect();
         snap_records.sort_by_key(|r| r.created_seq);
-        let clone_records: Vec<LayerRecord> =
-            records.into_iter().filter(|r| r.kind == LayerKind::Clone).collect();
+        let mut clone_records: Vec<LayerRecord> =
+            records.into_iter().filter(|r| matches!(r.kind, LayerKind::Clone | LayerKind::Frozen)).collect();
+        // A frozen layer nothing is over that is not being deleted: a snapshot of a clone whose
+        // making a crash cut between its two checkpoints. The clone still names every copy the
+        // frozen layer's tables do: the frozen layer is left out, untouched (docs/design/
+        // snapshots.md, "Snapshots, rollback and clones of a clone").
+        let orphans: Vec<u16> = clone_records
+            .iter()
+            .filter(|r| r.kind == LayerKind::Frozen && !r.hidden)
+            .filter(|r| !clone_records.iter().any(|o| o.parent == r.id))
+            .map(|r| r.id)
+            .collect();
+        clone_records.retain(|r| !orphans.contains(&r.id));
+        // Parents first (a clone's parent may be a frozen layer).
+        clone_records.sort_by_key(|r| r.created_seq);
         let mut used = Vec::new();
         let mut copies = Vec::new();
         let mut snaps = Vec::new();
@@ -40,13 +53,19 @@ impl<D: BlockDevice> MapStore<D> {
             snaps.push(self.load_layer(record, &mut used, &mut copies).await?);
         }
         let mut clones = Vec::new();
-        for record in clone_records {
-            if !snaps.iter().any(|s: &Snap| s.record.id == record.parent) {
+        for record in &clone_records {
+            let known = |id: u16| {
+                snaps.iter().any(|s: &Snap| s.record.id == id)
+                    || clone_records.iter().any(|o| o.id == id && o.kind == LayerKind::Frozen)
+            };
+            if !known(record.parent) {
                 return Err(layers_error(format!(
                     "clone {:?} (layer {}) names parent snapshot {}, which the layer table does not hold",
                     record.name, record.id, record.parent
                 )));
             }
+        }
+        for record in clone_records {
             clones.push(self.load_layer(record, &mut used, &mut copies).await?);
         }
         if let Some(newest) = snaps.last() {
@@ -76,10 +95,21 @@ impl<D: BlockDevice> MapStore<D> {
             }
             pool.claim(p);
         }
-        let next_id = snaps.iter().chain(&clones).map(|s| s.record.id).max().unwrap_or(HEAD_LAYER) + 1;
+        let next_id = snaps
+            .iter()
+            .chain(&clones)
+            .map(|s| s.record.id)
+            .chain(orphans.iter().copied())
+            .max()
+            .unwrap_or(HEAD_LAYER)
+            + 1;
+        if !orphans.is_empty() {
+            tracing::info!(?orphans, "left out a snapshot of a clone whose making a crash cut short");
+        }
         let mut l = self.snap.layers.lock();
         self.snap.head_deleted.store(head.as_ref().is_some_and(|h| h.hidden), SeqCst);
-        *l = Layers { head, snaps, clones, pool, records_dirty: false, next_id, deleting: None };
+        let records_dirty = !orphans.is_empty();
+        *l = Layers { head, snaps, clones, pool, records_dirty, next_id, deleting: None };
         Ok(())
     }
 

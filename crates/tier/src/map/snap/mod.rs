@@ -58,6 +58,10 @@ const OP_DROP: u64 = 3;
 const HAND_ON_BATCH: usize = 128;
 /// The origin head's layer id in layer records (its deltas carry layer 0 in the log).
 pub const HEAD_LAYER: u16 = 1;
+/// Most frozen layers (snapshots of clones) under a clone: a read of a page the clone has not
+/// changed looks through each of them (docs/design/snapshots.md, "Snapshots, rollback and
+/// clones of a clone").
+pub(super) const MAX_FROZEN_DEPTH: usize = 16;
 
 /// Where a family's layer table and page pool are in the map's backing volume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,8 +133,9 @@ pub(super) struct Layers {
     head: Option<LayerRecord>,
     /// Oldest first.
     snaps: Vec<Snap>,
-    /// Clones: writable layers over a snapshot (their pages are copies, like a snapshot's, of
-    /// their own changed pages; the rest they read through their parent snapshot).
+    /// Clones (writable layers over a snapshot or a frozen layer: their pages are copies, like
+    /// a snapshot's, of their own changed pages; the rest they read through their parent) and
+    /// frozen layers (a clone's snapshots: read-only, with a parent as a clone has).
     clones: Vec<Snap>,
     pool: PagePool,
     records_dirty: bool,
@@ -240,10 +245,15 @@ impl Layers {
         tables: usize,
     ) -> Result<Snap, MapError> {
         let (what, same) = match kind {
-            LayerKind::Clone => ("clone", &self.clones),
+            LayerKind::Clone | LayerKind::Frozen => ("clone or snapshot", &self.clones),
             _ => ("snapshot", &self.snaps),
         };
-        if let Some(same) = same.iter().find(|s| s.record.name == record.name && !s.record.hidden) {
+        let alike = |s: &&Snap| {
+            s.record.kind == kind && (kind != LayerKind::Frozen || s.record.of_clone == record.of_clone)
+        };
+        if let Some(same) =
+            same.iter().filter(alike).find(|s| s.record.name == record.name && !s.record.hidden)
+        {
             return Err(layers_error(format!("{what} {:?} exists (layer {})", record.name, same.record.id)));
         }
         if self.snaps.len() + self.clones.len() + 2 > MAX_LAYERS {
@@ -284,17 +294,46 @@ impl Layers {
         self.snaps.iter_mut().chain(self.clones.iter_mut()).find(|s| s.record.id == id)
     }
 
-    /// Whether snapshot `id` has clones (deleted ones whose delete has not finished included).
+    /// Whether snapshot or frozen layer `id` has layers over it: clones, or a frozen layer
+    /// (deleted ones whose delete has not finished included).
     fn has_clones(&self, id: u16) -> bool {
         self.clones.iter().any(|c| c.record.parent == id)
+    }
+
+    /// The clones and frozen layers whose parent is `id`.
+    fn children(&self, id: u16) -> Vec<u16> {
+        self.clones.iter().filter(|c| c.record.parent == id).map(|c| c.record.id).collect()
     }
 
     /// Clone `layer`, unless it is unknown or being deleted.
     fn live_clone(&mut self, layer: u16) -> Result<&mut Snap, MapError> {
         self.clones
             .iter_mut()
-            .find(|c| c.record.id == layer && !c.record.hidden)
+            .find(|c| c.record.id == layer && c.record.kind == LayerKind::Clone && !c.record.hidden)
             .ok_or_else(|| layers_error(format!("no clone with layer id {layer}")))
+    }
+
+    /// The frozen layers under clone or frozen layer `id`, nearest first (indexes into
+    /// `clones`), and the index of the snapshot of the head they rest on: what `id` reads
+    /// through for a page it has no copy of.
+    fn chain_below(&self, id: u16) -> (Vec<usize>, usize) {
+        let mut frozen = Vec::new();
+        let mut parent = self.clones.iter().find(|c| c.record.id == id).expect("a known clone").record.parent;
+        while let Some(i) = self.clones.iter().position(|c| c.record.id == parent) {
+            frozen.push(i);
+            parent = self.clones[i].record.parent;
+        }
+        let k = self.snaps.iter().position(|s| s.record.id == parent).expect("a chain rests on a snapshot");
+        (frozen, k)
+    }
+
+    /// A layer a clone may be made of: a snapshot or a frozen layer, not being deleted.
+    fn clone_parent(&self, layer: u16) -> Result<(), MapError> {
+        let frozen = self
+            .clones
+            .iter()
+            .any(|c| c.record.id == layer && c.record.kind == LayerKind::Frozen && !c.record.hidden);
+        if frozen { Ok(()) } else { self.visible(layer).map(|_| ()) }
     }
 
     /// The index of snapshot `layer` among `snaps`, unless it is unknown or being deleted.

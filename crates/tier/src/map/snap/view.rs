@@ -80,13 +80,13 @@ impl<D: BlockDevice> MapStore<D> {
 
     /// The entries of `blocks` as snapshot or clone `layer` sees them.
     pub async fn get_in(&self, layer: u16, blocks: &[u64]) -> Result<Vec<MapEntry>, MapError> {
-        let parent = {
+        let chained = {
             let l = self.snap.layers.lock();
             match l.clones.iter().find(|c| c.record.id == layer && !c.record.hidden) {
-                Some(c) => Some(c.record.parent),
+                Some(_) => true,
                 None => {
                     l.visible(layer)?;
-                    None
+                    false
                 }
             }
         };
@@ -95,20 +95,13 @@ impl<D: BlockDevice> MapStore<D> {
             if block >= self.blocks() {
                 return Err(MapError::OutOfRange { block, blocks: self.blocks() });
             }
-            match parent {
-                None => out.push(self.view_entry(layer, block).await?),
-                Some(parent) => {
-                    // Its own copy of the page, else its parent's view. A write racing the read
-                    // may make the copy in between: the read then sees the block before it.
-                    let page = block / ENTRIES_PER_PAGE;
-                    match self.own_copy(layer, page).await? {
-                        Some((_, own)) => {
-                            out.push(own.page().entries.lock()[(block % ENTRIES_PER_PAGE) as usize])
-                        }
-                        None => out.push(self.view_entry(parent, block).await?),
-                    }
-                }
-            }
+            // A clone's or frozen layer's own copy of the page, else its parent's view. A write
+            // racing the read may make the copy in between: the read then sees the block before.
+            out.push(if chained {
+                self.chain_entry(layer, block).await?
+            } else {
+                self.view_entry(layer, block).await?
+            });
         }
         Ok(out)
     }

@@ -1,0 +1,329 @@
+//! Snapshots, rollbacks and clones of clones (docs/design/snapshots.md, "Snapshots, rollback
+//! and clones of a clone"): a clone's snapshot reads as the clone was when it was made, through
+//! writes, GC, reopens and the deletes of its neighbours; a clone of it is a clone like any; a
+//! rollback makes the clone read as its newest snapshot; deletes hand copies up or keep a
+//! snapshot that clones were made of; and a power cut anywhere in a snapshot's making or
+//! deleting leaves it made or not, deleted or not, with every other view whole.
+
+use std::sync::Arc;
+
+use crate::common::*;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use stria_dev::{IoBytes, PowerSwitch};
+use stria_engine::Pool;
+use stria_tier::layers::LayerKind;
+use stria_tier::log::{self, LogVolume};
+
+const BLOCKS: u64 = 1024; // 4 MiB: 5 map pages
+const BLOCK: usize = 4096;
+
+fn spec() -> stria_tier::log::LogSpec {
+    small_spec("lv", BLOCKS * 4096, 40 * 124 * 4096)
+}
+
+async fn read_head(vol: &LogVolume<Dev>) -> Vec<u8> {
+    vol.read(0, (BLOCKS * 4096) as usize).await.unwrap().to_vec()
+}
+
+async fn read_layer(vol: &LogVolume<Dev>, layer: u16) -> Vec<u8> {
+    vol.read_snapshot(layer, 0, (BLOCKS * 4096) as usize).await.unwrap().to_vec()
+}
+
+fn clone_id(vol: &LogVolume<Dev>, name: &str) -> u16 {
+    vol.clones().into_iter().find(|c| c.name == name).unwrap_or_else(|| panic!("clone {name}")).id
+}
+
+fn snap_of(vol: &LogVolume<Dev>, clone: &str, name: &str) -> Option<u16> {
+    vol.clone_snapshots(clone).into_iter().find(|s| s.name == name).map(|s| s.id)
+}
+
+/// Writes `n` random blocks from `from` on (in runs of 1..8) to `layer`, into `model` too.
+async fn scribble(vol: &LogVolume<Dev>, layer: u16, model: &mut [u8], rng: &mut ChaCha8Rng, n: u64) {
+    let mut done = 0;
+    while done < n {
+        let len = rng.random_range(1..=8u64).min(n - done);
+        let at = rng.random_range(0..BLOCKS - len);
+        let data = random_bytes(rng, len as usize * BLOCK);
+        vol.write_to(layer, at * 4096, IoBytes::copy_from(&data)).await.unwrap();
+        model[at as usize * BLOCK..(at + len) as usize * BLOCK].copy_from_slice(&data);
+        done += len;
+    }
+}
+
+/// The layers the test knows and what each must read as.
+struct Views {
+    head: Vec<u8>,
+    /// (layer id, what it reads as, what it is called)
+    layers: Vec<(u16, Vec<u8>, String)>,
+}
+
+impl Views {
+    async fn check(&self, vol: &LogVolume<Dev>, what: &str) {
+        assert!(read_head(vol).await == self.head, "{what}: the volume");
+        for (id, want, name) in &self.layers {
+            assert!(read_layer(vol, *id).await == *want, "{what}: {name} (layer {id})");
+        }
+    }
+
+    fn set(&mut self, id: u16, data: Vec<u8>, name: &str) {
+        self.layers.retain(|l| l.0 != id);
+        self.layers.push((id, data, name.into()));
+    }
+
+    fn forget(&mut self, id: u16) {
+        self.layers.retain(|l| l.0 != id);
+    }
+}
+
+/// Closes and opens the volume again; the live counts, exact before (checked), are taken again
+/// after (opened from the table a close writes, they are not known to be exact).
+async fn reopen(vol: Arc<LogVolume<Dev>>, pool: &Arc<Pool<Dev>>) -> Arc<LogVolume<Dev>> {
+    assert!(vol.audit_live_counts().await.unwrap(), "live counts exact before a reopen");
+    vol.close().await;
+    drop(vol);
+    let vol = open_log(pool, "lv").await.unwrap();
+    vol.recount_live_counts().await.unwrap();
+    vol
+}
+
+#[tokio::test]
+async fn snapshots_of_clones_read_as_the_clone_was_and_rollbacks_clones_and_deletes_keep_every_view() {
+    let switch = PowerSwitch::new();
+    let devs = drives(&switch, 41);
+    let pool = create_pool(&devs).await;
+    let vol = log::create(&pool, spec()).await.unwrap();
+    let pool_pages_at_create = vol.status().snapshot_pool_pages_used;
+    let mut rng = rng(41);
+    let head = random_bytes(&mut rng, BLOCKS as usize * BLOCK);
+    vol.write(0, IoBytes::copy_from(&head), true).await.unwrap();
+    let s1 = vol.create_snapshot("s1").await.unwrap().id;
+    let mut v = Views { head: head.clone(), layers: vec![(s1, head.clone(), "s1".into())] };
+    scribble(&vol, log::HEAD, &mut v.head, &mut rng, 100).await;
+    let c = vol.create_clone("s1", "c").await.unwrap().id;
+    let mut cm = head.clone();
+    scribble(&vol, c, &mut cm, &mut rng, 200).await;
+    // c@t1: the clone as it is; the clone goes on over it, with its layer id.
+    let t1 = vol.create_clone_snapshot("c", "t1").await.unwrap();
+    assert_eq!((t1.kind, t1.of_clone), (LayerKind::Frozen, c));
+    assert_eq!(clone_id(&vol, "c"), c, "the clone keeps its id");
+    v.set(t1.id, cm.clone(), "c@t1");
+    scribble(&vol, c, &mut cm, &mut rng, 150).await;
+    let t2 = vol.create_clone_snapshot("c", "t2").await.unwrap().id;
+    v.set(t2, cm.clone(), "c@t2");
+    scribble(&vol, c, &mut cm, &mut rng, 50).await;
+    v.set(c, cm.clone(), "c");
+    let names: Vec<String> = vol.clone_snapshots("c").into_iter().map(|s| s.name).collect();
+    assert_eq!(names, ["t1", "t2"]);
+    v.check(&vol, "after two snapshots of the clone").await;
+    // Refusals: a taken name, an unknown clone, a write to a snapshot of a clone.
+    assert!(vol.create_clone_snapshot("c", "t1").await.unwrap_err().to_string().contains("exists"));
+    assert!(vol.create_clone_snapshot("nope", "t9").await.is_err());
+    assert!(vol.write_to(t2, 0, IoBytes::copy_from(&[1u8; 4096])).await.is_err(), "a frozen layer");
+    v.check(&vol, "after the refusals").await;
+    // d: a clone of c@t1, written.
+    let d = vol.create_clone_of_clone("c", "t1", "d").await.unwrap().id;
+    let mut dm = v.layers.iter().find(|l| l.0 == t1.id).unwrap().1.clone();
+    assert!(read_layer(&vol, d).await == dm, "a new clone of a clone's snapshot reads as it");
+    scribble(&vol, d, &mut dm, &mut rng, 80).await;
+    v.set(d, dm.clone(), "d");
+    // Overwrites everywhere, destaged and collected: GC moves blocks in every layer holding them.
+    set_always(&vol, true, 64);
+    for _ in 0..4 {
+        scribble(&vol, log::HEAD, &mut v.head, &mut rng, 150).await;
+        scribble(&vol, c, &mut cm, &mut rng, 150).await;
+        scribble(&vol, d, &mut dm, &mut rng, 100).await;
+    }
+    v.set(c, cm.clone(), "c");
+    v.set(d, dm.clone(), "d");
+    vol.destage_all().await.unwrap();
+    let st = vol.status();
+    assert!(st.gc_moved_blocks > 0, "GC ran: {st:?}");
+    v.check(&vol, "after GC").await;
+    assert!(vol.audit_live_counts().await.unwrap(), "live counts exact after GC");
+    let vol = reopen(vol, &pool).await;
+    v.check(&vol, "after a reopen").await;
+
+    // c@t1 has a clone: deleting it keeps it, hidden.
+    let del = vol.delete_clone_snapshot("c", "t1").await.unwrap();
+    assert!(del.kept_for_clones && del.entries_freed == 0, "{del:?}");
+    assert!(snap_of(&vol, "c", "t1").is_none(), "a deleted snapshot is not listed");
+    let t1_view = v.layers.iter().find(|l| l.0 == t1.id).unwrap().1.clone();
+    v.forget(t1.id);
+    v.check(&vol, "after deleting c@t1 (kept for d)").await;
+    // Rollback: only to the newest.
+    let refused = vol.rollback_clone("c", "t1").await.unwrap_err().to_string();
+    assert!(refused.contains("no snapshot"), "{refused}");
+    let t3 = vol.create_clone_snapshot("c", "t3").await.unwrap().id;
+    v.set(t3, cm.clone(), "c@t3");
+    scribble(&vol, c, &mut cm, &mut rng, 60).await;
+    let refused = vol.rollback_clone("c", "t2").await.unwrap_err().to_string();
+    assert!(refused.contains("newest"), "{refused}");
+    vol.rollback_clone("c", "t3").await.unwrap();
+    cm = v.layers.iter().find(|l| l.0 == t3).unwrap().1.clone();
+    v.set(c, cm.clone(), "c");
+    v.check(&vol, "after rolling c back to t3").await;
+    scribble(&vol, c, &mut cm, &mut rng, 40).await;
+    v.set(c, cm.clone(), "c");
+    assert!(vol.audit_live_counts().await.unwrap(), "live counts exact after the rollback");
+
+    // d's delete leaves hidden t1 with one layer over it (t2): its copies go up to t2.
+    vol.delete_clone("d").await.unwrap();
+    v.forget(d);
+    v.check(&vol, "after deleting d (t1 handed up)").await;
+    assert!(vol.audit_live_counts().await.unwrap(), "live counts exact after the hand-up");
+    let vol = reopen(vol, &pool).await;
+    v.check(&vol, "after a reopen").await;
+    // A deleted snapshot's name may be taken again.
+    let t1b = vol.create_clone_snapshot("c", "t1").await.unwrap().id;
+    v.set(t1b, cm.clone(), "c@t1 (again)");
+    scribble(&vol, c, &mut cm, &mut rng, 30).await;
+    v.set(c, cm.clone(), "c");
+    // Deleting the middle snapshot hands its copies up to the next.
+    vol.delete_clone_snapshot("c", "t3").await.unwrap();
+    v.forget(t3);
+    v.check(&vol, "after deleting c@t3").await;
+    vol.delete_clone_snapshot("c", "t2").await.unwrap();
+    v.forget(t2);
+    v.check(&vol, "after deleting c@t2").await;
+    assert!(vol.audit_live_counts().await.unwrap(), "live counts exact after the deletes");
+
+    // Clones of clones, deep: e of c@t1, e@x, f of e@x, f@y, g of f@y.
+    let e = vol.create_clone_of_clone("c", "t1", "e").await.unwrap().id;
+    let mut em = v.layers.iter().find(|l| l.0 == t1b).unwrap().1.clone();
+    scribble(&vol, e, &mut em, &mut rng, 40).await;
+    let x = vol.create_clone_snapshot("e", "x").await.unwrap().id;
+    v.set(x, em.clone(), "e@x");
+    let f = vol.create_clone_of_clone("e", "x", "f").await.unwrap().id;
+    let mut fm = em.clone();
+    scribble(&vol, f, &mut fm, &mut rng, 40).await;
+    let y = vol.create_clone_snapshot("f", "y").await.unwrap().id;
+    v.set(y, fm.clone(), "f@y");
+    let g = vol.create_clone_of_clone("f", "y", "g").await.unwrap().id;
+    let mut gm = fm.clone();
+    scribble(&vol, g, &mut gm, &mut rng, 40).await;
+    scribble(&vol, e, &mut em, &mut rng, 20).await;
+    v.set(e, em.clone(), "e");
+    v.set(f, fm.clone(), "f");
+    v.set(g, gm.clone(), "g");
+    vol.destage_all().await.unwrap();
+    v.check(&vol, "clones three deep").await;
+    let vol = reopen(vol, &pool).await;
+    v.check(&vol, "clones three deep, reopened").await;
+
+    // Deleting a clone takes its snapshots, but those clones were made of.
+    vol.delete_clone("e").await.unwrap();
+    v.forget(e);
+    v.forget(x);
+    assert!(vol.clone_snapshots("e").is_empty());
+    v.check(&vol, "after deleting e (e@x kept for f)").await;
+    vol.delete_clone("c").await.unwrap();
+    v.forget(c);
+    v.forget(t1b);
+    v.check(&vol, "after deleting c (c@t1 kept for e's chain)").await;
+    for name in ["g", "f"] {
+        vol.delete_clone(name).await.unwrap();
+    }
+    v.forget(g);
+    v.forget(f);
+    v.forget(y);
+    assert!(vol.clones().is_empty());
+    v.check(&vol, "after deleting every clone").await;
+    // Everything hidden went with them: only the head and s1 hold blocks.
+    vol.delete_snapshot("s1").await.unwrap();
+    v.forget(s1);
+    let vol = reopen(vol, &pool).await;
+    v.check(&vol, "at the end, reopened").await;
+    assert!(vol.audit_live_counts().await.unwrap(), "exact counts at the end");
+    let st = vol.status();
+    assert_eq!(st.allocated_bytes / 4096 + st.cache_live_blocks, BLOCKS, "only the volume's blocks are live");
+    assert_eq!(vol.status().snapshot_pool_pages_used, pool_pages_at_create, "no layer keeps a pool page");
+    assert!(t1_view.len() == BLOCKS as usize * BLOCK);
+    vol.close().await;
+}
+
+/// A power cut at any request of a clone's snapshot being made, and of one being deleted (handed
+/// up to the next) amid nothing else: afterwards it is made or not (deleted or not), and the
+/// clone, its other snapshot and the volume read as before.
+#[tokio::test]
+async fn a_power_cut_in_making_or_deleting_a_snapshot_of_a_clone_leaves_it_whole_or_absent() {
+    let (mut made, mut not_made, mut deleted, mut not_deleted) = (0, 0, 0, 0);
+    for op in ["make", "delete"] {
+        let mut n = 0;
+        loop {
+            let switch = PowerSwitch::new();
+            let devs = drives(&switch, 43);
+            let pool = create_pool(&devs).await;
+            let vol = log::create(&pool, spec()).await.unwrap();
+            let mut rng = rng(43);
+            let head = random_bytes(&mut rng, BLOCKS as usize * BLOCK);
+            vol.write(0, IoBytes::copy_from(&head), true).await.unwrap();
+            vol.create_snapshot("s1").await.unwrap();
+            let c = vol.create_clone("s1", "c").await.unwrap().id;
+            let mut cm = head.clone();
+            scribble(&vol, c, &mut cm, &mut rng, 300).await;
+            let t1 = vol.create_clone_snapshot("c", "t1").await.unwrap().id;
+            let t1m = cm.clone();
+            scribble(&vol, c, &mut cm, &mut rng, 200).await;
+            vol.flush().await.unwrap();
+            let what = format!("{op}, cut after {n} requests");
+            switch.trip_after_ops(n);
+            let returned = match op {
+                "make" => vol.create_clone_snapshot("c", "t2").await.is_ok(),
+                _ => vol.delete_clone_snapshot("c", "t1").await.is_ok(),
+            };
+            let (_devs, _switch, _pool, vol) =
+                cut_and_reopen(&switch, vol, Arc::clone(&pool), &devs, n).await;
+            assert!(read_head(&vol).await == head, "{what}: the volume");
+            assert!(read_layer(&vol, clone_id(&vol, "c")).await == cm, "{what}: the clone");
+            let names: Vec<String> = vol.clone_snapshots("c").into_iter().map(|s| s.name).collect();
+            match op {
+                "make" => {
+                    let t2 = snap_of(&vol, "c", "t2");
+                    if let Some(t2) = t2 {
+                        assert!(read_layer(&vol, t2).await == cm, "{what}: t2");
+                        made += u32::from(!returned);
+                    } else {
+                        assert!(!returned, "{what}: t2 returned and is gone");
+                        not_made += 1;
+                    }
+                    assert!(read_layer(&vol, t1).await == t1m, "{what}: t1");
+                }
+                _ => {
+                    if let Some(t1) = snap_of(&vol, "c", "t1") {
+                        assert!(!returned, "{what}: the delete returned and t1 is back");
+                        assert!(read_layer(&vol, t1).await == t1m, "{what}: t1 kept");
+                        not_deleted += 1;
+                    } else {
+                        deleted += u32::from(!returned);
+                    }
+                }
+            }
+            // Every view goes on: the clone takes writes and snapshots, all are deleted, and only
+            // the volume's own blocks stay live.
+            let mut rng2 = rng.clone();
+            let c = clone_id(&vol, "c");
+            scribble(&vol, c, &mut cm, &mut rng2, 20).await;
+            vol.create_clone_snapshot("c", "t9").await.unwrap_or_else(|e| panic!("{what}: t9: {e}"));
+            assert!(read_layer(&vol, c).await == cm, "{what}: the clone after");
+            vol.delete_clone("c").await.unwrap();
+            vol.delete_snapshot("s1").await.unwrap();
+            if vol.audit_live_counts().await.unwrap_or_else(|why| panic!("{what}: {why}")) {
+                let st = vol.status();
+                assert_eq!(st.allocated_bytes / 4096 + st.cache_live_blocks, BLOCKS, "{what}: live blocks");
+            }
+            assert!(names.len() <= 2, "{what}: {names:?}");
+            vol.close().await;
+            if returned {
+                break;
+            }
+            n += 1;
+        }
+        eprintln!("{op}: {n} requests when uncut");
+    }
+    eprintln!(
+        "made at open {made}, not made {not_made}, deleted at open {deleted}, not deleted {not_deleted}"
+    );
+    assert!(made > 0 && not_made > 0, "cuts landed on both sides of the making");
+    assert!(deleted > 0 && not_deleted > 0, "cuts landed on both sides of the delete's mark");
+}
