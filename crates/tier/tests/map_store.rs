@@ -35,6 +35,11 @@ static CLONE_WRITES: AtomicU64 = AtomicU64::new(0);
 static CLONE_DELETES: AtomicU64 = AtomicU64::new(0);
 static SNAPSHOTS_KEPT_FOR_CLONES: AtomicU64 = AtomicU64::new(0);
 static REFERENCED_CHECKED: AtomicU64 = AtomicU64::new(0);
+static FROZEN_MADE: AtomicU64 = AtomicU64::new(0);
+static FREEZES_CUT: AtomicU64 = AtomicU64::new(0);
+static FROZEN_DELETES: AtomicU64 = AtomicU64::new(0);
+static PAGES_HANDED_UP: AtomicU64 = AtomicU64::new(0);
+static CLONE_ROLLBACKS: AtomicU64 = AtomicU64::new(0);
 
 use rand::Rng;
 use stria_dev::{BlockDevice, FaultConfig, PowerSwitch};
@@ -97,15 +102,19 @@ struct SnapModel {
     view: Versions,
 }
 
-/// A clone the model knows.
+/// A clone the model knows, or a snapshot of a clone (a frozen layer: `frozen`, read-only).
 struct CloneModel {
     name: String,
     id: Option<u16>,
-    /// Its parent snapshot's name.
+    /// Its parent's name: a snapshot of the head (`s..`) or a frozen layer (`f..`).
     parent: String,
     durable: bool,
     deleting: bool,
     view: Versions,
+    /// A snapshot of clone `of` (the clone it was made of).
+    frozen: Option<String>,
+    /// A frozen layer deleted while clones were made of it: kept for them, not listed.
+    hidden: bool,
 }
 
 struct Model {
@@ -134,6 +143,92 @@ impl Model {
 
     fn snap_named(&self, name: &str) -> &SnapModel {
         self.snaps.iter().find(|s| s.name == name).expect("a clone's parent is kept")
+    }
+
+    /// The view of a clone's or frozen layer's parent `name` (a snapshot or a frozen layer).
+    fn parent_view(&self, name: &str) -> &Versions {
+        match self.clones.iter().find(|c| c.name == name && c.frozen.is_some()) {
+            Some(f) => &f.view,
+            None => &self.snap_named(name).view,
+        }
+    }
+
+    /// The layers (indexes into `clones`) whose parent is `name`, but those in `gone`.
+    fn children(&self, name: &str, gone: &[Gone]) -> Vec<usize> {
+        (0..self.clones.len())
+            .filter(|&j| {
+                self.clones[j].id.is_some()
+                    && self.clones[j].parent == name
+                    && !gone.contains(&Gone::Clone(j))
+            })
+            .collect()
+    }
+
+    /// What deleting clone `i` removes: it, then (a cascade, as the map finishes hidden layers)
+    /// each hidden frozen layer under it left with at most one layer over it, and a hidden
+    /// snapshot left with none. With its own snapshots marked hidden first (as the delete does).
+    fn clone_delete_gone(&mut self, i: usize) -> Vec<Gone> {
+        let name = self.clones[i].name.clone();
+        for f in self.clones.iter_mut() {
+            if f.frozen.as_deref() == Some(name.as_str()) {
+                f.hidden = true;
+            }
+        }
+        let mut gone = vec![Gone::Clone(i)];
+        let mut p = self.clones[i].parent.clone();
+        // A layer handed up into moves down to the parent of the one handed up.
+        let mut moved_down = 0;
+        loop {
+            let children = self.children(&p, &gone).len() + moved_down;
+            match self.clones.iter().position(|c| c.name == p && c.frozen.is_some()) {
+                Some(f) => {
+                    if !self.clones[f].hidden {
+                        break;
+                    }
+                    moved_down = 0;
+                    if children <= 1 {
+                        gone.push(Gone::Clone(f));
+                        moved_down = children;
+                    }
+                    p = self.clones[f].parent.clone();
+                }
+                None => {
+                    let s = self.snaps.iter().position(|s| s.name == p).expect("kept");
+                    if self.snaps[s].hidden && children == 0 {
+                        gone.push(Gone::Snap(s));
+                    }
+                    break;
+                }
+            }
+        }
+        gone
+    }
+
+    /// Removes `gone` from the model (indexes as they were); a layer over a removed frozen one
+    /// reads through that one's parent now.
+    fn remove(&mut self, gone: &[Gone]) {
+        for g in gone {
+            if let Gone::Clone(f) = *g {
+                let (name, parent) = (self.clones[f].name.clone(), self.clones[f].parent.clone());
+                for c in self.clones.iter_mut() {
+                    if c.parent == name {
+                        c.parent = parent.clone();
+                    }
+                }
+            }
+        }
+        let mut snaps: Vec<usize> =
+            gone.iter().filter_map(|g| if let Gone::Snap(i) = g { Some(*i) } else { None }).collect();
+        let mut clones: Vec<usize> =
+            gone.iter().filter_map(|g| if let Gone::Clone(i) = g { Some(*i) } else { None }).collect();
+        snaps.sort_unstable();
+        clones.sort_unstable();
+        for i in snaps.into_iter().rev() {
+            self.snaps.remove(i);
+        }
+        for i in clones.into_iter().rev() {
+            self.clones.remove(i);
+        }
     }
 
     /// The views of every layer present but those `gone` says are going (snapshot and clone
@@ -213,8 +308,13 @@ async fn worker(store: &MapStore<Dev>, model: &RefCell<Model>, seed: u64, w: u64
         let mut replaced = Vec::new();
         let target = {
             let mut m = model.borrow_mut();
-            let clones: Vec<usize> =
-                m.clones.iter().enumerate().filter(|(_, c)| c.id.is_some()).map(|(i, _)| i).collect();
+            let clones: Vec<usize> = m
+                .clones
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.id.is_some() && c.frozen.is_none())
+                .map(|(i, _)| i)
+                .collect();
             let target = (!clones.is_empty() && rng.random_bool(0.4))
                 .then(|| clones[rng.random_range(0..clones.len())]);
             for _ in 0..n {
@@ -249,7 +349,7 @@ async fn worker(store: &MapStore<Dev>, model: &RefCell<Model>, seed: u64, w: u64
                     // head's place only snapshots can hold; a clone's only its parent.
                     let held = match target {
                         None => m.live_snaps().any(|s| s.view.latest(u.block) == before),
-                        Some(c) => m.snap_named(&m.clones[c].parent).view.latest(u.block) == before,
+                        Some(c) => m.parent_view(&m.clones[c].parent).latest(u.block) == before,
                     };
                     let want = if held { MapEntry::UNALLOCATED } else { before };
                     if held && before != MapEntry::UNALLOCATED {
@@ -349,10 +449,11 @@ async fn run_seed(seed: u64) {
         MapLayout { base: 4096 * rng.random_range(0..4), log_blocks, blocks: BLOCKS, pool: None, head: None };
     let snapshots = rng.random_bool(0.5);
     if snapshots {
-        // Room for every snapshot and clone a seed makes (at most 10 and 6: 15 pages each).
+        // Room for every snapshot, clone and snapshot of a clone a seed makes (at most 10, 6 and
+        // 8: 15 pages each, and the clone's copies made again after each freeze).
         let layers_at = layout.end();
         let pages_at = layers_at + LAYER_TABLE_BLOCKS as u64 * 4096;
-        layout.pool = Some(PoolLayout { layers_at, pages_at, pages: 320, runs: None });
+        layout.pool = Some(PoolLayout { layers_at, pages_at, pages: 512, runs: None });
     }
     {
         let pool = create_pool(&devs).await;
@@ -375,6 +476,10 @@ async fn run_seed(seed: u64) {
     });
     let mut made = 0;
     let mut clones_made = 0;
+    let mut frozen_made = 0;
+    // The snapshots of clones draw from a stream of their own: the other choices of a seed stay
+    // what they were before those existed.
+    let mut crng = crate::common::rng(seed ^ 0x00c1_0e5f_7a11);
     let mut switch = switch;
     for cycle in 0..rng.random_range(2..6) {
         // Requests that complete a few polls after they were made let the workers and a
@@ -393,8 +498,12 @@ async fn run_seed(seed: u64) {
             .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: map open: {e}"));
         // Deletes in batches of a few pages: a cut may fall between any two.
         store.set_delete_batch(if rng.random_bool(0.7) { rng.random_range(1..=3) } else { 128 });
-        // A delete a cut interrupted is finished before anything else.
+        // A rollback, then a delete, a cut interrupted are finished before anything else.
         let mut freed = Vec::new();
+        store
+            .finish_clone_rollbacks(|f| freed.extend(f))
+            .await
+            .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: finishing clone rollbacks: {e}"));
         store
             .finish_deletes(|f| freed.extend(f))
             .await
@@ -406,23 +515,39 @@ async fn run_seed(seed: u64) {
         model.borrow_mut().head.settle(now, &format!("seed {seed} cycle {cycle}: head"));
         // Clones and snapshots whose making returned are there; one whose making failed may be.
         let found_clones = store.clones();
+        let found_frozen: Vec<LayerRecord> =
+            found_clones.iter().flat_map(|c| store.clone_snapshots(c.id)).collect();
         let found = store.snapshots();
         {
             let mut m = model.borrow_mut();
-            for f in &found_clones {
+            for f in found_clones.iter().chain(&found_frozen) {
                 assert!(
                     m.clones.iter().any(|c| c.name == f.name),
-                    "seed {seed} cycle {cycle}: clone {:?} was never made",
+                    "seed {seed} cycle {cycle}: clone or snapshot of a clone {:?} was never made",
                     f.name
                 );
             }
+            // A layer the table still holds under `id`, hidden (kept for clones).
+            let hidden_as = |id: Option<u16>, name: &str, kind: LayerKind| {
+                id.and_then(|id| store.layer_record(id))
+                    .is_some_and(|r| r.hidden && r.name == name && r.kind == kind)
+            };
             m.clones.retain_mut(|c| {
-                c.id = found_clones.iter().find(|f| f.name == c.name).map(|f| f.id);
+                let listed = match c.frozen {
+                    None => found_clones.iter().find(|f| f.name == c.name).map(|f| f.id),
+                    Some(_) => found_frozen.iter().find(|f| f.name == c.name).map(|f| f.id),
+                };
+                let kept =
+                    c.frozen.is_some() && listed.is_none() && hidden_as(c.id, &c.name, LayerKind::Frozen);
                 assert!(
-                    c.id.is_some() || !c.durable || c.deleting,
-                    "seed {seed} cycle {cycle}: clone {:?} was made and is gone",
+                    listed.is_some() || kept || !c.durable || c.deleting || c.hidden,
+                    "seed {seed} cycle {cycle}: {:?} was made and is gone",
                     c.name
                 );
+                if !kept {
+                    c.id = listed;
+                }
+                c.hidden = kept;
                 c.deleting = false;
                 c.id.is_some()
             });
@@ -433,31 +558,44 @@ async fn run_seed(seed: u64) {
                     f.name
                 );
             }
-            let parents: Vec<String> = m.clones.iter().map(|c| c.parent.clone()).collect();
             m.snaps.retain_mut(|s| {
                 let listed = found.iter().find(|f| f.name == s.name).map(|f| f.id);
-                let kept = s.id.is_some() && (s.hidden || s.deleting) && parents.contains(&s.name);
+                let kept = listed.is_none() && hidden_as(s.id, &s.name, LayerKind::Snapshot);
                 // A deleted one kept for clones goes with its last clone.
                 assert!(
                     listed.is_some() || kept || !s.durable || s.deleting || s.hidden,
                     "seed {seed} cycle {cycle}: snapshot {:?} was made and is gone",
                     s.name
                 );
-                if listed.is_none() && kept {
-                    // Deleted with clones (its hidden mark made durable): kept for them.
-                    s.hidden = true;
-                } else {
+                if !kept {
                     s.id = listed;
-                    s.hidden = false;
                 }
-                assert!(
-                    s.id.is_some() || !parents.contains(&s.name),
-                    "seed {seed} cycle {cycle}: snapshot {:?} went while a clone reads through it",
-                    s.name
-                );
+                s.hidden = kept;
                 s.deleting = false;
                 s.id.is_some()
             });
+            // Each clone's and frozen layer's parent as the table has it (a hand-up a cut
+            // interrupted and open finished moved it): a layer the model knows.
+            let ids: Vec<(String, u16)> = m
+                .snaps
+                .iter()
+                .map(|s| (s.name.clone(), s.id.expect("present")))
+                .chain(m.clones.iter().map(|c| (c.name.clone(), c.id.expect("present"))))
+                .collect();
+            for c in m.clones.iter_mut() {
+                let rec = store.layer_record(c.id.expect("present")).expect("present");
+                c.parent = ids
+                    .iter()
+                    .find(|(_, id)| *id == rec.parent)
+                    .unwrap_or_else(|| {
+                        panic!(
+                            "seed {seed} cycle {cycle}: {:?} reads through layer {}, which is gone",
+                            c.name, rec.parent
+                        )
+                    })
+                    .0
+                    .clone();
+            }
         }
         let ids: Vec<(usize, u16)> =
             model.borrow().snaps.iter().enumerate().map(|(i, s)| (i, s.id.expect("present"))).collect();
@@ -477,7 +615,9 @@ async fn run_seed(seed: u64) {
         let ids: Vec<(usize, u16)> =
             model.borrow().clones.iter().enumerate().map(|(i, c)| (i, c.id.expect("present"))).collect();
         for (i, id) in ids {
-            let got = store.get_in(id, &all).await.unwrap_or_else(|e| panic!("seed {seed}: clone {id}: {e}"));
+            // (A frozen layer deleted and kept hidden for its clones too.)
+            let got =
+                store.get_in_kept(id, &all).await.unwrap_or_else(|e| panic!("seed {seed}: clone {id}: {e}"));
             let mut m = model.borrow_mut();
             m.clones[i].durable = true;
             if cycle > 0 {
@@ -546,16 +686,31 @@ async fn run_seed(seed: u64) {
                     .filter(|(_, s)| s.id.is_some() && !s.hidden)
                     .map(|(i, _)| i)
                     .collect();
+                let live_frozen: Vec<usize> = model
+                    .borrow()
+                    .clones
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| c.id.is_some() && c.frozen.is_some() && !c.hidden)
+                    .map(|(i, _)| i)
+                    .collect();
                 if phase > 0 && !live.is_empty() && clones_made < 6 && rng.random_bool(0.4) {
-                    // A clone of a snapshot: it reads as the snapshot until written.
+                    // A clone of a snapshot, or of a snapshot of a clone: it reads as that until
+                    // written.
                     clones_made += 1;
                     let i = live[rng.random_range(0..live.len())];
                     let name = format!("c{clones_made}");
                     let (parent, id, view) = {
                         let m = model.borrow();
-                        let s = &m.snaps[i];
-                        let view: Vec<MapEntry> = (0..BLOCKS).map(|b| s.view.latest(b)).collect();
-                        (s.name.clone(), s.id.expect("live"), Versions::new(view))
+                        let (parent, id, of) = if !live_frozen.is_empty() && crng.random_bool(0.5) {
+                            let f = &m.clones[live_frozen[crng.random_range(0..live_frozen.len())]];
+                            (f.name.clone(), f.id.expect("live"), &f.view)
+                        } else {
+                            let s = &m.snaps[i];
+                            (s.name.clone(), s.id.expect("live"), &s.view)
+                        };
+                        let view: Vec<MapEntry> = (0..BLOCKS).map(|b| of.latest(b)).collect();
+                        (parent, id, Versions::new(view))
                     };
                     model.borrow_mut().clones.push(CloneModel {
                         name: name.clone(),
@@ -564,6 +719,8 @@ async fn run_seed(seed: u64) {
                         durable: false,
                         deleting: false,
                         view,
+                        frozen: None,
+                        hidden: false,
                     });
                     let made_ok = store.create_clone(id, record(&name, LayerKind::Clone)).await;
                     let mut m = model.borrow_mut();
@@ -579,32 +736,203 @@ async fn run_seed(seed: u64) {
                         Err(_) => break,
                     }
                 }
-                let live_clones: Vec<usize> = model
+                let live_clones = || -> Vec<usize> {
+                    model
+                        .borrow()
+                        .clones
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, c)| c.id.is_some() && c.frozen.is_none())
+                        .map(|(i, _)| i)
+                        .collect()
+                };
+                let clones_now = live_clones();
+                if phase > 0 && !clones_now.is_empty() && frozen_made < 8 && crng.random_bool(0.35) {
+                    // A snapshot of a clone: it freezes the clone's pages; the clone goes on
+                    // over it (no update is in flight between phases).
+                    frozen_made += 1;
+                    let i = clones_now[crng.random_range(0..clones_now.len())];
+                    let name = format!("f{frozen_made}");
+                    let (id, frozen) = {
+                        let m = model.borrow();
+                        let c = &m.clones[i];
+                        let view: Vec<MapEntry> = (0..BLOCKS).map(|b| c.view.latest(b)).collect();
+                        let frozen = CloneModel {
+                            name: name.clone(),
+                            id: None,
+                            parent: c.parent.clone(),
+                            durable: false,
+                            deleting: false,
+                            view: Versions::new(view),
+                            frozen: Some(c.name.clone()),
+                            hidden: false,
+                        };
+                        (c.id.expect("live"), frozen)
+                    };
+                    model.borrow_mut().clones.push(frozen);
+                    if !clean && crng.random_bool(0.3) {
+                        switch.trip_after_ops(crng.random_range(0..30));
+                    }
+                    let made_ok = store.freeze_clone(id, record(&name, LayerKind::Frozen)).await;
+                    let mut m = model.borrow_mut();
+                    match made_ok {
+                        Ok(fid) => {
+                            let f = m.clones.last_mut().expect("pushed");
+                            f.id = Some(fid);
+                            f.durable = true;
+                            m.clones[i].parent = name;
+                            FROZEN_MADE.fetch_add(1, Relaxed);
+                        }
+                        Err(MapError::PoolFull { .. }) => {
+                            panic!("seed {seed}: the pool is sized for every layer")
+                        }
+                        Err(_) => {
+                            FREEZES_CUT.fetch_add(1, Relaxed);
+                            break;
+                        }
+                    }
+                }
+                let frozen_now: Vec<usize> = model
                     .borrow()
                     .clones
                     .iter()
                     .enumerate()
-                    .filter(|(_, c)| c.id.is_some())
+                    .filter(|(_, c)| c.id.is_some() && c.frozen.is_some() && !c.hidden)
                     .map(|(i, _)| i)
                     .collect();
+                if phase > 0 && !frozen_now.is_empty() && crng.random_bool(0.3) {
+                    // Deleting a snapshot of a clone: handed up to the one layer over it, or kept
+                    // (hidden) while clones were made of it.
+                    let i = frozen_now[crng.random_range(0..frozen_now.len())];
+                    let (id, kept) = {
+                        let mut m = model.borrow_mut();
+                        m.clones[i].deleting = true;
+                        let name = m.clones[i].name.clone();
+                        (m.clones[i].id.expect("live"), m.children(&name, &[]).len() > 1)
+                    };
+                    let exclusive = store.exclusive_blocks(id).await;
+                    if !clean && crng.random_bool(0.3) {
+                        switch.trip_after_ops(crng.random_range(0..40));
+                    }
+                    let mut freed = Vec::new();
+                    let deleted = store.delete_frozen(id, None, |f| freed.extend(f)).await;
+                    let what = format!("seed {seed} cycle {cycle}: deleting frozen layer {id}");
+                    let mut m = model.borrow_mut();
+                    m.check_freed(&freed, &[Gone::Clone(i)], &what);
+                    match deleted {
+                        Ok(stats) => {
+                            let want = if kept { Vec::new() } else { m.frees_of(&[Gone::Clone(i)]) };
+                            let mut got: Vec<MapEntry> = freed.iter().map(|f| f.1).collect();
+                            got.sort_by_key(|e| e.seq);
+                            assert_eq!(got, want, "{what}: the places only it held");
+                            assert_eq!(stats.kept_for_clones, kept, "{what}: kept for clones");
+                            assert_eq!(
+                                exclusive.expect("the delete went through: so did the walk before it"),
+                                want.len() as u64,
+                                "{what}: exclusive blocks"
+                            );
+                            m.clones[i].deleting = false;
+                            FROZEN_DELETES.fetch_add(1, Relaxed);
+                            if kept {
+                                m.clones[i].hidden = true;
+                            } else {
+                                PAGES_HANDED_UP.fetch_add(stats.pages_moved, Relaxed);
+                                m.remove(&[Gone::Clone(i)]);
+                            }
+                        }
+                        Err(_) => {
+                            DELETES_CUT.fetch_add(1, Relaxed);
+                            break;
+                        }
+                    }
+                }
+                let clones_now = live_clones();
+                let own_newest: Vec<usize> = {
+                    let m = model.borrow();
+                    clones_now
+                        .iter()
+                        .copied()
+                        .filter(|&i| {
+                            m.clones.iter().any(|f| {
+                                f.name == m.clones[i].parent && f.frozen.as_ref() == Some(&m.clones[i].name)
+                            })
+                        })
+                        .collect()
+                };
+                if phase > 0 && !own_newest.is_empty() && crng.random_bool(0.2) {
+                    // A clone rolled back to its newest snapshot: it reads as that again, and
+                    // what only it held is freed.
+                    let i = own_newest[crng.random_range(0..own_newest.len())];
+                    let (id, want, back) = {
+                        let m = model.borrow();
+                        let parent = m.parent_view(&m.clones[i].parent);
+                        let back: Vec<MapEntry> = (0..BLOCKS).map(|b| parent.latest(b)).collect();
+                        (m.clones[i].id.expect("live"), m.frees_of(&[Gone::Clone(i)]), back)
+                    };
+                    if !clean && crng.random_bool(0.3) {
+                        switch.trip_after_ops(crng.random_range(0..40));
+                    }
+                    let mut freed = Vec::new();
+                    let rolled = store.rollback_clone(id, None, |f| freed.extend(f)).await;
+                    let what = format!("seed {seed} cycle {cycle}: rolling clone {id} back");
+                    let mut m = model.borrow_mut();
+                    // Either way, the clone may read as the snapshot after a cut.
+                    for (b, e) in back.iter().enumerate() {
+                        if m.clones[i].view.latest(b as u64) != *e {
+                            m.clones[i].view.versions[b].push(*e);
+                        }
+                    }
+                    for (block, e) in &freed {
+                        assert!(
+                            want.contains(e),
+                            "{what}: freed {e:?} of block {block}, which another layer holds"
+                        );
+                    }
+                    match rolled {
+                        Ok(_) => {
+                            let mut got: Vec<MapEntry> = freed.iter().map(|f| f.1).collect();
+                            got.sort_by_key(|e| e.seq);
+                            assert_eq!(got, want, "{what}: the places only it held");
+                            m.clones[i].view = Versions::new(back);
+                            CLONE_ROLLBACKS.fetch_add(1, Relaxed);
+                        }
+                        Err(_) => {
+                            DELETES_CUT.fetch_add(1, Relaxed);
+                            break;
+                        }
+                    }
+                }
+                let live_clones = live_clones();
                 if phase > 0 && !live_clones.is_empty() && rng.random_bool(0.25) {
                     let i = live_clones[rng.random_range(0..live_clones.len())];
                     let (id, gone) = {
                         let mut m = model.borrow_mut();
                         m.clones[i].deleting = true;
-                        let parent = m.clones[i].parent.clone();
-                        let mut gone = vec![Gone::Clone(i)];
-                        // Its parent goes too if it was deleted and kept only for this clone.
-                        let p = m.snaps.iter().position(|s| s.name == parent).expect("kept");
-                        let others = m.clones.iter().enumerate().any(|(j, c)| j != i && c.parent == parent);
-                        if m.snaps[p].hidden && !others {
-                            gone.push(Gone::Snap(p));
-                        }
+                        // It, its snapshots and what is kept only for them.
+                        let gone = m.clone_delete_gone(i);
                         (m.clones[i].id.expect("live"), gone)
                     };
                     let mut freed = Vec::new();
                     if !clean && rng.random_bool(0.3) {
                         switch.trip_after_ops(rng.random_range(0..40));
+                    }
+                    if std::env::var("STRIA_MAP_DEBUG").is_ok() {
+                        let m = model.borrow();
+                        eprintln!("DEBUG delete clone {id} gone {gone:?}");
+                        for c in &m.clones {
+                            eprintln!(
+                                "  model {} id {:?} parent {} frozen {:?} hidden {}",
+                                c.name, c.id, c.parent, c.frozen, c.hidden
+                            );
+                        }
+                        for l in 1..40u16 {
+                            if let Some(r) = store.layer_record(l) {
+                                eprintln!(
+                                    "  store {l} {:?} {} parent {} hidden {} of {}",
+                                    r.kind, r.name, r.parent, r.hidden, r.of_clone
+                                );
+                            }
+                        }
                     }
                     let deleted = store.delete_clone(id, None, |f| freed.extend(f)).await;
                     let what = format!("seed {seed} cycle {cycle}: deleting clone {id}");
@@ -620,12 +948,7 @@ async fn run_seed(seed: u64) {
                                 "{what}: the places only it (and a parent kept for it) held"
                             );
                             CLONE_DELETES.fetch_add(1, Relaxed);
-                            for g in gone.iter().rev() {
-                                match *g {
-                                    Gone::Snap(p) => drop(m.snaps.remove(p)),
-                                    Gone::Clone(c) => drop(m.clones.remove(c)),
-                                }
-                            }
+                            m.remove(&gone);
                         }
                         Err(_) => {
                             DELETES_CUT.fetch_add(1, Relaxed);
@@ -777,6 +1100,20 @@ async fn map_updates_survive_any_sequence_of_power_cuts() {
         SNAPSHOTS_KEPT_FOR_CLONES.load(Relaxed),
     );
     let referenced = REFERENCED_CHECKED.load(Relaxed);
+    let (frozen, freezes_cut, frozen_deletes, handed_up, rollbacks) = (
+        FROZEN_MADE.load(Relaxed),
+        FREEZES_CUT.load(Relaxed),
+        FROZEN_DELETES.load(Relaxed),
+        PAGES_HANDED_UP.load(Relaxed),
+        CLONE_ROLLBACKS.load(Relaxed),
+    );
+    eprintln!(
+        "{seeds} seeds: {frozen} snapshots of clones made ({freezes_cut} cut), {frozen_deletes} deleted ({handed_up} pages handed up), {rollbacks} clone rollbacks"
+    );
+    assert!(
+        seeds < 20 || (frozen > 0 && freezes_cut > 0 && frozen_deletes > 0 && handed_up > 0 && rollbacks > 0),
+        "the paths of snapshots of clones did not run"
+    );
     eprintln!(
         "{seeds} seeds: {views} snapshot views checked after a reopen, {held} overwrites kept a place another layer holds, {moves} moves of blocks only snapshots or clones hold, {deletes} snapshot deletes ({handed} pages handed on, {kept} kept for clones), {cut} deletes cut by the power, {referenced} referenced counts checked; {clone_views} clone views checked after a reopen, {clone_writes} clone block writes, {clone_deletes} clone deletes"
     );

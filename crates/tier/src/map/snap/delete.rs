@@ -250,10 +250,19 @@ impl<D: BlockDevice> MapStore<D> {
         on_free: &mut impl FnMut(Vec<(u64, MapEntry)>),
     ) -> Result<DeleteStats, MapError> {
         enum Step {
-            Keep,
+            /// It stays; a frozen layer's parent may still be finished (a hidden one whose only
+            /// layer over it is this one is handed up into it).
+            Keep(Option<u16>),
             HandOn,
-            Drop { parent: u16, dir: Vec<u32> },
-            HandUp { child: u16, parent: u16, dir: Vec<u32> },
+            Drop {
+                parent: u16,
+                dir: Vec<u32>,
+            },
+            HandUp {
+                child: u16,
+                parent: u16,
+                dir: Vec<u32>,
+            },
         }
         let mut stats = DeleteStats::default();
         let mut next = Some(layer);
@@ -266,21 +275,22 @@ impl<D: BlockDevice> MapStore<D> {
                         match l.children(id)[..] {
                             [] => Step::Drop { parent, dir },
                             [child] => Step::HandUp { child, parent, dir },
-                            _ => Step::Keep,
+                            _ => Step::Keep(Some(parent)),
                         }
                     }
-                    Some(_) => Step::Keep,
+                    Some(_) => Step::Keep(None),
                     None => match l.snaps.iter().find(|s| s.record.id == id) {
                         Some(s) if s.record.hidden && !l.has_clones(id) => Step::HandOn,
-                        _ => Step::Keep,
+                        _ => Step::Keep(None),
                     },
                 }
             };
             let done = match step {
-                Step::Keep => {
+                Step::Keep(parent) => {
                     if id == layer {
                         stats.kept_for_clones = true;
                     }
+                    next = parent;
                     continue;
                 }
                 Step::HandOn => self.hand_on(id, hold, on_free).await?,

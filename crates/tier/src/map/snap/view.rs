@@ -106,15 +106,20 @@ impl<D: BlockDevice> MapStore<D> {
         Ok(out)
     }
 
-    /// [`MapStore::get_in`] for a snapshot, also one deleted and kept for its clones (which
-    /// read through it): for checks and diagnostics.
+    /// [`MapStore::get_in`] for a snapshot or frozen layer, also one deleted and kept for its
+    /// clones (which read through it): for checks and diagnostics.
     pub async fn get_in_kept(&self, layer: u16, blocks: &[u64]) -> Result<Vec<MapEntry>, MapError> {
+        let chained = self.snap.layers.lock().clones.iter().any(|c| c.record.id == layer);
         let mut out = Vec::with_capacity(blocks.len());
         for &block in blocks {
             if block >= self.blocks() {
                 return Err(MapError::OutOfRange { block, blocks: self.blocks() });
             }
-            out.push(self.view_entry(layer, block).await?);
+            out.push(if chained {
+                self.chain_entry(layer, block).await?
+            } else {
+                self.view_entry(layer, block).await?
+            });
         }
         Ok(out)
     }
