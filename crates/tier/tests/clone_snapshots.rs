@@ -327,3 +327,141 @@ async fn a_power_cut_in_making_or_deleting_a_snapshot_of_a_clone_leaves_it_whole
     assert!(made > 0 && not_made > 0, "cuts landed on both sides of the making");
     assert!(deleted > 0 && not_deleted > 0, "cuts landed on both sides of the delete's mark");
 }
+
+/// Block `b` at version `v`: its number and version first, then a pattern of both.
+fn versioned(b: u64, v: u64) -> Vec<u8> {
+    let mut d = vec![((b * 31 + v * 7) % 251) as u8; BLOCK];
+    d[..8].copy_from_slice(&b.to_le_bytes());
+    d[8..16].copy_from_slice(&v.to_le_bytes());
+    d
+}
+
+/// The version block `b` holds in `data` (which must be one [`versioned`] wrote).
+fn version_of(b: u64, data: &[u8]) -> u64 {
+    let v = u64::from_le_bytes(data[8..16].try_into().unwrap());
+    assert!(data == versioned(b, v), "block {b} holds bytes no write wrote (version {v} claimed)");
+    v
+}
+
+/// Writers on a clone while its snapshots are made and deleted (handed up into it) and while it
+/// is read, with destage and GC moving its blocks: a snapshot holds, per block, a version at
+/// least as new as the last one acknowledged before it was asked for and no newer than the last
+/// one issued before it returned; a read of the clone sees no version older than one
+/// acknowledged before it began; at the end the clone holds every block's last version.
+#[tokio::test]
+async fn snapshots_of_a_clone_made_and_deleted_amid_its_writes_hold_the_right_versions() {
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+    const WRITERS: u64 = 2;
+    let switch = PowerSwitch::new();
+    let devs = drives(&switch, 47);
+    let pool = create_pool(&devs).await;
+    // A small segment space: GC runs under the writers.
+    let vol = log::create(&pool, small_spec("lv", BLOCKS * 4096, 64 * 124 * 4096)).await.unwrap();
+    let mut base = Vec::with_capacity(BLOCKS as usize * BLOCK);
+    for b in 0..BLOCKS {
+        base.extend(versioned(b, 0));
+    }
+    vol.write(0, IoBytes::copy_from(&base), true).await.unwrap();
+    vol.create_snapshot("s1").await.unwrap();
+    let c = vol.create_clone("s1", "c").await.unwrap().id;
+    set_always(&vol, true, 64);
+    vol.set_delete_batch(1);
+    let clock = AtomicU64::new(1);
+    // Per block: (version, issued at, acknowledged at).
+    let log: Vec<std::sync::Mutex<Vec<(u64, u64, u64)>>> =
+        (0..BLOCKS).map(|_| std::sync::Mutex::new(vec![(0, 0, 0)])).collect();
+    let writing = AtomicU64::new(WRITERS);
+    let writer = |w: u64| {
+        let (vol, clock, log, writing) = (&vol, &clock, &log, &writing);
+        async move {
+            let mut rng = rng(470 + w);
+            for _ in 0..1500 {
+                let b = rng.random_range(0..BLOCKS / WRITERS) * WRITERS + w;
+                let v = log[b as usize].lock().unwrap().last().unwrap().0 + 1;
+                let issued = clock.fetch_add(1, SeqCst);
+                vol.write_to(c, b * 4096, IoBytes::copy_from(&versioned(b, v))).await.unwrap();
+                let acked = clock.fetch_add(1, SeqCst);
+                log[b as usize].lock().unwrap().push((v, issued, acked));
+            }
+            writing.fetch_sub(1, SeqCst);
+        }
+    };
+    // (layer, asked at, returned at) of each snapshot made; the names deleted meanwhile.
+    let snapshotter = async {
+        let mut made = Vec::new();
+        let mut deleted = Vec::new();
+        let mut k = 0;
+        while writing.load(SeqCst) > 0 && k < 40 {
+            tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+            k += 1;
+            let asked = clock.fetch_add(1, SeqCst);
+            let id = vol.create_clone_snapshot("c", &format!("t{k}")).await.unwrap().id;
+            let returned = clock.fetch_add(1, SeqCst);
+            made.push((k, id, asked, returned));
+            // Every third, delete the two before: handed up into the newer one while the
+            // writers go on (and the clone reads through at most 16).
+            if k % 3 == 0 {
+                for old in [k - 1, k - 2] {
+                    vol.delete_clone_snapshot("c", &format!("t{old}")).await.unwrap();
+                    deleted.push(old);
+                }
+            }
+        }
+        (made, deleted)
+    };
+    let reader = async {
+        let mut rng = rng(479);
+        let mut reads = 0;
+        while writing.load(SeqCst) > 0 {
+            let b = rng.random_range(0..BLOCKS);
+            let floor = {
+                let l = log[b as usize].lock().unwrap();
+                l.iter().rev().find(|e| e.2 != 0 || e.0 == 0).map_or(0, |e| e.0)
+            };
+            let got = vol.read_snapshot(c, b * 4096, BLOCK).await.unwrap().to_vec();
+            let v = version_of(b, &got);
+            assert!(
+                v >= floor,
+                "block {b} of the clone reads version {v}, {floor} was acknowledged before the read"
+            );
+            reads += 1;
+            tokio::task::yield_now().await;
+        }
+        reads
+    };
+    let (_, _, (made, deleted), reads) = tokio::join!(writer(0), writer(1), snapshotter, reader);
+    vol.destage_all().await.unwrap();
+    assert!(made.len() >= 4, "{} snapshots made amid the writes", made.len());
+    let mut checked = 0;
+    for &(k, id, asked, returned) in made.iter().filter(|m| !deleted.contains(&m.0)) {
+        let data = read_layer(&vol, id).await;
+        for b in 0..BLOCKS {
+            let got = version_of(b, &data[b as usize * BLOCK..(b as usize + 1) * BLOCK]);
+            let l = log[b as usize].lock().unwrap();
+            let low = l.iter().filter(|e| e.2 < asked).map(|e| e.0).max().unwrap_or(0);
+            let high = l.iter().filter(|e| e.1 < returned).map(|e| e.0).max().unwrap_or(0);
+            assert!(
+                (low..=high).contains(&got),
+                "t{k} holds version {got} of block {b}: acknowledged before it {low}, issued before it returned {high}"
+            );
+            checked += 1;
+        }
+    }
+    let data = read_layer(&vol, c).await;
+    for b in 0..BLOCKS {
+        let want = log[b as usize].lock().unwrap().last().unwrap().0;
+        assert_eq!(
+            version_of(b, &data[b as usize * BLOCK..(b as usize + 1) * BLOCK]),
+            want,
+            "the clone's block {b}"
+        );
+    }
+    assert!(vol.status().gc_moved_blocks > 0, "GC ran");
+    assert!(vol.audit_live_counts().await.unwrap(), "live counts exact");
+    eprintln!(
+        "{} snapshots made amid the writes, {} deleted, {checked} blocks checked, {reads} reads of the clone",
+        made.len(),
+        deleted.len()
+    );
+    vol.close().await;
+}

@@ -17,6 +17,13 @@
 //! does not hold, a deleted snapshot with clones keeps its view (hidden) until its last clone is
 //! deleted, and a clone's delete frees exactly what no remaining layer holds.
 //!
+//! Clones take snapshots of their own (frozen layers, made between phases, some cut by the power):
+//! each reads as its clone was when it was made; clones are made of them too; deleting one hands
+//! its copies up to the one layer over it (or keeps it, hidden, while clones were made of it) and
+//! frees exactly what only it held; a clone rolled back to its newest snapshot reads as it and
+//! frees exactly what only it held; deleting a clone takes its snapshots but those kept for
+//! clones. After every recovery each layer's parent is one the model knows.
+//!
 //! `STRIA_MAP_SEEDS=N` sets the number of seeds (default 60); `STRIA_MAP_SEED=S` replays one.
 
 use std::cell::RefCell;
@@ -915,24 +922,6 @@ async fn run_seed(seed: u64) {
                     let mut freed = Vec::new();
                     if !clean && rng.random_bool(0.3) {
                         switch.trip_after_ops(rng.random_range(0..40));
-                    }
-                    if std::env::var("STRIA_MAP_DEBUG").is_ok() {
-                        let m = model.borrow();
-                        eprintln!("DEBUG delete clone {id} gone {gone:?}");
-                        for c in &m.clones {
-                            eprintln!(
-                                "  model {} id {:?} parent {} frozen {:?} hidden {}",
-                                c.name, c.id, c.parent, c.frozen, c.hidden
-                            );
-                        }
-                        for l in 1..40u16 {
-                            if let Some(r) = store.layer_record(l) {
-                                eprintln!(
-                                    "  store {l} {:?} {} parent {} hidden {} of {}",
-                                    r.kind, r.name, r.parent, r.hidden, r.of_clone
-                                );
-                            }
-                        }
                     }
                     let deleted = store.delete_clone(id, None, |f| freed.extend(f)).await;
                     let what = format!("seed {seed} cycle {cycle}: deleting clone {id}");
