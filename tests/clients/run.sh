@@ -256,6 +256,51 @@ qemu-img compare -f raw -F raw "$W/sv-at-s1.img" "$(uri sv)"
 qemu-img compare -f raw -F raw "$W/sv-at-s1.img" "$(uri sv@s1)"
 nbdcopy "$(uri svc)" "$W/svc-now.img"
 ! qemu-img compare -q -f raw -F raw "$W/sv-at-s1.img" "$W/svc-now.img" || { echo "the clone's writes are not in it" >&2; exit 1; }
+
+log "a snapshot of the clone svc made under a fio verify load, a clone of that, a rollback of svc to it"
+# ext4 on svc again; fio (crc32c verify) on a file of it; amid it the file system is frozen, the
+# snapshot svc@t1 made and svc copied; then files D. svc@t1 must equal the copy, check clean and
+# hold the files of before; a clone of it reads as it; svc, rolled back, is the copy again.
+nbdfuse "$W/cfuse" "$(uri svc)" &
+CFUSE=$!
+for _ in $(seq 50); do [ -e "$W/cfuse/nbd" ] && break; sleep 0.1; done
+CL=$(losetup -f --show --direct-io=on "$W/cfuse/nbd")
+mount "$CL" "$W/cmnt"
+fio --name=load --directory="$W/cmnt" --verify_state_save=0 --size=128M --rw=randwrite --bs=4k --ioengine=libaio --iodepth=16 --direct=1 \
+  --verify=crc32c --verify_fatal=1 --verify_backlog=512 >"$W/fio-clonesnap.log" 2>&1 &
+FIO=$!
+sleep 2
+kill -0 "$FIO" 2>/dev/null || { cat "$W/fio-clonesnap.log" >&2; echo "fio ended before the snapshot" >&2; exit 1; }
+fsfreeze -f "$W/cmnt"
+t0=$(date +%s.%N)
+"$STRIA" snapshot create svc t1 --pool "$POOL" >/dev/null
+echo "svc: snapshot t1 made in $(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { printf "%.3f", a - b }') s (filesystem frozen, fio waiting)"
+nbdcopy "$(uri svc)" "$W/svc-at-t1.img"
+fsfreeze -u "$W/cmnt"
+wait "$FIO" || { cat "$W/fio-clonesnap.log" >&2; echo "fio verify failed on svc" >&2; exit 1; }
+grep -q "err= 0" "$W/fio-clonesnap.log" || { cat "$W/fio-clonesnap.log" >&2; exit 1; }
+(cd "$W/cmnt" && sha256sum --quiet -c "$W/sums-c") || { echo "svc lost its files" >&2; exit 1; }
+mkdir "$W/cmnt/d"; dd if=/dev/urandom of="$W/cmnt/d/after" bs=1M count=8 status=none
+sync -f "$W/cmnt"
+! "$STRIA" volume rollback svc t1 --pool "$POOL" 2>"$W/rollback.err" || { echo "a rollback of a mounted clone was taken" >&2; exit 1; }
+grep -q "client(s) attached" "$W/rollback.err" || { cat "$W/rollback.err" >&2; exit 1; }
+umount "$W/cmnt"; fsck.ext4 -fn "$CL"; losetup -d "$CL"; umount "$W/cfuse"; wait "$CFUSE"
+qemu-img compare -f raw -F raw "$W/svc-at-t1.img" "$(uri svc@t1)"
+fsck.ext4 -fn "$W/svc-at-t1.img" >/dev/null
+"$STRIA" snapshot list svc --pool "$POOL" | grep -q "svc@t1" || { "$STRIA" snapshot list svc --pool "$POOL" >&2; exit 1; }
+"$STRIA" volume clone svc@t1 svcc --pool "$POOL" | grep -q "of svc@t1" || { echo "the clone of svc@t1 says otherwise" >&2; exit 1; }
+qemu-img compare -f raw -F raw "$W/svc-at-t1.img" "$(uri svcc)"
+"$STRIA" volume delete svcc --pool "$POOL" >/dev/null
+"$STRIA" volume rollback svc t1 --pool "$POOL" >/dev/null
+qemu-img compare -f raw -F raw "$W/svc-at-t1.img" "$(uri svc)"
+# The snapshot's delete hands its pages up into svc, which reads the same.
+"$STRIA" snapshot delete svc t1 --pool "$POOL" >/dev/null
+qemu-img compare -f raw -F raw "$W/svc-at-t1.img" "$(uri svc)"
+stop; start
+qemu-img compare -f raw -F raw "$W/svc-at-t1.img" "$(uri svc)"
+echo "svc@t1: made under fio, equal to the copy, fsck clean; a clone of it and a rollback to it equal it too"
+mv "$W/svc-at-t1.img" "$W/svc-now.img"
+
 # Deleting the snapshot keeps it (hidden) for the clone; so does deleting the origin: sv is no
 # longer exported, listed as a volume or free as a name, and the clone reads as before, also
 # after a restart; the clone's delete then takes sv's parts.
