@@ -200,10 +200,11 @@ def region_digest(h, sectors, label):
     return out
 
 
-def verify_snapshots(daemon, snaps, sectors, label):
-    """Every snapshot made reads back exactly as the volume did when it was made."""
+def verify_snapshots(daemon, snaps, sectors, label, of="v"):
+    """Every snapshot made of `of` (the volume, or a clone) reads back exactly as `of` did when
+    it was made."""
     for name, digest in snaps:
-        h = connect(daemon, f"v@{name}")
+        h = connect(daemon, f"{of}@{name}")
         got = region_digest(h, sectors, f"{label}: snapshot {name}")
         close(h)
         bad = [i for i, (a, b) in enumerate(zip(got, digest)) if a != b]
@@ -424,6 +425,12 @@ def main():
                          "the clone while the volume's load runs (the kill -9 may land in the delete); at the end, "
                          "if a clone lives, delete the volume (kept, hidden, for its clone) while the clone's load "
                          "runs, with a kill -9 before, in or after the delete")
+    ap.add_argument("--clone-snapshots", type=int, default=0,
+                    help="with --clones: at the start of a round in which the clone is written, snapshot it "
+                         "while fewer than N of its snapshots live; in some rounds delete one of them while the "
+                         "clone's load runs (handed up into the clone; the kill -9 may land in the delete); after "
+                         "every restart each must read exactly as the clone did when it was made, and the clone "
+                         "as its own model")
     ap.add_argument("--resize", action="store_true",
                     help="grow the volume by 8 MiB in every round while the load runs (the kill -9 may land in "
                          "the resize): after the restart its size is the old one or the new one, the new one if "
@@ -504,7 +511,7 @@ def run(args, rng, daemon, tag):
             if args.clones and clone is None:
                 # The clone reads as the snapshot, which is the volume as `verify` just settled it.
                 daemon.cli("volume", "clone", f"{vol}@r{rnd}", f"k{rnd}")
-                clone = {"name": f"k{rnd}", "model": copy.deepcopy(model), "size": size}
+                clone = {"name": f"k{rnd}", "model": copy.deepcopy(model), "size": size, "snaps": []}
                 print(f"{tag} round {rnd}: clone k{rnd} of {vol}@r{rnd}", flush=True)
         if args.scenario == "rebuilding" and volume_state(daemon, vol) == "healthy":
             # A new failure only once the last rebuild finished: the kill lands during the
@@ -529,6 +536,7 @@ def run(args, rng, daemon, tag):
             deleting[1].start()
         # The clone: deleted in some rounds (while the volume's load runs), else written beside it.
         clone_thread, clone_stop, clone_errors, clone_delete = None, threading.Event(), [], {}
+        cdeleting = None
         cload = None
         if clone is not None and rng.random() < 0.25:
             def delete_clone(name=clone["name"], result=clone_delete):
@@ -540,6 +548,22 @@ def run(args, rng, daemon, tag):
         elif clone is not None:
             hc = connect(daemon, clone["name"])
             verify(hc, clone["model"], sectors, f"round {rnd} start: clone {clone['name']}")
+            if len(clone["snaps"]) < args.clone_snapshots:
+                # No write to the clone is in flight: its snapshot is the clone as it reads now.
+                digest = region_digest(hc, sectors, f"round {rnd} before a snapshot of the clone")
+                daemon.cli("snapshot", "create", clone["name"], f"c{rnd}")
+                clone["snaps"].append((f"c{rnd}", digest))
+            if len(clone["snaps"]) >= 2 and rng.random() < 0.5:
+                cname = rng.choice(clone["snaps"])[0]
+                cresult = {}
+
+                def delete_clone_snapshot(name=cname, result=cresult, of=clone["name"], after=rng.uniform(0, 0.5)):
+                    time.sleep(after)
+                    r = daemon.cli("snapshot", "delete", of, name, check=False)
+                    result["ok"] = r.returncode == 0
+
+                cdeleting = (cname, threading.Thread(target=delete_clone_snapshot), cresult)
+                cdeleting[1].start()
             cload = Load(hc, clone["model"], sectors, random.Random(rng.random()), seq_base + SEQ_PER_ROUND // 4, fua)
 
             def write_clone(cload=cload, hc=hc):
@@ -591,6 +615,8 @@ def run(args, rng, daemon, tag):
                 raise Violation(f"round {rnd}: the clone's load: {clone_errors[0]}")
         if clone_delete:
             clone_delete["thread"].join()
+        if cdeleting:
+            cdeleting[1].join()
         # Restart and verify the crash; then maybe a clean cycle on top.
         daemon.start()
         h = connect(daemon, vol)
@@ -632,7 +658,18 @@ def run(args, rng, daemon, tag):
                       f"{'still there' if there else 'gone'}", flush=True)
             elif not there:
                 raise Violation(f"round {rnd}: clone {clone['name']} is gone after a kill -9")
+            if there and cdeleting:
+                name, _, result = cdeleting
+                listed = [s["name"] for s in json.loads(daemon.cli("snapshot", "list", clone["name"], "--json").stdout)]
+                if result.get("ok") and name in listed:
+                    raise Violation(f"round {rnd}: snapshot {name} of the clone is listed after its delete returned")
+                print(f"{tag} round {rnd}: delete of {clone['name']}@{name} "
+                      f"{'returned' if result.get('ok') else 'cut by the kill'}, "
+                      f"{'gone' if name not in listed else 'still there'}", flush=True)
+                if name not in listed:
+                    clone["snaps"] = [s for s in clone["snaps"] if s[0] != name]
             if there:
+                verify_snapshots(daemon, clone["snaps"], sectors, f"round {rnd} after kill -9", of=clone["name"])
                 hc = connect(daemon, clone["name"])
                 verify(hc, clone["model"], sectors, f"round {rnd} after kill -9: clone {clone['name']}")
                 if resizing and "clone" in resizing[1]:
@@ -711,7 +748,7 @@ def delete_origin(args, rng, daemon, tag, vol, model, snaps, sectors, clone):
     if result.get("ok") and not deleted:
         raise Violation(f"the origin's delete returned and {vol} is listed as {entry}")
     if deleted:
-        if json.loads(daemon.cli("snapshot", "list", "--json").stdout):
+        if [s for s in json.loads(daemon.cli("snapshot", "list", "--json").stdout) if s["volume"] == vol]:
             raise Violation("the origin is deleted and its snapshots are listed")
         if subprocess.run(["nbdinfo", "--size", daemon.uri(vol)], capture_output=True).returncode == 0:
             raise Violation("the origin is deleted and still exported")

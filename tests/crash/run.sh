@@ -55,6 +55,7 @@ SCENARIOS=(
   "log-snapshots|--layout log:ec:4+2 --scenario destaging --snapshots 3 --delete-snapshots"
   "tiered-clones|--layout tiered:ec:4+2 --scenario destaging --snapshots 3 --delete-snapshots --clones"
   "tiered-resize|--layout tiered:ec:4+2 --scenario destaging --snapshots 2 --delete-snapshots --resize --clones"
+  "tiered-clone-snapshots|--layout tiered:ec:4+2 --scenario destaging --snapshots 2 --delete-snapshots --clones --clone-snapshots 3"
 )
 
 OUT=$(mktemp -d /tmp/stria-crashrun.XXXX)
