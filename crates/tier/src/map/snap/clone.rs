@@ -278,15 +278,8 @@ impl<D: BlockDevice> MapStore<D> {
             (c.dir.clone(), c.record.parent)
         };
         let mut stats = self.let_go(layer, &dir, LetGo::DropClone { parent }, hold, on_free).await?;
-        {
-            let _gate = self.snap.gate.write().await;
-            self.remove_layer(layer).await?;
-        }
-        self.checkpoint().await?;
-        let more = self.finish_hidden(parent, hold, on_free).await?;
-        stats.pages_moved += more.pages_moved;
-        stats.pages_dropped += more.pages_dropped;
-        stats.entries_freed += more.entries_freed;
+        self.remove_and_checkpoint(layer).await?;
+        stats.add(self.finish_hidden(parent, hold, on_free).await?);
         Ok(stats)
     }
 
@@ -302,12 +295,7 @@ impl<D: BlockDevice> MapStore<D> {
     ) -> Result<TableOp, MapError> {
         let copy = self.pool_page(pool, layer, page).await?.page().entries.lock().clone();
         let view = self.view_from(parent, page).await?;
-        for (i, x) in copy.iter().enumerate() {
-            let physical = matches!(x.place, crate::map::Place::Segment(_) | crate::map::Place::Cache(_));
-            if physical && view[i].place != x.place {
-                freed.push((page * ENTRIES_PER_PAGE + i as u64, *x));
-            }
-        }
+        super::delete::frees_of_copy(page, &copy, &[&view], freed);
         Ok(TableOp::Drop { layer, page, pool })
     }
 
@@ -371,6 +359,10 @@ impl<D: BlockDevice> MapStore<D> {
     pub async fn freeze_clone(&self, clone: u16, mut record: LayerRecord) -> Result<u16, MapError> {
         self.pool_layout()?;
         let _gate = self.snap.gate.write().await;
+        // Every copy the clone's tables name has its record durable first: one whose record were
+        // still queued would be replayed into the clone's new table, not the frozen layer's.
+        let queued = self.pending.lock().queued;
+        self.commit(queued).await?;
         let (dir, parent, depth) = {
             let mut l = self.snap.layers.lock();
             let c = l.live_clone(clone)?;

@@ -26,6 +26,32 @@ pub struct DeleteStats {
     pub kept_for_clones: bool,
 }
 
+impl DeleteStats {
+    /// Adds what a further step of the same delete did.
+    pub(super) fn add(&mut self, more: DeleteStats) {
+        self.pages_moved += more.pages_moved;
+        self.pages_dropped += more.pages_dropped;
+        self.entries_freed += more.entries_freed;
+    }
+}
+
+/// Adds to `freed` the entries of `copy` (a dropped copy of map page `page`) that name a place
+/// (a segment block or a cache position) none of `holders` (the same page as the layers that may
+/// still hold its places see it) names for the same block.
+pub(super) fn frees_of_copy(
+    page: u64,
+    copy: &[MapEntry],
+    holders: &[&[MapEntry]],
+    freed: &mut Vec<(u64, MapEntry)>,
+) {
+    for (i, x) in copy.iter().enumerate() {
+        let physical = matches!(x.place, crate::map::Place::Segment(_) | crate::map::Place::Cache(_));
+        if physical && holders.iter().all(|h| h[i].place != x.place) {
+            freed.push((page * ENTRIES_PER_PAGE + i as u64, *x));
+        }
+    }
+}
+
 impl<D: BlockDevice> MapStore<D> {
     /// Snapshot `layer`'s own copy of head page `page`, if it has one.
     pub(super) async fn own_copy(
@@ -296,11 +322,7 @@ impl<D: BlockDevice> MapStore<D> {
                 Step::HandOn => self.hand_on(id, hold, on_free).await?,
                 Step::Drop { parent, dir } => {
                     let done = self.let_go(id, &dir, LetGo::DropClone { parent }, hold, on_free).await?;
-                    {
-                        let _gate = self.snap.gate.write().await;
-                        self.remove_layer(id).await?;
-                    }
-                    self.checkpoint().await?;
+                    self.remove_and_checkpoint(id).await?;
                     next = Some(parent);
                     done
                 }
@@ -316,18 +338,12 @@ impl<D: BlockDevice> MapStore<D> {
                         self.snap.generation.fetch_add(1, SeqCst);
                     }
                     self.checkpoint().await?;
-                    {
-                        let _gate = self.snap.gate.write().await;
-                        self.remove_layer(id).await?;
-                    }
-                    self.checkpoint().await?;
+                    self.remove_and_checkpoint(id).await?;
                     next = Some(parent);
                     done
                 }
             };
-            stats.pages_moved += done.pages_moved;
-            stats.pages_dropped += done.pages_dropped;
-            stats.entries_freed += done.entries_freed;
+            stats.add(done);
         }
         Ok(stats)
     }
@@ -352,12 +368,7 @@ impl<D: BlockDevice> MapStore<D> {
         };
         let copy = self.pool_page(pool, layer, page).await?.page().entries.lock().clone();
         let below = self.view_from(parent, page).await?;
-        for (i, x) in copy.iter().enumerate() {
-            let physical = matches!(x.place, crate::map::Place::Segment(_) | crate::map::Place::Cache(_));
-            if physical && child_copy[i].place != x.place && below[i].place != x.place {
-                freed.push((page * ENTRIES_PER_PAGE + i as u64, *x));
-            }
-        }
+        frees_of_copy(page, &copy, &[&child_copy, &below], freed);
         Ok(TableOp::Drop { layer, page, pool })
     }
 
@@ -391,11 +402,7 @@ impl<D: BlockDevice> MapStore<D> {
             (dir, older.map(|o| o.0))
         };
         let stats = self.let_go(layer, &dir, LetGo::HandOn { older }, hold, on_free).await?;
-        {
-            let _gate = self.snap.gate.write().await;
-            self.remove_layer(layer).await?;
-        }
-        self.checkpoint().await?;
+        self.remove_and_checkpoint(layer).await?;
         Ok(stats)
     }
 
@@ -519,14 +526,9 @@ impl<D: BlockDevice> MapStore<D> {
         };
         let copy = self.pool_page(pool, layer, page).await?.page().entries.lock().clone();
         let newer = self.view_after(layer, page).await?;
-        for (i, x) in copy.iter().enumerate() {
-            let physical = matches!(x.place, crate::map::Place::Segment(_) | crate::map::Place::Cache(_));
-            let held =
-                newer[i].place == x.place || older_copy.as_ref().is_some_and(|o| o[i].place == x.place);
-            if physical && !held {
-                freed.push((page * ENTRIES_PER_PAGE + i as u64, *x));
-            }
-        }
+        let mut holders: Vec<&[MapEntry]> = vec![&newer];
+        holders.extend(older_copy.as_deref());
+        frees_of_copy(page, &copy, &holders, freed);
         Ok(TableOp::Drop { layer, page, pool })
     }
 
@@ -763,6 +765,16 @@ impl<D: BlockDevice> MapStore<D> {
             assert!(log.durable >= ticket, "records that fit the ring were logged");
             return Ok(());
         }
+    }
+
+    /// [`Self::remove_layer`] under the gate, then a checkpoint that writes the table without it
+    /// (writes go on meanwhile).
+    pub(super) async fn remove_and_checkpoint(&self, layer: u16) -> Result<(), MapError> {
+        {
+            let _gate = self.snap.gate.write().await;
+            self.remove_layer(layer).await?;
+        }
+        self.checkpoint().await
     }
 
     /// Removes hidden snapshot `layer`, whose copies were all handed on or dropped: its index
