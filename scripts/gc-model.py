@@ -15,14 +15,24 @@ Streams (`--modes`):
           (shorter than the running mean: hot), one GC stream
   chain   as sep, and GC survivors go one generation older (hot -> g1, cold/g1 -> g2, g2 -> g3)
   oracle  as chain, hot/cold told by the workload's true hot set (80/20 only)
+  split   hot and cold classes, each with a host and a GC stream (GC survivors stay in their
+          victim's class, `--hot-survivors gcold` sends a hot victim's to the cold one); host
+          writes hot when the interval is under `--thresh` times the running mean
+  split2  as split, hot only if the version replaced lay in a hot segment too or the interval
+          was under a quarter of that (what stria builds: GcPolicy::Temperature, log/heat.rs)
+  split-oracle  as split, hot/cold told by the true hot set (80/20 only)
 Victims (`--policies`): greedy (fewest live blocks), cost-benefit (LFS's (1-u)*age/(1+u), age of a
-segment = host writes since the newest block it holds was written).
+segment = host writes since the newest block it holds was written); with the split modes also
+split (GC takes from the class holding more than its share of the split of the space that
+minimises the modelled cost of both, greedy within it) and split-cb (the same, cost-benefit
+within it).
 
 Usage: scripts/gc-model.py --workload 80/20 --fill 0.8 --modes base,chain --policies greedy,cost-benefit
 (64 Ki blocks: about a minute per run on one core).
 """
 import argparse
 import bisect
+import math
 import random
 from collections import OrderedDict
 
@@ -45,7 +55,37 @@ def picker(workload, n, rng):
     return (lambda: perm[min(bisect.bisect_left(cdf, rng.random()), n - 1)]), hot
 
 
-def run(workload, fill, mode, policy, n, seg, cache, warm, seed):
+def cost_of(u):
+    """GC moves per write of greedy GC under uniform writes at utilisation u."""
+    lo, hi = 1e-9, 1 - 1e-9
+    for _ in range(60):
+        x = (lo + hi) / 2
+        if (1 - x) / -math.log(x) < u:
+            lo = x
+        else:
+            hi = x
+    return x / (1 - x)
+
+
+COSTS = [cost_of(i / 1000) if i else 0.0 for i in range(1000)]
+
+
+def best_split(dh, dc, rh, total):
+    """Slots of the hot class that minimise rh*m(uh) + (1-rh)*m(uc) for the data each holds."""
+    best = None
+    for i in range(1, 1000):
+        ph = total * i / 1000
+        pc = total - ph
+        if dh >= ph * 0.99 or dc >= pc * 0.99:
+            continue
+        c = rh * COSTS[int(1000 * dh / ph)] + (1 - rh) * COSTS[int(1000 * dc / pc)]
+        if best is None or c < best[0]:
+            best = (c, ph)
+    return best[1] if best else total * dh / max(dh + dc, 1)
+
+
+def run(workload, fill, mode, policy, n, seg, cache, warm, seed, thresh=1.0, survivors=None):
+    survivors = survivors or {"hot": "ghot", "cold": "gcold"}
     draw, hot = picker(workload, n, random.Random(seed))
     segments = int(n / fill / seg)
     live = [0] * segments
@@ -59,6 +99,7 @@ def run(workload, fill, mode, policy, n, seg, cache, warm, seed):
     last = {}  # block -> host write clock of its current version
     clock, mean = [0], [float(n)]
     moved, destaged = [0], [0]
+    rate = {"hot": 0.0, "cold": 0.0}
 
     def append(stream, b):
         s = open_seg.get(stream)
@@ -78,8 +119,27 @@ def run(workload, fill, mode, policy, n, seg, cache, warm, seed):
         if len(blocks[s]) == seg:
             del open_seg[stream]
 
+    def klass(s):
+        return "hot" if stream_of[s] in ("hot", "ghot") else "cold"
+
+    def split_class():
+        """The class GC takes from: the one holding more segments than its share of the split
+        that minimises the modelled cost (uniform greedy within each class)."""
+        dh = sum(live[s] for s in range(segments) if s not in free and klass(s) == "hot")
+        dc = sum(live[s] for s in range(segments) if s not in free and klass(s) == "cold")
+        rh = rate["hot"] / max(rate["hot"] + rate["cold"], 1e-9)
+        target = best_split(dh, dc, rh, segments * seg)
+        used_h = sum(1 for s in range(segments) if s not in free and klass(s) == "hot") * seg
+        return "hot" if used_h > target else "cold"
+
     def victim():
         sealed = [s for s in range(segments) if s not in free and s not in open_seg.values()]
+        if policy in ("split", "split-cb"):
+            c = split_class()
+            mine = [s for s in sealed if klass(s) == c and live[s] < seg] or sealed
+            if policy == "split-cb":
+                return max(mine, key=lambda s: (seg - live[s]) * (clock[0] - newest[s] + 1) / (seg + live[s]))
+            return min(mine, key=lambda s: live[s])
         if policy == "greedy":
             return min(sealed, key=lambda s: live[s])
         return max(sealed, key=lambda s: (seg - live[s]) * (clock[0] - newest[s] + 1) / (seg + live[s]))
@@ -89,7 +149,9 @@ def run(workload, fill, mode, policy, n, seg, cache, warm, seed):
             v = victim()
             for b in list(blocks[v]):
                 if home.get(b) == v:
-                    if mode in ("chain", "oracle"):
+                    if mode.startswith("split"):
+                        to = survivors[klass(v)]
+                    elif mode in ("chain", "oracle"):
                         to = {"hot": "g1", "cold": "g2", "g1": "g2", "g2": "g3", "g3": "g3"}[stream_of[v]]
                     else:
                         to = "gc"
@@ -100,12 +162,25 @@ def run(workload, fill, mode, policy, n, seg, cache, warm, seed):
         b, interval = cached.popitem(last=False)
         if mode == "base":
             stream = "host"
+        elif mode == "split-oracle":
+            stream = "hot" if b in hot else "cold"
+        elif mode == "split":
+            stream = "hot" if interval < mean[0] * thresh else "cold"
+        elif mode == "split2":
+            # Short interval, and the version replaced was hot too (or the interval was very short).
+            was_hot = b in home and klass(home[b]) == "hot"
+            short = interval < mean[0] * thresh
+            stream = "hot" if short and (was_hot or interval < mean[0] * thresh / 4) else "cold"
         elif mode == "oracle":
             stream = "hot" if b in hot else "cold"
         else:
             stream = "hot" if interval < mean[0] else "cold"
         if len(free) < 3:
             gc()
+        if mode.startswith("split"):
+            for k in rate:
+                rate[k] *= 1 - 1 / 8192
+            rate[stream] += 1
         append(stream, b)
         destaged[0] += 1
 
@@ -142,10 +217,13 @@ def main():
     ap.add_argument("--cache", type=int, default=4096)
     ap.add_argument("--warm", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--thresh", type=float, default=1.0)
+    ap.add_argument("--hot-survivors", default="ghot")
     a = ap.parse_args()
     for mode in a.modes.split(","):
         for policy in a.policies.split(","):
-            d, m = run(a.workload, a.fill, mode, policy, a.blocks, a.segment, a.cache, a.warm, a.seed)
+            d, m = run(a.workload, a.fill, mode, policy, a.blocks, a.segment, a.cache, a.warm, a.seed,
+                       a.thresh, {"hot": a.hot_survivors, "cold": "gcold"})
             print(f"{a.workload} fill {a.fill} {mode:6} {policy:12}: destaged {d:.3f}, GC moved {m:.3f}, "
                   f"total {d + m:.3f} per host write", flush=True)
 

@@ -81,7 +81,7 @@ pub struct WaBenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "uniform")]
     pub workloads: Vec<Workload>,
     /// GC victim policies, each run on the same writes (same seed), with cost over greedy's.
-    #[arg(long, value_delimiter = ',', default_value = "cost-benefit,greedy", value_parser = parse_policy)]
+    #[arg(long, value_delimiter = ',', default_value = "temperature,greedy", value_parser = parse_policy)]
     pub gc: Vec<GcPolicy>,
 }
 
@@ -89,7 +89,8 @@ fn parse_policy(s: &str) -> Result<GcPolicy, String> {
     match s {
         "greedy" => Ok(GcPolicy::Greedy),
         "cost-benefit" => Ok(GcPolicy::CostBenefit),
-        _ => Err(format!("{s}: expected greedy or cost-benefit")),
+        "temperature" => Ok(GcPolicy::Temperature),
+        _ => Err(format!("{s}: expected greedy, cost-benefit or temperature")),
     }
 }
 
@@ -557,6 +558,10 @@ async fn log_run(
         st.garbage_bytes >> 20,
         st.parts[2].full_stripe_writes,
         st.parts[2].partial_stripe_writes
+    );
+    println!(
+        "  destage: {} batches, {} of hot blocks; GC: {} victims, {} blocks moved",
+        st.destage_batches, st.destage_hot_batches, st.gc_victims, st.gc_moved_blocks
     );
     vol.close().await;
     rig.pool.close().await.context("closing the pool")?;

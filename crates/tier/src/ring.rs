@@ -39,6 +39,9 @@ struct State {
     head: u64,
     tail: u64,
     slots: Vec<Slot>,
+    /// Per slot, whether its block was written hot (a hint for destage's streams under
+    /// `GcPolicy::Temperature`; false when claimed, in memory only).
+    hot: Vec<bool>,
     /// Slots that are `Live` (kept with them, so asking costs nothing).
     live: u64,
     waiting: usize,
@@ -81,6 +84,7 @@ impl CacheRing {
                 head: 0,
                 tail: 0,
                 slots: vec![Slot::Free; usize::try_from(ring).expect("ring fits")],
+                hot: vec![false; usize::try_from(ring).expect("ring fits")],
                 live: 0,
                 waiting: 0,
                 failed: None,
@@ -215,6 +219,7 @@ impl CacheRing {
         });
         assert_eq!(*slot, Slot::Reserved, "cache ring: claiming position {pos} that is not reserved");
         *slot = Slot::Live(block);
+        s.hot[(pos % self.ring) as usize] = false;
         s.live += 1;
         assert!(
             s.live <= s.head - s.tail,
@@ -222,6 +227,27 @@ impl CacheRing {
             s.live,
             s.head - s.tail
         );
+    }
+
+    /// Marks each `(position, block, hot)` hot or not, where the position still holds the block
+    /// (a hint: a position freed meanwhile is left alone).
+    pub(crate) fn set_hot(&self, marks: impl IntoIterator<Item = (u64, u64, bool)>) {
+        let mut s = self.state.lock();
+        for (pos, block, hot) in marks {
+            let i = (pos % self.ring) as usize;
+            if pos >= s.tail && pos < s.head && s.slots[i].owner() == Some(block) {
+                s.hot[i] = hot;
+            }
+        }
+    }
+
+    /// Whether each of `positions` was marked hot (false outside this turn of the ring).
+    pub(crate) fn hot(&self, positions: impl IntoIterator<Item = u64>) -> Vec<bool> {
+        let s = self.state.lock();
+        positions
+            .into_iter()
+            .map(|pos| pos >= s.tail && pos < s.head && s.hot[(pos % self.ring) as usize])
+            .collect()
     }
 
     /// Frees positions (no durable map entry points to them any more) and advances the tail.

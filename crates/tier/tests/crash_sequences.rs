@@ -15,7 +15,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use stria_dev::{FaultConfig, FaultDevice, IoBytes, PowerSwitch};
 use stria_engine::{DriveClass, DriveState, FoundDrive, NewDrive, Pool};
-use stria_tier::log::{LogParams, LogVolume};
+use stria_tier::log::{GcPolicy, LogParams, LogVolume};
 
 // ------------------------------------------------------------------------------------------------
 // Sequences of crashes on one pool (the volume's counterpart of crates/engine/tests/crash_sequences.rs).
@@ -494,7 +494,9 @@ async fn work(world: &mut World, pool: &Pool<Dev>, vol: &LogVolume<Dev>, task: M
         Maintenance::Rebuild if world.rng.random_bool(0.5) => world.rng.random_range(0..1000),
         _ => world.rng.random_range(0..6000),
     };
-    let params = work_params(&mut world.rng, vol.params());
+    // Every GC policy in turn (their streams differ; not drawn, which would change every seed).
+    let gc = [GcPolicy::Greedy, GcPolicy::CostBenefit, GcPolicy::Temperature][(cycle % 3) as usize];
+    let params = LogParams { gc, ..work_params(&mut world.rng, vol.params()) };
     let close_after = world.rng.random_range(0..1500);
     let policy = if params.always {
         "always".to_string()
@@ -502,7 +504,7 @@ async fn work(world: &mut World, pool: &Pool<Dev>, vol: &LogVolume<Dev>, task: M
         format!("from {}% down to {}%", params.start_percent, params.stop_percent)
     };
     world.note(format!(
-        "cycle {cycle}: work with {task:?}, destage {policy}, ending {ending:?} ({})",
+        "cycle {cycle}: work with {task:?}, destage {policy}, GC {gc:?}, ending {ending:?} ({})",
         if ending == Ending::CleanClose {
             format!("close after {close_after} yields")
         } else {

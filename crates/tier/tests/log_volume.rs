@@ -27,7 +27,7 @@ use rand_chacha::ChaCha8Rng;
 use stria_dev::{FaultConfig, IoBytes, PowerSwitch};
 use stria_engine::{Pool, VolumeError};
 use stria_tier::layers::LayerKind;
-use stria_tier::log::{self, LogParams, LogSpec, LogVolume};
+use stria_tier::log::{self, GcPolicy, LogParams, LogSpec, LogVolume};
 
 fn small_spec(size_bytes: u64, space_bytes: u64) -> LogSpec {
     crate::common::small_spec("lv", size_bytes, space_bytes)
@@ -876,6 +876,60 @@ async fn overwrites_go_through_destage_and_gc_and_read_back() {
 }
 
 #[tokio::test]
+async fn temperature_gc_writes_hot_blocks_in_batches_of_their_own_and_loses_nothing() {
+    // A 4 MiB volume (1,024 blocks) over 20 segments of 124 blocks (the hot streams open
+    // segments of their own in spaces of 16 or more), filled, then overwritten
+    // with 90 % of the writes going to 300 scattered blocks: rewritten every ~330 writes, while
+    // the others wait ~7,000. The cache (128 blocks, destage from 60 % down to 30 %) absorbs
+    // some of the hot rewrites, not most, so destage sees both kinds.
+    let switch = PowerSwitch::new();
+    let devs = drives(&switch, 17);
+    let pool = create_pool(&devs).await;
+    let spec = LogSpec { cache_bytes: Some(128 * 4096), ..small_spec(4 << 20, 20 * 124 * 4096) };
+    let vol = log::create(&pool, spec).await.unwrap();
+    vol.set_params(LogParams {
+        gc: GcPolicy::Temperature,
+        start_percent: 60,
+        stop_percent: 30,
+        map_cache_pages: 64,
+        ..vol.params()
+    });
+    let mut rng = rng(17);
+    let mut model = random_bytes(&mut rng, 4 << 20);
+    vol.write(0, IoBytes::copy_from(&model), true).await.unwrap();
+    vol.destage_all().await.unwrap();
+    let filled = vol.status();
+    assert_eq!(filled.destage_hot_batches, 0, "first writes are cold: {filled:?}");
+    let mut blocks: Vec<u64> = (0..1024).collect();
+    rand::seq::SliceRandom::shuffle(&mut blocks[..], &mut rng);
+    let (hot, cold) = blocks.split_at(300);
+    for _ in 0..6000 {
+        let set = if rng.random_bool(0.9) { hot } else { cold };
+        let b = set[rng.random_range(0..set.len())];
+        let d = random_bytes(&mut rng, 4096);
+        vol.write(b * 4096, IoBytes::copy_from(&d), false).await.unwrap();
+        model[(b * 4096) as usize..(b as usize + 1) * 4096].copy_from_slice(&d);
+    }
+    vol.destage_all().await.unwrap();
+    let st = vol.status();
+    let (batches, hot_batches) =
+        (st.destage_batches - filled.destage_batches, st.destage_hot_batches - filled.destage_hot_batches);
+    assert!(st.gc_victims > filled.gc_victims, "GC ran: {st:?}");
+    assert!(
+        hot_batches * 5 >= batches * 2 && hot_batches < batches,
+        "{hot_batches} of {batches} destage batches were hot: most of what destage moves is hot, not all"
+    );
+    assert_eq!(read_all(&vol, 1024).await, model, "after destage and GC");
+    assert_eq!(vol.audit_live_counts().await, Ok(true), "live counts exact");
+    // The hot marks and segments are memory only: a reopen starts cold and reads the same.
+    vol.close().await;
+    drop(vol);
+    let vol = open_log(&pool).await.unwrap();
+    assert_eq!(read_all(&vol, 1024).await, model, "after reopen");
+    vol.close().await;
+}
+
+#[tokio::test]
 async fn counts_a_crash_leaves_too_high_are_repaired_before_any_write_gets_enospc() {
     // Counts are persisted only with checkpoints; a crash loses every lowering since the last
     // one, so the next open's counts are too high (never too low). GC's drained victims and the
@@ -1473,7 +1527,10 @@ async fn boot(sim: &mut Sim, disks: &[Dev], cycle: u64) -> (Arc<Pool<Dev>>, Arc<
     };
     let pages = if sim.rng.random_bool(0.5) { 2 } else { 64 };
     set_always(&vol, sim.rng.random_bool(0.7), pages);
-    vol.set_params(LogParams { eager_compaction: true, ..vol.params() });
+    // Every GC policy in turn (their streams differ), not drawn from the generator either.
+    let gc =
+        [GcPolicy::Greedy, GcPolicy::CostBenefit, GcPolicy::Temperature][((sim.seed + cycle) % 3) as usize];
+    vol.set_params(LogParams { eager_compaction: true, gc, ..vol.params() });
     // Deletes in batches of a few pages: the writers run between the batches. (Not drawn from
     // the seed's generator, which would change every seed's sequence.)
     vol.set_delete_batch([1, 2, 3, 128][((sim.seed + cycle) % 4) as usize]);
@@ -2086,10 +2143,11 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
         }
         let st = vol.status();
         sim.note(format!(
-            "  destaged {} in {} batches, GC moved {} from {} victims, {} moves lost, {} free segments of {}, \
+            "  destaged {} in {} batches ({} hot), GC moved {} from {} victims, {} moves lost, {} free segments of {}, \
              {} given back",
             st.destaged_blocks,
             st.destage_batches,
+            st.destage_hot_batches,
             st.gc_moved_blocks,
             st.gc_victims,
             st.moves_lost,
@@ -2098,6 +2156,7 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
             st.segments_given_back
         ));
         given_back += st.segments_given_back;
+        HOT_BATCHES.fetch_add(st.destage_hot_batches, std::sync::atomic::Ordering::Relaxed);
         if clean {
             vol.close().await;
             drop(vol);
@@ -2120,6 +2179,8 @@ static CLONE_RESIZES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 static SNAPSHOT_DELETES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static PRESERVES_PAST_DELETES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static SNAPSHOT_ROLLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Destage batches of hot blocks (GC policy `temperature`, one boot in three).
+static HOT_BATCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// Clone checks after a boot, and clone deletes that returned.
 static CLONE_CHECKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static CLONE_DELETES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -2149,7 +2210,7 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
     }
     eprintln!(
         "{n} seeds: {} opens from the segment table, {} by a map scan; {given_back} segments given back; \
-         {snapshots} snapshot checks after a boot, {} snapshot deletes ({} pages preserved past a delete), {} rollbacks; {} clone checks after a boot, {} clone deletes; {} deletes of an origin with clones (and {} a cut left to open); {} resizes, {} clone resizes; live counts checked against the map {} times ({} exactly)",
+         {snapshots} snapshot checks after a boot, {} snapshot deletes ({} pages preserved past a delete), {} rollbacks; {} clone checks after a boot, {} clone deletes; {} deletes of an origin with clones (and {} a cut left to open); {} resizes, {} clone resizes; {} hot destage batches; live counts checked against the map {} times ({} exactly)",
         opens.0,
         opens.1,
         deletes(),
@@ -2161,6 +2222,7 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
         ORIGIN_DELETES_FINISHED.load(std::sync::atomic::Ordering::Relaxed),
         RESIZES.load(std::sync::atomic::Ordering::Relaxed),
         CLONE_RESIZES.load(std::sync::atomic::Ordering::Relaxed),
+        HOT_BATCHES.load(std::sync::atomic::Ordering::Relaxed),
         audits(0) + audits(1),
         audits(1)
     );
@@ -2176,6 +2238,10 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
         assert!(opens.0 > 0 && opens.1 > 0, "both ways to open were exercised: {opens:?}");
         assert!(audits(0) > 0 && audits(1) > 0, "live counts were checked, from a table and exact");
         assert!(given_back > 0, "spaces were compacted and given back amid the cuts");
+        assert!(
+            HOT_BATCHES.load(std::sync::atomic::Ordering::Relaxed) > 0,
+            "hot blocks were destaged into their own stream amid the cuts"
+        );
         assert!(snapshots > 0, "snapshots were checked after cuts");
         assert!(deletes() > 0, "snapshots were deleted amid writes and cuts");
         assert!(

@@ -24,21 +24,25 @@ pub(crate) struct Move {
 
 impl<D: BlockDevice> LogVolume<D> {
     /// Destages up to one batch of the oldest cached blocks; `pad` writes a short batch too
-    /// (otherwise only full ones). Returns whether it wrote anything.
+    /// (otherwise only full ones). Under [`super::GcPolicy::Temperature`] the batch is the
+    /// hot or the cold blocks among the oldest two batches' worth ([`Self::by_temperature`]).
+    /// Returns whether it wrote anything.
     pub(crate) async fn destage_batch(&self, pad: bool) -> Result<bool, VolumeError> {
         self.check_writable(0, self.size_bytes())?;
         let want = self.geo.batch_data() as usize;
-        let mut moves: Vec<Move> = Vec::with_capacity(want);
+        let temperature = self.params().gc == super::GcPolicy::Temperature;
+        let window = if temperature { 2 * want } else { want };
+        let mut moves: Vec<Move> = Vec::with_capacity(window);
         let mut scanned = 0;
         let mut stale = Vec::new();
         // Positions whose block has moved on (a newer write, being freed) are skipped.
-        while moves.len() < want {
-            let oldest = self.ring.oldest_live(scanned + want);
+        while moves.len() < window {
+            let oldest = self.ring.oldest_live(scanned + window);
             if oldest.len() <= scanned {
                 break;
             }
-            // Entries of as many positions as could still fill the batch, read together.
-            let chunk = &oldest[scanned..scanned + (want - moves.len()).min(oldest.len() - scanned)];
+            // Entries of as many positions as could still fill the window, read together.
+            let chunk = &oldest[scanned..scanned + (window - moves.len()).min(oldest.len() - scanned)];
             // The head, or a snapshot that kept the block, may hold the position.
             let asked: Vec<(u64, Place)> =
                 chunk.iter().map(|&(pos, block)| (block, Place::Cache(pos))).collect();
@@ -55,6 +59,8 @@ impl<D: BlockDevice> LogVolume<D> {
         if !stale.is_empty() {
             self.release_stale(stale).await?;
         }
+        let (stream, mut moves) =
+            if temperature { self.by_temperature(moves, want) } else { (Stream::Host, moves) };
         if moves.is_empty() || (moves.len() < want && !pad) {
             return Ok(false);
         }
@@ -62,10 +68,32 @@ impl<D: BlockDevice> LogVolume<D> {
         if moves.is_empty() {
             return Ok(false);
         }
-        let written = self.write_batch(super::space::Stream::Host, moves).await?;
+        let written = self.write_batch(stream, moves).await?;
         self.counters.destage_batches.fetch_add(1, Relaxed);
         self.counters.destaged_blocks.fetch_add(written, Relaxed);
         Ok(true)
+    }
+
+    /// The batch to destage from `moves` (the oldest cached blocks, oldest first, up to two
+    /// batches' worth) and its stream: a batch of the hot ones or of the cold ones (by the
+    /// marks of their cache positions), the kind of the oldest first; when neither fills a
+    /// batch (the cache holds less than two), the oldest blocks mixed, into the cold stream.
+    fn by_temperature(&self, moves: Vec<Move>, want: usize) -> (Stream, Vec<Move>) {
+        let marks = self.ring.hot(moves.iter().map(|m| match m.from {
+            Place::Cache(p) => p,
+            _ => unreachable!("destage moves cached blocks"),
+        }));
+        let oldest_hot = marks.first().copied().unwrap_or(false);
+        let hot = marks.iter().filter(|&&h| h).count();
+        let cold = marks.len() - hot;
+        let take = |moves: Vec<Move>, which: bool| -> Vec<Move> {
+            moves.into_iter().zip(&marks).filter(|(_, h)| **h == which).map(|(m, _)| m).take(want).collect()
+        };
+        match (oldest_hot, hot >= want, cold >= want) {
+            (true, true, _) | (false, true, false) => (Stream::HostHot, take(moves, true)),
+            (false, _, true) | (true, false, true) => (Stream::Host, take(moves, false)),
+            _ => (Stream::Host, moves.into_iter().take(want).collect()),
+        }
     }
 
     /// Frees restored cache positions (claims of a persisted table) whose block's map entry
@@ -136,11 +164,11 @@ impl<D: BlockDevice> LogVolume<D> {
         assert!(moves.len() <= data_slots && !moves.is_empty());
         self.check_moves(stream, &moves);
         let mut taken = self.space.lock().take_batch(stream, moves.len() as u64);
-        if taken.is_none() && stream == Stream::Host && self.space.counts_suspect.load(Relaxed) {
+        if taken.is_none() && stream.is_host() && self.space.counts_suspect.load(Relaxed) {
             self.recount().await?;
             taken = self.space.lock().take_batch(stream, moves.len() as u64);
         }
-        if taken.is_none() && stream == Stream::Host && self.grow_space().await {
+        if taken.is_none() && stream.is_host() && self.grow_space().await {
             taken = self.space.lock().take_batch(stream, moves.len() as u64);
         }
         let Some((seg, batch)) = taken else {
@@ -171,7 +199,10 @@ impl<D: BlockDevice> LogVolume<D> {
                 why: format!("destage: {why}"),
             });
         };
-        if stream == Stream::Host {
+        if stream.is_host() && self.space.lock().is_hot(seg) {
+            self.counters.destage_hot_batches.fetch_add(1, Relaxed);
+        }
+        if stream.is_host() {
             *self.space.no_space.lock() = None;
         }
         let base = geo.batch_addr(seg, batch);
@@ -215,7 +246,7 @@ impl<D: BlockDevice> LogVolume<D> {
         let mut places = std::collections::HashSet::with_capacity(moves.len());
         for m in moves {
             assert!(
-                matches!((stream, m.from), (Stream::Host, Place::Cache(_)) | (Stream::Gc, Place::Segment(_))),
+                matches!((stream.is_host(), m.from), (true, Place::Cache(_)) | (false, Place::Segment(_))),
                 "volume {}: the {stream:?} stream moves block {} from {:?}",
                 self.name,
                 m.block,

@@ -32,6 +32,11 @@ pub(crate) struct Gc {
     /// from it so far was valid.
     victim_use: u64,
     victim_clean: bool,
+    /// Survivors go to the hot GC stream: the last victim chosen was a hot segment, under
+    /// [`super::GcPolicy::Temperature`], not for compaction (which packs the space with the cold
+    /// stream alone) and not sealed early to be collected (`Space::seal_hot`); the hot stream
+    /// gives way to the cold one when space is critical (`Space::stream_for`).
+    hot: bool,
     /// Victims read to their end with every summary valid, until their moves are resolved:
     /// then no map entry points into them, and a count left is an overcount to forget.
     drained: Vec<(usize, u64)>,
@@ -79,8 +84,11 @@ impl<D: BlockDevice> LogVolume<D> {
                 gc.carry.iter().filter_map(|m| self.segment_of_place(m.from)).collect();
             carried.extend(gc.unreadable.iter().copied());
             carried.extend(gc.fruitless.iter().copied());
+            // Set when the victim is a hot segment sealed for it: its survivors go to the cold
+            // stream, or the next hot segment would be sealed the same way, round and round.
+            let mut sealed_hot = false;
             let victim = {
-                let space = self.space.lock();
+                let mut space = self.space.lock();
                 let victim = match pick {
                     Pick::Garbage => space.victim_by(self.params().gc, self.geo.batch_data(), &carried),
                     // Any garbage, but only while all there is adds up to a segment and a batch:
@@ -91,7 +99,11 @@ impl<D: BlockDevice> LogVolume<D> {
                         if space.counts().garbage_blocks
                             >= self.geo.segment_data() + self.geo.batch_data() =>
                     {
-                        space.victim(1, &carried)
+                        // None sealed with garbage: the hot streams' open segments may hold it.
+                        space.victim(1, &carried).or_else(|| {
+                            sealed_hot = space.seal_hot();
+                            if sealed_hot { space.victim(1, &carried) } else { None }
+                        })
                     }
                     Pick::Critical => None,
                     Pick::Compact(target) => space.compaction_victim(target, &carried),
@@ -113,6 +125,10 @@ impl<D: BlockDevice> LogVolume<D> {
                     gc.victim = Some((v, 0));
                     gc.victim_use = self.space.lock().opened(v);
                     gc.victim_clean = true;
+                    gc.hot = !matches!(pick, Pick::Compact(_))
+                        && !sealed_hot
+                        && self.params().gc == super::GcPolicy::Temperature
+                        && self.space.lock().is_hot(v);
                     self.counters.gc_victims.fetch_add(1, Relaxed);
                 }
                 None if pick != Pick::Garbage && !gc.carry.is_empty() => {
@@ -287,7 +303,7 @@ impl<D: BlockDevice> LogVolume<D> {
         // where they are, and a victim whose moves are carried is not forgotten (its count
         // would go to 0 while the map points into it, and the segment be written over).
         let moves: Vec<Move> = gc.carry[..n].to_vec();
-        let moved = self.write_batch(Stream::Gc, moves).await?;
+        let moved = self.write_batch(if gc.hot { Stream::GcHot } else { Stream::Gc }, moves).await?;
         gc.carry.drain(..n);
         self.counters.gc_batches.fetch_add(1, Relaxed);
         self.counters.gc_moved_blocks.fetch_add(moved, Relaxed);

@@ -34,6 +34,7 @@ mod destage;
 pub mod fuzzing;
 mod gc;
 mod header;
+mod heat;
 mod mover;
 mod open;
 mod places;
@@ -180,6 +181,8 @@ pub struct LogCounters {
     pub blocks_read_from_cache: Counter,
     pub blocks_read_from_segments: Counter,
     pub destage_batches: AtomicU64,
+    /// Batches destage wrote into a segment the hot host stream opened ([`GcPolicy::Temperature`]).
+    pub destage_hot_batches: AtomicU64,
     pub destaged_blocks: AtomicU64,
     /// Data slots written without a block (short batches).
     pub padded_slots: AtomicU64,
@@ -211,6 +214,8 @@ pub struct LogVolume<D: BlockDevice> {
     pub(crate) params: Mutex<LogParams>,
     /// Next write sequence (low 32 bits go into map entries and summaries).
     pub(crate) seq: Arc<AtomicU64>,
+    /// How soon blocks are rewritten (for [`GcPolicy::Temperature`]).
+    pub(crate) heat: heat::Heat,
     pub(crate) counters: LogCounters,
     pub(crate) clock: Clock,
     pub(crate) health: Health,

@@ -310,6 +310,7 @@ pub async fn open<D: BlockDevice>(
         },
         params: Mutex::new(params),
         seq: Arc::new(AtomicU64::new(max_seq)),
+        heat: super::heat::Heat::new(header.volume_bytes / BLOCK_BYTES),
         counters: LogCounters::default(),
         clock: Clock { started: Instant::now(), last_write_ms: AtomicU64::new(0) },
         health: Health { closed: AtomicBool::new(false), failure: Mutex::new(None) },

@@ -35,6 +35,9 @@ pub struct LogStatus {
     pub blocks_read_from_cache: u64,
     pub blocks_read_from_segments: u64,
     pub destage_batches: u64,
+    /// Of those, batches written into hot segments (GC policy `temperature`; left out when none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub destage_hot_batches: u64,
     pub destaged_blocks: u64,
     pub padded_slots: u64,
     pub gc_batches: u64,
@@ -101,6 +104,7 @@ impl<D: BlockDevice> LogVolume<D> {
             blocks_read_from_cache: c.blocks_read_from_cache.load(Relaxed),
             blocks_read_from_segments: c.blocks_read_from_segments.load(Relaxed),
             destage_batches: c.destage_batches.load(Relaxed),
+            destage_hot_batches: c.destage_hot_batches.load(Relaxed),
             destaged_blocks: c.destaged_blocks.load(Relaxed),
             padded_slots: c.padded_slots.load(Relaxed),
             gc_batches: c.gc_batches.load(Relaxed),
@@ -118,4 +122,9 @@ impl<D: BlockDevice> LogVolume<D> {
             parts,
         }
     }
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

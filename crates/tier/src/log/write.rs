@@ -139,10 +139,44 @@ impl<D: BlockDevice> LogVolume<D> {
                 return Err(e);
             }
         };
+        if self.params().gc == super::GcPolicy::Temperature {
+            self.mark_heat(seq, &updates, &olds);
+        }
         // 3. Acknowledged; free what the blocks no longer use.
         self.free_places(updates.iter().zip(olds).map(|(u, o)| (u.block, o.expect("unconditional"))));
         drop(settle);
         Ok(())
+    }
+
+    /// Marks the cache positions of a host write hot or cold ([`super::heat`]), from the
+    /// versions it replaced (before their places are freed: a hot cache position is read here).
+    fn mark_heat(&self, seq: u32, updates: &[Update], olds: &[Option<MapEntry>]) {
+        let olds: Vec<MapEntry> = olds.iter().map(|o| o.unwrap_or(MapEntry::UNALLOCATED)).collect();
+        let cached = self.ring.hot(olds.iter().map(|o| match o.place {
+            Place::Cache(p) => p,
+            _ => u64::MAX,
+        }));
+        let segments: Vec<bool> = {
+            let space = self.space.lock();
+            olds.iter()
+                .map(|o| match o.place {
+                    Place::Segment(a) => space.is_hot(self.geo.segment_of(a)),
+                    _ => false,
+                })
+                .collect()
+        };
+        let marks: Vec<(u64, u64, bool)> = updates
+            .iter()
+            .zip(&olds)
+            .enumerate()
+            .filter_map(|(i, (u, old))| match u.entry.place {
+                Place::Cache(pos) => {
+                    Some((pos, u.block, self.heat.is_hot(seq, old, cached[i] || segments[i])))
+                }
+                _ => None,
+            })
+            .collect();
+        self.ring.set_hot(marks);
     }
 
     /// Zeroes a range: whole blocks become `Zero` (no data, no space), partial edges are written.
