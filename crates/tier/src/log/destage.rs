@@ -34,15 +34,25 @@ impl<D: BlockDevice> LogVolume<D> {
         let window = if temperature { 2 * want } else { want };
         let mut moves: Vec<Move> = Vec::with_capacity(window);
         let mut scanned = 0;
+        // The last position looked at: the ring's tail may move between two looks (writers free
+        // positions), so the next look starts after it, not at an index (a position looked at
+        // twice would be moved twice in one batch).
+        let mut after: Option<u64> = None;
         let mut stale = Vec::new();
         // Positions whose block has moved on (a newer write, being freed) are skipped.
         while moves.len() < window {
-            let oldest = self.ring.oldest_live(scanned + window);
-            if oldest.len() <= scanned {
+            let oldest: Vec<(u64, u64)> = self
+                .ring
+                .oldest_live(scanned + window)
+                .into_iter()
+                .filter(|&(pos, _)| after.is_none_or(|a| pos > a))
+                .collect();
+            if oldest.is_empty() {
                 break;
             }
             // Entries of as many positions as could still fill the window, read together.
-            let chunk = &oldest[scanned..scanned + (window - moves.len()).min(oldest.len() - scanned)];
+            let chunk = &oldest[..(window - moves.len()).min(oldest.len())];
+            after = chunk.last().map(|&(pos, _)| pos);
             // The head, or a snapshot that kept the block, may hold the position.
             let asked: Vec<(u64, Place)> =
                 chunk.iter().map(|&(pos, block)| (block, Place::Cache(pos))).collect();
