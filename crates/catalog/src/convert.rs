@@ -107,6 +107,7 @@ impl<D: BlockDevice> Catalog<D> {
             cache_bytes: req.cache_bytes,
             cache_copies: req.cache_copies,
             space_bytes: req.space_bytes,
+            gc: None,
         };
         let spec = LogSpec { replaces: Some(name.to_string()), ..log_spec(&temp, size, layout, options) };
         let lv = log::create(&self.pool, spec).await?;

@@ -23,7 +23,7 @@ use stria_engine::{
 };
 use stria_tier::TierError;
 use stria_tier::layers::LayerRecord;
-use stria_tier::log::{self, LogSpec, LogVolume};
+use stria_tier::log::{self, GcPolicy, LogSpec, LogVolume};
 
 pub use convert::{ConvertView, ConvertVolume};
 pub use layout::{LayoutSpec, PlainLayout, is_log_layout, parse_plain_layout};
@@ -69,6 +69,9 @@ pub struct CreateVolume {
     /// than the size over-commits the volume).
     #[serde(default)]
     pub space_bytes: Option<u64>,
+    /// Tiered and log volumes: how GC picks victims (default `temperature`).
+    #[serde(default)]
+    pub gc: Option<GcPolicy>,
     /// QoS settings (none by default).
     #[serde(default)]
     pub qos: QosSpec,
@@ -127,6 +130,7 @@ pub(crate) struct LogOptions {
     pub(crate) cache_bytes: Option<u64>,
     pub(crate) cache_copies: Option<u32>,
     pub(crate) space_bytes: Option<u64>,
+    pub(crate) gc: Option<GcPolicy>,
 }
 
 /// The spec of log volume `name` of `size_bytes` in `layout` (a parsed `tiered:` or `log:`
@@ -141,6 +145,7 @@ pub(crate) fn log_spec(name: &str, size_bytes: u64, layout: LayoutSpec, options:
         fast_tier,
         copies: options.cache_copies.unwrap_or(2),
         space_bytes: options.space_bytes,
+        gc: options.gc.unwrap_or_default(),
         ..LogSpec::new(name, size_bytes, data_shards, parity_shards)
     }
 }
@@ -473,16 +478,21 @@ impl<D: BlockDevice> Catalog<D> {
                 cache_bytes: req.cache_bytes,
                 cache_copies: req.cache_copies,
                 space_bytes: req.space_bytes,
+                gc: req.gc,
             };
             let spec = log_spec(&req.name, req.size_bytes, parsed?, options);
             let lv = log::create(&self.pool, spec).await?;
             self.logs.write().insert(lv.name().to_string(), lv);
             return self.created(&req).await;
         }
-        if req.cache_bytes.is_some() || req.cache_copies.is_some() || req.space_bytes.is_some() {
+        if req.cache_bytes.is_some()
+            || req.cache_copies.is_some()
+            || req.space_bytes.is_some()
+            || req.gc.is_some()
+        {
             return Err(CatalogError::Invalid(
-                "--cache-size, --cache-copies and --space apply to tiered and log layouts only (tiered:ec:K+M, \
-                 log:ec:K+M)"
+                "--cache-size, --cache-copies, --space and --gc apply to tiered and log layouts only \
+                 (tiered:ec:K+M, log:ec:K+M)"
                     .into(),
             ));
         }

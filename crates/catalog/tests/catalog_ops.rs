@@ -165,6 +165,9 @@ async fn refusals_leave_the_pool_as_it_was() {
     refused(c.create(req).await, ErrorKind::InvalidInput, "--cache-size on raid1");
     let req = CreateVolume { space_bytes: Some(MIB), ..create_req("new", MIB, "ec:4+2") };
     refused(c.create(req).await, ErrorKind::InvalidInput, "--space on ec");
+    let req =
+        CreateVolume { gc: Some(stria_tier::log::GcPolicy::Greedy), ..create_req("new", MIB, "raid10") };
+    refused(c.create(req).await, ErrorKind::InvalidInput, "--gc on raid10");
     // Resizing: what cannot be resized, sizes, unknown names, parts.
     refused(c.resize("lv", MIB + 1).await, ErrorKind::InvalidInput, "resize a log volume to part of a block");
     refused(c.resize("lv", 0).await, ErrorKind::InvalidInput, "resize a log volume to 0");

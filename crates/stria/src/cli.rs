@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use stria_catalog::{QosUpdate, Setting};
 use stria_engine::DriveClass;
 use stria_engine::units::{parse_block_size, parse_size};
+use stria_tier::log::GcPolicy;
 
 use crate::daemon::{self, NbdAddr};
 use crate::pooldir::DriveSpec;
@@ -255,6 +256,11 @@ pub(crate) enum VolumeCmd {
         /// get ENOSPC when the space is full.
         #[arg(long, value_parser = parse_block_size)]
         space: Option<u64>,
+        /// tiered: and log: layouts: how GC picks the segments it collects: temperature (the
+        /// default: hot and cold blocks in segments of their own, victims by cost-benefit),
+        /// cost-benefit (garbage times age per cost) or greedy (the emptiest segment).
+        #[arg(long, value_name = "POLICY")]
+        gc: Option<GcPolicy>,
         #[command(flatten)]
         qos: QosArgs,
     },

@@ -470,6 +470,7 @@ pub(crate) async fn serve_memory(
             cache_bytes: None,
             cache_copies: None,
             space_bytes: None,
+            gc: None,
             qos: Default::default(),
         };
         catalog.create(volume).await.with_context(|| format!("cannot create volume {}", v.name))?;

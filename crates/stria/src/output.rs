@@ -362,12 +362,13 @@ fn log_volume(view: &stria_catalog::LogView) {
         l.padded_slots
     );
     outln!(
-        "  {:<22} {} blocks moved from {} victims in {} batches ({} moves lost to newer writes)",
+        "  {:<22} {} blocks moved from {} victims in {} batches ({} moves lost to newer writes), policy {}",
         "garbage collection",
         l.gc_moved_blocks,
         l.gc_victims,
         l.gc_batches,
-        l.moves_lost
+        l.moves_lost,
+        l.gc
     );
     let wa = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |x| format!("{x:.2}"));
     outln!(

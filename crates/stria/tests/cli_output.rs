@@ -321,6 +321,8 @@ fn cli_output_matches_the_golden_files() {
             "32M",
             "--cache-size",
             "16M",
+            "--gc",
+            "greedy",
         ],
         0,
     );
@@ -379,6 +381,17 @@ fn cli_output_matches_the_golden_files() {
         "mistake_cache_size_on_plain_layout",
         &["volume", "create", "x", "--size", "16M", "--layout", "raid1", "--cache-size", "8M"],
         1,
+    );
+    check(
+        "mistake_gc_on_plain_layout",
+        &["volume", "create", "x", "--size", "16M", "--layout", "raid1", "--gc", "greedy"],
+        1,
+    );
+    // A value the parser refuses is a usage error: exit code 2, as for every unknown option.
+    check(
+        "mistake_unknown_gc_policy",
+        &["volume", "create", "x", "--size", "16M", "--layout", "tiered:ec:4+2", "--gc", "lazy"],
+        2,
     );
     check("mistake_shrink_tiered", &["volume", "resize", "tv", "--size", "16M"], 1);
     check("mistake_resize_missing", &["volume", "resize", "nope", "--size", "64M"], 1);

@@ -124,6 +124,7 @@ pub fn create_req(name: &str, size_bytes: u64, layout: &str) -> CreateVolume {
         cache_bytes: log.then_some(1 << 20),
         cache_copies: None,
         space_bytes: None,
+        gc: None,
         qos: QosSpec::default(),
     }
 }

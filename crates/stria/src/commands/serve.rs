@@ -36,6 +36,7 @@ pub(super) async fn up(dir: PoolDir, args: UpArgs) -> Result<()> {
             cache_bytes: None,
             cache_copies: None,
             space_bytes: None,
+            gc: None,
             qos: Default::default(),
         };
         catalog.create(vol0).await?;

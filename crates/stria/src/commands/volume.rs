@@ -13,7 +13,7 @@ use crate::pooldir::{self, PoolDir};
 /// `stria volume ...`.
 pub(super) async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
     match cmd {
-        VolumeCmd::Create { name, size, layout, chunk, class, cache_size, cache_copies, space, qos } => {
+        VolumeCmd::Create { name, size, layout, chunk, class, cache_size, cache_copies, space, gc, qos } => {
             let req = Request::VolumeCreate(CreateVolume {
                 name,
                 size_bytes: size,
@@ -23,6 +23,7 @@ pub(super) async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
                 cache_bytes: cache_size,
                 cache_copies,
                 space_bytes: space,
+                gc,
                 qos: qos.spec()?,
             });
             let v = request(dir, req).await?;

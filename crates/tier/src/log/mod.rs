@@ -109,6 +109,9 @@ pub struct LogSpec {
     /// The plain volume this one is made to replace (`volume convert`; the pool record's
     /// `replaces`, docs/design/convert.md), if any.
     pub replaces: Option<String>,
+    /// How GC picks victims and whether hot blocks get segments of their own (kept in the
+    /// volume's record).
+    pub gc: GcPolicy,
 }
 
 impl LogSpec {
@@ -130,6 +133,7 @@ impl LogSpec {
             fast_tier: false,
             copies: 2,
             replaces: None,
+            gc: GcPolicy::default(),
         }
     }
 }

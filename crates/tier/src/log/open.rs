@@ -191,7 +191,7 @@ pub async fn create<D: BlockDevice>(
         stop_percent: 25,
         always: false,
         map_cache_pages: spec.map_cache_pages.max(4),
-        gc: super::GcPolicy::default(),
+        gc: spec.gc,
         hold: false,
         eager_compaction: false,
     };

@@ -226,6 +226,37 @@ pub enum GcPolicy {
     Temperature,
 }
 
+impl GcPolicy {
+    /// Every policy, as `volume create --gc` names them.
+    pub const ALL: [GcPolicy; 3] = [GcPolicy::Greedy, GcPolicy::CostBenefit, GcPolicy::Temperature];
+
+    /// The policy's name (`greedy`, `cost-benefit`, `temperature`).
+    pub fn name(self) -> &'static str {
+        match self {
+            GcPolicy::Greedy => "greedy",
+            GcPolicy::CostBenefit => "cost-benefit",
+            GcPolicy::Temperature => "temperature",
+        }
+    }
+}
+
+impl std::fmt::Display for GcPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for GcPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<GcPolicy, String> {
+        GcPolicy::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| format!("unknown GC policy `{s}`: expected greedy, cost-benefit or temperature"))
+    }
+}
+
 /// Fewest segments a space has for its hot streams to open segments of their own.
 pub const HOT_MIN_SEGMENTS: u64 = 16;
 

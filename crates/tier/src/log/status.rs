@@ -28,6 +28,9 @@ pub struct LogStatus {
     pub segment_bytes: u64,
     pub free_segments: u64,
     pub segments: u64,
+    /// How GC picks its victims (`volume create --gc`).
+    #[serde(default)]
+    pub gc: super::GcPolicy,
     pub cache_blocks: u64,
     pub cache_live_blocks: u64,
     pub host_write_bytes: u64,
@@ -97,6 +100,7 @@ impl<D: BlockDevice> LogVolume<D> {
             segment_bytes: block(seg_data),
             free_segments: counts.free_segments,
             segments: counts.segments,
+            gc: self.params().gc,
             cache_blocks: self.ring.ring_blocks(),
             cache_live_blocks: self.ring.live(),
             host_write_bytes: host_written,
