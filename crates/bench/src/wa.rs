@@ -81,17 +81,8 @@ pub struct WaBenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "uniform")]
     pub workloads: Vec<Workload>,
     /// GC victim policies, each run on the same writes (same seed), with cost over greedy's.
-    #[arg(long, value_delimiter = ',', default_value = "temperature,greedy", value_parser = parse_policy)]
+    #[arg(long, value_delimiter = ',', default_value = "temperature,greedy")]
     pub gc: Vec<GcPolicy>,
-}
-
-fn parse_policy(s: &str) -> Result<GcPolicy, String> {
-    match s {
-        "greedy" => Ok(GcPolicy::Greedy),
-        "cost-benefit" => Ok(GcPolicy::CostBenefit),
-        "temperature" => Ok(GcPolicy::Temperature),
-        _ => Err(format!("{s}: expected greedy, cost-benefit or temperature")),
-    }
 }
 
 /// Where random overwrites go.
