@@ -877,15 +877,21 @@ async fn overwrites_go_through_destage_and_gc_and_read_back() {
 
 #[tokio::test]
 async fn temperature_gc_writes_hot_blocks_in_batches_of_their_own_and_loses_nothing() {
-    // A 4 MiB volume (1,024 blocks) over 20 segments of 124 blocks (the hot streams open
-    // segments of their own in spaces of 16 or more), filled, then overwritten
+    // A 4 MiB volume (1,024 blocks) over 36 segments of 62 blocks (19 spare: the hot streams
+    // open segments of their own while 16 or more are; a space twice its live data, the most
+    // it keeps when quiet, has as many spare segments as its data fills), filled, then overwritten
     // with 90 % of the writes going to 300 scattered blocks: rewritten every ~330 writes, while
     // the others wait ~7,000. The cache (128 blocks, destage from 60 % down to 30 %) absorbs
     // some of the hot rewrites, not most, so destage sees both kinds.
     let switch = PowerSwitch::new();
     let devs = drives(&switch, 17);
     let pool = create_pool(&devs).await;
-    let spec = LogSpec { cache_bytes: Some(128 * 4096), ..small_spec(4 << 20, 20 * 124 * 4096) };
+    let spec = LogSpec {
+        cache_bytes: Some(128 * 4096),
+        segment_batches: Some(2),
+        initial_segments: Some(36),
+        ..small_spec(4 << 20, 36 * 62 * 4096)
+    };
     let vol = log::create(&pool, spec).await.unwrap();
     vol.set_params(LogParams {
         gc: GcPolicy::Temperature,
@@ -1800,8 +1806,16 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
     // Space for 1.5 x the volume in 124-block segments, plus the reserve; seeds 5 mod 10 may
     // grow to 32 segments and start with 28, far more than the volume's data needs: the mover
     // compacts the space and gives segments back (and grows it again) amid writes and cuts.
+    // Seeds 7 mod 10 have 48 segments of one 16-block batch (15 of data): the data fills 26,
+    // 22 are spare, enough for temperature GC's hot streams to open segments of their own (16).
     let shrinking = seed % 10 == 5;
-    let segments = if shrinking { 32 } else { (SIM_BLOCKS as u64 * 3 / 2).div_ceil(124) + 2 };
+    let roomy = seed % 10 == 7;
+    let segment_data = if roomy { 15 } else { 124 };
+    let segments = match () {
+        _ if shrinking => 32,
+        _ if roomy => 48,
+        _ => (SIM_BLOCKS as u64 * 3 / 2).div_ceil(124) + 2,
+    };
     {
         let pool = create_pool(&disks).await;
         // A quarter of the seeds use the capacity-only flavour (`log:`: cache and map mirrored
@@ -1811,7 +1825,9 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
         let spec = LogSpec {
             fast_tier: seed % 4 != 3,
             initial_segments: if shrinking { Some(28) } else { (seed % 2 == 1).then_some(segments - 1) },
-            ..small_spec(SIM_BLOCKS as u64 * 4096, segments * 124 * 4096)
+            batch_rows: Some(if roomy { 1 } else { 2 }),
+            segment_batches: Some(if roomy { 1 } else { 4 }),
+            ..small_spec(SIM_BLOCKS as u64 * 4096, segments * segment_data * 4096)
         };
         let vol = log::create(&pool, spec).await.unwrap();
         vol.close().await;
@@ -2226,7 +2242,9 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
         audits(0) + audits(1),
         audits(1)
     );
-    if n >= 20 {
+    // Every kind of event below happens within the first 40 seeds (clone resizes are the rarest:
+    // none in the first 30).
+    if n >= 40 {
         assert!(
             RESIZES.load(std::sync::atomic::Ordering::Relaxed) > 0,
             "volumes were resized amid writes and cuts"
