@@ -259,8 +259,9 @@ impl std::str::FromStr for GcPolicy {
 
 /// Fewest spare segments (segments minus those the live blocks would fill) a space has for its
 /// hot streams to open segments of their own. Below it the two more open segments take too
-/// much of what GC works with: measured, a space of 20 segments at 80 % (4 spare) cost 2.2x
-/// greedy's write amplification with hot streams, 48 segments at 2/3 (16 spare) 0.87x.
+/// much of what GC works with: measured, a space of 21 segments at 80 % (4 spare) cost 2.2x
+/// greedy's write amplification with hot streams; with 49 at 2/3 (about 16 spare) 0.82x on
+/// 80/20 writes (docs/benchmarks.md, "Small spaces").
 pub const HOT_MIN_SPARE: u64 = 16;
 
 /// The segment table.
