@@ -259,7 +259,7 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
     }
     pool.set_metadata_cache(opts.metadata_cache_bytes);
     let report = pool.recovery_report();
-    if report.journal_txns_replayed + report.rows_resynced > 0 {
+    if report.journal_txns_replayed + report.rows_resynced + report.move_rows_recopied > 0 {
         tracing::warn!(?report, "recovered from an unclean stop");
     }
     let exports = Arc::new(Registry::new());

@@ -235,6 +235,11 @@ pub struct MemberRecord {
     /// (`slot`, `start_block`) stays where it is, complete, until the commit that ends the move.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub move_to: Option<ExtentRecord>,
+    /// While the member is being moved: rows below this were copied to `move_to` when it was
+    /// committed (a restart copies again those an intent bit marks, and resumes here; docs/
+    /// design/pool-growth.md, "Resuming a move"). 0 when not moving.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub move_cursor_rows: u64,
     /// The extent the member was moved away from, still reserved until a later commit (reads
     /// that started before the move ended may still be reading it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -244,8 +249,25 @@ pub struct MemberRecord {
 impl MemberRecord {
     /// A member at `start_block` of drive `slot`, not being rebuilt or moved.
     pub fn at(slot: u32, start_block: u64) -> MemberRecord {
-        MemberRecord { slot, start_block, rebuild_cursor_rows: None, move_to: None, moved_from: None }
+        MemberRecord {
+            slot,
+            start_block,
+            rebuild_cursor_rows: None,
+            move_to: None,
+            move_cursor_rows: 0,
+            moved_from: None,
+        }
     }
+
+    /// Ends the member's move, if any (its destination and cursor); returns the destination.
+    pub fn take_move(&mut self) -> Option<ExtentRecord> {
+        self.move_cursor_rows = 0;
+        self.move_to.take()
+    }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// An extent of a drive that a member reserves besides its own (same length as the member's).
@@ -525,6 +547,7 @@ mod tests {
                         MemberRecord { rebuild_cursor_rows: Some(2), ..MemberRecord::at(0, 0) },
                         MemberRecord {
                             move_to: Some(ExtentRecord { slot: 2, start_block: 64 }),
+                            move_cursor_rows: 3,
                             moved_from: Some(ExtentRecord { slot: 3, start_block: 128 }),
                             ..MemberRecord::at(1, 0)
                         },

@@ -41,7 +41,7 @@ use crate::units::format_size;
 use crate::volume::map::{Geometry, Member, NOT_REBUILDING, Segment, VolumeMap};
 use crate::volume::{Family, Volume, VolumeState};
 
-pub use moves::{BALANCE_SLACK, MoveProgress, RebalanceReport, RebalanceStatus};
+pub use moves::{BALANCE_SLACK, MOVE_CURSOR_STEP_BYTES, MoveProgress, RebalanceReport, RebalanceStatus};
 pub use rebuild::RebuildProgress;
 pub use recovery::RecoveryReport;
 pub use resync::{Comeback, RebuildCounters};
@@ -104,6 +104,8 @@ pub struct Pool<D: BlockDevice> {
     moving: parking_lot::Mutex<Option<moves::ActiveMove<D>>>,
     /// Extent moves finished since the pool was opened.
     moves_done: AtomicU64,
+    /// Bytes a move copies between commits of its cursor (it also commits every 2 s).
+    move_cursor_step: AtomicU64,
     /// Bytes of members the rebuilds copied, and bytes a delta resync found unchanged and
     /// skipped, since the pool was opened.
     rebuild_copied_bytes: AtomicU64,
@@ -243,6 +245,7 @@ impl<D: BlockDevice> Pool<D> {
             clearing: tokio::sync::Mutex::new(()),
             moving: parking_lot::Mutex::new(None),
             moves_done: AtomicU64::new(0),
+            move_cursor_step: AtomicU64::new(moves::MOVE_CURSOR_STEP_BYTES),
             rebuild_copied_bytes: AtomicU64::new(0),
             rebuild_skipped_bytes: AtomicU64::new(0),
         }

@@ -8,18 +8,24 @@
 //!    The member itself stays where it is and stays complete: every read and write uses it.
 //! 2. **Copy**: a shadow on the source drive repeats every write to the member's extent on the
 //!    destination (drive/shadow.rs), and each row is copied under its stripe lock, so a copied
-//!    row stays equal on both. A request waits at most for one chunk's copy.
+//!    row stays equal on both. A request waits at most for one chunk's copy. Every 2 s (or
+//!    [`MOVE_CURSOR_STEP_BYTES`]) the destination is flushed and the rows copied are committed
+//!    (`move_cursor_rows`).
 //! 3. **Switch** (under every stripe lock of the volume): flush all drives, then one commit points
 //!    the member at the destination and keeps the source reserved as `moved_from` (reads that
 //!    started before may still be reading it), the map is replaced and the shadow removed. Once
 //!    a grace period of the operation gate has passed (pool/gate.rs), a commit frees the source.
 //!
-//! A crash before the switch commit leaves the member complete where it was; the move starts
-//! again from row 0 (the destination's rows are never read before the switch, so they need not
-//! be trusted). A crash after it leaves the member on the destination, which the flush made
+//! A crash before the switch commit leaves the member complete where it was (the destination's
+//! rows are never read before the switch). Recovery copies again the rows below the committed
+//! cursor that an intent bit of either drive (or a replayed journal piece) marks, the only rows
+//! where the two can differ, installs the shadow before any request runs, and the copy resumes
+//! at the cursor ([`Pool::resume_move`]; docs/design/pool-growth.md, "Resuming a move"). A
+//! crash after the switch commit leaves the member on the destination, which the flush made
 //! hold every write acknowledged before the switch.
 
 use crate::volume::member::MemberDrive;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -37,6 +43,31 @@ use crate::volume::Volume;
 /// A drive's used fraction may differ from its class's mean by this share of the mean before
 /// the rebalance moves anything (5 %: at most 5 % above or below even).
 pub const BALANCE_SLACK: f64 = 0.05;
+
+/// A move commits its cursor at least this often...
+const CURSOR_PERIOD: Duration = Duration::from_secs(2);
+
+/// ...and after copying this many bytes, unless the pool was told otherwise
+/// ([`Pool::set_move_cursor_step`]). Each commit flushes the destination and writes the pool's
+/// metadata, so commits are spaced by time and bytes, not by rows: a unit of 16 MiB, copied in
+/// well under 2 s, is copied again whole after a crash; one of 31 GiB loses at most 2 s of copy.
+pub const MOVE_CURSOR_STEP_BYTES: u64 = 1 << 30;
+
+/// The chunk (blocks per member row) of the volume of move `p`.
+fn rows_chunk(meta: &PoolMeta, p: &Planned) -> u64 {
+    meta.volume(&p.volume).map_or(1, |v| u64::from(v.chunk_blocks))
+}
+
+/// The rows of an extent (`start`, `blocks` long) with rows of `chunk` blocks that the drive
+/// range `(first, len)` touches.
+fn rows_touched((start, blocks): (u64, u64), chunk: u64, (first, len): (u64, u64)) -> std::ops::Range<u64> {
+    let lo = first.max(start);
+    let hi = (first + len).min(start + blocks);
+    if lo >= hi {
+        return 0..0;
+    }
+    (lo - start) / chunk..(hi - 1 - start) / chunk + 1
+}
 
 /// The move in progress, for `status`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -68,6 +99,10 @@ pub struct RebalanceStatus {
 pub struct RebalanceReport {
     pub moves: u64,
     pub bytes_copied: u64,
+    /// Bytes a resumed move found copied before (by a run cut short, before a restart too) and
+    /// did not copy again.
+    #[serde(default)]
+    pub bytes_resumed: u64,
     /// Moves given up (a drive failed, a rebuild started, the volume was deleted); the planner
     /// picks the extent again on the next run.
     pub abandoned: u64,
@@ -108,6 +143,13 @@ impl From<EngineError> for Stop {
 }
 
 impl<D: BlockDevice> Pool<D> {
+    /// Commits a move's cursor after every `bytes` copied (rounded to whole rows; default
+    /// [`MOVE_CURSOR_STEP_BYTES`]), besides every 2 s. Tests set it small so that crashes land
+    /// between commits of short moves.
+    pub fn set_move_cursor_step(&self, bytes: u64) {
+        self.move_cursor_step.store(bytes.max(1), Ordering::Relaxed);
+    }
+
     /// Asks for a rebalance (kept in the metadata, so a restart resumes it) at most
     /// `rate_bytes_per_sec` (0: no limit). The daemon runs it in the background; otherwise call
     /// [`Pool::rebalance`].
@@ -349,27 +391,19 @@ impl<D: BlockDevice> Pool<D> {
         let (Some(source), Some(target)) = (source, target) else {
             return Err(Stop::Abandon("the source or the destination drive is failed".into()));
         };
-        let shadow = Arc::new(Shadow::new(src_start, rows * chunk, Arc::clone(&target), dst.start_block));
-        // A shadow left by an earlier run whose future was dropped mid-copy goes first.
-        self.drop_shadow();
-        source.add_shadow(Arc::clone(&shadow));
-        let progress = MoveProgress {
-            volume: p.volume.clone(),
-            segment: p.segment,
-            member: p.member,
-            from_drive: src_slot,
-            to_drive: dst.slot,
-            rows_done: 0,
-            rows_total: rows,
+        // The shadow this move already has (installed by recovery, or left by an earlier run
+        // whose future was dropped) has repeated every write since it was installed, so the
+        // rows it covered are copied; any other shadow goes, and the copy starts at row 0.
+        let (shadow, first) = match self.shadow_for(p, (src_slot, src_start), dst, rows) {
+            Some(found) => found,
+            None => (self.install_shadow(p, (&source, src_start), (&target, dst), rows, 0), 0),
         };
-        *self.moving.lock() = Some(ActiveMove {
-            volume: p.volume.clone(),
-            source: Arc::clone(&source),
-            shadow: Arc::clone(&shadow),
-            progress: progress.clone(),
-        });
-        tracing::info!(volume = %p.volume, segment = p.segment, member = p.member, from = src_slot, to = dst.slot, rows, "moving an extent");
-        for row in 0..rows {
+        out.bytes_resumed += first * chunk * BLOCK_BYTES;
+        tracing::info!(volume = %p.volume, segment = p.segment, member = p.member, from = src_slot, to = dst.slot, rows, from_row = first, "moving an extent");
+        let step = self.move_cursor_step.load(Ordering::Relaxed);
+        let commit_every = (step / (chunk * BLOCK_BYTES)).max(1);
+        let (mut committed, mut committed_at) = (first, Instant::now());
+        for row in first..rows {
             let Some(_op) = self.core.ops.enter() else { return Err(Stop::Closing) };
             if vol.is_closed() {
                 return Err(Stop::Abandon("the volume was deleted".into()));
@@ -385,6 +419,11 @@ impl<D: BlockDevice> Pool<D> {
                 m.progress.rows_done = row + 1;
                 report(&m.progress);
             }
+            let done = row + 1;
+            if done < rows && (done - committed >= commit_every || committed_at.elapsed() >= CURSOR_PERIOD) {
+                self.commit_cursor(p, dst, &target, done).await?;
+                (committed, committed_at) = (done, Instant::now());
+            }
             if rate > 0 {
                 let due = Duration::from_secs_f64(out.bytes_copied as f64 / rate as f64);
                 if let Some(wait) = due.checked_sub(started.elapsed()) {
@@ -396,6 +435,145 @@ impl<D: BlockDevice> Pool<D> {
         self.switch(&vol, p, &shadow, &source, (src_slot, src_start), dst).await?;
         tracing::info!(volume = %p.volume, segment = p.segment, member = p.member, from = src_slot, to = dst.slot, "extent moved");
         Ok(())
+    }
+
+    /// The shadow installed for move `p` of the extent at `src` to `dst` (`rows` rows), and the
+    /// rows it has covered, if it is whole.
+    fn shadow_for(
+        &self,
+        p: &Planned,
+        src: (u32, u64),
+        dst: ExtentRecord,
+        rows: u64,
+    ) -> Option<(Arc<Shadow<D>>, u64)> {
+        let moving = self.moving.lock();
+        let m = moving.as_ref()?;
+        let same = m.progress.volume == p.volume
+            && (m.progress.segment, m.progress.member) == (p.segment, p.member)
+            && (m.progress.from_drive, m.shadow.src_start) == src
+            && (m.progress.to_drive, m.shadow.dst_start) == (dst.slot, dst.start_block)
+            && m.progress.rows_total == rows;
+        (same && !m.shadow.is_broken()).then(|| (Arc::clone(&m.shadow), m.progress.rows_done))
+    }
+
+    /// Installs a new shadow for move `p` of the extent at `src_start` of `source` to `dst` on
+    /// `target` (any other shadow goes first), with `done` of its `rows` rows copied.
+    fn install_shadow(
+        &self,
+        p: &Planned,
+        (source, src_start): (&Arc<Drive<D>>, u64),
+        (target, dst): (&Arc<Drive<D>>, ExtentRecord),
+        rows: u64,
+        done: u64,
+    ) -> Arc<Shadow<D>> {
+        let chunk = rows_chunk(&self.core.meta(), p);
+        let shadow = Arc::new(Shadow::new(src_start, rows * chunk, Arc::clone(target), dst.start_block));
+        self.drop_shadow();
+        source.add_shadow(Arc::clone(&shadow));
+        *self.moving.lock() = Some(ActiveMove {
+            volume: p.volume.clone(),
+            source: Arc::clone(source),
+            shadow: Arc::clone(&shadow),
+            progress: MoveProgress {
+                volume: p.volume.clone(),
+                segment: p.segment,
+                member: p.member,
+                from_drive: source.slot(),
+                to_drive: dst.slot,
+                rows_done: done,
+                rows_total: rows,
+            },
+        });
+        shadow
+    }
+
+    /// Makes the first `done` rows of the move's copy durable on the destination and commits
+    /// them as its cursor.
+    async fn commit_cursor(
+        &self,
+        p: &Planned,
+        dst: ExtentRecord,
+        target: &Drive<D>,
+        done: u64,
+    ) -> Result<(), Stop> {
+        target.flush().await.map_err(|e| Stop::Abandon(format!("flush of the destination failed: {e}")))?;
+        let (name, segment, member) = (p.volume.clone(), p.segment, p.member);
+        let still = self
+            .core
+            .update(move |m| {
+                let mem = m
+                    .volumes
+                    .iter_mut()
+                    .find(|v| v.name == name)
+                    .and_then(|v| v.segments.get_mut(segment))
+                    .and_then(|s| s.members.get_mut(member))
+                    .filter(|mem| mem.move_to == Some(dst));
+                let Some(mem) = mem else { return Ok((false, false)) };
+                let changed = mem.move_cursor_rows != done;
+                mem.move_cursor_rows = done;
+                Ok((true, changed))
+            })
+            .await?;
+        if still { Ok(()) } else { Err(Stop::Abandon("the move was taken back".into())) }
+    }
+
+    /// At open, after recovery resynchronised every volume and before any request runs: a move
+    /// recorded with a cursor gets its shadow back, and the rows below the cursor that may
+    /// differ between its drives (those `dirty` marks on any drive of the segment or on the
+    /// destination: slot -> drive block ranges that an intent bit, a damaged checksum page or a
+    /// replayed journal piece touched) are copied from the source again, so the copy resumes at
+    /// the cursor. Returns the rows copied again. When that cannot be done the move is left
+    /// without a shadow: the runner then starts it at row 0.
+    pub(super) async fn resume_move(
+        &self,
+        dirty: &BTreeMap<u32, Vec<(u64, u64)>>,
+    ) -> Result<u64, EngineError> {
+        let Some(p) = self.started_move() else { return Ok(0) };
+        let meta = self.core.meta();
+        let Some(rec) = meta.volume(&p.volume) else { return Ok(0) };
+        let seg = &rec.segments[p.segment];
+        let member = &seg.members[p.member];
+        let (Some(dst), cursor) = (member.move_to, member.move_cursor_rows.min(seg.rows)) else {
+            return Ok(0);
+        };
+        let (src_slot, src_start, chunk, rows) =
+            (member.slot, member.start_block, u64::from(rec.chunk_blocks), seg.rows);
+        if cursor == 0 {
+            return Ok(0);
+        }
+        let source = self.core.drive(src_slot).filter(|d| !d.is_failed() && !d.is_missing());
+        let target = self.core.drive(dst.slot).filter(|d| !d.is_failed() && !d.is_missing());
+        let (Some(source), Some(target), Some(vol)) = (source, target, self.volume(&p.volume)) else {
+            return Ok(0);
+        };
+        // Recovery resynchronised the rows any member's drive marks, which may have rewritten
+        // the source's chunk of them; the destination's own marks say where it may lack a write.
+        let mut again = BTreeSet::new();
+        let extents =
+            seg.members.iter().map(|m| (m.slot, m.start_block)).chain([(dst.slot, dst.start_block)]);
+        for (slot, start) in extents {
+            for &(first, len) in dirty.get(&slot).map(Vec::as_slice).unwrap_or(&[]) {
+                again.extend(rows_touched((start, cursor * chunk), chunk, (first, len)));
+            }
+        }
+        self.install_shadow(&p, (&source, src_start), (&target, dst), rows, cursor);
+        for &row in &again {
+            match self
+                .copy_row(&vol, p.segment, row, chunk, (&source, src_start), (&target, dst.start_block))
+                .await
+            {
+                Ok(()) => {}
+                Err(Stop::Abandon(why)) => {
+                    tracing::warn!(volume = %p.volume, reason = %why, "a move cannot resume at its cursor; it starts again");
+                    self.drop_shadow();
+                    return Ok(0);
+                }
+                Err(Stop::Closing) => return Ok(0),
+                Err(Stop::Error(e)) => return Err(e),
+            }
+        }
+        tracing::info!(volume = %p.volume, segment = p.segment, member = p.member, cursor, rows, copied_again = again.len(), "a move resumes at its cursor");
+        Ok(again.len() as u64)
     }
 
     /// Stops the move unless it is still recorded and both drives still follow it.
@@ -511,7 +689,7 @@ impl<D: BlockDevice> Pool<D> {
                 mem.moved_from = Some(ExtentRecord { slot: src_slot, start_block: src_start });
                 mem.slot = dst.slot;
                 mem.start_block = dst.start_block;
-                mem.move_to = None;
+                mem.take_move();
                 Ok((true, true))
             })
             .await?;
@@ -543,7 +721,7 @@ impl<D: BlockDevice> Pool<D> {
                     .find(|v| v.name == name)
                     .and_then(|v| v.segments.get_mut(segment))
                     .and_then(|s| s.members.get_mut(member));
-                let changed = mem.is_some_and(|mem| mem.move_to.take().is_some());
+                let changed = mem.is_some_and(|mem| mem.take_move().is_some());
                 Ok(((), changed))
             })
             .await

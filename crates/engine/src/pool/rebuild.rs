@@ -396,7 +396,7 @@ fn move_extents(
 ) -> Result<(), EngineError> {
     let data_blocks = m.drive(new_slot).map(|d| d.data_blocks).unwrap_or(0);
     for mem in m.volumes.iter_mut().flat_map(|v| &mut v.segments).flat_map(|s| &mut s.members) {
-        mem.move_to = None;
+        mem.take_move();
         if mem.moved_from.is_some_and(|e| e.slot == old_slot) {
             mem.moved_from = None;
         }

@@ -30,6 +30,10 @@ pub struct RecoveryReport {
     pub parity_blocks_rewritten: u64,
     /// Mirror copy blocks rewritten because the copies disagreed.
     pub copy_blocks_rewritten: u64,
+    /// Rows of an extent being moved copied again to its destination, so that the move resumes
+    /// at its committed cursor (docs/design/pool-growth.md, "Resuming a move").
+    #[serde(default)]
+    pub move_rows_recopied: u64,
 }
 
 /// The rows (segment index, row) of `vol` that the drive ranges in `dirty` (slot -> (first
@@ -88,10 +92,12 @@ impl<D: BlockDevice> Pool<D> {
             }
         }
         txns.retain(|&id, pieces| id > durable_to(pieces[0].1.piece.volume_id));
-        self.replay(txns, &mut report).await?;
+        let replayed = self.replay(txns, &mut report).await?;
         let had_work = report.journal_txns_replayed + report.journal_txns_dropped > 0
             || dirty.values().any(|r| !r.is_empty());
         if !had_work {
+            // A move cut by a clean close resumes at its cursor (nothing needs copying again).
+            report.move_rows_recopied = self.resume_move(&dirty).await?;
             return Ok(report);
         }
         for vol in self.volumes() {
@@ -103,6 +109,12 @@ impl<D: BlockDevice> Pool<D> {
                 report.copy_blocks_rewritten += stats.copy_blocks;
             }
         }
+        // The source of a move is right now; where the destination may differ from it below
+        // the move's cursor, it is copied again (replayed pieces were written without a shadow).
+        for (slot, range) in replayed {
+            dirty.entry(slot).or_default().push(range);
+        }
+        report.move_rows_recopied = self.resume_move(&dirty).await?;
         // Every written block of the damaged checksum pages now has its entry from its contents.
         for (slot, pages) in bad_pages {
             if let Some(d) = self.core.drive(slot).filter(|d| !d.is_failed()) {
@@ -121,12 +133,14 @@ impl<D: BlockDevice> Pool<D> {
         Ok(report)
     }
 
-    /// Applies every complete journal transaction again, oldest first.
+    /// Applies every complete journal transaction again, oldest first; returns the drive
+    /// ranges (slot, (first block, blocks)) it wrote.
     async fn replay(
         &self,
         txns: BTreeMap<u64, Vec<(u32, RecoveredPiece)>>,
         report: &mut RecoveryReport,
-    ) -> Result<(), EngineError> {
+    ) -> Result<Vec<(u32, (u64, u64))>, EngineError> {
+        let mut written = Vec::new();
         for (txn, pieces) in txns {
             let slots = &pieces[0].1.piece.piece_slots;
             // Above the watermark no record was ever released, so a transaction missing its
@@ -144,6 +158,8 @@ impl<D: BlockDevice> Pool<D> {
             for (slot, p) in pieces {
                 tracing::debug!(txn, slot, seq = p.seq, "replaying journal piece");
                 let Some(drive) = self.core.drive(slot).filter(|d| !d.is_failed()) else { continue };
+                let blocks = (p.piece.data.len() as u64).div_ceil(stria_dev::BLOCK_BYTES);
+                written.push((slot, (p.piece.target_block, blocks)));
                 if let Err(e) =
                     drive.write_with_crcs(p.piece.target_block, p.piece.data.clone(), &p.crcs).await
                 {
@@ -151,6 +167,6 @@ impl<D: BlockDevice> Pool<D> {
                 }
             }
         }
-        Ok(())
+        Ok(written)
     }
 }

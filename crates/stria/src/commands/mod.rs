@@ -39,6 +39,12 @@ pub(crate) async fn run(cli: Cli) -> Result<i32> {
                     r["moves"],
                     stria_engine::units::format_size(r["bytes_copied"].as_u64().unwrap_or(0))
                 );
+                if let Some(resumed) = r["bytes_resumed"].as_u64().filter(|&b| b > 0) {
+                    outln!(
+                        "{} had been copied before an interruption and was not copied again",
+                        stria_engine::units::format_size(resumed)
+                    );
+                }
                 if let Some(why) = r["stuck"].as_str() {
                     outln!("not everything could move: {why}");
                 }
