@@ -561,9 +561,22 @@ impl<D: BlockDevice> Drive<D> {
         fua: bool,
         crcs: Option<&[u32]>,
     ) -> Result<(), DevError> {
-        self.write_own(block, data.clone(), fua, crcs).await?;
-        self.mirror_write(block, &data, fua, crcs).await;
-        Ok(())
+        // While the write is repeated on a move's destination, this drive's intent bit for it
+        // stays set (held), so the two never differ under a clean bit; if the repeat fails the
+        // hold is kept (docs/design/pool-growth.md, "Resuming a move").
+        let shadowed = self.shadowed(block, data.len() as u64 / BLOCK);
+        if shadowed {
+            self.intent.hold(block, data.len() as u64 / BLOCK);
+        }
+        let result = self.write_own(block, data.clone(), fua, crcs).await;
+        if result.is_ok() {
+            if self.mirror_write(block, &data, fua, crcs).await && shadowed {
+                self.intent.release(block, data.len() as u64 / BLOCK);
+            }
+        } else if shadowed {
+            self.intent.release(block, data.len() as u64 / BLOCK);
+        }
+        result
     }
 
     /// A data-area write on this drive alone.
@@ -619,9 +632,20 @@ impl<D: BlockDevice> Drive<D> {
     /// Marks blocks unwritten: they read as zeros from now on (no data is written). Covered by
     /// the intent bitmap like a write, since the on-disk checksums lag until the next flush.
     async fn zero(&self, block: u64, blocks: u64) -> Result<(), DevError> {
-        self.zero_own(block, blocks).await?;
-        self.mirror_zero(block, blocks).await;
-        Ok(())
+        // As in `write_inner`: the bit stays held while the zeroing is repeated.
+        let shadowed = self.shadowed(block, blocks);
+        if shadowed {
+            self.intent.hold(block, blocks);
+        }
+        let result = self.zero_own(block, blocks).await;
+        if result.is_ok() {
+            if self.mirror_zero(block, blocks).await && shadowed {
+                self.intent.release(block, blocks);
+            }
+        } else if shadowed {
+            self.intent.release(block, blocks);
+        }
+        result
     }
 
     /// [`Drive::zero`] on this drive alone.
@@ -669,7 +693,12 @@ impl<D: BlockDevice> Drive<D> {
     /// trusts what it found).
     async fn bless(&self, block: u64, data: &[u8], written: &[bool]) -> Result<(), DevError> {
         self.check_data_range(block, written.len() as u64);
-        self.mirror_bless(block, written.len() as u64);
+        if self.shadowed(block, written.len() as u64) {
+            // The destination does not get this: the move is broken, and the region's bit is
+            // set and kept set, so a restart copies these rows again if it resumes the move.
+            self.count_write(self.intent.begin(self.dev(), block, written.len() as u64).await)?;
+            self.mirror_bless(block, written.len() as u64);
+        }
         let pin = self.pin_csum(block, written.len() as u64).await?;
         for (i, w) in written.iter().enumerate() {
             if *w {

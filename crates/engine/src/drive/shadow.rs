@@ -71,17 +71,28 @@ impl<D: BlockDevice> Drive<D> {
         self.shadows.store(Arc::new(all));
     }
 
-    /// Repeats a completed write of `data` at `block` on the shadows it touches.
-    pub(super) async fn mirror_write(&self, block: u64, data: &IoBytes, fua: bool, crcs: Option<&[u32]>) {
+    /// True when a shadow covers part of `block..block + blocks`.
+    pub(super) fn shadowed(&self, block: u64, blocks: u64) -> bool {
+        self.shadows.load().iter().any(|s| s.overlap(block, blocks).is_some())
+    }
+
+    /// Repeats a completed write of `data` at `block` on the shadows it touches; false when a
+    /// repeat failed (that shadow is broken).
+    pub(super) async fn mirror_write(
+        &self,
+        block: u64,
+        data: &IoBytes,
+        fua: bool,
+        crcs: Option<&[u32]>,
+    ) -> bool {
         let shadows = self.shadows.load();
-        if shadows.is_empty() {
-            return;
-        }
         let blocks = data.len() as u64 / BLOCK;
+        let mut all = true;
         for s in shadows.iter() {
             let Some((skip, dst, n)) = s.overlap(block, blocks) else { continue };
             if s.target.is_failed() {
                 s.set_broken();
+                all = false;
                 continue;
             }
             let piece = data.slice((skip * BLOCK) as usize..((skip + n) * BLOCK) as usize);
@@ -89,24 +100,30 @@ impl<D: BlockDevice> Drive<D> {
             if let Err(e) = s.target.write_own(dst, piece, fua, crcs).await {
                 tracing::warn!(slot = s.target.slot(), error = %e, "write to a move's destination failed");
                 s.set_broken();
+                all = false;
             }
         }
+        all
     }
 
-    /// Repeats a completed zeroing on the shadows it touches.
-    pub(super) async fn mirror_zero(&self, block: u64, blocks: u64) {
+    /// Repeats a completed zeroing on the shadows it touches; false when a repeat failed.
+    pub(super) async fn mirror_zero(&self, block: u64, blocks: u64) -> bool {
         let shadows = self.shadows.load();
+        let mut all = true;
         for s in shadows.iter() {
             let Some((_, dst, n)) = s.overlap(block, blocks) else { continue };
             if s.target.is_failed() {
                 s.set_broken();
+                all = false;
                 continue;
             }
             if let Err(e) = s.target.zero_own(dst, n).await {
                 tracing::warn!(slot = s.target.slot(), error = %e, "zeroing on a move's destination failed");
                 s.set_broken();
+                all = false;
             }
         }
+        all
     }
 
     /// Checksums were set from data found on the drive (resync): the destination did not get

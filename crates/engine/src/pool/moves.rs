@@ -53,6 +53,11 @@ const CURSOR_PERIOD: Duration = Duration::from_secs(2);
 /// well under 2 s, is copied again whole after a crash; one of 31 GiB loses at most 2 s of copy.
 pub const MOVE_CURSOR_STEP_BYTES: u64 = 1 << 30;
 
+/// At most this much of a move (and at most a quarter of its extent) is copied again while a
+/// pool opens (the rows below its cursor that a crash may have left different); past it the
+/// cursor comes down instead, and the runner copies the rest in the background.
+const RECOPY_AT_OPEN_BYTES: u64 = 64 << 20;
+
 /// The chunk (blocks per member row) of the volume of move `p`.
 fn rows_chunk(meta: &PoolMeta, p: &Planned) -> u64 {
     meta.volume(&p.volume).map_or(1, |v| u64::from(v.chunk_blocks))
@@ -497,24 +502,11 @@ impl<D: BlockDevice> Pool<D> {
         done: u64,
     ) -> Result<(), Stop> {
         target.flush().await.map_err(|e| Stop::Abandon(format!("flush of the destination failed: {e}")))?;
-        let (name, segment, member) = (p.volume.clone(), p.segment, p.member);
-        let still = self
-            .core
-            .update(move |m| {
-                let mem = m
-                    .volumes
-                    .iter_mut()
-                    .find(|v| v.name == name)
-                    .and_then(|v| v.segments.get_mut(segment))
-                    .and_then(|s| s.members.get_mut(member))
-                    .filter(|mem| mem.move_to == Some(dst));
-                let Some(mem) = mem else { return Ok((false, false)) };
-                let changed = mem.move_cursor_rows != done;
-                mem.move_cursor_rows = done;
-                Ok((true, changed))
-            })
-            .await?;
-        if still { Ok(()) } else { Err(Stop::Abandon("the move was taken back".into())) }
+        if self.store_cursor(p, dst, done).await? {
+            Ok(())
+        } else {
+            Err(Stop::Abandon("the move was taken back".into()))
+        }
     }
 
     /// At open, after recovery resynchronised every volume and before any request runs: a move
@@ -544,6 +536,8 @@ impl<D: BlockDevice> Pool<D> {
         let source = self.core.drive(src_slot).filter(|d| !d.is_failed() && !d.is_missing());
         let target = self.core.drive(dst.slot).filter(|d| !d.is_failed() && !d.is_missing());
         let (Some(source), Some(target), Some(vol)) = (source, target, self.volume(&p.volume)) else {
+            // The runner takes the move back; until then the cursor must not outlive the marks.
+            self.store_cursor(&p, dst, 0).await?;
             return Ok(0);
         };
         // Recovery resynchronised the rows any member's drive marks, which may have rewritten
@@ -556,7 +550,19 @@ impl<D: BlockDevice> Pool<D> {
                 again.extend(rows_touched((start, cursor * chunk), chunk, (first, len)));
             }
         }
-        self.install_shadow(&p, (&source, src_start), (&target, dst), rows, cursor);
+        // Open copies at most RECOPY_AT_OPEN_BYTES or a quarter of the extent; past that the
+        // cursor comes down to the first marked row beyond them, and the runner copies the
+        // rest in the background. The lower cursor is committed before the marks are cleared.
+        let most = (RECOPY_AT_OPEN_BYTES / (chunk * BLOCK_BYTES)).min(rows / 4).max(1) as usize;
+        let resume_at = again.iter().nth(most).copied().unwrap_or(cursor);
+        again.retain(|&r| r < resume_at);
+        if resume_at < cursor {
+            self.store_cursor(&p, dst, resume_at).await?;
+        }
+        if resume_at == 0 {
+            return Ok(0);
+        }
+        self.install_shadow(&p, (&source, src_start), (&target, dst), rows, resume_at);
         for &row in &again {
             match self
                 .copy_row(&vol, p.segment, row, chunk, (&source, src_start), (&target, dst.start_block))
@@ -566,14 +572,36 @@ impl<D: BlockDevice> Pool<D> {
                 Err(Stop::Abandon(why)) => {
                     tracing::warn!(volume = %p.volume, reason = %why, "a move cannot resume at its cursor; it starts again");
                     self.drop_shadow();
+                    self.store_cursor(&p, dst, 0).await?;
                     return Ok(0);
                 }
                 Err(Stop::Closing) => return Ok(0),
                 Err(Stop::Error(e)) => return Err(e),
             }
         }
-        tracing::info!(volume = %p.volume, segment = p.segment, member = p.member, cursor, rows, copied_again = again.len(), "a move resumes at its cursor");
+        tracing::info!(volume = %p.volume, segment = p.segment, member = p.member, cursor, resume_at, rows, copied_again = again.len(), "a move resumes at its cursor");
         Ok(again.len() as u64)
+    }
+
+    /// Commits `done` as the cursor of move `p` to `dst`; false when that move is not
+    /// recorded any more.
+    async fn store_cursor(&self, p: &Planned, dst: ExtentRecord, done: u64) -> Result<bool, EngineError> {
+        let (name, segment, member) = (p.volume.clone(), p.segment, p.member);
+        self.core
+            .update(move |m| {
+                let mem = m
+                    .volumes
+                    .iter_mut()
+                    .find(|v| v.name == name)
+                    .and_then(|v| v.segments.get_mut(segment))
+                    .and_then(|s| s.members.get_mut(member))
+                    .filter(|mem| mem.move_to == Some(dst));
+                let Some(mem) = mem else { return Ok((false, false)) };
+                let changed = mem.move_cursor_rows != done;
+                mem.move_cursor_rows = done;
+                Ok((true, changed))
+            })
+            .await
     }
 
     /// Stops the move unless it is still recorded and both drives still follow it.
