@@ -867,7 +867,7 @@ async fn sequences_of_crashes_lose_no_durable_write() {
         n(&c.onlines_delta),
         n(&c.onlines_full)
     );
-    // The default seeds cut moves short (200 seeds: 12 resumed at their cursors, 527 rows
+    // The default seeds cut moves short (200 seeds: 12 resumed at their cursors, 543 rows
     // copied again at open), so the resume path is exercised whenever this runs.
     if seeds >= 200 {
         assert!(

@@ -106,6 +106,9 @@ pub struct Pool<D: BlockDevice> {
     moves_done: AtomicU64,
     /// Bytes a move copies between commits of its cursor (it also commits every 2 s).
     move_cursor_step: AtomicU64,
+    /// Source extents whose intent bits are held since their move's shadow was dropped while
+    /// the move stayed recorded with a cursor (pool/moves.rs): (drive, first block, blocks).
+    cursor_pins: parking_lot::Mutex<Vec<moves::CursorPin<D>>>,
     /// Bytes of members the rebuilds copied, and bytes a delta resync found unchanged and
     /// skipped, since the pool was opened.
     rebuild_copied_bytes: AtomicU64,
@@ -246,6 +249,7 @@ impl<D: BlockDevice> Pool<D> {
             moving: parking_lot::Mutex::new(None),
             moves_done: AtomicU64::new(0),
             move_cursor_step: AtomicU64::new(moves::MOVE_CURSOR_STEP_BYTES),
+            cursor_pins: parking_lot::Mutex::new(Vec::new()),
             rebuild_copied_bytes: AtomicU64::new(0),
             rebuild_skipped_bytes: AtomicU64::new(0),
         }

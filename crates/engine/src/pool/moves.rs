@@ -123,6 +123,10 @@ pub(crate) struct ActiveMove<D> {
     progress: MoveProgress,
 }
 
+/// Intent regions of a move's source held since its shadow was dropped: (drive, first block,
+/// blocks).
+pub(crate) type CursorPin<D> = (Arc<Drive<D>>, u64, u64);
+
 /// One planned move: member `member` of segment `segment` of `volume` to drive `to`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Planned {
@@ -401,7 +405,13 @@ impl<D: BlockDevice> Pool<D> {
         // rows it covered are copied; any other shadow goes, and the copy starts at row 0.
         let (shadow, first) = match self.shadow_for(p, (src_slot, src_start), dst, rows) {
             Some(found) => found,
-            None => (self.install_shadow(p, (&source, src_start), (&target, dst), rows, 0), 0),
+            None => {
+                // The recorded cursor was covered by a shadow that is gone: it says nothing now.
+                if member.move_cursor_rows > 0 {
+                    self.store_cursor(p, dst, 0).await?;
+                }
+                (self.install_shadow(p, (&source, src_start), (&target, dst), rows, 0), 0)
+            }
         };
         out.bytes_resumed += first * chunk * BLOCK_BYTES;
         tracing::info!(volume = %p.volume, segment = p.segment, member = p.member, from = src_slot, to = dst.slot, rows, from_row = first, "moving an extent");
@@ -587,7 +597,8 @@ impl<D: BlockDevice> Pool<D> {
     /// recorded any more.
     async fn store_cursor(&self, p: &Planned, dst: ExtentRecord, done: u64) -> Result<bool, EngineError> {
         let (name, segment, member) = (p.volume.clone(), p.segment, p.member);
-        self.core
+        let stored = self
+            .core
             .update(move |m| {
                 let mem = m
                     .volumes
@@ -601,7 +612,11 @@ impl<D: BlockDevice> Pool<D> {
                 mem.move_cursor_rows = done;
                 Ok((true, changed))
             })
-            .await
+            .await;
+        if done == 0 && stored.is_ok() {
+            self.release_cursor_pins();
+        }
+        stored
     }
 
     /// Stops the move unless it is still recorded and both drives still follow it.
@@ -726,6 +741,7 @@ impl<D: BlockDevice> Pool<D> {
         }
         self.refresh_volume(vol.name())?;
         self.drop_shadow();
+        self.release_cursor_pins();
         Ok(())
     }
 
@@ -738,6 +754,7 @@ impl<D: BlockDevice> Pool<D> {
         // The destination's blocks are not cleared: a volume created there later clears its
         // extents anyway, and a concurrent `drive replace` may already own them.
         if found.is_none() {
+            self.release_cursor_pins();
             return Ok(());
         }
         let (name, segment, member) = (p.volume.clone(), p.segment, p.member);
@@ -752,17 +769,33 @@ impl<D: BlockDevice> Pool<D> {
                 let changed = mem.is_some_and(|mem| mem.take_move().is_some());
                 Ok(((), changed))
             })
-            .await
+            .await?;
+        self.release_cursor_pins();
+        Ok(())
     }
 
     /// Stops repeating writes for the move in progress (a switch, an abandon, or a change that
     /// takes the move back: `drive replace`, a volume delete).
     pub(crate) fn drop_shadow(&self) {
         if let Some(m) = self.moving.lock().take() {
-            // Broken first: writes from now on are not repeated, so the move must not switch
+            // The move may stay recorded with its cursor for a while (until its abandon commit,
+            // or for good after a crash): the source's bits are held first, so a write the
+            // destination no longer gets keeps its bit set, and a restart copies its row again
+            // (released once the record goes or its cursor is 0: `release_cursor_pins`).
+            m.source.intent.hold(m.shadow.src_start, m.shadow.blocks);
+            self.cursor_pins.lock().push((Arc::clone(&m.source), m.shadow.src_start, m.shadow.blocks));
+            // Broken next: writes from now on are not repeated, so the move must not switch
             // (the switch checks under every stripe lock, after any such write).
             m.shadow.set_broken();
             m.source.remove_shadow(&m.shadow);
+        }
+    }
+
+    /// Releases the holds [`Pool::drop_shadow`] took: no move is recorded with a cursor that
+    /// rows written since could contradict.
+    pub(crate) fn release_cursor_pins(&self) {
+        for (drive, first, blocks) in self.cursor_pins.lock().drain(..) {
+            drive.intent.release(first, blocks);
         }
     }
 

@@ -76,6 +76,8 @@ impl<D: BlockDevice> Pool<D> {
                 Ok(((), true))
             })
             .await?;
+        // Every move was taken back in that commit.
+        self.release_cursor_pins();
         self.core.remove_drive(old_slot);
         self.core.close_out_generation_if_done();
         for v in self.volumes() {
