@@ -10,6 +10,12 @@
 //! 3. runs the pending extent moves ([`Pool::rebalance`]: `pool rebalance`, drains of `drive
 //!    remove`), never while a rebuild is pending; after moves that failed, got stuck or were
 //!    abandoned it waits [`Settings::retry_after`] likewise;
+//!
+//!    while the moves run (hours, on large drives), [`Pool::tick`] goes on every tick beside
+//!    them: otherwise no intent bit would be cleared meanwhile (a crash then resynchronises
+//!    everything written since they started, and a move resumed at its cursor copies all of it
+//!    again), nor a damaged checksum page repaired. A rebuild still holds the ticks back (its
+//!    interplay with them is untested: `stop_waits_for_the_row_in_progress` fails with them);
 //! 4. takes drained drives out of the pool ([`super::take_out`]) and tells the owner
 //!    ([`DriveRemoved`]).
 //!
@@ -229,7 +235,7 @@ async fn run<D: BlockDevice>(
             }
         }
         if pool.rebalance_pending() && !pool.rebuild_pending() && Instant::now() >= moves_retry_at {
-            match rebalance(&pool, &settings, &counters).await {
+            match with_ticks(&pool, &settings, &counters, rebalance(&pool, &settings, &counters)).await {
                 Ok(_) if *stop.borrow() => return,
                 Ok(r) if r.stuck.is_some() || r.abandoned > 0 => {
                     Counters::bump(&counters.moves_failed);
@@ -248,6 +254,40 @@ async fn run<D: BlockDevice>(
             remove_drained(&pool, &settings, &counters, slot).await;
         }
     }
+}
+
+/// Runs `work` to its end while [`Pool::tick`] goes on every tick beside it. Both are polled
+/// together (a tick may wait for a stripe lock the work holds), and neither is dropped half
+/// done: a tick under way when the work ends finishes first.
+async fn with_ticks<D: BlockDevice, T>(
+    pool: &Pool<D>,
+    settings: &Settings,
+    counters: &Counters,
+    work: impl Future<Output = T>,
+) -> T {
+    let finished = tokio::sync::Notify::new();
+    let mut tick = tokio::time::interval_at(Instant::now() + settings.tick, settings.tick);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (out, ()) = tokio::join!(
+        async {
+            let out = work.await;
+            finished.notify_one();
+            out
+        },
+        async {
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    () = finished.notified() => return,
+                }
+                Counters::bump(&counters.ticks);
+                if let Err(e) = pool.tick().await {
+                    tracing::error!(error = %e, "housekeeping failed");
+                }
+            }
+        }
+    );
+    out
 }
 
 /// A wait as the log says it ("a minute" for the default).
