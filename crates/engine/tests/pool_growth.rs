@@ -169,6 +169,66 @@ async fn a_power_cut_mid_move_resumes_at_the_cursor_and_loses_nothing() {
     }
 }
 
+/// A write repeated on a move's destination that fails there, below the committed cursor: the
+/// source keeps its intent bit held (a housekeeping tick does not clear it), so after a power
+/// cut recovery copies the row again (docs/design/pool-growth.md, "Resuming a move"). Without
+/// the hold the bit is cleared, the destination keeps the row's older data under the cursor,
+/// and the volume reads back older than what was flushed.
+#[tokio::test]
+async fn a_failed_repeat_on_the_destination_keeps_the_row_marked_for_the_resume() {
+    for (i, (layout, n)) in layouts().into_iter().enumerate() {
+        let seed = 1010 + i as u64;
+        let (pool, devs, mut model) = grown_pool(layout, n, seed).await;
+        let vol = pool.volume("v").expect("v");
+        vol.flush().await.expect("flush");
+        let victim = pool.meta().volumes[0].segments[0].members[0].slot;
+        pool.drain_drive(victim).await.expect("drain");
+        pool.request_rebalance(8 << 20).await.expect("rebalance rate");
+        pool.set_move_cursor_step(4 * CHUNK);
+        let half = Arc::new(tokio::sync::Notify::new());
+        let signal = Arc::clone(&half);
+        tokio::select! {
+            r = pool.rebalance(move |p| if p.rows_done * 2 >= p.rows_total { signal.notify_one() }) => {
+                panic!("{layout}: the rebalance ended before half of its first move: {r:?}")
+            }
+            () = half.notified() => {}
+        }
+        let meta = pool.meta();
+        let moving = meta.volumes[0].segments[0].members.iter().find(|m| m.move_to.is_some());
+        let moving = moving.unwrap_or_else(|| panic!("{layout}: no move recorded"));
+        assert!(moving.move_cursor_rows > 0, "{layout}: no cursor committed by half of the copy");
+        let dst = moving.move_to.as_ref().expect("destination").slot;
+        // The next write to the destination fails: the repeat of the first host write into the
+        // moved extent, in its first rows (below the cursor).
+        devs[dst as usize].arm_write_error();
+        let mut rng = rng(seed + 1);
+        for offset in (0..SIZE).step_by(CHUNK as usize) {
+            let data: Vec<u8> = (0..CHUNK).map(|_| rng.random()).collect();
+            write(&vol, &mut model, offset, data).await;
+        }
+        // Everything durable, and every idle bit whose writes that covers cleared.
+        pool.tick().await.expect("tick");
+        let held = pool.status().drives.iter().find(|d| d.id == victim).map_or(0, |d| d.dirty_regions);
+        assert!(held > 0, "{layout}: the source's bit was cleared under a failed repeat");
+        let images = reboot(&devs, seed);
+        drop(vol);
+        drop(pool);
+        let pool = open_pool(&images).await.unwrap_or_else(|e| panic!("{layout}: reopen: {e}"));
+        assert!(pool.recovery_report().move_rows_recopied > 0, "{layout}: {:?}", pool.recovery_report());
+        let report = pool.rebalance(|_| {}).await.unwrap_or_else(|e| panic!("{layout}: rebalance: {e}"));
+        assert!(report.moves >= 1 && report.abandoned == 0, "{layout}: {report:?}");
+        let vol = pool.volume("v").expect("v");
+        check(&vol, &model).await;
+        let scrub = pool.scrub("v", |_, _| {}).await.expect("scrub");
+        assert_eq!(
+            (scrub.blocks_repaired, scrub.parity_blocks_fixed, scrub.copy_blocks_fixed),
+            (0, 0, 0),
+            "{layout}: the moved member disagrees with the others"
+        );
+        pool.close().await.expect("close");
+    }
+}
+
 #[tokio::test]
 async fn rebalance_spreads_a_grown_pool_evenly() {
     let switch = PowerSwitch::new();

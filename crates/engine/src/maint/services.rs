@@ -11,11 +11,10 @@
 //!    remove`), never while a rebuild is pending; after moves that failed, got stuck or were
 //!    abandoned it waits [`Settings::retry_after`] likewise;
 //!
-//!    while the moves run (hours, on large drives), [`Pool::tick`] goes on every tick beside
-//!    them: otherwise no intent bit would be cleared meanwhile (a crash then resynchronises
-//!    everything written since they started, and a move resumed at its cursor copies all of it
-//!    again), nor a damaged checksum page repaired. A rebuild still holds the ticks back (its
-//!    interplay with them is untested: `stop_waits_for_the_row_in_progress` fails with them);
+//!    while a rebuild or the moves run (hours, on large drives), [`Pool::tick`] goes on every
+//!    tick beside them: otherwise no intent bit would be cleared meanwhile (a crash then
+//!    resynchronises everything written since they started, and a move resumed at its cursor
+//!    copies all of it again), nor a damaged checksum page repaired;
 //! 4. takes drained drives out of the pool ([`super::take_out`]) and tells the owner
 //!    ([`DriveRemoved`]).
 //!
@@ -224,7 +223,7 @@ async fn run<D: BlockDevice>(
             tracing::error!(error = %e, "housekeeping failed");
         }
         if pool.rebuild_pending() && Instant::now() >= rebuild_retry_at {
-            match rebuild(&pool, &settings, &counters).await {
+            match with_ticks(&pool, &settings, &counters, rebuild(&pool, &settings, &counters)).await {
                 Ok(()) if *stop.borrow() => return,
                 Ok(()) => tracing::info!("rebuild finished"),
                 Err(e) => {

@@ -187,7 +187,10 @@ async fn stop_waits_for_the_row_in_progress() {
     let new = rig.fail_and_replace(1, "new").await;
     // One row a second (virtual time), so that the rebuild is caught between rows.
     rig.pool.set_rebuild_rate(CHUNK_BYTES);
-    let services = Services::start(Arc::clone(&rig.pool), settings());
+    // No housekeeping tick during the rebuild (the first comes at once, before it starts): the
+    // first write held is then a rebuild row's, not a tick's intent page.
+    let quiet = Settings { tick: Duration::from_secs(3600), ..settings() };
+    let services = Services::start(Arc::clone(&rig.pool), quiet);
     let rows_done = || rig.pool.rebuild_progress().first().map_or(0, |p| p.rows_done);
     until(Duration::from_secs(30), || rows_done() >= 2).await;
     new.hold_writes(true);
@@ -206,6 +209,28 @@ async fn stop_waits_for_the_row_in_progress() {
     (&mut closing).await.expect("the close task").expect("close");
     assert_eq!(rows_done(), held_at + 1, "the row in progress was finished, and no other was started");
     assert!(rig.pool.rebuild_pending(), "the rest of the rebuild is left for the next open");
+}
+
+#[tokio::test(start_paused = true)]
+async fn housekeeping_goes_on_during_a_rebuild() {
+    let rig = rig(2, Layout::Raid1 { copies: 2 }).await;
+    let _new = rig.fail_and_replace(1, "new").await;
+    // One row a second: the rebuild of 64 rows takes a minute of virtual time.
+    rig.pool.set_rebuild_rate(CHUNK_BYTES);
+    let services = Services::start(Arc::clone(&rig.pool), settings());
+    let rows_done = || rig.pool.rebuild_progress().first().map_or(0, |p| p.rows_done);
+    until(Duration::from_secs(30), || rows_done() >= 2).await;
+    // A write marks the surviving drive's region; only a tick clears the bit again.
+    let vol = rig.pool.volume("v").expect("v");
+    vol.write(0, IoBytes::copy_from(&vec![0xab; CHUNK_BYTES as usize]), false).await.expect("write");
+    let dirty =
+        |slot: u32| rig.pool.status().drives.iter().find(|d| d.id == slot).map_or(0, |d| d.dirty_regions);
+    assert!(dirty(0) > 0, "the write marked the surviving drive");
+    until(Duration::from_secs(20), || dirty(0) == 0).await;
+    assert!(rig.pool.rebuild_pending(), "the bit was cleared while the rebuild ran");
+    let stopping = services.stop();
+    rig.pool.close().await.expect("close");
+    stopping.await;
 }
 
 #[tokio::test(start_paused = true)]
