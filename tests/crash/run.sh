@@ -12,7 +12,11 @@
 # Exits non-zero if any scenario fails; prints one line per scenario and a summary table.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+case ${1:-} in
+  -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+esac
 STRIA=$(realpath "${1:?usage: run.sh PATH/TO/stria [--rounds N] [--jobs J] [--seed S] [--only P]}")
+[[ -x $STRIA && -f $STRIA ]] || { echo "run.sh: $1 is not an executable stria binary" >&2; exit 2; }
 shift
 ROUNDS=2 JOBS=2 SEED=$RANDOM ONLY=
 while (($#)); do
