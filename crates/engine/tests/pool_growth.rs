@@ -32,6 +32,40 @@ async fn grown_pool(layout: Layout, n: usize, seed: u64) -> (Pool<Dev>, Vec<Dev>
     (pool, devs, model)
 }
 
+/// Checks volume `v` against `model`, that a scrub finds nothing to fix (the moved member
+/// agrees with the others), and closes the pool.
+async fn check_scrub_close(pool: Pool<Dev>, model: &Model, layout: Layout) {
+    check(&pool.volume("v").expect("v"), model).await;
+    let scrub = pool.scrub("v", |_, _| {}).await.expect("scrub");
+    assert_eq!(
+        (scrub.blocks_repaired, scrub.parity_blocks_fixed, scrub.copy_blocks_fixed),
+        (0, 0, 0),
+        "{layout}: the moved member disagrees with the others"
+    );
+    pool.close().await.expect("close");
+}
+
+/// Runs the rebalance of the first planned move slowly, committing its cursor every 4 chunks,
+/// and stops it (its future dropped, as by a closing daemon) once half the extent is copied;
+/// returns the move's cursor (past row 0) and its destination drive.
+async fn stop_halfway(pool: &Pool<Dev>, layout: Layout) -> (u64, u32) {
+    pool.request_rebalance(8 << 20).await.expect("rebalance rate");
+    pool.set_move_cursor_step(4 * CHUNK);
+    let half = Arc::new(tokio::sync::Notify::new());
+    let signal = Arc::clone(&half);
+    tokio::select! {
+        r = pool.rebalance(move |p| if p.rows_done * 2 >= p.rows_total { signal.notify_one() }) => {
+            panic!("{layout}: the rebalance ended before half of its first move: {r:?}")
+        }
+        () = half.notified() => {}
+    }
+    let meta = pool.meta();
+    let moving = meta.volumes[0].segments[0].members.iter().find(|m| m.move_to.is_some());
+    let moving = moving.unwrap_or_else(|| panic!("{layout}: no move recorded"));
+    assert!(moving.move_cursor_rows > 0, "{layout}: no cursor committed by half of the copy");
+    (moving.move_cursor_rows, moving.move_to.expect("a destination").slot)
+}
+
 #[tokio::test]
 async fn a_drained_drive_empties_while_the_volume_is_written_on_every_layout() {
     for (i, (layout, n)) in layouts().into_iter().enumerate() {
@@ -113,26 +147,7 @@ async fn a_power_cut_mid_move_resumes_at_the_cursor_and_loses_nothing() {
         pool.drain_drive(victim).await.expect("drain");
         // Slow enough that the runner waits between rows; stopped (its future dropped, as by a
         // closing daemon) once half the extent is copied.
-        pool.request_rebalance(8 << 20).await.expect("rebalance rate");
-        pool.set_move_cursor_step(4 * CHUNK);
-        let half = Arc::new(tokio::sync::Notify::new());
-        let signal = Arc::clone(&half);
-        tokio::select! {
-            r = pool.rebalance(move |p| if p.rows_done * 2 >= p.rows_total { signal.notify_one() }) => {
-                panic!("{layout}: the rebalance ended before half of its first move: {r:?}")
-            }
-            () = half.notified() => {}
-        }
-        let moving = |pool: &Pool<Dev>| {
-            let meta = pool.meta();
-            meta.volumes[0].segments[0]
-                .members
-                .iter()
-                .find(|m| m.move_to.is_some())
-                .map(|m| m.move_cursor_rows)
-        };
-        let cursor = moving(&pool).unwrap_or_else(|| panic!("{layout}: no move recorded"));
-        assert!(cursor > 0, "{layout}: no cursor committed by half of the copy");
+        let (cursor, _) = stop_halfway(&pool, layout).await;
         // Writes all over the volume, rows below the cursor included, made durable by a flush.
         let mut rng = rng(seed + 1);
         for _ in 0..40 {
@@ -157,15 +172,7 @@ async fn a_power_cut_mid_move_resumes_at_the_cursor_and_loses_nothing() {
         );
         let meta = pool.meta();
         assert!(meta.volumes[0].segments[0].members.iter().all(|m| m.slot != victim), "{layout}: not moved");
-        let vol = pool.volume("v").expect("v");
-        check(&vol, &model).await;
-        let scrub = pool.scrub("v", |_, _| {}).await.expect("scrub");
-        assert_eq!(
-            (scrub.blocks_repaired, scrub.parity_blocks_fixed, scrub.copy_blocks_fixed),
-            (0, 0, 0),
-            "{layout}: the moved member disagrees with the others"
-        );
-        pool.close().await.expect("close");
+        check_scrub_close(pool, &model, layout).await;
     }
 }
 
@@ -183,21 +190,7 @@ async fn a_failed_repeat_on_the_destination_keeps_the_row_marked_for_the_resume(
         vol.flush().await.expect("flush");
         let victim = pool.meta().volumes[0].segments[0].members[0].slot;
         pool.drain_drive(victim).await.expect("drain");
-        pool.request_rebalance(8 << 20).await.expect("rebalance rate");
-        pool.set_move_cursor_step(4 * CHUNK);
-        let half = Arc::new(tokio::sync::Notify::new());
-        let signal = Arc::clone(&half);
-        tokio::select! {
-            r = pool.rebalance(move |p| if p.rows_done * 2 >= p.rows_total { signal.notify_one() }) => {
-                panic!("{layout}: the rebalance ended before half of its first move: {r:?}")
-            }
-            () = half.notified() => {}
-        }
-        let meta = pool.meta();
-        let moving = meta.volumes[0].segments[0].members.iter().find(|m| m.move_to.is_some());
-        let moving = moving.unwrap_or_else(|| panic!("{layout}: no move recorded"));
-        assert!(moving.move_cursor_rows > 0, "{layout}: no cursor committed by half of the copy");
-        let dst = moving.move_to.as_ref().expect("destination").slot;
+        let (_, dst) = stop_halfway(&pool, layout).await;
         // The next write to the destination fails: the repeat of the first host write into the
         // moved extent, in its first rows (below the cursor).
         devs[dst as usize].arm_write_error();
@@ -217,15 +210,7 @@ async fn a_failed_repeat_on_the_destination_keeps_the_row_marked_for_the_resume(
         assert!(pool.recovery_report().move_rows_recopied > 0, "{layout}: {:?}", pool.recovery_report());
         let report = pool.rebalance(|_| {}).await.unwrap_or_else(|e| panic!("{layout}: rebalance: {e}"));
         assert!(report.moves >= 1 && report.abandoned == 0, "{layout}: {report:?}");
-        let vol = pool.volume("v").expect("v");
-        check(&vol, &model).await;
-        let scrub = pool.scrub("v", |_, _| {}).await.expect("scrub");
-        assert_eq!(
-            (scrub.blocks_repaired, scrub.parity_blocks_fixed, scrub.copy_blocks_fixed),
-            (0, 0, 0),
-            "{layout}: the moved member disagrees with the others"
-        );
-        pool.close().await.expect("close");
+        check_scrub_close(pool, &model, layout).await;
     }
 }
 

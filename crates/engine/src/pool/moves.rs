@@ -37,7 +37,9 @@ use crate::drive::Drive;
 use crate::drive::csum::Entry;
 use crate::drive::shadow::Shadow;
 use crate::error::EngineError;
-use crate::format::meta::{DriveClass, DriveState, ExtentRecord, Layout, PoolMeta, RebalanceRecord};
+use crate::format::meta::{
+    DriveClass, DriveState, ExtentRecord, Layout, MemberRecord, PoolMeta, RebalanceRecord,
+};
 use crate::volume::Volume;
 
 /// A drive's used fraction may differ from its class's mean by this share of the mean before
@@ -134,6 +136,15 @@ struct Planned {
     segment: usize,
     member: usize,
     to: u32,
+}
+
+impl Planned {
+    /// The record of the member this move is about, in `meta` (none once the volume, segment
+    /// or member is gone).
+    fn member_mut<'a>(&self, meta: &'a mut PoolMeta) -> Option<&'a mut MemberRecord> {
+        let v = meta.volumes.iter_mut().find(|v| v.name == self.volume)?;
+        v.segments.get_mut(self.segment)?.members.get_mut(self.member)
+    }
 }
 
 /// Why the runner stops a move.
@@ -596,17 +607,11 @@ impl<D: BlockDevice> Pool<D> {
     /// Commits `done` as the cursor of move `p` to `dst`; false when that move is not
     /// recorded any more.
     async fn store_cursor(&self, p: &Planned, dst: ExtentRecord, done: u64) -> Result<bool, EngineError> {
-        let (name, segment, member) = (p.volume.clone(), p.segment, p.member);
+        let p = p.clone();
         let stored = self
             .core
             .update(move |m| {
-                let mem = m
-                    .volumes
-                    .iter_mut()
-                    .find(|v| v.name == name)
-                    .and_then(|v| v.segments.get_mut(segment))
-                    .and_then(|s| s.members.get_mut(member))
-                    .filter(|mem| mem.move_to == Some(dst));
+                let mem = p.member_mut(m).filter(|mem| mem.move_to == Some(dst));
                 let Some(mem) = mem else { return Ok((false, false)) };
                 let changed = mem.move_cursor_rows != done;
                 mem.move_cursor_rows = done;
@@ -757,16 +762,10 @@ impl<D: BlockDevice> Pool<D> {
             self.release_cursor_pins();
             return Ok(());
         }
-        let (name, segment, member) = (p.volume.clone(), p.segment, p.member);
+        let p = p.clone();
         self.core
             .update(move |m| {
-                let mem = m
-                    .volumes
-                    .iter_mut()
-                    .find(|v| v.name == name)
-                    .and_then(|v| v.segments.get_mut(segment))
-                    .and_then(|s| s.members.get_mut(member));
-                let changed = mem.is_some_and(|mem| mem.take_move().is_some());
+                let changed = p.member_mut(m).is_some_and(|mem| mem.take_move().is_some());
                 Ok(((), changed))
             })
             .await?;
