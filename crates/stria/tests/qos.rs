@@ -30,8 +30,7 @@ fn reservations_are_admitted_against_the_calibration_and_settings_persist() {
     // larger of 2 / write_iops and 1 / read_iops of its time (which one depends on how the
     // drives calibrated: a busy machine reads slower than it writes to memory-backed files).
     // 30 % each: two are admitted, the third would make 90 %.
-    let share = (2.0 / write_iops as f64).max(1.0 / read_iops as f64);
-    let r = (0.30 / share) as u64;
+    let r = (write_iops * 3 / 20).min(read_iops * 3 / 10);
     let r_arg = r.to_string();
     // A raid1 volume on the fast drives with a reservation.
     let create = |name: &str, reserve: &str, code| {
