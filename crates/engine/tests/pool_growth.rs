@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::common::*;
 use rand::Rng;
 use stria_dev::PowerSwitch;
-use stria_engine::{DriveClass, Layout, Pool};
+use stria_engine::{DriveClass, Layout, Pool, RebalanceReport};
 
 const SIZE: u64 = 4 << 20;
 const CHUNK: u64 = 16 << 10;
@@ -36,13 +36,35 @@ async fn grown_pool(layout: Layout, n: usize, seed: u64) -> (Pool<Dev>, Vec<Dev>
 /// agrees with the others), and closes the pool.
 async fn check_scrub_close(pool: Pool<Dev>, model: &Model, layout: Layout) {
     check(&pool.volume("v").expect("v"), model).await;
+    scrub_clean(&pool, layout).await;
+    pool.close().await.expect("close");
+}
+
+/// A scrub of volume `v` finds nothing to fix: every moved member agrees with the others.
+async fn scrub_clean(pool: &Pool<Dev>, layout: Layout) {
     let scrub = pool.scrub("v", |_, _| {}).await.expect("scrub");
     assert_eq!(
         (scrub.blocks_repaired, scrub.parity_blocks_fixed, scrub.copy_blocks_fixed),
         (0, 0, 0),
         "{layout}: the moved member disagrees with the others"
     );
-    pool.close().await.expect("close");
+}
+
+/// Cuts the power under `pool`, reopens its drives' images, checks that open copied rows of the
+/// cut move again, and finishes the move; returns the reopened pool and the rebalance report.
+async fn cut_and_resume(
+    pool: Pool<Dev>,
+    devs: &[Dev],
+    seed: u64,
+    layout: Layout,
+) -> (Pool<Dev>, RebalanceReport) {
+    let images = reboot(devs, seed);
+    drop(pool);
+    let pool = open_pool(&images).await.unwrap_or_else(|e| panic!("{layout}: reopen: {e}"));
+    assert!(pool.recovery_report().move_rows_recopied > 0, "{layout}: {:?}", pool.recovery_report());
+    let report = pool.rebalance(|_| {}).await.unwrap_or_else(|e| panic!("{layout}: rebalance: {e}"));
+    assert!(report.moves >= 1 && report.abandoned == 0, "{layout}: {report:?}");
+    (pool, report)
 }
 
 /// Runs the rebalance of the first planned move slowly, committing its cursor every 4 chunks,
@@ -88,12 +110,7 @@ async fn a_drained_drive_empties_while_the_volume_is_written_on_every_layout() {
         assert_eq!(pool.drained(), vec![victim], "{layout}: the drained drive holds nothing");
         check(&vol, &model).await;
         pool.remove_empty_drive(victim).await.unwrap_or_else(|e| panic!("{layout}: remove: {e}"));
-        let scrub = pool.scrub("v", |_, _| {}).await.expect("scrub");
-        assert_eq!(
-            (scrub.blocks_repaired, scrub.parity_blocks_fixed, scrub.copy_blocks_fixed),
-            (0, 0, 0),
-            "{layout}"
-        );
+        scrub_clean(&pool, layout).await;
         pool.close().await.expect("close");
         // The removed drive is not a member any more; the others reassemble with the data.
         let rest: Vec<Dev> = devs
@@ -155,13 +172,8 @@ async fn a_power_cut_mid_move_resumes_at_the_cursor_and_loses_nothing() {
             write(&vol, &mut model, offset, data).await;
         }
         vol.flush().await.expect("flush");
-        let images = reboot(&devs, seed);
         drop(vol);
-        drop(pool);
-        let pool = open_pool(&images).await.unwrap_or_else(|e| panic!("{layout}: reopen: {e}"));
-        assert!(pool.recovery_report().move_rows_recopied > 0, "{layout}: {:?}", pool.recovery_report());
-        let report = pool.rebalance(|_| {}).await.unwrap_or_else(|e| panic!("{layout}: rebalance: {e}"));
-        assert!(report.moves >= 1 && report.abandoned == 0, "{layout}: {report:?}");
+        let (pool, report) = cut_and_resume(pool, &devs, seed, layout).await;
         // Every row below the cursor was written (4 MiB intent regions), so open copied a
         // quarter of the extent again and the move resumed there, below its cursor.
         let recopied = pool.recovery_report().move_rows_recopied;
@@ -203,13 +215,8 @@ async fn a_failed_repeat_on_the_destination_keeps_the_row_marked_for_the_resume(
         pool.tick().await.expect("tick");
         let held = pool.status().drives.iter().find(|d| d.id == victim).map_or(0, |d| d.dirty_regions);
         assert!(held > 0, "{layout}: the source's bit was cleared under a failed repeat");
-        let images = reboot(&devs, seed);
         drop(vol);
-        drop(pool);
-        let pool = open_pool(&images).await.unwrap_or_else(|e| panic!("{layout}: reopen: {e}"));
-        assert!(pool.recovery_report().move_rows_recopied > 0, "{layout}: {:?}", pool.recovery_report());
-        let report = pool.rebalance(|_| {}).await.unwrap_or_else(|e| panic!("{layout}: rebalance: {e}"));
-        assert!(report.moves >= 1 && report.abandoned == 0, "{layout}: {report:?}");
+        let (pool, _) = cut_and_resume(pool, &devs, seed, layout).await;
         check_scrub_close(pool, &model, layout).await;
     }
 }
