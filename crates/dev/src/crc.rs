@@ -25,9 +25,29 @@ pub fn crc32c(bytes: &[u8]) -> u32 {
     crc_fast::crc32_iscsi(bytes)
 }
 
+/// The CRC32C of the concatenation of `parts`, without joining them: for structures whose
+/// checksum covers their bytes around the field that stores it.
+pub fn crc32c_parts(parts: &[&[u8]]) -> u32 {
+    let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+    for part in parts {
+        digest.update(part);
+    }
+    u32::try_from(digest.finalize()).expect("a CRC32 fits 32 bits")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parts_checksum_as_their_concatenation() {
+        let bytes: Vec<u8> = (0..5000u32).map(|i| (i * 7 + i / 3).to_le_bytes()[0]).collect();
+        for cut in [0, 1, 4, 8, 4091, 5000] {
+            let (a, b) = bytes.split_at(cut);
+            assert_eq!(crc32c_parts(&[a, b]), crc32c(&bytes), "cut at {cut}");
+        }
+        assert_eq!(crc32c_parts(&[b"1234", b"", b"56789"]), 0xE306_9283);
+    }
 
     #[test]
     fn block_crc_is_crc32c_with_zero_remapped() {

@@ -141,7 +141,7 @@ const ROLLBACK_AT: usize = 112;
 const OF_CLONE_AT: usize = 114;
 
 fn record_crc(b: &[u8]) -> u32 {
-    crc32c::crc32c(&b[..RECORD_CRC_AT])
+    stria_dev::crc::crc32c(&b[..RECORD_CRC_AT])
 }
 
 impl LayerRecord {
@@ -298,7 +298,7 @@ pub struct IndexPage {
 }
 
 fn index_crc(b: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(&b[..16]), &b[20..BLOCK_USIZE])
+    stria_dev::crc::crc32c_parts(&[&b[..16], &b[20..BLOCK_USIZE]])
 }
 
 impl IndexPage {

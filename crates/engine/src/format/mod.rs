@@ -38,7 +38,7 @@ pub enum FormatError {
 
 /// CRC32C of a 4 KiB structure whose last 4 bytes hold the CRC.
 pub(crate) fn crc_of(block: &[u8]) -> u32 {
-    crc32c::crc32c(&block[..block.len() - 4])
+    stria_dev::crc::crc32c(&block[..block.len() - 4])
 }
 
 /// Stores `crc_of(block)` in the last 4 bytes.
@@ -50,7 +50,7 @@ pub(crate) fn seal_crc(block: &mut [u8]) {
 
 /// CRC of a page whose CRC sits at bytes 12..16: covers bytes 16.. then bytes 0..12.
 pub(crate) fn page_crc(page: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(&page[16..]), &page[..12])
+    stria_dev::crc::crc32c_parts(&[&page[16..], &page[..12]])
 }
 
 /// Little-endian field writer for fixed-size structures.

@@ -216,12 +216,15 @@ impl<D: BlockDevice> LogVolume<D> {
             *self.space.no_space.lock() = None;
         }
         let base = geo.batch_addr(seg, batch);
-        let mut buf = IoBuf::zeroed((geo.batch_blocks() * BLOCK_BYTES) as usize);
+        // Every byte is written below: the moved blocks, zeros in the slots they leave empty,
+        // and the summary.
+        let mut buf = IoBuf::for_overwrite((geo.batch_blocks() * BLOCK_BYTES) as usize);
         let mut summary = Vec::with_capacity(moves.len());
         for (i, m) in moves.iter().enumerate() {
             buf[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE].copy_from_slice(&m.data);
             summary.push(SummaryEntry { block: m.block, seq: m.entry.seq, crc: m.entry.crc });
         }
+        buf[moves.len() * BLOCK_USIZE..data_slots * BLOCK_USIZE].fill(0);
         let batch_seq = self.seq.fetch_add(1, Relaxed);
         encode_summary(batch_seq, &summary, &mut buf[data_slots * BLOCK_USIZE..]);
         self.counters.padded_slots.fetch_add((data_slots - moves.len()) as u64, Relaxed);

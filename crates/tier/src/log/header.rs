@@ -276,5 +276,5 @@ impl Header {
 }
 
 pub(super) fn header_crc(b: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(&b[..12]), &b[16..])
+    stria_dev::crc::crc32c_parts(&[&b[..12], &b[16..]])
 }

@@ -114,7 +114,7 @@ pub fn encode_summary(batch_seq: u64, entries: &[SummaryEntry], out: &mut [u8]) 
 }
 
 fn summary_crc(block: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(&block[..4]), &block[8..])
+    stria_dev::crc::crc32c_parts(&[&block[..4], &block[8..]])
 }
 
 /// Reads a batch's summary blocks: one entry per data slot (`data` of them), or `None` for a

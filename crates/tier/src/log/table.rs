@@ -41,7 +41,7 @@ pub(crate) fn region_bytes(segments: u64, ring: u64) -> u64 {
 }
 
 fn header_crc(b: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(&b[..44]), &b[48..BLOCK_USIZE])
+    stria_dev::crc::crc32c_parts(&[&b[..44], &b[48..BLOCK_USIZE]])
 }
 
 impl Table {
@@ -59,7 +59,7 @@ impl Table {
             b[at + 8..at + 16].copy_from_slice(&block.to_le_bytes());
             at += 16;
         }
-        let body_crc = crc32c::crc32c(&b[BLOCK_USIZE..at]);
+        let body_crc = stria_dev::crc::crc32c(&b[BLOCK_USIZE..at]);
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         b[4..8].copy_from_slice(&VERSION.to_le_bytes());
         for (i, v) in
@@ -92,7 +92,7 @@ impl Table {
         body: &[u8],
     ) -> Option<Table> {
         let len = Self::body_bytes(segments, owners) as usize;
-        if body.len() < len || crc32c::crc32c(&body[..len]) != body_crc {
+        if body.len() < len || stria_dev::crc::crc32c(&body[..len]) != body_crc {
             return None;
         }
         let u64_at = |i: usize| u64::from_le_bytes(body[i..i + 8].try_into().expect("8"));

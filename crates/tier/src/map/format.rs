@@ -54,7 +54,7 @@ impl MapEntry {
 }
 
 pub(super) fn page_crc(page: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(&page[..8]), &page[12..])
+    stria_dev::crc::crc32c_parts(&[&page[..8], &page[12..]])
 }
 
 /// Encodes map page `page` of layer `owner` (0: the head; else a snapshot's copy of it).
@@ -116,7 +116,7 @@ pub(super) fn encode_log_block(seq: u64, deltas: &[(u64, [u8; 16])], out: &mut [
         out[at..at + 8].copy_from_slice(&block.to_le_bytes());
         out[at + 8..at + 24].copy_from_slice(e);
     }
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&out[..16]), &out[20..]);
+    let crc = stria_dev::crc::crc32c_parts(&[&out[..16], &out[20..]]);
     out[16..20].copy_from_slice(&crc.to_le_bytes());
 }
 
@@ -130,7 +130,7 @@ pub(super) fn decode_log_block(b: &[u8], seq: u64) -> Option<Vec<(u64, [u8; 16])
     if magic != LOG_MAGIC
         || found != seq
         || count > DELTAS_PER_LOG_BLOCK
-        || crc != crc32c::crc32c_append(crc32c::crc32c(&b[..16]), &b[20..])
+        || crc != stria_dev::crc::crc32c_parts(&[&b[..16], &b[20..]])
     {
         return None;
     }
@@ -149,7 +149,7 @@ pub(super) fn encode_header(replay_seq: u64, out: &mut [u8]) {
     out.fill(0);
     out[0..4].copy_from_slice(&HEADER_MAGIC.to_le_bytes());
     out[8..16].copy_from_slice(&replay_seq.to_le_bytes());
-    let crc = crc32c::crc32c(&out[..16]);
+    let crc = stria_dev::crc::crc32c(&out[..16]);
     out[16..20].copy_from_slice(&crc.to_le_bytes());
 }
 
@@ -157,6 +157,6 @@ pub(super) fn encode_header(replay_seq: u64, out: &mut [u8]) {
 pub(super) fn decode_header(b: &[u8]) -> Option<u64> {
     let magic = u32::from_le_bytes(b[0..4].try_into().expect("4 bytes"));
     let crc = u32::from_le_bytes(b[16..20].try_into().expect("4 bytes"));
-    (magic == HEADER_MAGIC && crc == crc32c::crc32c(&b[..16]))
+    (magic == HEADER_MAGIC && crc == stria_dev::crc::crc32c(&b[..16]))
         .then(|| u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")))
 }
