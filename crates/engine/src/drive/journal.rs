@@ -416,9 +416,11 @@ impl Journal {
     async fn write_batch<D: BlockDevice>(&self, dev: &D, batch: Vec<Pending>, errors: &PendingErrors) {
         // Place records; those that do not fit fail with `Full` (their writers flush and retry).
         let mut placed = Unreported(Vec::new());
-        let mut writes: Vec<(u64, Vec<u8>)> = Vec::new(); // (ring position, bytes)
+        let mut blocks_out: Vec<Block> = Vec::new(); // what goes where, in ring order
+        let epoch;
         {
             let mut ring = self.ring.lock();
+            epoch = ring.epoch;
             for p in batch {
                 let blocks = 1 + p.piece.data.len() as u64 / BLOCK;
                 let wrap = ring.head + blocks > self.ring_blocks;
@@ -432,7 +434,7 @@ impl Journal {
                     ring.next_seq += 1;
                     let head = ring.head;
                     self.check_follows(&ring, seq, head);
-                    push_write(&mut writes, head, encode_pad(seq, ring.epoch));
+                    blocks_out.push(Block { pos: head, seq, record: None });
                     ring.live.push_back((seq, head, pad, 0));
                     ring.used += pad;
                     ring.head = 0;
@@ -441,9 +443,7 @@ impl Journal {
                 ring.next_seq += 1;
                 let pos = ring.head;
                 self.check_follows(&ring, seq, pos);
-                let mut bytes = encode_record_header(seq, ring.epoch, &p.piece);
-                bytes.extend_from_slice(&p.piece.data);
-                push_write(&mut writes, pos, bytes);
+                blocks_out.push(Block { pos, seq, record: Some(placed.0.len()) });
                 ring.live.push_back((seq, pos, blocks, p.piece.txn_id));
                 ring.used += blocks;
                 ring.head = (pos + blocks) % self.ring_blocks;
@@ -461,10 +461,15 @@ impl Journal {
         if placed.0.is_empty() {
             return;
         }
+        // One buffer per run of consecutive ring blocks, filled once: each header is encoded in
+        // place and each payload copied once (the one copy the journal needs, since a record
+        // and its header go down as one write).
+        let pieces: Vec<&JournalPiece> = placed.0.iter().map(|(p, _)| &p.piece).collect();
+        let writes = assemble_runs(&blocks_out, &pieces, epoch);
         let mut result = Ok(());
         for (pos, bytes) in writes {
             let offset = self.offset_bytes + (HEADER_COPIES + pos) * BLOCK;
-            if let Err(e) = dev.write(offset, IoBytes::copy_from(&bytes), true).await {
+            if let Err(e) = dev.write(offset, bytes, true).await {
                 errors.record(ErrorKind::Write, 1, now_unix_secs());
                 result = Err(Arc::new(e));
                 break;
@@ -608,14 +613,53 @@ impl Journal {
     }
 }
 
-fn push_write(writes: &mut Vec<(u64, Vec<u8>)>, pos: u64, bytes: Vec<u8>) {
-    if let Some((start, buf)) = writes.last_mut()
-        && *start + buf.len() as u64 / BLOCK == pos
-    {
-        buf.extend_from_slice(&bytes);
-        return;
+/// One entry of a batch's placement: a pad (`record` None: one header block, the ring then
+/// wraps) or a record (its header block and payload; `record` indexes the batch's pieces).
+struct Block {
+    pos: u64,
+    seq: u64,
+    record: Option<usize>,
+}
+
+impl Block {
+    /// Ring blocks this entry writes (a pad writes only its header block).
+    fn written_blocks(&self, pieces: &[&JournalPiece]) -> u64 {
+        self.record.map_or(1, |i| 1 + pieces[i].data.len() as u64 / BLOCK)
     }
-    writes.push((pos, bytes));
+}
+
+/// The device writes of a batch: each run of entries that follow one another in the ring
+/// becomes one buffer, sized exactly and written into once.
+fn assemble_runs(blocks: &[Block], pieces: &[&JournalPiece], epoch: u64) -> Vec<(u64, IoBytes)> {
+    let mut writes = Vec::new();
+    let mut at = 0;
+    while at < blocks.len() {
+        let mut end = at + 1;
+        let mut next = blocks[at].pos + blocks[at].written_blocks(pieces);
+        while end < blocks.len() && blocks[end].pos == next {
+            next += blocks[end].written_blocks(pieces);
+            end += 1;
+        }
+        let mut buf = IoBuf::for_overwrite(((next - blocks[at].pos) * BLOCK) as usize);
+        let mut off = 0;
+        for b in &blocks[at..end] {
+            let header = &mut buf[off..off + BLOCK as usize];
+            match b.record {
+                None => encode_pad_into(header, b.seq, epoch),
+                Some(i) => encode_record_header_into(header, b.seq, epoch, pieces[i]),
+            }
+            off += BLOCK as usize;
+            if let Some(i) = b.record {
+                let data = &pieces[i].data;
+                buf[off..off + data.len()].copy_from_slice(data);
+                off += data.len();
+            }
+        }
+        debug_assert_eq!(off, buf.len());
+        writes.push((blocks[at].pos, buf.freeze()));
+        at = end;
+    }
+    writes
 }
 
 /// `DevError` is not `Clone`; each waiter of a failed batch gets an equivalent error.
@@ -655,8 +699,15 @@ pub(crate) struct RecordHeader {
 }
 
 pub(crate) fn encode_record_header(seq: u64, epoch: u64, piece: &JournalPiece) -> Vec<u8> {
-    let len_blocks = piece.data.len() as u64 / BLOCK;
     let mut block = vec![0u8; BLOCK as usize];
+    encode_record_header_into(&mut block, seq, epoch, piece);
+    block
+}
+
+/// Encodes a record's header block into `block` (one block; every byte is written).
+fn encode_record_header_into(block: &mut [u8], seq: u64, epoch: u64, piece: &JournalPiece) {
+    let len_blocks = piece.data.len() as u64 / BLOCK;
+    block.fill(0);
     block[..8].copy_from_slice(RECORD_MAGIC);
     block[8..16].copy_from_slice(&seq.to_le_bytes());
     block[16..24].copy_from_slice(&piece.txn_id.to_le_bytes());
@@ -671,8 +722,7 @@ pub(crate) fn encode_record_header(seq: u64, epoch: u64, piece: &JournalPiece) -
         block[560 + 4 * i..564 + 4 * i].copy_from_slice(&block_crc(b).to_le_bytes());
     }
     block[EPOCH_AT..EPOCH_AT + 8].copy_from_slice(&epoch.to_le_bytes());
-    seal_crc(&mut block);
-    block
+    seal_crc(block);
 }
 
 /// Where a record header keeps its session epoch (after the largest CRC list).
@@ -680,11 +730,17 @@ pub(crate) const EPOCH_AT: usize = 560 + 4 * MAX_RECORD_BLOCKS as usize;
 
 pub(crate) fn encode_pad(seq: u64, epoch: u64) -> Vec<u8> {
     let mut block = vec![0u8; BLOCK as usize];
+    encode_pad_into(&mut block, seq, epoch);
+    block
+}
+
+/// Encodes a pad's header block into `block` (one block; every byte is written).
+fn encode_pad_into(block: &mut [u8], seq: u64, epoch: u64) {
+    block.fill(0);
     block[..8].copy_from_slice(RECORD_MAGIC);
     block[8..16].copy_from_slice(&seq.to_le_bytes());
     block[EPOCH_AT..EPOCH_AT + 8].copy_from_slice(&epoch.to_le_bytes());
-    seal_crc(&mut block);
-    block
+    seal_crc(block);
 }
 
 pub(crate) fn decode_record_header(block: &[u8], expect_seq: u64, epoch: u64) -> Option<RecordHeader> {
@@ -828,6 +884,67 @@ mod tests {
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].seq, s);
         assert_eq!(found[0].piece.txn_id, 10);
+    }
+
+    /// A batch's entries that follow one another in the ring go down as one write holding each
+    /// header and payload in order; a pad (one header block, then the ring wraps) ends a run.
+    #[test]
+    fn a_batch_is_one_write_per_run_of_consecutive_blocks() {
+        let (a, b, c) = (piece(1, 2, 0xa1), piece(2, 1, 0xa2), piece(3, 1, 0xa3));
+        let pieces = [&a, &b, &c];
+        let blocks = [
+            Block { pos: 10, seq: 5, record: Some(0) },
+            Block { pos: 13, seq: 6, record: Some(1) },
+            Block { pos: 15, seq: 7, record: None },
+            Block { pos: 0, seq: 8, record: Some(2) },
+        ];
+        let writes = assemble_runs(&blocks, &pieces, 4);
+        assert_eq!(
+            writes.iter().map(|(pos, w)| (*pos, w.len())).collect::<Vec<_>>(),
+            [(10, 6 * 4096), (0, 2 * 4096)]
+        );
+        let mut expect = encode_record_header(5, 4, &a);
+        expect.extend_from_slice(&a.data);
+        expect.extend_from_slice(&encode_record_header(6, 4, &b));
+        expect.extend_from_slice(&b.data);
+        expect.extend_from_slice(&encode_pad(7, 4));
+        assert!(writes[0].1[..] == expect[..], "run at 10: headers and payloads in ring order");
+        let mut expect = encode_record_header(8, 4, &c);
+        expect.extend_from_slice(&c.data);
+        assert!(writes[1].1[..] == expect[..], "run at 0");
+    }
+
+    /// Appends that arrive while a writer is busy go down as one batch, wrapping the ring (a
+    /// pad) inside it in two writes, and read back in order, each with its own payload.
+    #[tokio::test]
+    async fn a_batch_of_appends_wraps_and_reads_back_in_order() {
+        let dev = MemDevice::new("j", 1 << 20);
+        Journal::format(&dev, 0).await.unwrap();
+        // 2 header blocks + 31 ring blocks; records of 3 blocks.
+        let (j, _, _) = Journal::open(&dev, 0, 132 << 10).await.unwrap();
+        let errors = PendingErrors::default();
+        for t in 0..7 {
+            j.append(&dev, piece(t, 2, t as u8), &errors).await.unwrap();
+        }
+        let c = j.checkpoint_candidate(u64::MAX);
+        j.checkpoint(&dev, c, &marks(7)).await.unwrap();
+        // Head at ring block 21: three records fit before the end, a pad takes block 30.
+        let busy = j.writer.lock().await;
+        let appends =
+            futures::future::try_join_all((10..16).map(|t| j.append(&dev, piece(t, 2, t as u8), &errors)));
+        tokio::pin!(appends);
+        assert!(futures::poll!(&mut appends).is_pending(), "every append waits for the writer");
+        let writes_before = dev.counters().snapshot().write_ops;
+        drop(busy);
+        let seqs = appends.await.unwrap();
+        assert_eq!(seqs, [8, 9, 10, 12, 13, 14], "sequence 11 is the pad");
+        assert_eq!(dev.counters().snapshot().write_ops - writes_before, 2, "one write per run");
+        let (_, found, _) = Journal::open(&dev, 0, 132 << 10).await.unwrap();
+        assert_eq!(found.iter().map(|p| p.seq).collect::<Vec<_>>(), seqs);
+        for (f, t) in found.iter().zip(10u64..) {
+            assert_eq!(f.piece.txn_id, t);
+            assert!(f.piece.data.iter().all(|&x| x == t as u8), "record of transaction {t}");
+        }
     }
 
     #[tokio::test]
