@@ -29,6 +29,7 @@
 # disturbs both sides alike. Takes about 8 minutes with the defaults (--quick: about 1).
 # --only REGEX runs the workloads whose name matches (e.g. 'randwrite-4k-qd(1|16)$');
 # --serve-args "ARGS" adds flags to `stria serve` (e.g. "--nbd-busy-poll 50").
+# STRIA=PATH benchmarks that binary instead of building one (to compare two builds).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DRIVES=memory REPS=3 RUNTIME=2 RAMP=0.5 MODES="pinned unpinned" ONLY=. SERVE_ARGS= OUT=$ROOT/target/bench-reports/nbd/bench-nbd.json
@@ -56,8 +57,12 @@ CPUS=$(nproc)
 
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 echo "building stria (release) in $CARGO_TARGET_DIR ..."
-cargo build -q --release -p stria -p stria-report --manifest-path "$ROOT/Cargo.toml"
-STRIA=$CARGO_TARGET_DIR/release/stria
+if [ -n "${STRIA:-}" ]; then
+  cargo build -q --release -p stria-report --manifest-path "$ROOT/Cargo.toml"
+else
+  cargo build -q --release -p stria -p stria-report --manifest-path "$ROOT/Cargo.toml"
+  STRIA=$CARGO_TARGET_DIR/release/stria
+fi
 mkdir -p "$(dirname "$OUT")"
 
 W=$(mktemp -d /dev/shm/stria-bench-nbd.XXXXXX)
