@@ -87,18 +87,22 @@ live_case() {  # live_case LAYOUT PART-HOLDING-THE-VICTIM TERM|KILL
   start "$pool"
   qemu-io -f raw "$(uri v)" -c 'write -P 0xaa 0 16M' -c flush >/dev/null
   cp --sparse=always "$victim" "$W/live.img"
-  qemu-io -f raw "$(uri v)" -c 'write -P 0xbb 0 16M' -c flush >/dev/null
+  # More than the 32M cache ring after the copy, so that the ring wraps and every part's first
+  # segment (the victim's) is written again: a cache ring is placed in units (two segments of
+  # 16M here), and 16M of writes would land only in the second, leaving the victim's copy
+  # current unless destage happened to write it before the stop.
+  qemu-io -f raw "$(uri v)" -c 'write -P 0xbb 0 48M' -c flush >/dev/null
   if [ "$how" = TERM ]; then stop; else kill -9 "$PID"; wait "$PID" 2>/dev/null || true; PID=; fi
   cp --sparse=always "$W/live.img" "$victim"
   start "$pool"
   local st; st=$("$STRIA" status --pool "$pool" --json || true)
   echo "$st" | json '[i["reason"] for i in d["ignored_drives"]]' | grep -q "stale" \
     || { echo "$st" >&2; echo "$layout/$how: the live copy of $victim was not left out as stale" >&2; exit 1; }
-  local out; out=$(qemu-io -f raw "$(uri v)" -c 'read -P 0xbb 0 16M' 2>&1)
-  echo "$out" | grep -q "^read 16777216/16777216" \
+  local out; out=$(qemu-io -f raw "$(uri v)" -c 'read -P 0xbb 0 48M' 2>&1)
+  echo "$out" | grep -q "^read 50331648/50331648" \
     || { echo "$out" >&2; echo "$layout/$how: old or no data after the live copy came back" >&2; exit 1; }
   "$STRIA" scrub v --pool "$pool" --json >"$W/scrub.json" || { cat "$W/scrub.json" >&2; exit 1; }
-  qemu-io -f raw "$(uri v)" -c 'read -P 0xbb 0 16M' | grep -q "^read 16777216/16777216"
+  qemu-io -f raw "$(uri v)" -c 'read -P 0xbb 0 48M' | grep -q "^read 50331648/50331648"
   stop
   rm -rf "$pool"
   echo "$layout/$how: live copy left out, 0xbb read back"
