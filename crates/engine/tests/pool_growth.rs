@@ -221,6 +221,56 @@ async fn a_failed_repeat_on_the_destination_keeps_the_row_marked_for_the_resume(
     }
 }
 
+/// A shadow dropped while its move stays recorded with a cursor (here: another drive of the
+/// volume fails and comes back online, which takes the move in progress from the runner without
+/// taking it out of the metadata): the writes that follow are no longer repeated on the
+/// destination, so the source holds the intent bits of its whole extent. A housekeeping tick
+/// clears none of them, and after a power cut recovery copies those rows again before the move
+/// resumes (docs/design/pool-growth.md, "Resuming a move"). Without the hold (tried) the tick
+/// clears the bits and open copies no row again, so the destination would keep rows below the
+/// cursor older than what was flushed.
+#[tokio::test]
+async fn a_shadow_dropped_with_the_move_still_recorded_holds_the_source_extent() {
+    for (i, (layout, n)) in layouts().into_iter().filter(|(l, _)| l.tolerance() > 0).enumerate() {
+        let seed = 1050 + i as u64;
+        let (pool, devs, mut model) = grown_pool(layout, n, seed).await;
+        let vol = pool.volume("v").expect("v");
+        vol.flush().await.expect("flush");
+        let members: Vec<u32> = pool.meta().volumes[0].segments[0].members.iter().map(|m| m.slot).collect();
+        let victim = members[0];
+        pool.drain_drive(victim).await.expect("drain");
+        let (cursor, _) = stop_halfway(&pool, layout).await;
+        let other = members[1];
+        let path = pool.meta().drive(other).expect("listed").path_hint.clone();
+        pool.fail_drive(other, "failed by the test").await.expect("fail");
+        pool.online_drive(other, Arc::clone(&devs[other as usize]), &path)
+            .await
+            .unwrap_or_else(|e| panic!("{layout}: online: {e}"));
+        pool.rebuild(|_| {}).await.unwrap_or_else(|e| panic!("{layout}: resync: {e}"));
+        let meta = pool.meta();
+        let moving = meta.volumes[0].segments[0].members.iter().find(|m| m.move_to.is_some());
+        assert_eq!(
+            moving.map(|m| (m.slot, m.move_cursor_rows)),
+            Some((victim, cursor)),
+            "{layout}: the move stays recorded at its cursor"
+        );
+        // Writes over every row, none repeated on the destination any more, made durable; then
+        // housekeeping, which clears every idle bit it may.
+        let mut rng = rng(seed + 1);
+        for offset in (0..SIZE).step_by(CHUNK as usize) {
+            let data: Vec<u8> = (0..CHUNK).map(|_| rng.random()).collect();
+            write(&vol, &mut model, offset, data).await;
+        }
+        vol.flush().await.expect("flush");
+        pool.tick().await.expect("tick");
+        let held = pool.status().drives.iter().find(|d| d.id == victim).map_or(0, |d| d.dirty_regions);
+        assert!(held > 0, "{layout}: the source's bits were cleared with the move still recorded");
+        drop(vol);
+        let (pool, _) = cut_and_resume(pool, &devs, seed, layout).await;
+        check_scrub_close(pool, &model, layout).await;
+    }
+}
+
 #[tokio::test]
 async fn rebalance_spreads_a_grown_pool_evenly() {
     let switch = PowerSwitch::new();
