@@ -88,6 +88,15 @@ async fn stop_halfway(pool: &Pool<Dev>, layout: Layout) -> (u64, u32) {
     (moving.move_cursor_rows, moving.move_to.expect("a destination").slot)
 }
 
+/// Writes every chunk of volume `v` once, in order, with random data.
+async fn write_every_row(vol: &stria_engine::Volume<Dev>, model: &mut Model, seed: u64) {
+    let mut rng = rng(seed);
+    for offset in (0..SIZE).step_by(CHUNK as usize) {
+        let data: Vec<u8> = (0..CHUNK).map(|_| rng.random()).collect();
+        write(vol, model, offset, data).await;
+    }
+}
+
 #[tokio::test]
 async fn a_drained_drive_empties_while_the_volume_is_written_on_every_layout() {
     for (i, (layout, n)) in layouts().into_iter().enumerate() {
@@ -206,11 +215,7 @@ async fn a_failed_repeat_on_the_destination_keeps_the_row_marked_for_the_resume(
         // The next write to the destination fails: the repeat of the first host write into the
         // moved extent, in its first rows (below the cursor).
         devs[dst as usize].arm_write_error();
-        let mut rng = rng(seed + 1);
-        for offset in (0..SIZE).step_by(CHUNK as usize) {
-            let data: Vec<u8> = (0..CHUNK).map(|_| rng.random()).collect();
-            write(&vol, &mut model, offset, data).await;
-        }
+        write_every_row(&vol, &mut model, seed + 1).await;
         // Everything durable, and every idle bit whose writes that covers cleared.
         pool.tick().await.expect("tick");
         let held = pool.status().drives.iter().find(|d| d.id == victim).map_or(0, |d| d.dirty_regions);
@@ -256,11 +261,7 @@ async fn a_shadow_dropped_with_the_move_still_recorded_holds_the_source_extent()
         );
         // Writes over every row, none repeated on the destination any more, made durable; then
         // housekeeping, which clears every idle bit it may.
-        let mut rng = rng(seed + 1);
-        for offset in (0..SIZE).step_by(CHUNK as usize) {
-            let data: Vec<u8> = (0..CHUNK).map(|_| rng.random()).collect();
-            write(&vol, &mut model, offset, data).await;
-        }
+        write_every_row(&vol, &mut model, seed + 1).await;
         vol.flush().await.expect("flush");
         pool.tick().await.expect("tick");
         let held = pool.status().drives.iter().find(|d| d.id == victim).map_or(0, |d| d.dirty_regions);
