@@ -55,6 +55,10 @@ impl Drop for Recycler {
 thread_local! {
     static RECYCLER: RefCell<Recycler> =
         RefCell::new(Recycler { free: Default::default(), bytes: 0 });
+    /// The allocation every empty view of this thread shares: empty buffers are placeholders
+    /// (a write without payload, a block not read yet) made per request, which should cost no
+    /// allocation. No view can reach its bytes, so sharing it is sound.
+    static EMPTY: Arc<Alloc> = Alloc::allocate(0, true);
 }
 
 fn class_layout(class: usize) -> Layout {
@@ -118,6 +122,15 @@ impl Alloc {
     /// An allocation of at least `len_bytes`; with `zero`, its first `len_bytes` are zeros
     /// (the only bytes a view of it can reach), otherwise they are unspecified.
     fn new(len_bytes: usize, zero: bool) -> Arc<Alloc> {
+        if len_bytes == 0
+            && let Ok(empty) = EMPTY.try_with(Arc::clone)
+        {
+            return empty;
+        }
+        Alloc::allocate(len_bytes, zero)
+    }
+
+    fn allocate(len_bytes: usize, zero: bool) -> Arc<Alloc> {
         // A zero-length allocation is not allowed by the global allocator; round up to one block.
         let size = len_bytes.max(1).next_multiple_of(BUF_ALIGN_BYTES);
         let class = class_of(size);
@@ -402,6 +415,25 @@ mod tests {
                 assert_eq!(again.as_ptr(), first, "len {len}: the freed allocation is reused");
             }
         }
+    }
+
+    #[test]
+    fn empty_buffers_share_one_allocation_per_thread() {
+        let a = IoBuf::zeroed(0);
+        let b = IoBuf::for_overwrite(0);
+        let c = IoBytes::zeroed(0);
+        assert!(Arc::ptr_eq(&a.owner, &b.owner) && Arc::ptr_eq(&a.owner, &c.owner));
+        let other = std::thread::spawn(|| Arc::as_ptr(&IoBuf::zeroed(0).owner) as usize).join().unwrap();
+        assert_ne!(other, Arc::as_ptr(&a.owner) as usize, "each thread has its own");
+        // An empty view joins nothing but another empty view, as before.
+        let mut a = a;
+        assert!(a.unsplit(b).is_ok() && a.is_empty());
+        let real = IoBuf::zeroed(4096);
+        assert!(a.unsplit(real).is_err());
+        // A buffer cut to nothing keeps its own allocation.
+        let mut whole = IoBuf::zeroed(4096);
+        let tail = whole.split_off(4096);
+        assert!(tail.is_empty() && Arc::ptr_eq(&tail.owner, &whole.owner));
     }
 
     #[test]

@@ -184,6 +184,21 @@ impl<P> PageCache<P> {
             .collect()
     }
 
+    /// The cached slots of pages `ids` (`None` for misses), marked recently used: one look
+    /// under the lock for pages in no particular order (a batch of map updates).
+    pub fn lookup_each(&self, ids: &[u64]) -> Vec<Option<Arc<Slot<P>>>> {
+        let r = self.resident.lock();
+        ids.iter()
+            .map(|id| {
+                let slot = r.slots.get(id).cloned();
+                if let Some(s) = &slot {
+                    s.referenced.store(true, Relaxed);
+                }
+                slot
+            })
+            .collect()
+    }
+
     /// The cached slot of page `id`, if resident (does not count as a use).
     pub fn peek(&self, id: u64) -> Option<Arc<Slot<P>>> {
         self.resident.lock().slots.get(&id).cloned()

@@ -207,6 +207,18 @@ impl MapLayout {
 /// A cached page and its index (taken for write-back, or held for an update).
 type DirtyPage = (u64, Arc<Slot<MapPage>>);
 
+/// Head pages are cached under their index, pool pages under `POOL_KEY | n`: an update through
+/// the wrong one would change a layer it does not mean to.
+fn assert_head_page(page: u64, slot: &Slot<MapPage>) {
+    let mp = slot.page();
+    assert!(
+        mp.page == page && mp.owner() == 0,
+        "map: the page cached for head page {page} is layer {}'s copy of page {}",
+        mp.owner(),
+        mp.page
+    );
+}
+
 /// The entries of one cached page: a head page, or a snapshot's copy of head page `page` in
 /// the pool (`owner` = the snapshot's layer id; 0 for head pages).
 #[derive(Debug)]
@@ -510,19 +522,31 @@ impl<D: BlockDevice> MapStore<D> {
             .collect())
     }
 
-    /// The cached pages holding `blocks`, in order, read [`READ_AHEAD`] at a time on misses.
+    /// The cached pages holding `blocks`, in order: the resident ones found under one look at
+    /// the cache, the others read [`READ_AHEAD`] at a time.
     async fn pages_of(&self, blocks: &[u64]) -> Result<Vec<DirtyPage>, MapError> {
-        let mut out = Vec::with_capacity(blocks.len());
-        for chunk in blocks.chunks(READ_AHEAD) {
-            let mut reads = Vec::with_capacity(chunk.len());
-            for &b in chunk {
-                reads.push(self.page_of(b));
-            }
-            for r in futures::future::join_all(reads).await {
-                out.push(r?);
+        let total = self.blocks();
+        if let Some(&block) = blocks.iter().find(|&&b| b >= total) {
+            return Err(MapError::OutOfRange { block, blocks: total });
+        }
+        let pages: Vec<u64> = blocks.iter().map(|b| b / ENTRIES_PER_PAGE).collect();
+        let mut found = self.cache.lookup_each(&pages);
+        let missing: Vec<usize> = (0..blocks.len()).filter(|&i| found[i].is_none()).collect();
+        for chunk in missing.chunks(READ_AHEAD) {
+            let reads = futures::future::join_all(chunk.iter().map(|&i| self.page_of(blocks[i]))).await;
+            for (&i, read) in chunk.iter().zip(reads) {
+                found[i] = Some(read?.1);
             }
         }
-        Ok(out)
+        Ok(pages
+            .into_iter()
+            .zip(found)
+            .map(|(page, slot)| {
+                let slot = slot.expect("found or read above");
+                assert_head_page(page, &slot);
+                (page, slot)
+            })
+            .collect())
     }
 
     /// The cached page holding `block` (read from the volume on a miss).
@@ -533,15 +557,7 @@ impl<D: BlockDevice> MapStore<D> {
         }
         let page = block / ENTRIES_PER_PAGE;
         let head = |slot: Arc<Slot<MapPage>>| {
-            // Head pages are cached under their index, pool pages under `POOL_KEY | n`: an
-            // update through the wrong one would change a layer it does not mean to.
-            let mp = slot.page();
-            assert!(
-                mp.page == page && mp.owner() == 0,
-                "map: the page cached for head page {page} is layer {}'s copy of page {}",
-                mp.owner(),
-                mp.page
-            );
+            assert_head_page(page, &slot);
             Ok((page, slot))
         };
         if let Some(Some(slot)) = self.cache.lookup(page, 1).pop() {
