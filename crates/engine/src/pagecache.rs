@@ -172,31 +172,25 @@ impl<P> PageCache<P> {
     /// The cached slots of pages `first..first + count` (`None` for misses), marked recently
     /// used.
     pub fn lookup(&self, first: u64, count: u64) -> Vec<Option<Arc<Slot<P>>>> {
-        let r = self.resident.lock();
-        (first..first + count)
-            .map(|id| {
-                let slot = r.slots.get(&id).cloned();
-                if let Some(s) = &slot {
-                    s.referenced.store(true, Relaxed);
-                }
-                slot
-            })
-            .collect()
+        self.lookup_ids(first..first + count)
     }
 
     /// The cached slots of pages `ids` (`None` for misses), marked recently used: one look
     /// under the lock for pages in no particular order (a batch of map updates).
     pub fn lookup_each(&self, ids: &[u64]) -> Vec<Option<Arc<Slot<P>>>> {
+        self.lookup_ids(ids.iter().copied())
+    }
+
+    fn lookup_ids(&self, ids: impl Iterator<Item = u64>) -> Vec<Option<Arc<Slot<P>>>> {
         let r = self.resident.lock();
-        ids.iter()
-            .map(|id| {
-                let slot = r.slots.get(id).cloned();
-                if let Some(s) = &slot {
-                    s.referenced.store(true, Relaxed);
-                }
-                slot
-            })
-            .collect()
+        ids.map(|id| {
+            let slot = r.slots.get(&id).cloned();
+            if let Some(s) = &slot {
+                s.referenced.store(true, Relaxed);
+            }
+            slot
+        })
+        .collect()
     }
 
     /// The cached slot of page `id`, if resident (does not count as a use).

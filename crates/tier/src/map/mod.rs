@@ -531,6 +531,12 @@ impl<D: BlockDevice> MapStore<D> {
         }
         let pages: Vec<u64> = blocks.iter().map(|b| b / ENTRIES_PER_PAGE).collect();
         let mut found = self.cache.lookup_each(&pages);
+        for (&page, slot) in pages.iter().zip(&found) {
+            if let Some(slot) = slot {
+                assert_head_page(page, slot);
+            }
+        }
+        // The misses: `page_of` reads them (and checks what it finds).
         let missing: Vec<usize> = (0..blocks.len()).filter(|&i| found[i].is_none()).collect();
         for chunk in missing.chunks(READ_AHEAD) {
             let reads = futures::future::join_all(chunk.iter().map(|&i| self.page_of(blocks[i]))).await;
@@ -541,11 +547,7 @@ impl<D: BlockDevice> MapStore<D> {
         Ok(pages
             .into_iter()
             .zip(found)
-            .map(|(page, slot)| {
-                let slot = slot.expect("found or read above");
-                assert_head_page(page, &slot);
-                (page, slot)
-            })
+            .map(|(page, slot)| (page, slot.expect("found or read above")))
             .collect())
     }
 
