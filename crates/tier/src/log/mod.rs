@@ -28,6 +28,7 @@
 //! `snapshots` (snapshots and clones), `status`. The cache ring is `crate::ring`, the map
 //! `crate::map`.
 
+mod cache_writes;
 mod cas;
 mod destage;
 #[doc(hidden)]
@@ -184,6 +185,10 @@ pub struct LogCounters {
     /// Blocks read from the write cache and from the segment space.
     pub blocks_read_from_cache: Counter,
     pub blocks_read_from_segments: Counter,
+    /// Writes into the cache ring (each one run of consecutive positions) and the batches
+    /// they were written in ([`cache_writes`]: group commit of host writes).
+    pub cache_writes: AtomicU64,
+    pub cache_write_batches: AtomicU64,
     pub destage_batches: AtomicU64,
     /// Batches destage wrote into a segment the hot host stream opened ([`GcPolicy::Temperature`]).
     pub destage_hot_batches: AtomicU64,
@@ -229,6 +234,8 @@ pub struct LogVolume<D: BlockDevice> {
     /// Byte offset of the persisted segment table in the metadata part (shared with the
     /// checkpoint's table writer; moves when the volume grows).
     pub(crate) table_at: Arc<AtomicU64>,
+    /// Host writes' cache pieces, written in batches.
+    pub(crate) cache_writes: cache_writes::CacheWrites,
 }
 
 /// The three engine volumes of the pool a log volume is made of.

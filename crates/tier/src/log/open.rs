@@ -326,6 +326,7 @@ pub async fn open<D: BlockDevice>(
         },
         opened_from_table: from_table,
         table_at: Arc::new(AtomicU64::new(header.table_region().map_or(0, |r| r.0))),
+        cache_writes: Default::default(),
     });
     if let Some((at, _)) = header.table_region() {
         vol.map.set_checkpoint_table(Arc::new(table::Writer {

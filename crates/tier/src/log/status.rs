@@ -37,6 +37,12 @@ pub struct LogStatus {
     pub host_read_bytes: u64,
     pub blocks_read_from_cache: u64,
     pub blocks_read_from_segments: u64,
+    /// Writes into the cache ring and the batches they went in (host writes that arrive
+    /// together share one write per run of consecutive cache blocks).
+    #[serde(default)]
+    pub cache_writes: u64,
+    #[serde(default)]
+    pub cache_write_batches: u64,
     pub destage_batches: u64,
     /// Of those, batches written into hot segments (GC policy `temperature`; left out when none).
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -107,6 +113,8 @@ impl<D: BlockDevice> LogVolume<D> {
             host_read_bytes: c.host_read_bytes.load(Relaxed),
             blocks_read_from_cache: c.blocks_read_from_cache.load(Relaxed),
             blocks_read_from_segments: c.blocks_read_from_segments.load(Relaxed),
+            cache_writes: c.cache_writes.load(Relaxed),
+            cache_write_batches: c.cache_write_batches.load(Relaxed),
             destage_batches: c.destage_batches.load(Relaxed),
             destage_hot_batches: c.destage_hot_batches.load(Relaxed),
             destaged_blocks: c.destaged_blocks.load(Relaxed),

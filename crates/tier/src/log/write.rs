@@ -4,8 +4,8 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBytes};
+use stria_engine::VolumeError;
 use stria_engine::volume::bytes::{Span, ZeroSplit};
-use stria_engine::{VolumeError, join_all_ok};
 
 use super::{HEAD, LogVolume};
 use crate::map::{MapEntry, Place, Update};
@@ -94,22 +94,15 @@ impl<D: BlockDevice> LogVolume<D> {
                 });
             }
         };
-        // 1. Data into the cache, durably (split where the ring wraps).
+        // 1. Data into the cache, durably (split where the ring wraps), in one batch with the
+        // writes that arrive together.
         let phys = self.ring.block_of(start);
         let before_wrap = (self.ring.ring_blocks() - phys).min(n);
-        let mut writes = vec![self.parts.cache.write(
-            phys * BLOCK_BYTES,
-            data.slice(0..(before_wrap * BLOCK_BYTES) as usize),
-            true,
-        )];
+        let mut pieces = vec![(phys, data.slice(0..(before_wrap * BLOCK_BYTES) as usize))];
         if before_wrap < n {
-            writes.push(self.parts.cache.write(
-                0,
-                data.slice((before_wrap * BLOCK_BYTES) as usize..data.len()),
-                true,
-            ));
+            pieces.push((0, data.slice((before_wrap * BLOCK_BYTES) as usize..data.len())));
         }
-        if let Err(e) = join_all_ok(writes).await {
+        if let Err(e) = self.write_cache(pieces).await {
             self.ring.release(start..start + n);
             return Err(e);
         }
