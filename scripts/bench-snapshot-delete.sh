@@ -82,7 +82,7 @@ for rep in $(seq "$REPS"); do
   fio_lat "$POOL/amid" &
   FIO_PID=$!
   sleep 2
-  out=$(st snapshot delete v s --json)
+  out=$(st snapshot delete v s --wait --json)
   wait "$FIO_PID" || { echo "fio failed amid the delete" >&2; exit 1; }
   FIO_PID=
   read -r a99 a999 amax <"$POOL/alone"

@@ -164,7 +164,7 @@ printf '  snapshot create, c1g under 4 KiB random writes qd 16: median %.3f s [%
 settle b
 for s in s8 s16 s1; do
   read -r c0 m0 g0 <<<"$(parts_written b)"
-  out=$(st snapshot delete b "$s" --json)
+  out=$(st snapshot delete b "$s" --wait --json)
   read -r c1 m1 g1 <<<"$(parts_written b)"
   python3 - "$s" "$out" $((c1 - c0)) $((m1 - m0)) $((g1 - g0)) <<'PY'
 import json, sys

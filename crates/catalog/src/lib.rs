@@ -748,6 +748,34 @@ impl<D: BlockDevice> Catalog<D> {
             blocks_freed: stats.entries_freed,
             kept_for_clones: stats.kept_for_clones,
             seconds: started.elapsed().as_secs_f64(),
+            in_background: false,
+        })
+    }
+
+    /// Starts deleting snapshot `snap` of `volume` (docs/design/snapshots.md, "Deletes in the
+    /// background"): once this returns it is deleted for every reader (durably marked, gone
+    /// from the listings); its map pages are handed on and its blocks freed by the volume's
+    /// background task (`volume show` counts the deletes in progress).
+    pub async fn snapshot_delete_in_background(
+        &self,
+        volume: &str,
+        snap: &str,
+    ) -> Result<SnapshotDeletedView, CatalogError> {
+        let (lv, clone) = self.with_snapshots(volume)?;
+        let started = std::time::Instant::now();
+        let kept_for_clones = match clone {
+            None => lv.start_snapshot_delete(snap).await?,
+            Some(_) => lv.start_clone_snapshot_delete(volume, snap).await?,
+        };
+        Ok(SnapshotDeletedView {
+            volume: volume.to_string(),
+            name: snap.to_string(),
+            map_pages_handed_on: 0,
+            map_pages_dropped: 0,
+            blocks_freed: 0,
+            kept_for_clones,
+            seconds: started.elapsed().as_secs_f64(),
+            in_background: !kept_for_clones,
         })
     }
 

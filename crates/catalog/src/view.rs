@@ -526,6 +526,10 @@ pub struct SnapshotDeletedView {
     #[serde(default)]
     pub kept_for_clones: bool,
     pub seconds: f64,
+    /// The delete was left to the volume's background task (the counts above are then zero):
+    /// the snapshot is gone for every reader, its space comes back as the task runs.
+    #[serde(default)]
+    pub in_background: bool,
 }
 
 impl SnapshotView {

@@ -391,8 +391,21 @@ async fn snapshots_clones_and_rollback() {
     assert!(full.iter().all(|s| s.exclusive_bytes.is_some()), "snapshot list says what each holds");
     let VolumeView::Log(l) = c.show("v").expect("show") else { panic!("a log view") };
     assert_eq!(l.snapshots.len(), 2);
-    c.snapshot_delete("v", "s2").await.expect("delete s2");
+    // Left to the background: gone from the list and the lookups at once, counted by `show`
+    // until the volume's task has handed its pages on.
+    let deleted = c.snapshot_delete_in_background("v", "s2").await.expect("delete s2");
+    assert!(deleted.in_background && !deleted.kept_for_clones, "{deleted:?}");
     assert_eq!(names(c.snapshots(Some("v")).expect("list")), ["s1"]);
+    assert!(c.lookup("v@s2").is_none(), "a deleted snapshot is not looked up");
+    let in_progress = || match c.show("v").expect("show") {
+        VolumeView::Log(l) => l.status.deletes_in_progress,
+        _ => panic!("a log view"),
+    };
+    let started = std::time::Instant::now();
+    while in_progress() > 0 {
+        assert!(started.elapsed().as_secs() < 20, "s2's delete did not finish in the background");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     // A clone: readable as its snapshot, writable, its name taken.
     let clone_view = c.volume_clone("v@s1", "c1").await.expect("clone");
     assert_eq!((clone_view.origin.as_str(), clone_view.snapshot.as_str()), ("v", "s1"));

@@ -472,13 +472,19 @@ pub(crate) enum SnapshotCmd {
         json: bool,
     },
     /// Delete a snapshot. No data is copied: its map pages are handed to the next older
-    /// snapshot or dropped, and blocks only it held are freed for garbage collection.
+    /// snapshot or dropped, and blocks only it held are freed for garbage collection. The
+    /// snapshot is gone (durably) when the command returns; its pages are handed on by a
+    /// background task of the daemon afterwards (`volume show` counts deletes in progress),
+    /// unless --wait or no daemon serves the pool (the command then does it).
     Delete {
         volume: String,
         name: String,
         /// Delete it even while NBD clients have VOLUME@NAME open (they are cut off).
         #[arg(long)]
         force: bool,
+        /// Hand its pages on and free its blocks before returning, and print what that did.
+        #[arg(long)]
+        wait: bool,
         #[arg(long)]
         json: bool,
     },

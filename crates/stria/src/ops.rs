@@ -135,6 +135,9 @@ pub(crate) enum Request {
         /// Delete it even with NBD clients attached to its export.
         #[serde(default)]
         force: bool,
+        /// Hand its pages on before answering (else a background task does, after the answer).
+        #[serde(default)]
+        wait: bool,
     },
     VolumeRollback {
         volume: String,
@@ -436,9 +439,15 @@ pub(crate) async fn execute(
         }
         Request::SnapshotCreate { volume, name } => to_json(&catalog.snapshot_create(&volume, &name).await?),
         Request::SnapshotList { volume } => to_json(&catalog.snapshot_list(volume.as_deref()).await?),
-        Request::SnapshotDelete { volume, name, force } => {
+        Request::SnapshotDelete { volume, name, force, wait } => {
             ctx.check_clients(&format!("{volume}@{name}"), "deleting the snapshot", force)?;
-            to_json(&catalog.snapshot_delete(&volume, &name).await?)
+            // Without a daemon the pool closes when the command ends, which would stop a
+            // background delete (and leave it to the next open): the command finishes it.
+            if wait || !ctx.daemon {
+                to_json(&catalog.snapshot_delete(&volume, &name).await?)
+            } else {
+                to_json(&catalog.snapshot_delete_in_background(&volume, &name).await?)
+            }
         }
         Request::VolumeConvert { volume, force } => {
             let name = volume.name.clone();

@@ -386,6 +386,13 @@ fn log_volume(view: &stria_catalog::LogView) {
             s.exclusive_bytes.map_or_else(|| "-".into(), format_size)
         );
     }
+    if l.deletes_in_progress > 0 {
+        outln!(
+            "  {:<22} {} (their map pages are being handed on and their blocks freed in the background)",
+            "snapshot deletes",
+            l.deletes_in_progress
+        );
+    }
     for c in &view.clones {
         outln!("  {:<22} {} of {}@{}", "clone", c.name, c.origin, c.snapshot);
     }

@@ -551,6 +551,107 @@ async fn a_power_cut_amid_a_snapshot_delete_and_writes_loses_no_view_and_no_writ
     assert!(kept > 0 && gone > 0, "cuts landed before and after the delete's mark: {kept} kept, {gone} gone");
 }
 
+/// Waits (in steps of 5 ms, at most 20 s) until no delete is left to the background deleter,
+/// which alone works meanwhile. Returns whether it got there.
+async fn background_deletes_done(vol: &LogVolume<Dev>) -> bool {
+    for _ in 0..4000 {
+        if vol.deletes_pending() == 0 {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    false
+}
+
+/// `snapshot delete` leaves the handing on to the volume's background task (issue 39): the
+/// start returns with the snapshot gone from the list and its pages not yet handed on; the
+/// task then hands them on with nobody waiting for it while FUA writes go on (some land between
+/// its batches: they preserve into the older snapshot); afterwards the older snapshot reads
+/// exactly as when it was made, the head reads every write, the live counts match the map, and
+/// all of it survives a reopen.
+#[tokio::test]
+async fn a_snapshot_delete_left_to_the_background_task_finishes_amid_writes_and_every_view_holds() {
+    let mut t = DeleteAmid::new(&PowerSwitch::new()).await;
+    let preserved_before = t.vol.map_stats().await.pages_preserved_past_a_delete;
+    let kept = t.vol.start_snapshot_delete("s2").await.unwrap();
+    assert!(!kept, "s2 has no clones");
+    assert!(t.vol.snapshots().iter().all(|s| s.name != "s2"), "s2 is gone from the list at once");
+    assert_eq!(t.vol.deletes_pending(), 1, "s2's pages are left to the background task");
+    assert!(t.vol.status().deletes_in_progress == 1, "status counts the delete in progress");
+    let v4 = t.version(4, 0, 0..AMID_PAGES);
+    // The writer is a task of its own, as the deleter is: the runtime takes turns between them.
+    let writer = tokio::spawn({
+        let (vol, v4) = (t.vol.clone(), v4.clone());
+        async move {
+            let mut during = 0;
+            for (offset, (_, bytes)) in v4.iter().rev() {
+                during += usize::from(vol.deletes_pending() > 0);
+                vol.write(*offset, IoBytes::copy_from(bytes), true).await.unwrap();
+            }
+            during
+        }
+    });
+    let during = writer.await.unwrap();
+    t.head.extend(v4.iter().cloned());
+    assert!(during > 0, "no write began while s2's delete was in progress");
+    assert!(background_deletes_done(&t.vol).await, "the background task did not finish s2's delete");
+    assert_eq!(t.vol.status().deletes_in_progress, 0);
+    let redirected = t.vol.map_stats().await.pages_preserved_past_a_delete - preserved_before;
+    assert!(redirected > 0, "no write preserved into s1 while s2, the newest, was handed on");
+    let s1_view = t.s1_view.clone();
+    t.check(Some(("s1", &s1_view)), "after s2's delete in the background").await;
+    let t = t.reopen().await;
+    t.check(Some(("s1", &s1_view)), "after s2's delete in the background and a reopen").await;
+    t.vol.close().await;
+    t.pool.close().await.unwrap();
+}
+
+/// A close stops a background delete between two of its batches (it does not wait for the
+/// rest), and the next open finishes it; a snapshot operation started while a delete is left
+/// to the background finishes it first. Every view holds throughout.
+#[tokio::test]
+async fn a_background_delete_stops_at_close_and_is_finished_by_the_next_open_or_snapshot_operation() {
+    let switch = PowerSwitch::new();
+    let t = DeleteAmid::new(&switch).await;
+    // s1 owns 16 pages, handed on one per batch (a log write each); the volume is closed by a
+    // task of its own once the deleter has made a few requests.
+    t.vol.start_snapshot_delete("s1").await.unwrap();
+    let before = switch.ops_passed();
+    let closer = tokio::spawn({
+        let (vol, switch) = (t.vol.clone(), switch.clone());
+        async move {
+            while switch.ops_passed() < before + 6 {
+                tokio::task::yield_now().await;
+            }
+            vol.close().await;
+        }
+    });
+    closer.await.unwrap();
+    assert_eq!(t.vol.deletes_pending(), 1, "the close waited for the whole delete");
+    let (pool, devs) = (t.pool.clone(), t.devs.clone());
+    drop(t.vol);
+    let vol = open_log(&pool).await.unwrap();
+    assert_eq!(vol.deletes_pending(), 0, "the open finished the delete");
+    assert!(vol.snapshots().iter().map(|s| s.name.as_str()).eq(["s2"]), "only s2 is left");
+    vol.set_delete_batch(1);
+    let t = DeleteAmid { vol, pool, devs, ..t };
+    let s2_view = t.s2_view.clone();
+    t.check(Some(("s2", &s2_view)), "after s1's delete was finished at open").await;
+
+    // A snapshot made while s2's delete is left to the background finishes it first.
+    t.vol.start_snapshot_delete("s2").await.unwrap();
+    assert_eq!(t.vol.deletes_pending(), 1);
+    t.vol.create_snapshot("s3").await.unwrap();
+    assert_eq!(t.vol.deletes_pending(), 0, "the snapshot create finished s2's delete first");
+    assert!(t.vol.snapshots().iter().map(|s| s.name.as_str()).eq(["s3"]));
+    let head = t.head.clone();
+    t.check(Some(("s3", &head)), "s3 after s2's delete was finished by its create").await;
+    let t = t.reopen().await;
+    t.check(Some(("s3", &head)), "s3 after a reopen").await;
+    t.vol.close().await;
+    t.pool.close().await.unwrap();
+}
+
 /// Deleting an origin whose snapshots have clones (issue 39): its head takes no more writes and
 /// keeps what it held (the kept snapshot reads through it), its snapshots go (the clone's parent
 /// is kept, hidden), and the clone reads and writes as before, through reopens. A power cut
@@ -2136,8 +2237,24 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
             sim.snaps[i].2 = false;
             let seed_d = seed_c + 700;
             let past = vol.map_stats().await.pages_preserved_past_a_delete;
-            let (deleted, ()) =
-                tokio::join!(vol.delete_snapshot(&name), run_writers(&vol, &tracker, &work, seed_d, None));
+            // Half of them as `snapshot delete` runs them: marked, then finished by the
+            // background task while the writers go on (and here waited for).
+            // A start that returned is durable: the snapshot must be gone after any cut.
+            let background = sim.rng.random_bool(0.5);
+            let marked = std::cell::Cell::new(false);
+            let delete = async {
+                if background {
+                    let kept = vol.start_snapshot_delete(&name).await?;
+                    marked.set(true);
+                    let finished = vol.finish_deletes().await?;
+                    Ok(format!(
+                        "in the background (kept for clones {kept}; {finished} finished by the waiter)"
+                    ))
+                } else {
+                    vol.delete_snapshot(&name).await.map(|d| format!("{d:?}"))
+                }
+            };
+            let (deleted, ()) = tokio::join!(delete, run_writers(&vol, &tracker, &work, seed_d, None));
             // Writes that landed between its batches (the newest's delete) and preserved into
             // the next older snapshot.
             PRESERVES_PAST_DELETES.fetch_add(
@@ -2146,10 +2263,13 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
             );
             sim.note(format!(
                 "  delete {name}: {}",
-                deleted.as_ref().map_or_else(|e| e.to_string(), |d| format!("{d:?}"))
+                deleted.as_ref().map_or_else(|e: &stria_tier::TierError| e.to_string(), Clone::clone)
             ));
-            if deleted.is_ok() {
+            if deleted.is_ok() || marked.get() {
                 SNAPSHOT_DELETES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if background {
+                    BACKGROUND_DELETES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 sim.snaps.retain(|s| s.0 != name);
             }
         }
@@ -2264,6 +2384,8 @@ static CLONE_RESIZES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 /// Snapshot deletes and rollbacks that returned, over the seeds of one run.
 static SNAPSHOT_DELETES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static PRESERVES_PAST_DELETES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Of those, the deletes left to the background task (`snapshot delete` without `--wait`).
+static BACKGROUND_DELETES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static SNAPSHOT_ROLLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// Destage batches of hot blocks (GC policy `temperature`, one boot in three).
 static HOT_BATCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -2296,10 +2418,11 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
     }
     eprintln!(
         "{n} seeds: {} opens from the segment table, {} by a map scan; {given_back} segments given back; \
-         {snapshots} snapshot checks after a boot, {} snapshot deletes ({} pages preserved past a delete), {} rollbacks; {} clone checks after a boot, {} clone deletes; {} deletes of an origin with clones (and {} a cut left to open); {} resizes, {} clone resizes; {} hot destage batches; live counts checked against the map {} times ({} exactly)",
+         {snapshots} snapshot checks after a boot, {} snapshot deletes ({} in the background; {} pages preserved past a delete), {} rollbacks; {} clone checks after a boot, {} clone deletes; {} deletes of an origin with clones (and {} a cut left to open); {} resizes, {} clone resizes; {} hot destage batches; live counts checked against the map {} times ({} exactly)",
         opens.0,
         opens.1,
         deletes(),
+        BACKGROUND_DELETES.load(std::sync::atomic::Ordering::Relaxed),
         PRESERVES_PAST_DELETES.load(std::sync::atomic::Ordering::Relaxed),
         SNAPSHOT_ROLLBACKS.load(std::sync::atomic::Ordering::Relaxed),
         CLONE_CHECKS.load(std::sync::atomic::Ordering::Relaxed),
@@ -2332,6 +2455,10 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
         );
         assert!(snapshots > 0, "snapshots were checked after cuts");
         assert!(deletes() > 0, "snapshots were deleted amid writes and cuts");
+        assert!(
+            BACKGROUND_DELETES.load(std::sync::atomic::Ordering::Relaxed) > 0,
+            "snapshot deletes were left to the background task amid writes and cuts"
+        );
         assert!(
             SNAPSHOT_ROLLBACKS.load(std::sync::atomic::Ordering::Relaxed) > 0,
             "volumes were rolled back"

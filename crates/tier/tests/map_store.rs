@@ -512,7 +512,7 @@ async fn run_seed(seed: u64) {
             .await
             .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: finishing clone rollbacks: {e}"));
         store
-            .finish_deletes(|f| freed.extend(f))
+            .finish_deletes(None, |f| freed.extend(f))
             .await
             .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: finishing deletes: {e}"));
         let freed_at_open = freed;

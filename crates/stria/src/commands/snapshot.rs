@@ -28,8 +28,8 @@ pub(super) async fn snapshot(dir: &PoolDir, cmd: SnapshotCmd) -> Result<()> {
                 output::snapshots(&view::<Vec<stria_catalog::SnapshotView>>(v)?);
             }
         }
-        SnapshotCmd::Delete { volume, name, force, json } => {
-            let v = request(dir, Request::SnapshotDelete { volume, name, force }).await?;
+        SnapshotCmd::Delete { volume, name, force, wait, json } => {
+            let v = request(dir, Request::SnapshotDelete { volume, name, force, wait }).await?;
             if json {
                 print_json(&v);
             } else {
@@ -37,6 +37,14 @@ pub(super) async fn snapshot(dir: &PoolDir, cmd: SnapshotCmd) -> Result<()> {
                 if d.kept_for_clones {
                     outln!(
                         "deleted snapshot {} of {}: it has clones, so its map pages are kept (hidden) until the last of them is deleted; nothing freed yet",
+                        d.name,
+                        d.volume
+                    );
+                    return Ok(());
+                }
+                if d.in_background {
+                    outln!(
+                        "deleted snapshot {} of {}: its map pages are handed on and its blocks freed in the background (`volume show` counts deletes in progress)",
                         d.name,
                         d.volume
                     );

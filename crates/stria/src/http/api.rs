@@ -367,7 +367,7 @@ mod tests {
         )
         .expect("built");
         assert!(
-            matches!(r, Request::SnapshotDelete { ref volume, ref name, force: false } if volume == "tv" && name == "s1")
+            matches!(r, Request::SnapshotDelete { ref volume, ref name, force: false, wait: false } if volume == "tv" && name == "s1")
         );
         let r = build_request(
             qos_route(),

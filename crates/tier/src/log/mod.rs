@@ -288,12 +288,18 @@ pub(crate) struct Clock {
 /// `pool_growth`; a path takes a subset in this order (a writer: `writes`, `ranges` shared,
 /// `rmw`, `settle`; a compare and write: `writes`, `ranges` exclusive, `settle`; the mover:
 /// `moving`, `settle`; a rollback: `snapshot_ops`, `writes`, `moving`; a snapshot or clone
-/// delete: `snapshot_ops`, then per batch `settle` shared). The map's own locks are
+/// delete: `snapshot_ops`, `deleter`, then per batch `settle` shared). The map's own locks are
 /// inside all of them, and the parking_lot mutexes (the segment table, the params, the health
 /// and space notes) are leaves, never held across an await.
 pub(crate) struct Gates {
-    /// One snapshot create, delete or rollback at a time.
+    /// One snapshot create, delete or rollback at a time (taken through
+    /// [`LogVolume::snapshot_ops`], which first finishes the deletes left to the background).
     pub(crate) snapshot_ops: tokio::sync::Mutex<()>,
+    /// Held (inside `snapshot_ops`) while marked deletes are being finished: close waits for
+    /// the batch in progress, after which the delete stops (`MapStore::stop_deletes`).
+    pub(crate) deleter: tokio::sync::Mutex<()>,
+    /// Wakes the background deleter: a delete was marked.
+    pub(crate) deletes_wanted: tokio::sync::Notify,
     /// Held shared by every host write, zeroing and trim from start to acknowledgement; making a
     /// snapshot holds it alone, so the snapshot holds every write acknowledged before, none after.
     pub(crate) writes: tokio::sync::RwLock<()>,
@@ -506,6 +512,8 @@ impl<D: BlockDevice> LogVolume<D> {
     /// open replays little. Requests after this fail with `Closed`.
     pub async fn close(&self) {
         self.stop();
+        // A delete in progress stops before its next batch; the next open finishes it.
+        drop(self.gates.deleter.lock().await);
         drop(self.gates.moving.lock().await);
         if self.health.failure.lock().is_none()
             && let Err(e) = self.map.checkpoint().await
@@ -517,6 +525,8 @@ impl<D: BlockDevice> LogVolume<D> {
     /// Like [`LogVolume::close`] without waiting (for `Drop`): the mover stops after its batch.
     pub fn stop(&self) {
         self.health.closed.store(true, Relaxed);
+        self.map.stop_deletes();
+        self.gates.deletes_wanted.notify_one();
         self.ring.shut(format!("volume {} is closed", self.name));
         self.ring.hungry.notify_one();
         self.map.wake_checkpoint_task();

@@ -109,6 +109,43 @@ async fn run<D: BlockDevice>(vol: Weak<LogVolume<D>>) {
     }
 }
 
+/// Runs the deletes `snapshot delete` leaves to the background (docs/design/snapshots.md,
+/// "Deletes in the background"): woken when one is marked, it finishes every marked delete under
+/// `snapshot_ops`, batch by batch, writes going on between batches.
+pub(crate) fn spawn_deleter<D: BlockDevice>(vol: &Arc<LogVolume<D>>) {
+    tokio::spawn(deleter(Arc::downgrade(vol)));
+}
+
+async fn deleter<D: BlockDevice>(vol: Weak<LogVolume<D>>) {
+    loop {
+        let Some(v) = vol.upgrade() else { return };
+        if v.health.closed.load(Relaxed) || v.health.failure.lock().is_some() {
+            return;
+        }
+        let mut pause = Duration::from_secs(1);
+        if v.map.deletes_pending() > 0 {
+            let _one = v.gates.snapshot_ops.lock().await;
+            match v.finish_deletes_held().await {
+                Ok(0) => {}
+                Ok(finished) => {
+                    tracing::info!(volume = %v.name(), finished, "finished snapshot deletes in the background")
+                }
+                // Closing: the next open finishes it.
+                Err(_) if v.health.closed.load(Relaxed) => return,
+                Err(e) => {
+                    tracing::error!(volume = %v.name(), error = %e, "a snapshot delete failed in the background; retrying");
+                    pause = Duration::from_secs(5);
+                }
+            }
+        }
+        // As in the mover: `v` is held for at most one short wait.
+        tokio::select! {
+            () = v.gates.deletes_wanted.notified() => {}
+            () = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
 /// Runs the map's checkpoints in their own task, so writers do not wait for one (they only wake
 /// it; docs/design/log-structured-volumes.md, "Checkpoints that do not stop writers").
 pub(crate) fn spawn_checkpoints<D: BlockDevice>(vol: &Arc<LogVolume<D>>) {

@@ -316,6 +316,8 @@ pub async fn open<D: BlockDevice>(
         health: Health { closed: AtomicBool::new(false), failure: Mutex::new(None) },
         gates: Gates {
             snapshot_ops: tokio::sync::Mutex::new(()),
+            deleter: tokio::sync::Mutex::new(()),
+            deletes_wanted: tokio::sync::Notify::new(),
             writes: tokio::sync::RwLock::new(()),
             ranges: super::ranges::RangeLocks::new(),
             rmw: (0..RMW_LOCKS).map(|_| tokio::sync::Mutex::new(())).collect(),
@@ -358,7 +360,7 @@ pub async fn open<D: BlockDevice>(
     }
     let finished = vol
         .map
-        .finish_deletes(|freed| vol.free_places(freed))
+        .finish_deletes(None, |freed| vol.free_places(freed))
         .await
         .map_err(|e| corrupt(format!("finishing a snapshot delete: {e}")))?;
     if finished > 0 {
@@ -390,6 +392,7 @@ pub async fn open<D: BlockDevice>(
     }
     mover::spawn(&vol);
     mover::spawn_checkpoints(&vol);
+    mover::spawn_deleter(&vol);
     Ok(vol)
 }
 

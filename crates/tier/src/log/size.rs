@@ -27,7 +27,7 @@ impl<D: BlockDevice> LogVolume<D> {
     pub async fn resize(&self, new_bytes: u64) -> Result<(), TierError> {
         let new_bytes = new_bytes.next_multiple_of(BLOCK_BYTES);
         stria_engine::check_volume_size(new_bytes)?;
-        let _one = self.gates.snapshot_ops.lock().await;
+        let _one = self.snapshot_ops().await?;
         if self.origin_deleted() {
             return Err(TierError::Invalid(format!(
                 "{} was deleted (it is kept only for its clones)",
@@ -85,7 +85,7 @@ impl<D: BlockDevice> LogVolume<D> {
     pub async fn resize_clone(&self, name: &str, new_bytes: u64) -> Result<(), TierError> {
         let new_bytes = new_bytes.next_multiple_of(BLOCK_BYTES);
         stria_engine::check_volume_size(new_bytes)?;
-        let _one = self.gates.snapshot_ops.lock().await;
+        let _one = self.snapshot_ops().await?;
         let Some(clone) = self.map.clones().into_iter().find(|c| c.name == name) else {
             return Err(TierError::Invalid(format!("{} has no clone {name:?}", self.name)));
         };

@@ -25,7 +25,7 @@ impl<D: BlockDevice> LogVolume<D> {
             return Err(refuse("a snapshot of that name exists".into()));
         }
         self.check_writable(0, self.size_bytes())?;
-        let _one = self.gates.snapshot_ops.lock().await;
+        let _one = self.snapshot_ops().await?;
         if self.origin_deleted() {
             return Err(refuse("the volume was deleted (it is kept only for its clones)".into()));
         }
@@ -65,11 +65,98 @@ impl<D: BlockDevice> LogVolume<D> {
     /// snapshot owns, written in batches; writes go on between them, each waiting for one batch
     /// at most.
     pub async fn delete_snapshot(&self, name: &str) -> Result<DeleteStats, TierError> {
-        let _one = self.gates.snapshot_ops.lock().await;
+        let _one = self.snapshot_ops().await?;
         let Some(snap) = self.map.snapshots().into_iter().find(|s| s.name == name) else {
             return Err(TierError::Invalid(format!("{} has no snapshot {name:?}", self.name)));
         };
         self.delete_snapshot_held(&snap).await
+    }
+
+    /// Starts deleting snapshot `name` (docs/design/snapshots.md, "Deletes in the
+    /// background"): it is marked deleted, durably, before this returns (gone from every
+    /// listing; its blocks are never read through it again), and the volume's background
+    /// deleter hands its map page copies on, batch by batch, writes going on between batches.
+    /// A snapshot, clone, rollback or resize operation started meanwhile finishes it first; a
+    /// close stops it between two batches and the next open finishes it. Returns whether the
+    /// snapshot has clones: it is then kept, hidden, for them, and nothing is left to do until
+    /// its last clone is deleted.
+    pub async fn start_snapshot_delete(&self, name: &str) -> Result<bool, TierError> {
+        let _one = self.snapshot_ops().await?;
+        let Some(snap) = self.map.snapshots().into_iter().find(|s| s.name == name) else {
+            return Err(TierError::Invalid(format!("{} has no snapshot {name:?}", self.name)));
+        };
+        self.check_writable(0, self.size_bytes())?;
+        let kept = self
+            .map
+            .hide_snapshot(snap.id)
+            .await
+            .map_err(|e| self.layer_op_error(&format!("deleting snapshot {name:?}"), e))?;
+        self.gates.deletes_wanted.notify_one();
+        tracing::info!(volume = %self.name, snapshot = %name, kept_for_clones = kept, "snapshot marked deleted; its pages are handed on in the background");
+        Ok(kept)
+    }
+
+    /// [`Self::start_snapshot_delete`] for snapshot `name` of clone `clone`. Returns whether it
+    /// is kept, hidden, for the clones made of it.
+    pub async fn start_clone_snapshot_delete(&self, clone: &str, name: &str) -> Result<bool, TierError> {
+        let _one = self.snapshot_ops().await?;
+        let c = self.live_clone_named(clone)?;
+        let Some(snap) = self.map.clone_snapshots(c.id).into_iter().find(|s| s.name == name) else {
+            return Err(TierError::Invalid(format!("clone {clone} has no snapshot {name:?}")));
+        };
+        self.check_writable(0, self.size_bytes())?;
+        self.map
+            .hide_frozen(snap.id)
+            .await
+            .map_err(|e| self.layer_op_error(&format!("deleting snapshot {name:?} of clone {clone:?}"), e))?;
+        let kept = self.map.kept_for_clones(snap.id);
+        self.gates.deletes_wanted.notify_one();
+        tracing::info!(volume = %self.name, clone, snapshot = name, kept_for_clones = kept, "snapshot of a clone marked deleted; finished in the background");
+        Ok(kept)
+    }
+
+    /// Layers marked deleted whose delete has not finished (those kept for clones are not
+    /// counted): the background deleter's work.
+    pub fn deletes_pending(&self) -> usize {
+        self.map.deletes_pending()
+    }
+
+    /// Finishes now the deletes left to the background deleter (waiting for its batch in
+    /// progress first), for callers that want the space back before they go on. Returns how
+    /// many layers it finished.
+    pub async fn finish_deletes(&self) -> Result<usize, TierError> {
+        let _one = self.gates.snapshot_ops.lock().await;
+        self.finish_deletes_held().await
+    }
+
+    /// Takes `snapshot_ops` for a snapshot, clone, rollback or resize operation, first finishing
+    /// the deletes left to the background deleter: none of them runs beside a layer marked
+    /// deleted whose copies are not handed on yet (only layers kept for clones stay hidden).
+    pub(super) async fn snapshot_ops(&self) -> Result<tokio::sync::MutexGuard<'_, ()>, TierError> {
+        let one = self.gates.snapshot_ops.lock().await;
+        self.finish_deletes_held().await?;
+        Ok(one)
+    }
+
+    /// Finishes every delete marked but not finished; the caller holds `snapshot_ops`. Returns
+    /// how many layers it finished.
+    pub(super) async fn finish_deletes_held(&self) -> Result<usize, TierError> {
+        if self.map.deletes_pending() == 0 {
+            return Ok(0);
+        }
+        let _running = self.gates.deleter.lock().await;
+        if self.health.closed.load(Relaxed) {
+            return Err(VolumeError::Closed(self.name.clone()).into());
+        }
+        self.check_writable(0, self.size_bytes())?;
+        let finished = self
+            .map
+            .finish_deletes(Some(&self.gates.settle), |freed| self.free_places(freed))
+            .await
+            .map_err(|e| self.layer_op_error("finishing snapshot deletes", e))?;
+        // What they freed is GC's to take.
+        self.ring.hungry.notify_one();
+        Ok(finished)
     }
 
     /// [`Self::delete_snapshot`] of `snap`, the caller holding `snapshot_ops`.
@@ -103,7 +190,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// last clone. A crash after the mark leaves open to delete the snapshots. Returns the
     /// snapshots deleted and those kept for clones.
     pub async fn delete_origin(&self) -> Result<(Vec<String>, Vec<String>), TierError> {
-        let _one = self.gates.snapshot_ops.lock().await;
+        let _one = self.snapshot_ops().await?;
         if self.map.clones().is_empty() {
             return Err(TierError::Invalid(format!(
                 "{} has no clones: it is deleted with its parts, not kept",
@@ -168,6 +255,7 @@ impl<D: BlockDevice> LogVolume<D> {
         match e {
             MapError::Layers(why) => TierError::Invalid(format!("{what} of {}: {why}", self.name)),
             MapError::PoolFull { .. } => TierError::Invalid(format!("{what} of {}: {e}", self.name)),
+            MapError::Stopped => VolumeError::Closed(self.name.clone()).into(),
             e => {
                 self.map_failed(&e);
                 map_error(&self.name, e).into()
@@ -198,7 +286,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// file system mounted from the volume. A crash before it returns leaves it to open to
     /// finish. Returns how many blocks changed.
     pub async fn rollback(&self, name: &str) -> Result<u64, TierError> {
-        let _one = self.gates.snapshot_ops.lock().await;
+        let _one = self.snapshot_ops().await?;
         let snaps = self.map.snapshots();
         let Some(snap) = snaps.iter().find(|s| s.name == name).cloned() else {
             return Err(TierError::Invalid(format!("{} has no snapshot {name:?}", self.name)));
@@ -337,7 +425,7 @@ impl<D: BlockDevice> LogVolume<D> {
         if let Some(why) = crate::layers::name_problem(name) {
             return Err(refuse(why));
         }
-        let _one = self.gates.snapshot_ops.lock().await;
+        let _one = self.snapshot_ops().await?;
         let Some(parent) = self.map.snapshots().into_iter().find(|s| s.name == snap) else {
             return Err(TierError::Invalid(format!("{} has no snapshot {snap:?}", self.name)));
         };
@@ -355,7 +443,7 @@ impl<D: BlockDevice> LogVolume<D> {
         if let Some(why) = crate::layers::name_problem(name) {
             return Err(TierError::Invalid(format!("clone {name:?} of {clone}@{snap}: {why}")));
         }
-        let _one = self.gates.snapshot_ops.lock().await;
+        let _one = self.snapshot_ops().await?;
         let c = self.live_clone_named(clone)?;
         let Some(parent) = self.map.clone_snapshots(c.id).into_iter().find(|s| s.name == snap) else {
             return Err(TierError::Invalid(format!("clone {clone} has no snapshot {snap:?}")));
@@ -383,7 +471,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// it held are freed for GC; a deleted snapshot kept only for it goes too. Writes to the
     /// family wait while it runs.
     pub async fn delete_clone(&self, name: &str) -> Result<DeleteStats, TierError> {
-        let _one = self.gates.snapshot_ops.lock().await;
+        let _one = self.snapshot_ops().await?;
         let Some(clone) = self.map.clones().into_iter().find(|c| c.name == name) else {
             return Err(TierError::Invalid(format!("{} has no clone {name:?}", self.name)));
         };
@@ -462,7 +550,7 @@ impl<D: BlockDevice> LogVolume<D> {
         if let Some(why) = crate::layers::name_problem(name) {
             return Err(refuse(why));
         }
-        let _one = self.gates.snapshot_ops.lock().await;
+        let _one = self.snapshot_ops().await?;
         let c = self.live_clone_named(clone)?;
         if self.map.clone_snapshots(c.id).iter().any(|s| s.name == name) {
             return Err(refuse("a snapshot of that name exists".into()));
@@ -488,7 +576,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// is freed; one that clones were made of is kept, hidden, until they are deleted. No data
     /// is copied; writes wait for one batch of 128 pages at a time.
     pub async fn delete_clone_snapshot(&self, clone: &str, name: &str) -> Result<DeleteStats, TierError> {
-        let _one = self.gates.snapshot_ops.lock().await;
+        let _one = self.snapshot_ops().await?;
         let c = self.live_clone_named(clone)?;
         let Some(snap) = self.map.clone_snapshots(c.id).into_iter().find(|s| s.name == name) else {
             return Err(TierError::Invalid(format!("clone {clone} has no snapshot {name:?}")));
@@ -509,7 +597,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// again. Writes to the family wait while it runs. A crash before it returns leaves open
     /// to finish it. Returns how many map pages the clone let go of.
     pub async fn rollback_clone(&self, clone: &str, name: &str) -> Result<u64, TierError> {
-        let _one = self.gates.snapshot_ops.lock().await;
+        let _one = self.snapshot_ops().await?;
         let c = self.live_clone_named(clone)?;
         let snaps = self.map.clone_snapshots(c.id);
         let Some(snap) = snaps.iter().find(|s| s.name == name) else {

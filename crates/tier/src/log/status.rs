@@ -71,6 +71,10 @@ pub struct LogStatus {
     /// listed as a volume; its parts stay for the clones until the last one is deleted.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deleted_for_clones: bool,
+    /// Snapshots (and snapshots of clones) deleted whose map pages the background task has
+    /// not handed on yet (their blocks come back as it does).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub deletes_in_progress: u64,
     pub write_amplification_fast: Option<f64>,
     pub write_amplification_capacity: Option<f64>,
     pub parts: Vec<PartStatus>,
@@ -128,6 +132,7 @@ impl<D: BlockDevice> LogVolume<D> {
             snapshot_pool_pages: u64::from(self.map.pool_pages().1),
             full: no_space.is_some(),
             deleted_for_clones: self.origin_deleted(),
+            deletes_in_progress: self.deletes_pending() as u64,
             no_space,
             write_amplification_fast: per_host_byte(fast_written),
             write_amplification_capacity: per_host_byte(parts[2].member_write_bytes),

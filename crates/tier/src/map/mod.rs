@@ -129,6 +129,12 @@ pub enum MapError {
         "the snapshot page pool is full ({needed} pages needed, {free} free): it holds the copies of map pages that snapshots and clones own (writes to pages already copied still work); deleting snapshots or clones frees pages"
     )]
     PoolFull { needed: u64, free: u64 },
+    /// A snapshot or clone delete stopped between two of its batches because the volume is
+    /// closing: what it did is durable, and the next open finishes it.
+    #[error(
+        "the delete stopped between two batches because the volume is closing; its next open finishes it"
+    )]
+    Stopped,
 }
 
 /// Where the map lives in its backing volume.

@@ -105,6 +105,18 @@ impl<D: BlockDevice> MapStore<D> {
         hold: Option<&tokio::sync::RwLock<()>>,
         mut on_free: impl FnMut(Vec<(u64, MapEntry)>),
     ) -> Result<DeleteStats, MapError> {
+        if self.hide_snapshot(layer).await? {
+            return Ok(DeleteStats { kept_for_clones: true, ..DeleteStats::default() });
+        }
+        self.hand_on(layer, hold, &mut on_free).await
+    }
+
+    /// The first step of [`Self::delete_snapshot`]: snapshot `layer` is marked deleted
+    /// (hidden), durably, and is never read or listed again. Returns whether it has clones (it
+    /// is then kept, hidden, for them). Otherwise its copies are still to be handed on: by
+    /// [`Self::finish_deletes`], which an open runs and a background task may run (writes go on
+    /// meanwhile, preserving into it while it is the newest, as before the mark).
+    pub async fn hide_snapshot(&self, layer: u16) -> Result<bool, MapError> {
         self.pool_layout()?;
         {
             let _gate = self.snap.gate.write().await;
@@ -125,10 +137,7 @@ impl<D: BlockDevice> MapStore<D> {
         // never read again, and open finishes a delete a crash cut short. (Writes go on during
         // this checkpoint, preserving into the snapshot, still the newest, as before the mark.)
         self.checkpoint().await?;
-        if self.snap.layers.lock().has_clones(layer) {
-            return Ok(DeleteStats { kept_for_clones: true, ..DeleteStats::default() });
-        }
-        self.hand_on(layer, hold, &mut on_free).await
+        Ok(self.snap.layers.lock().has_clones(layer))
     }
 
     /// Pages a snapshot or clone delete hands on or drops per batch, one log write each (128
@@ -166,9 +175,45 @@ impl<D: BlockDevice> MapStore<D> {
         self.checkpoint().await
     }
 
-    /// Finishes the deletes a crash cut short (at open, before the map is used).
+    /// Stops deletes before their next batch (the volume is closing): they return
+    /// [`MapError::Stopped`], and the next open finishes them. For good: a closed volume is
+    /// opened again as a new one.
+    pub fn stop_deletes(&self) {
+        self.snap.deletes_stopped.store(true, SeqCst);
+    }
+
+    /// Whether hidden layer `layer` is kept for clones: a snapshot of the head with clones, or
+    /// a snapshot of a clone with more than one layer over it.
+    pub fn kept_for_clones(&self, layer: u16) -> bool {
+        let l = self.snap.layers.lock();
+        match l.clones.iter().find(|c| c.record.id == layer) {
+            Some(c) => c.record.kind == LayerKind::Frozen && l.children(layer).len() > 1,
+            None => l.has_clones(layer),
+        }
+    }
+
+    /// How many layers are marked deleted with their delete still to finish
+    /// ([`Self::finish_deletes`] would act on them; those kept for clones are not counted).
+    pub fn deletes_pending(&self) -> usize {
+        let l = self.snap.layers.lock();
+        let clones = l.clones.iter().filter(|c| c.record.hidden && c.record.kind == LayerKind::Clone).count();
+        let frozen = l
+            .clones
+            .iter()
+            .filter(|c| {
+                c.record.hidden && c.record.kind == LayerKind::Frozen && l.children(c.record.id).len() <= 1
+            })
+            .count();
+        let snaps = l.snaps.iter().filter(|s| s.record.hidden && !l.has_clones(s.record.id)).count();
+        clones + frozen + snaps
+    }
+
+    /// Finishes the deletes marked but not finished: those a crash cut short (at open, before
+    /// the map is used, `hold` `None`) and those left to a background task (`hold` as for
+    /// [`Self::delete_snapshot`]; writes go on between batches).
     pub async fn finish_deletes(
         &self,
+        hold: Option<&tokio::sync::RwLock<()>>,
         mut on_free: impl FnMut(Vec<(u64, MapEntry)>),
     ) -> Result<usize, MapError> {
         let clones: Vec<u16> = {
@@ -177,7 +222,7 @@ impl<D: BlockDevice> MapStore<D> {
             l.clones.iter().filter(hidden).map(|c| c.record.id).collect()
         };
         for &layer in &clones {
-            self.drop_clone(layer, None, &mut on_free).await?;
+            self.drop_clone(layer, hold, &mut on_free).await?;
         }
         // Deleted snapshots of clones (frozen layers) with at most one layer over them.
         let frozen: Vec<u16> = {
@@ -190,7 +235,7 @@ impl<D: BlockDevice> MapStore<D> {
         };
         for &layer in &frozen {
             if self.snap.layers.lock().layer(layer).is_some() {
-                self.finish_hidden(layer, None, &mut on_free).await?;
+                self.finish_hidden(layer, hold, &mut on_free).await?;
             }
         }
         // Deleted snapshots kept for clones stay until their last clone goes.
@@ -203,9 +248,9 @@ impl<D: BlockDevice> MapStore<D> {
                 .collect()
         };
         for &layer in &hidden {
-            self.hand_on(layer, None, &mut on_free).await?;
+            self.hand_on(layer, hold, &mut on_free).await?;
         }
-        Ok(clones.len() + hidden.len())
+        Ok(clones.len() + frozen.len() + hidden.len())
     }
 
     /// Deletes frozen layer `layer`, a snapshot of a clone (docs/design/snapshots.md,
@@ -219,6 +264,13 @@ impl<D: BlockDevice> MapStore<D> {
         hold: Option<&tokio::sync::RwLock<()>>,
         mut on_free: impl FnMut(Vec<(u64, MapEntry)>),
     ) -> Result<DeleteStats, MapError> {
+        self.hide_frozen(layer).await?;
+        self.finish_hidden(layer, hold, &mut on_free).await
+    }
+
+    /// The first step of [`Self::delete_frozen`]: frozen layer `layer` is marked deleted,
+    /// durably; [`Self::finish_deletes`] does the rest (or keeps it for the clones made of it).
+    pub async fn hide_frozen(&self, layer: u16) -> Result<(), MapError> {
         self.pool_layout()?;
         {
             let _gate = self.snap.gate.write().await;
@@ -232,8 +284,7 @@ impl<D: BlockDevice> MapStore<D> {
             l.records_dirty = true;
             self.snap.generation.fetch_add(1, SeqCst);
         }
-        self.checkpoint().await?;
-        self.finish_hidden(layer, hold, &mut on_free).await
+        self.checkpoint().await
     }
 
     /// Marks deleted, durably, clone `layer` and every snapshot of it (its frozen layers): the
@@ -442,6 +493,9 @@ impl<D: BlockDevice> MapStore<D> {
                 continue;
             }
             loop {
+                if self.snap.deletes_stopped.load(SeqCst) {
+                    return Err(MapError::Stopped);
+                }
                 let _held = match hold {
                     Some(h) => Some(h.read().await),
                     None => None,

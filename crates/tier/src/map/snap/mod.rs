@@ -167,6 +167,8 @@ pub(super) struct SnapState {
     /// The head's record is hidden (the origin was deleted for its clones): kept apart from the
     /// record so that every host write can ask without taking the layers' lock.
     pub(super) head_deleted: std::sync::atomic::AtomicBool,
+    /// Set when the volume closes: a delete stops before its next batch ([`MapError::Stopped`]).
+    pub(super) deletes_stopped: std::sync::atomic::AtomicBool,
 }
 
 /// A page an update needs in memory before it can apply.
@@ -364,6 +366,7 @@ impl SnapState {
             ),
             generation: AtomicU64::new(0),
             head_deleted: std::sync::atomic::AtomicBool::new(false),
+            deletes_stopped: std::sync::atomic::AtomicBool::new(false),
             delete_batch: std::sync::atomic::AtomicUsize::new(HAND_ON_BATCH),
         }
     }
