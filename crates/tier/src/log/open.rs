@@ -215,7 +215,12 @@ pub async fn create<D: BlockDevice>(
             stria_engine::units::format_size(space_bytes)
         );
     }
-    open(pool, &rec).await
+    let vol = open(pool, &rec).await?;
+    // It opened from the table written above: every count is zero and the map is empty, so the
+    // counts are exact (an open from a table marks them suspect, which would cost the first
+    // moment of low space a scan of the whole map).
+    vol.space.counts_suspect.store(false, std::sync::atomic::Ordering::Relaxed);
+    Ok(vol)
 }
 
 /// Opens a log-structured volume (after the pool has recovered its parts): replays the map log,
