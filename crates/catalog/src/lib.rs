@@ -734,22 +734,7 @@ impl<D: BlockDevice> Catalog<D> {
         volume: &str,
         snap: &str,
     ) -> Result<SnapshotDeletedView, CatalogError> {
-        let (lv, clone) = self.with_snapshots(volume)?;
-        let started = std::time::Instant::now();
-        let stats = match clone {
-            None => lv.delete_snapshot(snap).await?,
-            Some(_) => lv.delete_clone_snapshot(volume, snap).await?,
-        };
-        Ok(SnapshotDeletedView {
-            volume: volume.to_string(),
-            name: snap.to_string(),
-            map_pages_handed_on: stats.pages_moved,
-            map_pages_dropped: stats.pages_dropped,
-            blocks_freed: stats.entries_freed,
-            kept_for_clones: stats.kept_for_clones,
-            seconds: started.elapsed().as_secs_f64(),
-            in_background: false,
-        })
+        self.delete_snapshot(volume, snap, true).await
     }
 
     /// Starts deleting snapshot `snap` of `volume` (docs/design/snapshots.md, "Deletes in the
@@ -761,21 +746,32 @@ impl<D: BlockDevice> Catalog<D> {
         volume: &str,
         snap: &str,
     ) -> Result<SnapshotDeletedView, CatalogError> {
+        self.delete_snapshot(volume, snap, false).await
+    }
+
+    async fn delete_snapshot(
+        &self,
+        volume: &str,
+        snap: &str,
+        wait: bool,
+    ) -> Result<SnapshotDeletedView, CatalogError> {
         let (lv, clone) = self.with_snapshots(volume)?;
         let started = std::time::Instant::now();
-        let kept_for_clones = match clone {
-            None => lv.start_snapshot_delete(snap).await?,
-            Some(_) => lv.start_clone_snapshot_delete(volume, snap).await?,
+        let stats = match (clone, wait) {
+            (None, true) => lv.delete_snapshot(snap).await?,
+            (Some(_), true) => lv.delete_clone_snapshot(volume, snap).await?,
+            (None, false) => kept_only(lv.start_snapshot_delete(snap).await?),
+            (Some(_), false) => kept_only(lv.start_clone_snapshot_delete(volume, snap).await?),
         };
         Ok(SnapshotDeletedView {
             volume: volume.to_string(),
             name: snap.to_string(),
-            map_pages_handed_on: 0,
-            map_pages_dropped: 0,
-            blocks_freed: 0,
-            kept_for_clones,
+            map_pages_handed_on: stats.pages_moved,
+            map_pages_dropped: stats.pages_dropped,
+            blocks_freed: stats.entries_freed,
+            kept_for_clones: stats.kept_for_clones,
             seconds: started.elapsed().as_secs_f64(),
-            in_background: !kept_for_clones,
+            in_background: !wait && !stats.kept_for_clones,
         })
     }
 
@@ -968,4 +964,9 @@ impl<D: BlockDevice> Catalog<D> {
         self.pool.close().await?;
         Ok(())
     }
+}
+
+/// What a delete left to the background reports: only whether it was kept for clones.
+fn kept_only(kept_for_clones: bool) -> stria_tier::map::DeleteStats {
+    stria_tier::map::DeleteStats { kept_for_clones, ..Default::default() }
 }
