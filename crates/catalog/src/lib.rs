@@ -565,13 +565,27 @@ impl<D: BlockDevice> Catalog<D> {
     }
 
     /// Deletes a volume (a log-structured one with its parts, after its mover stopped; an
-    /// unavailable one with whatever parts are left).
+    /// unavailable one with whatever parts are left; a clone's map pages before it returns).
     pub async fn delete(&self, name: &str) -> Result<(), CatalogError> {
+        self.delete_volume(name, true).await.map(|_| ())
+    }
+
+    /// [`Catalog::delete`], but a clone is only marked deleted, durably, before this returns
+    /// (gone from every listing, its name free) and the background task of its family drops
+    /// its map pages (docs/design/snapshots.md, "Deletes in the background"). Returns whether
+    /// something was left to that task (not for other volumes, nor for the last clone of a
+    /// deleted origin: the family's parts go with it).
+    pub async fn delete_in_background(&self, name: &str) -> Result<bool, CatalogError> {
+        self.delete_volume(name, false).await
+    }
+
+    async fn delete_volume(&self, name: &str, wait: bool) -> Result<bool, CatalogError> {
         if self.unavailable.read().contains_key(name) {
             stria_tier::delete(&self.pool, name).await?;
             self.unavailable.write().remove(name);
-            return Ok(());
+            return Ok(false);
         }
+        let mut in_background = false;
         match self.entry_or_err(name)? {
             // With clones: the origin is deleted, its snapshots too (those with clones are kept,
             // hidden, for them), and its parts stay for the clones until the last one goes.
@@ -591,24 +605,30 @@ impl<D: BlockDevice> Catalog<D> {
             }
             Entry::Plain(_) => self.pool.delete_volume(name).await?,
             Entry::Clone(lv, _) => {
-                lv.delete_clone(name).await?;
-                self.delete_if_kept_for_none(&lv).await?;
+                if wait {
+                    lv.delete_clone(name).await?;
+                } else {
+                    lv.start_clone_delete(name).await?;
+                }
+                // The last clone of a deleted origin: its family's parts go now (a delete
+                // left to the background stops at the close; nothing is left to drop).
+                in_background = !self.delete_if_kept_for_none(&lv).await? && !wait;
             }
         }
         if self.pool.meta().qos.contains_key(name) {
             self.pool.set_qos(name, QosSpec::default()).await?;
         }
-        Ok(())
+        Ok(in_background)
     }
 
     /// Deletes the family of `lv` when its origin was deleted and its last clone is gone (a
-    /// crash before this finishes is finished at open).
-    async fn delete_if_kept_for_none(&self, lv: &Arc<LogVolume<D>>) -> Result<(), CatalogError> {
+    /// crash before this finishes is finished at open). Returns whether it did.
+    async fn delete_if_kept_for_none(&self, lv: &Arc<LogVolume<D>>) -> Result<bool, CatalogError> {
         if !lv.origin_deleted() || !lv.clones().is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let name = lv.name().to_string();
-        let Some(lv) = self.logs.write().remove(&name) else { return Ok(()) };
+        let Some(lv) = self.logs.write().remove(&name) else { return Ok(false) };
         lv.close().await;
         if let Err(e) = stria_tier::delete(&self.pool, &name).await {
             // Kept listed (as deleted, with no clones): the next open finishes the delete.
@@ -616,7 +636,7 @@ impl<D: BlockDevice> Catalog<D> {
             return Err(e.into());
         }
         tracing::info!(volume = %name, "deleted an origin's parts with its last clone");
-        Ok(())
+        Ok(true)
     }
 
     /// Scrubs a volume (a log-structured one part by part) and sums what was found.

@@ -299,12 +299,18 @@ pub(crate) enum VolumeCmd {
     },
     /// Delete a volume and free its space. A tiered or log volume whose snapshots have clones
     /// is deleted with its snapshots and kept, hidden, until its last clone is deleted (the
-    /// clones' data lives in its cache and segment space); its space comes back then.
+    /// clones' data lives in its cache and segment space); its space comes back then. A
+    /// clone is marked deleted before the command returns and its map pages are dropped by the
+    /// daemon's background task afterwards, unless --wait or no daemon serves the pool.
     Delete {
         name: String,
         /// Delete even while NBD clients have the volume open (they are cut off).
         #[arg(long)]
         force: bool,
+        /// A clone: drop its map pages and free its blocks before returning (else the daemon's
+        /// background task does, after the answer).
+        #[arg(long)]
+        wait: bool,
     },
     /// Roll a volume back to a snapshot: it then reads as the snapshot does, and the snapshot
     /// stays. No data is copied. Writes wait while it runs; unmount file systems on the volume

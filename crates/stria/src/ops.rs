@@ -41,6 +41,10 @@ pub(crate) enum Request {
         /// Delete even with NBD clients attached.
         #[serde(default)]
         force: bool,
+        /// A clone: drop its map pages before answering (else a background task does, after
+        /// the answer).
+        #[serde(default)]
+        wait: bool,
     },
     VolumeImport {
         name: String,
@@ -332,9 +336,18 @@ pub(crate) async fn execute(
             }
             to_json(&catalog.resize(&name, size_bytes).await?)
         }
-        Request::VolumeDelete { name, force } => {
+        Request::VolumeDelete { name, force, wait } => {
             ctx.check_clients(&name, "deleting it", force)?;
-            catalog.delete(&name).await?;
+            // As for a snapshot: without a daemon the command finishes a clone's delete.
+            let in_background = if wait || !ctx.daemon {
+                catalog.delete(&name).await?;
+                false
+            } else {
+                catalog.delete_in_background(&name).await?
+            };
+            if in_background {
+                return Ok(json!({ "deleted": name, "in_background": true }));
+            }
             match catalog.kept_for_clones(&name) {
                 Some(clones) => Ok(json!({ "deleted": name, "kept_for_clones": clones })),
                 None => Ok(json!({ "deleted": name })),

@@ -652,6 +652,151 @@ async fn a_background_delete_stops_at_close_and_is_finished_by_the_next_open_or_
     t.pool.close().await.unwrap();
 }
 
+/// `volume delete` of a clone leaves dropping its pages to the volume's background task (issue
+/// 39): the start returns with the clone and its snapshot gone from every listing; the task drops
+/// their pages batch by batch while another clone takes FUA writes; with the origin deleted, the
+/// snapshot kept for the deleted clone alone then goes, and what the origin's head held for it is
+/// freed (the head reads as the older kept snapshot, the live counts are exactly the blocks the
+/// snapshot and the other clone hold); all of it through a reopen.
+#[tokio::test]
+async fn a_clone_delete_left_to_the_background_task_finishes_amid_writes_and_frees_what_only_it_kept() {
+    const BLOCKS: u64 = 1024; // 4 MiB: 5 map pages
+    let block = |b: u64| (b * 4096) as usize;
+    let switch = PowerSwitch::new();
+    let devs = drives(&switch, 31);
+    let pool = create_pool(&devs).await;
+    let vol = log::create(&pool, small_spec(BLOCKS * 4096, 60 * 124 * 4096)).await.unwrap();
+    let mut rng = rng(31);
+    let mut head = random_bytes(&mut rng, block(BLOCKS));
+    vol.write(0, IoBytes::copy_from(&head), true).await.unwrap();
+    vol.create_snapshot("s1").await.unwrap();
+    let s1 = head.clone();
+    overwrite(&vol, &mut head, &mut rng, 0, 300).await;
+    vol.create_snapshot("s2").await.unwrap();
+    overwrite(&vol, &mut head, &mut rng, 100, 64).await;
+    // k1 of s1 with 20 blocks of its own; k2 of s2 rewritten whole, snapshotted, written again.
+    let k1 = vol.create_clone("s1", "k1").await.unwrap().id;
+    let mut k1_model = s1.clone();
+    let new = random_bytes(&mut rng, block(20));
+    vol.write_to(k1, block(700) as u64, IoBytes::copy_from(&new)).await.unwrap();
+    k1_model[block(700)..block(720)].copy_from_slice(&new);
+    let k2 = vol.create_clone("s2", "k2").await.unwrap().id;
+    vol.write_to(k2, 0, IoBytes::copy_from(&random_bytes(&mut rng, block(BLOCKS)))).await.unwrap();
+    vol.create_clone_snapshot("k2", "k2s").await.unwrap();
+    vol.write_to(k2, 0, IoBytes::copy_from(&random_bytes(&mut rng, block(BLOCKS)))).await.unwrap();
+    let (deleted, kept) = vol.delete_origin().await.unwrap();
+    assert_eq!((deleted.len(), kept), (0, vec!["s1".to_string(), "s2".into()]));
+
+    vol.set_delete_batch(1);
+    vol.start_clone_delete("k2").await.unwrap();
+    assert!(vol.clones().iter().map(|c| c.name.as_str()).eq(["k1"]), "k2 is gone from the list at once");
+    assert!(vol.clone_snapshots("k2").is_empty(), "and its snapshot");
+    assert!(vol.write_to(k2, 0, IoBytes::copy_from(&[1u8; 4096])).await.is_err(), "k2 takes no writes");
+    assert!(vol.deletes_pending() > 0, "k2's pages are left to the background task");
+    assert!(vol.status().deletes_in_progress > 0, "status counts the delete in progress");
+    // 200 FUA writes to k1, each to a block of its own, from a task of its own.
+    let writes: Vec<(u64, Vec<u8>)> = (400..600).map(|b| (b, random_bytes(&mut rng, 4096))).collect();
+    let writer = tokio::spawn({
+        let (vol, writes) = (vol.clone(), writes.clone());
+        async move {
+            let mut during = 0;
+            for (b, data) in writes {
+                during += usize::from(vol.deletes_pending() > 0);
+                vol.write_to(k1, b * 4096, IoBytes::copy_from(&data)).await.unwrap();
+            }
+            during
+        }
+    });
+    let during = writer.await.unwrap();
+    for (b, data) in &writes {
+        k1_model[block(*b)..block(b + 1)].copy_from_slice(data);
+    }
+    assert!(during > 0, "no write began while k2's delete was in progress");
+    assert!(background_deletes_done(&vol).await, "the background task did not finish k2's delete");
+    assert_eq!(vol.status().deletes_in_progress, 0);
+    // (An open takes the counts from the last table, "no lower than the truth", until a recount.)
+    let check = |vol: Arc<LogVolume<Dev>>, what: &'static str, opened: bool| {
+        let (s1, k1_model) = (&s1, &k1_model);
+        async move {
+            // s2 went with k2: the deleted origin's head is rolled back to s1, the newest kept.
+            assert!(&read_all(&vol, BLOCKS).await == s1, "{what}: the head reads as s1");
+            assert!(&read_layer(&vol, k1, BLOCKS).await == k1_model, "{what}: k1");
+            let exact = vol.audit_live_counts().await.unwrap_or_else(|why| panic!("{what}: {why}"));
+            assert!(exact || opened, "{what}: the counts are exact");
+            if !exact {
+                vol.recount_live_counts().await.unwrap();
+            }
+            let st = vol.status();
+            assert_eq!(
+                st.allocated_bytes / 4096 + st.cache_live_blocks,
+                BLOCKS + 220,
+                "{what}: live blocks are s1's and k1's own, nothing of k2, its snapshot or s2"
+            );
+        }
+    };
+    check(Arc::clone(&vol), "after k2's delete in the background", false).await;
+    vol.close().await;
+    drop(vol);
+    let vol = open_log(&pool).await.unwrap();
+    check(Arc::clone(&vol), "after a reopen", true).await;
+    vol.close().await;
+    drop(devs);
+}
+
+/// A clone's delete left to the background stops at a close between two batches and the next
+/// open finishes it; a clone of the same name made while a delete is pending finishes it first.
+#[tokio::test]
+async fn a_background_clone_delete_stops_at_close_and_is_finished_by_the_next_open() {
+    const BLOCKS: u64 = 4096; // 16 MiB: 17 map pages, dropped one per batch
+    let block = |b: u64| (b * 4096) as usize;
+    let switch = PowerSwitch::new();
+    let devs = drives(&switch, 32);
+    let pool = create_pool(&devs).await;
+    let vol = log::create(&pool, small_spec(BLOCKS * 4096, 120 * 124 * 4096)).await.unwrap();
+    let mut rng = rng(32);
+    let head = random_bytes(&mut rng, block(BLOCKS));
+    vol.write(0, IoBytes::copy_from(&head), true).await.unwrap();
+    vol.create_snapshot("s").await.unwrap();
+    let k = vol.create_clone("s", "k").await.unwrap().id;
+    vol.write_to(k, 0, IoBytes::copy_from(&random_bytes(&mut rng, block(BLOCKS)))).await.unwrap();
+    vol.set_delete_batch(1);
+    vol.start_clone_delete("k").await.unwrap();
+    let before = switch.ops_passed();
+    let closer = tokio::spawn({
+        let (vol, switch) = (vol.clone(), switch.clone());
+        async move {
+            while switch.ops_passed() < before + 3 {
+                tokio::task::yield_now().await;
+            }
+            vol.close().await;
+        }
+    });
+    closer.await.unwrap();
+    assert_eq!(vol.deletes_pending(), 1, "the close waited for the whole delete");
+    drop(vol);
+    let vol = open_log(&pool).await.unwrap();
+    assert_eq!(vol.deletes_pending(), 0, "the open finished the delete");
+    assert!(vol.clones().is_empty());
+    assert!(read_all(&vol, BLOCKS).await == head, "the volume");
+    assert!(!vol.audit_live_counts().await.unwrap(), "opened from a table: counts not yet exact");
+    vol.recount_live_counts().await.unwrap();
+    let st = vol.status();
+    assert_eq!(st.allocated_bytes / 4096 + st.cache_live_blocks, BLOCKS, "nothing of k is live");
+    // Again, and a clone of the same name made while it is pending: the delete goes first.
+    let k = vol.create_clone("s", "k").await.unwrap().id;
+    vol.write_to(k, 0, IoBytes::copy_from(&random_bytes(&mut rng, block(BLOCKS)))).await.unwrap();
+    vol.set_delete_batch(1);
+    vol.start_clone_delete("k").await.unwrap();
+    let again = vol.create_clone("s", "k").await.unwrap();
+    assert_eq!(vol.deletes_pending(), 0, "the clone's create finished the delete first");
+    assert!(read_layer(&vol, again.id, BLOCKS).await == head, "the new clone reads as s");
+    assert!(vol.audit_live_counts().await.unwrap());
+    let st = vol.status();
+    assert_eq!(st.allocated_bytes / 4096 + st.cache_live_blocks, BLOCKS, "nothing of the old k is live");
+    vol.close().await;
+    drop(devs);
+}
+
 /// Deleting an origin whose snapshots have clones (issue 39): its head takes no more writes and
 /// keeps what it held (the kept snapshot reads through it), its snapshots go (the clone's parent
 /// is kept, hidden), and the clone reads and writes as before, through reopens. A power cut
@@ -2203,20 +2348,36 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
             && settle_live(&mut sim, &vol, &tracker, cycle).await
             && settle_clones(&sim, &vol, &work, cycle).await
         {
-            // A clone's delete while the volume and the other clones are written.
+            // A clone's delete while the volume and the other clones are written; half of
+            // them as `volume delete` runs them: marked, then finished by the background task
+            // (and here waited for). A start that returned is durable: the clone must be gone
+            // after any cut.
             let i = live[sim.rng.random_range(0..live.len())];
             let name = sim.clones[i].name.clone();
             sim.clones[i].deleting = true;
-            let (deleted, ()) = tokio::join!(
-                vol.delete_clone(&name),
-                run_writers(&vol, &tracker, &work, seed_c + 800, Some(i))
-            );
+            let background = sim.rng.random_bool(0.5);
+            let marked = std::cell::Cell::new(false);
+            let delete = async {
+                if background {
+                    vol.start_clone_delete(&name).await?;
+                    marked.set(true);
+                    let finished = vol.finish_deletes().await?;
+                    Ok(format!("in the background ({finished} finished by the waiter)"))
+                } else {
+                    vol.delete_clone(&name).await.map(|d| format!("{d:?}"))
+                }
+            };
+            let (deleted, ()) =
+                tokio::join!(delete, run_writers(&vol, &tracker, &work, seed_c + 800, Some(i)));
             sim.note(format!(
                 "  delete clone {name}: {}",
-                deleted.as_ref().map_or_else(|e| e.to_string(), |d| format!("{d:?}"))
+                deleted.as_ref().map_or_else(|e: &stria_tier::TierError| e.to_string(), Clone::clone)
             ));
-            if deleted.is_ok() {
+            if deleted.is_ok() || marked.get() {
                 CLONE_DELETES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if background {
+                    BACKGROUND_CLONE_DELETES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 sim.clones.remove(i);
                 work.remove(i);
             }
@@ -2391,6 +2552,7 @@ static HOT_BATCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64:
 /// Clone checks after a boot, and clone deletes that returned.
 static CLONE_CHECKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static CLONE_DELETES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static BACKGROUND_CLONE_DELETES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// Deletes of an origin with clones that returned, and that a cut left to open to finish.
 static ORIGIN_DELETES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static ORIGIN_DELETES_FINISHED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -2417,7 +2579,7 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
     }
     eprintln!(
         "{n} seeds: {} opens from the segment table, {} by a map scan; {given_back} segments given back; \
-         {snapshots} snapshot checks after a boot, {} snapshot deletes ({} in the background; {} pages preserved past a delete), {} rollbacks; {} clone checks after a boot, {} clone deletes; {} deletes of an origin with clones (and {} a cut left to open); {} resizes, {} clone resizes; {} hot destage batches; live counts checked against the map {} times ({} exactly)",
+         {snapshots} snapshot checks after a boot, {} snapshot deletes ({} in the background; {} pages preserved past a delete), {} rollbacks; {} clone checks after a boot, {} clone deletes ({} in the background); {} deletes of an origin with clones (and {} a cut left to open); {} resizes, {} clone resizes; {} hot destage batches; live counts checked against the map {} times ({} exactly)",
         opens.0,
         opens.1,
         deletes(),
@@ -2426,6 +2588,7 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
         SNAPSHOT_ROLLBACKS.load(std::sync::atomic::Ordering::Relaxed),
         CLONE_CHECKS.load(std::sync::atomic::Ordering::Relaxed),
         CLONE_DELETES.load(std::sync::atomic::Ordering::Relaxed),
+        BACKGROUND_CLONE_DELETES.load(std::sync::atomic::Ordering::Relaxed),
         ORIGIN_DELETES.load(std::sync::atomic::Ordering::Relaxed),
         ORIGIN_DELETES_FINISHED.load(std::sync::atomic::Ordering::Relaxed),
         RESIZES.load(std::sync::atomic::Ordering::Relaxed),
@@ -2466,6 +2629,10 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
             CLONE_CHECKS.load(std::sync::atomic::Ordering::Relaxed) > 0
                 && CLONE_DELETES.load(std::sync::atomic::Ordering::Relaxed) > 0,
             "clones were written, checked after cuts and deleted"
+        );
+        assert!(
+            BACKGROUND_CLONE_DELETES.load(std::sync::atomic::Ordering::Relaxed) > 0,
+            "clone deletes were left to the background task amid writes and cuts"
         );
         assert!(
             ORIGIN_DELETES.load(std::sync::atomic::Ordering::Relaxed) > 0,

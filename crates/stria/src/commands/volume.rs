@@ -69,8 +69,14 @@ pub(super) async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
             output::volume(&view(v)?);
             Ok(())
         }
-        VolumeCmd::Delete { name, force } => {
-            let v = request(dir, Request::VolumeDelete { name: name.clone(), force }).await?;
+        VolumeCmd::Delete { name, force, wait } => {
+            let v = request(dir, Request::VolumeDelete { name: name.clone(), force, wait }).await?;
+            if v["in_background"].as_bool() == Some(true) {
+                outln!(
+                    "deleted clone {name}; its map pages are dropped in the background (`volume show` of its origin counts deletes in progress)"
+                );
+                return Ok(());
+            }
             match v["kept_for_clones"].as_array() {
                 Some(clones) => {
                     let clones: Vec<&str> = clones.iter().filter_map(|c| c.as_str()).collect();

@@ -115,6 +115,25 @@ impl<D: BlockDevice> LogVolume<D> {
         Ok(kept)
     }
 
+    /// Starts deleting clone `name` (docs/design/snapshots.md, "Deletes in the background"): it
+    /// and its snapshots are marked deleted, durably, before this returns (it takes no more
+    /// writes, is gone from every listing and its name may be used again); the volume's
+    /// background deleter drops its map pages batch by batch, as [`Self::delete_clone`] does,
+    /// writes to the family going on between batches, and then frees what a deleted origin's
+    /// head held for it alone. A close stops it between two batches; the next open finishes it.
+    pub async fn start_clone_delete(&self, name: &str) -> Result<(), TierError> {
+        let _one = self.snapshot_ops().await?;
+        let clone = self.live_clone_named(name)?;
+        self.check_writable(0, self.size_bytes())?;
+        self.map
+            .hide_clone(clone.id)
+            .await
+            .map_err(|e| self.layer_op_error(&format!("deleting clone {name:?}"), e))?;
+        self.gates.deletes_wanted.notify_one();
+        tracing::info!(volume = %self.name, clone = name, "clone marked deleted; its pages are dropped in the background");
+        Ok(())
+    }
+
     /// Layers marked deleted whose delete has not finished (those kept for clones are not
     /// counted): the background deleter's work.
     pub fn deletes_pending(&self) -> usize {
@@ -154,6 +173,11 @@ impl<D: BlockDevice> LogVolume<D> {
             .finish_deletes(Some(&self.gates.settle), |freed| self.free_places(freed))
             .await
             .map_err(|e| self.layer_op_error("finishing snapshot deletes", e))?;
+        // A clone's delete may have let a snapshot kept for it go: what the deleted origin's
+        // head held for that one alone is freed, as `delete_clone` does.
+        if finished > 0 {
+            self.free_deleted_head().await?;
+        }
         // What they freed is GC's to take.
         self.ring.hungry.notify_one();
         Ok(finished)

@@ -264,6 +264,14 @@ impl<D: BlockDevice> MapStore<D> {
         self.drop_clone(layer, hold, &mut on_free).await
     }
 
+    /// The first step of [`Self::delete_clone`]: clone `layer` and its snapshots are marked
+    /// deleted, durably (the clone takes no writes from here on and is never listed again);
+    /// [`Self::finish_deletes`] drops its copies, which an open runs and a background task may.
+    pub async fn hide_clone(&self, layer: u16) -> Result<(), MapError> {
+        self.pool_layout()?;
+        self.hide_clone_and_snapshots(layer).await
+    }
+
     /// Drops every copy of hidden clone `layer` (it takes no writes: hidden), removes it, and
     /// finishes its parent's delete if that waited for it (the caller does not hold the gate).
     pub(super) async fn drop_clone(
