@@ -414,8 +414,8 @@ impl<D: BlockDevice> Catalog<D> {
         Some(QosView::new(settings, &d.rates(name)))
     }
 
-    /// Whether `name` can be resized: every volume and clone can (a clone up to its origin's
-    /// size).
+    /// Whether `name` can be resized: every volume and clone can (a clone past its origin's
+    /// size too: the family's map grows for it).
     pub fn resizable(&self, name: &str) -> bool {
         self.entry(name).is_some()
     }
@@ -550,7 +550,7 @@ impl<D: BlockDevice> Catalog<D> {
     /// Grows or shrinks a volume, online (a log-structured one without snapshots or clones).
     pub async fn resize(&self, name: &str, size_bytes: u64) -> Result<VolumeView, CatalogError> {
         stria_engine::check_volume_size(size_bytes)?;
-        // A clone grows up to its origin's size and shrinks (docs/design/snapshots.md).
+        // A clone grows (past its origin's size too) and shrinks (docs/design/snapshots.md).
         if let Some((lv, _)) = self.clone_named(name) {
             lv.resize_clone(name, size_bytes).await?;
             return self.show(name);
@@ -572,9 +572,10 @@ impl<D: BlockDevice> Catalog<D> {
 
     /// [`Catalog::delete`], but a clone is only marked deleted, durably, before this returns
     /// (gone from every listing, its name free) and the background task of its family drops
-    /// its map pages (docs/design/snapshots.md, "Deletes in the background"). Returns whether
-    /// something was left to that task (not for other volumes, nor for the last clone of a
-    /// deleted origin: the family's parts go with it).
+    /// its map pages (docs/design/snapshots.md, "Deletes in the background"); so are an
+    /// origin with clones and its snapshots (the task hands theirs on and frees what only the
+    /// origin held). Returns whether something was left to that task (not for other volumes,
+    /// nor for the last clone of a deleted origin: the family's parts go with it).
     pub async fn delete_in_background(&self, name: &str) -> Result<bool, CatalogError> {
         self.delete_volume(name, false).await
     }
@@ -590,7 +591,12 @@ impl<D: BlockDevice> Catalog<D> {
             // With clones: the origin is deleted, its snapshots too (those with clones are kept,
             // hidden, for them), and its parts stay for the clones until the last one goes.
             Entry::Log(lv) if !lv.clones().is_empty() => {
-                let (deleted, kept) = lv.delete_origin().await?;
+                let (deleted, kept) = if wait {
+                    lv.delete_origin().await?
+                } else {
+                    in_background = true;
+                    lv.start_origin_delete().await?
+                };
                 tracing::info!(
                     volume = name,
                     ?deleted,

@@ -345,13 +345,14 @@ pub(crate) async fn execute(
             } else {
                 catalog.delete_in_background(&name).await?
             };
+            let mut answer = json!({ "deleted": name });
+            if let Some(clones) = catalog.kept_for_clones(&name) {
+                answer["kept_for_clones"] = json!(clones);
+            }
             if in_background {
-                return Ok(json!({ "deleted": name, "in_background": true }));
+                answer["in_background"] = json!(true);
             }
-            match catalog.kept_for_clones(&name) {
-                Some(clones) => Ok(json!({ "deleted": name, "kept_for_clones": clones })),
-                None => Ok(json!({ "deleted": name })),
-            }
+            Ok(answer)
         }
         Request::VolumeImport { name, path } => transfer::import(catalog, &name, &path, progress).await,
         Request::VolumeExport { name, path, overwrite, skip_unreadable } => {

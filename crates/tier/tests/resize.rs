@@ -364,12 +364,42 @@ async fn a_clone_grows_and_shrinks_online_and_the_blocks_it_gains_read_as_zeros(
     assert!(read_layer(&vol, c).await == cm, "the clone after its growth (a tail of zeros)");
     write_random_to(&vol, c, &mut cm, 36, 200).await;
     assert!(read_layer(&vol, c).await == cm);
-    let refused = vol.resize_clone("c", 1000 * 4096).await.unwrap_err().to_string();
-    assert!(refused.contains("grow lv first"), "{refused}");
-    assert_eq!(vol.layer_bytes(c), 700 * 4096, "a refused growth changes nothing");
+    // Past the volume's 900 blocks: the family's map grows, the volume keeps its size.
+    vol.resize_clone("c", 1000 * 4096).await.unwrap();
+    cm.resize(1000 * B, 0);
+    assert_eq!((vol.layer_bytes(c), vol.size_bytes()), (1000 * 4096, 900 * 4096));
+    assert_eq!(record_size(&pool), 900 * 4096, "the pool record keeps the volume's size");
+    assert!(read_layer(&vol, c).await == cm, "the clone grown past the volume (zeros past 700)");
+    for (b, seed) in [(920u64, 37), (999, 38), (901, 39)] {
+        let data = random_bytes(&mut rng(seed), B);
+        vol.write_to(c, b * 4096, IoBytes::copy_from(&data)).await.unwrap();
+        cm[b as usize * B..(b as usize + 1) * B].copy_from_slice(&data);
+    }
+    assert!(read_layer(&vol, c).await == cm, "the clone's writes past the volume's end");
+    check(&vol, &head).await;
+    assert!(vol.read(900 * 4096, B).await.is_err(), "the volume reads nothing past its own end");
+    assert!(vol.write(900 * 4096, IoBytes::copy_from(&[1u8; B]), true).await.is_err());
     let (pool, vol) = reopen_clean(pool, vol, &devs).await;
-    assert_eq!((vol.layer_bytes(c), vol.layer_bytes(s1)), (700 * 4096, BLOCKS * 4096));
+    assert_eq!((vol.layer_bytes(c), vol.layer_bytes(s1)), (1000 * 4096, BLOCKS * 4096));
+    assert_eq!(vol.size_bytes(), 900 * 4096, "the volume's size after a reopen");
     assert!(read_layer(&vol, c).await == cm, "the grown clone after a reopen");
+    check(&vol, &head).await;
+    // The volume grows into the map pages the clone's growth added (zeros, though the clone
+    // wrote there), then past them.
+    vol.resize(950 * 4096).await.unwrap();
+    head.resize(950 * B, 0);
+    check(&vol, &head).await;
+    let mine = random_bytes(&mut rng(40), B);
+    vol.write(930 * 4096, IoBytes::copy_from(&mine), true).await.unwrap();
+    head[930 * B..931 * B].copy_from_slice(&mine);
+    vol.resize(1100 * 4096).await.unwrap();
+    head.resize(1100 * B, 0);
+    check(&vol, &head).await;
+    assert!(read_layer(&vol, c).await == cm, "the clone after the volume grew past it");
+    let (pool, vol) = reopen_clean(pool, vol, &devs).await;
+    assert_eq!((vol.size_bytes(), record_size(&pool)), (1100 * 4096, 1100 * 4096));
+    check(&vol, &head).await;
+    assert!(read_layer(&vol, c).await == cm);
     // A shrink below its parent's size while it is written, then a growth: zeros past the cut.
     let (shrunk, ()) = tokio::join!(vol.resize_clone("c", 200 * 4096), async {
         for i in 0..50u64 {
@@ -411,7 +441,9 @@ async fn a_clone_grows_and_shrinks_online_and_the_blocks_it_gains_read_as_zeros(
 #[tokio::test]
 async fn a_power_cut_at_any_request_of_a_clone_resize_leaves_the_old_or_the_new_size() {
     let mut checked = 0;
-    for (to, writes) in [(700u64, 0u64), (200, 40)] {
+    // To 700 blocks (under the volume's 900), to 200 (a shrink), to 1000 (past the volume: the
+    // family's map grows first).
+    for (to, writes) in [(700u64, 0u64), (200, 40), (1000, 20)] {
         let setup = |switch: Arc<PowerSwitch>| async move {
             let (devs, pool, vol) = new_volume_with_space(&switch, 41, small_space(4 * BLOCKS)).await;
             let a = random_bytes(&mut rng(41), BLOCKS as usize * B);
@@ -444,6 +476,12 @@ async fn a_power_cut_at_any_request_of_a_clone_resize_leaves_the_old_or_the_new_
             let (devs, _switch, pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, 2000 + cut).await;
             let c = clone_id(&vol, "c");
             let size = vol.layer_bytes(c) / 4096;
+            assert_eq!(vol.size_bytes(), 900 * 4096, "cut after {cut}: the volume keeps its size");
+            let more = random_bytes(&mut rng(43), 516 * B);
+            assert!(
+                vol.read(BLOCKS * 4096, 516 * B).await.unwrap()[..] == more[..],
+                "cut after {cut}: the volume's blocks"
+            );
             assert!(
                 size == BLOCKS || size == to,
                 "cut after {cut} ({result:?}): the clone has {size} blocks"
@@ -464,8 +502,8 @@ async fn a_power_cut_at_any_request_of_a_clone_resize_leaves_the_old_or_the_new_
                     "cut after {cut}: block {b} is neither zeros nor what the clone held"
                 );
             }
-            // Grown to the volume's size: zeros past the size it came back with.
-            vol.resize_clone("c", 900 * 4096).await.unwrap();
+            // Grown to the volume's size (or past it): zeros past the size it came back with.
+            vol.resize_clone("c", to.max(900) * 4096).await.unwrap();
             let all = read_layer(&vol, c).await;
             assert!(all[..size as usize * B] == got[..], "cut after {cut}: the growth changed a byte");
             assert!(

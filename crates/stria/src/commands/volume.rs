@@ -71,20 +71,19 @@ pub(super) async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
         }
         VolumeCmd::Delete { name, force, wait } => {
             let v = request(dir, Request::VolumeDelete { name: name.clone(), force, wait }).await?;
-            if v["in_background"].as_bool() == Some(true) {
-                outln!(
-                    "deleted clone {name}; its map pages are dropped in the background (`volume show` of its origin counts deletes in progress)"
-                );
-                return Ok(());
-            }
+            let in_background = v["in_background"].as_bool() == Some(true);
             match v["kept_for_clones"].as_array() {
                 Some(clones) => {
                     let clones: Vec<&str> = clones.iter().filter_map(|c| c.as_str()).collect();
                     outln!(
-                        "deleted volume {name}; its cache and segment space are kept for its clones ({}) until the last of them is deleted",
-                        clones.join(", ")
+                        "deleted volume {name}; its cache and segment space are kept for its clones ({}) until the last of them is deleted{}",
+                        clones.join(", "),
+                        if in_background { " (its snapshots are handed on in the background)" } else { "" }
                     );
                 }
+                None if in_background => outln!(
+                    "deleted clone {name}; its map pages are dropped in the background (`volume show` of its origin counts deletes in progress)"
+                ),
                 None => outln!("deleted volume {name}"),
             }
             Ok(())

@@ -10,9 +10,13 @@ use crate::map::{ENTRIES_PER_PAGE, MAX_RUNS, MapLayout, Runs};
 
 /// Version 2 adds the persisted segment table after the map region; version 3 a layer table
 /// and page pool after it; version 4 says where each region lies (head pages and pool pages in
-/// runs), so a volume's map can grow (`LogVolume::resize`). Versions 1 to 3 are still read (their
-/// regions follow one another); a resize writes version 4.
-pub(super) const FORMAT_VERSION: u32 = 4;
+/// runs), so a volume's map can grow (`LogVolume::resize`); version 5 the origin's own size when
+/// a clone grew the map past it. Versions 1 to 3 are still read (their regions follow one
+/// another); a resize writes version 4, or 5 while the two sizes differ.
+pub(super) const FORMAT_VERSION: u32 = 5;
+/// The version a new volume is made with (5 only once a clone grows past its origin, so that
+/// builds that read 4 still open every other volume).
+pub(super) const NEW_VERSION: u32 = 4;
 pub(super) const HEADER_MAGIC: &[u8; 8] = b"STRIA-LV";
 /// Byte offsets of the version 4 fields past the eight of version 3.
 const V4_TABLE_AT: usize = 80;
@@ -21,6 +25,8 @@ const V4_HEAD_CAP: usize = 96;
 const V4_HEAD_RUNS: usize = 104;
 const V4_POOL_RUNS: usize = 108;
 const V4_RUNS_AT: usize = 112;
+/// Byte offset of the version 5 field: past the most runs version 4 may hold.
+const V5_HEAD_BYTES: usize = V4_RUNS_AT + 16 * 2 * MAX_RUNS;
 
 /// Where the regions of the metadata part lie (explicit in version 4; derived for 1 to 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +48,10 @@ pub(super) struct Header {
     /// 1: no persisted segment table; 2: the table follows the map region; 3: a layer table and
     /// a page pool for snapshots follow the table; 4: the regions are where `regions` says.
     pub(super) version: u32,
+    /// The map's size: the volume's logical size, unless `head_bytes` says otherwise.
     pub(super) volume_bytes: u64,
+    /// Version 5: the origin's own size when a clone grew the map past it; 0 when the same.
+    pub(super) head_bytes: u64,
     pub(super) geo: Geometry,
     pub(super) cache_blocks: u64,
     pub(super) map_log_blocks: u64,
@@ -73,7 +82,30 @@ impl Header {
             head: Runs::one(BLOCK_BYTES + (1 + map_log_blocks) * BLOCK_BYTES),
             pool: Runs::one(layers_at + crate::layers::LAYER_TABLE_BLOCKS as u64 * BLOCK_BYTES),
         };
-        Header { version, volume_bytes, geo, cache_blocks, map_log_blocks, pool_pages, regions }
+        Header {
+            version,
+            volume_bytes,
+            head_bytes: 0,
+            geo,
+            cache_blocks,
+            map_log_blocks,
+            pool_pages,
+            regions,
+        }
+    }
+
+    /// The origin's own size (the head's): at most the map's.
+    pub(super) fn head_size(&self) -> u64 {
+        if self.head_bytes == 0 { self.volume_bytes } else { self.head_bytes }
+    }
+
+    /// Sets the map's size and the origin's, and the version that can say them (at least 4: the
+    /// caller writes regions where they are).
+    pub(super) fn set_sizes(&mut self, map_bytes: u64, head_bytes: u64) {
+        debug_assert!(head_bytes <= map_bytes);
+        self.volume_bytes = map_bytes;
+        self.head_bytes = if head_bytes == map_bytes { 0 } else { head_bytes };
+        self.version = if self.head_bytes == 0 { 4 } else { 5 };
     }
 
     /// Head pages of the map.
@@ -114,7 +146,11 @@ impl Header {
             && g.segments >= 6
             && self.cache_blocks >= 2 * g.batch_data()
             && self.map_log_blocks >= 4
-            && u32::try_from(self.pool_pages).is_ok())
+            && u32::try_from(self.pool_pages).is_ok()
+            && (self.head_bytes == 0
+                || (self.version >= 5
+                    && self.head_bytes < self.volume_bytes
+                    && self.head_bytes.is_multiple_of(BLOCK_BYTES))))
         {
             return Err(format!("header fields break their rules: {self:?}"));
         }
@@ -183,6 +219,9 @@ impl Header {
                 b[at + 8..at + 16].copy_from_slice(&off.to_le_bytes());
             }
         }
+        if self.version >= 5 {
+            b[V5_HEAD_BYTES..V5_HEAD_BYTES + 8].copy_from_slice(&self.head_bytes.to_le_bytes());
+        }
         let crc = header_crc(&b);
         b[12..16].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(
@@ -242,6 +281,9 @@ impl Header {
                 pool: Runs::from_pairs(&pairs[nh..]).map_err(|e| format!("page pool: {e}"))?,
             };
         }
+        if version >= 5 {
+            h.head_bytes = u64_at(V5_HEAD_BYTES);
+        }
         h.check()?;
         Ok(h)
     }
@@ -277,4 +319,48 @@ impl Header {
 
 pub(super) fn header_crc(b: &[u8]) -> u32 {
     stria_dev::crc::crc32c_parts(&[&b[..12], &b[16..]])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header() -> Header {
+        let geo = Geometry { row_blocks: 4, batch_rows: 31, segment_batches: 4, segments: 40 };
+        Header::packed(NEW_VERSION, 900 * BLOCK_BYTES, geo, 1024, 1024, 64)
+    }
+
+    #[test]
+    fn the_origins_own_size_round_trips_in_version_5_and_only_there() {
+        let mut h = header();
+        assert_eq!((h.version, h.head_size()), (4, 900 * BLOCK_BYTES));
+        // A clone grew the map past the origin: version 5 says both sizes.
+        h.set_sizes(1000 * BLOCK_BYTES, 900 * BLOCK_BYTES);
+        h.regions.head_cap = h.map_pages();
+        assert_eq!((h.version, h.volume_bytes, h.head_size()), (5, 1000 * BLOCK_BYTES, 900 * BLOCK_BYTES));
+        let b = h.encode();
+        assert_eq!(
+            u64::from_le_bytes(b[V5_HEAD_BYTES..V5_HEAD_BYTES + 8].try_into().unwrap()),
+            900 * BLOCK_BYTES
+        );
+        assert_eq!(Header::decode(&b), Ok(h));
+        // The origin grown to the map's size: version 4 again, the field zero.
+        h.set_sizes(1000 * BLOCK_BYTES, 1000 * BLOCK_BYTES);
+        assert_eq!((h.version, h.head_bytes), (4, 0));
+        let b = h.encode();
+        assert!(b[V5_HEAD_BYTES..V5_HEAD_BYTES + 8].iter().all(|&x| x == 0));
+        // A version 4 header does not read the field; a version 5 one whose origin is not
+        // smaller than its map, or not whole blocks, is refused.
+        let mut b4 = b.clone();
+        b4[V5_HEAD_BYTES..V5_HEAD_BYTES + 8].copy_from_slice(&(7 * BLOCK_BYTES).to_le_bytes());
+        crate::log::fuzzing::seal_header(&mut b4);
+        assert_eq!(Header::decode(&b4).map(|h| h.head_size()), Ok(1000 * BLOCK_BYTES));
+        for bad in [1000 * BLOCK_BYTES, 2000 * BLOCK_BYTES, 900 * BLOCK_BYTES + 1] {
+            let mut b5 = b.clone();
+            b5[8..12].copy_from_slice(&5u32.to_le_bytes());
+            b5[V5_HEAD_BYTES..V5_HEAD_BYTES + 8].copy_from_slice(&bad.to_le_bytes());
+            crate::log::fuzzing::seal_header(&mut b5);
+            assert!(Header::decode(&b5).is_err(), "origin size {bad} over a map of {}", 1000 * BLOCK_BYTES);
+        }
+    }
 }

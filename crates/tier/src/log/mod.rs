@@ -300,6 +300,9 @@ pub(crate) struct Gates {
     pub(crate) deleter: tokio::sync::Mutex<()>,
     /// Wakes the background deleter: a delete was marked.
     pub(crate) deletes_wanted: tokio::sync::Notify,
+    /// The deleter is to free what a deleted origin's head holds alone (an origin delete left
+    /// to it whose snapshots all stay for clones: no delete of theirs finishes to trigger it).
+    pub(crate) free_head: std::sync::atomic::AtomicBool,
     /// Held shared by every host write, zeroing and trim from start to acknowledgement; making a
     /// snapshot holds it alone, so the snapshot holds every write acknowledged before, none after.
     pub(crate) writes: tokio::sync::RwLock<()>,
@@ -350,9 +353,10 @@ impl<D: BlockDevice> LogVolume<D> {
         self.size_bytes.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Logical blocks.
+    /// Blocks the family's map covers: the origin's size, or more once a clone grew past it
+    /// (GC, restores and the cache take blocks of any layer up to here).
     pub(crate) fn blocks(&self) -> u64 {
-        self.size_bytes() / BLOCK_BYTES
+        self.map.blocks()
     }
 
     /// `tiered:ec:K+M` when cache and map are on fast drives, `log:ec:K+M` otherwise.

@@ -123,7 +123,7 @@ async fn deleter<D: BlockDevice>(vol: Weak<LogVolume<D>>) {
             return;
         }
         let mut pause = Duration::from_secs(1);
-        if v.map.deletes_pending() > 0 {
+        if v.deletes_pending() > 0 {
             let _one = v.gates.snapshot_ops.lock().await;
             match v.finish_deletes_held().await {
                 Ok(0) => {}

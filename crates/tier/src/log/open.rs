@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBytes};
 use stria_engine::{DriveClass, EngineError, Layout, Pool, TieredRecord, Volume};
 
-use super::header::{FORMAT_VERSION, Header};
+use super::header::{Header, NEW_VERSION};
 use super::space::{Geometry, Space};
 use super::{
     Clock, Gates, Health, INITIAL_SEGMENTS, LogCounters, LogKind, LogParams, LogSpec, LogVolume, Parts,
@@ -108,7 +108,7 @@ fn plan_header(spec: &LogSpec) -> Result<Planned, TierError> {
     // write or a snapshot needs more (`grow_page_pool`: the part first, then the header), up to
     // 2^32 pages (it was made for every page copied twice: 32 MiB for 4 GiB before a snapshot).
     let pool_pages = (map_pages / 8 + 64).min(1 << 20);
-    let header = Header::packed(FORMAT_VERSION, size_bytes, geo, cache_blocks, map_log_blocks, pool_pages);
+    let header = Header::packed(NEW_VERSION, size_bytes, geo, cache_blocks, map_log_blocks, pool_pages);
     Ok(Planned { header, ec, cache_bytes })
 }
 
@@ -301,7 +301,7 @@ pub async fn open<D: BlockDevice>(
     let reserve = 2;
     let vol = Arc::new(LogVolume {
         name: rec.name.clone(),
-        size_bytes: AtomicU64::new(header.volume_bytes),
+        size_bytes: AtomicU64::new(header.head_size()),
         pool: Arc::clone(pool),
         parts: Parts { meta, cache, seg },
         geo,
@@ -323,6 +323,7 @@ pub async fn open<D: BlockDevice>(
             snapshot_ops: tokio::sync::Mutex::new(()),
             deleter: tokio::sync::Mutex::new(()),
             deletes_wanted: tokio::sync::Notify::new(),
+            free_head: AtomicBool::new(false),
             writes: tokio::sync::RwLock::new(()),
             ranges: super::ranges::RangeLocks::new(),
             rmw: (0..RMW_LOCKS).map(|_| tokio::sync::Mutex::new(())).collect(),
@@ -385,15 +386,15 @@ pub async fn open<D: BlockDevice>(
             .await
             .map_err(|e| corrupt(format!("freeing a deleted origin's blocks: {e}")))?;
     }
-    if header.volume_bytes != rec.size_bytes {
+    if header.head_size() != rec.size_bytes {
         // A resize wrote its header and crashed before the pool record followed.
         tracing::warn!(
             volume = %rec.name,
-            header = header.volume_bytes,
+            header = header.head_size(),
             record = rec.size_bytes,
             "finishing a resize a crash interrupted: the pool record takes the header's size"
         );
-        pool.set_tiered_size(&rec.name, header.volume_bytes).await?;
+        pool.set_tiered_size(&rec.name, header.head_size()).await?;
     }
     mover::spawn(&vol);
     mover::spawn_checkpoints(&vol);

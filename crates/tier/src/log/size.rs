@@ -39,12 +39,13 @@ impl<D: BlockDevice> LogVolume<D> {
         if new_bytes == old_bytes {
             return Ok(());
         }
+        let map_bytes = self.blocks() * BLOCK_BYTES;
         if self.map.has_layers() {
             // Snapshots and clones keep their sizes; the head's growth reaches their indexes.
             let refused = if new_bytes < old_bytes {
                 Err("a volume with snapshots or clones only grows (they would read past its end)".to_string())
             } else {
-                self.map.can_grow_to(new_bytes / BLOCK_BYTES)
+                self.map.can_grow_to((new_bytes / BLOCK_BYTES).max(map_bytes / BLOCK_BYTES))
             };
             if let Err(why) = refused {
                 return Err(TierError::Invalid(format!(
@@ -62,7 +63,9 @@ impl<D: BlockDevice> LogVolume<D> {
             )));
         }
         if new_bytes > old_bytes {
-            self.grow_to(new_bytes).await?;
+            // Into map pages a clone's growth added (empty: no one writes the head there), or
+            // past them.
+            self.grow_to(new_bytes.max(map_bytes), new_bytes).await?;
         } else {
             self.shrink_to(new_bytes).await?;
         }
@@ -73,12 +76,13 @@ impl<D: BlockDevice> LogVolume<D> {
         Ok(())
     }
 
-    /// Resizes clone `name` to `new_bytes` (rounded up to 4 KiB) while it serves I/O, up to the
-    /// volume's own size (the family's map ends there; docs/design/snapshots.md, "Resizing a
-    /// clone"). Blocks a growth adds read as zeros: a layer's view past its size is empty (the
-    /// head's by [`LogVolume::resize`], a snapshot's as the head was, a clone's from its parent
-    /// and by the discard below). A growth makes the new size durable while writes wait, so no
-    /// write past the old end is acknowledged before it. A shrink (asked for explicitly by the
+    /// Resizes clone `name` to `new_bytes` (rounded up to 4 KiB) while it serves I/O
+    /// (docs/design/snapshots.md, "Resizing a clone"). Blocks a growth adds read as zeros: a
+    /// layer's view past its size is empty (the head's by [`LogVolume::resize`], a snapshot's
+    /// as the head was, a clone's from its parent and by the discard below). A growth past the
+    /// family's map grows the map first, as the origin's growth does, keeping the origin's
+    /// size; then it makes the clone's new size durable while writes wait, so no write past
+    /// the old end is acknowledged before it. A shrink (asked for explicitly by the
     /// caller) refuses I/O past the new end, waits for the writes that checked the old one,
     /// discards the tail of the clone's view, then makes the size durable: a crash before that
     /// leaves the old size with the tail partly or wholly discarded.
@@ -94,18 +98,24 @@ impl<D: BlockDevice> LogVolume<D> {
         if new_bytes == old_bytes {
             return Ok(());
         }
-        let most = self.size_bytes();
-        if new_bytes > most {
-            let how = if self.origin_deleted() {
-                format!("{} was deleted (it is kept for its clones) and cannot grow", self.name)
-            } else {
-                format!("grow {} first", self.name)
-            };
-            return Err(TierError::Invalid(format!(
-                "clone {name} can grow to {most} bytes, the size of {} whose data it shares (its map ends \
-                 there), not to {new_bytes}: {how}",
-                self.name
-            )));
+        let map_bytes = self.blocks() * BLOCK_BYTES;
+        if new_bytes > map_bytes {
+            if let Err(why) = self.map.can_grow_to(new_bytes / BLOCK_BYTES) {
+                return Err(TierError::Invalid(format!(
+                    "clone {name} cannot grow to {new_bytes} bytes, past the map of {} that it shares: {why} \
+                     (copy it into a new volume of the size wanted)",
+                    self.name
+                )));
+            }
+            let header = self.read_header().await?;
+            if header.version < 3 {
+                return Err(TierError::Invalid(format!(
+                    "clone {name} cannot grow past {}: the volume was made by an older stria (metadata format {}); copy the clone into a new volume",
+                    self.name, header.version
+                )));
+            }
+            self.grow_to(new_bytes, self.size_bytes()).await?;
+            tracing::info!(volume = %self.name, clone = name, map_bytes = new_bytes, "the family's map grew for a clone");
         }
         let failed = |e: MapError| {
             self.map_failed(&e);
@@ -141,14 +151,15 @@ impl<D: BlockDevice> LogVolume<D> {
         Header::decode(&bytes).map_err(|reason| TierError::Corrupt { name: self.name.clone(), reason })
     }
 
-    /// Grows to `new_bytes`: the header's regions grow where the metadata part ends.
-    async fn grow_to(&self, new_bytes: u64) -> Result<(), TierError> {
+    /// Grows the map to `new_bytes` (or keeps it, if as large) and sets the origin's size to
+    /// `head_bytes`: the header's regions grow where the metadata part ends.
+    async fn grow_to(&self, new_bytes: u64, head_bytes: u64) -> Result<(), TierError> {
         // Header writers: the page pool's growth, and this.
         let _pool = self.gates.pool_growth.lock().await;
         let old = self.read_header().await?;
+        let new_bytes = new_bytes.max(old.volume_bytes);
         let mut h = old;
-        h.version = 4;
-        h.volume_bytes = new_bytes;
+        h.set_sizes(new_bytes, head_bytes);
         let mut end = old.meta_bytes();
         let pages = h.map_pages();
         if pages > h.regions.head_cap {
@@ -213,7 +224,7 @@ impl<D: BlockDevice> LogVolume<D> {
             self.space.lock().set_max_segments(most);
             self.table_at.store(at, Relaxed);
         }
-        self.size_bytes.store(new_bytes, std::sync::atomic::Ordering::Release);
+        self.size_bytes.store(head_bytes, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
@@ -242,8 +253,9 @@ impl<D: BlockDevice> LogVolume<D> {
         })?;
         let _pool = self.gates.pool_growth.lock().await;
         let mut h = self.read_header().await?;
-        h.version = 4;
-        h.volume_bytes = new_bytes;
+        // No layers: the map's pages past the origin's old size (a clone's growth, the clone
+        // since deleted) held nothing; the map ends with the origin again.
+        h.set_sizes(new_bytes, new_bytes);
         let encoded = h.encode();
         let _held = self.map.hold_checkpoints().await;
         self.parts.meta.write(0, IoBytes::copy_from(&encoded), true).await?;

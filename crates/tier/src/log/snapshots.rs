@@ -137,7 +137,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// Layers marked deleted whose delete has not finished (those kept for clones are not
     /// counted): the background deleter's work.
     pub fn deletes_pending(&self) -> usize {
-        self.map.deletes_pending()
+        self.map.deletes_pending() + usize::from(self.gates.free_head.load(Relaxed))
     }
 
     /// Finishes now the deletes left to the background deleter (waiting for its batch in
@@ -160,7 +160,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// Finishes every delete marked but not finished; the caller holds `snapshot_ops`. Returns
     /// how many layers it finished.
     pub(super) async fn finish_deletes_held(&self) -> Result<usize, TierError> {
-        if self.map.deletes_pending() == 0 {
+        if self.deletes_pending() == 0 {
             return Ok(0);
         }
         let _running = self.gates.deleter.lock().await;
@@ -175,8 +175,9 @@ impl<D: BlockDevice> LogVolume<D> {
             .map_err(|e| self.layer_op_error("finishing snapshot deletes", e))?;
         // A clone's delete may have let a snapshot kept for it go: what the deleted origin's
         // head held for that one alone is freed, as `delete_clone` does.
-        if finished > 0 {
+        if finished > 0 || self.gates.free_head.load(Relaxed) {
             self.free_deleted_head().await?;
+            self.gates.free_head.store(false, Relaxed);
         }
         // What they freed is GC's to take.
         self.ring.hungry.notify_one();
@@ -228,6 +229,40 @@ impl<D: BlockDevice> LogVolume<D> {
         }
         tracing::info!(volume = %self.name, "origin deleted; kept, hidden, for its clones");
         self.delete_origin_snapshots().await
+    }
+
+    /// Starts deleting the origin of a family whose snapshots have clones (docs/design/
+    /// snapshots.md, "Deletes in the background"): its head is marked deleted as by
+    /// [`Self::delete_origin`], then each of its snapshots is marked deleted, durably, before
+    /// this returns; the background deleter hands on those without clones and frees what only
+    /// the head held, clone writes going on between its batches. A crash or a close leaves the
+    /// rest to the next open. Returns the snapshots deleted and those kept for clones.
+    pub async fn start_origin_delete(&self) -> Result<(Vec<String>, Vec<String>), TierError> {
+        let _one = self.snapshot_ops().await?;
+        if self.map.clones().is_empty() {
+            return Err(TierError::Invalid(format!(
+                "{} has no clones: it is deleted with its parts, not kept",
+                self.name
+            )));
+        }
+        self.check_writable(0, self.size_bytes())?;
+        {
+            let _drained = self.gates.writes.write().await;
+            self.map.mark_head_deleted().await.map_err(|e| self.layer_op_error("deleting the origin", e))?;
+        }
+        let (mut deleted, mut kept) = (Vec::new(), Vec::new());
+        for snap in self.map.snapshots() {
+            let with_clones = self
+                .map
+                .hide_snapshot(snap.id)
+                .await
+                .map_err(|e| self.layer_op_error(&format!("deleting snapshot {:?}", snap.name), e))?;
+            if with_clones { &mut kept } else { &mut deleted }.push(snap.name);
+        }
+        self.gates.free_head.store(true, Relaxed);
+        self.gates.deletes_wanted.notify_one();
+        tracing::info!(volume = %self.name, ?deleted, ?kept, "origin deleted; kept, hidden, for its clones; its snapshots are finished in the background");
+        Ok((deleted, kept))
     }
 
     /// Deletes every snapshot of a deleted origin, oldest first, then frees the blocks only its
