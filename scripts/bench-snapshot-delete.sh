@@ -2,7 +2,7 @@
 # Host writes during a snapshot delete (docs/design/snapshots.md, "Snapshot delete"): how long a
 # 4 KiB write waits while the newest snapshot, owning a copy of every map page, is deleted.
 #
-#   scripts/bench-snapshot-delete.sh [--stria BIN] [--size 1G] [--reps 3] [--dir /dev/shm] [--background]
+#   scripts/bench-snapshot-delete.sh [--stria BIN] [--size 1G] [--reps 3] [--dir /dev/shm] [--background] [--clone]
 #
 # A pool of 2 fast + 6 capacity sparse drive files in DIR (tmpfs by default) and one
 # tiered:ec:4+2 volume `v` of SIZE, filled sequentially. Each rep: a snapshot `s`, one block of
@@ -14,10 +14,12 @@
 # `snapshot delete --wait` (the whole delete in the command); with `--background` it is the
 # plain command, which the daemon answers once the snapshot is marked deleted: then the
 # command's time and the time until `volume show` no longer counts the delete are printed.
+# With `--clone` the layer deleted is a clone `c` of `s` that owns a copy of every map page (one
+# block of each rewritten in the clone), with `volume delete c` (`--wait` unless --background).
 # Needs fio and nbdinfo (scripts/test.sh installs both) and bc. Everything it makes is removed at exit.
 set -euo pipefail
 
-STRIA=target/release/stria SIZE=1G REPS=3 DIR=/dev/shm BACKGROUND=
+STRIA=target/release/stria SIZE=1G REPS=3 DIR=/dev/shm BACKGROUND= CLONE=
 while [ $# -gt 0 ]; do
   case "$1" in
     --stria) STRIA=$2; shift 2 ;;
@@ -25,6 +27,7 @@ while [ $# -gt 0 ]; do
     --reps) REPS=$2; shift 2 ;;
     --dir) DIR=$2; shift 2 ;;
     --background) BACKGROUND=1; shift ;;
+    --clone) CLONE=1; shift ;;
     *) echo "unknown argument: $1 (see the head of $0)" >&2; exit 2 ;;
   esac
 done
@@ -74,6 +77,16 @@ snapshot_owning_every_page() {
   st snapshot create v s >/dev/null
   fio --name=touch --ioengine=nbd --uri="$(uri v)" --rw=write:1016k --bs=4k --iodepth=8 --size="$SIZE" \
     >"$POOL/touch.log" 2>&1 || { tail "$POOL/touch.log"; exit 1; }
+  if [ -n "$CLONE" ]; then
+    st volume clone v@s c >/dev/null
+    fio --name=touch --ioengine=nbd --uri="$(uri c)" --rw=write:1016k --bs=4k --iodepth=8 --size="$SIZE" \
+      >"$POOL/touch.log" 2>&1 || { tail "$POOL/touch.log"; exit 1; }
+  fi
+}
+# Deletes what the setup above made (whole, in the command).
+delete_all() {
+  [ -z "$CLONE" ] || st volume delete c --wait >/dev/null
+  st snapshot delete v s --wait >/dev/null
 }
 
 declare -a del_s alone99 alone999 alonemax amid99 amid999 amidmax
@@ -81,21 +94,32 @@ for rep in $(seq "$REPS"); do
   # The reference: the same writes with the snapshot there and no delete (deleted after).
   snapshot_owning_every_page
   fio_lat "$POOL/alone"
-  st snapshot delete v s >/dev/null
+  delete_all
   snapshot_owning_every_page
   fio_lat "$POOL/amid" &
   FIO_PID=$!
   sleep 2
-  if [ -n "$BACKGROUND" ]; then
+  if [ -n "$BACKGROUND" ] && [ -n "$CLONE" ]; then
+    t0=$(date +%s.%N)
+    st volume delete c | grep -q "in the background" || { echo "the clone's delete was not left to the background" >&2; exit 1; }
+  elif [ -n "$BACKGROUND" ]; then
     t0=$(date +%s.%N)
     st snapshot delete v s --json | grep -q '"in_background": true' || { echo "the delete was not left to the background" >&2; exit 1; }
+  fi
+  if [ -n "$BACKGROUND" ]; then
     t1=$(date +%s.%N)
     while st volume show v --json | grep -q '"deletes_in_progress"'; do sleep 0.01; done
     t2=$(date +%s.%N)
     secs=$(echo "$t1 - $t0" | bc)
     pages="the command's time; finished in the background $(echo "$t2 - $t0" | bc | sed 's/^\./0./') s after the command began"
   fi
-  if [ -z "$BACKGROUND" ]; then
+  if [ -z "$BACKGROUND" ] && [ -n "$CLONE" ]; then
+    t0=$(date +%s.%N)
+    st volume delete c --wait >/dev/null
+    t1=$(date +%s.%N)
+    secs=$(echo "$t1 - $t0" | bc)
+    pages="every map page dropped"
+  elif [ -z "$BACKGROUND" ]; then
     t0=$(date +%s.%N)
     out=$(st snapshot delete v s --wait --json)
     t1=$(date +%s.%N)
@@ -104,8 +128,11 @@ for rep in $(seq "$REPS"); do
   FIO_PID=
   read -r a99 a999 amax <"$POOL/alone"
   read -r m99 m999 mmax <"$POOL/amid"
-  [ -n "$BACKGROUND" ] || read -r secs pages <<<"$(python3 -c 'import json, sys; d = json.loads(sys.argv[1]); print(d["seconds"], str(d["map_pages_handed_on"] + d["map_pages_dropped"]) + " map pages")' "$out")"
-  [ -n "$BACKGROUND" ] || pages="$pages, the command $(echo "$t1 - $t0" | bc | sed 's/^\./0./') s"
+  [ -n "$BACKGROUND" ] || [ -n "$CLONE" ] || read -r secs pages <<<"$(python3 -c 'import json, sys; d = json.loads(sys.argv[1]); print(d["seconds"], str(d["map_pages_handed_on"] + d["map_pages_dropped"]) + " map pages")' "$out")"
+  [ -n "$BACKGROUND" ] || [ -n "$CLONE" ] || pages="$pages, the command $(echo "$t1 - $t0" | bc | sed 's/^\./0./') s"
+  [ -z "$CLONE" ] || pages="clone c: $pages"
+  # The snapshot the clone was made of goes too, before the next rep.
+  [ -z "$CLONE" ] || st snapshot delete v s --wait >/dev/null
   printf '  rep %d: delete %.3f s (%s); 4 KiB random writes qd 16, completion latency p99 / p99.9 / max: alone %d / %d / %d us, amid the delete %d / %d / %d us\n' \
     "$rep" "$secs" "$pages" "$a99" "$a999" "$amax" "$m99" "$m999" "$mmax"
   del_s+=("$secs"); alone99+=("$a99"); alone999+=("$a999"); alonemax+=("$amax")

@@ -201,7 +201,8 @@ printf '  4 KiB random writes to the clones (%d MiB): cache took %.3f, map %.3f 
 settle b
 ic=$(for rep in $(seq "$REPS"); do fio_read_iops kc1; done | median)
 printf '  kc1 (a clone of b@k) 4 KiB random reads %s IOPS, kc1/a = %.3f\n' "$ic" "$(echo "$ic / $ma" | bc -l)"
-for step in "snapshot delete b k" "volume delete kc1" "volume delete kc2"; do
+# --wait: the whole delete in the command (without it the daemon finishes it in the background).
+for step in "snapshot delete b k --wait" "volume delete kc1 --wait" "volume delete kc2 --wait"; do
   read -r c0 m0 g0 <<<"$(parts_written b)"
   t0=$(now)
   # shellcheck disable=SC2086

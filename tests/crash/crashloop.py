@@ -449,7 +449,8 @@ def main():
                     help="grow the volume by 8 MiB in every round while the load runs (the kill -9 may land in "
                          "the resize): after the restart its size is the old one or the new one, the new one if "
                          "the command returned, and every snapshot keeps its size; with --clones a live clone "
-                         "then grows to the new size too (old or new size after the restart, zeros in what it gained)")
+                         "then grows 4 MiB past the new size (old or new size after the restart, zeros in what it gained; "
+                         "the volume keeps its own size)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
@@ -591,13 +592,15 @@ def run(args, rng, daemon, tag):
             clone_thread.start()
 
         # The growth (--resize): in a thread, started while the load runs; the kill may cut it.
-        # With a clone (--clones) not being deleted, the clone then grows to the volume's new size
-        # while its load runs: the blocks it gains must read as zeros after the restart.
+        # With a clone (--clones) not being deleted, the clone then grows 4 MiB past the volume's
+        # new size (the family's map grows for it) while its load runs: the blocks it gains must
+        # read as zeros after the restart, and the volume keeps its own size.
         resizing = None
         if args.resize:
             grow = {"to": size + (8 << 20), "after": rng.uniform(0, 1.0)}
             if clone is not None and not clone_delete:
-                grow["clone"] = clone["name"]
+                # Past the volume's new size: the family's map grows for it, the volume keeps its.
+                grow["clone"], grow["clone_to"] = clone["name"], grow["to"] + (4 << 20)
 
             def resize(grow=grow):
                 time.sleep(grow["after"])
@@ -605,7 +608,7 @@ def run(args, rng, daemon, tag):
                 grow["ok"] = r.returncode == 0
                 if grow["ok"] and "clone" in grow:
                     grow["clone_began"] = True
-                    r = daemon.cli("volume", "resize", grow["clone"], "--size", str(grow["to"]), check=False)
+                    r = daemon.cli("volume", "resize", grow["clone"], "--size", str(grow["clone_to"]), check=False)
                     grow["clone_ok"] = r.returncode == 0
 
             resizing = (threading.Thread(target=resize), grow)
@@ -719,16 +722,17 @@ def check_clone_growth(daemon, hc, clone, grow, tag, rnd):
     """After a restart: the clone holds its old size or (if its growth began) the new one, the new
     one if the growth returned, and the bytes it gained (past every load's region) read as zeros."""
     now = volume_size(daemon, clone["name"])
-    allowed = {clone["size"]} | ({grow["to"]} if grow.get("clone_began") else set())
-    if now not in allowed or (grow.get("clone_ok") and now != grow["to"]):
+    to = grow["clone_to"]
+    allowed = {clone["size"]} | ({to} if grow.get("clone_began") else set())
+    if now not in allowed or (grow.get("clone_ok") and now != to):
         raise Violation(f"round {rnd}: clone {clone['name']} holds {now} bytes after a growth from {clone['size']} "
-                        f"to {grow['to']} that {'returned' if grow.get('clone_ok') else 'did not return'}")
+                        f"to {to} that {'returned' if grow.get('clone_ok') else 'did not return'}")
     for at in range(clone["size"], now, 1 << 20):
         n = min(1 << 20, now - at)
         if hc.pread(n, at) != bytes(n):
             raise Violation(f"round {rnd}: clone {clone['name']} grown from {clone['size']} reads data at {at}")
     if grow.get("clone_began"):
-        print(f"{tag} round {rnd}: clone {clone['name']} growth to {grow['to'] >> 20} MiB "
+        print(f"{tag} round {rnd}: clone {clone['name']} growth to {to >> 20} MiB (past the volume) "
               f"{'returned' if grow.get('clone_ok') else 'cut by the kill'}, size {now >> 20} MiB", flush=True)
     clone["size"] = now
 

@@ -435,7 +435,15 @@ async fn snapshots_clones_and_rollback() {
         ErrorKind::InvalidInput,
         "a volume named as a clone",
     );
-    refused(c.resize("c1", 8 * MIB).await, ErrorKind::InvalidInput, "resize a clone");
+    // A clone grows past its origin's size (the family's map grows); the origin keeps its.
+    let Ok(VolumeView::Clone(grown)) = c.resize("c1", 8 * MIB).await else { panic!("a clone grows past v") };
+    assert_eq!(grown.size_bytes, 8 * MIB);
+    assert_eq!(rig.volume("c1").size_bytes(), 8 * MIB, "the clone's volume has the new size");
+    assert_eq!(v.size_bytes(), 4 * MIB, "v keeps its size");
+    assert!(
+        rig.volume("c1").read(4 * MIB, MIB as usize).await.expect("read")[..] == vec![0u8; MIB as usize][..],
+        "what the clone gained past v reads as zeros"
+    );
     assert!(matches!(c.show("c1"), Ok(VolumeView::Clone(_))));
     assert_eq!(c.status().clones.len(), 1);
     // Rollback: the volume reads as the snapshot again.

@@ -652,6 +652,26 @@ async fn a_background_delete_stops_at_close_and_is_finished_by_the_next_open_or_
     t.pool.close().await.unwrap();
 }
 
+/// FUA writes of `(block, bytes)` to clone `layer`, from a task of its own (as the background
+/// deleter is: the runtime takes turns between them). Returns how many began while a delete was
+/// still pending.
+async fn writes_beside_the_deleter(
+    vol: &Arc<LogVolume<Dev>>,
+    layer: u16,
+    writes: &[(u64, Vec<u8>)],
+) -> usize {
+    let (vol, writes) = (vol.clone(), writes.to_vec());
+    let writer = tokio::spawn(async move {
+        let mut during = 0;
+        for (b, data) in writes {
+            during += usize::from(vol.deletes_pending() > 0);
+            vol.write_to(layer, b * 4096, IoBytes::copy_from(&data)).await.unwrap();
+        }
+        during
+    });
+    writer.await.unwrap()
+}
+
 /// `volume delete` of a clone leaves dropping its pages to the volume's background task (issue
 /// 39): the start returns with the clone and its snapshot gone from every listing; the task drops
 /// their pages batch by batch while another clone takes FUA writes; with the origin deleted, the
@@ -694,20 +714,9 @@ async fn a_clone_delete_left_to_the_background_task_finishes_amid_writes_and_fre
     assert!(vol.write_to(k2, 0, IoBytes::copy_from(&[1u8; 4096])).await.is_err(), "k2 takes no writes");
     assert!(vol.deletes_pending() > 0, "k2's pages are left to the background task");
     assert!(vol.status().deletes_in_progress > 0, "status counts the delete in progress");
-    // 200 FUA writes to k1, each to a block of its own, from a task of its own.
+    // 200 FUA writes to k1, each to a block of its own.
     let writes: Vec<(u64, Vec<u8>)> = (400..600).map(|b| (b, random_bytes(&mut rng, 4096))).collect();
-    let writer = tokio::spawn({
-        let (vol, writes) = (vol.clone(), writes.clone());
-        async move {
-            let mut during = 0;
-            for (b, data) in writes {
-                during += usize::from(vol.deletes_pending() > 0);
-                vol.write_to(k1, b * 4096, IoBytes::copy_from(&data)).await.unwrap();
-            }
-            during
-        }
-    });
-    let during = writer.await.unwrap();
+    let during = writes_beside_the_deleter(&vol, k1, &writes).await;
     for (b, data) in &writes {
         k1_model[block(*b)..block(b + 1)].copy_from_slice(data);
     }
@@ -837,18 +846,7 @@ async fn an_origin_delete_left_to_the_background_task_frees_what_only_the_head_h
         assert!(matches!(vol.write(0, one, true).await, Err(VolumeError::Closed(_))), "{what}: head write");
         assert!(vol.deletes_pending() > 0, "{what}: left to the background task");
         let writes: Vec<(u64, Vec<u8>)> = (300..400).map(|b| (b, random_bytes(&mut rng, 4096))).collect();
-        let writer = tokio::spawn({
-            let (vol, writes) = (vol.clone(), writes.clone());
-            async move {
-                let mut during = 0;
-                for (b, data) in writes {
-                    during += usize::from(vol.deletes_pending() > 0);
-                    vol.write_to(k, b * 4096, IoBytes::copy_from(&data)).await.unwrap();
-                }
-                during
-            }
-        });
-        let during = writer.await.unwrap();
+        let during = writes_beside_the_deleter(&vol, k, &writes).await;
         let mut clone = s2.clone();
         for (b, data) in &writes {
             clone[block(*b)..block(b + 1)].copy_from_slice(data);

@@ -215,20 +215,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// last clone. A crash after the mark leaves open to delete the snapshots. Returns the
     /// snapshots deleted and those kept for clones.
     pub async fn delete_origin(&self) -> Result<(Vec<String>, Vec<String>), TierError> {
-        let _one = self.snapshot_ops().await?;
-        if self.map.clones().is_empty() {
-            return Err(TierError::Invalid(format!(
-                "{} has no clones: it is deleted with its parts, not kept",
-                self.name
-            )));
-        }
-        self.check_writable(0, self.size_bytes())?;
-        {
-            let _drained = self.gates.writes.write().await;
-            self.map.mark_head_deleted().await.map_err(|e| self.layer_op_error("deleting the origin", e))?;
-        }
-        tracing::info!(volume = %self.name, "origin deleted; kept, hidden, for its clones");
-        self.delete_origin_snapshots().await
+        self.delete_origin_with(true).await
     }
 
     /// Starts deleting the origin of a family whose snapshots have clones (docs/design/
@@ -238,6 +225,10 @@ impl<D: BlockDevice> LogVolume<D> {
     /// the head held, clone writes going on between its batches. A crash or a close leaves the
     /// rest to the next open. Returns the snapshots deleted and those kept for clones.
     pub async fn start_origin_delete(&self) -> Result<(Vec<String>, Vec<String>), TierError> {
+        self.delete_origin_with(false).await
+    }
+
+    async fn delete_origin_with(&self, wait: bool) -> Result<(Vec<String>, Vec<String>), TierError> {
         let _one = self.snapshot_ops().await?;
         if self.map.clones().is_empty() {
             return Err(TierError::Invalid(format!(
@@ -249,6 +240,10 @@ impl<D: BlockDevice> LogVolume<D> {
         {
             let _drained = self.gates.writes.write().await;
             self.map.mark_head_deleted().await.map_err(|e| self.layer_op_error("deleting the origin", e))?;
+        }
+        if wait {
+            tracing::info!(volume = %self.name, "origin deleted; kept, hidden, for its clones");
+            return self.delete_origin_snapshots().await;
         }
         let (mut deleted, mut kept) = (Vec::new(), Vec::new());
         for snap in self.map.snapshots() {
