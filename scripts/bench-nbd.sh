@@ -18,15 +18,16 @@
 #    for the unpinned phase, because it sizes its runtime by the CPUs it may use at start;
 #  * every export is filled with random data first (unwritten blocks would read as zeros
 #    without touching any drive);
-#  * the fio matrix: 4 KiB random read and write at iodepth 1, 16 and 64, 128 KiB sequential read
-#    and write at iodepth 16; each workload is run on every server back to back (the order
+#  * the fio matrix: 4 KiB random read and write at iodepth 1, 16 and 64, the same at iodepth 1
+#    and 16 over 4 connections (`-4c-`: fio's numjobs=4, each job its own connection at that
+#    iodepth, IOPS summed), 128 KiB sequential read and write at iodepth 16; each workload is run on every server back to back (the order
 #    alternates), `--reps` times, pinned (servers on CPU 1, fio on CPU 0) and unpinned;
 #  * prints medians (kIOPS, mean and p99 completion latency in us, GB/s) and stria/nbdkit ratios,
 #    and writes every sample (with fio's completion latency percentiles) and the medians to a JSON
 #    file (default target/bench-reports/nbd/bench-nbd.json), then runs `stria-report nbd` on it:
 #    REPORT.md and PNG plots (IOPS and latency against queue depth, latency CDFs) beside it.
 # Servers and fio run at nice -10 (NICE=..., root only) so that other work on a shared machine
-# disturbs both sides alike. Takes about 8 minutes with the defaults (--quick: about 1).
+# disturbs both sides alike. Takes about 13 minutes with the defaults (--quick: about 1).
 # --only REGEX runs the workloads whose name matches (e.g. 'randwrite-4k-qd(1|16)$');
 # --serve-args "ARGS" adds flags to `stria serve` (e.g. "--nbd-busy-poll 50").
 # STRIA=PATH benchmarks that binary instead of building one (to compare two builds).
@@ -124,10 +125,12 @@ fill() { for t in "$@"; do nbdcopy "$W/fill.img" "${URI[$t]}"; done; sync; sleep
 fill "${TARGETS[@]}"
 
 # --- the matrix ---------------------------------------------------------------------------------
-# name rw bs iodepth
+# name rw bs iodepth [connections]
 WORKLOADS=(
   "randread-4k-qd1 randread 4k 1" "randread-4k-qd16 randread 4k 16" "randread-4k-qd64 randread 4k 64"
   "randwrite-4k-qd1 randwrite 4k 1" "randwrite-4k-qd16 randwrite 4k 16" "randwrite-4k-qd64 randwrite 4k 64"
+  "randread-4k-4c-qd1 randread 4k 1 4" "randread-4k-4c-qd16 randread 4k 16 4"
+  "randwrite-4k-4c-qd1 randwrite 4k 1 4" "randwrite-4k-4c-qd16 randwrite 4k 16 4"
   "seqread-128k-qd16 read 128k 16" "seqwrite-128k-qd16 write 128k 16"
 )
 KEPT=()
@@ -148,10 +151,10 @@ set_affinity() { # pinned | unpinned
   return 0
 }
 
-run_fio() { # mode target rw bs qd json
+run_fio() { # mode target rw bs qd json connections
   local pin=(); [ "$1" = pinned ] && pin=(taskset -c 0)
   nice -n "$NICE" "${pin[@]}" fio --name=bench --ioengine=nbd --uri="${URI[$2]}" --rw="$3" --bs="$4" \
-    --iodepth="$5" --size=1G --time_based --runtime="$RUNTIME" --ramp_time="$RAMP" --group_reporting \
+    --iodepth="$5" --numjobs="${7:-1}" --size=1G --time_based --runtime="$RUNTIME" --ramp_time="$RAMP" --group_reporting \
     --output-format=json --output="$6" >/dev/null
 }
 
@@ -160,14 +163,14 @@ for mode in $MODES; do
   set_affinity "$mode"
   for rep in $(seq "$REPS"); do
     for w in "${WORKLOADS[@]}"; do
-      read -r name rw bs qd <<<"$w"
+      read -r name rw bs qd conns <<<"$w"
       # Rotate who goes first so that neither side always runs right after the other.
       k=$((turn % ${#TARGETS[@]})); turn=$((turn + 1))
       order=("${TARGETS[@]:k}" "${TARGETS[@]:0:k}")
       for t in "${order[@]}"; do
         n=$((n + 1))
         printf '\r[%3d/%3d] %-8s rep %d %-20s %-12s' "$n" "$total" "$mode" "$rep" "$name" "$t" >&2
-        run_fio "$mode" "$t" "$rw" "$bs" "$qd" "$W/fio.json"
+        run_fio "$mode" "$t" "$rw" "$bs" "$qd" "$W/fio.json" "${conns:-1}"
         python3 - "$W/fio.json" "$mode" "$name" "$t" "$rep" "$rw" >>"$SAMPLES" <<'PY'
 import json, sys
 path, mode, name, target, rep, rw = sys.argv[1:]

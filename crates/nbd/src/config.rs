@@ -268,11 +268,22 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// TLS.
     pub tls: TlsConfig,
+    /// Threads that connections run on, each connection on one of them from accept to close
+    /// (`stria_poll::ConnectionThreads`, docs/design/datapath.md); 0 runs every connection as a
+    /// task of the runtime that accepted it. At most `stria_poll::threads::MAX_THREADS`.
+    pub connection_threads: usize,
+    /// Stack of each connection thread.
+    pub connection_thread_stack_bytes: usize,
 }
 
 impl Default for ServerConfig {
     fn default() -> ServerConfig {
-        ServerConfig { limits: Limits::default(), tls: TlsConfig::off() }
+        ServerConfig {
+            limits: Limits::default(),
+            tls: TlsConfig::off(),
+            connection_threads: 0,
+            connection_thread_stack_bytes: 8 << 20,
+        }
     }
 }
 
@@ -301,6 +312,9 @@ pub enum ConfigError {
     /// rustls refused the certificate or key
     #[error("TLS setup failed: {0}")]
     Tls(String),
+    /// The connection threads could not be started
+    #[error("cannot start the connection threads: {0}")]
+    Threads(String),
     /// A limit is out of range
     #[error("limit {name} is out of range: {reason}")]
     BadLimit {
@@ -319,6 +333,9 @@ impl ServerConfig {
         }
         if self.tls.client_auth && self.tls.mode != TlsMode::Require {
             return Err(ConfigError::ClientCaWithoutRequire(self.tls.mode));
+        }
+        if self.connection_threads > stria_poll::threads::MAX_THREADS {
+            return Err(ConfigError::BadLimit { name: "connection_threads", reason: "must be at most 1024" });
         }
         let limits = &self.limits;
         let at_least_one = [

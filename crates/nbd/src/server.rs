@@ -23,10 +23,40 @@ use crate::handshake::{self, HandshakeContext, HandshakeEnd, HandshakeError, Neg
 use crate::transmission::{self, TransmissionEnd};
 use crate::warn_limit::{Kind, Warnings};
 use crate::wire::SessionParams;
+use stria_poll::ConnectionThreads;
 
 /// A byte stream a connection can run on.
 pub trait NbdStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> NbdStream for T {}
+
+/// An accepted socket that can leave the runtime that accepted it for a connection thread's
+/// (deregistered from one reactor, registered with the other's).
+trait Rehome: NbdStream + Sized {
+    type Std: Send + 'static;
+    fn into_std(self) -> io::Result<Self::Std>;
+    /// Call within the runtime the socket is to be registered with.
+    fn from_std(std: Self::Std) -> io::Result<Self>;
+}
+
+impl Rehome for tokio::net::UnixStream {
+    type Std = std::os::unix::net::UnixStream;
+    fn into_std(self) -> io::Result<Self::Std> {
+        tokio::net::UnixStream::into_std(self)
+    }
+    fn from_std(std: Self::Std) -> io::Result<Self> {
+        tokio::net::UnixStream::from_std(std)
+    }
+}
+
+impl Rehome for tokio::net::TcpStream {
+    type Std = std::net::TcpStream;
+    fn into_std(self) -> io::Result<Self::Std> {
+        tokio::net::TcpStream::into_std(self)
+    }
+    fn from_std(std: Self::Std) -> io::Result<Self> {
+        tokio::net::TcpStream::from_std(std)
+    }
+}
 
 struct Inner {
     config: ServerConfig,
@@ -37,6 +67,8 @@ struct Inner {
     listeners: Mutex<Vec<JoinHandle<()>>>,
     unix_paths: Mutex<Vec<PathBuf>>,
     next_connection_id: AtomicU64,
+    /// Where accepted connections run (`None`: on the accepting runtime).
+    threads: Option<ConnectionThreads>,
 }
 
 /// An NBD server. Cheap to clone; all clones serve the same exports under the same limits.
@@ -91,6 +123,13 @@ impl Server {
         let (shutdown, _) = watch::channel(false);
         let admission = Arc::new(Admission::new(&config.limits));
         let warnings = Warnings::new(config.limits.warning_interval);
+        let threads = match config.connection_threads {
+            0 => None,
+            n => Some(
+                ConnectionThreads::start(n, "stria-nbd-conn", config.connection_thread_stack_bytes)
+                    .map_err(|e| ConfigError::Threads(e.to_string()))?,
+            ),
+        };
         Ok(Server {
             inner: Arc::new(Inner {
                 config,
@@ -101,8 +140,14 @@ impl Server {
                 listeners: Mutex::new(Vec::new()),
                 unix_paths: Mutex::new(Vec::new()),
                 next_connection_id: AtomicU64::new(1),
+                threads,
             }),
         })
+    }
+
+    /// Live connections on each connection thread (empty without connection threads).
+    pub fn connections_per_thread(&self) -> Vec<usize> {
+        self.inner.threads.as_ref().map_or_else(Vec::new, ConnectionThreads::live)
     }
 
     /// Listens on a Unix socket at `path` (which must not exist). Call within a Tokio runtime.
@@ -168,7 +213,7 @@ impl Server {
     ) where
         A: FnMut() -> Fut,
         Fut: Future<Output = io::Result<T>>,
-        S: NbdStream,
+        S: Rehome,
     {
         let mut shutdown = self.inner.shutdown.subscribe();
         let mut flush_warnings = tokio::time::interval(self.inner.warnings.interval());
@@ -195,10 +240,7 @@ impl Server {
                             if let Some(eviction) = eviction {
                                 self.log_eviction(&label, eviction);
                             }
-                            let server = self.clone();
-                            tokio::spawn(
-                                async move { server.run_connection(stream, label, peer, place).await },
-                            );
+                            self.start_connection(stream, label, peer, place);
                         }
                         Err(refusal) => self.log_refusal(&label, refusal),
                     }
@@ -212,6 +254,38 @@ impl Server {
                 }
             }
         }
+    }
+
+    /// Runs an accepted connection: on the connection thread with the fewest connections when
+    /// the server has them, else as a task of this runtime.
+    fn start_connection<S: Rehome>(
+        &self,
+        stream: S,
+        label: String,
+        peer: Option<Peer>,
+        place: HandshakePlace,
+    ) {
+        let server = self.clone();
+        let Some(threads) = &self.inner.threads else {
+            tokio::spawn(async move { server.run_connection(stream, label, peer, place).await });
+            return;
+        };
+        let std = match stream.into_std() {
+            Ok(std) => std,
+            Err(error) => {
+                // Dropping the place frees it: the connection is closed like a refused one.
+                debug!(peer = label, %error, "cannot hand a connection to its thread; closing it");
+                return;
+            }
+        };
+        threads.spawn(async move {
+            match S::from_std(std) {
+                Ok(stream) => server.run_connection(stream, label, peer, place).await,
+                Err(error) => {
+                    debug!(peer = label, %error, "cannot register a connection on its thread; closing it")
+                }
+            }
+        });
     }
 
     /// Serves one already-connected stream to completion (for tests, fuzzing and socket

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    Client, GatedExport, connect, fixture_with, gated_server, info_data, round_trip, serve_tcp, tcp_from,
-    wait_for_stats,
+    Client, GatedExport, connect, fixture_on_threads, fixture_with, gated_server, info_data, round_trip,
+    serve_tcp, tcp_from, wait_for_stats,
 };
 use stria_nbd::Limits;
 use stria_nbd::proto::{self, cmd, opt, rep};
@@ -431,4 +431,64 @@ async fn a_flood_of_handshake_timeouts_logs_a_few_warnings() {
     let timeouts = captured.lines().iter().filter(|line| line.contains("timed out")).count();
     assert!((1..=2).contains(&timeouts), "{timeouts} timeout lines: {:#?}", captured.lines());
     handle.shutdown().await;
+}
+
+/// Connections on threads of their own (`connection_threads`, docs/design/datapath.md): each
+/// accepted connection, Unix or TCP, goes to the thread with the fewest and is served there; the
+/// places and limits count them as before; a connection that ends frees its thread's count; a
+/// graceful shutdown ends the ones still open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_on_threads_of_their_own_are_spread_served_counted_and_shut_down() {
+    let limits = Limits { max_connections: 3, ..Limits::default() };
+    let fx = fixture_on_threads(limits, 2);
+    let path = socket_path("threads");
+    let unix = fx.server.serve_unix(&path).unwrap();
+    let (_tcp, addr) = serve_tcp(&fx.server).await;
+
+    let mut first = unix_client(&path).await;
+    first.handshake("disk", false, false).await;
+    let mut second = Client { stream: tcp_from("127.0.0.1", addr).await };
+    second.handshake("disk", false, false).await;
+    let mut third = unix_client(&path).await;
+    third.handshake("disk", false, false).await;
+    for (tag, client) in [(1, &mut first), (3, &mut third)] {
+        round_trip(client, tag).await;
+    }
+    round_trip(&mut second, 2).await;
+    let mut per_thread = fx.server.connections_per_thread();
+    per_thread.sort_unstable();
+    assert_eq!(per_thread, vec![1, 2], "three connections on two threads");
+    assert_eq!(fx.server.stats().transmitting, 3);
+
+    // The limit holds across threads: a fourth is refused in its handshake.
+    let mut fourth = unix_client(&path).await;
+    fourth.greet(proto::CLIENT_FIXED_NEWSTYLE | proto::CLIENT_NO_ZEROES).await;
+    let (reply_type, message) = go(&mut fourth, "disk").await;
+    assert_eq!(reply_type, rep::ERR_POLICY, "{message}");
+
+    // One ends: its thread's count goes down, and the fourth's handshake goes on.
+    second.send_request(cmd::DISC, 0, 9, 0, 0, &[]).await;
+    assert!(second.is_closed().await);
+    wait_for_stats(&fx.server, "a free place in transmission", |stats| stats.transmitting == 2).await;
+    let (reply_type, message) = go(&mut fourth, "disk").await;
+    assert_eq!(reply_type, rep::ACK, "{message}");
+    round_trip(&mut fourth, 4).await;
+    assert_eq!(
+        fx.server.connections_per_thread().iter().sum::<usize>(),
+        3,
+        "the first, the third and the fourth"
+    );
+    drop(fourth);
+    wait_for_stats(&fx.server, "the fourth gone", |stats| stats.transmitting == 2).await;
+
+    tokio::time::timeout(Duration::from_secs(20), unix.shutdown()).await.expect("graceful shutdown ends");
+    assert!(
+        first.is_closed().await && third.is_closed().await,
+        "shutdown closed the connections on the threads"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fx.server.connections_per_thread() != vec![0, 0] {
+        assert!(Instant::now() < deadline, "threads still count {:?}", fx.server.connections_per_thread());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }

@@ -13,6 +13,10 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod threads;
+
+pub use threads::ConnectionThreads;
+
 use std::future::Future;
 use std::task::Context;
 use std::time::{Duration, Instant};

@@ -89,6 +89,8 @@ pub(crate) struct Limits {
     pub(crate) nbd_in_flight_shared: Option<String>,
     /// `--nbd-busy-poll`: microseconds an NBD connection polls for its next request.
     pub(crate) nbd_busy_poll: Option<u64>,
+    /// `--nbd-threads`: threads NBD connections run on.
+    pub(crate) nbd_threads: Option<u64>,
     /// `--iscsi-connections-max`: iSCSI connections at once.
     pub(crate) iscsi_connections: Option<usize>,
     /// `--iscsi-busy-poll`: microseconds an iSCSI connection polls for its next PDU.
@@ -141,6 +143,7 @@ const KEYS: &[(&str, &str)] = &[
     ("limits.nbd_in_flight", "nbd_in_flight_max"),
     ("limits.nbd_in_flight_shared", "nbd_in_flight_shared"),
     ("limits.nbd_busy_poll", "nbd_busy_poll"),
+    ("limits.nbd_threads", "nbd_threads"),
     ("limits.iscsi_connections", "iscsi_connections_max"),
     ("limits.iscsi_busy_poll", "iscsi_busy_poll"),
 ];
@@ -201,6 +204,7 @@ pub(crate) fn as_args(
             "limits.nbd_in_flight" => text(&limits.nbd_in_flight),
             "limits.nbd_in_flight_shared" => text(&limits.nbd_in_flight_shared),
             "limits.nbd_busy_poll" => limits.nbd_busy_poll.map(|v| vec![v.to_string()]),
+            "limits.nbd_threads" => limits.nbd_threads.map(|v| vec![v.to_string()]),
             "limits.iscsi_connections" => count(limits.iscsi_connections),
             "limits.iscsi_busy_poll" => limits.iscsi_busy_poll.map(|v| vec![v.to_string()]),
             _ => unreachable!("every key of KEYS is matched"),

@@ -352,7 +352,13 @@ async fn start_nbd(opts: &ServeOptions, exports: &Arc<Registry>) -> Result<(Vec<
         _ => bail!("--tls on/require needs --tls-cert and --tls-key"),
     };
     let registry: Arc<Registry> = Arc::clone(exports);
-    let config = ServerConfig { tls, limits: opts.nbd_limits.limits()? };
+    let config = ServerConfig {
+        tls,
+        limits: opts.nbd_limits.limits()?,
+        connection_threads: opts.nbd_limits.connection_threads(),
+        // As the runtime's threads: an unoptimised build's futures need deep stacks.
+        connection_thread_stack_bytes: crate::RUNTIME_STACK_BYTES,
+    };
     let server = Server::new(config, registry).map_err(crate::nbd_limits::explain)?;
     let mut handles = Vec::new();
     let mut uris = Vec::new();

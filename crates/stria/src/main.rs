@@ -142,7 +142,7 @@ fn main() {
 
 /// Stack of the thread that runs a command and of the runtime's workers (virtual memory: pages
 /// are only used as the stack grows).
-const RUNTIME_STACK_BYTES: usize = 64 << 20;
+pub(crate) const RUNTIME_STACK_BYTES: usize = 64 << 20;
 
 /// `--log-level`: a level (error, warn, info, debug, trace, off) or a tracing filter with
 /// directives (`stria=debug,warn`). A bare word that is not a level is refused: the filter

@@ -42,6 +42,12 @@ pub(crate) struct NbdLimitArgs {
     /// once; the window halves while a client pauses; docs/nbd.md).
     #[arg(long, value_name = "MICROSECONDS", value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub(crate) nbd_busy_poll: Option<u64>,
+    /// Threads NBD connections run on: each connection is served on one of them from accept
+    /// to close, the one with the fewest connections when it came (default: one per CPU the
+    /// daemon may use when it has more than one; 0 serves connections on the daemon's shared
+    /// runtime; docs/design/datapath.md).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(0..=1024))]
+    pub(crate) nbd_threads: Option<u64>,
 }
 
 /// The flag that sets a field of [`Limits`], for error messages.
@@ -90,6 +96,19 @@ impl NbdLimitArgs {
             limits.busy_poll = std::time::Duration::from_micros(us);
         }
         Ok(limits)
+    }
+
+    /// How many connection threads the NBD server gets: `--nbd-threads`, else one per CPU this
+    /// process may run on when that is more than one (on one CPU a second thread would only
+    /// take turns with the runtime's; connections then run on the runtime, as before).
+    pub(crate) fn connection_threads(&self) -> usize {
+        match self.nbd_threads {
+            Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+            None => match std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get) {
+                1 => 0,
+                cpus => cpus.min(64),
+            },
+        }
     }
 }
 

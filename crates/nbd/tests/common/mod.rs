@@ -29,13 +29,18 @@ pub struct Fixture {
 pub const DISK_BYTES: u64 = 1 << 20;
 
 pub fn fixture_with(limits: Limits) -> Fixture {
+    fixture_on_threads(limits, 0)
+}
+
+/// As [`fixture_with`], with connections run on `threads` connection threads (0: none).
+pub fn fixture_on_threads(limits: Limits, threads: usize) -> Fixture {
     let exports = Arc::new(ExportMap::new());
     let disk = Arc::new(MemExport::new(DISK_BYTES).with_description("test disk"));
     exports.insert("disk", disk.clone()).unwrap();
     exports.insert("ro", Arc::new(MemExport::new(64 << 10).with_read_only(true))).unwrap();
     exports.insert("bad", Arc::new(MemExport::new(64 << 10).with_io_error_range(4096..8192))).unwrap();
     exports.insert("slowzero", Arc::new(MemExport::new(64 << 10).with_fast_zero(false))).unwrap();
-    let config = ServerConfig { limits, ..ServerConfig::default() };
+    let config = ServerConfig { limits, connection_threads: threads, ..ServerConfig::default() };
     let server = Server::new(config, exports.clone()).unwrap();
     Fixture { server, disk, exports }
 }
