@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use stria_front::Registry;
-use tokio::net::TcpListener;
+use stria_poll::ConnectionThreads;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 use crate::login::{Chap, Offer};
@@ -40,6 +41,12 @@ pub struct TargetConfig {
     /// the connection last read or sent one (zero: sleep at once). Adaptive: the window halves
     /// while an initiator pauses (`stria_poll::BusyPoll`, docs/iscsi.md).
     pub busy_poll: Duration,
+    /// Threads connections run on, each connection (its reader, writer and commands) on one
+    /// of them from accept to close (`stria_poll::ConnectionThreads`, docs/iscsi.md); 0 runs
+    /// them on the runtime that accepted them.
+    pub connection_threads: usize,
+    /// Stack of each connection thread.
+    pub connection_thread_stack_bytes: usize,
 }
 
 impl Default for TargetConfig {
@@ -53,6 +60,8 @@ impl Default for TargetConfig {
             chap: None,
             reservations_dir: None,
             busy_poll: Duration::from_micros(100),
+            connection_threads: 0,
+            connection_thread_stack_bytes: 8 << 20,
         }
     }
 }
@@ -123,6 +132,8 @@ pub struct Target {
     pub counters: TargetCounters,
     /// Set by [`Target::shutdown`]: listeners stop accepting, connections stop taking commands.
     pub(crate) stopping: tokio::sync::watch::Sender<bool>,
+    /// Where accepted connections run (`None`: on the accepting runtime).
+    threads: Option<ConnectionThreads>,
 }
 
 impl std::fmt::Debug for Target {
@@ -133,7 +144,22 @@ impl std::fmt::Debug for Target {
 
 impl Target {
     /// A target for the volumes `registry` serves.
+    ///
+    /// If the connection threads the configuration asks for cannot be started, says so and runs
+    /// connections on the accepting runtime.
     pub fn new(registry: Arc<Registry>, config: TargetConfig) -> Arc<Target> {
+        let threads = match config.connection_threads {
+            0 => None,
+            n => {
+                match ConnectionThreads::start(n, "stria-iscsi-conn", config.connection_thread_stack_bytes) {
+                    Ok(threads) => Some(threads),
+                    Err(error) => {
+                        tracing::warn!(%error, "iscsi: connection threads not started; connections run on the shared runtime");
+                        None
+                    }
+                }
+            }
+        };
         Arc::new(Target {
             registry,
             connections: Arc::new(Semaphore::new(config.max_connections)),
@@ -143,7 +169,13 @@ impl Target {
             next_tsih: AtomicU16::new(1),
             counters: TargetCounters::default(),
             stopping: tokio::sync::watch::Sender::new(false),
+            threads,
         })
+    }
+
+    /// Live connections on each connection thread (empty without connection threads).
+    pub fn connections_per_thread(&self) -> Vec<usize> {
+        self.threads.as_ref().map_or_else(Vec::new, ConnectionThreads::live)
     }
 
     /// Connections in the login phase now.
@@ -239,17 +271,41 @@ impl Target {
             };
             self.counters.connections.fetch_add(1, Ordering::Relaxed);
             let target = Arc::clone(&self);
-            tokio::spawn(async move {
-                let _permit = permit;
-                let portal = stream.local_addr().map(portal).unwrap_or_default();
-                if let Err(e) = stream.set_nodelay(true) {
-                    tracing::debug!(%peer, error = %e, "iscsi: TCP_NODELAY not set");
+            let Some(threads) = &self.threads else {
+                tokio::spawn(run_connection(target, permit, stream, peer));
+                continue;
+            };
+            // To the connection thread with the fewest: the socket is registered with that
+            // thread's reactor, and everything the connection spawns runs there too.
+            match stream.into_std() {
+                Ok(std) => {
+                    threads.spawn(async move {
+                        match TcpStream::from_std(std) {
+                            Ok(stream) => run_connection(target, permit, stream, peer).await,
+                            Err(e) => tracing::info!(%peer, error = %e, "iscsi: connection not registered on its thread"),
+                        }
+                    });
                 }
-                if let Err(e) = crate::conn::run(target, stream, peer.to_string(), portal).await {
-                    tracing::info!(%peer, error = %e, "iscsi: connection ended");
-                }
-            });
+                Err(e) => tracing::info!(%peer, error = %e, "iscsi: connection not handed to its thread"),
+            }
         }
+    }
+}
+
+/// Runs one accepted connection to its end; `permit` is its place among `max_connections`.
+async fn run_connection(
+    target: Arc<Target>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    stream: TcpStream,
+    peer: SocketAddr,
+) {
+    let _permit = permit;
+    let portal = stream.local_addr().map(portal).unwrap_or_default();
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(%peer, error = %e, "iscsi: TCP_NODELAY not set");
+    }
+    if let Err(e) = crate::conn::run(target, stream, peer.to_string(), portal).await {
+        tracing::info!(%peer, error = %e, "iscsi: connection ended");
     }
 }
 

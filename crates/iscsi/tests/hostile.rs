@@ -171,3 +171,48 @@ async fn shutdown_closes_sessions_logins_and_the_listener() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "the listener still accepts");
 }
+
+/// Connections on threads of their own (`connection_threads`): each session, with its reader,
+/// writer and commands, runs on the connection thread with the fewest; data written through
+/// one (in R2T bursts too) reads back through another; shutdown ends them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_on_connection_threads_are_spread_served_and_shut_down() {
+    let (addr, target) = serve(TargetConfig { connection_threads: 2, ..TargetConfig::default() }).await;
+    let mut sessions = Vec::new();
+    for _ in 0..3 {
+        let mut c = Client::connect(addr).await;
+        c.login(TARGET, &[("InitialR2T", "Yes"), ("ImmediateData", "No"), ("MaxBurstLength", "65536")])
+            .await
+            .expect("login");
+        sessions.push(c);
+    }
+    let mut per_thread = target.connections_per_thread();
+    per_thread.sort_unstable();
+    assert_eq!(per_thread, vec![1, 2], "three sessions on two threads");
+    for (i, c) in sessions.iter_mut().enumerate() {
+        let lba = 512 * u32::try_from(i).expect("small");
+        let data: Vec<u8> = (0..256 << 10).map(|b: u32| (b % 253) as u8 ^ i as u8).collect();
+        let w = c.command(&write10(lba, 512), &data, 0, 0).await;
+        assert_eq!(w.status, 0, "{:02x?}", w.sense);
+    }
+    for i in 0..3 {
+        let reader = &mut sessions[(i + 1) % 3];
+        let lba = 512 * u32::try_from(i).expect("small");
+        let r = reader.command(&read10(lba, 512), &[], 0, 256 << 10).await;
+        let data: Vec<u8> = (0..256 << 10).map(|b: u32| (b % 253) as u8 ^ i as u8).collect();
+        assert!(r.status == 0 && r.data == data, "session {i}'s data read through another differs");
+    }
+    target.shutdown(Duration::from_secs(5)).await;
+    for c in &mut sessions {
+        assert!(c.closed_within(Duration::from_secs(2)).await, "a session was not closed");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while target.connections_per_thread() != vec![0, 0] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "threads still count {:?}",
+            target.connections_per_thread()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -1,4 +1,5 @@
-//! A bounded, adaptive busy poll for the connection loops of the front ends (NBD, iSCSI).
+//! A bounded, adaptive busy poll for the connection loops of the front ends (NBD, iSCSI), and
+//! the threads their connections run on ([`threads`]).
 //!
 //! For a window after a connection last did something (read a request, finished one, sent a
 //! reply), a poll that finds nothing to do asks to be polled again once the runtime has looked

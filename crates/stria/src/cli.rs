@@ -649,6 +649,12 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_name = "MICROSECONDS", default_value_t = 100,
           value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub(crate) iscsi_busy_poll: u64,
+    /// Threads iSCSI connections run on: each connection (its reader, writer and commands) is
+    /// served on one of them from accept to close, the one with the fewest connections when it
+    /// came (default: one per CPU the daemon may use when it has more than one; 0 serves
+    /// connections on the daemon's shared runtime; docs/iscsi.md).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(0..=1024))]
+    pub(crate) iscsi_threads: Option<u64>,
     /// iSCSI CHAP: every login must give this name and prove the secret of
     /// --iscsi-chap-secret-file (without it, logins need no authentication).
     #[arg(long, value_name = "NAME", requires = "iscsi_chap_secret_file")]

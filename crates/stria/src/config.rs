@@ -95,6 +95,8 @@ pub(crate) struct Limits {
     pub(crate) iscsi_connections: Option<usize>,
     /// `--iscsi-busy-poll`: microseconds an iSCSI connection polls for its next PDU.
     pub(crate) iscsi_busy_poll: Option<u64>,
+    /// `--iscsi-threads`: threads iSCSI connections run on.
+    pub(crate) iscsi_threads: Option<u64>,
 }
 
 /// The file a daemon was started with: to re-read on SIGHUP.
@@ -146,6 +148,7 @@ const KEYS: &[(&str, &str)] = &[
     ("limits.nbd_threads", "nbd_threads"),
     ("limits.iscsi_connections", "iscsi_connections_max"),
     ("limits.iscsi_busy_poll", "iscsi_busy_poll"),
+    ("limits.iscsi_threads", "iscsi_threads"),
 ];
 
 /// The file's settings as command-line arguments, leaving out those given on the command line
@@ -207,6 +210,7 @@ pub(crate) fn as_args(
             "limits.nbd_threads" => limits.nbd_threads.map(|v| vec![v.to_string()]),
             "limits.iscsi_connections" => count(limits.iscsi_connections),
             "limits.iscsi_busy_poll" => limits.iscsi_busy_poll.map(|v| vec![v.to_string()]),
+            "limits.iscsi_threads" => limits.iscsi_threads.map(|v| vec![v.to_string()]),
             _ => unreachable!("every key of KEYS is matched"),
         };
         let Some(values) = values else { continue };
@@ -283,7 +287,8 @@ mod tests {
         assert_eq!(ok.limits.and_then(|l| l.nbd_connections), Some(8));
         let iscsi: ConfigFile = toml::from_str(
             "iscsi = [\"tcp:0.0.0.0:3260\"]\n[iscsi_chap]\nuser = \"u\"\nsecret_file = \"/etc/s\"\n\
-             [limits]\niscsi_connections = 9\niscsi_busy_poll = 0\nnbd_busy_poll = 250\n",
+             [limits]\niscsi_connections = 9\niscsi_busy_poll = 0\nnbd_busy_poll = 250\nnbd_threads = 3\n\
+             iscsi_threads = 0\n",
         )
         .expect("parses");
         assert_eq!(iscsi.iscsi.as_deref(), Some(&["tcp:0.0.0.0:3260".to_string()][..]));
@@ -293,6 +298,7 @@ mod tests {
             (limits.iscsi_connections, limits.iscsi_busy_poll, limits.nbd_busy_poll),
             (Some(9), Some(0), Some(250))
         );
+        assert_eq!((limits.nbd_threads, limits.iscsi_threads), (Some(3), Some(0)));
         let e = toml::from_str::<ConfigFile>("[iscsi_chap]\nsecret = \"x\"\n").expect_err("unknown");
         assert!(e.to_string().contains("secret"), "{e}");
         let nbd: ConfigFile = toml::from_str(

@@ -73,6 +73,8 @@ pub(crate) struct ServeOptions {
     pub(crate) iscsi_connections_max: usize,
     /// `--iscsi-busy-poll`, microseconds.
     pub(crate) iscsi_busy_poll: u64,
+    /// `--iscsi-threads` (`None`: the default, one per CPU when there are several).
+    pub(crate) iscsi_threads: Option<u64>,
     /// `--iscsi-chap-*`: CHAP every iSCSI login must pass.
     pub(crate) iscsi_chap: Option<Arc<stria_iscsi::Chap>>,
     /// The configuration file, re-read on SIGHUP.
@@ -417,6 +419,8 @@ async fn start_iscsi(
         pool: pool.to_string(),
         max_connections: opts.iscsi_connections_max,
         busy_poll: std::time::Duration::from_micros(opts.iscsi_busy_poll),
+        connection_threads: crate::nbd_limits::connection_threads(opts.iscsi_threads),
+        connection_thread_stack_bytes: crate::RUNTIME_STACK_BYTES,
         chap: opts.iscsi_chap.clone(),
         reservations_dir,
         ..Default::default()

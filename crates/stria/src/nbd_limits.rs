@@ -102,13 +102,19 @@ impl NbdLimitArgs {
     /// process may run on when that is more than one (on one CPU a second thread would only
     /// take turns with the runtime's; connections then run on the runtime, as before).
     pub(crate) fn connection_threads(&self) -> usize {
-        match self.nbd_threads {
-            Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
-            None => match std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get) {
-                1 => 0,
-                cpus => cpus.min(64),
-            },
-        }
+        connection_threads(self.nbd_threads)
+    }
+}
+
+/// Connection threads of a front end: `asked`, else one per CPU this process may run on when
+/// that is more than one (at most 64), else none.
+pub(crate) fn connection_threads(asked: Option<u64>) -> usize {
+    match asked {
+        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+        None => match std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get) {
+            1 => 0,
+            cpus => cpus.min(64),
+        },
     }
 }
 

@@ -89,6 +89,7 @@ fn serve_tls_options(args: ServeArgs) -> Result<ServeOptions> {
         iscsi: args.iscsi,
         iscsi_connections_max: args.iscsi_connections_max,
         iscsi_busy_poll: args.iscsi_busy_poll,
+        iscsi_threads: args.iscsi_threads,
         config: args.config_source,
         http: args.http.map(|addr| http::HttpOptions {
             addr,
