@@ -94,6 +94,9 @@ check "the tiered volume counts the 8 MiB its clients wrote" \
 check "the tiered volume reports write amplification of its fast tier" \
   bash -c "[ -n \"\$(curl -sf --get 'http://127.0.0.1:$PPORT/api/v1/query' --data-urlencode 'query=stria_tier_write_amplification{volume=\"t\",tier=\"fast\"} > 0' | grep -o '\"value\"')\" ]"
 
+check "the tiered volume's map log carried a change for each of the 2,048 blocks written" \
+  bash -c "[ -n \"\$(curl -sf --get 'http://127.0.0.1:$PPORT/api/v1/query' --data-urlencode 'query=stria_tier_map_deltas_total{volume=\"t\"} >= 2048 and stria_tier_map_log_writes_total{volume=\"t\"} > 0' | grep -o '\"value\"')\" ]"
+
 # A drive failed through the API shows in the next scrapes.
 curl -sf -X POST -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$HPORT/api/v1/drives/3/fail" >/dev/null
 check "a failed drive shows as failed" wait_for 'stria_drive_state{drive="3",state="failed"}' 1

@@ -530,7 +530,7 @@ async fn log_run(
         ));
     }
     check_all(blocks, &versions, |o, n| vol.read(o, n)).await?;
-    let m = vol.map_stats().await;
+    let m = vol.map_stats();
     println!(
         "  map: {} deltas in {} log blocks ({:.1} a block), {} checkpoints wrote {} pages",
         m.deltas_logged,

@@ -370,6 +370,14 @@ fn log_volume(view: &stria_catalog::LogView) {
         l.moves_lost,
         l.gc
     );
+    outln!(
+        "  {:<22} {} log blocks carrying {} changes; {} checkpoints wrote {} pages",
+        "map",
+        l.map_log_blocks_written,
+        l.map_deltas_logged,
+        l.map_checkpoints,
+        l.map_pages_written
+    );
     let wa = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |x| format!("{x:.2}"));
     outln!(
         "  {:<22} fast drives {}, capacity drives {} (drive bytes written per host byte)",

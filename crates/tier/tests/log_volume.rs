@@ -455,7 +455,7 @@ fn snapshot_id(vol: &LogVolume<Dev>, name: &str) -> u16 {
 #[tokio::test]
 async fn writes_go_on_between_the_batches_of_a_snapshot_delete_and_every_view_holds() {
     let mut t = DeleteAmid::new(&PowerSwitch::new()).await;
-    let preserved_before = t.vol.map_stats().await.pages_preserved_past_a_delete;
+    let preserved_before = t.vol.map_stats().pages_preserved_past_a_delete;
     let v4 = t.version(4, 0, 0..AMID_PAGES);
     let (deleted, acks) = t.delete_amid("s2", &v4).await;
     let stats = deleted.unwrap();
@@ -467,7 +467,7 @@ async fn writes_go_on_between_the_batches_of_a_snapshot_delete_and_every_view_ho
         "s2 owned 16 pages: {stats:?}"
     );
     assert!(acks.iter().any(|&(ok, done)| ok && !done), "no write was acknowledged while s2 was deleted");
-    let redirected = t.vol.map_stats().await.pages_preserved_past_a_delete - preserved_before;
+    let redirected = t.vol.map_stats().pages_preserved_past_a_delete - preserved_before;
     assert!(redirected > 0, "no write preserved into s1 while s2, the newest, was deleted");
     let s1_view = t.s1_view.clone();
     t.check(Some(("s1", &s1_view)), "after deleting s2").await;
@@ -572,7 +572,7 @@ async fn background_deletes_done(vol: &LogVolume<Dev>) -> bool {
 #[tokio::test]
 async fn a_snapshot_delete_left_to_the_background_task_finishes_amid_writes_and_every_view_holds() {
     let mut t = DeleteAmid::new(&PowerSwitch::new()).await;
-    let preserved_before = t.vol.map_stats().await.pages_preserved_past_a_delete;
+    let preserved_before = t.vol.map_stats().pages_preserved_past_a_delete;
     let kept = t.vol.start_snapshot_delete("s2").await.unwrap();
     assert!(!kept, "s2 has no clones");
     assert!(t.vol.snapshots().iter().all(|s| s.name != "s2"), "s2 is gone from the list at once");
@@ -596,7 +596,7 @@ async fn a_snapshot_delete_left_to_the_background_task_finishes_amid_writes_and_
     assert!(during > 0, "no write began while s2's delete was in progress");
     assert!(background_deletes_done(&t.vol).await, "the background task did not finish s2's delete");
     assert_eq!(t.vol.status().deletes_in_progress, 0);
-    let redirected = t.vol.map_stats().await.pages_preserved_past_a_delete - preserved_before;
+    let redirected = t.vol.map_stats().pages_preserved_past_a_delete - preserved_before;
     assert!(redirected > 0, "no write preserved into s1 while s2, the newest, was handed on");
     let s1_view = t.s1_view.clone();
     t.check(Some(("s1", &s1_view)), "after s2's delete in the background").await;
@@ -1300,7 +1300,7 @@ async fn counts_a_crash_leaves_too_high_are_repaired_before_any_write_gets_enosp
         vol.write(i as u64 * (64 << 10), IoBytes::copy_from(chunk), true).await.unwrap();
     }
     vol.destage_all().await.unwrap();
-    assert_eq!(vol.map_stats().await.checkpoints, 0, "the test needs no checkpoint before the cut");
+    assert_eq!(vol.map_stats().checkpoints, 0, "the test needs no checkpoint before the cut");
     let (_, _, _pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, 13).await;
     assert!(vol.opened_from_table(), "the table of the clean close still matches the map log");
     assert_eq!(read_all(&vol, 256).await, model, "after the cut");
@@ -1785,7 +1785,7 @@ async fn trimmed_space_is_compacted_and_given_back_to_the_pool_and_reads_stay_ri
     assert_eq!(read_all(&vol, 8192).await, data);
     // A power cut: open replays the map log over the table, superseded deltas into the given
     // back segments included.
-    assert_eq!(vol.map_stats().await.checkpoints, 0, "the test needs the deltas in the map log");
+    assert_eq!(vol.map_stats().checkpoints, 0, "the test needs the deltas in the map log");
     let (devs, switch, pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, 15).await;
     assert!(vol.opened_from_table());
     assert_eq!(vol.status().segments, st.segments);
@@ -2513,7 +2513,7 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
             let name = sim.snaps[i].0.clone();
             sim.snaps[i].2 = false;
             let seed_d = seed_c + 700;
-            let past = vol.map_stats().await.pages_preserved_past_a_delete;
+            let past = vol.map_stats().pages_preserved_past_a_delete;
             // Half of them as `snapshot delete` runs them: marked, then finished by the
             // background task while the writers go on (and here waited for).
             // A start that returned is durable: the snapshot must be gone after any cut.
@@ -2535,7 +2535,7 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
             // Writes that landed between its batches (the newest's delete) and preserved into
             // the next older snapshot.
             PRESERVES_PAST_DELETES.fetch_add(
-                vol.map_stats().await.pages_preserved_past_a_delete - past,
+                vol.map_stats().pages_preserved_past_a_delete - past,
                 std::sync::atomic::Ordering::Relaxed,
             );
             sim.note(format!(

@@ -1054,7 +1054,7 @@ async fn run_seed(seed: u64) {
             store.checkpoint().await.unwrap_or_else(|e| panic!("seed {seed}: checkpoint: {e}"));
             pool.close().await.unwrap_or_else(|e| panic!("seed {seed}: close: {e}"));
         }
-        let stats = store.stats().await;
+        let stats = store.stats();
         assert!(
             stats.cache.resident_pages <= cache_pages + WORKERS * 40,
             "seed {seed}: cache unbounded: {stats:?}"

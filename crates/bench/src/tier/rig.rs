@@ -164,7 +164,7 @@ impl<D: BlockDevice> Rig<D> {
         let c = self.vol.counters();
         Snapshot {
             status: self.vol.status(),
-            map: self.vol.map_stats().await,
+            map: self.vol.map_stats(),
             host_write_ops: c.host_write_ops.load(std::sync::atomic::Ordering::Relaxed),
             host_read_ops: c.host_read_ops.load(std::sync::atomic::Ordering::Relaxed),
             cap_regions: sum(true),

@@ -354,7 +354,7 @@ fn tiers(out: &mut Exposition, status: &StatusView) {
             out.sample(name, &[("volume", &t.name)], value(t));
         }
     }
-    let counters: [Field<LogStatus, u64>; 3] = [
+    let counters: [Field<LogStatus, u64>; 6] = [
         (
             "stria_tier_host_written_bytes_total",
             "Bytes written by clients since the volume was opened.",
@@ -365,6 +365,17 @@ fn tiers(out: &mut Exposition, status: &StatusView) {
         }),
         ("stria_tier_gc_moved_bytes_total", "Bytes GC moved to free segments.", |t| {
             t.gc_moved_blocks * stria_dev::BLOCK_BYTES
+        }),
+        (
+            "stria_tier_map_log_writes_total",
+            "Blocks written to the map's log (one FUA write of the fast drives each).",
+            |t| t.map_log_blocks_written,
+        ),
+        ("stria_tier_map_deltas_total", "Changed map entries the map's log carried.", |t| {
+            t.map_deltas_logged
+        }),
+        ("stria_tier_map_checkpoint_pages_total", "Map pages written by checkpoints.", |t| {
+            t.map_pages_written
         }),
     ];
     for (name, help, value) in counters {

@@ -400,8 +400,8 @@ impl<D: BlockDevice> LogVolume<D> {
     }
 
     /// The map's counters (log writes, deltas, checkpoints, cache).
-    pub async fn map_stats(&self) -> crate::map::MapStats {
-        self.map.stats().await
+    pub fn map_stats(&self) -> crate::map::MapStats {
+        self.map.stats()
     }
 
     /// The segment space's counts.

@@ -61,6 +61,16 @@ pub struct LogStatus {
     pub snapshot_pool_pages_used: u64,
     #[serde(default)]
     pub snapshot_pool_pages: u64,
+    /// The map's log: blocks written (each one FUA write of the fast tier) and the deltas
+    /// (changed map entries) they carried; checkpoints and the map pages they wrote.
+    #[serde(default)]
+    pub map_log_blocks_written: u64,
+    #[serde(default)]
+    pub map_deltas_logged: u64,
+    #[serde(default)]
+    pub map_checkpoints: u64,
+    #[serde(default)]
+    pub map_pages_written: u64,
     /// Why writes that need new space fail (with ENOSPC), if they do.
     pub no_space: Option<String>,
     /// True while writes that need new space fail: the volume's state reads `full` beside its
@@ -96,6 +106,7 @@ impl<D: BlockDevice> LogVolume<D> {
         let no_space = self.space.no_space.lock().clone();
         let host_written = c.host_write_bytes.load(Relaxed);
         let per_host_byte = |drive: u64| (host_written > 0).then(|| drive as f64 / host_written as f64);
+        let map = self.map.stats();
         LogStatus {
             name: self.name.clone(),
             layout: self.layout(),
@@ -130,6 +141,10 @@ impl<D: BlockDevice> LogVolume<D> {
             segments_given_back: c.segments_given_back.load(Relaxed),
             snapshot_pool_pages_used: u64::from(self.map.pool_pages().0),
             snapshot_pool_pages: u64::from(self.map.pool_pages().1),
+            map_log_blocks_written: map.log_blocks_written,
+            map_deltas_logged: map.deltas_logged,
+            map_checkpoints: map.checkpoints,
+            map_pages_written: map.pages_written,
             full: no_space.is_some(),
             deleted_for_clones: self.origin_deleted(),
             deletes_in_progress: self.deletes_pending() as u64,

@@ -18,7 +18,7 @@ impl<D: BlockDevice> MapStore<D> {
         let hard = stats.budget_pages + stats.budget_pages * HARD_OVER_QUARTERS / 4;
         if self.cache.over_budget() && stats.resident_pages > hard {
             let _one = self.checkpointing.lock().await;
-            self.log.lock().await.stats.checkpoint_waits += 1;
+            self.counts.lock().checkpoint_waits += 1;
             if self.cache.over_budget() {
                 self.write_back().await?;
             }
@@ -133,8 +133,10 @@ impl<D: BlockDevice> MapStore<D> {
                 log.next_seq
             );
             log.replay_seq = until;
-            log.stats.checkpoints += 1;
-            log.stats.pages_written += pages.len() as u64;
+            let mut counts = self.counts.lock();
+            counts.checkpoints += 1;
+            counts.pages_written += pages.len() as u64;
+            drop(counts);
             self.note_ring(&log);
         }
         drop(pages);

@@ -40,7 +40,7 @@ impl<D: BlockDevice> MapStore<D> {
                     // The ring is full: replay needs every block in it. Wait for (or run) a
                     // checkpoint without holding the log, which it needs. What is still queued
                     // stays queued, in order, for whoever takes the log next.
-                    log.stats.checkpoint_waits += 1;
+                    self.counts.lock().checkpoint_waits += 1;
                     drop(log);
                     let _one = self.checkpointing.lock().await;
                     if self.ring_used.load(std::sync::atomic::Ordering::Relaxed) >= self.layout().log_blocks {
@@ -120,8 +120,11 @@ impl<D: BlockDevice> MapStore<D> {
                 p.queued - p.deltas.len() as u64
             };
             log.next_seq += 1;
-            log.stats.log_blocks_written += 1;
-            log.stats.deltas_logged += chunk.len() as u64;
+            {
+                let mut counts = self.counts.lock();
+                counts.log_blocks_written += 1;
+                counts.deltas_logged += chunk.len() as u64;
+            }
             assert!(
                 logged >= log.durable,
                 "map log: durable deltas went back from {} to {logged}",

@@ -340,7 +340,6 @@ struct LogState {
     replay_seq: u64,
     /// Deltas (as a count of queued ones) that are durable.
     durable: u64,
-    stats: MapStats,
 }
 
 /// A table written with every checkpoint (the segment table of a log-structured volume), stamped
@@ -384,6 +383,8 @@ pub struct MapStore<D: BlockDevice> {
     snap: snap::SnapState,
     stats_preserved: std::sync::atomic::AtomicU64,
     stats_preserved_past_delete: std::sync::atomic::AtomicU64,
+    /// Counters (`MapStore::stats`), apart from the log so that status reads them without waiting.
+    counts: parking_lot::Mutex<MapStats>,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for MapStore<D> {
@@ -429,12 +430,8 @@ impl<D: BlockDevice> MapStore<D> {
             blocks: layout.blocks.into(),
             cache: PageCache::new(cache_pages),
             pending: parking_lot::Mutex::new(Pending::default()),
-            log: tokio::sync::Mutex::new(LogState {
-                next_seq: replay_seq,
-                replay_seq,
-                durable: 0,
-                stats: MapStats::default(),
-            }),
+            log: tokio::sync::Mutex::new(LogState { next_seq: replay_seq, replay_seq, durable: 0 }),
+            counts: parking_lot::Mutex::new(MapStats::default()),
             failed: std::sync::atomic::AtomicBool::new(false),
             table: std::sync::OnceLock::new(),
             checkpointing: tokio::sync::Mutex::new(()),
@@ -469,12 +466,12 @@ impl<D: BlockDevice> MapStore<D> {
                         let (page, slot) = self.page_of(block).await?;
                         slot.page().entries.lock()[(block % ENTRIES_PER_PAGE) as usize] = entry;
                         self.cache.mark_dirty(page, &slot);
-                        log.stats.deltas_replayed += 1;
+                        self.counts.lock().deltas_replayed += 1;
                     }
                     Some(snap::Record::Entry { layer, block, entry }) => {
                         if self.replay_snapshot_entry(layer, block, entry).await? {
                             on_replay(block, &entry);
-                            log.stats.deltas_replayed += 1;
+                            self.counts.lock().deltas_replayed += 1;
                         }
                     }
                     Some(snap::Record::Preserve { layer, page, pool, table }) => {
@@ -666,15 +663,15 @@ impl<D: BlockDevice> MapStore<D> {
     }
 
     /// Counters.
-    pub async fn stats(&self) -> MapStats {
-        let log = self.log.lock().await;
+    pub fn stats(&self) -> MapStats {
+        let counts = *self.counts.lock();
         MapStats {
             cache: self.cache.stats(),
             pages_preserved: self.stats_preserved.load(std::sync::atomic::Ordering::Relaxed),
             pages_preserved_past_a_delete: self
                 .stats_preserved_past_delete
                 .load(std::sync::atomic::Ordering::Relaxed),
-            ..log.stats
+            ..counts
         }
     }
 }

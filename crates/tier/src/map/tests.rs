@@ -114,7 +114,7 @@ async fn updates_go_on_while_a_checkpoint_writes_pages() {
     closed.store(false, std::sync::atomic::Ordering::SeqCst);
     opened.notify_waiters();
     checkpoint.await.unwrap().unwrap();
-    assert_eq!(map.stats().await.checkpoints, 1);
+    assert_eq!(map.stats().checkpoints, 1);
     // The update made during the checkpoint is past its position: a reopen replays it.
     drop(Arc::into_inner(map).expect("the only reference"));
     let found = devs.iter().map(|d| FoundDrive { dev: d.clone(), path: d.name().into() }).collect();
@@ -122,7 +122,7 @@ async fn updates_go_on_while_a_checkpoint_writes_pages() {
     let map = MapStore::open(vol, layout, 64).await.unwrap();
     assert_eq!(map.get(7).await.unwrap(), during.entry);
     assert_eq!(map.get(19 * 255).await.unwrap(), entry(19));
-    assert!(map.stats().await.deltas_replayed >= 1);
+    assert!(map.stats().deltas_replayed >= 1);
 }
 
 fn layer(name: &str, kind: crate::layers::LayerKind) -> crate::layers::LayerRecord {
@@ -165,7 +165,7 @@ async fn snapshots_keep_their_view_through_overwrites_moves_and_reopens() {
         (0..300).map(|b| Update { block: b * 2, entry: entry(2000 + b * 2), expect: None }).collect();
     let freed = map.update(&half).await.unwrap();
     assert!(freed.iter().all(|f| *f == Some(MapEntry::UNALLOCATED)), "s1 holds every replaced entry");
-    assert_eq!(map.stats().await.pages_preserved, 3, "each head page copied once");
+    assert_eq!(map.stats().pages_preserved, 3, "each head page copied once");
     // Overwritten again: the version s1 does not hold is freed.
     let again = map.update(&half[..1]).await.unwrap();
     assert_eq!(again, vec![Some(entry(2000))]);
@@ -206,9 +206,9 @@ async fn snapshots_keep_their_view_through_overwrites_moves_and_reopens() {
     assert_eq!(view(&map, s1).await, want_s1);
     assert_eq!(view(&map, s2).await, want_s2);
     // s2 is the newest: its copies are marked, so another overwrite copies nothing.
-    let before = map.stats().await.pages_preserved;
+    let before = map.stats().pages_preserved;
     write_all(&map, 4).await;
-    assert_eq!(map.stats().await.pages_preserved, before);
+    assert_eq!(map.stats().pages_preserved, before);
     assert_eq!(view(&map, s2).await, want_s2);
     let (used, pages) = map.pool_pages();
     // 2 snapshots x (root + directory + table + 3 copies).
@@ -317,9 +317,9 @@ async fn deleting_snapshots_hands_copies_on_and_frees_only_what_no_layer_holds()
     // The newest: s1 becomes the one preserves go to, and it owns every page already.
     let (stats, freed) = delete(&map, s3).await;
     assert_eq!((stats.pages_dropped, freed.len()), (3, 600));
-    let before = map.stats().await.pages_preserved;
+    let before = map.stats().pages_preserved;
     write_all(&map, 5).await;
-    assert_eq!(map.stats().await.pages_preserved, before, "s1 owns every page: nothing copied");
+    assert_eq!(map.stats().pages_preserved, before, "s1 owns every page: nothing copied");
     assert_eq!(view(&map, s1).await, want1);
     // Moves: sa copies page 0 only, sb pages 0 and 1; deleting sb hands page 1 to sa.
     let sa = snapshot(&map, "sa").await;
@@ -481,7 +481,7 @@ async fn updates_survive_reopen_through_the_log_and_through_checkpoints() {
             .collect();
         assert!(map.update(&updates).await.unwrap().iter().all(Option::is_some));
     }
-    let stats = map.stats().await;
+    let stats = map.stats();
     assert!(stats.checkpoints > 0 && stats.cache.evicted_pages > 0, "{stats:?}");
     // One batch of 2400 deltas needs 15 log blocks, more than the ring: it checkpoints on
     // the way. Its blocks (b % 25 >= 10) are ones no round wrote.
@@ -493,9 +493,9 @@ async fn updates_survive_reopen_through_the_log_and_through_checkpoints() {
     // One more update, to a page the last one left cached: no bound is reached, so it stays
     // in the log only (the batch's own deltas may all be in pages by now).
     let last = Update { block: 4998, entry: entry(99_999), expect: None };
-    let checkpoints = map.stats().await.checkpoints;
+    let checkpoints = map.stats().checkpoints;
     map.update(&[last]).await.unwrap();
-    assert_eq!(map.stats().await.checkpoints, checkpoints, "the last update is only in the log");
+    assert_eq!(map.stats().checkpoints, checkpoints, "the last update is only in the log");
     drop(map);
     // Reopen without a clean stop: what the log holds past the last checkpoint is replayed.
     let map = MapStore::open(reopen(&devs).await, layout, 2).await.unwrap();
@@ -513,7 +513,7 @@ async fn updates_survive_reopen_through_the_log_and_through_checkpoints() {
         assert_eq!(map.get(u.block).await.unwrap(), u.entry, "block {} of the big batch", u.block);
     }
     assert_eq!(map.get(last.block).await.unwrap(), last.entry);
-    assert!(map.stats().await.deltas_replayed > 0);
+    assert!(map.stats().deltas_replayed > 0);
 }
 
 #[tokio::test]
