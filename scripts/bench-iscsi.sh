@@ -5,6 +5,7 @@
 # stepping by 4 KiB), at queue depths 1 and 32.
 #
 # Usage: scripts/bench-iscsi.sh [PATH/TO/stria] [--reps N] [--seconds S] [--baseline PATH/TO/stria]
+#                               [--serve-args "ARGS"]
 #
 #  * stria: a pool of 2 fast + 6 capacity file drives in /dev/shm, volumes r0 (raid0, 1 GiB) and
 #    r1 (raid1, 1 GiB), `stria serve --iscsi`; tgt: `tgtd` with one target whose LUN is a 1 GiB
@@ -13,17 +14,20 @@
 #    without touching anything);
 #  * each workload runs on every LUN back to back, `--reps` times (default 3, 4 s each); the
 #    script prints the CPU model, the median IOPS of each, and stria/tgt ratios;
+#  * --serve-args "ARGS" adds flags to the benchmarked `stria serve` (not the baseline's), e.g.
+#    "--iscsi-threads 0" (connections on the shared runtime, as before connection threads);
 #  * --baseline: another stria build (an earlier commit) serves its own raid0 volume `base-r0`
 #    from a pool of its own beside them, in the same rounds, and r0/base-r0 is printed too.
 # Both servers run unpinned at the same priority; docs/benchmarks.md ("iSCSI") quotes results.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-STRIA=$ROOT/target/release/stria REPS=3 SECS=4 BASE=
+STRIA=$ROOT/target/release/stria REPS=3 SECS=4 BASE= SERVE_ARGS=
 while (($#)); do
   case $1 in
     --reps) REPS=$2; shift 2 ;;
     --seconds) SECS=$2; shift 2 ;;
     --baseline) BASE=$(realpath "$2"); shift 2 ;;
+    --serve-args) SERVE_ARGS=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed 's/^# \{0,1\}//;$d'; exit 0 ;;
     *) STRIA=$(realpath "$1"); shift ;;
   esac
@@ -50,7 +54,7 @@ export STRIA_LOG=warn
 "$STRIA" volume create r0 --pool "$W/pool" --size 1G --layout raid0 >/dev/null
 "$STRIA" volume create r1 --pool "$W/pool" --size 1G --layout raid1 >/dev/null
 SP=$(free_port)
-"$STRIA" serve --pool "$W/pool" --nbd "unix:$W/nbd.sock" --iscsi "tcp:127.0.0.1:$SP" >"$W/stria.log" 2>&1 &
+"$STRIA" serve --pool "$W/pool" --nbd "unix:$W/nbd.sock" --iscsi "tcp:127.0.0.1:$SP" $SERVE_ARGS >"$W/stria.log" 2>&1 &
 SPID=$!
 TP=$(free_port) CTL=$((1000 + RANDOM % 9000))  # tgtadm takes control ports up to 32767
 truncate -s 1G "$W/tgt.img"
