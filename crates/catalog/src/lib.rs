@@ -547,7 +547,8 @@ impl<D: BlockDevice> Catalog<D> {
         }
     }
 
-    /// Grows or shrinks a volume, online (a log-structured one without snapshots or clones).
+    /// Grows or shrinks a volume, online (a log-structured one with its snapshots and clones,
+    /// which keep their sizes and contents).
     pub async fn resize(&self, name: &str, size_bytes: u64) -> Result<VolumeView, CatalogError> {
         stria_engine::check_volume_size(size_bytes)?;
         // A clone grows (past its origin's size too) and shrinks (docs/design/snapshots.md).

@@ -645,7 +645,8 @@ async fn an_unavailable_log_volume_is_listed_refused_and_deletable() {
 }
 
 /// Tiered and log volumes resize through the catalog like plain ones: what `show` and a looked-up
-/// volume say follows, the data stays, and a snapshot keeps its size (a shrink is then refused).
+/// volume say follows, the data stays, and a snapshot keeps its size and data through a grow and
+/// a shrink.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn log_volumes_resize_through_the_catalog_and_their_snapshots_keep_their_size() {
     let rig = rig_with_every_layout().await;
@@ -663,7 +664,12 @@ async fn log_volumes_resize_through_the_catalog_and_their_snapshots_keep_their_s
         c.snapshot_create(name, "s").await.unwrap();
         c.resize(name, 16 * MIB).await.unwrap();
         assert_eq!(c.lookup(&format!("{name}@s")).expect("the snapshot").size_bytes(), 12 * MIB);
-        refused(c.resize(name, 8 * MIB).await, ErrorKind::InvalidInput, "shrink with a snapshot");
+        // A shrink with the snapshot: the snapshot keeps its size and its data.
+        c.resize(name, 8 * MIB).await.expect("shrink with a snapshot");
+        assert_eq!(c.lookup(name).expect("looked up").size_bytes(), 8 * MIB, "{name}");
+        let snap = c.lookup(&format!("{name}@s")).expect("the snapshot");
+        assert_eq!(snap.size_bytes(), 12 * MIB, "{name}@s");
+        assert!(snap.read(0, 64 << 10).await.unwrap()[..] == data[..], "{name}@s: its data stays");
         let got = c.lookup(name).unwrap().read(0, 64 << 10).await.unwrap();
         assert!(got[..] == data[..], "{name}: the data stays");
     }

@@ -12,8 +12,8 @@
 //! one and prints its history. Those seeds also make clones of snapshots, which writers write
 //! to beside the volume's (each clone is checked after every boot against its own model), and
 //! delete some of them (a cut may land in the delete). In about a third of the cycles the volume
-//! is resized online while the writers go on (grown, or shrunk towards the blocks they use when
-//! it has no snapshots or clones): after every boot its size is the old or the new one. Clones
+//! is resized online while the writers go on (grown, or shrunk towards the blocks they use,
+//! snapshots and clones or not): after every boot its size is the old or the new one. Clones
 //! are grown to the volume's size and shrunk back amid the writers: the blocks a growth adds read
 //! as zeros, and after every boot a clone has its old or new size and zeros past its writers'
 //! blocks (or the one block written there before a shrink that did not return).
@@ -2354,14 +2354,15 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
             && settle_live(&mut sim, &vol, &tracker, cycle).await
             && settle_clones(&sim, &vol, &work, cycle).await
         {
-            // An online resize while the writers go on: a growth of up to 600 blocks, or (without
-            // snapshots or clones) a shrink towards the blocks the writers use. After the next
-            // boot the size is the old or the new one; the new one if it returned. (Settled
-            // first, as before every phase: a write the last phase had refused changed nothing.)
+            // An online resize while the writers go on: a growth of up to 600 blocks, or a
+            // shrink towards the blocks the writers use (with snapshots and clones too: they
+            // keep their sizes). After the next boot the size is the old or the new one; the new
+            // one if it returned. (Settled first, as before every phase: a write the last phase
+            // had refused changed nothing.)
             let now = vol.size_bytes();
             let base = SIM_BLOCKS as u64 * 4096;
-            let plain = vol.snapshots().is_empty() && vol.clones().is_empty();
-            let to = if plain && now > base && sim.rng.random_bool(0.4) {
+            let has_layers = !(vol.snapshots().is_empty() && vol.clones().is_empty());
+            let to = if now > base && sim.rng.random_bool(0.4) {
                 base + sim.rng.random_range(0..=(now - base) / 4096 / 2) * 4096
             } else {
                 now + sim.rng.random_range(1..=600u64) * 4096
@@ -2376,6 +2377,9 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
             if r.is_ok() {
                 (sim.size, sim.resizing) = (to, None);
                 RESIZES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if has_layers && to < now {
+                    LAYERED_SHRINKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
             }
         }
         if layered
@@ -2674,6 +2678,8 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
 
 /// Resizes that returned, over the seeds of one run.
 static RESIZES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Of those, shrinks of a volume that had snapshots or clones.
+static LAYERED_SHRINKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static CLONE_RESIZES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// Snapshot deletes and rollbacks that returned, over the seeds of one run.
 static SNAPSHOT_DELETES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -2715,7 +2721,7 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
     }
     eprintln!(
         "{n} seeds: {} opens from the segment table, {} by a map scan; {given_back} segments given back; \
-         {snapshots} snapshot checks after a boot, {} snapshot deletes ({} in the background; {} pages preserved past a delete), {} rollbacks; {} clone checks after a boot, {} clone deletes ({} in the background); {} deletes of an origin with clones ({} in the background; {} a cut left to open); {} resizes, {} clone resizes ({} growths past the volume); {} hot destage batches; live counts checked against the map {} times ({} exactly)",
+         {snapshots} snapshot checks after a boot, {} snapshot deletes ({} in the background; {} pages preserved past a delete), {} rollbacks; {} clone checks after a boot, {} clone deletes ({} in the background); {} deletes of an origin with clones ({} in the background; {} a cut left to open); {} resizes ({} shrinks with snapshots or clones), {} clone resizes ({} growths past the volume); {} hot destage batches; live counts checked against the map {} times ({} exactly)",
         opens.0,
         opens.1,
         deletes(),
@@ -2729,6 +2735,7 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
         BACKGROUND_ORIGIN_DELETES.load(std::sync::atomic::Ordering::Relaxed),
         ORIGIN_DELETES_FINISHED.load(std::sync::atomic::Ordering::Relaxed),
         RESIZES.load(std::sync::atomic::Ordering::Relaxed),
+        LAYERED_SHRINKS.load(std::sync::atomic::Ordering::Relaxed),
         CLONE_RESIZES.load(std::sync::atomic::Ordering::Relaxed),
         CLONE_GROWTHS_PAST_ORIGIN.load(std::sync::atomic::Ordering::Relaxed),
         HOT_BATCHES.load(std::sync::atomic::Ordering::Relaxed),

@@ -115,13 +115,50 @@ async fn a_log_volume_grows_and_shrinks_online_and_keeps_every_byte() {
     let (pool, vol) = reopen_clean(pool, vol, &devs).await;
     check(&vol, &model).await;
 
-    // With a snapshot it grows but does not shrink.
-    vol.create_snapshot("s").await.unwrap();
-    let refused = vol.resize(900 * 4096).await.unwrap_err().to_string();
-    assert!(refused.contains("only grows"), "{refused}");
-    assert_eq!(vol.size_bytes(), 1000 * 4096);
+    // With a snapshot it shrinks too: the snapshot keeps its size and every byte, and the
+    // blocks only it holds stay allocated until it is deleted.
+    let s = vol.create_snapshot("s").await.unwrap().id;
+    let at_s = model.clone();
+    let live_before = vol.status().allocated_bytes / 4096;
+    vol.resize(700 * 4096).await.unwrap();
+    assert_eq!(vol.size_bytes(), 700 * 4096);
+    assert_eq!(record_size(&pool), 700 * 4096);
+    model.truncate(700 * B);
+    check(&vol, &model).await;
+    assert!(vol.read(700 * 4096, 4096).await.is_err(), "a read past the new end is refused");
+    assert_eq!(vol.layer_bytes(s), 1000 * 4096, "the snapshot keeps its size");
+    assert!(read_layer(&vol, s).await == at_s, "the snapshot reads as it was made");
+    let live = vol.status().allocated_bytes / 4096;
+    assert!(
+        live >= live_before,
+        "the snapshot holds the discarded blocks: {live} live, {live_before} before"
+    );
+    write_random(&vol, &mut model, 6, 100).await;
+    // Across a reopen; then a growth back reads zeros past 700 in the head, not the snapshot's.
+    let (pool, vol) = reopen_clean(pool, vol, &devs).await;
+    assert_eq!(vol.size_bytes(), 700 * 4096);
+    check(&vol, &model).await;
+    assert!(read_layer(&vol, s).await == at_s);
+    let refused = vol.rollback("s").await.unwrap_err().to_string();
+    assert!(refused.contains("does not change a volume's size"), "{refused}");
+    vol.resize(1000 * 4096).await.unwrap();
+    model.resize(1000 * B, 0);
+    check(&vol, &model).await;
+    write_random(&vol, &mut model, 7, 100).await;
+    assert!(read_layer(&vol, s).await == at_s);
+    // Shrunk again with the snapshot, which then goes: the map ends with the volume again.
+    vol.resize(900 * 4096).await.unwrap();
+    model.truncate(900 * B);
     vol.delete_snapshot("s").await.unwrap();
+    let (pool, vol) = reopen_clean(pool, vol, &devs).await;
+    check(&vol, &model).await;
+    vol.resize(800 * 4096).await.unwrap();
+    model.truncate(800 * B);
     vol.resize(1100 * 4096).await.unwrap();
+    model.resize(1100 * B, 0);
+    write_random(&vol, &mut model, 8, 100).await;
+    let (pool, vol) = reopen_clean(pool, vol, &devs).await;
+    check(&vol, &model).await;
     vol.close().await;
     pool.close().await.unwrap();
 }
@@ -170,8 +207,19 @@ async fn snapshots_and_clones_keep_their_sizes_when_their_volume_grows() {
     let at_s2 = head.clone();
     assert_eq!(vol.layer_bytes(s2), 900 * 4096);
     write_random(&vol, &mut head, 26, 200).await;
-    let refused = vol.resize(800 * 4096).await.unwrap_err().to_string();
-    assert!(refused.contains("only grows"), "{refused}");
+    // A shrink with snapshots and clones: each keeps its size and what it reads.
+    vol.resize(800 * 4096).await.unwrap();
+    head.truncate(800 * B);
+    check(&vol, &head).await;
+    assert!(read_layer(&vol, s2).await == at_s2 && read_layer(&vol, s1).await == a);
+    assert!(read_layer(&vol, c1).await == c1_model && read_layer(&vol, c2).await == a);
+    assert_eq!(vol.layer_bytes(s2), 900 * 4096);
+    // A rollback to s2 (900 blocks) waits for the volume to be that size again.
+    let refused = vol.rollback("s2").await.unwrap_err().to_string();
+    assert!(refused.contains("does not change a volume's size"), "{refused}");
+    vol.resize(900 * 4096).await.unwrap();
+    head.resize(900 * B, 0);
+    check(&vol, &head).await;
     // Across a reopen (the snapshots' indexes reach the grown map), and a second growth.
     let (pool, vol) = reopen_clean(pool, vol, &devs).await;
     check(&vol, &head).await;
@@ -247,7 +295,9 @@ async fn a_map_grown_in_many_runs_reopens_and_refuses_a_growth_its_header_cannot
 #[tokio::test]
 async fn a_power_cut_at_any_request_of_a_resize_leaves_the_old_or_the_new_size_and_loses_nothing() {
     let mut checked = 0;
-    for (from, to, snap) in [(BLOCKS, 900, false), (BLOCKS, 300, false), (BLOCKS, 900, true)] {
+    for (from, to, snap) in
+        [(BLOCKS, 900, false), (BLOCKS, 300, false), (BLOCKS, 900, true), (BLOCKS, 300, true)]
+    {
         // The dry run: how many device requests the resize takes (the mover adds some).
         let ops = {
             let switch = PowerSwitch::new();

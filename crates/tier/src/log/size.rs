@@ -21,9 +21,10 @@ use crate::map::{MapEntry, MapError, Place, Update};
 
 impl<D: BlockDevice> LogVolume<D> {
     /// Resizes the volume to `new_bytes` (rounded up to 4 KiB) while it serves I/O. A shrink
-    /// discards everything past the new end (the caller asked for that explicitly). A volume
-    /// with snapshots or clones only grows (they keep their sizes). Refused for volumes of
-    /// format 1 and 2, and for a volume that takes no writes.
+    /// discards everything past the new end (the caller asked for that explicitly). Snapshots
+    /// and clones keep their sizes and contents either way: a shrink discards the head's tail as
+    /// TRIMs would, preserving the map pages they see first, and keeps the map's size. Refused
+    /// for volumes of format 1 and 2, and for a volume that takes no writes.
     pub async fn resize(&self, new_bytes: u64) -> Result<(), TierError> {
         let new_bytes = new_bytes.next_multiple_of(BLOCK_BYTES);
         stria_engine::check_volume_size(new_bytes)?;
@@ -40,14 +41,9 @@ impl<D: BlockDevice> LogVolume<D> {
             return Ok(());
         }
         let map_bytes = self.blocks() * BLOCK_BYTES;
-        if self.map.has_layers() {
+        if self.map.has_layers() && new_bytes > old_bytes {
             // Snapshots and clones keep their sizes; the head's growth reaches their indexes.
-            let refused = if new_bytes < old_bytes {
-                Err("a volume with snapshots or clones only grows (they would read past its end)".to_string())
-            } else {
-                self.map.can_grow_to((new_bytes / BLOCK_BYTES).max(map_bytes / BLOCK_BYTES))
-            };
-            if let Err(why) = refused {
+            if let Err(why) = self.map.can_grow_to((new_bytes / BLOCK_BYTES).max(map_bytes / BLOCK_BYTES)) {
                 return Err(TierError::Invalid(format!(
                     "volume {} has snapshots or clones and cannot be resized to {} bytes: {why} \
                      (delete them first, or copy the volume into a new one of the size wanted)",
@@ -238,6 +234,10 @@ impl<D: BlockDevice> LogVolume<D> {
 
     /// Shrinks to `new_bytes`: I/O past it is refused from now on, the tail is discarded, a
     /// checkpoint puts every delta naming it behind replay's start, and the header follows.
+    /// With snapshots or clones the map keeps its size: they may see its pages past the head's
+    /// new end (through the head where no snapshot took a copy of a page; the discard took one
+    /// of every page it changed, as a TRIM does), and the head's entries there are all
+    /// unallocated now, as past a head that a clone's growth left smaller than the map.
     async fn shrink_to(&self, new_bytes: u64) -> Result<(), TierError> {
         let old_bytes = self.size_bytes.swap(new_bytes, AcqRel);
         // Writes in flight (which checked the old size) are done once this is had.
@@ -253,13 +253,19 @@ impl<D: BlockDevice> LogVolume<D> {
         })?;
         let _pool = self.gates.pool_growth.lock().await;
         let mut h = self.read_header().await?;
+        // The caller holds the snapshot lock: no layer comes or goes meanwhile.
+        let keep_map = self.map.has_layers();
         // No layers: the map's pages past the origin's old size (a clone's growth, the clone
-        // since deleted) held nothing; the map ends with the origin again.
-        h.set_sizes(new_bytes, new_bytes);
+        // since deleted, or a shrink with snapshots since deleted) held nothing; the map ends
+        // with the origin again.
+        let map_bytes = if keep_map { h.volume_bytes } else { new_bytes };
+        h.set_sizes(map_bytes, new_bytes);
         let encoded = h.encode();
         let _held = self.map.hold_checkpoints().await;
         self.parts.meta.write(0, IoBytes::copy_from(&encoded), true).await?;
-        self.map.resize(new_bytes / BLOCK_BYTES, h.map_layout().head);
+        if !keep_map {
+            self.map.resize(new_bytes / BLOCK_BYTES, h.map_layout().head);
+        }
         Ok(())
     }
 
