@@ -21,6 +21,10 @@ Streams (`--modes`):
   split2  as split, hot only if the version replaced lay in a hot segment too or the interval
           was under a quarter of that (what stria builds: GcPolicy::Temperature, log/heat.rs)
   split-oracle  as split, hot/cold told by the true hot set (80/20 only)
+`--keep F`: a block the destage would take that is hot (interval under `--thresh` times the
+mean) goes round the cache once more instead (a fast-tier write, printed as re-cached), while
+such blocks are under F of the cache: whether keeping hot blocks in the cache longer would save
+capacity writes (docs/design/log-structured-volumes.md, "GC that knows temperature").
 Victims (`--policies`): greedy (fewest live blocks), cost-benefit (LFS's (1-u)*age/(1+u), age of a
 segment = host writes since the newest block it holds was written); with the split modes also
 split (GC takes from the class holding more than its share of the split of the space that
@@ -84,7 +88,7 @@ def best_split(dh, dc, rh, total):
     return best[1] if best else total * dh / max(dh + dc, 1)
 
 
-def run(workload, fill, mode, policy, n, seg, cache, warm, seed, thresh=1.0, survivors=None):
+def run(workload, fill, mode, policy, n, seg, cache, warm, seed, thresh=1.0, survivors=None, keep=0.0):
     survivors = survivors or {"hot": "ghot", "cold": "gcold"}
     draw, hot = picker(workload, n, random.Random(seed))
     segments = int(n / fill / seg)
@@ -98,7 +102,8 @@ def run(workload, fill, mode, policy, n, seg, cache, warm, seed, thresh=1.0, sur
     cached = OrderedDict()  # block -> rewrite interval of the version it replaced
     last = {}  # block -> host write clock of its current version
     clock, mean = [0], [float(n)]
-    moved, destaged = [0], [0]
+    moved, destaged, recached = [0], [0], [0]
+    kept = set()  # blocks re-cached once since their last host write
     rate = {"hot": 0.0, "cold": 0.0}
 
     def append(stream, b):
@@ -160,6 +165,14 @@ def run(workload, fill, mode, policy, n, seg, cache, warm, seed, thresh=1.0, sur
 
     def destage():
         b, interval = cached.popitem(last=False)
+        # A hot block at the tail goes round the cache once more (a fast-tier write) instead of
+        # to a segment, while the kept blocks are under `keep` of the cache.
+        while keep > 0 and b not in kept and len(kept) < keep * cache and interval < mean[0] * thresh:
+            kept.add(b)
+            cached[b] = interval
+            recached[0] += 1
+            b, interval = cached.popitem(last=False)
+        kept.discard(b)
         if mode == "base":
             stream = "host"
         elif mode == "split-oracle":
@@ -191,6 +204,7 @@ def run(workload, fill, mode, policy, n, seg, cache, warm, seed, thresh=1.0, sur
         if prev is not None:
             mean[0] += (interval - mean[0]) / 4096
         last[b] = clock[0]
+        kept.discard(b)
         cached.pop(b, None)
         cached[b] = interval
         while len(cached) > cache:
@@ -200,10 +214,10 @@ def run(workload, fill, mode, policy, n, seg, cache, warm, seed, thresh=1.0, sur
         write(b)
     for _ in range(int(warm * n)):
         write(draw())
-    d0, m0 = destaged[0], moved[0]
+    d0, m0, r0 = destaged[0], moved[0], recached[0]
     for _ in range(n):
         write(draw())
-    return (destaged[0] - d0) / n, (moved[0] - m0) / n
+    return (destaged[0] - d0) / n, (moved[0] - m0) / n, (recached[0] - r0) / n
 
 
 def main():
@@ -219,13 +233,14 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--thresh", type=float, default=1.0)
     ap.add_argument("--hot-survivors", default="ghot")
+    ap.add_argument("--keep", type=float, default=0.0)
     a = ap.parse_args()
     for mode in a.modes.split(","):
         for policy in a.policies.split(","):
-            d, m = run(a.workload, a.fill, mode, policy, a.blocks, a.segment, a.cache, a.warm, a.seed,
-                       a.thresh, {"hot": a.hot_survivors, "cold": "gcold"})
-            print(f"{a.workload} fill {a.fill} {mode:6} {policy:12}: destaged {d:.3f}, GC moved {m:.3f}, "
-                  f"total {d + m:.3f} per host write", flush=True)
+            d, m, r = run(a.workload, a.fill, mode, policy, a.blocks, a.segment, a.cache, a.warm, a.seed,
+                          a.thresh, {"hot": a.hot_survivors, "cold": "gcold"}, a.keep)
+            print(f"{a.workload} fill {a.fill} {mode:6} {policy:12} keep {a.keep}: destaged {d:.3f}, GC moved {m:.3f}, "
+                  f"total {d + m:.3f} per host write, re-cached {r:.3f}", flush=True)
 
 
 if __name__ == "__main__":
