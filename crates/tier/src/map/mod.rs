@@ -267,6 +267,18 @@ pub struct MapStats {
     pub pages_preserved_past_a_delete: u64,
 }
 
+/// The counters the log, replay and checkpoints keep (the rest of [`MapStats`] is read where
+/// it lives).
+#[derive(Debug, Default, Clone, Copy)]
+struct LogCounts {
+    log_blocks_written: u64,
+    deltas_logged: u64,
+    checkpoints: u64,
+    pages_written: u64,
+    checkpoint_waits: u64,
+    deltas_replayed: u64,
+}
+
 /// A change applied in memory whose log write is not done.
 #[derive(Debug, Clone, Copy)]
 struct Delta {
@@ -384,7 +396,7 @@ pub struct MapStore<D: BlockDevice> {
     stats_preserved: std::sync::atomic::AtomicU64,
     stats_preserved_past_delete: std::sync::atomic::AtomicU64,
     /// Counters (`MapStore::stats`), apart from the log so that status reads them without waiting.
-    counts: parking_lot::Mutex<MapStats>,
+    counts: parking_lot::Mutex<LogCounts>,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for MapStore<D> {
@@ -431,7 +443,7 @@ impl<D: BlockDevice> MapStore<D> {
             cache: PageCache::new(cache_pages),
             pending: parking_lot::Mutex::new(Pending::default()),
             log: tokio::sync::Mutex::new(LogState { next_seq: replay_seq, replay_seq, durable: 0 }),
-            counts: parking_lot::Mutex::new(MapStats::default()),
+            counts: parking_lot::Mutex::new(LogCounts::default()),
             failed: std::sync::atomic::AtomicBool::new(false),
             table: std::sync::OnceLock::new(),
             checkpointing: tokio::sync::Mutex::new(()),
@@ -664,14 +676,19 @@ impl<D: BlockDevice> MapStore<D> {
 
     /// Counters.
     pub fn stats(&self) -> MapStats {
-        let counts = *self.counts.lock();
+        let c = *self.counts.lock();
         MapStats {
             cache: self.cache.stats(),
+            log_blocks_written: c.log_blocks_written,
+            deltas_logged: c.deltas_logged,
+            checkpoints: c.checkpoints,
+            pages_written: c.pages_written,
+            checkpoint_waits: c.checkpoint_waits,
+            deltas_replayed: c.deltas_replayed,
             pages_preserved: self.stats_preserved.load(std::sync::atomic::Ordering::Relaxed),
             pages_preserved_past_a_delete: self
                 .stats_preserved_past_delete
                 .load(std::sync::atomic::Ordering::Relaxed),
-            ..counts
         }
     }
 }
