@@ -348,3 +348,94 @@ async fn a_damaged_checksum_page_is_resynchronised_never_trusted_or_zeroed() {
         }
     }
 }
+
+/// Whole-block writes may carry their blocks' checksums (the tier computes a block's CRC once,
+/// for its map entry, and hands it down): every layout stores exactly those, so every block
+/// reads back verified and a scrub finds nothing to repair, before and after a reopen; a block
+/// damaged after such a write is still caught and repaired from redundancy.
+#[tokio::test]
+async fn writes_that_carry_their_checksums_verify_scrub_clean_and_catch_damage() {
+    for (layout, n) in layouts() {
+        for seed in 0..3u64 {
+            let switch = PowerSwitch::new();
+            let devs = drives(n, &switch, seed);
+            let pool = create_pool(&devs).await;
+            let vol = pool.create_volume(spec("v", VOLUME_BYTES, layout, CHUNK)).await.unwrap();
+            let mut model = Model::new(VOLUME_BYTES as usize);
+            let mut rng = rng(seed + 300);
+            let blocks = VOLUME_BYTES / 4096;
+            let row_blocks = vol.row_bytes() / 4096;
+            let mut written = BTreeSet::new();
+            for i in 0..60 {
+                // Whole rows (full stripes), a chunk's worth, and single blocks.
+                let (first, len) = match i % 3 {
+                    0 => {
+                        let r = rng.random_range(0..blocks / row_blocks);
+                        (r * row_blocks, row_blocks * rng.random_range(1..=2.min(blocks / row_blocks - r)))
+                    }
+                    1 => {
+                        let b = rng.random_range(0..blocks - CHUNK / 4096);
+                        (b, CHUNK / 4096)
+                    }
+                    _ => (rng.random_range(0..blocks), 1),
+                };
+                let data = random_bytes(&mut rng, (len * 4096) as usize);
+                let crcs: Vec<u32> = data.chunks_exact(4096).map(stria_dev::block_crc).collect();
+                vol.write_with_crcs(first * 4096, IoBytes::copy_from(&data), &crcs, i % 2 == 0)
+                    .await
+                    .unwrap_or_else(|e| panic!("{layout} seed {seed}: write at block {first}: {e}"));
+                model.write((first * 4096) as usize, &data);
+                written.extend(first..first + len);
+            }
+            check(&vol, &model).await;
+            let report = pool.scrub("v", |_, _| {}).await.unwrap();
+            assert_eq!(
+                (report.blocks_repaired, report.parity_blocks_fixed, report.unrecoverable_blocks),
+                (0, 0, 0),
+                "{layout} seed {seed}: {report:?}"
+            );
+            pool.flush().await.unwrap();
+            drop(vol);
+            pool.close().await.unwrap();
+            let pool = open_pool(&devs).await.unwrap();
+            let vol = pool.volume("v").unwrap();
+            check(&vol, &model).await;
+            if layout.tolerance() == 0 {
+                continue;
+            }
+            // Damage a written block on one drive: its stored checksum catches it.
+            let written: Vec<u64> = written.into_iter().collect();
+            let offset = written[rng.random_range(0..written.len())] * 4096;
+            let (slot, at) = {
+                let l = &vol.locate(offset).unwrap()[0];
+                (l.slot, l.device_offset_bytes)
+            };
+            devs[slot as usize].flip_bit(at / 4096, rng.random_range(0..4096 * 8));
+            let before = total_repairs(&pool);
+            check(&vol, &model).await;
+            let report = pool.scrub("v", |_, _| {}).await.unwrap();
+            assert_eq!(report.unrecoverable_blocks, 0, "{layout} seed {seed}: {report:?}");
+            assert_eq!(
+                total_repairs(&pool) - before,
+                1,
+                "{layout} seed {seed}: the flipped block is repaired once"
+            );
+        }
+    }
+}
+
+/// A checksum that does not match its block is a bug of the caller: debug builds stop there
+/// rather than store it (the block would read as corrupt on every copy).
+#[cfg(debug_assertions)]
+#[tokio::test]
+#[should_panic(expected = "carries a wrong checksum")]
+async fn a_write_carrying_a_wrong_checksum_stops_debug_builds() {
+    let switch = PowerSwitch::new();
+    let devs = drives(2, &switch, 0);
+    let pool = create_pool(&devs).await;
+    let vol = pool.create_volume(spec("v", VOLUME_BYTES, Layout::Raid1 { copies: 2 }, CHUNK)).await.unwrap();
+    let data = vec![7u8; 8192];
+    let mut crcs: Vec<u32> = data.chunks_exact(4096).map(stria_dev::block_crc).collect();
+    crcs[1] ^= 1;
+    let _ = vol.write_with_crcs(0, IoBytes::copy_from(&data), &crcs, false).await;
+}

@@ -24,6 +24,16 @@ impl<D: BlockDevice> MemberDrive for Drive<D> {
         Drive::write(self, block, data, fua).await
     }
 
+    async fn write_carrying<'a>(
+        &'a self,
+        block: u64,
+        data: IoBytes,
+        fua: bool,
+        crcs: &'a [u32],
+    ) -> Result<(), DevError> {
+        Drive::write_inner(self, block, data, fua, Some(crcs)).await
+    }
+
     async fn zero(&self, block: u64, blocks: u64) -> Result<(), DevError> {
         Drive::zero(self, block, blocks).await
     }

@@ -592,6 +592,13 @@ impl<D: BlockDevice> Drive<D> {
         if let Some(values) = crcs {
             // Otherwise blocks would keep stale checksums, or neighbours would get these.
             assert_eq!(values.len() as u64, blocks, "a data-area write carries one checksum per block");
+            // Computed where the block entered (or read from a journal record that verified):
+            // a wrong one would make the block read as corrupt. Every test checks them.
+            if cfg!(debug_assertions) {
+                for (i, (b, &c)) in data.chunks_exact(BLOCK as usize).zip(values).enumerate() {
+                    assert_eq!(block_crc(b), c, "block {} of a write at {block} carries a wrong checksum", i);
+                }
+            }
         }
         self.check_data_range(block, blocks);
         // The checksum pages are read (if not cached) before the data is touched, so a failure

@@ -34,7 +34,7 @@ where
             return Ok(());
         }
         let span = Span::new(offset_bytes, len_bytes);
-        self.write_span_locked(&span, fua, |map| async move {
+        self.write_span_locked(&span, None, fua, |map| async move {
             // The whole blocks, read with the locks held (the slow path must not take them again).
             let mut whole =
                 self.read_blocks_in(&map, span.first, IoBuf::zeroed(span.whole_len()), true).await?;

@@ -22,10 +22,13 @@ const JOURNAL_FULL_RETRIES: u32 = 64;
 const MAX_SHARDS: usize = 64;
 
 /// The new data of one stripe: per data shard, the range written (offset in chunk, bytes).
-struct StripeWrite {
+struct StripeWrite<'a> {
     segment: usize,
     row: u64,
     shards: Vec<Option<(u64, IoBytes)>>,
+    /// Per data shard, the checksums of its blocks when the writer carried them in (only a
+    /// full stripe uses them: a partial one journals blocks it makes itself).
+    crcs: Vec<Option<&'a [u32]>>,
 }
 
 /// One shard's blocks over a row range, as read (None: unavailable), with per-block validity.
@@ -122,6 +125,7 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Ec, D> {
         map: &VolumeMap<D>,
         runs: &[ChunkRun],
         data: IoBytes,
+        crcs: Option<&[u32]>,
         fua: bool,
     ) -> Result<(), VolumeError> {
         let (k, _) = self.ec_shape();
@@ -130,15 +134,19 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Ec, D> {
         for run in runs {
             let len = (run.blocks * BLOCK_BYTES) as usize;
             let slice = data.slice(at..at + len);
+            let run_crcs = crcs.map(|c| &c[at / BLOCK_USIZE..(at + len) / BLOCK_USIZE]);
             at += len;
             match stripes.last_mut() {
                 Some(s) if s.segment == run.segment && s.row == run.row => {
                     s.shards[run.column as usize] = Some((run.offset_in_chunk, slice));
+                    s.crcs[run.column as usize] = run_crcs;
                 }
                 _ => {
                     let mut shards = vec![None; k];
                     shards[run.column as usize] = Some((run.offset_in_chunk, slice));
-                    stripes.push(StripeWrite { segment: run.segment, row: run.row, shards });
+                    let mut crcs = vec![None; k];
+                    crcs[run.column as usize] = run_crcs;
+                    stripes.push(StripeWrite { segment: run.segment, row: run.row, shards, crcs });
                 }
             }
         }
@@ -182,7 +190,7 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Ec, D> {
             // the data) but not on a degraded one, where a crash could leave members
             // disagreeing with nothing to resolve it: write zeros through the journal.
             let zeros = IoBytes::zeroed((run.blocks * BLOCK_BYTES) as usize);
-            return self.write_runs_locked(map, std::slice::from_ref(run), zeros, false).await;
+            return self.write_runs_locked(map, std::slice::from_ref(run), zeros, None, false).await;
         }
         // A whole stripe: every member's chunk (data and parity) becomes zeros.
         self.zero_members(seg, run, 0..seg.members.len()).await
@@ -495,7 +503,7 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
     async fn ec_write_stripe_locked(
         &self,
         map: &VolumeMap<D>,
-        sw: StripeWrite,
+        sw: StripeWrite<'_>,
         fua: bool,
     ) -> Result<(), VolumeError> {
         let seg = &map.segments[sw.segment];
@@ -514,7 +522,12 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
     }
 
     /// A full stripe on a healthy stripe: encode, write everything, no journal.
-    async fn ec_full_stripe(&self, seg: &Segment<D>, sw: &StripeWrite, fua: bool) -> Result<(), VolumeError> {
+    async fn ec_full_stripe(
+        &self,
+        seg: &Segment<D>,
+        sw: &StripeWrite<'_>,
+        fua: bool,
+    ) -> Result<(), VolumeError> {
         let (k, m) = self.ec_shape();
         let len = (self.geo.chunk_blocks * BLOCK_BYTES) as usize;
         let data: Vec<&IoBytes> = sw.shards.iter().map(|s| &s.as_ref().expect("full stripe").1).collect();
@@ -536,7 +549,8 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
             });
         }
         self.push_parity_pieces(seg, sw.row, 0, parity, &mut pieces);
-        self.write_pieces(seg, sw, &pieces, fua).await
+        // The data pieces come first, in shard order: their checksums, where carried in.
+        self.write_pieces(seg, sw, &pieces, &sw.crcs, fua).await
     }
 
     /// Writes pieces in place; failed drives are failed (persisted). Errors if the stripe ends
@@ -544,11 +558,21 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
     async fn write_pieces(
         &self,
         seg: &Segment<D>,
-        sw: &StripeWrite,
+        sw: &StripeWrite<'_>,
         pieces: &[Piece],
+        crcs: &[Option<&[u32]>],
         fua: bool,
     ) -> Result<(), VolumeError> {
-        let writes = pieces.iter().map(|p| seg.members[p.member].drive.write(p.block, p.data.clone(), fua));
+        let writes = pieces.iter().enumerate().map(|(i, p)| {
+            let drive = &seg.members[p.member].drive;
+            let carried = crcs.get(i).copied().flatten();
+            async move {
+                match carried {
+                    Some(c) => drive.write_carrying(p.block, p.data.clone(), fua, c).await,
+                    None => drive.write(p.block, p.data.clone(), fua).await,
+                }
+            }
+        });
         let results = join_all(writes).await;
         for (p, result) in pieces.iter().zip(results) {
             let drive = &seg.members[p.member].drive;
@@ -564,7 +588,7 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
         self.check_stripe_alive(seg, sw)
     }
 
-    fn check_stripe_alive(&self, seg: &Segment<D>, sw: &StripeWrite) -> Result<(), VolumeError> {
+    fn check_stripe_alive(&self, seg: &Segment<D>, sw: &StripeWrite<'_>) -> Result<(), VolumeError> {
         let (_, m) = self.ec_shape();
         let lost = seg.members.iter().filter(|mb| !mb.usable(sw.row)).count();
         if lost > m {
@@ -584,7 +608,7 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
 
     /// A partial-stripe write (or any write to a degraded stripe): compute new data and parity
     /// blocks, journal them on their drives, then apply them in place.
-    async fn ec_partial_stripe(&self, seg: &Segment<D>, sw: &StripeWrite) -> Result<(), VolumeError> {
+    async fn ec_partial_stripe(&self, seg: &Segment<D>, sw: &StripeWrite<'_>) -> Result<(), VolumeError> {
         let (k, m) = self.ec_shape();
         let total = k + m;
         let touched: Vec<(usize, u64, &IoBytes)> =
@@ -620,7 +644,7 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
     async fn incremental_pieces(
         &self,
         seg: &Segment<D>,
-        sw: &StripeWrite,
+        sw: &StripeWrite<'_>,
         touched: &[(usize, u64, &IoBytes)],
         rmin: u64,
         rows: u64,
@@ -656,7 +680,7 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
     async fn reconstruct_write_pieces(
         &self,
         seg: &Segment<D>,
-        sw: &StripeWrite,
+        sw: &StripeWrite<'_>,
         rmin: u64,
         rows: u64,
         usable: &[bool],
@@ -688,7 +712,7 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
     async fn degraded_pieces(
         &self,
         seg: &Segment<D>,
-        sw: &StripeWrite,
+        sw: &StripeWrite<'_>,
         rmin: u64,
         rows: u64,
     ) -> Result<Vec<Piece>, VolumeError> {
@@ -732,7 +756,7 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
     }
 
     /// Lays the new data of each touched shard over its buffer of the affected rows.
-    fn overlay_new_data(&self, sw: &StripeWrite, rmin: u64, data: &mut [IoBuf]) {
+    fn overlay_new_data(&self, sw: &StripeWrite<'_>, rmin: u64, data: &mut [IoBuf]) {
         for (j, s) in sw.shards.iter().enumerate() {
             if let Some((off, d)) = s {
                 let at = ((off - rmin) * BLOCK_BYTES) as usize;
@@ -770,7 +794,7 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
     }
 
     /// Pieces for the new data of every touched shard.
-    fn data_pieces(&self, seg: &Segment<D>, sw: &StripeWrite) -> Vec<Piece> {
+    fn data_pieces(&self, seg: &Segment<D>, sw: &StripeWrite<'_>) -> Vec<Piece> {
         sw.shards
             .iter()
             .enumerate()
@@ -792,7 +816,7 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
     async fn journal_and_apply(
         &self,
         seg: &Segment<D>,
-        sw: &StripeWrite,
+        sw: &StripeWrite<'_>,
         pieces: Vec<Piece>,
     ) -> Result<(), VolumeError> {
         let pieces: Vec<Piece> =
@@ -881,7 +905,7 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
         }
         let live: Vec<Piece> =
             pieces.into_iter().zip(&journaled).filter(|(_, j)| **j).map(|(p, _)| p).collect();
-        let result = self.write_pieces(seg, sw, &live, false).await;
+        let result = self.write_pieces(seg, sw, &live, &[], false).await;
         // Every piece is in place (or its drive is failed): the transaction is applied.
         self.host.txn_done(txn_id);
         result

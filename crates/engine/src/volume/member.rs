@@ -42,6 +42,17 @@ pub(crate) trait MemberDrive: Send + Sync {
         fua: bool,
     ) -> impl Future<Output = Result<(), DevError>> + Send;
 
+    /// [`MemberDrive::write`] of data whose block checksums the caller already has, one per
+    /// block: a block's CRC is computed once, where it enters, and not again for each copy or
+    /// stripe member (debug builds check each against the data).
+    fn write_carrying<'a>(
+        &'a self,
+        block: u64,
+        data: IoBytes,
+        fua: bool,
+        crcs: &'a [u32],
+    ) -> impl Future<Output = Result<(), DevError>> + Send + 'a;
+
     /// Marks blocks unwritten (they read as zeros; no data is written).
     fn zero(&self, block: u64, blocks: u64) -> impl Future<Output = Result<(), DevError>> + Send;
 

@@ -57,13 +57,15 @@ impl<D: BlockDevice> LayoutFamily<D> for InFamily<'_, Mirror, D> {
         map: &VolumeMap<D>,
         runs: &[ChunkRun],
         data: IoBytes,
+        crcs: Option<&[u32]>,
         fua: bool,
     ) -> Result<(), VolumeError> {
         let mut at = 0usize;
         let mut writes = Vec::with_capacity(runs.len());
         for run in runs {
             let len = (run.blocks * BLOCK_BYTES) as usize;
-            writes.push(self.mirror_write_run_locked(map, *run, data.slice(at..at + len), fua));
+            let run_crcs = crcs.map(|c| &c[at / BLOCK_USIZE..(at + len) / BLOCK_USIZE]);
+            writes.push(self.mirror_write_run_locked(map, *run, data.slice(at..at + len), run_crcs, fua));
             at += len;
         }
         join_all_ok(writes).await.map(drop)
@@ -282,6 +284,7 @@ impl<D: BlockDevice> InFamily<'_, Mirror, D> {
         map: &VolumeMap<D>,
         run: ChunkRun,
         data: IoBytes,
+        crcs: Option<&[u32]>,
         fua: bool,
     ) -> Result<(), VolumeError> {
         let seg = &map.segments[run.segment];
@@ -289,8 +292,20 @@ impl<D: BlockDevice> InFamily<'_, Mirror, D> {
             .map(|c| &seg.members[self.geo.mirror_member(run.column, c)])
             .filter(|m| m.usable(run.row))
             .collect();
-        let writes = targets.iter().map(|m| m.drive.write(self.member_block(m, &run), data.clone(), fua));
-        let results = join_all(writes).await;
+        let results = match crcs {
+            Some(crcs) => {
+                join_all(
+                    targets
+                        .iter()
+                        .map(|m| m.drive.write_carrying(self.member_block(m, &run), data.clone(), fua, crcs)),
+                )
+                .await
+            }
+            None => {
+                join_all(targets.iter().map(|m| m.drive.write(self.member_block(m, &run), data.clone(), fua)))
+                    .await
+            }
+        };
         let mut written = 0;
         for (m, result) in targets.iter().zip(results) {
             match result {

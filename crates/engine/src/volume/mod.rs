@@ -168,11 +168,14 @@ pub(crate) trait LayoutFamily<D: BlockDevice>: std::ops::Deref<Target = Volume<D
 
     /// Writes block-aligned `data` covering `runs` (the caller holds their stripe locks, and has
     /// checked that `data` is exactly the bytes of `runs`: `Volume::check_runs_cover`).
+    /// `crcs`, when the caller has them, are the blocks' checksums, one per block of `data`:
+    /// the members take them instead of computing them again.
     fn write_runs_locked(
         &self,
         map: &VolumeMap<D>,
         runs: &[ChunkRun],
         data: IoBytes,
+        crcs: Option<&[u32]>,
         fua: bool,
     ) -> impl Future<Output = Result<(), VolumeError>> + Send;
 
@@ -432,7 +435,13 @@ where
     }
 
     /// [`Volume::write`].
-    async fn write_in(&self, offset_bytes: u64, data: IoBytes, fua: bool) -> Result<(), VolumeError> {
+    async fn write_in(
+        &self,
+        offset_bytes: u64,
+        data: IoBytes,
+        crcs: Option<&[u32]>,
+        fua: bool,
+    ) -> Result<(), VolumeError> {
         let _op = self.enter_op()?;
         let len_bytes = data.len() as u64;
         self.check_range(offset_bytes, len_bytes)?;
@@ -443,7 +452,9 @@ where
             return Ok(());
         }
         let span = Span::new(offset_bytes, len_bytes);
-        self.write_span_locked(&span, fua, |_map| async {
+        // Checksums carried in are for the blocks as given: only an aligned write keeps them.
+        let crcs = crcs.filter(|_| span.is_aligned() && data.is_aligned());
+        self.write_span_locked(&span, crcs, fua, |_map| async {
             // An aligned range in unaligned memory goes through the merge too: it reads nothing
             // and only copies.
             if span.is_aligned() && data.is_aligned() {
@@ -464,6 +475,7 @@ where
     async fn write_span_locked<Fut>(
         &self,
         span: &Span,
+        crcs: Option<&[u32]>,
         fua: bool,
         data: impl FnOnce(Arc<VolumeMap<D>>) -> Fut,
     ) -> Result<(), VolumeError>
@@ -487,7 +499,7 @@ where
             let data = data(Arc::clone(&map)).await?;
             Volume::<D>::check_runs_cover(&runs, data.len());
             let holds = RegionHolds::new(&map, &self.geo, &runs);
-            self.write_runs_locked(&map, &runs, data, fua && !by_pool_flush).await?;
+            self.write_runs_locked(&map, &runs, data, crcs, fua && !by_pool_flush).await?;
             holds
         };
         self.confirm_skipped(&map, &runs).await?;
@@ -525,7 +537,7 @@ where
             let mut at = edge.start;
             while at < edge.end {
                 let n = (edge.end - at).min(4 << 20);
-                self.write_in(at, IoBytes::zeroed(n as usize), fua).await?;
+                self.write_in(at, IoBytes::zeroed(n as usize), None, fua).await?;
                 at += n;
             }
         }
@@ -736,7 +748,28 @@ impl<D: BlockDevice> Volume<D> {
     /// Writes `data` at `offset_bytes` (any alignment). With `fua` the data is durable when
     /// this returns.
     pub async fn write(&self, offset_bytes: u64, data: IoBytes, fua: bool) -> Result<(), VolumeError> {
-        with_family!(self, |f| f.write_in(offset_bytes, data, fua).await)
+        with_family!(self, |f| f.write_in(offset_bytes, data, None, fua).await)
+    }
+
+    /// [`Volume::write`] of whole blocks whose checksums the caller has already computed
+    /// (`crcs[i]` is `stria_dev::block_crc` of block `i` of `data`): the members store them
+    /// instead of computing them again for each copy, so a block's CRC is computed once where
+    /// it enters (the tier's cache and segment writes). Debug builds check every one.
+    pub async fn write_with_crcs(
+        &self,
+        offset_bytes: u64,
+        data: IoBytes,
+        crcs: &[u32],
+        fua: bool,
+    ) -> Result<(), VolumeError> {
+        assert!(
+            offset_bytes.is_multiple_of(BLOCK_BYTES) && data.len() as u64 == crcs.len() as u64 * BLOCK_BYTES,
+            "volume {}: a write carrying checksums covers whole blocks, one checksum each ({} bytes at {offset_bytes}, {} checksums)",
+            self.name,
+            data.len(),
+            crcs.len()
+        );
+        with_family!(self, |f| f.write_in(offset_bytes, data, Some(crcs), fua).await)
     }
 
     /// Before a write that skipped failed members is acknowledged, their failure must be in the

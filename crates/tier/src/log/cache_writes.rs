@@ -10,9 +10,14 @@
 //! pieces again alone, so it gets its own error: writing the same bytes to the same reserved
 //! positions twice is harmless.
 //!
+//! Each piece carries its blocks' checksums, computed once by the host write (they go into the
+//! map entries too): both cache copies store them instead of computing them again.
+//!
 //! Durability is unchanged: every batch is written with FUA, and a waiter goes on to its map
 //! update only once the write that holds its pieces is done (docs/crash-consistency.md,
 //! "Log-structured volumes").
+
+use std::sync::Arc;
 
 use stria_dev::{BLOCK_BYTES, BlockDevice, IoBuf, IoBytes};
 use stria_engine::{VolumeError, join_all_ok};
@@ -32,9 +37,13 @@ pub(crate) struct CacheWrites {
     writer: tokio::sync::Mutex<()>,
 }
 
-/// One request's pieces (ring block, data) and where to say whether they are written.
+/// A piece of a host write for the cache: its first ring block, its data, and the checksum of
+/// each of its blocks (`stria_dev::block_crc`).
+pub(super) type CachePiece = (u64, IoBytes, Arc<[u32]>);
+
+/// One request's pieces and where to say whether they are written.
 struct Queued {
-    pieces: Vec<(u64, IoBytes)>,
+    pieces: Vec<CachePiece>,
     done: oneshot::Sender<bool>,
 }
 
@@ -44,6 +53,8 @@ struct Run {
     blocks: u64,
     bytes: usize,
     parts: Vec<IoBytes>,
+    /// The checksums of its blocks, in order.
+    crcs: Vec<u32>,
     owners: Vec<usize>,
     /// Whether later pieces may join (it starts with a small piece).
     open: bool,
@@ -52,7 +63,7 @@ struct Run {
 impl<D: BlockDevice> LogVolume<D> {
     /// Writes `pieces` (cache ring blocks and their data) into the cache durably, together with
     /// the pieces of whatever other writes are queued meanwhile.
-    pub(super) async fn write_cache(&self, pieces: Vec<(u64, IoBytes)>) -> Result<(), VolumeError> {
+    pub(super) async fn write_cache(&self, pieces: Vec<CachePiece>) -> Result<(), VolumeError> {
         let q = &self.cache_writes;
         let (tx, mut rx) = oneshot::channel();
         q.pending.lock().push(Queued { pieces: pieces.clone(), done: tx });
@@ -77,8 +88,9 @@ impl<D: BlockDevice> LogVolume<D> {
         if written {
             return Ok(());
         }
-        let writes =
-            pieces.into_iter().map(|(at, data)| self.parts.cache.write(at * BLOCK_BYTES, data, true));
+        let writes = pieces.iter().map(|(at, data, crcs)| {
+            self.parts.cache.write_with_crcs(at * BLOCK_BYTES, data.clone(), crcs, true)
+        });
         join_all_ok(writes).await.map(|_| ())
     }
 
@@ -99,7 +111,7 @@ impl<D: BlockDevice> LogVolume<D> {
                     buf.freeze()
                 }
             };
-            self.parts.cache.write(r.start * BLOCK_BYTES, data, true)
+            self.parts.cache.write_with_crcs(r.start * BLOCK_BYTES, data, &r.crcs, true)
         });
         let results = futures::future::join_all(writes).await;
         let mut ok = vec![true; batch.len()];
@@ -120,14 +132,14 @@ impl<D: BlockDevice> LogVolume<D> {
 
 /// The batch's pieces in ring order, small neighbours merged into runs.
 fn merge_runs(batch: &[Queued]) -> Vec<Run> {
-    let mut all: Vec<(u64, &IoBytes, usize)> = batch
+    let mut all: Vec<(u64, &IoBytes, &[u32], usize)> = batch
         .iter()
         .enumerate()
-        .flat_map(|(i, q)| q.pieces.iter().map(move |(at, data)| (*at, data, i)))
+        .flat_map(|(i, q)| q.pieces.iter().map(move |(at, data, crcs)| (*at, data, &crcs[..], i)))
         .collect();
     all.sort_by_key(|p| p.0);
     let mut runs: Vec<Run> = Vec::new();
-    for (at, data, owner) in all {
+    for (at, data, crcs, owner) in all {
         let blocks = data.len() as u64 / BLOCK_BYTES;
         let small = data.len() <= MERGE_PIECE_BYTES;
         if let Some(r) = runs.last_mut()
@@ -139,6 +151,7 @@ fn merge_runs(batch: &[Queued]) -> Vec<Run> {
             r.blocks += blocks;
             r.bytes += data.len();
             r.parts.push(data.clone());
+            r.crcs.extend_from_slice(crcs);
             if r.owners.last() != Some(&owner) {
                 r.owners.push(owner);
             }
@@ -149,6 +162,7 @@ fn merge_runs(batch: &[Queued]) -> Vec<Run> {
             blocks,
             bytes: data.len(),
             parts: vec![data.clone()],
+            crcs: crcs.to_vec(),
             owners: vec![owner],
             open: small,
         });
@@ -162,7 +176,10 @@ mod tests {
 
     fn queued(pieces: &[(u64, usize)]) -> (Queued, oneshot::Receiver<bool>) {
         let (tx, rx) = oneshot::channel();
-        let pieces = pieces.iter().map(|&(at, blocks)| (at, IoBytes::zeroed(blocks * 4096))).collect();
+        let pieces = pieces
+            .iter()
+            .map(|&(at, blocks)| (at, IoBytes::zeroed(blocks * 4096), Arc::from(vec![0u32; blocks])))
+            .collect();
         (Queued { pieces, done: tx }, rx)
     }
 

@@ -228,7 +228,16 @@ impl<D: BlockDevice> LogVolume<D> {
         let batch_seq = self.seq.fetch_add(1, Relaxed);
         encode_summary(batch_seq, &summary, &mut buf[data_slots * BLOCK_USIZE..]);
         self.counters.padded_slots.fetch_add((data_slots - moves.len()) as u64, Relaxed);
-        if let Err(e) = self.parts.seg.write(base * BLOCK_BYTES, buf.freeze(), true).await {
+        // The batch's checksums for the segment write: the moved blocks' are their entries'
+        // (checked against the data when read, and again above in debug builds), the empty
+        // slots' that of a zero block, the summary's computed here.
+        let mut crcs: Vec<u32> = moves.iter().map(|m| m.entry.crc).collect();
+        if moves.len() < data_slots {
+            let zero = block_crc(&buf[moves.len() * BLOCK_USIZE..(moves.len() + 1) * BLOCK_USIZE]);
+            crcs.resize(data_slots, zero);
+        }
+        crcs.extend(buf[data_slots * BLOCK_USIZE..].chunks_exact(BLOCK_USIZE).map(block_crc));
+        if let Err(e) = self.parts.seg.write_with_crcs(base * BLOCK_BYTES, buf.freeze(), &crcs, true).await {
             self.space.lock().lower(seg, moves.len() as u64);
             return Err(e);
         }

@@ -1,6 +1,7 @@
 //! The write path: host writes into the cache ring, then the map (durable before the
 //! acknowledgement), then the old places freed; zeroing and trim as map updates alone.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBytes};
@@ -96,11 +97,14 @@ impl<D: BlockDevice> LogVolume<D> {
         };
         // 1. Data into the cache, durably (split where the ring wraps), in one batch with the
         // writes that arrive together.
+        // The blocks' checksums, computed once here: for the map entries and both cache copies.
+        let crcs: Vec<u32> = data.chunks_exact(BLOCK_USIZE).map(block_crc).collect();
         let phys = self.ring.block_of(start);
         let before_wrap = (self.ring.ring_blocks() - phys).min(n);
-        let mut pieces = vec![(phys, data.slice(0..(before_wrap * BLOCK_BYTES) as usize))];
+        let cut = before_wrap as usize;
+        let mut pieces = vec![(phys, data.slice(0..cut * BLOCK_USIZE), Arc::from(&crcs[..cut]))];
         if before_wrap < n {
-            pieces.push((0, data.slice((before_wrap * BLOCK_BYTES) as usize..data.len())));
+            pieces.push((0, data.slice(cut * BLOCK_USIZE..data.len()), Arc::from(&crcs[cut..])));
         }
         if let Err(e) = self.write_cache(pieces).await {
             self.ring.release(start..start + n);
@@ -109,14 +113,14 @@ impl<D: BlockDevice> LogVolume<D> {
         // 2. The map, durably. Positions are claimed first: a newer write may free them as soon
         // as the update is applied.
         let seq = self.seq.fetch_add(1, Relaxed) as u32;
-        let updates: Vec<Update> = data
-            .chunks_exact(BLOCK_USIZE)
+        let updates: Vec<Update> = crcs
+            .iter()
             .zip(0..)
-            .map(|(b, k)| {
+            .map(|(&crc, k)| {
                 self.ring.claim_block(start + k, first + k);
                 Update {
                     block: first + k,
-                    entry: MapEntry { place: Place::Cache(start + k), crc: block_crc(b), seq },
+                    entry: MapEntry { place: Place::Cache(start + k), crc, seq },
                     expect: None,
                 }
             })
