@@ -349,10 +349,27 @@ async fn a_damaged_checksum_page_is_resynchronised_never_trusted_or_zeroed() {
     }
 }
 
+/// Reads the whole volume with `read_with_crcs` in pieces of `piece` bytes: the data is the
+/// model's and each checksum is its block's (written, unwritten, repaired alike).
+async fn check_with_crcs(vol: &stria_engine::Volume<Dev>, model: &Model, piece: usize, what: &str) {
+    for at in (0..model.bytes.len()).step_by(piece) {
+        let piece = piece.min(model.bytes.len() - at);
+        let (buf, crcs) = vol
+            .read_with_crcs(at as u64, piece)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: read at {at}: {e}"));
+        assert!(buf[..] == model.bytes[at..at + piece], "{what}: data at {at}");
+        let want: Vec<u32> =
+            model.bytes[at..at + piece].chunks_exact(4096).map(stria_dev::block_crc).collect();
+        assert_eq!(crcs, want, "{what}: checksums at {at}");
+    }
+}
+
 /// Whole-block writes may carry their blocks' checksums (the tier computes a block's CRC once,
 /// for its map entry, and hands it down): every layout stores exactly those, so every block
 /// reads back verified and a scrub finds nothing to repair, before and after a reopen; a block
-/// damaged after such a write is still caught and repaired from redundancy.
+/// damaged after such a write is still caught and repaired from redundancy. Reads that return
+/// the checksums they verified return each block's, on the fast path and the repairing one.
 #[tokio::test]
 async fn writes_that_carry_their_checksums_verify_scrub_clean_and_catch_damage() {
     for (layout, n) in layouts() {
@@ -388,6 +405,8 @@ async fn writes_that_carry_their_checksums_verify_scrub_clean_and_catch_damage()
                 written.extend(first..first + len);
             }
             check(&vol, &model).await;
+            check_with_crcs(&vol, &model, 4096 * (1 + seed as usize * 7), &format!("{layout} seed {seed}"))
+                .await;
             let report = pool.scrub("v", |_, _| {}).await.unwrap();
             assert_eq!(
                 (report.blocks_repaired, report.parity_blocks_fixed, report.unrecoverable_blocks),
@@ -412,6 +431,8 @@ async fn writes_that_carry_their_checksums_verify_scrub_clean_and_catch_damage()
             };
             devs[slot as usize].flip_bit(at / 4096, rng.random_range(0..4096 * 8));
             let before = total_repairs(&pool);
+            // The damaged block's read goes down the repairing path.
+            check_with_crcs(&vol, &model, 16 << 10, &format!("{layout} seed {seed}, damaged")).await;
             check(&vol, &model).await;
             let report = pool.scrub("v", |_, _| {}).await.unwrap();
             assert_eq!(report.unrecoverable_blocks, 0, "{layout} seed {seed}: {report:?}");

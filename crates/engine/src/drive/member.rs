@@ -12,6 +12,15 @@ impl<D: BlockDevice> MemberDrive for Drive<D> {
         Drive::read_verified(self, block, buf).await
     }
 
+    async fn read_verified_crcs<'a>(
+        &'a self,
+        block: u64,
+        buf: IoBuf,
+        crcs: &'a mut [u32],
+    ) -> Result<IoBuf, ReadFault> {
+        Drive::read_verified_inner(self, block, buf, Some(crcs)).await
+    }
+
     async fn read_isolating(&self, block: u64, blocks: u64) -> Option<(IoBuf, Vec<bool>, bool)> {
         Drive::read_isolating(self, block, blocks).await
     }

@@ -170,6 +170,12 @@ pub(crate) async fn read_flush_record<D: BlockDevice>(dev: &D, sb: &Superblock) 
     FlushRecord::decode(&block).ok().filter(|r| r.pool_uuid == sb.pool_uuid && r.drive_uuid == sb.drive_uuid)
 }
 
+/// The checksum of a block of zeros (what an unwritten block reads as).
+fn zero_block_crc() -> u32 {
+    static ZERO: std::sync::LazyLock<u32> = std::sync::LazyLock::new(|| block_crc(&[0u8; BLOCK_USIZE]));
+    *ZERO
+}
+
 impl<D: BlockDevice> Drive<D> {
     /// Formats `dev` as a new pool member and returns it open. `fresh` says the device is known
     /// to read as zeros (a new sparse file), so the tables need not be written out.
@@ -477,26 +483,52 @@ impl<D: BlockDevice> Drive<D> {
 
     /// Reads `buf.len()` bytes of the data area at `block` and verifies each block.
     /// Unwritten blocks come back as zeros (without touching the device when all are).
-    async fn read_verified(&self, block: u64, mut buf: IoBuf) -> Result<IoBuf, ReadFault> {
+    async fn read_verified(&self, block: u64, buf: IoBuf) -> Result<IoBuf, ReadFault> {
+        self.read_verified_inner(block, buf, None).await
+    }
+
+    /// [`Drive::read_verified`]; with `crcs`, also the checksum each block was verified against
+    /// (that of a zero block for an unwritten one).
+    async fn read_verified_inner(
+        &self,
+        block: u64,
+        mut buf: IoBuf,
+        mut crcs: Option<&mut [u32]>,
+    ) -> Result<IoBuf, ReadFault> {
         let blocks = buf.len() as u64 / BLOCK;
         self.check_data_range(block, blocks);
+        if let Some(c) = &crcs {
+            assert_eq!(c.len() as u64, blocks, "one checksum per block read");
+        }
         if self.is_failed() {
             return Err(ReadFault::Failed);
         }
         let pin = self.pin_csum(block, blocks).await.map_err(ReadFault::Io)?;
         if pin.all_unwritten(block, blocks) {
             buf.fill(0);
+            if let Some(c) = crcs {
+                c.fill(zero_block_crc());
+            }
             return Ok(buf);
         }
         let read = self.dev().read(self.data_offset(block), buf).await;
         let mut buf = self.count_read(read).map_err(ReadFault::Io)?;
         let mut bad = Vec::new();
         for (i, data) in buf.chunks_exact_mut(BLOCK_USIZE).enumerate() {
-            match pin.get(block + i as u64) {
-                Entry::Unwritten => data.fill(0),
-                Entry::Crc(expected) if block_crc(data) == expected => {}
+            let crc = match pin.get(block + i as u64) {
+                Entry::Unwritten => {
+                    data.fill(0);
+                    zero_block_crc()
+                }
+                Entry::Crc(expected) if block_crc(data) == expected => expected,
                 // A wrong checksum, or none known (a damaged checksum page): never returned.
-                Entry::Crc(_) | Entry::Unknown => bad.push(i),
+                Entry::Crc(_) | Entry::Unknown => {
+                    bad.push(i);
+                    0
+                }
+            };
+            if let Some(c) = crcs.as_deref_mut() {
+                c[i] = crc;
             }
         }
         if bad.is_empty() { Ok(buf) } else { Err(ReadFault::Corrupt { buf, bad }) }

@@ -37,7 +37,7 @@ where
         self.write_span_locked(&span, None, fua, |map| async move {
             // The whole blocks, read with the locks held (the slow path must not take them again).
             let mut whole =
-                self.read_blocks_in(&map, span.first, IoBuf::zeroed(span.whole_len()), true).await?;
+                self.read_blocks_in(&map, span.first, IoBuf::zeroed(span.whole_len()), true, None).await?;
             let (head, len) = (span.head(), write.len());
             stria_volume::check_compare(&self.name, offset_bytes, &compare, &whole[head..head + len])?;
             self.counters.write_ops.fetch_add(1, Relaxed);

@@ -21,6 +21,15 @@ pub(crate) trait MemberDrive: Send + Sync {
     /// unwritten blocks read as zeros.
     fn read_verified(&self, block: u64, buf: IoBuf) -> impl Future<Output = Result<IoBuf, ReadFault>> + Send;
 
+    /// [`MemberDrive::read_verified`] that also sets `crcs[i]` to block `i`'s checksum as
+    /// verified (an unwritten block's is that of a zero block); on an error they mean nothing.
+    fn read_verified_crcs<'a>(
+        &'a self,
+        block: u64,
+        buf: IoBuf,
+        crcs: &'a mut [u32],
+    ) -> impl Future<Output = Result<IoBuf, ReadFault>> + Send + 'a;
+
     /// Reads `blocks` blocks for the repair paths, block by block after an I/O error: the data
     /// (bad blocks zeroed), which blocks are good, whether an I/O error happened; `None` for a
     /// failed member.

@@ -371,36 +371,61 @@ where
         }
         let span = Span::new(offset_bytes, len_bytes as u64);
         let buf = IoBuf::zeroed(span.whole_len());
-        let buf = self.read_blocks_in(&map, span.first, buf, false).await?;
+        let buf = self.read_blocks_in(&map, span.first, buf, false, None).await?;
         Ok(span.clip(buf))
+    }
+
+    /// [`Volume::read_with_crcs`].
+    async fn read_with_crcs_in(
+        &self,
+        offset_bytes: u64,
+        len_bytes: usize,
+    ) -> Result<(IoBuf, Vec<u32>), VolumeError> {
+        let _op = self.enter_op()?;
+        let map = self.map.load_full();
+        self.check_range_in(&map, offset_bytes, len_bytes as u64)?;
+        self.counters.read_ops.fetch_add(1, Relaxed);
+        self.counters.read_bytes.fetch_add(len_bytes as u64, Relaxed);
+        let mut crcs = vec![0u32; len_bytes / BLOCK_USIZE];
+        let buf = IoBuf::zeroed(len_bytes);
+        let buf = self.read_blocks_in(&map, offset_bytes / BLOCK_BYTES, buf, false, Some(&mut crcs)).await?;
+        Ok((buf, crcs))
     }
 
     /// Reads whole blocks from logical block `lb` into `buf`. With `locked`, the caller already
     /// holds the stripe locks of the range (the slow path must not take them again).
     async fn read_blocks(&self, lb: u64, buf: IoBuf, locked: bool) -> Result<IoBuf, VolumeError> {
         let map = self.map.load_full();
-        self.read_blocks_in(&map, lb, buf, locked).await
+        self.read_blocks_in(&map, lb, buf, locked, None).await
     }
 
+    /// Reads whole blocks; with `crcs` (one per block) also says each block's checksum.
     async fn read_blocks_in(
         &self,
         map: &VolumeMap<D>,
         lb: u64,
         buf: IoBuf,
         locked: bool,
+        crcs: Option<&mut [u32]>,
     ) -> Result<IoBuf, VolumeError> {
         let blocks = buf.len() as u64 / BLOCK_BYTES;
         // Small requests lie in one chunk: no run list to allocate.
         if let Some(run) = map.single_run(&self.geo, lb, blocks) {
-            return self.read_run(map, run, buf, locked).await;
+            return self.read_run(map, run, buf, locked, crcs).await;
         }
         let runs = map.runs(&self.geo, lb, blocks);
         let mut rest = buf;
+        let mut rest_crcs = crcs;
         let mut reads = Vec::with_capacity(runs.len());
         for run in runs {
             let tail = rest.split_off((run.blocks * BLOCK_BYTES) as usize);
             let piece = std::mem::replace(&mut rest, tail);
-            reads.push(self.read_run(map, run, piece, locked));
+            let piece_crcs = rest_crcs.take().map(|c| {
+                let (head, tail) = c.split_at_mut(run.blocks as usize);
+                rest_crcs = Some(tail);
+                head
+            });
+            reads.push(self.read_run(map, run, piece, locked, piece_crcs));
         }
         Ok(IoBuf::join_or_copy(join_all_ok(reads).await?))
     }
@@ -414,11 +439,17 @@ where
         run: ChunkRun,
         buf: IoBuf,
         locked: bool,
+        mut crcs: Option<&mut [u32]>,
     ) -> Result<IoBuf, VolumeError> {
         let mut spare = Some(buf);
         if let Some((member, block)) = self.fast_source(&map.segments[run.segment], &run) {
             let buf = spare.take().expect("not taken yet");
-            match member.drive.read_verified(block, buf).await {
+            let read = match crcs.as_deref_mut() {
+                // The checksums the drive verified the blocks against: not computed again.
+                Some(out) => member.drive.read_verified_crcs(block, buf, out).await,
+                None => member.drive.read_verified(block, buf).await,
+            };
+            match read {
                 Ok(buf) => return Ok(buf),
                 Err(ReadFault::Io(e)) => {
                     tracing::warn!(volume = %self.name, error = %e, "read error; repairing")
@@ -426,12 +457,20 @@ where
                 Err(ReadFault::Failed | ReadFault::Corrupt { .. }) => {}
             }
         }
-        if locked {
-            return self.read_locked(map, run, spare).await;
+        let buf = if locked {
+            self.read_locked(map, run, spare).await?
+        } else {
+            let _guard = self.locks.lock([(run.segment, run.row)]).await;
+            // The locked path may repair: where the members are now (see `write_in`).
+            self.read_locked(&self.map.load_full(), run, spare).await?
+        };
+        // The slow path (a repair or a reconstruction) computes them from what it returns.
+        if let Some(out) = crcs {
+            for (c, b) in out.iter_mut().zip(buf.chunks_exact(BLOCK_USIZE)) {
+                *c = stria_dev::block_crc(b);
+            }
         }
-        let _guard = self.locks.lock([(run.segment, run.row)]).await;
-        // The locked path may repair: where the members are now (see `write_in`).
-        self.read_locked(&self.map.load_full(), run, spare).await
+        Ok(buf)
     }
 
     /// [`Volume::write`].
@@ -743,6 +782,22 @@ impl<D: BlockDevice> Volume<D> {
     /// Reads `len_bytes` at `offset_bytes` (any alignment).
     pub async fn read(&self, offset_bytes: u64, len_bytes: usize) -> Result<IoBuf, VolumeError> {
         with_family!(self, |f| f.read_in(offset_bytes, len_bytes).await)
+    }
+
+    /// [`Volume::read`] of whole blocks that also returns each block's checksum
+    /// (`stria_dev::block_crc`) as the drive verified it, so a caller that checks the data
+    /// against checksums of its own (the tier's map) need not compute them again.
+    pub async fn read_with_crcs(
+        &self,
+        offset_bytes: u64,
+        len_bytes: usize,
+    ) -> Result<(IoBuf, Vec<u32>), VolumeError> {
+        assert!(
+            offset_bytes.is_multiple_of(BLOCK_BYTES) && (len_bytes as u64).is_multiple_of(BLOCK_BYTES),
+            "volume {}: a read returning checksums covers whole blocks ({len_bytes} bytes at {offset_bytes})",
+            self.name
+        );
+        with_family!(self, |f| f.read_with_crcs_in(offset_bytes, len_bytes).await)
     }
 
     /// Writes `data` at `offset_bytes` (any alignment). With `fua` the data is durable when

@@ -129,6 +129,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// whose entry changed meanwhile.
     pub(super) async fn read_cached(&self, moves: &mut Vec<Move>) -> Result<(), VolumeError> {
         let ring = self.ring.ring_blocks();
+        let mut read_crcs = Vec::with_capacity(moves.len());
         let mut i = 0;
         while i < moves.len() {
             let Place::Cache(p0) = moves[i].from else { unreachable!("destage moves cached blocks") };
@@ -139,16 +140,24 @@ impl<D: BlockDevice> LogVolume<D> {
             {
                 n += 1;
             }
-            let buf =
-                self.parts.cache.read(self.ring.block_of(p0) * BLOCK_BYTES, n * BLOCK_USIZE).await?.freeze();
+            // With each block's checksum as the cache drive verified it: compared with the map's
+            // below instead of computed again.
+            let (buf, crcs) = self
+                .parts
+                .cache
+                .read_with_crcs(self.ring.block_of(p0) * BLOCK_BYTES, n * BLOCK_USIZE)
+                .await?;
+            let buf = buf.freeze();
             for (k, m) in moves[i..i + n].iter_mut().enumerate() {
                 m.data = buf.slice(k * BLOCK_USIZE..(k + 1) * BLOCK_USIZE);
+                read_crcs.push(crcs[k]);
             }
             i += n;
         }
         let mut kept = Vec::with_capacity(moves.len());
-        for m in moves.drain(..) {
-            if block_crc(&m.data) == m.entry.crc {
+        for (m, crc) in moves.drain(..).zip(read_crcs) {
+            debug_assert_eq!(crc, block_crc(&m.data), "the cache read's checksum is its data's");
+            if crc == m.entry.crc {
                 kept.push(m);
                 continue;
             }

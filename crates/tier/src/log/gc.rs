@@ -140,10 +140,15 @@ impl<D: BlockDevice> LogVolume<D> {
         }
         let (v, batch) = gc.victim.expect("chosen above");
         let base = self.geo.batch_addr(v, batch);
-        let read =
-            self.parts.seg.read(base * BLOCK_BYTES, (self.geo.batch_blocks() * BLOCK_BYTES) as usize).await;
-        let bytes = match read {
-            Ok(b) => b.freeze(),
+        // With each block's checksum as the drives verified it: compared with the map's below
+        // instead of computed again.
+        let read = self
+            .parts
+            .seg
+            .read_with_crcs(base * BLOCK_BYTES, (self.geo.batch_blocks() * BLOCK_BYTES) as usize)
+            .await;
+        let (bytes, crcs) = match read {
+            Ok((b, c)) => (b.freeze(), c),
             Err(e) => {
                 tracing::warn!(volume = %self.name, segment = v, batch, error = %e,
                     "GC could not read a batch; the segment is left for later");
@@ -172,8 +177,8 @@ impl<D: BlockDevice> LogVolume<D> {
                 "volume {}: block {block} is held at {:?}, asked at {at:?}",
                 self.name, e.place
             );
-            let data = &bytes[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE];
-            if block_crc(data) != e.crc {
+            debug_assert_eq!(crcs[i], block_crc(&bytes[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE]));
+            if crcs[i] != e.crc {
                 return Err(
                     self.unrecoverable(s.block, "GC: a segment block does not match its checksum in the map")
                 );

@@ -86,14 +86,14 @@ impl<D: BlockDevice> LogVolume<D> {
                         Some(
                             self.parts
                                 .cache
-                                .read(self.ring.block_of(p) * BLOCK_BYTES, run.len_bytes())
+                                .read_with_crcs(self.ring.block_of(p) * BLOCK_BYTES, run.len_bytes())
                                 .await?,
                         )
                     }
                     Place::Segment(a) => {
                         self.counters.blocks_read_from_segments.fetch_add(run.count, Relaxed);
-                        match self.parts.seg.read(a * BLOCK_BYTES, run.len_bytes()).await {
-                            Ok(buf) => Some(buf),
+                        match self.parts.seg.read_with_crcs(a * BLOCK_BYTES, run.len_bytes()).await {
+                            Ok(got) => Some(got),
                             // GC may have emptied the segment and given it back to the pool
                             // under this read: its blocks are read again if an entry moved.
                             Err(e) => {
@@ -113,15 +113,15 @@ impl<D: BlockDevice> LogVolume<D> {
                     }
                     Place::Unallocated | Place::Zero => None,
                 };
-                Ok::<_, VolumeError>((run, buf.map_or(Got::Zeros, Got::Data)))
+                Ok::<_, VolumeError>((run, buf.map_or(Got::Zeros, |(b, c)| Got::Data(b, c))))
             });
             for (run, got) in join_all_ok(reads).await? {
                 for j in 0..run.count {
                     let k = run.first_k + j as usize;
                     let i = pending[k];
                     let dst = &mut out[(i * BLOCK_BYTES) as usize..((i + 1) * BLOCK_BYTES) as usize];
-                    let buf = match &got {
-                        Got::Data(buf) => buf,
+                    let (buf, crcs) = match &got {
+                        Got::Data(buf, crcs) => (buf, crcs),
                         Got::Zeros => {
                             dst.fill(0);
                             continue;
@@ -132,7 +132,10 @@ impl<D: BlockDevice> LogVolume<D> {
                         }
                     };
                     let data = &buf[(j * BLOCK_BYTES) as usize..((j + 1) * BLOCK_BYTES) as usize];
-                    if block_crc(data) == entries[k].crc {
+                    // The checksum the drive verified the block against, not computed again:
+                    // it must be the one the map says this version of the block has.
+                    debug_assert_eq!(crcs[j as usize], block_crc(data));
+                    if crcs[j as usize] == entries[k].crc {
                         dst.copy_from_slice(data);
                     } else if self.entries_in(view, first + i, 1).await?[0] == entries[k] {
                         return Err(self.unrecoverable(
@@ -189,7 +192,8 @@ impl<D: BlockDevice> LogVolume<D> {
 
 /// What a read of one run found.
 pub(super) enum Got {
-    Data(IoBuf),
+    /// The data, and each block's checksum as the drive verified it.
+    Data(IoBuf, Vec<u32>),
     Zeros,
     /// The read failed and an entry of the run changed meanwhile: read it again.
     Moved,
