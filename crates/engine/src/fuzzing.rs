@@ -200,19 +200,16 @@ fn journal_record(b: &mut [u8], seal: bool) -> Outcome {
         assert_eq!(back.len_blocks, 0, "a pad round trips as a pad");
         pad
     } else {
-        // The encoder computes the CRC list from the payload; put the decoded list in its place.
+        // The encoder writes the piece's CRC list (the decoded one), whatever the payload.
         let piece = JournalPiece {
             txn_id: record.txn_id,
             volume_id: record.volume_id,
             target_block: record.target_block,
             piece_slots: record.piece_slots.clone(),
             data: IoBytes::zeroed(record.len_blocks as usize * BLOCK_USIZE),
+            crcs: record.crcs.clone(),
         };
-        let mut encoded = journal::encode_record_header(seq, epoch, &piece);
-        for (i, crc) in record.crcs.iter().enumerate() {
-            encoded[560 + 4 * i..564 + 4 * i].copy_from_slice(&crc.to_le_bytes());
-        }
-        seal_crc(&mut encoded);
+        let encoded = journal::encode_record_header(seq, epoch, &piece);
         let back = journal::decode_record_header(&encoded, seq, epoch).expect("an encoded record decodes");
         assert_eq!(back, record, "journal record round trip");
         encoded
@@ -243,9 +240,9 @@ fn journal_ring(body: &[u8], seal: bool) -> Outcome {
         if i > 0 {
             assert_eq!(p.seq, pieces[i - 1].seq + 1, "records follow on");
         }
-        assert_eq!(p.piece.data.len(), p.crcs.len() * BLOCK_USIZE, "a payload block per CRC");
-        assert!(!p.crcs.is_empty(), "a pad is not a record");
-        for (data, &crc) in p.piece.data.chunks_exact(BLOCK_USIZE).zip(&p.crcs) {
+        assert_eq!(p.piece.data.len(), p.piece.crcs.len() * BLOCK_USIZE, "a payload block per CRC");
+        assert!(!p.piece.crcs.is_empty(), "a pad is not a record");
+        for (data, &crc) in p.piece.data.chunks_exact(BLOCK_USIZE).zip(&p.piece.crcs) {
             assert_eq!(csum::block_crc(data), crc, "a recovered payload block matches its CRC");
         }
     }

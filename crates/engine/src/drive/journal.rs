@@ -82,14 +82,23 @@ pub(crate) struct JournalPiece {
     /// Slots of every drive holding a piece of the transaction.
     pub(crate) piece_slots: Vec<u16>,
     pub(crate) data: IoBytes,
+    /// The checksum of each block of `data` (`block_crc`): computed once by the writer, stored
+    /// in the record and given to the in-place write; read back and verified by recovery.
+    pub(crate) crcs: Vec<u32>,
 }
 
-/// A piece read back by recovery.
+impl JournalPiece {
+    /// The checksums of `data`'s blocks, for [`JournalPiece::crcs`].
+    pub(crate) fn crcs_of(data: &[u8]) -> Vec<u32> {
+        data.chunks_exact(BLOCK as usize).map(block_crc).collect()
+    }
+}
+
+/// A piece read back by recovery (its checksums verified against its payload).
 #[derive(Debug, Clone)]
 pub(crate) struct RecoveredPiece {
     pub(crate) seq: u64,
     pub(crate) piece: JournalPiece,
-    pub(crate) crcs: Vec<u32>,
 }
 
 /// The journal has no room for a record until a flush checkpoints applied records.
@@ -325,8 +334,8 @@ impl Journal {
                     target_block: rec.target_block,
                     piece_slots: rec.piece_slots,
                     data: payload.freeze(),
+                    crcs: rec.crcs,
                 },
-                crcs: rec.crcs,
             });
             live.push_back((expect, pos, 1 + rec.len_blocks, rec.txn_id));
             pos += 1 + rec.len_blocks;
@@ -718,8 +727,9 @@ fn encode_record_header_into(block: &mut [u8], seq: u64, epoch: u64, piece: &Jou
     for (i, slot) in piece.piece_slots.iter().enumerate() {
         block[48 + 2 * i..50 + 2 * i].copy_from_slice(&slot.to_le_bytes());
     }
-    for (i, b) in piece.data.chunks_exact(BLOCK as usize).enumerate() {
-        block[560 + 4 * i..564 + 4 * i].copy_from_slice(&block_crc(b).to_le_bytes());
+    assert_eq!(piece.crcs.len() as u64, len_blocks, "a journal record carries one checksum per block");
+    for (i, crc) in piece.crcs.iter().enumerate() {
+        block[560 + 4 * i..564 + 4 * i].copy_from_slice(&crc.to_le_bytes());
     }
     block[EPOCH_AT..EPOCH_AT + 8].copy_from_slice(&epoch.to_le_bytes());
     seal_crc(block);
@@ -832,6 +842,7 @@ mod tests {
             target_block: txn * 10,
             piece_slots: vec![0, 3, 5],
             data: IoBytes::copy_from(&vec![fill; blocks * 4096]),
+            crcs: JournalPiece::crcs_of(&vec![fill; blocks * 4096]),
         }
     }
 

@@ -161,7 +161,7 @@ impl<D: BlockDevice> Pool<D> {
                 let blocks = (p.piece.data.len() as u64).div_ceil(stria_dev::BLOCK_BYTES);
                 written.push((slot, (p.piece.target_block, blocks)));
                 if let Err(e) =
-                    drive.write_with_crcs(p.piece.target_block, p.piece.data.clone(), &p.crcs).await
+                    drive.write_with_crcs(p.piece.target_block, p.piece.data.clone(), &p.piece.crcs).await
                 {
                     self.core.drive_error(slot, "journal replay write failed", &e).await?;
                 }

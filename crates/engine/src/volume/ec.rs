@@ -821,6 +821,8 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
     ) -> Result<(), VolumeError> {
         let pieces: Vec<Piece> =
             pieces.into_iter().filter(|p| seg.members[p.member].usable(sw.row)).collect();
+        // Each block's checksum, computed once: for its journal record and its write in place.
+        let crcs: Vec<Vec<u32>> = pieces.iter().map(|p| JournalPiece::crcs_of(&p.data)).collect();
         let mut attempt = 0;
         let outcome = loop {
             let Some(txn_id) = self.host.next_txn_id(self.id) else {
@@ -835,7 +837,7 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
                 .iter()
                 .map(|p| u16::try_from(seg.members[p.member].drive.slot()).expect("slot fits"))
                 .collect();
-            let appends = pieces.iter().map(|p| {
+            let appends = pieces.iter().zip(&crcs).map(|(p, crcs)| {
                 let drive = &seg.members[p.member].drive;
                 let piece = JournalPiece {
                     txn_id,
@@ -843,6 +845,7 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
                     target_block: p.block,
                     piece_slots: slots.clone(),
                     data: p.data.clone(),
+                    crcs: crcs.clone(),
                 };
                 drive.journal_append(piece)
             });
@@ -903,9 +906,14 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
             self.host.txn_done(txn_id);
             return Err(e);
         }
-        let live: Vec<Piece> =
-            pieces.into_iter().zip(&journaled).filter(|(_, j)| **j).map(|(p, _)| p).collect();
-        let result = self.write_pieces(seg, sw, &live, &[], false).await;
+        let (live, live_crcs): (Vec<Piece>, Vec<Option<&[u32]>>) = pieces
+            .into_iter()
+            .zip(&crcs)
+            .zip(&journaled)
+            .filter(|(_, j)| **j)
+            .map(|((p, c), _)| (p, Some(&c[..])))
+            .unzip();
+        let result = self.write_pieces(seg, sw, &live, &live_crcs, false).await;
         // Every piece is in place (or its drive is failed): the transaction is applied.
         self.host.txn_done(txn_id);
         result
