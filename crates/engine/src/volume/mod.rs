@@ -360,6 +360,28 @@ where
 {
     /// [`Volume::read`].
     async fn read_in(&self, offset_bytes: u64, len_bytes: usize) -> Result<IoBuf, VolumeError> {
+        self.read_span_in(offset_bytes, len_bytes, None).await
+    }
+
+    /// [`Volume::read_with_crcs`] (whole blocks: the caller checked).
+    async fn read_with_crcs_in(
+        &self,
+        offset_bytes: u64,
+        len_bytes: usize,
+    ) -> Result<(IoBuf, Vec<u32>), VolumeError> {
+        let mut crcs = vec![0u32; len_bytes / BLOCK_USIZE];
+        let buf = self.read_span_in(offset_bytes, len_bytes, Some(&mut crcs)).await?;
+        Ok((buf, crcs))
+    }
+
+    /// Reads `len_bytes` at `offset_bytes`; with `crcs`, a whole-block range whose blocks'
+    /// checksums are set too.
+    async fn read_span_in(
+        &self,
+        offset_bytes: u64,
+        len_bytes: usize,
+        crcs: Option<&mut [u32]>,
+    ) -> Result<IoBuf, VolumeError> {
         // Reads hold a pass too: a read that finds a bad block rewrites it.
         let _op = self.enter_op()?;
         let map = self.map.load_full();
@@ -371,25 +393,8 @@ where
         }
         let span = Span::new(offset_bytes, len_bytes as u64);
         let buf = IoBuf::zeroed(span.whole_len());
-        let buf = self.read_blocks_in(&map, span.first, buf, false, None).await?;
+        let buf = self.read_blocks_in(&map, span.first, buf, false, crcs).await?;
         Ok(span.clip(buf))
-    }
-
-    /// [`Volume::read_with_crcs`].
-    async fn read_with_crcs_in(
-        &self,
-        offset_bytes: u64,
-        len_bytes: usize,
-    ) -> Result<(IoBuf, Vec<u32>), VolumeError> {
-        let _op = self.enter_op()?;
-        let map = self.map.load_full();
-        self.check_range_in(&map, offset_bytes, len_bytes as u64)?;
-        self.counters.read_ops.fetch_add(1, Relaxed);
-        self.counters.read_bytes.fetch_add(len_bytes as u64, Relaxed);
-        let mut crcs = vec![0u32; len_bytes / BLOCK_USIZE];
-        let buf = IoBuf::zeroed(len_bytes);
-        let buf = self.read_blocks_in(&map, offset_bytes / BLOCK_BYTES, buf, false, Some(&mut crcs)).await?;
-        Ok((buf, crcs))
     }
 
     /// Reads whole blocks from logical block `lb` into `buf`. With `locked`, the caller already
