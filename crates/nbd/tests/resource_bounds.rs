@@ -18,8 +18,31 @@ use tokio::net::UnixStream;
 
 const MIB: usize = 1 << 20;
 
-fn socket_path(tag: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("stria-nbd-bounds-{}-{tag}.sock", std::process::id()))
+/// A socket's path in the temporary directory, removed when dropped: a test that fails leaves
+/// no file behind.
+struct SocketPath(PathBuf);
+
+impl Drop for SocketPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+impl std::ops::Deref for SocketPath {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for SocketPath {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+fn socket_path(tag: &str) -> SocketPath {
+    SocketPath(std::env::temp_dir().join(format!("stria-nbd-bounds-{}-{tag}.sock", std::process::id())))
 }
 
 async fn unix_client(path: &Path) -> Client<UnixStream> {
