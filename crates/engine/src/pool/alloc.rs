@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use stria_dev::BLOCK_BYTES as BLOCK;
 
 use crate::error::EngineError;
-use crate::format::meta::{DriveClass, DriveState, Layout, MemberRecord, PoolMeta};
+use crate::format::meta::{DriveClass, DriveState, Layout, MemberRecord, PoolMeta, SegmentRecord};
 use crate::units::format_size;
 
 /// A volume is placed in units (docs/design/pool-growth.md, "Placement units"): segments whose
@@ -37,6 +37,75 @@ pub(crate) fn unit_blocks(meta: &PoolMeta, class: DriveClass) -> u64 {
 pub(crate) fn unit_rows(rows: u64, unit_rows: u64) -> impl Iterator<Item = u64> {
     let units = rows.div_ceil(unit_rows.max(1));
     (0..units).map(move |i| rows / units + u64::from(i < rows % units))
+}
+
+/// Rows of one placement unit of volume `v` when an existing segment of it is cut into units:
+/// [`unit_blocks`] in rows, and for ec a multiple of the member count, so that every row keeps
+/// the parity rotation it was written with (`row % members` is the same in the piece as in the
+/// whole; volume/map.rs `Geometry::ec_member`).
+/// Returns the unit and the step its pieces are a multiple of.
+fn split_unit_rows(meta: &PoolMeta, v: &crate::format::meta::VolumeRecord) -> (u64, u64) {
+    let unit = (unit_blocks(meta, v.class) / u64::from(v.chunk_blocks).max(1)).max(1);
+    let step = match v.layout {
+        Layout::Ec { .. } => u64::from(v.layout.members()),
+        _ => 1,
+    };
+    ((unit / step).max(1) * step, step)
+}
+
+/// Cuts every segment longer than a placement unit into units where it lies: the pieces keep
+/// their members' drives, and each member's extent is cut at the same rows, so every block
+/// stays where it is and is found at the same place through the new records (docs/design/
+/// pool-growth.md, "Old volumes cut into units"). Volumes made before placement units are one
+/// segment each; cut, the rebalance can move them a unit at a time. A segment with a member
+/// being rebuilt or moved, or on a drive that is not active, is left whole (its cursors count
+/// its rows): a later open cuts it. Returns the names of the volumes changed.
+pub(crate) fn split_into_units(meta: &mut PoolMeta) -> Vec<String> {
+    let units: Vec<(u64, u64)> = meta.volumes.iter().map(|v| split_unit_rows(meta, v)).collect();
+    let active: Vec<u32> =
+        meta.drives.iter().filter(|d| d.state == DriveState::Active).map(|d| d.slot).collect();
+    let mut changed = Vec::new();
+    for (v, (unit, step)) in meta.volumes.iter_mut().zip(units) {
+        let chunk = u64::from(v.chunk_blocks);
+        let whole = |seg: &SegmentRecord| {
+            seg.rows <= unit
+                || seg.members.iter().any(|m| {
+                    m.rebuild_cursor_rows.is_some()
+                        || m.move_to.is_some()
+                        || m.moved_from.is_some()
+                        || m.move_cursor_rows != 0
+                        || !active.contains(&m.slot)
+                })
+        };
+        if v.segments.iter().all(whole) {
+            continue;
+        }
+        let mut segments = Vec::with_capacity(v.segments.len());
+        for seg in std::mem::take(&mut v.segments) {
+            if whole(&seg) {
+                segments.push(seg);
+                continue;
+            }
+            // As equal as the step allows: pieces of `piece` rows (at most a unit, since the
+            // unit is a multiple of the step), the last one what is left.
+            let pieces = seg.rows.div_ceil(unit);
+            let piece = seg.rows.div_ceil(pieces).next_multiple_of(step);
+            let mut at = 0;
+            while at < seg.rows {
+                let rows = piece.min(seg.rows - at);
+                let members = seg
+                    .members
+                    .iter()
+                    .map(|m| MemberRecord::at(m.slot, m.start_block + at * chunk))
+                    .collect();
+                segments.push(SegmentRecord { rows, members });
+                at += rows;
+            }
+        }
+        v.segments = segments;
+        changed.push(v.name.clone());
+    }
+    changed
 }
 
 /// Used extents of drive `slot`, sorted: (start_block, len_blocks).
@@ -223,7 +292,7 @@ fn no_space(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::format::meta::{DriveErrors, DriveRecord, SegmentRecord, VolumeRecord, VolumeRole};
+    use crate::format::meta::{DriveErrors, DriveRecord, ExtentRecord, VolumeRecord, VolumeRole};
     use uuid::Uuid;
 
     pub(crate) fn meta(domains: &[&str]) -> PoolMeta {
@@ -316,5 +385,85 @@ pub(crate) mod tests {
         assert!(!can_extend(&m, 1, 1000, 0, 300, 701));
         let err = place(&m, Layout::Raid1 { copies: 2 }, DriveClass::Capacity, 800, &[]).unwrap_err();
         assert!(err.to_string().contains("not enough free space"), "{err}");
+    }
+
+    #[test]
+    fn old_segments_are_cut_into_units_where_they_lie() {
+        let mut m = meta(&["", "", "", "", "", "", ""]);
+        for d in &mut m.drives {
+            d.data_blocks = 1 << 20; // 4 GiB: units of 16 MiB (4,096 blocks, 256 rows of 16)
+        }
+        let ec = Layout::Ec { data_shards: 4, parity_shards: 2 };
+        let segment = |rows, base: u64| SegmentRecord {
+            rows,
+            members: (0..6).map(|i| MemberRecord::at(i, base + u64::from(i) * 7 * 4096)).collect(),
+        };
+        let volume = |id, name: &str, layout, segments| VolumeRecord {
+            id,
+            name: name.into(),
+            size_bytes: 0,
+            layout,
+            chunk_blocks: 16,
+            class: DriveClass::Capacity,
+            role: VolumeRole::Plain,
+            segments,
+        };
+        let mut moving = segment(700, 300_000);
+        moving.members[2].move_to = Some(ExtentRecord { slot: 6, start_block: 0 });
+        m.volumes.push(volume(1, "ec", ec, vec![segment(1000, 0), moving.clone()]));
+        m.volumes.push(volume(
+            2,
+            "mirror",
+            Layout::Raid1 { copies: 2 },
+            vec![SegmentRecord {
+                rows: 600,
+                members: vec![MemberRecord::at(5, 900_000), MemberRecord::at(6, 0)],
+            }],
+        ));
+        m.volumes.push(volume(3, "small", ec, vec![segment(252, 500_000)]));
+        let before = m.clone();
+        assert_eq!(split_into_units(&mut m), vec!["ec".to_string(), "mirror".to_string()]);
+        // ec: 252 rows a unit (256 rounded down to a multiple of 6), four pieces as equal as
+        // that allows; the moving segment whole; the mirror in three of 200.
+        let rows = |v: &VolumeRecord| v.segments.iter().map(|s| s.rows).collect::<Vec<_>>();
+        assert_eq!(rows(&m.volumes[0]), vec![252, 252, 252, 244, 700]);
+        assert_eq!(m.volumes[0].segments[4], moving);
+        assert_eq!(rows(&m.volumes[1]), vec![200, 200, 200]);
+        assert_eq!(m.volumes[2], before.volumes[2]);
+        // Every row of every member is where it was, and keeps its parity rotation.
+        for (old, new) in before.volumes.iter().zip(&m.volumes) {
+            let n = u64::from(old.layout.members());
+            let (mut first_old, mut first_new) = (0, 0);
+            let mut pieces = new.segments.iter().map(|s| {
+                let f = first_new;
+                first_new += s.rows;
+                (f, s)
+            });
+            let mut piece = pieces.next().unwrap();
+            for seg in &old.segments {
+                for row in 0..seg.rows {
+                    let at = first_old + row;
+                    while at >= piece.0 + piece.1.rows {
+                        piece = pieces.next().unwrap();
+                    }
+                    let in_piece = at - piece.0;
+                    assert_eq!(in_piece % n, row % n, "{}: row {at}", old.name);
+                    for (a, b) in seg.members.iter().zip(&piece.1.members) {
+                        assert_eq!(
+                            (a.slot, a.start_block + row * 16),
+                            (b.slot, b.start_block + in_piece * 16)
+                        );
+                    }
+                }
+                first_old += seg.rows;
+            }
+        }
+        for slot in 0..7 {
+            assert_eq!(free_extents(&m, slot, 1 << 20), free_extents(&before, slot, 1 << 20), "slot {slot}");
+        }
+        // Once cut, nothing more to cut.
+        let cut = m.clone();
+        assert!(split_into_units(&mut m).is_empty());
+        assert_eq!(m, cut);
     }
 }

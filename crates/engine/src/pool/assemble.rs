@@ -214,6 +214,7 @@ impl<D: BlockDevice> Pool<D> {
                 pool.core.drive_error(d.slot(), "journal header write failed", &e).await?;
             }
         }
+        pool.cut_old_segments_into_units().await?;
         Ok(pool)
     }
 }

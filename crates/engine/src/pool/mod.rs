@@ -356,6 +356,36 @@ impl<D: BlockDevice> Pool<D> {
         Ok(vol)
     }
 
+    /// Cuts the segments of volumes made before placement units into units where they lie
+    /// (`alloc::split_into_units`), so that the rebalance can move them a unit at a time. Run at
+    /// open, before any request can hold a run or stripe lock of the old segments. Only an
+    /// optimisation of placement: if the commit fails, the volumes stay as they were.
+    async fn cut_old_segments_into_units(&self) -> Result<(), EngineError> {
+        let cut = self
+            .core
+            .update(|m| {
+                let names = alloc::split_into_units(m);
+                let changed = !names.is_empty();
+                Ok((names, changed))
+            })
+            .await;
+        match cut {
+            Ok(names) => {
+                for name in names {
+                    let segments = self.core.meta().volume(&name).map_or(0, |v| v.segments.len());
+                    tracing::info!(volume = %name, segments, "volume made before placement units cut into units");
+                    // The handle's segments must be the record's: moves and rebuilds name
+                    // segments by their index in both.
+                    if self.volume(&name).is_some() {
+                        self.refresh_volume(&name)?;
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "old volumes not cut into placement units; they stay whole"),
+        }
+        Ok(())
+    }
+
     /// Re-reads a volume's members from the committed metadata (after a replace or resize).
     pub(crate) fn refresh_volume(&self, name: &str) -> Result<(), EngineError> {
         let meta = self.core.meta();
@@ -367,7 +397,15 @@ impl<D: BlockDevice> Pool<D> {
 
     /// Creates a volume.
     pub async fn create_volume(&self, spec: VolumeSpec) -> Result<Arc<Volume<D>>, EngineError> {
-        self.create_volume_with(spec, true).await
+        self.create_volume_with(spec, true, true).await
+    }
+
+    /// Creates a volume as builds before placement units did: one segment, each member one
+    /// extent of the whole member size. Only for tests of what open does with such volumes
+    /// (cuts them into units); not part of the API.
+    #[doc(hidden)]
+    pub async fn create_volume_whole(&self, spec: VolumeSpec) -> Result<Arc<Volume<D>>, EngineError> {
+        self.create_volume_with(spec, true, false).await
     }
 
     /// Creates a volume whose blocks are not made to read as zeros first: an extent reused from
@@ -377,10 +415,15 @@ impl<D: BlockDevice> Pool<D> {
     /// which verify every block against their own map); it spares the create a checksum-page
     /// write per 4 MiB of every member.
     pub async fn create_volume_unzeroed(&self, spec: VolumeSpec) -> Result<Arc<Volume<D>>, EngineError> {
-        self.create_volume_with(spec, false).await
+        self.create_volume_with(spec, false, true).await
     }
 
-    async fn create_volume_with(&self, spec: VolumeSpec, zero: bool) -> Result<Arc<Volume<D>>, EngineError> {
+    async fn create_volume_with(
+        &self,
+        spec: VolumeSpec,
+        zero: bool,
+        in_units: bool,
+    ) -> Result<Arc<Volume<D>>, EngineError> {
         check_volume_name(&spec.name)?;
         spec.layout.validate().map_err(EngineError::Invalid)?;
         let chunk = spec.chunk_bytes;
@@ -404,7 +447,10 @@ impl<D: BlockDevice> Pool<D> {
                 }
                 // In placement units, each placed against the free space the ones before left
                 // (docs/design/pool-growth.md, "Placement units").
-                let unit = (alloc::unit_blocks(m, spec2.class) / u64::from(chunk_blocks)).max(1);
+                let unit = match in_units {
+                    true => (alloc::unit_blocks(m, spec2.class) / u64::from(chunk_blocks)).max(1),
+                    false => rows,
+                };
                 m.volumes.push(VolumeRecord {
                     id: m.next_volume_id,
                     name: spec2.name.clone(),
