@@ -25,6 +25,8 @@ Streams (`--modes`):
 mean) goes round the cache once more instead (a fast-tier write, printed as re-cached), while
 such blocks are under F of the cache: whether keeping hot blocks in the cache longer would save
 capacity writes (docs/design/log-structured-volumes.md, "GC that knows temperature").
+`--mean destaged`: the running mean the temperature rules compare intervals with is of the
+blocks destaged only (default `host`: of every host write, what stria does).
 Victims (`--policies`): greedy (fewest live blocks), cost-benefit (LFS's (1-u)*age/(1+u), age of a
 segment = host writes since the newest block it holds was written); with the split modes also
 split (GC takes from the class holding more than its share of the split of the space that
@@ -88,7 +90,8 @@ def best_split(dh, dc, rh, total):
     return best[1] if best else total * dh / max(dh + dc, 1)
 
 
-def run(workload, fill, mode, policy, n, seg, cache, warm, seed, thresh=1.0, survivors=None, keep=0.0):
+def run(workload, fill, mode, policy, n, seg, cache, warm, seed, thresh=1.0, survivors=None, keep=0.0,
+        by_destaged=False):
     survivors = survivors or {"hot": "ghot", "cold": "gcold"}
     draw, hot = picker(workload, n, random.Random(seed))
     segments = int(n / fill / seg)
@@ -101,7 +104,7 @@ def run(workload, fill, mode, policy, n, seg, cache, warm, seed, thresh=1.0, sur
     open_seg = {}  # stream -> segment
     cached = OrderedDict()  # block -> rewrite interval of the version it replaced
     last = {}  # block -> host write clock of its current version
-    clock, mean = [0], [float(n)]
+    clock, mean, dmean = [0], [float(n)], [float(n)]
     moved, destaged, recached = [0], [0], [0]
     kept = set()  # blocks re-cached once since their last host write
     rate = {"hot": 0.0, "cold": 0.0}
@@ -173,17 +176,20 @@ def run(workload, fill, mode, policy, n, seg, cache, warm, seed, thresh=1.0, sur
             recached[0] += 1
             b, interval = cached.popitem(last=False)
         kept.discard(b)
+        if interval != float("inf"):
+            dmean[0] += (interval - dmean[0]) / 4096
+        ref = dmean[0] if by_destaged else mean[0]
         if mode == "base":
             stream = "host"
         elif mode == "split-oracle":
             stream = "hot" if b in hot else "cold"
         elif mode == "split":
-            stream = "hot" if interval < mean[0] * thresh else "cold"
+            stream = "hot" if interval < ref * thresh else "cold"
         elif mode == "split2":
             # Short interval, and the version replaced was hot too (or the interval was very short).
             was_hot = b in home and klass(home[b]) == "hot"
-            short = interval < mean[0] * thresh
-            stream = "hot" if short and (was_hot or interval < mean[0] * thresh / 4) else "cold"
+            short = interval < ref * thresh
+            stream = "hot" if short and (was_hot or interval < ref * thresh / 4) else "cold"
         elif mode == "oracle":
             stream = "hot" if b in hot else "cold"
         else:
@@ -234,12 +240,13 @@ def main():
     ap.add_argument("--thresh", type=float, default=1.0)
     ap.add_argument("--hot-survivors", default="ghot")
     ap.add_argument("--keep", type=float, default=0.0)
+    ap.add_argument("--mean", default="host", choices=["host", "destaged"])
     a = ap.parse_args()
     for mode in a.modes.split(","):
         for policy in a.policies.split(","):
             d, m, r = run(a.workload, a.fill, mode, policy, a.blocks, a.segment, a.cache, a.warm, a.seed,
-                          a.thresh, {"hot": a.hot_survivors, "cold": "gcold"}, a.keep)
-            print(f"{a.workload} fill {a.fill} {mode:6} {policy:12} keep {a.keep}: destaged {d:.3f}, GC moved {m:.3f}, "
+                          a.thresh, {"hot": a.hot_survivors, "cold": "gcold"}, a.keep, a.mean == "destaged")
+            print(f"{a.workload} fill {a.fill} {mode:6} {policy:12} keep {a.keep} mean {a.mean}: destaged {d:.3f}, GC moved {m:.3f}, "
                   f"total {d + m:.3f} per host write, re-cached {r:.3f}", flush=True)
 
 
