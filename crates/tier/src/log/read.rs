@@ -58,9 +58,12 @@ impl<D: BlockDevice> LogVolume<D> {
         first: u64,
         n: u64,
     ) -> Result<IoBuf, VolumeError> {
+        let mut entries = self.entries_in(view, first, n).await?;
+        if let Some(buf) = self.read_one_run(&entries).await? {
+            return Ok(buf);
+        }
         let mut out = IoBuf::zeroed((n * BLOCK_BYTES) as usize);
         let mut pending: Vec<u64> = (0..n).collect();
-        let mut entries = self.entries_in(view, first, n).await?;
         for attempt in 0..READ_ATTEMPTS {
             if attempt > 0 {
                 self.counters.read_retries.fetch_add(1, Relaxed);
@@ -156,6 +159,40 @@ impl<D: BlockDevice> LogVolume<D> {
         Err(self.unrecoverable(first + pending[0], "the block kept moving under the read"))
     }
 
+    /// The common case of [`Self::read_view`]'s first attempt: blocks that are one run (a small
+    /// read, a sequential one), read with one part read and returned in that read's buffer (no
+    /// copy, none of the general path's bookkeeping). `None` when they are not one run, or when
+    /// anything needs the general path (a segment read that failed, a block whose checksum is not
+    /// its entry's: moved under the read, or corrupt), which then reads them again.
+    async fn read_one_run(&self, entries: &[MapEntry]) -> Result<Option<IoBuf>, VolumeError> {
+        let n = entries.len() as u64;
+        let Some(place) = one_run(entries, self.ring.ring_blocks()) else { return Ok(None) };
+        let len = (n * BLOCK_BYTES) as usize;
+        let (buf, crcs) = match place {
+            Place::Unallocated | Place::Zero => return Ok(Some(IoBuf::zeroed(len))),
+            Place::Cache(p) => {
+                // One part read: `one_run` never joins across the ring's end.
+                debug_assert!(self.ring.block_of(p) + n <= self.ring.ring_blocks());
+                self.counters.blocks_read_from_cache.fetch_add(n, Relaxed);
+                self.parts.cache.read_with_crcs(self.ring.block_of(p) * BLOCK_BYTES, len).await?
+            }
+            Place::Segment(a) => match self.parts.seg.read_with_crcs(a * BLOCK_BYTES, len).await {
+                Ok(got) => {
+                    self.counters.blocks_read_from_segments.fetch_add(n, Relaxed);
+                    got
+                }
+                Err(_) => return Ok(None),
+            },
+        };
+        for (j, (crc, e)) in crcs.iter().zip(entries).enumerate() {
+            debug_assert_eq!(*crc, block_crc(&buf[j * BLOCK_BYTES as usize..(j + 1) * BLOCK_BYTES as usize]));
+            if *crc != e.crc {
+                return Ok(None);
+            }
+        }
+        Ok(Some(buf))
+    }
+
     /// Allocation map: unallocated and zeroed blocks are holes.
     pub async fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<Extent>, VolumeError> {
         self.check_range(offset_bytes, len_bytes)?;
@@ -212,6 +249,24 @@ impl Run {
     pub(super) fn len_bytes(&self) -> usize {
         (self.count * BLOCK_BYTES) as usize
     }
+}
+
+/// The place of the first of `entries` when all of them (consecutive blocks) are one run, as
+/// [`runs`] groups them; `None` otherwise (or when there are none).
+fn one_run(entries: &[MapEntry], ring: u64) -> Option<Place> {
+    let first = entries.first()?.place;
+    for (k, e) in (0u64..).zip(entries).skip(1) {
+        let joins = match (first, e.place) {
+            (Place::Cache(a), Place::Cache(b)) => b == a + k && !b.is_multiple_of(ring),
+            (Place::Segment(a), Place::Segment(b)) => b == a + k,
+            (Place::Unallocated | Place::Zero, Place::Unallocated | Place::Zero) => true,
+            _ => false,
+        };
+        if !joins {
+            return None;
+        }
+    }
+    Some(first)
 }
 
 /// Groups `pending` blocks (with their `entries`) into runs readable with one part read: zeros,
