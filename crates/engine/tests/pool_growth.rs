@@ -324,23 +324,49 @@ fn spread(pool: &Pool<Dev>) -> (Vec<u64>, f64) {
     (used, worst)
 }
 
+/// A 1 GiB fault drive on `switch` (the spread tests' drives: units of 16 MiB).
+fn gib_drive(name: &str, seed: u64, switch: &Arc<PowerSwitch>) -> Dev {
+    Arc::new(stria_dev::FaultDevice::new(name, 1 << 30, seed).with_power_switch(Arc::clone(switch)))
+}
+
+/// Writes a random block in every 8 MiB of volume `name` (`size` bytes), noting each in `written`.
+async fn write_every_8_mib(
+    vol: &stria_engine::Volume<Dev>,
+    size: u64,
+    r: &mut rand_chacha::ChaCha8Rng,
+    written: &mut Vec<(String, u64, Vec<u8>)>,
+) {
+    for at in (0..size).step_by(8 << 20) {
+        let at = at + r.random_range(0..(8u64 << 20) / 4096) * 4096;
+        let data = random_bytes(r, 4096);
+        vol.write(at, stria_dev::IoBytes::copy_from(&data), false).await.expect("write");
+        written.push((vol.name().to_string(), at, data));
+    }
+}
+
+/// Rebalances `pool` (a rebalance asked for first) and checks that every active drive ends
+/// within 5 % of the mean; `what` names the step in the messages.
+async fn rebalance_within_five_percent(pool: &Pool<Dev>, what: &str) {
+    pool.request_rebalance(0).await.expect("request");
+    let report = pool.rebalance(|_| {}).await.expect("rebalance");
+    let (used, worst) = spread(pool);
+    assert!(
+        report.stuck.is_none() && worst <= 0.05,
+        "{what}: {used:?}, {:.1} % from the mean",
+        worst * 100.0
+    );
+    eprintln!("{what}: {} moves, used {used:?}, {:.1} % from the mean at most", report.moves, worst * 100.0);
+}
+
 /// Issue 39: volumes are placed in units (segments whose members are at most a 256th of a
 /// drive, 16 MiB at least: docs/design/pool-growth.md, "Placement units"), so three volumes
 /// whose whole members (64-128 MiB) could not even out 8 or 7 drives do, within 5 %, after two
 /// drives are added and after one is drained; a growth adds units; the data stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volumes_placed_in_units_even_out_within_five_percent() {
-    const DRIVE: u64 = 1 << 30;
     const UNIT: u64 = 16 << 20;
     let switch = PowerSwitch::new();
-    let devs: Vec<Dev> = (0..6)
-        .map(|i| {
-            Arc::new(
-                stria_dev::FaultDevice::new(&format!("d{i}"), DRIVE, 500 + i)
-                    .with_power_switch(Arc::clone(&switch)),
-            )
-        })
-        .collect();
+    let devs: Vec<Dev> = (0..6).map(|i| gib_drive(&format!("d{i}"), 500 + i, &switch)).collect();
     let pool = create_pool(&devs).await;
     let ec = Layout::Ec { data_shards: 4, parity_shards: 2 };
     let sizes = [256u64 << 20, 384 << 20, 512 << 20];
@@ -358,13 +384,7 @@ async fn volumes_placed_in_units_even_out_within_five_percent() {
             rec.segments.len()
         );
         assert!(rec.segments.iter().all(|s| s.rows * (64 << 10) <= UNIT), "{name}");
-        // A block of data in every 8 MiB of the volume.
-        for at in (0..size).step_by(8 << 20) {
-            let at = at + r.random_range(0..(8u64 << 20) / 4096) * 4096;
-            let data = random_bytes(&mut r, 4096);
-            vol.write(at, stria_dev::IoBytes::copy_from(&data), false).await.expect("write");
-            written.push((name.clone(), at, data));
-        }
+        write_every_8_mib(&vol, size, &mut r, &mut written).await;
     }
     let verify = |pool: &Pool<Dev>, what: &str| {
         let what = what.to_string();
@@ -378,25 +398,10 @@ async fn volumes_placed_in_units_even_out_within_five_percent() {
         }
     };
     for j in 0..2 {
-        let d = Arc::new(
-            stria_dev::FaultDevice::new(&format!("added{j}"), DRIVE, 600 + j)
-                .with_power_switch(Arc::clone(&switch)),
-        );
+        let d = gib_drive(&format!("added{j}"), 600 + j, &switch);
         pool.add_drive(new_drive(&d, DriveClass::Capacity, "")).await.expect("add");
     }
-    pool.request_rebalance(0).await.expect("request");
-    let report = pool.rebalance(|_| {}).await.expect("rebalance");
-    let (used, worst) = spread(&pool);
-    assert!(
-        report.stuck.is_none() && worst <= 0.05,
-        "after the growth: {used:?}, {:.1} % from the mean",
-        worst * 100.0
-    );
-    eprintln!(
-        "after adding 2 drives: {} moves, used {used:?}, {:.1} % from the mean at most",
-        report.moves,
-        worst * 100.0
-    );
+    rebalance_within_five_percent(&pool, "after adding 2 drives").await;
     verify(&pool, "after the growth").await;
     // A growth comes in units too.
     pool.resize_volume("v0", 320 << 20).await.expect("grow");
@@ -408,20 +413,8 @@ async fn volumes_placed_in_units_even_out_within_five_percent() {
     );
     // As `drive remove` does: the drain, and a rebalance asked for.
     pool.drain_drive(0).await.expect("drain");
-    pool.request_rebalance(0).await.expect("request");
-    let report = pool.rebalance(|_| {}).await.expect("drain and rebalance");
+    rebalance_within_five_percent(&pool, "after draining drive 0").await;
     assert_eq!(pool.drained(), vec![0], "drive 0 is empty");
-    let (used, worst) = spread(&pool);
-    assert!(
-        report.stuck.is_none() && worst <= 0.05,
-        "after the drain: {used:?}, {:.1} % from the mean",
-        worst * 100.0
-    );
-    eprintln!(
-        "after draining drive 0: {} moves, used {used:?}, {:.1} % from the mean at most",
-        report.moves,
-        worst * 100.0
-    );
     verify(&pool, "after the drain").await;
     pool.close().await.expect("close");
 }
@@ -526,16 +519,8 @@ async fn volumes_made_whole_are_cut_into_units_at_open_on_every_layout() {
 /// open has cut them into units: within 5 % after the rebalance, the data as written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volumes_made_whole_even_out_within_five_percent_once_cut() {
-    const DRIVE: u64 = 1 << 30;
     let switch = PowerSwitch::new();
-    let devs: Vec<Dev> = (0..6)
-        .map(|i| {
-            Arc::new(
-                stria_dev::FaultDevice::new(&format!("d{i}"), DRIVE, 700 + i)
-                    .with_power_switch(Arc::clone(&switch)),
-            )
-        })
-        .collect();
+    let devs: Vec<Dev> = (0..6).map(|i| gib_drive(&format!("d{i}"), 700 + i, &switch)).collect();
     let pool = create_pool(&devs).await;
     let ec = Layout::Ec { data_shards: 4, parity_shards: 2 };
     let mut r = rng(77);
@@ -543,35 +528,15 @@ async fn volumes_made_whole_even_out_within_five_percent_once_cut() {
     for (i, size) in [256u64 << 20, 384 << 20, 512 << 20].into_iter().enumerate() {
         let name = format!("v{i}");
         let vol = pool.create_volume_whole(spec(&name, size, ec, 64 << 10)).await.expect("create");
-        for at in (0..size).step_by(8 << 20) {
-            let at = at + r.random_range(0..(8u64 << 20) / 4096) * 4096;
-            let data = random_bytes(&mut r, 4096);
-            vol.write(at, stria_dev::IoBytes::copy_from(&data), false).await.expect("write");
-            written.push((name.clone(), at, data));
-        }
+        write_every_8_mib(&vol, size, &mut r, &mut written).await;
     }
     pool.close().await.expect("close");
     let pool = open_pool(&devs).await.expect("reopen");
     for j in 0..2 {
-        let d = Arc::new(
-            stria_dev::FaultDevice::new(&format!("added{j}"), DRIVE, 800 + j)
-                .with_power_switch(Arc::clone(&switch)),
-        );
+        let d = gib_drive(&format!("added{j}"), 800 + j, &switch);
         pool.add_drive(new_drive(&d, DriveClass::Capacity, "")).await.expect("add");
     }
-    pool.request_rebalance(0).await.expect("request");
-    let report = pool.rebalance(|_| {}).await.expect("rebalance");
-    let (used, worst) = spread(&pool);
-    assert!(
-        report.stuck.is_none() && worst <= 0.05,
-        "after the growth: {used:?}, {:.1} % from the mean",
-        worst * 100.0
-    );
-    eprintln!(
-        "old volumes cut, 2 drives added: {} moves, used {used:?}, {:.1} % from the mean",
-        report.moves,
-        worst * 100.0
-    );
+    rebalance_within_five_percent(&pool, "old volumes cut, 2 drives added").await;
     for (name, at, data) in &written {
         let got = pool.volume(name).expect("volume").read(*at, 4096).await.expect("read");
         assert!(got[..] == data[..], "{name} at {at}");
