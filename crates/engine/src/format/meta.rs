@@ -259,6 +259,12 @@ impl MemberRecord {
         }
     }
 
+    /// True while the member is being moved or its old extent is still reserved (its records
+    /// count the rows of its segment as it is).
+    pub fn in_motion(&self) -> bool {
+        self.move_to.is_some() || self.moved_from.is_some()
+    }
+
     /// Ends the member's move, if any (its destination and cursor); returns the destination.
     pub fn take_move(&mut self) -> Option<ExtentRecord> {
         self.move_cursor_rows = 0;

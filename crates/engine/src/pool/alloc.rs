@@ -33,19 +33,23 @@ pub(crate) fn unit_blocks(meta: &PoolMeta, class: DriveClass) -> u64 {
     (mean / UNITS_PER_DRIVE).max(UNIT_MIN_BYTES / BLOCK)
 }
 
+/// Rows of one placement unit of a volume of `chunk_blocks` chunks on `class` drives (at least 1).
+pub(crate) fn rows_per_unit(meta: &PoolMeta, class: DriveClass, chunk_blocks: u64) -> u64 {
+    (unit_blocks(meta, class) / chunk_blocks.max(1)).max(1)
+}
+
 /// `rows` rows in units of at most `unit_rows`, as equal as can be (the first ones a row longer).
 pub(crate) fn unit_rows(rows: u64, unit_rows: u64) -> impl Iterator<Item = u64> {
     let units = rows.div_ceil(unit_rows.max(1));
     (0..units).map(move |i| rows / units + u64::from(i < rows % units))
 }
 
-/// Rows of one placement unit of volume `v` when an existing segment of it is cut into units:
-/// [`unit_blocks`] in rows, and for ec a multiple of the member count, so that every row keeps
-/// the parity rotation it was written with (`row % members` is the same in the piece as in the
-/// whole; volume/map.rs `Geometry::ec_member`).
-/// Returns the unit and the step its pieces are a multiple of.
+/// The unit in rows when an existing segment of volume `v` is cut into units, and the step its
+/// pieces are a multiple of: for ec the member count, so that every row keeps the parity
+/// rotation it was written with (`row % members` is the same in the piece as in the whole;
+/// volume/map.rs `Geometry::ec_member`); the unit is rounded down to a multiple of the step.
 fn split_unit_rows(meta: &PoolMeta, v: &crate::format::meta::VolumeRecord) -> (u64, u64) {
-    let unit = (unit_blocks(meta, v.class) / u64::from(v.chunk_blocks).max(1)).max(1);
+    let unit = rows_per_unit(meta, v.class, u64::from(v.chunk_blocks));
     let step = match v.layout {
         Layout::Ec { .. } => u64::from(v.layout.members()),
         _ => 1,
@@ -69,13 +73,10 @@ pub(crate) fn split_into_units(meta: &mut PoolMeta) -> Vec<String> {
         let chunk = u64::from(v.chunk_blocks);
         let whole = |seg: &SegmentRecord| {
             seg.rows <= unit
-                || seg.members.iter().any(|m| {
-                    m.rebuild_cursor_rows.is_some()
-                        || m.move_to.is_some()
-                        || m.moved_from.is_some()
-                        || m.move_cursor_rows != 0
-                        || !active.contains(&m.slot)
-                })
+                || seg
+                    .members
+                    .iter()
+                    .any(|m| m.rebuild_cursor_rows.is_some() || m.in_motion() || !active.contains(&m.slot))
         };
         if v.segments.iter().all(whole) {
             continue;

@@ -448,7 +448,7 @@ impl<D: BlockDevice> Pool<D> {
                 // In placement units, each placed against the free space the ones before left
                 // (docs/design/pool-growth.md, "Placement units").
                 let unit = match in_units {
-                    true => (alloc::unit_blocks(m, spec2.class) / u64::from(chunk_blocks)).max(1),
+                    true => alloc::rows_per_unit(m, spec2.class, u64::from(chunk_blocks)),
                     false => rows,
                 };
                 m.volumes.push(VolumeRecord {
@@ -914,7 +914,7 @@ impl<D: BlockDevice> Pool<D> {
 fn grow_rows(meta: &mut PoolMeta, next: &mut VolumeRecord, mut extra: u64) -> Result<(), EngineError> {
     let chunk = u64::from(next.chunk_blocks);
     let (layout, class) = (next.layout, next.class);
-    let unit = (alloc::unit_blocks(meta, class) / chunk).max(1);
+    let unit = alloc::rows_per_unit(meta, class, chunk);
     // The last segment grows in place while it stays within a unit (docs/design/pool-growth.md,
     // "Placement units"); the rest comes in new units.
     let last = next.segments.last_mut().expect("a volume has a segment");

@@ -214,7 +214,7 @@ impl<D: BlockDevice> Pool<D> {
     pub fn rebalance_pending(&self) -> bool {
         let meta = self.core.meta();
         let mut members = meta.volumes.iter().flat_map(|v| &v.segments).flat_map(|s| &s.members);
-        if members.any(|m| m.move_to.is_some() || m.moved_from.is_some()) {
+        if members.any(|m| m.in_motion()) {
             return true;
         }
         if self.rebuild_pending() {

@@ -21,10 +21,6 @@ impl<D: BlockDevice> LogVolume<D> {
         first: u64,
         n: u64,
     ) -> Result<Vec<MapEntry>, VolumeError> {
-        if n == 1 && view.is_none() {
-            // A 4 KiB read of the head: one page lookup, none of `get_many`'s lists.
-            return self.map.get(first).await.map(|e| vec![e]).map_err(|e| map_error(&self.name, e));
-        }
         let blocks: Vec<u64> = (first..first + n).collect();
         match view {
             None => self.map.get_many(&blocks).await,

@@ -76,47 +76,28 @@ impl<D: BlockDevice> LogVolume<D> {
             let mut bad = Vec::new();
             let (pending_ref, entries_ref) = (&pending, &entries);
             let reads = runs(&pending, &entries, self.ring.ring_blocks()).into_iter().map(|run| async move {
-                let buf = match run.place {
-                    Place::Cache(p) => {
-                        // One part read: a run never crosses the ring's end.
-                        assert!(
-                            self.ring.block_of(p) + run.count <= self.ring.ring_blocks(),
-                            "volume {}: a read of {} cached blocks from position {p} crosses the ring's end",
-                            self.name,
-                            run.count
-                        );
-                        self.counters.blocks_read_from_cache.fetch_add(run.count, Relaxed);
-                        Some(
-                            self.parts
-                                .cache
-                                .read_with_crcs(self.ring.block_of(p) * BLOCK_BYTES, run.len_bytes())
-                                .await?,
-                        )
-                    }
-                    Place::Segment(a) => {
-                        self.counters.blocks_read_from_segments.fetch_add(run.count, Relaxed);
-                        match self.parts.seg.read_with_crcs(a * BLOCK_BYTES, run.len_bytes()).await {
-                            Ok(got) => Some(got),
-                            // GC may have emptied the segment and given it back to the pool
-                            // under this read: its blocks are read again if an entry moved.
-                            Err(e) => {
-                                let ks = run.first_k..run.first_k + run.count as usize;
-                                let blocks: Vec<u64> = ks.clone().map(|k| first + pending_ref[k]).collect();
-                                let now = match view {
-                                    None => self.map.get_many(&blocks).await,
-                                    Some(layer) => self.map.get_in(layer, &blocks).await,
-                                }
-                                .map_err(|e| map_error(&self.name, e))?;
-                                if now.iter().zip(&entries_ref[ks]).all(|(a, b)| a == b) {
-                                    return Err(e);
-                                }
-                                return Ok((run, Got::Moved));
-                            }
+                let got = match self.read_place(run.place, run.count).await {
+                    None => Got::Zeros,
+                    Some(Ok((buf, crcs))) => Got::Data(buf, crcs),
+                    // A cache read has no one to race with: its error is the read's.
+                    Some(Err(e)) if matches!(run.place, Place::Cache(_)) => return Err(e),
+                    // GC may have emptied the segment and given it back to the pool under this
+                    // read: its blocks are read again if an entry moved.
+                    Some(Err(e)) => {
+                        let ks = run.first_k..run.first_k + run.count as usize;
+                        let blocks: Vec<u64> = ks.clone().map(|k| first + pending_ref[k]).collect();
+                        let now = match view {
+                            None => self.map.get_many(&blocks).await,
+                            Some(layer) => self.map.get_in(layer, &blocks).await,
                         }
+                        .map_err(|e| map_error(&self.name, e))?;
+                        if now.iter().zip(&entries_ref[ks]).all(|(a, b)| a == b) {
+                            return Err(e);
+                        }
+                        Got::Moved
                     }
-                    Place::Unallocated | Place::Zero => None,
                 };
-                Ok::<_, VolumeError>((run, buf.map_or(Got::Zeros, |(b, c)| Got::Data(b, c))))
+                Ok::<_, VolumeError>((run, got))
             });
             for (run, got) in join_all_ok(reads).await? {
                 for j in 0..run.count {
@@ -167,22 +148,11 @@ impl<D: BlockDevice> LogVolume<D> {
     async fn read_one_run(&self, entries: &[MapEntry]) -> Result<Option<IoBuf>, VolumeError> {
         let n = entries.len() as u64;
         let Some(place) = one_run(entries, self.ring.ring_blocks()) else { return Ok(None) };
-        let len = (n * BLOCK_BYTES) as usize;
-        let (buf, crcs) = match place {
-            Place::Unallocated | Place::Zero => return Ok(Some(IoBuf::zeroed(len))),
-            Place::Cache(p) => {
-                // One part read: `one_run` never joins across the ring's end.
-                debug_assert!(self.ring.block_of(p) + n <= self.ring.ring_blocks());
-                self.counters.blocks_read_from_cache.fetch_add(n, Relaxed);
-                self.parts.cache.read_with_crcs(self.ring.block_of(p) * BLOCK_BYTES, len).await?
-            }
-            Place::Segment(a) => match self.parts.seg.read_with_crcs(a * BLOCK_BYTES, len).await {
-                Ok(got) => {
-                    self.counters.blocks_read_from_segments.fetch_add(n, Relaxed);
-                    got
-                }
-                Err(_) => return Ok(None),
-            },
+        let (buf, crcs) = match self.read_place(place, n).await {
+            None => return Ok(Some(IoBuf::zeroed((n * BLOCK_BYTES) as usize))),
+            Some(Ok(got)) => got,
+            Some(Err(e)) if matches!(place, Place::Cache(_)) => return Err(e),
+            Some(Err(_)) => return Ok(None),
         };
         for (j, (crc, e)) in crcs.iter().zip(entries).enumerate() {
             debug_assert_eq!(*crc, block_crc(&buf[j * BLOCK_BYTES as usize..(j + 1) * BLOCK_BYTES as usize]));
@@ -191,6 +161,28 @@ impl<D: BlockDevice> LogVolume<D> {
             }
         }
         Ok(Some(buf))
+    }
+
+    /// One part read of `count` blocks at `place` (one run: never across the ring's end), with
+    /// the checksum each was verified against by its drive; `None` for zeros.
+    async fn read_place(&self, place: Place, count: u64) -> Option<Result<(IoBuf, Vec<u32>), VolumeError>> {
+        let len = (count * BLOCK_BYTES) as usize;
+        Some(match place {
+            Place::Unallocated | Place::Zero => return None,
+            Place::Cache(p) => {
+                assert!(
+                    self.ring.block_of(p) + count <= self.ring.ring_blocks(),
+                    "volume {}: a read of {count} cached blocks from position {p} crosses the ring's end",
+                    self.name
+                );
+                self.counters.blocks_read_from_cache.fetch_add(count, Relaxed);
+                self.parts.cache.read_with_crcs(self.ring.block_of(p) * BLOCK_BYTES, len).await
+            }
+            Place::Segment(a) => {
+                self.counters.blocks_read_from_segments.fetch_add(count, Relaxed);
+                self.parts.seg.read_with_crcs(a * BLOCK_BYTES, len).await
+            }
+        })
     }
 
     /// Allocation map: unallocated and zeroed blocks are holes.
@@ -245,28 +237,21 @@ pub(super) struct Run {
     place: Place,
 }
 
-impl Run {
-    pub(super) fn len_bytes(&self) -> usize {
-        (self.count * BLOCK_BYTES) as usize
-    }
-}
-
 /// The place of the first of `entries` when all of them (consecutive blocks) are one run, as
 /// [`runs`] groups them; `None` otherwise (or when there are none).
 fn one_run(entries: &[MapEntry], ring: u64) -> Option<Place> {
     let first = entries.first()?.place;
-    for (k, e) in (0u64..).zip(entries).skip(1) {
-        let joins = match (first, e.place) {
-            (Place::Cache(a), Place::Cache(b)) => b == a + k && !b.is_multiple_of(ring),
-            (Place::Segment(a), Place::Segment(b)) => b == a + k,
-            (Place::Unallocated | Place::Zero, Place::Unallocated | Place::Zero) => true,
-            _ => false,
-        };
-        if !joins {
-            return None;
-        }
+    (0u64..).zip(entries).skip(1).all(|(k, e)| joins(first, k, e.place, ring)).then_some(first)
+}
+
+/// Whether a block at `next` can follow a run of `count` blocks from `first` in one part read.
+fn joins(first: Place, count: u64, next: Place, ring: u64) -> bool {
+    match (first, next) {
+        (Place::Cache(a), Place::Cache(b)) => b == a + count && !b.is_multiple_of(ring),
+        (Place::Segment(a), Place::Segment(b)) => b == a + count,
+        (Place::Unallocated | Place::Zero, Place::Unallocated | Place::Zero) => true,
+        _ => false,
     }
-    Some(first)
 }
 
 /// Groups `pending` blocks (with their `entries`) into runs readable with one part read: zeros,
@@ -276,13 +261,7 @@ pub(super) fn runs(pending: &[u64], entries: &[MapEntry], ring: u64) -> Vec<Run>
     for (k, (&i, e)) in pending.iter().zip(entries).enumerate() {
         if let Some(last) = out.last_mut() {
             let follows = pending[last.first_k] + last.count == i;
-            let joins = match (last.place, e.place) {
-                (Place::Cache(a), Place::Cache(b)) => b == a + last.count && !b.is_multiple_of(ring),
-                (Place::Segment(a), Place::Segment(b)) => b == a + last.count,
-                (Place::Unallocated | Place::Zero, Place::Unallocated | Place::Zero) => true,
-                _ => false,
-            };
-            if follows && joins {
+            if follows && joins(last.place, last.count, e.place, ring) {
                 last.count += 1;
                 continue;
             }

@@ -529,6 +529,10 @@ impl<D: BlockDevice> MapStore<D> {
 
     /// The entries of `blocks`, their pages read [`READ_AHEAD`] at a time on misses.
     pub async fn get_many(&self, blocks: &[u64]) -> Result<Vec<MapEntry>, MapError> {
+        if let [block] = blocks {
+            // One block (a 4 KiB read): one page lookup, none of the lists below.
+            return Ok(vec![self.get(*block).await?]);
+        }
         let slots = self.pages_of(blocks).await?;
         Ok(blocks
             .iter()
