@@ -951,6 +951,16 @@ fn drain_fits(meta: &PoolMeta, slot: u32) -> Result<(), EngineError> {
         }
         let Some(&(vi, si, mi)) = left.first() else { return Ok(()) };
         let Some(p) = plan(&probe) else {
+            // Nothing movable is left: name a segment that cannot move now, if one is why.
+            if let Some((vi, si, why)) =
+                left.iter().find_map(|&(vi, si, _)| unmovable(&probe, vi, si).map(|why| (vi, si, why)))
+            {
+                let v = &probe.volumes[vi];
+                return Err(EngineError::Busy(format!(
+                    "drive {slot} cannot be emptied now: segment {si} of volume {} ({}) {why}",
+                    v.name, v.layout
+                )));
+            }
             let v = &probe.volumes[vi];
             return Err(EngineError::Placement(format!(
                 "drive {slot} cannot be emptied: volume {} ({}) needs its member {mi} of segment {si} on another \
@@ -969,6 +979,44 @@ fn drain_fits(meta: &PoolMeta, slot: u32) -> Result<(), EngineError> {
         m.slot = p.to;
         m.start_block = start;
     }
+}
+
+/// Why segment `si` of volume `vi` cannot be moved now ([`movable`] says no), for a refusal;
+/// `None` when it can.
+fn unmovable(meta: &PoolMeta, vi: usize, si: usize) -> Option<String> {
+    if movable(meta, vi, si) {
+        return None;
+    }
+    let v = &meta.volumes[vi];
+    let members = &v.segments[si].members;
+    if members.iter().any(|m| m.move_to.is_some()) {
+        return Some("is being moved (the daemon, or `pool rebalance` without one, finishes the move): try again when it is done".into());
+    }
+    if let Some((m, d)) = members
+        .iter()
+        .filter_map(|m| meta.drive(m.slot).map(|d| (m, d)))
+        .find(|(_, d)| d.state != DriveState::Active)
+    {
+        return Some(format!(
+            "has a member on drive {}, which is {}: replace that drive or bring it back first",
+            m.slot,
+            format!("{:?}", d.state).to_lowercase()
+        ));
+    }
+    // Members waiting for a rebuild: more of them in one group than the layout survives is data
+    // lost for good (a replaced drive of a raid0, say), which no rebuild will ever finish.
+    let waiting = |j: &usize| members[*j].rebuild_cursor_rows.is_some();
+    let lost = (0..members.len())
+        .any(|mi| group(v.layout, members.len(), mi).filter(waiting).count() > v.layout.tolerance() as usize);
+    Some(if lost {
+        format!(
+            "has lost more members than its layout survives (its data there is gone and no rebuild can restore \
+             it): delete volume {} first, or keep the drive",
+            v.name
+        )
+    } else {
+        "has a member being rebuilt: empty the drive once the rebuild is done".into()
+    })
 }
 
 /// Why a drain cannot go on (no member of the draining drives is movable now).
@@ -1064,6 +1112,38 @@ mod tests {
         full.drives[3].draining = true;
         let e = drain_fits(&full, 3).unwrap_err().to_string();
         assert!(e.contains("volume w") && e.contains("cannot be emptied"), "{e}");
+    }
+
+    #[test]
+    fn a_drain_held_up_by_a_segment_that_cannot_move_says_why() {
+        // Found by the crash sequences (seed 10734): a raid0:1 volume whose drive was replaced
+        // has a member waiting for a rebuild that can never come; a drain of its drive, with an
+        // empty drive added, was refused as if no drive had room.
+        let mut m = pool(8, 1000);
+        let ec = Layout::Ec { data_shards: 4, parity_shards: 2 };
+        volume(&mut m, "v", ec, &[0, 1, 2, 3, 4, 5], 100);
+        volume(&mut m, "scratch", Layout::Raid0 { width: 1 }, &[5], 10);
+        m.drives[5].draining = true;
+        drain_fits(&m, 5).expect("drive 6 and 7 take both members");
+        m.volumes[1].segments[0].members[0].rebuild_cursor_rows = Some(0);
+        let e = drain_fits(&m, 5).unwrap_err();
+        assert!(matches!(e, EngineError::Busy(_)), "{e:?}");
+        let e = e.to_string();
+        assert!(
+            e.contains("volume scratch (raid0:1) has lost more members")
+                && e.contains("delete volume scratch"),
+            "{e}"
+        );
+        // Within what the layout survives, the member is only waiting for its rebuild.
+        m.volumes[1].segments[0].members[0].rebuild_cursor_rows = None;
+        m.volumes[0].segments[0].members[5].rebuild_cursor_rows = Some(3);
+        let e = drain_fits(&m, 5).unwrap_err().to_string();
+        assert!(e.contains("volume v (ec:4+2) has a member being rebuilt"), "{e}");
+        // A member on a failed drive.
+        m.volumes[0].segments[0].members[5].rebuild_cursor_rows = None;
+        m.drives[0].state = DriveState::Failed;
+        let e = drain_fits(&m, 5).unwrap_err().to_string();
+        assert!(e.contains("has a member on drive 0, which is failed"), "{e}");
     }
 
     #[test]
