@@ -3,8 +3,8 @@
 //! After every boot each acknowledged write reads back (a write is durable when acknowledged),
 //! nothing older comes back, and a scrub of every part finds nothing to fix.
 //!
-//! `STRIA_TIER_SEQ_SEEDS=N` sets the number of seeds (default 60); `STRIA_TIER_SEQ_SEED=S`
-//! replays one with its history.
+//! `STRIA_TIER_SEQ_SEEDS=N` sets the number of seeds (default 60), `STRIA_TIER_SEQ_FIRST_SEED=F`
+//! the first (default 0); `STRIA_TIER_SEQ_SEED=S` replays one with its history.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -655,14 +655,16 @@ async fn sequences_of_crashes_during_destage_lose_no_write() {
         return;
     }
     let seeds: u64 = std::env::var("STRIA_TIER_SEQ_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
-    for seed in 0..seeds {
+    let first: u64 =
+        std::env::var("STRIA_TIER_SEQ_FIRST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    for seed in first..first + seeds {
         CURRENT_SEED.store(seed, Relaxed);
         run_sequence(seed).await;
     }
     let c = &*COVERAGE;
     let n = |a: &AtomicU64| a.load(Relaxed);
     eprintln!(
-        "{seeds} seeds: {} cycles ({} power cuts, {} kills, {} clean closes), {} boots cut during recovery, \
+        "{seeds} seeds from {first}: {} cycles ({} power cuts, {} kills, {} clean closes), {} boots cut during recovery, \
          cuts under fast/capacity drive requests {}/{}, {} fast and {} capacity drives failed, {} replaced, \
          {} rebuilds completed and {} cut, {} scrubs under load, {} blocks destaged, \
          {} moved by GC",

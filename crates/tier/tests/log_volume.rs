@@ -8,8 +8,9 @@
 //! the volume was when it was made (destage, GC and the cuts move its blocks; a snapshot must
 //! never lose one or see a later write).
 //!
-//! `STRIA_LOG_SEEDS=N` sets the number of simulated seeds (default 60); `STRIA_LOG_SEED=S` runs
-//! one and prints its history. Those seeds also make clones of snapshots, which writers write
+//! `STRIA_LOG_SEEDS=N` sets the number of simulated seeds (default 60), `STRIA_LOG_FIRST_SEED=F`
+//! where they start (default 0: a long run can go on where the last one stopped);
+//! `STRIA_LOG_SEED=S` runs one and prints its history. Those seeds also make clones of snapshots, which writers write
 //! to beside the volume's (each clone is checked after every boot against its own model), and
 //! delete some of them (a cut may land in the delete). In about a third of the cycles the volume
 //! is resized online while the writers go on (grown, or shrunk towards the blocks they use,
@@ -2710,17 +2711,18 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
         return;
     }
     let n: u64 = std::env::var("STRIA_LOG_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+    let first: u64 = std::env::var("STRIA_LOG_FIRST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
     let (mut opens, mut given_back, mut snapshots) = ((0, 0), 0, 0);
     let deletes = || SNAPSHOT_DELETES.load(std::sync::atomic::Ordering::Relaxed);
     let audits = |exact: usize| COUNT_AUDITS[exact].load(std::sync::atomic::Ordering::Relaxed);
-    for seed in 0..n {
+    for seed in first..first + n {
         let (table, scan, back, snaps) = run_log_sequence(seed, false).await;
         opens = (opens.0 + table, opens.1 + scan);
         given_back += back;
         snapshots += snaps;
     }
     eprintln!(
-        "{n} seeds: {} opens from the segment table, {} by a map scan; {given_back} segments given back; \
+        "{n} seeds from {first}: {} opens from the segment table, {} by a map scan; {given_back} segments given back; \
          {snapshots} snapshot checks after a boot, {} snapshot deletes ({} in the background; {} pages preserved past a delete), {} rollbacks; {} clone checks after a boot, {} clone deletes ({} in the background); {} deletes of an origin with clones ({} in the background; {} a cut left to open); {} resizes ({} shrinks with snapshots or clones), {} clone resizes ({} growths past the volume); {} hot destage batches; live counts checked against the map {} times ({} exactly)",
         opens.0,
         opens.1,
