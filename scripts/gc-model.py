@@ -21,6 +21,9 @@ Streams (`--modes`):
   split2  as split, hot only if the version replaced lay in a hot segment too or the interval
           was under a quarter of that (what stria builds: GcPolicy::Temperature, log/heat.rs)
   split-oracle  as split, hot/cold told by the true hot set (80/20 only)
+  split-freq    as split, hot when a per-block estimate of the rewrite interval (half the last
+          interval, half the estimate before) is under `--thresh` times the running mean: a
+          frequency per block instead of split2's two intervals (tried, not built)
 `--keep F`: a block the destage would take that is hot (interval under `--thresh` times the
 mean) goes round the cache once more instead (a fast-tier write, printed as re-cached), while
 such blocks are under F of the cache: whether keeping hot blocks in the cache longer would save
@@ -28,7 +31,8 @@ capacity writes (docs/design/log-structured-volumes.md, "GC that knows temperatu
 `--mean destaged`: the running mean the temperature rules compare intervals with is of the
 blocks destaged only (default `host`: of every host write, what stria does).
 Victims (`--policies`): greedy (fewest live blocks), cost-benefit (LFS's (1-u)*age/(1+u), age of a
-segment = host writes since the newest block it holds was written); with the split modes also
+segment = host writes since the newest block it holds was written; `--age opened`: since the
+segment was opened, what stria counted before 2026-12-04); with the split modes also
 split (GC takes from the class holding more than its share of the split of the space that
 minimises the modelled cost of both, greedy within it) and split-cb (the same, cost-benefit
 within it).
@@ -91,13 +95,14 @@ def best_split(dh, dc, rh, total):
 
 
 def run(workload, fill, mode, policy, n, seg, cache, warm, seed, thresh=1.0, survivors=None, keep=0.0,
-        by_destaged=False):
+        by_destaged=False, age_opened=False):
     survivors = survivors or {"hot": "ghot", "cold": "gcold"}
     draw, hot = picker(workload, n, random.Random(seed))
     segments = int(n / fill / seg)
     live = [0] * segments
     blocks = [[] for _ in range(segments)]  # blocks written into each segment (some dead since)
     newest = [0] * segments  # host write clock of the newest block a segment holds
+    opened = [0] * segments  # host write clock when a segment was opened
     stream_of = [None] * segments
     free = list(range(segments))
     home = {}  # block -> segment
@@ -107,13 +112,14 @@ def run(workload, fill, mode, policy, n, seg, cache, warm, seed, thresh=1.0, sur
     clock, mean, dmean = [0], [float(n)], [float(n)]
     moved, destaged, recached = [0], [0], [0]
     kept = set()  # blocks re-cached once since their last host write
+    est = {}  # block -> running estimate of its rewrite interval (mode freq)
     rate = {"hot": 0.0, "cold": 0.0}
 
     def append(stream, b):
         s = open_seg.get(stream)
         if s is None:
             s = free.pop(0)
-            blocks[s], newest[s], stream_of[s] = [], 0, stream
+            blocks[s], newest[s], stream_of[s], opened[s] = [], 0, stream, clock[0]
             open_seg[stream] = s
         old = home.get(b)
         if old is not None:
@@ -140,17 +146,20 @@ def run(workload, fill, mode, policy, n, seg, cache, warm, seed, thresh=1.0, sur
         used_h = sum(1 for s in range(segments) if s not in free and klass(s) == "hot") * seg
         return "hot" if used_h > target else "cold"
 
+    def age(s):
+        return clock[0] - (opened[s] if age_opened else newest[s]) + 1
+
     def victim():
         sealed = [s for s in range(segments) if s not in free and s not in open_seg.values()]
         if policy in ("split", "split-cb"):
             c = split_class()
             mine = [s for s in sealed if klass(s) == c and live[s] < seg] or sealed
             if policy == "split-cb":
-                return max(mine, key=lambda s: (seg - live[s]) * (clock[0] - newest[s] + 1) / (seg + live[s]))
+                return max(mine, key=lambda s: (seg - live[s]) * age(s) / (seg + live[s]))
             return min(mine, key=lambda s: live[s])
         if policy == "greedy":
             return min(sealed, key=lambda s: live[s])
-        return max(sealed, key=lambda s: (seg - live[s]) * (clock[0] - newest[s] + 1) / (seg + live[s]))
+        return max(sealed, key=lambda s: (seg - live[s]) * age(s) / (seg + live[s]))
 
     def gc():
         while len(free) < 3:
@@ -190,6 +199,11 @@ def run(workload, fill, mode, policy, n, seg, cache, warm, seed, thresh=1.0, sur
             was_hot = b in home and klass(home[b]) == "hot"
             short = interval < ref * thresh
             stream = "hot" if short and (was_hot or interval < ref * thresh / 4) else "cold"
+        elif mode == "split-freq":
+            # A per-block estimate of the rewrite interval (half the last interval, half the
+            # estimate before), hot when under the threshold times the reference mean.
+            e = est.get(b, float("inf"))
+            stream = "hot" if e < ref * thresh else "cold"
         elif mode == "oracle":
             stream = "hot" if b in hot else "cold"
         else:
@@ -209,6 +223,8 @@ def run(workload, fill, mode, policy, n, seg, cache, warm, seed, thresh=1.0, sur
         interval = clock[0] - prev if prev is not None else float("inf")
         if prev is not None:
             mean[0] += (interval - mean[0]) / 4096
+            e = est.get(b)
+            est[b] = interval if e is None else (e + interval) / 2
         last[b] = clock[0]
         kept.discard(b)
         cached.pop(b, None)
@@ -241,12 +257,14 @@ def main():
     ap.add_argument("--hot-survivors", default="ghot")
     ap.add_argument("--keep", type=float, default=0.0)
     ap.add_argument("--mean", default="host", choices=["host", "destaged"])
+    ap.add_argument("--age", default="newest", choices=["newest", "opened"])
     a = ap.parse_args()
     for mode in a.modes.split(","):
         for policy in a.policies.split(","):
             d, m, r = run(a.workload, a.fill, mode, policy, a.blocks, a.segment, a.cache, a.warm, a.seed,
-                          a.thresh, {"hot": a.hot_survivors, "cold": "gcold"}, a.keep, a.mean == "destaged")
-            print(f"{a.workload} fill {a.fill} {mode:6} {policy:12} keep {a.keep} mean {a.mean}: destaged {d:.3f}, GC moved {m:.3f}, "
+                          a.thresh, {"hot": a.hot_survivors, "cold": "gcold"}, a.keep, a.mean == "destaged",
+                          a.age == "opened")
+            print(f"{a.workload} fill {a.fill} {mode:6} {policy:12} keep {a.keep} mean {a.mean} age {a.age}: destaged {d:.3f}, GC moved {m:.3f}, "
                   f"total {d + m:.3f} per host write, re-cached {r:.3f}", flush=True)
 
 
