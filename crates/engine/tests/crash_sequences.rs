@@ -836,8 +836,10 @@ impl Drop for NameOnPanic {
 /// records carrying it were written), 852 (the first flush after an open did not checkpoint),
 /// 6382 (a volume down to one drive had no witness of its epochs), 8976 (a flush of a volume's
 /// old members answered a caller whose write went to a moved member's new drive), 10734 (a drain
-/// held up by a lost raid0 scratch volume was refused as if no drive had room).
-const FOUND_BUGS: [u64; 6] = [453, 852, 1744, 6382, 8976, 10734];
+/// held up by a lost raid0 scratch volume was refused as if no drive had room), 21560 (a clean
+/// close's commit went between a drive failure's marking in memory and its commit, and missed
+/// the majority of a two-drive pool).
+const FOUND_BUGS: [u64; 7] = [453, 852, 1744, 6382, 8976, 10734, 21560];
 
 #[tokio::test]
 async fn sequences_of_crashes_lose_no_durable_write() {

@@ -166,7 +166,8 @@ pub(crate) struct PoolCore<D: BlockDevice> {
     out_generation: parking_lot::Mutex<u64>,
     /// Held by `fail_drive` from before it marks the drive failed until its commit: a caller
     /// that finds the drive failed in memory waits for that commit (which carries the drive's
-    /// out record) instead of committing the failure without one.
+    /// out record) instead of committing the failure without one. Every other metadata commit
+    /// takes it too, before `meta` (`update_then`), so none comes between the two.
     failing: tokio::sync::Mutex<()>,
 }
 
@@ -455,6 +456,22 @@ impl<D: BlockDevice> PoolCore<D> {
         change: impl FnOnce(&mut PoolMeta) -> Result<(T, bool), EngineError>,
         published: impl FnOnce(),
     ) -> Result<T, EngineError> {
+        // No commit goes between a `fail_drive`'s marking its drive failed in memory and the
+        // commit of that failure: such a commit would leave the drive out while its document
+        // still counts it active, and miss the majority on a pool of two drives (crash
+        // sequence seed 21560: a clean close racing a drive failure). Lock order: `failing`,
+        // then `meta`.
+        let _failing = self.failing.lock().await;
+        self.update_then_failing(scope, change, published).await
+    }
+
+    /// [`PoolCore::update_then`] for a caller that holds `failing` (a drive failure's commit).
+    async fn update_then_failing<T>(
+        &self,
+        scope: Scope<'_>,
+        change: impl FnOnce(&mut PoolMeta) -> Result<(T, bool), EngineError>,
+        published: impl FnOnce(),
+    ) -> Result<T, EngineError> {
         let mut current = self.meta.lock().await;
         let mut next = current.clone();
         let (out, changed) = change(&mut next)?;
@@ -675,30 +692,34 @@ impl<D: BlockDevice> PoolCore<D> {
     ) -> Result<(), EngineError> {
         let logged = reason.clone();
         let changed = self
-            .update(|m| {
-                let rec = m
-                    .drives
-                    .iter_mut()
-                    .find(|d| d.slot == slot)
-                    .ok_or_else(|| EngineError::NoSuchDrive(format!("slot {slot}")))?;
-                if rec.state == DriveState::Failed {
-                    return Ok((false, false));
-                }
-                rec.state = DriveState::Failed;
-                rec.failed_reason = Some(reason);
-                rec.out = match (delta, rec.out.take()) {
-                    // Failed again during its resync: the same outage goes on.
-                    (Some((g, _)), Some(out)) if out.generation == g => Some(out),
-                    (Some((generation, epoch)), _) => Some(crate::format::meta::OutRecord {
-                        generation,
-                        since_unix_secs: crate::time::now_unix_secs(),
-                        epoch,
-                        regions: Vec::new(),
-                    }),
-                    (None, _) => None,
-                };
-                Ok((true, true))
-            })
+            .update_then_failing(
+                Scope::Any,
+                |m| {
+                    let rec = m
+                        .drives
+                        .iter_mut()
+                        .find(|d| d.slot == slot)
+                        .ok_or_else(|| EngineError::NoSuchDrive(format!("slot {slot}")))?;
+                    if rec.state == DriveState::Failed {
+                        return Ok((false, false));
+                    }
+                    rec.state = DriveState::Failed;
+                    rec.failed_reason = Some(reason);
+                    rec.out = match (delta, rec.out.take()) {
+                        // Failed again during its resync: the same outage goes on.
+                        (Some((g, _)), Some(out)) if out.generation == g => Some(out),
+                        (Some((generation, epoch)), _) => Some(crate::format::meta::OutRecord {
+                            generation,
+                            since_unix_secs: crate::time::now_unix_secs(),
+                            epoch,
+                            regions: Vec::new(),
+                        }),
+                        (None, _) => None,
+                    };
+                    Ok((true, true))
+                },
+                || {},
+            )
             .await?;
         if changed {
             tracing::error!(slot, reason = %logged, "drive failed");
