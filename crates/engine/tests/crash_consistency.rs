@@ -4,7 +4,8 @@
 //! last completed flush (or FUA write) or a later one — never older — and a scrub finds every
 //! stripe consistent.
 //!
-//! `STRIA_CRASH_SEEDS=N` sets the number of seeds (default 240; the nightly run uses thousands).
+//! `STRIA_CRASH_SEEDS=N` sets the number of seeds (default 240; the nightly run uses thousands),
+//! `STRIA_CRASH_FIRST_SEED=F` the first (default 0).
 //! `STRIA_CRASH_SEED=S` runs one seed (to replay a failure).
 
 #![allow(clippy::cast_possible_truncation)] // 64-bit only, like the engine
@@ -134,7 +135,8 @@ async fn power_cuts_lose_no_flushed_write_and_leave_stripes_consistent() {
         return;
     }
     let seeds: u64 = std::env::var("STRIA_CRASH_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(240);
-    for seed in 0..seeds {
+    let first: u64 = std::env::var("STRIA_CRASH_FIRST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    for seed in first..first + seeds {
         run_seed(seed).await;
     }
 }
