@@ -852,7 +852,7 @@ async fn sequences_of_crashes_lose_no_durable_write() {
     }
     let seeds: u64 = std::env::var("STRIA_SEQ_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
     let first: u64 = std::env::var("STRIA_SEQ_FIRST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
-    // Seeds outside the range run that once found a bug, run every time.
+    // The seeds that once found a bug run every time (those outside the range run here).
     for seed in FOUND_BUGS.iter().copied().filter(|&s| !(first..first + seeds).contains(&s)) {
         let _name = NameOnPanic(seed);
         run_seed(seed).await;
