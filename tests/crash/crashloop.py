@@ -468,6 +468,8 @@ def main():
         ok = True
     except Violation as e:
         print(f"{tag} VIOLATION: {e}", file=sys.stderr, flush=True)
+        if "ENOSPC" in str(e):
+            describe_space(daemon, tag)
     except Exception as e:  # noqa: BLE001 - report anything as a failure of the loop
         print(f"{tag} ERROR: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     finally:
@@ -486,6 +488,18 @@ def main():
     sys.exit(0 if ok else 1)
 
 
+def describe_space(daemon, tag):
+    """After an ENOSPC: what holds the space (the scenario sizes --space for its worst case, so
+    this is stria's accounting or GC failing, not the test outgrowing the volume)."""
+    try:
+        status = daemon.cli("status", check=False).stdout
+        listed = daemon.cli("snapshot", "list", check=False).stdout
+    except OSError:
+        return
+    for line in [l for l in status.splitlines() if l.startswith("thin space")] + listed.splitlines():
+        print(f"{tag} {line}", file=sys.stderr, flush=True)
+
+
 def run(args, rng, daemon, tag):
     vol = "v"
     sectors = args.region_mib * (1 << 20) // SECTOR
@@ -493,6 +507,14 @@ def run(args, rng, daemon, tag):
     create = ["volume", "create", vol, "--size", f"{args.volume_mib}M", "--layout", args.layout]
     if args.layout.startswith(("tiered", "log")):
         create += ["--cache-size", "32M" if args.scenario == "destaging" else "64M"]
+        # Each image the scenario keeps may hold a whole region of its own: the volume, its
+        # snapshots, and with --clones the clone, the snapshot it was made from (kept for it once
+        # deleted) and the clone's snapshots. The default space (1.5 x --size) is smaller than
+        # that when many live at once, and then writes rightly get ENOSPC; give the worst case a
+        # quarter more for garbage and the two segments GC keeps.
+        images = 1 + args.snapshots + (2 + args.clone_snapshots if args.clones else 0)
+        space_mib = max(args.volume_mib * 3 // 2, images * args.region_mib * 5 // 4 + 64)
+        create += ["--space", f"{space_mib}M"]
     daemon.cli(*create)
     model = Model(sectors)
     size = args.volume_mib << 20  # what the volume holds now (--resize grows it)
