@@ -18,10 +18,26 @@ async fn placement_errors_name_the_problem() {
     assert_eq!(err.to_string(), "ec:4+2 needs 6 active capacity drives; the pool has 5");
     let err =
         pool.create_volume(spec("v", 1 << 40, Layout::Raid1 { copies: 2 }, 64 << 10)).await.unwrap_err();
+    // In totals: what the whole needs against what the drives have, not the one placement unit
+    // that found no room.
     assert!(
-        matches!(err, EngineError::NoSpace(_)) && err.to_string().contains("not enough free space"),
+        matches!(err, EngineError::NoSpace(_))
+            && err.to_string().starts_with(
+                "not enough free space for volume v (raid1:2, 1 TiB): its 2 members need 1 TiB each on \
+                 distinct capacity drives, 2 TiB in all, and the active capacity drives have "
+            ),
         "{err}"
     );
+    let small =
+        pool.create_volume(spec("small", 1 << 20, Layout::Raid0 { width: 5 }, 64 << 10)).await.unwrap();
+    let err = pool.resize_volume("small", 1 << 40).await.unwrap_err();
+    assert!(
+        err.to_string().starts_with("not enough free space for ")
+            && err.to_string().contains(" more of volume small (raid0:5): its 5 members need "),
+        "{err}"
+    );
+    assert_eq!(small.size_bytes(), 1 << 20, "the failed growth changed nothing");
+    pool.delete_volume("small").await.unwrap();
     let mut fast = spec("f", 1 << 20, Layout::Raid1 { copies: 2 }, 64 << 10);
     fast.class = DriveClass::Fast;
     assert!(pool.create_volume(fast).await.unwrap_err().to_string().contains("0"));

@@ -264,6 +264,71 @@ pub(crate) fn place(
     Ok(members)
 }
 
+/// What [`place_units`] places: `rows` rows of `layout` on `class` drives, in units of at most
+/// `unit` rows of `chunk_blocks` per member each.
+pub(crate) struct Units {
+    pub(crate) layout: Layout,
+    pub(crate) class: DriveClass,
+    pub(crate) chunk_blocks: u64,
+    pub(crate) rows: u64,
+    pub(crate) unit: u64,
+}
+
+/// Places `units` (each against the free space the ones before left) and hands each unit's
+/// rows and members to `add`. When the drives run out, the error says so in totals when the
+/// whole could never fit (`what`, e.g. "volume x (raid0:6, 100 GiB)", names it), rather than
+/// naming the one unit that found no room.
+pub(crate) fn place_units(
+    meta: &mut PoolMeta,
+    units: Units,
+    what: &str,
+    mut add: impl FnMut(&mut PoolMeta, u64, Vec<MemberRecord>),
+) -> Result<(), EngineError> {
+    let Units { layout, class, chunk_blocks, rows, unit } = units;
+    let free: Vec<(u32, u64)> = meta
+        .drives
+        .iter()
+        .filter(|d| d.class == class && d.state == DriveState::Active && !d.draining)
+        .map(|d| (d.slot, free_extents(meta, d.slot, d.data_blocks).iter().map(|e| e.1).sum()))
+        .collect();
+    let count = rows.div_ceil(unit.max(1));
+    for (i, unit_rows) in unit_rows(rows, unit).enumerate() {
+        match place(meta, layout, class, unit_rows * chunk_blocks, &[]) {
+            Ok(members) => add(meta, unit_rows, members),
+            Err(EngineError::NoSpace(why)) => {
+                let n = u64::from(layout.members());
+                let need = rows * chunk_blocks;
+                let total: u64 = free.iter().map(|f| f.1).sum();
+                // Each member needs `need` blocks on a drive of its own: the whole fits only if
+                // the drives hold n members' worth, each drive at most one member of the unit.
+                let usable: u64 = free.iter().map(|f| f.1.min(need)).sum();
+                if usable < need * n {
+                    let list: Vec<String> =
+                        free.iter().map(|(s, b)| format!("drive {s}: {}", format_size(b * BLOCK))).collect();
+                    return Err(EngineError::NoSpace(format!(
+                        "not enough free space for {what}: its {n} members need {} each on distinct {class} \
+                         drives, {} in all, and the active {class} drives have {} free ({})",
+                        format_size(need * BLOCK),
+                        format_size(need * n * BLOCK),
+                        format_size(total * BLOCK),
+                        list.join(", ")
+                    )));
+                }
+                if i > 0 {
+                    return Err(EngineError::NoSpace(format!(
+                        "{why} (placement unit {} of {count} of {what}; the free space is there in \
+                         total but not in extents large enough on enough distinct drives)",
+                        i + 1
+                    )));
+                }
+                return Err(EngineError::NoSpace(why));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 fn no_space(
     meta: &PoolMeta,
     layout: Layout,
@@ -386,6 +451,52 @@ pub(crate) mod tests {
         assert!(!can_extend(&m, 1, 1000, 0, 300, 701));
         let err = place(&m, Layout::Raid1 { copies: 2 }, DriveClass::Capacity, 800, &[]).unwrap_err();
         assert!(err.to_string().contains("not enough free space"), "{err}");
+    }
+
+    #[test]
+    fn units_that_run_out_say_whether_the_space_or_its_shape_is_short() {
+        let mut m = meta(&["", ""]);
+        let mirror = Layout::Raid1 { copies: 2 };
+        m.volumes.push(VolumeRecord {
+            id: 1,
+            name: "v".into(),
+            size_bytes: 0,
+            layout: mirror,
+            chunk_blocks: 10,
+            class: DriveClass::Capacity,
+            role: VolumeRole::Plain,
+            segments: vec![SegmentRecord {
+                rows: 30,
+                members: vec![MemberRecord::at(0, 100), MemberRecord::at(1, 0)],
+            }],
+        });
+        // 700 blocks free on each drive; on drive 0 in two gaps (100 and 600).
+        let units =
+            |rows| Units { layout: mirror, class: DriveClass::Capacity, chunk_blocks: 10, rows, unit: 60 };
+        // `add` records each unit in the document, as the callers do, for the next to see.
+        let mut placed = Vec::new();
+        let mut add = |m: &mut PoolMeta, rows, members| {
+            placed.push(rows);
+            m.volumes[0].segments.push(SegmentRecord { rows, members });
+        };
+        let err = place_units(&mut m.clone(), units(71), "w", &mut add).unwrap_err();
+        assert!(
+            err.to_string().starts_with(
+                "not enough free space for w: its 2 members need 2.8 MiB each on distinct capacity drives, \
+                 5.5 MiB in all, and the active capacity drives have 5.5 MiB free (drive 0: 2.7 MiB, drive 1: 2.7 MiB)"
+            ),
+            "{err}"
+        );
+        // 650 blocks fit in total, but the second unit of 320 finds no gap that large on drive 0.
+        let err = place_units(&mut m.clone(), units(65), "w", &mut add).unwrap_err();
+        assert!(
+            err.to_string().contains("(placement unit 2 of 2 of w; the free space is there in total"),
+            "{err}"
+        );
+        let mut fits = m.clone();
+        place_units(&mut fits, units(60), "w", &mut add).unwrap();
+        assert_eq!(placed, [36, 33, 60], "71 rows: one unit placed; 65: one; 60: the one");
+        assert_eq!(fits.volumes[0].segments.len(), 2);
     }
 
     #[test]

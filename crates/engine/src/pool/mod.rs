@@ -462,12 +462,20 @@ impl<D: BlockDevice> Pool<D> {
                     segments: Vec::new(),
                 });
                 m.next_volume_id += 1;
-                for unit_rows in alloc::unit_rows(rows, unit) {
-                    let members =
-                        alloc::place(m, spec2.layout, spec2.class, unit_rows * u64::from(chunk_blocks), &[])?;
+                let what =
+                    format!("volume {} ({}, {})", spec2.name, spec2.layout, format_size(spec2.size_bytes));
+                let add = |m: &mut PoolMeta, rows: u64, members: Vec<MemberRecord>| {
                     let rec = m.volumes.last_mut().expect("just pushed");
-                    rec.segments.push(SegmentRecord { rows: unit_rows, members });
-                }
+                    rec.segments.push(SegmentRecord { rows, members });
+                };
+                let units = alloc::Units {
+                    layout: spec2.layout,
+                    class: spec2.class,
+                    chunk_blocks: u64::from(chunk_blocks),
+                    rows,
+                    unit,
+                };
+                alloc::place_units(m, units, &what, add)?;
                 let rec = m.volumes.last().expect("just pushed").clone();
                 Ok((rec, true))
             })
@@ -937,16 +945,24 @@ fn grow_rows(meta: &mut PoolMeta, next: &mut VolumeRecord, mut extra: u64) -> Re
         last.rows += room;
         extra -= room;
     }
-    for rows in alloc::unit_rows(extra, unit) {
-        // Placed against the units placed before it: the record as it grows stands in the
-        // document (the caller stores it there in the end anyway).
+    if extra == 0 {
+        return Ok(());
+    }
+    let adding = extra * chunk * u64::from(layout.data_columns()) * BLOCK;
+    let what = format!("{} more of volume {} ({layout})", format_size(adding), next.name);
+    // Placed against the units placed before it: the record as it grows stands in the document
+    // (the caller stores it there in the end anyway).
+    let sync = |meta: &mut PoolMeta, next: &VolumeRecord| {
         if let Some(slot) = meta.volumes.iter_mut().find(|v| v.name == next.name) {
             *slot = next.clone();
         }
-        let members = alloc::place(meta, layout, class, rows * chunk, &[])?;
+    };
+    sync(meta, next);
+    let units = alloc::Units { layout, class, chunk_blocks: chunk, rows: extra, unit };
+    alloc::place_units(meta, units, &what, |meta, rows, members| {
         next.segments.push(SegmentRecord { rows, members });
-    }
-    Ok(())
+        sync(meta, next);
+    })
 }
 
 /// Removes `excess` rows from the end of volume `next` (dropping or shortening segments; the
