@@ -11,7 +11,7 @@ $S volume import v $W/img --pool $W/pool >/dev/null
 $S snapshot create v s --pool $W/pool >/dev/null
 $S volume clone v@s c --pool $W/pool >/dev/null
 head -c 1G /dev/urandom > $W/img2
-$S volume import c $W/img2 --pool $W/pool >/dev/null
+$S volume import c $W/img2 --pool $W/pool --overwrite >/dev/null
 rm $W/img $W/img2
 for i in 1 2 3; do
   a=$(t $S snapshot create v h$i --pool $W/pool)

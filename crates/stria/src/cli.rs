@@ -365,8 +365,19 @@ pub(crate) enum VolumeCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Copy a raw image file into a volume (byte-exact).
-    Import { name: String, file: PathBuf },
+    /// Copy a raw image file into a volume (byte-exact). Refused when the part of the volume the
+    /// image would cover holds data (a block written and not trimmed), unless --overwrite, and
+    /// while NBD clients have the volume open, unless --force.
+    Import {
+        name: String,
+        file: PathBuf,
+        /// Write over what the volume holds where the image goes.
+        #[arg(long)]
+        overwrite: bool,
+        /// Import even while NBD clients have the volume open (what they read changes under them).
+        #[arg(long)]
+        force: bool,
+    },
     /// Copy a volume out into a raw image file (byte-exact, sparse where the volume is), or onto
     /// a device (written in place). Refuses an existing file, a block device and a drive of
     /// another pool unless --overwrite; never writes a drive of this pool or one in use. A block

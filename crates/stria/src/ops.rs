@@ -49,6 +49,12 @@ pub(crate) enum Request {
     VolumeImport {
         name: String,
         path: PathBuf,
+        /// Write over data the volume holds where the image goes.
+        #[serde(default)]
+        overwrite: bool,
+        /// Import even with NBD clients attached.
+        #[serde(default)]
+        force: bool,
     },
     VolumeExport {
         name: String,
@@ -354,7 +360,10 @@ pub(crate) async fn execute(
             }
             Ok(answer)
         }
-        Request::VolumeImport { name, path } => transfer::import(catalog, &name, &path, progress).await,
+        Request::VolumeImport { name, path, overwrite, force } => {
+            ctx.check_clients(&name, "importing an image into it", force)?;
+            transfer::import(catalog, &name, &path, overwrite, progress).await
+        }
         Request::VolumeExport { name, path, overwrite, skip_unreadable } => {
             transfer::export(
                 catalog,

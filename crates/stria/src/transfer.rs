@@ -15,6 +15,9 @@
 //! the pool it reads from) and a drive another process holds; a drive of another pool needs
 //! `--overwrite`, as `pool create` does.
 //!
+//! Import writes only over blocks of the volume that hold nothing (never written, or trimmed or
+//! zeroed since), unless `--overwrite`: a mistyped volume name must not destroy a filesystem.
+//!
 //! Import reads a regular file or a block device. It refuses a drive of this pool and a file or
 //! device another process holds (a running pool's drive is no volume image, and reading it as
 //! it changes would copy garbage); it holds the source while it reads. A file that carries
@@ -42,17 +45,28 @@ use crate::refusal;
 /// Bytes moved per request by import and export.
 const COPY_STEP_BYTES: usize = 4 << 20;
 
-/// Copies the image at `path` into volume `name`.
+/// Copies the image at `path` into volume `name`; unless `overwrite`, only over blocks that
+/// hold nothing (never written, or trimmed or zeroed since).
 pub(crate) async fn import(
     catalog: &Catalog<Dev>,
     name: &str,
     path: &Path,
+    overwrite: bool,
     progress: ProgressFn<'_>,
 ) -> Result<Value> {
     let vol = catalog.lookup(name).ok_or_else(|| refusal::not_found(format!("no volume named `{name}`")))?;
     let (mut file, len, _hold) = open_source(catalog, path).await?;
     if len > vol.size_bytes() {
         return Err(refusal::invalid(image_too_large(catalog, name, path, len, vol.size_bytes())));
+    }
+    if !overwrite && let Some(at) = first_data(vol.as_ref(), len).await? {
+        return Err(refusal::conflict(format!(
+            "volume {name} holds data where the image would go (its first written block is at byte {at}); \
+             importing {} writes over its first {} ({len} bytes). If nothing on it is needed, say so with \
+             --overwrite (`\"overwrite\": true` through the REST API)",
+            path.display(),
+            format_size(len)
+        )));
     }
     let mut buf = vec![0u8; COPY_STEP_BYTES];
     let mut at = 0u64;
@@ -71,6 +85,27 @@ pub(crate) async fn import(
     }
     vol.flush().await?;
     Ok(json!({ "volume": name, "bytes": len, "zero_bytes": zeroed, "volume_bytes": vol.size_bytes() }))
+}
+
+/// The first byte below `len` of a block of `vol` that holds data (written, and neither trimmed
+/// nor zeroed since), asked of the volume's allocation map a step at a time.
+async fn first_data(vol: &dyn BlockVolume, len: u64) -> Result<Option<u64>> {
+    // A step's map entries are held in memory at once (one per block for log volumes).
+    const STEP_BYTES: u64 = 256 << 20;
+    let end = len.next_multiple_of(BLOCK_BYTES).min(vol.size_bytes());
+    let mut at = 0;
+    while at < end {
+        let step = (end - at).min(STEP_BYTES);
+        let mut offset = at;
+        for e in vol.block_status(at, step).await? {
+            if !e.unallocated {
+                return Ok(Some(offset));
+            }
+            offset += e.len_bytes;
+        }
+        at += step;
+    }
+    Ok(None)
 }
 
 /// Copies volume `name` out to `path` (see the module's doc for what `overwrite` allows).

@@ -1,7 +1,7 @@
 //! No clobbering (issue: "files are overwritten without asking"): `volume export` never writes
 //! a drive of its own pool and replaces an existing file only with `--overwrite`; it writes a
 //! device in place instead of renaming a regular file over its node; `volume import` does not
-//! read a drive of the pool; the REST API reads and writes files only inside the directory its
+//! read a drive of the pool nor write over data a volume holds unasked; the REST API reads and writes files only inside the directory its
 //! setting names; shrinking a volume needs `--allow-shrink`.
 
 use std::os::unix::fs::FileTypeExt;
@@ -40,6 +40,35 @@ fn exported_r() -> Vec<u8> {
 
 fn drive_file(stria: &Stria, name: &str) -> PathBuf {
     stria.dir.path().join(POOL).join("drives").join(name)
+}
+
+#[test]
+fn import_writes_over_data_only_when_told() {
+    let stria = pool_with_data();
+    let other: Vec<u8> = (0..1u32 << 20).map(|i| (i % 241) as u8 | 2).collect();
+    std::fs::write(stria.dir.path().join("other.raw"), &other).expect("write other.raw");
+    // `r` holds the image from byte 0: a mistyped name must not destroy it.
+    let out = expect(&stria, &["volume", "import", "r", "other.raw"], 1);
+    says(&out.stderr, "volume r holds data where the image would go (its first written block is at byte 0)");
+    says(&out.stderr, "--overwrite");
+    expect(&stria, &["volume", "export", "r", "r.raw"], 0);
+    assert!(std::fs::read(stria.dir.path().join("r.raw")).expect("r.raw") == exported_r(), "r changed");
+    // Told, it writes over it; a volume that holds nothing (`big`) needs no flag.
+    expect(&stria, &["volume", "import", "r", "other.raw", "--overwrite"], 0);
+    expect(&stria, &["volume", "export", "r", "r2.raw"], 0);
+    let got = std::fs::read(stria.dir.path().join("r2.raw")).expect("r2.raw");
+    assert!(got[..1 << 20] == other[..] && got[1 << 20..].iter().all(|&b| b == 0), "r is not the new image");
+    expect(&stria, &["volume", "import", "big", "other.raw"], 0);
+    // Only the range the image covers counts: data past its end is no reason to refuse.
+    let mut tail = vec![0u8; 8 << 20];
+    tail[(4 << 20)..(4 << 20) + 4096].fill(7);
+    std::fs::write(stria.dir.path().join("tail.raw"), &tail).expect("write tail.raw");
+    expect(&stria, &["volume", "create", "t", "--size", "8M", "--layout", "raid0"], 0);
+    expect(&stria, &["volume", "import", "t", "tail.raw"], 0);
+    std::fs::write(stria.dir.path().join("head.raw"), vec![9u8; 1 << 20]).expect("write head.raw");
+    expect(&stria, &["volume", "import", "t", "head.raw"], 0);
+    let out = expect(&stria, &["volume", "import", "t", "tail.raw"], 1);
+    says(&out.stderr, "its first written block is at byte 0");
 }
 
 #[test]
@@ -291,7 +320,14 @@ fn the_api_reads_and_writes_files_only_inside_its_transfer_directory() {
     let job = finished_job(port, &answer);
     assert_eq!(job["state"], "failed", "{job}");
     says(&job.to_string(), "exists; exporting would replace it");
+    // An import writes over the data `r` holds only when the request says so.
     let (status, answer) = http(port, "POST", "/api/v1/volumes/r/import", t, r#"{"path": "out.raw"}"#);
+    assert_eq!(status, 202, "{answer}");
+    let job = finished_job(port, &answer);
+    assert_eq!(job["state"], "failed", "{job}");
+    says(&job.to_string(), "holds data where the image would go");
+    let body = r#"{"path": "out.raw", "overwrite": true}"#;
+    let (status, answer) = http(port, "POST", "/api/v1/volumes/r/import", t, body);
     assert_eq!(status, 202, "{answer}");
     assert_eq!(finished_job(port, &answer)["state"], "done");
     let (code, log) = daemon.stop();

@@ -191,6 +191,10 @@ fn item7_delete_and_shrink_of_a_volume_with_clients_need_force() {
     says(&out.stderr, "volume r has 1 NBD client(s) attached; deleting it");
     let out = expect(&stria, &["volume", "resize", "r", "--size", "4M", "--allow-shrink"], 1);
     says(&out.stderr, "volume r has 1 NBD client(s) attached; shrinking it");
+    std::fs::write(stria.dir.path().join("img.raw"), vec![0x69; 64 << 10]).expect("image");
+    let out = expect(&stria, &["volume", "import", "r", "img.raw", "--overwrite"], 1);
+    says(&out.stderr, "volume r has 1 NBD client(s) attached; importing an image into it");
+    expect(&stria, &["volume", "import", "r", "img.raw", "--overwrite", "--force"], 0);
     expect(&stria, &["volume", "resize", "r", "--size", "16M"], 0);
     expect(&stria, &["volume", "delete", "gone", "--force"], 0);
     let _ = other.kill();

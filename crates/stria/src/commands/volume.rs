@@ -145,9 +145,9 @@ pub(super) async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
             }
             Ok(())
         }
-        VolumeCmd::Import { name, file } => {
+        VolumeCmd::Import { name, file, overwrite, force } => {
             let path = pooldir::absolute(&file)?;
-            let v = request(dir, Request::VolumeImport { name, path }).await?;
+            let v = request(dir, Request::VolumeImport { name, path, overwrite, force }).await?;
             outln!("imported {} bytes into {}", v["bytes"], v["volume"].as_str().unwrap_or(""));
             Ok(())
         }
