@@ -59,6 +59,9 @@ pub(crate) struct OpenFindings {
     pub(crate) out_generation: Option<u64>,
 }
 
+/// The next [`Drive`] object's `incarnation`.
+static NEXT_INCARNATION: AtomicU64 = AtomicU64::new(1);
+
 /// One drive of a pool.
 pub struct Drive<D> {
     /// `None` for a drive the pool knows but that was not found: it is failed for good.
@@ -72,6 +75,10 @@ pub struct Drive<D> {
     /// Set on a failed drive's object when the drive came back to its slot as a new object
     /// (a delta resync): errors met through it are about the old outage, already committed.
     pub(crate) retired: AtomicBool,
+    /// This object's number, unique in the process: a failure reported of a slot names the
+    /// object it was met on, so one that arrives after the slot's drive came back as a new
+    /// object is told from a failure of the new one (`PoolCore::fail_drive_of`).
+    incarnation: u64,
     /// Set when the device refused a request because a newer owner fenced it
     /// (`DevError::Fenced`, remote slices only): the pool must stop, not fail the drive.
     fenced: AtomicBool,
@@ -218,6 +225,7 @@ impl<D: BlockDevice> Drive<D> {
             journal,
             failed: AtomicBool::new(dev.is_none()),
             retired: AtomicBool::new(false),
+            incarnation: NEXT_INCARNATION.fetch_add(1, Ordering::Relaxed),
             fenced: AtomicBool::new(false),
             dev,
             sb,
@@ -407,6 +415,11 @@ impl<D: BlockDevice> Drive<D> {
     /// True once the device refused a request as fenced by a newer owner.
     pub fn was_fenced(&self) -> bool {
         self.fenced.load(Ordering::Acquire)
+    }
+
+    /// This object's number (see `incarnation`).
+    pub(crate) fn incarnation(&self) -> u64 {
+        self.incarnation
     }
 
     /// True once the drive came back to its slot as another object (see `retired`).

@@ -616,11 +616,34 @@ impl<D: BlockDevice> PoolCore<D> {
     /// before this returns (so no write that skipped it is acknowledged before the pool knows).
     /// If the commit fails the pool is poisoned: it refuses writes from then on.
     pub(crate) async fn fail_drive(&self, slot: u32, reason: String) -> Result<(), EngineError> {
+        self.fail_drive_of(slot, None, reason).await
+    }
+
+    /// [`PoolCore::fail_drive`] of the drive object numbered `incarnation` (`None`: the one
+    /// in the slot now). The failure waits for the failure lock; a drive that comes back by a
+    /// delta resync meanwhile is a new object in the slot, which this failure is not about (the
+    /// old object's failure was committed before it could come back): then nothing is done.
+    /// Failing the new object instead would leave it failed in memory while the metadata says
+    /// active, so that commits and confirmations skip it and the next open finds it stale
+    /// (cluster simulation seed 120971).
+    pub(crate) async fn fail_drive_of(
+        &self,
+        slot: u32,
+        incarnation: Option<u64>,
+        reason: String,
+    ) -> Result<(), EngineError> {
+        let erred = incarnation.or_else(|| self.drive(slot).map(|d| d.incarnation()));
         if self.fenced.load(Ordering::Acquire) || self.drive(slot).is_some_and(|d| d.was_fenced()) {
             self.set_fenced(slot);
             return Err(EngineError::Fenced);
         }
         let _failing = self.failing.lock().await;
+        if let (Some(erred), Some(now)) = (erred, self.drive(slot))
+            && now.incarnation() != erred
+        {
+            tracing::info!(slot, %reason, "a failure of the drive before it came back to its slot; nothing to do");
+            return Ok(());
+        }
         // A drive failed here (not already by the commit machinery) may come back by a delta
         // resync: the other drives start marking what it misses before it is marked failed.
         let delta = self
@@ -956,18 +979,20 @@ impl<D: BlockDevice> crate::volume::host::VolumeHost for PoolCore<D> {
     fn fail_member(
         &self,
         slot: u32,
+        incarnation: u64,
         reason: String,
     ) -> futures::future::BoxFuture<'_, Result<(), EngineError>> {
-        Box::pin(self.fail_drive(slot, reason))
+        Box::pin(self.fail_drive_of(slot, Some(incarnation), reason))
     }
 
     fn member_error<'a>(
         &'a self,
         slot: u32,
+        incarnation: u64,
         what: &'a str,
         e: &'a stria_dev::DevError,
     ) -> futures::future::BoxFuture<'a, Result<(), EngineError>> {
-        Box::pin(self.drive_error(slot, what, e))
+        Box::pin(self.drive_error_of(slot, Some(incarnation), what, e))
     }
 
     fn next_txn_id(&self, volume: u64) -> Option<u64> {

@@ -277,6 +277,48 @@ mod tests {
         }
     }
 
+    /// A failure reported of the drive object that was out (a write that met it before it
+    /// failed, its report waiting for the failure lock) after the drive came back as a new
+    /// object changes nothing: the drive that came back stays in service, takes the next
+    /// commit, and the pool opens with it (cluster simulation seed 120971). A failure of the
+    /// new object still fails it.
+    #[tokio::test]
+    async fn a_late_failure_report_of_the_drive_before_it_came_back_changes_nothing() {
+        let layout = Layout::Raid1 { copies: 3 };
+        let d = devs(3);
+        let pool = Pool::create("p", d.iter().map(new_drive).collect()).await.unwrap();
+        let v = pool.create_volume(spec(layout)).await.unwrap();
+        v.write(0, IoBytes::copy_from(&block(0, 1)), true).await.unwrap();
+        pool.flush().await.unwrap();
+        let old = pool.core.drive(0).unwrap().incarnation();
+        pool.fail_drive(0, "test").await.unwrap();
+        let comeback = pool.online_drive(0, Arc::clone(&d[0]), "back").await.unwrap();
+        assert!(matches!(comeback, Comeback::Delta { slot: 0, .. }), "{comeback:?}");
+        let new = pool.core.drive(0).unwrap();
+        assert_ne!(new.incarnation(), old, "the drive came back as a new object");
+        pool.core.fail_drive_of(0, Some(old), "test: a late report".into()).await.unwrap();
+        assert!(!new.is_failed(), "the late report failed the drive that came back");
+        assert_eq!(pool.meta().drive(0).unwrap().state, DriveState::Active);
+        // The next commit reaches it, and an open finds it current.
+        pool.fail_drive(2, "test").await.unwrap();
+        let generation = pool.meta().generation;
+        let sb = read_superblock(d[0].as_ref()).await.unwrap();
+        assert_eq!(sb.generation, generation, "the commit after the late report skipped the drive");
+        pool.rebuild(|_| {}).await.unwrap();
+        pool.close().await.unwrap();
+        let found = d[..2]
+            .iter()
+            .enumerate()
+            .map(|(i, dev)| crate::pool::FoundDrive { dev: Arc::clone(dev), path: format!("d{i}") });
+        let pool = Pool::open(found.collect()).await.unwrap();
+        let got = pool.volume("v").unwrap().read(0, 4096).await.unwrap();
+        assert!(got[..] == block(0, 1)[..], "the block written before the outage");
+        // A failure of the object in the slot now is a failure.
+        let now = pool.core.drive(0).unwrap().incarnation();
+        pool.core.fail_drive_of(0, Some(now), "test".into()).await.unwrap();
+        assert_eq!(pool.meta().drive(0).unwrap().state, DriveState::Failed);
+    }
+
     /// A device that comes back holding an older copy of the drive (taken before a flush it
     /// took part in), or another drive, is not trusted with a delta: it is rebuilt in full.
     #[tokio::test]

@@ -67,6 +67,18 @@ impl<D: BlockDevice> PoolCore<D> {
     /// suspends writes and returns [`EngineError::HostFull`] (the caller's request fails); any
     /// other error fails the drive (persisted) and returns `Ok` (the caller goes on without it).
     pub(crate) async fn drive_error(&self, slot: u32, what: &str, e: &DevError) -> Result<(), EngineError> {
+        self.drive_error_of(slot, None, what, e).await
+    }
+
+    /// [`PoolCore::drive_error`] of the drive object numbered `incarnation` (see
+    /// [`PoolCore::fail_drive_of`]).
+    pub(crate) async fn drive_error_of(
+        &self,
+        slot: u32,
+        incarnation: Option<u64>,
+        what: &str,
+        e: &DevError,
+    ) -> Result<(), EngineError> {
         if e.is_no_space() {
             return Err(EngineError::HostFull(self.suspend(slot, what, e)));
         }
@@ -74,7 +86,7 @@ impl<D: BlockDevice> PoolCore<D> {
             self.set_fenced(slot);
             return Err(EngineError::Fenced);
         }
-        self.fail_drive(slot, format!("{what}: {e}")).await
+        self.fail_drive_of(slot, incarnation, format!("{what}: {e}")).await
     }
 }
 

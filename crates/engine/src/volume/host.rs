@@ -21,16 +21,24 @@ pub(crate) trait VolumeHost: Send + Sync {
     /// True when the committed metadata already says the member drive in `slot` is failed.
     fn failure_committed(&self, slot: u32) -> bool;
 
-    /// Fails the member drive in `slot`; its failure is committed before this returns (no write
-    /// that skipped it may be acknowledged before the host knows).
-    fn fail_member(&self, slot: u32, reason: String) -> BoxFuture<'_, Result<(), EngineError>>;
+    /// Fails the member drive in `slot`, the object numbered `incarnation`; its failure is
+    /// committed before this returns (no write that skipped it may be acknowledged before the
+    /// host knows). Nothing is done when the slot holds another object by then (the drive came
+    /// back by a delta resync after this failure was committed).
+    fn fail_member(
+        &self,
+        slot: u32,
+        incarnation: u64,
+        reason: String,
+    ) -> BoxFuture<'_, Result<(), EngineError>>;
 
-    /// An I/O error of the member drive in `slot` met by `what`: a full host filesystem
-    /// suspends writes (the request fails, the drive is not to blame); any other error fails the
-    /// drive, committed.
+    /// An I/O error of the member drive in `slot` (the object numbered `incarnation`) met by
+    /// `what`: a full host filesystem suspends writes (the request fails, the drive is not to
+    /// blame); any other error fails the drive, committed, as `fail_member`.
     fn member_error<'a>(
         &'a self,
         slot: u32,
+        incarnation: u64,
         what: &'a str,
         e: &'a DevError,
     ) -> BoxFuture<'a, Result<(), EngineError>>;

@@ -999,7 +999,7 @@ impl<D: BlockDevice> Volume<D> {
             // outage, which this request's map predates (pool/resync.rs).
             return Ok(());
         }
-        self.host.fail_member(drive.slot(), reason).await.map_err(|e| self.pool_error(e))
+        self.host.fail_member(drive.slot(), drive.incarnation(), reason).await.map_err(|e| self.pool_error(e))
     }
 
     /// Handles an I/O error of `drive` met by `what`: a full host filesystem suspends the pool's
@@ -1014,7 +1014,10 @@ impl<D: BlockDevice> Volume<D> {
         if drive.is_retired() {
             return Ok(()); // as in `fail_drive`
         }
-        self.host.member_error(drive.slot(), what, e).await.map_err(|e| self.pool_error(e))
+        self.host
+            .member_error(drive.slot(), drive.incarnation(), what, e)
+            .await
+            .map_err(|e| self.pool_error(e))
     }
 
     /// Counts and logs `blocks` blocks at `drive_block` of `drive` rewritten from redundancy.
