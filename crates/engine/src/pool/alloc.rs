@@ -429,8 +429,9 @@ pub(crate) mod tests {
         }
     }
 
-    #[test]
-    fn free_space_is_derived_from_extents() {
+    /// Two drives of 1,000 blocks with a raid1 volume of 30 rows of 10 blocks on them: at block
+    /// 100 of drive 0 (free: 0-99 and 400-999) and block 0 of drive 1 (free: 300-999).
+    fn two_drives_with_a_mirror() -> PoolMeta {
         let mut m = meta(&["", ""]);
         m.volumes.push(VolumeRecord {
             id: 1,
@@ -445,6 +446,12 @@ pub(crate) mod tests {
                 members: vec![MemberRecord::at(0, 100), MemberRecord::at(1, 0)],
             }],
         });
+        m
+    }
+
+    #[test]
+    fn free_space_is_derived_from_extents() {
+        let m = two_drives_with_a_mirror();
         assert_eq!(free_extents(&m, 0, 1000), vec![(0, 100), (400, 600)]);
         assert_eq!(first_fit(&m, 0, 1000, 200), Some(400));
         assert!(can_extend(&m, 1, 1000, 0, 300, 700));
@@ -455,21 +462,8 @@ pub(crate) mod tests {
 
     #[test]
     fn units_that_run_out_say_whether_the_space_or_its_shape_is_short() {
-        let mut m = meta(&["", ""]);
+        let m = two_drives_with_a_mirror();
         let mirror = Layout::Raid1 { copies: 2 };
-        m.volumes.push(VolumeRecord {
-            id: 1,
-            name: "v".into(),
-            size_bytes: 0,
-            layout: mirror,
-            chunk_blocks: 10,
-            class: DriveClass::Capacity,
-            role: VolumeRole::Plain,
-            segments: vec![SegmentRecord {
-                rows: 30,
-                members: vec![MemberRecord::at(0, 100), MemberRecord::at(1, 0)],
-            }],
-        });
         // 700 blocks free on each drive; on drive 0 in two gaps (100 and 600).
         let units =
             |rows| Units { layout: mirror, class: DriveClass::Capacity, chunk_blocks: 10, rows, unit: 60 };
