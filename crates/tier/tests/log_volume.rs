@@ -10,7 +10,8 @@
 //!
 //! `STRIA_LOG_SEEDS=N` sets the number of simulated seeds (default 60), `STRIA_LOG_FIRST_SEED=F`
 //! where they start (default 0: a long run can go on where the last one stopped);
-//! `STRIA_LOG_SEED=S` runs one and prints its history. Those seeds also make clones of snapshots, which writers write
+//! `STRIA_LOG_SEED=S` runs one and prints its history (the seeds that once failed, `FOUND_SEEDS`,
+//! run with every range). Those seeds also make clones of snapshots, which writers write
 //! to beside the volume's (each clone is checked after every boot against its own model), and
 //! delete some of them (a cut may land in the delete). In about a third of the cycles the volume
 //! is resized online while the writers go on (grown, or shrunk towards the blocks they use,
@@ -2056,6 +2057,7 @@ async fn resize_clone(
     work: &[(Option<u16>, RefCell<Tracker>)],
     i: usize,
     seed_c: u64,
+    cycle: u64,
 ) {
     let (name, id) = (sim.clones[i].name.clone(), work[i].0.expect("a live clone"));
     // Half the time past the volume's size: the family's map grows first; the volume keeps its.
@@ -2095,6 +2097,13 @@ async fn resize_clone(
             }
             Err(_) => return, // the power went out
         }
+    }
+    // Settled before the next phase, as before every phase: a write the growth's phase had
+    // refused (ENOSPC) changed nothing, and the shrink's writers build on what the volume holds
+    // (seed 37938: a head write refused while the map grew, then an unaligned write into its
+    // block, which the model had built on the refused version).
+    if !(settle_live(sim, vol, tracker, cycle).await && settle_clones(sim, vol, work, cycle).await) {
+        return; // the power went out
     }
     // Past the writers' blocks; past the volume's end when the clone grew past it (the volume
     // must read zeros there if it grows later).
@@ -2460,7 +2469,7 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
             // read as zeros (its parent's view there is empty, whatever the volume holds); a
             // block is written past the writers' blocks, then it shrinks back to them (the
             // block discarded), again amid the writers. A cut leaves the old size or the new.
-            resize_clone(&mut sim, &vol, &tracker, &work, pick, seed_c).await;
+            resize_clone(&mut sim, &vol, &tracker, &work, pick, seed_c, cycle).await;
         }
         let live: Vec<usize> =
             work.iter().enumerate().filter(|(_, w)| w.0.is_some()).map(|(i, _)| i).collect();
@@ -2704,6 +2713,11 @@ static ORIGIN_DELETES_FINISHED: std::sync::atomic::AtomicU64 = std::sync::atomic
 static COUNT_AUDITS: [std::sync::atomic::AtomicU64; 2] =
     [std::sync::atomic::AtomicU64::new(0), std::sync::atomic::AtomicU64::new(0)];
 
+/// Seeds that once failed, run with every range: 37938 (the model built a partial write on a
+/// write the volume had refused with ENOSPC: the clone resize helper did not settle between its
+/// growth's and its shrink's phases of writers).
+const FOUND_SEEDS: [u64; 1] = [37938];
+
 #[tokio::test(start_paused = true)]
 async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_no_write() {
     if let Ok(s) = std::env::var("STRIA_LOG_SEED") {
@@ -2715,7 +2729,9 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
     let (mut opens, mut given_back, mut snapshots) = ((0, 0), 0, 0);
     let deletes = || SNAPSHOT_DELETES.load(std::sync::atomic::Ordering::Relaxed);
     let audits = |exact: usize| COUNT_AUDITS[exact].load(std::sync::atomic::Ordering::Relaxed);
-    for seed in first..first + n {
+    // The seeds that once failed run every time.
+    let found = FOUND_SEEDS.iter().copied().filter(|s| !(first..first + n).contains(s));
+    for seed in found.chain(first..first + n) {
         let (table, scan, back, snaps) = run_log_sequence(seed, false).await;
         opens = (opens.0 + table, opens.1 + scan);
         given_back += back;
