@@ -268,13 +268,23 @@ impl Dispatcher {
     /// request runs.
     pub async fn admit(&self, flow: FlowId, profile: &CostProfile, kind: OpKind, bytes: u64) -> Grant {
         let me = self.me.upgrade().expect("a dispatcher is used through its Arc");
-        let (tx, rx) = oneshot::channel();
-        let cost = {
+        let (cost, rx) = {
             let mut st = self.state.lock();
             let demand = profile.demand(kind, bytes, st.calibration.as_ref());
-            st.sched.push(flow, demand, self.now(), tx);
+            let now = self.now();
+            // Nothing queued: a request that would be picked at once goes without a queue, a
+            // channel or a wait (the common case when no limit binds and the window has room).
+            if st.sched.is_empty() {
+                let fits = Self::fits(&st);
+                if let Some(phase) = st.sched.go_now(flow, &demand, now, fits) {
+                    Self::started(&mut st, flow, phase, &demand, now);
+                    return Grant { dispatcher: Some(me), cost: demand.cost };
+                }
+            }
+            let (tx, rx) = oneshot::channel();
+            st.sched.push(flow, demand, now, tx);
             self.run(&mut st);
-            demand.cost
+            (demand.cost, rx)
         };
         let mut waiting = Waiting { rx, dispatcher: Some(me), cost };
         // The sender is only dropped unsent if the dispatcher itself goes away.
@@ -292,7 +302,30 @@ impl Dispatcher {
                 st.in_flight[i] = if st.in_flight_ops[i] == 0 { 0.0 } else { (st.in_flight[i] - c).max(0.0) };
             }
         }
-        self.run(&mut st);
+        // Nothing queued: nothing to let go (and no limit's timer to arm).
+        if !st.sched.is_empty() {
+            self.run(&mut st);
+        }
+    }
+
+    /// Whether a request asking a demand fits the window now: each class it uses has room, or
+    /// nothing in flight there (so one larger than the window still goes).
+    fn fits(st: &State) -> impl Fn(&Demand) -> bool + use<> {
+        let (in_flight, ops, window) = (st.in_flight, st.in_flight_ops, st.window);
+        move |d: &Demand| {
+            (0..2).all(|i| d.cost[i] == 0.0 || ops[i] == 0 || in_flight[i] + d.cost[i] <= window[i])
+        }
+    }
+
+    /// Counts a request that goes now: its cost in the window, its flow's rates.
+    fn started(st: &mut State, flow: FlowId, phase: Phase, demand: &Demand, now: f64) {
+        for i in 0..2 {
+            if demand.cost[i] > 0.0 {
+                st.in_flight[i] += demand.cost[i];
+                st.in_flight_ops[i] += 1;
+            }
+        }
+        st.flows[flow].count(now as u64, demand.bytes as u64, phase);
     }
 
     /// Lets requests go while the window has room; arms a timer for a limit that holds the
@@ -300,24 +333,13 @@ impl Dispatcher {
     fn run(&self, st: &mut State) {
         loop {
             let now = self.now();
-            let (in_flight, ops, window) = (st.in_flight, st.in_flight_ops, st.window);
-            // A request fits when each class it uses has room, or nothing in flight (so one
-            // larger than the window still goes).
-            let fits = |d: &Demand| {
-                (0..2).all(|i| d.cost[i] == 0.0 || ops[i] == 0 || in_flight[i] + d.cost[i] <= window[i])
-            };
+            let fits = Self::fits(st);
             match st.sched.pick(now, fits) {
                 Pick::Go { flow, phase, demand, item } => {
                     if item.send(()).is_err() {
                         continue; // its waiter went away: nothing to run
                     }
-                    for i in 0..2 {
-                        if demand.cost[i] > 0.0 {
-                            st.in_flight[i] += demand.cost[i];
-                            st.in_flight_ops[i] += 1;
-                        }
-                    }
-                    st.flows[flow].count(now as u64, demand.bytes as u64, phase);
+                    Self::started(st, flow, phase, &demand, now);
                 }
                 Pick::Full => return,
                 Pick::Idle(None) => return,
