@@ -7,13 +7,15 @@
 #
 # What it does (docs/benchmarks.md, section "NBD", explains the choices and lists results):
 #  * builds `stria` in release (CARGO_TARGET_DIR, default target/);
-#  * stria serves two 1 GiB volumes, `r0` (raid0 over 6 drives) and `ec` (ec:4+2, checksums on,
-#    as always) from 6 memory-backed drives: `--drives memory` (default) uses the daemon's hidden
-#    benchmark option `--bench-memory-drives` (in-process memory drives: the NBD path, the engine
-#    and its checksums, no drive I/O underneath); `--drives tmpfs` makes a normal pool of files
-#    in /dev/shm (the file drive then runs its calls inline: 2 fast + 6 capacity drives) and adds
-#    a tiered:ec:4+2 volume (`stria-tiered`: thin, log-structured, cache and map on the 2 fast
-#    drives) and a log:ec:4+2 one (`stria-log`: cache and map mirrored on the capacity drives);
+#  * stria serves four 1 GiB volumes from 2 fast + 6 capacity memory-backed drives: `r0` (raid0
+#    over the 6), `ec` (ec:4+2, checksums on, as always), `tv` (tiered:ec:4+2, `stria-tiered`:
+#    thin, log-structured, cache and map on the 2 fast drives) and `lv` (log:ec:4+2,
+#    `stria-log`: cache and map mirrored on the capacity drives). `--drives memory` (default)
+#    uses the daemon's hidden benchmark options `--bench-memory-drives` and
+#    `--bench-memory-fast-drives` (in-process memory drives: the NBD path, the engine, the tier
+#    and their checksums, no kernel file I/O underneath); `--drives tmpfs` makes a normal pool of
+#    files in /dev/shm (the file drive then runs its calls inline, through the kernel's page
+#    cache and each file's inode lock);
 #  * the peer is `nbdkit memory 1G`; both are on Unix sockets; stria is restarted (and refilled)
 #    for the unpinned phase, because it sizes its runtime by the CPUs it may use at start;
 #  * every export is filled with random data first (unwritten blocks would read as zeros
@@ -93,7 +95,8 @@ start_stria() { # CPU list
   if [ -n "$STRIA_PID" ]; then kill "$STRIA_PID"; wait "$STRIA_PID" 2>/dev/null || true; rm -f "$W/stria.sock"; fi
   if [ "$DRIVES" = memory ]; then
     nice -n "$NICE" taskset -c "$1" "$STRIA" serve --log-level warn --nbd "unix:$W/stria.sock" $SERVE_ARGS \
-      --bench-memory-drives 6x1G --bench-volume r0:raid0:1G --bench-volume ec:ec:4+2:1G \
+      --bench-memory-drives 6x2G --bench-memory-fast-drives 2x2G --bench-volume r0:raid0:1G \
+      --bench-volume ec:ec:4+2:1G --bench-volume tv:tiered:ec:4+2:1G --bench-volume lv:log:ec:4+2:1G \
       >>"$W/stria.log" 2>&1 &
   else
     nice -n "$NICE" taskset -c "$1" "$STRIA" serve --pool "$W/pool" --log-level warn \
@@ -112,12 +115,9 @@ declare -A URI=(
   [stria-raid0]="nbd+unix:///r0?socket=$W/stria.sock"
   [stria-ec]="nbd+unix:///ec?socket=$W/stria.sock"
 )
-TARGETS=(nbdkit stria-raid0 stria-ec)
-if [ "$DRIVES" = tmpfs ]; then
-  URI[stria-tiered]="nbd+unix:///tv?socket=$W/stria.sock"
-  URI[stria-log]="nbd+unix:///lv?socket=$W/stria.sock"
-  TARGETS+=(stria-tiered stria-log)
-fi
+URI[stria-tiered]="nbd+unix:///tv?socket=$W/stria.sock"
+URI[stria-log]="nbd+unix:///lv?socket=$W/stria.sock"
+TARGETS=(nbdkit stria-raid0 stria-ec stria-tiered stria-log)
 
 echo "filling the exports with random data ..."
 head -c 1G /dev/urandom >"$W/fill.img"
@@ -146,7 +146,7 @@ set_affinity() { # pinned | unpinned
   taskset -a -p -c "$cpus" "$NBDKIT_PID" >/dev/null
   if [ "$(taskset -p "$STRIA_PID" | awk '{print $NF}')" != "$(taskset -c "$cpus" sh -c 'taskset -p $$' | awk '{print $NF}')" ]; then
     start_stria "$cpus"
-    [ "$DRIVES" = memory ] && fill stria-raid0 stria-ec
+    [ "$DRIVES" = memory ] && fill stria-raid0 stria-ec stria-tiered stria-log
   fi
   return 0
 }

@@ -2,9 +2,14 @@
 # Where a 4 KiB read and a 4 KiB write spend the server's CPU (docs/design/datapath.md, "Profile").
 #
 # Usage: scripts/profile-datapath.sh [--seconds S] [--layouts "raid0 ec:4+2 tiered:ec:4+2"] [--out DIR]
+#                                    [--drives tmpfs|memory] [--warm S]
 #
 # `stria serve` (release build, with debug info) runs pinned on CPU 1 over a pool of files in
-# /dev/shm (2 fast + 6 capacity drives); each volume is filled with random data, then fio (nbd
+# /dev/shm (2 fast + 6 capacity drives; `--drives memory`: the same pool of in-process memory
+# drives, `--bench-memory-drives`, so that no kernel file I/O is in the profile); each volume is
+# filled with random data (and with `--warm S` written at random for S seconds more, unmeasured,
+# so that a thin volume's segment space is all touched and GC runs: memory drives allocate their
+# pages at the first write), then fio (nbd
 # engine, pinned on CPU 0) runs 4 KiB random writes and then random reads at queue depth 16 while
 # `perf record -g` samples the server. For each run it writes `perf report` (self time by symbol)
 # to DIR/<layout>-<rw>.txt and prints a table: IOPS, server CPU per request (from the process's
@@ -14,16 +19,19 @@
 # STRIA=PATH profiles that binary instead of building one (to compare two builds back to back).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-SECONDS_RUN=8 LAYOUTS="raid0 ec:4+2 tiered:ec:4+2" OUT=$ROOT/target/profile
+SECONDS_RUN=8 LAYOUTS="raid0 ec:4+2 tiered:ec:4+2" OUT=$ROOT/target/profile DRIVES=tmpfs WARM=0
 while (($#)); do
   case $1 in
     --seconds) SECONDS_RUN=$2; shift 2 ;;
     --layouts) LAYOUTS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
+    --drives) DRIVES=$2; shift 2 ;;
+    --warm) WARM=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed 's/^# \{0,1\}//;$d'; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+case $DRIVES in memory|tmpfs) ;; *) echo "--drives must be tmpfs or memory" >&2; exit 2 ;; esac
 for tool in fio nbdcopy perf python3 taskset; do
   command -v "$tool" >/dev/null || { echo "needs $tool" >&2; exit 1; }
 done
@@ -41,18 +49,33 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$STRIA" pool create --pool "$W/pool" --fast 2 --capacity 6 --drive-size 2G --log-level warn >/dev/null
+[ "$DRIVES" = tmpfs ] && "$STRIA" pool create --pool "$W/pool" --fast 2 --capacity 6 --drive-size 2G --log-level warn >/dev/null
 i=0
 declare -A NAME
+MEMORY_ARGS=(--bench-memory-drives 6x2G --bench-memory-fast-drives 2x2G)
 for l in $LAYOUTS; do
   NAME[$l]=v$i; i=$((i + 1))
-  "$STRIA" volume create "${NAME[$l]}" --pool "$W/pool" --size 1G --layout "$l" --log-level warn >/dev/null
+  if [ "$DRIVES" = tmpfs ]; then
+    "$STRIA" volume create "${NAME[$l]}" --pool "$W/pool" --size 1G --layout "$l" --log-level warn >/dev/null
+  else
+    MEMORY_ARGS+=(--bench-volume "${NAME[$l]}:$l:1G")
+  fi
 done
-taskset -c 1 "$STRIA" serve --pool "$W/pool" --log-level warn --nbd "unix:$W/nbd.sock" >"$W/serve.log" 2>&1 &
+if [ "$DRIVES" = tmpfs ]; then
+  taskset -c 1 "$STRIA" serve --pool "$W/pool" --log-level warn --nbd "unix:$W/nbd.sock" >"$W/serve.log" 2>&1 &
+else
+  taskset -c 1 "$STRIA" serve --log-level warn --nbd "unix:$W/nbd.sock" "${MEMORY_ARGS[@]}" >"$W/serve.log" 2>&1 &
+fi
 PID=$!
 for _ in $(seq 200); do [ -S "$W/nbd.sock" ] && break; sleep 0.05; done
 head -c 1G /dev/urandom >"$W/fill.img"
-for l in $LAYOUTS; do nbdcopy "$W/fill.img" "nbd+unix:///${NAME[$l]}?socket=$W/nbd.sock"; done
+for l in $LAYOUTS; do
+  nbdcopy "$W/fill.img" "nbd+unix:///${NAME[$l]}?socket=$W/nbd.sock"
+  if [ "$WARM" != 0 ]; then
+    taskset -c 0 fio --name=w --ioengine=nbd --uri="nbd+unix:///${NAME[$l]}?socket=$W/nbd.sock" --rw=randwrite \
+      --bs=4k --iodepth=16 --size=1G --time_based --runtime="$WARM" --output=/dev/null >/dev/null 2>&1
+  fi
+done
 rm -f "$W/fill.img"; sleep 2
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$PID/stat"; }
@@ -119,6 +142,6 @@ EOF
     rm -f "$W/perf.data"
   done
 done
-echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), kernel $(uname -r)"
+echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), kernel $(uname -r), drives: $DRIVES"
 column -t "$OUT/summary.tsv"
 echo "(percent of the server's samples; reports by symbol in $OUT)"

@@ -703,6 +703,10 @@ pub(crate) struct ServeArgs {
     /// 6x1G) that vanishes at exit, with the volumes of --bench-volume.
     #[arg(long, hide = true, value_parser = daemon::parse_memory_drives)]
     pub(crate) bench_memory_drives: Option<(usize, u64)>,
+    /// Benchmarks only: fast memory drives beside those of --bench-memory-drives, COUNTxSIZE
+    /// (for tiered volumes, whose cache and map need two fast drives).
+    #[arg(long, hide = true, value_parser = daemon::parse_memory_drives, requires = "bench_memory_drives")]
+    pub(crate) bench_memory_fast_drives: Option<(usize, u64)>,
     /// Benchmarks only: a volume of the memory pool, NAME:LAYOUT:SIZE (repeat).
     #[arg(long, hide = true, requires = "bench_memory_drives")]
     pub(crate) bench_volume: Vec<daemon::MemoryVolumeSpec>,

@@ -89,6 +89,9 @@ pub(crate) struct MemoryPoolSpec {
     pub(crate) drives: usize,
     /// Size of each drive.
     pub(crate) drive_bytes: u64,
+    /// Fast drives to create (tiered volumes' cache and map go there), and their size.
+    pub(crate) fast_drives: usize,
+    pub(crate) fast_drive_bytes: u64,
     /// Volumes to create on them.
     pub(crate) volumes: Vec<MemoryVolumeSpec>,
 }
@@ -456,13 +459,17 @@ pub(crate) async fn serve_memory(
     tracing::warn!(
         drives = spec.drives,
         drive_bytes = spec.drive_bytes,
+        fast_drives = spec.fast_drives,
         "serving a benchmark pool of memory drives: nothing written survives this process"
     );
-    let drives = (0..spec.drives)
-        .map(|i| NewDrive {
-            dev: MemDevice::new(&format!("memory-{i}"), spec.drive_bytes),
-            path: format!("memory:{i}"),
-            class: DriveClass::Capacity,
+    let fast = (0..spec.fast_drives).map(|i| (DriveClass::Fast, spec.fast_drive_bytes, format!("fast-{i}")));
+    let capacity = (0..spec.drives).map(|i| (DriveClass::Capacity, spec.drive_bytes, i.to_string()));
+    let drives = fast
+        .chain(capacity)
+        .map(|(class, bytes, id)| NewDrive {
+            dev: MemDevice::new(&format!("memory-{id}"), bytes),
+            path: format!("memory:{id}"),
+            class,
             domain: String::new(),
             fresh: true,
         })
@@ -476,7 +483,8 @@ pub(crate) async fn serve_memory(
             size_bytes: v.size_bytes,
             layout: v.layout.clone(),
             chunk_bytes: None,
-            class: Some(DriveClass::Capacity),
+            // Plain volumes go on the capacity drives, as `volume create` puts them.
+            class: None,
             cache_bytes: None,
             cache_copies: None,
             space_bytes: None,

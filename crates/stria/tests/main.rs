@@ -1,6 +1,7 @@
 //! Every integration test of the `stria` binary, in one test binary: each scenario file is a
 //! module (one link of the dependency graph instead of one per file).
 
+mod bench_pool;
 mod cli_output;
 mod common;
 mod error_kinds;

@@ -13,7 +13,14 @@ use crate::pooldir::PoolDir;
 pub(super) async fn serve(dir: PoolDir, mut args: ServeArgs) -> Result<()> {
     if let Some((drives, drive_bytes)) = args.bench_memory_drives {
         let volumes = std::mem::take(&mut args.bench_volume);
-        let spec = daemon::MemoryPoolSpec { drives, drive_bytes, volumes };
+        let fast = args.bench_memory_fast_drives.unwrap_or((0, 0));
+        let spec = daemon::MemoryPoolSpec {
+            drives,
+            drive_bytes,
+            fast_drives: fast.0,
+            fast_drive_bytes: fast.1,
+            volumes,
+        };
         let opts = serve_tls_options(args)?;
         return daemon::serve_memory(spec, opts, |uris| print_ready(uris, None)).await;
     }

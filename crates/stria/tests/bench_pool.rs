@@ -1,0 +1,75 @@
+//! The benchmarks' memory pool (`stria serve --bench-memory-drives`, hidden): what
+//! `scripts/bench-nbd.sh --drives memory` and `scripts/profile-datapath.sh --drives memory` serve.
+//! Every layout they measure must be served, keep what a client writes while the process lives,
+//! and a layout the pool cannot hold must stop the start with the reason.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::{Stria, binary};
+
+/// qemu-io on export `vol` of the socket: whether every command succeeded, and what it printed.
+fn qemu_io(socket: &Path, vol: &str, commands: &[&str]) -> (bool, String) {
+    let mut cmd = Command::new("qemu-io");
+    cmd.args(["-f", "raw"]).arg(format!("nbd+unix:///{vol}?socket={}", socket.display()));
+    for c in commands {
+        cmd.args(["-c", c]);
+    }
+    let out = cmd.output().expect("qemu-io (package qemu-utils, installed by scripts/test.sh)");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    // qemu-io exits 0 after a failed command; its failures say so in the text.
+    let failed = !out.status.success() || text.contains("failed") || text.contains("error");
+    (!failed, text)
+}
+
+#[test]
+fn the_benchmark_memory_pool_serves_every_layout_the_benchmarks_measure() {
+    let stria = Stria::new();
+    let socket = stria.dir.path().join("bench.sock");
+    let mut child = Command::new(binary())
+        .args(["serve", "--log-level", "warn", "--nbd"])
+        .arg(format!("unix:{}", socket.display()))
+        .args(["--bench-memory-drives", "6x1G", "--bench-memory-fast-drives", "2x512M"])
+        .args(["--bench-volume", "r0:raid0:128M", "--bench-volume", "e:ec:4+2:128M"])
+        .args(["--bench-volume", "tv:tiered:ec:4+2:128M", "--bench-volume", "lv:log:ec:4+2:128M"])
+        .current_dir(stria.dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start stria serve");
+    let start = Instant::now();
+    while !socket.exists() {
+        if let Some(status) = child.try_wait().expect("wait") {
+            panic!("stria serve with a memory pool exited at start: {status}");
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "stria serve did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for vol in ["r0", "e", "tv", "lv"] {
+        let (ok, text) = qemu_io(
+            &socket,
+            vol,
+            &["write -P 0x3c 1M 3M", "flush", "read -P 0x3c 1M 3M", "read -P 0 0 1M", "read -P 0 4M 1M"],
+        );
+        assert!(ok, "volume {vol} of the memory pool: {text}");
+    }
+    let killed = Command::new("kill").args(["-s", "TERM", &child.id().to_string()]).status().expect("kill");
+    assert!(killed.success());
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(0), "stria serve of a memory pool stopped by SIGTERM");
+
+    // A tiered volume without fast drives: refused at start, with the reason.
+    let out = Command::new(binary())
+        .args(["serve", "--log-level", "warn", "--nbd"])
+        .arg(format!("unix:{}", stria.dir.path().join("refused.sock").display()))
+        .args(["--bench-memory-drives", "6x1G", "--bench-volume", "tv:tiered:ec:4+2:128M"])
+        .current_dir(stria.dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run stria serve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot create volume tv") && stderr.contains("fast drive"), "{stderr}");
+}
