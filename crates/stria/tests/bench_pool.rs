@@ -4,7 +4,7 @@
 //! and a layout the pool cannot hold must stop the start with the reason.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::{Stria, binary};
@@ -23,25 +23,37 @@ fn qemu_io(socket: &Path, vol: &str, commands: &[&str]) -> (bool, String) {
     (!failed, text)
 }
 
+/// The server, killed when dropped (a failed assertion must not leave it running).
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 fn the_benchmark_memory_pool_serves_every_layout_the_benchmarks_measure() {
     let stria = Stria::new();
     let socket = stria.dir.path().join("bench.sock");
-    let mut child = Command::new(binary())
-        .args(["serve", "--log-level", "warn", "--nbd"])
-        .arg(format!("unix:{}", socket.display()))
-        .args(["--bench-memory-drives", "6x1G", "--bench-memory-fast-drives", "2x512M"])
-        .args(["--bench-volume", "r0:raid0:128M", "--bench-volume", "e:ec:4+2:128M"])
-        .args(["--bench-volume", "tv:tiered:ec:4+2:128M", "--bench-volume", "lv:log:ec:4+2:128M"])
-        .current_dir(stria.dir.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start stria serve");
+    let mut server = Killed(
+        Command::new(binary())
+            .args(["serve", "--log-level", "warn", "--nbd"])
+            .arg(format!("unix:{}", socket.display()))
+            .args(["--bench-memory-drives", "6x1G", "--bench-memory-fast-drives", "2x512M"])
+            .args(["--bench-volume", "r0:raid0:128M", "--bench-volume", "e:ec:4+2:128M"])
+            .args(["--bench-volume", "tv:tiered:ec:4+2:128M", "--bench-volume", "lv:log:ec:4+2:128M"])
+            .current_dir(stria.dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start stria serve"),
+    );
     let start = Instant::now();
     while !socket.exists() {
-        if let Some(status) = child.try_wait().expect("wait") {
+        if let Some(status) = server.0.try_wait().expect("wait") {
             panic!("stria serve with a memory pool exited at start: {status}");
         }
         assert!(start.elapsed() < Duration::from_secs(60), "stria serve did not start");
@@ -55,21 +67,40 @@ fn the_benchmark_memory_pool_serves_every_layout_the_benchmarks_measure() {
         );
         assert!(ok, "volume {vol} of the memory pool: {text}");
     }
-    let killed = Command::new("kill").args(["-s", "TERM", &child.id().to_string()]).status().expect("kill");
+    let killed =
+        Command::new("kill").args(["-s", "TERM", &server.0.id().to_string()]).status().expect("kill");
     assert!(killed.success());
-    let status = child.wait().expect("wait");
+    let status = server.0.wait().expect("wait");
     assert_eq!(status.code(), Some(0), "stria serve of a memory pool stopped by SIGTERM");
 
-    // A tiered volume without fast drives: refused at start, with the reason.
-    let out = Command::new(binary())
-        .args(["serve", "--log-level", "warn", "--nbd"])
-        .arg(format!("unix:{}", stria.dir.path().join("refused.sock").display()))
-        .args(["--bench-memory-drives", "6x1G", "--bench-volume", "tv:tiered:ec:4+2:128M"])
-        .current_dir(stria.dir.path())
-        .stdin(Stdio::null())
-        .output()
-        .expect("run stria serve");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    // A tiered volume without fast drives: refused at start, with the reason (a server that
+    // started anyway would be killed when the wait below gives up).
+    let mut refused = Killed(
+        Command::new(binary())
+            .args(["serve", "--log-level", "warn", "--nbd"])
+            .arg(format!("unix:{}", stria.dir.path().join("refused.sock").display()))
+            .args(["--bench-memory-drives", "6x1G", "--bench-volume", "tv:tiered:ec:4+2:128M"])
+            .current_dir(stria.dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start stria serve"),
+    );
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = refused.0.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "stria serve with a tiered volume and no fast drives runs"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut refused.0.stderr.take().expect("piped"), &mut stderr)
+        .expect("read stderr");
+    assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("cannot create volume tv") && stderr.contains("fast drive"), "{stderr}");
 }
