@@ -2,7 +2,7 @@
 # Seed 000's PoC tests, scaled to this machine: a tiered volume through NBD (docs/benchmarks.md,
 # "Seed 000's PoC tests").
 #
-# Usage: scripts/bench-poc.sh [--runtime S] [--size SIZE] [--out DIR]
+# Usage: scripts/bench-poc.sh [--runtime S] [--size SIZE] [--out DIR] [--serve-args "ARGS"]
 #
 # Seed 000 tested its multi-tiered volume (write cache and map on Optane, 4+2+2 EC on QLC) with
 # block-level tests, destage running all the time. The same tests here: `stria serve` over a pool
@@ -25,14 +25,16 @@
 # writes over idle (the seed: 1.28; the issue's goal: at most 1.3). Each test's fio JSON goes to
 # DIR (default target/bench-reports/poc); then `stria-report fio` writes DIR/REPORT.md and the
 # latency CDFs. Needs fio, nbdcopy. Takes about 3 minutes with the defaults.
+# --serve-args "ARGS" adds flags to `stria serve` (e.g. "--background-nice 0", to compare).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-RUNTIME=10 SIZE=2G OUT=$ROOT/target/bench-reports/poc
+RUNTIME=10 SIZE=2G OUT=$ROOT/target/bench-reports/poc SERVE_ARGS=
 while (($#)); do
   case $1 in
     --runtime) RUNTIME=$2; shift 2 ;;
     --size) SIZE=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
+    --serve-args) SERVE_ARGS=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed 's/^# \{0,1\}//;$d'; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -60,7 +62,8 @@ QUARTER=$((SIZE_BYTES / 4))
 "$STRIA" pool create --pool "$W/pool" --fast 2 --capacity 6 --drive-size "$SIZE" \
   --log-level warn >/dev/null
 "$STRIA" volume create tv --pool "$W/pool" --size "$SIZE" --layout tiered:ec:4+2 --log-level warn >/dev/null
-"$STRIA" serve --pool "$W/pool" --log-level warn --nbd "unix:$W/stria.sock" >"$W/stria.log" 2>&1 &
+# shellcheck disable=SC2086 # SERVE_ARGS is a list of flags
+"$STRIA" serve --pool "$W/pool" --log-level warn --nbd "unix:$W/stria.sock" $SERVE_ARGS >"$W/stria.log" 2>&1 &
 PID=$!
 for _ in $(seq 200); do [ -S "$W/stria.sock" ] && break; sleep 0.05; done
 [ -S "$W/stria.sock" ] || { cat "$W/stria.log" >&2; echo "stria did not start" >&2; exit 1; }

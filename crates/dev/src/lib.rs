@@ -13,6 +13,7 @@ pub mod fault;
 pub mod file;
 pub mod histogram;
 pub mod mem;
+pub mod priority;
 
 pub use buf::{BUF_ALIGN_BYTES, IoBuf, IoBytes};
 pub use counters::{Counter, DevCounters, DevCountersSnapshot, DevLatency};

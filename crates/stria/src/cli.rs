@@ -666,6 +666,12 @@ pub(crate) struct ServeArgs {
     /// connections on the daemon's shared runtime; docs/iscsi.md).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(0..=1024))]
     pub(crate) iscsi_threads: Option<u64>,
+    /// Nice levels the daemon's shared runtime (destage, GC, rebuilds, checkpoints, the control
+    /// plane) runs below the threads that serve host requests, while connections have threads
+    /// of their own (0: the same priority; docs/design/datapath.md, "Background work below the
+    /// host's").
+    #[arg(long, value_name = "LEVELS", default_value_t = 5, value_parser = clap::value_parser!(u8).range(0..=19))]
+    pub(crate) background_nice: u8,
     /// iSCSI CHAP: every login must give this name and prove the secret of
     /// --iscsi-chap-secret-file (without it, logins need no authentication).
     #[arg(long, value_name = "NAME", requires = "iscsi_chap_secret_file")]
@@ -733,6 +739,20 @@ pub(crate) const UP_LAYOUT: &str = "tiered:ec:4+2";
 /// Where `stria up` serves metrics, the REST API and the dashboard.
 pub(crate) const DEFAULT_HTTP_PORT: u16 = 9810;
 
+impl Cli {
+    /// Nice levels the shared runtime's threads run below the process (`--background-nice`):
+    /// for `serve` and `up` only, and only while every front end serves its connections on
+    /// threads of their own (otherwise host requests run on that runtime too, and it stays at
+    /// the process's priority).
+    pub(crate) fn background_nice_levels(&self) -> Option<u8> {
+        let (Command::Serve(a) | Command::Up(UpArgs { serve: a, .. })) = &self.command else { return None };
+        let nbd_threads = nbd_limits::connection_threads(a.nbd_limits.nbd_threads);
+        let iscsi_threads = nbd_limits::connection_threads(a.iscsi_threads);
+        let own_threads = nbd_threads > 0 && (a.iscsi.is_empty() || iscsi_threads > 0);
+        (a.background_nice > 0 && own_threads).then_some(a.background_nice)
+    }
+}
+
 /// Parses the command line; for `serve` and `up` with `--config FILE`, adds the file's
 /// settings that the command line does not give (see [`config::as_args`]).
 pub(crate) fn parse_cli() -> Result<Cli, clap::Error> {
@@ -791,6 +811,31 @@ mod tests {
 
     fn no_quorum() -> EngineError {
         EngineError::NoQuorum { present: 1, total: 2, needed: 2, missing: "slot 1 (d1)".into() }
+    }
+
+    #[test]
+    fn background_work_runs_lower_only_for_a_daemon_whose_connections_have_threads() {
+        let levels = |args: &[&str]| {
+            let words: Vec<String> =
+                std::iter::once("stria").chain(args.iter().copied()).map(String::from).collect();
+            parse(&words).background_nice_levels()
+        };
+        // With more than one CPU connections get threads by default; on one they do not.
+        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let default = (cpus > 1).then_some(5);
+        assert_eq!(levels(&["serve"]), default);
+        assert_eq!(levels(&["up"]), default);
+        assert_eq!(levels(&["serve", "--iscsi", "0.0.0.0:3260"]), default);
+        assert_eq!(levels(&["serve", "--background-nice", "2", "--nbd-threads", "2"]), Some(2));
+        assert_eq!(levels(&["serve", "--background-nice", "0"]), None);
+        assert_eq!(levels(&["serve", "--nbd-threads", "0"]), None);
+        assert_eq!(
+            levels(&["serve", "--iscsi", "0.0.0.0:3260", "--iscsi-threads", "0", "--nbd-threads", "2"]),
+            None
+        );
+        assert_eq!(levels(&["serve", "--nbd-threads", "2", "--iscsi-threads", "0"]), Some(5));
+        assert_eq!(levels(&["volume", "list"]), None);
+        assert!(Cli::try_parse_from(["stria", "serve", "--background-nice", "20"]).is_err());
     }
 
     #[test]

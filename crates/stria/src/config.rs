@@ -97,6 +97,8 @@ pub(crate) struct Limits {
     pub(crate) iscsi_busy_poll: Option<u64>,
     /// `--iscsi-threads`: threads iSCSI connections run on.
     pub(crate) iscsi_threads: Option<u64>,
+    /// `--background-nice`: nice levels background work runs below host requests.
+    pub(crate) background_nice: Option<u8>,
 }
 
 /// The file a daemon was started with: to re-read on SIGHUP.
@@ -149,6 +151,7 @@ const KEYS: &[(&str, &str)] = &[
     ("limits.iscsi_connections", "iscsi_connections_max"),
     ("limits.iscsi_busy_poll", "iscsi_busy_poll"),
     ("limits.iscsi_threads", "iscsi_threads"),
+    ("limits.background_nice", "background_nice"),
 ];
 
 /// The file's settings as command-line arguments, leaving out those given on the command line
@@ -211,6 +214,7 @@ pub(crate) fn as_args(
             "limits.iscsi_connections" => count(limits.iscsi_connections),
             "limits.iscsi_busy_poll" => limits.iscsi_busy_poll.map(|v| vec![v.to_string()]),
             "limits.iscsi_threads" => limits.iscsi_threads.map(|v| vec![v.to_string()]),
+            "limits.background_nice" => limits.background_nice.map(|v| vec![v.to_string()]),
             _ => unreachable!("every key of KEYS is matched"),
         };
         let Some(values) = values else { continue };

@@ -91,11 +91,20 @@ fn main() {
         .unwrap_or(default_threads);
     let runtime = match threads {
         0 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
-        n => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(n)
-            .thread_stack_size(RUNTIME_STACK_BYTES)
-            .enable_all()
-            .build(),
+        n => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n).thread_stack_size(RUNTIME_STACK_BYTES).enable_all();
+            // A daemon whose connections have threads of their own runs the shared runtime's
+            // workers (background work, the control plane) below them (`--background-nice`).
+            if let Some(levels) = cli.background_nice_levels() {
+                b.on_thread_start(move || {
+                    if let Err(e) = stria_dev::priority::run_as_background(levels) {
+                        tracing::warn!(error = %e, "a runtime thread could not lower its priority");
+                    }
+                });
+            }
+            b.build()
+        }
     };
     let runtime = match runtime {
         Ok(rt) => rt,

@@ -324,3 +324,59 @@ fn the_shipped_unit_and_configuration_file_start_the_daemon() {
     expect(&stria, &["status"], 0);
     serve.stop();
 }
+
+/// Each thread of process `pid`: its name and its nice value (`/proc/PID/task/TID/stat`).
+fn thread_nices(pid: u32) -> Vec<(String, i32)> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the daemon's threads") {
+        let dir = task.expect("task").path();
+        let (Ok(comm), Ok(stat)) =
+            (std::fs::read_to_string(dir.join("comm")), std::fs::read_to_string(dir.join("stat")))
+        else {
+            continue; // the thread ended meanwhile
+        };
+        // After the name in parentheses: state is field 3 of stat(5), nice field 19.
+        let fields: Vec<&str> = stat[stat.rfind(')').expect("stat has the name") + 2..].split(' ').collect();
+        out.push((comm.trim().to_string(), fields[16].parse().expect("nice")));
+    }
+    out
+}
+
+#[test]
+fn background_work_runs_below_the_threads_that_serve_host_requests() {
+    let stria = Stria::new();
+    expect(&stria, &["pool", "create", "--fast", "2", "--capacity", "6", "--drive-size", "256M"], 0);
+    let base = thread_nices(std::process::id())[0].1;
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    for (args, levels) in
+        [(&[][..], 5), (&["--background-nice", "3"][..], 3), (&["--background-nice", "0"][..], 0)]
+    {
+        let sock = stria.dir.path().join("bg.sock");
+        let mut argv = vec!["--pool", "pool", "serve", "--nbd"];
+        let nbd = format!("unix:{}", sock.display());
+        argv.push(&nbd);
+        argv.extend_from_slice(args);
+        let serve = Serve::start(&stria, &argv);
+        serve.wait_for("NBD server listening");
+        // A drive added while serving is opened by a job on the shared runtime: its I/O threads
+        // must still run at the process's priority.
+        let before = thread_nices(serve.child.id()).len();
+        expect(&stria, &["drive", "add", "--class", "capacity", "--size", "256M", "--no-rebalance"], 0);
+        let threads = thread_nices(serve.child.id());
+        assert!(threads.len() > before, "the added drive started no thread: {threads:?}");
+        // On one CPU there are no connection threads and no workers: everything stays at the
+        // process's priority.
+        let levels = if cpus > 1 { levels } else { 0 };
+        let named = |prefix: &'static str| threads.iter().filter(move |(n, _)| n.starts_with(prefix));
+        assert!(cpus == 1 || named("tokio-rt-worker").count() > 0, "{threads:?}");
+        for (name, nice) in named("tokio-rt-worker") {
+            assert_eq!(*nice, (base + levels).min(19), "{name} with {args:?}: {threads:?}");
+        }
+        for prefix in ["stria-nbd-conn", "stria-uring-cq", "stria-io-pool", "stria-main"] {
+            for (name, nice) in named(prefix) {
+                assert_eq!(*nice, base, "{name} serves host requests ({args:?}): {threads:?}");
+            }
+        }
+        serve.stop();
+    }
+}

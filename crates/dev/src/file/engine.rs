@@ -249,7 +249,13 @@ pub(super) fn spawn_threads(shared: &Arc<Shared>, pool_threads: usize) -> io::Re
     let mut handles = Vec::new();
     let mut spawn = |name: &str, body: fn(&Shared)| {
         let s = Arc::clone(shared);
-        thread::Builder::new().name(name.into()).spawn(move || body(&s)).map(|h| handles.push(h))
+        let spawned = thread::Builder::new().name(name.into()).spawn(move || {
+            // A drive's I/O serves host requests: at the process's priority, whichever thread
+            // opened the drive (a background job may have; crate::priority).
+            crate::priority::foreground_or_warn(&s.name);
+            body(&s)
+        });
+        spawned.map(|h| handles.push(h))
     };
     let mut result = Ok(());
     if shared.uses_ring() {
