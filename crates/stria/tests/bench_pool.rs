@@ -33,23 +33,44 @@ impl Drop for Killed {
     }
 }
 
+/// `stria serve` of a memory pool on Unix socket `socket` with `args` after it (its stderr piped,
+/// killed when dropped).
+fn serve(stria: &Stria, socket: &Path, args: &[&str]) -> Killed {
+    Killed(
+        Command::new(binary())
+            .args(["serve", "--log-level", "warn", "--nbd"])
+            .arg(format!("unix:{}", socket.display()))
+            .args(args)
+            .current_dir(stria.dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start stria serve"),
+    )
+}
+
 #[test]
 fn the_benchmark_memory_pool_serves_every_layout_the_benchmarks_measure() {
     let stria = Stria::new();
     let socket = stria.dir.path().join("bench.sock");
-    let mut server = Killed(
-        Command::new(binary())
-            .args(["serve", "--log-level", "warn", "--nbd"])
-            .arg(format!("unix:{}", socket.display()))
-            .args(["--bench-memory-drives", "6x1G", "--bench-memory-fast-drives", "2x512M"])
-            .args(["--bench-volume", "r0:raid0:128M", "--bench-volume", "e:ec:4+2:128M"])
-            .args(["--bench-volume", "tv:tiered:ec:4+2:128M", "--bench-volume", "lv:log:ec:4+2:128M"])
-            .current_dir(stria.dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start stria serve"),
+    let mut server = serve(
+        &stria,
+        &socket,
+        &[
+            "--bench-memory-drives",
+            "6x1G",
+            "--bench-memory-fast-drives",
+            "2x512M",
+            "--bench-volume",
+            "r0:raid0:128M",
+            "--bench-volume",
+            "e:ec:4+2:128M",
+            "--bench-volume",
+            "tv:tiered:ec:4+2:128M",
+            "--bench-volume",
+            "lv:log:ec:4+2:128M",
+        ],
     );
     let start = Instant::now();
     while !socket.exists() {
@@ -75,17 +96,10 @@ fn the_benchmark_memory_pool_serves_every_layout_the_benchmarks_measure() {
 
     // A tiered volume without fast drives: refused at start, with the reason (a server that
     // started anyway would be killed when the wait below gives up).
-    let mut refused = Killed(
-        Command::new(binary())
-            .args(["serve", "--log-level", "warn", "--nbd"])
-            .arg(format!("unix:{}", stria.dir.path().join("refused.sock").display()))
-            .args(["--bench-memory-drives", "6x1G", "--bench-volume", "tv:tiered:ec:4+2:128M"])
-            .current_dir(stria.dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start stria serve"),
+    let mut refused = serve(
+        &stria,
+        &stria.dir.path().join("refused.sock"),
+        &["--bench-memory-drives", "6x1G", "--bench-volume", "tv:tiered:ec:4+2:128M"],
     );
     let start = Instant::now();
     let status = loop {
