@@ -4,9 +4,10 @@
 //! destage, GC, rebuilds, checkpoints and the control plane, may run a few nice levels below.
 //!
 //! On Linux a nice value belongs to a thread, and a new thread inherits its creator's. So a
-//! thread that serves host requests sets its own priority from the process's main thread (its
-//! thread group leader, whose priority nothing here changes) rather than trusting its creator,
-//! which may be a background worker (a drive added by a job, say).
+//! drive's threads set their own priority from the process's main thread (its thread group
+//! leader, whose priority nothing here changes) rather than trusting their creator, which may
+//! be a background worker (a drive added by a job, say). Connection threads are started by the
+//! daemon's main thread and inherit its priority.
 
 use std::io;
 
