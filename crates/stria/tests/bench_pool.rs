@@ -7,21 +7,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{Stria, binary};
-
-/// qemu-io on export `vol` of the socket: whether every command succeeded, and what it printed.
-fn qemu_io(socket: &Path, vol: &str, commands: &[&str]) -> (bool, String) {
-    let mut cmd = Command::new("qemu-io");
-    cmd.args(["-f", "raw"]).arg(format!("nbd+unix:///{vol}?socket={}", socket.display()));
-    for c in commands {
-        cmd.args(["-c", c]);
-    }
-    let out = cmd.output().expect("qemu-io (package qemu-utils, installed by scripts/test.sh)");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    // qemu-io exits 0 after a failed command; its failures say so in the text.
-    let failed = !out.status.success() || text.contains("failed") || text.contains("error");
-    (!failed, text)
-}
+use crate::common::{Stria, binary, qemu_io};
 
 /// The server, killed when dropped (a failed assertion must not leave it running).
 struct Killed(Child);

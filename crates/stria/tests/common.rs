@@ -162,3 +162,16 @@ impl Drop for Daemon {
         let _ = self.child.wait();
     }
 }
+
+/// qemu-io on export `volume` of the NBD socket `socket`: whether every command succeeded
+/// (qemu-io exits 0 even when a command fails, and says so), and what it printed.
+pub(crate) fn qemu_io(socket: &Path, volume: &str, commands: &[&str]) -> (bool, String) {
+    let mut cmd = Command::new("qemu-io");
+    cmd.args(["-f", "raw"]).arg(format!("nbd+unix:///{volume}?socket={}", socket.display()));
+    for c in commands {
+        cmd.args(["-c", c]);
+    }
+    let out = cmd.output().expect("qemu-io (package qemu-utils, installed by scripts/test.sh)");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success() && !text.contains("failed"), text)
+}

@@ -2,24 +2,11 @@
 //! writes with ENOSPC (not EIO, which ext4 and qemu take for a media error), says `full` in its
 //! state, and takes writes again once TRIM freed space.
 
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::common::{Daemon, Stria, expect};
-
-/// qemu-io on volume `vol` through the daemon's socket: what it printed.
-fn qemu_io(socket: &Path, vol: &str, commands: &[&str]) -> String {
-    let mut cmd = Command::new("qemu-io");
-    cmd.args(["-f", "raw"]).arg(format!("nbd+unix:///{vol}?socket={}", socket.display()));
-    for c in commands {
-        cmd.args(["-c", c]);
-    }
-    let out = cmd.output().expect("qemu-io (package qemu-utils, installed by scripts/test.sh)");
-    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
-}
+use crate::common::{Daemon, Stria, expect, qemu_io};
 
 fn show(stria: &Stria, vol: &str) -> Value {
     serde_json::from_str(&expect(stria, &["volume", "show", vol, "--json"], 0).stdout).expect("JSON")
@@ -53,7 +40,7 @@ fn a_full_thin_volume_answers_enospc_says_full_and_recovers_after_trim() {
         created.stderr
     );
     let daemon = Daemon::start(&stria);
-    let text = qemu_io(&daemon.socket, "thin", &["write -P 0x5a 0 96M"]);
+    let (_, text) = qemu_io(&daemon.socket, "thin", &["write -P 0x5a 0 96M"]);
     assert!(text.contains("No space left on device"), "a full thin volume must answer ENOSPC:\n{text}");
     assert!(!text.contains("Input/output error"), "ENOSPC, not EIO:\n{text}");
     let view = show(&stria, "thin");
@@ -62,11 +49,12 @@ fn a_full_thin_volume_answers_enospc_says_full_and_recovers_after_trim() {
     assert!(listed.contains("full"), "the state says full:\n{listed}");
 
     // TRIM everything: space comes back and writes are accepted again.
-    let text = qemu_io(&daemon.socket, "thin", &["discard 0 128M", "flush"]);
+    let (_, text) = qemu_io(&daemon.socket, "thin", &["discard 0 128M", "flush"]);
     assert!(!text.contains("failed"), "{text}");
     let start = Instant::now();
     loop {
-        let text = qemu_io(&daemon.socket, "thin", &["write -P 0x6b 0 4M", "flush", "read -P 0x6b 0 4M"]);
+        let (_, text) =
+            qemu_io(&daemon.socket, "thin", &["write -P 0x6b 0 4M", "flush", "read -P 0x6b 0 4M"]);
         if !text.contains("failed") {
             break;
         }

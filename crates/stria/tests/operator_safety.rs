@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{Daemon, POOL, Stria, binary, expect};
+use crate::common::{Daemon, POOL, Stria, binary, expect, qemu_io};
 
 /// Checks `text` contains `part`.
 fn says(text: &str, part: &str) {
@@ -353,22 +353,6 @@ impl Drop for SmallFs {
     }
 }
 
-/// qemu-io on volume `v` through the daemon's socket; returns whether every command succeeded
-/// and what it printed.
-fn qemu_io(socket: &Path, commands: &[&str]) -> (bool, String) {
-    let mut cmd = Command::new("qemu-io");
-    cmd.args(["-f", "raw"]).arg(format!("nbd+unix:///v?socket={}", socket.display()));
-    for c in commands {
-        cmd.args(["-c", c]);
-    }
-    let out = cmd.output().expect("qemu-io (package qemu-utils, installed by scripts/test.sh)");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    // qemu-io exits 0 even when a command fails; it says so.
-    let failed =
-        text.contains("failed") || text.contains("Pattern verification failed") || !out.status.success();
-    (!failed, text)
-}
-
 #[test]
 fn item5_a_full_filesystem_suspends_writes_and_pool_clear_resumes_them() {
     let stria = Stria::new();
@@ -380,12 +364,12 @@ fn item5_a_full_filesystem_suspends_writes_and_pool_clear_resumes_them() {
     expect(&stria, &["pool", "create", "--capacity", "2", "--drive-size", "256M"], 0);
     expect(&stria, &["volume", "create", "v", "--size", "128M", "--layout", "raid1"], 0);
     let daemon = Daemon::start(&stria);
-    let (ok, text) = qemu_io(&daemon.socket, &["write -P 0xa1 0 8M", "flush"]);
+    let (ok, text) = qemu_io(&daemon.socket, "v", &["write -P 0xa1 0 8M", "flush"]);
     assert!(ok, "{text}");
 
     // The filesystem fills: the big write fails with ENOSPC, and nothing is failed.
     fs.fill(4 << 20);
-    let (ok, text) = qemu_io(&daemon.socket, &["write -P 0xb2 16M 32M", "flush"]);
+    let (ok, text) = qemu_io(&daemon.socket, "v", &["write -P 0xb2 16M 32M", "flush"]);
     assert!(!ok, "a write larger than the free space succeeded:\n{text}");
     says(&text, "No space left on device");
     let out = expect(&stria, &["status"], 2);
@@ -399,7 +383,7 @@ fn item5_a_full_filesystem_suspends_writes_and_pool_clear_resumes_them() {
         assert_eq!(d["write_errors"], 0, "ENOSPC counted as a drive error: {d}");
     }
     // Reads go on; acknowledged data is there; writes are refused with the reason.
-    let (ok, text) = qemu_io(&daemon.socket, &["read -P 0xa1 0 8M"]);
+    let (ok, text) = qemu_io(&daemon.socket, "v", &["read -P 0xa1 0 8M"]);
     assert!(ok, "{text}");
     let out = expect(&stria, &["volume", "create", "w", "--size", "4M", "--layout", "raid1"], 1);
     let out_text = format!("{}{}", out.stderr, out.stdout);
@@ -417,7 +401,7 @@ fn item5_a_full_filesystem_suspends_writes_and_pool_clear_resumes_them() {
         Some(1) => says(&out.stderr, "writes are suspended"),
         Some(0) => {
             says(&out.stdout, "writes resumed:");
-            let (ok, text) = qemu_io(&daemon.socket, &["write -P 0xb2 16M 32M", "flush"]);
+            let (ok, text) = qemu_io(&daemon.socket, "v", &["write -P 0xb2 16M 32M", "flush"]);
             assert!(!ok, "a write larger than the free space succeeded:\n{text}");
             says(&text, "No space left on device");
             expect(&stria, &["status"], 2);
@@ -434,6 +418,7 @@ fn item5_a_full_filesystem_suspends_writes_and_pool_clear_resumes_them() {
     expect(&stria, &["status"], 0);
     let (ok, text) = qemu_io(
         &daemon.socket,
+        "v",
         &["write -P 0xc3 16M 32M", "flush", "read -P 0xc3 16M 32M", "read -P 0xa1 0 8M"],
     );
     assert!(ok, "{text}");
@@ -442,7 +427,7 @@ fn item5_a_full_filesystem_suspends_writes_and_pool_clear_resumes_them() {
 
     // Full again, then SIGTERM: a suspended daemon stops cleanly (exit 0).
     fs.fill(1 << 20);
-    let (ok, _) = qemu_io(&daemon.socket, &["write -P 0xd4 64M 32M", "flush"]);
+    let (ok, _) = qemu_io(&daemon.socket, "v", &["write -P 0xd4 64M 32M", "flush"]);
     assert!(!ok, "a write larger than the free space succeeded");
     let (code, log) = daemon.stop();
     assert_eq!(code, Some(0), "a suspended daemon did not stop cleanly:\n{log}");
@@ -462,7 +447,7 @@ fn item5_a_full_filesystem_suspends_writes_and_pool_clear_resumes_them() {
     let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("status JSON");
     assert!(v["drives"].as_array().expect("drives").iter().all(|d| d["state"] == "active"), "{v}");
     let daemon = Daemon::start(&stria);
-    let (ok, text) = qemu_io(&daemon.socket, &["read -P 0xa1 0 8M", "read -P 0xc3 16M 32M"]);
+    let (ok, text) = qemu_io(&daemon.socket, "v", &["read -P 0xa1 0 8M", "read -P 0xc3 16M 32M"]);
     assert!(ok, "{text}");
     let (code, _) = daemon.stop();
     assert_eq!(code, Some(0));

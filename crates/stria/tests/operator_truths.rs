@@ -29,14 +29,8 @@ fn files(dir: &Path) -> Vec<String> {
 
 /// qemu-io on `volume` through the daemon's socket; panics when a command fails.
 fn qemu_io(daemon: &Daemon, volume: &str, commands: &[&str]) {
-    let mut cmd = Command::new("qemu-io");
-    cmd.args(["-f", "raw"]).arg(format!("nbd+unix:///{volume}?socket={}", daemon.socket.display()));
-    for c in commands {
-        cmd.args(["-c", c]);
-    }
-    let out = cmd.output().expect("qemu-io (package qemu-utils, installed by scripts/test.sh)");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && !text.contains("failed"), "qemu-io {commands:?}:\n{text}");
+    let (ok, text) = crate::common::qemu_io(&daemon.socket, volume, commands);
+    assert!(ok, "qemu-io {commands:?}:\n{text}");
 }
 
 #[test]
