@@ -232,6 +232,18 @@ impl<T> Scheduler<T> {
         Some(phase)
     }
 
+    /// Charges `flow` for work that went without the scheduler (a dispatcher shard's own
+    /// admits, while nothing was queued): `cost` over its weight added to its weight tag, and
+    /// no tag left below `last`, the time of the latest of that work. For a flow with no
+    /// reservation and no limit this is what as many [`Self::go_now`]s would have left, except
+    /// that each `max` with its own arrival time is taken once, with the last (the tag is at
+    /// most the cost of the work before `last` lower).
+    pub fn charge(&mut self, flow: FlowId, cost: f64, last: f64) {
+        let f = &mut self.flows[flow];
+        f.last_p = (f.last_p + cost / f.spec.weight).max(last);
+        f.last_l = f.last_l.max(last);
+    }
+
     /// The request to go at `now`, if `fits` lets its demand go (the dispatcher's window).
     pub fn pick(&mut self, now: f64, fits: impl FnOnce(&Demand) -> bool) -> Pick<T> {
         let due_r = self
