@@ -407,15 +407,16 @@ impl Dispatcher {
         bytes: u64,
     ) -> Grant {
         let me = self.me.upgrade().expect("a dispatcher is used through its Arc");
+        let demand_under = |cal: Option<&Calibration>| profile.demand(kind, bytes, cal);
         if !self.contended.load(Ordering::Relaxed)
-            && let Some(cost) = self.try_leased(shard, flow, profile, kind, bytes)
+            && let Some(cost) = self.try_leased(shard, flow, demand_under)
         {
             return Grant { dispatcher: Some(me), cost, shard: Some(shard) };
         }
         let (cost, rx, recall) = {
             let mut st = self.state.lock();
             st.scheduled += 1;
-            let demand = profile.demand(kind, bytes, st.calibration.as_ref());
+            let demand = demand_under(st.calibration.as_ref());
             let now = self.now();
             // Nothing queued: a request that would be picked at once goes without a queue, a
             // channel or a wait (the common case when no limit binds and the window has room).
@@ -443,15 +444,14 @@ impl Dispatcher {
         Grant { dispatcher: me.filter(|_| granted), cost, shard: None }
     }
 
-    /// Lets a request go on shard `shard`'s lease if it may (see the module docs): its cost
-    /// when it went; `None` when it must go through the scheduler.
+    /// Lets a request of `flow` go on shard `shard`'s lease if it may (see the module docs;
+    /// `demand_under` gives its demand under a calibration): its cost when it went; `None` when
+    /// it must go through the scheduler.
     fn try_leased(
         &self,
         shard: usize,
         flow: FlowId,
-        profile: &CostProfile,
-        kind: OpKind,
-        bytes: u64,
+        demand_under: impl Fn(Option<&Calibration>) -> Demand,
     ) -> Option<[f64; 2]> {
         let mut sh = self.shards[shard].0.lock();
         if sh.generation != self.generation.load(Ordering::Relaxed) && !self.lease(&mut sh, None) {
@@ -460,7 +460,7 @@ impl Dispatcher {
         if !sh.leasable.get(flow).copied().unwrap_or(false) {
             return None;
         }
-        let demand = profile.demand(kind, bytes, sh.calibration.as_ref());
+        let demand = demand_under(sh.calibration.as_ref());
         let short = |sh: &ShardState| {
             (0..2).any(|i| demand.cost[i] > 0.0 && sh.leased[i] - sh.in_use[i] < demand.cost[i])
         };
@@ -865,12 +865,18 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn requests_with_nothing_to_decide_go_on_their_shards_lease() {
+    /// Two shards; flow `free` with a weight only, `reserved` with a reservation of `iops`.
+    fn free_and_reserved(iops: u64) -> (Arc<Dispatcher>, FlowId, FlowId) {
         let d = Dispatcher::with_shards(None, 2);
         let (free, reserved) = (d.flow("free"), d.flow("reserved"));
-        d.set("free", QosSpec { weight: Some(200), ..QosSpec::default() });
-        d.set("reserved", QosSpec { iops_reserve: Some(1_000_000), ..QosSpec::default() });
+        d.set("free", QosSpec { weight: Some(100), ..QosSpec::default() });
+        d.set("reserved", QosSpec { iops_reserve: Some(iops), ..QosSpec::default() });
+        (d, free, reserved)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_with_nothing_to_decide_go_on_their_shards_lease() {
+        let (d, free, reserved) = free_and_reserved(1_000_000);
         let p = profile();
         for i in 0..1000 {
             // Up to 8 in flight on each shard: the lease is taken a few times, then reused.
@@ -918,6 +924,20 @@ mod tests {
         assert_eq!((st.leased, st.lease_holders), ([0.0; 2], 0));
     }
 
+    /// Cost in flight through the scheduler plus every lease is within the window, but for one
+    /// request larger than the window going alone.
+    fn assert_the_window_holds(d: &Dispatcher) {
+        let st = d.state.lock();
+        for i in 0..2 {
+            let used = st.in_flight[i] + st.leased[i];
+            assert!(
+                used <= st.window[i] + 1e-6 || (st.in_flight_ops[i] == 1 && st.leased[i] == 0.0),
+                "class {i}: {used} in flight and leased, window {}",
+                st.window[i]
+            );
+        }
+    }
+
     /// Random requests of flows with and without reservations and limits, from many tasks over
     /// three shards, some larger than the window, held for random times: the window (cost in
     /// flight through the scheduler plus every lease) is never exceeded except by one request
@@ -953,18 +973,7 @@ mod tests {
                     let flow = flows[rng.random_range(0..flows.len())];
                     let bytes = if rng.random_bool(0.03) { 1 << 20 } else { 4096 };
                     let g = d.admit_on(rng.random_range(0..3), flow, &profile(), OpKind::Read, bytes).await;
-                    {
-                        let st = d.state.lock();
-                        for i in 0..2 {
-                            let used = st.in_flight[i] + st.leased[i];
-                            assert!(
-                                used <= st.window[i] + 1e-6
-                                    || (st.in_flight_ops[i] == 1 && st.leased[i] == 0.0),
-                                "class {i}: {used} in flight and leased, window {}",
-                                st.window[i]
-                            );
-                        }
-                    }
+                    assert_the_window_holds(&d);
                     for sh in d.shards.iter() {
                         let sh = sh.0.lock();
                         for i in 0..2 {
@@ -987,10 +996,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn what_runs_on_leases_counts_against_the_window() {
-        let d = Dispatcher::with_shards(None, 2);
-        let (free, reserved) = (d.flow("free"), d.flow("reserved"));
-        d.set("free", QosSpec { weight: Some(100), ..QosSpec::default() });
-        d.set("reserved", QosSpec { iops_reserve: Some(100), ..QosSpec::default() });
+        let (d, free, reserved) = free_and_reserved(100);
         let p = profile();
         // The window holds 100 uncalibrated 4 KiB reads: 100 on leases of both shards fill it.
         let on_leases: Vec<Grant> =
@@ -1046,18 +1052,7 @@ mod tests {
                     let flow = flows[rng.random_range(0..flows.len())];
                     let bytes = if rng.random_bool(0.01) { 1 << 20 } else { 4096 };
                     let g = d.admit(flow, &profile(), OpKind::Read, bytes).await;
-                    {
-                        let st = d.state.lock();
-                        for i in 0..2 {
-                            let used = st.in_flight[i] + st.leased[i];
-                            assert!(
-                                used <= st.window[i] + 1e-6
-                                    || (st.in_flight_ops[i] == 1 && st.leased[i] == 0.0),
-                                "class {i}: {used} in flight and leased, window {}",
-                                st.window[i]
-                            );
-                        }
-                    }
+                    assert_the_window_holds(&d);
                     if rng.random_bool(0.5) {
                         tokio::task::yield_now().await;
                     }
