@@ -3,14 +3,17 @@
 //! the volume contract (`Arc<dyn BlockVolume>`, what the NBD export calls without QoS); the
 //! volume behind `QosVolume` with the dispatcher off (no setting in the pool: the path every
 //! volume takes when QoS is not used); and with it on (a weight set on another name, so every
-//! request is queued, tagged, windowed and granted, but nothing holds it back).
+//! request is queued, tagged, windowed and granted, but nothing holds it back). Then the
+//! dispatcher alone, from 1 to every CPU's thread: admits and releases of requests that go on
+//! their shard's lease, against the same through the pool's lock (a flow with a reservation
+//! that never binds), in the same run.
 
 use std::sync::Arc;
 
 use anyhow::Result;
 use stria_dev::mem::MemDevice;
 use stria_dev::{DevCountersSnapshot, IoBytes};
-use stria_engine::qos::{CostProfile, QosVolume};
+use stria_engine::qos::{CostProfile, Dispatcher, OpKind, QosVolume};
 use stria_engine::{BlockVolume, Durability, QosSpec};
 
 use super::load::{Target, check_tags};
@@ -109,5 +112,82 @@ pub(super) async fn measure(args: &EngineBenchArgs) -> Result<()> {
         }
         vut.pool.close().await?;
     }
+    dispatcher_alone(args);
     Ok(())
+}
+
+/// Requests each thread admits and releases per measured run of [`dispatcher_alone`].
+const ALONE_OPS: u64 = 1 << 20;
+
+/// The dispatcher alone (no volume): `threads` threads each admit and release [`ALONE_OPS`]
+/// 4 KiB reads of one flow, nothing binding. `leased`: the flow has only a weight (its requests
+/// go on their shard's lease); otherwise a reservation of 1 request per second (every request
+/// through the pool's lock: tags decide its phase; it never waits). Requests per second.
+fn admit_rate(threads: usize, leased: bool) -> f64 {
+    let d = Dispatcher::new(None);
+    let spec = if leased {
+        QosSpec { weight: Some(100), ..QosSpec::default() }
+    } else {
+        QosSpec { iops_reserve: Some(1), ..QosSpec::default() }
+    };
+    d.set("v", spec);
+    let flow = d.flow("v");
+    let profile = CostProfile::Plain {
+        layout: stria_engine::Layout::Raid0 { width: 1 },
+        chunk_bytes: 4096,
+        class: stria_engine::DriveClass::Capacity,
+    };
+    let start = std::time::Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                for _ in 0..ALONE_OPS {
+                    drop(at_once(d.admit(flow, &profile, OpKind::Read, 4096)));
+                }
+            });
+        }
+    });
+    (threads as u64 * ALONE_OPS) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// The output of a future that is ready at its first poll (an admit with nothing binding).
+fn at_once<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    match f.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+        std::task::Poll::Ready(v) => v,
+        std::task::Poll::Pending => panic!("an admit with nothing binding waited"),
+    }
+}
+
+/// Prints the dispatcher-alone table: medians of `args.runs` runs, the two kinds alternating.
+fn dispatcher_alone(args: &EngineBenchArgs) {
+    println!(
+        "the dispatcher alone, admit and release of a 4 KiB read with nothing binding, million requests/s \
+         (median of {}), and ns per request per thread:",
+        args.runs
+    );
+    println!("{:<8} {:>18} {:>18} {:>7}", "THREADS", "ON A LEASE", "POOL LOCK", "RATIO");
+    for threads in 1..=num_cpus().max(1) {
+        let (mut leased, mut locked) = (Vec::new(), Vec::new());
+        for _ in 0..args.runs.max(1) {
+            leased.push(admit_rate(threads, true));
+            locked.push(admit_rate(threads, false));
+        }
+        let (a, b) = (median(&mut leased), median(&mut locked));
+        let ns = |rate: f64| 1e9 * threads as f64 / rate;
+        println!(
+            "{:<8} {:>9.2} ({:>4.0} ns) {:>9.2} ({:>4.0} ns) {:>7.2}",
+            threads,
+            a / 1e6,
+            ns(a),
+            b / 1e6,
+            ns(b),
+            a / b
+        );
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }

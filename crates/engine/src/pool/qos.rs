@@ -36,7 +36,12 @@ impl<D: BlockDevice> Pool<D> {
 
     /// Waits for the dispatcher to let one row of background work (`kind`, on `vol`) go, as
     /// flow `flow`; `None` at once when the dispatcher is off. Hold the grant while the row runs.
-    pub(crate) async fn background_turn(&self, flow: &str, vol: &Volume<D>, kind: OpKind) -> Option<Grant> {
+    pub(crate) async fn background_turn(
+        &self,
+        flow: &str,
+        vol: &Volume<D>,
+        kind: OpKind,
+    ) -> Option<Grant<'_>> {
         if !self.qos.active() {
             return None;
         }

@@ -224,14 +224,16 @@ thread_local! {
 /// window (or to the lease of the shard it went on).
 #[must_use = "the request may go only while its grant is held"]
 #[derive(Debug)]
-pub struct Grant {
-    dispatcher: Option<Arc<Dispatcher>>,
+pub struct Grant<'a> {
+    /// Borrowed, not counted: a reference count would be one more cache line every request
+    /// of every core writes.
+    dispatcher: Option<&'a Dispatcher>,
     cost: [f64; 2],
     /// The shard whose lease it went on.
     shard: Option<usize>,
 }
 
-impl Drop for Grant {
+impl Drop for Grant<'_> {
     fn drop(&mut self) {
         if let Some(d) = self.dispatcher.take() {
             match self.shard {
@@ -245,14 +247,14 @@ impl Drop for Grant {
 /// A request waiting for its turn. Dropped before it learnt the answer (its future dropped
 /// mid-wait), it gives back a turn it was given, so the window does not lose that cost for
 /// ever; a turn not given yet is skipped when it comes (its sender finds the receiver gone).
-struct Waiting {
+struct Waiting<'a> {
     rx: oneshot::Receiver<()>,
     /// Taken once the answer is in.
-    dispatcher: Option<Arc<Dispatcher>>,
+    dispatcher: Option<&'a Dispatcher>,
     cost: [f64; 2],
 }
 
-impl Drop for Waiting {
+impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         if let Some(d) = self.dispatcher.take() {
             // No send may succeed after this: what was sent before is seen below.
@@ -392,7 +394,7 @@ impl Dispatcher {
 
     /// Waits until a request of `kind` and `bytes` of `flow` may go. Hold the grant while the
     /// request runs.
-    pub async fn admit(&self, flow: FlowId, profile: &CostProfile, kind: OpKind, bytes: u64) -> Grant {
+    pub async fn admit(&self, flow: FlowId, profile: &CostProfile, kind: OpKind, bytes: u64) -> Grant<'_> {
         let shard = SHARD.with(|s| *s) % self.shards.len();
         self.admit_on(shard, flow, profile, kind, bytes).await
     }
@@ -405,13 +407,12 @@ impl Dispatcher {
         profile: &CostProfile,
         kind: OpKind,
         bytes: u64,
-    ) -> Grant {
-        let me = self.me.upgrade().expect("a dispatcher is used through its Arc");
+    ) -> Grant<'_> {
         let demand_under = |cal: Option<&Calibration>| profile.demand(kind, bytes, cal);
         if !self.contended.load(Ordering::Relaxed)
             && let Some(cost) = self.try_leased(shard, flow, demand_under)
         {
-            return Grant { dispatcher: Some(me), cost, shard: Some(shard) };
+            return Grant { dispatcher: Some(self), cost, shard: Some(shard) };
         }
         let (cost, rx, recall) = {
             let mut st = self.state.lock();
@@ -424,7 +425,7 @@ impl Dispatcher {
                 let fits = Self::fits(&st);
                 if let Some(phase) = st.sched.go_now(flow, &demand, now, fits) {
                     Self::started(&mut st, flow, phase, &demand, now);
-                    return Grant { dispatcher: Some(me), cost: demand.cost, shard: None };
+                    return Grant { dispatcher: Some(self), cost: demand.cost, shard: None };
                 }
             }
             let (tx, rx) = oneshot::channel();
@@ -437,7 +438,7 @@ impl Dispatcher {
         if recall {
             self.exchange_all(true);
         }
-        let mut waiting = Waiting { rx, dispatcher: Some(me), cost };
+        let mut waiting = Waiting { rx, dispatcher: Some(self), cost };
         // The sender is only dropped unsent if the dispatcher itself goes away.
         let granted = (&mut waiting.rx).await.is_ok();
         let me = waiting.dispatcher.take();
@@ -841,12 +842,15 @@ mod tests {
         let first = d.admit(f, &p, OpKind::Read, 1 << 20).await;
         let second = tokio::spawn({
             let d = Arc::clone(&d);
-            async move { d.admit(f, &p, OpKind::Read, 1 << 20).await }
+            async move {
+                let grant = d.admit(f, &p, OpKind::Read, 1 << 20).await;
+                drop(grant);
+            }
         });
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert!(!second.is_finished(), "the window is full");
         drop(first);
-        let _second = second.await.expect("granted once the first finished");
+        second.await.expect("granted once the first finished");
     }
 
     #[tokio::test(start_paused = true)]
