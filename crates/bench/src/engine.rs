@@ -157,7 +157,9 @@ pub struct EngineBenchArgs {
     #[arg(long)]
     pub json: bool,
     /// Instead of the rest: what the QoS dispatcher costs 4 KiB random reads and writes of each
-    /// layout when off (no setting) and on with nothing binding, against the volume itself.
+    /// layout when off (no setting) and on with nothing binding, against the volume itself; then
+    /// the dispatcher alone from 1 thread to one per CPU, requests on their shard's lease against
+    /// requests through the pool's lock.
     #[arg(long)]
     pub qos: bool,
 }
