@@ -173,7 +173,7 @@ fn dispatcher_alone(args: &EngineBenchArgs) {
             leased.push(admit_rate(threads, true));
             locked.push(admit_rate(threads, false));
         }
-        let (a, b) = (median(&mut leased), median(&mut locked));
+        let (a, b) = (super::median(&leased), super::median(&locked));
         let ns = |rate: f64| 1e9 * threads as f64 / rate;
         println!(
             "{:<8} {:>9.2} ({:>4.0} ns) {:>9.2} ({:>4.0} ns) {:>7.2}",
@@ -185,9 +185,4 @@ fn dispatcher_alone(args: &EngineBenchArgs) {
             a / b
         );
     }
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
