@@ -28,6 +28,7 @@ Streams (`--modes`):
 mean) goes round the cache once more instead (a fast-tier write, printed as re-cached), while
 such blocks are under F of the cache: whether keeping hot blocks in the cache longer would save
 capacity writes (docs/design/log-structured-volumes.md, "GC that knows temperature").
+`--laps N`: how many laps a kept block may go round before it must be destaged (default 1).
 `--mean destaged`: the running mean the temperature rules compare intervals with is of the
 blocks destaged only (default `host`: of every host write, what stria does).
 Victims (`--policies`): greedy (fewest live blocks), cost-benefit (LFS's (1-u)*age/(1+u), age of a
@@ -95,7 +96,7 @@ def best_split(dh, dc, rh, total):
 
 
 def run(workload, fill, mode, policy, n, seg, cache, warm, seed, thresh=1.0, survivors=None, keep=0.0,
-        by_destaged=False, age_opened=False):
+        by_destaged=False, age_opened=False, laps=1):
     survivors = survivors or {"hot": "ghot", "cold": "gcold"}
     draw, hot = picker(workload, n, random.Random(seed))
     segments = int(n / fill / seg)
@@ -111,7 +112,7 @@ def run(workload, fill, mode, policy, n, seg, cache, warm, seed, thresh=1.0, sur
     last = {}  # block -> host write clock of its current version
     clock, mean, dmean = [0], [float(n)], [float(n)]
     moved, destaged, recached = [0], [0], [0]
-    kept = set()  # blocks re-cached once since their last host write
+    kept = {}  # block -> laps it was re-cached since its last host write
     est = {}  # block -> running estimate of its rewrite interval (mode freq)
     rate = {"hot": 0.0, "cold": 0.0}
 
@@ -179,12 +180,15 @@ def run(workload, fill, mode, policy, n, seg, cache, warm, seed, thresh=1.0, sur
         b, interval = cached.popitem(last=False)
         # A hot block at the tail goes round the cache once more (a fast-tier write) instead of
         # to a segment, while the kept blocks are under `keep` of the cache.
-        while keep > 0 and b not in kept and len(kept) < keep * cache and interval < mean[0] * thresh:
-            kept.add(b)
+        tries = 0
+        while (keep > 0 and kept.get(b, 0) < laps and (b in kept or len(kept) < keep * cache)
+               and interval < mean[0] * thresh and tries < cache):
+            kept[b] = kept.get(b, 0) + 1
             cached[b] = interval
             recached[0] += 1
+            tries += 1
             b, interval = cached.popitem(last=False)
-        kept.discard(b)
+        kept.pop(b, None)
         if interval != float("inf"):
             dmean[0] += (interval - dmean[0]) / 4096
         ref = dmean[0] if by_destaged else mean[0]
@@ -226,7 +230,7 @@ def run(workload, fill, mode, policy, n, seg, cache, warm, seed, thresh=1.0, sur
             e = est.get(b)
             est[b] = interval if e is None else (e + interval) / 2
         last[b] = clock[0]
-        kept.discard(b)
+        kept.pop(b, None)
         cached.pop(b, None)
         cached[b] = interval
         while len(cached) > cache:
@@ -256,6 +260,7 @@ def main():
     ap.add_argument("--thresh", type=float, default=1.0)
     ap.add_argument("--hot-survivors", default="ghot")
     ap.add_argument("--keep", type=float, default=0.0)
+    ap.add_argument("--laps", type=int, default=1)
     ap.add_argument("--mean", default="host", choices=["host", "destaged"])
     ap.add_argument("--age", default="newest", choices=["newest", "opened"])
     a = ap.parse_args()
@@ -263,8 +268,8 @@ def main():
         for policy in a.policies.split(","):
             d, m, r = run(a.workload, a.fill, mode, policy, a.blocks, a.segment, a.cache, a.warm, a.seed,
                           a.thresh, {"hot": a.hot_survivors, "cold": "gcold"}, a.keep, a.mean == "destaged",
-                          a.age == "opened")
-            print(f"{a.workload} fill {a.fill} {mode:6} {policy:12} keep {a.keep} mean {a.mean} age {a.age}: destaged {d:.3f}, GC moved {m:.3f}, "
+                          a.age == "opened", a.laps)
+            print(f"{a.workload} fill {a.fill} {mode:6} {policy:12} keep {a.keep} laps {a.laps} mean {a.mean} age {a.age}: destaged {d:.3f}, GC moved {m:.3f}, "
                   f"total {d + m:.3f} per host write, re-cached {r:.3f}", flush=True)
 
 
