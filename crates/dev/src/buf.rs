@@ -11,7 +11,8 @@ use std::cell::RefCell;
 use std::fmt;
 use std::ops::{Deref, DerefMut, Range};
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Alignment of every allocation: enough for `O_DIRECT` on 4 KiB-sector drives.
 pub const BUF_ALIGN_BYTES: usize = 4096;
@@ -34,7 +35,8 @@ const RECYCLE_BYTES_PER_THREAD: usize = 12 << 20;
 /// allocator each time costs a `posix_memalign` and a `free` per buffer, and with glibc the
 /// freed 4 KiB-aligned chunks make the heap shrink and grow again, so new buffers often arrive
 /// as fresh pages that fault on first touch. A small per-thread stack of recent allocations
-/// avoids both; it holds at most [`RECYCLE_BYTES_PER_THREAD`].
+/// avoids both; it holds at most [`RECYCLE_BYTES_PER_THREAD`]. Large allocations it has no
+/// room for go to [`SHARED`], for any thread.
 struct Recycler {
     free: [Vec<NonNull<u8>>; RECYCLE_CLASSES],
     bytes: usize,
@@ -50,6 +52,60 @@ impl Drop for Recycler {
             }
         }
     }
+}
+
+/// The smallest size class also kept for every thread (64 KiB): see [`Shared`].
+const SHARED_MIN_CLASS: usize = 4;
+/// Freed allocations kept for every thread, per size class.
+const SHARED_PER_CLASS: usize = 16;
+/// Bytes of freed allocations kept for every thread, in all.
+const SHARED_BYTES: usize = 64 << 20;
+
+/// Large freed allocations (64 KiB to 4 MiB) that their thread's recycler had no room for,
+/// for any thread to take.
+///
+/// A thin volume's mover allocates a 2 MiB batch per destage and a 2 MiB read per GC step, and
+/// its task moves between the runtime's threads, so the thread that frees a batch is often not
+/// the one that next needs one: its own recycler fills while the other's stays empty, and every
+/// miss went to the allocator, which had returned the freed pages to the kernel and got fresh
+/// ones back, faulted and cleared on first touch (5 % of a log volume's write CPU, measured with
+/// perf, docs/design/datapath.md). Allocations this large are made per batch, not per request,
+/// so a lock per class costs nothing that matters; small ones stay with their thread.
+struct Shared {
+    free: Mutex<Vec<Kept>>,
+}
+
+/// A freed allocation held by [`SHARED`].
+struct Kept(NonNull<u8>);
+
+// SAFETY: a kept allocation is owned by the list alone; no view of it exists any more.
+unsafe impl Send for Kept {}
+
+static SHARED: [Shared; RECYCLE_CLASSES - SHARED_MIN_CLASS] =
+    [const { Shared { free: Mutex::new(Vec::new()) } }; RECYCLE_CLASSES - SHARED_MIN_CLASS];
+/// Bytes [`SHARED`] holds.
+static SHARED_HELD: AtomicUsize = AtomicUsize::new(0);
+
+fn shared_take(class: usize) -> Option<NonNull<u8>> {
+    let shared = SHARED.get(class.checked_sub(SHARED_MIN_CLASS)?)?;
+    let kept = shared.free.lock().unwrap_or_else(|e| e.into_inner()).pop()?;
+    SHARED_HELD.fetch_sub(BUF_ALIGN_BYTES << class, Ordering::Relaxed);
+    Some(kept.0)
+}
+
+fn shared_keep(class: usize, ptr: NonNull<u8>) -> bool {
+    let Some(shared) = class.checked_sub(SHARED_MIN_CLASS).and_then(|i| SHARED.get(i)) else { return false };
+    let size = BUF_ALIGN_BYTES << class;
+    let mut free = shared.free.lock().unwrap_or_else(|e| e.into_inner());
+    if free.len() >= SHARED_PER_CLASS {
+        return false;
+    }
+    if SHARED_HELD.fetch_add(size, Ordering::Relaxed) + size > SHARED_BYTES {
+        SHARED_HELD.fetch_sub(size, Ordering::Relaxed);
+        return false;
+    }
+    free.push(Kept(ptr));
+    true
 }
 
 thread_local! {
@@ -72,8 +128,13 @@ fn class_of(size: usize) -> Option<usize> {
     (class < RECYCLE_CLASSES).then_some(class)
 }
 
-/// A freed allocation of `class` from this thread's recycler, if it has one.
+/// A freed allocation of `class` from this thread's recycler, or else (large ones) from
+/// [`SHARED`], if either has one.
 fn take_recycled(class: usize) -> Option<NonNull<u8>> {
+    take_own(class).or_else(|| shared_take(class))
+}
+
+fn take_own(class: usize) -> Option<NonNull<u8>> {
     RECYCLER
         .try_with(|r| {
             let mut r = r.borrow_mut();
@@ -85,9 +146,14 @@ fn take_recycled(class: usize) -> Option<NonNull<u8>> {
         .flatten()
 }
 
-/// Keeps `ptr` (an allocation of `class`) for reuse; false when the recycler is full (or gone,
-/// as the thread exits) and the caller must free it.
+/// Keeps `ptr` (an allocation of `class`) for reuse, by this thread or (large ones, when its
+/// recycler is full) by any; false when there is no room (or the thread's recycler is gone, as
+/// the thread exits, and the allocation is small) and the caller must free it.
 fn recycle(class: usize, ptr: NonNull<u8>) -> bool {
+    keep_own(class, ptr) || shared_keep(class, ptr)
+}
+
+fn keep_own(class: usize, ptr: NonNull<u8>) -> bool {
     RECYCLER
         .try_with(|r| {
             let mut r = r.borrow_mut();
@@ -415,6 +481,28 @@ mod tests {
                 assert_eq!(again.as_ptr(), first, "len {len}: the freed allocation is reused");
             }
         }
+    }
+
+    #[test]
+    fn large_buffers_freed_by_one_thread_are_reused_by_another() {
+        // 4 MiB (the largest class, which no other test here uses): a thread frees more of them
+        // than its own recycler keeps, and this thread's next one is one of them, zeroed.
+        let len = (3 << 20) + 1;
+        let freed: Vec<usize> = std::thread::spawn(move || {
+            let bufs: Vec<IoBuf> = (0..8)
+                .map(|_| {
+                    let mut b = IoBuf::zeroed(len);
+                    b.fill(0xa5);
+                    b
+                })
+                .collect();
+            bufs.iter().map(|b| b.as_ptr() as usize).collect()
+        })
+        .join()
+        .unwrap();
+        let buf = IoBuf::zeroed(len);
+        assert!(freed.contains(&(buf.as_ptr() as usize)), "a fresh allocation instead of a freed one");
+        assert!(buf.iter().all(|&b| b == 0));
     }
 
     #[test]

@@ -4,7 +4,9 @@
 
 use stria_dev::{BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 
-use super::{DELTAS_PER_LOG_BLOCK, Delta, GROUP_YIELDS, LogState, MapError, MapStore, encode_log_block};
+use super::{
+    DELTAS_PER_LOG_BLOCK, Delta, GROUP_YIELDS, LogState, MapError, MapStore, Pending, encode_log_block,
+};
 
 impl<D: BlockDevice> MapStore<D> {
     /// Makes every delta queued up to `ticket` durable (group commit: one caller writes all
@@ -112,9 +114,10 @@ impl<D: BlockDevice> MapStore<D> {
                     p.deltas.len() >= taken,
                     "map log: queued deltas removed by a task that does not hold the log"
                 );
-                for d in p.deltas.drain(..taken).collect::<Vec<_>>() {
+                let Pending { deltas, copies, .. } = &mut *p;
+                for d in deltas.drain(..taken) {
                     if let Some((_, _, pool, _)) = d.preserve {
-                        p.copies.remove(&pool);
+                        copies.remove(&pool);
                     }
                 }
                 p.queued - p.deltas.len() as u64
