@@ -54,9 +54,14 @@ pub struct PageCacheStats {
     pub evicted_pages: u64,
 }
 
+/// Page ids hash with foldhash (seeded per process), not std's SipHash: a lookup per page of
+/// every request (checksum tables, maps) spent a few percent of a log volume's write CPU
+/// hashing (docs/design/datapath.md §6).
+type Slots<P> = HashMap<u64, Arc<Slot<P>>, foldhash::fast::RandomState>;
+
 #[derive(Debug)]
 struct Resident<P> {
-    slots: HashMap<u64, Arc<Slot<P>>>,
+    slots: Slots<P>,
     /// Resident page ids in CLOCK order.
     clock: Vec<u64>,
     hand: usize,
@@ -111,7 +116,7 @@ impl<P> PageCache<P> {
         PageCache {
             budget: AtomicUsize::new(Self::clamp(budget)),
             resident: parking_lot::Mutex::new(Resident {
-                slots: HashMap::new(),
+                slots: Slots::default(),
                 clock: Vec::new(),
                 hand: 0,
                 dirty: Vec::new(),
