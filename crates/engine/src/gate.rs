@@ -20,7 +20,7 @@
 //! the old map entered before, so once the grace is over nothing can still read the old extent
 //! (pool/moves.rs).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 
 use tokio::sync::Notify;
 
@@ -32,6 +32,9 @@ pub(crate) struct OpGate {
     epoch: AtomicU64,
     closing: AtomicBool,
     idle: Notify,
+    /// Closers and graces waiting on `idle`: a returned pass wakes them only when there are
+    /// some (`Notify::notify_waiters` takes a lock, on every request of an idle pool).
+    waiting: AtomicUsize,
     /// Graces one at a time: a second flip of the epoch while a first grace waits would make
     /// it wait for operations that entered after it began.
     graces: tokio::sync::Mutex<()>,
@@ -59,7 +62,11 @@ impl OpGate {
     fn leave(&self, parity: usize) {
         let before = self.active[parity].fetch_sub(1, SeqCst);
         assert!(before > 0, "operation gate: more passes returned than handed out");
-        if before == 1 {
+        // Dekker-style with `Waiting::register`: a waiter counts itself before it registers
+        // and then checks the counters, this reads the waiters after its decrement; so either
+        // the waiter sees this pass returned, or this sees the waiter (registered by then, as
+        // the notify's lock orders it after the registration) and wakes it.
+        if before == 1 && self.waiting.load(SeqCst) > 0 {
             self.idle.notify_waiters();
         }
     }
@@ -75,6 +82,7 @@ impl OpGate {
         let old = (self.epoch.fetch_add(1, SeqCst) & 1) as usize;
         let started = std::time::Instant::now();
         let mut warned = false;
+        let _waiting = Waiting::register(self);
         loop {
             let idle = self.idle.notified();
             tokio::pin!(idle);
@@ -105,6 +113,7 @@ impl OpGate {
     /// Refuses new operations and waits until every operation in progress has finished.
     pub(crate) async fn close(&self) {
         self.closing.store(true, SeqCst);
+        let _waiting = Waiting::register(self);
         loop {
             let idle = self.idle.notified();
             tokio::pin!(idle);
@@ -115,6 +124,23 @@ impl OpGate {
             }
             idle.await;
         }
+    }
+}
+
+/// Counts a closer or grace in `OpGate::waiting` while it waits (also when its future is
+/// dropped mid-wait).
+struct Waiting<'a>(&'a OpGate);
+
+impl<'a> Waiting<'a> {
+    fn register(gate: &'a OpGate) -> Waiting<'a> {
+        gate.waiting.fetch_add(1, SeqCst);
+        Waiting(gate)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, SeqCst);
     }
 }
 
@@ -162,5 +188,38 @@ mod tests {
         drop(late);
         // A second grace flips back to the first counter, which is empty now.
         gate.grace().await;
+    }
+
+    /// Passes returned on other threads while a grace or a close starts to wait: no wake-up
+    /// may be lost (a lost one hangs the waiter, which the timeout turns into a failure).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waiters_are_woken_by_passes_returned_on_other_threads() {
+        for round in 0..300 {
+            let gate = Arc::new(OpGate::default());
+            let passes: Vec<_> = (0..4)
+                .map(|i| {
+                    let gate = Arc::clone(&gate);
+                    tokio::spawn(async move {
+                        let pass = gate.enter();
+                        for _ in 0..(round + i) % 7 {
+                            tokio::task::yield_now().await;
+                        }
+                        drop(pass);
+                    })
+                })
+                .collect();
+            let waited = async {
+                gate.grace().await;
+                gate.close().await;
+            };
+            tokio::time::timeout(std::time::Duration::from_secs(10), waited)
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: a waiter was not woken"));
+            for p in passes {
+                p.await.expect("pass task");
+            }
+            assert_eq!(gate.outstanding(), 0);
+            assert_eq!(gate.waiting.load(SeqCst), 0, "a waiter stayed counted");
+        }
     }
 }

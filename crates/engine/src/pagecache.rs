@@ -17,6 +17,8 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+
+use smallvec::SmallVec;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 
 /// One cached page and its flags.
@@ -58,6 +60,10 @@ pub struct PageCacheStats {
 /// every request (checksum tables, maps) spent a few percent of a log volume's write CPU
 /// hashing (docs/design/datapath.md §6).
 type Slots<P> = HashMap<u64, Arc<Slot<P>>, foldhash::fast::RandomState>;
+
+/// The slots a lookup found (`None` for misses), in the order asked: inline for the one or two
+/// pages nearly every request touches, so a lookup allocates nothing.
+pub type Looked<P> = SmallVec<[Option<Arc<Slot<P>>>; 4]>;
 
 #[derive(Debug)]
 struct Resident<P> {
@@ -176,21 +182,25 @@ impl<P> PageCache<P> {
 
     /// The cached slots of pages `first..first + count` (`None` for misses), marked recently
     /// used.
-    pub fn lookup(&self, first: u64, count: u64) -> Vec<Option<Arc<Slot<P>>>> {
+    pub fn lookup(&self, first: u64, count: u64) -> Looked<P> {
         self.lookup_ids(first..first + count)
     }
 
     /// The cached slots of pages `ids` (`None` for misses), marked recently used: one look
     /// under the lock for pages in no particular order (a batch of map updates).
-    pub fn lookup_each(&self, ids: &[u64]) -> Vec<Option<Arc<Slot<P>>>> {
+    pub fn lookup_each(&self, ids: &[u64]) -> Looked<P> {
         self.lookup_ids(ids.iter().copied())
     }
 
-    fn lookup_ids(&self, ids: impl Iterator<Item = u64>) -> Vec<Option<Arc<Slot<P>>>> {
+    fn lookup_ids(&self, ids: impl Iterator<Item = u64>) -> Looked<P> {
         let r = self.resident.lock();
         ids.map(|id| {
             let slot = r.slots.get(&id).cloned();
-            if let Some(s) = &slot {
+            // Written only when it changes: a store on every hit would move the slot's cache
+            // line to this core each time another core had read it.
+            if let Some(s) = &slot
+                && !s.referenced.load(Relaxed)
+            {
                 s.referenced.store(true, Relaxed);
             }
             slot

@@ -16,6 +16,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 
+use smallvec::SmallVec;
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE as BLOCK, BlockDevice, DevError, IoBuf};
 
 use crate::format::layout::CSUM_ENTRIES_PER_PAGE;
@@ -72,7 +73,7 @@ type PageSlot = Arc<Slot<Entries>>;
 #[derive(Debug)]
 pub(crate) struct Pinned {
     first_page: u64,
-    pages: Vec<PageSlot>,
+    pages: SmallVec<[PageSlot; 4]>,
 }
 
 impl Pinned {
@@ -199,7 +200,7 @@ impl ChecksumTable {
     ) -> Result<Pinned, DevError> {
         self.check_range("pin", first, count);
         if count == 0 {
-            return Ok(Pinned { first_page: 0, pages: Vec::new() });
+            return Ok(Pinned { first_page: 0, pages: SmallVec::new() });
         }
         let first_page = first / CSUM_ENTRIES_PER_PAGE;
         let last_page = (first + count - 1) / CSUM_ENTRIES_PER_PAGE;
