@@ -29,6 +29,12 @@ const RECYCLE_PER_CLASS: usize = 32;
 /// Bytes of freed allocations one thread keeps in all.
 const RECYCLE_BYTES_PER_THREAD: usize = 12 << 20;
 
+/// What a [`IoBuf::for_overwrite`] buffer holds in debug builds (tests): a reader that relied on
+/// such a buffer starting as zeros, or a path that left part of it unwritten, returns these
+/// bytes instead of zeros, which the tests' data checks see. Release builds leave the bytes as
+/// they are (zeros, or an earlier buffer's of this thread).
+pub const POISON: u8 = 0xDB;
+
 /// Freed allocations of the current thread, by size class, for the next buffers it makes.
 ///
 /// Every request allocates its buffers and frees them on completion. Going to the system
@@ -203,10 +209,10 @@ impl Alloc {
         if let Some(class) = class
             && let Some(ptr) = take_recycled(class)
         {
-            if zero {
+            if zero || cfg!(debug_assertions) {
                 // SAFETY: `ptr` is a live allocation of `BUF_ALIGN_BYTES << class >= len_bytes`
                 // bytes that the recycler handed over to us alone.
-                unsafe { ptr.as_ptr().write_bytes(0, len_bytes) }
+                unsafe { ptr.as_ptr().write_bytes(if zero { 0 } else { POISON }, len_bytes) }
             }
             return Arc::new(Alloc { ptr, layout: class_layout(class) });
         }
@@ -217,6 +223,10 @@ impl Alloc {
         // SAFETY: `layout` has a non-zero size (rounded up above) and a power-of-two alignment.
         let raw = unsafe { alloc_zeroed(layout) };
         let Some(ptr) = NonNull::new(raw) else { std::alloc::handle_alloc_error(layout) };
+        if !zero && cfg!(debug_assertions) {
+            // SAFETY: `raw` is a fresh allocation of `layout.size() >= len_bytes` bytes.
+            unsafe { ptr.as_ptr().write_bytes(POISON, len_bytes) }
+        }
         Arc::new(Alloc { ptr, layout })
     }
 }
@@ -252,9 +262,10 @@ impl IoBuf {
     }
 
     /// A buffer of `len_bytes`, aligned to [`BUF_ALIGN_BYTES`], whose contents are unspecified
-    /// (initialised, but possibly bytes of an earlier buffer of this thread): for outputs the
-    /// caller overwrites entirely before anything reads them, such as erasure-code parity. Use
-    /// [`IoBuf::zeroed`] for anything a device or a partial computation fills.
+    /// (initialised, but possibly bytes of an earlier buffer of this thread; [`POISON`] in debug
+    /// builds): for outputs the caller overwrites entirely before anything reads them, such as
+    /// erasure-code parity or a device read that either fills every byte or fails. Use
+    /// [`IoBuf::zeroed`] for anything only partly filled.
     pub fn for_overwrite(len_bytes: usize) -> IoBuf {
         IoBuf { owner: Alloc::new(len_bytes, false), start: 0, len: len_bytes }
     }
@@ -532,6 +543,21 @@ mod tests {
             assert_eq!(buf.as_ptr() as usize % BUF_ALIGN_BYTES, 0);
             buf.fill(7);
             assert!(buf.iter().all(|&b| b == 7));
+        }
+    }
+
+    /// What makes a reader that leaves part of such a buffer unwritten visible in tests.
+    #[test]
+    #[cfg(debug_assertions)]
+    fn for_overwrite_buffers_are_poisoned_in_debug_builds() {
+        for len in [4096, 3 * 4096, 1 << 21] {
+            // Fresh, then recycled (a dropped zeroed buffer of the class comes back).
+            drop(IoBuf::zeroed(len));
+            for _ in 0..2 {
+                let buf = IoBuf::for_overwrite(len);
+                assert!(buf.iter().all(|&b| b == POISON), "{len} bytes");
+            }
+            assert!(IoBuf::zeroed(len).iter().all(|&b| b == 0));
         }
     }
 

@@ -66,7 +66,7 @@ impl Target for RawDrives {
     fn read(&self, offset: u64, len: usize) -> impl Future<Output = Result<(), String>> + Send {
         let (d, at) = self.place(offset, len);
         async move {
-            let buf = self.devs[d].read(at, IoBuf::zeroed(len)).await.map_err(|e| e.to_string())?;
+            let buf = self.devs[d].read(at, IoBuf::for_overwrite(len)).await.map_err(|e| e.to_string())?;
             check_tags(&buf, |i| raw_tag(d, at / 4096 + i))
         }
     }

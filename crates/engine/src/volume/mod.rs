@@ -158,7 +158,8 @@ pub(crate) trait LayoutFamily<D: BlockDevice>: std::ops::Deref<Target = Volume<D
 
     /// Reads a run with its stripe lock held (the slow path): reads what is available,
     /// reconstructs what is missing or bad, and rewrites bad blocks on usable members.
-    /// `spare` is the caller's buffer when the fast path did not use it up (ec decodes into it).
+    /// `spare` is the caller's buffer when the fast path did not use it up (ec decodes into it),
+    /// of unspecified contents: a path that uses it overwrites every byte it returns.
     fn read_locked(
         &self,
         map: &VolumeMap<D>,
@@ -392,7 +393,12 @@ where
             return Ok(IoBuf::zeroed(0));
         }
         let span = Span::new(offset_bytes, len_bytes as u64);
-        let buf = IoBuf::zeroed(span.whole_len());
+        // Not zeroed: a drive's verified read fills every byte or fails (unwritten blocks are
+        // zeroed by the drive), and the locked path overwrites what it returns in a spare
+        // buffer (`LayoutFamily::read_locked`). Clearing it first cost a memset per read (2 MiB
+        // per batch the tier's GC reads). Debug builds poison such buffers, so a test that
+        // reads back data would see a byte left unwritten.
+        let buf = IoBuf::for_overwrite(span.whole_len());
         let buf = self.read_blocks_in(&map, span.first, buf, false, crcs).await?;
         Ok(span.clip(buf))
     }
