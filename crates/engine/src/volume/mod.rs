@@ -43,9 +43,11 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed, Ordering::SeqCst};
 
 use crate::join::join_all_ok;
 use arc_swap::ArcSwap;
+use smallvec::SmallVec;
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 use stria_ec::ReedSolomon;
 
+use crate::drive::intent::IntentMap;
 use crate::drive::{Drive, ReadFault};
 use crate::error::{EngineError, VolumeError};
 use crate::format::meta::{DriveClass, Layout};
@@ -318,13 +320,16 @@ impl<D: BlockDevice> Volume<D> {
 /// member of the rows it writes count as in flight, on every member, until the whole write (and
 /// any drive failure it causes) is over. So a drive that fails under the write finds the regions
 /// the write touched elsewhere still held, and the out generation its failure opens seeds them.
-struct RegionHolds<D: BlockDevice> {
-    parts: Vec<(Arc<Drive<D>>, u64, u64)>,
+///
+/// The holds borrow the map the write uses (it outlives them): no reference count is taken per
+/// member, and a write to a row of up to eight members allocates nothing for them.
+struct RegionHolds<'m> {
+    parts: SmallVec<[(&'m IntentMap, u64, u64); 8]>,
 }
 
-impl<D: BlockDevice> RegionHolds<D> {
-    fn new(map: &VolumeMap<D>, geo: &Geometry, runs: &[ChunkRun]) -> RegionHolds<D> {
-        let mut parts: Vec<(Arc<Drive<D>>, u64, u64)> = Vec::new();
+impl<'m> RegionHolds<'m> {
+    fn new<D: BlockDevice>(map: &'m VolumeMap<D>, geo: &Geometry, runs: &[ChunkRun]) -> RegionHolds<'m> {
+        let mut parts = SmallVec::new();
         let mut last = None;
         for run in runs {
             if last == Some((run.segment, run.row)) {
@@ -334,17 +339,17 @@ impl<D: BlockDevice> RegionHolds<D> {
             for m in &map.segments[run.segment].members {
                 let first = m.start_block + geo.member_block(run.row, 0);
                 m.drive.intent.hold(first, geo.chunk_blocks);
-                parts.push((Arc::clone(&m.drive), first, geo.chunk_blocks));
+                parts.push((&m.drive.intent, first, geo.chunk_blocks));
             }
         }
         RegionHolds { parts }
     }
 }
 
-impl<D: BlockDevice> Drop for RegionHolds<D> {
+impl Drop for RegionHolds<'_> {
     fn drop(&mut self) {
-        for (drive, first, blocks) in &self.parts {
-            drive.intent.release(*first, *blocks);
+        for (intent, first, blocks) in &self.parts {
+            intent.release(*first, *blocks);
         }
     }
 }
