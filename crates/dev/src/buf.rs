@@ -550,8 +550,9 @@ mod tests {
     #[test]
     #[cfg(debug_assertions)]
     fn for_overwrite_buffers_are_poisoned_in_debug_builds() {
-        for len in [4096, 3 * 4096, 1 << 21] {
-            // Fresh, then recycled (a dropped zeroed buffer of the class comes back).
+        // Recycled (a dropped zeroed buffer of the class comes back), and, past the largest
+        // recycled class, always fresh from the allocator.
+        for len in [4096, 3 * 4096, 1 << 21, (4 << 20) + 4096] {
             drop(IoBuf::zeroed(len));
             for _ in 0..2 {
                 let buf = IoBuf::for_overwrite(len);
