@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 use futures::future::join_all;
+use smallvec::SmallVec;
 use stria_dev::BlockDevice;
 use uuid::Uuid;
 
@@ -17,29 +18,39 @@ use crate::error::EngineError;
 use crate::format::meta::{DriveState, PoolMeta};
 use crate::gate::OpGate;
 
-/// Stripe transactions on their way to being durable, each with the volume it writes.
+/// The drive slots a stripe transaction writes in place (its pieces' drives).
+pub(crate) type TxnSlots = SmallVec<[u32; 8]>;
+
+/// One stripe transaction not yet durable: its volume and the drives it writes.
+#[derive(Debug)]
+struct Txn {
+    volume: u64,
+    slots: TxnSlots,
+}
+
+/// Stripe transactions on their way to being durable.
 #[derive(Debug, Default)]
 struct Txns {
     /// Started, not yet applied in place on every drive they name.
-    unapplied: BTreeMap<u64, u64>,
+    unapplied: BTreeMap<u64, Txn>,
     /// Applied in place (or abandoned before any in-place write), not yet made durable by a
-    /// flush of their volume's drives.
-    unflushed: BTreeMap<u64, u64>,
+    /// flush of their drives.
+    unflushed: BTreeMap<u64, Txn>,
     /// How many transactions of each volume are in `unapplied` or `unflushed` (no entry at 0).
     pending: HashMap<u64, usize>,
 }
 
 impl Txns {
-    fn start(&mut self, id: u64, volume: u64) {
-        let fresh = self.unapplied.insert(id, volume).is_none();
+    fn start(&mut self, id: u64, volume: u64, slots: TxnSlots) {
+        let fresh = self.unapplied.insert(id, Txn { volume, slots }).is_none();
         assert!(fresh, "stripe transaction id {id} handed out twice");
         *self.pending.entry(volume).or_insert(0) += 1;
     }
 
     /// Transaction `id` is durable: it no longer holds its volume's mark back.
     fn flushed(&mut self, id: u64) {
-        let volume = self.unflushed.remove(&id);
-        let volume = volume.unwrap_or_else(|| panic!("stripe transaction {id} flushed twice"));
+        let txn = self.unflushed.remove(&id);
+        let volume = txn.unwrap_or_else(|| panic!("stripe transaction {id} flushed twice")).volume;
         let n = self.pending.get_mut(&volume).expect("a pending transaction counted");
         *n -= 1;
         if *n == 0 {
@@ -370,12 +381,12 @@ impl<D: BlockDevice> PoolCore<D> {
         self.drives.store(Arc::new(all));
     }
 
-    /// Starts an erasure-coded stripe transaction of `volume`: a fresh id (monotonic across
-    /// restarts), unapplied until [`PoolCore::txn_done`], then not durable until a flush of the
-    /// volume's drives (or of the pool). `None` when as many other volumes have transactions
-    /// not yet durable as a journal header can name (`MAX_VOLUME_MARKS`): a flush of the pool
-    /// makes room.
-    pub(crate) fn next_txn_id(&self, volume: u64) -> Option<u64> {
+    /// Starts an erasure-coded stripe transaction of `volume` that writes in place on the drives
+    /// `slots`: a fresh id (monotonic across restarts), unapplied until [`PoolCore::txn_done`],
+    /// then not durable until a flush of the pool or of a scope holding all of `slots`. `None`
+    /// when as many other volumes have transactions not yet durable as a journal header can
+    /// name (`MAX_VOLUME_MARKS`): a flush of the pool makes room.
+    pub(crate) fn next_txn_id(&self, volume: u64, slots: &[u32]) -> Option<u64> {
         let mut txns = self.txns.lock();
         if txns.pending.len() >= MAX_VOLUME_MARKS && !txns.pending.contains_key(&volume) {
             return None;
@@ -388,7 +399,7 @@ impl<D: BlockDevice> PoolCore<D> {
             id > watermark,
             "stripe transaction id {id} at or below the transaction watermark {watermark}"
         );
-        txns.start(id, volume);
+        txns.start(id, volume, slots.iter().copied().collect());
         Some(id)
     }
 
@@ -398,10 +409,9 @@ impl<D: BlockDevice> PoolCore<D> {
         let mut txns = self.txns.lock();
         // A transaction completed twice (or never started) would let the watermark pass one
         // still being applied, and recovery would skip its replay.
-        let volume = txns.unapplied.remove(&id);
-        let volume =
-            volume.unwrap_or_else(|| panic!("stripe transaction {id} completed twice or never started"));
-        txns.unflushed.insert(id, volume);
+        let txn = txns.unapplied.remove(&id);
+        let txn = txn.unwrap_or_else(|| panic!("stripe transaction {id} completed twice or never started"));
+        txns.unflushed.insert(id, txn);
     }
 
     /// The transaction watermarks (docs/crash-consistency.md invariant 4): every transaction
@@ -412,8 +422,8 @@ impl<D: BlockDevice> PoolCore<D> {
         let txns = self.txns.lock();
         let all = self.txn_next.load(Ordering::Relaxed) - 1;
         let mut first: BTreeMap<u64, u64> = BTreeMap::new();
-        for (&id, &volume) in txns.unapplied.iter().chain(&txns.unflushed) {
-            let f = first.entry(volume).or_insert(id);
+        for (&id, txn) in txns.unapplied.iter().chain(&txns.unflushed) {
+            let f = first.entry(txn.volume).or_insert(id);
             *f = (*f).min(id);
         }
         assert_eq!(first.len(), txns.pending.len(), "pending transactions counted per volume");
@@ -804,10 +814,18 @@ impl<D: BlockDevice> PoolCore<D> {
         }
         let live: Vec<&Arc<Drive<D>>> = ours.iter().copied().filter(|d| !d.is_failed()).collect();
         // Taken before the drives are flushed: each was applied in place before this point, so
-        // after the flush below it is durable on its drives.
+        // after the flush below it is durable on its drives. Only those whose every drive the
+        // scope holds: a move's switch may have pointed a member at another drive after the
+        // caller named the volume's drives, and a transaction applied there since waits for a
+        // flush that holds that drive (simulation seed 167478: its pieces on the new drive
+        // were lost in a power cut while the watermark had passed it).
         let txns: Vec<u64> = {
             let txns = self.txns.lock();
-            txns.unflushed.iter().filter(|&(_, &v)| scope.holds_volume(v)).map(|(&id, _)| id).collect()
+            txns.unflushed
+                .iter()
+                .filter(|(_, t)| scope.holds_volume(t.volume) && t.slots.iter().all(|&s| scope.holds(s)))
+                .map(|(&id, _)| id)
+                .collect()
         };
         // Taken before the drives are flushed too: a write that completes after this point sets
         // its drive's flag again for the next flush. A drive not written since the last flush
@@ -995,8 +1013,8 @@ impl<D: BlockDevice> crate::volume::host::VolumeHost for PoolCore<D> {
         Box::pin(self.drive_error_of(slot, Some(incarnation), what, e))
     }
 
-    fn next_txn_id(&self, volume: u64) -> Option<u64> {
-        PoolCore::next_txn_id(self, volume)
+    fn next_txn_id(&self, volume: u64, slots: &[u32]) -> Option<u64> {
+        PoolCore::next_txn_id(self, volume, slots)
     }
 
     fn txn_done(&self, id: u64) {

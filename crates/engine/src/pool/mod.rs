@@ -1144,4 +1144,56 @@ mod tests {
         assert!(vol.read(0, 4096).await.expect("read").iter().all(|&b| b == 7));
         pool.close().await.expect("close");
     }
+
+    /// A flush of a volume's drives counts durable only the stripe transactions whose every
+    /// drive it flushed. A move's switch may point a member at another drive after a flush's
+    /// caller named the volume's drives; a transaction applied on the new drive since must keep
+    /// holding the volume's mark back (so recovery replays it) until a flush holds that drive.
+    /// Simulation seed 167478: the mark passed such a transaction, a checkpoint released its
+    /// journal records, a power cut lost its piece on the new drive, and a degraded stripe
+    /// decoded bytes never written.
+    #[tokio::test]
+    async fn a_volume_flush_counts_durable_only_transactions_on_drives_it_flushed() {
+        let devs: Vec<Arc<MemDevice>> =
+            (0..4).map(|i| Arc::new(MemDevice::new(&format!("m{i}"), 64 << 20))).collect();
+        let drives = devs
+            .iter()
+            .map(|d| NewDrive {
+                dev: Arc::clone(d),
+                path: d.name().to_string(),
+                class: DriveClass::Capacity,
+                domain: d.name().to_string(),
+                fresh: true,
+            })
+            .collect();
+        let pool = Pool::create("t", drives).await.expect("create");
+        let spec = VolumeSpec {
+            name: "x".into(),
+            size_bytes: 1 << 20,
+            layout: Layout::Ec { data_shards: 2, parity_shards: 1 },
+            chunk_bytes: 16 << 10,
+            class: DriveClass::Capacity,
+            role: VolumeRole::Plain,
+        };
+        let vol = pool.create_volume(spec).await.expect("create volume");
+        let members = vol.member_slots();
+        let elsewhere = (0..4).find(|s| !members.contains(s)).expect("a drive outside the volume");
+        let core = &pool.core;
+        let id = vol.id();
+        let txn = core.next_txn_id(id, &[members[0], elsewhere]).expect("a transaction id");
+        core.txn_done(txn);
+        core.flush(core::FlushScope::Volume { id, slots: &members }).await.expect("volume flush");
+        assert!(
+            core.watermarks().of(id) < txn,
+            "a flush of drives {members:?} counted durable a transaction that wrote drive {elsewhere}"
+        );
+        let all: Vec<u32> = (0..4).collect();
+        core.flush(core::FlushScope::Volume { id, slots: &all }).await.expect("flush of every drive");
+        assert!(
+            core.watermarks().of(id) >= txn,
+            "a flush of every drive the transaction wrote left it pending"
+        );
+        drop(vol);
+        pool.close().await.expect("close");
+    }
 }

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use futures::future::join_all;
 
 use crate::join::join_all_ok;
+use smallvec::SmallVec;
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 use stria_ec::ReedSolomon;
 
@@ -823,9 +824,14 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
             pieces.into_iter().filter(|p| seg.members[p.member].usable(sw.row)).collect();
         // Each block's checksum, computed once: for its journal record and its write in place.
         let crcs: Vec<Vec<u32>> = pieces.iter().map(|p| JournalPiece::crcs_of(&p.data)).collect();
+        let slots: Vec<u16> = pieces
+            .iter()
+            .map(|p| u16::try_from(seg.members[p.member].drive.slot()).expect("slot fits"))
+            .collect();
+        let txn_slots: SmallVec<[u32; 8]> = slots.iter().map(|&s| u32::from(s)).collect();
         let mut attempt = 0;
         let outcome = loop {
-            let Some(txn_id) = self.host.next_txn_id(self.id) else {
+            let Some(txn_id) = self.host.next_txn_id(self.id, &txn_slots) else {
                 // Too many volumes have transactions waiting for a flush: flush them all.
                 self.host
                     .flush_all()
@@ -833,10 +839,6 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
                     .map_err(|e| VolumeError::Pool { volume: self.name.clone(), source: Box::new(e) })?;
                 continue;
             };
-            let slots: Vec<u16> = pieces
-                .iter()
-                .map(|p| u16::try_from(seg.members[p.member].drive.slot()).expect("slot fits"))
-                .collect();
             let appends = pieces.iter().zip(&crcs).map(|(p, crcs)| {
                 let drive = &seg.members[p.member].drive;
                 let piece = JournalPiece {

@@ -43,13 +43,15 @@ pub(crate) trait VolumeHost: Send + Sync {
         e: &'a DevError,
     ) -> BoxFuture<'a, Result<(), EngineError>>;
 
-    /// A stripe transaction id of volume `volume`, fresh and above every watermark (see
-    /// `txn_done`); `None` until a flush of the host makes room for another volume's
-    /// transactions (a journal header names a bounded number of volumes).
-    fn next_txn_id(&self, volume: u64) -> Option<u64>;
+    /// A stripe transaction id of volume `volume` that writes in place on the drives `slots`,
+    /// fresh and above every watermark (see `txn_done`); `None` until a flush of the host makes
+    /// room for another volume's transactions (a journal header names a bounded number of
+    /// volumes).
+    fn next_txn_id(&self, volume: u64, slots: &[u32]) -> Option<u64>;
 
     /// Transaction `id` is applied in place on every drive it names (or abandoned before any
-    /// in-place write); a flush of its volume's members makes it durable.
+    /// in-place write); a flush of the host, or of members that include all its drives, makes
+    /// it durable.
     fn txn_done(&self, id: u64);
 
     /// Makes every write of volume `volume` completed before the call durable on its member
