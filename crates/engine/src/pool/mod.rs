@@ -1100,23 +1100,29 @@ mod tests {
         assert!(check_volume_size(0).is_err() && check_volume_size(4097).is_err());
     }
 
-    /// Names were first checked only for their characters: a pool may hold a volume called
-    /// `-rf`. Such a pool still opens and serves that volume; only new names are refused.
-    #[tokio::test]
-    async fn a_volume_named_before_the_rule_still_opens() {
+    /// A pool named `t` of `n` fresh 64 MiB memory drives `m0`, `m1`, ..., each its own failure
+    /// domain.
+    async fn memory_pool(n: usize) -> (Vec<Arc<MemDevice>>, Pool<Arc<MemDevice>>) {
         let devs: Vec<Arc<MemDevice>> =
-            (0..2).map(|i| Arc::new(MemDevice::new(&format!("m{i}"), 64 << 20))).collect();
+            (0..n).map(|i| Arc::new(MemDevice::new(&format!("m{i}"), 64 << 20))).collect();
         let drives = devs
             .iter()
             .map(|d| NewDrive {
                 dev: Arc::clone(d),
                 path: d.name().to_string(),
                 class: DriveClass::Capacity,
-                domain: String::new(),
+                domain: d.name().to_string(),
                 fresh: true,
             })
             .collect();
-        let pool = Pool::create("t", drives).await.expect("create");
+        (devs, Pool::create("t", drives).await.expect("create"))
+    }
+
+    /// Names were first checked only for their characters: a pool may hold a volume called
+    /// `-rf`. Such a pool still opens and serves that volume; only new names are refused.
+    #[tokio::test]
+    async fn a_volume_named_before_the_rule_still_opens() {
+        let (devs, pool) = memory_pool(2).await;
         let spec = VolumeSpec {
             name: "rf".into(),
             size_bytes: 1 << 20,
@@ -1154,19 +1160,7 @@ mod tests {
     /// decoded bytes never written.
     #[tokio::test]
     async fn a_volume_flush_counts_durable_only_transactions_on_drives_it_flushed() {
-        let devs: Vec<Arc<MemDevice>> =
-            (0..4).map(|i| Arc::new(MemDevice::new(&format!("m{i}"), 64 << 20))).collect();
-        let drives = devs
-            .iter()
-            .map(|d| NewDrive {
-                dev: Arc::clone(d),
-                path: d.name().to_string(),
-                class: DriveClass::Capacity,
-                domain: d.name().to_string(),
-                fresh: true,
-            })
-            .collect();
-        let pool = Pool::create("t", drives).await.expect("create");
+        let (_devs, pool) = memory_pool(4).await;
         let spec = VolumeSpec {
             name: "x".into(),
             size_bytes: 1 << 20,
