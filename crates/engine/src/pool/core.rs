@@ -19,7 +19,7 @@ use crate::format::meta::{DriveState, PoolMeta};
 use crate::gate::OpGate;
 
 /// The drive slots a stripe transaction writes in place (its pieces' drives).
-pub(crate) type TxnSlots = SmallVec<[u32; 8]>;
+type TxnSlots = SmallVec<[u32; 8]>;
 
 /// One stripe transaction not yet durable: its volume and the drives it writes.
 #[derive(Debug)]
