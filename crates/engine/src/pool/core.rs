@@ -386,7 +386,7 @@ impl<D: BlockDevice> PoolCore<D> {
     /// then not durable until a flush of the pool or of a scope holding all of `slots`. `None`
     /// when as many other volumes have transactions not yet durable as a journal header can
     /// name (`MAX_VOLUME_MARKS`): a flush of the pool makes room.
-    pub(crate) fn next_txn_id(&self, volume: u64, slots: &[u32]) -> Option<u64> {
+    pub(crate) fn next_txn_id(&self, volume: u64, slots: &[u16]) -> Option<u64> {
         let mut txns = self.txns.lock();
         if txns.pending.len() >= MAX_VOLUME_MARKS && !txns.pending.contains_key(&volume) {
             return None;
@@ -399,7 +399,7 @@ impl<D: BlockDevice> PoolCore<D> {
             id > watermark,
             "stripe transaction id {id} at or below the transaction watermark {watermark}"
         );
-        txns.start(id, volume, slots.iter().copied().collect());
+        txns.start(id, volume, slots.iter().map(|&s| u32::from(s)).collect());
         Some(id)
     }
 
@@ -1013,7 +1013,7 @@ impl<D: BlockDevice> crate::volume::host::VolumeHost for PoolCore<D> {
         Box::pin(self.drive_error_of(slot, Some(incarnation), what, e))
     }
 
-    fn next_txn_id(&self, volume: u64, slots: &[u32]) -> Option<u64> {
+    fn next_txn_id(&self, volume: u64, slots: &[u16]) -> Option<u64> {
         PoolCore::next_txn_id(self, volume, slots)
     }
 

@@ -1174,7 +1174,8 @@ mod tests {
         let elsewhere = (0..4).find(|s| !members.contains(s)).expect("a drive outside the volume");
         let core = &pool.core;
         let id = vol.id();
-        let txn = core.next_txn_id(id, &[members[0], elsewhere]).expect("a transaction id");
+        let slot = |s: u32| u16::try_from(s).expect("slot fits");
+        let txn = core.next_txn_id(id, &[slot(members[0]), slot(elsewhere)]).expect("a transaction id");
         core.txn_done(txn);
         core.flush(core::FlushScope::Volume { id, slots: &members }).await.expect("volume flush");
         assert!(

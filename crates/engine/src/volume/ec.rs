@@ -7,7 +7,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use futures::future::join_all;
 
 use crate::join::join_all_ok;
-use smallvec::SmallVec;
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
 use stria_ec::ReedSolomon;
 
@@ -828,10 +827,9 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
             .iter()
             .map(|p| u16::try_from(seg.members[p.member].drive.slot()).expect("slot fits"))
             .collect();
-        let txn_slots: SmallVec<[u32; 8]> = slots.iter().map(|&s| u32::from(s)).collect();
         let mut attempt = 0;
         let outcome = loop {
-            let Some(txn_id) = self.host.next_txn_id(self.id, &txn_slots) else {
+            let Some(txn_id) = self.host.next_txn_id(self.id, &slots) else {
                 // Too many volumes have transactions waiting for a flush: flush them all.
                 self.host
                     .flush_all()

@@ -47,7 +47,7 @@ pub(crate) trait VolumeHost: Send + Sync {
     /// fresh and above every watermark (see `txn_done`); `None` until a flush of the host makes
     /// room for another volume's transactions (a journal header names a bounded number of
     /// volumes).
-    fn next_txn_id(&self, volume: u64, slots: &[u32]) -> Option<u64>;
+    fn next_txn_id(&self, volume: u64, slots: &[u16]) -> Option<u64>;
 
     /// Transaction `id` is applied in place on every drive it names (or abandoned before any
     /// in-place write); a flush of the host, or of members that include all its drives, makes
