@@ -441,6 +441,17 @@ impl IoBytes {
         IoBytes { owner: Arc::clone(&self.owner), start: self.start + range.start, len: range.len() }
     }
 
+    /// Appends `next`, which must be the view that directly follows `self` in the same
+    /// allocation (two frozen pieces of one [`IoBuf`]). Gives `next` back otherwise.
+    pub fn unsplit(&mut self, next: IoBytes) -> Result<(), IoBytes> {
+        if Arc::ptr_eq(&self.owner, &next.owner) && self.start + self.len == next.start {
+            self.len += next.len;
+            Ok(())
+        } else {
+            Err(next)
+        }
+    }
+
     /// Raw pointer to the first byte, for submitting the buffer to the kernel.
     pub fn as_ptr(&self) -> *const u8 {
         // SAFETY: `start` lies inside (or one past the end of) the allocation.
@@ -618,6 +629,21 @@ mod tests {
         assert_eq!(other.len(), 4096);
         a.unsplit(b).unwrap();
         assert_eq!(a.len(), 8192);
+    }
+
+    #[test]
+    fn frozen_neighbours_join_and_others_do_not() {
+        let mut buf = IoBuf::copy_from(&[1, 2, 3, 4, 5, 6]);
+        let mut rest = buf.split_off(2);
+        let tail = rest.split_off(2);
+        let mut front = buf.freeze();
+        // Not the next piece: the one after it.
+        let tail = front.unsplit(tail.freeze()).unwrap_err();
+        let other = front.unsplit(IoBytes::copy_from(&[3, 4])).unwrap_err();
+        assert_eq!(&other[..], &[3, 4]);
+        front.unsplit(rest.freeze()).unwrap();
+        front.unsplit(tail).unwrap();
+        assert_eq!(&front[..], &[1, 2, 3, 4, 5, 6]);
     }
 
     #[test]

@@ -1489,6 +1489,42 @@ async fn wrong_bytes_in_the_segment_space_are_detected_by_the_map_checksum_and_n
     vol.close().await;
 }
 
+/// A destage whose cache read meets a bad copy (bits flipped on one fast drive) repairs it from
+/// the other mirror and still writes every block right: destage reads the cached blocks straight
+/// into the batch's buffer, and a repaired read, which comes back in a buffer of its own, makes it
+/// copy them there instead.
+#[tokio::test]
+async fn a_bad_cache_copy_met_by_destage_is_repaired_and_every_block_reaches_its_segment_intact() {
+    let switch = PowerSwitch::new();
+    let devs = drives(&switch, 12);
+    let pool = create_pool(&devs).await;
+    let vol = log::create(&pool, small_spec(1 << 20, small_space(256))).await.unwrap();
+    let mut rng = rng(12);
+    // Fewer blocks than the cache's 64: all of them stay cached until the destage below.
+    let data = random_bytes(&mut rng, 40 * 4096);
+    vol.write(0, IoBytes::copy_from(&data), false).await.unwrap();
+    assert_eq!(vol.status().cache_live_blocks, 40);
+    // Every cache block damaged on one mirror or the other (alternating), never on both:
+    // whichever copy a read takes, some of its blocks are bad there and good on the other.
+    let cache = vol.parts()[1].clone();
+    let repairs = |pool: &Pool<Dev>| pool.status().drives.iter().map(|d| d.checksum_repairs).sum::<u64>();
+    let before = repairs(&pool);
+    for b in 0..cache.size_bytes() / 4096 {
+        let copies = cache.locate(b * 4096).unwrap();
+        let loc = &copies[(b % 2) as usize];
+        devs[loc.slot as usize].flip_bit(loc.device_offset_bytes / 4096, (b * 131 % 32768) as u32);
+    }
+    vol.destage_all().await.unwrap();
+    assert_eq!(vol.status().cache_live_blocks, 0, "everything is in segments");
+    assert!(repairs(&pool) > before, "the destage's cache reads met the bad copies and repaired them");
+    assert_eq!(read_all(&vol, 40).await, data);
+    // And from the segments alone, after a reopen (nothing read from the cache).
+    vol.close().await;
+    let vol = open_log(&pool).await.unwrap();
+    assert_eq!(read_all(&vol, 40).await, data);
+    vol.close().await;
+}
+
 /// An old copy of one drive put back (a fast drive carrying cache and map copies, or a capacity
 /// drive): the pool leaves it out, every block reads the current data (from the good mirror copy
 /// or from parity), and a scrub of the parts repairs nothing from the old copy.

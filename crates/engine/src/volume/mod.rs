@@ -366,26 +366,28 @@ where
 {
     /// [`Volume::read`].
     async fn read_in(&self, offset_bytes: u64, len_bytes: usize) -> Result<IoBuf, VolumeError> {
-        self.read_span_in(offset_bytes, len_bytes, None).await
+        self.read_span_in(offset_bytes, len_bytes, None, None).await
     }
 
     /// [`Volume::read_with_crcs`] (whole blocks: the caller checked).
     async fn read_with_crcs_in(
         &self,
         offset_bytes: u64,
-        len_bytes: usize,
+        buf: IoBuf,
     ) -> Result<(IoBuf, Vec<u32>), VolumeError> {
-        let mut crcs = vec![0u32; len_bytes / BLOCK_USIZE];
-        let buf = self.read_span_in(offset_bytes, len_bytes, Some(&mut crcs)).await?;
+        let mut crcs = vec![0u32; buf.len() / BLOCK_USIZE];
+        let buf = self.read_span_in(offset_bytes, buf.len(), Some(buf), Some(&mut crcs)).await?;
         Ok((buf, crcs))
     }
 
-    /// Reads `len_bytes` at `offset_bytes`; with `crcs`, a whole-block range whose blocks'
+    /// Reads `len_bytes` at `offset_bytes`, into `into` if given (a whole-block range of
+    /// exactly its length) or a new buffer; with `crcs`, a whole-block range whose blocks'
     /// checksums are set too.
     async fn read_span_in(
         &self,
         offset_bytes: u64,
         len_bytes: usize,
+        into: Option<IoBuf>,
         crcs: Option<&mut [u32]>,
     ) -> Result<IoBuf, VolumeError> {
         // Reads hold a pass too: a read that finds a bad block rewrites it.
@@ -395,7 +397,7 @@ where
         self.counters.read_ops.fetch_add(1, Relaxed);
         self.counters.read_bytes.fetch_add(len_bytes as u64, Relaxed);
         if len_bytes == 0 {
-            return Ok(IoBuf::zeroed(0));
+            return Ok(into.unwrap_or_else(|| IoBuf::zeroed(0)));
         }
         let span = Span::new(offset_bytes, len_bytes as u64);
         // Not zeroed: a drive's verified read fills every byte or fails (unwritten blocks are
@@ -403,7 +405,18 @@ where
         // buffer (`LayoutFamily::read_locked`). Clearing it first cost a memset per read (2 MiB
         // per batch the tier's GC reads). Debug builds poison such buffers, so a test that
         // reads back data would see a byte left unwritten.
-        let buf = IoBuf::for_overwrite(span.whole_len());
+        let buf = match into {
+            Some(buf) => {
+                debug_assert!(
+                    span.is_aligned() && buf.len() == len_bytes,
+                    "volume {}: a read into a buffer of {} bytes covers {len_bytes} bytes at {offset_bytes}",
+                    self.name,
+                    buf.len()
+                );
+                buf
+            }
+            None => IoBuf::for_overwrite(span.whole_len()),
+        };
         let buf = self.read_blocks_in(&map, span.first, buf, false, crcs).await?;
         Ok(span.clip(buf))
     }
@@ -808,12 +821,26 @@ impl<D: BlockDevice> Volume<D> {
         offset_bytes: u64,
         len_bytes: usize,
     ) -> Result<(IoBuf, Vec<u32>), VolumeError> {
+        self.read_with_crcs_into(offset_bytes, IoBuf::for_overwrite(len_bytes)).await
+    }
+
+    /// [`Volume::read_with_crcs`] into `buf` (whole blocks, `buf.len()` bytes): a caller that
+    /// gathers several reads into one buffer (the tier's destage batch) reads each into its
+    /// piece instead of copying it there. The buffer returned is `buf`, unless the read had to
+    /// rebuild the data elsewhere (a repair or a reconstruction: then one of its own); a failed
+    /// read drops `buf`.
+    pub async fn read_with_crcs_into(
+        &self,
+        offset_bytes: u64,
+        buf: IoBuf,
+    ) -> Result<(IoBuf, Vec<u32>), VolumeError> {
         assert!(
-            offset_bytes.is_multiple_of(BLOCK_BYTES) && (len_bytes as u64).is_multiple_of(BLOCK_BYTES),
-            "volume {}: a read returning checksums covers whole blocks ({len_bytes} bytes at {offset_bytes})",
-            self.name
+            offset_bytes.is_multiple_of(BLOCK_BYTES) && (buf.len() as u64).is_multiple_of(BLOCK_BYTES),
+            "volume {}: a read returning checksums covers whole blocks ({} bytes at {offset_bytes})",
+            self.name,
+            buf.len()
         );
-        with_family!(self, |f| f.read_with_crcs_in(offset_bytes, len_bytes).await)
+        with_family!(self, |f| f.read_with_crcs_in(offset_bytes, buf).await)
     }
 
     /// Writes `data` at `offset_bytes` (any alignment). With `fua` the data is durable when

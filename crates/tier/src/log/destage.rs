@@ -22,6 +22,14 @@ pub(crate) struct Move {
     pub(super) data: IoBytes,
 }
 
+/// A batch's buffer with its moved blocks already in place ([`LogVolume::read_cached`]):
+/// `front` holds the moves' data in order, `rest` follows it in the same allocation (the empty
+/// slots and the summary, which [`LogVolume::write_batch`] fills).
+pub(crate) struct Laid {
+    front: IoBytes,
+    rest: IoBuf,
+}
+
 impl<D: BlockDevice> LogVolume<D> {
     /// Destages up to one batch of the oldest cached blocks; `pad` writes a short batch too
     /// (otherwise only full ones). Under [`super::GcPolicy::Temperature`] the batch is the
@@ -74,11 +82,11 @@ impl<D: BlockDevice> LogVolume<D> {
         if moves.is_empty() || (moves.len() < want && !pad) {
             return Ok(false);
         }
-        self.read_cached(&mut moves).await?;
+        let laid = self.read_cached(&mut moves).await?;
         if moves.is_empty() {
             return Ok(false);
         }
-        let written = self.write_batch(stream, moves).await?;
+        let written = self.write_batch(stream, moves, laid).await?;
         self.counters.destage_batches.fetch_add(1, Relaxed);
         self.counters.destaged_blocks.fetch_add(written, Relaxed);
         Ok(true)
@@ -125,11 +133,19 @@ impl<D: BlockDevice> LogVolume<D> {
         Ok(())
     }
 
-    /// Reads the cached blocks of `moves` (contiguous positions in one read) and drops the ones
-    /// whose entry changed meanwhile.
-    pub(super) async fn read_cached(&self, moves: &mut Vec<Move>) -> Result<(), VolumeError> {
+    /// Reads the cached blocks of `moves` (at most one batch; contiguous positions in one read)
+    /// and drops the ones whose entry changed meanwhile. Each read goes straight to its place
+    /// in a new batch buffer: returned laid out for [`Self::write_batch`] unless a move was
+    /// dropped or a read came back in a buffer of its own (a repair), when the batch write
+    /// copies the blocks as it does GC's.
+    pub(super) async fn read_cached(&self, moves: &mut Vec<Move>) -> Result<Option<Laid>, VolumeError> {
+        assert!(moves.len() as u64 <= self.geo.batch_data(), "destage reads at most a batch");
         let ring = self.ring.ring_blocks();
         let mut read_crcs = Vec::with_capacity(moves.len());
+        let mut rest = IoBuf::for_overwrite((self.geo.batch_blocks() * BLOCK_BYTES) as usize);
+        let mut pieces = Vec::new();
+        // Whether every read came back in its piece of the batch (a repaired one does not).
+        let mut in_place = true;
         let mut i = 0;
         while i < moves.len() {
             let Place::Cache(p0) = moves[i].from else { unreachable!("destage moves cached blocks") };
@@ -140,20 +156,24 @@ impl<D: BlockDevice> LogVolume<D> {
             {
                 n += 1;
             }
+            let tail = rest.split_off(n * BLOCK_USIZE);
+            let piece = std::mem::replace(&mut rest, tail);
+            let at = piece.as_ptr() as usize;
             // With each block's checksum as the cache drive verified it: compared with the map's
             // below instead of computed again.
-            let (buf, crcs) = self
-                .parts
-                .cache
-                .read_with_crcs(self.ring.block_of(p0) * BLOCK_BYTES, n * BLOCK_USIZE)
-                .await?;
+            let (buf, crcs) =
+                self.parts.cache.read_with_crcs_into(self.ring.block_of(p0) * BLOCK_BYTES, piece).await?;
+            // The batch's allocation is alive (`rest`): a buffer of another starts elsewhere.
+            in_place &= buf.as_ptr() as usize == at;
             let buf = buf.freeze();
             for (k, m) in moves[i..i + n].iter_mut().enumerate() {
                 m.data = buf.slice(k * BLOCK_USIZE..(k + 1) * BLOCK_USIZE);
                 read_crcs.push(crcs[k]);
             }
+            pieces.push(buf);
             i += n;
         }
+        let read = moves.len();
         let mut kept = Vec::with_capacity(moves.len());
         for (m, crc) in moves.drain(..).zip(read_crcs) {
             debug_assert_eq!(crc, block_crc(&m.data), "the cache read's checksum is its data's");
@@ -171,13 +191,28 @@ impl<D: BlockDevice> LogVolume<D> {
             }
         }
         *moves = kept;
-        Ok(())
+        if moves.len() < read || !in_place {
+            return Ok(None);
+        }
+        let mut pieces = pieces.into_iter();
+        let Some(mut front) = pieces.next() else { return Ok(None) };
+        for piece in pieces {
+            front.unsplit(piece).expect("reads in place are consecutive pieces of the batch");
+        }
+        Ok(Some(Laid { front, rest }))
     }
 
     /// Writes `moves` (at most one batch) with their summary as the next batch of `stream`'s
     /// segment, then moves their map entries there (each only if the block is still where it
-    /// was read), then frees the places the moves left. Returns the blocks moved.
-    pub(super) async fn write_batch(&self, stream: Stream, moves: Vec<Move>) -> Result<u64, VolumeError> {
+    /// was read), then frees the places the moves left. `laid`: the moves' data already in
+    /// place in the batch's buffer ([`Self::read_cached`]); without it they are copied there.
+    /// Returns the blocks moved.
+    pub(super) async fn write_batch(
+        &self,
+        stream: Stream,
+        moves: Vec<Move>,
+        laid: Option<Laid>,
+    ) -> Result<u64, VolumeError> {
         let geo = self.geo;
         let data_slots = geo.batch_data() as usize;
         assert!(moves.len() <= data_slots && !moves.is_empty());
@@ -225,28 +260,49 @@ impl<D: BlockDevice> LogVolume<D> {
             *self.space.no_space.lock() = None;
         }
         let base = geo.batch_addr(seg, batch);
-        // Every byte is written below: the moved blocks, zeros in the slots they leave empty,
-        // and the summary.
-        let mut buf = IoBuf::for_overwrite((geo.batch_blocks() * BLOCK_BYTES) as usize);
-        let mut summary = Vec::with_capacity(moves.len());
-        for (i, m) in moves.iter().enumerate() {
-            buf[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE].copy_from_slice(&m.data);
-            summary.push(SummaryEntry { block: m.block, seq: m.entry.seq, crc: m.entry.crc });
-        }
-        buf[moves.len() * BLOCK_USIZE..data_slots * BLOCK_USIZE].fill(0);
+        // Every byte is written below: the moved blocks (in `front`), zeros in the slots they
+        // leave empty, and the summary (in `rest`).
+        let data_bytes = moves.len() * BLOCK_USIZE;
+        let (front, mut rest) = match laid {
+            Some(Laid { front, rest }) if front.len() == data_bytes => {
+                debug_assert!(
+                    moves
+                        .iter()
+                        .enumerate()
+                        .all(|(i, m)| m.data.as_ptr() == front[i * BLOCK_USIZE..].as_ptr()),
+                    "a laid-out batch holds its moves' data in order"
+                );
+                (front, rest)
+            }
+            _ => {
+                let mut buf = IoBuf::for_overwrite((geo.batch_blocks() * BLOCK_BYTES) as usize);
+                let rest = buf.split_off(data_bytes);
+                for (i, m) in moves.iter().enumerate() {
+                    buf[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE].copy_from_slice(&m.data);
+                }
+                (buf.freeze(), rest)
+            }
+        };
+        let summary: Vec<SummaryEntry> = moves
+            .iter()
+            .map(|m| SummaryEntry { block: m.block, seq: m.entry.seq, crc: m.entry.crc })
+            .collect();
+        let empty_bytes = data_slots * BLOCK_USIZE - data_bytes;
+        rest[..empty_bytes].fill(0);
         let batch_seq = self.seq.fetch_add(1, Relaxed);
-        encode_summary(batch_seq, &summary, &mut buf[data_slots * BLOCK_USIZE..]);
+        encode_summary(batch_seq, &summary, &mut rest[empty_bytes..]);
         self.counters.padded_slots.fetch_add((data_slots - moves.len()) as u64, Relaxed);
         // The batch's checksums for the segment write: the moved blocks' are their entries'
         // (checked against the data when read, and again above in debug builds), the empty
         // slots' that of a zero block, the summary's computed here.
         let mut crcs: Vec<u32> = moves.iter().map(|m| m.entry.crc).collect();
-        if moves.len() < data_slots {
-            let zero = block_crc(&buf[moves.len() * BLOCK_USIZE..(moves.len() + 1) * BLOCK_USIZE]);
-            crcs.resize(data_slots, zero);
+        if empty_bytes > 0 {
+            crcs.resize(data_slots, block_crc(&rest[..BLOCK_USIZE]));
         }
-        crcs.extend(buf[data_slots * BLOCK_USIZE..].chunks_exact(BLOCK_USIZE).map(block_crc));
-        if let Err(e) = self.parts.seg.write_with_crcs(base * BLOCK_BYTES, buf.freeze(), &crcs, true).await {
+        crcs.extend(rest[empty_bytes..].chunks_exact(BLOCK_USIZE).map(block_crc));
+        let mut whole = front;
+        whole.unsplit(rest.freeze()).expect("a batch's front and rest are two pieces of one buffer");
+        if let Err(e) = self.parts.seg.write_with_crcs(base * BLOCK_BYTES, whole, &crcs, true).await {
             self.space.lock().lower(seg, moves.len() as u64);
             return Err(e);
         }

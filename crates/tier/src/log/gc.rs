@@ -325,7 +325,7 @@ impl<D: BlockDevice> LogVolume<D> {
         // where they are, and a victim whose moves are carried is not forgotten (its count
         // would go to 0 while the map points into it, and the segment be written over).
         let moves: Vec<Move> = gc.carry[..n].to_vec();
-        let moved = self.write_batch(if gc.hot { Stream::GcHot } else { Stream::Gc }, moves).await?;
+        let moved = self.write_batch(if gc.hot { Stream::GcHot } else { Stream::Gc }, moves, None).await?;
         gc.carry.drain(..n);
         self.counters.gc_batches.fetch_add(1, Relaxed);
         self.counters.gc_moved_blocks.fetch_add(moved, Relaxed);
