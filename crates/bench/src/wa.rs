@@ -550,9 +550,15 @@ async fn log_run(
         st.parts[2].full_stripe_writes,
         st.parts[2].partial_stripe_writes
     );
+    let gc_read = vol.counters().gc_read_blocks.load(std::sync::atomic::Ordering::Relaxed);
     println!(
-        "  destage: {} batches, {} of hot blocks; GC: {} victims, {} blocks moved",
-        st.destage_batches, st.destage_hot_batches, st.gc_victims, st.gc_moved_blocks
+        "  destage: {} batches, {} of hot blocks; GC: {} victims, {} blocks moved, {} read ({:.2} a block moved)",
+        st.destage_batches,
+        st.destage_hot_batches,
+        st.gc_victims,
+        st.gc_moved_blocks,
+        gc_read,
+        gc_read as f64 / st.gc_moved_blocks.max(1) as f64
     );
     vol.close().await;
     rig.pool.close().await.context("closing the pool")?;

@@ -1207,6 +1207,50 @@ async fn overwrites_go_through_destage_and_gc_and_read_back() {
     vol.close().await;
 }
 
+/// A victim that is mostly garbage is read in the runs of its live blocks (after its batches'
+/// summaries), not whole: every block reads back, GC moved the survivors, and what it read is a
+/// fraction of its victims' blocks.
+#[tokio::test]
+async fn gc_reads_a_sparse_victim_in_the_runs_of_its_live_blocks_and_loses_nothing() {
+    let switch = PowerSwitch::new();
+    let devs = drives(&switch, 13);
+    let pool = create_pool(&devs).await;
+    // 2 MiB (512 blocks) over 9 segments of 124 data blocks.
+    let vol = log::create(&pool, small_spec(2 << 20, small_space(512))).await.unwrap();
+    let mut rng = rng(13);
+    let mut model = random_bytes(&mut rng, 2 << 20);
+    vol.write(0, IoBytes::copy_from(&model), false).await.unwrap();
+    vol.destage_all().await.unwrap();
+    // Every block but each 16th trimmed: the segments written keep a few blocks each (under an
+    // eighth of one).
+    for b in (0..512u64).filter(|b| b % 16 != 0) {
+        vol.trim(b * 4096, 4096).await.unwrap();
+        model[(b * 4096) as usize..((b + 1) * 4096) as usize].fill(0);
+    }
+    // Then written again: the new data takes four more segments, and the space runs short
+    // until GC collects the sparse ones.
+    let c = vol.counters();
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    let (victims, read) = (load(&c.gc_victims), load(&c.gc_read_blocks));
+    for b in (0..512u64).filter(|b| b % 16 != 0) {
+        let d = random_bytes(&mut rng, 4096);
+        vol.write(b * 4096, IoBytes::copy_from(&d), false).await.unwrap();
+        model[(b * 4096) as usize..((b + 1) * 4096) as usize].copy_from_slice(&d);
+    }
+    vol.destage_all().await.unwrap();
+    assert_eq!(read_all(&vol, 512).await, model);
+    let (victims, read) = (load(&c.gc_victims) - victims, load(&c.gc_read_blocks) - read);
+    assert!(victims > 0 && load(&c.gc_moved_blocks) > 0, "GC collected: {:?}", vol.status());
+    // Read whole, every victim would have cost a segment's blocks (the first fill's GC left some
+    // segments fuller than the trim's, and those are read whole).
+    let whole = victims * vol.geometry().segment_blocks();
+    assert!(read * 2 < whole, "GC read {read} blocks of {victims} victims ({whole} blocks)");
+    vol.close().await;
+    let vol = open_log(&pool).await.unwrap();
+    assert_eq!(read_all(&vol, 512).await, model, "after reopen");
+    vol.close().await;
+}
+
 #[tokio::test]
 async fn temperature_gc_writes_hot_blocks_in_batches_of_their_own_and_loses_nothing() {
     // A 4 MiB volume (1,024 blocks) over 36 segments of 62 blocks (19 spare: the hot streams

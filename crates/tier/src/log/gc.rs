@@ -5,13 +5,69 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBuf, IoBytes};
-use stria_engine::VolumeError;
+use stria_engine::{VolumeError, join_all_ok};
 
 use super::LogVolume;
 use super::destage::Move;
 use super::space::{SegState, Stream, SummaryEntry, decode_summary};
 use crate::map::Place;
 use stria_dev::block_crc;
+
+/// A victim batch is read in the runs of its live blocks where under one block in this many of
+/// the victim's batches not read yet is live.
+const SPARSE_VICTIM: u64 = 8;
+
+/// Dead blocks a sparse victim's read goes through between two live runs (one read, not two).
+const RUN_GAP: usize = 4;
+
+/// What GC read of one victim batch: its summary and the data of some of its slots.
+pub(crate) struct BatchRead {
+    summary: Vec<Option<SummaryEntry>>,
+    /// Runs of data slots, in slot order: the first slot, the data, each block's checksum as
+    /// the drives verified it.
+    runs: Vec<(usize, IoBytes, Vec<u32>)>,
+    summary_blocks: u64,
+}
+
+impl BatchRead {
+    /// The slots whose summary names a block of a volume of `blocks`, with that block.
+    fn named(&self, blocks: u64) -> Vec<(usize, u64)> {
+        self.summary
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.filter(|s| s.block < blocks).map(|s| (i, s.block)))
+            .collect()
+    }
+
+    /// The run holding slot `slot` and the slot's index in it, if it was read.
+    fn find(&self, slot: usize) -> Option<(usize, usize)> {
+        let k = self.runs.partition_point(|(first, _, _)| *first <= slot).checked_sub(1)?;
+        let i = slot - self.runs[k].0;
+        (i < self.runs[k].2.len()).then_some((k, i))
+    }
+
+    /// Whether slot `slot` was read.
+    fn has(&self, slot: usize) -> bool {
+        self.find(slot).is_some()
+    }
+
+    /// Slot `slot`'s data and checksum, if it was read.
+    fn block(&self, slot: usize) -> Option<(IoBytes, u32)> {
+        let (k, i) = self.find(slot)?;
+        let (_, data, crcs) = &self.runs[k];
+        Some((data.slice(i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE), crcs[i]))
+    }
+
+    /// Data blocks read.
+    fn data_blocks(&self) -> usize {
+        self.runs.iter().map(|(_, _, crcs)| crcs.len()).sum()
+    }
+
+    /// Blocks read, data and summary.
+    fn blocks(&self) -> u64 {
+        self.data_blocks() as u64 + self.summary_blocks
+    }
+}
 
 /// How GC picks its next victim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,15 +196,16 @@ impl<D: BlockDevice> LogVolume<D> {
         }
         let (v, batch) = gc.victim.expect("chosen above");
         let base = self.geo.batch_addr(v, batch);
-        // With each block's checksum as the drives verified it: compared with the map's below
-        // instead of computed again.
-        let read = self
-            .parts
-            .seg
-            .read_with_crcs(base * BLOCK_BYTES, (self.geo.batch_blocks() * BLOCK_BYTES) as usize)
-            .await;
-        let (bytes, crcs) = match read {
-            Ok((b, c)) => (b.freeze(), c),
+        // Where the victim's batches not read yet are mostly garbage (a hot segment cost-benefit
+        // collects young, or the rest of one whose first batches held most of its survivors: its
+        // live count less those read and carried), a batch is read its summary first and then
+        // only the runs the map still holds; otherwise data and summary in one read.
+        let unread = (self.geo.segment_batches - batch) * self.geo.batch_data();
+        let carried = gc.carry.iter().filter(|m| self.segment_of_place(m.from) == Some(v)).count() as u64;
+        let sparse = self.space.lock().live(v).saturating_sub(carried) * SPARSE_VICTIM < unread;
+        let read = if sparse { self.read_batch_live(base).await? } else { self.read_batch_whole(base).await };
+        let read = match read {
+            Ok(r) => r,
             Err(e) => {
                 tracing::warn!(volume = %self.name, segment = v, batch, error = %e,
                     "GC could not read a batch; the segment is left for later");
@@ -157,20 +214,22 @@ impl<D: BlockDevice> LogVolume<D> {
                 return Ok(true);
             }
         };
-        let summary = decode_summary(&bytes[want * BLOCK_USIZE..], want);
-        gc.victim_clean &= summary.iter().all(Option::is_some);
-        let named: Vec<(usize, u64)> = summary
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| s.filter(|s| s.block < self.blocks()).map(|s| (i, s.block)))
-            .collect();
-        // Live if the head or a snapshot's copy holds the slot.
+        self.counters.gc_read_blocks.fetch_add(read.blocks(), Relaxed);
+        gc.victim_clean &= read.summary.iter().all(Option::is_some);
+        // Live if the head or a snapshot's copy holds the slot: asked after the data was read,
+        // so a slot held now was held when read (a place is never pointed at again once left,
+        // and no batch is written into any segment during this step: it holds `moving`).
+        // A slot a sparse read left out was dead when looked at, and stays dead: only debug
+        // builds ask the map about those too, to check it.
+        let mut named = read.named(self.blocks());
+        if !cfg!(debug_assertions) {
+            named.retain(|&(i, _)| read.has(i));
+        }
         let asked: Vec<(u64, Place)> =
             named.iter().map(|&(i, block)| (block, Place::Segment(base + i as u64))).collect();
         let held = self.map.holding(&asked).await.map_err(|e| super::map_error(&self.name, e))?;
         let mut live = Vec::with_capacity(named.len());
         for (&(i, block), e) in named.iter().zip(held) {
-            let s = SummaryEntry { block, ..SummaryEntry::NONE };
             let at = Place::Segment(base + i as u64);
             let Some(e) = e else { continue };
             assert_eq!(
@@ -178,35 +237,35 @@ impl<D: BlockDevice> LogVolume<D> {
                 "volume {}: block {block} is held at {:?}, asked at {at:?}",
                 self.name, e.place
             );
-            debug_assert_eq!(crcs[i], block_crc(&bytes[i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE]));
-            if crcs[i] != e.crc {
+            let (data, crc) = read.block(i).unwrap_or_else(|| {
+                panic!("volume {}: block {block} is held at {at:?}, a slot GC did not read", self.name)
+            });
+            debug_assert_eq!(crc, block_crc(&data));
+            if crc != e.crc {
                 return Err(
-                    self.unrecoverable(s.block, "GC: a segment block does not match its checksum in the map")
+                    self.unrecoverable(block, "GC: a segment block does not match its checksum in the map")
                 );
             }
-            live.push((i, Move { block: s.block, from: at, entry: e, data: IoBytes::zeroed(0) }));
+            live.push(Move { block, from: at, entry: e, data });
         }
-        // The survivors wait in `carry` until a batch of them is gathered. Slices of the batch
-        // read would keep its whole 2 MiB alive for each: where fewer than a quarter of its
-        // blocks survive (the usual victim), they are copied into a buffer of their own, so that
-        // carried data holds at most four times its bytes (without it, at 80 % fill under
-        // random writes, GC held over 50 reads of 2 MiB at once for a few MiB of survivors, and
-        // freed them in bursts the allocator answered with fresh pages: docs/design/datapath.md).
-        let from = if live.len() * 4 < want {
+        // The survivors wait in `carry` until a batch of them is gathered. Slices of a batch
+        // read would keep its whole 2 MiB alive for each: where fewer than a quarter of what was
+        // read survives (the usual victim read whole), they are copied into a buffer of their
+        // own, so that carried data holds at most four times its bytes (without it, at 80 % fill
+        // under random writes, GC held over 50 reads of 2 MiB at once for a few MiB of
+        // survivors, and freed them in bursts the allocator answered with fresh pages:
+        // docs/design/datapath.md).
+        if live.len() * 4 < read.data_blocks() {
             let mut own = IoBuf::for_overwrite(live.len() * BLOCK_USIZE);
-            for (k, (i, _)) in live.iter_mut().enumerate() {
-                own[k * BLOCK_USIZE..(k + 1) * BLOCK_USIZE]
-                    .copy_from_slice(&bytes[*i * BLOCK_USIZE..(*i + 1) * BLOCK_USIZE]);
-                *i = k;
+            for (k, m) in live.iter().enumerate() {
+                own[k * BLOCK_USIZE..(k + 1) * BLOCK_USIZE].copy_from_slice(&m.data);
             }
-            own.freeze()
-        } else {
-            bytes
-        };
-        gc.carry.extend(live.into_iter().map(|(i, mut m)| {
-            m.data = from.slice(i * BLOCK_USIZE..(i + 1) * BLOCK_USIZE);
-            m
-        }));
+            let own = own.freeze();
+            for (k, m) in live.iter_mut().enumerate() {
+                m.data = own.slice(k * BLOCK_USIZE..(k + 1) * BLOCK_USIZE);
+            }
+        }
+        gc.carry.extend(live);
         gc.victim = (batch + 1 < self.geo.segment_batches).then_some((v, batch + 1));
         if gc.victim.is_none() {
             if gc.victim_clean {
@@ -216,6 +275,67 @@ impl<D: BlockDevice> LogVolume<D> {
             }
         }
         Ok(true)
+    }
+
+    /// Reads the victim batch at `base` whole: data and summary in one read.
+    async fn read_batch_whole(&self, base: u64) -> Result<BatchRead, VolumeError> {
+        let want = self.geo.batch_data() as usize;
+        let (bytes, mut crcs) = self
+            .parts
+            .seg
+            .read_with_crcs(base * BLOCK_BYTES, (self.geo.batch_blocks() * BLOCK_BYTES) as usize)
+            .await?;
+        let bytes = bytes.freeze();
+        let summary = decode_summary(&bytes[want * BLOCK_USIZE..], want);
+        crcs.truncate(want);
+        let data = bytes.slice(0..want * BLOCK_USIZE);
+        Ok(BatchRead { summary, runs: vec![(0, data, crcs)], summary_blocks: self.geo.summary_blocks() })
+    }
+
+    /// Reads the victim batch at `base` in two steps: its summary, then (all at once) the runs
+    /// of slots the map holds now, through gaps of up to [`RUN_GAP`] dead blocks. The outer
+    /// error is the map's (GC stops), the inner a read's (the segment is left for later).
+    async fn read_batch_live(&self, base: u64) -> Result<Result<BatchRead, VolumeError>, VolumeError> {
+        let want = self.geo.batch_data() as usize;
+        let summary_blocks = self.geo.summary_blocks();
+        let read = self
+            .parts
+            .seg
+            .read((base + want as u64) * BLOCK_BYTES, (summary_blocks * BLOCK_BYTES) as usize)
+            .await;
+        let summary = match read {
+            Ok(bytes) => decode_summary(&bytes, want),
+            Err(e) => return Ok(Err(e)),
+        };
+        let mut read = BatchRead { summary, runs: Vec::new(), summary_blocks };
+        let named = read.named(self.blocks());
+        let asked: Vec<(u64, Place)> =
+            named.iter().map(|&(i, block)| (block, Place::Segment(base + i as u64))).collect();
+        let held = self.map.holding(&asked).await.map_err(|e| super::map_error(&self.name, e))?;
+        let mut spans: Vec<(usize, usize)> = Vec::new();
+        for (&(i, _), e) in named.iter().zip(held) {
+            if e.is_none() {
+                continue;
+            }
+            match spans.last_mut() {
+                Some((first, n)) if i <= *first + *n + RUN_GAP => *n = i + 1 - *first,
+                _ => spans.push((i, 1)),
+            }
+        }
+        let reads = spans.iter().map(|&(first, n)| {
+            self.parts.seg.read_with_crcs((base + first as u64) * BLOCK_BYTES, n * BLOCK_USIZE)
+        });
+        match join_all_ok(reads).await {
+            Ok(got) => {
+                read.runs = spans
+                    .iter()
+                    .zip(got)
+                    .map(|(&(first, _), (data, crcs))| (first, data.freeze(), crcs))
+                    .collect();
+                Ok(Ok(read))
+            }
+            Err(e) => Ok(Err(e)),
+        }
     }
 
     /// Forgets the counts left on drained victims whose moves are all resolved (an overcount

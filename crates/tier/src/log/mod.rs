@@ -197,6 +197,9 @@ pub struct LogCounters {
     pub padded_slots: AtomicU64,
     pub gc_batches: AtomicU64,
     pub gc_moved_blocks: AtomicU64,
+    /// Blocks GC read from its victims (data and summaries; a sparse victim's batches are read
+    /// in the runs the map still holds, [`gc`]).
+    pub gc_read_blocks: AtomicU64,
     pub gc_victims: AtomicU64,
     /// Moves that lost to a newer write (their slot is garbage at once).
     pub moves_lost: AtomicU64,
