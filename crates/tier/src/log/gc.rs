@@ -10,7 +10,7 @@ use stria_engine::{VolumeError, join_all_ok};
 use super::LogVolume;
 use super::destage::Move;
 use super::space::{SegState, Stream, SummaryEntry, decode_summary};
-use crate::map::Place;
+use crate::map::{MapEntry, Place};
 use stria_dev::block_crc;
 
 /// A victim batch is read in the runs of its live blocks where under one block in this many of
@@ -225,9 +225,7 @@ impl<D: BlockDevice> LogVolume<D> {
         if !cfg!(debug_assertions) {
             named.retain(|&(i, _)| read.has(i));
         }
-        let asked: Vec<(u64, Place)> =
-            named.iter().map(|&(i, block)| (block, Place::Segment(base + i as u64))).collect();
-        let held = self.map.holding(&asked).await.map_err(|e| super::map_error(&self.name, e))?;
+        let held = self.held_slots(base, &named).await?;
         let mut live = Vec::with_capacity(named.len());
         for (&(i, block), e) in named.iter().zip(held) {
             let at = Place::Segment(base + i as u64);
@@ -277,6 +275,18 @@ impl<D: BlockDevice> LogVolume<D> {
         Ok(true)
     }
 
+    /// The map entry holding each `(slot, block)` of the batch at `base` there (the head's or a
+    /// snapshot's), if any.
+    async fn held_slots(
+        &self,
+        base: u64,
+        named: &[(usize, u64)],
+    ) -> Result<Vec<Option<MapEntry>>, VolumeError> {
+        let asked: Vec<(u64, Place)> =
+            named.iter().map(|&(i, block)| (block, Place::Segment(base + i as u64))).collect();
+        self.map.holding(&asked).await.map_err(|e| super::map_error(&self.name, e))
+    }
+
     /// Reads the victim batch at `base` whole: data and summary in one read.
     async fn read_batch_whole(&self, base: u64) -> Result<BatchRead, VolumeError> {
         let want = self.geo.batch_data() as usize;
@@ -309,9 +319,7 @@ impl<D: BlockDevice> LogVolume<D> {
         };
         let mut read = BatchRead { summary, runs: Vec::new(), summary_blocks };
         let named = read.named(self.blocks());
-        let asked: Vec<(u64, Place)> =
-            named.iter().map(|&(i, block)| (block, Place::Segment(base + i as u64))).collect();
-        let held = self.map.holding(&asked).await.map_err(|e| super::map_error(&self.name, e))?;
+        let held = self.held_slots(base, &named).await?;
         let mut spans: Vec<(usize, usize)> = Vec::new();
         for (&(i, _), e) in named.iter().zip(held) {
             if e.is_none() {
