@@ -33,10 +33,14 @@ impl ThreadWaker {
         Arc::new(ThreadWaker { thread: thread::current(), woken: AtomicBool::new(false) })
     }
 
-    /// Parks until a wake arrived since the last call.
+    /// Parks until a wake arrived since the last call. A thread with an io_uring of its own
+    /// (`crate::file::local`) waits on that ring instead while it has calls in flight: they
+    /// finish only when this thread reaps them.
     fn wait(&self) {
         while !self.woken.swap(false, Ordering::Acquire) {
-            thread::park();
+            if !crate::file::local::wait_for_a_call() {
+                thread::park();
+            }
         }
     }
 }

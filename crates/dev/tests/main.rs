@@ -3,3 +3,4 @@
 
 mod fault_device;
 mod file_device;
+mod thread_ring;

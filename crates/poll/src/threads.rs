@@ -70,6 +70,15 @@ impl ConnectionThreads {
                     // Runs the connections spawned onto it until told to stop (or until the set is
                     // dropped, which drops the sender); dropping the runtime then drops the tasks left.
                     runtime.block_on(async move {
+                        // The thread's own io_uring for the file drives its connections call
+                        // (stria_dev::file::local), reaped by a task of this runtime.
+                        match stria_dev::file::local::install() {
+                            Ok(Some(reaper)) => drop(tokio::spawn(reaper.run())),
+                            Ok(None) => {}
+                            Err(error) => {
+                                tracing::debug!(%error, "no io_uring of the thread's own: file drives use their own rings");
+                            }
+                        }
                         let _ = stopped.await;
                     });
                 },

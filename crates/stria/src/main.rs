@@ -120,7 +120,22 @@ fn main() {
         std::thread::Builder::new()
             .name("stria-main".into())
             .stack_size(RUNTIME_STACK_BYTES)
-            .spawn_scoped(scope, || runtime.block_on(Box::pin(commands::run(cli))))
+            .spawn_scoped(scope, || {
+                runtime.block_on(Box::pin(async {
+                    // On a current-thread runtime every request runs on this thread: it gets an
+                    // io_uring of its own for the file drives (stria_dev::file::local).
+                    if threads == 0 {
+                        match stria_dev::file::local::install() {
+                            Ok(Some(reaper)) => drop(tokio::spawn(reaper.run())),
+                            Ok(None) => {}
+                            Err(error) => {
+                                tracing::debug!(%error, "no io_uring of the thread's own: file drives use their own rings");
+                            }
+                        }
+                    }
+                    commands::run(cli).await
+                }))
+            })
             .map_err(anyhow::Error::from)
             .and_then(|t| t.join().unwrap_or_else(|_| Err(anyhow::anyhow!("the command panicked"))))
     });

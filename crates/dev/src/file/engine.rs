@@ -54,10 +54,12 @@ impl std::fmt::Debug for Shared {
 }
 
 /// What to do after the table lock is released to get a dispatched call moving.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub(super) enum Kick {
     SubmitRing,
     NotifyPool,
+    /// Submit the entry on the calling thread's own ring ([`super::local`]).
+    LocalRing(Ticket, squeue::Entry),
 }
 
 impl Shared {
@@ -95,18 +97,12 @@ impl Shared {
     pub(super) fn dispatch(&self, table: &mut Table, ticket: Ticket) -> Kick {
         let kind = table.request(ticket).kind;
         match &self.ring {
-            Some(ring) if !(matches!(kind, OpKind::Discard | OpKind::Zero) && self.is_block_device) => {
-                let entry = self.sqe(table.syscall(ticket)).user_data(ticket.user_data());
-                // SAFETY: the SQ is only ever touched with the table lock held, which the caller
-                // holds, so this is the only `SubmissionQueue` in existence.
-                let mut sq = unsafe { ring.submission_shared() };
-                // SAFETY: the SQE's buffer pointer points into the slot's payload, which the slot
-                // keeps alive (even if the future is dropped) until this SQE's CQE is reaped.
-                let pushed = unsafe { sq.push(&entry) };
-                // Every SQE in the ring belongs to a reserved slot and the SQ has one entry per
-                // slot, so it cannot be full.
-                assert!(pushed.is_ok(), "io_uring SQ full with a free slot: table and ring disagree");
-                sq.sync();
+            Some(_) if !(matches!(kind, OpKind::Discard | OpKind::Zero) && self.is_block_device) => {
+                let entry = self.sqe(table.syscall(ticket));
+                if super::local::available() {
+                    return Kick::LocalRing(ticket, entry);
+                }
+                self.push_shared(table, ticket, entry);
                 Kick::SubmitRing
             }
             _ => {
@@ -116,14 +112,65 @@ impl Shared {
         }
     }
 
-    pub(super) fn kick(&self, kick: Kick) {
+    /// Pushes a call on the drive's own ring. Call with the table locked (`table` proves it).
+    fn push_shared(&self, _table: &mut Table, ticket: Ticket, entry: squeue::Entry) {
+        let ring = self.ring.as_ref().expect("a ring call on a drive without a ring");
+        let entry = entry.user_data(ticket.user_data());
+        // SAFETY: the SQ is only ever touched with the table lock held, which the caller
+        // holds, so this is the only `SubmissionQueue` in existence.
+        let mut sq = unsafe { ring.submission_shared() };
+        // SAFETY: the SQE's buffer pointer points into the slot's payload, which the slot
+        // keeps alive (even if the future is dropped) until this SQE's CQE is reaped.
+        let pushed = unsafe { sq.push(&entry) };
+        // Every SQE in the ring belongs to a reserved slot and the SQ has one entry per
+        // slot, so it cannot be full.
+        assert!(pushed.is_ok(), "io_uring SQ full with a free slot: table and ring disagree");
+        sq.sync();
+    }
+
+    pub(super) fn kick(self: &Arc<Self>, kick: Kick) {
         match kick {
             Kick::NotifyPool if self.inline => self.run_queued_inline(),
             Kick::NotifyPool => {
                 self.jobs_ready.notify_one();
             }
             Kick::SubmitRing => self.submit_ring(),
+            Kick::LocalRing(ticket, entry) => {
+                if let Err(entry) = super::local::submit(self, ticket, entry) {
+                    // The thread's ring went away in between (thread exit): the drive's own.
+                    self.push_shared(&mut self.table.lock(), ticket, entry);
+                    self.submit_ring();
+                }
+            }
         }
+    }
+
+    /// Records a call that a thread's ring finished ([`super::local`]). If the drive is closing
+    /// and this was its last slot in use, tells the completion thread, which waits for exactly
+    /// that and otherwise hears only of its own ring's calls.
+    pub(super) fn complete_local(&self, ticket: Ticket, result: i32, wake: &mut Vec<Waker>) {
+        let mut table = self.table.lock();
+        table.complete(ticket, result, wake);
+        if table.stopping && table.is_idle() {
+            self.push_shutdown_nop(&mut table);
+            drop(table);
+            self.submit_ring();
+        }
+    }
+
+    /// Pushes the NOP that makes the completion thread look at the table (closing). Call with the
+    /// table locked; no-op without a ring.
+    fn push_shutdown_nop(&self, _table: &mut Table) {
+        let Some(ring) = self.ring.as_ref() else { return };
+        let nop = opcode::Nop::new().build().user_data(SHUTDOWN_USER_DATA);
+        // SAFETY: SQ access under the table lock, as everywhere.
+        let mut sq = unsafe { ring.submission_shared() };
+        // SAFETY: a NOP references no memory.
+        let pushed = unsafe { sq.push(&nop) };
+        // Every earlier push was submitted by its pusher before its poll returned, and a closing
+        // drive's table is idle or has its calls in flight (submitted), so the SQ has room.
+        assert!(pushed.is_ok(), "{}: io_uring SQ full at shutdown", self.name);
+        sq.sync();
     }
 
     fn submit_ring(&self) {
@@ -212,23 +259,13 @@ impl Shared {
     /// Called when the drive handle is dropped: no future borrows the drive any more, so nothing
     /// new is submitted, but abandoned requests may still be in flight and are waited for.
     pub(super) fn begin_shutdown(&self) {
-        let submit = {
+        {
             let mut table = self.table.lock();
             table.stopping = true;
-            self.ring.as_ref().map(|ring| {
-                let nop = opcode::Nop::new().build().user_data(SHUTDOWN_USER_DATA);
-                // SAFETY: SQ access under the table lock, as everywhere.
-                let mut sq = unsafe { ring.submission_shared() };
-                // SAFETY: a NOP references no memory.
-                let pushed = unsafe { sq.push(&nop) };
-                // Every earlier push was submitted by its pusher before its poll returned, so the
-                // SQ is empty now.
-                assert!(pushed.is_ok(), "{}: io_uring SQ full at shutdown", self.name);
-                sq.sync();
-            })
-        };
+            self.push_shutdown_nop(&mut table);
+        }
         self.jobs_ready.notify_all();
-        if submit.is_some() {
+        if self.ring.is_some() {
             self.submit_ring();
         }
     }

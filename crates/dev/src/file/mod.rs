@@ -5,6 +5,7 @@
 
 mod engine;
 mod exclusive;
+pub mod local;
 mod op;
 mod sys;
 mod table;
@@ -244,6 +245,9 @@ impl FileDevice {
 
 impl Drop for FileDevice {
     fn drop(&mut self) {
+        // Calls of this drive in this thread's own ring finish only when this thread reaps them,
+        // and the completion thread joined below waits for every call.
+        local::drain_drive(&self.shared);
         self.shared.begin_shutdown();
         for handle in self.threads.drain(..) {
             if handle.join().is_err() {

@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use super::engine::Shared;
@@ -29,7 +30,7 @@ enum State {
 /// kernel is done with it.
 #[derive(Debug)]
 pub(super) struct OpFuture<'a> {
-    shared: &'a Shared,
+    shared: &'a Arc<Shared>,
     counters: &'a DevCounters,
     state: State,
     /// When the request was made: its latency ends when it completes.
@@ -45,7 +46,7 @@ enum Step {
 
 impl<'a> OpFuture<'a> {
     pub(super) fn new(
-        shared: &'a Shared,
+        shared: &'a Arc<Shared>,
         counters: &'a DevCounters,
         request: Request,
         payload: Payload,
