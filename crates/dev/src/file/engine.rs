@@ -151,26 +151,25 @@ impl Shared {
     pub(super) fn complete_local(&self, ticket: Ticket, result: i32, wake: &mut Vec<Waker>) {
         let mut table = self.table.lock();
         table.complete(ticket, result, wake);
-        if table.stopping && table.is_idle() {
-            self.push_shutdown_nop(&mut table);
+        // The table is idle, so the SQ holds no call: if it is full, it holds the close's own NOP,
+        // not submitted yet, which makes the completion thread look after this completion anyway.
+        if table.stopping && table.is_idle() && self.push_shutdown_nop(&mut table) {
             drop(table);
             self.submit_ring();
         }
     }
 
     /// Pushes the NOP that makes the completion thread look at the table (closing). Call with the
-    /// table locked; no-op without a ring.
-    fn push_shutdown_nop(&self, _table: &mut Table) {
-        let Some(ring) = self.ring.as_ref() else { return };
+    /// table locked. False without a ring, or with the SQ full.
+    fn push_shutdown_nop(&self, _table: &mut Table) -> bool {
+        let Some(ring) = self.ring.as_ref() else { return false };
         let nop = opcode::Nop::new().build().user_data(SHUTDOWN_USER_DATA);
         // SAFETY: SQ access under the table lock, as everywhere.
         let mut sq = unsafe { ring.submission_shared() };
         // SAFETY: a NOP references no memory.
-        let pushed = unsafe { sq.push(&nop) };
-        // Every earlier push was submitted by its pusher before its poll returned, and a closing
-        // drive's table is idle or has its calls in flight (submitted), so the SQ has room.
-        assert!(pushed.is_ok(), "{}: io_uring SQ full at shutdown", self.name);
+        let pushed = unsafe { sq.push(&nop) }.is_ok();
         sq.sync();
+        pushed
     }
 
     fn submit_ring(&self) {
@@ -262,7 +261,10 @@ impl Shared {
         {
             let mut table = self.table.lock();
             table.stopping = true;
-            self.push_shutdown_nop(&mut table);
+            // Every earlier push was submitted by its pusher before its poll returned, and no
+            // future is left to push (they borrow the drive), so the SQ has room.
+            let pushed = self.push_shutdown_nop(&mut table);
+            assert!(pushed || self.ring.is_none(), "{}: io_uring SQ full at shutdown", self.name);
         }
         self.jobs_ready.notify_all();
         if self.ring.is_some() {
