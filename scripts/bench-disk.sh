@@ -24,7 +24,7 @@
 #  * prints medians (kIOPS, p99 completion latency in us, server CPU time per request in us) and
 #    each variant's ratio to raw, and writes every sample to a TSV file (default
 #    target/bench-reports/disk/bench-disk.tsv).
-# About 2.5 minutes per rep and mode with the defaults (reps 3, both modes: about 16 minutes).
+# About 2 minutes per rep and mode with the defaults (reps 3, both modes: about 12 minutes).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DIR=/var/tmp REPS=3 RUNTIME=3 RAMP=0.5 MODES="pinned unpinned" VOLUMES="r0 ec tv lv" ONLY=.
