@@ -37,6 +37,24 @@ fn pattern(block_index: u64, pass: u8, len_bytes: usize) -> IoBytes {
     IoBytes::copy_from(&bytes)
 }
 
+/// A drive in /tmp holding `pattern(pass, pass)` in its first 8 MiB, shared.
+fn written_drive(pass: u8) -> (tempfile::TempDir, Arc<FileDevice>) {
+    let (dir, dev) = drive("/tmp", 4, 16 * MIB);
+    stria_dev::exec::block_on(dev.write(0, pattern(u64::from(pass), pass, BIG), false)).unwrap();
+    (dir, Arc::new(dev))
+}
+
+/// Drops the last owner of `dev` on a thread of its own and fails the test unless the close
+/// finishes within 30 s (it waits for every call of the drive).
+fn close_in_time(dev: Arc<FileDevice>, what: &str) {
+    let (dropped_tx, dropped_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        drop(Arc::into_inner(dev).expect("the last owner"));
+        let _ = dropped_tx.send(());
+    });
+    dropped_rx.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| panic!("{what}"));
+}
+
 /// Runs `body` on a new thread with a current-thread runtime and a ring of its own (its reaper
 /// spawned), and fails the test if it does not finish within `secs` (a lost completion hangs).
 fn on_ring_thread<T, F, Fut>(secs: u64, body: F) -> T
@@ -159,9 +177,7 @@ fn a_drive_closed_elsewhere_waits_for_a_call_in_a_threads_ring() {
     if !uring_available() {
         return;
     }
-    let (dir, dev) = drive("/tmp", 4, 16 * MIB);
-    stria_dev::exec::block_on(dev.write(0, pattern(2, 2, BIG), false)).unwrap();
-    let dev = Arc::new(dev);
+    let (dir, dev) = written_drive(2);
     let (abandoned_tx, abandoned_rx) = mpsc::channel::<()>();
     let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
     let theirs = Arc::clone(&dev);
@@ -179,14 +195,7 @@ fn a_drive_closed_elsewhere_waits_for_a_call_in_a_threads_ring() {
         });
     });
     abandoned_rx.recv().unwrap();
-    let (dropped_tx, dropped_rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        drop(Arc::into_inner(dev).expect("the last owner"));
-        let _ = dropped_tx.send(());
-    });
-    dropped_rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("the drive closed while its call was in another thread's ring");
+    close_in_time(dev, "the drive closed while its call was in another thread's ring");
     closed_tx.send(()).unwrap();
     ring_thread.join().expect("the ring's thread");
     drop(dir);
@@ -199,9 +208,7 @@ fn a_thread_that_exits_with_calls_in_its_ring_finishes_them() {
     if !uring_available() {
         return;
     }
-    let (dir, dev) = drive("/tmp", 4, 16 * MIB);
-    stria_dev::exec::block_on(dev.write(0, pattern(3, 3, BIG), false)).unwrap();
-    let dev = Arc::new(dev);
+    let (dir, dev) = written_drive(3);
     let theirs = Arc::clone(&dev);
     on_ring_thread(60, move || async move {
         // A task that is in its read when the runtime (and the task with it) is dropped.
@@ -219,13 +226,6 @@ fn a_thread_that_exits_with_calls_in_its_ring_finishes_them() {
     });
     let whole = stria_dev::exec::block_on(dev.read(0, IoBuf::zeroed(BIG))).unwrap();
     assert_eq!(&whole[..], &pattern(3, 3, BIG)[..]);
-    let (dropped_tx, dropped_rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        drop(Arc::into_inner(dev).expect("the last owner"));
-        let _ = dropped_tx.send(());
-    });
-    dropped_rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("the drive closed after the ring's thread exited");
+    close_in_time(dev, "the drive closed after the ring's thread exited");
     drop(dir);
 }
