@@ -81,7 +81,7 @@ pub fn install() -> io::Result<Option<Reaper>> {
         Ok(_) => return Err(io::Error::other("a ring of the thread needs a current-thread runtime")),
         Err(_) => return Err(io::Error::other("a ring of the thread is made inside the thread's runtime")),
     }
-    let ring = IoUring::builder()
+    let mut ring = IoUring::builder()
         .setup_single_issuer()
         .setup_defer_taskrun()
         .setup_taskrun_flag()
@@ -95,6 +95,7 @@ pub fn install() -> io::Result<Option<Reaper>> {
     // SAFETY: `fd` is a new descriptor that nothing else owns.
     let eventfd = unsafe { OwnedFd::from_raw_fd(fd) };
     ring.submitter().register_eventfd(eventfd.as_raw_fd())?;
+    probe(&mut ring, &eventfd)?;
     // SAFETY: the AsyncFd owns the descriptor (an `OwnedFd`): it stays open and the same for the
     // AsyncFd's life.
     let eventfd = unsafe { AsyncFd::register_with_interest(eventfd, Interest::READABLE) }?;
@@ -103,6 +104,44 @@ pub fn install() -> io::Result<Option<Reaper>> {
             Some(LocalRing { ring, calls: Vec::new(), free: Vec::new(), in_flight: 0, submitted: 0 })
     });
     Ok(Some(Reaper { eventfd }))
+}
+
+/// `user_data` of the probe's timeout (no call has it: calls are indexes into a short list).
+const PROBE_USER_DATA: u64 = u64::MAX;
+
+/// Checks, once per ring, that this kernel signals the ring's eventfd when a call is ready to
+/// finish (deferred task work): a 1 ms timeout, which the kernel finishes as task work, must make
+/// the eventfd readable. If it does not (a kernel that has `DEFER_TASKRUN` but not that signal),
+/// the reaper would never wake and calls would wait forever: refuse the ring instead, and the
+/// drives' own rings take the calls.
+fn probe(ring: &mut IoUring, eventfd: &OwnedFd) -> io::Result<()> {
+    let timeout = io_uring::types::Timespec::new().nsec(1_000_000);
+    let entry = io_uring::opcode::Timeout::new(&timeout).build().user_data(PROBE_USER_DATA);
+    // SAFETY: the timespec is read when the entry is submitted, just below, while it lives.
+    unsafe { ring.submission().push(&entry) }.map_err(|_| io::Error::other("a new ring's SQ is full"))?;
+    ring.submit()?;
+    let mut poll = libc::pollfd { fd: eventfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let ready = loop {
+        // SAFETY: one valid pollfd.
+        match unsafe { libc::poll(&mut poll, 1, 2_000) } {
+            -1 if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) => {}
+            -1 => return Err(io::Error::last_os_error()),
+            n => break n == 1,
+        }
+    };
+    if !ready {
+        return Err(io::Error::other(
+            "this kernel does not signal a ring's eventfd for deferred completions",
+        ));
+    }
+    let mut count = [0u8; 8];
+    // SAFETY: reads at most 8 bytes into a local buffer.
+    let _ = unsafe { libc::read(eventfd.as_raw_fd(), count.as_mut_ptr().cast(), count.len()) };
+    ring.submit_and_wait(1)?;
+    match ring.completion().next() {
+        Some(cqe) if cqe.user_data() == PROBE_USER_DATA => Ok(()),
+        _ => Err(io::Error::other("a new ring's probe did not come back")),
+    }
 }
 
 /// Calls the calling thread's ring has taken so far, or `None` if the thread has none.
