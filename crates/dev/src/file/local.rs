@@ -175,7 +175,7 @@ pub(super) fn submit(
 
 /// Reaps the calling thread's ring without waiting: records every finished call in its drive's
 /// table and wakes the futures. Returns how many calls finished.
-pub fn reap() -> usize {
+fn reap() -> usize {
     let finished =
         RING.try_with(|cell| cell.try_borrow_mut().ok().and_then(|mut g| g.as_mut().map(|l| l.take(false))));
     match finished {
