@@ -134,9 +134,7 @@ fn probe(ring: &mut IoUring, eventfd: &OwnedFd) -> io::Result<()> {
             "this kernel does not signal a ring's eventfd for deferred completions",
         ));
     }
-    let mut count = [0u8; 8];
-    // SAFETY: reads at most 8 bytes into a local buffer.
-    let _ = unsafe { libc::read(eventfd.as_raw_fd(), count.as_mut_ptr().cast(), count.len()) };
+    empty_eventfd(eventfd.as_raw_fd());
     ring.submit_and_wait(1)?;
     match ring.completion().next() {
         Some(cqe) if cqe.user_data() == PROBE_USER_DATA => Ok(()),
@@ -324,11 +322,16 @@ impl Reaper {
             let Ok(mut ready) = self.eventfd.readable().await else { return };
             // Empty the counter (non-blocking; nothing to read is fine), then reap. A signal
             // after the reap is a new readiness event, which `clear_ready` keeps.
-            let mut count = [0u8; 8];
-            // SAFETY: reads at most 8 bytes into a local buffer.
-            let _ = unsafe { libc::read(self.eventfd.as_raw_fd(), count.as_mut_ptr().cast(), count.len()) };
+            empty_eventfd(self.eventfd.as_raw_fd());
             reap();
             ready.clear_ready();
         }
     }
+}
+
+/// Empties an eventfd's counter (non-blocking: nothing to read is fine).
+fn empty_eventfd(fd: std::os::fd::RawFd) {
+    let mut count = [0u8; 8];
+    // SAFETY: reads at most 8 bytes into a local buffer.
+    let _ = unsafe { libc::read(fd, count.as_mut_ptr().cast(), count.len()) };
 }
