@@ -4,6 +4,7 @@
 #
 # Usage: scripts/bench-disk.sh [--dir DIR] [--reps N] [--runtime S] [--modes "pinned unpinned"]
 #                              [--volumes "r0 ec tv lv"] [--only REGEX] [--out FILE.tsv]
+#                              [--fast-dir DIR]
 #
 # What it does (docs/benchmarks.md, "Drives on a disk", explains the choices and lists results):
 #  * builds `stria` in release (or uses STRIA=PATH);
@@ -11,6 +12,8 @@
 #    inline and no ring is used), a pool of 2 fast + 6 capacity drive files of 2 GiB and four
 #    1 GiB volumes: `r0` (raid0 over the 6), `ec` (ec:4+2), `tv` (tiered:ec:4+2) and `lv`
 #    (log:ec:4+2), filled with random data through NBD; and six raw files of 1 GiB, filled;
+#    `--fast-dir DIR` puts the two fast drive files in DIR instead (/dev/shm: what a tiered
+#    volume's writes cost when its cache and map cost nothing, docs/benchmarks.md);
 #  * the reference, `raw`: fio's io_uring engine with O_DIRECT on the six raw files (one job,
 #    requests spread over the files: the disk with no NBD, no engine, no checksums);
 #  * `thread`: stria as it runs by default (a connection's drive calls on its thread's own
@@ -27,7 +30,7 @@
 # About 2 minutes per rep and mode with the defaults (reps 3, both modes: about 12 minutes).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-DIR=/var/tmp REPS=3 RUNTIME=3 RAMP=0.5 MODES="pinned unpinned" VOLUMES="r0 ec tv lv" ONLY=.
+DIR=/var/tmp FAST_DIR= REPS=3 RUNTIME=3 RAMP=0.5 MODES="pinned unpinned" VOLUMES="r0 ec tv lv" ONLY=.
 OUT=$ROOT/target/bench-reports/disk/bench-disk.tsv
 while (($#)); do
   case $1 in
@@ -38,6 +41,7 @@ while (($#)); do
     --volumes) VOLUMES=$2; shift 2 ;;
     --only) ONLY=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
+    --fast-dir) FAST_DIR=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed 's/^# \{0,1\}//;$d'; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -60,12 +64,19 @@ W=$(mktemp -d "$DIR/stria-bench-disk.XXXXXX")
 SERVER=
 cleanup() {
   if [ -n "$SERVER" ]; then kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; fi
-  rm -rf "$W"
+  rm -rf "$W" ${F:+"$F"}
 }
 trap cleanup EXIT
 
 echo "making the pool and the raw files in $W ($(stat -f -c %T "$DIR")) ..."
-"$STRIA" pool create --pool "$W/pool" --fast 2 --capacity 6 --drive-size 2G --log-level warn >/dev/null
+FAST=(--fast 2)
+if [ -n "$FAST_DIR" ]; then
+  F=$(mktemp -d "$FAST_DIR/stria-bench-disk-fast.XXXXXX")
+  FAST=(--drive "fast:$F/fast-0.img" --drive "fast:$F/fast-1.img")
+  truncate -s 2G "$F/fast-0.img" "$F/fast-1.img"
+  echo "the fast drives in $F ($(stat -f -c %T "$FAST_DIR"))"
+fi
+"$STRIA" pool create --pool "$W/pool" "${FAST[@]}" --capacity 6 --drive-size 2G --log-level warn >/dev/null
 "$STRIA" volume create r0 --pool "$W/pool" --size 1G --layout raid0 --log-level warn >/dev/null
 "$STRIA" volume create ec --pool "$W/pool" --size 1G --layout ec:4+2 --log-level warn >/dev/null
 "$STRIA" volume create tv --pool "$W/pool" --size 1G --layout tiered:ec:4+2 --log-level warn >/dev/null
