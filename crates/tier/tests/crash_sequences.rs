@@ -1,7 +1,8 @@
 //! Seeded *sequences* of crashes on one pool with drive events, on a `tiered:ec:4+2`
 //! log-structured volume (cache and map on the fast drives): see "Sequences of crashes" below.
-//! After every boot each acknowledged write reads back (a write is durable when acknowledged),
-//! nothing older comes back, and a scrub of every part finds nothing to fix.
+//! After every boot each durable write reads back (a write is durable when acknowledged; on odd
+//! seeds, which write back, a plain write once a later flush completed), nothing older comes
+//! back, and a scrub of every part finds nothing to fix.
 //!
 //! `STRIA_TIER_SEQ_SEEDS=N` sets the number of seeds (default 60), `STRIA_TIER_SEQ_FIRST_SEED=F`
 //! the first (default 0); `STRIA_TIER_SEQ_SEED=S` replays one with its history.
@@ -387,28 +388,34 @@ async fn seq_worker(vol: &LogVolume<Dev>, t: &RefCell<Tracker>, seed: u64, w: us
     for _ in 0..WRITES_PER_WORKER {
         let (offset, len) = seq_range(&mut rng, w);
         let roll = rng.random_range(0..12);
-        let (written, result) = match roll {
+        // Zeroing, trim and FUA writes are durable when they return; plain writes unless the
+        // volume writes back (then a completed flush makes them so).
+        let (written, result, durable) = match roll {
             0 => {
                 let written = t.borrow_mut().issue(offset, &vec![0u8; len as usize]);
-                (written, vol.write_zeroes(offset, len, false).await)
+                (written, vol.write_zeroes(offset, len, false).await, true)
             }
             1 => {
                 // Trim zeroes the whole blocks inside the range only.
                 let (a, b) = (offset.next_multiple_of(4096), (offset + len) / 4096 * 4096);
                 let written =
                     if b > a { t.borrow_mut().issue(a, &vec![0u8; (b - a) as usize]) } else { Vec::new() };
-                (written, vol.trim(offset, len).await)
+                (written, vol.trim(offset, len).await, true)
             }
             _ => {
                 let data = random_bytes(&mut rng, len as usize);
                 let written = t.borrow_mut().issue(offset, &data);
-                (written, vol.write(offset, IoBytes::copy_from(&data), roll <= 3).await)
+                (written, vol.write(offset, IoBytes::copy_from(&data), roll <= 3).await, roll <= 3)
             }
         };
         if result.is_err() {
             return; // the power is off or the volume closed
         }
-        t.borrow_mut().acknowledge(&written);
+        if durable {
+            t.borrow_mut().acknowledge_durable(&written);
+        } else {
+            t.borrow_mut().acknowledge(&written);
+        }
         tokio::task::yield_now().await;
     }
 }
@@ -443,15 +450,17 @@ async fn seq_reader(
     Ok(())
 }
 
-async fn seq_flusher(vol: &LogVolume<Dev>, seed: u64) {
+async fn seq_flusher(vol: &LogVolume<Dev>, t: &RefCell<Tracker>, seed: u64) {
     let mut rng = rng(seed * 7 + 3);
     for _ in 0..12 {
         for _ in 0..rng.random_range(1..8) {
             tokio::task::yield_now().await;
         }
+        let at = t.borrow().flush_started();
         if vol.flush().await.is_err() {
             return;
         }
+        t.borrow_mut().flushed(&at);
     }
 }
 
@@ -496,7 +505,8 @@ async fn work(world: &mut World, pool: &Pool<Dev>, vol: &LogVolume<Dev>, task: M
     };
     // Every GC policy in turn (their streams differ; not drawn, which would change every seed).
     let gc = [GcPolicy::Greedy, GcPolicy::CostBenefit, GcPolicy::Temperature][(cycle % 3) as usize];
-    let params = LogParams { gc, ..work_params(&mut world.rng, vol.params()) };
+    let params =
+        LogParams { gc, write_back: world.tracker.write_back, ..work_params(&mut world.rng, vol.params()) };
     let close_after = world.rng.random_range(0..1500);
     let policy = if params.always {
         "always".to_string()
@@ -504,7 +514,8 @@ async fn work(world: &mut World, pool: &Pool<Dev>, vol: &LogVolume<Dev>, task: M
         format!("from {}% down to {}%", params.start_percent, params.stop_percent)
     };
     world.note(format!(
-        "cycle {cycle}: work with {task:?}, destage {policy}, GC {gc:?}, ending {ending:?} ({})",
+        "cycle {cycle}: work with {task:?}, destage {policy}, GC {gc:?}, write-back {}, ending {ending:?} ({})",
+        params.write_back,
         if ending == Ending::CleanClose {
             format!("close after {close_after} yields")
         } else {
@@ -530,6 +541,9 @@ async fn work(world: &mut World, pool: &Pool<Dev>, vol: &LogVolume<Dev>, task: M
         }
         closing.set(true);
         vol.close().await;
+        // A clean close makes every acknowledged write durable.
+        let at = tracker.borrow().flush_started();
+        tracker.borrow_mut().flushed(&at);
         pool.close().await
     };
     let down = || switch.is_off() || closing.get();
@@ -538,7 +552,7 @@ async fn work(world: &mut World, pool: &Pool<Dev>, vol: &LogVolume<Dev>, task: M
         seq_worker(vol, &tracker, seed, 1),
         seq_worker(vol, &tracker, seed, 2),
         seq_reader(vol, &tracker, seed, down),
-        seq_flusher(vol, seed),
+        seq_flusher(vol, &tracker, seed),
         seq_maintenance(pool, task),
         closer
     );
@@ -579,7 +593,8 @@ async fn run_sequence(seed: u64) {
         disks: Vec::new(),
         spares: 0,
         switch: PowerSwitch::new(),
-        tracker: Tracker::new(SEQ_BLOCKS),
+        // Odd seeds write back: plain writes are durable at the next completed flush.
+        tracker: Tracker { write_back: seed % 2 == 1, ..Tracker::new(SEQ_BLOCKS) },
         history: Vec::new(),
         fast_names: vec!["d0".into(), "d1".into()],
     };

@@ -44,6 +44,7 @@ pub(super) type CachePiece = (u64, IoBytes, Arc<[u32]>);
 /// One request's pieces and where to say whether they are written.
 struct Queued {
     pieces: Vec<CachePiece>,
+    fua: bool,
     done: oneshot::Sender<bool>,
 }
 
@@ -63,10 +64,10 @@ struct Run {
 impl<D: BlockDevice> LogVolume<D> {
     /// Writes `pieces` (cache ring blocks and their data) into the cache durably, together with
     /// the pieces of whatever other writes are queued meanwhile.
-    pub(super) async fn write_cache(&self, pieces: Vec<CachePiece>) -> Result<(), VolumeError> {
+    pub(super) async fn write_cache(&self, pieces: Vec<CachePiece>, fua: bool) -> Result<(), VolumeError> {
         let q = &self.cache_writes;
         let (tx, mut rx) = oneshot::channel();
-        q.pending.lock().push(Queued { pieces: pieces.clone(), done: tx });
+        q.pending.lock().push(Queued { pieces: pieces.clone(), fua, done: tx });
         // Let the other requests of this round queue theirs: one write for all of them.
         tokio::task::yield_now().await;
         let written = loop {
@@ -89,7 +90,7 @@ impl<D: BlockDevice> LogVolume<D> {
             return Ok(());
         }
         let writes = pieces.iter().map(|(at, data, crcs)| {
-            self.parts.cache.write_with_crcs(at * BLOCK_BYTES, data.clone(), crcs, true)
+            self.parts.cache.write_with_crcs(at * BLOCK_BYTES, data.clone(), crcs, fua)
         });
         join_all_ok(writes).await.map(|_| ())
     }
@@ -98,6 +99,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// whether every write holding its pieces succeeded.
     async fn write_cache_batch(&self, batch: Vec<Queued>) {
         let runs = merge_runs(&batch);
+        let fua = batch.iter().any(|q| q.fua);
         let writes = runs.iter().map(|r| {
             let data = match &r.parts[..] {
                 [one] => one.clone(),
@@ -111,7 +113,7 @@ impl<D: BlockDevice> LogVolume<D> {
                     buf.freeze()
                 }
             };
-            self.parts.cache.write_with_crcs(r.start * BLOCK_BYTES, data, &r.crcs, true)
+            self.parts.cache.write_with_crcs(r.start * BLOCK_BYTES, data, &r.crcs, fua)
         });
         let results = futures::future::join_all(writes).await;
         let mut ok = vec![true; batch.len()];
@@ -180,7 +182,7 @@ mod tests {
             .iter()
             .map(|&(at, blocks)| (at, IoBytes::zeroed(blocks * 4096), Arc::from(vec![0u32; blocks])))
             .collect();
-        (Queued { pieces, done: tx }, rx)
+        (Queued { pieces, fua: true, done: tx }, rx)
     }
 
     #[test]

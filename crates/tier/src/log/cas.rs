@@ -58,6 +58,6 @@ impl<D: BlockDevice> LogVolume<D> {
         self.counters.host_write_bytes.fetch_add(len, Relaxed);
         self.clock.last_write_ms.store(self.now_ms(), Relaxed);
         whole[head..head + n].copy_from_slice(&write);
-        self.write_blocks(layer, span.first, whole.freeze()).await
+        self.write_blocks(layer, span.first, whole.freeze(), true).await
     }
 }

@@ -163,6 +163,13 @@ pub struct LogParams {
     /// runs are shorter than the wait; not persisted).
     #[serde(skip)]
     pub eager_compaction: bool,
+    /// Write-back host writes (experimental, off unless set; not persisted): a write without
+    /// FUA is acknowledged once its data is in the cache and its map update is applied and
+    /// queued, durable at the next flush (docs/design/log-structured-volumes.md, "Host writes
+    /// on a disk, and write-back"). Taken only while the volume has no snapshot or clone.
+    /// `STRIA_WRITE_BACK=1` sets it for every log volume the process opens.
+    #[serde(skip)]
+    pub write_back: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -239,7 +246,34 @@ pub struct LogVolume<D: BlockDevice> {
     pub(crate) table_at: Arc<AtomicU64>,
     /// Host writes' cache pieces, written in batches.
     pub(crate) cache_writes: cache_writes::CacheWrites,
+    /// Write-back host writes ([`LogParams::write_back`]).
+    pub(crate) wb: Arc<WriteBack>,
 }
+
+/// Write-back host writes ([`LogParams::write_back`]): whether they are taken, the cache writes
+/// completed without FUA and the flushes that make them durable, and the places replaced by
+/// deltas not durable yet.
+#[derive(Default)]
+pub(crate) struct WriteBack {
+    /// [`LogParams::write_back`], as last set.
+    pub(crate) enabled: AtomicBool,
+    /// Set once a write-back write was taken: flushes and close commit from then on.
+    pub(crate) used: AtomicBool,
+    /// Cache writes without FUA completed (a generation: bumped before the write's delta is
+    /// queued, so the barrier before the log block carrying the delta flushes it).
+    pub(crate) done: AtomicU64,
+    /// `done` as it was when the last completed cache flush began.
+    pub(crate) flushed: AtomicU64,
+    pub(crate) flushing: tokio::sync::Mutex<()>,
+    /// Wakes the committer when the queue below gains its first entry.
+    pub(crate) wake: tokio::sync::Notify,
+    /// The places write-back writes replaced, with the ticket of their deltas: freed once the
+    /// map's durable deltas reach the ticket (until then a power cut brings them back).
+    pub(crate) frees: Mutex<std::collections::VecDeque<(u64, Replaced)>>,
+}
+
+/// `(block, the map entry a write replaced)`: a place to free.
+pub(crate) type Replaced = Vec<(u64, crate::map::MapEntry)>;
 
 /// The three engine volumes of the pool a log volume is made of.
 pub(crate) struct Parts<D: BlockDevice> {
@@ -388,9 +422,10 @@ impl<D: BlockDevice> LogVolume<D> {
         *self.params.lock()
     }
 
-    /// Changes the mover's policy (not persisted).
+    /// Changes the mover's policy and write-back (not persisted).
     pub fn set_params(&self, p: LogParams) {
         *self.params.lock() = p;
+        self.wb.enabled.store(p.write_back, Relaxed);
         self.ring.hungry.notify_one();
     }
 
@@ -504,10 +539,46 @@ impl<D: BlockDevice> LogVolume<D> {
         if self.health.closed.load(Relaxed) {
             return Err(VolumeError::Closed(self.name.clone()));
         }
+        if self.wb.used.load(Relaxed) {
+            self.commit_write_back().await?;
+        }
         self.pool
             .flush()
             .await
             .map_err(|e| VolumeError::Pool { volume: self.name.clone(), source: Box::new(e) })
+    }
+
+    /// Makes every delta queued so far durable (the barrier flushes the cache first), then frees
+    /// what they replaced.
+    pub(crate) async fn commit_write_back(&self) -> Result<(), VolumeError> {
+        let ticket = self.map.queued_ticket();
+        self.map.commit_to(ticket).await.map_err(|e| {
+            self.map_failed(&e);
+            map_error(&self.name, e)
+        })?;
+        self.free_durable();
+        Ok(())
+    }
+
+    /// Flushes of the cache part so far (for tests: the write-back barrier's).
+    #[doc(hidden)]
+    pub fn cache_flushes(&self) -> u64 {
+        self.parts.cache.counters().flush_ops.load(Relaxed)
+    }
+
+    /// Frees the places replaced by write-back deltas that are durable now.
+    pub(crate) fn free_durable(&self) {
+        let durable = self.map.durable_ticket();
+        let mut ready = Vec::new();
+        {
+            let mut q = self.wb.frees.lock();
+            while q.front().is_some_and(|(t, _)| *t <= durable) {
+                ready.extend(q.pop_front().expect("checked").1);
+            }
+        }
+        if !ready.is_empty() {
+            self.free_places(ready);
+        }
     }
 
     /// Worst state of the three parts.
@@ -519,6 +590,10 @@ impl<D: BlockDevice> LogVolume<D> {
     /// open replays little. Requests after this fail with `Closed`.
     pub async fn close(&self) {
         self.stop();
+        if self.wb.used.load(Relaxed) {
+            // Write-back writes in flight finish first: the checkpoint below makes them durable.
+            drop(self.gates.writes.write().await);
+        }
         // A delete in progress stops before its next batch; the next open finishes it.
         drop(self.gates.deleter.lock().await);
         drop(self.gates.moving.lock().await);

@@ -146,6 +146,39 @@ async fn deleter<D: BlockDevice>(vol: Weak<LogVolume<D>>) {
     }
 }
 
+/// Commits write-back host writes' deltas a couple of milliseconds after they were queued and
+/// frees what they replaced ([`super::LogParams::write_back`]), so that the cache ring and the
+/// replaced places come back without a flush. Sleeps while nothing waits.
+pub(crate) fn spawn_write_back<D: BlockDevice>(vol: &Arc<LogVolume<D>>) {
+    tokio::spawn(write_back_committer(Arc::downgrade(vol)));
+}
+
+/// How long a write-back delta waits for others to share its log block at most.
+const WRITE_BACK_COMMIT: Duration = Duration::from_millis(2);
+
+async fn write_back_committer<D: BlockDevice>(vol: Weak<LogVolume<D>>) {
+    loop {
+        let Some(v) = vol.upgrade() else { return };
+        if v.health.closed.load(Relaxed) || v.health.failure.lock().is_some() {
+            return;
+        }
+        if v.wb.frees.lock().is_empty() {
+            // As in the mover: `v` is held for at most one short wait.
+            tokio::select! {
+                () = v.wb.wake.notified() => {}
+                () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+            continue;
+        }
+        drop(v);
+        tokio::time::sleep(WRITE_BACK_COMMIT).await;
+        let Some(v) = vol.upgrade() else { return };
+        if let Err(e) = v.commit_write_back().await {
+            tracing::warn!(volume = %v.name(), error = %e, "committing write-back writes failed");
+        }
+    }
+}
+
 /// Runs the map's checkpoints in their own task, so writers do not wait for one (they only wake
 /// it; docs/design/log-structured-volumes.md, "Checkpoints that do not stop writers").
 pub(crate) fn spawn_checkpoints<D: BlockDevice>(vol: &Arc<LogVolume<D>>) {

@@ -194,6 +194,7 @@ pub async fn create<D: BlockDevice>(
         gc: spec.gc,
         hold: false,
         eager_compaction: false,
+        write_back: false,
     };
     pool.add_tiered(TieredRecord {
         name: name.clone(),
@@ -232,8 +233,9 @@ pub async fn open<D: BlockDevice>(
 ) -> Result<Arc<LogVolume<D>>, TierError> {
     let corrupt = |reason: String| TierError::Corrupt { name: rec.name.clone(), reason };
     let [cache, meta, seg] = crate::open_parts(pool, rec, "segment")?;
-    let params: LogParams =
+    let mut params: LogParams =
         serde_json::from_value(rec.params.clone()).map_err(|e| corrupt(format!("bad parameters: {e}")))?;
+    params.write_back = std::env::var_os("STRIA_WRITE_BACK").is_some_and(|v| v == "1");
     let header = Header::decode(&meta.read(0, BLOCK_USIZE).await?).map_err(corrupt)?;
     let segment_bytes = header.geo.segment_blocks() * BLOCK_BYTES;
     // The header decides the size: a resize writes it first and the pool record after it, so a
@@ -335,7 +337,29 @@ pub async fn open<D: BlockDevice>(
         opened_from_table: from_table,
         table_at: Arc::new(AtomicU64::new(header.table_region().map_or(0, |r| r.0))),
         cache_writes: Default::default(),
+        wb: Arc::new(super::WriteBack { enabled: AtomicBool::new(params.write_back), ..Default::default() }),
     });
+    {
+        let (wb, cache) = (Arc::clone(&vol.wb), Arc::clone(&vol.parts.cache));
+        vol.map.set_barrier(Arc::new(move || {
+            let (wb, cache) = (Arc::clone(&wb), Arc::clone(&cache));
+            Box::pin(async move {
+                use std::sync::atomic::Ordering::SeqCst;
+                let want = wb.done.load(SeqCst);
+                if wb.flushed.load(SeqCst) >= want {
+                    return Ok(());
+                }
+                let _one = wb.flushing.lock().await;
+                if wb.flushed.load(SeqCst) >= want {
+                    return Ok(());
+                }
+                let at = wb.done.load(SeqCst);
+                cache.flush().await?;
+                wb.flushed.fetch_max(at, SeqCst);
+                Ok(())
+            })
+        }));
+    }
     if let Some((at, _)) = header.table_region() {
         vol.map.set_checkpoint_table(Arc::new(table::Writer {
             at: {
@@ -398,6 +422,7 @@ pub async fn open<D: BlockDevice>(
     }
     mover::spawn(&vol);
     mover::spawn_checkpoints(&vol);
+    mover::spawn_write_back(&vol);
     mover::spawn_deleter(&vol);
     Ok(vol)
 }

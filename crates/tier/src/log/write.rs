@@ -1,5 +1,7 @@
 //! The write path: host writes into the cache ring, then the map (durable before the
-//! acknowledgement), then the old places freed; zeroing and trim as map updates alone.
+//! acknowledgement; with write-back, applied and queued, durable at the next commit), then the
+//! old places freed (with write-back, once the map is durable); zeroing and trim as map updates
+//! alone.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -16,13 +18,27 @@ use stria_dev::block_crc;
 pub(super) const ZERO_STEP: u64 = 4096;
 
 impl<D: BlockDevice> LogVolume<D> {
-    /// Writes `data` at `offset_bytes` (any alignment). Durable when this returns, FUA or not.
-    pub async fn write(&self, offset_bytes: u64, data: IoBytes, _fua: bool) -> Result<(), VolumeError> {
-        self.write_to(HEAD, offset_bytes, data).await
+    /// Writes `data` at `offset_bytes` (any alignment). Durable when this returns, FUA or not,
+    /// unless the volume writes back ([`super::LogParams::write_back`]): then a write without
+    /// FUA is durable once a later flush (or any commit of the map) completes.
+    pub async fn write(&self, offset_bytes: u64, data: IoBytes, fua: bool) -> Result<(), VolumeError> {
+        self.write_to_as(HEAD, offset_bytes, data, fua).await
     }
 
     /// [`Self::write`] to the head ([`HEAD`]) or to clone `layer`.
     pub async fn write_to(&self, layer: u16, offset_bytes: u64, data: IoBytes) -> Result<(), VolumeError> {
+        self.write_to_as(layer, offset_bytes, data, true).await
+    }
+
+    /// [`Self::write_to`]; `durable`: durable on return even when the volume writes back (only
+    /// the head's writes without FUA are taken as write-back).
+    async fn write_to_as(
+        &self,
+        layer: u16,
+        offset_bytes: u64,
+        data: IoBytes,
+        durable: bool,
+    ) -> Result<(), VolumeError> {
         let len = data.len() as u64;
         self.check_range_of(layer, offset_bytes, len)?;
         self.check_writable(offset_bytes, len)?;
@@ -44,7 +60,7 @@ impl<D: BlockDevice> LogVolume<D> {
             data,
             &self.gates.rmw,
             |b| self.read_view((layer != HEAD).then_some(layer), b, 1),
-            |first, d| self.write_blocks(layer, first, d),
+            |first, d| self.write_blocks(layer, first, d, durable),
         )
         .await
     }
@@ -54,6 +70,7 @@ impl<D: BlockDevice> LogVolume<D> {
         layer: u16,
         first: u64,
         data: IoBytes,
+        durable: bool,
     ) -> Result<(), VolumeError> {
         let n = data.len() as u64 / BLOCK_BYTES;
         let step = (self.ring.ring_blocks() / 2).max(1);
@@ -61,7 +78,7 @@ impl<D: BlockDevice> LogVolume<D> {
         while done < n {
             let m = (n - done).min(step);
             let piece = data.slice((done * BLOCK_BYTES) as usize..((done + m) * BLOCK_BYTES) as usize);
-            self.write_piece(layer, first + done, piece).await?;
+            self.write_piece(layer, first + done, piece, durable).await?;
             done += m;
         }
         Ok(())
@@ -71,7 +88,17 @@ impl<D: BlockDevice> LogVolume<D> {
         VolumeError::NoSpace { volume: self.name.clone(), offset_bytes, len_bytes, why }
     }
 
-    pub(super) async fn write_piece(&self, layer: u16, first: u64, data: IoBytes) -> Result<(), VolumeError> {
+    pub(super) async fn write_piece(
+        &self,
+        layer: u16,
+        first: u64,
+        data: IoBytes,
+        durable: bool,
+    ) -> Result<(), VolumeError> {
+        let lazy = !durable
+            && layer == HEAD
+            && self.wb.enabled.load(std::sync::atomic::Ordering::Relaxed)
+            && !self.map.has_layers();
         let n = data.len() as u64 / BLOCK_BYTES;
         assert!(
             data.len() as u64 == n * BLOCK_BYTES && n > 0 && first + n <= self.blocks(),
@@ -106,9 +133,13 @@ impl<D: BlockDevice> LogVolume<D> {
         if before_wrap < n {
             pieces.push((0, data.slice(cut * BLOCK_USIZE..data.len()), Arc::from(&crcs[cut..])));
         }
-        if let Err(e) = self.write_cache(pieces).await {
+        if let Err(e) = self.write_cache(pieces, !lazy).await {
             self.ring.release(start..start + n);
             return Err(e);
+        }
+        if lazy {
+            // Before the delta is queued: the barrier before its log block covers this write.
+            self.wb.done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
         // 2. The map, durably. Positions are claimed first: a newer write may free them as soon
         // as the update is applied.
@@ -126,6 +157,32 @@ impl<D: BlockDevice> LogVolume<D> {
             })
             .collect();
         let settle = self.gates.settle.read().await;
+        if lazy {
+            let (olds, ticket) = match self.map.update_queued(&updates).await {
+                Ok(r) => r,
+                Err(e) => {
+                    self.map_failed(&e);
+                    return Err(super::map_error(&self.name, e));
+                }
+            };
+            if self.params().gc == super::GcPolicy::Temperature {
+                self.mark_heat(seq, &updates, &olds);
+            }
+            let freed: Vec<(u64, MapEntry)> =
+                updates.iter().zip(olds).map(|(u, o)| (u.block, o.expect("unconditional"))).collect();
+            let first = {
+                let mut frees = self.wb.frees.lock();
+                frees.push_back((ticket, freed));
+                frees.len() == 1
+            };
+            self.wb.used.store(true, std::sync::atomic::Ordering::Relaxed);
+            if first {
+                self.wb.wake.notify_one();
+            }
+            drop(settle);
+            self.free_durable();
+            return Ok(());
+        }
         let olds = match self.update_layer(layer, &updates).await {
             Ok(olds) => olds,
             Err(e) => {

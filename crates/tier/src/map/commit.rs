@@ -75,6 +75,7 @@ impl<D: BlockDevice> MapStore<D> {
                         p.queued
                     );
                     log.durable = p.queued;
+                    self.durable_seen.store(log.durable, std::sync::atomic::Ordering::SeqCst);
                     return Ok(true);
                 }
                 if log.next_seq - log.replay_seq >= self.layout().log_blocks {
@@ -104,6 +105,9 @@ impl<D: BlockDevice> MapStore<D> {
                 log.replay_seq,
                 self.layout().log_blocks
             );
+            if let Some(barrier) = self.barrier.get() {
+                barrier().await?;
+            }
             encode_log_block(log.next_seq, &chunk, &mut buf);
             let bytes = IoBytes::copy_from(&buf);
             self.vol.write(self.layout().log_block_offset(log.next_seq), bytes, true).await?;
@@ -134,6 +138,7 @@ impl<D: BlockDevice> MapStore<D> {
                 log.durable
             );
             log.durable = logged;
+            self.durable_seen.store(logged, std::sync::atomic::Ordering::SeqCst);
             self.note_ring(log);
         }
     }

@@ -397,7 +397,16 @@ pub struct MapStore<D: BlockDevice> {
     stats_preserved_past_delete: std::sync::atomic::AtomicU64,
     /// Counters (`MapStore::stats`), apart from the log so that status reads them without waiting.
     counts: parking_lot::Mutex<LogCounts>,
+    /// Deltas durable so far (`LogState::durable`, readable without the log).
+    durable_seen: std::sync::atomic::AtomicU64,
+    /// Run before every log block write: makes durable the data the block's deltas may point
+    /// at (write-back host writes, docs/design/log-structured-volumes.md).
+    barrier: std::sync::OnceLock<Barrier>,
 }
+
+/// See [`MapStore::set_barrier`].
+pub type Barrier =
+    Arc<dyn Fn() -> futures::future::BoxFuture<'static, Result<(), VolumeError>> + Send + Sync>;
 
 impl<D: BlockDevice> std::fmt::Debug for MapStore<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -454,6 +463,8 @@ impl<D: BlockDevice> MapStore<D> {
             snap: snap::SnapState::new(layout.pages(), cache_pages, layout.pool),
             stats_preserved: std::sync::atomic::AtomicU64::new(0),
             stats_preserved_past_delete: std::sync::atomic::AtomicU64::new(0),
+            durable_seen: std::sync::atomic::AtomicU64::new(0),
+            barrier: std::sync::OnceLock::new(),
         };
         store.load_layers().await?;
         store.replay(on_replay).await?;
@@ -643,6 +654,63 @@ impl<D: BlockDevice> MapStore<D> {
         self.commit(ticket).await?;
         self.after_update().await?;
         Ok(applied)
+    }
+
+    /// [`MapStore::update`] without waiting for the deltas to be durable: applied and queued,
+    /// with the ticket [`MapStore::commit_to`] takes (write-back host writes; no snapshots).
+    pub async fn update_queued(&self, updates: &[Update]) -> Result<(Vec<Option<MapEntry>>, u64), MapError> {
+        let blocks: Vec<u64> = updates.iter().map(|u| u.block).collect();
+        let gate = self.snap.gate.read().await;
+        let slots = self.pages_of(&blocks).await?;
+        let (applied, ticket) = {
+            let mut pending = self.pending.lock();
+            assert!(
+                !self.snap.layers.lock().has_snapshots(),
+                "queued updates are for volumes without layers"
+            );
+            let mut applied = Vec::with_capacity(updates.len());
+            for (u, (page, slot)) in updates.iter().zip(&slots) {
+                let mut entries = slot.page().entries.lock();
+                let at = (u.block % ENTRIES_PER_PAGE) as usize;
+                let before = entries[at];
+                let ok = u.expect.is_none_or(|e| before == e);
+                if ok {
+                    entries[at] = u.entry;
+                    drop(entries);
+                    self.cache.mark_dirty(*page, slot);
+                    pending.push(Delta::entry(0, *page, u.block, u.entry, before));
+                }
+                applied.push(ok.then_some(before));
+            }
+            (applied, pending.queued)
+        };
+        drop(slots);
+        drop(gate);
+        if self.failed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(MapError::Failed);
+        }
+        self.after_update().await?;
+        Ok((applied, ticket))
+    }
+
+    /// Makes every delta up to `ticket` durable ([`MapStore::update_queued`]).
+    pub async fn commit_to(&self, ticket: u64) -> Result<(), MapError> {
+        self.commit(ticket).await
+    }
+
+    /// The ticket of the newest delta queued.
+    pub fn queued_ticket(&self) -> u64 {
+        self.pending.lock().queued
+    }
+
+    /// Deltas durable so far.
+    pub fn durable_ticket(&self) -> u64 {
+        self.durable_seen.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Sets the barrier run before every log block write (once).
+    pub fn set_barrier(&self, barrier: Barrier) {
+        let _ = self.barrier.set(barrier);
     }
 
     /// Calls `f(first block, entries)` for every page in order, cached pages as they are in

@@ -161,30 +161,69 @@ pub fn small_csum_cache(pool: &Pool<Dev>, seed: u64) {
 /// Per block: every version in order and the newest acknowledged one.
 pub struct Tracker {
     pub versions: Vec<Vec<Vec<u8>>>,
+    /// The newest version acknowledged: what a read during work sees at least.
     pub acked: Vec<usize>,
+    /// The newest version durable (acknowledged as FUA, or before a completed flush began; every
+    /// acknowledged write unless the volume writes back): what a block reads as at least after a
+    /// power cut.
+    pub durable: Vec<usize>,
+    /// The volume writes back ([`stria_tier::log::LogParams::write_back`]): a plain write is
+    /// durable only once a flush that began after it completed.
+    pub write_back: bool,
 }
 
 impl Tracker {
     pub fn new(blocks: usize) -> Tracker {
-        Tracker { versions: vec![vec![vec![0u8; 4096]]; blocks], acked: vec![0; blocks] }
-    }
-
-    /// A write of these (block, version) pairs was acknowledged: durable (docs/crash-consistency.md).
-    pub fn acknowledge(&mut self, written: &[(usize, usize)]) {
-        for &(b, v) in written {
-            self.acked[b] = self.acked[b].max(v);
+        Tracker {
+            versions: vec![vec![vec![0u8; 4096]]; blocks],
+            acked: vec![0; blocks],
+            durable: vec![0; blocks],
+            write_back: false,
         }
     }
 
-    /// The versions block `b` may read back as: the last acknowledged one or a newer one.
+    /// A write of these (block, version) pairs was acknowledged: durable unless the volume
+    /// writes back (docs/crash-consistency.md).
+    pub fn acknowledge(&mut self, written: &[(usize, usize)]) {
+        for &(b, v) in written {
+            self.acked[b] = self.acked[b].max(v);
+            if !self.write_back {
+                self.durable[b] = self.durable[b].max(v);
+            }
+        }
+    }
+
+    /// A write that is durable when acknowledged (FUA, zeroing, trim) was acknowledged.
+    pub fn acknowledge_durable(&mut self, written: &[(usize, usize)]) {
+        for &(b, v) in written {
+            self.acked[b] = self.acked[b].max(v);
+            self.durable[b] = self.durable[b].max(v);
+        }
+    }
+
+    /// What a flush starting now will make durable.
+    pub fn flush_started(&self) -> Vec<usize> {
+        self.acked.clone()
+    }
+
+    /// A flush started with `at` ([`Tracker::flush_started`]) completed.
+    pub fn flushed(&mut self, at: &[usize]) {
+        for (d, &a) in self.durable.iter_mut().zip(at) {
+            *d = (*d).max(a);
+        }
+    }
+
+    /// The versions block `b` may read back as after a power cut: the last durable one or a
+    /// newer one.
     pub fn allowed(&self, b: usize) -> &[Vec<u8>] {
-        &self.versions[b][self.acked[b]..]
+        &self.versions[b][self.durable[b]..]
     }
 
     /// After a verified boot, what was read is the only version.
     pub fn settle(&mut self, b: usize, observed: &[u8]) {
         self.versions[b] = vec![observed.to_vec()];
         self.acked[b] = 0;
+        self.durable[b] = 0;
     }
 
     /// What a wrong read of block `b` holds instead, for the failure message.
