@@ -614,11 +614,31 @@ impl<D: BlockDevice> MapStore<D> {
     /// snapshot still holds the entry it replaced (its place must not be freed), and a move
     /// changes every layer holding the place it moves (docs/design/snapshots.md, "Holders").
     pub async fn update(&self, updates: &[Update]) -> Result<Vec<Option<MapEntry>>, MapError> {
+        let (applied, ticket) = self.apply(updates).await?;
+        self.commit(ticket).await?;
+        self.after_update().await?;
+        Ok(applied)
+    }
+
+    /// [`MapStore::update`] without waiting for the deltas to be durable: applied and queued,
+    /// with the ticket [`MapStore::commit_to`] takes (write-back host writes).
+    pub async fn update_queued(&self, updates: &[Update]) -> Result<(Vec<Option<MapEntry>>, u64), MapError> {
+        let (applied, ticket) = self.apply(updates).await?;
+        if self.failed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(MapError::Failed);
+        }
+        self.after_update().await?;
+        Ok((applied, ticket))
+    }
+
+    /// Applies `updates` in memory and queues their deltas; returns what each replaced (`None`
+    /// where a condition did not hold) and the ticket of the last delta.
+    async fn apply(&self, updates: &[Update]) -> Result<(Vec<Option<MapEntry>>, u64), MapError> {
         let blocks: Vec<u64> = updates.iter().map(|u| u.block).collect();
         let gate = self.snap.gate.read().await;
         let slots = self.pages_of(&blocks).await?;
         let mut pins = Vec::new();
-        let (applied, ticket) = loop {
+        let applied = loop {
             let needs = {
                 let mut pending = self.pending.lock();
                 let mut layers = self.snap.layers.lock();
@@ -651,46 +671,7 @@ impl<D: BlockDevice> MapStore<D> {
         drop(pins);
         drop(slots);
         drop(gate);
-        self.commit(ticket).await?;
-        self.after_update().await?;
         Ok(applied)
-    }
-
-    /// [`MapStore::update`] without waiting for the deltas to be durable: applied and queued,
-    /// with the ticket [`MapStore::commit_to`] takes (write-back host writes; no snapshots).
-    pub async fn update_queued(&self, updates: &[Update]) -> Result<(Vec<Option<MapEntry>>, u64), MapError> {
-        let blocks: Vec<u64> = updates.iter().map(|u| u.block).collect();
-        let gate = self.snap.gate.read().await;
-        let slots = self.pages_of(&blocks).await?;
-        let (applied, ticket) = {
-            let mut pending = self.pending.lock();
-            assert!(
-                !self.snap.layers.lock().has_snapshots(),
-                "queued updates are for volumes without layers"
-            );
-            let mut applied = Vec::with_capacity(updates.len());
-            for (u, (page, slot)) in updates.iter().zip(&slots) {
-                let mut entries = slot.page().entries.lock();
-                let at = (u.block % ENTRIES_PER_PAGE) as usize;
-                let before = entries[at];
-                let ok = u.expect.is_none_or(|e| before == e);
-                if ok {
-                    entries[at] = u.entry;
-                    drop(entries);
-                    self.cache.mark_dirty(*page, slot);
-                    pending.push(Delta::entry(0, *page, u.block, u.entry, before));
-                }
-                applied.push(ok.then_some(before));
-            }
-            (applied, pending.queued)
-        };
-        drop(slots);
-        drop(gate);
-        if self.failed.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(MapError::Failed);
-        }
-        self.after_update().await?;
-        Ok((applied, ticket))
     }
 
     /// Makes every delta up to `ticket` durable ([`MapStore::update_queued`]).
