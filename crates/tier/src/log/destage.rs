@@ -120,9 +120,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// is stale (no later update can make a block point at an old position).
     pub(super) async fn release_stale(&self, stale: Vec<(u64, u64)>) -> Result<(), VolumeError> {
         let _settled = self.gates.settle.write().await;
-        if !self.wb.frees.lock().is_empty() {
-            self.commit_write_back().await?;
-        }
+        self.settle_write_back().await?;
         for (pos, block) in stale {
             let held = self
                 .map

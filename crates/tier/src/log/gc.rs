@@ -367,7 +367,7 @@ impl<D: BlockDevice> LogVolume<D> {
             return;
         }
         let _settled = self.gates.settle.write().await;
-        if !self.wb.frees.lock().is_empty() && self.commit_write_back().await.is_err() {
+        if self.settle_write_back().await.is_err() {
             return;
         }
         let mut space = self.space.lock();
@@ -385,9 +385,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// this is the last thing tried before a write gets ENOSPC.
     pub(crate) async fn recount(&self) -> Result<(), VolumeError> {
         let _settled = self.gates.settle.write().await;
-        if !self.wb.frees.lock().is_empty() {
-            self.commit_write_back().await?;
-        }
+        self.settle_write_back().await?;
         // A resize may raise the space's bound while the scan runs (it does not take settle):
         // the counts must then be taken again for the new bound (the crash loop's
         // tiered-resize scenario hit it: 28 counts for 29 segments).
@@ -434,9 +432,7 @@ impl<D: BlockDevice> LogVolume<D> {
         // No batch between its take and its map update either.
         let _moves = self.gates.moving.lock().await;
         let _settled = self.gates.settle.write().await;
-        if !self.wb.frees.lock().is_empty() {
-            self.commit_write_back().await.map_err(|e| e.to_string())?;
-        }
+        self.settle_write_back().await.map_err(|e| e.to_string())?;
         let segments = self.space.lock().segments();
         let scanned = super::scan_map(&self.map, self.geometry(), segments).await?.live;
         if let Some(why) = self.health.failure.lock().clone() {

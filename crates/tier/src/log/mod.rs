@@ -257,7 +257,7 @@ pub struct LogVolume<D: BlockDevice> {
 pub(crate) struct WriteBack {
     /// [`LogParams::write_back`], as last set.
     pub(crate) enabled: AtomicBool,
-    /// Set once a write-back write was taken: flushes and close commit from then on.
+    /// Set once a write-back write was taken: flushes commit from then on.
     pub(crate) used: AtomicBool,
     /// Cache writes without FUA completed (a generation: bumped before the write's delta is
     /// queued, so the barrier before the log block carrying the delta flushes it).
@@ -558,6 +558,15 @@ impl<D: BlockDevice> LogVolume<D> {
         })?;
         self.free_durable();
         Ok(())
+    }
+
+    /// [`Self::commit_write_back`] when write-back writes wait to free what they replaced: what
+    /// needs no writer between a map update and its freeing calls it under `settle` held alone.
+    pub(crate) async fn settle_write_back(&self) -> Result<(), VolumeError> {
+        if self.wb.frees.lock().is_empty() {
+            return Ok(());
+        }
+        self.commit_write_back().await
     }
 
     /// Flushes of the cache part so far (for tests: the write-back barrier's).
