@@ -82,6 +82,8 @@ class Model:
     def __init__(self, sectors):
         self.versions = [[(0, True)] for _ in range(sectors)]
         self.unflushed = {}  # sector -> version completed (non-durable) since the last flush was sent
+        self.completed = {}  # sector -> the newest version acknowledged since the last verify
+        self.lost = 0  # sectors a verify read older than their newest acknowledged (not durable) version
 
     def issue(self, sectors, version):
         for s in sectors:
@@ -89,6 +91,7 @@ class Model:
 
     def complete(self, sectors, version, durable):
         for s in sectors:
+            self.completed[s] = version
             if durable:
                 self.versions[s] = [version]
                 self.unflushed.pop(s, None)
@@ -109,17 +112,26 @@ class Model:
         kind, seq = identify(block, sector)
         allowed = self.versions[sector]
         if kind == "zero" and any(z for _, z in allowed):
+            self._count_lost(sector, next(v for v in reversed(allowed) if v[1]))
             return (0, True)
         if kind == "data":
             for v in allowed:
                 if v == (seq, False):
+                    self._count_lost(sector, v)
                     return v
         got = "zeros" if kind == "zero" else (f"seq {seq} (round {seq // SEQ_PER_ROUND})" if kind == "data" else seq)
         want = ", ".join("zeros" if z else f"seq {q}" for q, z in allowed)
         raise Violation(f"sector {sector}: read {got}; allowed: {want}")
 
+    def _count_lost(self, sector, got):
+        newest = self.completed.get(sector)
+        allowed = self.versions[sector]
+        if newest in allowed and allowed.index(got) < allowed.index(newest):
+            self.lost += 1
+
     def settle(self, sector, version):
         self.versions[sector] = [version]
+        self.completed.pop(sector, None)
 
 
 class Daemon:
@@ -451,6 +463,10 @@ def main():
                          "the command returned, and every snapshot keeps its size; with --clones a live clone "
                          "then grows 4 MiB past the new size (old or new size after the restart, zeros in what it gained; "
                          "the volume keeps its own size)")
+    ap.add_argument("--cache-mode", choices=["write-through", "write-back"], default=None,
+                    help="tiered/log layouts: `volume create --cache-mode` (write-back: plain writes are "
+                         "acknowledged before they are durable; the model allows them to be lost until a "
+                         "flush covers them, as it does on every layout)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
@@ -515,6 +531,8 @@ def run(args, rng, daemon, tag):
         images = 1 + args.snapshots + (2 + args.clone_snapshots if args.clones else 0)
         space_mib = max(args.volume_mib * 3 // 2, images * args.region_mib * 5 // 4 + 64)
         create += ["--space", f"{space_mib}M"]
+        if args.cache_mode:
+            create += ["--cache-mode", args.cache_mode]
     daemon.cli(*create)
     model = Model(sectors)
     size = args.volume_mib << 20  # what the volume holds now (--resize grows it)
@@ -659,7 +677,9 @@ def run(args, rng, daemon, tag):
         # Restart and verify the crash; then maybe a clean cycle on top.
         daemon.start()
         h = connect(daemon, vol)
+        lost_before = model.lost
         verify(h, model, sectors, f"round {rnd} after kill -9")
+        lost = model.lost - lost_before
         if resizing:
             grow = resizing[1]
             now = volume_size(daemon, vol)
@@ -733,7 +753,7 @@ def run(args, rng, daemon, tag):
             restarts, rows = moves_recopied(daemon)
             resumed = f", {restarts} restarts recopied {rows} rows of a cut move"
         print(f"{tag} round {rnd}/{args.rounds} ok ({'fua' if fua else 'mixed'}): {acked} acknowledged, "
-              f"{inflight} in flight at the kill"
+              f"{inflight} in flight at the kill, {lost} sectors read older than acknowledged (not durable)"
               f"{f', {cload.acked} acknowledged by the clone' if cload else ''}{resumed} "
               f"({time.time() - started:.0f} s)", flush=True)
     if clone is not None:

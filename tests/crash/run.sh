@@ -55,6 +55,8 @@ SCENARIOS=(
   "log|--layout log:ec:4+2"
   "log-destaging|--layout log:ec:4+2 --scenario destaging"
   "log-degraded|--layout log:ec:4+2 --scenario degraded"
+  "tiered-write-back|--layout tiered:ec:4+2 --cache-mode write-back"
+  "log-write-back-destaging|--layout log:ec:4+2 --scenario destaging --cache-mode write-back"
   "tiered-snapshots|--layout tiered:ec:4+2 --snapshots 3 --delete-snapshots"
   "log-snapshots|--layout log:ec:4+2 --scenario destaging --snapshots 3 --delete-snapshots"
   "tiered-clones|--layout tiered:ec:4+2 --scenario destaging --snapshots 3 --delete-snapshots --clones"

@@ -108,6 +108,7 @@ impl<D: BlockDevice> Catalog<D> {
             cache_copies: req.cache_copies,
             space_bytes: req.space_bytes,
             gc: None,
+            cache_mode: None,
         };
         let spec = LogSpec { replaces: Some(name.to_string()), ..log_spec(&temp, size, layout, options) };
         let lv = log::create(&self.pool, spec).await?;

@@ -23,7 +23,7 @@ use stria_engine::{
 };
 use stria_tier::TierError;
 use stria_tier::layers::LayerRecord;
-use stria_tier::log::{self, GcPolicy, LogSpec, LogVolume};
+use stria_tier::log::{self, CacheMode, GcPolicy, LogSpec, LogVolume};
 
 pub use convert::{ConvertView, ConvertVolume};
 pub use layout::{LayoutSpec, PlainLayout, is_log_layout, parse_plain_layout};
@@ -72,6 +72,10 @@ pub struct CreateVolume {
     /// Tiered and log volumes: how GC picks victims (default `temperature`).
     #[serde(default)]
     pub gc: Option<GcPolicy>,
+    /// Tiered and log volumes: when writes without FUA are acknowledged (default
+    /// `write-through`).
+    #[serde(default)]
+    pub cache_mode: Option<CacheMode>,
     /// QoS settings (none by default).
     #[serde(default)]
     pub qos: QosSpec,
@@ -131,6 +135,7 @@ pub(crate) struct LogOptions {
     pub(crate) cache_copies: Option<u32>,
     pub(crate) space_bytes: Option<u64>,
     pub(crate) gc: Option<GcPolicy>,
+    pub(crate) cache_mode: Option<CacheMode>,
 }
 
 /// The spec of log volume `name` of `size_bytes` in `layout` (a parsed `tiered:` or `log:`
@@ -146,6 +151,7 @@ pub(crate) fn log_spec(name: &str, size_bytes: u64, layout: LayoutSpec, options:
         copies: options.cache_copies.unwrap_or(2),
         space_bytes: options.space_bytes,
         gc: options.gc.unwrap_or_default(),
+        cache_mode: options.cache_mode.unwrap_or_default(),
         ..LogSpec::new(name, size_bytes, data_shards, parity_shards)
     }
 }
@@ -381,6 +387,26 @@ impl<D: BlockDevice> Catalog<D> {
         self.show(name)
     }
 
+    /// Sets when log-structured volume `name` acknowledges writes without FUA (durably; at
+    /// once for its clients).
+    pub async fn set_cache_mode(&self, name: &str, mode: CacheMode) -> Result<VolumeView, CatalogError> {
+        match self.entry_or_err(name)? {
+            Entry::Log(lv) => lv.set_cache_mode(mode).await?,
+            Entry::Clone(lv, _) => {
+                return Err(CatalogError::Invalid(format!(
+                    "`{name}` is a clone: it shares the write cache of `{}`; set the cache mode there",
+                    lv.name()
+                )));
+            }
+            Entry::Plain(_) => {
+                return Err(CatalogError::Invalid(format!(
+                    "`{name}` is a plain volume: --cache-mode applies to tiered and log volumes"
+                )));
+            }
+        }
+        self.show(name)
+    }
+
     /// Checks `spec` for `name` against the other reservations (calibrating an uncalibrated
     /// pool when a setting needs the drives' figures: a reservation or a weight).
     async fn admit(&self, name: &str, entry: &Entry<D>, spec: &QosSpec) -> Result<(), CatalogError> {
@@ -479,6 +505,7 @@ impl<D: BlockDevice> Catalog<D> {
                 cache_copies: req.cache_copies,
                 space_bytes: req.space_bytes,
                 gc: req.gc,
+                cache_mode: req.cache_mode,
             };
             let spec = log_spec(&req.name, req.size_bytes, parsed?, options);
             let lv = log::create(&self.pool, spec).await?;
@@ -489,10 +516,11 @@ impl<D: BlockDevice> Catalog<D> {
             || req.cache_copies.is_some()
             || req.space_bytes.is_some()
             || req.gc.is_some()
+            || req.cache_mode.is_some()
         {
             return Err(CatalogError::Invalid(
-                "--cache-size, --cache-copies, --space and --gc apply to tiered and log layouts only \
-                 (tiered:ec:K+M, log:ec:K+M)"
+                "--cache-size, --cache-copies, --space, --gc and --cache-mode apply to tiered and log layouts \
+                 only (tiered:ec:K+M, log:ec:K+M)"
                     .into(),
             ));
         }

@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use stria_catalog::{QosUpdate, Setting};
 use stria_engine::DriveClass;
 use stria_engine::units::{parse_block_size, parse_size};
-use stria_tier::log::GcPolicy;
+use stria_tier::log::{CacheMode, GcPolicy};
 
 use crate::daemon::{self, NbdAddr};
 use crate::pooldir::DriveSpec;
@@ -261,15 +261,25 @@ pub(crate) enum VolumeCmd {
         /// cost-benefit (garbage times age per cost) or greedy (the emptiest segment).
         #[arg(long, value_name = "POLICY")]
         gc: Option<GcPolicy>,
+        /// tiered: and log: layouts: when a write without FUA is acknowledged: write-through
+        /// (the default: once durable) or write-back (once in the cache and the map in memory;
+        /// durable at the client's next flush or a few milliseconds later, as with a drive's
+        /// volatile write cache).
+        #[arg(long, value_name = "MODE")]
+        cache_mode: Option<CacheMode>,
         #[command(flatten)]
         qos: QosArgs,
     },
-    /// Change a volume's QoS settings while it serves (settings not given are kept; `none`
-    /// removes one).
+    /// Change a volume's QoS settings or cache mode while it serves (settings not given are
+    /// kept; `none` removes one).
     Set {
         name: String,
         #[command(flatten)]
         qos: QosArgs,
+        /// Tiered and log volumes: write-through or write-back (see `volume create`). Switching
+        /// to write-through makes every write acknowledged before it durable.
+        #[arg(long, value_name = "MODE")]
+        cache_mode: Option<CacheMode>,
         #[arg(long)]
         json: bool,
     },

@@ -489,6 +489,7 @@ pub(crate) async fn serve_memory(
             cache_copies: None,
             space_bytes: None,
             gc: None,
+            cache_mode: None,
             qos: Default::default(),
         };
         catalog.create(volume).await.with_context(|| format!("cannot create volume {}", v.name))?;

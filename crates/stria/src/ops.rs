@@ -11,6 +11,7 @@ use stria_dev::{BLOCK_BYTES, FileDevice};
 use stria_engine::maint::{self, Refusal, Removal};
 use stria_engine::units::format_size;
 use stria_engine::{DriveClass, EngineError, NewDrive, Pool};
+use stria_tier::log::CacheMode;
 
 use crate::drive_check;
 use crate::pooldir::{Dev, PoolDir};
@@ -176,6 +177,11 @@ pub(crate) enum Request {
     VolumeSet {
         name: String,
         qos: QosUpdate,
+    },
+    /// Changes when a tiered or log volume acknowledges writes without FUA.
+    VolumeCacheMode {
+        name: String,
+        cache_mode: CacheMode,
     },
     /// Measures each drive class for QoS costs and admission.
     PoolCalibrate,
@@ -483,6 +489,9 @@ pub(crate) async fn execute(
         }
         Request::VolumeClone { source, name } => to_json(&catalog.volume_clone(&source, &name).await?),
         Request::VolumeSet { name, qos } => to_json(&catalog.set_qos(&name, &qos).await?),
+        Request::VolumeCacheMode { name, cache_mode } => {
+            to_json(&catalog.set_cache_mode(&name, cache_mode).await?)
+        }
         Request::PoolCalibrate => to_json(&pool.calibrate().await?),
         Request::Stats => {
             bail!("request counters live in the daemon: start `stria serve` (or `stria up`) and ask again")

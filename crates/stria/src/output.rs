@@ -346,7 +346,13 @@ fn log_volume(view: &stria_catalog::LogView) {
     if let Some(why) = &l.no_space {
         outln!("  {:<22} {why}", "FULL");
     }
-    outln!("  {:<22} {} blocks cached of {}", "write cache", l.cache_live_blocks, l.cache_blocks);
+    let mode = match l.cache_mode {
+        stria_tier::log::CacheMode::WriteThrough => "write-through",
+        stria_tier::log::CacheMode::WriteBack => {
+            "write-back: writes without FUA are durable at the next flush"
+        }
+    };
+    outln!("  {:<22} {} blocks cached of {} ({mode})", "write cache", l.cache_live_blocks, l.cache_blocks);
     outln!("  {:<22} {} written, {} read", "host", size(l.host_write_bytes), size(l.host_read_bytes));
     outln!(
         "  {:<22} {} from cache, {} from segments",

@@ -482,6 +482,23 @@ fn cli_output_matches_the_golden_files() {
         0,
     );
 
+    // The cache mode of a thin volume: kept in its record (each command opens the pool anew, so
+    // `show` reads it back from there); plain volumes and unknown modes refused.
+    check("volume_set_cache_mode", &["volume", "set", "tv", "--cache-mode", "write-back"], 0);
+    check("volume_show_tiered_write_back", &["volume", "show", "tv"], 0);
+    check("mistake_cache_mode_on_plain_volume", &["volume", "set", "r1", "--cache-mode", "write-back"], 1);
+    check("mistake_unknown_cache_mode", &["volume", "set", "tv", "--cache-mode", "fast"], 2);
+    check(
+        "mistake_cache_mode_on_plain_layout",
+        &["volume", "create", "x", "--size", "16M", "--layout", "raid1", "--cache-mode", "write-back"],
+        1,
+    );
+    check(
+        "volume_set_cache_mode_back",
+        &["volume", "set", "tv", "--cache-mode", "write-through", "--json"],
+        0,
+    );
+
     // A drive joins the pool; the next volume uses it (its members include drive 8).
     check("drive_add", &["drive", "add", "--class", "capacity", "--size", "256M", "--domain", "r2"], 0);
     check(

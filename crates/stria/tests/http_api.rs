@@ -67,6 +67,7 @@ const CHANGES: &[(&str, &str, &str)] = &[
     ("DELETE", "/api/v1/volumes/r", ""),
     ("POST", "/api/v1/volumes/r/resize", r#"{"size_bytes": 33554432}"#),
     ("PUT", "/api/v1/volumes/r/qos", r#"{"iops_limit": {"set": 100}}"#),
+    ("PUT", "/api/v1/volumes/r/cache-mode", r#"{"cache_mode": "write-back"}"#),
     ("POST", "/api/v1/volumes/e/scrub", ""),
     ("POST", "/api/v1/volumes/r/import", r#"{"path": "/dev/null"}"#),
     ("POST", "/api/v1/volumes/r/export", r#"{"path": "/tmp/stria-http-test-export"}"#),
@@ -190,6 +191,22 @@ fn the_api_answers_with_the_cli_views_and_runs_changes_with_the_token() {
     assert!(job["result"]["blocks_checked"].as_u64().is_some_and(|n| n > 0), "{job}");
     assert_eq!(job["progress"]["done"], job["progress"]["total"], "{job}");
 
+    // The cache mode: a thin volume made write-back, set back; a plain volume has none.
+    let thin = r#"{"name": "t", "size_bytes": 16777216, "layout": "log:ec:4+2", "cache_bytes": 4194304, "cache_mode": "write-back"}"#;
+    let (status, body) = http(port, "POST", "/api/v1/volumes", t, thin);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json(&body)["cache_mode"], "write-back", "{body}");
+    let (status, body) =
+        http(port, "PUT", "/api/v1/volumes/t/cache-mode", t, r#"{"cache_mode": "write-through"}"#);
+    assert_eq!(status, 200, "{body}");
+    let shown = json(&expect(&stria, &["volume", "show", "t", "--json"], 0).stdout);
+    assert_eq!(shown["cache_mode"], "write-through", "{shown}");
+    let (status, body) =
+        http(port, "PUT", "/api/v1/volumes/r/cache-mode", t, r#"{"cache_mode": "write-back"}"#);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("plain volume"), "{body}");
+    let (status, body) = http(port, "PUT", "/api/v1/volumes/t/cache-mode", t, r#"{"cache_mode": "fast"}"#);
+    assert_eq!(status, 400, "{body}");
     // A change with the token happens; the guard rails answer 409 with the CLI's message.
     let (status, body) = http(port, "POST", "/api/v1/drives/2/fail", t, "{}");
     assert_eq!((status, json(&body)["failed"].as_u64()), (200, Some(2)), "{body}");

@@ -29,7 +29,7 @@ use rand_chacha::ChaCha8Rng;
 use stria_dev::{FaultConfig, IoBytes, PowerSwitch};
 use stria_engine::{Pool, VolumeError};
 use stria_tier::layers::LayerKind;
-use stria_tier::log::{self, GcPolicy, LogParams, LogSpec, LogVolume};
+use stria_tier::log::{self, CacheMode, GcPolicy, LogParams, LogSpec, LogVolume};
 
 fn small_spec(size_bytes: u64, space_bytes: u64) -> LogSpec {
     crate::common::small_spec("lv", size_bytes, space_bytes)
@@ -1267,6 +1267,34 @@ async fn write_back_writes_read_back_old_or_new_after_a_cut_and_new_once_committ
     }
 }
 
+/// The cache mode is kept in the volume's record: a volume made write-back opens write-back
+/// after a power cut, and one set back to write-through stays so; the switch makes the
+/// write-back writes before it durable.
+#[tokio::test]
+async fn the_cache_mode_is_kept_across_a_cut_and_the_switch_to_write_through_makes_writes_durable() {
+    let switch = PowerSwitch::new();
+    let devs = drives(&switch, 47);
+    let pool = create_pool(&devs).await;
+    let spec = LogSpec { cache_mode: CacheMode::WriteBack, ..small_spec(1 << 20, small_space(256)) };
+    let vol = log::create(&pool, spec).await.unwrap();
+    assert_eq!(vol.cache_mode(), CacheMode::WriteBack);
+    let (devs, switch, pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, 47).await;
+    assert_eq!(vol.cache_mode(), CacheMode::WriteBack, "kept across a cut");
+    assert_eq!(vol.status().cache_mode, CacheMode::WriteBack);
+    let data = random_bytes(&mut rng(47), 16 * 4096);
+    vol.write(0, IoBytes::copy_from(&data), false).await.unwrap();
+    vol.set_cache_mode(CacheMode::WriteThrough).await.unwrap();
+    assert!(!vol.params().write_back);
+    let (_devs, _switch, _pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, 48).await;
+    assert_eq!(vol.cache_mode(), CacheMode::WriteThrough, "the change is kept");
+    assert_eq!(
+        &vol.read(0, 16 * 4096).await.unwrap()[..],
+        &data[..],
+        "acknowledged before the switch, durable after it"
+    );
+    vol.close().await;
+}
+
 /// A victim that is mostly garbage is read in the runs of its live blocks (after its batches'
 /// summaries), not whole: every block reads back, GC moved the survivors, and what it read is a
 /// fraction of its victims' blocks.
@@ -2051,16 +2079,31 @@ async fn layer_writer(vol: &LogVolume<Dev>, layer: u16, t: &RefCell<Tracker>, se
         let kind = rng.random_range(0..10);
         let data = if kind >= 7 { vec![0u8; len as usize] } else { random_bytes(&mut rng, len as usize) };
         let written = t.borrow_mut().issue(o, &data);
+        // Zeroing, trims and FUA writes are durable when acknowledged, whatever the cache mode.
+        let mut durable = true;
         let r = match kind {
             7 => vol.write_zeroes_to(layer, o, len, false).await,
             // A trim of whole blocks reads back as zeros; its unaligned edges stay as they were.
             8 if o % 4096 == 0 && len % 4096 == 0 => vol.trim_in(layer, o, len).await,
-            _ if layer == log::HEAD => vol.write(o, IoBytes::copy_from(&data), rng.random_bool(0.3)).await,
+            _ if layer == log::HEAD => {
+                durable = rng.random_bool(0.3);
+                vol.write(o, IoBytes::copy_from(&data), durable).await
+            }
             _ => vol.write_to(layer, o, IoBytes::copy_from(&data)).await,
         };
         match r {
+            Ok(()) if durable => t.borrow_mut().acknowledge_durable(&written),
             Ok(()) => t.borrow_mut().acknowledge(&written),
             Err(_) => return,
+        }
+        // A write-back volume's plain writes are durable at the next flush (drawn only then, so
+        // write-through seeds keep their sequences).
+        if t.borrow().write_back && rng.random_range(0..8) == 0 {
+            let at = t.borrow().flush_started();
+            if vol.flush().await.is_err() {
+                return;
+            }
+            t.borrow_mut().flushed(&at);
         }
         tokio::task::yield_now().await;
     }
@@ -2359,7 +2402,9 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
     let mut sim = Sim {
         seed,
         rng: rng(seed ^ 0x1095),
-        tracker: Tracker::new(SIM_BLOCKS),
+        // Seeds 4-7 mod 8 write back (every flavour, with and without layers): the head's
+        // tracker then holds a plain write durable only once a flush covers it.
+        tracker: Tracker { write_back: (seed / 4) % 2 == 1, ..Tracker::new(SIM_BLOCKS) },
         snaps: Vec::new(),
         clones: Vec::new(),
         history: Vec::new(),
@@ -2396,6 +2441,7 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
             initial_segments: if shrinking { Some(28) } else { (seed % 2 == 1).then_some(segments - 1) },
             batch_rows: Some(if roomy { 1 } else { 2 }),
             segment_batches: Some(if roomy { 1 } else { 4 }),
+            cache_mode: if sim.tracker.write_back { CacheMode::WriteBack } else { CacheMode::WriteThrough },
             ..small_spec(SIM_BLOCKS as u64 * 4096, segments * segment_data * 4096)
         };
         let vol = log::create(&pool, spec).await.unwrap();
@@ -2412,7 +2458,8 @@ async fn run_log_sequence(seed: u64, verbose: bool) -> (u64, u64, u64, u64) {
     // Snapshots and clones in even seeds (2 and 3 are coprime: every drive scenario has some).
     let layered = seed.is_multiple_of(2);
     let flavour = if seed % 4 == 3 { "log" } else { "tiered" };
-    sim.note(format!("{flavour}:ec:4+2, {cycles} cycles, drive missing: {missing:?}"));
+    let mode = if sim.tracker.write_back { "write-back" } else { "write-through" };
+    sim.note(format!("{flavour}:ec:4+2 ({mode}), {cycles} cycles, drive missing: {missing:?}"));
     for cycle in 0..=cycles {
         let given: Vec<Dev> =
             disks.iter().enumerate().filter(|(i, _)| Some(*i) != missing).map(|(_, d)| d.clone()).collect();

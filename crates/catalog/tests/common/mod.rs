@@ -125,6 +125,7 @@ pub fn create_req(name: &str, size_bytes: u64, layout: &str) -> CreateVolume {
         cache_copies: None,
         space_bytes: None,
         gc: None,
+        cache_mode: None,
         qos: QosSpec::default(),
     }
 }

@@ -1,7 +1,7 @@
 //! One conformance suite for the volume contract (`stria_engine::BlockVolume`, engine
 //! `volume/contract.rs`), run against every kind of volume the catalog hands out: plain
-//! raid0, raid1, raid10 and ec:4+2 volumes, `tiered:ec:4+2` and `log:ec:4+2` volumes, a snapshot
-//! (read-only) and a clone (writable) of a log-structured volume.
+//! raid0, raid1, raid10 and ec:4+2 volumes, `tiered:ec:4+2` (write-through and write-back) and
+//! `log:ec:4+2` volumes, a snapshot (read-only) and a clone (writable) of a log-structured volume.
 //!
 //! Each clause is one generic body over an `Arc<dyn BlockVolume>` looked up by name through the
 //! catalog (as the NBD export gets it), plus a [`Kind`] that names the differences the contract
@@ -46,6 +46,9 @@ pub enum Kind {
     Ec,
     Tiered,
     Log,
+    /// A `tiered:ec:4+2` volume made with `--cache-mode write-back`: writes without FUA are
+    /// durable at the next flush, as on the plain kinds.
+    WriteBack,
     /// `base@snap` of a `tiered:ec:4+2` volume, written before and after the snapshot.
     Snapshot,
     /// A clone of such a snapshot.
@@ -60,7 +63,7 @@ impl Kind {
             Kind::Raid1 => "raid1",
             Kind::Raid10 => "raid10",
             Kind::Ec => "ec:4+2",
-            Kind::Tiered | Kind::Snapshot | Kind::Clone => "tiered:ec:4+2",
+            Kind::Tiered | Kind::WriteBack | Kind::Snapshot | Kind::Clone => "tiered:ec:4+2",
             Kind::Log => "log:ec:4+2",
         }
     }
@@ -70,8 +73,8 @@ impl Kind {
         self == Kind::Snapshot
     }
 
-    /// Log-structured kinds make every acknowledged write, zeroing and discard durable before
-    /// completing (the contract's Durability clause): no flush needed.
+    /// Log-structured kinds (but a write-back one) make every acknowledged write, zeroing and
+    /// discard durable before completing (the contract's Durability clause): no flush needed.
     pub fn acked_is_durable(self) -> bool {
         matches!(self, Kind::Tiered | Kind::Log | Kind::Clone)
     }
@@ -147,8 +150,11 @@ impl Subject {
                 // Log-structured kinds get room to spare: with the default (1.5 x the size) a
                 // whole rewrite after a whole discard fails (`errors::trim_then_rewrite`, a
                 // finding of its own), which would hide every clause behind it.
-                let space_bytes = matches!(kind, Kind::Tiered | Kind::Log).then_some(4 * size_bytes);
-                let req = CreateVolume { space_bytes, ..create_req("v", size_bytes, kind.layout()) };
+                let space_bytes =
+                    matches!(kind, Kind::Tiered | Kind::Log | Kind::WriteBack).then_some(4 * size_bytes);
+                let cache_mode = (kind == Kind::WriteBack).then_some(stria_tier::log::CacheMode::WriteBack);
+                let req =
+                    CreateVolume { space_bytes, cache_mode, ..create_req("v", size_bytes, kind.layout()) };
                 rig.catalog.create(req).await.expect("create");
                 "v".to_string()
             }
@@ -310,6 +316,7 @@ macro_rules! every_kind {
         $crate::conformance::every_kind!(@one $body, ec, Ec);
         $crate::conformance::every_kind!(@one $body, tiered, Tiered);
         $crate::conformance::every_kind!(@one $body, log, Log);
+        $crate::conformance::every_kind!(@one $body, write_back, WriteBack);
         $crate::conformance::every_kind!(@one $body, snapshot, Snapshot);
         $crate::conformance::every_kind!(@one $body, clone, Clone);
     };

@@ -44,6 +44,7 @@ pub(super) async fn up(dir: PoolDir, args: UpArgs) -> Result<()> {
             cache_copies: None,
             space_bytes: None,
             gc: None,
+            cache_mode: None,
             qos: Default::default(),
         };
         catalog.create(vol0).await?;

@@ -13,7 +13,19 @@ use crate::pooldir::{self, PoolDir};
 /// `stria volume ...`.
 pub(super) async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
     match cmd {
-        VolumeCmd::Create { name, size, layout, chunk, class, cache_size, cache_copies, space, gc, qos } => {
+        VolumeCmd::Create {
+            name,
+            size,
+            layout,
+            chunk,
+            class,
+            cache_size,
+            cache_copies,
+            space,
+            gc,
+            cache_mode,
+            qos,
+        } => {
             let req = Request::VolumeCreate(CreateVolume {
                 name,
                 size_bytes: size,
@@ -24,20 +36,28 @@ pub(super) async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
                 cache_copies,
                 space_bytes: space,
                 gc,
+                cache_mode,
                 qos: qos.spec()?,
             });
             let v = request(dir, req).await?;
             output::volume(&view(v)?);
             Ok(())
         }
-        VolumeCmd::Set { name, qos, json } => {
+        VolumeCmd::Set { name, qos, cache_mode, json } => {
             let update = qos.update();
-            if update.is_empty() {
+            if update.is_empty() && cache_mode.is_none() {
                 bail!(
-                    "nothing to set: give --iops-limit, --bw-limit, --iops-reserve, --bw-reserve or --weight"
+                    "nothing to set: give --iops-limit, --bw-limit, --iops-reserve, --bw-reserve, --weight or \
+                     --cache-mode"
                 );
             }
-            let v = request(dir, Request::VolumeSet { name, qos: update }).await?;
+            let mut v = Default::default();
+            if let Some(mode) = cache_mode {
+                v = request(dir, Request::VolumeCacheMode { name: name.clone(), cache_mode: mode }).await?;
+            }
+            if !update.is_empty() {
+                v = request(dir, Request::VolumeSet { name, qos: update }).await?;
+            }
             if json {
                 print_json(&v)
             } else {

@@ -65,6 +65,7 @@ use stria_dev::{BLOCK_BYTES, BlockDevice, Counter};
 use stria_engine::volume::bytes::{self};
 use stria_engine::{DriveClass, Pool, Volume, VolumeError, VolumeState};
 
+use crate::TierError;
 use crate::map::{MapError, MapStore};
 use crate::ring::CacheRing;
 use space::{Geometry, Space, SpaceCounts};
@@ -113,6 +114,8 @@ pub struct LogSpec {
     /// How GC picks victims and whether hot blocks get segments of their own (kept in the
     /// volume's record).
     pub gc: GcPolicy,
+    /// When a write without FUA is acknowledged (kept in the volume's record).
+    pub cache_mode: CacheMode,
 }
 
 impl LogSpec {
@@ -135,6 +138,7 @@ impl LogSpec {
             copies: 2,
             replaces: None,
             gc: GcPolicy::default(),
+            cache_mode: CacheMode::default(),
         }
     }
 }
@@ -163,13 +167,62 @@ pub struct LogParams {
     /// runs are shorter than the wait; not persisted).
     #[serde(skip)]
     pub eager_compaction: bool,
-    /// Write-back host writes (experimental, off unless set; not persisted): a write without
-    /// FUA is acknowledged once its data is in the cache and its map update is applied and
-    /// queued, durable at the next flush (docs/design/log-structured-volumes.md, "Host writes
-    /// on a disk, and write-back"). Taken only while the volume has no snapshot or clone.
-    /// `STRIA_WRITE_BACK=1` sets it for every log volume the process opens.
-    #[serde(skip)]
+    /// Write-back host writes ([`CacheMode::WriteBack`]; kept in the volume's record, records
+    /// written before it existed: write-through): a write without FUA is acknowledged once its
+    /// data is in the cache and its map update is applied and queued, durable at the next
+    /// flush (docs/design/log-structured-volumes.md, "Host writes on a disk, and write-back").
+    /// Taken only while the volume has no snapshot or clone. `STRIA_WRITE_BACK=1` in the
+    /// environment sets it at open for every log volume the process opens (benchmarks).
+    #[serde(default)]
     pub write_back: bool,
+}
+
+/// When a thin volume acknowledges a host write without FUA (`volume create --cache-mode`,
+/// `volume set --cache-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CacheMode {
+    /// Once it is durable: its data in the cache and its map change in the map's log.
+    #[default]
+    WriteThrough,
+    /// Once its data is in the cache and its map change is applied in memory; durable at the
+    /// next flush (or a few milliseconds later), as with a drive's volatile write cache. A FUA
+    /// write is durable when acknowledged either way.
+    WriteBack,
+}
+
+impl CacheMode {
+    /// Every mode, as `--cache-mode` names them.
+    pub const ALL: [CacheMode; 2] = [CacheMode::WriteThrough, CacheMode::WriteBack];
+
+    /// The mode's name (`write-through`, `write-back`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheMode::WriteThrough => "write-through",
+            CacheMode::WriteBack => "write-back",
+        }
+    }
+
+    fn of(write_back: bool) -> CacheMode {
+        if write_back { CacheMode::WriteBack } else { CacheMode::WriteThrough }
+    }
+}
+
+impl std::fmt::Display for CacheMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for CacheMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<CacheMode, String> {
+        CacheMode::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| format!("unknown cache mode `{s}`: expected write-through or write-back"))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -361,6 +414,8 @@ pub(crate) struct Gates {
     /// durable (a checkpoint may write the record at any time, so the record changes only once
     /// the tail is discarded).
     pub(crate) clone_shrinking: parking_lot::Mutex<Option<(u16, u64)>>,
+    /// One change of the persisted settings (the cache mode) at a time.
+    pub(crate) settings: tokio::sync::Mutex<()>,
 }
 
 impl<D: BlockDevice> std::fmt::Debug for LogVolume<D> {
@@ -422,7 +477,34 @@ impl<D: BlockDevice> LogVolume<D> {
         *self.params.lock()
     }
 
-    /// Changes the mover's policy and write-back (not persisted).
+    /// When host writes without FUA are acknowledged.
+    pub fn cache_mode(&self) -> CacheMode {
+        CacheMode::of(self.params().write_back)
+    }
+
+    /// Sets the cache mode, durably (the volume's record) and at once. Switching to
+    /// write-through first makes every write acknowledged so far durable.
+    pub async fn set_cache_mode(&self, mode: CacheMode) -> Result<(), TierError> {
+        let _one_at_a_time = self.gates.settings.lock().await;
+        let write_back = mode == CacheMode::WriteBack;
+        let rec = self.pool.meta().tiered.iter().find(|t| t.name == self.name).cloned();
+        let rec = rec.ok_or_else(|| TierError::Invalid(format!("volume {} has no record", self.name)))?;
+        let mut persisted: LogParams = serde_json::from_value(rec.params).map_err(|e| {
+            TierError::Corrupt { name: self.name.clone(), reason: format!("bad parameters: {e}") }
+        })?;
+        persisted.write_back = write_back;
+        self.pool
+            .update_tiered(&self.name, serde_json::to_value(persisted).expect("params serialize"))
+            .await?;
+        self.set_params(LogParams { write_back, ..self.params() });
+        if !write_back && self.wb.used.load(Relaxed) {
+            self.commit_write_back().await?;
+        }
+        Ok(())
+    }
+
+    /// Changes the mover's policy and write-back (not persisted: [`Self::set_cache_mode`]
+    /// persists the cache mode).
     pub fn set_params(&self, p: LogParams) {
         *self.params.lock() = p;
         self.wb.enabled.store(p.write_back, Relaxed);

@@ -194,7 +194,7 @@ pub async fn create<D: BlockDevice>(
         gc: spec.gc,
         hold: false,
         eager_compaction: false,
-        write_back: false,
+        write_back: spec.cache_mode == super::CacheMode::WriteBack,
     };
     pool.add_tiered(TieredRecord {
         name: name.clone(),
@@ -235,7 +235,8 @@ pub async fn open<D: BlockDevice>(
     let [cache, meta, seg] = crate::open_parts(pool, rec, "segment")?;
     let mut params: LogParams =
         serde_json::from_value(rec.params.clone()).map_err(|e| corrupt(format!("bad parameters: {e}")))?;
-    params.write_back = std::env::var_os("STRIA_WRITE_BACK").is_some_and(|v| v == "1");
+    // Benchmarks write back without changing the record.
+    params.write_back |= std::env::var_os("STRIA_WRITE_BACK").is_some_and(|v| v == "1");
     let header = Header::decode(&meta.read(0, BLOCK_USIZE).await?).map_err(corrupt)?;
     let segment_bytes = header.geo.segment_blocks() * BLOCK_BYTES;
     // The header decides the size: a resize writes it first and the pool record after it, so a
@@ -333,6 +334,7 @@ pub async fn open<D: BlockDevice>(
             settle: tokio::sync::RwLock::new(()),
             pool_growth: tokio::sync::Mutex::new(()),
             clone_shrinking: parking_lot::Mutex::new(None),
+            settings: tokio::sync::Mutex::new(()),
         },
         opened_from_table: from_table,
         table_at: Arc::new(AtomicU64::new(header.table_region().map_or(0, |r| r.0))),

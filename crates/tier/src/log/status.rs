@@ -31,6 +31,9 @@ pub struct LogStatus {
     /// How GC picks its victims (`volume create --gc`).
     #[serde(default)]
     pub gc: super::GcPolicy,
+    /// When writes without FUA are acknowledged (`--cache-mode`; absent: write-through).
+    #[serde(default)]
+    pub cache_mode: super::CacheMode,
     pub cache_blocks: u64,
     pub cache_live_blocks: u64,
     pub host_write_bytes: u64,
@@ -122,6 +125,7 @@ impl<D: BlockDevice> LogVolume<D> {
             free_segments: counts.free_segments,
             segments: counts.segments,
             gc: self.params().gc,
+            cache_mode: self.cache_mode(),
             cache_blocks: self.ring.ring_blocks(),
             cache_live_blocks: self.ring.live(),
             host_write_bytes: host_written,
