@@ -3,7 +3,7 @@
 # and without rings of the thread, against the same disk read and written raw, in the same run.
 #
 # Usage: scripts/bench-disk.sh [--dir DIR] [--reps N] [--runtime S] [--modes "pinned unpinned"]
-#                              [--volumes "r0 ec tv lv"] [--only REGEX] [--out FILE.tsv]
+#                              [--volumes "r0 ec tv lv tvb lvb"] [--only REGEX] [--out FILE.tsv]
 #                              [--fast-dir DIR]
 #
 # What it does (docs/benchmarks.md, "Drives on a disk", explains the choices and lists results):
@@ -12,6 +12,8 @@
 #    inline and no ring is used), a pool of 2 fast + 6 capacity drive files of 2 GiB and four
 #    1 GiB volumes: `r0` (raid0 over the 6), `ec` (ec:4+2), `tv` (tiered:ec:4+2) and `lv`
 #    (log:ec:4+2), filled with random data through NBD; and six raw files of 1 GiB, filled;
+#    `--volumes` picks among them and two more made only when named: `tvb` and `lvb`, the same
+#    thin volumes with `--cache-mode write-back` (docs/operations.md);
 #    `--fast-dir DIR` puts the two fast drive files in DIR instead (/dev/shm: what a tiered
 #    volume's writes cost when its cache and map cost nothing, docs/benchmarks.md);
 #  * the reference, `raw`: fio's io_uring engine with O_DIRECT on the six raw files (one job,
@@ -59,6 +61,18 @@ if [ -z "${STRIA:-}" ]; then
   STRIA=$CARGO_TARGET_DIR/release/stria
 fi
 mkdir -p "$(dirname "$OUT")"
+layout_of() { # volume -> volume create arguments
+  case $1 in
+    r0) echo "--layout raid0" ;;
+    ec) echo "--layout ec:4+2" ;;
+    tv) echo "--layout tiered:ec:4+2" ;;
+    lv) echo "--layout log:ec:4+2" ;;
+    tvb) echo "--layout tiered:ec:4+2 --cache-mode write-back" ;;
+    lvb) echo "--layout log:ec:4+2 --cache-mode write-back" ;;
+    *) echo "unknown volume $1 (r0 ec tv lv tvb lvb)" >&2; return 2 ;;
+  esac
+}
+for v in $VOLUMES; do layout_of "$v" >/dev/null || exit 2; done
 
 W=$(mktemp -d "$DIR/stria-bench-disk.XXXXXX")
 SERVER=
@@ -77,10 +91,10 @@ if [ -n "$FAST_DIR" ]; then
   echo "the fast drives in $F ($(stat -f -c %T "$FAST_DIR"))"
 fi
 "$STRIA" pool create --pool "$W/pool" "${FAST[@]}" --capacity 6 --drive-size 2G --log-level warn >/dev/null
-"$STRIA" volume create r0 --pool "$W/pool" --size 1G --layout raid0 --log-level warn >/dev/null
-"$STRIA" volume create ec --pool "$W/pool" --size 1G --layout ec:4+2 --log-level warn >/dev/null
-"$STRIA" volume create tv --pool "$W/pool" --size 1G --layout tiered:ec:4+2 --log-level warn >/dev/null
-"$STRIA" volume create lv --pool "$W/pool" --size 1G --layout log:ec:4+2 --log-level warn >/dev/null
+for v in $VOLUMES; do
+  # shellcheck disable=SC2046 # the layout's words
+  "$STRIA" volume create "$v" --pool "$W/pool" --size 1G $(layout_of "$v") --log-level warn >/dev/null
+done
 mkdir "$W/raw"
 RAW_FILES=
 for i in 1 2 3 4 5 6; do
@@ -179,7 +193,7 @@ print(f"stria over drive files on {where}; {cpu}; build {rev}; {reps} reps of {r
 print("medians: kIOPS (p99 us) [server CPU us per request]; ratio to raw")
 modes = sorted({k[0] for k in med}, reverse=True)
 workloads = sorted({k[3] for k in med})
-volumes = [v for v in ("r0", "ec", "tv", "lv") if any(k[2] == v for k in med)]
+volumes = [v for v in ("r0", "ec", "tv", "tvb", "lv", "lvb") if any(k[2] == v for k in med)]
 for mode in modes:
     print(f"\n{mode}")
     print(f"{'workload':<18} {'vol':<4} {'raw':>16} {'drive rings':>32} {'thread rings':>32} {'thread/drive':>12}")

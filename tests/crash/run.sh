@@ -57,6 +57,7 @@ SCENARIOS=(
   "log-degraded|--layout log:ec:4+2 --scenario degraded"
   "tiered-write-back|--layout tiered:ec:4+2 --cache-mode write-back"
   "log-write-back-destaging|--layout log:ec:4+2 --scenario destaging --cache-mode write-back"
+  "tiered-write-back-clones|--layout tiered:ec:4+2 --scenario destaging --snapshots 3 --delete-snapshots --clones --resize --cache-mode write-back"
   "tiered-snapshots|--layout tiered:ec:4+2 --snapshots 3 --delete-snapshots"
   "log-snapshots|--layout log:ec:4+2 --scenario destaging --snapshots 3 --delete-snapshots"
   "tiered-clones|--layout tiered:ec:4+2 --scenario destaging --snapshots 3 --delete-snapshots --clones"

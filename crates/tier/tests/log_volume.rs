@@ -96,12 +96,20 @@ fn a_thin_volume_needs_little_metadata_at_create() {
 
 #[tokio::test]
 async fn a_full_snapshot_page_pool_grows_and_when_it_cannot_is_enospc_that_loses_nothing() {
+    // Write-back writes too: theirs is the same map update, only not waited for.
+    for mode in CacheMode::ALL {
+        a_full_snapshot_page_pool_case(mode).await;
+    }
+}
+
+async fn a_full_snapshot_page_pool_case(mode: CacheMode) {
     let switch = PowerSwitch::new();
     let devs = drives(&switch, 3);
     let pool = create_pool(&devs).await;
     // 1.5 MiB: 2 map pages, a pool of 64 pages; a snapshot takes a root, a directory and a
     // table page, then a copy of each map page the volume changes after it.
-    let vol = log::create(&pool, small_spec(384 * 4096, 12 * 124 * 4096)).await.unwrap();
+    let spec = LogSpec { cache_mode: mode, ..small_spec(384 * 4096, 12 * 124 * 4096) };
+    let vol = log::create(&pool, spec).await.unwrap();
     let meta_bytes = pool.volume("lv.meta").unwrap().size_bytes();
     let mut rng = rng(3);
     let mut now = random_bytes(&mut rng, 384 * 4096);
@@ -131,7 +139,7 @@ async fn a_full_snapshot_page_pool_grows_and_when_it_cannot_is_enospc_that_loses
             match vol.write(block * 4096, IoBytes::copy_from(&data), false).await {
                 Ok(()) => now[(block * 4096) as usize..((block + 1) * 4096) as usize].copy_from_slice(&data),
                 Err(e) => {
-                    assert!(is_no_space(&e), "a full pool is ENOSPC, not {e}");
+                    assert!(is_no_space(&e), "{mode}: a full pool is ENOSPC, not {e}");
                     assert!(e.to_string().contains("snapshot page pool is full"), "{e}");
                     refused.get_or_insert(e.to_string());
                 }
@@ -1265,6 +1273,48 @@ async fn write_back_writes_read_back_old_or_new_after_a_cut_and_new_once_committ
         }
         vol.close().await;
     }
+}
+
+/// Write-back with a snapshot: a plain write to the head is acknowledged before its map change
+/// is durable (a cut with nothing committed since loses it, deterministically here: no task runs
+/// between the acknowledgement and the cut), and a flush makes it durable; the snapshot reads as
+/// it was made through both, and a delete of it (whose frees follow its own commit, which
+/// carries every head change queued before) leaves the head's data whole.
+#[tokio::test]
+async fn write_back_writes_to_a_volume_with_a_snapshot_are_lost_to_a_cut_unless_flushed() {
+    let switch = PowerSwitch::new();
+    let devs = drives(&switch, 49);
+    let pool = create_pool(&devs).await;
+    let spec = LogSpec { cache_mode: CacheMode::WriteBack, ..small_spec(1 << 20, small_space(256)) };
+    let vol = log::create(&pool, spec).await.unwrap();
+    vol.set_params(LogParams { hold: true, ..vol.params() });
+    let mut r = rng(49);
+    let old = random_bytes(&mut r, 32 * 4096);
+    vol.write(0, IoBytes::copy_from(&old), true).await.unwrap();
+    let snap = vol.create_snapshot("s").await.unwrap().id;
+    let lost = random_bytes(&mut r, 32 * 4096);
+    vol.write(0, IoBytes::copy_from(&lost), false).await.unwrap();
+    assert!(vol.read(0, 32 * 4096).await.unwrap()[..] == lost[..], "read back before the cut");
+    let (devs, switch, pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, 49).await;
+    assert!(
+        vol.read(0, 32 * 4096).await.unwrap()[..] == old[..],
+        "a write-back write with nothing committed after it is lost to a cut (the head is as before)"
+    );
+    assert!(vol.read_snapshot(snap, 0, 32 * 4096).await.unwrap()[..] == old[..], "the snapshot as made");
+    vol.set_params(LogParams { hold: true, ..vol.params() });
+    let kept = random_bytes(&mut r, 32 * 4096);
+    vol.write(0, IoBytes::copy_from(&kept), false).await.unwrap();
+    vol.flush().await.unwrap();
+    let newer = random_bytes(&mut r, 32 * 4096);
+    vol.write(32 * 4096, IoBytes::copy_from(&newer), false).await.unwrap();
+    // The snapshot's delete frees what only it held (the blocks of `old`), after its own commit,
+    // which carries the write above: after the cut the head holds both writes.
+    vol.delete_snapshot("s").await.unwrap();
+    let (_devs, _switch, _pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, 50).await;
+    assert!(vol.read(0, 32 * 4096).await.unwrap()[..] == kept[..], "flushed before the cut");
+    assert!(vol.read(32 * 4096, 32 * 4096).await.unwrap()[..] == newer[..], "committed by the delete");
+    assert!(vol.snapshots().is_empty());
+    vol.close().await;
 }
 
 /// The cache mode is kept in the volume's record: a volume made write-back opens write-back

@@ -44,18 +44,46 @@ impl<D: BlockDevice> LogVolume<D> {
         updates: &[Update],
     ) -> Result<Vec<Option<MapEntry>>, VolumeError> {
         self.check_updates(layer, updates);
+        let olds = self
+            .growing_the_pool(updates, || async {
+                if layer == HEAD {
+                    self.map.update(updates).await
+                } else {
+                    self.map.update_clone(layer, updates).await
+                }
+            })
+            .await?;
+        self.check_applied(updates, &olds);
+        Ok(olds)
+    }
+
+    /// [`Self::update_layer`] of the head for a write-back write: applied and queued, not
+    /// waited for (`MapStore::update_queued`); the olds and the delta's ticket.
+    pub(super) async fn update_head_queued(
+        &self,
+        updates: &[Update],
+    ) -> Result<(Vec<Option<MapEntry>>, u64), VolumeError> {
+        self.check_updates(HEAD, updates);
+        let (olds, ticket) = self.growing_the_pool(updates, || self.map.update_queued(updates)).await?;
+        self.check_applied(updates, &olds);
+        Ok((olds, ticket))
+    }
+
+    /// Runs map update `update`; a full snapshot page pool is grown once and the update tried
+    /// again (a pool that cannot grow, or is full again: ENOSPC, nothing applied). Any other
+    /// failure stops the volume's writes ([`Self::map_failed`]).
+    async fn growing_the_pool<T, F, Fut>(&self, updates: &[Update], mut update: F) -> Result<T, VolumeError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, MapError>>,
+    {
+        let at = updates.first().map_or(0, |u| u.block * BLOCK_BYTES);
         let mut grown = false;
         let result = loop {
-            let result = if layer == HEAD {
-                self.map.update(updates).await
-            } else {
-                self.map.update_clone(layer, updates).await
-            };
-            match result {
+            match update().await {
                 Err(MapError::PoolFull { needed, .. }) if !grown => {
                     grown = true;
                     if let Err(why) = self.grow_page_pool(needed).await {
-                        let at = updates.first().map_or(0, |u| u.block * BLOCK_BYTES);
                         return Err(self.no_space_error(
                             at,
                             BLOCK_BYTES,
@@ -66,12 +94,8 @@ impl<D: BlockDevice> LogVolume<D> {
                 result => break result,
             }
         };
-        if let Ok(olds) = &result {
-            self.check_applied(updates, olds);
-        }
         result.map_err(|e| {
             if matches!(e, MapError::PoolFull { .. }) {
-                let at = updates.first().map_or(0, |u| u.block * BLOCK_BYTES);
                 return self.no_space_error(at, BLOCK_BYTES, e.to_string());
             }
             self.map_failed(&e);

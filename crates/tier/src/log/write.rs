@@ -95,10 +95,7 @@ impl<D: BlockDevice> LogVolume<D> {
         data: IoBytes,
         durable: bool,
     ) -> Result<(), VolumeError> {
-        let lazy = !durable
-            && layer == HEAD
-            && self.wb.enabled.load(std::sync::atomic::Ordering::Relaxed)
-            && !self.map.has_layers();
+        let lazy = !durable && layer == HEAD && self.wb.enabled.load(std::sync::atomic::Ordering::Relaxed);
         let n = data.len() as u64 / BLOCK_BYTES;
         assert!(
             data.len() as u64 == n * BLOCK_BYTES && n > 0 && first + n <= self.blocks(),
@@ -158,11 +155,13 @@ impl<D: BlockDevice> LogVolume<D> {
             .collect();
         let settle = self.gates.settle.read().await;
         if lazy {
-            let (olds, ticket) = match self.map.update_queued(&updates).await {
+            let (olds, ticket) = match self.update_head_queued(&updates).await {
                 Ok(r) => r,
                 Err(e) => {
-                    self.map_failed(&e);
-                    return Err(super::map_error(&self.name, e));
+                    if Self::nothing_applied(&e) {
+                        self.ring.release(start..start + n);
+                    }
+                    return Err(e);
                 }
             };
             if self.params().gc == super::GcPolicy::Temperature {
