@@ -753,7 +753,8 @@ def run(args, rng, daemon, tag):
             restarts, rows = moves_recopied(daemon)
             resumed = f", {restarts} restarts recopied {rows} rows of a cut move"
         print(f"{tag} round {rnd}/{args.rounds} ok ({'fua' if fua else 'mixed'}): {acked} acknowledged, "
-              f"{inflight} in flight at the kill, {lost} sectors read older than acknowledged (not durable)"
+              f"{inflight} in flight at the kill, {lost} sectors read older than acknowledged (not durable; "
+              f"{model.lost} in all rounds)"
               f"{f', {cload.acked} acknowledged by the clone' if cload else ''}{resumed} "
               f"({time.time() - started:.0f} s)", flush=True)
     if clone is not None:
