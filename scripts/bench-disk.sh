@@ -4,7 +4,7 @@
 #
 # Usage: scripts/bench-disk.sh [--dir DIR] [--reps N] [--runtime S] [--modes "pinned unpinned"]
 #                              [--volumes "r0 ec tv lv tvb lvb"] [--only REGEX] [--out FILE.tsv]
-#                              [--fast-dir DIR]
+#                              [--fast-dir DIR] [--snapshot]
 #
 # What it does (docs/benchmarks.md, "Drives on a disk", explains the choices and lists results):
 #  * builds `stria` in release (or uses STRIA=PATH);
@@ -16,6 +16,9 @@
 #    thin volumes with `--cache-mode write-back` (docs/operations.md);
 #    `--fast-dir DIR` puts the two fast drive files in DIR instead (/dev/shm: what a tiered
 #    volume's writes cost when its cache and map cost nothing, docs/benchmarks.md);
+#    `--snapshot` takes a snapshot of each thin volume after the fill (its writes then preserve
+#    map pages for it, and keep what the snapshot holds; thin volumes then get `--space 3G`,
+#    room for the snapshot's data and the head's new data);
 #  * the reference, `raw`: fio's io_uring engine with O_DIRECT on the six raw files (one job,
 #    requests spread over the files: the disk with no NBD, no engine, no checksums);
 #  * `thread`: stria as it runs by default (a connection's drive calls on its thread's own
@@ -32,7 +35,7 @@
 # About 2 minutes per rep and mode with the defaults (reps 3, both modes: about 12 minutes).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-DIR=/var/tmp FAST_DIR= REPS=3 RUNTIME=3 RAMP=0.5 MODES="pinned unpinned" VOLUMES="r0 ec tv lv" ONLY=.
+DIR=/var/tmp FAST_DIR= SNAPSHOT= REPS=3 RUNTIME=3 RAMP=0.5 MODES="pinned unpinned" VOLUMES="r0 ec tv lv" ONLY=.
 OUT=$ROOT/target/bench-reports/disk/bench-disk.tsv
 while (($#)); do
   case $1 in
@@ -44,6 +47,7 @@ while (($#)); do
     --only) ONLY=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --fast-dir) FAST_DIR=$2; shift 2 ;;
+    --snapshot) SNAPSHOT=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed 's/^# \{0,1\}//;$d'; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -92,8 +96,10 @@ if [ -n "$FAST_DIR" ]; then
 fi
 "$STRIA" pool create --pool "$W/pool" "${FAST[@]}" --capacity 6 --drive-size 2G --log-level warn >/dev/null
 for v in $VOLUMES; do
+  space=()
+  [[ -z $SNAPSHOT || $v == r0 || $v == ec ]] || space=(--space 3G)
   # shellcheck disable=SC2046 # the layout's words
-  "$STRIA" volume create "$v" --pool "$W/pool" --size 1G $(layout_of "$v") --log-level warn >/dev/null
+  "$STRIA" volume create "$v" --pool "$W/pool" --size 1G $(layout_of "$v") "${space[@]}" --log-level warn >/dev/null
 done
 mkdir "$W/raw"
 RAW_FILES=
@@ -119,6 +125,11 @@ head -c 1G /dev/urandom >"$W/fill.img"
 start_server thread 0-$((CPUS - 1))
 for v in $VOLUMES; do nbdcopy "$W/fill.img" "nbd+unix:///$v?socket=$W/s.sock"; done
 stop_server
+if [ -n "$SNAPSHOT" ]; then
+  for v in $VOLUMES; do
+    case $v in tv | tvb | lv | lvb) "$STRIA" snapshot create "$v" filled --pool "$W/pool" --log-level warn >/dev/null ;; esac
+  done
+fi
 rm -f "$W/fill.img"
 
 WORKLOADS=("randread-4k-qd1 randread 1" "randread-4k-qd16 randread 16" "randwrite-4k-qd1 randwrite 1"
@@ -178,6 +189,7 @@ for mode in $MODES; do
   done
 done
 printf '\r%70s\r' '' >&2
+[ -z "$SNAPSHOT" ] || echo "(--snapshot: each thin volume had a snapshot, taken after the fill)"
 
 python3 - "$OUT" "$REPS" "$RUNTIME" "$(( $(date +%s) - START ))" "$DIR ($(stat -f -c %T "$DIR"))" \
   "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $CPUS CPUs" \
