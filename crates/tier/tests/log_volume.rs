@@ -1275,13 +1275,13 @@ async fn write_back_writes_read_back_old_or_new_after_a_cut_and_new_once_committ
     }
 }
 
-/// Write-back with a snapshot: a plain write to the head is acknowledged before its map change
-/// is durable (a cut with nothing committed since loses it, deterministically here: no task runs
-/// between the acknowledgement and the cut), and a flush makes it durable; the snapshot reads as
-/// it was made through both, and a delete of it (whose frees follow its own commit, which
-/// carries every head change queued before) leaves the head's data whole.
+/// Write-back is not taken while the volume has a snapshot (docs/design/log-structured-volumes.md:
+/// taking it double-freed a cache position in the crash loop): a plain write to a write-back
+/// volume with a snapshot is durable when acknowledged, and a cut right after it keeps it;
+/// without the snapshot the same write is lost to such a cut (no task runs between the
+/// acknowledgement and the cut), which shows the test would see write-back taken.
 #[tokio::test]
-async fn write_back_writes_to_a_volume_with_a_snapshot_are_lost_to_a_cut_unless_flushed() {
+async fn write_back_is_not_taken_while_the_volume_has_a_snapshot() {
     let switch = PowerSwitch::new();
     let devs = drives(&switch, 49);
     let pool = create_pool(&devs).await;
@@ -1292,28 +1292,20 @@ async fn write_back_writes_to_a_volume_with_a_snapshot_are_lost_to_a_cut_unless_
     let old = random_bytes(&mut r, 32 * 4096);
     vol.write(0, IoBytes::copy_from(&old), true).await.unwrap();
     let snap = vol.create_snapshot("s").await.unwrap().id;
-    let lost = random_bytes(&mut r, 32 * 4096);
-    vol.write(0, IoBytes::copy_from(&lost), false).await.unwrap();
-    assert!(vol.read(0, 32 * 4096).await.unwrap()[..] == lost[..], "read back before the cut");
-    let (devs, switch, pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, 49).await;
-    assert!(
-        vol.read(0, 32 * 4096).await.unwrap()[..] == old[..],
-        "a write-back write with nothing committed after it is lost to a cut (the head is as before)"
-    );
-    assert!(vol.read_snapshot(snap, 0, 32 * 4096).await.unwrap()[..] == old[..], "the snapshot as made");
-    vol.set_params(LogParams { hold: true, ..vol.params() });
     let kept = random_bytes(&mut r, 32 * 4096);
     vol.write(0, IoBytes::copy_from(&kept), false).await.unwrap();
-    vol.flush().await.unwrap();
-    let newer = random_bytes(&mut r, 32 * 4096);
-    vol.write(32 * 4096, IoBytes::copy_from(&newer), false).await.unwrap();
-    // The snapshot's delete frees what only it held (the blocks of `old`), after its own commit,
-    // which carries the write above: after the cut the head holds both writes.
+    let (devs, switch, pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, 49).await;
+    assert!(vol.read(0, 32 * 4096).await.unwrap()[..] == kept[..], "with a snapshot: write-through");
+    assert!(vol.read_snapshot(snap, 0, 32 * 4096).await.unwrap()[..] == old[..], "the snapshot as made");
     vol.delete_snapshot("s").await.unwrap();
+    vol.set_params(LogParams { hold: true, ..vol.params() });
+    let lost = random_bytes(&mut r, 32 * 4096);
+    vol.write(0, IoBytes::copy_from(&lost), false).await.unwrap();
     let (_devs, _switch, _pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, 50).await;
-    assert!(vol.read(0, 32 * 4096).await.unwrap()[..] == kept[..], "flushed before the cut");
-    assert!(vol.read(32 * 4096, 32 * 4096).await.unwrap()[..] == newer[..], "committed by the delete");
-    assert!(vol.snapshots().is_empty());
+    assert!(
+        vol.read(0, 32 * 4096).await.unwrap()[..] == kept[..],
+        "without layers a write-back write with nothing committed after it is lost to a cut"
+    );
     vol.close().await;
 }
 

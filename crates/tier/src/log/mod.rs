@@ -171,7 +171,7 @@ pub struct LogParams {
     /// written before it existed: write-through): a write without FUA is acknowledged once its
     /// data is in the cache and its map update is applied and queued, durable at the next
     /// flush (docs/design/log-structured-volumes.md, "Host writes on a disk, and write-back").
-    /// Taken by the head's writes (a clone's own writes stay write-through). `STRIA_WRITE_BACK=1` in the
+    /// Taken only while the volume has no snapshot or clone. `STRIA_WRITE_BACK=1` in the
     /// environment sets it at open for every log volume the process opens (benchmarks).
     #[serde(default)]
     pub write_back: bool,

@@ -95,7 +95,12 @@ impl<D: BlockDevice> LogVolume<D> {
         data: IoBytes,
         durable: bool,
     ) -> Result<(), VolumeError> {
-        let lazy = !durable && layer == HEAD && self.wb.enabled.load(std::sync::atomic::Ordering::Relaxed);
+        // Not while the volume has snapshots or clones: write-back with layers double-freed a
+        // cache position in the crash loop (docs/design/log-structured-volumes.md).
+        let lazy = !durable
+            && layer == HEAD
+            && self.wb.enabled.load(std::sync::atomic::Ordering::Relaxed)
+            && !self.map.has_layers();
         let n = data.len() as u64 / BLOCK_BYTES;
         assert!(
             data.len() as u64 == n * BLOCK_BYTES && n > 0 && first + n <= self.blocks(),
