@@ -159,36 +159,14 @@ impl<D: BlockDevice> LogVolume<D> {
             })
             .collect();
         let settle = self.gates.settle.read().await;
-        if lazy {
-            let (olds, ticket) = match self.update_head_queued(&updates).await {
-                Ok(r) => r,
-                Err(e) => {
-                    if Self::nothing_applied(&e) {
-                        self.ring.release(start..start + n);
-                    }
-                    return Err(e);
-                }
-            };
-            if self.params().gc == super::GcPolicy::Temperature {
-                self.mark_heat(seq, &updates, &olds);
-            }
-            let freed: Vec<(u64, MapEntry)> =
-                updates.iter().zip(olds).map(|(u, o)| (u.block, o.expect("unconditional"))).collect();
-            let first = {
-                let mut frees = self.wb.frees.lock();
-                frees.push_back((ticket, freed));
-                frees.len() == 1
-            };
-            self.wb.used.store(true, std::sync::atomic::Ordering::Relaxed);
-            if first {
-                self.wb.wake.notify_one();
-            }
-            drop(settle);
-            self.free_durable();
-            return Ok(());
-        }
-        let olds = match self.update_layer(layer, &updates).await {
-            Ok(olds) => olds,
+        // A write-back write's update is queued (a ticket), not waited for.
+        let applied = if lazy {
+            self.update_head_queued(&updates).await.map(|(olds, ticket)| (olds, Some(ticket)))
+        } else {
+            self.update_layer(layer, &updates).await.map(|olds| (olds, None))
+        };
+        let (olds, ticket) = match applied {
+            Ok(r) => r,
             Err(e) => {
                 if Self::nothing_applied(&e) {
                     // No entry points at the positions: they go back to the ring.
@@ -200,9 +178,26 @@ impl<D: BlockDevice> LogVolume<D> {
         if self.params().gc == super::GcPolicy::Temperature {
             self.mark_heat(seq, &updates, &olds);
         }
-        // 3. Acknowledged; free what the blocks no longer use.
-        self.free_places(updates.iter().zip(olds).map(|(u, o)| (u.block, o.expect("unconditional"))));
+        let freed = updates.iter().zip(olds).map(|(u, o)| (u.block, o.expect("unconditional")));
+        let Some(ticket) = ticket else {
+            // 3. Acknowledged; free what the blocks no longer use.
+            self.free_places(freed);
+            drop(settle);
+            return Ok(());
+        };
+        // 3. Write-back: acknowledged; what the blocks no longer use is freed once the ticket
+        // is durable.
+        let first = {
+            let mut frees = self.wb.frees.lock();
+            frees.push_back((ticket, freed.collect()));
+            frees.len() == 1
+        };
+        self.wb.used.store(true, std::sync::atomic::Ordering::Relaxed);
+        if first {
+            self.wb.wake.notify_one();
+        }
         drop(settle);
+        self.free_durable();
         Ok(())
     }
 
