@@ -762,6 +762,67 @@ async fn a_clone_delete_left_to_the_background_task_finishes_amid_writes_and_fre
     drop(devs);
 }
 
+/// Writes to a clone that race its delete (they passed the clone's check before the delete
+/// marked it) are refused as closed and change nothing; the family goes on taking writes. They
+/// used to stop every write of the volume until a reopen ("no clone with layer id").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_to_a_clone_racing_its_delete_are_refused_and_the_volume_goes_on() {
+    const BLOCKS: u64 = 512;
+    let switch = PowerSwitch::new();
+    let devs = drives(&switch, 37);
+    let pool = create_pool(&devs).await;
+    let vol = log::create(&pool, small_spec(BLOCKS * 4096, 40 * 124 * 4096)).await.unwrap();
+    let mut rng = rng(37);
+    let mut head = random_bytes(&mut rng, (BLOCKS * 4096) as usize);
+    vol.write(0, IoBytes::copy_from(&head), true).await.unwrap();
+    vol.create_snapshot("s").await.unwrap();
+    let (mut refused, mut raced) = (0, 0);
+    for round in 0..40 {
+        let k = vol.create_clone("s", &format!("k{round}")).await.unwrap().id;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writers: Vec<_> = (0..3u64)
+            .map(|w| {
+                let (vol, stop) = (vol.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut rng = crate::common::rng(round * 10 + w);
+                    let mut closed = 0;
+                    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        let b = rng.random_range(0..BLOCKS - 2);
+                        let data = random_bytes(&mut rng, 8192);
+                        match vol.write_to(k, b * 4096, IoBytes::copy_from(&data)).await {
+                            Ok(()) => {}
+                            Err(VolumeError::Closed(_)) => closed += 1,
+                            Err(e) => panic!("a write to clone {k} racing its delete: {e}"),
+                        }
+                        if closed > 0 {
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                    closed
+                })
+            })
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_millis(rng.random_range(1..10))).await;
+        vol.delete_clone(&format!("k{round}")).await.unwrap();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        for w in writers {
+            let closed = w.await.unwrap();
+            refused += closed;
+            raced += u64::from(closed > 0);
+        }
+        // The volume still takes writes.
+        let (o, d) = random_write(&mut rng, 0, BLOCKS * 4096);
+        vol.write(o, IoBytes::copy_from(&d), false).await.unwrap_or_else(|e| panic!("round {round}: {e}"));
+        head[o as usize..o as usize + d.len()].copy_from_slice(&d);
+    }
+    assert!(raced > 0, "no write to a clone was refused by its delete ({refused} refused)");
+    assert!(read_all(&vol, BLOCKS).await == head, "the volume reads as written");
+    vol.destage_all().await.unwrap();
+    assert!(vol.audit_live_counts().await.unwrap(), "the live counts are exact");
+    vol.close().await;
+    drop(devs);
+}
+
 /// A clone's delete left to the background stops at a close between two batches and the next
 /// open finishes it; a clone of the same name made while a delete is pending finishes it first.
 #[tokio::test]
@@ -1275,37 +1336,57 @@ async fn write_back_writes_read_back_old_or_new_after_a_cut_and_new_once_committ
     }
 }
 
-/// Write-back is not taken while the volume has a snapshot (docs/design/log-structured-volumes.md:
-/// taking it double-freed a cache position in the crash loop): a plain write to a write-back
-/// volume with a snapshot is durable when acknowledged, and a cut right after it keeps it;
-/// without the snapshot the same write is lost to such a cut (no task runs between the
-/// acknowledgement and the cut), which shows the test would see write-back taken.
+/// Write-back with a snapshot and a clone: the volume's writes without FUA are write-back (a
+/// cut with nothing committed after one loses it, and the snapshot keeps reading as made), a
+/// clone's write is write-through and its commit carries the volume's queued writes with it
+/// (one log, in order), and a flush makes the volume's writes durable.
 #[tokio::test]
-async fn write_back_is_not_taken_while_the_volume_has_a_snapshot() {
+async fn write_back_with_a_snapshot_and_a_clone_loses_only_what_no_commit_covered() {
     let switch = PowerSwitch::new();
     let devs = drives(&switch, 49);
     let pool = create_pool(&devs).await;
     let spec = LogSpec { cache_mode: CacheMode::WriteBack, ..small_spec(1 << 20, small_space(256)) };
     let vol = log::create(&pool, spec).await.unwrap();
-    vol.set_params(LogParams { hold: true, ..vol.params() });
     let mut r = rng(49);
     let old = random_bytes(&mut r, 32 * 4096);
     vol.write(0, IoBytes::copy_from(&old), true).await.unwrap();
     let snap = vol.create_snapshot("s").await.unwrap().id;
-    let kept = random_bytes(&mut r, 32 * 4096);
-    vol.write(0, IoBytes::copy_from(&kept), false).await.unwrap();
-    let (devs, switch, pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, 49).await;
-    assert!(vol.read(0, 32 * 4096).await.unwrap()[..] == kept[..], "with a snapshot: write-through");
-    assert!(vol.read_snapshot(snap, 0, 32 * 4096).await.unwrap()[..] == old[..], "the snapshot as made");
-    vol.delete_snapshot("s").await.unwrap();
+    let k = vol.create_clone("s", "k").await.unwrap().id;
+    let read = |vol: Arc<LogVolume<Dev>>, layer: Option<u16>| async move {
+        match layer {
+            None => vol.read(0, 32 * 4096).await.unwrap().to_vec(),
+            Some(l) => vol.read_snapshot(l, 0, 32 * 4096).await.unwrap().to_vec(),
+        }
+    };
+    // 1. Nothing commits after the volume's write: the cut loses it.
     vol.set_params(LogParams { hold: true, ..vol.params() });
-    let lost = random_bytes(&mut r, 32 * 4096);
-    vol.write(0, IoBytes::copy_from(&lost), false).await.unwrap();
-    let (_devs, _switch, _pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, 50).await;
-    assert!(
-        vol.read(0, 32 * 4096).await.unwrap()[..] == kept[..],
-        "without layers a write-back write with nothing committed after it is lost to a cut"
-    );
+    vol.write(0, IoBytes::copy_from(&random_bytes(&mut r, 32 * 4096)), false).await.unwrap();
+    let (devs, switch, pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, 49).await;
+    assert!(read(vol.clone(), None).await == old, "with a snapshot and a clone the volume writes back");
+    assert!(read(vol.clone(), Some(snap)).await == old, "the snapshot as made");
+    assert!(read(vol.clone(), Some(k)).await == old, "the clone as made");
+    // 2. A clone's write commits the log, the volume's queued write with it.
+    vol.set_params(LogParams { hold: true, ..vol.params() });
+    let head = random_bytes(&mut r, 32 * 4096);
+    vol.write(0, IoBytes::copy_from(&head), false).await.unwrap();
+    let clone = random_bytes(&mut r, 4096);
+    vol.write_to(k, 4096, IoBytes::copy_from(&clone)).await.unwrap();
+    let (devs, switch, pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, 50).await;
+    assert!(read(vol.clone(), None).await == head, "the clone's commit carried the volume's write");
+    let mut clone_model = old.clone();
+    clone_model[4096..8192].copy_from_slice(&clone);
+    assert!(read(vol.clone(), Some(k)).await == clone_model, "the clone's write is durable");
+    assert!(read(vol.clone(), Some(snap)).await == old, "the snapshot as made");
+    // 3. A flush makes the volume's writes durable.
+    vol.set_params(LogParams { hold: true, ..vol.params() });
+    let flushed = random_bytes(&mut r, 32 * 4096);
+    vol.write(0, IoBytes::copy_from(&flushed), false).await.unwrap();
+    vol.flush().await.unwrap();
+    let (_devs, _switch, _pool, vol) = cut_and_reopen(&switch, vol, pool, &devs, 51).await;
+    assert!(read(vol.clone(), None).await == flushed, "a flush made the write durable");
+    assert!(read(vol.clone(), Some(snap)).await == old, "the snapshot as made");
+    vol.destage_all().await.unwrap();
+    assert!(vol.audit_live_counts().await.unwrap(), "the live counts are exact");
     vol.close().await;
 }
 

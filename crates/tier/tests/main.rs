@@ -9,3 +9,4 @@ mod fuzz_corpus;
 mod log_volume;
 mod map_store;
 mod resize;
+mod write_back_race;

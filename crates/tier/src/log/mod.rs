@@ -171,7 +171,7 @@ pub struct LogParams {
     /// written before it existed: write-through): a write without FUA is acknowledged once its
     /// data is in the cache and its map update is applied and queued, durable at the next
     /// flush (docs/design/log-structured-volumes.md, "Host writes on a disk, and write-back").
-    /// Taken only while the volume has no snapshot or clone. `STRIA_WRITE_BACK=1` in the
+    /// Only the head's writes (a clone's are write-through). `STRIA_WRITE_BACK=1` in the
     /// environment sets it at open for every log volume the process opens (benchmarks).
     #[serde(default)]
     pub write_back: bool,
@@ -661,15 +661,19 @@ impl<D: BlockDevice> LogVolume<D> {
     pub(crate) fn free_durable(&self) {
         let durable = self.map.durable_ticket();
         let mut ready = Vec::new();
-        {
-            let mut q = self.wb.frees.lock();
-            while q.front().is_some_and(|(t, _)| *t <= durable) {
-                ready.extend(q.pop_front().expect("checked").1);
-            }
+        // The queue stays locked until the places are freed: `settle_write_back` (under
+        // `settle` held alone) must not find it empty while a free taken from it has not
+        // lowered its count yet, or GC's forgetting of an overcount, or a restored claim's
+        // release, would take the same place once more (the committer on another thread; the
+        // crash loop's "position released twice", a segment's count lowered below 0).
+        let mut q = self.wb.frees.lock();
+        while q.front().is_some_and(|(t, _)| *t <= durable) {
+            ready.extend(q.pop_front().expect("checked").1);
         }
         if !ready.is_empty() {
             self.free_places(ready);
         }
+        drop(q);
     }
 
     /// Worst state of the three parts.

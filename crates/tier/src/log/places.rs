@@ -33,7 +33,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// except when the snapshot page pool had no room: then nothing was applied, and the caller
     /// gets ENOSPC (the volume goes on).
     pub(crate) async fn update_map(&self, updates: &[Update]) -> Result<Vec<Option<MapEntry>>, VolumeError> {
-        self.update_layer(HEAD, updates).await
+        Ok(self.update_layer(HEAD, updates).await?)
     }
 
     /// [`Self::update_map`] of the head ([`HEAD`]) or of a clone (host writes only). A full
@@ -42,7 +42,7 @@ impl<D: BlockDevice> LogVolume<D> {
         &self,
         layer: u16,
         updates: &[Update],
-    ) -> Result<Vec<Option<MapEntry>>, VolumeError> {
+    ) -> Result<Vec<Option<MapEntry>>, UpdateFailed> {
         self.check_updates(layer, updates);
         let olds = self
             .growing_the_pool(updates, || async {
@@ -62,7 +62,7 @@ impl<D: BlockDevice> LogVolume<D> {
     pub(super) async fn update_head_queued(
         &self,
         updates: &[Update],
-    ) -> Result<(Vec<Option<MapEntry>>, u64), VolumeError> {
+    ) -> Result<(Vec<Option<MapEntry>>, u64), UpdateFailed> {
         self.check_updates(HEAD, updates);
         let (olds, ticket) = self.growing_the_pool(updates, || self.map.update_queued(updates)).await?;
         self.check_applied(updates, &olds);
@@ -72,7 +72,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// Runs map update `update`; a full snapshot page pool is grown once and the update tried
     /// again (a pool that cannot grow, or is full again: ENOSPC, nothing applied). Any other
     /// failure stops the volume's writes ([`Self::map_failed`]).
-    async fn growing_the_pool<T, F, Fut>(&self, updates: &[Update], mut update: F) -> Result<T, VolumeError>
+    async fn growing_the_pool<T, F, Fut>(&self, updates: &[Update], mut update: F) -> Result<T, UpdateFailed>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, MapError>>,
@@ -84,11 +84,11 @@ impl<D: BlockDevice> LogVolume<D> {
                 Err(MapError::PoolFull { needed, .. }) if !grown => {
                     grown = true;
                     if let Err(why) = self.grow_page_pool(needed).await {
-                        return Err(self.no_space_error(
+                        return Err(UpdateFailed::unapplied(self.no_space_error(
                             at,
                             BLOCK_BYTES,
                             format!("the snapshot page pool is full and {why}"),
-                        ));
+                        )));
                     }
                 }
                 result => break result,
@@ -96,10 +96,18 @@ impl<D: BlockDevice> LogVolume<D> {
         };
         result.map_err(|e| {
             if matches!(e, MapError::PoolFull { .. }) {
-                return self.no_space_error(at, BLOCK_BYTES, e.to_string());
+                return UpdateFailed::unapplied(self.no_space_error(at, BLOCK_BYTES, e.to_string()));
+            }
+            // A clone write that passed its check before the clone's delete marked it: nothing
+            // applied, the family goes on.
+            if let MapError::LayerGone { layer } = e {
+                return UpdateFailed::unapplied(VolumeError::Closed(format!(
+                    "{} (clone layer {layer}, deleted)",
+                    self.name
+                )));
             }
             self.map_failed(&e);
-            map_error(&self.name, e)
+            UpdateFailed { error: map_error(&self.name, e), nothing_applied: false }
         })
     }
 
@@ -144,11 +152,6 @@ impl<D: BlockDevice> LogVolume<D> {
         self.map.grow_pool(u32::try_from(pages).expect("capped"), runs);
         tracing::info!(volume = %self.name, from = total, to = pages, "snapshot page pool grown");
         Ok(())
-    }
-
-    /// Whether an error of [`Self::update_map`] left the map untouched (a full snapshot pool).
-    pub(super) fn nothing_applied(e: &VolumeError) -> bool {
-        matches!(e, VolumeError::NoSpace { .. })
     }
 
     /// Frees the places that durable updates moved blocks away from.
@@ -249,5 +252,26 @@ impl<D: BlockDevice> LogVolume<D> {
                 _ => {}
             }
         }
+    }
+}
+
+/// A failed map update of [`LogVolume::update_layer`]: the error, and whether the map was left
+/// untouched (a full snapshot page pool that could not grow, a clone deleted meanwhile), so the
+/// places the update would have pointed at can go back.
+#[derive(Debug)]
+pub(super) struct UpdateFailed {
+    pub(super) error: VolumeError,
+    pub(super) nothing_applied: bool,
+}
+
+impl UpdateFailed {
+    fn unapplied(error: VolumeError) -> Self {
+        Self { error, nothing_applied: true }
+    }
+}
+
+impl From<UpdateFailed> for VolumeError {
+    fn from(f: UpdateFailed) -> Self {
+        f.error
     }
 }

@@ -294,7 +294,8 @@ impl<D: BlockDevice> LogVolume<D> {
                 .collect();
             if !updates.is_empty() {
                 let settle = self.gates.settle.read().await;
-                let olds = self.update_layer(layer, &updates).await?;
+                let olds =
+                    self.update_layer(layer, &updates).await.map_err(stria_engine::VolumeError::from)?;
                 self.free_places(updates.iter().zip(olds).map(|(u, o)| (u.block, o.expect("unconditional"))));
                 drop(settle);
             }

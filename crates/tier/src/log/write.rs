@@ -95,12 +95,9 @@ impl<D: BlockDevice> LogVolume<D> {
         data: IoBytes,
         durable: bool,
     ) -> Result<(), VolumeError> {
-        // Not while the volume has snapshots or clones: write-back with layers double-freed a
-        // cache position in the crash loop (docs/design/log-structured-volumes.md).
-        let lazy = !durable
-            && layer == HEAD
-            && self.wb.enabled.load(std::sync::atomic::Ordering::Relaxed)
-            && !self.map.has_layers();
+        // Only the head's writes without FUA write back, snapshots and clones or not
+        // (docs/design/log-structured-volumes.md, "Host writes on a disk, and write-back").
+        let lazy = !durable && layer == HEAD && self.wb.enabled.load(std::sync::atomic::Ordering::Relaxed);
         let n = data.len() as u64 / BLOCK_BYTES;
         assert!(
             data.len() as u64 == n * BLOCK_BYTES && n > 0 && first + n <= self.blocks(),
@@ -168,11 +165,11 @@ impl<D: BlockDevice> LogVolume<D> {
         let (olds, ticket) = match applied {
             Ok(r) => r,
             Err(e) => {
-                if Self::nothing_applied(&e) {
+                if e.nothing_applied {
                     // No entry points at the positions: they go back to the ring.
                     self.ring.release(start..start + n);
                 }
-                return Err(e);
+                return Err(e.into());
             }
         };
         if self.params().gc == super::GcPolicy::Temperature {

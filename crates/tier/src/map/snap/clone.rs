@@ -191,7 +191,7 @@ impl<D: BlockDevice> MapStore<D> {
             .clones
             .iter()
             .position(|c| c.record.id == layer && c.record.kind == LayerKind::Clone && !c.record.hidden)
-            .ok_or_else(|| layers_error(format!("no clone with layer id {layer}")))?;
+            .ok_or(MapError::LayerGone { layer })?;
         let (frozen, k) = layers.chain_below(layer);
         // 1. Everything needed is resident, and the pool has room, before anything changes.
         let mut needs = Vec::new();
