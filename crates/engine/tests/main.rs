@@ -11,4 +11,5 @@ mod host_full;
 mod layouts_survive_drive_failures;
 mod pool_growth;
 mod pool_reassembly;
+mod two_threads;
 mod volume_lifecycle;

@@ -465,3 +465,48 @@ async fn snapshots_of_a_clone_made_and_deleted_amid_its_writes_hold_the_right_ve
     );
     vol.close().await;
 }
+
+/// The sequence before the clone check that `two_threads.rs` failed at seed 182, on one
+/// thread: a clone grown, snapshotted, then shrunk, then written, and a rollback refused (the
+/// snapshot has another size); the write must read back, before and after destage and a
+/// reopen. It passes: that failure needs the threads (open, see two_threads.rs).
+#[tokio::test]
+async fn a_clone_written_after_its_snapshot_and_a_shrink_reads_back_its_write() {
+    for (grow, shrink) in [(1518u64, 1082u64), (1200, 1100), (1024, 900), (2000, 1030)] {
+        let switch = PowerSwitch::new();
+        let devs = drives(&switch, 91);
+        let pool = create_pool(&devs).await;
+        let vol = log::create(&pool, spec()).await.unwrap();
+        let mut rng = rng(91);
+        let head = random_bytes(&mut rng, (BLOCKS * 4096) as usize);
+        vol.write(0, IoBytes::copy_from(&head), true).await.unwrap();
+        vol.create_snapshot("s").await.unwrap();
+        let k = vol.create_clone("s", "k").await.unwrap().id;
+        let mut model = head.clone();
+        model.resize((grow * 4096) as usize, 0);
+        let v0 = random_bytes(&mut rng, 8192);
+        vol.write_to(k, 197 * 4096, IoBytes::copy_from(&v0)).await.unwrap();
+        model[197 * BLOCK..199 * BLOCK].copy_from_slice(&v0);
+        vol.resize_clone("k", grow * 4096).await.unwrap();
+        vol.create_clone_snapshot("k", "c").await.unwrap();
+        vol.resize_clone("k", shrink * 4096).await.unwrap();
+        model.truncate((shrink * 4096) as usize);
+        let v1 = random_bytes(&mut rng, 8192);
+        vol.write_to(k, 197 * 4096, IoBytes::copy_from(&v1)).await.unwrap();
+        model[197 * BLOCK..199 * BLOCK].copy_from_slice(&v1);
+        let read = |vol: Arc<LogVolume<Dev>>| async move {
+            vol.read_snapshot(k, 0, (shrink * 4096) as usize).await.unwrap().to_vec()
+        };
+        assert!(read(vol.clone()).await == model, "grow {grow}, shrink {shrink}: the clone after its write");
+        assert!(
+            vol.rollback_clone("k", "c").await.is_err(),
+            "grow {grow}, shrink {shrink}: a rollback to a snapshot of another size is refused"
+        );
+        assert!(read(vol.clone()).await == model, "grow {grow}, shrink {shrink}: after a refused rollback");
+        vol.destage_all().await.unwrap();
+        assert!(read(vol.clone()).await == model, "grow {grow}, shrink {shrink}: after destage");
+        let vol = reopen(vol, &pool).await;
+        assert!(read(vol.clone()).await == model, "grow {grow}, shrink {shrink}: after a reopen");
+        vol.close().await;
+    }
+}

@@ -764,9 +764,11 @@ async fn a_clone_delete_left_to_the_background_task_finishes_amid_writes_and_fre
 
 /// Writes to a clone that race its delete (they passed the clone's check before the delete
 /// marked it) are refused as closed and change nothing; the family goes on taking writes. They
-/// used to stop every write of the volume until a reopen ("no clone with layer id").
+/// used to stop every write of the volume until a reopen ("no clone with layer id"). Reads of
+/// it, and of a deleted snapshot, are refused as closed too (they were reported as
+/// unrecoverable data: EIO, or a medium error over iSCSI).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn writes_to_a_clone_racing_its_delete_are_refused_and_the_volume_goes_on() {
+async fn requests_to_a_clone_racing_its_delete_are_refused_as_closed_and_the_volume_goes_on() {
     const BLOCKS: u64 = 512;
     let switch = PowerSwitch::new();
     let devs = drives(&switch, 37);
@@ -788,11 +790,18 @@ async fn writes_to_a_clone_racing_its_delete_are_refused_and_the_volume_goes_on(
                     let mut closed = 0;
                     while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                         let b = rng.random_range(0..BLOCKS - 2);
-                        let data = random_bytes(&mut rng, 8192);
-                        match vol.write_to(k, b * 4096, IoBytes::copy_from(&data)).await {
+                        // The third task reads: a read of a clone deleted under it is refused
+                        // as closed too, not reported as lost data.
+                        let done = if w == 2 {
+                            vol.read_snapshot(k, b * 4096, 8192).await.map(drop)
+                        } else {
+                            let data = random_bytes(&mut rng, 8192);
+                            vol.write_to(k, b * 4096, IoBytes::copy_from(&data)).await
+                        };
+                        match done {
                             Ok(()) => {}
                             Err(VolumeError::Closed(_)) => closed += 1,
-                            Err(e) => panic!("a write to clone {k} racing its delete: {e}"),
+                            Err(e) => panic!("a request to clone {k} racing its delete: {e}"),
                         }
                         if closed > 0 {
                             tokio::task::yield_now().await;
@@ -815,8 +824,12 @@ async fn writes_to_a_clone_racing_its_delete_are_refused_and_the_volume_goes_on(
         vol.write(o, IoBytes::copy_from(&d), false).await.unwrap_or_else(|e| panic!("round {round}: {e}"));
         head[o as usize..o as usize + d.len()].copy_from_slice(&d);
     }
-    assert!(raced > 0, "no write to a clone was refused by its delete ({refused} refused)");
+    assert!(raced > 0, "no request to a clone was refused by its delete ({refused} refused)");
     assert!(read_all(&vol, BLOCKS).await == head, "the volume reads as written");
+    let s = vol.snapshots()[0].id;
+    vol.delete_snapshot("s").await.unwrap();
+    let gone = vol.read_snapshot(s, 0, 4096).await;
+    assert!(matches!(gone, Err(VolumeError::Closed(_))), "a read of a deleted snapshot: {gone:?}");
     vol.destage_all().await.unwrap();
     assert!(vol.audit_live_counts().await.unwrap(), "the live counts are exact");
     vol.close().await;

@@ -9,4 +9,5 @@ mod fuzz_corpus;
 mod log_volume;
 mod map_store;
 mod resize;
+mod two_threads;
 mod write_back_race;

@@ -728,11 +728,12 @@ impl<D: BlockDevice> PoolCore<D> {
             .update_then_failing(
                 Scope::Any,
                 |m| {
-                    let rec = m
-                        .drives
-                        .iter_mut()
-                        .find(|d| d.slot == slot)
-                        .ok_or_else(|| EngineError::NoSuchDrive(format!("slot {slot}")))?;
+                    // A drive that left the pool (replaced, or drained and removed) while a
+                    // request that met its error was on its way here: it is out already, and
+                    // the request goes on without it. (An error here would poison the pool.)
+                    let Some(rec) = m.drives.iter_mut().find(|d| d.slot == slot) else {
+                        return Ok((false, false));
+                    };
                     if rec.state == DriveState::Failed {
                         return Ok((false, false));
                     }
@@ -950,8 +951,14 @@ impl<D: BlockDevice> PoolCore<D> {
         {
             used.push(other);
         }
+        // A drive failed since `used` was taken (on another thread: a request that met its
+        // error) is failed in memory before its failure is committed, so only a drive still
+        // in use in memory that the metadata calls failed would be wrong. A record written to
+        // one failed meanwhile is harmless: a failed drive's witnesses are never read.
         assert!(
-            used.iter().all(|d| self.meta().drive(d.slot()).is_none_or(|r| r.state != DriveState::Failed)),
+            used.iter()
+                .filter(|d| !d.is_failed())
+                .all(|d| self.meta().drive(d.slot()).is_none_or(|r| r.state != DriveState::Failed)),
             "flush epochs confirmed with a drive the metadata calls failed"
         );
         let slots: Vec<u32> = written.iter().filter(|d| !d.is_failed()).map(|d| d.slot()).collect();

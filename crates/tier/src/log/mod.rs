@@ -427,6 +427,9 @@ impl<D: BlockDevice> std::fmt::Debug for LogVolume<D> {
 fn map_error(name: &str, e: MapError) -> VolumeError {
     match e {
         MapError::Volume(v) => v,
+        // A read of a snapshot or clone that was deleted under it (or before it): the layer is
+        // closed, no data is lost.
+        MapError::LayerGone { layer } => VolumeError::Closed(format!("{name} (layer {layer}, deleted)")),
         other => VolumeError::Unrecoverable {
             volume: name.into(),
             offset_bytes: 0,

@@ -125,9 +125,10 @@ pub enum MapError {
     Failed,
     #[error("snapshot metadata: {0}")]
     Layers(String),
-    /// An update of a clone that is being deleted, or is gone: nothing was applied (a write
-    /// that raced the clone's delete; the rest of the family goes on).
-    #[error("clone layer {layer} is deleted: it takes no writes")]
+    /// A layer that is deleted or gone: an update of a clone being deleted (a write that raced
+    /// the clone's delete: nothing was applied), or a read of a snapshot or clone deleted
+    /// before or under it. The rest of the family goes on.
+    #[error("layer {layer} is deleted")]
     LayerGone { layer: u16 },
     #[error(
         "the snapshot page pool is full ({needed} pages needed, {free} free): it holds the copies of map pages that snapshots and clones own (writes to pages already copied still work); deleting snapshots or clones frees pages"

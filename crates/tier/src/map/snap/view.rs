@@ -85,7 +85,7 @@ impl<D: BlockDevice> MapStore<D> {
             match l.clones.iter().find(|c| c.record.id == layer && !c.record.hidden) {
                 Some(_) => true,
                 None => {
-                    l.visible(layer)?;
+                    l.visible(layer).map_err(|_| MapError::LayerGone { layer })?;
                     false
                 }
             }
@@ -132,11 +132,8 @@ impl<D: BlockDevice> MapStore<D> {
             let generation = self.snap.generation.load(SeqCst);
             let chain: Vec<(u16, u32)> = {
                 let l = self.snap.layers.lock();
-                let k = l
-                    .snaps
-                    .iter()
-                    .position(|s| s.record.id == layer)
-                    .ok_or_else(|| layers_error(format!("no snapshot with layer id {layer}")))?;
+                let k =
+                    l.snaps.iter().position(|s| s.record.id == layer).ok_or(MapError::LayerGone { layer })?;
                 l.snaps[k..].iter().map(|s| (s.record.id, s.dir[table_index(page)])).collect()
             };
             for (id, table) in chain {
