@@ -428,8 +428,15 @@ async fn run(seed: u64, mode: CacheMode, secs: Duration) -> String {
                             for (i, d) in got.chunks_exact(BLOCK as usize).enumerate() {
                                 let (b, crc) = (b + i as u64, block_crc(d));
                                 if !c.model[b as usize].admits(crc) {
+                                    // Read again: a stale read or a lost write?
+                                    let mut again = Vec::new();
+                                    for _ in 0..3 {
+                                        tokio::time::sleep(Duration::from_millis(20)).await;
+                                        let r = vol.read_snapshot(c.id, b * BLOCK, BLOCK as usize).await;
+                                        again.push(r.map(|d| format!("{:08x}", block_crc(&d))).map_err(|e| e.to_string()));
+                                    }
                                     panic!(
-                                        "seed {seed}, {mode:?}: clone {}, block {b}: read checksum {crc:08x}, the model allows {:?}; {}; the latest operations: {:?}",
+                                        "seed {seed}, {mode:?}: clone {}, block {b}: read checksum {crc:08x} (read again: {again:?}), the model allows {:?}; {}; the latest operations: {:?}",
                                         c.name,
                                         c.model[b as usize],
                                         provenance(&head, c, b, crc),
