@@ -50,22 +50,14 @@ const BLOCKS: u64 = 1024;
 
 static PANICKED: AtomicBool = AtomicBool::new(false);
 
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
-}
-
 #[test]
 fn a_log_volume_on_two_threads_reads_back_every_acknowledged_write_in_both_cache_modes() {
-    let (secs, seeds, first) =
-        (env("STRIA_THREADS_SECS", 3), env("STRIA_THREADS_SEEDS", 1), env("STRIA_THREADS_FIRST_SEED", 0));
-    // Only panics on this test's threads count (other tests of the binary run beside it).
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        if std::thread::current().name() == Some(THREAD) {
-            PANICKED.store(true, SeqCst);
-        }
-        hook(info);
-    }));
+    let (secs, seeds, first) = (
+        env_u64("STRIA_THREADS_SECS", 3),
+        env_u64("STRIA_THREADS_SEEDS", 1),
+        env_u64("STRIA_THREADS_FIRST_SEED", 0),
+    );
+    note_panics_of(THREAD, &PANICKED);
     for seed in first..first + seeds {
         for mode in [CacheMode::WriteThrough, CacheMode::WriteBack] {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -409,7 +401,7 @@ async fn run(seed: u64, mode: CacheMode, secs: Duration) -> String {
             ops
         }));
     }
-    if env("STRIA_THREADS_CLONE_WRITER", 0) == 1 {
+    if env_u64("STRIA_THREADS_CLONE_WRITER", 0) == 1 {
         let (vol, clone, head, events) = (vol.clone(), clone.clone(), head.clone(), events.clone());
         writers.push(tokio::spawn(async move {
             let mut rng = rng(seed * 10 + 7);

@@ -29,22 +29,14 @@ const THREAD: &str = "wb-race";
 
 static PANICKED: AtomicBool = AtomicBool::new(false);
 
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
-}
-
 #[test]
 fn write_back_beside_snapshots_clones_destage_and_gc_on_two_threads_frees_each_place_once() {
-    let (secs, seeds, first) =
-        (env("STRIA_WB_RACE_SECS", 4), env("STRIA_WB_RACE_SEEDS", 1), env("STRIA_WB_RACE_FIRST_SEED", 0));
-    // Only panics on this test's threads count (other tests of the binary run beside it).
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        if std::thread::current().name() == Some(THREAD) {
-            PANICKED.store(true, SeqCst);
-        }
-        hook(info);
-    }));
+    let (secs, seeds, first) = (
+        env_u64("STRIA_WB_RACE_SECS", 4),
+        env_u64("STRIA_WB_RACE_SEEDS", 1),
+        env_u64("STRIA_WB_RACE_FIRST_SEED", 0),
+    );
+    note_panics_of(THREAD, &PANICKED);
     for seed in first..first + seeds {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

@@ -275,3 +275,21 @@ pub async fn cut_and_reopen(
     let vol = open_log(&pool, &name).await.unwrap();
     (devs, switch, pool, vol)
 }
+
+/// The number in environment variable `name` (a long mode's setting), or `default`.
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+/// Sets `flag` when a thread named `thread` panics (a test's own runtime threads: the volume's
+/// spawned tasks would otherwise only stop), then reports the panic as before. Other tests of
+/// the binary run beside it, so only that name counts.
+pub fn note_panics_of(thread: &'static str, flag: &'static std::sync::atomic::AtomicBool) {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if std::thread::current().name() == Some(thread) {
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        hook(info);
+    }));
+}
