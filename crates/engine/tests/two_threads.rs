@@ -14,19 +14,18 @@
 //! At the end every byte is read and checked, then again after a clean close and reopen, and a
 //! last scrub must find nothing. `STRIA_ENGINE_THREADS_SECS=S` (default 2, per layout),
 //! `STRIA_ENGINE_THREADS_SEEDS=N` (default 1) and `STRIA_ENGINE_THREADS_FIRST_SEED=F` set the run;
-//! `STRIA_ENGINE_THREADS_WORKERS=W` the runtime's worker threads (default 2).
+//! `STRIA_ENGINE_THREADS_WORKERS=W` the runtime's worker threads (default 2). The control loop
+//! runs on the thread that blocks on the runtime (as `stria serve` runs its main future);
+//! `STRIA_ENGINE_THREADS_BLOCK_ON=0` spawns it as a task instead, which a tokio task dump shows.
 //!
-//! It found two faults (fixed, `pool/core.rs`): a write whose member drive was replaced while
-//! its error was on the way failed with "no drive `slot N` in the pool" and poisoned the pool
-//! (every later write refused); and a flush's epoch confirmation asserted on a drive failed by
-//! another thread after the flush had picked its drives.
-//!
-//! **Open defect (2026-12-06):** with `STRIA_ENGINE_THREADS_BLOCK_ON=1` (the control loop on
-//! the thread that blocks on the runtime, beside the two workers: three threads) an ec:2+1
-//! partial-stripe write fails now and then with "journal stayed full" (1 seed in 7): one
-//! transaction stays unapplied, so the journal rings of its drives cannot be checkpointed past
-//! it while the other writers fill them. Not found yet; the default run spawns the control as a
-//! task (no failure seen in 70 seeds with two and three workers).
+//! It found three faults (crash-consistency.md, "Bugs the crash tests found", 18, 19 and 21): a
+//! write whose member drive was replaced while its error was on the way failed with "no drive
+//! `slot N` in the pool" and poisoned the pool (every later write refused); a flush's epoch
+//! confirmation asserted on a drive failed by another thread after the flush had picked its
+//! drives; and a partial-stripe write that found a journal ring full gave up after a few
+//! milliseconds of retries ("journal stayed full", EIO) while a transaction in the ring, its
+//! thread descheduled, was still on its way to being applied (one seed in 7 with the control
+//! loop on a third thread).
 
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
@@ -44,6 +43,16 @@ const CHUNK: u64 = 16 << 10;
 const WRITERS: u64 = 3;
 
 static PANICKED: AtomicBool = AtomicBool::new(false);
+/// What the control loop is doing (a writer's failure says it).
+static CONTROL: Mutex<&str> = Mutex::new("starting");
+
+fn control(step: &'static str) {
+    *CONTROL.lock().unwrap() = step;
+}
+
+fn control_now() -> &'static str {
+    *CONTROL.lock().unwrap()
+}
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
@@ -75,10 +84,12 @@ fn redundant_volumes_on_two_threads_read_back_every_write_through_failures_rebui
                 .enable_all()
                 .build()
                 .unwrap();
-            // Spawned, so that a task dump (tokio's, when debugging) shows it too.
+            // The control loop runs on the thread that blocks on the runtime, as `stria serve`
+            // runs its main future: a third thread beside the workers. Spawned instead, a task
+            // dump (tokio's, when debugging) shows it too.
             let summary = rt
                 .block_on(async {
-                    if env("STRIA_ENGINE_THREADS_BLOCK_ON", 0) == 1 {
+                    if env("STRIA_ENGINE_THREADS_BLOCK_ON", 1) == 1 {
                         return Ok(run(seed, layout, n, Duration::from_secs(secs)).await);
                     }
                     tokio::spawn(run(seed, layout, n, Duration::from_secs(secs))).await
@@ -167,8 +178,9 @@ async fn run(seed: u64, layout: Layout, n: usize, secs: Duration) -> String {
                 if rng.random_ratio(1, 4) {
                     let o = rng.random_range(lo..hi - 1);
                     let len = rng.random_range(1..=(hi - o).min(64 << 10)) as usize;
-                    let got =
-                        vol.read(o, len).await.unwrap_or_else(|e| panic!("seed {seed}, {layout}: read: {e}"));
+                    let got = vol.read(o, len).await.unwrap_or_else(|e| {
+                        panic!("seed {seed}, {layout}: read: {e} (control: {})", control_now())
+                    });
                     let want = model.lock().unwrap()[o as usize..o as usize + len].to_vec();
                     if got[..] != want[..] {
                         let i = (0..len).find(|&i| got[i] != want[i]).unwrap();
@@ -178,13 +190,19 @@ async fn run(seed: u64, layout: Layout, n: usize, secs: Duration) -> String {
                     continue;
                 }
                 let (o, data) = write_in(&mut rng, lo, hi, row);
-                vol.write(o, IoBytes::copy_from(&data), rng.random_ratio(1, 10))
-                    .await
-                    .unwrap_or_else(|e| panic!("seed {seed}, {layout}: write of {} at {o}: {e}", data.len()));
+                vol.write(o, IoBytes::copy_from(&data), rng.random_ratio(1, 10)).await.unwrap_or_else(|e| {
+                    panic!(
+                        "seed {seed}, {layout}: write of {} at {o}: {e} (control: {})",
+                        data.len(),
+                        control_now()
+                    )
+                });
                 model.lock().unwrap()[o as usize..o as usize + data.len()].copy_from_slice(&data);
                 ops[0] += 1;
                 if rng.random_ratio(1, 30) {
-                    vol.flush().await.unwrap_or_else(|e| panic!("seed {seed}, {layout}: flush: {e}"));
+                    vol.flush().await.unwrap_or_else(|e| {
+                        panic!("seed {seed}, {layout}: flush: {e} (control: {})", control_now())
+                    });
                     ops[2] += 1;
                 }
             }
@@ -208,18 +226,22 @@ async fn run(seed: u64, layout: Layout, n: usize, secs: Duration) -> String {
                 // A member fails, writes go on degraded, a fresh drive replaces it and is
                 // rebuilt under the writes.
                 let slot = members[rng.random_range(0..members.len())];
+                control("kill");
                 if rng.random_bool(0.5) {
                     let dev = live.lock().unwrap().iter().find(|(s, _)| *s == slot).unwrap().1.clone();
                     dev.kill();
                     tokio::time::sleep(Duration::from_millis(rng.random_range(0..5))).await;
                 }
+                control("fail");
                 pool.fail_drive(slot, "failed by the test")
                     .await
                     .unwrap_or_else(|e| panic!("{what}: fail: {e}"));
                 failed += 1;
+                control("sleep");
                 tokio::time::sleep(Duration::from_millis(rng.random_range(0..30))).await;
                 let spare = drive(&format!("r{next_dev}"), &switch, seed * 1000 + 500 + next_dev);
                 next_dev += 1;
+                control("replace");
                 let new_slot = pool
                     .replace_drive(slot, new_drive(&spare, DriveClass::Capacity, ""))
                     .await
@@ -229,6 +251,7 @@ async fn run(seed: u64, layout: Layout, n: usize, secs: Duration) -> String {
                     l.retain(|(s, _)| *s != slot);
                     l.push((new_slot, spare));
                 }
+                control("rebuild");
                 pool.rebuild(|_| {}).await.unwrap_or_else(|e| panic!("{what}: rebuild: {e}"));
                 assert_eq!(vol.state(), VolumeState::Healthy, "{what}: rebuilt");
                 rebuilt += 1;
@@ -237,13 +260,16 @@ async fn run(seed: u64, layout: Layout, n: usize, secs: Duration) -> String {
                 // A new drive, and a member drained onto it while the writes go on.
                 let spare = drive(&format!("a{next_dev}"), &switch, seed * 1000 + 500 + next_dev);
                 next_dev += 1;
+                control("add");
                 let slot = pool
                     .add_drive(new_drive(&spare, DriveClass::Capacity, ""))
                     .await
                     .unwrap_or_else(|e| panic!("{what}: add: {e}"));
                 live.lock().unwrap().push((slot, spare));
                 let victim = members[rng.random_range(0..members.len())];
+                control("drain");
                 pool.drain_drive(victim).await.unwrap_or_else(|e| panic!("{what}: drain: {e}"));
+                control("rebalance");
                 let report =
                     pool.rebalance(|_| {}).await.unwrap_or_else(|e| panic!("{what}: rebalance: {e}"));
                 assert!(report.stuck.is_none(), "{what}: {report:?}");
@@ -251,16 +277,19 @@ async fn run(seed: u64, layout: Layout, n: usize, secs: Duration) -> String {
                     !vol.uses_drive(victim),
                     "{what}: the drained drive still holds a member: {report:?}"
                 );
+                control("remove");
                 pool.remove_empty_drive(victim).await.unwrap_or_else(|e| panic!("{what}: remove: {e}"));
                 live.lock().unwrap().retain(|(s, _)| *s != victim);
                 moved += report.moves;
             }
             _ => {
+                control("scrub");
                 scrubbed_clean(&pool, &format!("{what}, under writes")).await;
                 scrubs += 1;
             }
         }
     }
+    control("joining the writers");
     let mut ops = Vec::new();
     for w in writers {
         match tokio::time::timeout(Duration::from_secs(30), w).await {

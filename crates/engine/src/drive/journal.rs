@@ -101,11 +101,15 @@ pub(crate) struct RecoveredPiece {
     pub(crate) piece: JournalPiece,
 }
 
-/// The journal has no room for a record until a flush checkpoints applied records.
+/// Why a record was not appended.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum AppendError {
+    /// No room until a flush checkpoints records of transactions applied meanwhile.
     #[error("journal full")]
     Full,
+    /// The record could never be placed in this ring, however empty.
+    #[error("a journal record of {blocks} blocks does not fit a ring of {ring_blocks}")]
+    TooLarge { blocks: u64, ring_blocks: u64 },
     #[error(transparent)]
     Dev(#[from] DevError),
 }
@@ -379,7 +383,7 @@ impl Journal {
         );
         if blocks + 2 > self.ring_blocks / 2 {
             // A record this large could never be placed reliably in this ring.
-            return Err(AppendError::Full);
+            return Err(AppendError::TooLarge { blocks: blocks + 1, ring_blocks: self.ring_blocks });
         }
         let mut piece = piece;
         loop {

@@ -137,6 +137,9 @@ pub(crate) struct PoolCore<D: BlockDevice> {
     /// Erasure-coded stripe transactions not yet durable in place, with their volumes
     /// (docs/crash-consistency.md invariant 4).
     txns: parking_lot::Mutex<Txns>,
+    /// Woken whenever a transaction is applied (or abandoned): what a writer that found a
+    /// journal full waits for before it flushes and tries again.
+    txn_applied: tokio::sync::Notify,
     /// Set when a drive failure could not be committed: from then on no write or flush may be
     /// acknowledged (a drive the metadata still calls active would miss it).
     poisoned: AtomicBool,
@@ -205,6 +208,7 @@ impl<D: BlockDevice> PoolCore<D> {
             drives,
             txn_next: AtomicU64::new(txn_next),
             txns: parking_lot::Mutex::new(Txns::default()),
+            txn_applied: tokio::sync::Notify::new(),
             poisoned: AtomicBool::new(false),
             fenced: AtomicBool::new(false),
             suspended: parking_lot::Mutex::new(None),
@@ -412,6 +416,8 @@ impl<D: BlockDevice> PoolCore<D> {
         let txn = txns.unapplied.remove(&id);
         let txn = txn.unwrap_or_else(|| panic!("stripe transaction {id} completed twice or never started"));
         txns.unflushed.insert(id, txn);
+        drop(txns);
+        self.txn_applied.notify_waiters();
     }
 
     /// The transaction watermarks (docs/crash-consistency.md invariant 4): every transaction
@@ -1034,6 +1040,12 @@ impl<D: BlockDevice> crate::volume::host::VolumeHost for PoolCore<D> {
         slots: &'a [u32],
     ) -> futures::future::BoxFuture<'a, Result<(), EngineError>> {
         Box::pin(self.flush(FlushScope::Volume { id: volume, slots }))
+    }
+
+    fn txn_applied(&self, most: std::time::Duration) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let _ = tokio::time::timeout(most, self.txn_applied.notified()).await;
+        })
     }
 
     fn flush_all(&self) -> futures::future::BoxFuture<'_, Result<(), EngineError>> {

@@ -16,8 +16,14 @@ use super::{BlockRole, ChunkResult, InFamily, LayoutFamily, RowResult};
 use crate::drive::journal::{AppendError, JournalPiece};
 use crate::error::VolumeError;
 
-/// How many times a partial-stripe write retries after finding a journal full.
-const JOURNAL_FULL_RETRIES: u32 = 64;
+/// How long a partial-stripe write waits for room in a full journal ring before it fails. The
+/// records in a ring are released as soon as their transactions are applied in place and a
+/// flush checkpoints them, which takes milliseconds; only a drive that stops answering (its
+/// in-place writes never return) keeps a ring full for long.
+const JOURNAL_FULL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// The longest a writer waiting for journal room sleeps between flushes when no transaction
+/// is applied meanwhile.
+const JOURNAL_FULL_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 /// Most members an ec stripe has (`Layout::validate` bounds K + M), for stack arrays.
 const MAX_SHARDS: usize = 64;
 
@@ -827,7 +833,8 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
             .iter()
             .map(|p| u16::try_from(seg.members[p.member].drive.slot()).expect("slot fits"))
             .collect();
-        let mut attempt = 0;
+        // Set when an attempt first found a journal full.
+        let mut full_since: Option<tokio::time::Instant> = None;
         let outcome = loop {
             let Some(txn_id) = self.host.next_txn_id(self.id, &slots) else {
                 // Too many volumes have transactions waiting for a flush: flush them all.
@@ -859,27 +866,38 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
                 .map(|(p, _)| BLOCK_BYTES + p.data.len() as u64)
                 .sum();
             self.counters.member_write_bytes.fetch_add(journal_bytes, Relaxed);
+            let run =
+                || ChunkRun { segment: sw.segment, row: sw.row, column: 0, offset_in_chunk: 0, blocks: 1 };
+            if let Some(Err(e @ AppendError::TooLarge { .. })) =
+                results.iter().find(|r| matches!(r, Err(AppendError::TooLarge { .. })))
+            {
+                self.host.txn_done(txn_id);
+                return Err(self.unrecoverable(&run(), e.to_string()));
+            }
             let full = results.iter().any(|r| matches!(r, Err(AppendError::Full)));
             if full {
                 // Abandon this attempt: its records are harmless (an incomplete transaction is
                 // never replayed) and become checkpointable at once.
                 self.host.txn_done(txn_id);
-                attempt += 1;
-                if attempt > JOURNAL_FULL_RETRIES {
-                    let run = ChunkRun {
-                        segment: sw.segment,
-                        row: sw.row,
-                        column: 0,
-                        offset_in_chunk: 0,
-                        blocks: 1,
-                    };
-                    return Err(self.unrecoverable(&run, "journal stayed full"));
+                // The ring fills faster than flushes release it when transactions are slow to
+                // apply (a thread descheduled between its journal append and its in-place
+                // write): wait for one to be applied, then flush, for as long as it takes
+                // within the bound. (A fixed number of quick retries failed writes with EIO on
+                // a loaded machine.)
+                match full_since {
+                    None => full_since = Some(tokio::time::Instant::now()),
+                    Some(since) if since.elapsed() > JOURNAL_FULL_WAIT => {
+                        return Err(self.unrecoverable(
+                            &run(),
+                            "journal stayed full: no transaction in it was applied for 30 s",
+                        ));
+                    }
+                    Some(_) => self.host.txn_applied(JOURNAL_FULL_POLL).await,
                 }
                 self.host
                     .flush_all()
                     .await
                     .map_err(|e| VolumeError::Pool { volume: self.name.clone(), source: Box::new(e) })?;
-                tokio::task::yield_now().await;
                 continue;
             }
             let mut journaled = Vec::with_capacity(pieces.len());
@@ -896,7 +914,7 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
                             return Err(e);
                         }
                     }
-                    Err(AppendError::Full) => unreachable!("handled above"),
+                    Err(AppendError::Full | AppendError::TooLarge { .. }) => unreachable!("handled above"),
                 }
             }
             break (txn_id, journaled);

@@ -54,6 +54,11 @@ pub(crate) trait VolumeHost: Send + Sync {
     /// it durable.
     fn txn_done(&self, id: u64);
 
+    /// Waits until some transaction is applied (or abandoned) after the call, or `most` has
+    /// passed: what a writer that found a journal full waits for before it flushes and tries
+    /// again (the wait is bounded, so a wake-up that came just before the call costs no more).
+    fn txn_applied(&self, most: std::time::Duration) -> BoxFuture<'_, ()>;
+
     /// Makes every write of volume `volume` completed before the call durable on its member
     /// drives, `slots` (every other drive is left alone), and checkpoints their journals.
     fn flush_members<'a>(&'a self, volume: u64, slots: &'a [u32]) -> BoxFuture<'a, Result<(), EngineError>>;
