@@ -114,7 +114,14 @@ pub struct PageCache<P> {
     resident_len: AtomicUsize,
     loaded: AtomicU64,
     evicted: AtomicU64,
+    /// Write-backs that took pages so far ([`PageCache::load_ticket`]).
+    write_backs: AtomicU64,
 }
+
+/// What a load that missed takes before its lookup, and gives [`PageCache::insert_loaded`]
+/// with what it read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadTicket(u64);
 
 impl<P> PageCache<P> {
     /// An empty cache of at most `budget` pages (at least one).
@@ -131,6 +138,7 @@ impl<P> PageCache<P> {
             resident_len: AtomicUsize::new(0),
             loaded: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
+            write_backs: AtomicU64::new(0),
         }
     }
 
@@ -216,8 +224,38 @@ impl<P> PageCache<P> {
     /// Inserts pages read after a miss (`frozen`: see [`PageCache::set_frozen`]), keeping a page
     /// another request inserted meanwhile (it may have changed since), then evicts down to the
     /// budget. Returns the resident slots in order, and for each whether it was this insert.
+    ///
+    /// What was read may be older than a version another request loaded, changed, wrote back
+    /// and saw evicted while the read was on its way: a loader that others may race uses
+    /// [`PageCache::load_ticket`] and [`PageCache::insert_loaded`] instead.
     pub fn insert(&self, pages: Vec<(u64, P, bool)>) -> Vec<(Arc<Slot<P>>, bool)> {
         let mut r = self.resident.lock();
+        self.insert_locked(&mut r, pages)
+    }
+
+    /// Taken by a load before the lookup that missed: [`PageCache::insert_loaded`] refuses what
+    /// it read if a write-back took pages since. A page missing at the lookup can only get to
+    /// disk newer than the load read it (and be evicted again) through such a write-back: a
+    /// page is evicted only clean and unheld, and a write-back holds what it took until written.
+    pub fn load_ticket(&self) -> LoadTicket {
+        LoadTicket(self.write_backs.load(SeqCst))
+    }
+
+    /// [`PageCache::insert`] of pages read after the lookup of `ticket`, or `None` (nothing
+    /// inserted) when a write-back took pages since: the caller looks up and reads again.
+    pub fn insert_loaded(
+        &self,
+        ticket: LoadTicket,
+        pages: Vec<(u64, P, bool)>,
+    ) -> Option<Vec<(Arc<Slot<P>>, bool)>> {
+        let mut r = self.resident.lock();
+        if self.write_backs.load(SeqCst) != ticket.0 {
+            return None;
+        }
+        Some(self.insert_locked(&mut r, pages))
+    }
+
+    fn insert_locked(&self, r: &mut Resident<P>, pages: Vec<(u64, P, bool)>) -> Vec<(Arc<Slot<P>>, bool)> {
         let mut out = Vec::with_capacity(pages.len());
         for (id, page, frozen) in pages {
             if let Some(s) = r.slots.get(&id) {
@@ -236,7 +274,7 @@ impl<P> PageCache<P> {
             out.push((slot, true));
         }
         let evicted = r.evict(self.budget.load(Relaxed));
-        self.note(&r, evicted);
+        self.note(r, evicted);
         out
     }
 
@@ -283,6 +321,11 @@ impl<P> PageCache<P> {
             })
             .collect();
         out.sort_by_key(|(id, _)| *id);
+        // Under the lock: a load that checks its ticket under it either inserted before these
+        // pages were taken (they are held, so its insert kept them) or is refused.
+        if !out.is_empty() {
+            self.write_backs.fetch_add(1, SeqCst);
+        }
         out
     }
 
@@ -299,6 +342,51 @@ impl<P> PageCache<P> {
         let slot = self.peek(id).unwrap_or_else(|| panic!("page {id} is not cached"));
         if slot.frozen.swap(frozen, SeqCst) && !frozen {
             self.mark_dirty(id, &slot);
+        }
+    }
+}
+
+/// For tests: holds the next load made after [`LoadHold::arm`] between its read and its insert
+/// until [`LoadHold::open`] (as if its thread were descheduled there), so that a test can run
+/// what races it meanwhile. The owner of a cache calls [`LoadHold::pass`] at that point in its
+/// test builds only.
+#[derive(Debug, Default)]
+pub struct LoadHold {
+    armed: AtomicBool,
+    held: AtomicBool,
+    open: AtomicBool,
+    opened: tokio::sync::Notify,
+}
+
+impl LoadHold {
+    /// The next load waits at [`LoadHold::pass`].
+    pub fn arm(&self) {
+        self.armed.store(true, SeqCst);
+    }
+
+    /// True once a load is waiting (or waited).
+    pub fn is_held(&self) -> bool {
+        self.held.load(SeqCst)
+    }
+
+    /// Lets the waiting load (and every later one) go on.
+    pub fn open(&self) {
+        self.open.store(true, SeqCst);
+        self.opened.notify_waiters();
+    }
+
+    /// Where a load waits when armed.
+    pub async fn pass(&self) {
+        if !self.armed.swap(false, SeqCst) {
+            return;
+        }
+        self.held.store(true, SeqCst);
+        while !self.open.load(SeqCst) {
+            let opened = self.opened.notified();
+            if self.open.load(SeqCst) {
+                break;
+            }
+            opened.await;
         }
     }
 }

@@ -136,6 +136,9 @@ pub(crate) struct ChecksumTable {
     /// Damaged pages found and not yet handed to the pool for repair.
     damaged: parking_lot::Mutex<Vec<u64>>,
     damaged_found: AtomicU64,
+    /// Tests hold a page load here, between its read and its insert.
+    #[cfg(test)]
+    load_hold: crate::pagecache::LoadHold,
 }
 
 impl ChecksumTable {
@@ -148,6 +151,8 @@ impl ChecksumTable {
             cache: PageCache::new(DEFAULT_CSUM_CACHE_PAGES),
             damaged: parking_lot::Mutex::new(Vec::new()),
             damaged_found: AtomicU64::new(0),
+            #[cfg(test)]
+            load_hold: crate::pagecache::LoadHold::default(),
         }
     }
 
@@ -204,40 +209,51 @@ impl ChecksumTable {
         }
         let first_page = first / CSUM_ENTRIES_PER_PAGE;
         let last_page = (first + count - 1) / CSUM_ENTRIES_PER_PAGE;
-        let mut slots = self.cache.lookup(first_page, last_page - first_page + 1);
-        let mut i = 0;
-        while i < slots.len() {
-            if slots[i].is_some() {
-                i += 1;
-                continue;
-            }
-            let mut j = i + 1;
-            while j < slots.len() && slots[j].is_none() && ((j - i) as u64) < LOAD_RUN_PAGES {
-                j += 1;
-            }
-            let run_first = first_page + i as u64;
-            let buf =
-                dev.read(self.offset_bytes + run_first * BLOCK_BYTES, IoBuf::zeroed((j - i) * BLOCK)).await?;
-            let decoded = buf
-                .chunks_exact(BLOCK)
-                .enumerate()
-                .map(|(k, bytes)| {
-                    let id = run_first + k as u64;
-                    let (entries, damaged) = decode_page(id, bytes);
-                    (id, entries, damaged)
-                })
-                .collect();
-            for (k, (slot, inserted)) in self.cache.insert(decoded).into_iter().enumerate() {
-                if inserted && slot.is_frozen() {
-                    let id = run_first + k as u64;
-                    self.damaged_found.fetch_add(1, Relaxed);
-                    self.damaged.lock().push(id);
-                    tracing::warn!(page = id, "checksum page damaged: its blocks are resynchronised");
+        // A page read while another request loaded, changed, wrote back and evicted it would be
+        // cached older than the table: its blocks' checksums stale (reported corrupt). Such a
+        // load is refused and the pages are looked up and read again.
+        let slots = 'load: loop {
+            let ticket = self.cache.load_ticket();
+            let mut slots = self.cache.lookup(first_page, last_page - first_page + 1);
+            let mut i = 0;
+            while i < slots.len() {
+                if slots[i].is_some() {
+                    i += 1;
+                    continue;
                 }
-                slots[i + k] = Some(slot);
+                let mut j = i + 1;
+                while j < slots.len() && slots[j].is_none() && ((j - i) as u64) < LOAD_RUN_PAGES {
+                    j += 1;
+                }
+                let run_first = first_page + i as u64;
+                let buf = dev
+                    .read(self.offset_bytes + run_first * BLOCK_BYTES, IoBuf::zeroed((j - i) * BLOCK))
+                    .await?;
+                let decoded = buf
+                    .chunks_exact(BLOCK)
+                    .enumerate()
+                    .map(|(k, bytes)| {
+                        let id = run_first + k as u64;
+                        let (entries, damaged) = decode_page(id, bytes);
+                        (id, entries, damaged)
+                    })
+                    .collect();
+                #[cfg(test)]
+                self.load_hold.pass().await;
+                let Some(inserted) = self.cache.insert_loaded(ticket, decoded) else { continue 'load };
+                for (k, (slot, inserted)) in inserted.into_iter().enumerate() {
+                    if inserted && slot.is_frozen() {
+                        let id = run_first + k as u64;
+                        self.damaged_found.fetch_add(1, Relaxed);
+                        self.damaged.lock().push(id);
+                        tracing::warn!(page = id, "checksum page damaged: its blocks are resynchronised");
+                    }
+                    slots[i + k] = Some(slot);
+                }
+                i = j;
             }
-            i = j;
-        }
+            break slots;
+        };
         Ok(Pinned { first_page, pages: slots.into_iter().map(|s| s.expect("loaded")).collect() })
     }
 
@@ -535,6 +551,40 @@ mod tests {
             assert_eq!(entry(&t, &dev, p * CSUM_ENTRIES_PER_PAGE).await, Entry::Crc(1000 + p as u32));
         }
         assert!(t.stats().evicted_pages > 0 && t.stats().loaded_pages > 5);
+    }
+
+    /// A load that read a page must not cache it over a newer version another request loaded,
+    /// changed, wrote back and saw evicted meanwhile (its thread descheduled between its read
+    /// and its insert): the blocks that request wrote would read as corrupt.
+    #[tokio::test]
+    async fn a_slow_load_does_not_cache_a_page_older_than_one_written_back_meanwhile() {
+        let dev = MemDevice::new("csum", 8 * BLOCK_BYTES);
+        let t = Arc::new(ChecksumTable::new(BLOCKS, 0));
+        t.set_budget(1);
+        // Page 1 is on the drive and not cached.
+        let b = CSUM_ENTRIES_PER_PAGE + 3;
+        t.set_values(&t.pin(&dev, b, 1).await.unwrap(), b, &[11]);
+        write_back(&t, &dev).await;
+        let _ = entry(&t, &dev, 0).await;
+        assert_eq!(t.stats().resident_pages, 1);
+        let dev = Arc::new(dev);
+        t.load_hold.arm();
+        let slow = tokio::spawn({
+            let (t, dev) = (Arc::clone(&t), Arc::clone(&dev));
+            async move { t.pin(&*dev, b, 1).await.unwrap().get(b) }
+        });
+        while !t.load_hold.is_held() {
+            tokio::task::yield_now().await;
+        }
+        // Meanwhile another write of the page's block: loaded, set, written back, evicted.
+        t.set_values(&t.pin(&*dev, b, 1).await.unwrap(), b, &[22]);
+        write_back(&t, &dev).await;
+        let _ = entry(&t, &dev, 0).await;
+        assert_eq!(t.stats().resident_pages, 1, "page 1 was evicted");
+        t.load_hold.open();
+        let seen = slow.await.unwrap();
+        assert!(seen == Entry::Crc(22), "the slow load saw {seen:?}");
+        assert_eq!(entry(&t, &dev, b).await, Entry::Crc(22), "the table keeps the newer checksum");
     }
 
     #[tokio::test]

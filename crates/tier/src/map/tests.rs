@@ -571,3 +571,92 @@ async fn a_damaged_header_or_page_is_an_error_not_an_empty_map() {
     assert!(matches!(MapStore::open(vol, layout, 16).await, Err(MapError::DamagedHeader)));
     drop(devs);
 }
+
+/// Reads every snapshot's view of the whole map until table page `table` has been evicted
+/// from the table cache (it must be clean and unheld).
+async fn evict_table<D: BlockDevice>(map: &MapStore<D>, snaps: &[u16], table: u32) {
+    let blocks: Vec<u64> = (0..600).collect();
+    for _ in 0..100 {
+        if map.snap.tables.peek(u64::from(table)).is_none() {
+            return;
+        }
+        for &s in snaps {
+            map.get_in(s, &blocks).await.unwrap();
+        }
+    }
+    panic!("table page {table} stayed cached");
+}
+
+/// A read that missed a table page and read it must not put what it read in the cache over a
+/// newer version: here a clone's write loads the same table page, names a new copy in it, is
+/// checkpointed and the page evicted, all between the read's page read and its insert (its
+/// thread descheduled). The clone then read its page through its parent: an acknowledged write
+/// read back older.
+#[tokio::test]
+async fn a_slow_table_read_does_not_cache_a_table_page_older_than_a_write_it_raced() {
+    use crate::layers::LayerKind;
+    let layout = snapshot_layout(64);
+    let (_devs, vol) = pool_with_map_volume(layout).await;
+    let map = Arc::new(MapStore::open(vol, layout, 4).await.unwrap());
+    let write_all = |version: u64| {
+        let map = Arc::clone(&map);
+        async move {
+            let updates: Vec<Update> = (0..600)
+                .map(|b| Update { block: b, entry: entry(version * 1000 + b), expect: None })
+                .collect();
+            map.update(&updates).await.unwrap();
+        }
+    };
+    write_all(1).await;
+    let snapshot = |name: &'static str| {
+        let map = Arc::clone(&map);
+        async move {
+            map.create_snapshot(layer("vol", LayerKind::Head), layer(name, LayerKind::Snapshot))
+                .await
+                .unwrap()
+        }
+    };
+    let s1 = snapshot("s1").await;
+    let c = map.create_clone(s1, layer("c", LayerKind::Clone)).await.unwrap();
+    map.update_clone(c, &[Update { block: 0, entry: entry(7), expect: None }]).await.unwrap();
+    // More table pages than the table cache holds (4): one per snapshot with copies.
+    let mut snaps = vec![s1];
+    for (v, name) in [(2, "s2"), (3, "s3"), (4, "s4"), (5, "s5")] {
+        write_all(v).await;
+        snaps.push(snapshot(name).await);
+    }
+    write_all(6).await;
+    map.checkpoint().await.unwrap();
+    let tc = map.table_of(c, 0);
+    evict_table(&map, &snaps, tc).await;
+    // The read of the clone's block 300 misses its table page, reads it and waits.
+    map.snap.load_hold.arm();
+    let read = tokio::spawn({
+        let map = Arc::clone(&map);
+        async move { map.get_in(c, &[300]).await.unwrap()[0] }
+    });
+    while !map.snap.load_hold.is_held() {
+        tokio::task::yield_now().await;
+    }
+    // Meanwhile the clone's first write of map page 1 (a new copy the table names).
+    let written = entry(9300);
+    let mut write = tokio::spawn({
+        let (map, snaps) = (Arc::clone(&map), snaps.clone());
+        async move {
+            map.update_clone(c, &[Update { block: 300, entry: written, expect: None }]).await.unwrap();
+            map.checkpoint().await.unwrap();
+            evict_table(&map, &snaps, tc).await;
+        }
+    });
+    // It may wait for the read's load (then it is not finished here); either way the read goes on.
+    let early = tokio::time::timeout(std::time::Duration::from_millis(500), &mut write).await;
+    map.snap.load_hold.open();
+    let before = read.await.unwrap();
+    assert!(before == entry(1300) || before == written, "{before:?}");
+    match early {
+        Ok(done) => done.unwrap(),
+        Err(_) => write.await.unwrap(),
+    }
+    assert_eq!(map.get_in(c, &[300]).await.unwrap(), vec![written], "the clone reads back its write");
+    assert_eq!(map.get_in(c, &[0]).await.unwrap(), vec![entry(7)]);
+}

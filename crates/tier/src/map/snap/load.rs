@@ -162,6 +162,12 @@ impl<D: BlockDevice> MapStore<D> {
     }
 
     /// The cached table page `table` of `layer` covering head pages from `first`.
+    ///
+    /// A miss reads the page and caches it, but only what is still the newest version: loads
+    /// of a page go one at a time (a second waits and finds the first's), and a load that a
+    /// write-back overlapped reads again, since the page it read may meanwhile have been
+    /// changed, written and evicted (a page freed and given out again; a stale slot cached
+    /// over it would hide the new copies it names: a layer would read through to its parent).
     pub(super) async fn table_page(
         &self,
         table: u32,
@@ -172,12 +178,24 @@ impl<D: BlockDevice> MapStore<D> {
         if let Some(Some(slot)) = self.snap.tables.lookup(key, 1).pop() {
             return Ok(slot);
         }
-        let page = self.read_index(table, IndexLevel::Table, layer, first).await?;
-        let tp = TablePage { layer, first, entries: parking_lot::Mutex::new(page.entries) };
-        Ok(self.snap.tables.insert(vec![(key, tp, false)]).remove(0).0)
+        let _loading = self.loads[(key % crate::map::LOAD_STRIPES as u64) as usize].lock().await;
+        loop {
+            let ticket = self.snap.tables.load_ticket();
+            if let Some(Some(slot)) = self.snap.tables.lookup(key, 1).pop() {
+                return Ok(slot);
+            }
+            let page = self.read_index(table, IndexLevel::Table, layer, first).await?;
+            #[cfg(test)]
+            self.snap.load_hold.pass().await;
+            let tp = TablePage { layer, first, entries: parking_lot::Mutex::new(page.entries) };
+            if let Some(mut got) = self.snap.tables.insert_loaded(ticket, vec![(key, tp, false)]) {
+                return Ok(got.remove(0).0);
+            }
+        }
     }
 
-    /// The cached pool page `pool`: `layer`'s copy of head page `page`.
+    /// The cached pool page `pool`: `layer`'s copy of head page `page` (a miss is loaded as
+    /// [`Self::table_page`] loads one).
     pub(super) async fn pool_page(
         &self,
         pool: u32,
@@ -190,15 +208,24 @@ impl<D: BlockDevice> MapStore<D> {
         }
         let pl = self.pool_layout()?;
         let _loading = self.loads[(u64::from(pool) % crate::map::LOAD_STRIPES as u64) as usize].lock().await;
-        if let Some(Some(slot)) = self.cache.lookup(key, 1).pop() {
-            return Ok(slot);
+        loop {
+            let ticket = self.cache.load_ticket();
+            if let Some(Some(slot)) = self.cache.lookup(key, 1).pop() {
+                return Ok(slot);
+            }
+            let bytes = self.vol.read(pl.page_offset(u64::from(pool)), BLOCK_USIZE).await?;
+            let entries = crate::map::decode_owned_page(page, &bytes).ok_or_else(|| {
+                layers_error(format!(
+                    "pool page {pool} (snapshot {layer}'s copy of map page {page}) is damaged"
+                ))
+            })?;
+            #[cfg(test)]
+            self.snap.load_hold.pass().await;
+            let mp = MapPage { entries: parking_lot::Mutex::new(entries), owner: layer.into(), page };
+            if let Some(mut got) = self.cache.insert_loaded(ticket, vec![(key, mp, false)]) {
+                return Ok(got.remove(0).0);
+            }
         }
-        let bytes = self.vol.read(pl.page_offset(u64::from(pool)), BLOCK_USIZE).await?;
-        let entries = crate::map::decode_owned_page(page, &bytes).ok_or_else(|| {
-            layers_error(format!("pool page {pool} (snapshot {layer}'s copy of map page {page}) is damaged"))
-        })?;
-        let mp = MapPage { entries: parking_lot::Mutex::new(entries), owner: layer.into(), page };
-        Ok(self.cache.insert(vec![(key, mp, false)]).remove(0).0)
     }
 
     /// Loads what an update needs (its slots are held by the caller until it applied).

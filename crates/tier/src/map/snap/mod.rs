@@ -169,6 +169,9 @@ pub(super) struct SnapState {
     pub(super) head_deleted: std::sync::atomic::AtomicBool,
     /// Set when the volume closes: a delete stops before its next batch ([`MapError::Stopped`]).
     pub(super) deletes_stopped: std::sync::atomic::AtomicBool,
+    /// Tests hold a table or pool page load here, between its read and its insert.
+    #[cfg(test)]
+    pub(in crate::map) load_hold: stria_engine::pagecache::LoadHold,
 }
 
 /// A page an update needs in memory before it can apply.
@@ -368,6 +371,8 @@ impl SnapState {
             head_deleted: std::sync::atomic::AtomicBool::new(false),
             deletes_stopped: std::sync::atomic::AtomicBool::new(false),
             delete_batch: std::sync::atomic::AtomicUsize::new(HAND_ON_BATCH),
+            #[cfg(test)]
+            load_hold: stria_engine::pagecache::LoadHold::default(),
         }
     }
 
@@ -505,4 +510,12 @@ impl<D: BlockDevice> MapStore<D> {
 pub(super) enum Pin {
     Table(#[expect(dead_code, reason = "held, never read")] Arc<Slot<TablePage>>),
     Map(#[expect(dead_code, reason = "held, never read")] Arc<Slot<MapPage>>),
+}
+
+#[cfg(test)]
+impl<D: BlockDevice> MapStore<D> {
+    /// The table page layer `layer` has for head page `page` (0: none).
+    pub(in crate::map) fn table_of(&self, layer: u16, page: u64) -> u32 {
+        self.snap.layers.lock().layer(layer).expect("a known layer").dir[table_index(page)]
+    }
 }
