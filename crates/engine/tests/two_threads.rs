@@ -24,8 +24,9 @@
 //! confirmation asserted on a drive failed by another thread after the flush had picked its
 //! drives; and a partial-stripe write that found a journal ring full gave up after a few
 //! milliseconds of retries ("journal stayed full", EIO) while a transaction in the ring, its
-//! thread descheduled, was still on its way to being applied (one seed in 7 with the control
-//! loop on a third thread).
+//! thread descheduled, was still on its way to being applied, and its retries kept appending
+//! to a member failed meanwhile, whose ring no flush checkpoints any more (one seed in 7 with
+//! the control loop on a third thread).
 
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};

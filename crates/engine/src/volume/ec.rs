@@ -825,17 +825,32 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
         sw: &StripeWrite<'_>,
         pieces: Vec<Piece>,
     ) -> Result<(), VolumeError> {
-        let pieces: Vec<Piece> =
+        let mut pieces: Vec<Piece> =
             pieces.into_iter().filter(|p| seg.members[p.member].usable(sw.row)).collect();
         // Each block's checksum, computed once: for its journal record and its write in place.
-        let crcs: Vec<Vec<u32>> = pieces.iter().map(|p| JournalPiece::crcs_of(&p.data)).collect();
-        let slots: Vec<u16> = pieces
-            .iter()
-            .map(|p| u16::try_from(seg.members[p.member].drive.slot()).expect("slot fits"))
-            .collect();
+        let mut crcs: Vec<Vec<u32>> = pieces.iter().map(|p| JournalPiece::crcs_of(&p.data)).collect();
+        let slots_of = |pieces: &[Piece]| -> Vec<u16> {
+            pieces
+                .iter()
+                .map(|p| u16::try_from(seg.members[p.member].drive.slot()).expect("slot fits"))
+                .collect()
+        };
+        let mut slots = slots_of(&pieces);
         // Set when an attempt first found a journal full.
         let mut full_since: Option<tokio::time::Instant> = None;
         let outcome = loop {
+            // A member that failed while this waited for journal room is left out, as one
+            // failed before the write began: a failed drive's ring is never checkpointed again
+            // (flushes leave failed drives out), so appending to it would find it full for good.
+            if full_since.is_some() && pieces.iter().any(|p| !seg.members[p.member].usable(sw.row)) {
+                self.check_stripe_alive(seg, sw)?;
+                let keep: Vec<bool> = pieces.iter().map(|p| seg.members[p.member].usable(sw.row)).collect();
+                let mut k = keep.iter();
+                pieces.retain(|_| *k.next().expect("one flag per piece"));
+                let mut k = keep.iter();
+                crcs.retain(|_| *k.next().expect("one flag per piece"));
+                slots = slots_of(&pieces);
+            }
             let Some(txn_id) = self.host.next_txn_id(self.id, &slots) else {
                 // Too many volumes have transactions waiting for a flush: flush them all.
                 self.host
