@@ -844,11 +844,11 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
             // (flushes leave failed drives out), so appending to it would find it full for good.
             if full_since.is_some() && pieces.iter().any(|p| !seg.members[p.member].usable(sw.row)) {
                 self.check_stripe_alive(seg, sw)?;
-                let keep: Vec<bool> = pieces.iter().map(|p| seg.members[p.member].usable(sw.row)).collect();
-                let mut k = keep.iter();
-                pieces.retain(|_| *k.next().expect("one flag per piece"));
-                let mut k = keep.iter();
-                crcs.retain(|_| *k.next().expect("one flag per piece"));
+                (pieces, crcs) = std::mem::take(&mut pieces)
+                    .into_iter()
+                    .zip(std::mem::take(&mut crcs))
+                    .filter(|(p, _)| seg.members[p.member].usable(sw.row))
+                    .unzip();
                 slots = slots_of(&pieces);
             }
             let Some(txn_id) = self.host.next_txn_id(self.id, &slots) else {
