@@ -26,7 +26,8 @@
 //! milliseconds of retries ("journal stayed full", EIO) while a transaction in the ring, its
 //! thread descheduled, was still on its way to being applied, and its retries kept appending
 //! to a member failed meanwhile, whose ring no flush checkpoints any more (one seed in 7 with
-//! the control loop on a third thread).
+//! the control loop on a third thread; each now has a deterministic test in
+//! crates/engine/src/volume/ec/tests.rs).
 
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};

@@ -904,7 +904,10 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
                     Some(since) if since.elapsed() > JOURNAL_FULL_WAIT => {
                         return Err(self.unrecoverable(
                             &run(),
-                            "journal stayed full: no transaction in it was applied for 30 s",
+                            format!(
+                                "journal stayed full: no transaction in it was applied for {} s",
+                                JOURNAL_FULL_WAIT.as_secs()
+                            ),
                         ));
                     }
                     Some(_) => self.host.txn_applied(JOURNAL_FULL_POLL).await,
@@ -990,3 +993,6 @@ impl<D: BlockDevice> InFamily<'_, Ec, D> {
         found
     }
 }
+
+#[cfg(test)]
+mod tests;
