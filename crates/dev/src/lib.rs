@@ -19,6 +19,8 @@ pub use buf::{BUF_ALIGN_BYTES, IoBuf, IoBytes};
 pub use counters::{Counter, DevCounters, DevCountersSnapshot, DevLatency};
 pub use crc::block_crc;
 pub use device::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, DevError, check_range};
-pub use fault::{FaultConfig, FaultCounts, FaultDevice, FaultEvent, FaultKind, HostSpace, PowerSwitch};
+pub use fault::{
+    FaultConfig, FaultCounts, FaultDevice, FaultEvent, FaultKind, HoldWrites, HostSpace, PowerSwitch,
+};
 pub use file::{DriveLock, FileDevice, FileOptions, Holder, IoEngine, OpenError};
 pub use histogram::{Histogram, HistogramSnapshot};

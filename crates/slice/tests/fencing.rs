@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use stria_dev::mem::MemDevice;
-use stria_dev::{BlockDevice, DevCounters, DevError, FaultConfig, FaultDevice, IoBuf, IoBytes};
+use stria_dev::{BlockDevice, DevError, FaultConfig, FaultDevice, HoldWrites, IoBuf, IoBytes};
 use stria_slice::{RemoteDevice, Slice};
 
 use crate::common::*;
@@ -70,60 +70,18 @@ async fn the_epoch_survives_a_power_cut_of_the_slice_node() {
     assert!(new.read(8192, IoBuf::zeroed(4096)).await.unwrap().iter().all(|&b| b == 4));
 }
 
-/// A memory drive whose writes wait at a gate while it is closed.
-#[derive(Debug)]
-struct GatedDevice {
-    mem: MemDevice,
-    closed: std::sync::atomic::AtomicBool,
-    gate: tokio::sync::Semaphore,
-    waiting: tokio::sync::Notify,
-}
-
-impl BlockDevice for GatedDevice {
-    fn name(&self) -> &str {
-        self.mem.name()
-    }
-    fn size_bytes(&self) -> u64 {
-        self.mem.size_bytes()
-    }
-    async fn read(&self, offset_bytes: u64, buf: IoBuf) -> Result<IoBuf, DevError> {
-        self.mem.read(offset_bytes, buf).await
-    }
-    async fn write(&self, offset_bytes: u64, data: IoBytes, fua: bool) -> Result<(), DevError> {
-        if self.closed.load(Relaxed) {
-            self.waiting.notify_one();
-            let _open = self.gate.acquire().await.unwrap();
-        }
-        self.mem.write(offset_bytes, data, fua).await
-    }
-    async fn flush(&self) -> Result<(), DevError> {
-        self.mem.flush().await
-    }
-    async fn discard(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), DevError> {
-        self.mem.discard(offset_bytes, len_bytes).await
-    }
-    fn counters(&self) -> &DevCounters {
-        self.mem.counters()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fence_waits_for_the_old_owners_requests_already_running() {
-    let gated = Arc::new(GatedDevice {
-        mem: MemDevice::new("g", (1 << 20) + 4096),
-        closed: false.into(),
-        gate: tokio::sync::Semaphore::new(0),
-        waiting: tokio::sync::Notify::new(),
-    });
+    let gated = Arc::new(HoldWrites::new(MemDevice::new("g", (1 << 20) + 4096)));
     let slice = Slice::format(0, Arc::clone(&gated)).await.unwrap();
     let node = Node::start(vec![slice], None).await;
     let old = Arc::new(owner(node.addr, 1).await);
 
     // The old owner's write reaches the drive and hangs there.
-    gated.closed.store(true, Relaxed);
+    gated.hold(|_, _, _| true);
     let writer = Arc::clone(&old);
     let write = tokio::spawn(async move { writer.write(4096, IoBytes::copy_from(&[7u8; 4096]), true).await });
-    gated.waiting.notified().await;
+    gated.until_held(1).await;
 
     // The new owner's fence cannot complete while it runs.
     let addr = node.addr;
@@ -137,8 +95,7 @@ async fn a_fence_waits_for_the_old_owners_requests_already_running() {
         tokio::spawn(async move { late_writer.write(8192, IoBytes::copy_from(&[8u8; 4096]), true).await });
     tokio::time::sleep(Duration::from_millis(50)).await;
 
-    gated.closed.store(false, Relaxed);
-    gated.gate.add_permits(100);
+    gated.release();
     write.await.unwrap().expect("the write admitted before the fence completes");
     let new = fence.await.unwrap();
     assert!(late.await.unwrap().unwrap_err().is_fenced(), "a write of the old epoch ran after the fence");

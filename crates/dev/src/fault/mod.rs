@@ -9,6 +9,7 @@
 //! requests give the same outcome; requests are applied synchronously, one at a time per drive.
 
 mod durable;
+mod hold;
 mod log;
 mod power;
 mod space;
@@ -27,6 +28,7 @@ use crate::counters::DevCounters;
 use crate::device::{BLOCK_BYTES, BLOCK_USIZE as BLOCK, BlockDevice, DevError, check_range};
 use crate::mem::MemDevice;
 use durable::Versions;
+pub use hold::HoldWrites;
 pub use log::{FaultConfig, FaultCounts, FaultEvent, FaultKind};
 use power::Power;
 pub use power::{PowerCutPoint, PowerSwitch};

@@ -2,12 +2,10 @@
 //! retry waits pass in virtual time), and the refusals of the guarded drive workflows.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use stria_dev::{BlockDevice, DevCounters, DevError, FaultDevice, HostSpace, IoBuf, IoBytes};
-use tokio::sync::watch;
+use stria_dev::{BlockDevice, FaultDevice, HoldWrites, HostSpace, IoBytes};
 
 use super::*;
 use crate::{
@@ -20,60 +18,11 @@ const CHUNK_BYTES: u64 = 16 << 10;
 
 /// A drive whose writes can be held (to catch a rebuild in the middle of a row), on a host
 /// filesystem that the test can fill.
-#[derive(Debug)]
-struct Gated {
-    inner: FaultDevice,
-    /// True while writes are held.
-    hold: watch::Sender<bool>,
-    /// Writes that have been held.
-    held: AtomicU64,
+type Dev = Arc<HoldWrites<FaultDevice>>;
+
+fn gated(name: &str, space: &Arc<HostSpace>) -> Dev {
+    Arc::new(HoldWrites::new(FaultDevice::new(name, DRIVE_BYTES, 7).with_host_space(Arc::clone(space))))
 }
-
-impl Gated {
-    fn new(name: &str, space: &Arc<HostSpace>) -> Arc<Gated> {
-        let inner = FaultDevice::new(name, DRIVE_BYTES, 7).with_host_space(Arc::clone(space));
-        Arc::new(Gated { inner, hold: watch::channel(false).0, held: AtomicU64::new(0) })
-    }
-
-    fn hold_writes(&self, hold: bool) {
-        self.hold.send_replace(hold);
-    }
-
-    fn writes_held(&self) -> u64 {
-        self.held.load(Ordering::SeqCst)
-    }
-}
-
-impl BlockDevice for Gated {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    async fn read(&self, offset_bytes: u64, buf: IoBuf) -> Result<IoBuf, DevError> {
-        self.inner.read(offset_bytes, buf).await
-    }
-    async fn write(&self, offset_bytes: u64, data: IoBytes, fua: bool) -> Result<(), DevError> {
-        let mut hold = self.hold.subscribe();
-        if *hold.borrow_and_update() {
-            self.held.fetch_add(1, Ordering::SeqCst);
-            let _ = hold.wait_for(|held| !*held).await;
-        }
-        self.inner.write(offset_bytes, data, fua).await
-    }
-    async fn flush(&self) -> Result<(), DevError> {
-        self.inner.flush().await
-    }
-    async fn discard(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), DevError> {
-        self.inner.discard(offset_bytes, len_bytes).await
-    }
-    fn counters(&self) -> &DevCounters {
-        self.inner.counters()
-    }
-}
-
-type Dev = Arc<Gated>;
 
 struct Rig {
     pool: Arc<Pool<Dev>>,
@@ -93,7 +42,7 @@ fn new_drive(dev: &Dev) -> NewDrive<Dev> {
 /// A pool of `drives` drives with volume `v` of `layout`, written whole with non-zero bytes.
 async fn rig(drives: usize, layout: Layout) -> Rig {
     let space = HostSpace::new();
-    let devs: Vec<Dev> = (0..drives).map(|i| Gated::new(&format!("d{i}"), &space)).collect();
+    let devs: Vec<Dev> = (0..drives).map(|i| gated(&format!("d{i}"), &space)).collect();
     let pool = Pool::create("t", devs.iter().map(new_drive).collect()).await.expect("create pool");
     let spec = VolumeSpec {
         name: "v".into(),
@@ -112,7 +61,7 @@ impl Rig {
     /// Fails the drive in `slot` and replaces it by a new drive; returns the new one.
     async fn fail_and_replace(&self, slot: u32, name: &str) -> Dev {
         fail_drive(&self.pool, slot, false, "test").await.expect("fail");
-        let new = Gated::new(name, &self.space);
+        let new = gated(name, &self.space);
         let replacing = Replacement::check(&self.pool, slot, false).expect("the guards allow it");
         replacing.run(&self.pool, new_drive(&new)).await.expect("replace");
         assert!(self.pool.rebuild_pending());
@@ -193,8 +142,8 @@ async fn stop_waits_for_the_row_in_progress() {
     let services = Services::start(Arc::clone(&rig.pool), quiet);
     let rows_done = || rig.pool.rebuild_progress().first().map_or(0, |p| p.rows_done);
     until(Duration::from_secs(30), || rows_done() >= 2).await;
-    new.hold_writes(true);
-    until(Duration::from_secs(30), || new.writes_held() > 0).await;
+    new.hold(|_, _, _| true);
+    until(Duration::from_secs(30), || new.held() > 0).await;
     let held_at = rows_done();
 
     let mut stopping = services.stop();
@@ -204,7 +153,7 @@ async fn stop_waits_for_the_row_in_progress() {
     assert!(waited.is_err(), "the services stopped while a row was in progress");
     assert!(!closing.is_finished(), "the pool closed while a row was in progress");
 
-    new.hold_writes(false);
+    new.release();
     stopping.await;
     (&mut closing).await.expect("the close task").expect("close");
     assert_eq!(rows_done(), held_at + 1, "the row in progress was finished, and no other was started");

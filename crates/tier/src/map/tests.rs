@@ -1,3 +1,4 @@
+use stria_dev::HoldWrites;
 use stria_dev::mem::MemDevice;
 use stria_engine::{DriveClass, FoundDrive, Layout, NewDrive, Pool, VolumeRole, VolumeSpec};
 
@@ -39,66 +40,22 @@ async fn map_volume<D: BlockDevice + Clone>(devs: &[D], layout: MapLayout) -> Ar
     pool.create_volume(spec).await.unwrap()
 }
 
-/// A memory drive whose writes of more than one block without FUA wait while the gate is
-/// closed: a checkpoint's runs of consecutive pages (log blocks are single blocks written with
-/// FUA, and the engine's checksum pages that go with them single blocks too).
-#[derive(Clone)]
-struct WriteGate {
-    dev: Arc<MemDevice>,
-    closed: Arc<std::sync::atomic::AtomicBool>,
-    opened: Arc<tokio::sync::Notify>,
-}
-
-impl BlockDevice for WriteGate {
-    fn name(&self) -> &str {
-        self.dev.name()
-    }
-    fn size_bytes(&self) -> u64 {
-        self.dev.size_bytes()
-    }
-    fn read(&self, at: u64, buf: IoBuf) -> impl Future<Output = Result<IoBuf, stria_dev::DevError>> + Send {
-        self.dev.read(at, buf)
-    }
-    async fn write(&self, at: u64, data: IoBytes, fua: bool) -> Result<(), stria_dev::DevError> {
-        while !fua && data.len() > BLOCK_USIZE && self.closed.load(std::sync::atomic::Ordering::SeqCst) {
-            let opened = self.opened.notified();
-            if !self.closed.load(std::sync::atomic::Ordering::SeqCst) {
-                break;
-            }
-            opened.await;
-        }
-        self.dev.write(at, data, fua).await
-    }
-    fn flush(&self) -> impl Future<Output = Result<(), stria_dev::DevError>> + Send {
-        self.dev.flush()
-    }
-    fn discard(&self, at: u64, len: u64) -> impl Future<Output = Result<(), stria_dev::DevError>> + Send {
-        self.dev.discard(at, len)
-    }
-    fn counters(&self) -> &stria_dev::DevCounters {
-        self.dev.counters()
-    }
-}
-
 #[tokio::test]
 async fn updates_go_on_while_a_checkpoint_writes_pages() {
     let layout = MapLayout { base: 0, log_blocks: 64, blocks: 5000, pool: None, head: None };
-    let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let opened = Arc::new(tokio::sync::Notify::new());
-    let devs: Vec<WriteGate> = (0..2)
-        .map(|i| WriteGate {
-            dev: Arc::new(MemDevice::new(&format!("g{i}"), 64 << 20)),
-            closed: Arc::clone(&closed),
-            opened: Arc::clone(&opened),
-        })
-        .collect();
+    let devs: Vec<Arc<HoldWrites<MemDevice>>> =
+        (0..2).map(|i| Arc::new(HoldWrites::new(MemDevice::new(&format!("g{i}"), 64 << 20)))).collect();
     let map = Arc::new(MapStore::open(map_volume(&devs, layout).await, layout, 64).await.unwrap());
     map.checkpoint_in_background();
     let first: Vec<Update> =
         (0..20).map(|i| Update { block: i * 255, entry: entry(i), expect: None }).collect();
     map.update(&first).await.unwrap();
-    // A checkpoint's page writes (no FUA) wait at the drives, after it took the 20 dirty pages.
-    closed.store(true, std::sync::atomic::Ordering::SeqCst);
+    // A checkpoint's page writes (runs of consecutive pages, without FUA) wait at the drives,
+    // after it took the 20 dirty pages; log blocks (single blocks with FUA) and the engine's
+    // checksum pages that go with them (single blocks) go on.
+    for d in &devs {
+        d.hold(|_, len_bytes, fua| !fua && len_bytes > BLOCK_USIZE);
+    }
     let checkpoint = tokio::spawn({
         let map = Arc::clone(&map);
         async move { map.checkpoint().await }
@@ -111,8 +68,9 @@ async fn updates_go_on_while_a_checkpoint_writes_pages() {
     let update = tokio::time::timeout(std::time::Duration::from_secs(5), map.update(&[during])).await;
     assert!(update.expect("an update waited for the checkpoint's page writes").is_ok());
     assert!(!checkpoint.is_finished());
-    closed.store(false, std::sync::atomic::Ordering::SeqCst);
-    opened.notify_waiters();
+    for d in &devs {
+        d.release();
+    }
     checkpoint.await.unwrap().unwrap();
     assert_eq!(map.stats().checkpoints, 1);
     // The update made during the checkpoint is past its position: a reopen replays it.

@@ -9,12 +9,11 @@
 //! or a slow drive, holds them. Tokio's clock is paused: every wait passes in virtual time.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use stria_dev::mem::MemDevice;
-use stria_dev::{BlockDevice, DevCounters, DevError, IoBuf, IoBytes};
-use tokio::sync::watch;
+use stria_dev::{BlockDevice, HoldWrites, IoBytes};
 
 use crate::format::layout::DriveLayout;
 use crate::{DriveClass, Layout, NewDrive, Pool, Volume, VolumeRole, VolumeSpec};
@@ -29,66 +28,7 @@ const ROW_BYTES: u64 = 2 * CHUNK_BYTES;
 /// about 500.
 const WRITES: u64 = 800;
 
-/// A memory drive whose writes to the data area are held while the test catches them.
-#[derive(Debug)]
-struct Held {
-    inner: MemDevice,
-    data_offset_bytes: u64,
-    /// New data-area writes are held while this is set.
-    catching: AtomicBool,
-    /// Held writes wait until this is true.
-    released: watch::Sender<bool>,
-    /// Writes held so far.
-    held: AtomicU64,
-}
-
-impl Held {
-    fn new(name: &str) -> Arc<Held> {
-        let layout = DriveLayout::for_new_drive(DRIVE_BYTES).expect("a drive big enough for a layout");
-        Arc::new(Held {
-            inner: MemDevice::new(name, DRIVE_BYTES),
-            data_offset_bytes: layout.data_offset_bytes,
-            catching: AtomicBool::new(false),
-            released: watch::channel(false).0,
-            held: AtomicU64::new(0),
-        })
-    }
-
-    fn held(&self) -> u64 {
-        self.held.load(Ordering::SeqCst)
-    }
-}
-
-impl BlockDevice for Held {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    async fn read(&self, offset_bytes: u64, buf: IoBuf) -> Result<IoBuf, DevError> {
-        self.inner.read(offset_bytes, buf).await
-    }
-    async fn write(&self, offset_bytes: u64, data: IoBytes, fua: bool) -> Result<(), DevError> {
-        if offset_bytes >= self.data_offset_bytes && self.catching.load(Ordering::SeqCst) {
-            self.held.fetch_add(1, Ordering::SeqCst);
-            let mut released = self.released.subscribe();
-            let _ = released.wait_for(|r| *r).await;
-        }
-        self.inner.write(offset_bytes, data, fua).await
-    }
-    async fn flush(&self) -> Result<(), DevError> {
-        self.inner.flush().await
-    }
-    async fn discard(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), DevError> {
-        self.inner.discard(offset_bytes, len_bytes).await
-    }
-    fn counters(&self) -> &DevCounters {
-        self.inner.counters()
-    }
-}
-
-type Dev = Arc<Held>;
+type Dev = Arc<HoldWrites<MemDevice>>;
 
 /// The block written at `offset` by write `n`.
 fn block(n: u64) -> Vec<u8> {
@@ -111,7 +51,9 @@ impl Rig {
     /// An ec:2+1 volume on three drives, with one partial-stripe write (at offset 0) journaled
     /// and held in place on both its drives.
     async fn with_a_held_transaction() -> (Rig, tokio::task::JoinHandle<()>) {
-        let devs: Vec<Dev> = (0..3).map(|i| Held::new(&format!("d{i}"))).collect();
+        let devs: Vec<Dev> = (0..3)
+            .map(|i| Arc::new(HoldWrites::new(MemDevice::new(&format!("d{i}"), DRIVE_BYTES))))
+            .collect();
         let new_drive = |d: &Dev| NewDrive {
             dev: Arc::clone(d),
             path: d.name().to_string(),
@@ -143,8 +85,10 @@ impl Rig {
             .collect();
         assert!(offsets.len() >= 4, "rows whose first chunk and parity lie on the held drives: {offsets:?}");
 
+        // The in-place writes: those to the data areas.
+        let data_offset_bytes = DriveLayout::for_new_drive(DRIVE_BYTES).expect("layout").data_offset_bytes;
         for d in &devs {
-            d.catching.store(true, Ordering::SeqCst);
+            d.hold(move |offset_bytes, _, _| offset_bytes >= data_offset_bytes);
         }
         let held = {
             let vol = Arc::clone(&vol);
@@ -156,7 +100,7 @@ impl Rig {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         for d in &devs {
-            d.catching.store(false, Ordering::SeqCst);
+            d.stop_holding();
         }
         let slot_of =
             |d: &Dev| pool.meta().drives.iter().find(|m| m.path_hint == d.name()).expect("drive").slot;
@@ -197,7 +141,7 @@ impl Rig {
 
     fn release(&self) {
         for d in &self.devs {
-            d.released.send_replace(true);
+            d.release();
         }
     }
 
