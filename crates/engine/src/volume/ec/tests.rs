@@ -45,12 +45,14 @@ struct Rig {
     held_slots: Vec<u32>,
     /// Offsets (first block of a row's first chunk) whose writes journal on exactly those drives.
     offsets: Vec<u64>,
+    /// The held write's task.
+    held: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Rig {
     /// An ec:2+1 volume on three drives, with one partial-stripe write (at offset 0) journaled
     /// and held in place on both its drives.
-    async fn with_a_held_transaction() -> (Rig, tokio::task::JoinHandle<()>) {
+    async fn with_a_held_transaction() -> Rig {
         let devs: Vec<Dev> = (0..3)
             .map(|i| Arc::new(HoldWrites::new(MemDevice::new(&format!("d{i}"), DRIVE_BYTES))))
             .collect();
@@ -107,41 +109,55 @@ impl Rig {
         let mut caught: Vec<u32> = devs.iter().filter(|d| d.held() > 0).map(slot_of).collect();
         caught.sort_unstable();
         assert_eq!(caught, held_slots, "the held in-place writes are the write's data and parity pieces");
-        (Rig { pool, vol, devs, held_slots, offsets }, held)
+        Rig { pool, vol, devs, held_slots, offsets, held: Some(held) }
     }
 
     /// Starts a writer of [`WRITES`] blocks at the rows that journal on the held drives; it
-    /// counts the writes done in `done` and returns the first error.
-    fn writer(&self, done: &Arc<AtomicU64>) -> tokio::task::JoinHandle<Result<(), String>> {
-        let (vol, offsets, done) = (Arc::clone(&self.vol), self.offsets.clone(), Arc::clone(done));
-        tokio::spawn(async move {
+    /// counts the writes done in the counter returned beside it and returns the first error.
+    fn writer(&self) -> (tokio::task::JoinHandle<Result<(), String>>, Arc<AtomicU64>) {
+        let done = Arc::new(AtomicU64::new(0));
+        let (vol, offsets, count) = (Arc::clone(&self.vol), self.offsets.clone(), Arc::clone(&done));
+        let writer = tokio::spawn(async move {
             for n in 0..WRITES {
                 let at = offsets[(n as usize) % offsets.len()];
                 vol.write(at, IoBytes::copy_from(&block(n)), true)
                     .await
                     .map_err(|e| format!("write {n}: {e}"))?;
-                done.store(n + 1, Ordering::SeqCst);
+                count.store(n + 1, Ordering::SeqCst);
             }
             Ok(())
-        })
+        });
+        (writer, done)
     }
 
-    /// Waits (in virtual time) until the writer has stopped advancing for a second.
-    async fn until_stalled(done: &AtomicU64) -> u64 {
+    /// Starts the writer and waits (in virtual time) until it has stopped advancing for a
+    /// second, which must be once the held transaction's rings are full; returns it, its
+    /// counter and the writes it did.
+    async fn stalled_writer(&self) -> (tokio::task::JoinHandle<Result<(), String>>, Arc<AtomicU64>, u64) {
+        let (writer, done) = self.writer();
         let mut last = u64::MAX;
         loop {
             tokio::time::sleep(Duration::from_secs(1)).await;
             let now = done.load(Ordering::SeqCst);
             if now == last {
-                return now;
+                break;
             }
             last = now;
         }
+        assert!(
+            (100..WRITES).contains(&last),
+            "the writer stops once the held transaction's rings are full (after {last} writes)"
+        );
+        (writer, done, last)
     }
 
-    fn release(&self) {
+    /// Lets the held transaction's writes go on, and waits for its write to finish.
+    async fn release(&mut self) {
         for d in &self.devs {
             d.release();
+        }
+        if let Some(held) = self.held.take() {
+            held.await.expect("held write task");
         }
     }
 
@@ -163,19 +179,12 @@ impl Rig {
 /// with EIO after 64 quick retries before: a few milliseconds on a loaded machine.)
 #[tokio::test(start_paused = true)]
 async fn writers_behind_a_slow_transaction_wait_for_journal_room_instead_of_failing() {
-    let (rig, held) = Rig::with_a_held_transaction().await;
-    let done = Arc::new(AtomicU64::new(0));
-    let writer = rig.writer(&done);
-    let stalled = Rig::until_stalled(&done).await;
-    assert!(
-        (100..WRITES).contains(&stalled),
-        "the writer stops once the held transaction's rings are full (after {stalled} writes)"
-    );
+    let mut rig = Rig::with_a_held_transaction().await;
+    let (writer, done, stalled) = rig.stalled_writer().await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(!writer.is_finished(), "the writer waits while the transaction is held");
     assert_eq!(done.load(Ordering::SeqCst), stalled);
-    rig.release();
-    held.await.expect("held write task");
+    rig.release().await;
     writer.await.expect("writer task").expect("every write behind the held transaction succeeds");
     rig.read_back().await;
 }
@@ -185,16 +194,12 @@ async fn writers_behind_a_slow_transaction_wait_for_journal_room_instead_of_fail
 /// retry kept appending to it before, and the write failed after 30 s with "journal stayed full".)
 #[tokio::test(start_paused = true)]
 async fn a_member_that_fails_while_writers_wait_for_journal_room_is_left_out_of_their_retries() {
-    let (rig, held) = Rig::with_a_held_transaction().await;
-    let done = Arc::new(AtomicU64::new(0));
-    let writer = rig.writer(&done);
-    let stalled = Rig::until_stalled(&done).await;
-    assert!((100..WRITES).contains(&stalled), "the writer waits for room (after {stalled} writes)");
+    let mut rig = Rig::with_a_held_transaction().await;
+    let (writer, _, _) = rig.stalled_writer().await;
     // The parity piece's drive or the data piece's: either way the rest of the stripe is there.
     let failing = rig.held_slots[1];
     rig.pool.fail_drive(failing, "test").await.expect("fail a drive of the full rings");
-    rig.release();
-    held.await.expect("held write task");
+    rig.release().await;
     writer.await.expect("writer task").expect("the writes go on without the failed member");
     rig.read_back().await;
 }
@@ -203,10 +208,9 @@ async fn a_member_that_fails_while_writers_wait_for_journal_room_is_left_out_of_
 /// fails the writers behind it after 30 s with an error that says so.
 #[tokio::test(start_paused = true)]
 async fn a_transaction_never_applied_fails_the_writers_behind_it_after_the_bound() {
-    let (rig, held) = Rig::with_a_held_transaction().await;
-    let done = Arc::new(AtomicU64::new(0));
+    let mut rig = Rig::with_a_held_transaction().await;
     let start = tokio::time::Instant::now();
-    let writer = rig.writer(&done);
+    let (writer, _) = rig.writer();
     let err = writer.await.expect("writer task").expect_err("the writer gives up");
     assert!(err.contains("journal stayed full"), "the error says why: {err}");
     let waited = start.elapsed();
@@ -214,8 +218,7 @@ async fn a_transaction_never_applied_fails_the_writers_behind_it_after_the_bound
         (super::JOURNAL_FULL_WAIT..super::JOURNAL_FULL_WAIT * 2).contains(&waited),
         "it gave up after the bound: {waited:?}"
     );
-    rig.release();
-    held.await.expect("held write task");
+    rig.release().await;
     // Once the transaction is applied the volume takes writes again.
     rig.vol.write(rig.offsets[0], IoBytes::copy_from(&block(7)), true).await.expect("write after");
 }
