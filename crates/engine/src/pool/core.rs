@@ -746,8 +746,15 @@ impl<D: BlockDevice> PoolCore<D> {
                     rec.state = DriveState::Failed;
                     rec.failed_reason = Some(reason);
                     rec.out = match (delta, rec.out.take()) {
-                        // Failed again during its resync: the same outage goes on.
-                        (Some((g, _)), Some(out)) if out.generation == g => Some(out),
+                        // Failed again during its resync: the same outage goes on. The drive
+                        // took part in flushes meanwhile: what comes back must hold them too,
+                        // or it is an old copy (one taken during the resync and put back; the
+                        // outage's first epoch would let it in for a delta resync, and the
+                        // next open would find it behind what the others saw of it).
+                        (Some((g, epoch)), Some(mut out)) if out.generation == g => {
+                            out.epoch = out.epoch.max(epoch);
+                            Some(out)
+                        }
                         (Some((generation, epoch)), _) => Some(crate::format::meta::OutRecord {
                             generation,
                             since_unix_secs: crate::time::now_unix_secs(),

@@ -42,12 +42,17 @@ impl<D: BlockDevice> Pool<D> {
                 old.class, old.class, new.class
             )));
         }
-        if self.volumes().iter().any(|v| {
-            v.current_map()
-                .segments
-                .iter()
-                .any(|s| s.members.iter().any(|m| m.rebuilding() && m.drive.slot() == old_slot))
-        }) {
+        // An active drive whose members are still being rebuilt is refused; a failed one is
+        // not (it failed during its own resync: its members move to the new drive, which is
+        // rebuilt from row 0 like any replacement, and nothing else could ever finish them).
+        if old.state != DriveState::Failed
+            && self.volumes().iter().any(|v| {
+                v.current_map()
+                    .segments
+                    .iter()
+                    .any(|s| s.members.iter().any(|m| m.rebuilding() && m.drive.slot() == old_slot))
+            })
+        {
             return Err(EngineError::Busy(format!(
                 "drive {old_slot} is itself being rebuilt; wait for that to finish"
             )));

@@ -359,6 +359,63 @@ mod tests {
         }
     }
 
+    /// A drive that fails again during its delta resync keeps its outage (the same out
+    /// generation), and the flushes it took part in while it was back count: a copy of it taken
+    /// then and put back is an old copy and comes back in full, not for a delta (crash-sequence
+    /// seed 1066917 of `STRIA_SEQ_FOCUS=moves`: the outage's first epoch let such a copy in for a
+    /// delta, and the next open found it behind what the other drives saw of it). A drive
+    /// failed during its resync can be replaced: its half-resynchronised members move to the new
+    /// drive, which is rebuilt from row 0.
+    #[tokio::test(start_paused = true)]
+    async fn a_copy_taken_during_a_resync_comes_back_in_full_after_the_drive_fails_again() {
+        let layout = Layout::Raid1 { copies: 2 };
+        let d = devs(2);
+        let pool = Pool::create("p", d.iter().map(new_drive).collect()).await.unwrap();
+        let v = pool.create_volume(spec(layout)).await.unwrap();
+        let mut expect = vec![0u8; VOL as usize];
+        let mut write = async |version: u8, blocks: &[u64]| {
+            for &b in blocks {
+                let data = block(b, version);
+                // Without FUA: the flush after them raises the flush epochs of the drives.
+                v.write(b * 4096, IoBytes::copy_from(&data), false).await.unwrap();
+                expect[(b * 4096) as usize..(b * 4096 + 4096) as usize].copy_from_slice(&data);
+            }
+            pool.flush().await.unwrap();
+        };
+        write(1, &[0, 1, 2000]).await;
+        pool.fail_drive(1, "test").await.unwrap();
+        write(2, &[1, 100]).await;
+        let comeback = pool.online_drive(1, Arc::clone(&d[1]), "back").await.unwrap();
+        assert!(matches!(comeback, Comeback::Delta { .. }), "{comeback:?}");
+        // Part of the resync (a row a second, its cursors made durable every two seconds), then
+        // writes to the rows it has: the drive takes part in flushes while it is still out.
+        pool.set_rebuild_rate(CHUNK);
+        let partial = tokio::time::timeout(std::time::Duration::from_secs(10), pool.rebuild(|_| {})).await;
+        assert!(partial.is_err(), "the resync is not over");
+        write(3, &[0, 2000]).await;
+        let copy = Arc::new(d[1].clone_contents("copy"));
+        write(4, &[0, 2000, 3000]).await;
+        let epoch_of = async |dev: &Arc<MemDevice>| {
+            let sb = read_superblock(dev).await.unwrap();
+            read_flush_record(dev, &sb).await.map_or(0, |r| r.epoch)
+        };
+        let (copied, now) = (epoch_of(&copy).await, epoch_of(&d[1]).await);
+        assert!(copied < now, "the drive took part in a flush after the copy ({copied} -> {now})");
+        pool.fail_drive(1, "test: again, during its resync").await.unwrap();
+        let out = pool.meta().drive(1).unwrap().out.clone().expect("still out");
+        assert_eq!(out.epoch, now, "the outage goes on, up to the last flush the drive took part in");
+
+        pool.set_rebuild_rate(0);
+        let comeback = pool.online_drive(1, copy, "copy").await.unwrap();
+        let Comeback::Full { slot, why } = comeback else { panic!("the copy got {comeback:?}") };
+        assert!(why.contains("old copy"), "{why}");
+        pool.rebuild(|_| {}).await.unwrap();
+        assert_eq!(pool.rebuild_counters().skipped_bytes, 0, "a full rebuild skips nothing");
+        assert!(pool.meta().drive(slot).is_some_and(|r| r.out.is_none()));
+        pool.fail_drive(0, "test: read from the drive that came back").await.unwrap();
+        check_all(&pool, &expect, "after the copy came back").await;
+    }
+
     /// A device whose writes to its intent bitmap and beyond, once armed, wait for a release
     /// and then fail: the drive's part of a write lags behind the others' and never lands.
     struct Lagging {
