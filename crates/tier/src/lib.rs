@@ -87,23 +87,21 @@ fn part_spec(
     }
 }
 
-/// Creates the parts in order; if one cannot be created, deletes those made before it. `zero[i]`
-/// false creates part `i` without making it read as zeros first ([`Pool::create_volume_unzeroed`]).
-async fn create_parts_zeroing<D: BlockDevice>(
+/// Creates the parts in order, each cleared (see `log::create`); if one cannot be created,
+/// deletes those made before it and returns its index with the error.
+async fn create_parts<D: BlockDevice>(
     pool: &Pool<D>,
     parts: [VolumeSpec; 3],
-    zero: [bool; 3],
-) -> Result<Vec<Arc<Volume<D>>>, TierError> {
+) -> Result<Vec<Arc<Volume<D>>>, (usize, TierError)> {
     let mut made: Vec<Arc<Volume<D>>> = Vec::new();
-    for (p, zero) in parts.into_iter().zip(zero) {
-        let created = if zero { pool.create_volume(p).await } else { pool.create_volume_unzeroed(p).await };
-        match created {
+    for (i, p) in parts.into_iter().enumerate() {
+        match pool.create_volume(p).await {
             Ok(v) => made.push(v),
             Err(e) => {
                 for v in made {
                     let _ = pool.delete_volume(v.name()).await;
                 }
-                return Err(e.into());
+                return Err((i, e.into()));
             }
         }
     }

@@ -94,6 +94,36 @@ fn a_thin_volume_needs_little_metadata_at_create() {
     }
 }
 
+/// A thin volume too large for its drives is refused with what its parts need (the map's 16
+/// bytes a block is what surprises), and leaves nothing behind: not the parts made before the
+/// one that did not fit.
+#[tokio::test]
+async fn a_volume_whose_parts_do_not_fit_is_refused_with_what_they_need_and_leaves_nothing() {
+    let switch = PowerSwitch::new();
+    let devs = drives(&switch, 5);
+    let pool = create_pool(&devs).await;
+    // The map of 16 GiB takes 64 MiB, more than a fast drive (48 MiB) holds.
+    let huge = small_spec(16 << 30, 12 * 124 * 4096);
+    let e = log::create(&pool, huge).await.err().expect("refused");
+    let text = e.to_string();
+    assert!(text.contains("not enough free space for volume lv (tiered:ec:4+2, 16 GiB)"), "{text}");
+    assert!(text.contains("16 bytes per 4 KiB block"), "{text}");
+    assert!(text.contains("lv.meta"), "{text}");
+    assert!(!text.contains("counting the parts made before it"), "{text}");
+    // On the capacity drives (6 x 48 MiB) the metadata fits and two copies of a 160 MiB cache do
+    // not: the metadata part is
+    // made, then deleted again.
+    let big_cache =
+        LogSpec { fast_tier: false, cache_bytes: Some(160 << 20), ..small_spec(1 << 30, 12 * 124 * 4096) };
+    let e = log::create(&pool, big_cache).await.err().expect("refused");
+    let text = e.to_string();
+    assert!(text.contains("(log:ec:4+2, 1 GiB)") && text.contains("lv.cache"), "{text}");
+    assert!(text.contains("counting the parts made before it, deleted again"), "{text}");
+    assert!(pool.meta().volumes.is_empty() && pool.meta().tiered.is_empty(), "{:?}", pool.meta().volumes);
+    // And the same pool takes a volume that fits.
+    log::create(&pool, small_spec(384 * 4096, 12 * 124 * 4096)).await.expect("a volume that fits");
+}
+
 #[tokio::test]
 async fn a_full_snapshot_page_pool_grows_and_when_it_cannot_is_enospc_that_loses_nothing() {
     // Write-back writes too: theirs is the same map update, only not waited for.

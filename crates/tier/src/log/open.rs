@@ -176,7 +176,20 @@ pub async fn create<D: BlockDevice>(
     // map, a zero table a stale one), the cache and the segment space
     // so that a scrub sees rows never written as unwritten (extents of a deleted volume keep its
     // stripes and checksums); clearing is metadata only (checksum entries, 1/1024 of the bytes).
-    let made = crate::create_parts_zeroing(pool, parts, [true, true, true]).await?;
+    let seg_bytes = parts[2].size_bytes;
+    let made = match crate::create_parts(pool, parts).await {
+        Ok(made) => made,
+        Err((part, TierError::Engine(EngineError::NoSpace(why)))) => {
+            let why = if part == 0 {
+                why
+            } else {
+                format!("{why} (counting the parts made before it, deleted again)")
+            };
+            let what = no_room_message(&spec, &header, cache_bytes, seg_bytes, fast_class, &why);
+            return Err(EngineError::NoSpace(what).into());
+        }
+        Err((_, e)) => return Err(e),
+    };
     let (meta, cache, seg) = (made[0].clone(), made[1].clone(), made[2].clone());
     meta.write(0, IoBytes::copy_from(&header.encode()), true).await?;
     if let Some((at, _)) = header.table_region() {
@@ -222,6 +235,36 @@ pub async fn create<D: BlockDevice>(
     // moment of low space a scan of the whole map).
     vol.space.counts_suspect.store(false, std::sync::atomic::Ordering::Relaxed);
     Ok(vol)
+}
+
+/// Why a new log volume found no room, with what its parts need: a thin volume's metadata is
+/// sized by its logical size (the map, 16 bytes per block), which surprises an operator who
+/// asked for a large thin volume on small drives. `why` is the engine's refusal of the part
+/// that did not fit (it counts the parts made before it, deleted again, as used).
+fn no_room_message(
+    spec: &LogSpec,
+    header: &Header,
+    cache_bytes: u64,
+    seg_bytes: u64,
+    class: DriveClass,
+    why: &str,
+) -> String {
+    use stria_engine::units::format_size;
+    let kind = if spec.fast_tier { "tiered" } else { "log" };
+    format!(
+        "not enough free space for volume {} ({kind}:ec:{}+{}, {}): it needs {} of metadata (its map \
+         takes 16 bytes per 4 KiB block of the volume's size) and a write cache of {} (--cache-size), \
+         each in {} copies on distinct {class} drives, and {} of segment space to start with. The part \
+         that did not fit: {why}",
+        spec.name,
+        spec.data_shards,
+        spec.parity_shards,
+        format_size(header.volume_bytes),
+        format_size(header.meta_bytes()),
+        format_size(cache_bytes),
+        spec.copies,
+        format_size(seg_bytes),
+    )
 }
 
 /// Opens a log-structured volume (after the pool has recovered its parts): replays the map log,
