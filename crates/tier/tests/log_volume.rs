@@ -104,7 +104,7 @@ async fn a_volume_whose_parts_do_not_fit_is_refused_with_what_they_need_and_leav
     let pool = create_pool(&devs).await;
     // The map of 16 GiB takes 64 MiB, more than a fast drive (48 MiB) holds.
     let huge = small_spec(16 << 30, 12 * 124 * 4096);
-    let e = log::create(&pool, huge).await.err().expect("refused");
+    let Err(e) = log::create(&pool, huge).await else { panic!("a volume whose map does not fit was made") };
     let text = e.to_string();
     assert!(text.contains("not enough free space for volume lv (tiered:ec:4+2, 16 GiB)"), "{text}");
     assert!(text.contains("16 bytes per 4 KiB block"), "{text}");
@@ -115,7 +115,9 @@ async fn a_volume_whose_parts_do_not_fit_is_refused_with_what_they_need_and_leav
     // made, then deleted again.
     let big_cache =
         LogSpec { fast_tier: false, cache_bytes: Some(160 << 20), ..small_spec(1 << 30, 12 * 124 * 4096) };
-    let e = log::create(&pool, big_cache).await.err().expect("refused");
+    let Err(e) = log::create(&pool, big_cache).await else {
+        panic!("a volume whose cache does not fit was made")
+    };
     let text = e.to_string();
     assert!(text.contains("(log:ec:4+2, 1 GiB)") && text.contains("lv.cache"), "{text}");
     assert!(text.contains("counting the parts made before it, deleted again"), "{text}");
