@@ -245,7 +245,8 @@ pub(crate) enum VolumeCmd {
         /// Drive class to place it on (default: capacity if the pool has capacity drives).
         #[arg(long)]
         class: Option<DriveClass>,
-        /// tiered: and log: layouts: size of the write cache (default: 1/8 of the volume).
+        /// tiered: and log: layouts: size of the write cache (default: 1/8 of the volume, or of
+        /// --space where that is smaller; 64 MiB to 8 GiB).
         #[arg(long, value_parser = parse_block_size)]
         cache_size: Option<u64>,
         /// tiered: and log: layouts: copies of the write cache and the map, 2 or 3 (default 2).
@@ -350,7 +351,8 @@ pub(crate) enum VolumeCmd {
         /// Chunk of the segment space.
         #[arg(long, value_parser = parse_block_size)]
         chunk: Option<u64>,
-        /// Size of the write cache (default: 1/8 of the volume).
+        /// Size of the write cache (default: 1/8 of the volume, or of --space where that is
+        /// smaller; 64 MiB to 8 GiB).
         #[arg(long, value_parser = parse_block_size)]
         cache_size: Option<u64>,
         /// Copies of the write cache and the map, 2 or 3 (default 2).

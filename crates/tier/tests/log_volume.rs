@@ -92,6 +92,17 @@ fn a_thin_volume_needs_little_metadata_at_create() {
         // The map's own pages (16 bytes a block) are in it, whatever the rest.
         assert!(plan.meta_bytes > size / 4096 * 16, "{size} bytes: {}", plan.meta_bytes);
     }
+    // The cache is an eighth of what the volume can hold: of its space when that is smaller
+    // (over-committed), with the bounds 64 MiB and 8 GiB.
+    let cache = |size: u64, space: Option<u64>| {
+        let spec = LogSpec { fast_tier: true, space_bytes: space, ..LogSpec::new("v", size, 4, 2) };
+        log::plan(&spec).expect("plan").cache_bytes
+    };
+    assert_eq!(cache(4 << 30, None), 512 << 20);
+    assert_eq!(cache(1 << 40, Some(1 << 30)), 128 << 20);
+    assert_eq!(cache(1 << 40, Some(256 << 20)), 64 << 20);
+    assert_eq!(cache(1 << 40, Some(1 << 40)), 8 << 30);
+    assert_eq!(cache(1 << 40, None), 8 << 30);
 }
 
 /// A thin volume too large for its drives is refused with what its parts need (the map's 16

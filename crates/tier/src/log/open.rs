@@ -86,9 +86,12 @@ fn plan_header(spec: &LogSpec) -> Result<Planned, TierError> {
             stria_engine::units::format_size(geo.segment_data() * BLOCK_BYTES)
         ));
     }
+    // An eighth of what the volume can hold: its size, or its space where that is smaller (an
+    // over-committed volume never holds more data than its space, and a cache larger than that
+    // would only take fast-tier room).
     let cache_bytes = spec
         .cache_bytes
-        .unwrap_or_else(|| (size_bytes / 8).clamp(64 << 20, 8 << 30))
+        .unwrap_or_else(|| (size_bytes.min(space_data * BLOCK_BYTES) / 8).clamp(64 << 20, 8 << 30))
         .next_multiple_of(64 << 10);
     let cache_blocks = cache_bytes / BLOCK_BYTES;
     if cache_blocks < 2 * geo.batch_data() {
