@@ -722,6 +722,12 @@ impl<D: BlockDevice> MapStore<D> {
         if let TableOp::Own { to, table, .. } = op {
             let (key, ts) = self.table_for(to, page, table, replayed.is_some()).await?.expect("known layer");
             let had = std::mem::replace(&mut ts.page().entries.lock()[table_slot(page)], pool);
+            if replayed.is_some() {
+                // The copy is in use now, whatever the tables on disk say: a checkpoint that did
+                // not finish may have written the giving layer's table without it and not yet the
+                // taking layer's (or its directory), and then no table at open named it.
+                self.snap.layers.lock().pool.claim(pool);
+            }
             // Made now, a hand-on goes only to a layer without a copy of the page (replayed, the
             // table may hold it already: a checkpoint that did not finish wrote it).
             assert!(
