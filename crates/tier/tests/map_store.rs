@@ -24,7 +24,8 @@
 //! frees exactly what only it held; deleting a clone takes its snapshots but those kept for
 //! clones. After every recovery each layer's parent is one the model knows.
 //!
-//! `STRIA_MAP_SEEDS=N` sets the number of seeds (default 60); `STRIA_MAP_SEED=S` replays one.
+//! `STRIA_MAP_SEEDS=N` sets the number of seeds (default 60), `STRIA_MAP_FIRST_SEED=F` the first
+//! (default 0; a long run starts where the last one stopped); `STRIA_MAP_SEED=S` replays one.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -1091,7 +1092,10 @@ async fn map_updates_survive_any_sequence_of_power_cuts() {
         return;
     }
     let seeds: u64 = std::env::var("STRIA_MAP_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
-    for seed in (0..seeds).chain(FOUND_BUGS.iter().copied().filter(|&s| s >= seeds)) {
+    let first: u64 = std::env::var("STRIA_MAP_FIRST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let run = first..first + seeds;
+    let found = FOUND_BUGS.iter().copied().filter(|s| !run.contains(s));
+    for seed in run.clone().chain(found) {
         let _named = NameOnPanic(seed);
         run_seed(seed).await;
     }
@@ -1117,14 +1121,14 @@ async fn map_updates_survive_any_sequence_of_power_cuts() {
         CLONE_ROLLBACKS.load(Relaxed),
     );
     eprintln!(
-        "{seeds} seeds: {frozen} snapshots of clones made ({freezes_cut} cut), {frozen_deletes} deleted ({handed_up} pages handed up), {rollbacks} clone rollbacks"
+        "{seeds} seeds from {first}: {frozen} snapshots of clones made ({freezes_cut} cut), {frozen_deletes} deleted ({handed_up} pages handed up), {rollbacks} clone rollbacks"
     );
     assert!(
         seeds < 20 || (frozen > 0 && freezes_cut > 0 && frozen_deletes > 0 && handed_up > 0 && rollbacks > 0),
         "the paths of snapshots of clones did not run"
     );
     eprintln!(
-        "{seeds} seeds: {views} snapshot views checked after a reopen, {held} overwrites kept a place another layer holds, {moves} moves of blocks only snapshots or clones hold, {deletes} snapshot deletes ({handed} pages handed on, {kept} kept for clones), {cut} deletes cut by the power, {referenced} referenced counts checked; {clone_views} clone views checked after a reopen, {clone_writes} clone block writes, {clone_deletes} clone deletes"
+        "{seeds} seeds from {first}: {views} snapshot views checked after a reopen, {held} overwrites kept a place another layer holds, {moves} moves of blocks only snapshots or clones hold, {deletes} snapshot deletes ({handed} pages handed on, {kept} kept for clones), {cut} deletes cut by the power, {referenced} referenced counts checked; {clone_views} clone views checked after a reopen, {clone_writes} clone block writes, {clone_deletes} clone deletes"
     );
     assert!(
         seeds < 20
