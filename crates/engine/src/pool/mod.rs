@@ -411,9 +411,9 @@ impl<D: BlockDevice> Pool<D> {
     /// Creates a volume whose blocks are not made to read as zeros first: an extent reused from
     /// a deleted volume may return that volume's old data where nothing was written yet (scrub
     /// may also find its old rows inconsistent and fix them). Only for owners that never read a
-    /// block before writing it (the write cache and segment space of a log-structured volume,
-    /// which verify every block against their own map); it spares the create a checksum-page
-    /// write per 4 MiB of every member.
+    /// block before writing it (the calibration's scratch volumes); it spares the create a
+    /// checksum-page write per 4 MiB of every member. (Log-structured volumes clear all three
+    /// parts: see `stria_tier::log::create`.)
     pub async fn create_volume_unzeroed(&self, spec: VolumeSpec) -> Result<Arc<Volume<D>>, EngineError> {
         self.create_volume_with(spec, false, true).await
     }
