@@ -662,10 +662,12 @@ async fn check_layers(vol: &LogVolume<Dev>, m: &Layered, what: &str) {
 #[tokio::test]
 async fn sequences_of_resizes_with_snapshots_and_clones_keep_every_layer() {
     let seeds: u64 = std::env::var("STRIA_RESIZE_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(12);
+    // Where a long run starts (the seeds 0..N of an earlier run are not run again).
+    let first: u64 = std::env::var("STRIA_RESIZE_FIRST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
     let mut shrinks_with_layers = 0;
     // Steps taken, by kind (a resize or rollback counts when it was done, not refused).
     let mut done = std::collections::BTreeMap::<&str, u32>::new();
-    for seed in 0..seeds {
+    for seed in first..first + seeds {
         let switch = PowerSwitch::new();
         let (devs, mut pool, mut vol) =
             new_volume_with_space(&switch, 400 + seed, small_space(12 * BLOCKS)).await;
