@@ -13,6 +13,12 @@ mod regions;
 pub mod tier;
 pub mod wa;
 
+/// The daemon's allocator (`stria serve` uses mimalloc), for every benchmark program: with the
+/// system allocator, buffers freed on another worker thread than the one that allocated them
+/// contend on glibc's arena locks, and the per-core scaling measured would be the allocator's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The size options of the benchmarks: the engine's size syntax
 /// ([`stria_engine::units::parse_size`]: a number with an optional binary suffix `K`, `M`, `G`,
 /// `T`, `P`, with or without `iB`/`B`, any case), and a benchmark size must not be zero.

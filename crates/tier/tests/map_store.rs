@@ -1091,8 +1091,8 @@ async fn map_updates_survive_any_sequence_of_power_cuts() {
         run_seed(one.parse().expect("STRIA_MAP_SEED is a number")).await;
         return;
     }
-    let seeds: u64 = std::env::var("STRIA_MAP_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
-    let first: u64 = std::env::var("STRIA_MAP_FIRST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let seeds = env_u64("STRIA_MAP_SEEDS", 60);
+    let first = env_u64("STRIA_MAP_FIRST_SEED", 0);
     let run = first..first + seeds;
     let found = FOUND_BUGS.iter().copied().filter(|s| !run.contains(s));
     for seed in run.clone().chain(found) {

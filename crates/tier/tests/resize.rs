@@ -661,9 +661,9 @@ async fn check_layers(vol: &LogVolume<Dev>, m: &Layered, what: &str) {
 /// blocks; this puts data in the tails the shrinks discard, which the snapshots must keep.)
 #[tokio::test]
 async fn sequences_of_resizes_with_snapshots_and_clones_keep_every_layer() {
-    let seeds: u64 = std::env::var("STRIA_RESIZE_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(12);
+    let seeds = env_u64("STRIA_RESIZE_SEEDS", 12);
     // Where a long run starts (the seeds 0..N of an earlier run are not run again).
-    let first: u64 = std::env::var("STRIA_RESIZE_FIRST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let first = env_u64("STRIA_RESIZE_FIRST_SEED", 0);
     let mut shrinks_with_layers = 0;
     // Steps taken, by kind (a resize or rollback counts when it was done, not refused).
     let mut done = std::collections::BTreeMap::<&str, u32>::new();
