@@ -371,7 +371,11 @@ nbdcopy "$(uri pv)" "$W/pv-at-s.img"
 stop; start
 qemu-img compare -f raw -F raw "$W/pv-at-s.img" "$(uri pv@s)"
 qemu-img compare -f raw -F raw "$W/pv-at-s.img" "$(uri pv)"
-"$STRIA" volume delete pv --pool "$POOL"
+# Its snapshot would go with it: refused, naming it, and nothing changes until the command says so.
+! "$STRIA" volume delete pv --pool "$POOL" 2>"$W/delete.err" || { echo "a volume with a snapshot was deleted without --with-snapshots" >&2; exit 1; }
+grep -q "has 1 snapshot(s) (s)" "$W/delete.err" || { cat "$W/delete.err" >&2; exit 1; }
+qemu-img compare -f raw -F raw "$W/pv-at-s.img" "$(uri pv@s)"
+"$STRIA" volume delete pv --with-snapshots --pool "$POOL"
 rm -f "$W/pv-before.img" "$W/pv-at-s.img"
 
 log "kill -9 of stria serve amid a conversion: the volume comes back plain or converted, with its bytes"

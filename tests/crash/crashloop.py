@@ -595,7 +595,7 @@ def run(args, rng, daemon, tag):
         cload = None
         if clone is not None and rng.random() < 0.25:
             def delete_clone(name=clone["name"], result=clone_delete):
-                r = daemon.cli("volume", "delete", name, check=False)
+                r = daemon.cli("volume", "delete", name, "--with-snapshots", check=False)
                 result["ok"] = r.returncode == 0
 
             clone_delete["thread"] = threading.Thread(target=delete_clone)
@@ -799,7 +799,7 @@ def delete_origin(args, rng, daemon, tag, vol, model, snaps, sectors, clone):
 
     def delete():
         time.sleep(delay)
-        r = daemon.cli("volume", "delete", vol, check=False)
+        r = daemon.cli("volume", "delete", vol, "--with-snapshots", check=False)
         result["ok"] = r.returncode == 0
 
     thread = threading.Thread(target=delete)
@@ -828,9 +828,9 @@ def delete_origin(args, rng, daemon, tag, vol, model, snaps, sectors, clone):
     print(f"{tag} origin delete {'returned' if result.get('ok') else 'cut by the kill'}: "
           f"{vol} {'kept for its clone' if deleted else 'whole'}; {cload.acked} clone writes acknowledged, "
           f"{inflight} in flight at the kill; the clone reads back", flush=True)
-    daemon.cli("volume", "delete", clone["name"])
+    daemon.cli("volume", "delete", clone["name"], "--with-snapshots")
     if not deleted:
-        daemon.cli("volume", "delete", vol)
+        daemon.cli("volume", "delete", vol, "--with-snapshots")
     if listed_volume(daemon, vol) is not None:
         raise Violation(f"{vol} is listed after its last clone's delete")
     daemon.stop()

@@ -308,9 +308,10 @@ pub(crate) enum VolumeCmd {
         #[arg(long)]
         force: bool,
     },
-    /// Delete a volume and free its space. A tiered or log volume whose snapshots have clones
-    /// is deleted with its snapshots and kept, hidden, until its last clone is deleted (the
-    /// clones' data lives in its cache and segment space); its space comes back then. A
+    /// Delete a volume and free its space. A volume with snapshots is refused unless
+    /// --with-snapshots says to delete them too. A tiered or log volume whose snapshots have
+    /// clones is deleted with its snapshots and kept, hidden, until its last clone is deleted
+    /// (the clones' data lives in its cache and segment space); its space comes back then. A
     /// clone is marked deleted before the command returns and its map pages are dropped by the
     /// daemon's background task afterwards, unless --wait or no daemon serves the pool.
     Delete {
@@ -318,6 +319,10 @@ pub(crate) enum VolumeCmd {
         /// Delete even while NBD clients have the volume open (they are cut off).
         #[arg(long)]
         force: bool,
+        /// Delete the volume's snapshots with it (as `zfs destroy -r`); without it a volume
+        /// that has snapshots is refused, naming them.
+        #[arg(long)]
+        with_snapshots: bool,
         /// A clone: drop its map pages and free its blocks before returning (else the daemon's
         /// background task does, after the answer).
         #[arg(long)]

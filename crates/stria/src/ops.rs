@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use stria_catalog::{Catalog, ConvertVolume, CreateVolume, QosUpdate};
+use stria_catalog::{Catalog, ConvertVolume, CreateVolume, QosUpdate, SnapshotView};
 use stria_dev::{BLOCK_BYTES, FileDevice};
 use stria_engine::maint::{self, Refusal, Removal};
 use stria_engine::units::format_size;
@@ -42,6 +42,10 @@ pub(crate) enum Request {
         /// Delete even with NBD clients attached.
         #[serde(default)]
         force: bool,
+        /// Delete the volume's snapshots with it: without this, a volume that has snapshots is
+        /// refused.
+        #[serde(default)]
+        with_snapshots: bool,
         /// A clone: drop its map pages before answering (else a background task does, after
         /// the answer).
         #[serde(default)]
@@ -262,6 +266,33 @@ impl Ctx<'_> {
     }
 }
 
+/// Refuses to delete volume `name` while it has snapshots, unless `allowed`: they would go with
+/// it (as `zfs destroy` needs `-r` and `rbd rm` refuses an image with snapshots).
+fn check_snapshots_deleted(name: &str, snapshots: &[SnapshotView], allowed: bool) -> Result<()> {
+    if snapshots.is_empty() {
+        return Ok(());
+    }
+    const LISTED: usize = 8;
+    let mut names: Vec<&str> = snapshots.iter().take(LISTED).map(|s| s.name.as_str()).collect();
+    let more = format!("and {} more", snapshots.len().saturating_sub(LISTED));
+    if snapshots.len() > LISTED {
+        names.push(&more);
+    }
+    let message = format!(
+        "volume {name} has {} snapshot(s) ({}); deleting it deletes them too",
+        snapshots.len(),
+        names.join(", ")
+    );
+    if allowed {
+        tracing::warn!("{message} (--with-snapshots)");
+        return Ok(());
+    }
+    Err(refusal::conflict(format!(
+        "{message}. Delete them first (`stria snapshot delete {name} SNAPSHOT`), or say so with \
+         --with-snapshots (`\"with_snapshots\": true` through the REST API)"
+    )))
+}
+
 /// Refuses to shrink volume `name` from `old_bytes` to `new_bytes` unless `allowed`: what lies
 /// past the new end is discarded (as `rbd resize` needs `--allow-shrink` and `lvreduce` asks).
 fn check_shrink(name: &str, old_bytes: u64, new_bytes: u64, allowed: bool) -> Result<()> {
@@ -348,8 +379,12 @@ pub(crate) async fn execute(
             }
             to_json(&catalog.resize(&name, size_bytes).await?)
         }
-        Request::VolumeDelete { name, force, wait } => {
+        Request::VolumeDelete { name, force, with_snapshots, wait } => {
             ctx.check_clients(&name, "deleting it", force)?;
+            // A name with no snapshots to list (a plain volume, an unavailable one, none at all)
+            // gets the delete's own answer.
+            let snapshots = catalog.snapshots(Some(&name)).unwrap_or_default();
+            check_snapshots_deleted(&name, &snapshots, with_snapshots)?;
             // As for a snapshot: without a daemon the command finishes a clone's delete.
             let in_background = if wait || !ctx.daemon {
                 catalog.delete(&name).await?;

@@ -456,7 +456,10 @@ fn cli_output_matches_the_golden_files() {
     check("mistake_convert_to_plain_layout", &["volume", "convert", "r1", "--layout", "raid10"], 1);
     check("mistake_convert_missing", &["volume", "convert", "nope", "--layout", "log:ec:4+2"], 1);
     check("mistake_convert_no_layout", &["volume", "convert", "r1"], 2);
-    check("volume_delete_converted", &["volume", "delete", "pc"], 0);
+    // Its snapshot would go with it: refused, naming it, until the command says so.
+    check("mistake_delete_with_snapshots", &["volume", "delete", "pc"], 1);
+    check("snapshot_list_after_refused_delete", &["snapshot", "list", "pc"], 0);
+    check("volume_delete_converted", &["volume", "delete", "pc", "--with-snapshots"], 0);
 
     // QoS settings (limits need no calibration; what reservations need is in tests/qos.rs).
     check(
@@ -530,7 +533,7 @@ fn cli_output_matches_the_golden_files() {
     // the clone; the clone's delete takes it.
     check("snapshot_create_for_clone", &["snapshot", "create", "tv", "s2"], 0);
     check("volume_clone_for_origin_delete", &["volume", "clone", "tv@s2", "tvk"], 0);
-    check("volume_delete_origin_with_clone", &["volume", "delete", "tv"], 0);
+    check("volume_delete_origin_with_clone", &["volume", "delete", "tv", "--with-snapshots"], 0);
     check("volume_list_origin_kept_for_clone", &["volume", "list"], 0);
     check(
         "mistake_reuse_kept_origin_name",

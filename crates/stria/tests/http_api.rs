@@ -306,7 +306,7 @@ fn off_the_loopback_the_listener_needs_tls_and_reads_need_the_token() {
 /// volume by its name (its parts only as names in its entry), and its clone.
 #[test]
 fn the_volume_list_is_of_client_visible_volumes() {
-    let (stria, daemon, port, _) = served();
+    let (stria, daemon, port, token) = served();
     expect(&stria, &["volume", "create", "vm", "--size", "32M", "--layout", "tiered:ec:4+2"], 0);
     expect(&stria, &["snapshot", "create", "vm", "s"], 0);
     expect(&stria, &["volume", "clone", "vm@s", "c"], 0);
@@ -327,6 +327,20 @@ fn the_volume_list_is_of_client_visible_volumes() {
     // A part is still shown by name.
     let (status, body) = http(port, "GET", "/api/v1/volumes/vm.seg", None, "");
     assert_eq!(status, 200, "{body}");
+
+    // A volume with snapshots is deleted only when the request says they go too (409 names
+    // them, and nothing changes); then it is deleted and kept, hidden, for its clone.
+    let t = Some(token.as_str());
+    let (status, body) = http(port, "DELETE", "/api/v1/volumes/vm", t, "");
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("has 1 snapshot(s) (s)") && body.contains("with_snapshots"), "{body}");
+    let (status, body) = http(port, "GET", "/api/v1/volumes/vm", None, "");
+    assert_eq!(status, 200, "the refused delete changed nothing: {body}");
+    let (status, body) = http(port, "DELETE", "/api/v1/volumes/vm", t, r#"{"with_snapshots": true}"#);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json(&body)["kept_for_clones"], serde_json::json!(["c"]), "{body}");
+    let (status, body) = http(port, "GET", "/api/v1/volumes/vm", None, "");
+    assert_eq!(status, 404, "{body}");
     let (code, log) = daemon.stop();
     assert_eq!(code, Some(0), "{log}");
 }

@@ -89,8 +89,9 @@ pub(super) async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
             output::volume(&view(v)?);
             Ok(())
         }
-        VolumeCmd::Delete { name, force, wait } => {
-            let v = request(dir, Request::VolumeDelete { name: name.clone(), force, wait }).await?;
+        VolumeCmd::Delete { name, force, with_snapshots, wait } => {
+            let v = request(dir, Request::VolumeDelete { name: name.clone(), force, with_snapshots, wait })
+                .await?;
             let in_background = v["in_background"].as_bool() == Some(true);
             match v["kept_for_clones"].as_array() {
                 Some(clones) => {
