@@ -143,15 +143,38 @@ fn sync_exports<D: BlockDevice>(catalog: &Catalog<D>, exports: &Registry) {
     }
 }
 
+/// Clears the way for a Unix socket at `path`: a socket no server answers on (left by one that
+/// was killed) is removed. Anything else there is refused and left as it is: a socket a server
+/// answers on, and whatever is not a socket (a file, a directory, a link), since a mistyped path
+/// (`--nbd unix:disk.img`) must not delete what it names.
 fn remove_stale_socket(path: &Path) -> Result<()> {
-    if path.exists() {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            bail!("{} is in use by another server", path.display());
-        }
-        std::fs::remove_file(path)
-            .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
+    use std::os::unix::fs::FileTypeExt;
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("cannot look at {}", path.display())),
+    };
+    let kind = meta.file_type();
+    if !kind.is_socket() {
+        let what = if kind.is_symlink() {
+            "a symbolic link"
+        } else if kind.is_dir() {
+            "a directory"
+        } else if kind.is_file() {
+            "a regular file"
+        } else {
+            "not a socket"
+        };
+        bail!(
+            "{} exists and is {what}, not a socket: stria removes only a socket no server answers on. \
+             Give another path for the socket",
+            path.display()
+        );
     }
-    Ok(())
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        bail!("{} is in use by another server", path.display());
+    }
+    std::fs::remove_file(path).with_context(|| format!("cannot remove stale socket {}", path.display()))
 }
 
 /// What the daemon's front ends (control socket, REST API, metrics, dashboard) share.
@@ -612,5 +635,46 @@ impl Signals {
                 _ = self.hup.recv() => reload(),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::remove_stale_socket;
+
+    /// Only a socket nobody answers on is removed; a live socket, a file, a directory and a
+    /// symbolic link are refused and left as they are.
+    #[test]
+    fn only_a_stale_socket_is_removed() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        remove_stale_socket(&dir.path().join("missing.sock")).expect("nothing there");
+
+        let file = dir.path().join("disk.img");
+        std::fs::write(&file, b"precious").expect("write");
+        let e = remove_stale_socket(&file).expect_err("a regular file");
+        assert!(e.to_string().contains("is a regular file, not a socket"), "{e}");
+        assert_eq!(std::fs::read(&file).expect("still there"), b"precious");
+
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).expect("mkdir");
+        let e = remove_stale_socket(&sub).expect_err("a directory");
+        assert!(e.to_string().contains("is a directory, not a socket"), "{e}");
+        assert!(sub.is_dir());
+
+        let link = dir.path().join("link.sock");
+        std::os::unix::fs::symlink(&file, &link).expect("symlink");
+        let e = remove_stale_socket(&link).expect_err("a link");
+        assert!(e.to_string().contains("is a symbolic link, not a socket"), "{e}");
+        assert!(std::fs::symlink_metadata(&link).is_ok() && file.exists());
+
+        let live = dir.path().join("live.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&live).expect("bind");
+        let e = remove_stale_socket(&live).expect_err("a live socket");
+        assert!(e.to_string().contains("in use by another server"), "{e}");
+        assert!(live.exists());
+        // Closed, its file stays and nobody answers: a stale socket, removed.
+        drop(listener);
+        remove_stale_socket(&live).expect("a stale socket");
+        assert!(!live.exists());
     }
 }

@@ -8,7 +8,7 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::common::{Daemon, POOL, Stria, expect};
+use crate::common::{Daemon, POOL, Stria, binary, expect};
 
 fn says(text: &str, part: &str) {
     assert!(text.contains(part), "expected `{part}` in:\n{text}");
@@ -332,4 +332,49 @@ fn the_api_reads_and_writes_files_only_inside_its_transfer_directory() {
     assert_eq!(finished_job(port, &answer)["state"], "done");
     let (code, log) = daemon.stop();
     assert_eq!(code, Some(0), "{log}");
+}
+
+/// `serve --nbd unix:PATH` where PATH is not a socket (a mistyped path: a drive of the pool
+/// itself, a file beside it) refuses to start and leaves it where it was: only a socket that no
+/// server answers on is removed to make way.
+#[test]
+fn serve_does_not_remove_what_its_socket_path_names() {
+    use std::time::{Duration, Instant};
+    let stria = pool_with_data();
+    let notes = stria.dir.path().join("notes.txt");
+    std::fs::write(&notes, b"keep me").expect("write notes.txt");
+    for path in [drive_file(&stria, "capacity-2.img"), notes.clone()] {
+        let mut child = Command::new(binary())
+            .args(["--pool", POOL, "serve", "--nbd"])
+            .arg(format!("unix:{}", path.display()))
+            .current_dir(stria.dir.path())
+            .env("STRIA_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start stria serve");
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break status;
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("stria serve started with its socket over {}", path.display());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().expect("piped"), &mut stderr).expect("read");
+        assert!(!status.success(), "{stderr}");
+        says(&stderr, "is a regular file, not a socket");
+        assert!(path.is_file(), "{} is gone", path.display());
+    }
+    assert_eq!(std::fs::read(&notes).expect("notes.txt"), b"keep me");
+    // The pool is whole: every drive active, `r` as it was.
+    expect(&stria, &["status"], 0);
+    expect(&stria, &["volume", "export", "r", "r.raw"], 0);
+    assert!(std::fs::read(stria.dir.path().join("r.raw")).expect("r.raw") == exported_r(), "r changed");
 }
