@@ -2,7 +2,7 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// The pool directory, relative to the temporary directory the commands run in.
@@ -86,6 +86,24 @@ impl Stria {
 }
 
 /// Runs `stria ARGS` and checks the exit code; returns what it gave.
+/// Waits for `child` at most `limit`: a command that should have ended (a refused serve, one
+/// interrupted by a signal) and did not is killed, and the test fails, naming `what`, instead of
+/// hanging.
+pub(crate) fn wait_bounded(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for stria") {
+            return status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} still ran after {} s", limit.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 pub(crate) fn expect(stria: &Stria, args: &[&str], code: i32) -> Outcome {
     let out = stria.run(args);
     assert_eq!(

@@ -8,7 +8,7 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::common::{Daemon, POOL, Stria, binary, expect};
+use crate::common::{Daemon, POOL, Stria, binary, expect, wait_bounded};
 
 fn says(text: &str, part: &str) {
     assert!(text.contains(part), "expected `{part}` in:\n{text}");
@@ -339,7 +339,7 @@ fn the_api_reads_and_writes_files_only_inside_its_transfer_directory() {
 /// server answers on is removed to make way.
 #[test]
 fn serve_does_not_remove_what_its_socket_path_names() {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     let stria = pool_with_data();
     let notes = stria.dir.path().join("notes.txt");
     std::fs::write(&notes, b"keep me").expect("write notes.txt");
@@ -354,18 +354,8 @@ fn serve_does_not_remove_what_its_socket_path_names() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("start stria serve");
-        let start = Instant::now();
-        let status = loop {
-            if let Some(status) = child.try_wait().expect("wait") {
-                break status;
-            }
-            if start.elapsed() > Duration::from_secs(60) {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("stria serve started with its socket over {}", path.display());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
+        let what = format!("`stria serve` with its socket over {}", path.display());
+        let status = wait_bounded(&mut child, Duration::from_secs(60), &what);
         let mut stderr = String::new();
         std::io::Read::read_to_string(&mut child.stderr.take().expect("piped"), &mut stderr).expect("read");
         assert!(!status.success(), "{stderr}");

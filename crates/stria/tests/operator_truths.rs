@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::common::{Daemon, Outcome, POOL, Stria, binary, expect};
+use crate::common::{Daemon, Outcome, POOL, Stria, binary, expect, wait_bounded};
 
 fn says(text: &str, part: &str) {
     assert!(text.contains(part), "expected `{part}` in:\n{text}");
@@ -274,17 +274,7 @@ fn ctrl_c_stops_an_offline_rebuild_and_closes_the_pool_cleanly() {
     std::thread::sleep(Duration::from_millis(1500));
     let sent = Command::new("kill").args(["-s", "INT", &child.id().to_string()]).status().expect("kill");
     assert!(sent.success());
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        if start.elapsed() > Duration::from_secs(20) {
-            let _ = child.kill();
-            panic!("`drive replace` still runs 20 s after SIGINT");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_bounded(&mut child, Duration::from_secs(20), "`drive replace` after SIGINT");
     let out = child.wait_with_output().expect("output");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(status.code(), Some(130), "{stderr}");

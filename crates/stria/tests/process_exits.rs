@@ -10,7 +10,7 @@ use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{Daemon, POOL, Stria, binary, expect};
+use crate::common::{Daemon, POOL, Stria, binary, expect, wait_bounded};
 
 /// Where a stream of the child goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,18 +55,7 @@ fn run(stria: &Stria, args: &[&str], stdout: Sink, stderr: Sink) -> (Option<i32>
     let err = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
     // Bounded: a command that should have ended (a refused serve, iostat without a reader) and
     // did not is killed, and the test fails instead of hanging.
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for stria") {
-            break status;
-        }
-        if start.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("`stria {}` still ran after 60 s", args.join(" "));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let status = wait_bounded(&mut child, Duration::from_secs(60), &format!("`stria {}`", args.join(" ")));
     drop(out.join());
     (status.code(), err.join().expect("stderr reader"))
 }
