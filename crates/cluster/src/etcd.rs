@@ -78,6 +78,7 @@ impl Cluster {
     /// Writes a new volume's spec, without taking it: the first node that takes it makes its
     /// pool (`coordinator::take`).
     pub async fn put_spec(&self, spec: &VolumeRecord) -> Result<(), ClusterError> {
+        spec.check()?;
         let key = self.keys.spec(&spec.name);
         let mut when = vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)];
         let mut ops = vec![TxnOp::put(key, json(spec), None)];
@@ -451,6 +452,7 @@ impl Session {
 
     /// Creates a volume's spec and takes its ownership in one transaction; returns the epoch.
     pub async fn create_volume(&self, spec: &VolumeRecord) -> Result<u64, ClusterError> {
+        spec.check()?;
         let keys = &self.cluster.keys;
         let (spec_key, owner_key) = (keys.spec(&spec.name), keys.owner(&spec.name));
         let mut when = vec![

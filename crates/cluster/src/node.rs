@@ -344,6 +344,24 @@ struct OwnedVolume {
 /// and a returning member's delta resync copies them all.
 const HOUSEKEEPING: Duration = Duration::from_secs(2);
 
+/// A volume this node failed to take is not tried again before this long, doubled after each
+/// failure up to [`TAKE_RETRY_MAX`]: every try writes to etcd (an ownership epoch, its release),
+/// and each write wakes the agent, so a volume no node can open (too few slices reachable, a
+/// pool that does not assemble) would otherwise be tried, and warned about, many times a second.
+const TAKE_RETRY_FIRST: Duration = Duration::from_secs(1);
+/// The longest wait between two tries of a volume that keeps failing.
+const TAKE_RETRY_MAX: Duration = Duration::from_secs(8);
+
+/// When a volume this node failed to take may be tried again, and the wait that led there.
+#[derive(Debug, Clone, Copy)]
+struct TakeRetry {
+    after: Instant,
+    wait: Duration,
+}
+
+/// Volumes whose last take by this node failed, by name.
+type TakeRetries = BTreeMap<String, TakeRetry>;
+
 impl Drop for OwnedVolume {
     fn drop(&mut self) {
         // A rebuild stopped here resumes from its last persisted cursor under the next owner.
@@ -412,6 +430,7 @@ async fn run_agent(
     let mut session: Option<Arc<Session>> = None;
     let mut owned = Owned::new();
     let mut routes = Routes::new();
+    let mut retries = TakeRetries::new();
     // Changes in etcd wake the agent at once; the poll is the fallback (and the only clock of
     // lease deadlines and housekeeping).
     let mut changes: Option<etcd_client::WatchStream> = None;
@@ -440,7 +459,7 @@ async fn run_agent(
             }
         }
         if let Some(s) = &session
-            && let Err(e) = tick(&config, s, &mut owned, &exports, &mut routes).await
+            && let Err(e) = tick(&config, s, &mut owned, &exports, &mut routes, &mut retries).await
         {
             tracing::warn!(node = %config.name, error = %e, "cluster check failed");
         }
@@ -613,6 +632,7 @@ async fn tick(
     owned: &mut Owned,
     exports: &Arc<Registry>,
     routes: &mut Routes,
+    retries: &mut TakeRetries,
 ) -> Result<(), ClusterError> {
     if !session.lease_valid() {
         // Past the lease deadline another node may own our volumes: serve nothing until a
@@ -703,6 +723,8 @@ async fn tick(
             }));
         }
     }
+    retries.retain(|name, _| specs.iter().any(|s| s.name == *name));
+    let now = Instant::now();
     for spec in &specs {
         if owned.contains_key(&spec.name) || owners.iter().any(|(v, _, _)| *v == spec.name) {
             continue;
@@ -712,8 +734,13 @@ async fn tick(
         if moving_to.is_some_and(|to| to != config.name && live(to)) {
             continue;
         }
+        // One this node failed to take waits its turn (a move to this node is tried at once).
+        if moving_to.is_none() && retries.get(&spec.name).is_some_and(|r| now < r.after) {
+            continue;
+        }
         match coordinator::take(session, &Handle::current(), &spec.name).await {
             Ok(c) => {
+                retries.remove(&spec.name);
                 tracing::info!(
                     volume = %spec.name,
                     epoch = c.epoch,
@@ -744,7 +771,15 @@ async fn tick(
             }
             Err(ClusterError::Owned { .. }) => {}
             Err(e) => {
-                tracing::warn!(volume = %spec.name, error = %e, "cannot take the volume");
+                let wait =
+                    retries.get(&spec.name).map_or(TAKE_RETRY_FIRST, |r| (r.wait * 2).min(TAKE_RETRY_MAX));
+                retries.insert(spec.name.clone(), TakeRetry { after: Instant::now() + wait, wait });
+                tracing::warn!(
+                    volume = %spec.name,
+                    error = %e,
+                    retry_in_s = wait.as_secs(),
+                    "cannot take the volume"
+                );
                 // A move this node cannot complete is given up, so that any node may take it.
                 if moving_to == Some(config.name.as_str()) {
                     session.end_move(&spec.name).await?;

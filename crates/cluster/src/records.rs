@@ -130,6 +130,17 @@ pub struct VolumeRecord {
     pub slices: Vec<SliceRef>,
 }
 
+impl VolumeRecord {
+    /// Refuses a spec no node could make a pool of (its name, layout, size or chunk out of
+    /// range): put in etcd, it would claim its slices and every node would try to take it.
+    pub fn check(&self) -> Result<(), stria_engine::EngineError> {
+        stria_engine::check_volume_name(&self.name)?;
+        self.layout.validate().map_err(stria_engine::EngineError::Invalid)?;
+        stria_engine::check_volume_size(self.size_bytes)?;
+        stria_engine::check_chunk_size(self.chunk_bytes)
+    }
+}
+
 /// `owners/<vol>`: the node coordinating the volume, bound to that node's lease. The
 /// revision of the put that created it is the volume's epoch.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

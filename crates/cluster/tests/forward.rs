@@ -232,3 +232,37 @@ async fn every_node_serves_every_volume_and_moves_lose_no_request() {
         }
     }
 }
+
+/// The revision of `etcd`'s keyspace: it grows by one with every write.
+async fn etcd_revision(etcd: &Etcd) -> i64 {
+    let mut client = etcd_client::Client::connect([&etcd.endpoint], None).await.unwrap();
+    client.get("revision", None).await.unwrap().header().expect("a response header").revision()
+}
+
+/// A volume no node can take (its slices on a node that does not exist) is tried again after
+/// growing waits, not in a loop: each try writes the node's ownership to etcd and releases it,
+/// and those writes wake the node's agent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_no_node_can_take_is_tried_again_after_growing_waits() {
+    let etcd = Etcd::start().await;
+    let mut node = WholeNode::start("n0", &etcd).await;
+    let cluster = Cluster::connect(std::slice::from_ref(&etcd.endpoint), Keys::new(PREFIX)).await.unwrap();
+    let ghost = |slice| SliceRef { node: "ghost".into(), addr: "127.0.0.1:1".into(), slice };
+    let spec = VolumeRecord {
+        name: "g".into(),
+        layout: Layout::Raid1 { copies: 2 },
+        size_bytes: 4 << 20,
+        chunk_bytes: 64 << 10,
+        slices: vec![ghost(0), ghost(1)],
+    };
+    cluster.put_spec(&spec).await.unwrap();
+    let before = etcd_revision(&etcd).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let writes = etcd_revision(&etcd).await - before;
+    // Waits of 1, 2 and 4 s: three or four tries in 6 s, two writes each. Without them the
+    // agent's 100 ms poll and the watch of its own writes made it hundreds.
+    assert!(writes >= 2, "the volume was never tried ({writes} etcd writes)");
+    assert!(writes <= 16, "{writes} etcd writes in 6 s for a volume no node can take");
+    assert!(owner(&cluster, "g").await.is_none(), "a volume on slices nobody serves has an owner");
+    node.stop().await;
+}

@@ -25,6 +25,18 @@ async fn one_owner_at_a_time_and_a_dead_owner_is_superseded_with_a_higher_epoch(
     let ttl = Duration::from_secs(2);
     let a = etcd.session("a", ttl).await;
     let b = etcd.session("b", ttl).await;
+    // A spec no node could make a pool of is refused before anything is written.
+    for bad in [
+        VolumeRecord { size_bytes: 0, ..spec("v") },
+        VolumeRecord { size_bytes: 5000, ..spec("v") },
+        VolumeRecord { chunk_bytes: 3 << 10, ..spec("v") },
+        VolumeRecord { layout: Layout::Raid1 { copies: 9 }, ..spec("v") },
+        VolumeRecord { name: "v/1".into(), ..spec("v") },
+    ] {
+        assert!(matches!(a.create_volume(&bad).await, Err(ClusterError::Engine(_))), "{bad:?}");
+        assert!(matches!(a.put_spec(&bad).await, Err(ClusterError::Engine(_))), "{bad:?}");
+    }
+    assert!(a.specs().await.unwrap().is_empty(), "a refused spec was written");
     let e1 = a.create_volume(&spec("v")).await.unwrap();
     assert!(matches!(a.create_volume(&spec("v")).await, Err(ClusterError::Exists(_))));
     match b.take_ownership("v").await {

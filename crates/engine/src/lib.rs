@@ -43,7 +43,7 @@ pub use pool::{
     BALANCE_SLACK, Comeback, CommitGuard, DEFAULT_CHUNK_BYTES, DriveStatus, FoundDrive, IgnoredDrive,
     MOVE_CURSOR_STEP_BYTES, MoveProgress, NewDrive, Pool, PoolStatus, RebalanceReport, RebalanceStatus,
     RebuildCounters, RebuildProgress, RecoveryReport, ScrubReport, VOLUME_BYTES_MAX, VolumeSpec,
-    VolumeStatus, check_volume_name, check_volume_size,
+    VolumeStatus, check_chunk_size, check_volume_name, check_volume_size,
 };
 pub use volume::contract::{
     BlockVolume, COMPARE_AND_WRITE_ALIGN_BYTES, COMPARE_AND_WRITE_MAX_BYTES, Dealloc, Durability,

@@ -163,6 +163,19 @@ pub fn check_volume_size(size_bytes: u64) -> Result<(), EngineError> {
     Ok(())
 }
 
+/// Refuses a chunk (stripe height) that is not a power of two from 4 KiB to the largest a volume
+/// takes.
+pub fn check_chunk_size(chunk_bytes: u64) -> Result<(), EngineError> {
+    if !(BLOCK..=MAX_CHUNK_BYTES).contains(&chunk_bytes) || !chunk_bytes.is_power_of_two() {
+        return Err(EngineError::Invalid(format!(
+            "chunk size {} is invalid: use a power of two from 4 KiB to {}",
+            format_size(chunk_bytes),
+            format_size(MAX_CHUNK_BYTES)
+        )));
+    }
+    Ok(())
+}
+
 impl<D: BlockDevice> Pool<D> {
     /// Formats `drives` as a new pool called `name`.
     pub async fn create(name: &str, drives: Vec<NewDrive<D>>) -> Result<Pool<D>, EngineError> {
@@ -427,13 +440,7 @@ impl<D: BlockDevice> Pool<D> {
         check_volume_name(&spec.name)?;
         spec.layout.validate().map_err(EngineError::Invalid)?;
         let chunk = spec.chunk_bytes;
-        if !(BLOCK..=MAX_CHUNK_BYTES).contains(&chunk) || !chunk.is_power_of_two() {
-            return Err(EngineError::Invalid(format!(
-                "chunk size {} is invalid: use a power of two from 4 KiB to {}",
-                format_size(chunk),
-                format_size(MAX_CHUNK_BYTES)
-            )));
-        }
+        check_chunk_size(chunk)?;
         check_volume_size(spec.size_bytes)?;
         let chunk_blocks = u32::try_from(chunk / BLOCK).expect("bounded");
         let row_blocks = u64::from(spec.layout.data_columns()) * u64::from(chunk_blocks);

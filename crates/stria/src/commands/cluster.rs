@@ -108,7 +108,10 @@ async fn cluster_at(cmd: ClusterCmd) -> Result<()> {
         }
         ClusterCmd::VolumeCreate { name, layout, size, tolerate, chunk, etcd, prefix } => {
             let layout = parse_layout(&layout).map_err(anyhow::Error::msg)?;
+            // Checked before the placement, whose refusals would hide these.
             stria_engine::check_volume_name(&name)?;
+            stria_engine::check_volume_size(size)?;
+            stria_engine::check_chunk_size(chunk)?;
             let cluster = Cluster::connect(&etcd, Keys::new(&prefix)).await?;
             // Claimed slices belong to a volume (the claims are made with the spec, in one
             // transaction that fails if another create took one of them meanwhile).
