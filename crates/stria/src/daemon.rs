@@ -163,7 +163,7 @@ fn remove_stale_socket(path: &Path) -> Result<()> {
         } else if kind.is_file() {
             "a regular file"
         } else {
-            "not a socket"
+            "a device or a FIFO"
         };
         bail!(
             "{} exists and is {what}, not a socket: stria removes only a socket no server answers on. \

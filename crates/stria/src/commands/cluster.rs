@@ -108,10 +108,16 @@ async fn cluster_at(cmd: ClusterCmd) -> Result<()> {
         }
         ClusterCmd::VolumeCreate { name, layout, size, tolerate, chunk, etcd, prefix } => {
             let layout = parse_layout(&layout).map_err(anyhow::Error::msg)?;
-            // Checked before the placement, whose refusals would hide these.
-            stria_engine::check_volume_name(&name)?;
-            stria_engine::check_volume_size(size)?;
-            stria_engine::check_chunk_size(chunk)?;
+            // The spec's own checks (`put_spec` makes them too) before the placement, whose
+            // refusals would hide them.
+            let unplaced = VolumeRecord {
+                name: name.clone(),
+                layout,
+                size_bytes: size,
+                chunk_bytes: chunk,
+                slices: Vec::new(),
+            };
+            unplaced.check()?;
             let cluster = Cluster::connect(&etcd, Keys::new(&prefix)).await?;
             // Claimed slices belong to a volume (the claims are made with the spec, in one
             // transaction that fails if another create took one of them meanwhile).
@@ -137,8 +143,7 @@ async fn cluster_at(cmd: ClusterCmd) -> Result<()> {
             }
             let slices = place(layout, &free, tolerate)
                 .map_err(|e| anyhow::anyhow!("{e} (free slices of at least {} MiB)", need >> 20))?;
-            let spec =
-                VolumeRecord { name: name.clone(), layout, size_bytes: size, chunk_bytes: chunk, slices };
+            let spec = VolumeRecord { slices, ..unplaced };
             cluster.put_spec(&spec).await?;
             let on: Vec<String> = spec.slices.iter().map(|s| s.to_string()).collect();
             outln!(
