@@ -22,6 +22,9 @@ while a fault is applied to the node that owns the volume:
          the cut node's slice, the healed node takes it again at a new epoch); after the heal the
          old ownership completes no write
 
+After the rounds, `stria cluster volume-delete e` through the CLI: refused while a client holds
+e at a node, then done; e's keys and claims are gone and m is still served.
+
 Each round ends with `registers.py check` (no acknowledged write lost, every register's history
 linearizable, nothing invented), then waits until the volume has every member in service again
 with none rebuilding (redundancy back, with no operator), and prints the failover time (the
@@ -583,6 +586,7 @@ def main() -> int:
                                   "new_owner_median_s": round(statistics.median(owners), 2),
                                   "redundant_median_s": round(statistics.median(redundant), 2),
                                   "rebuilt_bytes_median": int(statistics.median(rebuilt))}), flush=True)
+        delete_check(c)
         failed = False
         return 0
     finally:
@@ -593,6 +597,44 @@ def main() -> int:
             print(f"work directory kept: {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def delete_check(c: Cluster) -> None:
+    """`stria cluster volume-delete` (docs/design/cluster.md §6.4) through the real CLI: refused
+    while a client holds the volume at a node, done once it let go; the volume's keys and slice
+    claims are gone, and the other volume is still served."""
+    hold = f"import nbd, time; h = nbd.NBD(); h.connect_uri({c.nbd_uri(0, 'e')!r}); time.sleep(120)"
+    c.procs.start("holder", c.client_cmd([sys.executable, "-c", hold]), f"{c.work}/holder.log")
+    delete = c.client_cmd([c.stria, "cluster", "volume-delete", "e", "--etcd", c.endpoints])
+    deadline = time.monotonic() + 15
+    while not any(v["name"] == "e" and v["clients"] > 0 for v in c.status()["volumes"]):
+        if time.monotonic() > deadline:
+            raise SystemExit("delete: the client holding e was not counted within 15 s")
+        time.sleep(0.2)
+    r = subprocess.run(delete, capture_output=True, text=True, timeout=90)
+    if r.returncode == 0 or "clients attached" not in r.stderr:
+        raise SystemExit(f"delete: not refused with a client attached: rc {r.returncode} {r.stdout} {r.stderr}")
+    c.procs.signal("holder", signal.SIGTERM)
+    c.procs.wait_gone("holder", 10)
+    deadline = time.monotonic() + 15
+    while True:
+        r = subprocess.run(delete, capture_output=True, text=True, timeout=90)
+        if r.returncode == 0:
+            said = r.stdout.strip()
+            break
+        if "clients attached" not in r.stderr or time.monotonic() > deadline:
+            raise SystemExit(f"delete: failed: rc {r.returncode} {r.stdout} {r.stderr}")
+        time.sleep(0.5)  # the node counts the client gone at its next look
+    names = [v["name"] for v in c.status()["volumes"]]
+    if "e" in names or "m" not in names:
+        raise SystemExit(f"delete: volumes after deleting e: {names}")
+    r = subprocess.run(c.client_cmd(["etcdctl", "--endpoints", c.endpoints, "get", "--prefix", "/stria/v1/"]),
+                       capture_output=True, text=True, timeout=30, check=True)
+    left = [k for k in r.stdout.splitlines() if "/volumes/e/" in k or k.endswith("/owners/e") or k == "e"]
+    if left:
+        raise SystemExit(f"delete: keys of e left in etcd: {left}")
+    c.wait_owner("m", 30)
+    print(json.dumps({"scenario": "delete", "refused_with_client": True, "said": said}), flush=True)
 
 
 if __name__ == "__main__":

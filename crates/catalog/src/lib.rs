@@ -710,6 +710,12 @@ impl<D: BlockDevice> Catalog<D> {
         StatusView { pool: self.pool.status(), log, thin, unavailable, clones, snapshots }
     }
 
+    /// Why the log-structured volume `name` could not be opened, if it could not (its
+    /// snapshots and clones cannot be listed then).
+    pub fn unavailable_reason(&self, name: &str) -> Option<String> {
+        self.unavailable.read().get(name).cloned()
+    }
+
     /// Any volume by name, parts included (diagnostics show each part).
     pub fn show(&self, name: &str) -> Result<VolumeView, CatalogError> {
         if let Some(why) = self.unavailable.read().get(name) {

@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 
 use crate::records::{
-    Keys, MembersRecord, MoveRecord, NodeRecord, OutSlice, OwnerRecord, SliceRef, VolumeRecord,
+    DeleteRecord, Keys, MembersRecord, MoveRecord, NodeRecord, OutSlice, OwnerRecord, SliceRef, VolumeRecord,
 };
 
 /// Why a cluster operation failed.
@@ -39,6 +39,11 @@ pub enum ClusterError {
     Claimed { slice: String, by: String },
     #[error("{0}")]
     Unavailable(String),
+    #[error(
+        "volume {volume} has NBD clients attached ({at}); deleting it would cut them off. \
+         Disconnect them first, or run the same command again with --force"
+    )]
+    Attached { volume: String, at: String },
 }
 
 /// The cluster's records in etcd, read and specified without a lease (what `stria cluster`
@@ -143,6 +148,7 @@ impl Cluster {
     pub async fn status(&self) -> Result<ClusterStatus, ClusterError> {
         let nodes = self.nodes().await?;
         let moves = self.moves().await?;
+        let deletes = self.deletes().await?;
         let mut volumes = Vec::new();
         for spec in self.specs().await? {
             let (spec, owner, members) = self.volume(&spec.name).await?;
@@ -157,6 +163,8 @@ impl Cluster {
                 epoch: owner.as_ref().map(|(_, e)| *e),
                 nbd,
                 moving_to: moves.iter().find(|(v, _)| *v == spec.name).map(|(_, m)| m.to.clone()),
+                deleting: deletes.contains(&spec.name),
+                clients: self.attached(&spec.name).await?.iter().map(|(_, n)| n).sum(),
                 in_service: members.in_service.iter().map(ToString::to_string).collect(),
                 rebuilding: members.joining.iter().map(ToString::to_string).collect(),
                 out: members
@@ -208,6 +216,100 @@ impl Cluster {
             ))),
             None => Err(ClusterError::NoSuchVolume(volume.to_string())),
         }
+    }
+
+    /// Asks for `volume` to be deleted (docs/design/cluster.md §6.4): the owner closes and
+    /// deletes it; nobody owning it, [`Cluster::delete_unowned`] does. Refused while a node
+    /// counts clients attached to it, unless `force`.
+    pub async fn request_delete(&self, volume: &str, force: bool) -> Result<(), ClusterError> {
+        let (spec_key, delete_key) = (self.keys.spec(volume), self.keys.deleting(volume));
+        let mut when = vec![
+            Compare::create_revision(spec_key, CompareOp::Greater, 0),
+            Compare::create_revision(delete_key.clone(), CompareOp::Equal, 0),
+        ];
+        if !force {
+            // Every key of the range compared, and an empty range as a key never written.
+            let prefix = self.keys.clients(volume);
+            when.push(
+                Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_range(prefix_end(&prefix)),
+            );
+        }
+        let record = DeleteRecord { force, since_unix: now_unix() };
+        let txn = Txn::new().when(when).and_then([TxnOp::put(delete_key, json(&record), None)]);
+        if self.client.clone().txn(txn).await?.succeeded() {
+            return Ok(());
+        }
+        self.volume(volume).await?;
+        if self.deletes().await?.iter().any(|v| v == volume) {
+            return Err(ClusterError::Unavailable(format!(
+                "a delete of {volume} is pending already: its owner, or any node while it has none, carries it out"
+            )));
+        }
+        let at = self.attached(volume).await?;
+        let at: Vec<String> = at.iter().map(|(node, n)| format!("{n} at {node}")).collect();
+        Err(ClusterError::Attached { volume: volume.to_string(), at: at.join(", ") })
+    }
+
+    /// The volumes whose delete is pending.
+    pub async fn deletes(&self) -> Result<Vec<String>, ClusterError> {
+        let prefix = self.keys.volumes();
+        let kvs = self.list(&prefix).await?;
+        Ok(kvs
+            .iter()
+            .filter(|kv| kv.key().ends_with(b"/delete"))
+            .map(|kv| {
+                let key = String::from_utf8_lossy(kv.key()).into_owned();
+                key[prefix.len()..key.len() - "/delete".len()].to_string()
+            })
+            .collect())
+    }
+
+    /// The nodes that count NBD clients attached to `volume`, and how many each.
+    pub async fn attached(&self, volume: &str) -> Result<Vec<(String, u64)>, ClusterError> {
+        let prefix = self.keys.clients(volume);
+        let kvs = self.list(&prefix).await?;
+        Ok(kvs
+            .iter()
+            .map(|kv| {
+                let node = String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
+                (node, String::from_utf8_lossy(kv.value()).parse().unwrap_or(0))
+            })
+            .collect())
+    }
+
+    /// Deletes `volume` if its delete is pending and nobody owns it: every key of it and the
+    /// claims of its slices, in one transaction. Returns the slices freed; `None` when it was not
+    /// done (owned, not marked, or a claim changed meanwhile).
+    pub async fn delete_unowned(&self, volume: &str) -> Result<Option<Vec<SliceRef>>, ClusterError> {
+        let guard = Compare::create_revision(self.keys.owner(volume), CompareOp::Equal, 0);
+        self.delete_guarded(volume, guard).await
+    }
+
+    /// The transaction of a delete: `guard` (who may), the request still there, each claim still
+    /// the volume's; deletes the volume's keys, its owner key and those claims.
+    async fn delete_guarded(
+        &self,
+        volume: &str,
+        guard: Compare,
+    ) -> Result<Option<Vec<SliceRef>>, ClusterError> {
+        let keys = &self.keys;
+        let mut when = vec![guard, Compare::create_revision(keys.deleting(volume), CompareOp::Greater, 0)];
+        let mut ops = vec![
+            TxnOp::delete(keys.volume_keys(volume), Some(etcd_client::DeleteOptions::new().with_prefix())),
+            TxnOp::delete(keys.owner(volume), None),
+            TxnOp::delete(keys.clients(volume), Some(etcd_client::DeleteOptions::new().with_prefix())),
+        ];
+        let mut freed = Vec::new();
+        for (slice, by) in self.claims().await? {
+            if by == volume {
+                let key = keys.claim(&slice);
+                when.push(Compare::value(key.clone(), CompareOp::Equal, volume.as_bytes().to_vec()));
+                ops.push(TxnOp::delete(key, None));
+                freed.push(slice);
+            }
+        }
+        let done = self.client.clone().txn(Txn::new().when(when).and_then(ops)).await?.succeeded();
+        Ok(done.then_some(freed))
     }
 
     /// Every pending move: the volume and where it goes.
@@ -299,6 +401,10 @@ pub struct VolumeStatus {
     pub nbd: Option<String>,
     /// A pending planned move's target.
     pub moving_to: Option<String>,
+    /// A delete is pending (docs/design/cluster.md §6.4).
+    pub deleting: bool,
+    /// NBD clients attached, at every node (as the nodes last counted them).
+    pub clients: u64,
     pub in_service: Vec<String>,
     pub rebuilding: Vec<String>,
     pub out: Vec<OutStatus>,
@@ -542,6 +648,31 @@ impl Session {
         Ok(())
     }
 
+    /// Deletes `volume`, owned by this node at `epoch` and closed, if its delete is pending
+    /// (docs/design/cluster.md §6.4). Returns the slices freed; `None`: not done.
+    pub async fn delete_owned(
+        &self,
+        volume: &str,
+        epoch: u64,
+    ) -> Result<Option<Vec<SliceRef>>, ClusterError> {
+        let guard =
+            Compare::mod_revision(self.cluster.keys.owner(volume), CompareOp::Equal, epoch_rev(epoch));
+        self.cluster.delete_guarded(volume, guard).await
+    }
+
+    /// Says how many NBD clients this node has attached to `volume` (bound to the node's lease;
+    /// 0 deletes the key).
+    pub async fn publish_clients(&self, volume: &str, count: usize) -> Result<(), ClusterError> {
+        let key = self.cluster.keys.client_count(volume, &self.config.node);
+        let mut client = self.cluster.client.clone();
+        if count == 0 {
+            client.delete(key, None).await?;
+        } else {
+            client.put(key, count.to_string(), Some(self.lease_put())).await?;
+        }
+        Ok(())
+    }
+
     /// Writes the volume's members if this node still owns it at `epoch` (a fenced write:
     /// an owner superseded, however long it was paused, cannot change them).
     pub async fn put_members(
@@ -586,6 +717,18 @@ impl Drop for Session {
 
 fn revision(resp: &etcd_client::TxnResponse) -> u64 {
     resp.header().map(|h| u64::try_from(h.revision()).unwrap_or(0)).unwrap_or(0)
+}
+
+/// The end of the key range of every key starting with `prefix` (its last byte one higher).
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
 }
 
 fn epoch_rev(epoch: u64) -> i64 {

@@ -41,6 +41,8 @@ pub enum Route {
     Remote { node: String, addr: String },
     /// Nobody serves it now (a takeover or a move in progress): requests wait.
     Between,
+    /// The volume was deleted (docs/design/cluster.md §6.4): requests fail at once.
+    Deleted,
 }
 
 impl std::fmt::Debug for Route {
@@ -49,6 +51,7 @@ impl std::fmt::Debug for Route {
             Route::Local(_) => f.write_str("Local"),
             Route::Remote { node, addr } => write!(f, "Remote({node} at {addr})"),
             Route::Between => f.write_str("Between"),
+            Route::Deleted => f.write_str("Deleted"),
         }
     }
 }
@@ -59,7 +62,7 @@ impl Route {
         match (self, other) {
             (Route::Local(a), Route::Local(b)) => Arc::ptr_eq(a, b),
             (Route::Remote { node: a, addr: x }, Route::Remote { node: b, addr: y }) => a == b && x == y,
-            (Route::Between, Route::Between) => true,
+            (Route::Between, Route::Between) | (Route::Deleted, Route::Deleted) => true,
             _ => false,
         }
     }
@@ -199,6 +202,9 @@ impl Routed {
     async fn try_once(&self, route: &Route, request: &Request) -> Try {
         match route {
             Route::Between => Try::Again("the volume is between owners".into()),
+            Route::Deleted => {
+                Try::Answered(Err(VolumeError::Closed(format!("{}: the volume was deleted", self.name))))
+            }
             Route::Local(v) => match local(&**v, request).await {
                 // Refused before it ran: lost, moving, or suspended too long.
                 Err(VolumeError::Closed(why)) => Try::Again(why),
@@ -507,5 +513,20 @@ mod tests {
         drop(tx);
         assert!(matches!(held.await.unwrap(), Err(VolumeError::Closed(_))));
         assert!(stopped.elapsed() < Duration::from_secs(5));
+
+        // The volume is deleted (its route ends as the node's agent ends it: the last route
+        // sent, then the sender dropped): a waiting request and a later one fail at once, saying
+        // so, not "this node stopped".
+        let (tx, v) = routed(Route::Between, Duration::from_secs(30));
+        let held = write(&v);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let deleted = Instant::now();
+        tx.send_replace(Route::Deleted);
+        drop(tx);
+        for result in [held.await.unwrap(), write(&v).await.unwrap()] {
+            let err = result.unwrap_err();
+            assert!(matches!(err, VolumeError::Closed(_)) && err.to_string().contains("deleted"), "{err}");
+        }
+        assert!(deleted.elapsed() < Duration::from_secs(5));
     }
 }

@@ -362,6 +362,10 @@ struct TakeRetry {
 /// Volumes whose last take by this node failed, by name.
 type TakeRetries = BTreeMap<String, TakeRetry>;
 
+/// The number of NBD clients attached to each volume at this node as last written to etcd
+/// (`clients/<vol>/<node>`, docs/design/cluster.md §6.4); a volume with none is not listed.
+type Published = BTreeMap<String, usize>;
+
 impl Drop for OwnedVolume {
     fn drop(&mut self) {
         // A rebuild stopped here resumes from its last persisted cursor under the next owner.
@@ -431,6 +435,7 @@ async fn run_agent(
     let mut owned = Owned::new();
     let mut routes = Routes::new();
     let mut retries = TakeRetries::new();
+    let mut published = Published::new();
     // Changes in etcd wake the agent at once; the poll is the fallback (and the only clock of
     // lease deadlines and housekeeping).
     let mut changes: Option<etcd_client::WatchStream> = None;
@@ -445,6 +450,8 @@ async fn run_agent(
             drop_all(&mut owned, &exports, &routes);
             session = None;
             changes = None;
+            // Its client counts were bound to its lease.
+            published.clear();
         }
         if session.is_none() {
             let mut sc = SessionConfig::new(config.etcd.clone(), &config.name);
@@ -459,7 +466,8 @@ async fn run_agent(
             }
         }
         if let Some(s) = &session
-            && let Err(e) = tick(&config, s, &mut owned, &exports, &mut routes, &mut retries).await
+            && let Err(e) =
+                tick(&config, s, &mut owned, &exports, &mut routes, &mut retries, &mut published).await
         {
             tracing::warn!(node = %config.name, error = %e, "cluster check failed");
         }
@@ -509,7 +517,7 @@ async fn run_agent(
 }
 
 /// Waits for the next change in etcd that can change what this node serves: a node, an owner,
-/// a spec or a move (not a volume's members or a slice's claim, which change often and concern
+/// a spec, a move or a delete (not a volume's members or a slice's claim, which change often and concern
 /// only the owner). False when the watch ended (it is made again); never returns without one.
 async fn next_change(changes: &mut Option<etcd_client::WatchStream>, keys: &Keys) -> bool {
     let Some(stream) = changes else { return std::future::pending().await };
@@ -519,6 +527,7 @@ async fn next_change(changes: &mut Option<etcd_client::WatchStream>, keys: &Keys
             || key.starts_with(nodes.as_bytes())
             || key.ends_with(b"/spec")
             || key.ends_with(b"/move")
+            || key.ends_with(b"/delete")
     };
     loop {
         match stream.message().await {
@@ -551,6 +560,7 @@ async fn reported(node: &str, lease_valid: bool, owned: &Owned, routes: &Routes)
             Route::Local(_) => ("local", Some(node.to_string())),
             Route::Remote { node, .. } => ("remote", Some(node.clone())),
             Route::Between => ("between", None),
+            Route::Deleted => ("deleted", None),
         };
         let mut v = VolumeReport {
             name: name.clone(),
@@ -624,6 +634,45 @@ async fn hand_over(
     }
 }
 
+/// Closes an owned volume whose delete is pending and deletes it (docs/design/cluster.md §6.4):
+/// requests admitted finish, later ones fail; then one transaction guarded by this node's epoch
+/// deletes its keys and frees its slices. Not done there (a claim changed, ownership lost), the
+/// owner key left is given up at the next look and the delete is done as an unowned one.
+async fn close_and_delete(
+    session: &Session,
+    name: &str,
+    o: OwnedVolume,
+    exports: &Registry,
+    routes: &mut Routes,
+) {
+    set_route(routes, name, Route::Between);
+    o.gate.send_replace(Gate::Lost);
+    exports.remove(&direct_name(name));
+    o.served.drain().await;
+    let c = Arc::clone(&o.c);
+    drop(o);
+    if let Err(e) = c.pool.close().await {
+        tracing::warn!(volume = %name, error = %e, "closing the volume to delete it");
+    }
+    match session.delete_owned(name, c.epoch).await {
+        Ok(Some(freed)) => {
+            let freed: Vec<String> = freed.iter().map(ToString::to_string).collect();
+            tracing::info!(volume = %name, freed = %freed.join(","), "volume deleted");
+            end_route(routes, exports, name);
+        }
+        Ok(None) => tracing::warn!(volume = %name, "the delete's transaction was refused; trying again"),
+        Err(e) => tracing::warn!(volume = %name, error = %e, "cannot delete the volume; trying again"),
+    }
+}
+
+/// Stops serving a deleted volume: requests of clients still attached fail at once.
+fn end_route(routes: &mut Routes, exports: &Registry, name: &str) {
+    if let Some((tx, _)) = routes.remove(name) {
+        tx.send_replace(Route::Deleted);
+    }
+    exports.remove(name);
+}
+
 /// One look at the cluster: stop serving what is no longer ours, hand over what moves, take
 /// what nobody owns, and route every volume's requests to its owner.
 async fn tick(
@@ -633,6 +682,7 @@ async fn tick(
     exports: &Arc<Registry>,
     routes: &mut Routes,
     retries: &mut TakeRetries,
+    published: &mut Published,
 ) -> Result<(), ClusterError> {
     if !session.lease_valid() {
         // Past the lease deadline another node may own our volumes: serve nothing until a
@@ -647,6 +697,15 @@ async fn tick(
         return Ok(());
     }
     let specs = session.specs().await?;
+    // A volume deleted is served no more.
+    let gone: Vec<String> = routes.keys().filter(|v| !specs.iter().any(|s| s.name == **v)).cloned().collect();
+    for v in gone {
+        tracing::info!(volume = %v, "deleted; not serving it");
+        end_route(routes, exports, &v);
+        if published.remove(&v).is_some() {
+            session.publish_clients(&v, 0).await?;
+        }
+    }
     // Every volume is served here, by this node or through its owner.
     for spec in &specs {
         if !routes.contains_key(&spec.name) {
@@ -665,6 +724,8 @@ async fn tick(
     let owners = session.owners().await?;
     let nodes = session.nodes().await?;
     let moves = session.moves().await?;
+    let deletes = session.deletes().await?;
+    let deleting = |v: &str| deletes.iter().any(|d| d == v);
     let live = |node: &str| nodes.iter().any(|n| n.name == node);
     let mine: BTreeMap<&str, u64> =
         owners.iter().filter(|(_, o, _)| o.node == config.name).map(|(v, _, e)| (v.as_str(), *e)).collect();
@@ -689,12 +750,19 @@ async fn tick(
             session.release(v, *epoch).await?;
         }
     }
+    // Deletes: close what this node owns and delete it.
+    for v in &deletes {
+        if let Some(o) = owned.remove(v) {
+            close_and_delete(session, v, o, exports, routes).await;
+        }
+    }
     // Planned moves: hand over what moves elsewhere; a move to where the volume is already is done.
     for (v, m) in &moves {
         if m.to == config.name && owned.contains_key(v) {
             session.end_move(v).await?;
         } else if m.to != config.name
             && live(&m.to)
+            && !deleting(v)
             && owned.get(v).is_some_and(|o| *o.gate.borrow() == Gate::Serving)
             && let Some(o) = owned.remove(v)
         {
@@ -727,6 +795,15 @@ async fn tick(
     let now = Instant::now();
     for spec in &specs {
         if owned.contains_key(&spec.name) || owners.iter().any(|(v, _, _)| *v == spec.name) {
+            continue;
+        }
+        // A volume to delete is taken by nobody; owned by nobody, any node deletes it.
+        if deleting(&spec.name) {
+            if let Some(freed) = session.delete_unowned(&spec.name).await? {
+                let freed: Vec<String> = freed.iter().map(ToString::to_string).collect();
+                tracing::info!(volume = %spec.name, freed = %freed.join(","), "volume deleted (it had no owner)");
+                end_route(routes, exports, &spec.name);
+            }
             continue;
         }
         // A volume moving to another live node is that node's to take.
@@ -801,6 +878,18 @@ async fn tick(
             _ => Route::Between,
         };
         set_route(routes, &spec.name, route);
+    }
+    // The clients attached here, as a delete checks them.
+    for name in routes.keys() {
+        let count = exports.clients(name);
+        if published.get(name).copied().unwrap_or(0) != count {
+            session.publish_clients(name, count).await?;
+            if count == 0 {
+                published.remove(name);
+            } else {
+                published.insert(name.clone(), count);
+            }
+        }
     }
     Ok(())
 }

@@ -68,6 +68,28 @@ impl Keys {
     pub fn claims(&self) -> String {
         format!("{}/claims/", self.prefix)
     }
+
+    /// `volumes/<vol>/delete`: a delete requested (docs/design/cluster.md §6.4), carried out by
+    /// the owner, or by anyone while nobody owns the volume.
+    pub fn deleting(&self, volume: &str) -> String {
+        format!("{}/volumes/{volume}/delete", self.prefix)
+    }
+
+    /// `volumes/<vol>/`: every key of one volume but its owner's (spec, members, move, delete).
+    pub fn volume_keys(&self, volume: &str) -> String {
+        format!("{}/volumes/{volume}/", self.prefix)
+    }
+
+    /// `clients/<vol>/`: the nodes that count clients of `volume` now.
+    pub fn clients(&self, volume: &str) -> String {
+        format!("{}/clients/{volume}/", self.prefix)
+    }
+
+    /// `clients/<vol>/<node>`: how many NBD clients `node` has attached to `volume` (none: 0),
+    /// bound to the node's lease.
+    pub fn client_count(&self, volume: &str, node: &str) -> String {
+        format!("{}/clients/{volume}/{node}", self.prefix)
+    }
 }
 
 impl Default for Keys {
@@ -153,6 +175,13 @@ pub struct OwnerRecord {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MoveRecord {
     pub to: String,
+}
+
+/// `volumes/<vol>/delete`: the volume is to be deleted; `force`: even with clients attached.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeleteRecord {
+    pub force: bool,
+    pub since_unix: u64,
 }
 
 /// A slice taken out of service, and since when.

@@ -266,3 +266,121 @@ async fn a_volume_no_node_can_take_is_tried_again_after_growing_waits() {
     assert!(owner(&cluster, "g").await.is_none(), "a volume on slices nobody serves has an owner");
     node.stop().await;
 }
+
+/// `stria cluster volume-delete` (docs/design/cluster.md §6.4): refused while a node counts a
+/// client of the volume; forced, the owner closes and deletes it, a client attached at another
+/// node has its next request refused at once (not held for an owner), and the slices are free
+/// for the next volume, which a node takes and serves. A volume nobody can take is deleted by
+/// the node that sees its request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_volume_frees_its_slices_and_refuses_its_clients() {
+    let etcd = Etcd::start().await;
+    let mut nodes = vec![WholeNode::start("n0", &etcd).await, WholeNode::start("n1", &etcd).await];
+    let cluster = Cluster::connect(std::slice::from_ref(&etcd.endpoint), Keys::new(PREFIX)).await.unwrap();
+    let records = loop {
+        let r = cluster.nodes().await.unwrap();
+        if r.len() == 2 {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let slices: Vec<SliceRef> = records
+        .iter()
+        .map(|n| SliceRef { node: n.name.clone(), addr: n.slice_addr.clone(), slice: 0 })
+        .collect();
+    let spec = |name: &str| VolumeRecord {
+        name: name.into(),
+        layout: Layout::Raid1 { copies: 2 },
+        size_bytes: 4 << 20,
+        chunk_bytes: 64 << 10,
+        slices: slices.clone(),
+    };
+    cluster.put_spec(&spec("d")).await.unwrap();
+    let first = wait_owner(&cluster, "d", |_| true).await;
+    // A client at the node that does not own it (its requests are forwarded).
+    let other = nodes.iter().find(|n| n.name != first).unwrap();
+    let client = connect(&other.nbd, "d").await;
+    client.write(0, IoBytes::copy_from(&register(0, 1, 1)), true).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cluster.attached("d").await.unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the client at {} was not counted within 10 s", other.name);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(cluster.attached("d").await.unwrap(), vec![(other.name.clone(), 1)]);
+
+    // Refused while the client is there, and nothing changes.
+    let refused = cluster.request_delete("d", false).await.unwrap_err();
+    assert!(
+        matches!(&refused, stria_cluster::ClusterError::Attached { at, .. } if at.contains(&other.name)),
+        "{refused}"
+    );
+    assert!(cluster.deletes().await.unwrap().is_empty());
+    client.write(4096, IoBytes::copy_from(&register(1, 1, 1)), true).await.unwrap();
+
+    // Forced: deleted by its owner, its keys and claims gone.
+    cluster.request_delete("d", true).await.unwrap();
+    let again = cluster.request_delete("d", true).await.unwrap_err();
+    assert!(
+        again.to_string().contains("pending already") || again.to_string().contains("no volume"),
+        "{again}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !matches!(cluster.volume("d").await, Err(stria_cluster::ClusterError::NoSuchVolume(_))) {
+        assert!(Instant::now() < deadline, "d is not deleted within 10 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(cluster.claims().await.unwrap().is_empty(), "claims left: {:?}", cluster.claims().await.unwrap());
+    assert!(cluster.owners().await.unwrap().is_empty());
+    assert!(cluster.attached("d").await.unwrap().is_empty());
+    // The client's next request fails at once (the nodes' hold time is 30 s).
+    let started = Instant::now();
+    let failed = client.write(0, IoBytes::copy_from(&register(0, 1, 2)), true).await;
+    assert!(failed.is_err(), "a write to a deleted volume succeeded");
+    assert!(started.elapsed() < Duration::from_secs(5), "refused after {:?}: {failed:?}", started.elapsed());
+
+    // The same slices make the next volume, which a node takes and serves.
+    cluster.put_spec(&spec("e")).await.unwrap();
+    let owner_e = wait_owner(&cluster, "e", |_| true).await;
+    let n = nodes.iter().find(|n| n.name == owner_e).unwrap();
+    let e = connect(&n.nbd, "e").await;
+    let data = register(3, 9, 9);
+    e.write(3 * 4096, IoBytes::copy_from(&data), true).await.unwrap();
+    assert_eq!(&e.read(3 * 4096, 4096).await.unwrap()[..], &data[..]);
+    drop(e);
+
+    // A volume no node can take (its slices on a node that does not exist) is deleted by a
+    // node that sees the request.
+    let ghost = |slice| SliceRef { node: "ghost".into(), addr: "127.0.0.1:1".into(), slice };
+    cluster
+        .put_spec(&VolumeRecord { name: "g".into(), slices: vec![ghost(0), ghost(1)], ..spec("g") })
+        .await
+        .unwrap();
+    cluster.request_delete("g", false).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !matches!(cluster.volume("g").await, Err(stria_cluster::ClusterError::NoSuchVolume(_))) {
+        assert!(Instant::now() < deadline, "g is not deleted within 10 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(cluster.claims().await.unwrap().len(), 2, "only e's claims are left");
+    for n in &mut nodes {
+        n.stop().await;
+        if let Some(server) = n.server.take() {
+            server.shutdown().await;
+        }
+    }
+}
+
+/// An NBD client of `volume` at `addr`, retried for up to 10 s while the node learns of it.
+async fn connect(addr: &str, volume: &str) -> NbdClient {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match NbdClient::connect(addr, volume).await {
+            Ok(c) => return c,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("{addr}: {e}; retrying");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{addr}: {e}"),
+        }
+    }
+}

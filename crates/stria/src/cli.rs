@@ -159,6 +159,22 @@ pub(crate) enum ClusterCmd {
         #[arg(long, default_value = "/stria/v1")]
         prefix: String,
     },
+    /// Delete a volume: its owner closes it and deletes it, and its slices are free again
+    /// (nobody owning it, any node or this command deletes it). Refused while a node counts NBD
+    /// clients attached to it, unless --force. Waits for the delete to finish.
+    VolumeDelete {
+        name: String,
+        /// Delete it even with NBD clients attached (their requests fail from then on).
+        #[arg(long)]
+        force: bool,
+        /// Seconds to wait for the delete (it stays pending after).
+        #[arg(long, default_value = "60")]
+        wait: u64,
+        #[arg(long, value_delimiter = ',', required = true)]
+        etcd: Vec<String>,
+        #[arg(long, default_value = "/stria/v1")]
+        prefix: String,
+    },
     /// Specify a new volume: its slices are placed across nodes now; the first node to take it
     /// makes its pool and serves it.
     VolumeCreate {

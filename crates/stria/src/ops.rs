@@ -293,6 +293,23 @@ fn check_snapshots_deleted(name: &str, snapshots: &[SnapshotView], allowed: bool
     )))
 }
 
+/// Refuses to delete the unavailable volume `name` unless `allowed`: what it has cannot be
+/// listed, and its snapshots and clones, if any, go with its parts.
+fn check_unlisted_deleted(name: &str, why: &str, allowed: bool) -> Result<()> {
+    let message = format!(
+        "volume {name} is unavailable ({why}), so its snapshots and clones cannot be listed; deleting it \
+         deletes any it has"
+    );
+    if allowed {
+        tracing::warn!("{message} (--with-snapshots)");
+        return Ok(());
+    }
+    Err(refusal::conflict(format!(
+        "{message}. Bring its drives back first (`stria status` lists what it lacks), or say so with \
+         --with-snapshots (`\"with_snapshots\": true` through the REST API)"
+    )))
+}
+
 /// Refuses to shrink volume `name` from `old_bytes` to `new_bytes` unless `allowed`: what lies
 /// past the new end is discarded (as `rbd resize` needs `--allow-shrink` and `lvreduce` asks).
 fn check_shrink(name: &str, old_bytes: u64, new_bytes: u64, allowed: bool) -> Result<()> {
@@ -385,6 +402,9 @@ pub(crate) async fn execute(
             // gets the delete's own answer.
             let snapshots = catalog.snapshots(Some(&name)).unwrap_or_default();
             check_snapshots_deleted(&name, &snapshots, with_snapshots)?;
+            if let Some(why) = catalog.unavailable_reason(&name) {
+                check_unlisted_deleted(&name, &why, with_snapshots)?;
+            }
             // As for a snapshot: without a daemon the command finishes a clone's delete.
             let in_background = if wait || !ctx.daemon {
                 catalog.delete(&name).await?;

@@ -105,7 +105,12 @@ fn item3_an_unrecoverable_tiered_volume_does_not_take_the_pool_down() {
     says(&show.stderr, "volume `tv` is unavailable");
     expect(&stria, &["volume", "show", "tv.meta"], 0);
     expect(&stria, &["volume", "export", "ec", "ec.raw"], 0);
-    expect(&stria, &["volume", "delete", "tv"], 0);
+    // Its snapshots and clones cannot be listed, and would go with it: refused, unless said.
+    let refused = expect(&stria, &["volume", "delete", "tv"], 1);
+    says(&refused.stderr, "volume tv is unavailable");
+    says(&refused.stderr, "--with-snapshots");
+    expect(&stria, &["volume", "show", "tv.meta"], 0);
+    expect(&stria, &["volume", "delete", "tv", "--with-snapshots"], 0);
     let list = expect(&stria, &["volume", "list"], 0);
     assert!(!list.stdout.contains("tv"), "{}", list.stdout);
 }

@@ -83,7 +83,8 @@ pub(super) async fn cluster(cmd: ClusterCmd) -> Result<()> {
     let endpoints = match &cmd {
         ClusterCmd::Status { etcd, .. }
         | ClusterCmd::VolumeCreate { etcd, .. }
-        | ClusterCmd::VolumeMove { etcd, .. } => etcd.join(","),
+        | ClusterCmd::VolumeMove { etcd, .. }
+        | ClusterCmd::VolumeDelete { etcd, .. } => etcd.join(","),
     };
     cluster_at(cmd).await.map_err(|e| match e.downcast_ref::<stria_cluster::ClusterError>() {
         Some(stria_cluster::ClusterError::Etcd(_)) => e.context(format!("cannot reach etcd at {endpoints}")),
@@ -105,6 +106,10 @@ async fn cluster_at(cmd: ClusterCmd) -> Result<()> {
             }
             let node = node.expect("clap requires NODE without --cancel");
             volume_move(&cluster, &name, &node, Duration::from_secs(wait)).await
+        }
+        ClusterCmd::VolumeDelete { name, force, wait, etcd, prefix } => {
+            let cluster = Cluster::connect(&etcd, Keys::new(&prefix)).await?;
+            volume_delete(&cluster, &name, force, Duration::from_secs(wait)).await
         }
         ClusterCmd::VolumeCreate { name, layout, size, tolerate, chunk, etcd, prefix } => {
             let layout = parse_layout(&layout).map_err(anyhow::Error::msg)?;
@@ -196,6 +201,40 @@ async fn volume_move(cluster: &Cluster, name: &str, node: &str, wait: Duration) 
     }
 }
 
+/// Asks for a delete and waits until the volume is gone (docs/design/cluster.md §6.4). With no
+/// owner, this command deletes it itself (the nodes would too, at their next look).
+async fn volume_delete(cluster: &Cluster, name: &str, force: bool, wait: Duration) -> Result<()> {
+    cluster.volume(name).await?;
+    let claimed: Vec<String> =
+        cluster.claims().await?.into_iter().filter(|(_, v)| v == name).map(|(s, _)| s.to_string()).collect();
+    let started = Instant::now();
+    cluster.request_delete(name, force).await?;
+    loop {
+        let (_, owner, _) = match cluster.volume(name).await {
+            Ok(v) => v,
+            Err(stria_cluster::ClusterError::NoSuchVolume(_)) => break,
+            Err(e) => return Err(e.into()),
+        };
+        if owner.is_none() && cluster.delete_unowned(name).await?.is_some() {
+            break;
+        }
+        if started.elapsed() >= wait {
+            bail!(
+                "volume {name} is not deleted after {} s; the delete stays pending and its owner, or any \
+                 node while it has none, carries it out (`stria cluster status` shows it)",
+                wait.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    outln!(
+        "deleted volume {name} in {} ms; slices free: {}",
+        started.elapsed().as_millis(),
+        claimed.join(", ")
+    );
+    Ok(())
+}
+
 async fn status(etcd: &[String], prefix: &str, as_json: bool) -> Result<()> {
     let cluster = Cluster::connect(etcd, Keys::new(prefix)).await?;
     let status = cluster.status().await?;
@@ -232,6 +271,12 @@ async fn status(etcd: &[String], prefix: &str, as_json: bool) -> Result<()> {
         };
         if let Some(to) = &v.moving_to {
             owner = format!("{owner} (moving to {to})");
+        }
+        if v.deleting {
+            owner = format!("{owner} (being deleted)");
+        }
+        if v.clients > 0 {
+            owner = format!("{owner}, {} client(s)", v.clients);
         }
         let out: Vec<String> = v.out.iter().map(|o| format!("{} ({})", o.slice, o.reason)).collect();
         outln!(
