@@ -706,8 +706,12 @@ async fn tick(
             session.publish_clients(&v, 0).await?;
         }
     }
-    // Every volume is served here, by this node or through its owner.
+    // Every volume is served here, by this node or through its owner. One deleted and specified
+    // again under its name before this node looked is a new volume: served anew.
     for spec in &specs {
+        if routes.get(&spec.name).is_some_and(|(_, r)| r.size_bytes() != spec.size_bytes) {
+            end_route(routes, exports, &spec.name);
+        }
         if !routes.contains_key(&spec.name) {
             let (tx, rx) = watch::channel(Route::Between);
             let routed = Arc::new(Routed::new(

@@ -3,8 +3,8 @@
 //!
 //! The failure domain is the node. To survive `f` node losses a mirror keeps its copies on
 //! distinct nodes (f < copies), raid10 keeps at most `width` members per node (each column's
-//! copies on distinct nodes), and `ec:K+M` keeps at most ⌊M/f⌋ members per node. raid0 has no
-//! redundancy and survives no node loss. Slices are taken round-robin over the nodes (sorted by
+//! copies on distinct nodes), and `ec:K+M` keeps at most ⌊M/f⌋ members per node; with f = 0 any
+//! number may share a node. raid0 has no redundancy and survives no node loss. Slices are taken round-robin over the nodes (sorted by
 //! name), so members spread as evenly as the caps allow.
 
 use std::collections::BTreeMap;
@@ -20,6 +20,12 @@ fn caps(layout: Layout, f: u32) -> Result<(usize, usize), String> {
         Layout::Raid0 { width } if f == 0 => Ok((usize_of(width), usize_of(width))),
         Layout::Raid0 { .. } => {
             Err(format!("{layout} keeps no redundancy: it cannot survive the loss of a node"))
+        }
+        // Surviving no node loss, every member may be on one node (drive losses are still
+        // survived there).
+        Layout::Raid1 { copies } if f == 0 => Ok((usize_of(copies), usize_of(copies))),
+        Layout::Raid10 { width, copies } if f == 0 => {
+            Ok((usize_of(width * copies), usize_of(width * copies)))
         }
         Layout::Raid1 { copies } if f < copies => Ok((1, usize_of(copies))),
         Layout::Raid10 { width, copies } if f < copies => Ok((usize_of(width), usize_of(width * copies))),
@@ -112,6 +118,14 @@ mod tests {
         assert_eq!(per_node(&r10).values().copied().collect::<Vec<_>>(), vec![2, 2]);
         let local = place(Layout::Raid0 { width: 3 }, &free(&[3]), 0).unwrap();
         assert_eq!(local.len(), 3);
+        // No node loss to survive: a mirror or raid10 may sit on one node, as ec and raid0 may.
+        let mirror_local = place(Layout::Raid1 { copies: 2 }, &free(&[2]), 0).unwrap();
+        assert_eq!(per_node(&mirror_local).values().copied().collect::<Vec<_>>(), vec![2]);
+        let r10_local = place(Layout::Raid10 { width: 2, copies: 2 }, &free(&[4]), 0).unwrap();
+        assert_eq!(r10_local.len(), 4);
+        // Still spread round-robin where there are nodes to spread over.
+        let mirror_spread = place(Layout::Raid1 { copies: 2 }, &free(&[2, 2]), 0).unwrap();
+        assert_eq!(per_node(&mirror_spread).values().copied().collect::<Vec<_>>(), vec![1, 1]);
     }
 
     #[test]

@@ -338,15 +338,18 @@ async fn a_deleted_volume_frees_its_slices_and_refuses_its_clients() {
     assert!(failed.is_err(), "a write to a deleted volume succeeded");
     assert!(started.elapsed() < Duration::from_secs(5), "refused after {:?}: {failed:?}", started.elapsed());
 
-    // The same slices make the next volume, which a node takes and serves.
-    cluster.put_spec(&spec("e")).await.unwrap();
-    let owner_e = wait_owner(&cluster, "e", |_| true).await;
-    let n = nodes.iter().find(|n| n.name == owner_e).unwrap();
-    let e = connect(&n.nbd, "e").await;
-    let data = register(3, 9, 9);
-    e.write(3 * 4096, IoBytes::copy_from(&data), true).await.unwrap();
-    assert_eq!(&e.read(3 * 4096, 4096).await.unwrap()[..], &data[..]);
-    drop(e);
+    // The same slices make the next volume, under the same name and twice the size, which a
+    // node takes and every node serves at its new size.
+    cluster.put_spec(&VolumeRecord { size_bytes: 8 << 20, ..spec("d") }).await.unwrap();
+    let owner_d = wait_owner(&cluster, "d", |_| true).await;
+    eprintln!("the new d is owned by {owner_d}");
+    for n in &nodes {
+        let d = connect(&n.nbd, "d").await;
+        assert_eq!(d.size_bytes(), 8 << 20, "the new d at {}", n.name);
+        let data = register(1000, 9, 9);
+        d.write(1000 * 4096, IoBytes::copy_from(&data), true).await.unwrap();
+        assert_eq!(&d.read(1000 * 4096, 4096).await.unwrap()[..], &data[..]);
+    }
 
     // A volume no node can take (its slices on a node that does not exist) is deleted by a
     // node that sees the request.
@@ -361,7 +364,7 @@ async fn a_deleted_volume_frees_its_slices_and_refuses_its_clients() {
         assert!(Instant::now() < deadline, "g is not deleted within 10 s");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(cluster.claims().await.unwrap().len(), 2, "only e's claims are left");
+    assert_eq!(cluster.claims().await.unwrap().len(), 2, "only the new d's claims are left");
     for n in &mut nodes {
         n.stop().await;
         if let Some(server) = n.server.take() {
