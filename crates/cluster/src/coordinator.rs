@@ -116,7 +116,11 @@ async fn create_at(
                 dev,
                 path: slice.to_string(),
                 class: DriveClass::Capacity,
-                domain: slice.node.clone(),
+                // Each slice is a failure domain of its own to the pool: placement across nodes
+                // is the cluster's (docs/design/cluster.md §5), and the pool's allocator, which
+                // wants every member of an ec stripe or a mirror in a domain of its own, would
+                // refuse two members on one node (ec:4+2 on three nodes).
+                domain: slice.to_string(),
                 fresh: false,
             }),
             Err(why) => {

@@ -168,7 +168,11 @@ pub async fn step(
                 dev,
                 path: slice.to_string(),
                 class: DriveClass::Capacity,
-                domain: slice.node.clone(),
+                // Each slice is a failure domain of its own to the pool: placement across nodes
+                // is the cluster's (docs/design/cluster.md §5), and the pool's allocator, which
+                // wants every member of an ec stripe or a mirror in a domain of its own, would
+                // refuse two members on one node (ec:4+2 on three nodes).
+                domain: slice.to_string(),
                 fresh: false,
             };
             c.pool.replace_drive(slot, new).await.map(|_| {

@@ -18,7 +18,7 @@ use crate::common::*;
 
 const PREFIX: &str = "/stria-test-forward/v1";
 
-/// A node with its own directory (one 48 MiB slice file) and NBD server on 127.0.0.1.
+/// A node with its own directory (48 MiB slice files, one unless said) and NBD server on 127.0.0.1.
 struct WholeNode {
     name: String,
     nbd: String,
@@ -29,8 +29,13 @@ struct WholeNode {
 
 impl WholeNode {
     async fn start(name: &str, etcd: &Etcd) -> WholeNode {
+        WholeNode::start_with(name, etcd, 1).await
+    }
+
+    /// A node with `slices` slice files of 48 MiB.
+    async fn start_with(name: &str, etcd: &Etcd, slices: u32) -> WholeNode {
         let dir = tempfile::tempdir().unwrap();
-        prepare_slices(dir.path(), 1, 48 << 20).await.unwrap();
+        prepare_slices(dir.path(), slices, 48 << 20).await.unwrap();
         let exports = Arc::new(Registry::new());
         let registry: Arc<Registry> = Arc::clone(&exports);
         let server = Server::new(ServerConfig::default(), registry).unwrap();
@@ -384,6 +389,74 @@ async fn connect(addr: &str, volume: &str) -> NbdClient {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(e) => panic!("{addr}: {e}"),
+        }
+    }
+}
+
+/// `ec:4+2` surviving one node loss on three nodes puts two members on each node (the ⌊M/f⌋ rule
+/// of docs/design/cluster.md §5): its pool is made and served, and after a node's two members are
+/// lost with it another node takes the volume and reads back what was written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ec_volume_with_two_members_per_node_survives_a_node() {
+    let etcd = Etcd::start().await;
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        nodes.push(WholeNode::start_with(&format!("n{i}"), &etcd, 2).await);
+    }
+    let cluster = Cluster::connect(std::slice::from_ref(&etcd.endpoint), Keys::new(PREFIX)).await.unwrap();
+    let records = loop {
+        let r = cluster.nodes().await.unwrap();
+        if r.len() == 3 {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let free: Vec<SliceRef> = records
+        .iter()
+        .flat_map(|n| {
+            (0..2).map(|slice| SliceRef { node: n.name.clone(), addr: n.slice_addr.clone(), slice })
+        })
+        .collect();
+    let layout = Layout::Ec { data_shards: 4, parity_shards: 2 };
+    let spec = VolumeRecord {
+        name: "w".into(),
+        layout,
+        size_bytes: 8 << 20,
+        chunk_bytes: 64 << 10,
+        slices: place(layout, &free, 1).unwrap(),
+    };
+    cluster.put_spec(&spec).await.unwrap();
+    let first = wait_owner(&cluster, "w", |_| true).await;
+    let survivor = nodes.iter().find(|n| n.name != first).unwrap();
+    let client = connect(&survivor.nbd, "w").await;
+    let mut written = Vec::new();
+    for block in [0u64, 17, 1000, 2047] {
+        let data = register(block, 4, 1);
+        client.write(block * 4096, IoBytes::copy_from(&data), true).await.unwrap();
+        written.push((block, data));
+    }
+    drop(client);
+    // The owner's node goes, with two of the six members.
+    let i = nodes.iter().position(|n| n.name == first).unwrap();
+    nodes[i].stop().await;
+    if let Some(server) = nodes[i].server.take() {
+        server.shutdown().await;
+    }
+    let next = wait_owner(&cluster, "w", |o| o != first).await;
+    let n = nodes.iter().find(|n| n.name == next).unwrap();
+    let client = connect(&n.nbd, "w").await;
+    for (block, data) in &written {
+        assert_eq!(
+            &client.read(block * 4096, 4096).await.unwrap()[..],
+            &data[..],
+            "block {block} after {first} went"
+        );
+    }
+    drop(client);
+    for n in &mut nodes {
+        n.stop().await;
+        if let Some(server) = n.server.take() {
+            server.shutdown().await;
         }
     }
 }
