@@ -601,6 +601,28 @@ fn set_route(routes: &Routes, name: &str, route: Route) {
     }
 }
 
+/// Stops serving an owned volume and closes it (a move, a delete): new requests wait (between
+/// owners), those admitted finish, then the pool is flushed and closed. A close that fails leaves
+/// what a crash leaves, which the next owner recovers.
+async fn close_owned(
+    name: &str,
+    o: OwnedVolume,
+    exports: &Registry,
+    routes: &Routes,
+    why: &str,
+) -> Arc<Coordinated> {
+    set_route(routes, name, Route::Between);
+    o.gate.send_replace(Gate::Lost);
+    exports.remove(&direct_name(name));
+    o.served.drain().await;
+    let c = Arc::clone(&o.c);
+    drop(o);
+    if let Err(e) = c.pool.close().await {
+        tracing::warn!(volume = %name, error = %e, "closing the volume {why}");
+    }
+    c
+}
+
 /// Closes an owned volume for a planned move and gives up its ownership: requests already
 /// admitted finish, later ones wait and then go to the next owner (docs/design/cluster.md §6.3).
 async fn hand_over(
@@ -612,16 +634,7 @@ async fn hand_over(
     routes: &Routes,
 ) {
     let started = Instant::now();
-    set_route(routes, name, Route::Between);
-    o.gate.send_replace(Gate::Lost);
-    exports.remove(&direct_name(name));
-    o.served.drain().await;
-    let c = Arc::clone(&o.c);
-    drop(o);
-    if let Err(e) = c.pool.close().await {
-        // The pool's state is what a crash leaves; the next owner recovers it.
-        tracing::warn!(volume = %name, error = %e, "closing the volume for its move");
-    }
+    let c = close_owned(name, o, exports, routes, "for its move").await;
     match session.release(name, c.epoch).await {
         Ok(()) => tracing::info!(
             volume = %name,
@@ -645,15 +658,7 @@ async fn close_and_delete(
     exports: &Registry,
     routes: &mut Routes,
 ) {
-    set_route(routes, name, Route::Between);
-    o.gate.send_replace(Gate::Lost);
-    exports.remove(&direct_name(name));
-    o.served.drain().await;
-    let c = Arc::clone(&o.c);
-    drop(o);
-    if let Err(e) = c.pool.close().await {
-        tracing::warn!(volume = %name, error = %e, "closing the volume to delete it");
-    }
+    let c = close_owned(name, o, exports, routes, "to delete it").await;
     match session.delete_owned(name, c.epoch).await {
         Ok(Some(freed)) => {
             let freed: Vec<String> = freed.iter().map(ToString::to_string).collect();

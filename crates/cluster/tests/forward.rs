@@ -64,6 +64,32 @@ impl WholeNode {
             node.stop().await;
         }
     }
+
+    /// Stops the node, then its NBD server.
+    async fn shut(&mut self) {
+        self.stop().await;
+        if let Some(server) = self.server.take() {
+            server.shutdown().await;
+        }
+    }
+}
+
+/// Waits for `count` nodes to register, then lists their slices `0..per_node` (each node's
+/// first ones), node by node.
+async fn registered_slices(cluster: &Cluster, count: usize, per_node: u32) -> Vec<SliceRef> {
+    let records = loop {
+        let r = cluster.nodes().await.unwrap();
+        if r.len() == count {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    records
+        .iter()
+        .flat_map(|n| {
+            (0..per_node).map(|slice| SliceRef { node: n.name.clone(), addr: n.slice_addr.clone(), slice })
+        })
+        .collect()
 }
 
 async fn owner(cluster: &Cluster, volume: &str) -> Option<String> {
@@ -113,17 +139,7 @@ async fn every_node_serves_every_volume_and_moves_lose_no_request() {
     }
     let cluster = Cluster::connect(std::slice::from_ref(&etcd.endpoint), Keys::new(PREFIX)).await.unwrap();
     // Wait for the three nodes to register, then specify a mirror over them.
-    let records = loop {
-        let r = cluster.nodes().await.unwrap();
-        if r.len() == 3 {
-            break r;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let free: Vec<SliceRef> = records
-        .iter()
-        .map(|n| SliceRef { node: n.name.clone(), addr: n.slice_addr.clone(), slice: 0 })
-        .collect();
+    let free = registered_slices(&cluster, 3, 1).await;
     let layout = Layout::Raid1 { copies: 3 };
     let spec = VolumeRecord {
         name: "m".into(),
@@ -231,10 +247,7 @@ async fn every_node_serves_every_volume_and_moves_lose_no_request() {
     cluster.end_move("m").await.unwrap();
 
     for n in &mut nodes {
-        n.stop().await;
-        if let Some(server) = n.server.take() {
-            server.shutdown().await;
-        }
+        n.shut().await;
     }
 }
 
@@ -282,17 +295,7 @@ async fn a_deleted_volume_frees_its_slices_and_refuses_its_clients() {
     let etcd = Etcd::start().await;
     let mut nodes = vec![WholeNode::start("n0", &etcd).await, WholeNode::start("n1", &etcd).await];
     let cluster = Cluster::connect(std::slice::from_ref(&etcd.endpoint), Keys::new(PREFIX)).await.unwrap();
-    let records = loop {
-        let r = cluster.nodes().await.unwrap();
-        if r.len() == 2 {
-            break r;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let slices: Vec<SliceRef> = records
-        .iter()
-        .map(|n| SliceRef { node: n.name.clone(), addr: n.slice_addr.clone(), slice: 0 })
-        .collect();
+    let slices = registered_slices(&cluster, 2, 1).await;
     let spec = |name: &str| VolumeRecord {
         name: name.into(),
         layout: Layout::Raid1 { copies: 2 },
@@ -371,10 +374,7 @@ async fn a_deleted_volume_frees_its_slices_and_refuses_its_clients() {
     }
     assert_eq!(cluster.claims().await.unwrap().len(), 2, "only the new d's claims are left");
     for n in &mut nodes {
-        n.stop().await;
-        if let Some(server) = n.server.take() {
-            server.shutdown().await;
-        }
+        n.shut().await;
     }
 }
 
@@ -404,19 +404,7 @@ async fn an_ec_volume_with_two_members_per_node_survives_a_node() {
         nodes.push(WholeNode::start_with(&format!("n{i}"), &etcd, 2).await);
     }
     let cluster = Cluster::connect(std::slice::from_ref(&etcd.endpoint), Keys::new(PREFIX)).await.unwrap();
-    let records = loop {
-        let r = cluster.nodes().await.unwrap();
-        if r.len() == 3 {
-            break r;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let free: Vec<SliceRef> = records
-        .iter()
-        .flat_map(|n| {
-            (0..2).map(|slice| SliceRef { node: n.name.clone(), addr: n.slice_addr.clone(), slice })
-        })
-        .collect();
+    let free = registered_slices(&cluster, 3, 2).await;
     let layout = Layout::Ec { data_shards: 4, parity_shards: 2 };
     let spec = VolumeRecord {
         name: "w".into(),
@@ -438,10 +426,7 @@ async fn an_ec_volume_with_two_members_per_node_survives_a_node() {
     drop(client);
     // The owner's node goes, with two of the six members.
     let i = nodes.iter().position(|n| n.name == first).unwrap();
-    nodes[i].stop().await;
-    if let Some(server) = nodes[i].server.take() {
-        server.shutdown().await;
-    }
+    nodes[i].shut().await;
     let next = wait_owner(&cluster, "w", |o| o != first).await;
     let n = nodes.iter().find(|n| n.name == next).unwrap();
     let client = connect(&n.nbd, "w").await;
@@ -454,9 +439,6 @@ async fn an_ec_volume_with_two_members_per_node_survives_a_node() {
     }
     drop(client);
     for n in &mut nodes {
-        n.stop().await;
-        if let Some(server) = n.server.take() {
-            server.shutdown().await;
-        }
+        n.shut().await;
     }
 }
