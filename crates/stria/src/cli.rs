@@ -129,14 +129,23 @@ pub(crate) struct NodeRunArgs {
     pub(crate) prefix: String,
 }
 
+/// Where the cluster's records are: etcd's endpoints and the key prefix.
+#[derive(Debug, Args)]
+pub(crate) struct EtcdArgs {
+    /// etcd endpoints, comma-separated (http://HOST:PORT).
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub(crate) etcd: Vec<String>,
+    /// etcd key prefix (one cluster per prefix).
+    #[arg(long, default_value = "/stria/v1")]
+    pub(crate) prefix: String,
+}
+
 #[derive(Debug, Subcommand)]
 pub(crate) enum ClusterCmd {
     /// Nodes (with their slices), volumes (owner, epoch, members in and out).
     Status {
-        #[arg(long, value_delimiter = ',', required = true)]
-        etcd: Vec<String>,
-        #[arg(long, default_value = "/stria/v1")]
-        prefix: String,
+        #[command(flatten)]
+        at: EtcdArgs,
         #[arg(long)]
         json: bool,
     },
@@ -154,10 +163,8 @@ pub(crate) enum ClusterCmd {
         /// Seconds to wait for the target to take the volume (the move stays pending after).
         #[arg(long, default_value = "60")]
         wait: u64,
-        #[arg(long, value_delimiter = ',', required = true)]
-        etcd: Vec<String>,
-        #[arg(long, default_value = "/stria/v1")]
-        prefix: String,
+        #[command(flatten)]
+        at: EtcdArgs,
     },
     /// Delete a volume: its owner closes it and deletes it, and its slices are free again
     /// (nobody owning it, any node or this command deletes it). Refused while a node counts NBD
@@ -170,10 +177,8 @@ pub(crate) enum ClusterCmd {
         /// Seconds to wait for the delete (it stays pending after).
         #[arg(long, default_value = "60")]
         wait: u64,
-        #[arg(long, value_delimiter = ',', required = true)]
-        etcd: Vec<String>,
-        #[arg(long, default_value = "/stria/v1")]
-        prefix: String,
+        #[command(flatten)]
+        at: EtcdArgs,
     },
     /// Specify a new volume: its slices are placed across nodes now; the first node to take it
     /// makes its pool and serves it.
@@ -189,10 +194,8 @@ pub(crate) enum ClusterCmd {
         tolerate: u32,
         #[arg(long, value_parser = parse_size, default_value = "64K")]
         chunk: u64,
-        #[arg(long, value_delimiter = ',', required = true)]
-        etcd: Vec<String>,
-        #[arg(long, default_value = "/stria/v1")]
-        prefix: String,
+        #[command(flatten)]
+        at: EtcdArgs,
     },
 }
 

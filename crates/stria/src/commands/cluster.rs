@@ -12,7 +12,7 @@ use stria_cluster::{Keys, Node, NodeConfig, SliceRef, VolumeRecord, parse_layout
 use stria_front::Registry;
 use stria_nbd::{Server, ServerConfig};
 
-use crate::cli::{ClusterCmd, NodeRunArgs};
+use crate::cli::{ClusterCmd, EtcdArgs, NodeRunArgs};
 use crate::daemon::Signals;
 
 pub(super) async fn node_run(args: NodeRunArgs) -> Result<()> {
@@ -81,10 +81,10 @@ pub(super) async fn node_run(args: NodeRunArgs) -> Result<()> {
 
 pub(super) async fn cluster(cmd: ClusterCmd) -> Result<()> {
     let endpoints = match &cmd {
-        ClusterCmd::Status { etcd, .. }
-        | ClusterCmd::VolumeCreate { etcd, .. }
-        | ClusterCmd::VolumeMove { etcd, .. }
-        | ClusterCmd::VolumeDelete { etcd, .. } => etcd.join(","),
+        ClusterCmd::Status { at, .. }
+        | ClusterCmd::VolumeCreate { at, .. }
+        | ClusterCmd::VolumeMove { at, .. }
+        | ClusterCmd::VolumeDelete { at, .. } => at.etcd.join(","),
     };
     cluster_at(cmd).await.map_err(|e| match e.downcast_ref::<stria_cluster::ClusterError>() {
         Some(stria_cluster::ClusterError::Etcd(_)) => e.context(format!("cannot reach etcd at {endpoints}")),
@@ -94,9 +94,9 @@ pub(super) async fn cluster(cmd: ClusterCmd) -> Result<()> {
 
 async fn cluster_at(cmd: ClusterCmd) -> Result<()> {
     match cmd {
-        ClusterCmd::Status { etcd, prefix, json } => status(&etcd, &prefix, json).await,
-        ClusterCmd::VolumeMove { name, node, cancel, wait, etcd, prefix } => {
-            let cluster = Cluster::connect(&etcd, Keys::new(&prefix)).await?;
+        ClusterCmd::Status { at, json } => status(&at, json).await,
+        ClusterCmd::VolumeMove { name, node, cancel, wait, at } => {
+            let cluster = connect(&at).await?;
             if cancel {
                 let pending = cluster.moves().await?.into_iter().find(|(v, _)| *v == name);
                 let Some((_, m)) = pending else { bail!("no move of {name} is pending") };
@@ -107,11 +107,11 @@ async fn cluster_at(cmd: ClusterCmd) -> Result<()> {
             let node = node.expect("clap requires NODE without --cancel");
             volume_move(&cluster, &name, &node, Duration::from_secs(wait)).await
         }
-        ClusterCmd::VolumeDelete { name, force, wait, etcd, prefix } => {
-            let cluster = Cluster::connect(&etcd, Keys::new(&prefix)).await?;
+        ClusterCmd::VolumeDelete { name, force, wait, at } => {
+            let cluster = connect(&at).await?;
             volume_delete(&cluster, &name, force, Duration::from_secs(wait)).await
         }
-        ClusterCmd::VolumeCreate { name, layout, size, tolerate, chunk, etcd, prefix } => {
+        ClusterCmd::VolumeCreate { name, layout, size, tolerate, chunk, at } => {
             let layout = parse_layout(&layout).map_err(anyhow::Error::msg)?;
             // The spec's own checks (`put_spec` makes them too) before the placement, whose
             // refusals would hide them.
@@ -123,7 +123,7 @@ async fn cluster_at(cmd: ClusterCmd) -> Result<()> {
                 slices: Vec::new(),
             };
             unplaced.check()?;
-            let cluster = Cluster::connect(&etcd, Keys::new(&prefix)).await?;
+            let cluster = connect(&at).await?;
             // Claimed slices belong to a volume (the claims are made with the spec, in one
             // transaction that fails if another create took one of them meanwhile).
             let used: Vec<SliceRef> = cluster.claims().await?.into_iter().map(|(s, _)| s).collect();
@@ -235,8 +235,13 @@ async fn volume_delete(cluster: &Cluster, name: &str, force: bool, wait: Duratio
     Ok(())
 }
 
-async fn status(etcd: &[String], prefix: &str, as_json: bool) -> Result<()> {
-    let cluster = Cluster::connect(etcd, Keys::new(prefix)).await?;
+/// The cluster's records at `at`.
+async fn connect(at: &EtcdArgs) -> Result<Cluster> {
+    Ok(Cluster::connect(&at.etcd, Keys::new(&at.prefix)).await?)
+}
+
+async fn status(at: &EtcdArgs, as_json: bool) -> Result<()> {
+    let cluster = connect(at).await?;
     let status = cluster.status().await?;
     if as_json {
         outln!("{}", serde_json::to_string_pretty(&status)?);
