@@ -149,6 +149,16 @@ impl Cluster {
         let nodes = self.nodes().await?;
         let moves = self.moves().await?;
         let deletes = self.deletes().await?;
+        // Every count in one read (`clients/<vol>/<node>`), not one read per volume.
+        let counts_prefix = self.keys.all_clients();
+        let mut clients: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+        for kv in self.list(&counts_prefix).await? {
+            let rest = String::from_utf8_lossy(&kv.key()[counts_prefix.len()..]).into_owned();
+            if let Some((volume, _node)) = rest.rsplit_once('/') {
+                *clients.entry(volume.to_string()).or_default() +=
+                    String::from_utf8_lossy(kv.value()).parse::<u64>().unwrap_or(0);
+            }
+        }
         let mut volumes = Vec::new();
         for spec in self.specs().await? {
             let (spec, owner, members) = self.volume(&spec.name).await?;
@@ -164,7 +174,7 @@ impl Cluster {
                 nbd,
                 moving_to: moves.iter().find(|(v, _)| *v == spec.name).map(|(_, m)| m.to.clone()),
                 deleting: deletes.contains(&spec.name),
-                clients: self.attached(&spec.name).await?.iter().map(|(_, n)| n).sum(),
+                clients: clients.get(&spec.name).copied().unwrap_or(0),
                 in_service: members.in_service.iter().map(ToString::to_string).collect(),
                 rebuilding: members.joining.iter().map(ToString::to_string).collect(),
                 out: members

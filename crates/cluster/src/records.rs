@@ -80,6 +80,11 @@ impl Keys {
         format!("{}/volumes/{volume}/", self.prefix)
     }
 
+    /// `clients/`: every volume's client counts.
+    pub fn all_clients(&self) -> String {
+        format!("{}/clients/", self.prefix)
+    }
+
     /// `clients/<vol>/`: the nodes that count clients of `volume` now.
     pub fn clients(&self, volume: &str) -> String {
         format!("{}/clients/{volume}/", self.prefix)
