@@ -155,8 +155,7 @@ impl Cluster {
         for kv in self.list(&counts_prefix).await? {
             let rest = String::from_utf8_lossy(&kv.key()[counts_prefix.len()..]).into_owned();
             if let Some((volume, _node)) = rest.rsplit_once('/') {
-                *clients.entry(volume.to_string()).or_default() +=
-                    String::from_utf8_lossy(kv.value()).parse::<u64>().unwrap_or(0);
+                *clients.entry(volume.to_string()).or_default() += client_count(&kv);
             }
         }
         let mut volumes = Vec::new();
@@ -262,16 +261,7 @@ impl Cluster {
 
     /// The volumes whose delete is pending.
     pub async fn deletes(&self) -> Result<Vec<String>, ClusterError> {
-        let prefix = self.keys.volumes();
-        let kvs = self.list(&prefix).await?;
-        Ok(kvs
-            .iter()
-            .filter(|kv| kv.key().ends_with(b"/delete"))
-            .map(|kv| {
-                let key = String::from_utf8_lossy(kv.key()).into_owned();
-                key[prefix.len()..key.len() - "/delete".len()].to_string()
-            })
-            .collect())
+        Ok(self.volume_keys_named("delete").await?.into_iter().map(|(volume, _)| volume).collect())
     }
 
     /// The nodes that count NBD clients attached to `volume`, and how many each.
@@ -282,7 +272,7 @@ impl Cluster {
             .iter()
             .map(|kv| {
                 let node = String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
-                (node, String::from_utf8_lossy(kv.value()).parse().unwrap_or(0))
+                (node, client_count(kv))
             })
             .collect())
     }
@@ -324,15 +314,29 @@ impl Cluster {
 
     /// Every pending move: the volume and where it goes.
     pub async fn moves(&self) -> Result<Vec<(String, MoveRecord)>, ClusterError> {
-        let prefix = self.keys.volumes();
-        let kvs = self.list(&prefix).await?;
         let mut out = Vec::new();
-        for kv in kvs.iter().filter(|kv| kv.key().ends_with(b"/move")) {
-            let key = String::from_utf8_lossy(kv.key()).into_owned();
-            let volume = key[prefix.len()..key.len() - "/move".len()].to_string();
-            out.push((volume, parse(&key, kv.value())?));
+        for (volume, kv) in self.volume_keys_named("move").await? {
+            out.push((volume, parse(&String::from_utf8_lossy(kv.key()), kv.value())?));
         }
         Ok(out)
+    }
+
+    /// Every `volumes/<vol>/<name>` key, with its volume.
+    async fn volume_keys_named(
+        &self,
+        name: &str,
+    ) -> Result<Vec<(String, etcd_client::KeyValue)>, ClusterError> {
+        let prefix = self.keys.volumes();
+        let suffix = format!("/{name}");
+        let kvs = self.list(&prefix).await?;
+        Ok(kvs
+            .into_iter()
+            .filter_map(|kv| {
+                let key = String::from_utf8_lossy(kv.key()).into_owned();
+                let volume = key.strip_prefix(&prefix)?.strip_suffix(&suffix)?.to_string();
+                Some((volume, kv))
+            })
+            .collect())
     }
 
     /// Ends a pending move of `volume` (done, or given up).
@@ -727,6 +731,11 @@ impl Drop for Session {
 
 fn revision(resp: &etcd_client::TxnResponse) -> u64 {
     resp.header().map(|h| u64::try_from(h.revision()).unwrap_or(0)).unwrap_or(0)
+}
+
+/// The value of a `clients/<vol>/<node>` key: a count, as text.
+fn client_count(kv: &etcd_client::KeyValue) -> u64 {
+    String::from_utf8_lossy(kv.value()).parse().unwrap_or(0)
 }
 
 /// The end of the key range of every key starting with `prefix` (its last byte one higher).
