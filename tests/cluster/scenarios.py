@@ -586,6 +586,7 @@ def main() -> int:
                                   "new_owner_median_s": round(statistics.median(owners), 2),
                                   "redundant_median_s": round(statistics.median(redundant), 2),
                                   "rebuilt_bytes_median": int(statistics.median(rebuilt))}), flush=True)
+        resize_check(c)
         delete_check(c)
         failed = False
         return 0
@@ -597,6 +598,48 @@ def main() -> int:
             print(f"work directory kept: {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def resize_check(c: Cluster) -> None:
+    """`stria cluster volume-resize` (docs/design/cluster.md §6.5) through the real CLI: a shrink
+    is refused without --allow-shrink; grown online, every node serves the new size to a client
+    that connects, which writes and reads back a block in the new tail and finds the head as it
+    was."""
+    resize = [c.stria, "cluster", "volume-resize", "m", "--etcd", c.endpoints]
+    r = subprocess.run(c.client_cmd(resize + ["--size", "16M"]), capture_output=True, text=True, timeout=90)
+    if r.returncode == 0 or "--allow-shrink" not in r.stderr:
+        raise SystemExit(f"resize: a shrink was not refused: rc {r.returncode} {r.stdout} {r.stderr}")
+    head = "import nbd; h = nbd.NBD(); h.connect_uri({uri!r}); print(h.pread(4096, 0).hex())"
+    before = subprocess.run(c.client_cmd([sys.executable, "-c", head.format(uri=c.nbd_uri(0, "m"))]),
+                            capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    r = subprocess.run(c.client_cmd(resize + ["--size", "64M"]), capture_output=True, text=True, timeout=90)
+    if r.returncode != 0 or "resized volume m" not in r.stdout:
+        raise SystemExit(f"resize: failed: rc {r.returncode} {r.stdout} {r.stderr}")
+    said = r.stdout.strip()
+    size = next(v["size_bytes"] for v in c.status()["volumes"] if v["name"] == "m")
+    if size != 64 << 20:
+        raise SystemExit(f"resize: status says m is {size} bytes")
+    check = """
+import nbd, sys, time
+deadline = time.monotonic() + 15
+while True:
+    h = nbd.NBD(); h.connect_uri({uri!r})
+    if h.get_size() == 64 << 20:
+        break
+    if time.monotonic() > deadline:
+        sys.exit(f"{uri} serves {{h.get_size()}} bytes")
+    h.shutdown(); time.sleep(0.2)
+block = bytes([{i}]) * 4096
+h.pwrite(block, (48 << 20) + {i} * 4096, nbd.CMD_FLAG_FUA)
+assert h.pread(4096, (48 << 20) + {i} * 4096) == block
+print(h.pread(4096, 0).hex())
+"""
+    for i in range(3):
+        r = subprocess.run(c.client_cmd([sys.executable, "-c", check.format(uri=c.nbd_uri(i, "m"), i=i + 1)]),
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode != 0 or r.stdout.strip() != before:
+            raise SystemExit(f"resize: node {i}: rc {r.returncode} {r.stderr[-2000:]}")
+    print(json.dumps({"scenario": "resize", "shrink_refused": True, "said": said}), flush=True)
 
 
 def delete_check(c: Cluster) -> None:

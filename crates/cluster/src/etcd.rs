@@ -11,7 +11,8 @@ use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 
 use crate::records::{
-    DeleteRecord, Keys, MembersRecord, MoveRecord, NodeRecord, OutSlice, OwnerRecord, SliceRef, VolumeRecord,
+    DeleteRecord, Keys, MembersRecord, MoveRecord, NodeRecord, OutSlice, OwnerRecord, ResizeRecord, SliceRef,
+    VolumeRecord,
 };
 
 /// Why a cluster operation failed.
@@ -40,10 +41,19 @@ pub enum ClusterError {
     #[error("{0}")]
     Unavailable(String),
     #[error(
-        "volume {volume} has NBD clients attached ({at}); deleting it would cut them off. \
+        "volume {volume} has NBD clients attached ({at}); {doing}. \
          Disconnect them first, or run the same command again with --force"
     )]
-    Attached { volume: String, at: String },
+    Attached { volume: String, at: String, doing: &'static str },
+    #[error(
+        "shrinking volume {volume} from {from} to {to} discards its last {lost} (bytes {to_bytes} to \
+         {from_bytes}) and whatever is stored there. Shrink the filesystem on it first; then say so \
+         with --allow-shrink",
+        from = stria_engine::units::format_size(*from_bytes),
+        to = stria_engine::units::format_size(*to_bytes),
+        lost = stria_engine::units::format_size(from_bytes - to_bytes)
+    )]
+    Shrink { volume: String, from_bytes: u64, to_bytes: u64 },
 }
 
 /// The cluster's records in etcd, read and specified without a lease (what `stria cluster`
@@ -132,9 +142,18 @@ impl Cluster {
 
     /// Every volume's spec.
     pub async fn specs(&self) -> Result<Vec<VolumeRecord>, ClusterError> {
+        Ok(self.specs_created().await?.into_iter().map(|(spec, _)| spec).collect())
+    }
+
+    /// Every volume's spec, with the revision that created it: a volume deleted and specified
+    /// again under its name has another one (a resize keeps it).
+    pub async fn specs_created(&self) -> Result<Vec<(VolumeRecord, u64)>, ClusterError> {
         let prefix = self.keys.volumes();
         let kvs = self.list(&prefix).await?;
-        kvs.iter().filter(|kv| kv.key().ends_with(b"/spec")).map(|kv| parse(&prefix, kv.value())).collect()
+        kvs.iter()
+            .filter(|kv| kv.key().ends_with(b"/spec"))
+            .map(|kv| Ok((parse(&prefix, kv.value())?, u64::try_from(kv.create_revision()).unwrap_or(0))))
+            .collect()
     }
 
     /// A stream of every change under the cluster's prefix (a node's agent looks at the
@@ -149,6 +168,7 @@ impl Cluster {
         let nodes = self.nodes().await?;
         let moves = self.moves().await?;
         let deletes = self.deletes().await?;
+        let resizes = self.resizes().await?;
         // Every count in one read (`clients/<vol>/<node>`), not one read per volume.
         let counts_prefix = self.keys.all_clients();
         let mut clients: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
@@ -173,6 +193,11 @@ impl Cluster {
                 nbd,
                 moving_to: moves.iter().find(|(v, _)| *v == spec.name).map(|(_, m)| m.to.clone()),
                 deleting: deletes.contains(&spec.name),
+                resizing_to: resizes.iter().find(|(v, _, _)| *v == spec.name).map(|(_, r, _)| r.size_bytes),
+                resize_error: resizes
+                    .iter()
+                    .find(|(v, _, _)| *v == spec.name)
+                    .and_then(|(_, r, _)| r.error.clone()),
                 clients: clients.get(&spec.name).copied().unwrap_or(0),
                 in_service: members.in_service.iter().map(ToString::to_string).collect(),
                 rebuilding: members.joining.iter().map(ToString::to_string).collect(),
@@ -256,7 +281,114 @@ impl Cluster {
         }
         let at = self.attached(volume).await?;
         let at: Vec<String> = at.iter().map(|(node, n)| format!("{n} at {node}")).collect();
-        Err(ClusterError::Attached { volume: volume.to_string(), at: at.join(", ") })
+        Err(ClusterError::Attached {
+            volume: volume.to_string(),
+            at: at.join(", "),
+            doing: "deleting it would cut them off",
+        })
+    }
+
+    /// Asks for `volume` to be made `size_bytes` long (docs/design/cluster.md §6.5); its owner
+    /// carries it out. Returns the size it had; the same size asks for nothing. A shrink needs
+    /// `allow_shrink`, and `force` while a node counts clients attached to the volume.
+    pub async fn request_resize(
+        &self,
+        volume: &str,
+        size_bytes: u64,
+        allow_shrink: bool,
+        force: bool,
+    ) -> Result<u64, ClusterError> {
+        stria_engine::check_volume_size(size_bytes)?;
+        let keys = &self.keys;
+        let (spec_key, resize_key) = (keys.spec(volume), keys.resizing(volume));
+        let mut client = self.client.clone();
+        let got = client.get(spec_key.clone(), None).await?;
+        let Some(kv) = got.kvs().first() else { return Err(ClusterError::NoSuchVolume(volume.to_string())) };
+        let spec: VolumeRecord = parse(&spec_key, kv.value())?;
+        let spec_rev = kv.mod_revision();
+        let pending = self.resize_of(volume).await?;
+        if let Some((r, _)) = pending.as_ref().filter(|(r, _)| r.error.is_none()) {
+            return Err(ClusterError::Unavailable(format!(
+                "a resize of {volume} to {} bytes is pending already: its owner carries it out",
+                r.size_bytes
+            )));
+        }
+        if size_bytes == spec.size_bytes {
+            return Ok(spec.size_bytes);
+        }
+        let shrink = size_bytes < spec.size_bytes;
+        if shrink && !allow_shrink {
+            return Err(ClusterError::Shrink {
+                volume: volume.to_string(),
+                from_bytes: spec.size_bytes,
+                to_bytes: size_bytes,
+            });
+        }
+        let mut when = vec![
+            Compare::mod_revision(spec_key, CompareOp::Equal, spec_rev),
+            Compare::create_revision(keys.deleting(volume), CompareOp::Equal, 0),
+            // Absent, or the refused request read above (replaced).
+            Compare::mod_revision(
+                resize_key.clone(),
+                CompareOp::Equal,
+                pending.as_ref().map_or(0, |(_, rev)| *rev),
+            ),
+        ];
+        if shrink && !force {
+            let prefix = keys.clients(volume);
+            when.push(
+                Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_range(prefix_end(&prefix)),
+            );
+        }
+        let record = ResizeRecord { size_bytes, since_unix: now_unix(), error: None };
+        let txn = Txn::new().when(when).and_then([TxnOp::put(resize_key, json(&record), None)]);
+        if client.txn(txn).await?.succeeded() {
+            return Ok(spec.size_bytes);
+        }
+        if self.deletes().await?.iter().any(|v| v == volume) {
+            return Err(ClusterError::Unavailable(format!("a delete of {volume} is pending")));
+        }
+        let at = self.attached(volume).await?;
+        if shrink && !force && !at.is_empty() {
+            let at: Vec<String> = at.iter().map(|(node, n)| format!("{n} at {node}")).collect();
+            return Err(ClusterError::Attached {
+                volume: volume.to_string(),
+                at: at.join(", "),
+                doing: "shrinking it would give them errors past the new end",
+            });
+        }
+        Err(ClusterError::Unavailable(format!(
+            "volume {volume} changed while its resize was asked for (another resize or a delete); try again"
+        )))
+    }
+
+    /// The resize request of `volume`, if any, with its `mod_revision`.
+    pub async fn resize_of(&self, volume: &str) -> Result<Option<(ResizeRecord, i64)>, ClusterError> {
+        let key = self.keys.resizing(volume);
+        let got = self.client.clone().get(key.clone(), None).await?;
+        match got.kvs().first() {
+            Some(kv) => Ok(Some((parse(&key, kv.value())?, kv.mod_revision()))),
+            None => Ok(None),
+        }
+    }
+
+    /// Every pending or refused resize: the volume, the request and its `mod_revision`.
+    pub async fn resizes(&self) -> Result<Vec<(String, ResizeRecord, i64)>, ClusterError> {
+        let mut out = Vec::new();
+        for (volume, kv) in self.volume_keys_named("resize").await? {
+            out.push((volume, parse(&String::from_utf8_lossy(kv.key()), kv.value())?, kv.mod_revision()));
+        }
+        Ok(out)
+    }
+
+    /// Removes a refused resize request (read at `revision`) of `volume`.
+    pub async fn end_resize(&self, volume: &str, revision: i64) -> Result<(), ClusterError> {
+        let key = self.keys.resizing(volume);
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key.clone(), CompareOp::Equal, revision)])
+            .and_then([TxnOp::delete(key, None)]);
+        self.client.clone().txn(txn).await?;
+        Ok(())
     }
 
     /// The volumes whose delete is pending.
@@ -417,6 +549,10 @@ pub struct VolumeStatus {
     pub moving_to: Option<String>,
     /// A delete is pending (docs/design/cluster.md §6.4).
     pub deleting: bool,
+    /// A resize to this many bytes is pending, or was refused (docs/design/cluster.md §6.5).
+    pub resizing_to: Option<u64>,
+    /// Why the owner refused the resize.
+    pub resize_error: Option<String>,
     /// NBD clients attached, at every node (as the nodes last counted them).
     pub clients: u64,
     pub in_service: Vec<String>,
@@ -672,6 +808,55 @@ impl Session {
         let guard =
             Compare::mod_revision(self.cluster.keys.owner(volume), CompareOp::Equal, epoch_rev(epoch));
         self.cluster.delete_guarded(volume, guard).await
+    }
+
+    /// Ends the resize of `volume` (request read at `revision`) that this node, owner at `epoch`,
+    /// carried out: the spec says `size_bytes` from now on, and the request is gone. `false`: not
+    /// done (ownership lost, or the request or the spec changed).
+    pub async fn finish_resize(
+        &self,
+        volume: &str,
+        epoch: u64,
+        revision: i64,
+        size_bytes: u64,
+    ) -> Result<bool, ClusterError> {
+        let keys = &self.cluster.keys;
+        let spec_key = keys.spec(volume);
+        let got = self.cluster.client.clone().get(spec_key.clone(), None).await?;
+        let Some(kv) = got.kvs().first() else { return Ok(false) };
+        let mut spec: VolumeRecord = parse(&spec_key, kv.value())?;
+        spec.size_bytes = size_bytes;
+        let resize_key = keys.resizing(volume);
+        let txn = Txn::new()
+            .when([
+                Compare::mod_revision(keys.owner(volume), CompareOp::Equal, epoch_rev(epoch)),
+                Compare::mod_revision(resize_key.clone(), CompareOp::Equal, revision),
+                Compare::mod_revision(spec_key.clone(), CompareOp::Equal, kv.mod_revision()),
+            ])
+            .and_then([TxnOp::put(spec_key, json(&spec), None), TxnOp::delete(resize_key, None)]);
+        Ok(self.cluster.client.clone().txn(txn).await?.succeeded())
+    }
+
+    /// Records why this node, owner of `volume` at `epoch`, cannot carry out its resize request
+    /// (read at `revision`).
+    pub async fn refuse_resize(
+        &self,
+        volume: &str,
+        epoch: u64,
+        revision: i64,
+        mut request: ResizeRecord,
+        error: String,
+    ) -> Result<bool, ClusterError> {
+        let keys = &self.cluster.keys;
+        let resize_key = keys.resizing(volume);
+        request.error = Some(error);
+        let txn = Txn::new()
+            .when([
+                Compare::mod_revision(keys.owner(volume), CompareOp::Equal, epoch_rev(epoch)),
+                Compare::mod_revision(resize_key.clone(), CompareOp::Equal, revision),
+            ])
+            .and_then([TxnOp::put(resize_key, json(&request), None)]);
+        Ok(self.cluster.client.clone().txn(txn).await?.succeeded())
     }
 
     /// Says how many NBD clients this node has attached to `volume` (bound to the node's lease;

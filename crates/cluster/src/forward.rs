@@ -107,7 +107,9 @@ enum Try {
 pub struct Routed {
     name: String,
     info: VolumeInfo,
-    size_bytes: u64,
+    /// The spec's size: what clients are told at connect and requests are checked against
+    /// (a resize changes it, docs/design/cluster.md §6.5).
+    size_bytes: AtomicU64,
     route: watch::Receiver<Route>,
     /// The connection to the remote owner, and that owner's address.
     client: tokio::sync::Mutex<Option<(String, Arc<NbdClient>)>>,
@@ -152,13 +154,19 @@ impl Routed {
                 preferred_block_bytes: 4096,
                 read_only: false,
             },
-            size_bytes,
+            size_bytes: AtomicU64::new(size_bytes),
             route,
             client: tokio::sync::Mutex::new(None),
             hold,
             forwarded: AtomicU64::new(0),
             retried: AtomicU64::new(0),
         }
+    }
+
+    /// The volume was resized: clients that connect from now on are told `size_bytes`, and the
+    /// connection to the owner is made again at that size.
+    pub fn set_size(&self, size_bytes: u64) {
+        self.size_bytes.store(size_bytes, Ordering::Relaxed);
     }
 
     /// What this export has counted since it was made.
@@ -242,9 +250,11 @@ impl Routed {
     /// The connection to the owner at `addr`, made now if there is none.
     async fn connect(&self, addr: &str) -> Result<Arc<NbdClient>, ClientError> {
         let mut slot = self.client.lock().await;
+        let size_bytes = self.size_bytes.load(Ordering::Relaxed);
         if let Some((at, c)) = slot.as_ref()
             && at == addr
             && !c.is_closed()
+            && c.size_bytes() == size_bytes
         {
             return Ok(Arc::clone(c));
         }
@@ -255,12 +265,13 @@ impl Routed {
                     ClientError::Disconnected(format!("{addr}: no answer in {} s", CONNECT.as_secs()))
                 })??,
         );
-        if c.size_bytes() != self.size_bytes {
+        // A different size: another volume of that name, or the owner resized it and this node
+        // has not seen the spec say so yet (tried again).
+        if c.size_bytes() != size_bytes {
             return Err(ClientError::Disconnected(format!(
-                "{addr} serves {} with {} bytes, not {}",
+                "{addr} serves {} with {} bytes, not {size_bytes}",
                 self.name,
                 c.size_bytes(),
-                self.size_bytes
             )));
         }
         *slot = Some((addr.to_string(), Arc::clone(&c)));
@@ -385,7 +396,7 @@ impl BlockVolume for Routed {
     }
 
     fn size_bytes(&self) -> u64 {
-        self.size_bytes
+        self.size_bytes.load(Ordering::Relaxed)
     }
 
     fn read(&self, offset_bytes: u64, len_bytes: usize) -> VolumeFuture<'_, IoBuf> {

@@ -18,6 +18,6 @@ pub use coordinator::{Coordinated, create, take};
 pub use etcd::{ClusterError, ClusterStatus, EtcdStatus, OutStatus, Session, SessionConfig, VolumeStatus};
 pub use node::{Node, NodeConfig, NodeReport, Reporter, VolumeReport, prepare_slices};
 pub use records::{
-    DeleteRecord, Keys, MembersRecord, MoveRecord, NodeRecord, OutSlice, OwnerRecord, SliceInfoRecord,
-    SliceRef, VolumeRecord, parse_layout,
+    DeleteRecord, Keys, MembersRecord, MoveRecord, NodeRecord, OutSlice, OwnerRecord, ResizeRecord,
+    SliceInfoRecord, SliceRef, VolumeRecord, parse_layout,
 };

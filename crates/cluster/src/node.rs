@@ -34,7 +34,7 @@ use tokio::task::JoinHandle;
 use crate::coordinator::{self, Coordinated};
 use crate::etcd::{ClusterError, Session, SessionConfig};
 use crate::forward::{Route, RouteCounters, Routed, direct_name};
-use crate::records::{Keys, NodeRecord, SliceInfoRecord};
+use crate::records::{Keys, NodeRecord, ResizeRecord, SliceInfoRecord, VolumeRecord};
 
 /// What a node needs to run.
 #[derive(Clone, Debug)]
@@ -337,6 +337,8 @@ struct OwnedVolume {
     /// commit error counters), run every [`HOUSEKEEPING`] while serving.
     housekeeping: Option<JoinHandle<()>>,
     last_housekeeping: Instant,
+    /// A resize being carried out (docs/design/cluster.md §6.5); a close waits for it.
+    resize: Option<JoinHandle<()>>,
 }
 
 /// How often an owner runs its pool's housekeeping (as the single-node daemon does). Without it
@@ -422,7 +424,9 @@ async fn repair(session: Arc<Session>, c: Arc<Coordinated>, out_time: Duration) 
 type Owned = BTreeMap<String, OwnedVolume>;
 
 /// Every volume's route on this node and the export that follows it, by name.
-type Routes = BTreeMap<String, (watch::Sender<Route>, Arc<Routed>)>;
+/// Each volume's export here: its route, the export, and the revision that created the volume's
+/// spec (a volume specified again under its name is another volume).
+type Routes = BTreeMap<String, (watch::Sender<Route>, Arc<Routed>, u64)>;
 
 async fn run_agent(
     config: NodeConfig,
@@ -496,9 +500,13 @@ async fn run_agent(
         o.gate.send_replace(Gate::Lost);
         let c = Arc::clone(&o.c);
         let served = Arc::clone(&o.served);
+        let resizing = o.resize.take();
         drop(o);
         exports.remove(&direct_name(&name));
         served.drain().await;
+        if let Some(resize) = resizing {
+            let _ = resize.await;
+        }
         if let Err(e) = c.pool.close().await {
             tracing::warn!(volume = %name, error = %e, "closing the volume");
         }
@@ -517,7 +525,7 @@ async fn run_agent(
 }
 
 /// Waits for the next change in etcd that can change what this node serves: a node, an owner,
-/// a spec, a move or a delete (not a volume's members or a slice's claim, which change often and concern
+/// a spec, a move, a delete or a resize (not a volume's members or a slice's claim, which change often and concern
 /// only the owner). False when the watch ended (it is made again); never returns without one.
 async fn next_change(changes: &mut Option<etcd_client::WatchStream>, keys: &Keys) -> bool {
     let Some(stream) = changes else { return std::future::pending().await };
@@ -528,6 +536,7 @@ async fn next_change(changes: &mut Option<etcd_client::WatchStream>, keys: &Keys
             || key.ends_with(b"/spec")
             || key.ends_with(b"/move")
             || key.ends_with(b"/delete")
+            || key.ends_with(b"/resize")
     };
     loop {
         match stream.message().await {
@@ -546,7 +555,7 @@ fn drop_all(owned: &mut Owned, exports: &Registry, routes: &Routes) {
     for (name, o) in std::mem::take(owned) {
         o.gate.send_replace(Gate::Lost);
         exports.remove(&direct_name(&name));
-        if let Some((route, _)) = routes.get(&name) {
+        if let Some((route, _, _)) = routes.get(&name) {
             route.send_replace(Route::Between);
         }
     }
@@ -555,7 +564,7 @@ fn drop_all(owned: &mut Owned, exports: &Registry, routes: &Routes) {
 /// The node's report from its agent's state.
 async fn reported(node: &str, lease_valid: bool, owned: &Owned, routes: &Routes) -> NodeReport {
     let mut volumes = Vec::new();
-    for (name, (route, routed)) in routes {
+    for (name, (route, routed, _)) in routes {
         let (kind, owner) = match &*route.borrow() {
             Route::Local(_) => ("local", Some(node.to_string())),
             Route::Remote { node, .. } => ("remote", Some(node.clone())),
@@ -593,7 +602,7 @@ async fn reported(node: &str, lease_valid: bool, owned: &Owned, routes: &Routes)
 
 /// Sets `name`'s route unless it is that already (a change wakes the requests waiting).
 fn set_route(routes: &Routes, name: &str, route: Route) {
-    if let Some((tx, _)) = routes.get(name)
+    if let Some((tx, _, _)) = routes.get(name)
         && !tx.borrow().same(&route)
     {
         tracing::debug!(volume = %name, ?route, "route");
@@ -615,6 +624,10 @@ async fn close_owned(
     o.gate.send_replace(Gate::Lost);
     exports.remove(&direct_name(name));
     o.served.drain().await;
+    let mut o = o;
+    if let Some(resize) = o.resize.take() {
+        let _ = resize.await;
+    }
     let c = Arc::clone(&o.c);
     drop(o);
     if let Err(e) = c.pool.close().await {
@@ -672,10 +685,53 @@ async fn close_and_delete(
 
 /// Stops serving a deleted volume: requests of clients still attached fail at once.
 fn end_route(routes: &mut Routes, exports: &Registry, name: &str) {
-    if let Some((tx, _)) = routes.remove(name) {
+    if let Some((tx, _, _)) = routes.remove(name) {
         tx.send_replace(Route::Deleted);
     }
     exports.remove(name);
+}
+
+/// Carries out a resize request of a volume this node owns (docs/design/cluster.md §6.5): the
+/// engine's volume first, then the spec says the new size and the request goes, in one
+/// transaction fenced by the epoch. What the engine refuses is written into the request.
+async fn resize(
+    session: Arc<Session>,
+    c: Arc<Coordinated>,
+    name: String,
+    request: ResizeRecord,
+    revision: i64,
+) {
+    // The request as it is now: the look that found it may have been made before the previous
+    // resize of this volume here finished (then this one is done, or refused, already), and a
+    // request done or refused must not be carried out again: its size may no longer be wanted.
+    match session.resize_of(&name).await {
+        Ok(Some((now, rev))) if rev == revision && now.error.is_none() => {}
+        Ok(_) => return,
+        Err(e) => {
+            tracing::warn!(volume = %name, error = %e, "cannot read the resize request; trying again");
+            return;
+        }
+    }
+    let started = Instant::now();
+    match c.pool.resize_volume(&name, request.size_bytes).await {
+        Ok(()) => match session.finish_resize(&name, c.epoch, revision, request.size_bytes).await {
+            Ok(true) => tracing::info!(
+                volume = %name,
+                size_bytes = request.size_bytes,
+                ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                "volume resized"
+            ),
+            // Done already, or no longer this node's to finish (the next owner does).
+            Ok(false) => tracing::debug!(volume = %name, "the resize's transaction was refused"),
+            Err(e) => tracing::warn!(volume = %name, error = %e, "cannot record the resize; trying again"),
+        },
+        Err(e) => {
+            tracing::warn!(volume = %name, size_bytes = request.size_bytes, error = %e, "cannot resize the volume");
+            if let Err(e2) = session.refuse_resize(&name, c.epoch, revision, request, e.to_string()).await {
+                tracing::warn!(volume = %name, error = %e2, "cannot record why the resize was refused");
+            }
+        }
+    }
 }
 
 /// One look at the cluster: stop serving what is no longer ours, hand over what moves, take
@@ -701,7 +757,8 @@ async fn tick(
         }
         return Ok(());
     }
-    let specs = session.specs().await?;
+    let created = session.specs_created().await?;
+    let specs: Vec<VolumeRecord> = created.iter().map(|(spec, _)| spec.clone()).collect();
     // A volume deleted is served no more.
     let gone: Vec<String> = routes.keys().filter(|v| !specs.iter().any(|s| s.name == **v)).cloned().collect();
     for v in gone {
@@ -713,9 +770,16 @@ async fn tick(
     }
     // Every volume is served here, by this node or through its owner. One deleted and specified
     // again under its name before this node looked is a new volume: served anew.
-    for spec in &specs {
-        if routes.get(&spec.name).is_some_and(|(_, r)| r.size_bytes() != spec.size_bytes) {
+    for (spec, revision) in &created {
+        if routes.get(&spec.name).is_some_and(|(_, _, r)| r != revision) {
             end_route(routes, exports, &spec.name);
+        }
+        // Resized (docs/design/cluster.md §6.5): clients connecting from now on see the new size.
+        if let Some((_, routed, _)) = routes.get(&spec.name)
+            && routed.size_bytes() != spec.size_bytes
+        {
+            tracing::info!(volume = %spec.name, from = routed.size_bytes(), to = spec.size_bytes, "resized");
+            routed.set_size(spec.size_bytes);
         }
         if !routes.contains_key(&spec.name) {
             let (tx, rx) = watch::channel(Route::Between);
@@ -727,7 +791,7 @@ async fn tick(
                 config.suspend,
             ));
             exports.insert(&spec.name, Arc::clone(&routed) as Arc<dyn BlockVolume>);
-            routes.insert(spec.name.clone(), (tx, routed));
+            routes.insert(spec.name.clone(), (tx, routed, *revision));
         }
     }
     let owners = session.owners().await?;
@@ -776,6 +840,17 @@ async fn tick(
             && let Some(o) = owned.remove(v)
         {
             hand_over(session, v, o, &m.to, exports, routes).await;
+        }
+    }
+    // Resizes: the owner carries each out, once (a refused one keeps its error).
+    for (v, request, revision) in session.resizes().await? {
+        if request.error.is_none()
+            && let Some(o) = owned.get_mut(&v)
+            && *o.gate.borrow() == Gate::Serving
+            && o.resize.as_ref().is_none_or(|t| t.is_finished())
+        {
+            o.resize =
+                Some(tokio::spawn(resize(Arc::clone(session), Arc::clone(&o.c), v, request, revision)));
         }
     }
     for (name, o) in owned.iter_mut() {
@@ -849,6 +924,7 @@ async fn tick(
                         last_housekeeping: Instant::now()
                             .checked_sub(HOUSEKEEPING)
                             .unwrap_or_else(Instant::now),
+                        resize: None,
                     },
                 );
                 if moving_to.is_some() {

@@ -75,7 +75,14 @@ impl Keys {
         format!("{}/volumes/{volume}/delete", self.prefix)
     }
 
-    /// `volumes/<vol>/`: every key of one volume but its owner's (spec, members, move, delete).
+    /// `volumes/<vol>/resize`: a new size requested (docs/design/cluster.md §6.5), carried out
+    /// by the owner.
+    pub fn resizing(&self, volume: &str) -> String {
+        format!("{}/volumes/{volume}/resize", self.prefix)
+    }
+
+    /// `volumes/<vol>/`: every key of one volume but its owner's (spec, members, move, delete,
+    /// resize).
     pub fn volume_keys(&self, volume: &str) -> String {
         format!("{}/volumes/{volume}/", self.prefix)
     }
@@ -187,6 +194,16 @@ pub struct MoveRecord {
 pub struct DeleteRecord {
     pub force: bool,
     pub since_unix: u64,
+}
+
+/// `volumes/<vol>/resize`: the volume is to be `size_bytes` long. `error`: why the owner could
+/// not make it so (it does not try again; the CLI reports it and removes the request).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResizeRecord {
+    pub size_bytes: u64,
+    pub since_unix: u64,
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 /// A slice taken out of service, and since when.

@@ -378,6 +378,153 @@ async fn a_deleted_volume_frees_its_slices_and_refuses_its_clients() {
     }
 }
 
+/// Waits until `volume`'s spec says `size_bytes` and no resize of it is pending.
+async fn wait_resized(cluster: &Cluster, volume: &str, size_bytes: u64) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (spec, _, _) = cluster.volume(volume).await.unwrap();
+        let pending = cluster.resize_of(volume).await.unwrap();
+        if spec.size_bytes == size_bytes && pending.is_none() {
+            return;
+        }
+        assert!(
+            pending.as_ref().is_none_or(|(r, _)| r.error.is_none()),
+            "the resize was refused: {pending:?}"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "{volume} is {} bytes, not {size_bytes}, after 15 s",
+            spec.size_bytes
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A volume resized online (docs/design/cluster.md §6.5): grown, every node serves it at the new
+/// size to clients that connect again, with what was written before in place and the new tail
+/// reading zeros, while a client attached before goes on; a shrink is refused without
+/// `allow_shrink`, and with clients attached without `force`; forced, the tail is gone for every
+/// client; a growth past what the slices hold is refused by the owner, the refusal recorded in
+/// the request, and nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resized_volume_is_served_at_its_new_size_by_every_node() {
+    let etcd = Etcd::start().await;
+    let mut nodes = vec![WholeNode::start("n0", &etcd).await, WholeNode::start("n1", &etcd).await];
+    let cluster = Cluster::connect(std::slice::from_ref(&etcd.endpoint), Keys::new(PREFIX)).await.unwrap();
+    let slices = registered_slices(&cluster, 2, 1).await;
+    let spec = VolumeRecord {
+        name: "r".into(),
+        layout: Layout::Raid1 { copies: 2 },
+        size_bytes: 4 << 20,
+        chunk_bytes: 64 << 10,
+        slices,
+    };
+    cluster.put_spec(&spec).await.unwrap();
+    let first = wait_owner(&cluster, "r", |_| true).await;
+    let other = nodes.iter().find(|n| n.name != first).unwrap();
+    let early = connect(&other.nbd, "r").await;
+    assert_eq!(early.size_bytes(), 4 << 20);
+    let (head, last) = (register(0, 1, 1), register(1023, 1, 1));
+    early.write(0, IoBytes::copy_from(&head), true).await.unwrap();
+    early.write(1023 * 4096, IoBytes::copy_from(&last), true).await.unwrap();
+
+    // Grown to 12 MiB.
+    assert_eq!(cluster.request_resize("r", 12 << 20, false, false).await.unwrap(), 4 << 20);
+    wait_resized(&cluster, "r", 12 << 20).await;
+    for n in &nodes {
+        let c = connect(&n.nbd, "r").await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let c = if c.size_bytes() == 12 << 20 {
+            c
+        } else {
+            // The node has not looked at the spec since: connect again.
+            loop {
+                assert!(Instant::now() < deadline, "{} still serves r at its old size", n.name);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let c = connect(&n.nbd, "r").await;
+                if c.size_bytes() == 12 << 20 {
+                    break c;
+                }
+            }
+        };
+        assert_eq!(&c.read(0, 4096).await.unwrap()[..], &head[..], "block 0 at {}", n.name);
+        assert_eq!(&c.read(1023 * 4096, 4096).await.unwrap()[..], &last[..], "block 1023 at {}", n.name);
+        assert!(
+            c.read(2000 * 4096, 4096).await.unwrap().iter().all(|&b| b == 0),
+            "the new tail at {}",
+            n.name
+        );
+        let data = register(3000, 7, 7);
+        c.write(3000 * 4096, IoBytes::copy_from(&data), true).await.unwrap();
+        assert_eq!(&c.read(3000 * 4096, 4096).await.unwrap()[..], &data[..], "block 3000 at {}", n.name);
+    }
+    // The client attached before the resize goes on.
+    let data = register(5, 2, 2);
+    early.write(5 * 4096, IoBytes::copy_from(&data), true).await.unwrap();
+    assert_eq!(&early.read(5 * 4096, 4096).await.unwrap()[..], &data[..]);
+
+    // Shrinks: refused without saying so, then while a client is attached.
+    let refused = cluster.request_resize("r", 8 << 20, false, false).await.unwrap_err();
+    assert!(matches!(refused, stria_cluster::ClusterError::Shrink { .. }), "{refused}");
+    assert!(refused.to_string().contains("--allow-shrink"), "{refused}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cluster.attached("r").await.unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the clients were not counted within 10 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let refused = cluster.request_resize("r", 8 << 20, true, false).await.unwrap_err();
+    assert!(matches!(refused, stria_cluster::ClusterError::Attached { .. }), "{refused}");
+    assert!(cluster.resize_of("r").await.unwrap().is_none());
+    assert_eq!(cluster.volume("r").await.unwrap().0.size_bytes, 12 << 20);
+
+    // Forced: the tail is gone for every client, the head stays.
+    cluster.request_resize("r", 8 << 20, true, true).await.unwrap();
+    wait_resized(&cluster, "r", 8 << 20).await;
+    for n in &nodes {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let c = loop {
+            let c = connect(&n.nbd, "r").await;
+            if c.size_bytes() == 8 << 20 {
+                break c;
+            }
+            assert!(Instant::now() < deadline, "{} still serves r at 12 MiB", n.name);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(&c.read(0, 4096).await.unwrap()[..], &head[..], "block 0 at {}", n.name);
+    }
+    let past = early.write(3000 * 4096, IoBytes::copy_from(&register(3000, 1, 9)), true).await;
+    assert!(past.is_err(), "a write past the new end succeeded");
+
+    // More than the slices hold: refused by the owner, recorded, nothing changed.
+    cluster.request_resize("r", 1 << 30, false, false).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let (request, revision) = loop {
+        if let Some((r, rev)) = cluster.resize_of("r").await.unwrap()
+            && r.error.is_some()
+        {
+            break (r, rev);
+        }
+        assert!(Instant::now() < deadline, "the owner did not refuse a 1 GiB growth of 48 MiB slices");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!("refused: {:?}", request.error);
+    assert_eq!(cluster.volume("r").await.unwrap().0.size_bytes, 8 << 20);
+    assert_eq!(cluster.status().await.unwrap().volumes[0].resizing_to, Some(1 << 30));
+    // A refused request is replaced by the next one.
+    cluster.request_resize("r", 16 << 20, false, false).await.unwrap();
+    wait_resized(&cluster, "r", 16 << 20).await;
+    assert!(cluster.end_resize("r", revision).await.is_ok());
+    let c = connect(&first_node(&nodes, &first).nbd, "r").await;
+    assert_eq!(&c.read(0, 4096).await.unwrap()[..], &head[..]);
+    for n in &mut nodes {
+        n.shut().await;
+    }
+}
+
+fn first_node<'a>(nodes: &'a [WholeNode], name: &str) -> &'a WholeNode {
+    nodes.iter().find(|n| n.name == name).unwrap()
+}
+
 /// An NBD client of `volume` at `addr`, retried for up to 10 s while the node learns of it.
 async fn connect(addr: &str, volume: &str) -> NbdClient {
     let deadline = Instant::now() + Duration::from_secs(10);

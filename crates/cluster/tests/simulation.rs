@@ -8,8 +8,10 @@
 //! clock advanced past leases, takeovers, crashes of a coordinator, and the repair of
 //! docs/design/cluster.md §7 in two steps that other faults may separate: the owner claims an
 //! out slice (joining), fences it and has the pool replace the failed drive by it; later an owner
-//! (the same or a successor) runs the pool's rebuild and records the slice complete; and planned
-//! moves (the owner closes its pool and gives up the volume, another takes it). A link is
+//! (the same or a successor) runs the pool's rebuild and records the slice complete; planned
+//! moves (the owner closes its pool and gives up the volume, another takes it); and resizes
+//! (docs/design/cluster.md §6.5: a request in etcd, which the owner of the moment carries out by
+//! resizing its pool's volume, then, fenced, recording the new size in the spec). A link is
 //! cut only while every slice is in service (a replacement may still be joining: a takeover
 //! must then not count it as complete), one at a time (two members lost at once can leave an
 //! ec:2+1 volume without its data, which is not what this checks). Operations
@@ -25,6 +27,9 @@
 //! returned it, the coordinator crashed, and the successor's recovery kept the other copy), as
 //! data in a disk's volatile cache may; such a value must only never come back over an
 //! acknowledged write that started after it failed.
+//!
+//! After the final takeover, the volume's size is the spec's, or the pending request's (which
+//! the final owner then carries out, and the spec must say it).
 //!
 //! `STRIA_CLUSTER_SEEDS=N` runs N seeds (default 150); `STRIA_CLUSTER_SEED=S` replays one.
 
@@ -154,6 +159,10 @@ struct EtcdState {
     in_service: Option<Vec<bool>>,
     /// Slices claimed to replace an out member, until their rebuild is recorded done.
     joining: [bool; SLICES],
+    /// The spec's size (0: the volume's first size).
+    spec_size: u64,
+    /// A resize request: the size, the revision that wrote it, and whether an owner refused it.
+    resize: Option<(u64, u64, bool)>,
 }
 
 impl Etcd {
@@ -199,10 +208,12 @@ impl CommitGuard for Guard {
 
 /// One coordinator's hold on the volume.
 struct Holding {
-    pool: Pool<SimDevice>,
+    pool: Arc<Pool<SimDevice>>,
     volume: Arc<Volume<SimDevice>>,
     /// Serve only before this (its lease deadline on its own clock: the last renewal + TTL − margin).
     deadline: Arc<AtomicU64>,
+    /// A resize in flight (a node runs one at a time per volume).
+    resizing: Arc<AtomicBool>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -239,6 +250,8 @@ struct World {
     deltas: u64,
     /// Planned moves made.
     moves: u64,
+    /// Resizes recorded in the spec.
+    resizes: u64,
 }
 
 fn encode(block: u64, value: u64) -> Vec<u8> {
@@ -299,6 +312,7 @@ impl World {
             faults: 0,
             deltas: 0,
             moves: 0,
+            resizes: 0,
         }
     }
 
@@ -419,7 +433,12 @@ impl World {
         let volume = pool.volume("v").unwrap();
         let deadline = Arc::new(AtomicU64::new(now + TTL_MS - MARGIN_MS));
         // An older holding of this coordinator is dropped (its pool without a close).
-        self.held[c] = Some(Holding { pool, volume, deadline });
+        self.held[c] = Some(Holding {
+            pool: Arc::new(pool),
+            volume,
+            deadline,
+            resizing: Arc::new(AtomicBool::new(false)),
+        });
         true
     }
 
@@ -520,7 +539,7 @@ impl World {
 
     async fn step_once(&mut self) {
         let c = self.rng.random_range(0..COORDS);
-        match self.rng.random_range(0..100) {
+        match self.rng.random_range(0..104) {
             0..50 => {
                 // Clients mostly reach the owner of the moment, sometimes an older one.
                 let owner = self.etcd.state.lock().owner.map(|(o, _, _)| o);
@@ -593,6 +612,8 @@ impl World {
             }
             88..96 => self.repair().await,
             96..98 => self.planned_move(c).await,
+            100..102 => self.request_resize(),
+            102..104 => self.carry_out_resize().await,
             _ => {
                 // A crash: the coordinator's process and pool are gone (no close); its lease
                 // runs out on its own.
@@ -627,6 +648,71 @@ impl World {
         let took = self.take(to).await;
         self.moves += 1;
         self.trace(format!("planned move {c} -> {to}: closed {closed:?}, taken {took}"));
+    }
+
+    /// A resize asked for (`stria cluster volume-resize`): a size from the registers' to 1 MiB
+    /// more, replacing only a refused request.
+    fn request_resize(&mut self) {
+        let size = (REGISTERS + self.rng.random_range(0..=256)) * BLOCK_BYTES;
+        let mut st = self.etcd.state.lock();
+        if st.resize.is_some_and(|(_, _, refused)| !refused) {
+            return;
+        }
+        st.revision += 1;
+        st.resize = Some((size, st.revision, false));
+        drop(st);
+        self.trace(format!("resize to {size} asked for"));
+    }
+
+    /// The owner of the moment (running, within its deadline) carries out the pending resize,
+    /// as a node does (one at a time per volume, the request read again when it starts): its
+    /// pool's volume first, then the spec, in one step fenced by its epoch; an engine refusal is
+    /// recorded in the request. A paused owner's resize is left in flight (it resumes, or fails,
+    /// after a successor took over).
+    async fn carry_out_resize(&mut self) {
+        let Some((c, epoch, _)) = self.etcd.owner_alive() else { return };
+        let Some(h) = &self.held[c] else { return };
+        if self.etcd.now() >= h.deadline.load(SeqCst) || h.resizing.swap(true, SeqCst) {
+            return;
+        }
+        let Some((size, revision, false)) = self.etcd.state.lock().resize else {
+            h.resizing.store(false, SeqCst);
+            return;
+        };
+        let (pool, etcd, resizing) = (Arc::clone(&h.pool), Arc::clone(&self.etcd), Arc::clone(&h.resizing));
+        let op = async move {
+            let _done = ClearOnDrop(resizing);
+            // (A paused coordinator's task starts late: another may have carried it out since.)
+            if etcd.state.lock().resize != Some((size, revision, false)) {
+                return false;
+            }
+            let r = pool.resize_volume("v", size).await;
+            let now = etcd.now();
+            let mut st = etcd.state.lock();
+            let owner = st.owner.is_some_and(|(o, e, expiry)| o == c && e == epoch && now < expiry);
+            if !owner || st.resize.map(|(_, rev, _)| rev) != Some(revision) {
+                return false;
+            }
+            st.revision += 1;
+            if r.is_ok() {
+                st.spec_size = size;
+                st.resize = None;
+                true
+            } else {
+                st.resize = Some((size, revision, true));
+                false
+            }
+        };
+        if self.coords[c].paused.load(SeqCst) {
+            self.pending.push(tokio::spawn(async move {
+                op.await;
+            }));
+            self.trace(format!("coordinator {c} (paused) resizing to {size}"));
+        } else {
+            let done = op.await;
+            self.resizes += u64::from(done);
+            self.trace(format!("coordinator {c} resized to {size}: {done}"));
+        }
     }
 
     /// One repair step by the owner of the moment (running, within its deadline): rebuild what
@@ -730,6 +816,25 @@ impl World {
         let c = self.rng.random_range(0..COORDS);
         // Out slices stay out: the last owner assembles from those in service.
         assert!(self.take(c).await, "the final takeover failed");
+        // The volume's size is the spec's, or a pending request's, which the owner now carries
+        // out (a refused one stays refused).
+        let (spec_size, resize) = {
+            let st = self.etcd.state.lock();
+            (if st.spec_size == 0 { REGISTERS * BLOCK_BYTES } else { st.spec_size }, st.resize)
+        };
+        let size = self.held[c].as_ref().unwrap().volume.size_bytes();
+        let pending = resize.filter(|(_, _, refused)| !refused).map(|(s, _, _)| s);
+        assert!(
+            size == spec_size || Some(size) == pending,
+            "the volume is {size} bytes; the spec says {spec_size}, a request {resize:?}"
+        );
+        if let Some(want) = pending {
+            self.carry_out_resize().await;
+            let st = self.etcd.state.lock();
+            assert!(st.resize.is_some_and(|(_, _, refused)| refused) || st.spec_size == want, "not resized");
+            let after = self.held[c].as_ref().unwrap().volume.size_bytes();
+            assert_eq!(after, if st.resize.is_some() { size } else { want }, "the volume's size after");
+        }
         let h = self.held[c].as_ref().unwrap();
         let mut out = Vec::new();
         for block in 0..REGISTERS {
@@ -742,6 +847,15 @@ impl World {
             out.push(decode(block, &buf).unwrap());
         }
         out
+    }
+}
+
+/// Clears a flag when dropped.
+struct ClearOnDrop(Arc<AtomicBool>);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        self.0.store(false, SeqCst);
     }
 }
 
@@ -810,7 +924,7 @@ fn violations(block: u64, ops: &[Op], written: &BTreeMap<u64, (u64, u64, Outcome
     out
 }
 
-async fn run_seed(seed: u64) -> (u64, usize, u64, u64, u64) {
+async fn run_seed(seed: u64) -> (u64, usize, u64, u64, u64, u64) {
     let mut w = World::new(seed).await;
     assert!(w.take(0).await, "seed {seed}: the first takeover failed");
     let steps = 60 + w.rng.random_range(0..60);
@@ -845,7 +959,7 @@ async fn run_seed(seed: u64) -> (u64, usize, u64, u64, u64) {
         bad.extend(found);
     }
     assert!(bad.is_empty(), "seed {seed} ({}): {}", w.layout, bad.join("; "));
-    (steps, history.len(), w.faults, w.deltas, w.moves)
+    (steps, history.len(), w.faults, w.deltas, w.moves, w.resizes)
 }
 
 #[test]
@@ -883,8 +997,11 @@ fn the_checker_finds_what_it_must() {
 /// Seeds that once found a bug, run in every run: 120971 (a write's late report of a drive's
 /// failure, waiting for the failure lock while the drive came back by a delta resync, failed
 /// the returned drive in memory; commits then skipped it while the metadata said active, and
-/// the final takeover found it stale and too few drives to open).
-const FOUND_BUGS: [u64; 1] = [120971];
+/// the final takeover found it stale and too few drives to open); 1307104 (a paused owner's
+/// resize, left in flight, ran after the same owner had carried out that request and a later
+/// one: the volume shrank back under a spec that said the later size; a node now runs one resize
+/// per volume at a time and reads the request again before it starts).
+const FOUND_BUGS: [u64; 2] = [120971, 1307104];
 
 #[test]
 fn seeded_takeovers_pauses_and_cuts_lose_no_acknowledged_write() {
@@ -905,12 +1022,12 @@ fn seeded_takeovers_pauses_and_cuts_lose_no_acknowledged_write() {
             found.chain(first..first + n).collect()
         }
     };
-    let (mut steps, mut ops, mut faults, mut deltas, mut moves) = (0, 0, 0, 0, 0);
+    let (mut steps, mut ops, mut faults, mut deltas, mut moves, mut resizes) = (0, 0, 0, 0, 0, 0);
     for &seed in &seeds {
         // A runtime per seed: nothing of one seed (a task still in flight) reaches the next.
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runtime.block_on(run_seed(seed))));
-        let (s, o, f, d, m) = run.unwrap_or_else(|panic| {
+        let (s, o, f, d, m, r) = run.unwrap_or_else(|panic| {
             eprintln!("seed {seed} failed; replay it with STRIA_CLUSTER_SEED={seed}");
             std::panic::resume_unwind(panic)
         });
@@ -919,10 +1036,11 @@ fn seeded_takeovers_pauses_and_cuts_lose_no_acknowledged_write() {
         faults += f;
         deltas += d;
         moves += m;
+        resizes += r;
     }
     eprintln!(
         "{} seeds: {steps} steps, {ops} client operations recorded, {faults} faults, {deltas} slices back by a \
-         delta resync, {moves} planned moves",
+         delta resync, {moves} planned moves, {resizes} resizes",
         seeds.len()
     );
 }

@@ -180,6 +180,25 @@ pub(crate) enum ClusterCmd {
         #[command(flatten)]
         at: EtcdArgs,
     },
+    /// Grow or shrink a volume online (shrinking discards the tail, and needs --allow-shrink):
+    /// its owner resizes it, then every node exports the new size. NBD clients see it when they
+    /// connect again. Waits for the resize to finish.
+    VolumeResize {
+        name: String,
+        #[arg(long, value_parser = parse_volume_size)]
+        size: u64,
+        /// Shrink: discard everything past the new end.
+        #[arg(long)]
+        allow_shrink: bool,
+        /// Shrink even while NBD clients have the volume open (they get errors past the new end).
+        #[arg(long)]
+        force: bool,
+        /// Seconds to wait for the resize (it stays pending after).
+        #[arg(long, default_value = "60")]
+        wait: u64,
+        #[command(flatten)]
+        at: EtcdArgs,
+    },
     /// Specify a new volume: its slices are placed across nodes now; the first node to take it
     /// makes its pool and serves it.
     VolumeCreate {

@@ -9,6 +9,7 @@ use anyhow::{Context, Result, bail};
 use stria_cluster::etcd::Cluster;
 use stria_cluster::placement::place;
 use stria_cluster::{Keys, Node, NodeConfig, SliceRef, VolumeRecord, parse_layout, prepare_slices};
+use stria_engine::units::format_size;
 use stria_front::Registry;
 use stria_nbd::{Server, ServerConfig};
 
@@ -84,7 +85,8 @@ pub(super) async fn cluster(cmd: ClusterCmd) -> Result<()> {
         ClusterCmd::Status { at, .. }
         | ClusterCmd::VolumeCreate { at, .. }
         | ClusterCmd::VolumeMove { at, .. }
-        | ClusterCmd::VolumeDelete { at, .. } => at.etcd.join(","),
+        | ClusterCmd::VolumeDelete { at, .. }
+        | ClusterCmd::VolumeResize { at, .. } => at.etcd.join(","),
     };
     cluster_at(cmd).await.map_err(|e| match e.downcast_ref::<stria_cluster::ClusterError>() {
         Some(stria_cluster::ClusterError::Etcd(_)) => e.context(format!("cannot reach etcd at {endpoints}")),
@@ -110,6 +112,10 @@ async fn cluster_at(cmd: ClusterCmd) -> Result<()> {
         ClusterCmd::VolumeDelete { name, force, wait, at } => {
             let cluster = connect(&at).await?;
             volume_delete(&cluster, &name, force, Duration::from_secs(wait)).await
+        }
+        ClusterCmd::VolumeResize { name, size, allow_shrink, force, wait, at } => {
+            let cluster = connect(&at).await?;
+            volume_resize(&cluster, &name, size, allow_shrink, force, Duration::from_secs(wait)).await
         }
         ClusterCmd::VolumeCreate { name, layout, size, tolerate, chunk, at } => {
             let layout = parse_layout(&layout).map_err(anyhow::Error::msg)?;
@@ -235,6 +241,57 @@ async fn volume_delete(cluster: &Cluster, name: &str, force: bool, wait: Duratio
     Ok(())
 }
 
+/// Asks for a resize and waits until the spec says the new size (docs/design/cluster.md §6.5).
+async fn volume_resize(
+    cluster: &Cluster,
+    name: &str,
+    size: u64,
+    allow_shrink: bool,
+    force: bool,
+    wait: Duration,
+) -> Result<()> {
+    let started = Instant::now();
+    let was = cluster.request_resize(name, size, allow_shrink, force).await?;
+    if was == size {
+        outln!("volume {name} is {} already", format_size(size));
+        return Ok(());
+    }
+    loop {
+        let (spec, _, _) = cluster.volume(name).await?;
+        match cluster.resize_of(name).await? {
+            None if spec.size_bytes == size => break,
+            None => bail!("the resize of {name} was given up (it is {} bytes)", spec.size_bytes),
+            Some((r, revision)) if r.size_bytes == size && r.error.is_some() => {
+                cluster.end_resize(name, revision).await?;
+                bail!(
+                    "volume {name}'s owner cannot make it {}: {}",
+                    format_size(size),
+                    r.error.unwrap_or_default()
+                );
+            }
+            Some((r, _)) if r.size_bytes != size => {
+                bail!("another resize of {name}, to {} bytes, replaced this one", r.size_bytes)
+            }
+            Some(_) => {}
+        }
+        if started.elapsed() >= wait {
+            bail!(
+                "volume {name} is not resized after {} s; the resize stays pending and its owner carries it \
+                 out (`stria cluster status` shows it)",
+                wait.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    outln!(
+        "resized volume {name} from {} to {} in {} ms; NBD clients see the new size when they connect again",
+        format_size(was),
+        format_size(size),
+        started.elapsed().as_millis()
+    );
+    Ok(())
+}
+
 /// The cluster's records at `at`.
 async fn connect(at: &EtcdArgs) -> Result<Cluster> {
     Ok(Cluster::connect(&at.etcd, Keys::new(&at.prefix)).await?)
@@ -279,6 +336,13 @@ async fn status(at: &EtcdArgs, as_json: bool) -> Result<()> {
         }
         if v.deleting {
             owner = format!("{owner} (being deleted)");
+        }
+        match (v.resizing_to, &v.resize_error) {
+            (Some(to), None) => owner = format!("{owner} (being resized to {})", format_size(to)),
+            (Some(to), Some(why)) => {
+                owner = format!("{owner} (resize to {} refused: {why})", format_size(to))
+            }
+            _ => {}
         }
         if v.clients > 0 {
             owner = format!("{owner}, {} client(s)", v.clients);
