@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -65,10 +66,32 @@ REGISTERS = os.path.join(HERE, "registers.py")
 MEMBER_BYTES = {"m": 32 << 20, "e": 16 << 20}
 
 
+_TAKEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, below the kernel's ephemeral range: a port the kernel hands out (a bind to
+    port 0, or the local end of any outgoing connection, etcd's own included) could be taken by
+    another socket between this check and the node's bind, as one run found (`Address already in
+    use`); one below the range is taken only by an explicit bind."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(max(1024, low - 12000), low)
+        if port in _TAKEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _TAKEN.add(port)
+        return port
+    raise SystemExit(f"no free port below {low}")
 
 
 class Procs:
