@@ -289,7 +289,8 @@ impl Cluster {
     }
 
     /// Asks for `volume` to be made `size_bytes` long (docs/design/cluster.md §6.5); its owner
-    /// carries it out. Returns the size it had; the same size asks for nothing. A shrink needs
+    /// carries it out. Returns the size it had; the same size asks for nothing (and clears a
+    /// refused request). A shrink needs
     /// `allow_shrink`, and `force` while a node counts clients attached to the volume.
     pub async fn request_resize(
         &self,
@@ -314,6 +315,10 @@ impl Cluster {
             )));
         }
         if size_bytes == spec.size_bytes {
+            // Nothing to do; a refused request (shown by `cluster status`) is cleared.
+            if let Some((_, rev)) = pending {
+                self.end_resize(volume, rev).await?;
+            }
             return Ok(spec.size_bytes);
         }
         let shrink = size_bytes < spec.size_bytes;

@@ -498,7 +498,7 @@ async fn a_resized_volume_is_served_at_its_new_size_by_every_node() {
     // More than the slices hold: refused by the owner, recorded, nothing changed.
     cluster.request_resize("r", 1 << 30, false, false).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(15);
-    let (request, revision) = loop {
+    let (request, _) = loop {
         if let Some((r, rev)) = cluster.resize_of("r").await.unwrap()
             && r.error.is_some()
         {
@@ -510,6 +510,20 @@ async fn a_resized_volume_is_served_at_its_new_size_by_every_node() {
     eprintln!("refused: {:?}", request.error);
     assert_eq!(cluster.volume("r").await.unwrap().0.size_bytes, 8 << 20);
     assert_eq!(cluster.status().await.unwrap().volumes[0].resizing_to, Some(1 << 30));
+    // Asking for the size it has clears the refusal.
+    assert_eq!(cluster.request_resize("r", 8 << 20, false, false).await.unwrap(), 8 << 20);
+    assert!(cluster.resize_of("r").await.unwrap().is_none());
+    cluster.request_resize("r", 1 << 30, false, false).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let revision = loop {
+        if let Some((r, rev)) = cluster.resize_of("r").await.unwrap()
+            && r.error.is_some()
+        {
+            break rev;
+        }
+        assert!(Instant::now() < deadline, "the owner did not refuse the same growth again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     // A refused request is replaced by the next one.
     cluster.request_resize("r", 16 << 20, false, false).await.unwrap();
     wait_resized(&cluster, "r", 16 << 20).await;
