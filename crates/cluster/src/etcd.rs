@@ -181,6 +181,7 @@ impl Cluster {
         let mut volumes = Vec::new();
         for spec in self.specs().await? {
             let (spec, owner, members) = self.volume(&spec.name).await?;
+            let resize = resizes.iter().find(|(v, _, _)| *v == spec.name).map(|(_, r, _)| r);
             let nbd = owner
                 .as_ref()
                 .and_then(|(o, _)| nodes.iter().find(|n| n.name == o.node))
@@ -193,11 +194,8 @@ impl Cluster {
                 nbd,
                 moving_to: moves.iter().find(|(v, _)| *v == spec.name).map(|(_, m)| m.to.clone()),
                 deleting: deletes.contains(&spec.name),
-                resizing_to: resizes.iter().find(|(v, _, _)| *v == spec.name).map(|(_, r, _)| r.size_bytes),
-                resize_error: resizes
-                    .iter()
-                    .find(|(v, _, _)| *v == spec.name)
-                    .and_then(|(_, r, _)| r.error.clone()),
+                resizing_to: resize.map(|r| r.size_bytes),
+                resize_error: resize.and_then(|r| r.error.clone()),
                 clients: clients.get(&spec.name).copied().unwrap_or(0),
                 in_service: members.in_service.iter().map(ToString::to_string).collect(),
                 rebuilding: members.joining.iter().map(ToString::to_string).collect(),
@@ -302,11 +300,9 @@ impl Cluster {
         stria_engine::check_volume_size(size_bytes)?;
         let keys = &self.keys;
         let (spec_key, resize_key) = (keys.spec(volume), keys.resizing(volume));
-        let mut client = self.client.clone();
-        let got = client.get(spec_key.clone(), None).await?;
-        let Some(kv) = got.kvs().first() else { return Err(ClusterError::NoSuchVolume(volume.to_string())) };
-        let spec: VolumeRecord = parse(&spec_key, kv.value())?;
-        let spec_rev = kv.mod_revision();
+        let Some((spec, spec_rev)) = self.get_parsed::<VolumeRecord>(&spec_key).await? else {
+            return Err(ClusterError::NoSuchVolume(volume.to_string()));
+        };
         let pending = self.resize_of(volume).await?;
         if let Some((r, _)) = pending.as_ref().filter(|(r, _)| r.error.is_none()) {
             return Err(ClusterError::Unavailable(format!(
@@ -347,7 +343,7 @@ impl Cluster {
         }
         let record = ResizeRecord { size_bytes, since_unix: now_unix(), error: None };
         let txn = Txn::new().when(when).and_then([TxnOp::put(resize_key, json(&record), None)]);
-        if client.txn(txn).await?.succeeded() {
+        if self.client.clone().txn(txn).await?.succeeded() {
             return Ok(spec.size_bytes);
         }
         if self.deletes().await?.iter().any(|v| v == volume) {
@@ -369,10 +365,14 @@ impl Cluster {
 
     /// The resize request of `volume`, if any, with its `mod_revision`.
     pub async fn resize_of(&self, volume: &str) -> Result<Option<(ResizeRecord, i64)>, ClusterError> {
-        let key = self.keys.resizing(volume);
-        let got = self.client.clone().get(key.clone(), None).await?;
+        self.get_parsed(&self.keys.resizing(volume)).await
+    }
+
+    /// The record at `key`, if any, with its `mod_revision`.
+    async fn get_parsed<T: DeserializeOwned>(&self, key: &str) -> Result<Option<(T, i64)>, ClusterError> {
+        let got = self.client.clone().get(key, None).await?;
         match got.kvs().first() {
-            Some(kv) => Ok(Some((parse(&key, kv.value())?, kv.mod_revision()))),
+            Some(kv) => Ok(Some((parse(key, kv.value())?, kv.mod_revision()))),
             None => Ok(None),
         }
     }
@@ -500,25 +500,18 @@ impl Cluster {
         volume: &str,
     ) -> Result<(VolumeRecord, Option<(OwnerRecord, u64)>, MembersRecord), ClusterError> {
         let keys = &self.keys;
-        let mut client = self.client.clone();
-        let spec_key = keys.spec(volume);
-        let spec = client.get(spec_key.clone(), None).await?;
-        let spec: VolumeRecord = match spec.kvs().first() {
-            Some(kv) => parse(&spec_key, kv.value())?,
-            None => return Err(ClusterError::NoSuchVolume(volume.to_string())),
+        let Some((spec, _)) = self.get_parsed::<VolumeRecord>(&keys.spec(volume)).await? else {
+            return Err(ClusterError::NoSuchVolume(volume.to_string()));
         };
-        let owner_key = keys.owner(volume);
-        let owner = client.get(owner_key.clone(), None).await?;
-        let owner = match owner.kvs().first() {
-            Some(kv) => Some((parse(&owner_key, kv.value())?, u64::try_from(kv.mod_revision()).unwrap_or(0))),
-            None => None,
-        };
-        let members_key = keys.members(volume);
-        let members = client.get(members_key.clone(), None).await?;
-        let members = match members.kvs().first() {
-            Some(kv) => parse(&members_key, kv.value())?,
-            None => MembersRecord::default(),
-        };
+        let owner = self
+            .get_parsed::<OwnerRecord>(&keys.owner(volume))
+            .await?
+            .map(|(owner, revision)| (owner, u64::try_from(revision).unwrap_or(0)));
+        let members = self
+            .get_parsed::<MembersRecord>(&keys.members(volume))
+            .await?
+            .map(|(m, _)| m)
+            .unwrap_or_default();
         Ok((spec, owner, members))
     }
 }
@@ -827,16 +820,16 @@ impl Session {
     ) -> Result<bool, ClusterError> {
         let keys = &self.cluster.keys;
         let spec_key = keys.spec(volume);
-        let got = self.cluster.client.clone().get(spec_key.clone(), None).await?;
-        let Some(kv) = got.kvs().first() else { return Ok(false) };
-        let mut spec: VolumeRecord = parse(&spec_key, kv.value())?;
+        let Some((mut spec, spec_rev)) = self.cluster.get_parsed::<VolumeRecord>(&spec_key).await? else {
+            return Ok(false);
+        };
         spec.size_bytes = size_bytes;
         let resize_key = keys.resizing(volume);
         let txn = Txn::new()
             .when([
                 Compare::mod_revision(keys.owner(volume), CompareOp::Equal, epoch_rev(epoch)),
                 Compare::mod_revision(resize_key.clone(), CompareOp::Equal, revision),
-                Compare::mod_revision(spec_key.clone(), CompareOp::Equal, kv.mod_revision()),
+                Compare::mod_revision(spec_key.clone(), CompareOp::Equal, spec_rev),
             ])
             .and_then([TxnOp::put(spec_key, json(&spec), None), TxnOp::delete(resize_key, None)]);
         Ok(self.cluster.client.clone().txn(txn).await?.succeeded())

@@ -423,9 +423,8 @@ async fn repair(session: Arc<Session>, c: Arc<Coordinated>, out_time: Duration) 
 /// The volumes this node coordinates, by name.
 type Owned = BTreeMap<String, OwnedVolume>;
 
-/// Every volume's route on this node and the export that follows it, by name.
-/// Each volume's export here: its route, the export, and the revision that created the volume's
-/// spec (a volume specified again under its name is another volume).
+/// Every volume's route on this node, the export that follows it, and the revision that created
+/// the volume's spec (a volume specified again under its name is another volume), by name.
 type Routes = BTreeMap<String, (watch::Sender<Route>, Arc<Routed>, u64)>;
 
 async fn run_agent(
@@ -615,7 +614,7 @@ fn set_route(routes: &Routes, name: &str, route: Route) {
 /// what a crash leaves, which the next owner recovers.
 async fn close_owned(
     name: &str,
-    o: OwnedVolume,
+    mut o: OwnedVolume,
     exports: &Registry,
     routes: &Routes,
     why: &str,
@@ -624,7 +623,6 @@ async fn close_owned(
     o.gate.send_replace(Gate::Lost);
     exports.remove(&direct_name(name));
     o.served.drain().await;
-    let mut o = o;
     if let Some(resize) = o.resize.take() {
         let _ = resize.await;
     }

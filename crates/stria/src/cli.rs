@@ -129,6 +129,20 @@ pub(crate) struct NodeRunArgs {
     pub(crate) prefix: String,
 }
 
+/// A volume's new size, as `volume resize` and `cluster volume-resize` take it.
+#[derive(Debug, Args)]
+pub(crate) struct ResizeArgs {
+    /// The new size, e.g. 20G (a whole number of 4 KiB blocks).
+    #[arg(long, value_parser = parse_volume_size)]
+    pub(crate) size: u64,
+    /// Shrink: discard everything past the new end.
+    #[arg(long)]
+    pub(crate) allow_shrink: bool,
+    /// Shrink even while NBD clients have the volume open (they get errors past the new end).
+    #[arg(long)]
+    pub(crate) force: bool,
+}
+
 /// Where the cluster's records are: etcd's endpoints and the key prefix.
 #[derive(Debug, Args)]
 pub(crate) struct EtcdArgs {
@@ -185,14 +199,8 @@ pub(crate) enum ClusterCmd {
     /// connect again. Waits for the resize to finish.
     VolumeResize {
         name: String,
-        #[arg(long, value_parser = parse_volume_size)]
-        size: u64,
-        /// Shrink: discard everything past the new end.
-        #[arg(long)]
-        allow_shrink: bool,
-        /// Shrink even while NBD clients have the volume open (they get errors past the new end).
-        #[arg(long)]
-        force: bool,
+        #[command(flatten)]
+        to: ResizeArgs,
         /// Seconds to wait for the resize (it stays pending after).
         #[arg(long, default_value = "60")]
         wait: u64,
@@ -337,14 +345,8 @@ pub(crate) enum VolumeCmd {
     /// --allow-shrink). A clone grows up to the size its origin has now.
     Resize {
         name: String,
-        #[arg(long, value_parser = parse_volume_size)]
-        size: u64,
-        /// Shrink: discard everything past the new end.
-        #[arg(long)]
-        allow_shrink: bool,
-        /// Shrink even while NBD clients have the volume open (they get errors past the new end).
-        #[arg(long)]
-        force: bool,
+        #[command(flatten)]
+        to: ResizeArgs,
     },
     /// Delete a volume and free its space. A volume with snapshots is refused unless
     /// --with-snapshots says to delete them too. A tiered or log volume whose snapshots have

@@ -13,7 +13,7 @@ use stria_engine::units::format_size;
 use stria_front::Registry;
 use stria_nbd::{Server, ServerConfig};
 
-use crate::cli::{ClusterCmd, EtcdArgs, NodeRunArgs};
+use crate::cli::{ClusterCmd, EtcdArgs, NodeRunArgs, ResizeArgs};
 use crate::daemon::Signals;
 
 pub(super) async fn node_run(args: NodeRunArgs) -> Result<()> {
@@ -113,9 +113,9 @@ async fn cluster_at(cmd: ClusterCmd) -> Result<()> {
             let cluster = connect(&at).await?;
             volume_delete(&cluster, &name, force, Duration::from_secs(wait)).await
         }
-        ClusterCmd::VolumeResize { name, size, allow_shrink, force, wait, at } => {
+        ClusterCmd::VolumeResize { name, to, wait, at } => {
             let cluster = connect(&at).await?;
-            volume_resize(&cluster, &name, size, allow_shrink, force, Duration::from_secs(wait)).await
+            volume_resize(&cluster, &name, &to, Duration::from_secs(wait)).await
         }
         ClusterCmd::VolumeCreate { name, layout, size, tolerate, chunk, at } => {
             let layout = parse_layout(&layout).map_err(anyhow::Error::msg)?;
@@ -242,16 +242,10 @@ async fn volume_delete(cluster: &Cluster, name: &str, force: bool, wait: Duratio
 }
 
 /// Asks for a resize and waits until the spec says the new size (docs/design/cluster.md §6.5).
-async fn volume_resize(
-    cluster: &Cluster,
-    name: &str,
-    size: u64,
-    allow_shrink: bool,
-    force: bool,
-    wait: Duration,
-) -> Result<()> {
+async fn volume_resize(cluster: &Cluster, name: &str, to: &ResizeArgs, wait: Duration) -> Result<()> {
     let started = Instant::now();
-    let was = cluster.request_resize(name, size, allow_shrink, force).await?;
+    let size = to.size;
+    let was = cluster.request_resize(name, size, to.allow_shrink, to.force).await?;
     if was == size {
         outln!("volume {name} is {} already", format_size(size));
         return Ok(());

@@ -83,9 +83,9 @@ pub(super) async fn volume(dir: &PoolDir, cmd: VolumeCmd) -> Result<()> {
             }
             Ok(())
         }
-        VolumeCmd::Resize { name, size, allow_shrink, force } => {
-            let v =
-                request(dir, Request::VolumeResize { name, size_bytes: size, force, allow_shrink }).await?;
+        VolumeCmd::Resize { name, to } => {
+            let (size_bytes, force, allow_shrink) = (to.size, to.force, to.allow_shrink);
+            let v = request(dir, Request::VolumeResize { name, size_bytes, force, allow_shrink }).await?;
             output::volume(&view(v)?);
             Ok(())
         }
