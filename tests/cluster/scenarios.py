@@ -610,6 +610,7 @@ def main() -> int:
                                   "redundant_median_s": round(statistics.median(redundant), 2),
                                   "rebuilt_bytes_median": int(statistics.median(rebuilt))}), flush=True)
         resize_check(c)
+        drain_check(c)
         delete_check(c)
         failed = False
         return 0
@@ -663,6 +664,54 @@ print(h.pread(4096, 0).hex())
         if r.returncode != 0 or r.stdout.strip() != before:
             raise SystemExit(f"resize: node {i}: rc {r.returncode} {r.stderr[-2000:]}")
     print(json.dumps({"scenario": "resize", "shrink_refused": True, "said": said}), flush=True)
+
+
+def drain_check(c: Cluster) -> None:
+    """`stria cluster node-drain` (docs/design/cluster.md §6.6) through the real CLI: the node that
+    owns m is drained while a client attached to it writes (FUA) without an error; it then owns
+    nothing and is listed as cordoned, a move to it is refused, and after `node-uncordon` a move
+    to it succeeds."""
+    node, _ = c.owner("m")
+    i = int(node[1:])
+    write = f"""
+import nbd, sys, time
+h = nbd.NBD(); h.connect_uri({c.nbd_uri(i, 'm')!r})
+n, end = 0, time.monotonic() + 5
+while time.monotonic() < end:
+    n += 1
+    h.pwrite(n.to_bytes(8, "little") * 512, 4096 * 7, nbd.CMD_FLAG_FUA)
+assert h.pread(4096, 4096 * 7) == n.to_bytes(8, "little") * 512
+print(n)
+"""
+    writer = c.procs.start("drain-writer", c.client_cmd([sys.executable, "-c", write]), f"{c.work}/drain-writer.log")
+    time.sleep(1)
+    at = ["--etcd", c.endpoints]
+    r = subprocess.run(c.client_cmd([c.stria, "cluster", "node-drain", node, "--reason", "maintenance"] + at),
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode != 0 or f"node {node} is drained" not in r.stdout:
+        raise SystemExit(f"drain: failed: rc {r.returncode} {r.stdout} {r.stderr}")
+    said = r.stdout.strip().splitlines()
+    status = c.status()
+    still = [v["name"] for v in status["volumes"] if v["owner"] == node]
+    if still or [(x["node"], x["reason"]) for x in status["cordons"]] != [(node, "maintenance")]:
+        raise SystemExit(f"drain: {node} still owns {still}; cordons {status['cordons']}")
+    r = subprocess.run(c.client_cmd([c.stria, "cluster", "volume-move", "m", node] + at),
+                       capture_output=True, text=True, timeout=60)
+    if r.returncode == 0 or "cordoned" not in r.stderr:
+        raise SystemExit(f"drain: a move to the cordoned node was not refused: rc {r.returncode} {r.stderr}")
+    if writer.wait(timeout=60) != 0:
+        raise SystemExit(f"drain: the client at {node} saw an error (see {c.work}/drain-writer.log)")
+    with open(f"{c.work}/drain-writer.log") as f:
+        writes = int(f.read().split()[-1])
+    r = subprocess.run(c.client_cmd([c.stria, "cluster", "node-uncordon", node] + at),
+                       capture_output=True, text=True, timeout=30, check=True)
+    if "in service again" not in r.stdout or c.status()["cordons"]:
+        raise SystemExit(f"drain: uncordon: {r.stdout} {r.stderr}")
+    r = subprocess.run(c.client_cmd([c.stria, "cluster", "volume-move", "m", node] + at),
+                       capture_output=True, text=True, timeout=90)
+    if r.returncode != 0:
+        raise SystemExit(f"drain: a move back after the uncordon failed: {r.stdout} {r.stderr}")
+    print(json.dumps({"scenario": "drain", "node": node, "writes_during": writes, "said": said}), flush=True)
 
 
 def delete_check(c: Cluster) -> None:

@@ -12,7 +12,7 @@ use stria_slice::RemoteDevice;
 use tokio::runtime::Handle;
 
 use crate::etcd::{ClusterError, MembersGuard, Session};
-use crate::records::{MembersRecord, OutSlice, SliceRef, VolumeRecord};
+use crate::records::{MembersRecord, OutSlice, SliceRef, VolumeRecord, now_unix};
 
 /// How long one slice may take to connect and to answer its FENCE before it counts as
 /// unreachable.
@@ -47,10 +47,6 @@ impl std::fmt::Debug for Coordinated {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Coordinated").field("epoch", &self.epoch).field("members", &self.members).finish()
     }
-}
-
-fn now_unix() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 /// Connects to `slice` and fences it at `epoch`. `Err` says why it is unreachable; a slice

@@ -11,8 +11,8 @@ use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 
 use crate::records::{
-    DeleteRecord, Keys, MembersRecord, MoveRecord, NodeRecord, OutSlice, OwnerRecord, ResizeRecord, SliceRef,
-    VolumeRecord,
+    CordonRecord, DeleteRecord, Keys, MembersRecord, MoveRecord, NodeRecord, OutSlice, OwnerRecord,
+    ResizeRecord, SliceRef, VolumeRecord, now_unix,
 };
 
 /// Why a cluster operation failed.
@@ -212,7 +212,13 @@ impl Cluster {
                 name: spec.name,
             });
         }
-        Ok(ClusterStatus { etcd: self.etcd_status().await?, nodes, volumes })
+        let cordons = self
+            .cordons()
+            .await?
+            .into_iter()
+            .map(|(node, c)| CordonStatus { node, since_unix: c.since_unix, reason: c.reason })
+            .collect();
+        Ok(ClusterStatus { etcd: self.etcd_status().await?, nodes, cordons, volumes })
     }
 
     /// etcd's members and the leader the answering member knows (none: no quorum there).
@@ -482,6 +488,180 @@ impl Cluster {
         Ok(())
     }
 
+    /// Ends the move of `volume` to `node` if that is the one pending (not one asked for since).
+    pub async fn end_move_to(&self, volume: &str, node: &str) -> Result<(), ClusterError> {
+        let key = self.keys.moving(volume);
+        let txn = Txn::new()
+            .when([Compare::value(key.clone(), CompareOp::Equal, json(&MoveRecord { to: node.to_string() }))])
+            .and_then([TxnOp::delete(key, None)]);
+        self.client.clone().txn(txn).await?;
+        Ok(())
+    }
+
+    /// Cordons `node` (docs/design/cluster.md §6.6) and ends the moves pending to it. A node
+    /// cordoned already keeps its first record. True when it was not cordoned before.
+    pub async fn cordon(&self, node: &str, reason: &str) -> Result<bool, ClusterError> {
+        let key = self.keys.cordon(node);
+        let record = CordonRecord { since_unix: now_unix(), reason: reason.to_string() };
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key, json(&record), None)]);
+        let new = self.client.clone().txn(txn).await?.succeeded();
+        for (volume, m) in self.moves().await? {
+            if m.to == node {
+                self.end_move_to(&volume, node).await?;
+            }
+        }
+        Ok(new)
+    }
+
+    /// Ends `node`'s cordon. False when it had none.
+    pub async fn uncordon(&self, node: &str) -> Result<bool, ClusterError> {
+        Ok(self.client.clone().delete(self.keys.cordon(node), None).await?.deleted() > 0)
+    }
+
+    /// The slices a new volume may be placed on: on live nodes that are not cordoned, `need`
+    /// bytes or more, claimed by no volume (a create's transaction claims them, and fails if
+    /// another create took one meanwhile). Also the cordoned nodes left out.
+    pub async fn free_slices(&self, need: u64) -> Result<(Vec<SliceRef>, Vec<String>), ClusterError> {
+        let used: Vec<SliceRef> = self.claims().await?.into_iter().map(|(s, _)| s).collect();
+        let cordoned: Vec<String> = self.cordons().await?.into_iter().map(|(n, _)| n).collect();
+        let mut free = Vec::new();
+        for node in self.nodes().await? {
+            if cordoned.contains(&node.name) {
+                continue;
+            }
+            for s in &node.slices {
+                let r = SliceRef { node: node.name.clone(), addr: node.slice_addr.clone(), slice: s.id };
+                if s.bytes >= need && !used.iter().any(|u| u.same(&r)) {
+                    free.push(r);
+                }
+            }
+        }
+        Ok((free, cordoned))
+    }
+
+    /// Every cordoned node, with its record.
+    pub async fn cordons(&self) -> Result<Vec<(String, CordonRecord)>, ClusterError> {
+        let prefix = self.keys.cordons();
+        let mut out = Vec::new();
+        for kv in self.list(&prefix).await? {
+            let node = String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
+            out.push((node, parse(&prefix, kv.value())?));
+        }
+        Ok(out)
+    }
+
+    /// Asks for a planned move of `volume` to `node` and waits, at most `wait`, until `node`
+    /// serves it (docs/design/cluster.md §6.3). Refused for a node that is not alive or is
+    /// cordoned.
+    pub async fn move_volume(&self, volume: &str, node: &str, wait: Duration) -> Result<Moved, ClusterError> {
+        let (_, owner, _) = self.volume(volume).await?;
+        let nodes = self.nodes().await?;
+        if !nodes.iter().any(|n| n.name == node) {
+            let alive: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+            return Err(ClusterError::Unavailable(format!(
+                "node {node} is not alive in the cluster (alive: {})",
+                alive.join(", ")
+            )));
+        }
+        if owner.as_ref().is_some_and(|(o, _)| o.node == node) {
+            return Ok(Moved::Already);
+        }
+        if self.cordons().await?.iter().any(|(c, _)| c == node) {
+            return Err(ClusterError::Unavailable(format!(
+                "node {node} is cordoned: it receives no volume (`stria cluster node-uncordon {node}` ends that)"
+            )));
+        }
+        let started = Instant::now();
+        self.request_move(volume, node).await?;
+        loop {
+            let (_, owner, _) = self.volume(volume).await?;
+            let pending = self.moves().await?.into_iter().any(|(v, _)| v == volume);
+            match owner {
+                Some((o, epoch)) if o.node == node => {
+                    return Ok(Moved::Done { epoch, took: started.elapsed() });
+                }
+                Some((o, _)) if !pending => {
+                    return Err(ClusterError::Unavailable(format!(
+                        "the move was given up: {} serves volume {volume} (see the nodes' logs)",
+                        o.node
+                    )));
+                }
+                _ => {}
+            }
+            if started.elapsed() >= wait {
+                return Err(ClusterError::Unavailable(format!(
+                    "volume {volume} is not on {node} after {} s; the move stays pending \
+                     (`stria cluster volume-move {volume} --cancel` ends it)",
+                    wait.as_secs()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Takes `node` out of service (docs/design/cluster.md §6.6): cordons it, then moves each
+    /// volume it owns, one at a time, to the live node that is not cordoned and owns the fewest,
+    /// calling `each(volume, to, took)` after each move. Gives up, the node still cordoned,
+    /// when a move fails or `wait` has passed.
+    pub async fn drain(
+        &self,
+        node: &str,
+        reason: &str,
+        wait: Duration,
+        mut each: impl FnMut(&str, &str, Duration),
+    ) -> Result<usize, ClusterError> {
+        let deadline = Instant::now() + wait;
+        self.cordon(node, reason).await?;
+        let mut moved = 0;
+        loop {
+            let owners = self.owners().await?;
+            let owned_by = |n: &str| owners.iter().filter(|(_, o, _)| o.node == n).count();
+            let theirs: Vec<&str> =
+                owners.iter().filter(|(_, o, _)| o.node == node).map(|(v, _, _)| v.as_str()).collect();
+            let Some(&volume) = theirs.first() else { return Ok(moved) };
+            let cordons = self.cordons().await?;
+            let nodes = self.nodes().await?;
+            let Some(to) = nodes
+                .iter()
+                .filter(|n| n.name != node && !cordons.iter().any(|(c, _)| *c == n.name))
+                .min_by_key(|n| (owned_by(&n.name), n.name.clone()))
+            else {
+                return Err(ClusterError::Unavailable(format!(
+                    "node {node} is cordoned, but no live node that is not cordoned is left to take its {} \
+                     volume(s) ({}); they stay on {node}",
+                    theirs.len(),
+                    theirs.join(", ")
+                )));
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ClusterError::Unavailable(format!(
+                    "node {node} still owns {} after {} s; it stays cordoned, and running the drain again goes on",
+                    theirs.join(", "),
+                    wait.as_secs()
+                )));
+            }
+            match self.move_volume(volume, &to.name, left).await {
+                Ok(Moved::Done { took, .. }) => {
+                    moved += 1;
+                    each(volume, &to.name, took);
+                }
+                Ok(Moved::Already) => {}
+                Err(e) => {
+                    // Another node may have taken it meanwhile (the owner stopped): gone all the same.
+                    let now = self.volume(volume).await.ok().and_then(|(_, o, _)| o).map(|(o, _)| o.node);
+                    if now.as_deref() == Some(node) {
+                        return Err(ClusterError::Unavailable(format!(
+                            "node {node} stays cordoned and still owns {volume}: {e}"
+                        )));
+                    }
+                }
+            }
+        }
+    }
+
     /// Who owns each owned volume, with its epoch.
     pub async fn owners(&self) -> Result<Vec<(String, OwnerRecord, u64)>, ClusterError> {
         let prefix = self.keys.owners();
@@ -516,12 +696,31 @@ impl Cluster {
     }
 }
 
+/// How [`Cluster::move_volume`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Moved {
+    /// The node served the volume already.
+    Already,
+    /// The node took it at `epoch`, `took` after the request.
+    Done { epoch: u64, took: Duration },
+}
+
 /// The cluster as an operator reads it (`stria cluster status --json`).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ClusterStatus {
     pub etcd: EtcdStatus,
     pub nodes: Vec<NodeRecord>,
+    /// Nodes out of service (docs/design/cluster.md §6.6), alive or not.
+    pub cordons: Vec<CordonStatus>,
     pub volumes: Vec<VolumeStatus>,
+}
+
+/// A cordoned node.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct CordonStatus {
+    pub node: String,
+    pub since_unix: u64,
+    pub reason: String,
 }
 
 /// etcd's members, and its leader as the member that answered knows it (a member cut off from
@@ -1195,8 +1394,4 @@ impl stria_engine::CommitGuard for MembersGuard {
     ) -> futures::future::BoxFuture<'a, Result<(), String>> {
         Box::pin(async move { self.check(next).await.map_err(|e| e.to_string()) })
     }
-}
-
-fn now_unix() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }

@@ -15,9 +15,12 @@ pub mod records;
 pub mod repair;
 
 pub use coordinator::{Coordinated, create, take};
-pub use etcd::{ClusterError, ClusterStatus, EtcdStatus, OutStatus, Session, SessionConfig, VolumeStatus};
+pub use etcd::{
+    ClusterError, ClusterStatus, CordonStatus, EtcdStatus, Moved, OutStatus, Session, SessionConfig,
+    VolumeStatus,
+};
 pub use node::{Node, NodeConfig, NodeReport, Reporter, VolumeReport, prepare_slices};
 pub use records::{
-    DeleteRecord, Keys, MembersRecord, MoveRecord, NodeRecord, OutSlice, OwnerRecord, ResizeRecord,
-    SliceInfoRecord, SliceRef, VolumeRecord, parse_layout,
+    CordonRecord, DeleteRecord, Keys, MembersRecord, MoveRecord, NodeRecord, OutSlice, OwnerRecord,
+    ResizeRecord, SliceInfoRecord, SliceRef, VolumeRecord, parse_layout,
 };

@@ -443,7 +443,9 @@ async fn run_agent(
     // lease deadlines and housekeeping).
     let mut changes: Option<etcd_client::WatchStream> = None;
     loop {
-        if *stopped.borrow() {
+        // A node dropped without `stop` stops too (else `stopped.changed()` would return at
+        // once, every pass, and the agent would spin).
+        if *stopped.borrow() || stopped.has_changed().is_err() {
             break;
         }
         // A session whose lease is gone (or never was) is replaced; what it owned is dropped
@@ -796,8 +798,13 @@ async fn tick(
     let nodes = session.nodes().await?;
     let moves = session.moves().await?;
     let deletes = session.deletes().await?;
+    let cordons = session.cordons().await?;
     let deleting = |v: &str| deletes.iter().any(|d| d == v);
     let live = |node: &str| nodes.iter().any(|n| n.name == node);
+    let cordoned = |node: &str| cordons.iter().any(|(c, _)| c == node);
+    // A cordoned node takes nothing while a live node that is not cordoned could (§6.6).
+    let stand_aside =
+        cordoned(&config.name) && nodes.iter().any(|n| n.name != config.name && !cordoned(&n.name));
     let mine: BTreeMap<&str, u64> =
         owners.iter().filter(|(_, o, _)| o.node == config.name).map(|(v, _, e)| (v.as_str(), *e)).collect();
     let lost: Vec<String> = owned
@@ -831,6 +838,9 @@ async fn tick(
     for (v, m) in &moves {
         if m.to == config.name && owned.contains_key(v) {
             session.end_move(v).await?;
+        } else if m.to != config.name && cordoned(&m.to) && owned.contains_key(v) {
+            tracing::warn!(volume = %v, to = %m.to, "a move to a cordoned node is given up");
+            session.end_move_to(v, &m.to).await?;
         } else if m.to != config.name
             && live(&m.to)
             && !deleting(v)
@@ -888,9 +898,14 @@ async fn tick(
             }
             continue;
         }
-        // A volume moving to another live node is that node's to take.
-        let moving_to = moves.iter().find(|(v, _)| *v == spec.name).map(|(_, m)| m.to.as_str());
-        if moving_to.is_some_and(|to| to != config.name && live(to)) {
+        // A volume moving to another live node is that node's to take (unless it is cordoned:
+        // then the move is as good as given up).
+        let moving_to = moves
+            .iter()
+            .find(|(v, _)| *v == spec.name)
+            .map(|(_, m)| m.to.as_str())
+            .filter(|to| !cordoned(to));
+        if moving_to.is_some_and(|to| to != config.name && live(to)) || stand_aside {
             continue;
         }
         // One this node failed to take waits its turn (a move to this node is tried at once).

@@ -4,6 +4,11 @@
 use serde::{Deserialize, Serialize};
 use stria_engine::Layout;
 
+/// Seconds since the Unix epoch, as the records' `since_unix` fields hold them.
+pub fn now_unix() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
 /// Where the keys live: `<prefix>/nodes/<node>`, `<prefix>/owners/<vol>`,
 /// `<prefix>/volumes/<vol>/{spec,members}`.
 #[derive(Clone, Debug)]
@@ -85,6 +90,16 @@ impl Keys {
     /// resize).
     pub fn volume_keys(&self, volume: &str) -> String {
         format!("{}/volumes/{volume}/", self.prefix)
+    }
+
+    /// `cordons/<node>`: the node is out of service (docs/design/cluster.md §6.6). Not bound to
+    /// a lease: it outlives the node's restarts.
+    pub fn cordon(&self, node: &str) -> String {
+        format!("{}/cordons/{node}", self.prefix)
+    }
+
+    pub fn cordons(&self) -> String {
+        format!("{}/cordons/", self.prefix)
     }
 
     /// `clients/`: every volume's client counts.
@@ -204,6 +219,16 @@ pub struct ResizeRecord {
     pub since_unix: u64,
     #[serde(default)]
     pub error: Option<String>,
+}
+
+/// `cordons/<node>`: the node takes no volume while a live node that is not cordoned could,
+/// receives no planned move and no new slice (docs/design/cluster.md §6.6).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CordonRecord {
+    pub since_unix: u64,
+    /// What the operator gave (`--reason`), or empty.
+    #[serde(default)]
+    pub reason: String,
 }
 
 /// A slice taken out of service, and since when.

@@ -18,7 +18,7 @@ use tokio::runtime::Handle;
 
 use crate::coordinator::{Coordinated, fence_one};
 use crate::etcd::{ClusterError, Session};
-use crate::records::{MembersRecord, NodeRecord, OutSlice, SliceRef, VolumeRecord};
+use crate::records::{MembersRecord, NodeRecord, OutSlice, SliceRef, VolumeRecord, now_unix};
 
 /// What one look at a volume's members decided.
 #[derive(Debug, PartialEq, Eq)]
@@ -32,10 +32,6 @@ pub enum Repair {
     Replaced { slice: SliceRef, replaces: SliceRef },
 }
 
-fn now_unix() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
 /// Where `out` can be rebuilt: its own slice when its node is back (the node's current address),
 /// else, after `out_time`, a free slice of another node that keeps the volume's spread (no node
 /// holding more of its members than the most any node held at create), big enough, preferring
@@ -46,6 +42,7 @@ fn target(
     out: &OutSlice,
     nodes: &[NodeRecord],
     claims: &[(SliceRef, String)],
+    cordoned: &[String],
     out_time: Duration,
 ) -> Result<SliceRef, String> {
     let live =
@@ -81,7 +78,7 @@ fn target(
         .unwrap_or(0);
     let mut best: Option<(bool, SliceRef)> = None;
     for node in nodes {
-        if node.name == out.slice.node || held(&node.name) >= cap {
+        if node.name == out.slice.node || held(&node.name) >= cap || cordoned.contains(&node.name) {
             continue;
         }
         for info in &node.slices {
@@ -100,8 +97,13 @@ fn target(
         }
     }
     best.map(|(_, s)| s).ok_or_else(|| {
+        let left_out = if cordoned.is_empty() {
+            String::new()
+        } else {
+            format!(" (cordoned, left out: {})", cordoned.join(", "))
+        };
         format!(
-            "{} is away for {away} s, past the out-time, but no live node outside the volume's has a free slice of at least {} MiB",
+            "{} is away for {away} s, past the out-time, but no live node outside the volume's has a free slice of at least {} MiB{left_out}",
             out.slice,
             need >> 20
         )
@@ -124,6 +126,7 @@ pub async fn step(
     let (spec, _, _) = session.volume(c.volume.name()).await?;
     let nodes = session.nodes().await?;
     let claims = session.claims().await?;
+    let cordoned: Vec<String> = session.cordons().await?.into_iter().map(|(n, _)| n).collect();
     let meta = c.pool.meta();
     let mut waiting = Vec::new();
     for out in &members.out {
@@ -135,7 +138,7 @@ pub async fn step(
             continue;
         };
         let slot = record.slot;
-        let slice = match target(&spec, &members, out, &nodes, &claims, out_time) {
+        let slice = match target(&spec, &members, out, &nodes, &claims, &cordoned, out_time) {
             Ok(s) => s,
             Err(why) => {
                 waiting.push(why);

@@ -603,3 +603,143 @@ async fn an_ec_volume_with_two_members_per_node_survives_a_node() {
         n.shut().await;
     }
 }
+
+/// Cordon and drain (docs/design/cluster.md §6.6): the drained node gives its volumes to the
+/// nodes that are not cordoned with no error at a client attached to it, receives no move, no
+/// new slice and no failover while another node can take the volume, and takes them when it is
+/// the only live node left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_node_owns_nothing_and_takes_nothing_while_cordoned() {
+    if let Ok(filter) = std::env::var("STRIA_LOG") {
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+    }
+    let etcd = Etcd::start().await;
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        nodes.push(WholeNode::start_with(&format!("n{i}"), &etcd, 3).await);
+    }
+    let cluster = Cluster::connect(std::slice::from_ref(&etcd.endpoint), Keys::new(PREFIX)).await.unwrap();
+    let free = registered_slices(&cluster, 3, 3).await;
+    // Two three-way mirrors, both coordinated by n0. `a` has two copies on n0, so that it can
+    // be served with n1 and n2 both gone (a pool assembles from a majority of its members).
+    let layout = Layout::Raid1 { copies: 3 };
+    let at =
+        |node: &str, slice: u32| free.iter().find(|s| s.node == node && s.slice == slice).unwrap().clone();
+    for (name, slices) in
+        [("a", [at("n0", 0), at("n0", 1), at("n1", 0)]), ("b", [at("n0", 2), at("n1", 1), at("n2", 0)])]
+    {
+        let slices = slices.to_vec();
+        let spec =
+            VolumeRecord { name: name.into(), layout, size_bytes: 4 << 20, chunk_bytes: 64 << 10, slices };
+        cluster.put_spec(&spec).await.unwrap();
+        wait_owner(&cluster, name, |_| true).await;
+        cluster.move_volume(name, "n0", Duration::from_secs(30)).await.unwrap();
+    }
+    assert_eq!(owner(&cluster, "a").await.as_deref(), Some("n0"));
+    assert_eq!(owner(&cluster, "b").await.as_deref(), Some("n0"));
+
+    // A client at n0 writes throughout; none of its writes may fail.
+    let client = Arc::new(connect(&nodes[0].nbd, "a").await);
+    let stop = Arc::new(AtomicBool::new(false));
+    let last = Arc::new(AtomicU32::new(0));
+    let writing = tokio::spawn(writer(Arc::clone(&client), 9, 3, Arc::clone(&stop), Arc::clone(&last)));
+    let progress = |what: &'static str| {
+        let last = Arc::clone(&last);
+        async move {
+            let before = last.load(Relaxed);
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while last.load(Relaxed) <= before + 2 {
+                assert!(Instant::now() < deadline, "the client at n0 made no progress after {what}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    progress("its start").await;
+
+    // The drain: one volume to each other node (the one owning fewer first, ties by name).
+    let mut moves = Vec::new();
+    let moved = cluster
+        .drain("n0", "new kernel", Duration::from_secs(60), |v, to, took| {
+            moves.push((v.to_string(), to.to_string(), took));
+        })
+        .await
+        .unwrap();
+    eprintln!("drained n0: {moves:?}");
+    assert_eq!(moved, 2);
+    assert_eq!(
+        moves.iter().map(|(v, to, _)| (v.as_str(), to.as_str())).collect::<Vec<_>>(),
+        [("a", "n1"), ("b", "n2")]
+    );
+    assert_eq!(owner(&cluster, "a").await.as_deref(), Some("n1"));
+    assert_eq!(owner(&cluster, "b").await.as_deref(), Some("n2"));
+    let cordons = cluster.cordons().await.unwrap();
+    assert_eq!(cordons.len(), 1);
+    assert_eq!((cordons[0].0.as_str(), cordons[0].1.reason.as_str()), ("n0", "new kernel"));
+    assert_eq!(cluster.status().await.unwrap().cordons.len(), 1);
+    progress("the drain").await;
+    // A drain again has nothing to move; a cordon again keeps the first record.
+    assert_eq!(cluster.drain("n0", "", Duration::from_secs(10), |_, _, _| {}).await.unwrap(), 0);
+    assert!(!cluster.cordon("n0", "other").await.unwrap());
+    assert_eq!(cluster.cordons().await.unwrap()[0].1.reason, "new kernel");
+
+    // No move to it: refused, and one asked for behind the check's back is given up.
+    let refused = cluster.move_volume("a", "n0", Duration::from_secs(5)).await.unwrap_err();
+    assert!(refused.to_string().contains("cordoned"), "{refused}");
+    cluster.request_move("a", "n0").await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cluster.moves().await.unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the move to the cordoned node was not given up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(owner(&cluster, "a").await.as_deref(), Some("n1"));
+    // No new slice on it.
+    let (free_now, left_out) = cluster.free_slices(1 << 20).await.unwrap();
+    assert_eq!(left_out, ["n0"]);
+    assert!(!free_now.is_empty() && free_now.iter().all(|s| s.node != "n0"), "{free_now:?}");
+
+    // a's owner stops: n2 takes it, not the cordoned n0.
+    nodes[1].stop().await;
+    assert_eq!(wait_owner(&cluster, "a", |o| o != "n1").await, "n2");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(owner(&cluster, "a").await.as_deref(), Some("n2"));
+    progress("n1 stopped").await;
+
+    // Every live node cordoned, the owner stops: n0 serves, cordoned or not (b, with one
+    // member left, cannot be served by anyone).
+    assert!(cluster.cordon("n2", "").await.unwrap());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(owner(&cluster, "a").await.as_deref(), Some("n2"), "a cordon alone moves nothing");
+    nodes[2].stop().await;
+    progress("n2 stopped").await;
+    assert_eq!(owner(&cluster, "a").await.as_deref(), Some("n0"));
+    stop.store(true, Relaxed);
+    writing.await.unwrap().unwrap();
+    let seq = last.load(Relaxed);
+    assert_eq!(&client.read(3 * 4096, 4096).await.unwrap()[..], &register(3, 9, seq)[..]);
+
+    assert!(cluster.uncordon("n0").await.unwrap());
+    assert!(!cluster.uncordon("n0").await.unwrap());
+    assert_eq!(cluster.cordons().await.unwrap().len(), 1, "n2's stays");
+    for n in &mut nodes {
+        n.shut().await;
+    }
+}
+
+/// A node dropped without `stop` stops its agent (which once spun, every pass returning at once
+/// on the dropped stop signal, flooding the log with thousands of failed checks a second once
+/// etcd was gone): it gives up its lease at once, as a clean stop does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_dropped_without_stop_stops_its_agent() {
+    let etcd = Etcd::start().await;
+    let cluster = Cluster::connect(std::slice::from_ref(&etcd.endpoint), Keys::new(PREFIX)).await.unwrap();
+    let mut n = WholeNode::start("n0", &etcd).await;
+    registered_slices(&cluster, 1, 1).await;
+    drop(n.node.take());
+    // The lease lives 2 s unless revoked; the agent's exit revokes it.
+    let deadline = Instant::now() + Duration::from_millis(1500);
+    while !cluster.nodes().await.unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the dropped node's agent still holds its lease");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    n.shut().await;
+}

@@ -207,6 +207,36 @@ pub(crate) enum ClusterCmd {
         #[command(flatten)]
         at: EtcdArgs,
     },
+    /// Take a node out of service for maintenance: it takes no volume while another live node
+    /// could, receives no planned move and no new slice. Its slices keep serving. Kept across
+    /// the node's restarts until node-uncordon.
+    NodeCordon {
+        node: String,
+        /// Why, for `stria cluster status`.
+        #[arg(long, default_value = "")]
+        reason: String,
+        #[command(flatten)]
+        at: EtcdArgs,
+    },
+    /// Cordon a node, then move every volume it coordinates to the other nodes, one at a time,
+    /// with no error at their clients. Running it again goes on where it stopped.
+    NodeDrain {
+        node: String,
+        /// Why, for `stria cluster status`.
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// Seconds to wait for all the moves (the node stays cordoned after).
+        #[arg(long, default_value = "300")]
+        wait: u64,
+        #[command(flatten)]
+        at: EtcdArgs,
+    },
+    /// Put a cordoned node back in service: it takes volumes again (none move back by itself).
+    NodeUncordon {
+        node: String,
+        #[command(flatten)]
+        at: EtcdArgs,
+    },
     /// Specify a new volume: its slices are placed across nodes now; the first node to take it
     /// makes its pool and serves it.
     VolumeCreate {

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use stria_cluster::etcd::Cluster;
 use stria_cluster::placement::place;
-use stria_cluster::{Keys, Node, NodeConfig, SliceRef, VolumeRecord, parse_layout, prepare_slices};
+use stria_cluster::records::now_unix;
+use stria_cluster::{Keys, Moved, Node, NodeConfig, VolumeRecord, parse_layout, prepare_slices};
 use stria_engine::units::format_size;
 use stria_front::Registry;
 use stria_nbd::{Server, ServerConfig};
@@ -86,7 +87,10 @@ pub(super) async fn cluster(cmd: ClusterCmd) -> Result<()> {
         | ClusterCmd::VolumeCreate { at, .. }
         | ClusterCmd::VolumeMove { at, .. }
         | ClusterCmd::VolumeDelete { at, .. }
-        | ClusterCmd::VolumeResize { at, .. } => at.etcd.join(","),
+        | ClusterCmd::VolumeResize { at, .. }
+        | ClusterCmd::NodeCordon { at, .. }
+        | ClusterCmd::NodeDrain { at, .. }
+        | ClusterCmd::NodeUncordon { at, .. } => at.etcd.join(","),
     };
     cluster_at(cmd).await.map_err(|e| match e.downcast_ref::<stria_cluster::ClusterError>() {
         Some(stria_cluster::ClusterError::Etcd(_)) => e.context(format!("cannot reach etcd at {endpoints}")),
@@ -109,6 +113,43 @@ async fn cluster_at(cmd: ClusterCmd) -> Result<()> {
             let node = node.expect("clap requires NODE without --cancel");
             volume_move(&cluster, &name, &node, Duration::from_secs(wait)).await
         }
+        ClusterCmd::NodeCordon { node, reason, at } => {
+            let cluster = connect(&at).await?;
+            known_node(&cluster, &node).await?;
+            if cluster.cordon(&node, &reason).await? {
+                outln!(
+                    "node {node} is cordoned: it takes no volume while another node can, and receives none"
+                );
+            } else {
+                outln!("node {node} is cordoned already");
+            }
+            Ok(())
+        }
+        ClusterCmd::NodeDrain { node, reason, wait, at } => {
+            let cluster = connect(&at).await?;
+            known_node(&cluster, &node).await?;
+            let started = Instant::now();
+            let moved = cluster
+                .drain(&node, &reason, Duration::from_secs(wait), |volume, to, took| {
+                    outln!("  moved {volume} to {to} in {} ms", took.as_millis());
+                })
+                .await?;
+            outln!(
+                "node {node} is drained: {moved} volume(s) moved in {} ms; it stays cordoned \
+                 (`stria cluster node-uncordon {node}` ends that)",
+                started.elapsed().as_millis()
+            );
+            Ok(())
+        }
+        ClusterCmd::NodeUncordon { node, at } => {
+            let cluster = connect(&at).await?;
+            if cluster.uncordon(&node).await? {
+                outln!("node {node} is in service again");
+            } else {
+                outln!("node {node} was not cordoned");
+            }
+            Ok(())
+        }
         ClusterCmd::VolumeDelete { name, force, wait, at } => {
             let cluster = connect(&at).await?;
             volume_delete(&cluster, &name, force, Duration::from_secs(wait)).await
@@ -130,9 +171,6 @@ async fn cluster_at(cmd: ClusterCmd) -> Result<()> {
             };
             unplaced.check()?;
             let cluster = connect(&at).await?;
-            // Claimed slices belong to a volume (the claims are made with the spec, in one
-            // transaction that fails if another create took one of them meanwhile).
-            let used: Vec<SliceRef> = cluster.claims().await?.into_iter().map(|(s, _)| s).collect();
             // A slice must hold the member's share plus the drive's own metadata: the journal
             // (16 MiB under 4 GiB, 64 MiB above), metadata slots, checksum and intent tables.
             let members = u64::from(match layout {
@@ -143,17 +181,14 @@ async fn cluster_at(cmd: ClusterCmd) -> Result<()> {
             });
             let share = size.div_ceil(members);
             let need = share + share / 16 + (72 << 20);
-            let mut free = Vec::new();
-            for node in cluster.nodes().await? {
-                for s in &node.slices {
-                    let r = SliceRef { node: node.name.clone(), addr: node.slice_addr.clone(), slice: s.id };
-                    if s.bytes >= need && !used.iter().any(|u| u.same(&r)) {
-                        free.push(r);
-                    }
-                }
-            }
+            let (free, cordoned) = cluster.free_slices(need).await?;
+            let left_out = if cordoned.is_empty() {
+                String::new()
+            } else {
+                format!("; cordoned nodes left out: {}", cordoned.join(", "))
+            };
             let slices = place(layout, &free, tolerate)
-                .map_err(|e| anyhow::anyhow!("{e} (free slices of at least {} MiB)", need >> 20))?;
+                .map_err(|e| anyhow::anyhow!("{e} (free slices of at least {} MiB{left_out})", need >> 20))?;
             let spec = VolumeRecord { slices, ..unplaced };
             cluster.put_spec(&spec).await?;
             let on: Vec<String> = spec.slices.iter().map(|s| s.to_string()).collect();
@@ -168,43 +203,27 @@ async fn cluster_at(cmd: ClusterCmd) -> Result<()> {
 
 /// Asks for a planned move and waits until `node` serves the volume (docs/design/cluster.md §6.3).
 async fn volume_move(cluster: &Cluster, name: &str, node: &str, wait: Duration) -> Result<()> {
-    let (_, owner, _) = cluster.volume(name).await?;
-    let nodes = cluster.nodes().await?;
-    if !nodes.iter().any(|n| n.name == node) {
-        let alive: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
-        bail!("node {node} is not alive in the cluster (alive: {})", alive.join(", "));
+    match cluster.move_volume(name, node, wait).await? {
+        Moved::Already => outln!("volume {name} is served by {node} already"),
+        Moved::Done { epoch, took } => {
+            outln!("volume {name} moved to {node} (epoch {epoch}) in {} ms", took.as_millis())
+        }
     }
-    if owner.as_ref().is_some_and(|(o, _)| o.node == node) {
-        outln!("volume {name} is served by {node} already");
+    Ok(())
+}
+
+/// Refuses a node etcd has never heard of (alive, cordoned, or holding a claimed slice): a
+/// cordon of a misspelt name would do nothing and say it did.
+async fn known_node(cluster: &Cluster, node: &str) -> Result<()> {
+    let nodes = cluster.nodes().await?;
+    if nodes.iter().any(|n| n.name == node)
+        || cluster.cordons().await?.iter().any(|(c, _)| c == node)
+        || cluster.claims().await?.iter().any(|(s, _)| s.node == node)
+    {
         return Ok(());
     }
-    let started = Instant::now();
-    cluster.request_move(name, node).await?;
-    loop {
-        let (_, owner, _) = cluster.volume(name).await?;
-        let pending = cluster.moves().await?.into_iter().any(|(v, _)| v == name);
-        match owner {
-            Some((o, epoch)) if o.node == node => {
-                outln!(
-                    "volume {name} moved to {node} (epoch {epoch}) in {} ms",
-                    started.elapsed().as_millis()
-                );
-                return Ok(());
-            }
-            Some((o, _)) if !pending => {
-                bail!("the move was given up: {} serves volume {name} (see the nodes' logs)", o.node)
-            }
-            _ => {}
-        }
-        if started.elapsed() >= wait {
-            bail!(
-                "volume {name} is not on {node} after {} s; the move stays pending \
-                 (`stria cluster volume-move {name} --cancel` ends it)",
-                wait.as_secs()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let alive: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+    bail!("no node {node} in the cluster (alive: {})", alive.join(", "))
 }
 
 /// Asks for a delete and waits until the volume is gone (docs/design/cluster.md §6.4). With no
@@ -316,6 +335,12 @@ async fn status(at: &EtcdArgs, as_json: bool) -> Result<()> {
             n.slice_addr,
             n.nbd_addr.as_deref().unwrap_or("-")
         );
+    }
+    for c in &status.cordons {
+        let age = now_unix().saturating_sub(c.since_unix);
+        let alive = if status.nodes.iter().any(|n| n.name == c.node) { "" } else { ", not alive" };
+        let reason = if c.reason.is_empty() { String::new() } else { format!(": {}", c.reason) };
+        outln!("  {} cordoned {age} s ago{alive}{reason}", c.node);
     }
     outln!("{} volume(s):", status.volumes.len());
     for v in &status.volumes {
