@@ -335,12 +335,16 @@ class Cluster:
                             "--dump-dom", f"http://127.0.0.1:{self.http_port[0]}/"],
                            capture_output=True, text=True, timeout=120)
         cells = re.findall(r"<td>([^<]*)</td>", r.stdout)
-        missing = [n["name"] for n in status["nodes"] if n["name"] not in cells]
+        cordoned = {c["node"]: " (cordoned" + (": " + c["reason"] if c["reason"] else "") + ")"
+                    for c in status["cordons"]}
+        named = [n["name"] + cordoned.get(n["name"], "") for n in status["nodes"]]
+        missing = [n for n in named if n not in cells]
         missing += [f"{v['name']} owned by {v['owner']}" for v in status["volumes"]
                     if v["name"] not in cells or (v["owner"] or "none") not in cells]
         if r.returncode != 0 or missing:
             raise SystemExit(f"the node page (headless Chromium) lacks {missing}: rc {r.returncode}, {r.stderr[-500:]}")
-        print(f"node page: {len(status['nodes'])} nodes and {len(status['volumes'])} volumes shown", file=sys.stderr)
+        print(f"node page: {len(status['nodes'])} nodes ({len(cordoned)} cordoned) and {len(status['volumes'])} "
+              "volumes shown", file=sys.stderr)
 
     def uris(self, volume: str) -> str:
         return ",".join(self.nbd_uri(i, volume) for i in range(self.n))
@@ -669,8 +673,8 @@ print(h.pread(4096, 0).hex())
 def drain_check(c: Cluster) -> None:
     """`stria cluster node-drain` (docs/design/cluster.md §6.6) through the real CLI: the node that
     owns m is drained while a client attached to it writes (FUA) without an error; it then owns
-    nothing and is listed as cordoned, a move to it is refused, and after `node-uncordon` a move
-    to it succeeds."""
+    nothing and is listed as cordoned (by `cluster status` and on the node page), a move to it is
+    refused, and after `node-uncordon` a move to it succeeds."""
     node, _ = c.owner("m")
     i = int(node[1:])
     write = f"""
@@ -699,6 +703,7 @@ print(n)
                        capture_output=True, text=True, timeout=60)
     if r.returncode == 0 or "cordoned" not in r.stderr:
         raise SystemExit(f"drain: a move to the cordoned node was not refused: rc {r.returncode} {r.stderr}")
+    c.check_page()
     if writer.wait(timeout=60) != 0:
         raise SystemExit(f"drain: the client at {node} saw an error (see {c.work}/drain-writer.log)")
     with open(f"{c.work}/drain-writer.log") as f:

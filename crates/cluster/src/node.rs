@@ -157,7 +157,12 @@ impl Node {
             node: config.name.clone(),
             ..NodeReport::default()
         }));
-        let agent = tokio::spawn(run_agent(config, record, exports, Arc::clone(&report), stopped));
+        // A client's attach wakes the agent, which publishes the count a delete checks (§6.4)
+        // at once instead of at its next poll.
+        let attached = Arc::new(tokio::sync::Notify::new());
+        let wake = Arc::clone(&attached);
+        exports.on_attach(move || wake.notify_one());
+        let agent = tokio::spawn(run_agent(config, record, exports, Arc::clone(&report), stopped, attached));
         Ok(Node { slice_addr, slices, report, server, agent, stop })
     }
 
@@ -433,6 +438,7 @@ async fn run_agent(
     exports: Arc<Registry>,
     report: Reported,
     mut stopped: watch::Receiver<bool>,
+    attached: Arc<tokio::sync::Notify>,
 ) {
     let mut session: Option<Arc<Session>> = None;
     let mut owned = Owned::new();
@@ -486,6 +492,7 @@ async fn run_agent(
         tokio::select! {
             _ = tokio::time::sleep(config.poll) => {}
             _ = stopped.changed() => {}
+            _ = attached.notified() => {}
             event = next_change(&mut changes, &config.keys) => {
                 if !event {
                     changes = None;

@@ -34,6 +34,11 @@ impl WholeNode {
 
     /// A node with `slices` slice files of 48 MiB.
     async fn start_with(name: &str, etcd: &Etcd, slices: u32) -> WholeNode {
+        WholeNode::start_polling(name, etcd, slices, Duration::from_millis(100)).await
+    }
+
+    /// A node whose agent polls etcd every `poll` (changes wake it too).
+    async fn start_polling(name: &str, etcd: &Etcd, slices: u32, poll: Duration) -> WholeNode {
         let dir = tempfile::tempdir().unwrap();
         prepare_slices(dir.path(), slices, 48 << 20).await.unwrap();
         let exports = Arc::new(Registry::new());
@@ -52,7 +57,7 @@ impl WholeNode {
         );
         config.nbd_addr = Some(nbd.clone());
         config.ttl = Duration::from_secs(2);
-        config.poll = Duration::from_millis(100);
+        config.poll = poll;
         config.suspend = Duration::from_secs(30);
         config.keys = Keys::new(PREFIX);
         let node = Node::start(config, exports).await.unwrap();
@@ -741,5 +746,37 @@ async fn a_node_dropped_without_stop_stops_its_agent() {
         assert!(Instant::now() < deadline, "the dropped node's agent still holds its lease");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    n.shut().await;
+}
+
+/// A client's attach is published in etcd at once (the attach wakes the node's agent), not at
+/// the agent's next poll: the count a delete checks (docs/design/cluster.md §6.4) is as fresh as
+/// an etcd round trip. The node polls every 30 s here; nothing else wakes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attached_client_is_counted_at_once() {
+    let etcd = Etcd::start().await;
+    let mut n = WholeNode::start_polling("n0", &etcd, 1, Duration::from_secs(30)).await;
+    let cluster = Cluster::connect(std::slice::from_ref(&etcd.endpoint), Keys::new(PREFIX)).await.unwrap();
+    let slices = registered_slices(&cluster, 1, 1).await;
+    let spec = VolumeRecord {
+        name: "c".into(),
+        layout: Layout::Raid0 { width: 1 },
+        size_bytes: 4 << 20,
+        chunk_bytes: 64 << 10,
+        slices,
+    };
+    cluster.put_spec(&spec).await.unwrap();
+    wait_owner(&cluster, "c", |_| true).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let client = connect(&n.nbd, "c").await;
+    let attached = Instant::now();
+    while cluster.attached("c").await.unwrap().is_empty() {
+        assert!(attached.elapsed() < Duration::from_secs(3), "the attach was not published within 3 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!("published {:?} after the attach", attached.elapsed());
+    let refused = cluster.request_delete("c", false).await.unwrap_err();
+    assert!(matches!(refused, stria_cluster::ClusterError::Attached { .. }), "{refused}");
+    drop(client);
     n.shut().await;
 }

@@ -26,6 +26,8 @@ struct Entry {
 #[derive(Default)]
 pub struct Registry {
     volumes: RwLock<BTreeMap<String, Entry>>,
+    /// Called after each attach ([`Registry::on_attach`]).
+    on_attach: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -101,6 +103,12 @@ impl Registry {
         synced
     }
 
+    /// Has `f` called after every attach from now on (a cluster node wakes its agent with it, so
+    /// that the count a delete checks is published at once). Set once; later calls are ignored.
+    pub fn on_attach(&self, f: impl Fn() + Send + Sync + 'static) {
+        let _ = self.on_attach.set(Box::new(f));
+    }
+
     /// Attachments that hold `name` now (a protocol's connections that have it open or are
     /// asking about it); 0 when it is not served.
     pub fn clients(&self, name: &str) -> usize {
@@ -122,13 +130,18 @@ impl Registry {
             None => return None,
         };
         entry.clients.fetch_add(1, Ordering::Relaxed);
-        Some(Attachment {
+        let attachment = Attachment {
             name: name.clone(),
             info: entry.volume.info(),
             volume: Arc::clone(&entry.volume),
             clients: Arc::clone(&entry.clients),
             stats: Arc::clone(&entry.stats),
-        })
+        };
+        drop(map);
+        if let Some(f) = self.on_attach.get() {
+            f();
+        }
+        Some(attachment)
     }
 }
 
