@@ -621,20 +621,6 @@ impl Cluster {
             let theirs: Vec<&str> =
                 owners.iter().filter(|(_, o, _)| o.node == node).map(|(v, _, _)| v.as_str()).collect();
             let Some(&volume) = theirs.first() else { return Ok(moved) };
-            let cordons = self.cordons().await?;
-            let nodes = self.nodes().await?;
-            let Some(to) = nodes
-                .iter()
-                .filter(|n| n.name != node && !cordons.iter().any(|(c, _)| *c == n.name))
-                .min_by_key(|n| (owned_by(&n.name), n.name.clone()))
-            else {
-                return Err(ClusterError::Unavailable(format!(
-                    "node {node} is cordoned, but no live node that is not cordoned is left to take its {} \
-                     volume(s) ({}); they stay on {node}",
-                    theirs.len(),
-                    theirs.join(", ")
-                )));
-            };
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(ClusterError::Unavailable(format!(
@@ -643,6 +629,30 @@ impl Cluster {
                     wait.as_secs()
                 )));
             }
+            let cordons = self.cordons().await?;
+            let nodes = self.nodes().await?;
+            let open = |n: &str| {
+                n != node && nodes.iter().any(|l| l.name == n) && !cordons.iter().any(|(c, _)| c == n)
+            };
+            // A move of it asked for before: one to a node that can take it is let finish; one
+            // that leads nowhere (a node not alive, or cordoned) is ended, and the drain moves it.
+            if let Some((_, m)) = self.moves().await?.into_iter().find(|(v, _)| v == volume) {
+                if open(&m.to) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+                self.end_move_to(volume, &m.to).await?;
+            }
+            let Some(to) =
+                nodes.iter().filter(|n| open(&n.name)).min_by_key(|n| (owned_by(&n.name), n.name.clone()))
+            else {
+                return Err(ClusterError::Unavailable(format!(
+                    "node {node} is cordoned, but no live node that is not cordoned is left to take its {} \
+                     volume(s) ({}); they stay on {node}",
+                    theirs.len(),
+                    theirs.join(", ")
+                )));
+            };
             match self.move_volume(volume, &to.name, left).await {
                 Ok(Moved::Done { took, .. }) => {
                     moved += 1;
