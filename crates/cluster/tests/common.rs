@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use stria_cluster::{
     ClusterError, Coordinated, Keys, NodeRecord, Session, SessionConfig, SliceInfoRecord, SliceRef,
-    coordinator,
+    VolumeRecord, coordinator,
 };
 use stria_dev::IoBytes;
 use stria_dev::mem::MemDevice;
@@ -188,4 +188,9 @@ pub(crate) async fn check_registers(c: &Coordinated, writer: u8, seq: u32) {
             "register {block} lost writer {writer} seq {seq}"
         );
     }
+}
+
+/// A 4 MiB volume of `layout` on `slices`, in 64 KiB chunks: the spec most of these tests use.
+pub(crate) fn small_spec(name: &str, layout: stria_engine::Layout, slices: Vec<SliceRef>) -> VolumeRecord {
+    VolumeRecord { name: name.into(), layout, size_bytes: 4 << 20, chunk_bytes: 64 << 10, slices }
 }

@@ -97,6 +97,18 @@ async fn registered_slices(cluster: &Cluster, count: usize, per_node: u32) -> Ve
         .collect()
 }
 
+/// Three whole nodes, n0 to n2, with `slices` slice files each, once all have registered: the
+/// nodes, the cluster's records and their slices (node by node).
+async fn three_nodes(etcd: &Etcd, slices: u32) -> (Vec<WholeNode>, Cluster, Vec<SliceRef>) {
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        nodes.push(WholeNode::start_with(&format!("n{i}"), etcd, slices).await);
+    }
+    let cluster = Cluster::connect(std::slice::from_ref(&etcd.endpoint), Keys::new(PREFIX)).await.unwrap();
+    let free = registered_slices(&cluster, 3, slices).await;
+    (nodes, cluster, free)
+}
+
 async fn owner(cluster: &Cluster, volume: &str) -> Option<String> {
     cluster.volume(volume).await.unwrap().1.map(|(o, _)| o.node)
 }
@@ -138,21 +150,10 @@ async fn writer(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_node_serves_every_volume_and_moves_lose_no_request() {
     let etcd = Etcd::start().await;
-    let mut nodes = Vec::new();
-    for i in 0..3 {
-        nodes.push(WholeNode::start(&format!("n{i}"), &etcd).await);
-    }
-    let cluster = Cluster::connect(std::slice::from_ref(&etcd.endpoint), Keys::new(PREFIX)).await.unwrap();
-    // Wait for the three nodes to register, then specify a mirror over them.
-    let free = registered_slices(&cluster, 3, 1).await;
+    // Three nodes, then a mirror over them.
+    let (mut nodes, cluster, free) = three_nodes(&etcd, 1).await;
     let layout = Layout::Raid1 { copies: 3 };
-    let spec = VolumeRecord {
-        name: "m".into(),
-        layout,
-        size_bytes: 4 << 20,
-        chunk_bytes: 64 << 10,
-        slices: place(layout, &free, 1).unwrap(),
-    };
+    let spec = small_spec("m", layout, place(layout, &free, 1).unwrap());
     cluster.put_spec(&spec).await.unwrap();
     let first = wait_owner(&cluster, "m", |_| true).await;
     eprintln!("m is owned by {first}");
@@ -271,13 +272,7 @@ async fn a_volume_no_node_can_take_is_tried_again_after_growing_waits() {
     let mut node = WholeNode::start("n0", &etcd).await;
     let cluster = Cluster::connect(std::slice::from_ref(&etcd.endpoint), Keys::new(PREFIX)).await.unwrap();
     let ghost = |slice| SliceRef { node: "ghost".into(), addr: "127.0.0.1:1".into(), slice };
-    let spec = VolumeRecord {
-        name: "g".into(),
-        layout: Layout::Raid1 { copies: 2 },
-        size_bytes: 4 << 20,
-        chunk_bytes: 64 << 10,
-        slices: vec![ghost(0), ghost(1)],
-    };
+    let spec = small_spec("g", Layout::Raid1 { copies: 2 }, vec![ghost(0), ghost(1)]);
     cluster.put_spec(&spec).await.unwrap();
     let before = etcd_revision(&etcd).await;
     tokio::time::sleep(Duration::from_secs(6)).await;
@@ -301,13 +296,7 @@ async fn a_deleted_volume_frees_its_slices_and_refuses_its_clients() {
     let mut nodes = vec![WholeNode::start("n0", &etcd).await, WholeNode::start("n1", &etcd).await];
     let cluster = Cluster::connect(std::slice::from_ref(&etcd.endpoint), Keys::new(PREFIX)).await.unwrap();
     let slices = registered_slices(&cluster, 2, 1).await;
-    let spec = |name: &str| VolumeRecord {
-        name: name.into(),
-        layout: Layout::Raid1 { copies: 2 },
-        size_bytes: 4 << 20,
-        chunk_bytes: 64 << 10,
-        slices: slices.clone(),
-    };
+    let spec = |name: &str| small_spec(name, Layout::Raid1 { copies: 2 }, slices.clone());
     cluster.put_spec(&spec("d")).await.unwrap();
     let first = wait_owner(&cluster, "d", |_| true).await;
     // A client at the node that does not own it (its requests are forwarded).
@@ -417,13 +406,7 @@ async fn a_resized_volume_is_served_at_its_new_size_by_every_node() {
     let mut nodes = vec![WholeNode::start("n0", &etcd).await, WholeNode::start("n1", &etcd).await];
     let cluster = Cluster::connect(std::slice::from_ref(&etcd.endpoint), Keys::new(PREFIX)).await.unwrap();
     let slices = registered_slices(&cluster, 2, 1).await;
-    let spec = VolumeRecord {
-        name: "r".into(),
-        layout: Layout::Raid1 { copies: 2 },
-        size_bytes: 4 << 20,
-        chunk_bytes: 64 << 10,
-        slices,
-    };
+    let spec = small_spec("r", Layout::Raid1 { copies: 2 }, slices);
     cluster.put_spec(&spec).await.unwrap();
     let first = wait_owner(&cluster, "r", |_| true).await;
     let other = nodes.iter().find(|n| n.name != first).unwrap();
@@ -565,12 +548,7 @@ async fn connect(addr: &str, volume: &str) -> NbdClient {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ec_volume_with_two_members_per_node_survives_a_node() {
     let etcd = Etcd::start().await;
-    let mut nodes = Vec::new();
-    for i in 0..3 {
-        nodes.push(WholeNode::start_with(&format!("n{i}"), &etcd, 2).await);
-    }
-    let cluster = Cluster::connect(std::slice::from_ref(&etcd.endpoint), Keys::new(PREFIX)).await.unwrap();
-    let free = registered_slices(&cluster, 3, 2).await;
+    let (mut nodes, cluster, free) = three_nodes(&etcd, 2).await;
     let layout = Layout::Ec { data_shards: 4, parity_shards: 2 };
     let spec = VolumeRecord {
         name: "w".into(),
@@ -619,12 +597,7 @@ async fn a_drained_node_owns_nothing_and_takes_nothing_while_cordoned() {
         let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
     }
     let etcd = Etcd::start().await;
-    let mut nodes = Vec::new();
-    for i in 0..3 {
-        nodes.push(WholeNode::start_with(&format!("n{i}"), &etcd, 3).await);
-    }
-    let cluster = Cluster::connect(std::slice::from_ref(&etcd.endpoint), Keys::new(PREFIX)).await.unwrap();
-    let free = registered_slices(&cluster, 3, 3).await;
+    let (mut nodes, cluster, free) = three_nodes(&etcd, 3).await;
     // Two three-way mirrors, both coordinated by n0. `a` has two copies on n0, so that it can
     // be served with n1 and n2 both gone (a pool assembles from a majority of its members).
     let layout = Layout::Raid1 { copies: 3 };
@@ -634,8 +607,7 @@ async fn a_drained_node_owns_nothing_and_takes_nothing_while_cordoned() {
         [("a", [at("n0", 0), at("n0", 1), at("n1", 0)]), ("b", [at("n0", 2), at("n1", 1), at("n2", 0)])]
     {
         let slices = slices.to_vec();
-        let spec =
-            VolumeRecord { name: name.into(), layout, size_bytes: 4 << 20, chunk_bytes: 64 << 10, slices };
+        let spec = small_spec(name, layout, slices);
         cluster.put_spec(&spec).await.unwrap();
         wait_owner(&cluster, name, |_| true).await;
         cluster.move_volume(name, "n0", Duration::from_secs(30)).await.unwrap();
@@ -761,13 +733,7 @@ async fn an_attached_client_is_counted_at_once() {
     let mut n = WholeNode::start_polling("n0", &etcd, 1, Duration::from_secs(30)).await;
     let cluster = Cluster::connect(std::slice::from_ref(&etcd.endpoint), Keys::new(PREFIX)).await.unwrap();
     let slices = registered_slices(&cluster, 1, 1).await;
-    let spec = VolumeRecord {
-        name: "c".into(),
-        layout: Layout::Raid0 { width: 1 },
-        size_bytes: 4 << 20,
-        chunk_bytes: 64 << 10,
-        slices,
-    };
+    let spec = small_spec("c", Layout::Raid0 { width: 1 }, slices);
     cluster.put_spec(&spec).await.unwrap();
     wait_owner(&cluster, "c", |_| true).await;
     tokio::time::sleep(Duration::from_millis(300)).await;

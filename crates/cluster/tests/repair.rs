@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use stria_cluster::repair::{self, Repair};
-use stria_cluster::{Coordinated, MembersRecord, Session, VolumeRecord, coordinator};
+use stria_cluster::{Coordinated, MembersRecord, Session, coordinator};
 use stria_engine::Layout;
 use stria_slice::testing::Proxy;
 use tokio::runtime::Handle;
@@ -48,13 +48,7 @@ impl Rig {
         for (s, p) in slices.iter_mut().zip(&self.proxies) {
             s.addr = p.addr.to_string();
         }
-        let spec = VolumeRecord {
-            name: "m".into(),
-            layout: Layout::Raid1 { copies: 3 },
-            size_bytes: 4 << 20,
-            chunk_bytes: 64 << 10,
-            slices,
-        };
+        let spec = small_spec("m", Layout::Raid1 { copies: 3 }, slices);
         let c = coordinator::create(&self.a, &Handle::current(), spec).await.unwrap();
         write_registers(&c, 1, 1).await;
         c

@@ -31,13 +31,7 @@ async fn a_paused_owner_is_fenced_by_its_successor_and_no_acknowledged_write_is_
         let ttl = Duration::from_secs(2);
         let a = etcd.session(&format!("a-{name}"), ttl).await;
         let b = etcd.session(&format!("b-{name}"), ttl).await;
-        let spec = VolumeRecord {
-            name: name.into(),
-            layout,
-            size_bytes: 4 << 20,
-            chunk_bytes: 64 << 10,
-            slices: nodes.iter().map(|n| n.slice(slice as u32)).collect(),
-        };
+        let spec = small_spec(name, layout, nodes.iter().map(|n| n.slice(slice as u32)).collect());
         let old = coordinator::create(&a, &Handle::current(), spec).await.unwrap();
         write_registers(&old, 1, 1).await;
         old.volume
@@ -149,13 +143,7 @@ async fn a_member_leaves_service_in_etcd_first_and_a_deposed_owner_commits_nothi
     let ttl = Duration::from_secs(2);
     let a = etcd.session("a", ttl).await;
     let b = etcd.session("b", ttl).await;
-    let spec = VolumeRecord {
-        name: "m".into(),
-        layout: Layout::Raid1 { copies: 3 },
-        size_bytes: 4 << 20,
-        chunk_bytes: 64 << 10,
-        slices: nodes.iter().map(|n| n.slice(0)).collect(),
-    };
+    let spec = small_spec("m", Layout::Raid1 { copies: 3 }, nodes.iter().map(|n| n.slice(0)).collect());
     let old = coordinator::create(&a, &Handle::current(), spec).await.unwrap();
     write_registers(&old, 1, 1).await;
     let slot_of =
