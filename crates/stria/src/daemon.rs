@@ -293,6 +293,10 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
     let exports = Arc::new(Registry::new());
     sync_exports(&catalog, &exports);
 
+    // The handlers are in place before the first listener: a SIGTERM sent as soon as any of
+    // them answers (or READY=1 arrives) must stop the daemon cleanly once it is up, not kill it
+    // (the default action). Before this point a signal still kills it, as during recovery.
+    let mut signals = Signals::install()?;
     let (handles, mut uris) = start_nbd(&opts, &exports).await?;
     let reservations = dir.path.join("iscsi-reservations");
     let (iscsi, iscsi_uris, iscsi_target) =
@@ -333,9 +337,6 @@ pub(crate) async fn serve(dir: PoolDir, opts: ServeOptions, on_ready: impl FnOnc
     let services =
         maint::Services::start(Arc::clone(&pool), maint::Settings::default().on_drive_removed(removal));
 
-    // The handlers are in place before anyone is told the daemon is ready: a SIGTERM sent as
-    // soon as READY=1 arrives must stop the daemon cleanly, not kill it (the default action).
-    let mut signals = Signals::install()?;
     on_ready(&uris);
     notify_systemd("READY=1");
     let reload = || reload_config(opts.config.as_ref(), &pool, http.as_ref());
@@ -519,10 +520,11 @@ pub(crate) async fn serve_memory(
     }
     let exports = Arc::new(Registry::new());
     sync_exports(&catalog, &exports);
+    // Before the first listener, as in `serve`.
+    let mut signals = Signals::install()?;
     let (handles, mut uris) = start_nbd(&opts, &exports).await?;
     let (iscsi, iscsi_uris, iscsi_target) = start_iscsi(&opts, &exports, "bench-memory", None).await?;
     uris.extend(iscsi_uris);
-    let mut signals = Signals::install()?;
     on_ready(&uris);
     signals.wait(|| tracing::info!("SIGHUP ignored: a memory pool has no configuration file")).await;
     tracing::info!("shutting down: no new connections, finishing requests in flight");

@@ -155,6 +155,45 @@ fn the_configuration_file_sets_the_daemon_and_sighup_reloads_it() {
     assert!(!log.contains("http listener"), "info lines with --log-level warn:\n{log}");
 }
 
+/// A SIGTERM sent the moment the first listener exists stops the daemon cleanly (exit 0, its
+/// shutdown logged): the handlers are installed before any listener. They once came after the
+/// HTTP listener, and the test above, which stops a daemon as soon as HTTP answers, saw it killed
+/// by the signal on a busy machine.
+#[test]
+fn a_sigterm_as_soon_as_a_listener_exists_stops_the_daemon_cleanly() {
+    let stria = Stria::new();
+    expect(&stria, &["pool", "create", "--fast", "0", "--capacity", "3", "--drive-size", "64M"], 0);
+    expect(&stria, &["volume", "create", "v", "--size", "16M", "--layout", "raid1"], 0);
+    let pool = stria.dir.path().join("pool");
+    let http = format!("tcp:127.0.0.1:{}", free_port());
+    for round in 0..3 {
+        let sock = stria.dir.path().join("nbd.sock");
+        let _ = std::fs::remove_file(&sock);
+        let serve = Serve::start(
+            &stria,
+            &["serve", "--pool", pool.to_str().expect("utf-8"), "--nbd", "unix:nbd.sock", "--http", &http],
+        );
+        // Spin, and signal straight from this process (`kill(1)` would take a fork and an exec).
+        let start = Instant::now();
+        while !sock.exists() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "round {round}: no NBD socket:\n{}",
+                serve.text()
+            );
+        }
+        let pid = libc::pid_t::try_from(serve.child.id()).expect("pid");
+        // SAFETY: a plain kill(2) of the child this test started and has not reaped.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        let mut serve = serve;
+        let status = serve.child.wait().expect("wait");
+        std::thread::sleep(Duration::from_millis(100));
+        let log = serve.text();
+        assert!(status.success(), "round {round}: stria serve exited with {status}:\n{log}");
+        assert!(log.contains("shutting down"), "round {round}:\n{log}");
+    }
+}
+
 #[test]
 fn under_systemd_the_daemon_says_when_it_is_ready_and_when_it_stops() {
     let stria = Stria::new();
