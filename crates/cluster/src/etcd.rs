@@ -525,7 +525,7 @@ impl Cluster {
     /// another create took one meanwhile). Also the cordoned nodes left out.
     pub async fn free_slices(&self, need: u64) -> Result<(Vec<SliceRef>, Vec<String>), ClusterError> {
         let used: Vec<SliceRef> = self.claims().await?.into_iter().map(|(s, _)| s).collect();
-        let cordoned: Vec<String> = self.cordons().await?.into_iter().map(|(n, _)| n).collect();
+        let cordoned = self.cordoned_nodes().await?;
         let mut free = Vec::new();
         for node in self.nodes().await? {
             if cordoned.contains(&node.name) {
@@ -539,6 +539,11 @@ impl Cluster {
             }
         }
         Ok((free, cordoned))
+    }
+
+    /// The names of the cordoned nodes.
+    pub async fn cordoned_nodes(&self) -> Result<Vec<String>, ClusterError> {
+        Ok(self.cordons().await?.into_iter().map(|(n, _)| n).collect())
     }
 
     /// Every cordoned node, with its record.

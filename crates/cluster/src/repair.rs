@@ -126,7 +126,7 @@ pub async fn step(
     let (spec, _, _) = session.volume(c.volume.name()).await?;
     let nodes = session.nodes().await?;
     let claims = session.claims().await?;
-    let cordoned: Vec<String> = session.cordons().await?.into_iter().map(|(n, _)| n).collect();
+    let cordoned = session.cordoned_nodes().await?;
     let meta = c.pool.meta();
     let mut waiting = Vec::new();
     for out in &members.out {
