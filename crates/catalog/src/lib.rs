@@ -726,13 +726,13 @@ impl<D: BlockDevice> Catalog<D> {
                 lv.snapshots().iter().map(|r| SnapshotView::of(name, lv.layer_bytes(r.id), r)).collect();
             let clones = lv.clones().iter().map(|c| clone_view(&lv, c)).collect();
             let qos = self.qos_view(name);
-            return Ok(VolumeView::Log(LogView {
+            return Ok(VolumeView::Log(Box::new(LogView {
                 status: lv.status(),
                 kind: LogTag,
                 snapshots,
                 clones,
                 qos,
-            }));
+            })));
         }
         if let Some((lv, rec)) = self.clone_named(name) {
             return Ok(VolumeView::Clone(CloneView { qos: self.qos_view(name), ..clone_view(&lv, &rec) }));

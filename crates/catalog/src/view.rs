@@ -224,7 +224,8 @@ pub struct UnavailableView {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum VolumeView {
-    Log(LogView),
+    /// Boxed: much larger than the others (its status counters).
+    Log(Box<LogView>),
     Clone(CloneView),
     Plain(PlainView),
 }

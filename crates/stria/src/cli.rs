@@ -321,8 +321,9 @@ pub(crate) enum VolumeCmd {
         /// Drive class to place it on (default: capacity if the pool has capacity drives).
         #[arg(long)]
         class: Option<DriveClass>,
-        /// tiered: and log: layouts: size of the write cache (default: 1/8 of the volume, or of
-        /// --space where that is smaller; 64 MiB to 8 GiB).
+        /// tiered: and log: layouts: size of the write cache, fixed (default: it starts at 8 MiB
+        /// and grows as writes fill it, to 1/8 of the volume, or of --space where that is
+        /// smaller; 64 MiB to 8 GiB).
         #[arg(long, value_parser = parse_block_size)]
         cache_size: Option<u64>,
         /// tiered: and log: layouts: copies of the write cache and the map, 2 or 3 (default 2).
@@ -426,8 +427,8 @@ pub(crate) enum VolumeCmd {
         /// Chunk of the segment space.
         #[arg(long, value_parser = parse_block_size)]
         chunk: Option<u64>,
-        /// Size of the write cache (default: 1/8 of the volume, or of --space where that is
-        /// smaller; 64 MiB to 8 GiB).
+        /// Size of the write cache, fixed (default: it starts at 8 MiB and grows as writes fill
+        /// it, to 1/8 of the volume, or of --space where that is smaller; 64 MiB to 8 GiB).
         #[arg(long, value_parser = parse_block_size)]
         cache_size: Option<u64>,
         /// Copies of the write cache and the map, 2 or 3 (default 2).

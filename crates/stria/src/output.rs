@@ -352,7 +352,17 @@ fn log_volume(view: &stria_catalog::LogView) {
             "write-back: writes without FUA are durable at the next flush"
         }
     };
-    outln!("  {:<22} {} blocks cached of {} ({mode})", "write cache", l.cache_live_blocks, l.cache_blocks);
+    let grows = if l.cache_max_blocks > l.cache_blocks {
+        format!(", growing to {} as writes fill it", format_size(l.cache_max_blocks * 4096))
+    } else {
+        String::new()
+    };
+    outln!(
+        "  {:<22} {} blocks cached of {}{grows} ({mode})",
+        "write cache",
+        l.cache_live_blocks,
+        l.cache_blocks
+    );
     outln!("  {:<22} {} written, {} read", "host", size(l.host_write_bytes), size(l.host_read_bytes));
     outln!(
         "  {:<22} {} from cache, {} from segments",

@@ -109,6 +109,7 @@ struct Coverage {
     scrubs_under_load: AtomicU64,
     destaged_blocks: AtomicU64,
     gc_moved_blocks: AtomicU64,
+    cache_growths: AtomicU64,
 }
 
 static COVERAGE: std::sync::LazyLock<Coverage> = std::sync::LazyLock::new(Coverage::default);
@@ -576,6 +577,7 @@ async fn work(world: &mut World, pool: &Pool<Dev>, vol: &LogVolume<Dev>, task: M
         .destaged_blocks
         .fetch_add(vol.counters().destaged_blocks.load(Relaxed) - destaged_before, Relaxed);
     COVERAGE.gc_moved_blocks.fetch_add(vol.counters().gc_moved_blocks.load(Relaxed) - moved_before, Relaxed);
+    COVERAGE.cache_growths.fetch_add(vol.counters().cache_growths.load(Relaxed), Relaxed);
     count(&COVERAGE.cycles);
     count(match ending {
         Ending::PowerCut => &COVERAGE.power_cuts,
@@ -606,6 +608,8 @@ async fn run_sequence(seed: u64) {
         let pool = create_pool(&world.disks).await;
         let spec = stria_tier::log::LogSpec {
             cache_bytes: Some(cache_bytes),
+            // A third of the seeds: a cache that grows to 4 times that as writers find it full.
+            cache_max_bytes: (seed % 3 == 2).then_some(4 * cache_bytes),
             ..small_spec("tv", SEQ_VOLUME_BYTES, small_space(SEQ_BLOCKS as u64))
         };
         let vol = stria_tier::log::create(&pool, spec).await.expect("create the volume");
@@ -682,7 +686,7 @@ async fn sequences_of_crashes_during_destage_lose_no_write() {
         "{seeds} seeds from {first}: {} cycles ({} power cuts, {} kills, {} clean closes), {} boots cut during recovery, \
          cuts under fast/capacity drive requests {}/{}, {} fast and {} capacity drives failed, {} replaced, \
          {} rebuilds completed and {} cut, {} scrubs under load, {} blocks destaged, \
-         {} moved by GC",
+         {} moved by GC, {} cache growths",
         n(&c.cycles),
         n(&c.power_cuts),
         n(&c.kills),
@@ -698,5 +702,6 @@ async fn sequences_of_crashes_during_destage_lose_no_write() {
         n(&c.scrubs_under_load),
         n(&c.destaged_blocks),
         n(&c.gc_moved_blocks),
+        n(&c.cache_growths),
     );
 }

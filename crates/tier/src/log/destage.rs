@@ -141,7 +141,8 @@ impl<D: BlockDevice> LogVolume<D> {
     /// copies the blocks as it does GC's.
     pub(super) async fn read_cached(&self, moves: &mut Vec<Move>) -> Result<Option<Laid>, VolumeError> {
         assert!(moves.len() as u64 <= self.geo.batch_data(), "destage reads at most a batch");
-        let ring = self.ring.ring_blocks();
+        // Live positions: their blocks stay where this layout says while they are.
+        let ring = self.ring.layout();
         let mut read_crcs = Vec::with_capacity(moves.len());
         let mut rest = IoBuf::for_overwrite((self.geo.batch_blocks() * BLOCK_BYTES) as usize);
         let mut pieces = Vec::new();
@@ -153,7 +154,7 @@ impl<D: BlockDevice> LogVolume<D> {
             let mut n = 1;
             while i + n < moves.len()
                 && moves[i + n].from == Place::Cache(p0 + n as u64)
-                && !(p0 + n as u64).is_multiple_of(ring)
+                && !ring.breaks_at(p0 + n as u64)
             {
                 n += 1;
             }
@@ -163,7 +164,7 @@ impl<D: BlockDevice> LogVolume<D> {
             // With each block's checksum as the cache drive verified it: compared with the map's
             // below instead of computed again.
             let (buf, crcs) =
-                self.parts.cache.read_with_crcs_into(self.ring.block_of(p0) * BLOCK_BYTES, piece).await?;
+                self.parts.cache.read_with_crcs_into(ring.block_of(p0) * BLOCK_BYTES, piece).await?;
             // The batch's allocation is alive (`rest`): a buffer of another starts elsewhere.
             in_place &= buf.as_ptr() as usize == at;
             let buf = buf.freeze();

@@ -7,15 +7,17 @@ use stria_dev::{BLOCK_BYTES, BLOCK_USIZE};
 use super::space::Geometry;
 use super::table;
 use crate::map::{ENTRIES_PER_PAGE, MAX_RUNS, MapLayout, Runs};
+use crate::ring::{Epoch, RingLayout};
 
 /// Version 2 adds the persisted segment table after the map region; version 3 a layer table
 /// and page pool after it; version 4 says where each region lies (head pages and pool pages in
 /// runs), so a volume's map can grow (`LogVolume::resize`); version 5 the origin's own size when
-/// a clone grew the map past it. Versions 1 to 3 are still read (their regions follow one
-/// another); a resize writes version 4, or 5 while the two sizes differ.
-pub(super) const FORMAT_VERSION: u32 = 5;
-/// The version a new volume is made with (5 only once a clone grows past its origin, so that
-/// builds that read 4 still open every other volume).
+/// a clone grew the map past it; version 6 where the write cache's positions lie once it grew
+/// (`LogVolume::grow_cache`). Versions 1 to 3 are still read (their regions follow one
+/// another); a resize writes version 4, 5 while the two sizes differ, 6 once the cache grew.
+pub(super) const FORMAT_VERSION: u32 = 6;
+/// The version a new volume is made with (5 only once a clone grows past its origin, 6 once its
+/// cache grows, so that builds that read 4 still open every other volume).
 pub(super) const NEW_VERSION: u32 = 4;
 pub(super) const HEADER_MAGIC: &[u8; 8] = b"STRIA-LV";
 /// Byte offsets of the version 4 fields past the eight of version 3.
@@ -27,6 +29,8 @@ const V4_POOL_RUNS: usize = 108;
 const V4_RUNS_AT: usize = 112;
 /// Byte offset of the version 5 field: past the most runs version 4 may hold.
 const V5_HEAD_BYTES: usize = V4_RUNS_AT + 16 * 2 * MAX_RUNS;
+/// Byte offset of the version 6 fields: the cache ring's layout (six u64).
+const V6_RING: usize = V5_HEAD_BYTES + 8;
 
 /// Where the regions of the metadata part lie (explicit in version 4; derived for 1 to 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +58,9 @@ pub(super) struct Header {
     pub(super) head_bytes: u64,
     pub(super) geo: Geometry,
     pub(super) cache_blocks: u64,
+    /// Where the cache ring's positions lie (version 6; a ring of `cache_blocks` that never
+    /// grew before it).
+    pub(super) ring: RingLayout,
     pub(super) map_log_blocks: u64,
     /// Pages of the snapshot page pool (version 3).
     pub(super) pool_pages: u64,
@@ -88,9 +95,23 @@ impl Header {
             head_bytes: 0,
             geo,
             cache_blocks,
+            ring: RingLayout::fixed(cache_blocks),
             map_log_blocks,
             pool_pages,
             regions,
+        }
+    }
+
+    /// The lowest version that says everything the header holds (for version 4 on).
+    pub(super) fn fit_version(&mut self) {
+        if self.version >= 4 {
+            self.version = if self.ring.grown() {
+                6
+            } else if self.head_bytes != 0 {
+                5
+            } else {
+                4
+            };
         }
     }
 
@@ -105,7 +126,8 @@ impl Header {
         debug_assert!(head_bytes <= map_bytes);
         self.volume_bytes = map_bytes;
         self.head_bytes = if head_bytes == map_bytes { 0 } else { head_bytes };
-        self.version = if self.head_bytes == 0 { 4 } else { 5 };
+        self.version = 4;
+        self.fit_version();
     }
 
     /// Head pages of the map.
@@ -150,10 +172,13 @@ impl Header {
             && (self.head_bytes == 0
                 || (self.version >= 5
                     && self.head_bytes < self.volume_bytes
-                    && self.head_bytes.is_multiple_of(BLOCK_BYTES))))
+                    && self.head_bytes.is_multiple_of(BLOCK_BYTES)))
+            && self.ring.blocks() == self.cache_blocks
+            && (!self.ring.grown() || self.version >= 6))
         {
             return Err(format!("header fields break their rules: {self:?}"));
         }
+        self.ring.check()?;
         if self.regions.head_cap < self.map_pages() {
             return Err(format!(
                 "the map needs {} pages; its runs hold {}",
@@ -222,6 +247,12 @@ impl Header {
         if self.version >= 5 {
             b[V5_HEAD_BYTES..V5_HEAD_BYTES + 8].copy_from_slice(&self.head_bytes.to_le_bytes());
         }
+        if self.version >= 6 {
+            let (p, c) = (self.ring.prev, self.ring.cur);
+            for (i, f) in [p.base, p.off, p.blocks, c.base, c.off, self.ring.skip_from].iter().enumerate() {
+                b[V6_RING + 8 * i..V6_RING + 8 * i + 8].copy_from_slice(&f.to_le_bytes());
+            }
+        }
         let crc = header_crc(&b);
         b[12..16].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(
@@ -283,6 +314,17 @@ impl Header {
         }
         if version >= 5 {
             h.head_bytes = u64_at(V5_HEAD_BYTES);
+        }
+        if version >= 6 {
+            let f = |i: usize| u64_at(V6_RING + 8 * i);
+            if (0..6).any(|i| f(i) >= 1 << 62) {
+                return Err("the cache ring's layout is out of range".into());
+            }
+            h.ring = RingLayout {
+                prev: Epoch { base: f(0), off: f(1), blocks: f(2) },
+                cur: Epoch { base: f(3), off: f(4), blocks: h.cache_blocks },
+                skip_from: f(5),
+            };
         }
         h.check()?;
         Ok(h)
@@ -362,5 +404,38 @@ mod tests {
             crate::log::fuzzing::seal_header(&mut b5);
             assert!(Header::decode(&b5).is_err(), "origin size {bad} over a map of {}", 1000 * BLOCK_BYTES);
         }
+    }
+
+    #[test]
+    fn a_grown_cache_ring_round_trips_in_version_6_and_a_broken_one_is_refused() {
+        let mut h = header();
+        let old = h.ring;
+        // The larger ring's table (room for its owners) where the part ended.
+        h.regions.table_at = h.meta_bytes();
+        h.cache_blocks = 2048;
+        h.ring =
+            RingLayout { prev: old.cur, cur: Epoch { base: 3072, off: 1024, blocks: 2048 }, skip_from: 3000 };
+        h.fit_version();
+        assert_eq!(h.version, 6);
+        let b = h.encode();
+        assert_eq!(Header::decode(&b), Ok(h));
+        // A layout whose new ring does not start on the old ring's first block, or names a
+        // size other than the cache's, is refused.
+        for (at, value) in [(V6_RING + 24, 3073u64), (V6_RING + 32, 1000), (V6_RING + 40, 3100)] {
+            let mut bad = b.clone();
+            bad[at..at + 8].copy_from_slice(&value.to_le_bytes());
+            crate::log::fuzzing::seal_header(&mut bad);
+            assert!(Header::decode(&bad).is_err(), "field at {at} = {value}");
+        }
+        // Version 5 and below do not read the fields: a header that says 5 has a ring that
+        // never grew, which disagrees with a grown cache only through `cache_blocks`.
+        let mut v5 = b.clone();
+        v5[8..12].copy_from_slice(&5u32.to_le_bytes());
+        crate::log::fuzzing::seal_header(&mut v5);
+        assert_eq!(Header::decode(&v5).map(|h| h.ring), Ok(RingLayout::fixed(2048)));
+        // A ring that never grew keeps version 4.
+        let mut plain = header();
+        plain.fit_version();
+        assert_eq!(plain.version, 4);
     }
 }

@@ -28,6 +28,7 @@
 //! `snapshots` (snapshots and clones), `status`. The cache ring is `crate::ring`, the map
 //! `crate::map`.
 
+mod cache_growth;
 mod cache_writes;
 mod cas;
 mod destage;
@@ -91,8 +92,12 @@ pub struct LogSpec {
     pub space_bytes: Option<u64>,
     /// Segments allocated at create (default 16, at least 6; the space grows as it fills).
     pub initial_segments: Option<u64>,
-    /// Write cache (default: an eighth of the size, 64 MiB to 8 GiB).
+    /// Write cache. Default: it starts at [`INITIAL_CACHE_BYTES`] and grows, as writes need it,
+    /// to an eighth of the size (64 MiB to 8 GiB; of the space where that is smaller).
+    /// Given: that size, fixed, unless `cache_max_bytes` lets it grow.
     pub cache_bytes: Option<u64>,
+    /// With `cache_bytes` given: what the cache may grow to (tests; default: it stays).
+    pub cache_max_bytes: Option<u64>,
     /// Rows per batch (default: batches of about 2 MiB, less in small volumes).
     pub batch_rows: Option<u64>,
     /// Batches per segment (default: segments of 32 MiB of data, or a sixteenth of the space
@@ -130,6 +135,7 @@ impl LogSpec {
             space_bytes: None,
             initial_segments: None,
             cache_bytes: None,
+            cache_max_bytes: None,
             batch_rows: None,
             segment_batches: None,
             map_log_blocks: None,
@@ -175,7 +181,15 @@ pub struct LogParams {
     /// environment sets it at open for every log volume the process opens (benchmarks).
     #[serde(default)]
     pub write_back: bool,
+    /// What the write cache may grow to (`LogVolume::grow_cache`); 0 (records written before
+    /// it existed, and caches sized with `--cache`): it stays as it is.
+    #[serde(default)]
+    pub cache_max_bytes: u64,
 }
+
+/// Where a write cache of the default size starts: small, so that a thin volume takes little
+/// fast-tier room before it is written (issue 39); it grows as writes need it.
+pub const INITIAL_CACHE_BYTES: u64 = 8 << 20;
 
 /// When a thin volume acknowledges a host write without FUA (`volume create --cache-mode`,
 /// `volume set --cache-mode`).
@@ -267,6 +281,8 @@ pub struct LogCounters {
     pub overcount_forgotten: AtomicU64,
     /// Free segments given back to the pool.
     pub segments_given_back: AtomicU64,
+    /// Growths of the write cache ([`cache_growth`]).
+    pub cache_growths: AtomicU64,
 }
 
 /// A log-structured volume.
@@ -299,6 +315,7 @@ pub struct LogVolume<D: BlockDevice> {
     pub(crate) table_at: Arc<AtomicU64>,
     /// Host writes' cache pieces, written in batches.
     pub(crate) cache_writes: cache_writes::CacheWrites,
+    pub(crate) cache_growth: cache_growth::CacheGrowth,
     /// Write-back host writes ([`LogParams::write_back`]).
     pub(crate) wb: Arc<WriteBack>,
 }
@@ -600,7 +617,12 @@ impl<D: BlockDevice> LogVolume<D> {
 
     /// A map update failed: stop writes and moves until reopened (replay decides what is durable).
     pub(crate) fn map_failed(&self, e: &MapError) {
-        let why = format!("a map update could not be made durable ({e})");
+        self.stop_writes(format!("a map update could not be made durable ({e})"));
+    }
+
+    /// Takes no more writes or moves until the volume is reopened (what is durable is unknown
+    /// until then): `why` is kept as the volume's failure.
+    pub(crate) fn stop_writes(&self, why: String) {
         tracing::error!(volume = %self.name, "{why}; the volume takes no more writes until it is reopened");
         self.health.failure.lock().get_or_insert(why.clone());
         self.ring.shut(why);
@@ -695,6 +717,8 @@ impl<D: BlockDevice> LogVolume<D> {
         // A delete in progress stops before its next batch; the next open finishes it.
         drop(self.gates.deleter.lock().await);
         drop(self.gates.moving.lock().await);
+        // A cache growth in progress finishes (or stops at the ring, shut above).
+        drop(self.gates.pool_growth.lock().await);
         if self.health.failure.lock().is_none()
             && let Err(e) = self.map.checkpoint().await
         {

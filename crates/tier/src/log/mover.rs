@@ -82,6 +82,8 @@ async fn run<D: BlockDevice>(vol: Weak<LogVolume<D>>) {
         if v.space.no_space.lock().is_none() {
             full.ended(v.name());
         }
+        // Writers that found the cache full: it grows if it may (in a task of its own).
+        v.grow_cache_if_wanted();
         let pause = match result {
             Ok(true) => {
                 v.ring.clear_failure();

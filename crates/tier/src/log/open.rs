@@ -30,8 +30,10 @@ pub struct LogPlan {
     /// Bytes of the metadata part (header, map log, map pages, segment table, snapshot page
     /// pool), mirrored on the fast drives (or capacity drives for `log:`).
     pub meta_bytes: u64,
-    /// Bytes of the write cache, mirrored likewise.
+    /// Bytes of the write cache at create, mirrored likewise.
     pub cache_bytes: u64,
+    /// Bytes the write cache may grow to (as much as `cache_bytes` when it stays).
+    pub cache_max_bytes: u64,
     /// Bytes of the segment space at most (its data; parity comes on top).
     pub space_bytes: u64,
 }
@@ -44,6 +46,7 @@ pub fn plan(spec: &LogSpec) -> Result<LogPlan, TierError> {
     Ok(LogPlan {
         meta_bytes: p.header.meta_bytes(),
         cache_bytes: p.cache_bytes,
+        cache_max_bytes: p.cache_max_bytes,
         space_bytes: p.header.geo.segments * p.header.geo.segment_data() * BLOCK_BYTES,
     })
 }
@@ -52,6 +55,7 @@ struct Planned {
     header: Header,
     ec: Layout,
     cache_bytes: u64,
+    cache_max_bytes: u64,
 }
 
 /// The header and parts of a new volume of `spec`.
@@ -86,13 +90,23 @@ fn plan_header(spec: &LogSpec) -> Result<Planned, TierError> {
             stria_engine::units::format_size(geo.segment_data() * BLOCK_BYTES)
         ));
     }
-    // An eighth of what the volume can hold: its size, or its space where that is smaller (an
+    // The default cache starts small and grows as writes need it (`grow_cache`), to an
+    // eighth of what the volume can hold: its size, or its space where that is smaller (an
     // over-committed volume never holds more data than its space, and a cache larger than that
-    // would only take fast-tier room).
-    let cache_bytes = spec
-        .cache_bytes
-        .unwrap_or_else(|| (size_bytes.min(space_data * BLOCK_BYTES) / 8).clamp(64 << 20, 8 << 30))
-        .next_multiple_of(64 << 10);
+    // would only take fast-tier room). One given (`--cache-size`) stays that size.
+    let two_batches = (2 * geo.batch_data() * BLOCK_BYTES).next_multiple_of(64 << 10);
+    let (cache_bytes, cache_max_bytes) = match spec.cache_bytes {
+        Some(bytes) => {
+            let bytes = bytes.next_multiple_of(64 << 10);
+            (bytes, spec.cache_max_bytes.map_or(bytes, |m| m.next_multiple_of(64 << 10).max(bytes)))
+        }
+        None => {
+            let most = (size_bytes.min(space_data * BLOCK_BYTES) / 8)
+                .clamp(64 << 20, 8 << 30)
+                .next_multiple_of(64 << 10);
+            (super::INITIAL_CACHE_BYTES.max(two_batches).min(most), most)
+        }
+    };
     let cache_blocks = cache_bytes / BLOCK_BYTES;
     if cache_blocks < 2 * geo.batch_data() {
         return invalid(format!(
@@ -112,7 +126,7 @@ fn plan_header(spec: &LogSpec) -> Result<Planned, TierError> {
     // 2^32 pages (it was made for every page copied twice: 32 MiB for 4 GiB before a snapshot).
     let pool_pages = (map_pages / 8 + 64).min(1 << 20);
     let header = Header::packed(NEW_VERSION, size_bytes, geo, cache_blocks, map_log_blocks, pool_pages);
-    Ok(Planned { header, ec, cache_bytes })
+    Ok(Planned { header, ec, cache_bytes, cache_max_bytes })
 }
 
 /// Creates a log-structured volume: its three parts, its header, its pool record.
@@ -121,7 +135,7 @@ pub async fn create<D: BlockDevice>(
     spec: LogSpec,
 ) -> Result<Arc<LogVolume<D>>, TierError> {
     let invalid = |s: String| Err(TierError::Invalid(s));
-    let Planned { header, ec, cache_bytes } = plan_header(&spec)?;
+    let Planned { header, ec, cache_bytes, cache_max_bytes } = plan_header(&spec)?;
     let (size_bytes, geo) = (header.volume_bytes, header.geo);
     let name = spec.name.clone();
     if pool.volume(&name).is_some() || pool.meta().tiered.iter().any(|t| t.name == name) {
@@ -211,6 +225,7 @@ pub async fn create<D: BlockDevice>(
         hold: false,
         eager_compaction: false,
         write_back: spec.cache_mode == super::CacheMode::WriteBack,
+        cache_max_bytes: if cache_max_bytes > cache_bytes { cache_max_bytes } else { 0 },
     };
     pool.add_tiered(TieredRecord {
         name: name.clone(),
@@ -292,6 +307,7 @@ pub async fn open<D: BlockDevice>(
         || seg.size_bytes() > header.geo.space_blocks() * BLOCK_BYTES
         || !seg.size_bytes().is_multiple_of(segment_bytes)
         || header.meta_bytes() > meta.size_bytes()
+        || header.cache_blocks * BLOCK_BYTES > cache.size_bytes()
     {
         return Err(corrupt("metadata header disagrees with the pool record".into()));
     }
@@ -330,9 +346,9 @@ pub async fn open<D: BlockDevice>(
     };
     let describe = |b: u64| format!("block {b}");
     let ring = if from_table {
-        CacheRing::restored(header.cache_blocks, &owners, describe)
+        CacheRing::restored(header.ring, &owners, describe)
     } else {
-        CacheRing::with_owners(header.cache_blocks, &owners, describe)
+        CacheRing::with_owners(header.ring, &owners, describe)
     };
     if from_table && cfg!(debug_assertions) && layout.pages() <= VERIFY_TABLE_PAGES {
         verify_table(&map, geo, segments, &live, &ring.owners()).await.map_err(corrupt)?;
@@ -385,6 +401,7 @@ pub async fn open<D: BlockDevice>(
         opened_from_table: from_table,
         table_at: Arc::new(AtomicU64::new(header.table_region().map_or(0, |r| r.0))),
         cache_writes: Default::default(),
+        cache_growth: Default::default(),
         wb: Arc::new(super::WriteBack { enabled: AtomicBool::new(params.write_back), ..Default::default() }),
     });
     {

@@ -10,6 +10,7 @@ use stria_engine::{Extent, VolumeError, join_all_ok};
 
 use super::{LogVolume, map_error};
 use crate::map::{MapEntry, Place};
+use crate::ring::RingLayout;
 use stria_dev::block_crc;
 
 /// A read that keeps racing with moves gives up after this many tries (an error, never wrong data).
@@ -75,7 +76,7 @@ impl<D: BlockDevice> LogVolume<D> {
             }
             let mut bad = Vec::new();
             let (pending_ref, entries_ref) = (&pending, &entries);
-            let reads = runs(&pending, &entries, self.ring.ring_blocks()).into_iter().map(|run| async move {
+            let reads = runs(&pending, &entries, &self.ring.layout()).into_iter().map(|run| async move {
                 let got = match self.read_place(run.place, run.count).await {
                     None => Got::Zeros,
                     Some(Ok((buf, crcs))) => Got::Data(buf, crcs),
@@ -147,7 +148,7 @@ impl<D: BlockDevice> LogVolume<D> {
     /// its entry's: moved under the read, or corrupt), which then reads them again.
     async fn read_one_run(&self, entries: &[MapEntry]) -> Result<Option<IoBuf>, VolumeError> {
         let n = entries.len() as u64;
-        let Some(place) = one_run(entries, self.ring.ring_blocks()) else { return Ok(None) };
+        let Some(place) = one_run(entries, &self.ring.layout()) else { return Ok(None) };
         let (buf, crcs) = match self.read_place(place, n).await {
             None => return Ok(Some(IoBuf::zeroed((n * BLOCK_BYTES) as usize))),
             Some(Ok(got)) => got,
@@ -170,13 +171,17 @@ impl<D: BlockDevice> LogVolume<D> {
         Some(match place {
             Place::Unallocated | Place::Zero => return None,
             Place::Cache(p) => {
-                assert!(
-                    self.ring.block_of(p) + count <= self.ring.ring_blocks(),
-                    "volume {}: a read of {count} cached blocks from position {p} crosses the ring's end",
-                    self.name
-                );
+                let ring = self.ring.layout();
+                if ring.contiguous(p) < count {
+                    // Runs are cut by the ring's layout when their entries were read: one that
+                    // crosses a break now names positions a growth has left behind since (freed
+                    // under the read). Zeros, with their checksums: an entry that does not hold
+                    // zeros sees them wrong and is read again.
+                    let zero = block_crc(&[0u8; BLOCK_BYTES as usize]);
+                    return Some(Ok((IoBuf::zeroed(len), vec![zero; count as usize])));
+                }
                 self.counters.blocks_read_from_cache.fetch_add(count, Relaxed);
-                self.parts.cache.read_with_crcs(self.ring.block_of(p) * BLOCK_BYTES, len).await
+                self.parts.cache.read_with_crcs(ring.block_of(p) * BLOCK_BYTES, len).await
             }
             Place::Segment(a) => {
                 self.counters.blocks_read_from_segments.fetch_add(count, Relaxed);
@@ -239,15 +244,15 @@ pub(super) struct Run {
 
 /// The place of the first of `entries` when all of them (consecutive blocks) are one run, as
 /// [`runs`] groups them; `None` otherwise (or when there are none).
-fn one_run(entries: &[MapEntry], ring: u64) -> Option<Place> {
+fn one_run(entries: &[MapEntry], ring: &RingLayout) -> Option<Place> {
     let first = entries.first()?.place;
     (0u64..).zip(entries).skip(1).all(|(k, e)| joins(first, k, e.place, ring)).then_some(first)
 }
 
 /// Whether a block at `next` can follow a run of `count` blocks from `first` in one part read.
-fn joins(first: Place, count: u64, next: Place, ring: u64) -> bool {
+fn joins(first: Place, count: u64, next: Place, ring: &RingLayout) -> bool {
     match (first, next) {
-        (Place::Cache(a), Place::Cache(b)) => b == a + count && !b.is_multiple_of(ring),
+        (Place::Cache(a), Place::Cache(b)) => b == a + count && !ring.breaks_at(b),
         (Place::Segment(a), Place::Segment(b)) => b == a + count,
         (Place::Unallocated | Place::Zero, Place::Unallocated | Place::Zero) => true,
         _ => false,
@@ -256,7 +261,7 @@ fn joins(first: Place, count: u64, next: Place, ring: u64) -> bool {
 
 /// Groups `pending` blocks (with their `entries`) into runs readable with one part read: zeros,
 /// consecutive cache positions that do not cross the ring's end, consecutive segment addresses.
-pub(super) fn runs(pending: &[u64], entries: &[MapEntry], ring: u64) -> Vec<Run> {
+pub(super) fn runs(pending: &[u64], entries: &[MapEntry], ring: &RingLayout) -> Vec<Run> {
     let mut out: Vec<Run> = Vec::new();
     for (k, (&i, e)) in pending.iter().zip(entries).enumerate() {
         if let Some(last) = out.last_mut() {

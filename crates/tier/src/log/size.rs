@@ -142,7 +142,7 @@ impl<D: BlockDevice> LogVolume<D> {
         Ok(())
     }
 
-    async fn read_header(&self) -> Result<Header, TierError> {
+    pub(super) async fn read_header(&self) -> Result<Header, TierError> {
         let bytes = self.parts.meta.read(0, BLOCK_USIZE).await?;
         Header::decode(&bytes).map_err(|reason| TierError::Corrupt { name: self.name.clone(), reason })
     }
@@ -225,7 +225,7 @@ impl<D: BlockDevice> LogVolume<D> {
     }
 
     /// The persisted segment table `h` points to, if valid.
-    async fn read_table(&self, h: &Header) -> Result<Option<table::Table>, TierError> {
+    pub(super) async fn read_table(&self, h: &Header) -> Result<Option<table::Table>, TierError> {
         let Some((at, len)) = h.table_region() else { return Ok(None) };
         let bytes = self.parts.meta.read(at, len as usize).await?;
         Ok(table::Table::decode_header(&bytes[..BLOCK_USIZE])

@@ -35,6 +35,9 @@ pub struct LogStatus {
     #[serde(default)]
     pub cache_mode: super::CacheMode,
     pub cache_blocks: u64,
+    /// Blocks the cache may grow to (as many as it has when it stays; absent: it stays).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_max_blocks: u64,
     pub cache_live_blocks: u64,
     pub host_write_bytes: u64,
     pub host_read_bytes: u64,
@@ -127,6 +130,7 @@ impl<D: BlockDevice> LogVolume<D> {
             gc: self.params().gc,
             cache_mode: self.cache_mode(),
             cache_blocks: self.ring.ring_blocks(),
+            cache_max_blocks: self.cache_max_blocks(),
             cache_live_blocks: self.ring.live(),
             host_write_bytes: host_written,
             host_read_bytes: c.host_read_bytes.load(Relaxed),

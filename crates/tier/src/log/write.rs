@@ -125,12 +125,19 @@ impl<D: BlockDevice> LogVolume<D> {
         // writes that arrive together.
         // The blocks' checksums, computed once here: for the map entries and both cache copies.
         let crcs: Vec<u32> = data.chunks_exact(BLOCK_USIZE).map(block_crc).collect();
-        let phys = self.ring.block_of(start);
-        let before_wrap = (self.ring.ring_blocks() - phys).min(n);
-        let cut = before_wrap as usize;
-        let mut pieces = vec![(phys, data.slice(0..cut * BLOCK_USIZE), Arc::from(&crcs[..cut]))];
-        if before_wrap < n {
-            pieces.push((0, data.slice(cut * BLOCK_USIZE..data.len()), Arc::from(&crcs[cut..])));
+        // Reserved positions: their blocks stay where this layout says while they are.
+        let ring = self.ring.layout();
+        let mut pieces = Vec::with_capacity(2);
+        let mut done = 0;
+        while done < n {
+            let (at, k) = (start + done, done as usize);
+            let m = ring.contiguous(at).min(n - done) as usize;
+            pieces.push((
+                ring.block_of(at),
+                data.slice(k * BLOCK_USIZE..(k + m) * BLOCK_USIZE),
+                Arc::from(&crcs[k..k + m]),
+            ));
+            done += m as u64;
         }
         if let Err(e) = self.write_cache(pieces, !lazy).await {
             self.ring.release(start..start + n);
