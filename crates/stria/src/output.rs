@@ -352,10 +352,13 @@ fn log_volume(view: &stria_catalog::LogView) {
             "write-back: writes without FUA are durable at the next flush"
         }
     };
-    let grows = if l.cache_max_blocks > l.cache_blocks {
-        format!(", growing to {} as writes fill it", format_size(l.cache_max_blocks * 4096))
-    } else {
-        String::new()
+    let grows = match (&l.cache_growth_error, l.cache_max_blocks > l.cache_blocks) {
+        (_, false) => String::new(),
+        (None, true) => format!(", growing to {} as writes fill it", format_size(l.cache_max_blocks * 4096)),
+        (Some(why), true) => format!(
+            ", to grow to {} as writes fill it but its last growth failed (tried again every 5 s): {why}",
+            format_size(l.cache_max_blocks * 4096)
+        ),
     };
     outln!(
         "  {:<22} {} blocks cached of {}{grows} ({mode})",

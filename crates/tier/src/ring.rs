@@ -390,6 +390,13 @@ impl CacheRing {
         Ok(Some(start))
     }
 
+    /// Whether a growth could begin now: none is being made durable, and no position of the
+    /// ring before the last growth is in use.
+    pub(crate) fn may_grow(&self) -> bool {
+        let s = self.state.lock();
+        !s.frozen && s.shut.is_none() && s.tail >= s.layout.cur.base
+    }
+
     /// Starts a growth to `blocks`: holds new reservations until [`Self::finish_growth`] or
     /// [`Self::cancel_growth`] and returns the layout to make durable, or `None` while
     /// positions of the ring before the last growth are still in use (or the ring is that

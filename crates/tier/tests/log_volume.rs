@@ -3321,3 +3321,58 @@ async fn a_write_cache_grows_under_writes_and_loses_nothing_through_reopens_and_
     }
     assert!(cut_grown > 10, "{cut_grown} cuts came after a growth was durable");
 }
+
+/// A write cache that cannot grow (its fast drives are full) keeps serving with the size it
+/// has, says why in the status, loses nothing, and grows once there is room.
+#[tokio::test]
+async fn a_write_cache_that_cannot_grow_keeps_its_size_and_loses_nothing() {
+    const BLOCKS: u64 = 1024;
+    let block = |b: u64| (b * 4096) as usize;
+    let switch = PowerSwitch::new();
+    let devs = drives(&switch, 4);
+    let pool = create_pool(&devs).await;
+    let spec = LogSpec { cache_max_bytes: Some(256 * 4096), ..small_spec(BLOCKS * 4096, 40 * 124 * 4096) };
+    let vol = log::create(&pool, spec).await.unwrap();
+    fill_fast_drives(&pool).await;
+    let mut rng = rng(4);
+    let mut now = vec![0u8; block(BLOCKS)];
+    let mut write_round = async |vol: &LogVolume<Dev>, now: &mut Vec<u8>| {
+        let writes: Vec<(u64, Vec<u8>)> = (0..8)
+            .map(|_| {
+                let n = rng.random_range(4..=16u64);
+                let first = rng.random_range(0..BLOCKS - n);
+                (first, random_bytes(&mut rng, block(n)))
+            })
+            .collect();
+        let results = futures::future::join_all(
+            writes.iter().map(|(first, data)| vol.write(first * 4096, IoBytes::copy_from(data), true)),
+        )
+        .await;
+        for ((first, data), r) in writes.iter().zip(results) {
+            r.expect("a write with a cache that cannot grow");
+            now[block(*first)..block(*first) + data.len()].copy_from_slice(data);
+        }
+    };
+    for _ in 0..12 {
+        write_round(&vol, &mut now).await;
+    }
+    let st = vol.status();
+    assert_eq!(st.cache_blocks, 64, "the fast drives have no room for a larger cache");
+    let why = st.cache_growth_error.expect("the growth was tried, and why it failed is kept");
+    assert!(why.to_lowercase().contains("space"), "{why}");
+    assert_eq!(read_all(&vol, BLOCKS).await, now);
+    // Room again: the next growth works (called here rather than waiting out the retry).
+    pool.delete_volume("filler").await.unwrap();
+    assert!(vol.grow_cache().await.unwrap());
+    assert_eq!(vol.status().cache_blocks, 128);
+    for _ in 0..4 {
+        write_round(&vol, &mut now).await;
+    }
+    assert_eq!(read_all(&vol, BLOCKS).await, now);
+    vol.close().await;
+    drop(vol);
+    let vol = open_log(&pool).await.unwrap();
+    assert!(vol.status().cache_blocks >= 128);
+    assert_eq!(read_all(&vol, BLOCKS).await, now);
+    vol.close().await;
+}

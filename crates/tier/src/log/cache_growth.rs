@@ -36,6 +36,11 @@ impl<D: BlockDevice> LogVolume<D> {
         (self.params().cache_max_bytes / BLOCK_BYTES).max(self.ring.ring_blocks())
     }
 
+    /// Why the cache's last growth failed, if it did (cleared by one that works).
+    pub(crate) fn cache_growth_error(&self) -> Option<String> {
+        self.cache_growth.failed.lock().as_ref().map(|(why, _)| why.clone())
+    }
+
     /// Starts a growth of the cache in the background when the writes need a larger one (writers
     /// wait for cache space, or destage has moved as much as the cache holds since it last
     /// grew: it is written faster than it can keep rewrites), it may grow, and no growth runs
@@ -47,6 +52,7 @@ impl<D: BlockDevice> LogVolume<D> {
         let turned_over = destaged.saturating_sub(g.destaged_at_growth.load(Relaxed)) >= ring;
         if !(self.ring.waiting() > 0 || turned_over)
             || self.cache_max_blocks() <= ring
+            || !self.ring.may_grow()
             || g.failed.lock().as_ref().is_some_and(|(_, at)| at.elapsed() < RETRY)
             || g.busy.swap(true, Relaxed)
         {
@@ -84,7 +90,7 @@ impl<D: BlockDevice> LogVolume<D> {
     pub async fn grow_cache(&self) -> Result<bool, TierError> {
         let most = self.cache_max_blocks();
         let have = self.ring.ring_blocks();
-        if have >= most || self.health.closed.load(Relaxed) {
+        if have >= most || self.health.closed.load(Relaxed) || !self.ring.may_grow() {
             return Ok(false);
         }
         let want = (2 * have).min(most);

@@ -38,6 +38,9 @@ pub struct LogStatus {
     /// Blocks the cache may grow to (as many as it has when it stays; absent: it stays).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cache_max_blocks: u64,
+    /// Why the cache's last growth failed (it is tried again every few seconds), if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_growth_error: Option<String>,
     pub cache_live_blocks: u64,
     pub host_write_bytes: u64,
     pub host_read_bytes: u64,
@@ -131,6 +134,7 @@ impl<D: BlockDevice> LogVolume<D> {
             cache_mode: self.cache_mode(),
             cache_blocks: self.ring.ring_blocks(),
             cache_max_blocks: self.cache_max_blocks(),
+            cache_growth_error: self.cache_growth_error(),
             cache_live_blocks: self.ring.live(),
             host_write_bytes: host_written,
             host_read_bytes: c.host_read_bytes.load(Relaxed),
