@@ -3204,6 +3204,27 @@ async fn sequences_of_power_cuts_during_writes_destage_gc_and_checkpoints_lose_n
     }
 }
 
+/// Eight FUA writes of 4 to 16 random blocks below `blocks`, at once (a small cache fills and
+/// the writers wait for it): each write and what it returned.
+async fn eight_writers(
+    vol: &LogVolume<Dev>,
+    rng: &mut ChaCha8Rng,
+    blocks: u64,
+) -> Vec<((u64, Vec<u8>), Result<(), VolumeError>)> {
+    let writes: Vec<(u64, Vec<u8>)> = (0..8)
+        .map(|_| {
+            let n = rng.random_range(4..=16u64);
+            let first = rng.random_range(0..blocks - n);
+            (first, random_bytes(rng, (n * 4096) as usize))
+        })
+        .collect();
+    let results = futures::future::join_all(
+        writes.iter().map(|(first, data)| vol.write(first * 4096, IoBytes::copy_from(data), true)),
+    )
+    .await;
+    writes.into_iter().zip(results).collect()
+}
+
 /// A write cache that starts small grows while writers find it full (64 -> 128 -> 256 blocks
 /// here), with blocks cached across each growth; every acknowledged write reads back after a
 /// clean reopen, and after a power cut at points spread over the growths (the part's growth,
@@ -3233,21 +3254,9 @@ async fn a_write_cache_grows_under_writes_and_loses_nothing_through_reopens_and_
         }
         let mut failed = false;
         for round in 0..12 {
-            // Eight writers at once: the small cache fills and they wait for it.
-            let writes: Vec<(u64, Vec<u8>)> = (0..8)
-                .map(|_| {
-                    let n = rng.random_range(4..=16u64);
-                    let first = rng.random_range(0..BLOCKS - n);
-                    (first, random_bytes(&mut rng, block(n)))
-                })
-                .collect();
-            let results = futures::future::join_all(
-                writes.iter().map(|(first, data)| vol.write(first * 4096, IoBytes::copy_from(data), true)),
-            )
-            .await;
-            for ((first, data), r) in writes.iter().zip(results) {
+            for ((first, data), r) in eight_writers(&vol, &mut rng, BLOCKS).await {
                 for (k, b) in data.chunks(block(1)).enumerate() {
-                    let i = *first as usize + k;
+                    let i = first as usize + k;
                     if r.is_ok() {
                         model[i] = b.to_vec();
                         maybe[i] = None;
@@ -3336,25 +3345,15 @@ async fn a_write_cache_that_cannot_grow_keeps_its_size_and_loses_nothing() {
     fill_fast_drives(&pool).await;
     let mut rng = rng(4);
     let mut now = vec![0u8; block(BLOCKS)];
-    let mut write_round = async |vol: &LogVolume<Dev>, now: &mut Vec<u8>| {
-        let writes: Vec<(u64, Vec<u8>)> = (0..8)
-            .map(|_| {
-                let n = rng.random_range(4..=16u64);
-                let first = rng.random_range(0..BLOCKS - n);
-                (first, random_bytes(&mut rng, block(n)))
-            })
-            .collect();
-        let results = futures::future::join_all(
-            writes.iter().map(|(first, data)| vol.write(first * 4096, IoBytes::copy_from(data), true)),
-        )
-        .await;
-        for ((first, data), r) in writes.iter().zip(results) {
+    async fn write_round(vol: &LogVolume<Dev>, rng: &mut ChaCha8Rng, now: &mut [u8]) {
+        for ((first, data), r) in eight_writers(vol, rng, BLOCKS).await {
             r.expect("a write with a cache that cannot grow");
-            now[block(*first)..block(*first) + data.len()].copy_from_slice(data);
+            let at = (first * 4096) as usize;
+            now[at..at + data.len()].copy_from_slice(&data);
         }
-    };
+    }
     for _ in 0..12 {
-        write_round(&vol, &mut now).await;
+        write_round(&vol, &mut rng, &mut now).await;
     }
     let st = vol.status();
     assert_eq!(st.cache_blocks, 64, "the fast drives have no room for a larger cache");
@@ -3366,7 +3365,7 @@ async fn a_write_cache_that_cannot_grow_keeps_its_size_and_loses_nothing() {
     assert!(vol.grow_cache().await.unwrap());
     assert_eq!(vol.status().cache_blocks, 128);
     for _ in 0..4 {
-        write_round(&vol, &mut now).await;
+        write_round(&vol, &mut rng, &mut now).await;
     }
     assert_eq!(read_all(&vol, BLOCKS).await, now);
     vol.close().await;
