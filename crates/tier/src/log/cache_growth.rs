@@ -12,7 +12,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use stria_dev::{BLOCK_BYTES, BLOCK_USIZE, BlockDevice, IoBytes};
+use stria_dev::{BLOCK_BYTES, BlockDevice, IoBytes};
 
 use super::LogVolume;
 use super::table;
@@ -122,14 +122,7 @@ impl<D: BlockDevice> LogVolume<D> {
         h.ring = layout;
         h.fit_version();
         let table_written = async {
-            // The last checkpoint's table where the new header says: after a crash open takes it
-            // as it would have the old one. Without a valid one, a zero block there: open then
-            // finds no table and scans the map (never an older table left there).
-            let bytes = match self.read_table(&old).await? {
-                Some(t) => t.encode(),
-                None => vec![0; BLOCK_USIZE],
-            };
-            self.parts.meta.write(h.regions.table_at, IoBytes::copy_from(&bytes), false).await?;
+            self.copy_table(&old, old.geo.segments, h.regions.table_at).await?;
             self.parts.meta.flush().await?;
             Ok::<_, TierError>(())
         }

@@ -199,17 +199,7 @@ impl<D: BlockDevice> LogVolume<D> {
         }
         let _held = self.map.hold_checkpoints().await;
         if let Some(at) = moved_table {
-            // The last checkpoint's table, longer, where the new header says: after a crash open
-            // takes it as it would have the old one. Without a valid one, a zero block there:
-            // open then finds no table and scans the map (never an older table left there).
-            let bytes = match self.read_table(&old).await? {
-                Some(mut t) => {
-                    t.live.resize(most as usize, 0);
-                    t.encode()
-                }
-                None => vec![0; BLOCK_USIZE],
-            };
-            self.parts.meta.write(at, IoBytes::copy_from(&bytes), false).await?;
+            self.copy_table(&old, most, at).await?;
         }
         // The zeros and the table before the header that names them.
         self.parts.meta.flush().await?;
@@ -221,6 +211,22 @@ impl<D: BlockDevice> LogVolume<D> {
             self.table_at.store(at, Relaxed);
         }
         self.size_bytes.store(head_bytes, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+
+    /// Writes the last checkpoint's table (the one header `old` names), with counts for
+    /// `segments`, at byte `at`, where a new header will say: after a crash open takes it as it
+    /// would have the old one. Without a valid one, a zero block there: open then finds no table
+    /// and scans the map (never an older table left there). Not flushed.
+    pub(super) async fn copy_table(&self, old: &Header, segments: u64, at: u64) -> Result<(), TierError> {
+        let bytes = match self.read_table(old).await? {
+            Some(mut t) => {
+                t.live.resize(segments as usize, 0);
+                t.encode()
+            }
+            None => vec![0; BLOCK_USIZE],
+        };
+        self.parts.meta.write(at, IoBytes::copy_from(&bytes), false).await?;
         Ok(())
     }
 
